@@ -1,0 +1,100 @@
+//! The fabric: registered memory regions addressed by `(node, region, offset)` and the three
+//! one-sided operations the Nessie protocol is built from — READ, WRITE and 64-bit
+//! COMPARE-AND-SWAP.
+//!
+//! The protocol crates are generic over [`Endpoint`] and never learn which backend they run on
+//! (see `docs/fabric.md`):
+//! - [`mem`]: N nodes inside one process (unit, property and concurrency tests; delay injection),
+//! - UCX (separate processes over shared memory, TCP or RDMA verbs),
+//! - a virtual-time simulated RDMA network.
+//!
+//! Completion model: every call blocks the calling worker thread until the operation has
+//! completed at the target (one outstanding operation per client worker, as in the paper).
+//! Time is part of the endpoint (`now_ns`, `sleep_ns`) so that a simulated backend can run the
+//! same protocol code in virtual time.
+
+pub mod addr;
+pub mod error;
+pub mod mem;
+pub mod memory;
+pub mod stats;
+
+pub use addr::{NodeId, RegionId, RemoteAddr, ALIGN};
+pub use error::FabricError;
+pub use stats::{FabricStats, Locality, OpKind, StatsCell, StatsSnapshot};
+
+/// One worker thread's handle onto the fabric.
+///
+/// All offsets and lengths must be multiples of [`ALIGN`] (8 bytes); CAS targets one aligned
+/// 64-bit word. Writes become visible in address order at word granularity and reads observe
+/// words in address order, which is what the protocol relies on (a DTE is complete before the
+/// CAS that publishes it; a recycle flag is set only after its timestamp).
+pub trait Endpoint: Send {
+    /// The node this endpoint belongs to (its "local" node).
+    fn node(&self) -> NodeId;
+
+    /// Number of nodes in the fabric.
+    fn node_count(&self) -> usize;
+
+    /// One-sided READ of `buf.len()` bytes at `addr`.
+    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError>;
+
+    /// One-sided WRITE of `buf` at `addr`.
+    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError>;
+
+    /// Atomic 64-bit compare-and-swap at `addr`; returns the value found there (the swap took
+    /// place iff the returned value equals `expected`). Atomic only against other fabric
+    /// operations, so index entries are always accessed through the fabric, even locally.
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError>;
+
+    /// Direct (non-fabric) read of this node's own memory: how a node reads its own data table.
+    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8])
+        -> Result<(), FabricError>;
+
+    /// Direct (non-fabric) write of this node's own memory: how a node writes its own DTEs.
+    fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8])
+        -> Result<(), FabricError>;
+
+    /// Wall-clock time in nanoseconds since the Unix epoch (virtual in the simulator). Expiry
+    /// timestamps written into DTEs use this clock, so nodes' clocks must be loosely in sync.
+    fn now_ns(&self) -> u64;
+
+    /// Block this worker for `ns` nanoseconds (virtual in the simulator).
+    fn sleep_ns(&mut self, ns: u64);
+
+    /// This endpoint's operation counters.
+    fn stats(&self) -> &StatsCell;
+
+    /// READ one aligned 64-bit word.
+    fn read_u64(&mut self, addr: RemoteAddr) -> Result<u64, FabricError> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// Wall-clock nanoseconds since the Unix epoch, for real-time backends.
+pub fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Sleep that is accurate at microsecond scale: short waits spin (yielding), long ones sleep.
+pub fn precise_sleep_ns(ns: u64) {
+    const SPIN_BELOW_NS: u64 = 50_000;
+    if ns >= SPIN_BELOW_NS {
+        std::thread::sleep(std::time::Duration::from_nanos(ns));
+        return;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
+    while std::time::Instant::now() < until {
+        std::thread::yield_now();
+    }
+}
