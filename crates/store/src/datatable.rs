@@ -1,0 +1,225 @@
+//! Data table management: a node's DTEs are allocated only by that node's own client workers
+//! (writers place new entries in their local memory) and come back in two ways:
+//! - an entry that was never published (its CAS failed) is returned at once
+//!   ([`DataTable::release_unpublished`]);
+//! - an entry that some ITE referred to is *marked for recycling* by whoever cleared or replaced
+//!   that ITE (expiry timestamp, then recycle flag, written into the DTE itself). The owner finds
+//!   such entries by scanning when its free list runs dry, and reuses one only once its expiry
+//!   time (plus a clock-skew margin) has passed: a slow reader that saw the old ITE has timed out
+//!   by then.
+//!
+//! Entries never handed out are tracked by a high-water mark, so a fresh table costs nothing.
+
+use std::sync::Mutex;
+
+use nessie_fabric::{Endpoint, FabricError};
+
+use crate::dte::{DteLayout, EXPIRY_OFF, RECYCLE_OFF};
+use crate::DATA_REGION;
+
+/// Why no entry could be allocated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    #[error("data table {dti} is full: {capacity} entries, {awaiting_expiry} released but not yet expired")]
+    Full { dti: u32, capacity: u64, awaiting_expiry: u64, next_ready_ns: Option<u64> },
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+/// Counters describing a data table's fill.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub capacity: u64,
+    /// Entries never handed out yet.
+    pub never_used: u64,
+    /// Entries on the free list.
+    pub free: u64,
+    /// Entries reclaimed by scans so far.
+    pub reclaimed_total: u64,
+    /// Scans performed so far.
+    pub scans: u64,
+}
+
+impl Usage {
+    /// Entries handed out and not known to be free (in use, in flight, or awaiting expiry).
+    pub fn allocated(&self) -> u64 {
+        self.capacity - self.never_used - self.free
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    free: Vec<u64>,
+    fresh_next: u64,
+    reclaimed_total: u64,
+    scans: u64,
+}
+
+/// One node's data table allocator (shared by the node's client workers).
+#[derive(Debug)]
+pub struct DataTable {
+    dti: u32,
+    layout: DteLayout,
+    capacity: u64,
+    clock_margin_ns: u64,
+    state: Mutex<State>,
+}
+
+impl DataTable {
+    pub fn new(dti: u32, layout: DteLayout, capacity: u64, clock_margin_ns: u64) -> Self {
+        Self {
+            dti,
+            layout,
+            capacity,
+            clock_margin_ns,
+            state: Mutex::new(State { free: Vec::new(), fresh_next: 0, reclaimed_total: 0, scans: 0 }),
+        }
+    }
+
+    pub fn dti(&self) -> u32 {
+        self.dti
+    }
+
+    pub fn layout(&self) -> &DteLayout {
+        &self.layout
+    }
+
+    /// Take a free entry, scanning for expired recycled entries if none is at hand.
+    /// `ep` must be an endpoint of this table's node.
+    pub fn alloc<E: Endpoint>(&self, ep: &mut E) -> Result<u64, AllocError> {
+        let mut s = self.state.lock().unwrap();
+        if let Some(i) = s.free.pop() {
+            return Ok(i);
+        }
+        if s.fresh_next < self.capacity {
+            s.fresh_next += 1;
+            return Ok(s.fresh_next - 1);
+        }
+        let (awaiting, next_ready) = self.scan_locked(&mut s, ep)?;
+        s.free.pop().ok_or(AllocError::Full {
+            dti: self.dti,
+            capacity: self.capacity,
+            awaiting_expiry: awaiting,
+            next_ready_ns: next_ready,
+        })
+    }
+
+    /// Return an entry that was never referenced by any ITE: reusable immediately.
+    pub fn release_unpublished(&self, index: u64) {
+        assert!(index < self.capacity, "DTE {index} outside table of {}", self.capacity);
+        self.state.lock().unwrap().free.push(index);
+    }
+
+    /// Reclaim every expired recycled entry now (what a background reclaimer calls).
+    /// Returns the number of entries reclaimed.
+    pub fn reclaim<E: Endpoint>(&self, ep: &mut E) -> Result<u64, FabricError> {
+        let mut s = self.state.lock().unwrap();
+        let before = s.free.len();
+        self.scan_locked(&mut s, ep)?;
+        Ok((s.free.len() - before) as u64)
+    }
+
+    /// Returns (entries awaiting expiry, earliest time one becomes reusable).
+    fn scan_locked<E: Endpoint>(&self, s: &mut State, ep: &mut E) -> Result<(u64, Option<u64>), FabricError> {
+        assert_eq!(ep.node() as u32, self.dti, "scan must run on the table's own node");
+        s.scans += 1;
+        let now = ep.now_ns();
+        let mut awaiting = 0;
+        let mut next_ready: Option<u64> = None;
+        let mut w = [0u8; 8];
+        for i in 0..s.fresh_next {
+            let base = self.layout.offset(i);
+            // Flag first, then timestamp: the releaser writes them in the opposite order.
+            ep.local_read(DATA_REGION, base + RECYCLE_OFF, &mut w)?;
+            if !DteLayout::is_recycle_flag(u64::from_le_bytes(w)) {
+                continue;
+            }
+            ep.local_read(DATA_REGION, base + EXPIRY_OFF, &mut w)?;
+            let ready_at = u64::from_le_bytes(w).saturating_add(self.clock_margin_ns);
+            if now > ready_at {
+                // Clear the flag so later scans do not hand the entry out twice.
+                ep.local_write(DATA_REGION, base + RECYCLE_OFF, &0u64.to_le_bytes())?;
+                s.free.push(i);
+                s.reclaimed_total += 1;
+            } else {
+                awaiting += 1;
+                next_ready = Some(next_ready.map_or(ready_at, |t: u64| t.min(ready_at)));
+            }
+        }
+        Ok((awaiting, next_ready))
+    }
+
+    pub fn usage(&self) -> Usage {
+        let s = self.state.lock().unwrap();
+        Usage {
+            capacity: self.capacity,
+            never_used: self.capacity - s.fresh_next,
+            free: s.free.len() as u64,
+            reclaimed_total: s.reclaimed_total,
+            scans: s.scans,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nessie_fabric::mem::MemFabric;
+    use nessie_fabric::RemoteAddr;
+
+    fn setup(cap: u64) -> (std::sync::Arc<MemFabric>, DataTable) {
+        let layout = DteLayout::new(8, 8);
+        let f = MemFabric::new(&[vec![8, layout.entry_size * cap], vec![8, 8]], None).unwrap();
+        (f, DataTable::new(0, layout, cap, 1_000))
+    }
+
+    #[test]
+    fn fresh_then_unpublished_then_full() {
+        let (f, t) = setup(3);
+        let mut ep = f.endpoint(0);
+        let got: Vec<u64> = (0..3).map(|_| t.alloc(&mut ep).unwrap()).collect();
+        assert_eq!(got, vec![0, 1, 2]);
+        let e = t.alloc(&mut ep).unwrap_err();
+        assert!(matches!(e, AllocError::Full { capacity: 3, awaiting_expiry: 0, .. }), "{e:?}");
+        assert!(e.to_string().contains("data table 0 is full"));
+        t.release_unpublished(1);
+        assert_eq!(t.alloc(&mut ep).unwrap(), 1);
+        assert_eq!(t.usage().allocated(), 3);
+    }
+
+    #[test]
+    fn recycled_entries_come_back_only_after_expiry_and_only_once() {
+        let (f, t) = setup(2);
+        let mut owner = f.endpoint(0);
+        let mut remote = f.endpoint(1);
+        let (a, b) = (t.alloc(&mut owner).unwrap(), t.alloc(&mut owner).unwrap());
+        let layout = *t.layout();
+        let now = remote.now_ns();
+        // A remote releaser marks `a` expiring far in the future and `b` already expired.
+        remote
+            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(a) + EXPIRY_OFF), &DteLayout::recycle_words(now + 60_000_000_000))
+            .unwrap();
+        remote
+            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(b) + EXPIRY_OFF), &DteLayout::recycle_words(now - 10_000))
+            .unwrap();
+        assert_eq!(t.alloc(&mut owner).unwrap(), b, "expired entry is reclaimed");
+        match t.alloc(&mut owner).unwrap_err() {
+            AllocError::Full { awaiting_expiry: 1, next_ready_ns: Some(r), .. } => assert!(r > now),
+            e => panic!("unexpected {e:?}"),
+        }
+        assert_eq!(t.reclaim(&mut owner).unwrap(), 0, "b is not handed out twice, a not yet expired");
+        assert_eq!(t.usage().reclaimed_total, 1);
+    }
+
+    #[test]
+    fn clock_margin_delays_reuse() {
+        let layout = DteLayout::new(8, 8);
+        let f = MemFabric::new(&[vec![8, layout.entry_size]], None).unwrap();
+        let t = DataTable::new(0, layout, 1, 10_000_000_000);
+        let mut ep = f.endpoint(0);
+        let a = t.alloc(&mut ep).unwrap();
+        let now = ep.now_ns();
+        ep.local_write(DATA_REGION, layout.offset(a) + EXPIRY_OFF, &DteLayout::recycle_words(now - 1_000)).unwrap();
+        assert!(t.alloc(&mut ep).is_err(), "expired by its own clock but within the skew margin");
+    }
+}

@@ -1,0 +1,254 @@
+//! Data table entry (DTE) format. Entries have a fixed size per cluster; all fields are 8-byte
+//! aligned so that every fabric access is word-sized.
+//!
+//! ```text
+//! offset  size        field
+//! 0       8           header:   bit 0 = valid flag; bits 32..63 = writer tag (node << 16 | worker)
+//! 8       8           expiry:   timestamp (ns since the Unix epoch) after which a recycled entry
+//!                               may be reused; meaningful only when the recycle flag is set
+//! 16      8           recycle:  bit 0 = recycle flag (written after the expiry word, read before it)
+//! 24      8           previous version: the ITE this entry's writer replaced (0 = none)
+//! 32      8           lengths:  key length (bits 0..31), value length (bits 32..63)
+//! 40      key_max↑8   key bytes (zero padded)
+//! 40+K    value_max↑8 value bytes (zero padded)
+//! ```
+//! The header, metadata and key (`meta_size` bytes) can be read without the value. Apart from
+//! the valid flag (0 → 1, by the writer, once) and the recycle words (set once by whoever
+//! released the entry's last ITE), an entry is immutable while any ITE refers to it.
+
+pub const HEADER_OFF: u64 = 0;
+pub const EXPIRY_OFF: u64 = 8;
+pub const RECYCLE_OFF: u64 = 16;
+pub const PREV_OFF: u64 = 24;
+pub const LENS_OFF: u64 = 32;
+pub const KEY_OFF: u64 = 40;
+
+const VALID: u64 = 1;
+const RECYCLE: u64 = 1;
+
+fn pad8(n: u64) -> u64 {
+    n.div_ceil(8) * 8
+}
+
+/// Who wrote an entry: identifies the client worker, so that a retried operation can recognise
+/// (and reuse the slot of) its own invalid entry left by an aborted attempt.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WriterTag(pub u32);
+
+impl WriterTag {
+    pub fn new(node: u16, worker: u16) -> Self {
+        Self((node as u32) << 16 | worker as u32)
+    }
+}
+
+/// Sizes and offsets of DTEs for one cluster.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DteLayout {
+    pub key_max: u32,
+    pub value_max: u32,
+    /// Offset of the value field = bytes of header, metadata and key.
+    pub value_off: u64,
+    /// Size of a whole entry.
+    pub entry_size: u64,
+}
+
+/// The fixed-size part of a DTE, decoded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DteMeta {
+    pub valid: bool,
+    pub writer: WriterTag,
+    pub expiry_ns: u64,
+    pub recycle: bool,
+    pub prev: u64,
+    pub key_len: u32,
+    pub value_len: u32,
+}
+
+/// Why bytes read from a data table do not decode as a DTE.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DteError {
+    #[error("DTE lengths out of range: key {key_len} (max {key_max}), value {value_len} (max {value_max})")]
+    BadLengths { key_len: u32, value_len: u32, key_max: u32, value_max: u32 },
+    #[error("DTE buffer of {got} bytes is shorter than the {need} bytes needed")]
+    Short { got: usize, need: usize },
+}
+
+fn word(buf: &[u8], off: u64) -> u64 {
+    u64::from_le_bytes(buf[off as usize..off as usize + 8].try_into().unwrap())
+}
+
+fn put_word(buf: &mut [u8], off: u64, v: u64) {
+    buf[off as usize..off as usize + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+impl DteLayout {
+    pub fn new(key_max: u32, value_max: u32) -> Self {
+        let value_off = KEY_OFF + pad8(key_max as u64);
+        Self { key_max, value_max, value_off, entry_size: value_off + pad8(value_max as u64) }
+    }
+
+    /// Byte offset of entry `index` within the data table region.
+    #[inline]
+    pub fn offset(&self, index: u64) -> u64 {
+        index * self.entry_size
+    }
+
+    /// Bytes needed to read a value of `len` bytes (rounded to the fabric's word size).
+    #[inline]
+    pub fn value_read_len(&self, len: u32) -> u64 {
+        pad8(len as u64)
+    }
+
+    /// Write a fresh, *invalid* entry into `buf` (at least `value_off + pad8(value.len())`
+    /// bytes). Returns the number of bytes to store. Expiry and recycle words are zero.
+    pub fn encode(&self, buf: &mut Vec<u8>, writer: WriterTag, prev: u64, key: &[u8], value: &[u8]) -> usize {
+        assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
+        let len = (self.value_off + pad8(value.len() as u64)) as usize;
+        buf.clear();
+        buf.resize(len, 0);
+        put_word(buf, HEADER_OFF, self.header(writer, false));
+        put_word(buf, PREV_OFF, prev);
+        put_word(buf, LENS_OFF, key.len() as u64 | (value.len() as u64) << 32);
+        buf[KEY_OFF as usize..KEY_OFF as usize + key.len()].copy_from_slice(key);
+        buf[self.value_off as usize..self.value_off as usize + value.len()].copy_from_slice(value);
+        len
+    }
+
+    /// The header word for `writer` with the given valid flag.
+    #[inline]
+    pub fn header(&self, writer: WriterTag, valid: bool) -> u64 {
+        (writer.0 as u64) << 32 | if valid { VALID } else { 0 }
+    }
+
+    /// The two words (expiry, recycle flag) that mark an entry for recycling; stored in address
+    /// order, so the flag lands after the timestamp.
+    pub fn recycle_words(expiry_ns: u64) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&expiry_ns.to_le_bytes());
+        b[8..].copy_from_slice(&RECYCLE.to_le_bytes());
+        b
+    }
+
+    pub fn is_recycle_flag(word: u64) -> bool {
+        word & RECYCLE != 0
+    }
+
+    /// Decode the fixed-size part of an entry (needs at least `KEY_OFF` bytes).
+    pub fn meta(&self, buf: &[u8]) -> Result<DteMeta, DteError> {
+        if buf.len() < KEY_OFF as usize {
+            return Err(DteError::Short { got: buf.len(), need: KEY_OFF as usize });
+        }
+        let h = word(buf, HEADER_OFF);
+        let lens = word(buf, LENS_OFF);
+        let m = DteMeta {
+            valid: h & VALID != 0,
+            writer: WriterTag((h >> 32) as u32),
+            expiry_ns: word(buf, EXPIRY_OFF),
+            recycle: word(buf, RECYCLE_OFF) & RECYCLE != 0,
+            prev: word(buf, PREV_OFF),
+            key_len: lens as u32,
+            value_len: (lens >> 32) as u32,
+        };
+        if m.key_len > self.key_max || m.value_len > self.value_max {
+            return Err(DteError::BadLengths {
+                key_len: m.key_len,
+                value_len: m.value_len,
+                key_max: self.key_max,
+                value_max: self.value_max,
+            });
+        }
+        Ok(m)
+    }
+
+    /// The key of an entry whose first `value_off` bytes are in `buf`.
+    pub fn key<'a>(&self, buf: &'a [u8], meta: &DteMeta) -> &'a [u8] {
+        &buf[KEY_OFF as usize..KEY_OFF as usize + meta.key_len as usize]
+    }
+
+    /// The value of an entry whose bytes up to the end of the value are in `buf`.
+    pub fn value<'a>(&self, buf: &'a [u8], meta: &DteMeta) -> Result<&'a [u8], DteError> {
+        let end = self.value_off as usize + meta.value_len as usize;
+        buf.get(self.value_off as usize..end).ok_or(DteError::Short { got: buf.len(), need: end })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn layout_sizes() {
+        let l = DteLayout::new(128, 1024);
+        assert_eq!(l.value_off, 40 + 128);
+        assert_eq!(l.entry_size, 40 + 128 + 1024);
+        let odd = DteLayout::new(5, 3);
+        assert_eq!(odd.value_off, 48);
+        assert_eq!(odd.entry_size, 56);
+        assert_eq!(odd.offset(3), 168);
+        let empty_values = DteLayout::new(8, 0);
+        assert_eq!(empty_values.entry_size, 48);
+    }
+
+    #[test]
+    fn encode_decode_at_the_size_limits() {
+        let l = DteLayout::new(16, 32);
+        let mut buf = Vec::new();
+        let n = l.encode(&mut buf, WriterTag::new(7, 3), 0xdead, &[9u8; 16], &[1u8; 32]);
+        assert_eq!(n as u64, l.entry_size);
+        let m = l.meta(&buf).unwrap();
+        assert!(!m.valid && !m.recycle);
+        assert_eq!(m.writer, WriterTag::new(7, 3));
+        assert_eq!((m.prev, m.key_len, m.value_len, m.expiry_ns), (0xdead, 16, 32, 0));
+        assert_eq!(l.key(&buf, &m), &[9u8; 16]);
+        assert_eq!(l.value(&buf, &m).unwrap(), &[1u8; 32]);
+        // Empty key and value.
+        l.encode(&mut buf, WriterTag::new(0, 0), 0, b"", b"");
+        let m = l.meta(&buf).unwrap();
+        assert_eq!((m.key_len, m.value_len), (0, 0));
+        assert_eq!(buf.len() as u64, l.value_off);
+    }
+
+    #[test]
+    fn header_and_recycle_words() {
+        let l = DteLayout::new(8, 8);
+        let mut buf = Vec::new();
+        l.encode(&mut buf, WriterTag::new(1, 2), 0, b"k", b"v");
+        buf[..8].copy_from_slice(&l.header(WriterTag::new(1, 2), true).to_le_bytes());
+        buf[8..24].copy_from_slice(&DteLayout::recycle_words(12345));
+        let m = l.meta(&buf).unwrap();
+        assert!(m.valid && m.recycle);
+        assert_eq!(m.expiry_ns, 12345);
+        assert_eq!(m.writer, WriterTag::new(1, 2));
+    }
+
+    #[test]
+    fn corrupt_lengths_are_reported() {
+        let l = DteLayout::new(8, 8);
+        let mut buf = vec![0u8; l.entry_size as usize];
+        buf[32..40].copy_from_slice(&(9u64).to_le_bytes());
+        assert!(matches!(l.meta(&buf), Err(DteError::BadLengths { key_len: 9, .. })));
+        assert!(matches!(l.meta(&buf[..16]), Err(DteError::Short { .. })));
+        let m = DteMeta { valid: true, writer: WriterTag(0), expiry_ns: 0, recycle: false, prev: 0, key_len: 0, value_len: 8 };
+        assert!(l.value(&buf[..l.value_off as usize], &m).is_err(), "value beyond the buffer");
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(kmax in 1u32..300, vmax in 0u32..5000, key in proptest::collection::vec(any::<u8>(), 0..300),
+                     value in proptest::collection::vec(any::<u8>(), 0..5000), prev: u64, node: u16, worker: u16) {
+            let l = DteLayout::new(kmax, vmax);
+            let key = &key[..key.len().min(kmax as usize)];
+            let value = &value[..value.len().min(vmax as usize)];
+            let mut buf = Vec::new();
+            let n = l.encode(&mut buf, WriterTag::new(node, worker), prev, key, value);
+            prop_assert_eq!(n % 8, 0);
+            prop_assert!(n as u64 <= l.entry_size);
+            let m = l.meta(&buf).unwrap();
+            prop_assert_eq!(l.key(&buf, &m), key);
+            prop_assert_eq!(l.value(&buf, &m).unwrap(), value);
+            prop_assert_eq!(m.prev, prev);
+            prop_assert_eq!(m.writer, WriterTag::new(node, worker));
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Cluster geometry: the sizes that fix the memory format and the hash functions. Every node
+//! and client of a cluster must agree on it exactly (see [`Geometry::fingerprint`]).
+
+use crate::dte::DteLayout;
+use crate::ite::IteLayout;
+use crate::limits::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Geometry {
+    /// Nodes in the cluster; each has one index table and one data table.
+    pub nodes: u32,
+    /// Index table entries per node.
+    pub ites_per_node: u64,
+    /// Data table entries per node.
+    pub dtes_per_node: u64,
+    /// Largest key in bytes.
+    pub key_max: u32,
+    /// Largest value in bytes.
+    pub value_max: u32,
+    /// N of N-way cuckoo hashing.
+    pub hash_functions: u8,
+    /// Filter bits stored in each ITE.
+    pub filter_bits: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cluster geometry: {0}")]
+pub struct GeometryError(pub String);
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            ites_per_node: 1 << 16,
+            dtes_per_node: 1 << 14,
+            key_max: 128,
+            value_max: 1024,
+            hash_functions: 3,
+            filter_bits: 7,
+        }
+    }
+}
+
+fn bits_for(count: u64) -> u8 {
+    // Bits needed to number `count` distinct things (at least one bit).
+    (64 - (count.max(2) - 1).leading_zeros()) as u8
+}
+
+impl Geometry {
+    /// Check every field against its limit and derive the ITE and DTE layouts.
+    pub fn validate(&self) -> Result<(IteLayout, DteLayout), GeometryError> {
+        let err = |s: String| Err(GeometryError(s));
+        if self.nodes == 0 || self.nodes > MAX_NODES {
+            return err(format!("nodes = {} is not in 1..={MAX_NODES}", self.nodes));
+        }
+        if !(MIN_HASH_FUNCTIONS..=MAX_HASH_FUNCTIONS).contains(&self.hash_functions) {
+            return err(format!(
+                "hash_functions = {} is not in {MIN_HASH_FUNCTIONS}..={MAX_HASH_FUNCTIONS}",
+                self.hash_functions
+            ));
+        }
+        if self.filter_bits > MAX_FILTER_BITS {
+            return err(format!("filter_bits = {} exceeds {MAX_FILTER_BITS}", self.filter_bits));
+        }
+        if self.ites_per_node == 0 || self.ites_per_node > MAX_ITES_PER_NODE {
+            return err(format!("ites_per_node = {} is not in 1..={MAX_ITES_PER_NODE}", self.ites_per_node));
+        }
+        let total = self.ites_per_node * self.nodes as u64;
+        if total < 2 * self.hash_functions as u64 {
+            return err(format!(
+                "{total} index entries in total cannot hold {} distinct candidates per key with room to migrate",
+                self.hash_functions
+            ));
+        }
+        if self.dtes_per_node == 0 || self.dtes_per_node > MAX_DTES_PER_NODE {
+            return err(format!("dtes_per_node = {} is not in 1..={MAX_DTES_PER_NODE}", self.dtes_per_node));
+        }
+        if self.key_max == 0 || self.key_max > MAX_KEY_SIZE {
+            return err(format!("key_max = {} is not in 1..={MAX_KEY_SIZE}", self.key_max));
+        }
+        if self.value_max > MAX_VALUE_SIZE {
+            return err(format!("value_max = {} exceeds {MAX_VALUE_SIZE}", self.value_max));
+        }
+        let dte = DteLayout::new(self.key_max, self.value_max);
+        let table_bytes = dte.entry_size.checked_mul(self.dtes_per_node).unwrap_or(u64::MAX);
+        if table_bytes > MAX_DATA_TABLE_BYTES {
+            return err(format!(
+                "data table of {} entries x {} bytes = {table_bytes} bytes exceeds {MAX_DATA_TABLE_BYTES}",
+                self.dtes_per_node, dte.entry_size
+            ));
+        }
+        // One data table per node: the DTI is the node id.
+        let dti_bits = bits_for(self.nodes as u64);
+        let dte_bits = bits_for(self.dtes_per_node);
+        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits).map_err(GeometryError)?;
+        Ok((ite, dte))
+    }
+
+    /// Total ITEs across the cluster.
+    pub fn total_ites(&self) -> u64 {
+        self.ites_per_node * self.nodes as u64
+    }
+
+    /// Bytes of one node's index table.
+    pub fn index_table_bytes(&self) -> u64 {
+        self.ites_per_node * 8
+    }
+
+    /// Bytes of one node's data table.
+    pub fn data_table_bytes(&self) -> u64 {
+        DteLayout::new(self.key_max, self.value_max).entry_size * self.dtes_per_node
+    }
+
+    /// A stable digest of the geometry; peers whose fingerprints differ must not join.
+    pub fn fingerprint(&self) -> u64 {
+        let s = format!(
+            "nessie-geometry-v1:{}:{}:{}:{}:{}:{}:{}",
+            self.nodes, self.ites_per_node, self.dtes_per_node, self.key_max, self.value_max,
+            self.hash_functions, self.filter_bits
+        );
+        xxhash_rust::xxh3::xxh3_64(s.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_widths_follow_geometry() {
+        let g = Geometry::default();
+        let (ite, dte) = g.validate().unwrap();
+        assert_eq!(ite.dti_bits, 2, "3 nodes need 2 bits");
+        assert_eq!(ite.dte_bits, 14, "2^14 DTEs need 14 bits");
+        assert_eq!(ite.filter_bits, 7);
+        assert_eq!(dte.entry_size % 8, 0);
+    }
+
+    #[test]
+    fn bits_for_boundaries() {
+        assert_eq!(bits_for(1), 1);
+        assert_eq!(bits_for(2), 1);
+        assert_eq!(bits_for(3), 2);
+        assert_eq!(bits_for(4), 2);
+        assert_eq!(bits_for(5), 3);
+        assert_eq!(bits_for(1 << 32), 32);
+        assert_eq!(bits_for((1 << 32) + 1), 33);
+    }
+
+    #[test]
+    fn every_limit_is_enforced_with_a_named_error() {
+        let cases: Vec<(Box<dyn Fn(&mut Geometry)>, &str)> = vec![
+            (Box::new(|g| g.nodes = 0), "nodes"),
+            (Box::new(|g| g.nodes = MAX_NODES + 1), "nodes"),
+            (Box::new(|g| g.hash_functions = 1), "hash_functions"),
+            (Box::new(|g| g.hash_functions = 9), "hash_functions"),
+            (Box::new(|g| g.filter_bits = 17), "filter_bits"),
+            (Box::new(|g| g.ites_per_node = 0), "ites_per_node"),
+            (Box::new(|g| { g.nodes = 1; g.ites_per_node = 5 }), "distinct candidates"),
+            (Box::new(|g| g.dtes_per_node = 0), "dtes_per_node"),
+            (Box::new(|g| g.key_max = 0), "key_max"),
+            (Box::new(|g| g.key_max = MAX_KEY_SIZE + 1), "key_max"),
+            (Box::new(|g| g.value_max = MAX_VALUE_SIZE + 1), "value_max"),
+            (Box::new(|g| { g.dtes_per_node = u32::MAX as u64; g.value_max = MAX_VALUE_SIZE }), "data table"),
+        ];
+        for (f, needle) in cases {
+            let mut g = Geometry::default();
+            f(&mut g);
+            let e = g.validate().expect_err(needle).to_string();
+            assert!(e.contains(needle), "{e:?} should mention {needle}");
+        }
+    }
+
+    #[test]
+    fn widest_geometry_still_fits_one_word() {
+        let g = Geometry {
+            nodes: MAX_NODES,
+            dtes_per_node: MAX_DTES_PER_NODE,
+            filter_bits: MAX_FILTER_BITS,
+            key_max: 8,
+            value_max: 0,
+            ..Geometry::default()
+        };
+        let (ite, _) = g.validate().unwrap();
+        assert!(ite.dte_bits as u32 + ite.dti_bits as u32 + ite.filter_bits as u32 + 1 <= 64);
+    }
+
+    #[test]
+    fn fingerprint_changes_with_any_field() {
+        let base = Geometry::default();
+        let mut other = base.clone();
+        other.value_max += 8;
+        assert_ne!(base.fingerprint(), other.fingerprint());
+        assert_eq!(base.fingerprint(), Geometry::default().fingerprint());
+    }
+}
