@@ -1,0 +1,193 @@
+//! Single-threaded behaviour of the client-driven protocol on an in-process cluster.
+
+use std::collections::HashMap;
+
+use nessie_cluster::LocalCluster;
+use nessie_protocols::{Error, Optimizations, ProtocolConfig};
+use nessie_store::Geometry;
+use proptest::prelude::*;
+
+fn small_geometry() -> Geometry {
+    Geometry { nodes: 3, ites_per_node: 64, dtes_per_node: 256, key_max: 16, value_max: 64, hash_functions: 3, filter_bits: 7 }
+}
+
+fn fast_cfg() -> ProtocolConfig {
+    ProtocolConfig { expiry_ns: 2_000_000, clock_margin_ns: 0, ..ProtocolConfig::default() }
+}
+
+#[test]
+fn put_get_delete_across_nodes() {
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    let mut a = c.client(0).unwrap();
+    let mut b = c.client(2).unwrap();
+    assert_eq!(a.get(b"k").unwrap(), None);
+    a.put(b"k", b"v1").unwrap();
+    assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]), "remote reader sees the write");
+    b.put(b"k", b"v2").unwrap();
+    assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    a.delete(b"k").unwrap();
+    assert_eq!(b.get(b"k").unwrap(), None);
+    b.delete(b"k").unwrap(); // deleting an absent key is fine
+    a.put(b"empty", b"").unwrap();
+    assert_eq!(b.get(b"empty").unwrap().as_deref(), Some(&b""[..]), "empty value is not absence");
+}
+
+#[test]
+fn invalid_sizes_are_rejected_before_touching_memory() {
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    let mut a = c.client(0).unwrap();
+    let before = c.fabric().stats().total(None);
+    assert_eq!(a.put(&[1u8; 17], b"v"), Err(Error::KeyTooLarge { len: 17, max: 16 }));
+    assert_eq!(a.put(b"k", &[0u8; 65]), Err(Error::ValueTooLarge { len: 65, max: 64 }));
+    assert_eq!(a.get(b""), Err(Error::EmptyKey));
+    assert_eq!(a.delete(&[0u8; 100]), Err(Error::KeyTooLarge { len: 100, max: 16 }));
+    assert_eq!(c.fabric().stats().total(None), before, "no fabric operation was issued");
+    assert!(Error::KeyTooLarge { len: 17, max: 16 }.to_string().contains("key_max of 16"));
+    // Keys and values exactly at the limits work.
+    a.put(&[7u8; 16], &[9u8; 64]).unwrap();
+    assert_eq!(a.get(&[7u8; 16]).unwrap().unwrap(), vec![9u8; 64]);
+}
+
+#[test]
+fn bad_configuration_is_reported() {
+    let mut g = small_geometry();
+    g.hash_functions = 1;
+    let e = LocalCluster::new(g, fast_cfg(), None).err().unwrap();
+    assert!(e.to_string().contains("hash_functions"), "{e}");
+    let cfg = ProtocolConfig { clock_margin_ns: 5_000_000, ..fast_cfg() };
+    assert!(LocalCluster::new(small_geometry(), cfg, None).err().unwrap().to_string().contains("clock margin"));
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    assert!(c.client(3).err().unwrap().to_string().contains("no node 3"));
+}
+
+#[test]
+fn full_index_gives_a_clear_error_and_loses_nothing() {
+    let g = Geometry { nodes: 1, ites_per_node: 8, dtes_per_node: 64, ..small_geometry() };
+    let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
+    let mut a = c.client(0).unwrap();
+    let mut stored = Vec::new();
+    let mut saw_full = false;
+    for i in 0..20u32 {
+        match a.put(&i.to_le_bytes(), &i.to_be_bytes()) {
+            Ok(()) => stored.push(i),
+            Err(Error::IndexFull { .. }) => saw_full = true,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(saw_full, "20 keys cannot fit in 8 slots");
+    assert!(a.stats().migrations > 0, "filling the index needed migrations: {:?}", a.stats());
+    assert!(stored.len() <= 8 && stored.len() >= 4, "stored {}", stored.len());
+    for i in &stored {
+        assert_eq!(a.get(&i.to_le_bytes()).unwrap().unwrap(), i.to_be_bytes(), "key {i} survived migrations");
+    }
+    assert_eq!(c.index_occupancy().unwrap(), stored.len() as u64);
+}
+
+#[test]
+fn full_data_table_gives_a_clear_error() {
+    let g = Geometry { dtes_per_node: 4, ..small_geometry() };
+    // A long expiry: released entries are not reusable during the test.
+    let cfg = ProtocolConfig { expiry_ns: 60_000_000_000, ..ProtocolConfig::default() };
+    let cfg = ProtocolConfig { retry: nessie_protocols::RetryPolicy { max_attempts: 1, ..cfg.retry }, ..cfg };
+    let c = LocalCluster::new(g, cfg, None).unwrap();
+    let mut a = c.client(1).unwrap();
+    for i in 0..4u8 {
+        a.put(&[i], b"x").unwrap();
+    }
+    let e = a.put(&[9], b"x").unwrap_err();
+    assert!(matches!(e, Error::DataTableFull { node: 1, capacity: 4, awaiting_expiry: 0 }), "{e:?}");
+    assert!(e.to_string().contains("data table on node 1 is full"));
+    a.put(&[0], b"y").unwrap_err(); // overwrite also needs a new DTE
+    assert_eq!(a.get(&[0]).unwrap().as_deref(), Some(&b"x"[..]), "failed write changed nothing");
+    // Another node's table still has room.
+    let mut b = c.client(2).unwrap();
+    b.put(&[9], b"z").unwrap();
+    assert_eq!(a.get(&[9]).unwrap().as_deref(), Some(&b"z"[..]));
+}
+
+#[test]
+fn recycling_reuses_entries_after_expiry() {
+    let g = Geometry { dtes_per_node: 8, ..small_geometry() };
+    let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
+    let mut a = c.client(0).unwrap();
+    for i in 0..200u32 {
+        a.put(b"hot", &i.to_le_bytes()).unwrap();
+        assert_eq!(a.get(b"hot").unwrap().unwrap(), i.to_le_bytes());
+    }
+    let u = c.table(0).usage();
+    assert!(u.reclaimed_total >= 190, "200 writes through 8 entries need recycling: {u:?}");
+    assert!(a.stats().recycled >= 199);
+}
+
+#[test]
+fn stalled_get_times_out_instead_of_reading_a_recycled_entry() {
+    use nessie_protocols::HookPoint;
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    let mut w = c.client(0).unwrap();
+    w.put(b"k", b"old").unwrap();
+    let mut r = c.client(1).unwrap();
+    let expiry = c.config().expiry_ns;
+    r.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::AfterIteRead {
+            std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
+        }
+    })));
+    assert!(matches!(r.try_get(b"k"), Err(Error::Timeout { .. })));
+    r.set_hook(None);
+    assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, u16),
+    Get(u8),
+    Delete(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..40, any::<u16>()).prop_map(|(k, v)| Op::Put(k, v)),
+        4 => (0u8..40).prop_map(Op::Get),
+        1 => (0u8..40).prop_map(Op::Delete),
+    ]
+}
+
+fn opts() -> impl Strategy<Value = Optimizations> {
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
+        .prop_map(|(a, b, c, d)| Optimizations { filter_bits: a, cache: b, previous_versions: c, multi_read: d })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random single-threaded sequences against a HashMap model, through clients on different
+    /// nodes, with a tiny index (migrations) and a tiny data table (recycling).
+    #[test]
+    fn matches_a_hashmap_model(ops in proptest::collection::vec((op(), 0u16..3), 1..300), o in opts()) {
+        let g = Geometry { nodes: 3, ites_per_node: 20, dtes_per_node: 48, key_max: 8, value_max: 24, hash_functions: 3, filter_bits: 3 };
+        let cfg = ProtocolConfig { optimizations: o, cache_entries: 8, ..fast_cfg() };
+        let c = LocalCluster::new(g, cfg, None).unwrap();
+        let mut clients: Vec<_> = (0..3).map(|n| c.client(n).unwrap()).collect();
+        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        for (op, node) in ops {
+            let cl = &mut clients[node as usize];
+            match op {
+                Op::Put(k, v) => {
+                    let value = format!("v{v}-{k}").into_bytes();
+                    match cl.put(&[k, 0xAB], &value) {
+                        Ok(()) => { model.insert(k, value); }
+                        Err(Error::IndexFull { .. }) => {}
+                        Err(e) => prop_assert!(false, "put failed: {e}"),
+                    }
+                }
+                Op::Get(k) => prop_assert_eq!(cl.get(&[k, 0xAB]).unwrap(), model.get(&k).cloned(), "key {}", k),
+                Op::Delete(k) => { cl.delete(&[k, 0xAB]).unwrap(); model.remove(&k); }
+            }
+        }
+        for (k, v) in &model {
+            let got = clients[0].get(&[*k, 0xAB]).unwrap();
+            prop_assert_eq!(got.as_ref(), Some(v));
+        }
+        prop_assert_eq!(c.index_occupancy().unwrap(), model.len() as u64, "no stray ITEs");
+    }
+}

@@ -1,0 +1,327 @@
+//! The client-driven (CD) Nessie protocol: Appendix A of the reference, one file per operation.
+//!
+//! - [`get`]: A.1.2 (forward pass with filter bits, local/cache/remote DTEs and previous
+//!   versions; reverse pass on a miss),
+//! - [`write`]: A.1.3 PUT and A.1.5 DELETE (candidate search, local DTE, CAS, duplicate
+//!   clearing, reverse pass, set valid, recycling),
+//! - [`migrate`]: A.1.4 (recursive, with every abort and clean-up path).
+//!
+//! A [`CdClient`] is one client worker: it owns one fabric endpoint, one DTE cache and one
+//! writer tag, and runs one operation at a time (blocking), like the paper's client workers.
+
+mod access;
+pub mod get;
+pub mod migrate;
+pub mod write;
+
+use std::sync::Arc;
+
+use nessie_fabric::{Endpoint, NodeId};
+use nessie_store::cache::{CacheStats, DteCache};
+use nessie_store::datatable::{AllocError, DataTable};
+use nessie_store::dte::{DteLayout, WriterTag};
+use nessie_store::index::Index;
+use nessie_store::{Geometry, Ite};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::config::ProtocolConfig;
+use crate::error::Error;
+use crate::hooks::{Hook, HookPoint};
+
+/// What every client of a cluster shares: the geometry and what is derived from it.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    pub geometry: Geometry,
+    pub index: Index,
+    pub dte: DteLayout,
+}
+
+impl ClusterView {
+    pub fn new(geometry: Geometry) -> Result<Self, Error> {
+        let (ite, dte) = geometry.validate().map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Self { index: Index::new(&geometry, ite), geometry, dte })
+    }
+}
+
+/// Why one attempt of an operation stopped early.
+#[derive(Debug)]
+pub(crate) enum Abort {
+    /// A concurrent operation interfered; retry after a back-off.
+    Concurrent(&'static str),
+    /// The attempt outlived the expiry period; retry.
+    Timeout,
+    /// The local data table has no free entry right now.
+    TableFull(AllocError),
+    /// A migration found no destination for its source (internal: try another source).
+    NoDestination,
+    /// Give up with this error.
+    Fatal(Error),
+}
+
+impl From<nessie_fabric::FabricError> for Abort {
+    fn from(e: nessie_fabric::FabricError) -> Self {
+        Abort::Fatal(e.into())
+    }
+}
+
+pub(crate) type Attempt<T> = Result<T, Abort>;
+
+/// Counters of one client worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub gets: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// Attempts that aborted because of a concurrent operation.
+    pub concurrent_aborts: u64,
+    /// Attempts that aborted on their timer.
+    pub timeouts: u64,
+    /// Retries performed by the retry wrapper.
+    pub retries: u64,
+    /// Successful migrations (each level counts).
+    pub migrations: u64,
+    /// GETs answered from a previous version.
+    pub previous_version_hits: u64,
+    /// DTEs marked for recycling.
+    pub recycled: u64,
+    /// DTEs that could not be released after an operation gave up (see `write.rs`).
+    pub leaked: u64,
+    /// Waits for released DTEs to expire because the local table was full.
+    pub table_full_waits: u64,
+}
+
+/// The operation timer (Step 0 of every operation): an attempt must finish within one expiry
+/// period of its start, because that is how long the DTEs it saw are guaranteed not to be reused.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Deadline {
+    start_ns: u64,
+    limit_ns: u64,
+    ignore: bool,
+}
+
+/// One client worker of the client-driven protocol.
+pub struct CdClient<E: Endpoint> {
+    ep: E,
+    view: Arc<ClusterView>,
+    table: Arc<DataTable>,
+    cfg: ProtocolConfig,
+    tag: WriterTag,
+    cache: DteCache,
+    rng: SmallRng,
+    hook: Option<Hook>,
+    stats: ClientStats,
+    /// Scratch buffer for DTE reads.
+    buf: Vec<u8>,
+    /// Scratch buffer for DTE writes.
+    wbuf: Vec<u8>,
+}
+
+impl<E: Endpoint> CdClient<E> {
+    /// A client worker on `ep`'s node. `table` must be that node's data table and `worker` must
+    /// be unique among the node's live client workers (it tags the DTEs this worker writes).
+    pub fn new(ep: E, view: Arc<ClusterView>, table: Arc<DataTable>, worker: u16, cfg: ProtocolConfig) -> Result<Self, Error> {
+        cfg.validate().map_err(Error::Config)?;
+        if table.dti() != ep.node() as u32 {
+            return Err(Error::Config(format!(
+                "client on node {} was given the data table of node {}",
+                ep.node(),
+                table.dti()
+            )));
+        }
+        if ep.node_count() != view.geometry.nodes as usize {
+            return Err(Error::Config(format!(
+                "fabric has {} nodes but the geometry says {}",
+                ep.node_count(),
+                view.geometry.nodes
+            )));
+        }
+        let cache = DteCache::new(if cfg.optimizations.cache { cfg.cache_entries } else { 0 });
+        let tag = WriterTag::new(ep.node(), worker);
+        let seed = (ep.node() as u64) << 32 | worker as u64 | ep.now_ns() << 1;
+        Ok(Self {
+            ep,
+            view,
+            table,
+            cfg,
+            tag,
+            cache,
+            rng: SmallRng::seed_from_u64(seed),
+            hook: None,
+            stats: ClientStats::default(),
+            buf: Vec::new(),
+            wbuf: Vec::new(),
+        })
+    }
+
+    /// Read the value of `key`; `Ok(None)` if it is not in the store.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.check_key(key)?;
+        self.stats.gets += 1;
+        self.with_retry(|c| c.get_once(key))
+    }
+
+    /// Store `value` under `key`, replacing any previous value.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.check_key(key)?;
+        if value.len() > self.view.dte.value_max as usize {
+            return Err(Error::ValueTooLarge { len: value.len(), max: self.view.dte.value_max });
+        }
+        self.stats.puts += 1;
+        self.write(key, Some(value))
+    }
+
+    /// Remove `key` (a no-op if it is absent).
+    pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        self.check_key(key)?;
+        self.stats.deletes += 1;
+        self.write(key, None)
+    }
+
+    /// One attempt of GET, without retries (tests use it to observe aborts).
+    pub fn try_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.check_key(key)?;
+        self.get_once(key).map_err(|a| self.abort_to_error(a))
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    pub fn endpoint(&self) -> &E {
+        &self.ep
+    }
+
+    pub fn endpoint_mut(&mut self) -> &mut E {
+        &mut self.ep
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.ep.node()
+    }
+
+    pub fn config(&self) -> &ProtocolConfig {
+        &self.cfg
+    }
+
+    pub fn view(&self) -> &Arc<ClusterView> {
+        &self.view
+    }
+
+    /// Install a test hook called at every [`HookPoint`].
+    pub fn set_hook(&mut self, hook: Option<Hook>) {
+        self.hook = hook;
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), Error> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > self.view.dte.key_max as usize {
+            return Err(Error::KeyTooLarge { len: key.len(), max: self.view.dte.key_max });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn hook(&mut self, p: HookPoint) {
+        if let Some(h) = self.hook.as_mut() {
+            h(p);
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Deadline {
+        Deadline {
+            start_ns: self.ep.now_ns(),
+            limit_ns: self.cfg.expiry_ns,
+            ignore: self.cfg.mutations.ignore_op_timer,
+        }
+    }
+
+    pub(crate) fn check(&self, d: &Deadline) -> Attempt<()> {
+        if !d.ignore && self.ep.now_ns().saturating_sub(d.start_ns) >= d.limit_ns {
+            return Err(Abort::Timeout);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn filter_matches(&self, ite: Ite, filter: u64) -> bool {
+        !self.cfg.optimizations.filter_bits || self.view.index.ite.filter(ite) == filter
+    }
+
+    fn abort_to_error(&mut self, a: Abort) -> Error {
+        match a {
+            Abort::Concurrent(_) => {
+                self.stats.concurrent_aborts += 1;
+                Error::Contended { attempts: 1 }
+            }
+            Abort::Timeout => {
+                self.stats.timeouts += 1;
+                Error::Timeout { expiry_ms: self.cfg.expiry_ns / 1_000_000 }
+            }
+            Abort::TableFull(e) => table_full_error(e),
+            Abort::NoDestination => Error::IndexFull { depth: self.cfg.max_migrate_depth },
+            Abort::Fatal(e) => e,
+        }
+    }
+
+    /// Run attempts until one succeeds, backing off exponentially with full jitter after
+    /// concurrent-operation aborts and timeouts; waiting for expiry when the table is full.
+    pub(crate) fn with_retry<T>(&mut self, mut attempt: impl FnMut(&mut Self) -> Attempt<T>) -> Result<T, Error> {
+        let policy = self.cfg.retry;
+        let mut backoff = policy.initial_backoff_ns.max(1);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let last = attempts >= policy.max_attempts;
+            let wait = match attempt(self) {
+                Ok(v) => return Ok(v),
+                Err(Abort::Timeout) if last => {
+                    self.stats.timeouts += 1;
+                    return Err(Error::Timeout { expiry_ms: self.cfg.expiry_ns / 1_000_000 });
+                }
+                Err(Abort::Concurrent(_)) if last => {
+                    self.stats.concurrent_aborts += 1;
+                    return Err(Error::Contended { attempts });
+                }
+                Err(Abort::Concurrent(why)) => {
+                    self.stats.concurrent_aborts += 1;
+                    tracing::trace!(why, attempts, "concurrent operation; backing off");
+                    self.rng.gen_range(0..=backoff)
+                }
+                Err(Abort::Timeout) => {
+                    self.stats.timeouts += 1;
+                    self.rng.gen_range(0..=backoff)
+                }
+                Err(Abort::TableFull(e)) => {
+                    let AllocError::Full { next_ready_ns: Some(ready), .. } = e else {
+                        return Err(table_full_error(e));
+                    };
+                    if last {
+                        return Err(table_full_error(e));
+                    }
+                    // Released entries exist: wait (at most one expiry period) until one expires.
+                    self.stats.table_full_waits += 1;
+                    ready.saturating_sub(self.ep.now_ns()).clamp(1, self.cfg.expiry_ns)
+                }
+                Err(Abort::NoDestination) => return Err(Error::IndexFull { depth: self.cfg.max_migrate_depth }),
+                Err(Abort::Fatal(e)) => return Err(e),
+            };
+            self.stats.retries += 1;
+            self.ep.sleep_ns(wait);
+            backoff = (backoff * 2).min(policy.max_backoff_ns.max(1));
+        }
+    }
+}
+
+fn table_full_error(e: AllocError) -> Error {
+    match e {
+        AllocError::Full { dti, capacity, awaiting_expiry, .. } => {
+            Error::DataTableFull { node: dti as NodeId, capacity, awaiting_expiry }
+        }
+        AllocError::Fabric(f) => f.into(),
+    }
+}

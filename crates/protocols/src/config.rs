@@ -1,0 +1,128 @@
+//! Protocol parameters. Cluster-wide ones (expiry, clock margin) must match on every node; the
+//! rest are per client.
+
+/// Switches for the paper's optimisations (for the optimisation-stack experiment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Optimizations {
+    /// Compare ITE filter bits before reading a DTE.
+    pub filter_bits: bool,
+    /// Cache remote DTEs (per client worker) keyed by ITE.
+    pub cache: bool,
+    /// Let GETs return the previous version when they meet an in-progress write.
+    pub previous_versions: bool,
+    /// Read a remote DTE's header and key first, and its value only if it matches.
+    pub multi_read: bool,
+}
+
+impl Default for Optimizations {
+    fn default() -> Self {
+        Self { filter_bits: true, cache: true, previous_versions: true, multi_read: true }
+    }
+}
+
+impl Optimizations {
+    pub const NONE: Optimizations =
+        Optimizations { filter_bits: false, cache: false, previous_versions: false, multi_read: false };
+}
+
+/// Retry of operations that aborted because of a concurrent operation (or timed out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Attempts before giving up with `Error::Contended` (or `Error::Timeout`).
+    pub max_attempts: u32,
+    /// First back-off, in nanoseconds; doubles per retry.
+    pub initial_backoff_ns: u64,
+    /// Back-off cap, in nanoseconds.
+    pub max_backoff_ns: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max_attempts: 2_000, initial_backoff_ns: 1_000, max_backoff_ns: 1_000_000 }
+    }
+}
+
+/// Deliberate protocol breakages, for mutation tests only: each must make the concurrency
+/// checker report a violation. Never set outside tests (the config file cannot set them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations {
+    /// GET skips its reverse pass (Appendix A.1.2 Step 3).
+    pub skip_get_reverse_pass: bool,
+    /// PUT/DELETE skip their reverse pass (Appendix A.1.3 Step 5).
+    pub skip_put_reverse_pass: bool,
+    /// Released DTEs are reusable at once instead of after an expiry period.
+    pub recycle_without_expiry: bool,
+    /// Operations ignore their timer (never abort with a timeout).
+    pub ignore_op_timer: bool,
+    /// GET returns a DTE without checking its valid flag.
+    pub skip_valid_check: bool,
+}
+
+impl Mutations {
+    pub fn any(&self) -> bool {
+        *self != Mutations::default()
+    }
+}
+
+/// Most levels of recursive migration anybody may configure.
+pub const MAX_MIGRATE_DEPTH: u8 = 32;
+/// Most migrations one PUT attempt may trigger before it gives up with `Error::IndexFull`.
+pub const MAX_MIGRATIONS_PER_ATTEMPT: u32 = 8;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProtocolConfig {
+    /// Expiry period: how long a released DTE stays untouched, and the limit on any operation.
+    pub expiry_ns: u64,
+    /// Allowance for clock skew between nodes when deciding a DTE has expired.
+    pub clock_margin_ns: u64,
+    /// Deepest recursive migration (0 = only direct moves).
+    pub max_migrate_depth: u8,
+    /// DTEs in each client worker's cache (0 = none).
+    pub cache_entries: usize,
+    pub optimizations: Optimizations,
+    pub retry: RetryPolicy,
+    pub mutations: Mutations,
+}
+
+impl Default for ProtocolConfig {
+    fn default() -> Self {
+        Self {
+            expiry_ns: 1_000_000_000,
+            clock_margin_ns: 10_000_000,
+            max_migrate_depth: 8,
+            cache_entries: 1024,
+            optimizations: Optimizations::default(),
+            retry: RetryPolicy::default(),
+            mutations: Mutations::default(),
+        }
+    }
+}
+
+impl ProtocolConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.expiry_ns < 1_000_000 || self.expiry_ns > 3_600_000_000_000 {
+            return Err(format!("expiry {} ns is not between 1 ms and 1 h", self.expiry_ns));
+        }
+        if self.clock_margin_ns > self.expiry_ns {
+            return Err(format!(
+                "clock margin {} ns exceeds the expiry period {} ns",
+                self.clock_margin_ns, self.expiry_ns
+            ));
+        }
+        if self.max_migrate_depth > MAX_MIGRATE_DEPTH {
+            return Err(format!("migrate depth {} exceeds {MAX_MIGRATE_DEPTH}", self.max_migrate_depth));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err("retry.max_attempts must be at least 1".into());
+        }
+        if self.retry.initial_backoff_ns > self.retry.max_backoff_ns {
+            return Err("retry.initial_backoff_ns exceeds retry.max_backoff_ns".into());
+        }
+        if self.retry.max_backoff_ns > 10_000_000_000 {
+            return Err("retry.max_backoff_ns exceeds 10 s".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,45 @@
+//! Errors returned to users of the client API.
+
+use nessie_fabric::{FabricError, NodeId};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("key is empty")]
+    EmptyKey,
+    #[error("key of {len} bytes exceeds the cluster's key_max of {max} bytes")]
+    KeyTooLarge { len: usize, max: u32 },
+    #[error("value of {len} bytes exceeds the cluster's value_max of {max} bytes")]
+    ValueTooLarge { len: usize, max: u32 },
+    #[error("index full: no free slot for the key within {depth} levels of migration; enlarge the index tables or delete data")]
+    IndexFull { depth: u8 },
+    #[error("data table on node {node} is full ({capacity} entries, {awaiting_expiry} released entries not yet expired)")]
+    DataTableFull { node: NodeId, capacity: u64, awaiting_expiry: u64 },
+    #[error("operation timed out: it ran longer than the expiry period of {expiry_ms} ms")]
+    Timeout { expiry_ms: u64 },
+    #[error("gave up after {attempts} attempts aborted by concurrent operations on the same key")]
+    Contended { attempts: u32 },
+    #[error("node {node} is unreachable: {reason}")]
+    Unreachable { node: NodeId, reason: String },
+    #[error("fabric error: {0}")]
+    Fabric(FabricError),
+    #[error("corrupt data table entry: {0}")]
+    Corrupt(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl From<FabricError> for Error {
+    fn from(e: FabricError) -> Self {
+        match e {
+            FabricError::Unreachable { node, reason } => Error::Unreachable { node, reason },
+            e => Error::Fabric(e),
+        }
+    }
+}
+
+impl Error {
+    /// Whether retrying later may succeed without any change to the cluster.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::Contended { .. } | Error::DataTableFull { .. })
+    }
+}

@@ -1,0 +1,21 @@
+//! Named points inside the protocol where tests can inject delays (e.g. stall an operation past
+//! its expiry period) to force specific interleavings.
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HookPoint {
+    /// Any operation has just read an ITE (forward pass).
+    AfterIteRead,
+    /// A GET has read a candidate DTE and is about to inspect it.
+    GetAfterDteRead,
+    /// A PUT/DELETE has swapped its new DTE into the candidate ITE (Step 3.1).
+    AfterCandidateCas,
+    /// A PUT/DELETE is about to start its reverse pass (Step 5).
+    BeforeReversePass,
+    /// A PUT is about to set its DTE valid (Step 6).
+    BeforeSetValid,
+    /// A MIGRATE has swapped its copy into the destination (Step 6) and not yet cleared the source.
+    MigrateAfterDstCas,
+}
+
+/// A test hook: called at every [`HookPoint`] by the client that owns it.
+pub type Hook = Box<dyn FnMut(HookPoint) + Send>;
