@@ -1,1 +1,4 @@
+//! Workloads and harnesses that drive Nessie clients: the concurrency stress harness with
+//! history checking ([`stress`]), and (later) the benchmark harness.
 
+pub mod stress;

@@ -5,6 +5,8 @@
 pub enum HookPoint {
     /// Any operation has just read an ITE (forward pass).
     AfterIteRead,
+    /// A GET has read an ITE in its forward pass (after `AfterIteRead`).
+    GetForwardPass,
     /// A GET has read a candidate DTE and is about to inspect it.
     GetAfterDteRead,
     /// A PUT/DELETE has swapped its new DTE into the candidate ITE (Step 3.1).

@@ -31,6 +31,7 @@ impl<E: Endpoint> CdClient<E> {
             self.check(&d)?;
             slots[i] = h.slot(&index, i);
             let (ite, t) = self.read_ite(slots[i])?;
+            self.hook(HookPoint::GetForwardPass);
             self.check(&d)?;
             seen[i] = ite;
             if ite.is_empty() || !self.filter_matches(ite, h.filter()) {

@@ -105,6 +105,9 @@ impl<E: Endpoint> CdClient<E> {
         // Steps 8 and 9.
         self.set_valid(copy)?;
         self.stats.migrations += 1;
+        if depth > 0 {
+            self.stats.recursive_migrations += 1;
+        }
         self.recycle(src_ite);
         Ok(())
     }

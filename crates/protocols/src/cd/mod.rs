@@ -81,6 +81,8 @@ pub struct ClientStats {
     pub retries: u64,
     /// Successful migrations (each level counts).
     pub migrations: u64,
+    /// Successful migrations below the top level (recursive ones).
+    pub recursive_migrations: u64,
     /// GETs answered from a previous version.
     pub previous_version_hits: u64,
     /// DTEs marked for recycling.
