@@ -1,4 +1,6 @@
 //! Workloads and harnesses that drive Nessie clients: the concurrency stress harness with
-//! history checking ([`stress`]), and (later) the benchmark harness.
+//! history checking ([`stress`]), workload generation ([`workload`]) and the demo ([`demo`]).
 
+pub mod demo;
 pub mod stress;
+pub mod workload;

@@ -4,8 +4,12 @@
 //! Step 2 reads the source: empty (freed concurrently) or now holding the migrating key means
 //! there is nothing to do; an invalid DTE means a write is in progress (abort). Step 4 picks the
 //! first alternative candidate of the moved key that is not on the migration path (the
-//! migrating key's own candidates and every source so far, so chains never cycle); if it is
-//! occupied, a recursive MIGRATE empties it first. Step 5 copies the entry into a new, invalid
+//! migrating key's own candidates and every source so far, so chains never cycle). We prefer
+//! an alternative that is already empty and recurse into the first one only when all are
+//! occupied; the paper always takes the first alternative, but PUT fills candidates in order,
+//! so an entry sitting in its second candidate usually finds its first one still occupied and
+//! chains grow long even at a load factor of 0.4. A recursive MIGRATE empties the chosen
+//! destination when needed. Step 5 copies the entry into a new, invalid
 //! local DTE whose previous version is the source ITE (so GETs meeting the copy still find the
 //! value). Step 6 CASes the copy into the destination; Step 7 CASes the source to empty — if
 //! that fails, the copy is taken out of the destination again (and recycled if we managed to).
@@ -63,18 +67,32 @@ impl<E: Endpoint> CdClient<E> {
         let moved_value = self.value_of(&f);
         let filter = index.ite.filter(src_ite);
 
-        // Steps 3 and 4: the destination, off the migration path.
+        // Steps 3 and 4: the destination, off the migration path: the first empty alternative
+        // if there is one, else the first alternative (emptied by a recursive MIGRATE).
         path.push(src);
         let mut hs = index.hashes(&moved_key);
-        let Some(dst) = (0..index.n).map(|i| hs.slot(&index, i)).find(|s| !path.contains(s)) else {
+        let alternatives: Vec<Slot> = (0..index.n).map(|i| hs.slot(&index, i)).filter(|s| !path.contains(s)).collect();
+        if alternatives.is_empty() {
             return Err(Abort::NoDestination);
-        };
-        self.check(&d)?;
-        let (dst_ite, _) = self.read_ite(dst)?;
-        self.check(&d)?;
-        if !dst_ite.is_empty() {
-            self.migrate(dst, &moved_key, path, depth + 1)?; // 4.2
         }
+        let mut dst = None;
+        for &alt in &alternatives {
+            self.check(&d)?;
+            let (ite, _) = self.read_ite(alt)?;
+            if ite.is_empty() {
+                dst = Some(alt);
+                break;
+            }
+        }
+        self.check(&d)?;
+        let dst = match dst {
+            Some(s) => s,
+            None => {
+                let s = alternatives[0];
+                self.migrate(s, &moved_key, path, depth + 1)?; // 4.2
+                s
+            }
+        };
 
         // Step 5: an invalid local copy whose previous version is the source.
         let (copy, idx) = self.write_new_dte(filter, src_ite, &moved_key, &moved_value)?;
