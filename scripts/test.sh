@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The full test suite: unit, property, concurrency-stress and multi-process tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+cargo test --workspace --locked "$@"
