@@ -1,8 +1,16 @@
 //! Clusters: how nodes, their memory and their clients are put together.
 //!
-//! [`local::LocalCluster`] runs every node inside one process on the in-process fabric (tests,
-//! demos, property and stress tests). Multi-process clusters on UCX build on the same pieces.
+//! - [`local::LocalCluster`]: every node inside one process on the in-process fabric (tests,
+//!   demos, property and stress tests).
+//! - [`config`]: the cluster configuration file shared by node processes.
+//! - [`bootstrap`]: the authenticated rendezvous through which node processes exchange their
+//!   fabric addresses and keys.
+//! - [`admin`]: the local admin socket through which short-lived CLI processes ask a node to
+//!   run operations.
 
+pub mod admin;
+pub mod bootstrap;
+pub mod config;
 pub mod local;
 
 pub use local::LocalCluster;

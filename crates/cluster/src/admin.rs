@@ -1,0 +1,375 @@
+//! The admin socket: how a short-lived CLI process asks a running node to perform an operation
+//! (the CLI owns no memory, so it cannot be a client itself). One Unix socket per node,
+//! readable by its owner only; requests and replies are length-prefixed and bounded:
+//!
+//! ```text
+//! request:  "NSA1" | op (u8) | key length (u32 LE) | value length (u32 LE) | key | value
+//! reply:    status (u8) | payload length (u32 LE) | payload
+//! ```
+//! ops: 1 PING, 2 GET, 3 PUT, 4 DELETE, 5 STATUS. Statuses: 0 OK, 1 VALUE, 2 NOT FOUND,
+//! 3 STATUS (JSON), 4 ERROR (UTF-8 message). Anything malformed gets an ERROR reply and the
+//! connection is closed; the server keeps serving.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use nessie_protocols::KvClient;
+use nessie_store::limits::{MAX_KEY_SIZE, MAX_VALUE_SIZE};
+
+const MAGIC: &[u8; 4] = b"NSA1";
+/// Concurrent admin connections a node serves; more are refused with an error reply.
+pub const MAX_ADMIN_CONNECTIONS: usize = 32;
+/// An idle connection is closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Ping,
+    Get(Vec<u8>),
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+    Status,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Ok,
+    Value(Vec<u8>),
+    NotFound,
+    Status(String),
+    Error(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot connect to {path}: {err} (is the node running? try `nessie status`)")]
+    Connect { path: PathBuf, err: std::io::Error },
+    #[error("admin socket I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed admin message: {0}")]
+    Malformed(String),
+}
+
+impl Request {
+    fn encode(&self) -> Vec<u8> {
+        let (op, k, v): (u8, &[u8], &[u8]) = match self {
+            Request::Ping => (1, &[], &[]),
+            Request::Get(k) => (2, k, &[]),
+            Request::Put(k, v) => (3, k, v),
+            Request::Delete(k) => (4, k, &[]),
+            Request::Status => (5, &[], &[]),
+        };
+        let mut b = Vec::with_capacity(13 + k.len() + v.len());
+        b.extend_from_slice(MAGIC);
+        b.push(op);
+        b.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        b.extend_from_slice(k);
+        b.extend_from_slice(v);
+        b
+    }
+
+    /// Read one request; `Ok(None)` on a clean end of stream.
+    fn read(s: &mut impl Read) -> Result<Option<Request>, AdminError> {
+        let mut head = [0u8; 13];
+        match s.read_exact(&mut head[..1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            r => r?,
+        }
+        // Check the magic as soon as it is in, so junk gets its answer without waiting.
+        s.read_exact(&mut head[1..4])?;
+        if &head[..4] != MAGIC {
+            return Err(AdminError::Malformed("bad magic (not a nessie admin request)".into()));
+        }
+        s.read_exact(&mut head[4..])?;
+        let op = head[4];
+        let klen = u32::from_le_bytes(head[5..9].try_into().unwrap());
+        let vlen = u32::from_le_bytes(head[9..13].try_into().unwrap());
+        if klen > MAX_KEY_SIZE {
+            return Err(AdminError::Malformed(format!("key of {klen} bytes exceeds {MAX_KEY_SIZE}")));
+        }
+        if vlen > MAX_VALUE_SIZE {
+            return Err(AdminError::Malformed(format!("value of {vlen} bytes exceeds {MAX_VALUE_SIZE}")));
+        }
+        let mut key = vec![0u8; klen as usize];
+        s.read_exact(&mut key)?;
+        let mut value = vec![0u8; vlen as usize];
+        s.read_exact(&mut value)?;
+        let no_payload = |r: Request| {
+            if klen == 0 && vlen == 0 { Ok(Some(r)) } else { Err(AdminError::Malformed(format!("op {op} takes no key or value"))) }
+        };
+        let no_value = |r: Request| {
+            if vlen == 0 { Ok(Some(r)) } else { Err(AdminError::Malformed(format!("op {op} takes no value"))) }
+        };
+        match op {
+            1 => no_payload(Request::Ping),
+            2 => no_value(Request::Get(key)),
+            3 => Ok(Some(Request::Put(key, value))),
+            4 => no_value(Request::Delete(key)),
+            5 => no_payload(Request::Status),
+            _ => Err(AdminError::Malformed(format!("unknown op {op}"))),
+        }
+    }
+}
+
+impl Response {
+    fn encode(&self) -> Vec<u8> {
+        let (st, p): (u8, &[u8]) = match self {
+            Response::Ok => (0, &[]),
+            Response::Value(v) => (1, v),
+            Response::NotFound => (2, &[]),
+            Response::Status(s) => (3, s.as_bytes()),
+            Response::Error(e) => (4, e.as_bytes()),
+        };
+        let mut b = Vec::with_capacity(5 + p.len());
+        b.push(st);
+        b.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        b.extend_from_slice(p);
+        b
+    }
+
+    fn read(s: &mut impl Read) -> Result<Response, AdminError> {
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head)?;
+        let len = u32::from_le_bytes(head[1..5].try_into().unwrap());
+        if len > MAX_VALUE_SIZE {
+            return Err(AdminError::Malformed(format!("reply of {len} bytes")));
+        }
+        let mut p = vec![0u8; len as usize];
+        s.read_exact(&mut p)?;
+        let text = |p: Vec<u8>| String::from_utf8_lossy(&p).into_owned();
+        Ok(match head[0] {
+            0 => Response::Ok,
+            1 => Response::Value(p),
+            2 => Response::NotFound,
+            3 => Response::Status(text(p)),
+            4 => Response::Error(text(p)),
+            s => return Err(AdminError::Malformed(format!("unknown reply status {s}"))),
+        })
+    }
+}
+
+/// What serves admin requests.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: Request) -> Response;
+}
+
+/// A node's client workers, lent out one request at a time.
+pub struct ClientPool {
+    clients: Mutex<Vec<Box<dyn KvClient>>>,
+    available: Condvar,
+}
+
+impl ClientPool {
+    pub fn new(clients: Vec<Box<dyn KvClient>>) -> Self {
+        assert!(!clients.is_empty(), "a client pool needs at least one client");
+        Self { clients: Mutex::new(clients), available: Condvar::new() }
+    }
+
+    /// Run `f` with a client, waiting for one to be free.
+    pub fn with<T>(&self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
+        let mut c = {
+            let mut g = self.clients.lock().unwrap();
+            loop {
+                if let Some(c) = g.pop() {
+                    break c;
+                }
+                g = self.available.wait(g).unwrap();
+            }
+        };
+        let r = f(c.as_mut());
+        self.clients.lock().unwrap().push(c);
+        self.available.notify_one();
+        r
+    }
+
+    /// Serve a data request with a pooled client (PING and STATUS are the caller's).
+    pub fn serve(&self, req: Request) -> Response {
+        self.with(|c| match req {
+            Request::Get(k) => match c.get(&k) {
+                Ok(Some(v)) => Response::Value(v),
+                Ok(None) => Response::NotFound,
+                Err(e) => Response::Error(e.to_string()),
+            },
+            Request::Put(k, v) => c.put(&k, &v).map_or_else(|e| Response::Error(e.to_string()), |_| Response::Ok),
+            Request::Delete(k) => c.delete(&k).map_or_else(|e| Response::Error(e.to_string()), |_| Response::Ok),
+            Request::Ping => Response::Ok,
+            Request::Status => Response::Error("status is not served by the client pool".into()),
+        })
+    }
+}
+
+/// Listens on a Unix socket until dropped.
+pub struct AdminServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AdminServer {
+    pub fn start(path: &Path, handler: Arc<dyn Handler>) -> std::io::Result<Self> {
+        if path.exists() {
+            // A socket nobody answers on is a leftover of a dead node; a live one is an error.
+            if UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a running node", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let active = Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::Builder::new().name("nessie-admin".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut s) = conn else { continue };
+                if active.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    let _ = s.write_all(&Response::Error("node busy: too many admin connections".into()).encode());
+                    continue;
+                }
+                let (handler, active) = (handler.clone(), active.clone());
+                let _ = std::thread::Builder::new().name("nessie-admin-conn".into()).spawn(move || {
+                    serve_connection(&mut s, handler.as_ref());
+                    active.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        })?;
+        Ok(Self { path: path.to_path_buf(), stop, thread: Some(thread) })
+    }
+}
+
+fn serve_connection(s: &mut UnixStream, handler: &dyn Handler) {
+    let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+    loop {
+        let reply = match Request::read(s) {
+            Ok(None) => return,
+            Ok(Some(req)) => handler.handle(req),
+            Err(AdminError::Malformed(m)) => {
+                let _ = s.write_all(&Response::Error(format!("malformed request: {m}")).encode());
+                return;
+            }
+            Err(_) => return,
+        };
+        if s.write_all(&reply.encode()).is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A connection to a node's admin socket.
+pub struct AdminClient {
+    s: UnixStream,
+}
+
+impl AdminClient {
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Self, AdminError> {
+        let s = UnixStream::connect(path).map_err(|err| AdminError::Connect { path: path.into(), err })?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        Ok(Self { s })
+    }
+
+    pub fn call(&mut self, req: &Request) -> Result<Response, AdminError> {
+        self.s.write_all(&req.encode())?;
+        Response::read(&mut self.s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LocalCluster;
+    use nessie_protocols::ProtocolConfig;
+    use nessie_store::Geometry;
+
+    struct Node {
+        pool: ClientPool,
+        _cluster: LocalCluster,
+    }
+
+    impl Handler for Node {
+        fn handle(&self, req: Request) -> Response {
+            match req {
+                Request::Ping => Response::Ok,
+                Request::Status => Response::Status("{\"ok\":true}".into()),
+                r => self.pool.serve(r),
+            }
+        }
+    }
+
+    fn server(name: &str) -> (AdminServer, PathBuf) {
+        let cluster = LocalCluster::new(Geometry::default(), ProtocolConfig::default(), None).unwrap();
+        let clients: Vec<Box<dyn KvClient>> = (0..2).map(|_| Box::new(cluster.client(1).unwrap()) as Box<dyn KvClient>).collect();
+        let node = Arc::new(Node { pool: ClientPool::new(clients), _cluster: cluster });
+        let path = std::env::temp_dir().join(format!("nessie-admin-{name}-{}.sock", std::process::id()));
+        (AdminServer::start(&path, node).unwrap(), path)
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let (_srv, path) = server("rt");
+        let mut c = AdminClient::connect(&path, Duration::from_secs(5)).unwrap();
+        assert_eq!(c.call(&Request::Ping).unwrap(), Response::Ok);
+        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::NotFound);
+        assert_eq!(c.call(&Request::Put(b"k".to_vec(), vec![1, 2, 3])).unwrap(), Response::Ok);
+        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::Value(vec![1, 2, 3]));
+        assert_eq!(c.call(&Request::Delete(b"k".to_vec())).unwrap(), Response::Ok);
+        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::NotFound);
+        let r = c.call(&Request::Put(vec![0; 500], vec![])).unwrap();
+        assert!(matches!(&r, Response::Error(e) if e.contains("key_max")), "{r:?}");
+        assert!(matches!(c.call(&Request::Status).unwrap(), Response::Status(_)));
+    }
+
+    #[test]
+    fn junk_gets_an_error_reply_and_the_server_survives() {
+        let (_srv, path) = server("junk");
+        for junk in [&b"GET key\n"[..], b"NSA1\x09\0\0\0\0\0\0\0\0", b"NSA1\x02\xff\xff\xff\xff\0\0\0\0", b"NSA1\x01\x01\0\0\0\0\0\0\0x"] {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(junk).unwrap();
+            let r = Response::read(&mut s).unwrap();
+            assert!(matches!(&r, Response::Error(e) if e.contains("malformed")), "{junk:?} -> {r:?}");
+        }
+        let mut c = AdminClient::connect(&path, Duration::from_secs(5)).unwrap();
+        assert_eq!(c.call(&Request::Ping).unwrap(), Response::Ok);
+    }
+
+    #[test]
+    fn second_server_on_a_live_socket_is_refused_and_stale_sockets_are_replaced() {
+        let (srv, path) = server("dup");
+        struct Pong;
+        impl Handler for Pong {
+            fn handle(&self, _: Request) -> Response {
+                Response::Ok
+            }
+        }
+        let e = AdminServer::start(&path, Arc::new(Pong)).err().unwrap();
+        assert!(e.to_string().contains("in use by a running node"), "{e}");
+        drop(srv);
+        assert!(!path.exists(), "socket removed on shutdown");
+        let err = AdminClient::connect(&path, Duration::from_secs(1)).err().unwrap();
+        assert!(err.to_string().contains("is the node running"), "{err}");
+    }
+}

@@ -1,0 +1,334 @@
+//! The cluster configuration file (`cluster.toml`): what every node and client of one cluster
+//! must agree on, plus where each node listens. Every field is validated on load with an error
+//! that names it.
+//!
+//! ```toml
+//! [cluster]
+//! name = "demo"
+//! secret = "5f1c…"            # hex, at least 32 bytes; authenticates joiners
+//! transport = "shm"           # shm | tcp | auto (UCX's choice: verbs on RDMA hardware)
+//!
+//! [geometry]                  # fixed at creation: the memory format
+//! nodes = 3
+//! ites_per_node = 65536
+//! dtes_per_node = 16384
+//! key_max = 128
+//! value_max = 16384
+//! hash_functions = 3
+//! filter_bits = 7
+//!
+//! [protocol]
+//! expiry_ms = 1000
+//!
+//! [[node]]
+//! id = 0
+//! bootstrap = "127.0.0.1:7400"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use nessie_protocols::{Optimizations, ProtocolConfig, RetryPolicy};
+use nessie_store::Geometry;
+
+/// Fewest bytes in a cluster secret.
+pub const MIN_SECRET_BYTES: usize = 32;
+/// Most client workers one node process may run.
+pub const MAX_WORKERS_PER_NODE: u16 = 256;
+/// Largest configuration file we read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Shared memory between processes of one host.
+    Shm,
+    /// TCP (between hosts, or loopback).
+    Tcp,
+    /// Let UCX choose (RDMA verbs where available).
+    Auto,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shm" => Ok(Transport::Shm),
+            "tcp" => Ok(Transport::Tcp),
+            "auto" => Ok(Transport::Auto),
+            _ => Err(format!("unknown transport {s:?}: use shm, tcp or auto")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub name: String,
+    /// Hex-encoded shared secret.
+    pub secret: String,
+    pub transport: Transport,
+    /// How long a node waits for its peers at start-up.
+    #[serde(default = "default_bootstrap_timeout_ms")]
+    pub bootstrap_timeout_ms: u64,
+}
+
+fn default_bootstrap_timeout_ms() -> u64 {
+    30_000
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProtocolSection {
+    pub expiry_ms: u64,
+    pub clock_margin_ms: u64,
+    pub max_migrate_depth: u8,
+    /// DTEs in each client worker's cache.
+    pub cache_entries: usize,
+    pub optimizations: Optimizations,
+    pub retry: RetryPolicy,
+}
+
+impl Default for ProtocolSection {
+    fn default() -> Self {
+        let d = ProtocolConfig::default();
+        Self {
+            expiry_ms: d.expiry_ns / 1_000_000,
+            clock_margin_ms: d.clock_margin_ns / 1_000_000,
+            max_migrate_depth: d.max_migrate_depth,
+            cache_entries: d.cache_entries,
+            optimizations: d.optimizations,
+            retry: d.retry,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    pub id: u16,
+    /// Address of the node's bootstrap (rendezvous) service.
+    pub bootstrap: SocketAddr,
+    /// Unix socket for local administration (CLI); default `<config dir>/node-<id>.sock`.
+    #[serde(default)]
+    pub admin: Option<PathBuf>,
+    /// Client workers in the node process.
+    #[serde(default = "default_workers")]
+    pub workers: u16,
+}
+
+fn default_workers() -> u16 {
+    2
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub cluster: ClusterSection,
+    pub geometry: Geometry,
+    #[serde(default)]
+    pub protocol: ProtocolSection,
+    pub node: Vec<NodeEntry>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: {msg}")]
+    Parse { path: PathBuf, msg: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl ClusterConfig {
+    /// Read and validate a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let io = |err| ConfigError::Io { path: path.to_path_buf(), err };
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Parse { path: path.into(), msg: format!("{len} bytes exceeds {MAX_CONFIG_BYTES}") });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let cfg: ClusterConfig =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), msg: e.to_string() })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("configuration serialises")
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
+        std::fs::write(path, self.to_toml()).map_err(|err| ConfigError::Io { path: path.into(), err })
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        let secret = self.secret_bytes()?;
+        if secret.len() < MIN_SECRET_BYTES {
+            return bad(format!("cluster.secret has {} bytes; at least {MIN_SECRET_BYTES} are required", secret.len()));
+        }
+        if self.cluster.bootstrap_timeout_ms == 0 || self.cluster.bootstrap_timeout_ms > 600_000 {
+            return bad(format!("cluster.bootstrap_timeout_ms = {} is not in 1..=600000", self.cluster.bootstrap_timeout_ms));
+        }
+        self.geometry.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.protocol_config().validate().map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
+        if self.node.len() != self.geometry.nodes as usize {
+            return bad(format!("geometry.nodes = {} but {} [[node]] entries are listed", self.geometry.nodes, self.node.len()));
+        }
+        let mut seen = vec![false; self.node.len()];
+        for n in &self.node {
+            let Some(slot) = seen.get_mut(n.id as usize) else {
+                return bad(format!("node id {} is out of range 0..{}", n.id, self.node.len()));
+            };
+            if std::mem::replace(slot, true) {
+                return bad(format!("node id {} is listed twice", n.id));
+            }
+            if n.workers == 0 || n.workers > MAX_WORKERS_PER_NODE {
+                return bad(format!("node {}: workers = {} is not in 1..={MAX_WORKERS_PER_NODE}", n.id, n.workers));
+            }
+        }
+        for (i, a) in self.node.iter().enumerate() {
+            if let Some(b) = self.node[i + 1..].iter().find(|b| b.bootstrap == a.bootstrap) {
+                return bad(format!("nodes {} and {} share the bootstrap address {}", a.id, b.id, a.bootstrap));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn secret_bytes(&self) -> Result<Vec<u8>, ConfigError> {
+        hex::decode(self.cluster.secret.trim())
+            .map_err(|e| ConfigError::Invalid(format!("cluster.secret is not hex: {e}")))
+    }
+
+    pub fn node_entry(&self, id: u16) -> Result<&NodeEntry, ConfigError> {
+        self.node
+            .iter()
+            .find(|n| n.id == id)
+            .ok_or_else(|| ConfigError::Invalid(format!("no node {id} in the configuration (nodes 0..{})", self.node.len())))
+    }
+
+    /// The admin socket of node `id`, relative paths resolved against `base` (the config's dir).
+    pub fn admin_path(&self, id: u16, base: &Path) -> Result<PathBuf, ConfigError> {
+        let n = self.node_entry(id)?;
+        Ok(match &n.admin {
+            Some(p) if p.is_absolute() => p.clone(),
+            Some(p) => base.join(p),
+            None => base.join(format!("node-{id}.sock")),
+        })
+    }
+
+    pub fn protocol_config(&self) -> ProtocolConfig {
+        let p = &self.protocol;
+        ProtocolConfig {
+            expiry_ns: p.expiry_ms.saturating_mul(1_000_000),
+            clock_margin_ns: p.clock_margin_ms.saturating_mul(1_000_000),
+            max_migrate_depth: p.max_migrate_depth,
+            cache_entries: p.cache_entries,
+            optimizations: p.optimizations,
+            retry: p.retry,
+            ..ProtocolConfig::default()
+        }
+    }
+
+    /// Digest of everything peers must agree on (geometry, cluster-wide protocol parameters,
+    /// transport, node list).
+    pub fn fingerprint(&self) -> u64 {
+        let shared = (
+            &self.cluster.name,
+            self.cluster.transport,
+            self.geometry.fingerprint(),
+            self.protocol.expiry_ms,
+            self.protocol.clock_margin_ms,
+            self.node.iter().map(|n| (n.id, n.bootstrap.to_string())).collect::<Vec<_>>(),
+        );
+        let s = serde_json::to_string(&shared).expect("serialises");
+        xxhash_rust::xxh3::xxh3_64(s.as_bytes())
+    }
+
+    /// A configuration for `nodes` local nodes on loopback, bootstrap ports from `base_port`.
+    pub fn local(name: &str, nodes: u16, transport: Transport, base_port: u16, geometry: Geometry) -> Self {
+        let secret: [u8; MIN_SECRET_BYTES] = rand::random();
+        Self {
+            cluster: ClusterSection {
+                name: name.into(),
+                secret: hex::encode(secret),
+                transport,
+                bootstrap_timeout_ms: default_bootstrap_timeout_ms(),
+            },
+            geometry: Geometry { nodes: nodes as u32, ..geometry },
+            protocol: ProtocolSection::default(),
+            node: (0..nodes)
+                .map(|id| NodeEntry {
+                    id,
+                    bootstrap: SocketAddr::from(([127, 0, 0, 1], base_port + id)),
+                    admin: None,
+                    workers: default_workers(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ClusterConfig {
+        ClusterConfig::local("t", 3, Transport::Shm, 7400, Geometry::default())
+    }
+
+    #[test]
+    fn roundtrip_through_toml() {
+        let c = cfg();
+        c.validate().unwrap();
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(Box<dyn Fn(&mut ClusterConfig)>, &str)> = vec![
+            (Box::new(|c| c.cluster.secret = "abcd".into()), "at least 32"),
+            (Box::new(|c| c.cluster.secret = "zz".into()), "not hex"),
+            (Box::new(|c| c.node[2].id = 0), "listed twice"),
+            (Box::new(|c| c.node[2].id = 9), "out of range"),
+            (Box::new(|c| c.node.pop().map(|_| ()).unwrap()), "3 but 2"),
+            (Box::new(|c| c.node[1].bootstrap = c.node[0].bootstrap), "share the bootstrap address"),
+            (Box::new(|c| c.node[0].workers = 0), "workers"),
+            (Box::new(|c| c.geometry.key_max = 0), "key_max"),
+            (Box::new(|c| c.protocol.expiry_ms = 0), "expiry"),
+        ];
+        for (f, needle) in cases {
+            let mut c = cfg();
+            f(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_files_are_rejected() {
+        let dir = std::env::temp_dir().join(format!("nessie-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.toml");
+        std::fs::write(&p, cfg().to_toml().replace("[geometry]", "[geometry]\nbogus = 1")).unwrap();
+        assert!(ClusterConfig::load(&p).unwrap_err().to_string().contains("bogus"));
+        assert!(ClusterConfig::load(&dir.join("missing.toml")).unwrap_err().to_string().contains("cannot read"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fingerprint_covers_shared_fields() {
+        let a = cfg();
+        let mut b = a.clone();
+        b.geometry.value_max *= 2;
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let mut c = a.clone();
+        c.node[0].workers = 7; // per-node setting: not shared
+        assert_eq!(a.fingerprint(), c.fingerprint());
+    }
+}
