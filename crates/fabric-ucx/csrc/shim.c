@@ -1,0 +1,464 @@
+/*
+ * Thin C shim over the UCX ucp API for nessie-fabric-ucx.
+ *
+ * Every function takes plain arguments, so the Rust side never depends on the layout of
+ * ucp_*_params_t structures (which change between UCX releases). Blocking operations are
+ * implemented here: post the nbx call, then busy-poll the caller's worker with
+ * ucp_worker_progress until the request completes, the endpoint fails, or a deadline passes.
+ * On a deadline the endpoint is force-closed (which completes every outstanding request on it
+ * with an error), so the caller's buffers are never touched by UCX after we return.
+ */
+#include <ucp/api/ucp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <time.h>
+
+/* Extra status returned when an operation did not complete before its deadline. */
+#define NSH_TIMED_OUT ((int)UCS_ERR_TIMED_OUT)
+
+typedef struct nsh_ep {
+    ucp_ep_h ep;              /* NULL once closed */
+    volatile int status;      /* UCS_OK, or the error reported by the error callback */
+    /* Request memory for this endpoint's (one outstanding) RMA/AMO operation, zeroed before
+     * every post (see nsh_req_prepare). */
+    void *req_mem;
+    size_t req_size;
+} nsh_ep_t;
+
+/* Size of ucp's internal request, for user-provided request memory. */
+size_t nsh_request_size(ucp_context_h ctx)
+{
+    ucp_context_attr_t attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_ATTR_FIELD_REQUEST_SIZE;
+    if (ucp_context_query(ctx, &attr) != UCS_OK) {
+        return 0;
+    }
+    return attr.request_size;
+}
+
+/*
+ * Use this endpoint's own, freshly zeroed request memory for the next operation.
+ *
+ * Why: UCX 1.13 crashes (uct_md_mem_dereg on a garbage memory handle) when it purges an
+ * outstanding software-emulated atomic (tcp) after a forced close or a peer failure: the purge
+ * deregisters the request's datatype state, which the AMO path never initialises, so a request
+ * recycled from UCX's pool carries stale handles. Zeroed user-provided request memory makes
+ * that state empty.
+ */
+static void *nsh_req_prepare(nsh_ep_t *e, ucp_request_param_t *p)
+{
+    memset(e->req_mem, 0, e->req_size);
+    p->op_attr_mask |= UCP_OP_ATTR_FIELD_REQUEST;
+    p->request       = (char *)e->req_mem + e->req_size;
+    return p->request;
+}
+
+static uint64_t nsh_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *nsh_status_string(int status)
+{
+    return ucs_status_string((ucs_status_t)status);
+}
+
+void nsh_version(unsigned *major, unsigned *minor, unsigned *release)
+{
+    ucp_get_version(major, minor, release);
+}
+
+/* ---------------------------------------------------------------- context */
+
+int nsh_init(const char *const *keys, const char *const *vals, size_t n, int wakeup,
+             ucp_context_h *out, char *err, size_t errlen)
+{
+    ucp_config_t *config;
+    ucp_params_t params;
+    ucs_status_t status;
+    size_t i;
+
+    status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        snprintf(err, errlen, "ucp_config_read: %s", ucs_status_string(status));
+        return status;
+    }
+    for (i = 0; i < n; i++) {
+        status = ucp_config_modify(config, keys[i], vals[i]);
+        if (status != UCS_OK) {
+            snprintf(err, errlen, "ucp_config_modify(%s=%s): %s", keys[i], vals[i],
+                     ucs_status_string(status));
+            ucp_config_release(config);
+            return status;
+        }
+    }
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask        = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                               UCP_PARAM_FIELD_NAME;
+    params.features          = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 |
+                               (wakeup ? UCP_FEATURE_WAKEUP : 0);
+    /* Several workers (one per thread) share this context and its memory registrations. */
+    params.mt_workers_shared = 1;
+    params.name              = "nessie";
+
+    status = ucp_init(&params, config, out);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+        snprintf(err, errlen, "ucp_init: %s", ucs_status_string(status));
+    }
+    return status;
+}
+
+void nsh_cleanup(ucp_context_h ctx)
+{
+    ucp_cleanup(ctx);
+}
+
+/* ---------------------------------------------------------------- worker */
+
+int nsh_worker_create(ucp_context_h ctx, ucp_worker_h *out)
+{
+    ucp_worker_params_t params;
+    memset(&params, 0, sizeof(params));
+    params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    /* One worker per thread; the Rust wrapper guarantees exclusive access. */
+    params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    return ucp_worker_create(ctx, &params, out);
+}
+
+void nsh_worker_destroy(ucp_worker_h w)
+{
+    ucp_worker_destroy(w);
+}
+
+int nsh_worker_address(ucp_worker_h w, void **addr, size_t *len)
+{
+    return ucp_worker_get_address(w, (ucp_address_t **)addr, len);
+}
+
+void nsh_worker_release_address(ucp_worker_h w, void *addr)
+{
+    ucp_worker_release_address(w, (ucp_address_t *)addr);
+}
+
+unsigned nsh_worker_progress(ucp_worker_h w)
+{
+    return ucp_worker_progress(w);
+}
+
+int nsh_worker_get_efd(ucp_worker_h w, int *fd)
+{
+    return ucp_worker_get_efd(w, fd);
+}
+
+int nsh_worker_arm(ucp_worker_h w)
+{
+    return ucp_worker_arm(w);
+}
+
+/* ---------------------------------------------------------------- endpoints */
+
+static void nsh_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    ((nsh_ep_t *)arg)->status = status;
+}
+
+int nsh_ep_create(ucp_worker_h w, const void *addr, size_t req_size, nsh_ep_t **out)
+{
+    ucp_ep_params_t params;
+    ucs_status_t status;
+    nsh_ep_t *e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+        return UCS_ERR_NO_MEMORY;
+    }
+    e->req_size = (req_size + 63) & ~(size_t)63;
+    if (posix_memalign(&e->req_mem, 64, e->req_size) != 0) {
+        free(e);
+        return UCS_ERR_NO_MEMORY;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address         = (const ucp_address_t *)addr;
+    /* A dead peer must produce an error (via keepalive / transport errors), not a hang. */
+    params.err_mode        = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb  = nsh_ep_err_cb;
+    params.err_handler.arg = e;
+    status = ucp_ep_create(w, &params, &e->ep);
+    if (status != UCS_OK) {
+        free(e->req_mem);
+        free(e);
+        return status;
+    }
+    *out = e;
+    return UCS_OK;
+}
+
+int nsh_ep_status(const nsh_ep_t *e)
+{
+    if (e->ep == NULL && e->status == UCS_OK) {
+        return UCS_ERR_NOT_CONNECTED;
+    }
+    return e->status;
+}
+
+/* Close the endpoint, forced if it failed or `force` (outstanding requests then complete with
+ * an error), else gracefully (flush, then tell the peer). Progresses for at most timeout_ns; a
+ * close request that has not finished by then is abandoned to ucp_worker_destroy. */
+static void nsh_ep_close_now(ucp_worker_h w, nsh_ep_t *e, int force, uint64_t timeout_ns)
+{
+    ucp_request_param_t p;
+    void *req;
+    uint64_t deadline;
+
+    if (e->ep == NULL) {
+        return;
+    }
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags        = (force || e->status != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    req            = ucp_ep_close_nbx(e->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        deadline = nsh_now_ns() + timeout_ns;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && nsh_now_ns() < deadline) {
+            ucp_worker_progress(w);
+        }
+        if (ucp_request_check_status(req) != UCS_INPROGRESS) {
+            ucp_request_free(req);
+        }
+    }
+    e->ep = NULL;
+    if (e->status == UCS_OK) {
+        e->status = UCS_ERR_NOT_CONNECTED;
+    }
+}
+
+/* Force-close a failed endpoint but keep the handle (its status stays the error). */
+void nsh_ep_fail(ucp_worker_h w, nsh_ep_t *e, int status, uint64_t timeout_ns)
+{
+    if (e->status == UCS_OK) {
+        e->status = status;
+    }
+    nsh_ep_close_now(w, e, 1, timeout_ns);
+}
+
+void nsh_ep_destroy(ucp_worker_h w, nsh_ep_t *e, uint64_t timeout_ns)
+{
+    nsh_ep_close_now(w, e, 0, timeout_ns);
+    free(e->req_mem);
+    free(e);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* Map `len` bytes: allocated by UCX if addr == NULL (so shared-memory transports can expose
+ * it to peers), otherwise the given memory is registered. Returns the mapped base/length. */
+int nsh_mem_map(ucp_context_h ctx, void *addr, size_t len, ucp_mem_h *memh, void **base,
+                size_t *mapped_len)
+{
+    ucp_mem_map_params_t params;
+    ucp_mem_attr_t attr;
+    ucs_status_t status;
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.address    = addr;
+    params.length     = len;
+    params.flags      = (addr == NULL) ? UCP_MEM_MAP_ALLOCATE : 0;
+    status = ucp_mem_map(ctx, &params, memh);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    status = ucp_mem_query(*memh, &attr);
+    if (status != UCS_OK) {
+        ucp_mem_unmap(ctx, *memh);
+        return status;
+    }
+    *base       = attr.address;
+    *mapped_len = attr.length;
+    return UCS_OK;
+}
+
+int nsh_mem_unmap(ucp_context_h ctx, ucp_mem_h memh)
+{
+    return ucp_mem_unmap(ctx, memh);
+}
+
+int nsh_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len)
+{
+    return ucp_rkey_pack(ctx, memh, buf, len);
+}
+
+void nsh_rkey_buffer_release(void *buf)
+{
+    ucp_rkey_buffer_release(buf);
+}
+
+int nsh_rkey_unpack(nsh_ep_t *e, const void *buf, ucp_rkey_h *rkey)
+{
+    if (e->ep == NULL) {
+        return UCS_ERR_NOT_CONNECTED;
+    }
+    return ucp_ep_rkey_unpack(e->ep, buf, rkey);
+}
+
+void nsh_rkey_destroy(ucp_rkey_h rkey)
+{
+    ucp_rkey_destroy(rkey);
+}
+
+/* ---------------------------------------------------------------- blocking operations */
+
+/* Poll `w` until `req` (the result of an nbx call) completes. On deadline or endpoint failure
+ * the endpoint is force-closed, which completes the request with an error. */
+static int nsh_wait(ucp_worker_h w, nsh_ep_t *e, void *req, int user_req, uint64_t timeout_ns)
+{
+    ucs_status_t status;
+    uint64_t deadline;
+    unsigned spins = 0;
+
+    if (req == NULL) {
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        return UCS_PTR_STATUS(req);
+    }
+    deadline = 0;
+    while ((status = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+        ucp_worker_progress(w);
+        if ((++spins & 63) == 0) {
+            uint64_t now = nsh_now_ns();
+            if (deadline == 0) {
+                deadline = now + timeout_ns;
+            } else if (now > deadline) {
+                /* Force close completes `req` (with an error): it must, since the caller's
+                 * buffer is about to be released. */
+                nsh_ep_fail(w, e, NSH_TIMED_OUT, timeout_ns);
+                deadline = nsh_now_ns() + timeout_ns;
+                while ((status = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+                    ucp_worker_progress(w);
+                    if (nsh_now_ns() > deadline) {
+                        fprintf(stderr, "nessie-fabric-ucx: a request survived a forced endpoint "
+                                "close; aborting rather than letting UCX write into freed memory\n");
+                        abort();
+                    }
+                }
+                if (!user_req) {
+                    ucp_request_free(req);
+                }
+                return NSH_TIMED_OUT;
+            }
+        }
+    }
+    if (!user_req) {
+        ucp_request_free(req);
+    }
+    return status;
+}
+
+static int nsh_check_ep(ucp_worker_h w, nsh_ep_t *e)
+{
+    /* Let pending events (keepalive, transport errors) reach the error callback first. */
+    ucp_worker_progress(w);
+    return nsh_ep_status(e);
+}
+
+int nsh_get(ucp_worker_h w, nsh_ep_t *e, void *buf, size_t len, uint64_t raddr,
+            ucp_rkey_h rkey, uint64_t timeout_ns)
+{
+    ucp_request_param_t p;
+    int status = nsh_check_ep(w, e);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&p, 0, sizeof(p));
+    nsh_req_prepare(e, &p);
+    status = nsh_wait(w, e, ucp_get_nbx(e->ep, buf, len, raddr, rkey, &p), 1, timeout_ns);
+    return (status == UCS_OK) ? e->status : status;
+}
+
+int nsh_put(ucp_worker_h w, nsh_ep_t *e, const void *buf, size_t len, uint64_t raddr,
+            ucp_rkey_h rkey, uint64_t timeout_ns)
+{
+    ucp_request_param_t p;
+    int status = nsh_check_ep(w, e);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&p, 0, sizeof(p));
+    nsh_req_prepare(e, &p);
+    status = nsh_wait(w, e, ucp_put_nbx(e->ep, buf, len, raddr, rkey, &p), 1, timeout_ns);
+    if (status != UCS_OK) {
+        return status;
+    }
+    /* Put completion only means the source buffer is reusable: flush for remote completion. */
+    memset(&p, 0, sizeof(p));
+    status = nsh_wait(w, e, ucp_ep_flush_nbx(e->ep, &p), 0, timeout_ns);
+    return (status == UCS_OK) ? e->status : status;
+}
+
+int nsh_cswap64(ucp_worker_h w, nsh_ep_t *e, uint64_t expected, uint64_t desired,
+                uint64_t raddr, ucp_rkey_h rkey, uint64_t timeout_ns, uint64_t *old)
+{
+    ucp_request_param_t p;
+    uint64_t compare = expected;
+    uint64_t result  = desired; /* in: value to swap in; out: value found at raddr */
+    int status       = nsh_check_ep(w, e);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+    p.datatype     = ucp_dt_make_contig(8);
+    p.reply_buffer = &result;
+    nsh_req_prepare(e, &p);
+    status = nsh_wait(w, e,
+                      ucp_atomic_op_nbx(e->ep, UCP_ATOMIC_OP_CSWAP, &compare, 1, raddr, rkey, &p),
+                      1, timeout_ns);
+    if (status == UCS_OK) {
+        *old = result;
+        return e->status;
+    }
+    return status;
+}
+
+/* ucp_ep_print_info into buf (NUL-terminated, truncated to len). */
+void nsh_ep_info(const nsh_ep_t *e, char *buf, size_t len)
+{
+    FILE *f;
+    if (len == 0) {
+        return;
+    }
+    buf[0] = '\0';
+    if (e->ep == NULL || (f = fmemopen(buf, len, "w")) == NULL) {
+        return;
+    }
+    ucp_ep_print_info(e->ep, f);
+    fclose(f);
+    buf[len - 1] = '\0';
+}
+
+/* Flush the endpoint (waits for wireup with the peer to finish and all prior operations to
+ * complete remotely). */
+int nsh_ep_flush(ucp_worker_h w, nsh_ep_t *e, uint64_t timeout_ns)
+{
+    ucp_request_param_t p;
+    int status = nsh_check_ep(w, e);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&p, 0, sizeof(p));
+    status = nsh_wait(w, e, ucp_ep_flush_nbx(e->ep, &p), 0, timeout_ns);
+    return (status == UCS_OK) ? e->status : status;
+}

@@ -1,0 +1,151 @@
+//! Latency of single blocking fabric operations, for `nessie fabric-bench`.
+//!
+//! Works on any [`Endpoint`]. Each iteration is one blocking operation (one outstanding
+//! operation per worker, as in the protocol), so `ops_per_sec` is `1 / mean latency`.
+//!
+//! # Comparing with `ucx_perftest`
+//! `ucx_perftest` measures the same ucp calls without this crate around them. Start a server,
+//! then point a client at it with the same transports as the [`crate::Transport`] under test
+//! (the server serves one test and exits; `-O 1` keeps one operation outstanding, as here;
+//! the bootstrap uses a TCP socket on `-p`, so the server must be reachable even for shm):
+//!
+//! ```text
+//! # shared memory
+//! UCX_TLS=posix,self ucx_perftest -p 13353 &
+//! UCX_TLS=posix,self ucx_perftest localhost -p 13353 -t ucp_cswap -s 8     -n 200000 -O 1
+//! #   (restart the server before each client run)
+//! UCX_TLS=posix,self ucx_perftest localhost -p 13353 -t ucp_get   -s 8     -n 200000 -O 1
+//! UCX_TLS=posix,self ucx_perftest localhost -p 13353 -t ucp_get   -s 16384 -n 100000 -O 1
+//! # tcp over loopback
+//! UCX_TLS=tcp,self UCX_NET_DEVICES=lo ucx_perftest -p 13353 &
+//! UCX_TLS=tcp,self UCX_NET_DEVICES=lo ucx_perftest localhost -p 13353 -t ucp_get -s 16384 -n 20000 -O 1
+//! ```
+//!
+//! The columns after the iteration count are latency in microseconds: the percentile (`-R`,
+//! default 50), then average and overall. The same numbers from this crate, between two
+//! processes (target in a child process, its progress thread event-driven):
+//! `NESSIE_UCX_BENCH_ITERS=10 cargo test -p nessie-fabric-ucx --test multiprocess bench_op -- --nocapture`.
+//!
+//! What to expect (2-core VM, UCX 1.13): over shm this crate adds a few tens of nanoseconds
+//! per operation (a `ucp_worker_progress` before posting, to notice failed peers; zeroing the
+//! request; bounds checks and counters). Over tcp the target's progress thread sleeps in
+//! `epoll` between requests, which costs a wake-up per operation compared with perftest's
+//! busy-polling server (see [`crate::UcxConfig::progress_spin`]); conversely perftest's
+//! `ucp_get` over tcp took ~1.1 ms per operation here at any size, apparently because its
+//! responder does not drive its worker continuously in one-sided tests, so compare tcp READ
+//! latency with `ucp_cswap` (same software-emulated round trip) rather than with its `ucp_get`.
+//! `write` here is a put plus an endpoint flush (remote completion); perftest's `ucp_put_lat`
+//! is a ping-pong of puts, not the same thing.
+
+use std::time::Instant;
+
+use nessie_fabric::{Endpoint, FabricError, RemoteAddr};
+
+/// Which operation [`bench_op`] measures.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchOp {
+    Read,
+    Write,
+    /// 64-bit CAS that always succeeds (expected = the value the previous CAS returned).
+    Cas,
+}
+
+impl std::str::FromStr for BenchOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "read" | "get" => Ok(BenchOp::Read),
+            "write" | "put" => Ok(BenchOp::Write),
+            "cas" | "cswap" => Ok(BenchOp::Cas),
+            _ => Err(format!("unknown op {s:?} (expected read, write or cas)")),
+        }
+    }
+}
+
+/// Result of [`bench_op`].
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LatencyStats {
+    pub op: BenchOp,
+    /// Bytes per operation (8 for CAS).
+    pub size: usize,
+    /// Measured operations (after warm-up).
+    pub iterations: u64,
+    pub min_ns: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: f64,
+    /// Operations per second over the measured run (one outstanding operation).
+    pub ops_per_sec: f64,
+}
+
+impl std::fmt::Display for LatencyStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} {} B x {}: p50 {:.2} us  p99 {:.2} us  mean {:.2} us  min {:.2} us  max {:.2} us  {:.0} ops/s",
+            self.op,
+            self.size,
+            self.iterations,
+            self.p50_ns as f64 / 1e3,
+            self.p99_ns as f64 / 1e3,
+            self.mean_ns / 1e3,
+            self.min_ns as f64 / 1e3,
+            self.max_ns as f64 / 1e3,
+            self.ops_per_sec
+        )
+    }
+}
+
+/// Measure `iterations` blocking `op`s of `size` bytes at `addr` (CAS: always 8 bytes), after
+/// a warm-up of `iterations / 10` (at most 1000) operations. `addr` and `size` must be valid
+/// for the target region; WRITE and CAS overwrite the memory there.
+pub fn bench_op<E: Endpoint + ?Sized>(
+    ep: &mut E,
+    addr: RemoteAddr,
+    op: BenchOp,
+    size: usize,
+    iterations: u64,
+) -> Result<LatencyStats, FabricError> {
+    let size = if op == BenchOp::Cas { 8 } else { size };
+    let mut buf = vec![0u8; size];
+    let mut cur = if op == BenchOp::Cas { ep.read_u64(addr)? } else { 0 };
+    let mut one = |ep: &mut E, buf: &mut Vec<u8>| -> Result<(), FabricError> {
+        match op {
+            BenchOp::Read => ep.read(addr, buf),
+            BenchOp::Write => ep.write(addr, buf),
+            BenchOp::Cas => {
+                let seen = ep.compare_and_swap(addr, cur, cur.wrapping_add(1))?;
+                cur = if seen == cur { cur.wrapping_add(1) } else { seen };
+                Ok(())
+            }
+        }
+    };
+    for _ in 0..(iterations / 10).min(1000) {
+        one(ep, &mut buf)?;
+    }
+    let iterations = iterations.max(1);
+    let mut lat = Vec::with_capacity(iterations as usize);
+    let start = Instant::now();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        one(ep, &mut buf)?;
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let total = start.elapsed();
+    lat.sort_unstable();
+    let pct = |p: f64| lat[(((lat.len() - 1) as f64) * p).round() as usize];
+    let sum: u64 = lat.iter().sum();
+    Ok(LatencyStats {
+        op,
+        size,
+        iterations,
+        min_ns: lat[0],
+        p50_ns: pct(0.50),
+        p99_ns: pct(0.99),
+        max_ns: *lat.last().unwrap(),
+        mean_ns: sum as f64 / lat.len() as f64,
+        ops_per_sec: iterations as f64 / total.as_secs_f64(),
+    })
+}

@@ -1,0 +1,261 @@
+//! [`UcxEndpoint`]: one worker thread's handle onto the UCX fabric.
+
+use std::os::raw::c_int;
+use std::sync::Arc;
+
+use nessie_fabric::memory::{AccessError, WordMemory};
+use nessie_fabric::{Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN};
+
+use crate::ffi;
+use crate::node::{NodeInfo, NodeShared};
+use crate::sys::{ConnectedWorker, Worker};
+
+struct Peer {
+    /// (base address in the peer's process, length) per region.
+    regions: Vec<(u64, u64)>,
+    /// Why this peer is unreachable (set once; never cleared).
+    dead: Option<String>,
+}
+
+/// One worker thread's endpoint: its own ucp worker (thread mode SINGLE), a ucp endpoint to
+/// every node's worker (its own node included) and the unpacked rkeys of every region.
+/// Operations post one nbx call and busy-poll this worker until it completes.
+pub struct UcxEndpoint {
+    peers: Vec<Peer>,
+    stats: Arc<StatsCell>,
+    timeout_ns: u64,
+    // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
+    // holds the context.
+    conn: ConnectedWorker,
+    shared: Arc<NodeShared>,
+}
+
+fn is_fatal_local(status: c_int) -> bool {
+    // Errors that say something about this call or this process, not about the peer.
+    const UNSUPPORTED: c_int = -22;
+    const INVALID_PARAM: c_int = -5;
+    const NO_MEMORY: c_int = -4;
+    const NOT_IMPLEMENTED: c_int = -8;
+    matches!(status, UNSUPPORTED | INVALID_PARAM | NO_MEMORY | NOT_IMPLEMENTED)
+}
+
+fn access_err(e: AccessError, region: RegionId, node: NodeId, offset: u64, len: usize, mem: &WordMemory) -> FabricError {
+    match e {
+        AccessError::Misaligned => FabricError::Misaligned { offset, len: len as u64, align: ALIGN },
+        AccessError::OutOfBounds => {
+            FabricError::OutOfBounds { node, region, offset, len: len as u64, size: mem.len_bytes() }
+        }
+    }
+}
+
+impl UcxEndpoint {
+    pub(crate) fn connect(shared: Arc<NodeShared>, stats: Arc<StatsCell>, cluster: &[NodeInfo]) -> Result<Self, FabricError> {
+        let me = shared.node as usize;
+        if cluster.len() > NodeId::MAX as usize {
+            return Err(FabricError::Transport(format!("{} nodes exceed the maximum", cluster.len())));
+        }
+        match cluster.get(me) {
+            Some(i) if i.worker_address == shared.info.worker_address => {}
+            Some(_) => {
+                return Err(FabricError::Transport(format!(
+                    "cluster entry {me} is not this node's NodeInfo (worker address differs)"
+                )))
+            }
+            None => return Err(FabricError::UnknownNode { node: shared.node, nodes: cluster.len() }),
+        }
+        let timeout_ns = shared.config.op_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let worker = Worker::new(&shared.ctx).map_err(|e| FabricError::Transport(e.to_string()))?;
+        let mut conn = ConnectedWorker::new(worker, timeout_ns);
+        let mut peers = Vec::with_capacity(cluster.len());
+        for info in cluster {
+            let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
+            let dead = conn.connect(&info.worker_address, &rkeys).err().map(|e| e.to_string());
+            peers.push(Peer { regions: info.regions.iter().map(|r| (r.base, r.len)).collect(), dead });
+        }
+        let mut ep = Self { peers, stats, timeout_ns, conn, shared };
+        // Finish wireup with every peer now (flush waits for it), while both sides progress:
+        // the peer's node worker is driven by its progress thread, ours by this loop. An idle
+        // endpoint does not progress its worker, and UCX 1.13 aborts (assertion) when a worker
+        // is destroyed with a wireup reply still pending towards such a worker.
+        for n in 0..ep.peers.len() {
+            if ep.peers[n].dead.is_some() {
+                continue;
+            }
+            let status = {
+                let (worker, peer) = ep.conn.split(n);
+                let p = peer.expect("connected peer");
+                // SAFETY: valid worker and endpoint.
+                unsafe { ffi::nsh_ep_flush(worker.raw(), p.ep(), timeout_ns) }
+            };
+            if status != ffi::UCS_OK {
+                let _ = ep.fail(n as NodeId, status, "connecting");
+            }
+        }
+        Ok(ep)
+    }
+
+    /// Whether `node` is known to be unreachable from this endpoint (an earlier operation
+    /// failed or timed out, or UCX reported the peer dead).
+    pub fn is_unreachable(&self, node: NodeId) -> bool {
+        self.peers.get(node as usize).is_some_and(|p| p.dead.is_some())
+    }
+
+    /// Drive this endpoint's worker once (normally only done inside operations). An idle
+    /// endpoint can call this to let keepalive notice dead peers.
+    pub fn progress(&mut self) {
+        self.conn.worker().progress();
+    }
+
+    /// UCX's description of the connection to `node` (lanes, transports, devices), for
+    /// diagnostics; `None` if there is no live connection.
+    pub fn describe_connection(&mut self, node: NodeId) -> Option<String> {
+        self.conn.split(node as usize).1.map(|p| p.describe())
+    }
+
+    fn locality(&self, node: NodeId) -> Locality {
+        if node == self.shared.node {
+            Locality::Loopback
+        } else {
+            Locality::Remote
+        }
+    }
+
+    /// Validate an access (same checks and order as the in-process backend) and return the
+    /// remote virtual address.
+    fn target(&self, addr: RemoteAddr, len: usize) -> Result<u64, FabricError> {
+        let node = addr.node;
+        let p = self
+            .peers
+            .get(node as usize)
+            .ok_or(FabricError::UnknownNode { node, nodes: self.peers.len() })?;
+        if let Some(reason) = &p.dead {
+            return Err(FabricError::Unreachable { node, reason: reason.clone() });
+        }
+        let &(base, size) =
+            p.regions.get(addr.region as usize).ok_or(FabricError::UnknownRegion { node, region: addr.region })?;
+        if addr.offset % ALIGN != 0 || len as u64 % ALIGN != 0 {
+            return Err(FabricError::Misaligned { offset: addr.offset, len: len as u64, align: ALIGN });
+        }
+        let oob = || FabricError::OutOfBounds { node, region: addr.region, offset: addr.offset, len: len as u64, size };
+        let end = addr.offset.checked_add(len as u64).ok_or_else(oob)?;
+        if end > size {
+            return Err(oob());
+        }
+        Ok(base + addr.offset)
+    }
+
+    /// Turn a non-OK status of an operation to `node` into an error (marking the peer dead
+    /// unless the error is local).
+    fn fail(&mut self, node: NodeId, status: c_int, op: &str) -> FabricError {
+        let msg = ffi::status_string(status);
+        if is_fatal_local(status) {
+            return FabricError::Transport(format!("{op} to node {node}: {msg}"));
+        }
+        let reason = if status == ffi::UCS_ERR_TIMED_OUT {
+            format!("{op} did not complete within {:?} ({msg})", self.shared.config.op_timeout)
+        } else {
+            format!("{op} failed: {msg}")
+        };
+        self.peers[node as usize].dead = Some(reason.clone());
+        self.conn.fail_peer(node as usize, status);
+        FabricError::Unreachable { node, reason }
+    }
+
+    fn run(
+        &mut self,
+        kind: OpKind,
+        addr: RemoteAddr,
+        len: usize,
+        f: impl FnOnce(&mut Worker, *mut ffi::NshEp, *mut ffi::UcpRkey, u64, u64) -> c_int,
+    ) -> Result<(), FabricError> {
+        let raddr = self.target(addr, len)?;
+        let timeout = self.timeout_ns;
+        let status = {
+            let (worker, peer) = self.conn.split(addr.node as usize);
+            match peer {
+                None => ffi::UCS_ERR_NOT_CONNECTED,
+                Some(p) if p.status() != ffi::UCS_OK => p.status(),
+                Some(_) if len == 0 => ffi::UCS_OK,
+                Some(p) => f(worker, p.ep(), p.rkey(addr.region as usize), raddr, timeout),
+            }
+        };
+        if status != ffi::UCS_OK {
+            let op = match kind {
+                OpKind::Read => "READ",
+                OpKind::Write => "WRITE",
+                OpKind::Cas => "CAS",
+            };
+            return Err(self.fail(addr.node, status, op));
+        }
+        self.stats.record(kind, self.locality(addr.node), len as u64);
+        Ok(())
+    }
+}
+
+impl Endpoint for UcxEndpoint {
+    fn node(&self) -> NodeId {
+        self.shared.node
+    }
+
+    fn node_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        let len = buf.len();
+        let ptr = buf.as_mut_ptr();
+        self.run(OpKind::Read, addr, len, |w, ep, rkey, raddr, t| {
+            // SAFETY: buf is valid for len bytes until the call returns; the shim does not
+            // return while UCX may still write into it.
+            unsafe { ffi::nsh_get(w.raw(), ep, ptr as *mut _, len, raddr, rkey, t) }
+        })
+    }
+
+    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        let len = buf.len();
+        let ptr = buf.as_ptr();
+        self.run(OpKind::Write, addr, len, |w, ep, rkey, raddr, t| {
+            // SAFETY: as for read; the put is flushed (remotely complete) before returning.
+            unsafe { ffi::nsh_put(w.raw(), ep, ptr as *const _, len, raddr, rkey, t) }
+        })
+    }
+
+    fn compare_and_swap(&mut self, addr: RemoteAddr, expected: u64, desired: u64) -> Result<u64, FabricError> {
+        let mut old = 0u64;
+        let out = &mut old as *mut u64;
+        self.run(OpKind::Cas, addr, 8, |w, ep, rkey, raddr, t| {
+            // SAFETY: out is valid until the call returns.
+            unsafe { ffi::nsh_cswap64(w.raw(), ep, expected, desired, raddr, rkey, t, out) }
+        })?;
+        Ok(old)
+    }
+
+    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        let node = self.shared.node;
+        let mem = &self.shared.regions.get(region as usize).ok_or(FabricError::UnknownRegion { node, region })?.mem;
+        let len = buf.len();
+        mem.read(offset, buf).map_err(|e| access_err(e, region, node, offset, len, mem))?;
+        self.stats.record(OpKind::Read, Locality::Direct, len as u64);
+        Ok(())
+    }
+
+    fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8]) -> Result<(), FabricError> {
+        let node = self.shared.node;
+        let mem = &self.shared.regions.get(region as usize).ok_or(FabricError::UnknownRegion { node, region })?.mem;
+        mem.write(offset, buf).map_err(|e| access_err(e, region, node, offset, buf.len(), mem))?;
+        self.stats.record(OpKind::Write, Locality::Direct, buf.len() as u64);
+        Ok(())
+    }
+
+    fn now_ns(&self) -> u64 {
+        nessie_fabric::wall_clock_ns()
+    }
+
+    fn sleep_ns(&mut self, ns: u64) {
+        nessie_fabric::precise_sleep_ns(ns)
+    }
+
+    fn stats(&self) -> &StatsCell {
+        &self.stats
+    }
+}

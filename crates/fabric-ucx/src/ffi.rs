@@ -1,0 +1,113 @@
+//! `extern "C"` declarations of the shim in `csrc/shim.c`. UCX handles are opaque pointers
+//! here; no Rust code depends on the layout of any UCX structure.
+
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+#[repr(C)]
+pub struct UcpContext {
+    _p: [u8; 0],
+}
+#[repr(C)]
+pub struct UcpWorker {
+    _p: [u8; 0],
+}
+#[repr(C)]
+pub struct UcpMem {
+    _p: [u8; 0],
+}
+#[repr(C)]
+pub struct UcpRkey {
+    _p: [u8; 0],
+}
+/// The shim's endpoint record (`nsh_ep_t`: the ucp_ep_h plus the status set by its error
+/// callback).
+#[repr(C)]
+pub struct NshEp {
+    _p: [u8; 0],
+}
+
+pub const UCS_OK: c_int = 0;
+pub const UCS_ERR_TIMED_OUT: c_int = -20;
+pub const UCS_ERR_NOT_CONNECTED: c_int = -24;
+pub const UCS_ERR_BUSY: c_int = -15;
+
+extern "C" {
+    pub fn nsh_status_string(status: c_int) -> *const c_char;
+    pub fn nsh_version(major: *mut c_uint, minor: *mut c_uint, release: *mut c_uint);
+
+    pub fn nsh_init(
+        keys: *const *const c_char,
+        vals: *const *const c_char,
+        n: usize,
+        wakeup: c_int,
+        out: *mut *mut UcpContext,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn nsh_cleanup(ctx: *mut UcpContext);
+
+    pub fn nsh_worker_create(ctx: *mut UcpContext, out: *mut *mut UcpWorker) -> c_int;
+    pub fn nsh_worker_destroy(w: *mut UcpWorker);
+    pub fn nsh_worker_address(w: *mut UcpWorker, addr: *mut *mut c_void, len: *mut usize) -> c_int;
+    pub fn nsh_worker_release_address(w: *mut UcpWorker, addr: *mut c_void);
+    pub fn nsh_worker_progress(w: *mut UcpWorker) -> c_uint;
+    pub fn nsh_worker_get_efd(w: *mut UcpWorker, fd: *mut c_int) -> c_int;
+    pub fn nsh_worker_arm(w: *mut UcpWorker) -> c_int;
+
+    pub fn nsh_request_size(ctx: *mut UcpContext) -> usize;
+    pub fn nsh_ep_create(w: *mut UcpWorker, addr: *const c_void, req_size: usize, out: *mut *mut NshEp) -> c_int;
+    pub fn nsh_ep_status(e: *const NshEp) -> c_int;
+    pub fn nsh_ep_info(e: *const NshEp, buf: *mut c_char, len: usize);
+    pub fn nsh_ep_flush(w: *mut UcpWorker, e: *mut NshEp, timeout_ns: u64) -> c_int;
+    pub fn nsh_ep_fail(w: *mut UcpWorker, e: *mut NshEp, status: c_int, timeout_ns: u64);
+    pub fn nsh_ep_destroy(w: *mut UcpWorker, e: *mut NshEp, timeout_ns: u64);
+
+    pub fn nsh_mem_map(
+        ctx: *mut UcpContext,
+        addr: *mut c_void,
+        len: usize,
+        memh: *mut *mut UcpMem,
+        base: *mut *mut c_void,
+        mapped_len: *mut usize,
+    ) -> c_int;
+    pub fn nsh_mem_unmap(ctx: *mut UcpContext, memh: *mut UcpMem) -> c_int;
+    pub fn nsh_rkey_pack(ctx: *mut UcpContext, memh: *mut UcpMem, buf: *mut *mut c_void, len: *mut usize) -> c_int;
+    pub fn nsh_rkey_buffer_release(buf: *mut c_void);
+    pub fn nsh_rkey_unpack(e: *mut NshEp, buf: *const c_void, rkey: *mut *mut UcpRkey) -> c_int;
+    pub fn nsh_rkey_destroy(rkey: *mut UcpRkey);
+
+    pub fn nsh_get(
+        w: *mut UcpWorker,
+        e: *mut NshEp,
+        buf: *mut c_void,
+        len: usize,
+        raddr: u64,
+        rkey: *mut UcpRkey,
+        timeout_ns: u64,
+    ) -> c_int;
+    pub fn nsh_put(
+        w: *mut UcpWorker,
+        e: *mut NshEp,
+        buf: *const c_void,
+        len: usize,
+        raddr: u64,
+        rkey: *mut UcpRkey,
+        timeout_ns: u64,
+    ) -> c_int;
+    pub fn nsh_cswap64(
+        w: *mut UcpWorker,
+        e: *mut NshEp,
+        expected: u64,
+        desired: u64,
+        raddr: u64,
+        rkey: *mut UcpRkey,
+        timeout_ns: u64,
+        old: *mut u64,
+    ) -> c_int;
+}
+
+/// Human-readable name of a `ucs_status_t`.
+pub fn status_string(status: c_int) -> String {
+    // SAFETY: ucs_status_string returns a static NUL-terminated string for any value.
+    unsafe { std::ffi::CStr::from_ptr(nsh_status_string(status)) }.to_string_lossy().into_owned()
+}

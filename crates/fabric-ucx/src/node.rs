@@ -1,0 +1,307 @@
+//! [`UcxNode`]: one per node process. Owns the ucp context, this node's registered regions and
+//! the progress thread of the node's own worker (the worker peers connect to).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use std::thread::JoinHandle;
+
+use nessie_fabric::memory::WordMemory;
+use nessie_fabric::{FabricError, FabricStats, NodeId, RegionId, ALIGN};
+
+use crate::sys::{Context, Mapping, UcxError, Worker};
+use crate::{UcxConfig, UcxEndpoint};
+
+/// What peers need to reach one node: plain bytes, published by a bootstrap service.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeInfo {
+    /// Packed address of the node's worker (`ucp_worker_get_address`).
+    pub worker_address: Vec<u8>,
+    /// The node's regions, indexed by [`RegionId`].
+    pub regions: Vec<RegionInfo>,
+}
+
+/// One registered region of a node.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RegionInfo {
+    /// Virtual address of the region in the owning process (the remote address of offset 0).
+    pub base: u64,
+    /// Usable length in bytes (a multiple of 8).
+    pub len: u64,
+    /// Packed remote key (`ucp_rkey_pack`).
+    pub rkey: Vec<u8>,
+}
+
+/// Where a region's memory comes from.
+#[derive(Copy, Clone, Debug)]
+pub enum RegionSource {
+    /// Allocated (zeroed) through `ucp_mem_map(UCP_MEM_MAP_ALLOCATE)`. On shm this is a
+    /// shared-memory segment peers map and access directly: the only way shm READ/WRITE/CAS
+    /// complete without the target's help.
+    Allocate(u64),
+    /// Caller-provided memory, registered with `ucp_mem_map`. Over shm such memory is reached
+    /// by cma (READ/WRITE) and CAS is emulated in software by the target's progress thread.
+    Provided { ptr: *mut u8, len: u64 },
+}
+
+pub(crate) struct Region {
+    // Field order is drop order: the view first, then the mapping it points into.
+    pub mem: WordMemory,
+    _map: Mapping,
+}
+
+/// State shared by a node and the endpoints made from it (which may outlive the `UcxNode`).
+pub(crate) struct NodeShared {
+    pub node: NodeId,
+    pub regions: Vec<Region>,
+    pub config: UcxConfig,
+    pub info: NodeInfo,
+    pub ctx: Arc<Context>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Want {
+    Run,
+    Pause,
+    Stop,
+}
+
+struct ProgressCtl {
+    /// (requested state, state the thread has reached)
+    state: Mutex<(Want, Want)>,
+    /// Set with every request, so a spinning progress thread notices it without locking.
+    attention: AtomicBool,
+    /// Keep polling this long after the last event before sleeping (0: sleep at once).
+    spin: Duration,
+    cv: Condvar,
+    /// eventfd that wakes the thread out of poll().
+    wake: OwnedFd,
+}
+
+impl ProgressCtl {
+    fn kick(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to an eventfd we own.
+        unsafe { libc::write(self.wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+
+    fn request(&self, want: Want) {
+        let mut st = self.state.lock().unwrap();
+        st.0 = want;
+        self.attention.store(true, Ordering::SeqCst);
+        self.cv.notify_all();
+        drop(st);
+        self.kick();
+    }
+
+    /// Wait until the thread has reached `want` (or exited).
+    fn await_state(&self, want: Want) {
+        let mut st = self.state.lock().unwrap();
+        while st.1 != want && st.1 != Want::Stop {
+            st = self.cv.wait(st).unwrap();
+        }
+    }
+}
+
+/// One node of the fabric (one per process). See the crate docs for the design.
+pub struct UcxNode {
+    shared: Arc<NodeShared>,
+    stats: Arc<FabricStats>,
+    ctl: Arc<ProgressCtl>,
+    progress: Option<JoinHandle<()>>,
+}
+
+fn ucx_err(e: UcxError) -> FabricError {
+    FabricError::Transport(e.to_string())
+}
+
+impl UcxNode {
+    /// Start node `node` with zeroed regions of the given sizes (bytes, rounded up to 8),
+    /// allocated by UCX.
+    pub fn new(node: NodeId, region_sizes: &[u64], config: &UcxConfig) -> Result<Self, FabricError> {
+        let src: Vec<_> = region_sizes.iter().map(|&b| RegionSource::Allocate(b)).collect();
+        // SAFETY: no caller-provided memory.
+        unsafe { Self::with_regions(node, &src, config) }
+    }
+
+    /// Start a node whose regions may be caller-provided memory.
+    ///
+    /// # Safety
+    /// Every [`RegionSource::Provided`] pointer must be 8-byte aligned, valid for `len` bytes
+    /// for as long as this node and every endpoint made from it live, and only ever accessed
+    /// atomically (as `AtomicU64` words) by this process.
+    pub unsafe fn with_regions(node: NodeId, regions: &[RegionSource], config: &UcxConfig) -> Result<Self, FabricError> {
+        let ctx = Context::new(&config.ucp_options()).map_err(ucx_err)?;
+        let mut regs = Vec::with_capacity(regions.len());
+        let mut infos = Vec::with_capacity(regions.len());
+        for src in regions {
+            let (given, len) = match *src {
+                RegionSource::Allocate(b) => (None, b.div_ceil(ALIGN).max(1) * ALIGN),
+                RegionSource::Provided { ptr, len } => {
+                    if ptr as usize % ALIGN as usize != 0 || len % ALIGN != 0 || len == 0 {
+                        return Err(FabricError::Misaligned { offset: ptr as u64, len, align: ALIGN });
+                    }
+                    (Some(ptr), len)
+                }
+            };
+            let map = Mapping::new(&ctx, given, len as usize).map_err(ucx_err)?;
+            let len = (map.len() as u64 / ALIGN) * ALIGN;
+            if given.is_none() {
+                // UCX does not promise zeroed memory for every allocation method (heap).
+                // SAFETY: freshly mapped, nobody else knows of it yet.
+                unsafe { std::ptr::write_bytes(map.base(), 0, len as usize) };
+            }
+            let rkey = map.pack_rkey().map_err(ucx_err)?;
+            infos.push(RegionInfo { base: map.base() as u64, len, rkey });
+            // SAFETY: the mapping is aligned (UCX allocations are page aligned, provided memory
+            // is checked above), lives as long as the view (same Region), and is only accessed
+            // atomically in this process.
+            let mem = unsafe { WordMemory::from_raw(map.base(), len) };
+            regs.push(Region { mem, _map: map });
+        }
+
+        let mut worker = Worker::new(&ctx).map_err(ucx_err)?;
+        let info = NodeInfo { worker_address: worker.address().map_err(ucx_err)?, regions: infos };
+        let efd = worker.event_fd().map_err(ucx_err)?;
+        // SAFETY: plain syscall; the result is checked.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(FabricError::Transport(format!("eventfd: {}", std::io::Error::last_os_error())));
+        }
+        let ctl = Arc::new(ProgressCtl {
+            state: Mutex::new((Want::Run, Want::Run)),
+            attention: AtomicBool::new(false),
+            spin: config.progress_spin,
+            cv: Condvar::new(),
+            // SAFETY: fresh fd we own.
+            wake: unsafe { OwnedFd::from_raw_fd(wake) },
+        });
+        let shared = Arc::new(NodeShared { node, regions: regs, config: config.clone(), info, ctx });
+        let c = ctl.clone();
+        // Drive the worker once so its interfaces are ready before anyone connects.
+        worker.progress();
+        let progress = std::thread::Builder::new()
+            .name(format!("ucx-progress-{node}"))
+            .spawn(move || progress_loop(worker, efd, &c))
+            .map_err(|e| FabricError::Transport(format!("spawning the progress thread: {e}")))?;
+        Ok(Self { shared, stats: Arc::new(FabricStats::default()), ctl, progress: Some(progress) })
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> NodeId {
+        self.shared.node
+    }
+
+    /// What peers need to reach this node (publish it through the bootstrap service).
+    pub fn info(&self) -> &NodeInfo {
+        &self.shared.info
+    }
+
+    pub fn config(&self) -> &UcxConfig {
+        &self.shared.config
+    }
+
+    /// Direct view of one of this node's regions.
+    pub fn region(&self, region: RegionId) -> Option<&WordMemory> {
+        self.shared.regions.get(region as usize).map(|r| &r.mem)
+    }
+
+    /// Counters of every endpoint made from this node.
+    pub fn stats(&self) -> &Arc<FabricStats> {
+        &self.stats
+    }
+
+    /// A new endpoint for one worker thread. `cluster[n]` is node `n`'s [`NodeInfo`], including
+    /// this node's own (loopback operations go through UCX too).
+    pub fn endpoint(&self, cluster: &[NodeInfo]) -> Result<UcxEndpoint, FabricError> {
+        UcxEndpoint::connect(self.shared.clone(), self.stats.register(self.node()), cluster)
+    }
+
+    /// Stop driving the node's worker until [`Self::resume_progress`]; returns once the
+    /// progress thread is parked. Over shm, READ/WRITE/CAS to this node keep completing
+    /// (tests use this to prove it); over tcp they stall and time out.
+    pub fn pause_progress(&self) {
+        self.ctl.request(Want::Pause);
+        self.ctl.await_state(Want::Pause);
+    }
+
+    /// Resume the progress thread after [`Self::pause_progress`].
+    pub fn resume_progress(&self) {
+        self.ctl.request(Want::Run);
+        self.ctl.await_state(Want::Run);
+    }
+}
+
+impl Drop for UcxNode {
+    fn drop(&mut self) {
+        self.ctl.request(Want::Stop);
+        if let Some(h) = self.progress.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Event-driven progress of the node's worker: progress until idle, arm, sleep in poll() on
+/// the worker's event fd and the control eventfd.
+fn progress_loop(mut worker: Worker, efd: i32, ctl: &ProgressCtl) {
+    let wake = ctl.wake.as_raw_fd();
+    loop {
+        {
+            let mut st = ctl.state.lock().unwrap();
+            ctl.attention.store(false, Ordering::SeqCst);
+            if st.0 == Want::Pause {
+                st.1 = Want::Pause;
+                ctl.cv.notify_all();
+                while st.0 == Want::Pause {
+                    st = ctl.cv.wait(st).unwrap();
+                }
+            }
+            st.1 = st.0;
+            ctl.cv.notify_all();
+            if st.0 == Want::Stop {
+                break;
+            }
+        }
+        while worker.progress() != 0 {}
+        if !ctl.spin.is_zero() {
+            // Busy-poll a little longer: under load the next request usually arrives before
+            // an epoll wake-up would have been needed (saves the wake-up latency).
+            let mut until = Instant::now() + ctl.spin;
+            while !ctl.attention.load(Ordering::Relaxed) && Instant::now() < until {
+                if worker.progress() != 0 {
+                    until = Instant::now() + ctl.spin;
+                }
+            }
+            if ctl.attention.load(Ordering::Relaxed) {
+                continue;
+            }
+        }
+        match worker.arm() {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                // Cannot sleep on events: fall back to polling with a short nap.
+                eprintln!("nessie-fabric-ucx: {e}; progress thread falls back to 1 ms polling");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+        }
+        let mut fds = [
+            libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: valid pollfd array.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if fds[1].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes from our nonblocking eventfd resets it.
+            unsafe { libc::read(wake, &mut v as *mut u64 as *mut libc::c_void, 8) };
+        }
+    }
+    // `worker` is destroyed here, on the thread that drove it.
+    drop(worker);
+    let mut st = ctl.state.lock().unwrap();
+    st.1 = Want::Stop;
+    ctl.cv.notify_all();
+}

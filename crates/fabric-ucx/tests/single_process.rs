@@ -1,0 +1,262 @@
+//! Single-process tests of the UCX backend: one node whose endpoints reach it through loopback
+//! (UCX between two workers of the same process), plus API edge cases.
+
+use std::time::{Duration, Instant};
+
+use nessie_fabric::mem::MemFabric;
+use nessie_fabric::{Endpoint, FabricError, Locality, OpKind, RemoteAddr};
+use nessie_fabric_ucx::{bench_op, BenchOp, RegionSource, Transport, UcxConfig, UcxNode};
+
+fn config(t: Transport) -> UcxConfig {
+    let mut c = UcxConfig::new(t);
+    if t == Transport::Tcp {
+        c.net_devices = Some("lo".into());
+    }
+    c.op_timeout = Duration::from_secs(2);
+    c
+}
+
+fn loopback(t: Transport) {
+    let node = UcxNode::new(0, &[4096, 1 << 20], &config(t)).unwrap();
+    assert_eq!(node.info().regions.len(), 2);
+    assert_eq!(node.info().regions[0].len, 4096);
+    let mut a = node.endpoint(&[node.info().clone()]).unwrap();
+    let mut b = node.endpoint(&[node.info().clone()]).unwrap();
+    assert_eq!((a.node(), a.node_count()), (0, 1));
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7) as u8).collect();
+    a.write(RemoteAddr::new(0, 1, 0), &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    b.read(RemoteAddr::new(0, 1, 0), &mut back).unwrap();
+    assert!(back == data);
+    b.local_read(1, 0, &mut back).unwrap();
+    assert!(back == data);
+    // Fresh memory is zeroed.
+    let mut z = [1u8; 64];
+    b.local_read(0, 4096 - 64, &mut z).unwrap();
+    assert_eq!(z, [0u8; 64]);
+    let w = RemoteAddr::new(0, 0, 0);
+    assert_eq!(a.compare_and_swap(w, 0, 3).unwrap(), 0);
+    assert_eq!(b.compare_and_swap(w, 0, 4).unwrap(), 3);
+    node.region(0).unwrap().write(8, &9u64.to_le_bytes()).unwrap();
+    assert_eq!(b.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(), 9, "direct writes are seen by the fabric");
+    // Zero-length operations are valid no-ops.
+    a.read(RemoteAddr::new(0, 0, 4096), &mut []).unwrap();
+    let sa = a.stats().snapshot();
+    assert_eq!(sa.ops(OpKind::Write, Locality::Loopback), 1);
+    assert_eq!(sa.bytes(OpKind::Write, Locality::Loopback), 1 << 20);
+    assert_eq!(sa.ops(OpKind::Cas, Locality::Loopback), 1);
+    assert_eq!(sa.ops(OpKind::Read, Locality::Loopback), 1);
+    assert_eq!(sa.remote_ops(), 0);
+    assert_eq!(node.stats().total(None).total_ops(), 3 + 5);
+}
+
+#[test]
+fn shm_loopback_ops() {
+    loopback(Transport::Shm);
+}
+
+#[test]
+fn tcp_loopback_ops() {
+    loopback(Transport::Tcp);
+}
+
+#[test]
+fn auto_transport_works_here() {
+    loopback(Transport::Auto);
+}
+
+#[test]
+fn shm_loopback_needs_no_progress_thread_but_tcp_does() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        let mut cfg = config(t);
+        cfg.op_timeout = Duration::from_millis(500);
+        let node = UcxNode::new(0, &[4096], &cfg).unwrap();
+        let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+        node.pause_progress();
+        node.pause_progress(); // idempotent
+        let r = ep.compare_and_swap(RemoteAddr::new(0, 0, 0), 0, 1);
+        match t {
+            Transport::Shm => assert_eq!(r.unwrap(), 0),
+            _ => assert!(matches!(r, Err(FabricError::Unreachable { node: 0, .. })), "{r:?}"),
+        }
+        node.resume_progress();
+        node.resume_progress();
+        let mut ep2 = node.endpoint(&[node.info().clone()]).unwrap();
+        let v = ep2.read_u64(RemoteAddr::new(0, 0, 0)).unwrap();
+        match t {
+            Transport::Shm => assert_eq!(v, 1),
+            // The timed-out CAS was already on its way: the target may still execute it once it
+            // progresses again. Unreachable does not mean "did not happen".
+            _ => assert!(v <= 1, "{v}"),
+        }
+    }
+}
+
+#[test]
+fn dropping_a_paused_node_does_not_hang_and_endpoints_may_outlive_it() {
+    let node = UcxNode::new(0, &[4096], &config(Transport::Shm)).unwrap();
+    let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+    ep.write(RemoteAddr::new(0, 0, 0), &[5u8; 8]).unwrap();
+    node.pause_progress();
+    let t = Instant::now();
+    drop(node);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // The regions live as long as an endpoint does.
+    let mut b = [0u8; 8];
+    ep.local_read(0, 0, &mut b).unwrap();
+    assert_eq!(b, [5u8; 8]);
+    drop(ep);
+}
+
+#[test]
+fn caller_provided_memory_is_registered_and_shared() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        let mut backing = vec![0u64; 512];
+        backing[3] = 77;
+        let src = [RegionSource::Provided { ptr: backing.as_mut_ptr() as *mut u8, len: 4096 }, RegionSource::Allocate(64)];
+        // SAFETY: `backing` outlives the node and its endpoint (dropped at the end of the
+        // iteration) and is not touched by this test while they live.
+        let node = unsafe { UcxNode::with_regions(0, &src, &config(t)) }.unwrap();
+        assert_eq!(node.info().regions[0].base, backing.as_ptr() as u64);
+        let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+        assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 24)).unwrap(), 77);
+        assert_eq!(ep.compare_and_swap(RemoteAddr::new(0, 0, 24), 77, 78).unwrap(), 77);
+        ep.write(RemoteAddr::new(0, 0, 4088), &[1u8; 8]).unwrap();
+        assert_eq!(node.region(0).unwrap().len_bytes(), 4096);
+        drop(ep);
+        drop(node);
+        assert_eq!(backing[3], 78);
+        assert_eq!(backing[511], u64::from_le_bytes([1u8; 8]));
+    }
+    // Over shm, provided memory is not a shared-memory segment: UCX serves it in software
+    // through the target's worker, so it needs the progress thread (unlike allocated regions).
+    let mut backing = vec![0u64; 64];
+    let mut cfg = config(Transport::Shm);
+    cfg.op_timeout = Duration::from_millis(300);
+    let src = [RegionSource::Provided { ptr: backing.as_mut_ptr() as *mut u8, len: 512 }];
+    // SAFETY: as above.
+    let node = unsafe { UcxNode::with_regions(0, &src, &cfg) }.unwrap();
+    let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 0);
+    node.pause_progress();
+    assert!(matches!(ep.read_u64(RemoteAddr::new(0, 0, 0)), Err(FabricError::Unreachable { .. })));
+    node.resume_progress();
+    drop(ep);
+    drop(node);
+    drop(backing);
+
+    // Misaligned provided memory is rejected.
+    let mut v = vec![0u64; 4];
+    let p = unsafe { (v.as_mut_ptr() as *mut u8).add(4) };
+    let r = unsafe { UcxNode::with_regions(0, &[RegionSource::Provided { ptr: p, len: 16 }], &config(Transport::Shm)) };
+    assert!(matches!(r, Err(FabricError::Misaligned { .. })));
+}
+
+#[test]
+fn endpoint_rejects_a_cluster_list_without_this_node() {
+    let a = UcxNode::new(0, &[64], &config(Transport::Shm)).unwrap();
+    let b = UcxNode::new(1, &[64], &config(Transport::Shm)).unwrap();
+    assert!(matches!(a.endpoint(&[]), Err(FabricError::UnknownNode { node: 0, nodes: 0 })));
+    assert!(matches!(b.endpoint(&[b.info().clone()]), Err(FabricError::UnknownNode { node: 1, nodes: 1 })));
+    let e = a.endpoint(&[b.info().clone(), a.info().clone()]).err().unwrap();
+    assert!(e.to_string().contains("not this node"), "{e}");
+    // Two nodes in one process (separate contexts) reach each other.
+    let cluster = [a.info().clone(), b.info().clone()];
+    let mut ea = a.endpoint(&cluster).unwrap();
+    let mut eb = b.endpoint(&cluster).unwrap();
+    ea.write(RemoteAddr::new(1, 0, 8), &42u64.to_le_bytes()).unwrap();
+    assert_eq!(eb.read_u64(RemoteAddr::new(1, 0, 8)).unwrap(), 42);
+    assert_eq!(ea.stats().snapshot().ops(OpKind::Write, Locality::Remote), 1);
+    assert_eq!(eb.stats().snapshot().ops(OpKind::Read, Locality::Loopback), 1);
+}
+
+#[test]
+fn a_peer_on_another_transport_is_unreachable_not_a_crash() {
+    let a = UcxNode::new(0, &[64], &config(Transport::Shm)).unwrap();
+    let b = UcxNode::new(1, &[64], &config(Transport::Tcp)).unwrap();
+    let mut ep = a.endpoint(&[a.info().clone(), b.info().clone()]).unwrap();
+    assert!(ep.is_unreachable(1));
+    let e = ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap_err();
+    assert!(matches!(e, FabricError::Unreachable { node: 1, .. }), "{e}");
+    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 0, "the endpoint still works for others");
+}
+
+#[test]
+fn bench_op_works_on_any_endpoint() {
+    let f = MemFabric::new(&[vec![1 << 16]], None).unwrap();
+    let mut ep = f.endpoint(0);
+    let s = bench_op(&mut ep, RemoteAddr::new(0, 0, 0), BenchOp::Cas, 8, 1000).unwrap();
+    assert_eq!((s.iterations, s.size), (1000, 8));
+    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 1100, "warm-up + measured CASes all succeed");
+    assert!(s.min_ns <= s.p50_ns && s.p50_ns <= s.p99_ns && s.p99_ns <= s.max_ns);
+    let node = UcxNode::new(0, &[1 << 16], &config(Transport::Shm)).unwrap();
+    let mut uep = node.endpoint(&[node.info().clone()]).unwrap();
+    for op in [BenchOp::Read, BenchOp::Write] {
+        let s = bench_op(&mut uep, RemoteAddr::new(0, 0, 0), op, 4096, 500).unwrap();
+        assert_eq!(s.size, 4096);
+        assert!(s.ops_per_sec > 0.0);
+    }
+    assert!(bench_op(&mut uep, RemoteAddr::new(0, 0, 8), BenchOp::Read, 1 << 16, 10).is_err());
+}
+
+#[test]
+fn config_maps_to_ucp_options() {
+    let mut c = UcxConfig::new(Transport::Shm);
+    c.ucx_options.push(("UCX_RNDV_THRESH".into(), "inf".into()));
+    let o = c.ucp_options();
+    assert!(o.contains(&("TLS".into(), "sm,self".into())));
+    assert!(o.contains(&("MM_ERROR_HANDLING".into(), "y".into())));
+    assert!(o.contains(&("KEEPALIVE_INTERVAL".into(), "1000000us".into())));
+    assert_eq!(o.last().unwrap(), &("RNDV_THRESH".to_string(), "inf".to_string()));
+    let mut t = UcxConfig::new(Transport::Tcp);
+    t.net_devices = Some("lo".into());
+    let o = t.ucp_options();
+    assert!(o.contains(&("TLS".into(), "tcp,self".into())));
+    assert!(o.contains(&("NET_DEVICES".into(), "lo".into())));
+    assert!(!o.iter().any(|(k, _)| k == "MM_ERROR_HANDLING"));
+    assert!(UcxConfig::new(Transport::Auto).ucp_options().iter().all(|(k, _)| k != "TLS"));
+    assert_eq!("SHM".parse::<Transport>().unwrap(), Transport::Shm);
+    assert!("ib".parse::<Transport>().is_err());
+    // A bad UCX option is reported, not ignored.
+    let mut bad = UcxConfig::new(Transport::Shm);
+    bad.ucx_options.push(("KEEPALIVE_INTERVAL".into(), "soon".into()));
+    let e = UcxNode::new(0, &[64], &bad).err().unwrap();
+    assert!(e.to_string().contains("KEEPALIVE_INTERVAL"), "{e}");
+    let (maj, min, _) = nessie_fabric_ucx::ucx_version();
+    assert!(maj >= 1 && (maj > 1 || min >= 12));
+}
+
+#[test]
+fn endpoints_on_several_threads_share_one_node() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        let node = std::sync::Arc::new(UcxNode::new(0, &[4096], &config(t)).unwrap());
+        let per_thread = if t == Transport::Shm { 20_000 } else { 1_000 };
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let node = node.clone();
+                std::thread::spawn(move || {
+                    // Created on the thread that uses it (concurrently with the others).
+                    let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+                    let a = RemoteAddr::new(0, 0, 8);
+                    for _ in 0..per_thread {
+                        let mut cur = ep.read_u64(a).unwrap();
+                        while let Err(seen) = match ep.compare_and_swap(a, cur, cur + 1).unwrap() {
+                            v if v == cur => Ok(()),
+                            v => Err(v),
+                        } {
+                            cur = seen;
+                        }
+                    }
+                    ep
+                })
+            })
+            .collect();
+        // Endpoints are Send: they come back to this thread and are dropped here.
+        let eps: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        let mut b = [0u8; 8];
+        node.region(0).unwrap().read(8, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 3 * per_thread, "{t}");
+        assert_eq!(node.stats().total(Some(0)).ops(OpKind::Read, Locality::Loopback), 3 * per_thread);
+        drop(eps);
+    }
+}
