@@ -1,11 +1,16 @@
 //! `nessie`: the command-line tool.
 
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use nessie_bench::demo::{self, DemoSpec};
 use nessie_bench::workload::KeyDist;
+use nessie_cluster::admin::{AdminClient, Request, Response};
+use nessie_cluster::config::{ClusterConfig, Transport};
+use nessie_cluster::process;
 
 #[derive(Parser)]
 #[command(name = "nessie", version, about = "Nessie: a client-driven, in-memory distributed key-value store")]
@@ -16,9 +21,124 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a local cluster of node processes in the background (shared memory or TCP).
+    Up(UpArgs),
+    /// Stop the local cluster and clean up its processes and sockets.
+    Down(DirArg),
+    /// Show each node's state: process, table fill, fabric counters.
+    Status(StatusArgs),
+    /// Store a value: `nessie put KEY VALUE` or `nessie put KEY @FILE`.
+    Put(PutArgs),
+    /// Read a value (to stdout, or -o FILE). Exit code 1 if the key is absent.
+    Get(GetArgs),
+    /// Delete a key.
+    Del(KeyArgs),
+    /// Run one node process (what `nessie up` starts; use it directly across real hosts).
+    Node(NodeArgs),
     /// Run a demo workload on an in-process cluster and print throughput, latencies and fabric
     /// counters (optionally checking the whole history for linearizability).
     Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct DirArg {
+    /// Cluster directory (config, logs, pid files, admin sockets) [default: $NESSIE_DIR, else
+    /// $XDG_RUNTIME_DIR/nessie, else /tmp/nessie-UID].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+impl DirArg {
+    /// The cluster directory, absolute (node processes are recognised by their config path).
+    fn dir(&self) -> PathBuf {
+        let d = self.dir.clone().unwrap_or_else(nessie_cluster::process::default_dir);
+        std::fs::canonicalize(&d).unwrap_or_else(|_| std::env::current_dir().map(|c| c.join(&d)).unwrap_or(d))
+    }
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Node processes to start.
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// Transport between the processes: shm (shared memory), tcp (loopback), auto (UCX's choice).
+    #[arg(long, default_value = "shm")]
+    transport: Transport,
+    /// Largest key in bytes.
+    #[arg(long, default_value_t = 128)]
+    key_max: u32,
+    /// Largest value in bytes.
+    #[arg(long, default_value_t = 16384)]
+    value_max: u32,
+    /// Index table entries per node.
+    #[arg(long, default_value_t = 1 << 16)]
+    ites_per_node: u64,
+    /// Data table entries per node.
+    #[arg(long, default_value_t = 1 << 14)]
+    dtes_per_node: u64,
+    /// Client workers per node process.
+    #[arg(long, default_value_t = 2)]
+    workers: u16,
+    /// Expiry period in milliseconds.
+    #[arg(long)]
+    expiry_ms: Option<u64>,
+    /// Seconds to wait for the nodes to become ready.
+    #[arg(long, default_value_t = 60)]
+    ready_timeout: u64,
+    /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
+    #[arg(long = "node-arg", hide = true)]
+    node_args: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Print the raw JSON reports.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct KeyArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Node whose client performs the operation [default: the first that answers].
+    #[arg(long)]
+    node: Option<u16>,
+    key: String,
+}
+
+#[derive(clap::Args)]
+struct PutArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// The value, or @FILE to read it from a file (@- for stdin).
+    value: String,
+}
+
+#[derive(clap::Args)]
+struct GetArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Write the value to FILE instead of stdout.
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct NodeArgs {
+    /// The cluster configuration file.
+    #[arg(long)]
+    config: PathBuf,
+    /// This node's id.
+    #[arg(long)]
+    id: u16,
+    /// Inject random delays around fabric operations: SEED,PROBABILITY,MAX_NS (tests only).
+    #[arg(long, hide = true)]
+    inject_delay: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -60,6 +180,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Demo(a) => run_demo(a),
+        Command::Up(a) => run_up(a),
+        Command::Down(a) => run_down(a),
+        Command::Status(a) => run_status(a),
+        Command::Put(a) => run_put(a),
+        Command::Get(a) => run_get(a),
+        Command::Del(a) => run_del(a),
+        Command::Node(a) => run_node(a),
     };
     match r {
         Ok(code) => code,
@@ -123,5 +250,212 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::from(1));
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_up(a: UpArgs) -> Result<ExitCode, String> {
+    let dir = a.dir.dir();
+    let geometry = nessie_store::Geometry {
+        nodes: a.nodes as u32,
+        ites_per_node: a.ites_per_node,
+        dtes_per_node: a.dtes_per_node,
+        key_max: a.key_max,
+        value_max: a.value_max,
+        ..nessie_store::Geometry::default()
+    };
+    let binary = std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?;
+    let opts = process::UpOptions {
+        nodes: a.nodes,
+        transport: a.transport,
+        geometry,
+        workers: a.workers,
+        expiry_ms: a.expiry_ms,
+        binary,
+        node_args: a.node_args,
+        ready_timeout: Duration::from_secs(a.ready_timeout),
+    };
+    let cfg = process::up(&dir, &opts).map_err(|e| e.to_string())?;
+    println!(
+        "cluster up: {} nodes over {:?} in {} (config {})",
+        cfg.node.len(),
+        cfg.cluster.transport,
+        dir.display(),
+        process::config_path(&dir).display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_down(a: DirArg) -> Result<ExitCode, String> {
+    let dir = a.dir();
+    let stopped = process::down(&dir).map_err(|e| e.to_string())?;
+    println!("stopped {} node(s) {:?} in {}", stopped.len(), stopped, dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
+    let dir = a.dir.dir();
+    let (cfg, nodes) = process::status(&dir).map_err(|e| e.to_string())?;
+    if a.json {
+        let all: Vec<_> = nodes
+            .iter()
+            .map(|n| match &n.report {
+                Ok(v) => v.clone(),
+                Err(e) => serde_json::json!({"node": n.id, "error": e}),
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
+    } else {
+        println!("cluster in {}: {} nodes, transport {:?}", dir.display(), cfg.node.len(), cfg.cluster.transport);
+        println!("{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}", "node", "pid", "state", "index used", "data table used", "remote ops", "remote bytes", "local ops");
+        for n in &nodes {
+            let pid = n.pid.map_or("-".to_string(), |p| p.to_string());
+            match &n.report {
+                Ok(v) => {
+                    let f = &v["fabric"];
+                    let sum = |prefix: &str, what: &str| -> u64 {
+                        ["read", "write", "cas"].iter().map(|k| f[format!("{prefix}_{k}_{what}")].as_u64().unwrap_or(0)).sum()
+                    };
+                    let local = sum("loopback", "ops") + sum("direct", "ops");
+                    println!(
+                        "{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}",
+                        n.id,
+                        pid,
+                        "up",
+                        format!("{}/{}", v["index"]["present"], v["index"]["entries"]),
+                        format!("{}/{}", v["data_table"]["allocated"], v["data_table"]["capacity"]),
+                        sum("remote", "ops"),
+                        sum("remote", "bytes"),
+                        local
+                    );
+                }
+                Err(e) => println!("{:>4} {:>8} {:>7}  {e}", n.id, pid, "down"),
+            }
+        }
+    }
+    let all_up = nodes.iter().all(|n| n.report.is_ok());
+    Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+/// Connect to the chosen node's admin socket, or the first one that answers.
+fn admin(k: &KeyArgs) -> Result<(ClusterConfig, AdminClient), String> {
+    let dir = k.dir.dir();
+    let cpath = process::config_path(&dir);
+    if !cpath.exists() {
+        return Err(format!("no cluster in {} (start one with `nessie up`, or pass --dir)", dir.display()));
+    }
+    let cfg = ClusterConfig::load(&cpath).map_err(|e| e.to_string())?;
+    let ids: Vec<u16> = match k.node {
+        Some(n) => {
+            cfg.node_entry(n).map_err(|e| e.to_string())?;
+            vec![n]
+        }
+        None => cfg.node.iter().map(|n| n.id).collect(),
+    };
+    let mut last = String::new();
+    for id in ids {
+        let path = cfg.admin_path(id, &dir).map_err(|e| e.to_string())?;
+        match AdminClient::connect(&path, Duration::from_secs(30)) {
+            Ok(c) => return Ok((cfg, c)),
+            Err(e) => last = format!("node {id}: {e}"),
+        }
+    }
+    Err(format!("no node answers ({last})"))
+}
+
+fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("the key is empty".into());
+    }
+    if key.len() > cfg.geometry.key_max as usize {
+        return Err(format!("key of {} bytes exceeds the cluster's key_max of {} bytes", key.len(), cfg.geometry.key_max));
+    }
+    Ok(())
+}
+
+fn call(c: &mut AdminClient, req: Request) -> Result<Response, String> {
+    match c.call(&req).map_err(|e| e.to_string())? {
+        Response::Error(e) => Err(e),
+        r => Ok(r),
+    }
+}
+
+fn run_put(a: PutArgs) -> Result<ExitCode, String> {
+    let (cfg, mut c) = admin(&a.key)?;
+    check_key(&cfg, &a.key.key)?;
+    let max = cfg.geometry.value_max as u64;
+    let value = match a.value.strip_prefix('@') {
+        Some("-") => {
+            let mut v = Vec::new();
+            std::io::stdin().take(max + 1).read_to_end(&mut v).map_err(|e| format!("reading stdin: {e}"))?;
+            v
+        }
+        Some(file) => {
+            let len = std::fs::metadata(file).map_err(|e| format!("{file}: {e}"))?.len();
+            if len > max {
+                return Err(format!("{file} has {len} bytes; the cluster's value_max is {max} bytes"));
+            }
+            std::fs::read(file).map_err(|e| format!("{file}: {e}"))?
+        }
+        None => a.value.into_bytes(),
+    };
+    if value.len() as u64 > max {
+        return Err(format!("value of {} bytes exceeds the cluster's value_max of {max} bytes", value.len()));
+    }
+    call(&mut c, Request::Put(a.key.key.into_bytes(), value))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_get(a: GetArgs) -> Result<ExitCode, String> {
+    let (cfg, mut c) = admin(&a.key)?;
+    check_key(&cfg, &a.key.key)?;
+    match call(&mut c, Request::Get(a.key.key.clone().into_bytes()))? {
+        Response::Value(v) => {
+            match &a.output {
+                Some(path) => std::fs::write(path, &v).map_err(|e| format!("{}: {e}", path.display()))?,
+                None => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&v).map_err(|e| e.to_string())?;
+                    if out.is_terminal() {
+                        out.write_all(b"\n").map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Response::NotFound => {
+            eprintln!("nessie: {:?} not found", a.key.key);
+            Ok(ExitCode::from(1))
+        }
+        r => Err(format!("unexpected reply {r:?}")),
+    }
+}
+
+fn run_del(a: KeyArgs) -> Result<ExitCode, String> {
+    let (cfg, mut c) = admin(&a)?;
+    check_key(&cfg, &a.key)?;
+    call(&mut c, Request::Delete(a.key.into_bytes()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
+    let delay = match &a.inject_delay {
+        None => None,
+        Some(s) => {
+            let p: Vec<&str> = s.split(',').collect();
+            let bad = || format!("--inject-delay {s:?}: expected SEED,PROBABILITY,MAX_NS");
+            if p.len() != 3 {
+                return Err(bad());
+            }
+            let d = nessie_fabric::mem::DelayInjection {
+                seed: p[0].parse().map_err(|_| bad())?,
+                probability: p[1].parse().map_err(|_| bad())?,
+                max_delay_ns: p[2].parse().map_err(|_| bad())?,
+            };
+            d.validate()?;
+            Some(d)
+        }
+    };
+    let config = std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
+    nessie_cluster::node::run_node(&config, a.id, nessie_cluster::node::NodeOptions { delay }).map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
 }

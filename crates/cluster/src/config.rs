@@ -71,6 +71,17 @@ pub struct ClusterSection {
     /// How long a node waits for its peers at start-up.
     #[serde(default = "default_bootstrap_timeout_ms")]
     pub bootstrap_timeout_ms: u64,
+    /// Network devices UCX may use (`UCX_NET_DEVICES` syntax, e.g. `"lo"`, `"eth0"`,
+    /// `"mlx5_0:1"`); unset lets UCX use all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_devices: Option<String>,
+    /// Upper bound on one fabric operation: past it the peer is declared unreachable.
+    #[serde(default = "default_op_timeout_ms")]
+    pub op_timeout_ms: u64,
+}
+
+fn default_op_timeout_ms() -> u64 {
+    5_000
 }
 
 fn default_bootstrap_timeout_ms() -> u64 {
@@ -173,6 +184,9 @@ impl ClusterConfig {
         if self.cluster.bootstrap_timeout_ms == 0 || self.cluster.bootstrap_timeout_ms > 600_000 {
             return bad(format!("cluster.bootstrap_timeout_ms = {} is not in 1..=600000", self.cluster.bootstrap_timeout_ms));
         }
+        if self.cluster.op_timeout_ms < 10 || self.cluster.op_timeout_ms > 600_000 {
+            return bad(format!("cluster.op_timeout_ms = {} is not in 10..=600000", self.cluster.op_timeout_ms));
+        }
         self.geometry.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.protocol_config().validate().map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
         if self.node.len() != self.geometry.nodes as usize {
@@ -257,6 +271,8 @@ impl ClusterConfig {
                 secret: hex::encode(secret),
                 transport,
                 bootstrap_timeout_ms: default_bootstrap_timeout_ms(),
+                net_devices: (transport == Transport::Tcp).then(|| "lo".to_string()),
+                op_timeout_ms: default_op_timeout_ms(),
             },
             geometry: Geometry { nodes: nodes as u32, ..geometry },
             protocol: ProtocolSection::default(),

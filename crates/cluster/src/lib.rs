@@ -12,5 +12,7 @@ pub mod admin;
 pub mod bootstrap;
 pub mod config;
 pub mod local;
+pub mod node;
+pub mod process;
 
 pub use local::LocalCluster;

@@ -14,6 +14,7 @@
 //! same protocol code in virtual time.
 
 pub mod addr;
+pub mod delay;
 pub mod error;
 pub mod mem;
 pub mod memory;

@@ -26,6 +26,9 @@ pub enum Error {
     Corrupt(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An error reported by a node that performed the operation on our behalf.
+    #[error("{0}")]
+    Node(String),
 }
 
 impl From<FabricError> for Error {
