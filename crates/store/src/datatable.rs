@@ -3,7 +3,7 @@
 //! - an entry that was never published (its CAS failed) is returned at once
 //!   ([`DataTable::release_unpublished`]);
 //! - an entry that some ITE referred to is *marked for recycling* by whoever cleared or replaced
-//!   that ITE (expiry timestamp, then recycle flag, written into the DTE itself). The owner finds
+//!   that ITE (one word: recycle flag and expiry timestamp, written into the DTE itself). The owner finds
 //!   such entries by scanning when its free list runs dry, and reuses one only once its expiry
 //!   time (plus a clock-skew margin) has passed: a slow reader that saw the old ITE has timed out
 //!   by then.
@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use nessie_fabric::{Endpoint, FabricError};
 
-use crate::dte::{DteLayout, EXPIRY_OFF, RECYCLE_OFF};
+use crate::dte::{DteLayout, RECYCLE_OFF};
 use crate::DATA_REGION;
 
 /// Why no entry could be allocated.
@@ -129,13 +129,11 @@ impl DataTable {
         let mut w = [0u8; 8];
         for i in 0..s.fresh_next {
             let base = self.layout.offset(i);
-            // Flag first, then timestamp: the releaser writes them in the opposite order.
             ep.local_read(DATA_REGION, base + RECYCLE_OFF, &mut w)?;
-            if !DteLayout::is_recycle_flag(u64::from_le_bytes(w)) {
+            let Some(expiry) = DteLayout::recycle_expiry(u64::from_le_bytes(w)) else {
                 continue;
-            }
-            ep.local_read(DATA_REGION, base + EXPIRY_OFF, &mut w)?;
-            let ready_at = u64::from_le_bytes(w).saturating_add(self.clock_margin_ns);
+            };
+            let ready_at = expiry.saturating_add(self.clock_margin_ns);
             if now > ready_at {
                 // Clear the flag so later scans do not hand the entry out twice.
                 ep.local_write(DATA_REGION, base + RECYCLE_OFF, &0u64.to_le_bytes())?;
@@ -197,10 +195,10 @@ mod tests {
         let now = remote.now_ns();
         // A remote releaser marks `a` expiring far in the future and `b` already expired.
         remote
-            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(a) + EXPIRY_OFF), &DteLayout::recycle_words(now + 60_000_000_000))
+            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(a) + RECYCLE_OFF), &DteLayout::recycle_word(now + 60_000_000_000).to_le_bytes())
             .unwrap();
         remote
-            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(b) + EXPIRY_OFF), &DteLayout::recycle_words(now - 10_000))
+            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(b) + RECYCLE_OFF), &DteLayout::recycle_word(now - 10_000).to_le_bytes())
             .unwrap();
         assert_eq!(t.alloc(&mut owner).unwrap(), b, "expired entry is reclaimed");
         match t.alloc(&mut owner).unwrap_err() {
@@ -219,7 +217,7 @@ mod tests {
         let mut ep = f.endpoint(0);
         let a = t.alloc(&mut ep).unwrap();
         let now = ep.now_ns();
-        ep.local_write(DATA_REGION, layout.offset(a) + EXPIRY_OFF, &DteLayout::recycle_words(now - 1_000)).unwrap();
+        ep.local_write(DATA_REGION, layout.offset(a) + RECYCLE_OFF, &DteLayout::recycle_word(now - 1_000).to_le_bytes()).unwrap();
         assert!(t.alloc(&mut ep).is_err(), "expired by its own clock but within the skew margin");
     }
 }

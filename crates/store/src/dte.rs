@@ -4,27 +4,29 @@
 //! ```text
 //! offset  size        field
 //! 0       8           header:   bit 0 = valid flag; bits 32..63 = writer tag (node << 16 | worker)
-//! 8       8           expiry:   timestamp (ns since the Unix epoch) after which a recycled entry
-//!                               may be reused; meaningful only when the recycle flag is set
-//! 16      8           recycle:  bit 0 = recycle flag (written after the expiry word, read before it)
-//! 24      8           previous version: the ITE this entry's writer replaced (0 = none)
-//! 32      8           lengths:  key length (bits 0..31), value length (bits 32..63)
-//! 40      key_max↑8   key bytes (zero padded)
-//! 40+K    value_max↑8 value bytes (zero padded)
+//! 8       8           recycle:  bit 63 = recycle flag; bits 0..62 = expiry timestamp (ns since
+//!                               the Unix epoch) after which the entry may be reused
+//! 16      8           previous version: the ITE this entry's writer replaced (0 = none)
+//! 24      8           lengths:  key length (bits 0..31), value length (bits 32..63)
+//! 32      key_max↑8   key bytes (zero padded)
+//! 32+K    value_max↑8 value bytes (zero padded)
 //! ```
+//! The recycle flag and the expiry share one word so that marking an entry is a single aligned
+//! 8-byte write: no reader can see the flag without its timestamp, whatever order a transport
+//! copies the bytes of a larger write in (UCX over shm and TCP uses memcpy). Timestamps fit in
+//! 63 bits until the year 2262.
 //! The header, metadata and key (`meta_size` bytes) can be read without the value. Apart from
 //! the valid flag (0 → 1, by the writer, once) and the recycle words (set once by whoever
 //! released the entry's last ITE), an entry is immutable while any ITE refers to it.
 
 pub const HEADER_OFF: u64 = 0;
-pub const EXPIRY_OFF: u64 = 8;
-pub const RECYCLE_OFF: u64 = 16;
-pub const PREV_OFF: u64 = 24;
-pub const LENS_OFF: u64 = 32;
-pub const KEY_OFF: u64 = 40;
+pub const RECYCLE_OFF: u64 = 8;
+pub const PREV_OFF: u64 = 16;
+pub const LENS_OFF: u64 = 24;
+pub const KEY_OFF: u64 = 32;
 
 const VALID: u64 = 1;
-const RECYCLE: u64 = 1;
+const RECYCLE: u64 = 1 << 63;
 
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
@@ -57,8 +59,8 @@ pub struct DteLayout {
 pub struct DteMeta {
     pub valid: bool,
     pub writer: WriterTag,
-    pub expiry_ns: u64,
-    pub recycle: bool,
+    /// The recycle flag's expiry timestamp, if the flag is set.
+    pub recycle: Option<u64>,
     pub prev: u64,
     pub key_len: u32,
     pub value_len: u32,
@@ -100,7 +102,7 @@ impl DteLayout {
     }
 
     /// Write a fresh, *invalid* entry into `buf` (at least `value_off + pad8(value.len())`
-    /// bytes). Returns the number of bytes to store. Expiry and recycle words are zero.
+    /// bytes). Returns the number of bytes to store. The recycle word is zero.
     pub fn encode(&self, buf: &mut Vec<u8>, writer: WriterTag, prev: u64, key: &[u8], value: &[u8]) -> usize {
         assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
         let len = (self.value_off + pad8(value.len() as u64)) as usize;
@@ -120,17 +122,15 @@ impl DteLayout {
         (writer.0 as u64) << 32 | if valid { VALID } else { 0 }
     }
 
-    /// The two words (expiry, recycle flag) that mark an entry for recycling; stored in address
-    /// order, so the flag lands after the timestamp.
-    pub fn recycle_words(expiry_ns: u64) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&expiry_ns.to_le_bytes());
-        b[8..].copy_from_slice(&RECYCLE.to_le_bytes());
-        b
+    /// The recycle word marking an entry reusable after `expiry_ns`.
+    pub fn recycle_word(expiry_ns: u64) -> u64 {
+        assert!(expiry_ns < RECYCLE, "expiry timestamp {expiry_ns} does not fit in 63 bits");
+        RECYCLE | expiry_ns
     }
 
-    pub fn is_recycle_flag(word: u64) -> bool {
-        word & RECYCLE != 0
+    /// The expiry timestamp of a recycle word whose flag is set.
+    pub fn recycle_expiry(word: u64) -> Option<u64> {
+        (word & RECYCLE != 0).then_some(word & !RECYCLE)
     }
 
     /// Decode the fixed-size part of an entry (needs at least `KEY_OFF` bytes).
@@ -143,8 +143,7 @@ impl DteLayout {
         let m = DteMeta {
             valid: h & VALID != 0,
             writer: WriterTag((h >> 32) as u32),
-            expiry_ns: word(buf, EXPIRY_OFF),
-            recycle: word(buf, RECYCLE_OFF) & RECYCLE != 0,
+            recycle: Self::recycle_expiry(word(buf, RECYCLE_OFF)),
             prev: word(buf, PREV_OFF),
             key_len: lens as u32,
             value_len: (lens >> 32) as u32,
@@ -180,14 +179,14 @@ mod tests {
     #[test]
     fn layout_sizes() {
         let l = DteLayout::new(128, 1024);
-        assert_eq!(l.value_off, 40 + 128);
-        assert_eq!(l.entry_size, 40 + 128 + 1024);
+        assert_eq!(l.value_off, 32 + 128);
+        assert_eq!(l.entry_size, 32 + 128 + 1024);
         let odd = DteLayout::new(5, 3);
-        assert_eq!(odd.value_off, 48);
-        assert_eq!(odd.entry_size, 56);
-        assert_eq!(odd.offset(3), 168);
+        assert_eq!(odd.value_off, 40);
+        assert_eq!(odd.entry_size, 48);
+        assert_eq!(odd.offset(3), 144);
         let empty_values = DteLayout::new(8, 0);
-        assert_eq!(empty_values.entry_size, 48);
+        assert_eq!(empty_values.entry_size, 40);
     }
 
     #[test]
@@ -197,9 +196,9 @@ mod tests {
         let n = l.encode(&mut buf, WriterTag::new(7, 3), 0xdead, &[9u8; 16], &[1u8; 32]);
         assert_eq!(n as u64, l.entry_size);
         let m = l.meta(&buf).unwrap();
-        assert!(!m.valid && !m.recycle);
+        assert!(!m.valid && m.recycle.is_none());
         assert_eq!(m.writer, WriterTag::new(7, 3));
-        assert_eq!((m.prev, m.key_len, m.value_len, m.expiry_ns), (0xdead, 16, 32, 0));
+        assert_eq!((m.prev, m.key_len, m.value_len), (0xdead, 16, 32));
         assert_eq!(l.key(&buf, &m), &[9u8; 16]);
         assert_eq!(l.value(&buf, &m).unwrap(), &[1u8; 32]);
         // Empty key and value.
@@ -215,21 +214,23 @@ mod tests {
         let mut buf = Vec::new();
         l.encode(&mut buf, WriterTag::new(1, 2), 0, b"k", b"v");
         buf[..8].copy_from_slice(&l.header(WriterTag::new(1, 2), true).to_le_bytes());
-        buf[8..24].copy_from_slice(&DteLayout::recycle_words(12345));
+        buf[8..16].copy_from_slice(&DteLayout::recycle_word(12345).to_le_bytes());
         let m = l.meta(&buf).unwrap();
-        assert!(m.valid && m.recycle);
-        assert_eq!(m.expiry_ns, 12345);
+        assert!(m.valid);
+        assert_eq!(m.recycle, Some(12345));
         assert_eq!(m.writer, WriterTag::new(1, 2));
+        assert_eq!(DteLayout::recycle_expiry(DteLayout::recycle_word(0)), Some(0), "expiry 0 is still flagged");
+        assert_eq!(DteLayout::recycle_expiry(12345), None, "no flag, no expiry");
     }
 
     #[test]
     fn corrupt_lengths_are_reported() {
         let l = DteLayout::new(8, 8);
         let mut buf = vec![0u8; l.entry_size as usize];
-        buf[32..40].copy_from_slice(&(9u64).to_le_bytes());
+        buf[24..32].copy_from_slice(&(9u64).to_le_bytes());
         assert!(matches!(l.meta(&buf), Err(DteError::BadLengths { key_len: 9, .. })));
         assert!(matches!(l.meta(&buf[..16]), Err(DteError::Short { .. })));
-        let m = DteMeta { valid: true, writer: WriterTag(0), expiry_ns: 0, recycle: false, prev: 0, key_len: 0, value_len: 8 };
+        let m = DteMeta { valid: true, writer: WriterTag(0), recycle: None, prev: 0, key_len: 0, value_len: 8 };
         assert!(l.value(&buf[..l.value_off as usize], &m).is_err(), "value beyond the buffer");
     }
 

@@ -9,11 +9,20 @@
 //!
 //! These constants are part of the on-memory format: changing them changes where every key
 //! lives, so they are fixed and versioned with the geometry fingerprint.
+//!
+//! Two placements ([`Placement`]):
+//! - **Decoupled** (Nessie): candidates range over the whole cluster's slots, as above.
+//! - **Coupled** (the NessieSD / NessieHY baselines, "partially coupled" in the paper): every key
+//!   has an *owner* node, `xxh3_64_with_seed(key, OWNER_SEED) % nodes` (a hash independent of the
+//!   candidate hashes), and all N candidates are slots of the owner's index table: candidate `i`
+//!   is `owner × ites_per_node + reduce_local(xxh3_64_with_seed(key, SEEDS[i]))`, re-hashed like
+//!   the decoupled ones so they stay distinct. The key's DTEs are written by the owner's server
+//!   threads into the owner's data table, so ITEs only ever refer to DTEs on their own node.
 
 use nessie_fabric::{NodeId, RemoteAddr};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, GeometryError};
 use crate::ite::IteLayout;
 use crate::limits::MAX_HASH_FUNCTIONS;
 use crate::INDEX_REGION;
@@ -29,6 +38,8 @@ const SEEDS: [u64; MAX_HASH_FUNCTIONS as usize] = [
     0x6e65_7373_6965_0008,
 ];
 const FILTER_SEED: u64 = 0x6e65_7373_6965_f117;
+/// Seed of the owner hash of the coupled placement (independent of `SEEDS` and `FILTER_SEED`).
+const OWNER_SEED: u64 = 0x6e65_7373_6965_0a11;
 const REHASH_STEP: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Re-hash attempts before giving up on a distinct candidate (validation guarantees at least
 /// 2N slots, so this bound is never the limiting factor in practice).
@@ -37,6 +48,16 @@ const MAX_REHASH: u64 = 64;
 /// Global slot number of an ITE.
 pub type Slot = u64;
 
+/// Where a key's candidate ITEs may lie.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Anywhere in the cluster (Nessie: index and data decoupled).
+    #[default]
+    Decoupled,
+    /// All in the index table of the key's owner node (NessieSD / NessieHY: partially coupled).
+    Coupled,
+}
+
 /// Hash parameters of a cluster.
 #[derive(Clone, Debug)]
 pub struct Index {
@@ -44,18 +65,74 @@ pub struct Index {
     pub total: u64,
     pub n: usize,
     pub ite: IteLayout,
+    pub placement: Placement,
 }
 
 impl Index {
+    /// The decoupled index (Nessie).
     pub fn new(g: &Geometry, ite: IteLayout) -> Self {
-        Self { ites_per_node: g.ites_per_node, total: g.total_ites(), n: g.hash_functions as usize, ite }
+        Self {
+            ites_per_node: g.ites_per_node,
+            total: g.total_ites(),
+            n: g.hash_functions as usize,
+            ite,
+            placement: Placement::Decoupled,
+        }
     }
 
-    /// Start hashing `key`: filter bits now, candidates on demand.
+    /// The coupled index of the SD/HY baselines: a key's N candidates all lie in its owner's
+    /// index table. Each node's table must hold at least 2N entries (N distinct candidates
+    /// with room to migrate), the per-node analogue of the decoupled total-size check.
+    pub fn new_coupled(g: &Geometry, ite: IteLayout) -> Result<Self, GeometryError> {
+        if g.ites_per_node < 2 * g.hash_functions as u64 {
+            return Err(GeometryError(format!(
+                "ites_per_node = {} cannot hold {} distinct candidates per key with room to migrate \
+                 in one node's index table (coupled placement needs at least {})",
+                g.ites_per_node,
+                g.hash_functions,
+                2 * g.hash_functions as u64
+            )));
+        }
+        Ok(Self { placement: Placement::Coupled, ..Self::new(g, ite) })
+    }
+
+    /// An index with the given placement.
+    pub fn with_placement(g: &Geometry, ite: IteLayout, placement: Placement) -> Result<Self, GeometryError> {
+        match placement {
+            Placement::Decoupled => Ok(Self::new(g, ite)),
+            Placement::Coupled => Self::new_coupled(g, ite),
+        }
+    }
+
+    /// Number of nodes the index spans.
+    pub fn nodes(&self) -> u64 {
+        self.total / self.ites_per_node
+    }
+
+    /// The node owning `key` under the coupled placement (its candidates and DTEs live there);
+    /// `None` for the decoupled index, where keys have no owner.
+    pub fn owner(&self, key: &[u8]) -> Option<NodeId> {
+        match self.placement {
+            Placement::Decoupled => None,
+            Placement::Coupled => Some(self.owner_unchecked(key)),
+        }
+    }
+
+    fn owner_unchecked(&self, key: &[u8]) -> NodeId {
+        (xxh3_64_with_seed(key, OWNER_SEED) % self.nodes()) as NodeId
+    }
+
+    /// Start hashing `key`: filter bits (and, when coupled, the owner) now, candidates on demand.
     pub fn hashes<'k>(&self, key: &'k [u8]) -> KeyHashes<'k> {
+        let (base, range) = match self.placement {
+            Placement::Decoupled => (0, self.total),
+            Placement::Coupled => (self.owner_unchecked(key) as u64 * self.ites_per_node, self.ites_per_node),
+        };
         KeyHashes {
             key,
             filter: self.ite.filter_of(xxh3_64_with_seed(key, FILTER_SEED)),
+            base,
+            range,
             slots: [0; MAX_HASH_FUNCTIONS as usize],
             computed: 0,
         }
@@ -68,11 +145,12 @@ impl Index {
         RemoteAddr::new((s / self.ites_per_node) as NodeId, INDEX_REGION, (s % self.ites_per_node) * 8)
     }
 
-    #[inline]
-    fn reduce(&self, h: u64) -> Slot {
-        // Lemire's multiply-shift: unbiased enough and cheaper than a modulo.
-        ((h as u128 * self.total as u128) >> 64) as u64
-    }
+}
+
+/// Map a hash onto `0..range`. Lemire's multiply-shift: unbiased enough and cheaper than a modulo.
+#[inline]
+fn reduce(h: u64, range: u64) -> u64 {
+    ((h as u128 * range as u128) >> 64) as u64
 }
 
 /// The lazily computed candidates of one key.
@@ -80,6 +158,10 @@ impl Index {
 pub struct KeyHashes<'k> {
     key: &'k [u8],
     filter: u64,
+    /// First slot and number of slots candidates are drawn from (the whole cluster when
+    /// decoupled, the owner's table when coupled).
+    base: Slot,
+    range: u64,
     slots: [Slot; MAX_HASH_FUNCTIONS as usize],
     computed: usize,
 }
@@ -97,7 +179,7 @@ impl KeyHashes<'_> {
             let mut attempt: u64 = 0;
             let s = loop {
                 let seed = SEEDS[c] ^ attempt.wrapping_mul(REHASH_STEP);
-                let s = idx.reduce(xxh3_64_with_seed(self.key, seed));
+                let s = self.base + reduce(xxh3_64_with_seed(self.key, seed), self.range);
                 if !self.slots[..c].contains(&s) {
                     break s;
                 }
@@ -177,5 +259,95 @@ mod tests {
         let idx = index(3, 100, 3);
         let a = idx.addr(250);
         assert_eq!((a.node, a.region, a.offset), (2, INDEX_REGION, 50 * 8));
+    }
+
+    fn coupled(nodes: u32, per_node: u64, n: u8) -> Index {
+        let g = Geometry { nodes, ites_per_node: per_node, hash_functions: n, ..Geometry::default() };
+        let (ite, _) = g.validate().unwrap();
+        Index::new_coupled(&g, ite).unwrap()
+    }
+
+    #[test]
+    fn decoupled_index_has_no_owner() {
+        let idx = index(3, 1 << 16, 3);
+        assert_eq!(idx.placement, Placement::Decoupled);
+        assert_eq!(idx.owner(b"nessie"), None);
+    }
+
+    #[test]
+    fn coupled_candidates_are_distinct_and_all_on_the_owner() {
+        // 6 slots per node for 3 candidates: collisions are frequent and must be re-hashed.
+        let idx = coupled(3, 6, 3);
+        let mut owners = [0u32; 3];
+        for k in 0..3000u32 {
+            let key = k.to_le_bytes();
+            let owner = idx.owner(&key).unwrap();
+            owners[owner as usize] += 1;
+            let a = idx.hashes(&key).all(&idx);
+            let mut sorted = a.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 3, "candidates of {k} not distinct: {a:?}");
+            for &s in &a {
+                assert!(s < idx.total);
+                let addr = idx.addr(s);
+                assert_eq!(addr.node, owner, "candidate {s} of key {k} is not on its owner {owner}");
+                assert!(addr.offset < 6 * 8);
+            }
+            assert_eq!(a, idx.hashes(&key).all(&idx), "hashing is deterministic");
+        }
+        assert!(owners.iter().all(|&c| c > 800), "owners skewed: {owners:?}");
+    }
+
+    #[test]
+    fn coupled_spread_within_the_owner_and_over_owners_is_roughly_uniform() {
+        let idx = coupled(4, 1 << 12, 3);
+        let mut per_node = [0u32; 4];
+        let mut per_half = [0u32; 2];
+        for k in 0..40_000u32 {
+            let key = k.to_le_bytes();
+            let s = idx.hashes(&key).slot(&idx, 0);
+            let a = idx.addr(s);
+            per_node[a.node as usize] += 1;
+            per_half[(a.offset / 8 >= (1 << 11)) as usize] += 1;
+        }
+        for c in per_node {
+            assert!((9_000..11_000).contains(&c), "owners skewed: {per_node:?}");
+        }
+        assert!((19_000..21_000).contains(&per_half[0]), "slots within a node skewed: {per_half:?}");
+    }
+
+    #[test]
+    fn owner_is_independent_of_the_decoupled_first_candidate() {
+        // If the owner hash reused a candidate seed, the owner would equal the node of the
+        // decoupled first candidate far more often than 1 in `nodes`.
+        let dec = index(4, 1 << 12, 3);
+        let cpl = coupled(4, 1 << 12, 3);
+        let same = (0..20_000u32)
+            .filter(|k| {
+                let key = k.to_le_bytes();
+                dec.addr(dec.hashes(&key).slot(&dec, 0)).node == cpl.owner(&key).unwrap()
+            })
+            .count();
+        assert!((4_000..6_000).contains(&same), "owner correlates with candidate 0: {same} of 20000");
+    }
+
+    #[test]
+    fn coupled_known_values_pin_the_format() {
+        let idx = coupled(3, 1 << 16, 3);
+        let mut h = idx.hashes(b"nessie");
+        let got = (idx.owner(b"nessie").unwrap(), h.all(&idx), h.filter());
+        assert_eq!(got, (0, vec![0, 0, 0], 110));
+    }
+
+    #[test]
+    fn coupled_needs_two_n_slots_per_node() {
+        let g = Geometry { nodes: 4, ites_per_node: 5, hash_functions: 3, ..Geometry::default() };
+        let (ite, _) = g.validate().unwrap(); // fine decoupled: 20 slots in total
+        let e = Index::new_coupled(&g, ite).unwrap_err().to_string();
+        assert!(e.contains("ites_per_node = 5"), "{e}");
+        assert!(Index::with_placement(&g, ite, Placement::Decoupled).is_ok());
+        let g = Geometry { ites_per_node: 6, ..g };
+        assert!(Index::with_placement(&g, g.validate().unwrap().0, Placement::Coupled).is_ok());
     }
 }

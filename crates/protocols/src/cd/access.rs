@@ -3,7 +3,7 @@
 //! the cache when possible, otherwise with one or two fabric READs.
 
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
-use nessie_store::dte::{DteMeta, EXPIRY_OFF, HEADER_OFF};
+use nessie_store::dte::{DteMeta, HEADER_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
 
@@ -184,18 +184,18 @@ impl<E: Endpoint> CdClient<E> {
         Ok(())
     }
 
-    /// Mark the DTE an ITE referred to for recycling (PUT Step 7 / migrate Step 9): expiry
-    /// timestamp first, recycle flag after it. Only the operation whose CAS removed `ite` from
-    /// the index calls this, so each DTE is marked exactly once.
+    /// Mark the DTE an ITE referred to for recycling (PUT Step 7 / migrate Step 9): one word
+    /// holding the recycle flag and the expiry timestamp. Only the operation whose CAS removed
+    /// `ite` from the index calls this, so each DTE is marked exactly once.
     pub(crate) fn recycle(&mut self, ite: Ite) {
         let now = self.ep.now_ns();
         let expires = if self.cfg.mutations.recycle_without_expiry { 0 } else { now + self.cfg.expiry_ns };
-        let words = nessie_store::DteLayout::recycle_words(expires);
+        let word = nessie_store::DteLayout::recycle_word(expires).to_le_bytes();
         let (node, off) = self.dte_location(ite);
         let r = if node == self.ep.node() {
-            self.ep.local_write(DATA_REGION, off + EXPIRY_OFF, &words)
+            self.ep.local_write(DATA_REGION, off + RECYCLE_OFF, &word)
         } else {
-            self.ep.write(RemoteAddr::new(node, DATA_REGION, off + EXPIRY_OFF), &words)
+            self.ep.write(RemoteAddr::new(node, DATA_REGION, off + RECYCLE_OFF), &word)
         };
         match r {
             Ok(()) => self.stats.recycled += 1,
