@@ -1,5 +1,7 @@
 //! `nessie`: the command-line tool.
 
+mod fabric_bench;
+
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +37,10 @@ enum Command {
     Del(KeyArgs),
     /// Run one node process (what `nessie up` starts; use it directly across real hosts).
     Node(NodeArgs),
+    /// Latency of one-sided READ/WRITE/CAS between two processes over UCX (optionally beside ucx_perftest).
+    FabricBench(fabric_bench::FabricBenchArgs),
+    #[command(hide = true)]
+    FabricBenchTarget(fabric_bench::TargetArgs),
     /// Run a demo workload on an in-process cluster and print throughput, latencies and fabric
     /// counters (optionally checking the whole history for linearizability).
     Demo(DemoArgs),
@@ -187,6 +193,8 @@ fn main() -> ExitCode {
         Command::Get(a) => run_get(a),
         Command::Del(a) => run_del(a),
         Command::Node(a) => run_node(a),
+        Command::FabricBench(a) => fabric_bench::run(a).map(|_| ExitCode::SUCCESS),
+        Command::FabricBenchTarget(a) => fabric_bench::target(a).map(|_| ExitCode::SUCCESS),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,182 @@
+//! `nessie fabric-bench`: latency of single one-sided operations between two processes over
+//! UCX, optionally side by side with `ucx_perftest` on the same transport and size.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nessie_fabric::RemoteAddr;
+use nessie_fabric_ucx::{bench_op, BenchOp, Transport, UcxConfig, UcxNode};
+
+/// Most bytes one measured operation may move.
+pub const MAX_BENCH_SIZE: u64 = 64 << 20;
+
+#[derive(clap::Args)]
+pub struct FabricBenchArgs {
+    /// Transport: shm or tcp (loopback).
+    #[arg(long, default_value = "shm")]
+    transport: String,
+    /// Operation: read, write or cas.
+    #[arg(long, default_value = "read")]
+    op: BenchOp,
+    /// Bytes per operation (a multiple of 8; cas is always 8).
+    #[arg(long, default_value_t = 8)]
+    size: u64,
+    /// Measured operations.
+    #[arg(long, default_value_t = 100_000)]
+    iters: u64,
+    /// Also run ucx_perftest with the same transport, operation and size, in this run.
+    #[arg(long)]
+    perftest: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The hidden target process: registers one region, prints its fabric info, serves until stdin
+/// closes.
+#[derive(clap::Args)]
+pub struct TargetArgs {
+    #[arg(long)]
+    transport: String,
+    #[arg(long)]
+    size: u64,
+}
+
+fn ucx_config(transport: &str) -> Result<UcxConfig, String> {
+    let t: Transport = transport.parse().map_err(|e: String| e)?;
+    let mut c = UcxConfig::new(t);
+    if t == Transport::Tcp {
+        c.net_devices = Some("lo".into());
+    }
+    Ok(c)
+}
+
+pub fn target(a: TargetArgs) -> Result<(), String> {
+    let node = UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
+    let info = serde_json::to_vec(node.info()).map_err(|e| e.to_string())?;
+    println!("{}", hex::encode(info));
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    // Serve (the progress thread does the work) until the parent closes our stdin.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    Ok(())
+}
+
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+pub struct Outcome {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+    pub ops_per_sec: f64,
+}
+
+fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Child(
+        Command::new(exe)
+            .args(["fabric-bench-target", "--transport", &a.transport, "--size", &size.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting the target process: {e}"))?,
+    );
+    let mut line = String::new();
+    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).map_err(|e| e.to_string())?;
+    let target: nessie_fabric_ucx::NodeInfo = hex::decode(line.trim())
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| format!("the target process printed no fabric info ({line:?})"))?;
+    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
+    let mut ep = me.endpoint(&[me.info().clone(), target]).map_err(|e| e.to_string())?;
+    let addr = RemoteAddr::new(1, 0, 0);
+    // Warm-up, then the measured run.
+    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100)).map_err(|e| e.to_string())?;
+    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters).map_err(|e| e.to_string())?;
+    Ok(Outcome { p50_us: s.p50_ns as f64 / 1e3, p99_us: s.p99_ns as f64 / 1e3, mean_us: s.mean_ns / 1e3, ops_per_sec: s.ops_per_sec })
+}
+
+/// Run ucx_perftest (server + client) and parse its `Final:` line.
+fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
+    let (tls, dev) = match a.transport.as_str() {
+        "shm" => ("posix,self", None),
+        "tcp" => ("tcp,self", Some("lo")),
+        t => return Err(format!("--perftest supports shm and tcp, not {t}")),
+    };
+    let test = match a.op {
+        BenchOp::Read => "ucp_get",
+        BenchOp::Write => "ucp_put_lat",
+        BenchOp::Cas => "ucp_cswap",
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let mk = |args: &[&str]| {
+        let mut c = Command::new("ucx_perftest");
+        c.env("UCX_TLS", tls).args(args).stdin(Stdio::null());
+        if let Some(d) = dev {
+            c.env("UCX_NET_DEVICES", d);
+        }
+        c
+    };
+    let mut server = mk(&["-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("ucx_perftest not found (apt-get install ucx-utils): {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = mk(&["127.0.0.1", "-p", &port.to_string(), "-t", test, "-s", &size.to_string(), "-n", &a.iters.to_string(), "-O", "1"])
+        .output()
+        .map_err(|e| e.to_string());
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fin = text
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .ok_or_else(|| format!("ucx_perftest printed no result:\n{text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    let f: Vec<f64> = fin.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    if f.len() < 8 {
+        return Err(format!("unexpected ucx_perftest line {fin:?}"));
+    }
+    Ok(Outcome { p50_us: f[1], p99_us: f64::NAN, mean_us: f[2], ops_per_sec: f[7] })
+}
+
+pub fn run(a: FabricBenchArgs) -> Result<(), String> {
+    let size = if a.op == BenchOp::Cas { 8 } else { a.size };
+    if size == 0 || size % 8 != 0 || size > MAX_BENCH_SIZE {
+        return Err(format!("--size {size} must be a positive multiple of 8 up to {MAX_BENCH_SIZE}"));
+    }
+    if a.iters == 0 || a.iters > 100_000_000 {
+        return Err(format!("--iters {} is not in 1..=100000000", a.iters));
+    }
+    let o = ours(&a, size)?;
+    let p = if a.perftest { Some(perftest(&a, size)?) } else { None };
+    let op = format!("{:?}", a.op).to_lowercase();
+    if a.json {
+        let mut v = serde_json::json!({
+            "transport": a.transport, "op": op, "size": size, "iters": a.iters,
+            "nessie": {"p50_us": o.p50_us, "p99_us": o.p99_us, "mean_us": o.mean_us, "ops_per_sec": o.ops_per_sec},
+        });
+        if let Some(p) = &p {
+            v["ucx_perftest"] = serde_json::json!({"p50_us": p.p50_us, "mean_us": p.mean_us, "ops_per_sec": p.ops_per_sec});
+            v["p50_ratio"] = (o.p50_us / p.p50_us).into();
+        }
+        println!("{v}");
+    } else {
+        println!("{} {} of {} B between two processes, {} operations:", a.transport, op, size, a.iters);
+        println!("  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s", o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec);
+        if let Some(p) = &p {
+            println!("  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s", p.p50_us, p.mean_us, p.ops_per_sec);
+            println!("  p50 ratio (nessie / ucx_perftest): {:.2}", o.p50_us / p.p50_us);
+        }
+    }
+    Ok(())
+}
