@@ -1,18 +1,42 @@
 //! An in-process cluster: N nodes' index and data tables on a [`MemFabric`], and client workers
 //! on any node.
+//!
+//! The cluster runs one protocol ([`Mode`]):
+//! - `Mode::Cd` (Nessie): regions 0 (index) and 1 (data) per node, decoupled index, no threads.
+//! - `Mode::Sd` / `Mode::Hy` (the baselines): the coupled index, plus per node a request region
+//!   and a response region (`nessie_protocols::sd::{REQUEST_REGION, RESPONSE_REGION}`), and
+//!   `server_threads` server threads per node, started here and stopped and joined when the
+//!   cluster is dropped (or by [`LocalCluster::stop_servers`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use nessie_fabric::mem::{DelayInjection, MemEndpoint, MemFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::{Error, ProtocolConfig};
+use nessie_protocols::hy::HyClient;
+use nessie_protocols::sd::{
+    self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool, REQUEST_REGION,
+    RESPONSE_REGION,
+};
+use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
 use nessie_store::datatable::DataTable;
 use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
 
 /// Client workers each node may create over its lifetime (they are numbered with 16 bits).
 pub const MAX_WORKERS_PER_NODE: u32 = u16::MAX as u32;
+
+/// The server side of an SD/HY cluster.
+struct Rpc {
+    shared: Arc<RpcShared>,
+    /// Free client slots, per node.
+    pools: Vec<Arc<SlotPool>>,
+    stop: Arc<AtomicBool>,
+    /// (node, thread, counters).
+    stats: Vec<(NodeId, Arc<ServerStats>)>,
+    threads: Vec<JoinHandle<()>>,
+}
 
 pub struct LocalCluster {
     fabric: Arc<MemFabric>,
@@ -20,45 +44,246 @@ pub struct LocalCluster {
     tables: Vec<Arc<DataTable>>,
     cfg: ProtocolConfig,
     next_worker: Vec<AtomicU32>,
+    mode: Mode,
+    rpc: Option<Rpc>,
 }
 
 impl LocalCluster {
-    /// Allocate every node's tables. `delay` injects random delays around fabric operations.
+    /// A client-driven (Nessie) cluster: allocate every node's tables. `delay` injects random
+    /// delays around fabric operations.
     pub fn new(geometry: Geometry, cfg: ProtocolConfig, delay: Option<DelayInjection>) -> Result<Self, Error> {
+        Self::with_rpc(geometry, cfg, delay, Mode::Cd, RpcConfig::default())
+    }
+
+    /// A cluster running `mode`, with the default [`RpcConfig`] for SD/HY (16 clients per node,
+    /// spinning server threads).
+    pub fn with_mode(geometry: Geometry, cfg: ProtocolConfig, delay: Option<DelayInjection>, mode: Mode) -> Result<Self, Error> {
+        Self::with_rpc(geometry, cfg, delay, mode, RpcConfig::default())
+    }
+
+    /// A cluster running `mode`; `rpc` sizes the request/response slots and tunes the server
+    /// threads (ignored for `Mode::Cd`).
+    pub fn with_rpc(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        mode: Mode,
+        rpc: RpcConfig,
+    ) -> Result<Self, Error> {
         cfg.validate().map_err(Error::Config)?;
-        let view = Arc::new(ClusterView::new(geometry)?);
+        mode.validate().map_err(Error::Config)?;
+        let view = Arc::new(match mode {
+            Mode::Cd => ClusterView::new(geometry)?,
+            Mode::Sd { .. } | Mode::Hy { .. } => sd::coupled_view(geometry)?,
+        });
         let g = &view.geometry;
+        let shared = match mode {
+            Mode::Cd => None,
+            _ => Some(sd::rpc_shared(g, &rpc)?),
+        };
         let mut regions = vec![Vec::new(); g.nodes as usize];
         for r in regions.iter_mut() {
-            r.resize(2, 0);
+            r.resize(if shared.is_some() { 4 } else { 2 }, 0);
             r[INDEX_REGION as usize] = g.index_table_bytes();
             r[DATA_REGION as usize] = g.data_table_bytes();
+            if let Some(s) = &shared {
+                r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
+                r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+            }
         }
         let fabric = MemFabric::new(&regions, delay).map_err(Error::Config)?;
         let tables = (0..g.nodes)
             .map(|n| Arc::new(DataTable::new(n, view.dte, g.dtes_per_node, cfg.clock_margin_ns)))
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
-        Ok(Self { fabric, view, tables, cfg, next_worker })
+        let mut c = Self { fabric, view, tables, cfg, next_worker, mode, rpc: None };
+        if let Some(shared) = shared {
+            c.start_servers(shared, &rpc)?;
+        }
+        Ok(c)
     }
 
-    /// A new client worker on `node` with the cluster's protocol configuration.
+    fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
+        let threads = self.mode.server_threads();
+        let server_cfg = self.mode.server_config(&self.cfg);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut servers = Vec::new();
+        for node in 0..self.view.geometry.nodes as NodeId {
+            for t in 0..threads {
+                let worker = self.worker_id(node)?;
+                let exec = CdClient::new(
+                    self.fabric.endpoint(node),
+                    self.view.clone(),
+                    self.tables[node as usize].clone(),
+                    worker,
+                    server_cfg.clone(),
+                )?;
+                servers.push(Server::new(exec, self.fabric.endpoint(node), shared.clone(), t, threads, rpc.server_options())?);
+            }
+        }
+        let stats = servers.iter().map(|s| (s.node(), s.stats())).collect();
+        let mut handles = Vec::new();
+        for (i, mut s) in servers.into_iter().enumerate() {
+            let thread_stop = stop.clone();
+            let shared = shared.clone();
+            let name = format!("nessie-{}-n{}-t{}", self.mode.name(), s.node(), i % threads as usize);
+            let h = std::thread::Builder::new().name(name).spawn(move || {
+                // Whatever way the loop ends, waiting clients must stop waiting.
+                struct Stopped(Arc<RpcShared>);
+                impl Drop for Stopped {
+                    fn drop(&mut self) {
+                        self.0.set_stopped();
+                    }
+                }
+                let _guard = Stopped(shared);
+                s.run(&thread_stop);
+            });
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    stop.store(true, Ordering::Release);
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    return Err(Error::Config(format!("cannot start server thread: {e}")));
+                }
+            }
+        }
+        let pools = (0..self.view.geometry.nodes).map(|_| SlotPool::new(shared.layout.max_clients_per_node)).collect();
+        self.rpc = Some(Rpc { shared, pools, stop, stats, threads: handles });
+        Ok(())
+    }
+
+    fn worker_id(&self, node: NodeId) -> Result<u16, Error> {
+        let counter = self
+            .next_worker
+            .get(node as usize)
+            .ok_or_else(|| Error::Config(format!("no node {node} in a cluster of {}", self.tables.len())))?;
+        let worker = counter.fetch_add(1, Ordering::Relaxed);
+        if worker >= MAX_WORKERS_PER_NODE {
+            return Err(Error::Config(format!("node {node} has run out of worker ids ({MAX_WORKERS_PER_NODE})")));
+        }
+        Ok(worker as u16)
+    }
+
+    /// A new client-driven worker on `node` with the cluster's protocol configuration. In SD/HY
+    /// clusters it runs the client-driven protocol over the cluster's coupled index (consistent
+    /// with the servers; useful for inspection) — use [`Self::kv_client`] for the mode's client.
     pub fn client(&self, node: NodeId) -> Result<CdClient<MemEndpoint>, Error> {
         self.client_with(node, self.cfg.clone())
     }
 
-    /// A new client worker on `node` with its own protocol configuration (tests use this to
-    /// give one client a mutation or a different optimisation set).
+    /// A new client-driven worker on `node` with its own protocol configuration (tests use
+    /// this to give one client a mutation or a different optimisation set).
     pub fn client_with(&self, node: NodeId, cfg: ProtocolConfig) -> Result<CdClient<MemEndpoint>, Error> {
-        let table = self
-            .tables
-            .get(node as usize)
-            .ok_or_else(|| Error::Config(format!("no node {node} in a cluster of {}", self.tables.len())))?;
-        let worker = self.next_worker[node as usize].fetch_add(1, Ordering::Relaxed);
-        if worker >= MAX_WORKERS_PER_NODE {
-            return Err(Error::Config(format!("node {node} has run out of worker ids ({MAX_WORKERS_PER_NODE})")));
+        let worker = self.worker_id(node)?;
+        CdClient::new(self.fabric.endpoint(node), self.view.clone(), self.tables[node as usize].clone(), worker, cfg)
+    }
+
+    fn rpc_for(&self, node: NodeId, want: &str) -> Result<&Rpc, Error> {
+        let rpc = self
+            .rpc
+            .as_ref()
+            .ok_or_else(|| Error::Config(format!("{want} clients need an SD/HY cluster; this one runs {}", self.mode.name())))?;
+        if node as usize >= self.tables.len() {
+            return Err(Error::Config(format!("no node {node} in a cluster of {}", self.tables.len())));
         }
-        CdClient::new(self.fabric.endpoint(node), self.view.clone(), table.clone(), worker as u16, cfg)
+        Ok(rpc)
+    }
+
+    fn slot(&self, rpc: &Rpc, node: NodeId) -> Result<sd::ClientSlot, Error> {
+        rpc.pools[node as usize].take().ok_or_else(|| {
+            Error::Config(format!(
+                "node {node} has no free client slot (max_clients_per_node = {})",
+                rpc.shared.layout.max_clients_per_node
+            ))
+        })
+    }
+
+    /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
+    /// returned to the node when it is dropped.
+    pub fn sd_client(&self, node: NodeId) -> Result<SdClient<MemEndpoint>, Error> {
+        if !matches!(self.mode, Mode::Sd { .. }) {
+            return Err(Error::Config(format!("SD clients need an SD cluster; this one runs {}", self.mode.name())));
+        }
+        let rpc = self.rpc_for(node, "SD")?;
+        SdClient::new(self.fabric.endpoint(node), self.view.clone(), rpc.shared.clone(), self.slot(rpc, node)?)
+    }
+
+    /// A new hybrid client worker on `node` (HY clusters only).
+    pub fn hy_client(&self, node: NodeId) -> Result<HyClient<MemEndpoint>, Error> {
+        if !matches!(self.mode, Mode::Hy { .. }) {
+            return Err(Error::Config(format!("HY clients need an HY cluster; this one runs {}", self.mode.name())));
+        }
+        let rpc = self.rpc_for(node, "HY")?;
+        let slot = self.slot(rpc, node)?;
+        let worker = self.worker_id(node)?;
+        HyClient::new(
+            self.fabric.endpoint(node),
+            self.view.clone(),
+            self.tables[node as usize].clone(),
+            worker,
+            &self.cfg,
+            rpc.shared.clone(),
+            slot,
+        )
+    }
+
+    /// A new client worker of the cluster's mode on `node`.
+    pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<MemEndpoint>, Error> {
+        Ok(match self.mode {
+            Mode::Cd => ModeClient::Cd(self.client(node)?),
+            Mode::Sd { .. } => ModeClient::Sd(self.sd_client(node)?),
+            Mode::Hy { .. } => ModeClient::Hy(self.hy_client(node)?),
+        })
+    }
+
+    /// A new client worker of the cluster's mode on `node`, behind the key-value API.
+    pub fn kv_client(&self, node: NodeId) -> Result<Box<dyn KvClient>, Error> {
+        Ok(match self.mode_client(node)? {
+            ModeClient::Cd(c) => Box::new(c),
+            ModeClient::Sd(c) => Box::new(c),
+            ModeClient::Hy(c) => Box::new(c),
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Server counters summed over `node`'s server threads (all nodes if `None`); zero for CD.
+    pub fn server_stats(&self, node: Option<NodeId>) -> ServerStatsSnapshot {
+        let mut t = ServerStatsSnapshot::default();
+        for (n, s) in self.rpc.iter().flat_map(|r| r.stats.iter()) {
+            if node.map_or(true, |want| want == *n) {
+                t.add(&s.snapshot());
+            }
+        }
+        t
+    }
+
+    /// Slot layout and liveness shared by this cluster's SD/HY clients and servers.
+    pub fn rpc_shared(&self) -> Option<&Arc<RpcShared>> {
+        self.rpc.as_ref().map(|r| &r.shared)
+    }
+
+    /// Stop and join the server threads (idempotent; dropping the cluster does it too). Clients
+    /// waiting for a response, and later requests, fail with `Error::Unreachable`.
+    pub fn stop_servers(&mut self) {
+        if let Some(rpc) = self.rpc.as_mut() {
+            rpc.stop.store(true, Ordering::Release);
+            rpc.shared.set_stopped();
+            for h in rpc.threads.drain(..) {
+                if h.join().is_err() {
+                    tracing::error!("a server thread panicked");
+                }
+            }
+        }
+    }
+
+    /// Number of server threads still running.
+    pub fn running_server_threads(&self) -> usize {
+        self.rpc.as_ref().map_or(0, |r| r.threads.iter().filter(|h| !h.is_finished()).count())
     }
 
     pub fn fabric(&self) -> &Arc<MemFabric> {
@@ -91,5 +316,11 @@ impl LocalCluster {
             }
         }
         Ok(used)
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop_servers();
     }
 }

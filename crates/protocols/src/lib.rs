@@ -1,6 +1,9 @@
 //! Nessie's protocols. [`cd`] is the client-driven protocol of the paper (GET, PUT, DELETE and
-//! MIGRATE done entirely with one-sided fabric operations). The server-driven (SD) and hybrid
-//! (HY) baselines will live beside it and share the store's layout and hashing.
+//! MIGRATE done entirely with one-sided fabric operations). The paper's two baselines live
+//! beside it and share the store's layout and hashing (see `docs/baselines.md`):
+//! [`sd`] (NessieSD, server-driven, HERD-like) and [`hy`] (NessieHY, client-driven GET and
+//! server-driven PUT/DELETE, FaRM-KV-like), both over the partially coupled index. [`Mode`]
+//! selects one per cluster.
 //!
 //! Every protocol is generic over `nessie_fabric::Endpoint` and never learns which fabric it
 //! runs on.
@@ -9,6 +12,8 @@ pub mod cd;
 pub mod config;
 pub mod error;
 pub mod hooks;
+pub mod hy;
+pub mod sd;
 
 pub use config::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
@@ -23,6 +28,129 @@ pub trait KvClient: Send {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error>;
     /// Remove `key` (no-op if absent).
     fn delete(&mut self, key: &[u8]) -> Result<(), Error>;
+}
+
+impl<T: KvClient + ?Sized> KvClient for Box<T> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        (**self).get(key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        (**self).put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        (**self).delete(key)
+    }
+}
+
+/// Which protocol a cluster runs (fixed per cluster: SD and HY need the coupled index and the
+/// request/response regions).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Nessie: client-driven, decoupled index.
+    #[default]
+    Cd,
+    /// NessieSD: server-driven, coupled index, `server_threads` polling threads per node.
+    Sd { server_threads: u16 },
+    /// NessieHY: client-driven GET, server-driven PUT/DELETE, coupled index.
+    Hy { server_threads: u16 },
+}
+
+impl Mode {
+    /// Where a key's index entries live in this mode.
+    pub fn placement(&self) -> nessie_store::index::Placement {
+        match self {
+            Mode::Cd => nessie_store::index::Placement::Decoupled,
+            Mode::Sd { .. } | Mode::Hy { .. } => nessie_store::index::Placement::Coupled,
+        }
+    }
+
+    /// Server threads per node (0 for CD).
+    pub fn server_threads(&self) -> u16 {
+        match *self {
+            Mode::Cd => 0,
+            Mode::Sd { server_threads } | Mode::Hy { server_threads } => server_threads,
+        }
+    }
+
+    /// The protocol configuration the server threads execute with.
+    pub fn server_config(&self, cfg: &ProtocolConfig) -> ProtocolConfig {
+        match self {
+            Mode::Hy { .. } => hy::hy_config(cfg),
+            // Every DTE a server touches is local, so a cache would never be consulted.
+            _ => ProtocolConfig { cache_entries: 0, ..cfg.clone() },
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Cd => "cd",
+            Mode::Sd { .. } => "sd",
+            Mode::Hy { .. } => "hy",
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let t = self.server_threads();
+        if *self != Mode::Cd && !(1..=sd::MAX_SERVER_THREADS).contains(&t) {
+            return Err(format!("server_threads = {t} is not in 1..={}", sd::MAX_SERVER_THREADS));
+        }
+        Ok(())
+    }
+}
+
+/// A client worker of whichever protocol a cluster runs.
+pub enum ModeClient<E: nessie_fabric::Endpoint> {
+    Cd(cd::CdClient<E>),
+    Sd(sd::SdClient<E>),
+    Hy(hy::HyClient<E>),
+}
+
+impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.get(key),
+            ModeClient::Sd(c) => c.get(key),
+            ModeClient::Hy(c) => c.get(key),
+        }
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        match self {
+            ModeClient::Cd(c) => c.put(key, value),
+            ModeClient::Sd(c) => c.put(key, value),
+            ModeClient::Hy(c) => c.put(key, value),
+        }
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        match self {
+            ModeClient::Cd(c) => c.delete(key),
+            ModeClient::Sd(c) => c.delete(key),
+            ModeClient::Hy(c) => c.delete(key),
+        }
+    }
+}
+
+impl<E: nessie_fabric::Endpoint> KvClient for sd::SdClient<E> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        sd::SdClient::get(self, key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        sd::SdClient::put(self, key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        sd::SdClient::delete(self, key)
+    }
+}
+
+impl<E: nessie_fabric::Endpoint> KvClient for hy::HyClient<E> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        hy::HyClient::get(self, key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        hy::HyClient::put(self, key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        hy::HyClient::delete(self, key)
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
