@@ -87,9 +87,12 @@ struct UpArgs {
     /// Client workers per node process.
     #[arg(long, default_value_t = 2)]
     workers: u16,
-    /// Expiry period in milliseconds.
+    /// Expiry period in milliseconds [default: 1000].
     #[arg(long)]
     expiry_ms: Option<u64>,
+    /// Allowance for clock skew between nodes, in milliseconds [default: 10, at most half the expiry].
+    #[arg(long)]
+    clock_margin_ms: Option<u64>,
     /// Seconds to wait for the nodes to become ready.
     #[arg(long, default_value_t = 60)]
     ready_timeout: u64,
@@ -278,6 +281,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         geometry,
         workers: a.workers,
         expiry_ms: a.expiry_ms,
+        clock_margin_ms: a.clock_margin_ms,
         binary,
         node_args: a.node_args,
         ready_timeout: Duration::from_secs(a.ready_timeout),
@@ -382,7 +386,7 @@ fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
 
 fn call(c: &mut AdminClient, req: Request) -> Result<Response, String> {
     match c.call(&req).map_err(|e| e.to_string())? {
-        Response::Error(e) => Err(e),
+        Response::Error(e) => Err(nessie_cluster::admin::decode_error(&e).to_string()),
         r => Ok(r),
     }
 }

@@ -154,6 +154,18 @@ impl Response {
     }
 }
 
+/// Encode an operation error for an ERROR reply: JSON of the typed error, so the caller can
+/// reconstruct it (see [`decode_error`]).
+pub fn encode_error(e: &nessie_protocols::Error) -> String {
+    serde_json::to_string(e).unwrap_or_else(|_| e.to_string())
+}
+
+/// The typed error in an ERROR reply; plain-text replies (malformed requests) become
+/// `Error::Node`.
+pub fn decode_error(text: &str) -> nessie_protocols::Error {
+    serde_json::from_str(text).unwrap_or_else(|_| nessie_protocols::Error::Node(text.to_string()))
+}
+
 /// What serves admin requests.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
@@ -194,10 +206,10 @@ impl ClientPool {
             Request::Get(k) => match c.get(&k) {
                 Ok(Some(v)) => Response::Value(v),
                 Ok(None) => Response::NotFound,
-                Err(e) => Response::Error(e.to_string()),
+                Err(e) => Response::Error(encode_error(&e)),
             },
-            Request::Put(k, v) => c.put(&k, &v).map_or_else(|e| Response::Error(e.to_string()), |_| Response::Ok),
-            Request::Delete(k) => c.delete(&k).map_or_else(|e| Response::Error(e.to_string()), |_| Response::Ok),
+            Request::Put(k, v) => c.put(&k, &v).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+            Request::Delete(k) => c.delete(&k).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
             Request::Ping => Response::Ok,
             Request::Status => Response::Error("status is not served by the client pool".into()),
         })
@@ -339,7 +351,8 @@ mod tests {
         assert_eq!(c.call(&Request::Delete(b"k".to_vec())).unwrap(), Response::Ok);
         assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::NotFound);
         let r = c.call(&Request::Put(vec![0; 500], vec![])).unwrap();
-        assert!(matches!(&r, Response::Error(e) if e.contains("key_max")), "{r:?}");
+        let Response::Error(text) = r else { panic!("{r:?}") };
+        assert_eq!(decode_error(&text), nessie_protocols::Error::KeyTooLarge { len: 500, max: 128 }, "typed errors survive the socket");
         assert!(matches!(c.call(&Request::Status).unwrap(), Response::Status(_)));
     }
 

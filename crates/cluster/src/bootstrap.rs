@@ -256,10 +256,21 @@ pub fn fetch_all(cfg: &ClusterConfig, own: &NodeInfo) -> Result<Vec<NodeInfo>, B
 /// A peer must run the same configuration (geometry, shared protocol parameters, node list).
 pub fn check_peer(own: &NodeInfo, peer: &NodeInfo) -> Result<(), BootstrapError> {
     if peer.geometry != own.geometry {
-        return Err(BootstrapError::Mismatch {
-            node: peer.node,
-            detail: format!("its geometry {:?} differs from ours {:?}", peer.geometry, own.geometry),
-        });
+        let (a, b) = (&peer.geometry, &own.geometry);
+        let mut diffs = Vec::new();
+        let mut field = |name: &str, x: u64, y: u64| {
+            if x != y {
+                diffs.push(format!("{name} = {x} there, {y} here"));
+            }
+        };
+        field("nodes", a.nodes as u64, b.nodes as u64);
+        field("ites_per_node", a.ites_per_node, b.ites_per_node);
+        field("dtes_per_node", a.dtes_per_node, b.dtes_per_node);
+        field("key_max", a.key_max as u64, b.key_max as u64);
+        field("value_max", a.value_max as u64, b.value_max as u64);
+        field("hash_functions", a.hash_functions as u64, b.hash_functions as u64);
+        field("filter_bits", a.filter_bits as u64, b.filter_bits as u64);
+        return Err(BootstrapError::Mismatch { node: peer.node, detail: format!("geometry differs: {}", diffs.join(", ")) });
     }
     if peer.config_fingerprint != own.config_fingerprint {
         return Err(BootstrapError::Mismatch {
@@ -342,7 +353,7 @@ mod tests {
         let mut other = info(1);
         other.geometry.value_max += 8;
         let e = check_peer(&info(0), &other).unwrap_err().to_string();
-        assert!(e.contains("node 1") && e.contains("geometry"), "{e}");
+        assert!(e.contains("node 1") && e.contains("value_max = 1032 there, 1024 here"), "{e}");
         let mut other = info(1);
         other.config_fingerprint = 7;
         assert!(check_peer(&info(0), &other).unwrap_err().to_string().contains("configuration"));

@@ -220,21 +220,21 @@ impl KvClient for AdminKvClient {
         match self.call(Request::Get(key.to_vec()))? {
             Response::Value(v) => Ok(Some(v)),
             Response::NotFound => Ok(None),
-            Response::Error(e) => Err(nessie_protocols::Error::Node(e)),
+            Response::Error(e) => Err(crate::admin::decode_error(&e)),
             r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
         }
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), nessie_protocols::Error> {
         match self.call(Request::Put(key.to_vec(), value.to_vec()))? {
             Response::Ok => Ok(()),
-            Response::Error(e) => Err(nessie_protocols::Error::Node(e)),
+            Response::Error(e) => Err(crate::admin::decode_error(&e)),
             r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
         }
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), nessie_protocols::Error> {
         match self.call(Request::Delete(key.to_vec()))? {
             Response::Ok => Ok(()),
-            Response::Error(e) => Err(nessie_protocols::Error::Node(e)),
+            Response::Error(e) => Err(crate::admin::decode_error(&e)),
             r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
         }
     }

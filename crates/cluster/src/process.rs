@@ -78,6 +78,8 @@ pub struct UpOptions {
     pub workers: u16,
     /// Protocol expiry period.
     pub expiry_ms: Option<u64>,
+    /// Clock-skew margin; by default 10 ms or half the expiry period, whichever is smaller.
+    pub clock_margin_ms: Option<u64>,
     /// The `nessie` binary to run nodes with.
     pub binary: PathBuf,
     /// Extra arguments for every `nessie node` (e.g. delay injection in tests).
@@ -123,6 +125,7 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
     if let Some(e) = o.expiry_ms {
         cfg.protocol.expiry_ms = e;
     }
+    cfg.protocol.clock_margin_ms = o.clock_margin_ms.unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
     cfg.validate()?;
     let cpath = config_path(dir);
     cfg.save(&cpath)?;

@@ -2,7 +2,7 @@ use crate::{NodeId, RegionId};
 
 /// Failure of a single fabric operation. The protocol treats every one of these as fatal for
 /// the current operation (no retry hides a dead node).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum FabricError {
     #[error("node {node} is unreachable: {reason}")]
     Unreachable { node: NodeId, reason: String },

@@ -2,7 +2,7 @@
 
 use nessie_fabric::{FabricError, NodeId};
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Error {
     #[error("key is empty")]
     EmptyKey,
