@@ -2,5 +2,6 @@
 //! history checking ([`stress`]), workload generation ([`workload`]) and the demo ([`demo`]).
 
 pub mod demo;
+pub mod result;
 pub mod stress;
 pub mod workload;

@@ -1,0 +1,141 @@
+//! The benchmark's parameters and its JSON result, one object per run. Field names are stable:
+//! later tools read them. Parameters are named after their `nessie bench` flags (`-` as `_`).
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchParams {
+    /// cd | sd | hy
+    pub mode: String,
+    pub nodes: u16,
+    /// Client worker threads per node.
+    pub client_threads: u16,
+    /// Server worker threads per node (sd and hy only).
+    pub server_threads: u16,
+    /// shm | tcp
+    pub transport: String,
+    pub key_size: u32,
+    pub value_size: u32,
+    /// Fraction of GETs; the rest are PUTs.
+    pub get_ratio: f64,
+    /// uniform | zipf:THETA
+    pub dist: String,
+    /// Keys in the key space (all preloaded); derived from `load_factor` if absent.
+    pub keys: Option<u64>,
+    /// Index load factor the key count and index size are derived from.
+    pub load_factor: f64,
+    /// Measured window, seconds.
+    pub duration: f64,
+    /// Warm-up before the measured window, seconds.
+    pub warmup: f64,
+    /// CPU-hog processes running during the run (unpinned).
+    pub background: u16,
+    /// Open loop at this fraction of the closed-loop maximum throughput (Poisson arrivals);
+    /// `None` = closed loop.
+    pub target_load: Option<f64>,
+    /// Pin client and server threads to cores (round robin).
+    pub pin: bool,
+    pub filter_bits: bool,
+    pub cache: bool,
+    pub previous_versions: bool,
+    pub multi_read: bool,
+    pub seed: u64,
+}
+
+impl Default for BenchParams {
+    fn default() -> Self {
+        Self {
+            mode: "cd".into(),
+            nodes: 3,
+            client_threads: 2,
+            server_threads: 1,
+            transport: "shm".into(),
+            key_size: 128,
+            value_size: 16384,
+            get_ratio: 0.9,
+            dist: "uniform".into(),
+            keys: None,
+            load_factor: 0.4,
+            duration: 5.0,
+            warmup: 1.0,
+            background: 0,
+            target_load: None,
+            pin: false,
+            filter_bits: true,
+            cache: true,
+            previous_versions: true,
+            multi_read: true,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PerKind<T> {
+    pub get: T,
+    pub put: T,
+    pub all: T,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LatencySummary {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+/// Fabric work per operation: means and histograms (fabric ops per operation → count; bytes per
+/// operation, bucketed to the next power of two → count).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FabricPerOp {
+    pub ops_mean: f64,
+    pub bytes_mean: f64,
+    pub ops_hist: BTreeMap<u64, u64>,
+    pub bytes_hist: BTreeMap<u64, u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FabricSummary {
+    pub get: FabricPerOp,
+    pub put: FabricPerOp,
+    pub all: FabricPerOp,
+    /// Fabric operations (remote and loopback) in the measured window.
+    pub total_ops: u64,
+    /// Bytes that crossed between nodes in the measured window.
+    pub total_bytes: u64,
+    /// Bytes accessed on the client's own node (loopback and direct) in the measured window.
+    pub local_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CpuSeconds {
+    pub client: f64,
+    pub server: f64,
+    pub progress: f64,
+    pub total: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BenchResult {
+    pub mode: String,
+    pub params: BenchParams,
+    /// Successful operations in the measured window.
+    pub ops: PerKind<u64>,
+    pub ops_per_sec: f64,
+    /// Successful operations × value size / second.
+    pub goodput_bytes_per_sec: f64,
+    pub latency_us: PerKind<LatencySummary>,
+    pub fabric: FabricSummary,
+    /// Attempts aborted by concurrent operations or timeouts.
+    pub aborts: u64,
+    /// Retries performed by client retry loops.
+    pub retries: u64,
+    /// CPU time of the node processes' threads in the measured window, from the OS.
+    pub cpu_seconds: CpuSeconds,
+    /// Operations that failed (after retries) in the measured window.
+    pub errors: u64,
+    /// The offered load in operations per second (open loop only).
+    pub offered_ops_per_sec: Option<f64>,
+}
