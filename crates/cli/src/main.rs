@@ -1,5 +1,6 @@
 //! `nessie`: the command-line tool.
 
+mod bench_cmd;
 mod fabric_bench;
 
 use std::io::{IsTerminal, Read, Write};
@@ -41,6 +42,12 @@ enum Command {
     FabricBench(fabric_bench::FabricBenchArgs),
     #[command(hide = true)]
     FabricBenchTarget(fabric_bench::TargetArgs),
+    /// Benchmark a local multi-process cluster (cd, sd or hy) and report throughput, latency,
+    /// fabric work and CPU time; `nessie bench sweep` runs the paper's experiment presets.
+    Bench(bench_cmd::BenchArgs),
+    /// Spin a CPU core forever (background load for contention experiments).
+    #[command(hide = true)]
+    Burn,
     /// Run a demo workload on an in-process cluster and print throughput, latencies and fabric
     /// counters (optionally checking the whole history for linearizability).
     Demo(DemoArgs),
@@ -96,6 +103,15 @@ struct UpArgs {
     /// Seconds to wait for the nodes to become ready.
     #[arg(long, default_value_t = 60)]
     ready_timeout: u64,
+    /// Protocol: cd (Nessie, client-driven), sd (server-driven baseline), hy (hybrid baseline).
+    #[arg(long, default_value = "cd")]
+    mode: String,
+    /// Server threads per node (sd and hy).
+    #[arg(long, default_value_t = 1)]
+    server_threads: u16,
+    /// Idle server threads: spin (dedicated cores) or yield (shared cores).
+    #[arg(long, default_value = "yield")]
+    server_poll: String,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -198,6 +214,8 @@ fn main() -> ExitCode {
         Command::Node(a) => run_node(a),
         Command::FabricBench(a) => fabric_bench::run(a).map(|_| ExitCode::SUCCESS),
         Command::FabricBenchTarget(a) => fabric_bench::target(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(a) => bench_cmd::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Burn => bench_cmd::burn(),
     };
     match r {
         Ok(code) => code,
@@ -285,6 +303,10 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         binary,
         node_args: a.node_args,
         ready_timeout: Duration::from_secs(a.ready_timeout),
+        mode: a.mode,
+        server_threads: a.server_threads,
+        max_clients_per_node: a.workers + 16,
+        server_poll: a.server_poll,
     };
     let cfg = process::up(&dir, &opts).map_err(|e| e.to_string())?;
     println!(
@@ -468,6 +490,6 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
         }
     };
     let config = std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
-    nessie_cluster::node::run_node(&config, a.id, nessie_cluster::node::NodeOptions { delay }).map_err(|e| e.to_string())?;
+    nessie_cluster::node::run_node(&config, a.id, nessie_cluster::node::NodeOptions { delay, extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)) }).map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
 }

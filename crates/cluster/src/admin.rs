@@ -6,7 +6,7 @@
 //! request:  "NSA1" | op (u8) | key length (u32 LE) | value length (u32 LE) | key | value
 //! reply:    status (u8) | payload length (u32 LE) | payload
 //! ```
-//! ops: 1 PING, 2 GET, 3 PUT, 4 DELETE, 5 STATUS. Statuses: 0 OK, 1 VALUE, 2 NOT FOUND,
+//! ops: 1 PING, 2 GET, 3 PUT, 4 DELETE, 5 STATUS, 6 EXTENSION (body in the value). Statuses: 0 OK, 1 VALUE, 2 NOT FOUND,
 //! 3 STATUS (JSON), 4 ERROR (UTF-8 message). Anything malformed gets an ERROR reply and the
 //! connection is closed; the server keeps serving.
 
@@ -34,6 +34,8 @@ pub enum Request {
     Put(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
     Status,
+    /// A request for the node's extension (e.g. the benchmark agent), carried in the value.
+    Extension(Vec<u8>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +65,7 @@ impl Request {
             Request::Put(k, v) => (3, k, v),
             Request::Delete(k) => (4, k, &[]),
             Request::Status => (5, &[], &[]),
+            Request::Extension(v) => (6, &[], v),
         };
         let mut b = Vec::with_capacity(13 + k.len() + v.len());
         b.extend_from_slice(MAGIC);
@@ -112,6 +115,7 @@ impl Request {
             3 => Ok(Some(Request::Put(key, value))),
             4 => no_value(Request::Delete(key)),
             5 => no_payload(Request::Status),
+            6 if klen == 0 => Ok(Some(Request::Extension(value))),
             _ => Err(AdminError::Malformed(format!("unknown op {op}"))),
         }
     }
@@ -211,7 +215,7 @@ impl ClientPool {
             Request::Put(k, v) => c.put(&k, &v).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
             Request::Delete(k) => c.delete(&k).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
             Request::Ping => Response::Ok,
-            Request::Status => Response::Error("status is not served by the client pool".into()),
+            Request::Status | Request::Extension(_) => Response::Error("not served by the client pool".into()),
         })
     }
 }

@@ -78,6 +78,37 @@ pub struct ClusterSection {
     /// Upper bound on one fabric operation: past it the peer is declared unreachable.
     #[serde(default = "default_op_timeout_ms")]
     pub op_timeout_ms: u64,
+    /// Protocol: cd (Nessie), sd (NessieSD, server-driven) or hy (NessieHY, hybrid).
+    #[serde(default = "default_mode")]
+    pub mode: String,
+    /// Server threads per node (sd and hy).
+    #[serde(default = "default_server_threads")]
+    pub server_threads: u16,
+    /// Client workers (admin pool and benchmark threads) each node may run at once in sd and
+    /// hy mode: every node reserves a request slot for each.
+    #[serde(default = "default_max_clients")]
+    pub max_clients_per_node: u16,
+    /// What an idle server thread does between polls of its request slots (sd, hy): "spin"
+    /// (busy-poll without pause, the paper's servers on dedicated cores) or "yield" (keep
+    /// polling but give the core to any runnable thread first; for shared or small machines).
+    #[serde(default = "default_server_poll")]
+    pub server_poll: String,
+}
+
+fn default_server_poll() -> String {
+    "yield".into()
+}
+
+fn default_mode() -> String {
+    "cd".into()
+}
+
+fn default_server_threads() -> u16 {
+    1
+}
+
+fn default_max_clients() -> u16 {
+    32
 }
 
 fn default_op_timeout_ms() -> u64 {
@@ -188,6 +219,14 @@ impl ClusterConfig {
             return bad(format!("cluster.op_timeout_ms = {} is not in 10..=600000", self.cluster.op_timeout_ms));
         }
         self.geometry.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if !matches!(self.cluster.server_poll.as_str(), "spin" | "yield") {
+            return bad(format!("cluster.server_poll = {:?} is not spin or yield", self.cluster.server_poll));
+        }
+        let mode = self.mode().map_err(ConfigError::Invalid)?;
+        mode.validate().map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+        if mode != nessie_protocols::Mode::Cd {
+            self.rpc_config().validate().map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+        }
         self.protocol_config().validate().map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
         if self.node.len() != self.geometry.nodes as usize {
             return bad(format!("geometry.nodes = {} but {} [[node]] entries are listed", self.geometry.nodes, self.node.len()));
@@ -234,6 +273,26 @@ impl ClusterConfig {
         })
     }
 
+    /// The protocol the cluster runs.
+    pub fn mode(&self) -> Result<nessie_protocols::Mode, String> {
+        let t = self.cluster.server_threads;
+        match self.cluster.mode.as_str() {
+            "cd" => Ok(nessie_protocols::Mode::Cd),
+            "sd" => Ok(nessie_protocols::Mode::Sd { server_threads: t }),
+            "hy" => Ok(nessie_protocols::Mode::Hy { server_threads: t }),
+            m => Err(format!("cluster.mode = {m:?} is not one of cd, sd, hy")),
+        }
+    }
+
+    pub fn rpc_config(&self) -> nessie_protocols::sd::RpcConfig {
+        nessie_protocols::sd::RpcConfig {
+            max_clients_per_node: self.cluster.max_clients_per_node,
+            idle_backoff_ns: if self.cluster.server_poll == "spin" { None } else { Some(0) },
+            response_timeout_ns: self.cluster.op_timeout_ms.saturating_mul(1_000_000),
+            ..Default::default()
+        }
+    }
+
     pub fn protocol_config(&self) -> ProtocolConfig {
         let p = &self.protocol;
         ProtocolConfig {
@@ -252,7 +311,7 @@ impl ClusterConfig {
     pub fn fingerprint(&self) -> u64 {
         let shared = (
             &self.cluster.name,
-            self.cluster.transport,
+            (self.cluster.transport, &self.cluster.mode, self.cluster.max_clients_per_node),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
             self.protocol.clock_margin_ms,
@@ -273,6 +332,10 @@ impl ClusterConfig {
                 bootstrap_timeout_ms: default_bootstrap_timeout_ms(),
                 net_devices: (transport == Transport::Tcp).then(|| "lo".to_string()),
                 op_timeout_ms: default_op_timeout_ms(),
+                mode: default_mode(),
+                server_threads: default_server_threads(),
+                max_clients_per_node: default_max_clients(),
+                server_poll: default_server_poll(),
             },
             geometry: Geometry { nodes: nodes as u32, ..geometry },
             protocol: ProtocolSection::default(),
@@ -317,6 +380,9 @@ mod tests {
             (Box::new(|c| c.node[0].workers = 0), "workers"),
             (Box::new(|c| c.geometry.key_max = 0), "key_max"),
             (Box::new(|c| c.protocol.expiry_ms = 0), "expiry"),
+            (Box::new(|c| c.cluster.mode = "xx".into()), "not one of cd, sd, hy"),
+            (Box::new(|c| { c.cluster.mode = "sd".into(); c.cluster.server_threads = 0 }), "server"),
+            (Box::new(|c| { c.cluster.mode = "hy".into(); c.cluster.max_clients_per_node = 0 }), "max_clients_per_node"),
         ];
         for (f, needle) in cases {
             let mut c = cfg();

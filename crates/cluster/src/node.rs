@@ -4,15 +4,20 @@
 //! serves the admin socket until SIGTERM or SIGINT.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use nessie_fabric::delay::Delayed;
 use nessie_fabric::mem::DelayInjection;
-use nessie_fabric::Endpoint;
-use nessie_fabric_ucx::{UcxConfig, UcxNode};
+use nessie_fabric::{Locality, OpKind};
+use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::KvClient;
+use nessie_protocols::hy::HyClient;
+use nessie_protocols::sd::client::{RpcShared, SdClient, SlotPool};
+use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
+use nessie_protocols::sd::slots::{REQUEST_REGION, RESPONSE_REGION};
+use nessie_protocols::{KvClient, Mode, ModeClient, ProtocolConfig};
 use nessie_store::datatable::DataTable;
 use nessie_store::{DATA_REGION, INDEX_REGION};
 
@@ -33,10 +38,12 @@ pub enum NodeError {
 }
 
 /// Options that are not part of the shared configuration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct NodeOptions {
     /// Inject random delays around every fabric operation of this node's clients (tests).
     pub delay: Option<DelayInjection>,
+    /// Serves EXTENSION admin requests (the benchmark agent).
+    pub extension: Option<Arc<dyn NodeExtension>>,
 }
 
 pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
@@ -52,16 +59,88 @@ pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
     }
 }
 
-struct NodeHandler {
-    id: u16,
-    started: Instant,
-    cfg: ClusterConfig,
-    pool: ClientPool,
+/// Everything a node process has, for its own client workers and for extensions (the
+/// benchmark agent) that need to create clients or read counters.
+pub struct NodeContext {
+    pub id: u16,
+    pub cfg: ClusterConfig,
+    pub mode: Mode,
+    pub started: Instant,
     ucx: Arc<UcxNode>,
+    fabric_infos: Vec<nessie_fabric_ucx::NodeInfo>,
+    view: Arc<ClusterView>,
     table: Arc<DataTable>,
+    rpc: Option<(Arc<RpcShared>, Arc<SlotPool>)>,
+    next_worker: AtomicU32,
+    next_stream: AtomicU64,
+    delay: Option<DelayInjection>,
+    servers: Vec<Arc<ServerStats>>,
 }
 
-impl NodeHandler {
+/// A client worker of a node process, in the cluster's protocol.
+pub type NodeClient = ModeClient<Delayed<UcxEndpoint>>;
+
+impl NodeContext {
+    fn endpoint(&self) -> Result<Delayed<UcxEndpoint>, NodeError> {
+        let ep = self.ucx.endpoint(&self.fabric_infos)?;
+        // Without delay injection the wrapper is a probability-0 pass-through.
+        let d = self.delay.clone().unwrap_or(DelayInjection { seed: 0, probability: 0.0, max_delay_ns: 0 });
+        Ok(Delayed::new(ep, d, self.next_stream.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn worker_id(&self) -> Result<u16, NodeError> {
+        let w = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        u16::try_from(w).map_err(|_| NodeError::Other(format!("node {} has run out of worker ids", self.id)))
+    }
+
+    /// A new client worker of the cluster's protocol with protocol configuration `pcfg`
+    /// (e.g. with some optimisations switched off).
+    pub fn client(&self, pcfg: &ProtocolConfig) -> Result<NodeClient, NodeError> {
+        let err = |e: nessie_protocols::Error| NodeError::Other(e.to_string());
+        let ep = self.endpoint()?;
+        Ok(match self.mode {
+            Mode::Cd => ModeClient::Cd(CdClient::new(ep, self.view.clone(), self.table.clone(), self.worker_id()?, pcfg.clone()).map_err(err)?),
+            Mode::Sd { .. } | Mode::Hy { .. } => {
+                let (shared, pool) = self.rpc.as_ref().expect("rpc state in sd/hy mode");
+                let slot = pool.take().ok_or_else(|| {
+                    NodeError::Other(format!(
+                        "node {}: all {} client slots are in use (cluster.max_clients_per_node)",
+                        self.id, self.cfg.cluster.max_clients_per_node
+                    ))
+                })?;
+                if matches!(self.mode, Mode::Sd { .. }) {
+                    ModeClient::Sd(SdClient::new(ep, self.view.clone(), shared.clone(), slot).map_err(err)?)
+                } else {
+                    let w = self.worker_id()?;
+                    ModeClient::Hy(HyClient::new(ep, self.view.clone(), self.table.clone(), w, pcfg, shared.clone(), slot).map_err(err)?)
+                }
+            }
+        })
+    }
+
+    /// The protocol configuration of the cluster.
+    pub fn protocol_config(&self) -> ProtocolConfig {
+        self.cfg.protocol_config()
+    }
+
+    /// Fabric counters of every endpoint of this node (clients, servers).
+    pub fn fabric_stats(&self) -> nessie_fabric::StatsSnapshot {
+        self.ucx.stats().total(Some(self.id))
+    }
+
+    /// Server-thread counters of this node (zero in cd mode).
+    pub fn server_stats(&self) -> ServerStatsSnapshot {
+        let mut t = ServerStatsSnapshot::default();
+        for s in &self.servers {
+            t.add(&s.snapshot());
+        }
+        t
+    }
+
+    pub fn geometry(&self) -> &nessie_store::Geometry {
+        &self.cfg.geometry
+    }
+
     fn status(&self) -> serde_json::Value {
         let u = self.table.usage();
         let index = self.ucx.region(INDEX_REGION).expect("index region");
@@ -73,8 +152,7 @@ impl NodeHandler {
                 present += 1;
             }
         }
-        let s = self.ucx.stats().total(Some(self.id));
-        use nessie_fabric::{Locality, OpKind};
+        let s = self.fabric_stats();
         let mut fabric = serde_json::Map::new();
         for loc in Locality::ALL {
             for kind in OpKind::ALL {
@@ -83,11 +161,15 @@ impl NodeHandler {
                 fabric.insert(format!("{name}_bytes"), s.bytes(kind, loc).into());
             }
         }
+        let sv = self.server_stats();
         serde_json::json!({
             "node": self.id,
             "pid": std::process::id(),
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "transport": format!("{:?}", self.cfg.cluster.transport).to_lowercase(),
+            "mode": self.mode.name(),
+            "server_threads": self.mode.server_threads(),
+            "server_requests": sv.requests,
             "workers": self.cfg.node_entry(self.id).map(|n| n.workers).unwrap_or(0),
             "index": { "entries": self.cfg.geometry.ites_per_node, "present": present },
             "data_table": {
@@ -99,11 +181,26 @@ impl NodeHandler {
     }
 }
 
+/// Handles admin requests a node does not know itself (op EXTENSION), e.g. the benchmark agent.
+pub trait NodeExtension: Send + Sync + 'static {
+    fn handle(&self, node: &Arc<NodeContext>, body: &[u8]) -> Response;
+}
+
+struct NodeHandler {
+    ctx: Arc<NodeContext>,
+    pool: ClientPool,
+    extension: Option<Arc<dyn NodeExtension>>,
+}
+
 impl Handler for NodeHandler {
     fn handle(&self, req: Request) -> Response {
         match req {
             Request::Ping => Response::Ok,
-            Request::Status => Response::Status(self.status().to_string()),
+            Request::Status => Response::Status(self.ctx.status().to_string()),
+            Request::Extension(body) => match &self.extension {
+                Some(x) => x.handle(&self.ctx, &body),
+                None => Response::Error("this node runs no extension".into()),
+            },
             r => self.pool.serve(r),
         }
     }
@@ -130,12 +227,28 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let entry = cfg.node_entry(id)?.clone();
     let base = config_path.parent().unwrap_or(Path::new("."));
     let admin_path = cfg.admin_path(id, base)?;
+    let mode = cfg.mode().map_err(NodeError::Other)?;
     let g = &cfg.geometry;
-    let view = Arc::new(ClusterView::new(g.clone()).map_err(|e| NodeError::Other(e.to_string()))?);
+    let view = Arc::new(
+        match mode {
+            Mode::Cd => ClusterView::new(g.clone()),
+            _ => nessie_protocols::sd::coupled_view(g.clone()),
+        }
+        .map_err(|e| NodeError::Other(e.to_string()))?,
+    );
+    let rpc_shared = match mode {
+        Mode::Cd => None,
+        _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config()).map_err(|e| NodeError::Other(e.to_string()))?),
+    };
 
     let mut regions = vec![0u64; 2];
     regions[INDEX_REGION as usize] = g.index_table_bytes();
     regions[DATA_REGION as usize] = g.data_table_bytes();
+    if let Some(s) = &rpc_shared {
+        regions.resize(4, 0);
+        regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
+        regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+    }
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let own = NodeInfo {
         node: id,
@@ -159,44 +272,70 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
 
     let pcfg = cfg.protocol_config();
     let table = Arc::new(DataTable::new(id as u32, view.dte, g.dtes_per_node, pcfg.clock_margin_ns));
-    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
-    for w in 0..entry.workers {
-        let ep = ucx.endpoint(&fabric_infos)?;
-        let c: Box<dyn KvClient> = match &opts.delay {
-            Some(d) => Box::new(client(Delayed::new(ep, d.clone(), w as u64), &view, &table, w, &pcfg)?),
-            None => Box::new(client(ep, &view, &table, w, &pcfg)?),
-        };
-        clients.push(c);
-    }
-    let handler = Arc::new(NodeHandler {
+    let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
+    let mut ctx = NodeContext {
         id,
-        started: Instant::now(),
         cfg: cfg.clone(),
-        pool: ClientPool::new(clients),
+        mode,
+        started: Instant::now(),
         ucx: ucx.clone(),
+        fabric_infos,
+        view,
         table,
-    });
+        rpc,
+        next_worker: AtomicU32::new(0),
+        next_stream: AtomicU64::new(0),
+        delay: opts.delay.clone(),
+        servers: Vec::new(),
+    };
+
+    // Server threads (sd, hy): each polls its share of the request slots, executing requests
+    // with the client-driven protocol on this node's tables.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut server_threads = Vec::new();
+    if let Some((shared, _)) = &ctx.rpc {
+        let threads = mode.server_threads();
+        let scfg = mode.server_config(&pcfg);
+        let mut servers = Vec::new();
+        for t in 0..threads {
+            let exec = CdClient::new(ctx.endpoint()?, ctx.view.clone(), ctx.table.clone(), ctx.worker_id()?, scfg.clone())
+                .map_err(|e| NodeError::Other(e.to_string()))?;
+            let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, cfg.rpc_config().server_options())
+                .map_err(|e| NodeError::Other(e.to_string()))?;
+            ctx.servers.push(server.stats());
+            servers.push(server);
+        }
+        for (t, mut server) in servers.into_iter().enumerate() {
+            let stop = stop.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("nessie-server-{t}"))
+                .spawn(move || server.run(&stop))
+                .map_err(|e| NodeError::Other(format!("spawning a server thread: {e}")))?;
+            server_threads.push(h);
+        }
+    }
+
+    let ctx = Arc::new(ctx);
+    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
+    for _ in 0..entry.workers {
+        clients.push(Box::new(ctx.client(&pcfg)?));
+    }
+    let handler = Arc::new(NodeHandler { ctx: ctx.clone(), pool: ClientPool::new(clients), extension: opts.extension.clone() });
     let admin = AdminServer::start(&admin_path, handler)
         .map_err(|e| NodeError::Other(format!("admin socket {}: {e}", admin_path.display())))?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
-    eprintln!("nessie node {id}: ready (admin socket {})", admin_path.display());
+    eprintln!("nessie node {id}: ready ({} mode, admin socket {})", mode.name(), admin_path.display());
 
     let mut sig: libc::c_int = 0;
     // SAFETY: `signals` was initialised by block_signals.
     unsafe { libc::sigwait(&signals, &mut sig) };
     eprintln!("nessie node {id}: stopping (signal {sig})");
     drop(admin);
+    stop.store(true, Ordering::SeqCst);
+    for h in server_threads {
+        let _ = h.join();
+    }
     Ok(())
-}
-
-fn client<E: Endpoint + 'static>(
-    ep: E,
-    view: &Arc<ClusterView>,
-    table: &Arc<DataTable>,
-    worker: u16,
-    cfg: &nessie_protocols::ProtocolConfig,
-) -> Result<CdClient<E>, NodeError> {
-    CdClient::new(ep, view.clone(), table.clone(), worker, cfg.clone()).map_err(|e| NodeError::Other(e.to_string()))
 }
 
 /// A `KvClient` that forwards operations to a node's admin socket (the CLI and multi-process

@@ -86,6 +86,14 @@ pub struct UpOptions {
     pub node_args: Vec<String>,
     /// How long to wait for every node to become ready.
     pub ready_timeout: Duration,
+    /// cd | sd | hy
+    pub mode: String,
+    /// Server threads per node (sd, hy).
+    pub server_threads: u16,
+    /// Client workers per node in sd/hy (request slots reserved on every node).
+    pub max_clients_per_node: u16,
+    /// Idle server threads: "spin" or "yield".
+    pub server_poll: String,
 }
 
 fn free_ports(n: u16) -> Result<Vec<u16>, ProcessError> {
@@ -125,6 +133,10 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
     if let Some(e) = o.expiry_ms {
         cfg.protocol.expiry_ms = e;
     }
+    cfg.cluster.mode = o.mode.clone();
+    cfg.cluster.server_threads = o.server_threads;
+    cfg.cluster.max_clients_per_node = o.max_clients_per_node;
+    cfg.cluster.server_poll = o.server_poll.clone();
     cfg.protocol.clock_margin_ms = o.clock_margin_ms.unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
     cfg.validate()?;
     let cpath = config_path(dir);

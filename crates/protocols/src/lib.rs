@@ -105,6 +105,28 @@ pub enum ModeClient<E: nessie_fabric::Endpoint> {
     Hy(hy::HyClient<E>),
 }
 
+impl<E: nessie_fabric::Endpoint> ModeClient<E> {
+    /// This client's fabric counters (its endpoint's).
+    pub fn fabric_stats(&self) -> nessie_fabric::StatsSnapshot {
+        match self {
+            ModeClient::Cd(c) => c.endpoint().stats().snapshot(),
+            ModeClient::Sd(c) => c.endpoint().stats().snapshot(),
+            ModeClient::Hy(c) => c.endpoint().stats().snapshot(),
+        }
+    }
+
+    /// Attempts this client aborted (concurrent operation or timeout) and retries it made; the
+    /// server-driven halves abort and retry on the servers, which count them there.
+    pub fn aborts_retries(&self) -> (u64, u64) {
+        let f = |s: cd::ClientStats| (s.concurrent_aborts + s.timeouts, s.retries);
+        match self {
+            ModeClient::Cd(c) => f(c.stats()),
+            ModeClient::Sd(_) => (0, 0),
+            ModeClient::Hy(c) => f(c.stats().get),
+        }
+    }
+}
+
 impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         match self {

@@ -1,0 +1,438 @@
+//! The benchmark agent: runs inside every node process (as its admin-socket extension) so that
+//! the load comes from client workers that are part of the cluster, as in the paper (every node
+//! is a client). The harness ([`crate::runner`]) asks each node to preload its share of the
+//! keys, then to run the workload in a common time window, and merges what they report.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use hdrhistogram::Histogram;
+use nessie_cluster::admin::Response;
+use nessie_cluster::node::{NodeContext, NodeExtension};
+use nessie_fabric::StatsSnapshot;
+use nessie_protocols::{KvClient, Optimizations, ProtocolConfig};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp};
+
+use crate::workload::{KeyDist, KeyGen};
+
+/// Largest histogram value: one hour, in nanoseconds.
+const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+/// Most client threads one agent runs.
+pub const MAX_AGENT_THREADS: u16 = 64;
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct AgentSpec {
+    pub threads: u16,
+    pub nodes: u16,
+    pub keys: u64,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub get_ratio: f64,
+    pub dist: String,
+    pub seed: u64,
+    pub optimizations: Optimizations,
+    /// Pin client threads to cores round robin.
+    pub pin: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum AgentRequest {
+    /// PUT every key `k` with `k % nodes == node`.
+    Preload(AgentSpec),
+    /// Run from `start_unix_ns`: `warmup_s` unmeasured, then `duration_s` measured.
+    Run { spec: AgentSpec, start_unix_ns: u64, warmup_s: f64, duration_s: f64, rate_per_thread: Option<f64> },
+}
+
+/// Fabric work per operation, summed over one node's clients.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct PerOpFabric {
+    pub ops_sum: u64,
+    pub bytes_sum: u64,
+    pub ops_hist: BTreeMap<u64, u64>,
+    pub bytes_hist: BTreeMap<u64, u64>,
+}
+
+impl PerOpFabric {
+    fn record(&mut self, ops: u64, bytes: u64) {
+        self.ops_sum += ops;
+        self.bytes_sum += bytes;
+        *self.ops_hist.entry(ops).or_default() += 1;
+        *self.bytes_hist.entry(if bytes == 0 { 0 } else { bytes.next_power_of_two() }).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, o: &PerOpFabric) {
+        self.ops_sum += o.ops_sum;
+        self.bytes_sum += o.bytes_sum;
+        for (k, v) in &o.ops_hist {
+            *self.ops_hist.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.bytes_hist {
+            *self.bytes_hist.entry(*k).or_default() += v;
+        }
+    }
+}
+
+/// CPU seconds of a node process's threads in the measured window, by thread role.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct CpuByRole {
+    pub client: f64,
+    pub server: f64,
+    pub progress: f64,
+    pub other: f64,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct AgentReport {
+    pub node: u16,
+    pub gets: u64,
+    pub puts: u64,
+    pub errors: u64,
+    /// Latency histograms (ns), hdrhistogram V2 format, hex.
+    pub get_hist: String,
+    pub put_hist: String,
+    pub fabric_get: PerOpFabric,
+    pub fabric_put: PerOpFabric,
+    /// Fabric operations (remote + loopback) of the whole node in the window.
+    pub window_fabric_ops: u64,
+    pub window_remote_bytes: u64,
+    pub window_local_bytes: u64,
+    pub aborts: u64,
+    pub retries: u64,
+    pub cpu: CpuByRole,
+    /// Operations attempted in the window (open loop: arrivals).
+    pub offered: u64,
+    pub window_s: f64,
+}
+
+pub fn key_bytes(k: u64, key_size: u32) -> Vec<u8> {
+    let mut key = format!("key-{k:016}").into_bytes();
+    key.resize((key_size as usize).max(key.len()), b'.');
+    key
+}
+
+pub fn encode_hist(h: &Histogram<u64>) -> String {
+    let mut buf = Vec::new();
+    V2Serializer::new().serialize(h, &mut buf).expect("histogram serialises");
+    hex::encode(buf)
+}
+
+pub fn decode_hist(s: &str) -> Result<Histogram<u64>, String> {
+    let bytes = hex::decode(s).map_err(|e| format!("histogram is not hex: {e}"))?;
+    Deserializer::new().deserialize(&mut &bytes[..]).map_err(|e| format!("bad histogram: {e:?}"))
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid bounds")
+}
+
+fn unix_ns() -> u64 {
+    nessie_fabric::wall_clock_ns()
+}
+
+fn sleep_until_unix(t: u64) {
+    let now = unix_ns();
+    if t > now {
+        nessie_fabric::precise_sleep_ns(t - now);
+    }
+}
+
+/// (utime + stime) in seconds of every thread of this process, by role (thread name).
+fn thread_cpu() -> CpuByRole {
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut c = CpuByRole::default();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return c };
+    for e in dir.flatten() {
+        let p = e.path();
+        let (Ok(comm), Ok(stat)) = (std::fs::read_to_string(p.join("comm")), std::fs::read_to_string(p.join("stat"))) else {
+            continue;
+        };
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let secs = (f.get(11).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0))
+            / tick;
+        let comm = comm.trim();
+        if comm.starts_with("nessie-bench") {
+            c.client += secs;
+        } else if comm.starts_with("nessie-server") {
+            c.server += secs;
+        } else if comm.starts_with("ucx-progress") {
+            c.progress += secs;
+        } else {
+            c.other += secs;
+        }
+    }
+    c
+}
+
+fn pin_to(core: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn fabric_cost(before: &StatsSnapshot, after: &StatsSnapshot) -> (u64, u64) {
+    let d = after.saturating_sub(before);
+    (d.fabric_ops(), d.remote_bytes())
+}
+
+/// The extension a node process installs.
+pub struct BenchAgent;
+
+impl NodeExtension for BenchAgent {
+    fn handle(&self, node: &Arc<NodeContext>, body: &[u8]) -> Response {
+        let req: AgentRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return Response::Error(format!("bad benchmark request: {e}")),
+        };
+        let r = match req {
+            AgentRequest::Preload(spec) => preload(node, &spec).map(|n| serde_json::json!({ "preloaded": n })),
+            AgentRequest::Run { spec, start_unix_ns, warmup_s, duration_s, rate_per_thread } => {
+                run(node, &spec, start_unix_ns, warmup_s, duration_s, rate_per_thread).map(|r| serde_json::to_value(r).expect("serialises"))
+            }
+        };
+        match r {
+            Ok(v) => Response::Status(v.to_string()),
+            Err(e) => Response::Error(format!("node {}: {e}", node.id)),
+        }
+    }
+}
+
+fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), String> {
+    if spec.threads == 0 || spec.threads > MAX_AGENT_THREADS {
+        return Err(format!("threads = {} is not in 1..={MAX_AGENT_THREADS}", spec.threads));
+    }
+    let g = node.geometry();
+    if spec.key_size > g.key_max || spec.value_size > g.value_max {
+        return Err(format!("key/value size {}/{} exceed the cluster's {}/{}", spec.key_size, spec.value_size, g.key_max, g.value_max));
+    }
+    if key_bytes(0, spec.key_size).len() > g.key_max as usize {
+        return Err(format!("keys need at least 20 bytes; key_max is {}", g.key_max));
+    }
+    Ok(())
+}
+
+fn client_cfg(node: &NodeContext, o: Optimizations) -> ProtocolConfig {
+    ProtocolConfig { optimizations: o, ..node.protocol_config() }
+}
+
+fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
+    check(spec, node)?;
+    let mine: Vec<u64> = (node.id as u64..spec.keys).step_by(spec.nodes.max(1) as usize).collect();
+    let chunks: Vec<Vec<u64>> = mine.chunks(mine.len().div_ceil(spec.threads as usize).max(1)).map(|c| c.to_vec()).collect();
+    let value = vec![0x5au8; spec.value_size as usize];
+    let handles: Vec<_> = chunks
+        .into_iter()
+        .map(|keys| {
+            let mut c = node.client(&client_cfg(node, spec.optimizations)).map_err(|e| e.to_string())?;
+            let (value, ks) = (value.clone(), spec.key_size);
+            Ok(std::thread::Builder::new().name("nessie-bench-pre".into()).spawn(move || -> Result<u64, String> {
+                for &k in &keys {
+                    c.put(&key_bytes(k, ks), &value).map_err(|e| format!("preloading key {k}: {e}"))?;
+                }
+                Ok(keys.len() as u64)
+            }).map_err(|e| e.to_string())?)
+        })
+        .collect::<Result<_, String>>()?;
+    let mut n = 0;
+    for h in handles {
+        n += h.join().map_err(|_| "a preload thread panicked".to_string())??;
+    }
+    Ok(n)
+}
+
+struct ThreadOut {
+    gets: u64,
+    puts: u64,
+    errors: u64,
+    offered: u64,
+    gh: Histogram<u64>,
+    ph: Histogram<u64>,
+    fg: PerOpFabric,
+    fp: PerOpFabric,
+    aborts: u64,
+    retries: u64,
+}
+
+fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, duration_s: f64, rate: Option<f64>) -> Result<AgentReport, String> {
+    check(spec, node)?;
+    if !(duration_s > 0.0 && duration_s <= 3600.0 && (0.0..=3600.0).contains(&warmup_s)) {
+        return Err(format!("duration {duration_s} s / warm-up {warmup_s} s out of range"));
+    }
+    if let Some(r) = rate {
+        if !(r > 0.0 && r.is_finite()) {
+            return Err(format!("bad arrival rate {r}"));
+        }
+    }
+    let dist: KeyDist = spec.dist.parse()?;
+    let keygen = Arc::new(KeyGen::new(&dist, spec.keys)?);
+    let window_start = start + (warmup_s * 1e9) as u64;
+    let window_end = window_start + (duration_s * 1e9) as u64;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut handles = Vec::new();
+    for t in 0..spec.threads {
+        let mut c = node.client(&client_cfg(node, spec.optimizations)).map_err(|e| e.to_string())?;
+        let (keygen, spec) = (keygen.clone(), spec.clone());
+        let seed = spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let h = std::thread::Builder::new()
+            .name(format!("nessie-bench-{t}"))
+            .spawn(move || {
+                if spec.pin {
+                    pin_to(t as usize % cores);
+                }
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let value = vec![0xa5u8; spec.value_size as usize];
+                let arrivals = rate.map(|r| Exp::new(r).expect("positive rate"));
+                let mut o = ThreadOut {
+                    gets: 0, puts: 0, errors: 0, offered: 0, gh: new_hist(), ph: new_hist(),
+                    fg: PerOpFabric::default(), fp: PerOpFabric::default(), aborts: 0, retries: 0,
+                };
+                sleep_until_unix(start);
+                let mut next = start as f64;
+                let (mut a0, mut r0) = (0, 0);
+                let mut in_window = false;
+                loop {
+                    let t0 = if let Some(exp) = &arrivals {
+                        next += exp.sample(&mut rng) * 1e9;
+                        sleep_until_unix(next as u64);
+                        next as u64
+                    } else {
+                        unix_ns()
+                    };
+                    if t0 >= window_end {
+                        break;
+                    }
+                    let measured = t0 >= window_start;
+                    if measured && !in_window {
+                        in_window = true;
+                        (a0, r0) = c.aborts_retries();
+                    }
+                    let k = keygen.next(&mut rng);
+                    let key = key_bytes(k, spec.key_size);
+                    let is_get = rng.gen_bool(spec.get_ratio);
+                    let before = c.fabric_stats();
+                    let ok = if is_get { c.get(&key).is_ok() } else { c.put(&key, &value).is_ok() };
+                    let lat = unix_ns().saturating_sub(t0).max(1);
+                    if !measured {
+                        continue;
+                    }
+                    o.offered += 1;
+                    let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
+                    if !ok {
+                        o.errors += 1;
+                    } else if is_get {
+                        o.gets += 1;
+                        o.gh.saturating_record(lat);
+                        o.fg.record(fops, fbytes);
+                    } else {
+                        o.puts += 1;
+                        o.ph.saturating_record(lat);
+                        o.fp.record(fops, fbytes);
+                    }
+                }
+                let (a1, r1) = c.aborts_retries();
+                if in_window {
+                    o.aborts = a1 - a0;
+                    o.retries = r1 - r0;
+                }
+                o
+            })
+            .map_err(|e| e.to_string())?;
+        handles.push(h);
+    }
+
+    // Window-wide counters: CPU by thread role and the node's fabric totals.
+    sleep_until_unix(window_start);
+    let (cpu0, fab0, srv0) = (thread_cpu(), node.fabric_stats(), node.server_stats());
+    sleep_until_unix(window_end);
+    let (cpu1, fab1, srv1) = (thread_cpu(), node.fabric_stats(), node.server_stats());
+
+    let mut rep = AgentReport { node: node.id, window_s: duration_s, ..AgentReport::default() };
+    let (mut gh, mut ph) = (new_hist(), new_hist());
+    for h in handles {
+        let o = h.join().map_err(|_| "a benchmark thread panicked".to_string())?;
+        rep.gets += o.gets;
+        rep.puts += o.puts;
+        rep.errors += o.errors;
+        rep.offered += o.offered;
+        rep.aborts += o.aborts;
+        rep.retries += o.retries;
+        gh.add(&o.gh).map_err(|e| format!("{e:?}"))?;
+        ph.add(&o.ph).map_err(|e| format!("{e:?}"))?;
+        rep.fabric_get.merge(&o.fg);
+        rep.fabric_put.merge(&o.fp);
+    }
+    rep.get_hist = encode_hist(&gh);
+    rep.put_hist = encode_hist(&ph);
+    let d = fab1.saturating_sub(&fab0);
+    rep.window_fabric_ops = d.fabric_ops();
+    rep.window_remote_bytes = d.remote_bytes();
+    rep.window_local_bytes = d.local_bytes();
+    let sx = (srv1.exec.concurrent_aborts + srv1.exec.timeouts).saturating_sub(srv0.exec.concurrent_aborts + srv0.exec.timeouts);
+    rep.aborts += sx;
+    rep.retries += srv1.exec.retries.saturating_sub(srv0.exec.retries);
+    rep.cpu = CpuByRole {
+        client: (cpu1.client - cpu0.client).max(0.0),
+        server: (cpu1.server - cpu0.server).max(0.0),
+        progress: (cpu1.progress - cpu0.progress).max(0.0),
+        other: (cpu1.other - cpu0.other).max(0.0),
+    };
+    // Give the OS a moment to account the last ticks before the harness tears things down.
+    std::thread::sleep(Duration::from_millis(1));
+    Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_round_trip_through_hex() {
+        let mut h = new_hist();
+        for v in [1_000u64, 2_000, 50_000, 7_000_000] {
+            h.record(v).unwrap();
+        }
+        let back = decode_hist(&encode_hist(&h)).unwrap();
+        assert_eq!(back.len(), 4);
+        assert_eq!(back.value_at_quantile(1.0), h.value_at_quantile(1.0));
+        assert!(decode_hist("zz").is_err());
+    }
+
+    #[test]
+    fn per_op_fabric_histograms() {
+        let mut f = PerOpFabric::default();
+        f.record(3, 100);
+        f.record(3, 0);
+        f.record(5, 16_400);
+        assert_eq!(f.ops_hist, BTreeMap::from([(3, 2), (5, 1)]));
+        assert_eq!(f.bytes_hist, BTreeMap::from([(0, 1), (128, 1), (32_768, 1)]));
+        let mut g = PerOpFabric::default();
+        g.merge(&f);
+        g.merge(&f);
+        assert_eq!((g.ops_sum, g.bytes_sum), (22, 33_000));
+    }
+
+    #[test]
+    fn keys_have_the_requested_size_and_are_distinct() {
+        assert_eq!(key_bytes(7, 128).len(), 128);
+        assert_ne!(key_bytes(7, 128), key_bytes(8, 128));
+        assert_eq!(key_bytes(7, 8).len(), 20, "never shorter than the numbered prefix");
+    }
+
+    #[test]
+    fn thread_cpu_sees_this_process() {
+        let t0 = thread_cpu();
+        let x: u64 = (0..30_000_000u64).fold(0, |a, b| a.wrapping_add(b * b));
+        assert!(x > 0);
+        let t1 = thread_cpu();
+        assert!(t1.other + t1.client + t1.server + t1.progress > t0.other + t0.client + t0.server + t0.progress);
+    }
+}

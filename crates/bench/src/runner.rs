@@ -1,0 +1,365 @@
+//! One benchmark run on a real local cluster: start the node processes (`nessie up` machinery)
+//! in the requested mode, start the background CPU hogs, preload, optionally calibrate the
+//! closed-loop maximum for an open-loop run, run the agents in every node for a common window,
+//! merge their reports into a [`BenchResult`], and tear everything down.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use nessie_cluster::admin::{AdminClient, Request, Response};
+use nessie_cluster::config::{ClusterConfig, Transport};
+use nessie_cluster::process::{self, UpOptions};
+use nessie_protocols::Optimizations;
+use nessie_store::Geometry;
+
+use crate::agent::{decode_hist, AgentReport, AgentRequest, AgentSpec, PerOpFabric};
+use crate::result::*;
+
+/// Most background CPU hogs a run may start.
+pub const MAX_BACKGROUND: u16 = 64;
+/// Memory budget for the preloaded data when `keys` is not given.
+const DEFAULT_DATA_BYTES: u64 = 128 << 20;
+/// Expiry period of benchmark clusters: short, so that PUT-heavy runs recycle entries soon.
+const BENCH_EXPIRY_MS: u64 = 200;
+/// Closed-loop calibration length for open-loop runs.
+const CALIBRATION_S: f64 = 2.0;
+
+/// How to run: which binary serves as node (it must install the benchmark agent), and where.
+#[derive(Clone, Debug)]
+pub struct RunnerOptions {
+    pub binary: PathBuf,
+    /// Cluster directory (default: a fresh temporary one, removed afterwards).
+    pub dir: Option<PathBuf>,
+    /// Idle server threads (sd, hy): "spin" or "yield".
+    pub server_poll: String,
+}
+
+fn validate(p: &BenchParams) -> Result<Mode3, String> {
+    let mode = match p.mode.as_str() {
+        "cd" => Mode3::Cd,
+        "sd" => Mode3::Sd,
+        "hy" => Mode3::Hy,
+        m => return Err(format!("--mode {m:?} is not one of cd, sd, hy")),
+    };
+    if p.nodes == 0 || p.nodes > process::MAX_LOCAL_NODES {
+        return Err(format!("--nodes {} is not in 1..={}", p.nodes, process::MAX_LOCAL_NODES));
+    }
+    if p.client_threads == 0 || p.client_threads > crate::agent::MAX_AGENT_THREADS {
+        return Err(format!("--client-threads {} is not in 1..={}", p.client_threads, crate::agent::MAX_AGENT_THREADS));
+    }
+    if mode != Mode3::Cd && (p.server_threads == 0 || p.server_threads > 64) {
+        return Err(format!("--server-threads {} is not in 1..=64", p.server_threads));
+    }
+    p.transport.parse::<Transport>()?;
+    if p.key_size < 20 || p.key_size > nessie_store::limits::MAX_KEY_SIZE {
+        return Err(format!("--key-size {} is not in 20..={}", p.key_size, nessie_store::limits::MAX_KEY_SIZE));
+    }
+    if p.value_size == 0 || p.value_size > nessie_store::limits::MAX_VALUE_SIZE {
+        return Err(format!("--value-size {} is not in 1..={}", p.value_size, nessie_store::limits::MAX_VALUE_SIZE));
+    }
+    if !(0.0..=1.0).contains(&p.get_ratio) {
+        return Err(format!("--get-ratio {} is not in [0, 1]", p.get_ratio));
+    }
+    p.dist.parse::<crate::workload::KeyDist>()?;
+    if !(p.load_factor > 0.0 && p.load_factor <= 0.95) {
+        return Err(format!("--load-factor {} is not in (0, 0.95]", p.load_factor));
+    }
+    if !(p.duration > 0.0 && p.duration <= 3600.0) || !(0.0..=600.0).contains(&p.warmup) {
+        return Err(format!("--duration {} / --warmup {} out of range", p.duration, p.warmup));
+    }
+    if p.background > MAX_BACKGROUND {
+        return Err(format!("--background {} exceeds {MAX_BACKGROUND}", p.background));
+    }
+    if let Some(f) = p.target_load {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!("--target-load {f} is not in (0, 1]"));
+        }
+    }
+    if p.keys == Some(0) {
+        return Err("--keys must be positive".into());
+    }
+    Ok(mode)
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Mode3 {
+    Cd,
+    Sd,
+    Hy,
+}
+
+/// Keys and geometry for a run.
+pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
+    let keys = p.keys.unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.value_size as u64).clamp(1_000, 200_000));
+    let per_node = keys.div_ceil(p.nodes as u64);
+    // Coupled placement (sd, hy) puts a key's candidates on one node: allow for imbalance.
+    let ites = ((per_node as f64 / p.load_factor) * 1.1).ceil() as u64 + 64;
+    // Every node holds its share plus room for a window of overwrites awaiting expiry.
+    let dtes = (per_node as f64 * 1.3) as u64 + 8192;
+    let g = Geometry {
+        nodes: p.nodes as u32,
+        ites_per_node: ites,
+        dtes_per_node: dtes,
+        key_max: p.key_size,
+        value_max: p.value_size,
+        ..Geometry::default()
+    };
+    (keys, g)
+}
+
+/// Background CPU hogs, stopped on drop.
+struct Hogs(Vec<Child>);
+
+impl Hogs {
+    fn start(binary: &PathBuf, n: u16) -> Result<Self, String> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(
+                Command::new(binary)
+                    .arg("burn")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| format!("starting a background process: {e}"))?,
+            );
+        }
+        Ok(Self(v))
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The cluster, stopped (and its temporary directory removed) on drop.
+struct RunningCluster {
+    dir: PathBuf,
+    temp: bool,
+    cfg: ClusterConfig,
+}
+
+impl Drop for RunningCluster {
+    fn drop(&mut self) {
+        let _ = process::down(&self.dir);
+        if self.temp {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn ask_all(c: &RunningCluster, req: &AgentRequest, timeout: Duration) -> Result<Vec<serde_json::Value>, String> {
+    let body = serde_json::to_vec(req).expect("serialises");
+    let handles: Vec<_> = c
+        .cfg
+        .node
+        .iter()
+        .map(|n| {
+            let path = c.cfg.admin_path(n.id, &c.dir).map_err(|e| e.to_string())?;
+            let body = body.clone();
+            let id = n.id;
+            Ok(std::thread::spawn(move || -> Result<serde_json::Value, String> {
+                let mut a = AdminClient::connect(&path, timeout).map_err(|e| e.to_string())?;
+                match a.call(&Request::Extension(body)).map_err(|e| format!("node {id}: {e}"))? {
+                    Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
+                    Response::Error(e) => Err(e),
+                    r => Err(format!("node {id}: unexpected reply {r:?}")),
+                }
+            }))
+        })
+        .collect::<Result<_, String>>()?;
+    handles.into_iter().map(|h| h.join().map_err(|_| "agent request thread panicked".to_string())?).collect()
+}
+
+fn summary(h: &Histogram<u64>) -> LatencySummary {
+    if h.len() == 0 {
+        return LatencySummary::default();
+    }
+    LatencySummary {
+        mean: h.mean() / 1e3,
+        p50: h.value_at_quantile(0.5) as f64 / 1e3,
+        p99: h.value_at_quantile(0.99) as f64 / 1e3,
+        p999: h.value_at_quantile(0.999) as f64 / 1e3,
+    }
+}
+
+fn per_op(f: &PerOpFabric, n: u64) -> FabricPerOp {
+    FabricPerOp {
+        ops_mean: f.ops_sum as f64 / n.max(1) as f64,
+        bytes_mean: f.bytes_sum as f64 / n.max(1) as f64,
+        ops_hist: f.ops_hist.clone(),
+        bytes_hist: f.bytes_hist.clone(),
+    }
+}
+
+fn run_window(c: &RunningCluster, spec: &AgentSpec, warmup: f64, duration: f64, rate: Option<f64>) -> Result<Vec<AgentReport>, String> {
+    let start = nessie_fabric::wall_clock_ns() + 300_000_000;
+    let req = AgentRequest::Run { spec: spec.clone(), start_unix_ns: start, warmup_s: warmup, duration_s: duration, rate_per_thread: rate };
+    let timeout = Duration::from_secs_f64(warmup + duration + 120.0);
+    ask_all(c, &req, timeout)?
+        .into_iter()
+        .map(|v| serde_json::from_value(v).map_err(|e| format!("bad agent report: {e}")))
+        .collect()
+}
+
+/// Run one benchmark. `progress` is told the phase.
+pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchResult, String> {
+    let mode = validate(p)?;
+    let (keys, geometry) = sizing(p);
+    let (dir, temp) = match &opts.dir {
+        Some(d) => (d.clone(), false),
+        None => (std::env::temp_dir().join(format!("nessie-bench-{}-{}", std::process::id(), nessie_fabric::wall_clock_ns() % 1_000_000)), true),
+    };
+    progress("starting the cluster");
+    let up = UpOptions {
+        nodes: p.nodes,
+        transport: p.transport.parse()?,
+        geometry,
+        workers: 1,
+        expiry_ms: Some(BENCH_EXPIRY_MS),
+        clock_margin_ms: Some(0),
+        binary: opts.binary.clone(),
+        node_args: vec![],
+        ready_timeout: Duration::from_secs(120),
+        mode: p.mode.clone(),
+        server_threads: if mode == Mode3::Cd { 1 } else { p.server_threads },
+        max_clients_per_node: p.client_threads + 8,
+        server_poll: opts.server_poll.clone(),
+    };
+    let cfg = process::up(&dir, &up).map_err(|e| e.to_string())?;
+    let cluster = RunningCluster { dir, temp, cfg };
+    let spec = AgentSpec {
+        threads: p.client_threads,
+        nodes: p.nodes,
+        keys,
+        key_size: p.key_size,
+        value_size: p.value_size,
+        get_ratio: p.get_ratio,
+        dist: p.dist.clone(),
+        seed: p.seed,
+        optimizations: Optimizations {
+            filter_bits: p.filter_bits,
+            cache: p.cache,
+            previous_versions: p.previous_versions,
+            multi_read: p.multi_read,
+        },
+        pin: p.pin,
+    };
+    progress("preloading");
+    ask_all(&cluster, &AgentRequest::Preload(spec.clone()), Duration::from_secs(600))?;
+    let _hogs = Hogs::start(&opts.binary, p.background)?;
+
+    let (rate, offered) = match p.target_load {
+        None => (None, None),
+        Some(f) => {
+            progress("calibrating the maximum throughput");
+            let reps = run_window(&cluster, &spec, 0.5, CALIBRATION_S, None)?;
+            let max: f64 = reps.iter().map(|r| (r.gets + r.puts) as f64 / r.window_s).sum();
+            let total = f * max;
+            (Some(total / (p.nodes as f64 * p.client_threads as f64)), Some(total))
+        }
+    };
+    progress("running");
+    let reps = run_window(&cluster, &spec, p.warmup, p.duration, rate)?;
+
+    let (mut gh, mut ph) = (Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(), Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap());
+    let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
+    let mut r = BenchResult {
+        mode: p.mode.clone(),
+        params: BenchParams { keys: Some(keys), ..p.clone() },
+        ops: PerKind::default(),
+        ops_per_sec: 0.0,
+        goodput_bytes_per_sec: 0.0,
+        latency_us: PerKind::default(),
+        fabric: FabricSummary::default(),
+        aborts: 0,
+        retries: 0,
+        cpu_seconds: CpuSeconds::default(),
+        errors: 0,
+        offered_ops_per_sec: offered,
+    };
+    for rep in &reps {
+        r.ops.get += rep.gets;
+        r.ops.put += rep.puts;
+        r.errors += rep.errors;
+        r.aborts += rep.aborts;
+        r.retries += rep.retries;
+        gh.add(decode_hist(&rep.get_hist)?).map_err(|e| format!("{e:?}"))?;
+        ph.add(decode_hist(&rep.put_hist)?).map_err(|e| format!("{e:?}"))?;
+        fg.merge(&rep.fabric_get);
+        fp.merge(&rep.fabric_put);
+        r.fabric.total_ops += rep.window_fabric_ops;
+        r.fabric.total_bytes += rep.window_remote_bytes;
+        r.fabric.local_bytes += rep.window_local_bytes;
+        r.cpu_seconds.client += rep.cpu.client;
+        r.cpu_seconds.server += rep.cpu.server;
+        r.cpu_seconds.progress += rep.cpu.progress;
+        r.cpu_seconds.total += rep.cpu.client + rep.cpu.server + rep.cpu.progress + rep.cpu.other;
+    }
+    r.ops.all = r.ops.get + r.ops.put;
+    r.ops_per_sec = r.ops.all as f64 / p.duration;
+    r.goodput_bytes_per_sec = r.ops_per_sec * p.value_size as f64;
+    let mut all = gh.clone();
+    all.add(&ph).map_err(|e| format!("{e:?}"))?;
+    r.latency_us = PerKind { get: summary(&gh), put: summary(&ph), all: summary(&all) };
+    let mut fa = fg.clone();
+    fa.merge(&fp);
+    r.fabric.get = per_op(&fg, r.ops.get);
+    r.fabric.put = per_op(&fp, r.ops.put);
+    r.fabric.all = per_op(&fa, r.ops.all);
+    progress("stopping the cluster");
+    drop(cluster);
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_parameters_are_named() {
+        let cases: Vec<(Box<dyn Fn(&mut BenchParams)>, &str)> = vec![
+            (Box::new(|p| p.mode = "xx".into()), "--mode"),
+            (Box::new(|p| p.nodes = 0), "--nodes"),
+            (Box::new(|p| p.client_threads = 0), "--client-threads"),
+            (Box::new(|p| { p.mode = "sd".into(); p.server_threads = 0 }), "--server-threads"),
+            (Box::new(|p| p.transport = "ib".into()), "transport"),
+            (Box::new(|p| p.key_size = 4), "--key-size"),
+            (Box::new(|p| p.value_size = 0), "--value-size"),
+            (Box::new(|p| p.get_ratio = 1.5), "--get-ratio"),
+            (Box::new(|p| p.dist = "pareto".into()), "distribution"),
+            (Box::new(|p| p.load_factor = 0.0), "--load-factor"),
+            (Box::new(|p| p.duration = 0.0), "--duration"),
+            (Box::new(|p| p.background = 1000), "--background"),
+            (Box::new(|p| p.target_load = Some(2.0)), "--target-load"),
+            (Box::new(|p| p.keys = Some(0)), "--keys"),
+        ];
+        for (f, needle) in cases {
+            let mut p = BenchParams::default();
+            f(&mut p);
+            let e = validate(&p).unwrap_err();
+            assert!(e.contains(needle), "{e:?} should mention {needle}");
+        }
+        assert!(validate(&BenchParams::default()).is_ok());
+    }
+
+    #[test]
+    fn sizing_follows_load_factor() {
+        let p = BenchParams { keys: Some(30_000), nodes: 3, load_factor: 0.4, ..BenchParams::default() };
+        let (keys, g) = sizing(&p);
+        assert_eq!(keys, 30_000);
+        let lf = keys as f64 / g.total_ites() as f64;
+        assert!(lf < 0.4 && lf > 0.3, "load factor {lf}");
+        assert!(g.dtes_per_node >= 10_000);
+        g.validate().unwrap();
+        let (k, _) = sizing(&BenchParams { keys: None, value_size: 16384, ..BenchParams::default() });
+        assert_eq!(k, 8192, "128 MiB of 16 KiB values");
+    }
+}

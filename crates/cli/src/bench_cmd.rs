@@ -1,0 +1,226 @@
+//! `nessie bench`: one benchmark run on a local multi-process cluster (and `nessie bench sweep`
+//! for the presets that reproduce the paper's figures).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nessie_bench::result::{BenchParams, BenchResult};
+use nessie_bench::runner::{self, RunnerOptions};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub sweep: Option<BenchSub>,
+    #[command(flatten)]
+    pub p: ParamArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchSub {
+    /// Run a preset matrix, write every JSON result and render the PNG plots.
+    Sweep(SweepArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// contention | values | energy | optimizations | quick
+    #[arg(long)]
+    pub preset: String,
+    /// Directory for the JSON results and plots.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub p: ParamArgs,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct ParamArgs {
+    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid).
+    #[arg(long, default_value = "cd")]
+    pub mode: String,
+    /// Node processes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u16,
+    /// Client worker threads per node.
+    #[arg(long, default_value_t = 1)]
+    pub client_threads: u16,
+    /// Server worker threads per node (sd, hy).
+    #[arg(long, default_value_t = 1)]
+    pub server_threads: u16,
+    /// shm or tcp.
+    #[arg(long, default_value = "shm")]
+    pub transport: String,
+    #[arg(long, default_value_t = 128)]
+    pub key_size: u32,
+    #[arg(long, default_value_t = 16384)]
+    pub value_size: u32,
+    /// Fraction of GETs (the rest are PUTs).
+    #[arg(long, default_value_t = 0.9)]
+    pub get_ratio: f64,
+    /// uniform or zipf:THETA.
+    #[arg(long, default_value = "uniform")]
+    pub dist: String,
+    /// Keys (all preloaded) [default: 128 MiB of values, 1,000..200,000 keys].
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// Index load factor.
+    #[arg(long, default_value_t = 0.4)]
+    pub load_factor: f64,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Warm-up seconds before the measured window.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Background CPU-hog processes during the run.
+    #[arg(long, default_value_t = 0)]
+    pub background: u16,
+    /// Open loop (Poisson arrivals) at this fraction of the measured maximum throughput.
+    #[arg(long)]
+    pub target_load: Option<f64>,
+    /// Pin client threads to cores.
+    #[arg(long)]
+    pub pin: bool,
+    /// Turn off filter bits.
+    #[arg(long)]
+    pub no_filter_bits: bool,
+    /// Turn off the cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Turn off previous versions.
+    #[arg(long)]
+    pub no_previous_versions: bool,
+    /// Turn off multi-read.
+    #[arg(long)]
+    pub no_multi_read: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
+    #[arg(long, default_value = "yield")]
+    pub server_poll: String,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+impl ParamArgs {
+    pub fn params(&self) -> BenchParams {
+        BenchParams {
+            mode: self.mode.clone(),
+            nodes: self.nodes,
+            client_threads: self.client_threads,
+            server_threads: self.server_threads,
+            transport: self.transport.clone(),
+            key_size: self.key_size,
+            value_size: self.value_size,
+            get_ratio: self.get_ratio,
+            dist: self.dist.clone(),
+            keys: self.keys,
+            load_factor: self.load_factor,
+            duration: self.duration,
+            warmup: self.warmup,
+            background: self.background,
+            target_load: self.target_load,
+            pin: self.pin,
+            filter_bits: !self.no_filter_bits,
+            cache: !self.no_cache,
+            previous_versions: !self.no_previous_versions,
+            multi_read: !self.no_multi_read,
+            seed: self.seed,
+        }
+    }
+}
+
+pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, String> {
+    if !matches!(p.server_poll.as_str(), "spin" | "yield") {
+        return Err(format!("--server-poll {:?} is not spin or yield", p.server_poll));
+    }
+    Ok(RunnerOptions {
+        binary: std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?,
+        dir: None,
+        server_poll: p.server_poll.clone(),
+    })
+}
+
+/// A spinner line on a terminal: the phase and elapsed time.
+pub fn progress_bar(label: &str) -> indicatif::ProgressBar {
+    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix} {msg}").unwrap());
+    pb.set_prefix(label.to_string());
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+pub fn print_result(r: &BenchResult) {
+    let p = &r.params;
+    println!(
+        "{} | {} nodes x {} client threads{} | {} | {} B values, {:.0}% GET, {} | {} keys | {} background",
+        r.mode,
+        p.nodes,
+        p.client_threads,
+        if r.mode == "cd" { String::new() } else { format!(" + {} server threads", p.server_threads) },
+        p.transport,
+        p.value_size,
+        p.get_ratio * 100.0,
+        p.dist,
+        p.keys.unwrap_or(0),
+        p.background
+    );
+    println!("  throughput   {:>12.0} ops/s   goodput {:>9.1} MiB/s   errors {}", r.ops_per_sec, r.goodput_bytes_per_sec / (1 << 20) as f64, r.errors);
+    if let Some(o) = r.offered_ops_per_sec {
+        println!("  offered      {o:>12.0} ops/s (open loop)");
+    }
+    for (name, l, n) in [("GET", &r.latency_us.get, r.ops.get), ("PUT", &r.latency_us.put, r.ops.put)] {
+        if n > 0 {
+            println!("  {name} latency  mean {:>8.1}  p50 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1} µs  ({n} ops)", l.mean, l.p50, l.p99, l.p999);
+        }
+    }
+    println!(
+        "  fabric/op    GET {:.2} ops {:.0} B   PUT {:.2} ops {:.0} B   (window: {} fabric ops, {} B remote, {} B local)",
+        r.fabric.get.ops_mean, r.fabric.get.bytes_mean, r.fabric.put.ops_mean, r.fabric.put.bytes_mean,
+        r.fabric.total_ops, r.fabric.total_bytes, r.fabric.local_bytes
+    );
+    let c = &r.cpu_seconds;
+    println!(
+        "  CPU          client {:.2} s  server {:.2} s  progress {:.2} s  total {:.2} s  = {:.2} µs/op, {:.2} busy cores",
+        c.client, c.server, c.progress, c.total,
+        c.total * 1e6 / r.ops.all.max(1) as f64,
+        c.total / p.duration
+    );
+    println!("  aborts {}  retries {}", r.aborts, r.retries);
+}
+
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    if let Some(BenchSub::Sweep(s)) = a.sweep {
+        return sweep(s);
+    }
+    let p = a.p.params();
+    let opts = runner_options(&a.p)?;
+    let pb = progress_bar("bench");
+    let t = Instant::now();
+    let r = runner::run(&p, &opts, &mut |phase| pb.set_message(phase.to_string()));
+    pb.finish_and_clear();
+    let r = r?;
+    print_result(&r);
+    eprintln!("(run took {:.1} s)", t.elapsed().as_secs_f64());
+    if let Some(path) = &a.p.json {
+        std::fs::write(path, serde_json::to_string_pretty(&r).expect("serialises")).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn sweep(_s: SweepArgs) -> Result<(), String> {
+    Err("nessie bench sweep: not available in this build yet".into())
+}
+
+/// Spin forever: a background CPU hog for contention experiments.
+pub fn burn() -> ! {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
