@@ -235,3 +235,21 @@ fn mismatched_peers_are_refused() {
     assert!(!e0.contains("panicked") && !e1.contains("panicked"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The baselines' node processes (server threads polling request slots over UCX) pass the
+/// same history check.
+#[test]
+fn shm_sd_across_processes() {
+    let mut sc = hot_keys(5_000, 31);
+    sc.name = "sd";
+    sc.up_args.extend(["--mode", "sd", "--server-threads", "1"].map(String::from));
+    run_scenario("shm", sc);
+}
+
+#[test]
+fn shm_hy_across_processes() {
+    let mut sc = deletes(5_000, 32);
+    sc.name = "hy";
+    sc.up_args.extend(["--mode", "hy", "--server-threads", "2"].map(String::from));
+    run_scenario("shm", sc);
+}
