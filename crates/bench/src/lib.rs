@@ -3,7 +3,9 @@
 
 pub mod agent;
 pub mod demo;
+pub mod plot;
 pub mod result;
 pub mod runner;
 pub mod stress;
+pub mod sweep;
 pub mod workload;
