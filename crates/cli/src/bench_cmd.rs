@@ -213,8 +213,51 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn sweep(_s: SweepArgs) -> Result<(), String> {
-    Err("nessie bench sweep: not available in this build yet".into())
+fn sweep(s: SweepArgs) -> Result<(), String> {
+    use nessie_bench::sweep::{self, Preset};
+    let preset: Preset = s.preset.parse()?;
+    let base = s.p.params();
+    let opts = runner_options(&s.p)?;
+    let specs = preset.runs(&base);
+    let total = specs.len();
+    println!("sweep {preset}: {total} runs, results in {}", s.out.display());
+    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(total as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap(),
+    );
+    let pb2 = pb.clone();
+    let mut runner = move |p: &BenchParams| -> Result<BenchResult, String> {
+        let label = format!("{} {} B {:.0}% GET bg={}", p.mode, p.value_size, p.get_ratio * 100.0, p.background);
+        runner::run(p, &opts, &mut |phase| pb2.set_message(format!("{label}: {phase}")))
+    };
+    let mut progress = |i: usize, _n: usize, spec: &sweep::RunSpec| {
+        pb.set_position(i.saturating_sub(1) as u64);
+        pb.set_message(spec.stem.clone());
+        if pb.is_hidden() {
+            eprintln!("[{i}/{total}] {}", spec.stem);
+        }
+    };
+    let out = sweep::run_preset(preset, &base, &s.out, &mut runner, &mut progress);
+    pb.finish_and_clear();
+    let out = out?;
+    let results: Vec<BenchResult> = out.results.iter().map(|(_, r)| r.clone()).collect();
+    println!("{}", sweep::summary_table(&results));
+    for f in &out.failures {
+        eprintln!("failed: {f:?}");
+    }
+    println!("plots:");
+    for p in &out.plots {
+        println!("  {}", p.display());
+    }
+    if let Some(e) = &out.plot_error {
+        eprintln!("plotting failed: {e}");
+    }
+    println!("{} results, {} failures; all JSON in {}", results.len(), out.failures.len(), s.out.display());
+    if out.failures.is_empty() { Ok(()) } else { Err(format!("{} of {total} runs failed (see summary.json)", out.failures.len())) }
 }
 
 /// Spin forever: a background CPU hog for contention experiments.
