@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: build Nessie, run a workload on a 3-node cluster (checking the whole history
-# for linearizability), then start a real 3-process cluster over shared memory, use it from the
-# CLI, show its status and stop it. Extra arguments go to `nessie demo` (see --help).
+# for linearizability), start a real 3-process cluster over shared memory, use it from the CLI,
+# show its status and stop it, then run the `quick` benchmark sweep (Nessie against the
+# server-driven baseline under CPU contention) and write its results and plot to out/quick.
+# Extra arguments go to `nessie demo` (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -27,3 +29,8 @@ if $N get --dir "$DIR" greeting >/dev/null 2>&1; then echo "unexpected: greeting
 echo "greeting deleted (get exits 1: not found)"
 $N status --dir "$DIR"
 $N down --dir "$DIR"
+
+echo
+echo "== benchmark: the quick sweep (cd vs sd, with and without a background CPU hog) =="
+$N bench sweep --preset quick --out out/quick
+echo "plot: out/quick/quick.png   results: out/quick/*.json"

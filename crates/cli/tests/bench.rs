@@ -78,3 +78,25 @@ fn bad_parameters_are_refused_before_starting_anything() {
     let o = Command::new(BIN).args(["bench", "--get-ratio", "2"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("--get-ratio"));
 }
+
+/// The `quick` preset end to end (shortened): every run's JSON, the summary and the plot.
+#[test]
+fn quick_sweep_writes_results_and_plot() {
+    let out = std::env::temp_dir().join(format!("nessie-sweep-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let o = Command::new(BIN)
+        .args(["bench", "sweep", "--preset", "quick", "--duration", "1", "--warmup", "0.2", "--keys", "2000", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "sweep failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    for stem in ["quick-cd-bg0", "quick-cd-bg1", "quick-sd-bg0", "quick-sd-bg1"] {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(format!("{stem}.json"))).unwrap()).unwrap();
+        assert!(v["ops"]["all"].as_u64().unwrap() > 0, "{stem}");
+    }
+    let png = std::fs::read(out.join("quick.png")).unwrap();
+    assert!(png.len() > 10_000 && png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary.is_object());
+    std::fs::remove_dir_all(&out).unwrap();
+}
