@@ -158,22 +158,30 @@ fn tighten_timer_slack() {
     }
 }
 
-/// (utime + stime) in seconds of every thread of this process, by role (thread name).
+/// CPU seconds of one thread: the scheduler's exact on-CPU time from `schedstat` (ns), or
+/// (utime + stime) from `stat` in clock ticks (10 ms granularity) where schedstat is missing.
+fn task_cpu_seconds(task: &std::path::Path, tick: f64) -> Option<f64> {
+    if let Ok(ss) = std::fs::read_to_string(task.join("schedstat")) {
+        if let Some(ns) = ss.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()) {
+            return Some(ns / 1e9);
+        }
+    }
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / tick)
+}
+
+/// CPU seconds of every thread of this process, by role (thread name).
 fn thread_cpu() -> CpuByRole {
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut c = CpuByRole::default();
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return c };
     for e in dir.flatten() {
         let p = e.path();
-        let (Ok(comm), Ok(stat)) = (std::fs::read_to_string(p.join("comm")), std::fs::read_to_string(p.join("stat"))) else {
-            continue;
-        };
-        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let secs = (f.get(11).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0)
-            + f.get(12).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0))
-            / tick;
+        let Ok(comm) = std::fs::read_to_string(p.join("comm")) else { continue };
+        let Some(secs) = task_cpu_seconds(&p, tick) else { continue };
         let comm = comm.trim();
         if comm.starts_with("nessie-bench") {
             c.client += secs;
