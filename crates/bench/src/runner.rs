@@ -23,6 +23,8 @@ pub const MAX_BACKGROUND: u16 = 64;
 const DEFAULT_DATA_BYTES: u64 = 128 << 20;
 /// Expiry period of benchmark clusters: short, so that PUT-heavy runs recycle entries soon.
 const BENCH_EXPIRY_MS: u64 = 200;
+/// Memory for spare data table entries per node (overwrites awaiting expiry).
+const HEADROOM_BYTES: u64 = 128 << 20;
 /// Closed-loop calibration length for open-loop runs.
 const CALIBRATION_S: f64 = 2.0;
 
@@ -34,6 +36,9 @@ pub struct RunnerOptions {
     pub dir: Option<PathBuf>,
     /// Idle server threads (sd, hy): "spin" or "yield".
     pub server_poll: String,
+    /// Benchmark this running cluster (its directory) instead of starting one; it is left
+    /// running. Its mode and node count must match the parameters.
+    pub cluster: Option<PathBuf>,
 }
 
 fn validate(p: &BenchParams) -> Result<Mode3, String> {
@@ -96,8 +101,11 @@ pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
     let per_node = keys.div_ceil(p.nodes as u64);
     // Coupled placement (sd, hy) puts a key's candidates on one node: allow for imbalance.
     let ites = ((per_node as f64 / p.load_factor) * 1.1).ceil() as u64 + 64;
-    // Every node holds its share plus room for a window of overwrites awaiting expiry.
-    let dtes = (per_node as f64 * 1.3) as u64 + 8192;
+    // Every node holds its share plus room for overwrites awaiting expiry (200 ms of PUTs):
+    // headroom sized by bytes, so large values do not allocate gigabytes of spare entries.
+    let entry = nessie_store::DteLayout::new(p.key_size, p.value_size).entry_size;
+    let headroom = (HEADROOM_BYTES / entry).clamp(1024, 8192);
+    let dtes = (per_node as f64 * 1.3) as u64 + headroom;
     let g = Geometry {
         nodes: p.nodes as u32,
         ites_per_node: ites,
@@ -143,16 +151,45 @@ impl Drop for Hogs {
 struct RunningCluster {
     dir: PathBuf,
     temp: bool,
+    /// Started by this run (stopped on drop), or someone else's (left running).
+    owned: bool,
     cfg: ClusterConfig,
 }
 
 impl Drop for RunningCluster {
     fn drop(&mut self) {
-        let _ = process::down(&self.dir);
+        if self.owned {
+            let _ = process::down(&self.dir);
+        }
         if self.temp {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Attach to a running cluster, checking that it can run these parameters.
+fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCluster, String> {
+    let (cfg, nodes) = process::status(dir).map_err(|e| e.to_string())?;
+    if let Some(n) = nodes.iter().find(|n| n.report.is_err()) {
+        return Err(format!("node {} of the cluster in {} is not answering", n.id, dir.display()));
+    }
+    if cfg.cluster.mode != p.mode {
+        return Err(format!("the cluster in {} runs mode {}, not --mode {}", dir.display(), cfg.cluster.mode, p.mode));
+    }
+    if cfg.node.len() != p.nodes as usize {
+        return Err(format!("the cluster in {} has {} nodes, not --nodes {}", dir.display(), cfg.node.len(), p.nodes));
+    }
+    let g = &cfg.geometry;
+    if p.key_size > g.key_max || p.value_size > g.value_max {
+        return Err(format!(
+            "--key-size {} / --value-size {} exceed the cluster's key_max {} / value_max {}",
+            p.key_size, p.value_size, g.key_max, g.value_max
+        ));
+    }
+    if keys as f64 > g.total_ites() as f64 * 0.9 {
+        return Err(format!("{keys} keys do not fit the cluster's {} index entries; use --keys", g.total_ites()));
+    }
+    Ok(RunningCluster { dir: dir.to_path_buf(), temp: false, owned: false, cfg })
 }
 
 fn ask_all(c: &RunningCluster, req: &AgentRequest, timeout: Duration) -> Result<Vec<serde_json::Value>, String> {
@@ -217,6 +254,25 @@ pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)
         Some(d) => (d.clone(), false),
         None => (std::env::temp_dir().join(format!("nessie-bench-{}-{}", std::process::id(), nessie_fabric::wall_clock_ns() % 1_000_000)), true),
     };
+    let cluster = match &opts.cluster {
+        Some(existing) => {
+            progress("attaching to the running cluster");
+            attach(existing, p, keys)?
+        }
+        None => start(p, mode, geometry, dir, temp, opts, progress)?,
+    };
+    bench_on(&cluster, p, keys, opts, progress)
+}
+
+fn start(
+    p: &BenchParams,
+    mode: Mode3,
+    geometry: Geometry,
+    dir: PathBuf,
+    temp: bool,
+    opts: &RunnerOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RunningCluster, String> {
     progress("starting the cluster");
     let up = UpOptions {
         nodes: p.nodes,
@@ -234,7 +290,10 @@ pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)
         server_poll: opts.server_poll.clone(),
     };
     let cfg = process::up(&dir, &up).map_err(|e| e.to_string())?;
-    let cluster = RunningCluster { dir, temp, cfg };
+    Ok(RunningCluster { dir, temp, owned: true, cfg })
+}
+
+fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchResult, String> {
     let spec = AgentSpec {
         threads: p.client_threads,
         nodes: p.nodes,
@@ -253,21 +312,21 @@ pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)
         pin: p.pin,
     };
     progress("preloading");
-    ask_all(&cluster, &AgentRequest::Preload(spec.clone()), Duration::from_secs(600))?;
+    ask_all(cluster, &AgentRequest::Preload(spec.clone()), Duration::from_secs(600))?;
     let _hogs = Hogs::start(&opts.binary, p.background)?;
 
     let (rate, offered) = match p.target_load {
         None => (None, None),
         Some(f) => {
             progress("calibrating the maximum throughput");
-            let reps = run_window(&cluster, &spec, 0.5, CALIBRATION_S, None)?;
+            let reps = run_window(cluster, &spec, 0.5, CALIBRATION_S, None)?;
             let max: f64 = reps.iter().map(|r| (r.gets + r.puts) as f64 / r.window_s).sum();
             let total = f * max;
             (Some(total / (p.nodes as f64 * p.client_threads as f64)), Some(total))
         }
     };
     progress("running");
-    let reps = run_window(&cluster, &spec, p.warmup, p.duration, rate)?;
+    let reps = run_window(cluster, &spec, p.warmup, p.duration, rate)?;
 
     let (mut gh, mut ph) = (Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(), Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap());
     let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
@@ -314,8 +373,7 @@ pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)
     r.fabric.get = per_op(&fg, r.ops.get);
     r.fabric.put = per_op(&fp, r.ops.put);
     r.fabric.all = per_op(&fa, r.ops.all);
-    progress("stopping the cluster");
-    drop(cluster);
+    progress("finishing");
     Ok(r)
 }
 
@@ -358,6 +416,8 @@ mod tests {
         let lf = keys as f64 / g.total_ites() as f64;
         assert!(lf < 0.4 && lf > 0.3, "load factor {lf}");
         assert!(g.dtes_per_node >= 10_000);
+        let (_, big) = sizing(&BenchParams { keys: Some(3_000), value_size: 128 << 10, ..BenchParams::default() });
+        assert!(big.data_table_bytes() < 400 << 20, "spare entries sized by bytes: {}", big.data_table_bytes());
         g.validate().unwrap();
         let (k, _) = sizing(&BenchParams { keys: None, value_size: 16384, ..BenchParams::default() });
         assert_eq!(k, 8192, "128 MiB of 16 KiB values");

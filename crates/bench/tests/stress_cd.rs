@@ -3,29 +3,20 @@
 //!
 //! Each run: 4 client threads on 3 nodes, hot keys, at least 100,000 operations.
 
+mod common;
+use common::{cfg, delay, geometry};
+
 use std::time::Duration;
 
 use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
-use nessie_fabric::mem::{DelayInjection, MemEndpoint};
+use nessie_fabric::mem::MemEndpoint;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::{HookPoint, Mutations, ProtocolConfig};
 use nessie_store::Geometry;
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 const OPS_PER_THREAD: u64 = 25_000;
-
-fn delay(seed: u64) -> Option<DelayInjection> {
-    Some(DelayInjection { seed, probability: 0.02, max_delay_ns: 20_000 })
-}
-
-fn geometry() -> Geometry {
-    Geometry { nodes: 3, ites_per_node: 1024, dtes_per_node: 4096, key_max: 16, value_max: 48, hash_functions: 3, filter_bits: 7 }
-}
-
-fn cfg() -> ProtocolConfig {
-    ProtocolConfig { expiry_ns: 200_000_000, clock_margin_ns: 1_000_000, cache_entries: 64, ..ProtocolConfig::default() }
-}
 
 fn spec(seed: u64) -> StressSpec {
     StressSpec {

@@ -10,12 +10,15 @@
 //! which also covers those paths. Waiting clients yield after a short spin, so even 10 threads
 //! on 2 cores make progress.
 
+mod common;
+use common::{cfg, delay, geometry};
+
 use std::sync::Mutex;
 use std::time::Duration;
 
 use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
-use nessie_fabric::mem::{DelayInjection, MemEndpoint};
+use nessie_fabric::mem::MemEndpoint;
 use nessie_fabric::{Endpoint, Locality, OpKind};
 use nessie_protocols::sd::{RpcConfig, RpcMutations, RpcStats, ServerStatsSnapshot};
 use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
@@ -28,18 +31,6 @@ const HY: Mode = Mode::Hy { server_threads: 2 };
 
 /// Stress runs take turns: each one keeps every core of a small machine busy on its own.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn delay(seed: u64) -> Option<DelayInjection> {
-    Some(DelayInjection { seed, probability: 0.02, max_delay_ns: 20_000 })
-}
-
-fn geometry() -> Geometry {
-    Geometry { nodes: 3, ites_per_node: 1024, dtes_per_node: 4096, key_max: 16, value_max: 48, hash_functions: 3, filter_bits: 7 }
-}
-
-fn cfg() -> ProtocolConfig {
-    ProtocolConfig { expiry_ns: 200_000_000, clock_margin_ns: 1_000_000, cache_entries: 64, ..ProtocolConfig::default() }
-}
 
 fn rpc() -> RpcConfig {
     RpcConfig { max_clients_per_node: 4, idle_backoff_ns: Some(0), ..RpcConfig::default() }

@@ -13,6 +13,11 @@ pub struct BenchArgs {
     pub sweep: Option<BenchSub>,
     #[command(flatten)]
     pub p: ParamArgs,
+    /// Benchmark the running cluster in this directory (from `nessie up`) instead of starting
+    /// one; it keeps running afterwards. Its mode and node count must match --mode and --nodes.
+    /// Preloading overwrites keys named key-NNNN….
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -139,6 +144,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, String> {
         binary: std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?,
         dir: None,
         server_poll: p.server_poll.clone(),
+        cluster: None,
     })
 }
 
@@ -199,7 +205,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         return sweep(s);
     }
     let p = a.p.params();
-    let opts = runner_options(&a.p)?;
+    let mut opts = runner_options(&a.p)?;
+    opts.cluster = a.cluster.clone();
     let pb = progress_bar("bench");
     let t = Instant::now();
     let r = runner::run(&p, &opts, &mut |phase| pb.set_message(phase.to_string()));
