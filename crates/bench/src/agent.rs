@@ -76,7 +76,9 @@ impl PerOpFabric {
     }
 }
 
-/// CPU seconds of a node process's threads in the measured window, by thread role.
+/// CPU seconds of a node process's threads in the measured window, by thread role: client
+/// threads measure their own window; server, progress and other threads are long-lived and are
+/// read from /proc at the window's start and end.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CpuByRole {
     pub client: f64,
@@ -275,7 +277,18 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
     Ok(n)
 }
 
+/// CPU seconds the calling thread has used (exact, from the kernel's per-thread clock).
+fn own_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
 struct ThreadOut {
+    /// CPU seconds this client thread used in the measured window (measured by the thread
+    /// itself: it may have exited before the agent's end-of-window snapshot of /proc).
+    cpu: f64,
     gets: u64,
     puts: u64,
     errors: u64,
@@ -319,12 +332,14 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
                 let value = vec![0xa5u8; spec.value_size as usize];
                 let arrivals = rate.map(|r| Exp::new(r).expect("positive rate"));
                 let mut o = ThreadOut {
+                    cpu: 0.0,
                     gets: 0, puts: 0, errors: 0, offered: 0, gh: new_hist(), ph: new_hist(),
                     fg: PerOpFabric::default(), fp: PerOpFabric::default(), aborts: 0, retries: 0,
                 };
                 sleep_until_unix(start);
                 let mut next = start as f64;
                 let (mut a0, mut r0) = (0, 0);
+                let mut cpu0 = 0.0;
                 let mut in_window = false;
                 loop {
                     let t0 = if let Some(exp) = &arrivals {
@@ -341,6 +356,7 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
                     if measured && !in_window {
                         in_window = true;
                         (a0, r0) = c.aborts_retries();
+                        cpu0 = own_cpu_seconds();
                     }
                     let k = keygen.next(&mut rng);
                     let key = key_bytes(k, spec.key_size);
@@ -369,6 +385,7 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
                 if in_window {
                     o.aborts = a1 - a0;
                     o.retries = r1 - r0;
+                    o.cpu = own_cpu_seconds() - cpu0;
                 }
                 o
             })
@@ -392,6 +409,7 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
         rep.offered += o.offered;
         rep.aborts += o.aborts;
         rep.retries += o.retries;
+        rep.cpu.client += o.cpu;
         gh.add(&o.gh).map_err(|e| format!("{e:?}"))?;
         ph.add(&o.ph).map_err(|e| format!("{e:?}"))?;
         rep.fabric_get.merge(&o.fg);
@@ -406,8 +424,9 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
     let sx = (srv1.exec.concurrent_aborts + srv1.exec.timeouts).saturating_sub(srv0.exec.concurrent_aborts + srv0.exec.timeouts);
     rep.aborts += sx;
     rep.retries += srv1.exec.retries.saturating_sub(srv0.exec.retries);
+    // Client threads measured themselves (above); the long-lived threads come from /proc.
     rep.cpu = CpuByRole {
-        client: (cpu1.client - cpu0.client).max(0.0),
+        client: rep.cpu.client,
         server: (cpu1.server - cpu0.server).max(0.0),
         progress: (cpu1.progress - cpu0.progress).max(0.0),
         other: (cpu1.other - cpu0.other).max(0.0),

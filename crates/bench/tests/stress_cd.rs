@@ -4,7 +4,7 @@
 //! Each run: 4 client threads on 3 nodes, hot keys, at least 100,000 operations.
 
 mod common;
-use common::{cfg, delay, geometry};
+use common::{cfg, delay, geometry, spec};
 
 use std::time::Duration;
 
@@ -16,22 +16,6 @@ use nessie_protocols::{HookPoint, Mutations, ProtocolConfig};
 use nessie_store::Geometry;
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
-const OPS_PER_THREAD: u64 = 25_000;
-
-fn spec(seed: u64) -> StressSpec {
-    StressSpec {
-        ops_per_thread: OPS_PER_THREAD,
-        keys: 200,
-        hot_keys: 2,
-        hot_fraction: 0.6,
-        get_fraction: 0.5,
-        delete_fraction: 0.05,
-        value_size: (8, 48),
-        seed,
-        time_limit: Duration::from_secs(120),
-        preload_keys: 0,
-    }
-}
 
 fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<MemEndpoint>> {
     THREADS_NODES.iter().map(|&n| c.client_with(n, cfg.clone()).unwrap()).collect()

@@ -11,7 +11,7 @@
 //! on 2 cores make progress.
 
 mod common;
-use common::{cfg, delay, geometry};
+use common::{cfg, delay, geometry, spec};
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,7 +25,6 @@ use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
 use nessie_store::Geometry;
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
-const OPS_PER_THREAD: u64 = 25_000;
 const SD: Mode = Mode::Sd { server_threads: 2 };
 const HY: Mode = Mode::Hy { server_threads: 2 };
 
@@ -34,21 +33,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn rpc() -> RpcConfig {
     RpcConfig { max_clients_per_node: 4, idle_backoff_ns: Some(0), ..RpcConfig::default() }
-}
-
-fn spec(seed: u64) -> StressSpec {
-    StressSpec {
-        ops_per_thread: OPS_PER_THREAD,
-        keys: 200,
-        hot_keys: 2,
-        hot_fraction: 0.6,
-        get_fraction: 0.5,
-        delete_fraction: 0.05,
-        value_size: (8, 48),
-        seed,
-        time_limit: Duration::from_secs(60),
-        preload_keys: 0,
-    }
 }
 
 fn cluster(mode: Mode, g: Geometry, cfg: ProtocolConfig, seed: u64, rpc: RpcConfig) -> LocalCluster {
@@ -98,7 +82,6 @@ fn assert_clean(out: &StressOutcome) {
     assert!(out.ops >= 100_000, "only {} ops", out.ops);
     assert_eq!(out.corrupt_reads, 0, "reads returned bytes nobody wrote");
     assert!(out.report.is_ok(), "history not linearizable:\n{}", out.report);
-    assert!(out.elapsed < Duration::from_secs(20), "run took {:?}", out.elapsed);
 }
 
 // ---- smoke tests of the request/response path ----
@@ -286,7 +269,8 @@ fn server_threads_stop_and_waiting_clients_give_up() {
     drop(c);
     let t = std::time::Instant::now();
     assert!(matches!(h.put(b"k", b"w"), Err(Error::Unreachable { .. })));
-    assert!(t.elapsed() < Duration::from_secs(1));
+    // Behaviour, not speed: it must not wait out the 30 s response timeout.
+    assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 // ---- stress ----

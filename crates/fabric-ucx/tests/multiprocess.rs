@@ -440,7 +440,6 @@ fn shm_read_write_cas_complete_while_target_progress_is_paused() {
     // Warm up (wireup finished) while the target is still progressing.
     c.ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap();
     c.children[0].ok("pause");
-    let start = Instant::now();
     let data = pattern(3, 16 << 10);
     c.ep.write(RemoteAddr::new(1, 1, 0), &data).unwrap();
     let mut back = vec![0u8; data.len()];
@@ -451,8 +450,8 @@ fn shm_read_write_cas_complete_while_target_progress_is_paused() {
     assert_eq!(c.ep.compare_and_swap(w, 0, 12).unwrap(), 11);
     assert_eq!(c.ep.read_u64(w).unwrap(), 11);
     let n = 2000;
+    // Had these needed the paused target's help they would have failed with Unreachable.
     cas_increment(&mut c.ep, w, n).unwrap();
-    assert!(start.elapsed() < Duration::from_secs(2), "ops were slow: {:?}", start.elapsed());
     // The child (its main thread; the progress thread is parked) sees the results.
     assert_eq!(sum_reply(c.children[0].ok("local_sum 1 0 16384")), fnv(&data));
     assert_eq!(sum_reply(c.children[0].ok("local_sum 0 8 8")), fnv(&(11 + n).to_le_bytes()));
@@ -479,7 +478,8 @@ fn tcp_ops_time_out_while_target_progress_is_paused() {
     // Still unreachable for this endpoint, immediately.
     let start = Instant::now();
     assert!(matches!(c.ep.read_u64(RemoteAddr::new(1, 0, 0)), Err(FabricError::Unreachable { node: 1, .. })));
-    assert!(start.elapsed() < Duration::from_millis(100));
+    // Without waiting for the 1.5 s op timeout again.
+    assert!(start.elapsed() < Duration::from_secs(1));
     c.children[0].ok("resume");
     // A fresh endpoint reaches the resumed node.
     let mut ep2 = c.node.endpoint(&c.infos).unwrap();
@@ -516,7 +516,8 @@ fn killed_peer_becomes_unreachable(t: Transport) {
     let t0 = Instant::now();
     assert!(matches!(c.ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 8]), Err(FabricError::Unreachable { node: 1, .. })));
     assert!(matches!(c.ep.compare_and_swap(RemoteAddr::new(1, 0, 0), 0, 1), Err(FabricError::Unreachable { node: 1, .. })));
-    assert!(t0.elapsed() < Duration::from_millis(100));
+    // Without waiting for the op timeout.
+    assert!(t0.elapsed() < Duration::from_secs(1));
     // The survivors keep working: node 2 remotely, node 0 through loopback.
     for n in [2, 0] {
         let a = RemoteAddr::new(n, 1, 512);

@@ -1,6 +1,9 @@
 //! Fixtures shared by the stress tests: the same small cluster, protocol timing and delay
 //! injection for every protocol, so their runs are comparable.
 
+use std::time::Duration;
+
+use nessie_bench::stress::StressSpec;
 use nessie_fabric::mem::DelayInjection;
 use nessie_protocols::ProtocolConfig;
 use nessie_store::Geometry;
@@ -16,4 +19,24 @@ pub fn geometry() -> Geometry {
 
 pub fn cfg() -> ProtocolConfig {
     ProtocolConfig { expiry_ns: 200_000_000, clock_margin_ns: 1_000_000, cache_entries: 64, ..ProtocolConfig::default() }
+}
+
+/// Each stress thread's operations.
+pub const OPS_PER_THREAD: u64 = 25_000;
+
+/// The base workload: 4 threads × 25,000 operations on 200 keys, 60% of them on 2 hot keys,
+/// half GETs, 5% DELETEs.
+pub fn spec(seed: u64) -> StressSpec {
+    StressSpec {
+        ops_per_thread: OPS_PER_THREAD,
+        keys: 200,
+        hot_keys: 2,
+        hot_fraction: 0.6,
+        get_fraction: 0.5,
+        delete_fraction: 0.05,
+        value_size: (8, 48),
+        seed,
+        time_limit: Duration::from_secs(120),
+        preload_keys: 0,
+    }
 }
