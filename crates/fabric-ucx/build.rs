@@ -4,7 +4,10 @@
 fn main() {
     println!("cargo:rerun-if-changed=csrc/shim.c");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
-    let ucx = match pkg_config::Config::new().atleast_version("1.12").probe("ucx") {
+    let ucx = match pkg_config::Config::new()
+        .atleast_version("1.12")
+        .probe("ucx")
+    {
         Ok(lib) => lib,
         Err(e) => panic!(
             "UCX (ucp) development files not found via pkg-config: {e}\n\
@@ -12,7 +15,11 @@ fn main() {
         ),
     };
     let mut build = cc::Build::new();
-    build.file("csrc/shim.c").warnings(true).flag_if_supported("-Wextra").opt_level(2);
+    build
+        .file("csrc/shim.c")
+        .warnings(true)
+        .flag_if_supported("-Wextra")
+        .opt_level(2);
     for p in &ucx.include_paths {
         build.include(p);
     }

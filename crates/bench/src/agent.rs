@@ -44,7 +44,13 @@ pub enum AgentRequest {
     /// PUT every key `k` with `k % nodes == node`.
     Preload(AgentSpec),
     /// Run from `start_unix_ns`: `warmup_s` unmeasured, then `duration_s` measured.
-    Run { spec: AgentSpec, start_unix_ns: u64, warmup_s: f64, duration_s: f64, rate_per_thread: Option<f64> },
+    Run {
+        spec: AgentSpec,
+        start_unix_ns: u64,
+        warmup_s: f64,
+        duration_s: f64,
+        rate_per_thread: Option<f64>,
+    },
 }
 
 /// Fabric work per operation, summed over one node's clients.
@@ -61,7 +67,14 @@ impl PerOpFabric {
         self.ops_sum += ops;
         self.bytes_sum += bytes;
         *self.ops_hist.entry(ops).or_default() += 1;
-        *self.bytes_hist.entry(if bytes == 0 { 0 } else { bytes.next_power_of_two() }).or_default() += 1;
+        *self
+            .bytes_hist
+            .entry(if bytes == 0 {
+                0
+            } else {
+                bytes.next_power_of_two()
+            })
+            .or_default() += 1;
     }
 
     pub fn merge(&mut self, o: &PerOpFabric) {
@@ -118,13 +131,17 @@ pub fn key_bytes(k: u64, key_size: u32) -> Vec<u8> {
 
 pub fn encode_hist(h: &Histogram<u64>) -> String {
     let mut buf = Vec::new();
-    V2Serializer::new().serialize(h, &mut buf).expect("histogram serialises");
+    V2Serializer::new()
+        .serialize(h, &mut buf)
+        .expect("histogram serialises");
     hex::encode(buf)
 }
 
 pub fn decode_hist(s: &str) -> Result<Histogram<u64>, String> {
     let bytes = hex::decode(s).map_err(|e| format!("histogram is not hex: {e}"))?;
-    Deserializer::new().deserialize(&mut &bytes[..]).map_err(|e| format!("bad histogram: {e:?}"))
+    Deserializer::new()
+        .deserialize(&mut &bytes[..])
+        .map_err(|e| format!("bad histogram: {e:?}"))
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -164,7 +181,11 @@ fn tighten_timer_slack() {
 /// (utime + stime) from `stat` in clock ticks (10 ms granularity) where schedstat is missing.
 fn task_cpu_seconds(task: &std::path::Path, tick: f64) -> Option<f64> {
     if let Ok(ss) = std::fs::read_to_string(task.join("schedstat")) {
-        if let Some(ns) = ss.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()) {
+        if let Some(ns) = ss
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse::<f64>().ok())
+        {
             return Some(ns / 1e9);
         }
     }
@@ -179,11 +200,17 @@ fn task_cpu_seconds(task: &std::path::Path, tick: f64) -> Option<f64> {
 fn thread_cpu() -> CpuByRole {
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut c = CpuByRole::default();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return c };
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return c;
+    };
     for e in dir.flatten() {
         let p = e.path();
-        let Ok(comm) = std::fs::read_to_string(p.join("comm")) else { continue };
-        let Some(secs) = task_cpu_seconds(&p, tick) else { continue };
+        let Ok(comm) = std::fs::read_to_string(p.join("comm")) else {
+            continue;
+        };
+        let Some(secs) = task_cpu_seconds(&p, tick) else {
+            continue;
+        };
         let comm = comm.trim();
         if comm.starts_with("nessie-bench") {
             c.client += secs;
@@ -222,10 +249,24 @@ impl NodeExtension for BenchAgent {
             Err(e) => return Response::Error(format!("bad benchmark request: {e}")),
         };
         let r = match req {
-            AgentRequest::Preload(spec) => preload(node, &spec).map(|n| serde_json::json!({ "preloaded": n })),
-            AgentRequest::Run { spec, start_unix_ns, warmup_s, duration_s, rate_per_thread } => {
-                run(node, &spec, start_unix_ns, warmup_s, duration_s, rate_per_thread).map(|r| serde_json::to_value(r).expect("serialises"))
+            AgentRequest::Preload(spec) => {
+                preload(node, &spec).map(|n| serde_json::json!({ "preloaded": n }))
             }
+            AgentRequest::Run {
+                spec,
+                start_unix_ns,
+                warmup_s,
+                duration_s,
+                rate_per_thread,
+            } => run(
+                node,
+                &spec,
+                start_unix_ns,
+                warmup_s,
+                duration_s,
+                rate_per_thread,
+            )
+            .map(|r| serde_json::to_value(r).expect("serialises")),
         };
         match r {
             Ok(v) => Response::Status(v.to_string()),
@@ -236,50 +277,78 @@ impl NodeExtension for BenchAgent {
 
 fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), String> {
     if spec.threads == 0 || spec.threads > MAX_AGENT_THREADS {
-        return Err(format!("threads = {} is not in 1..={MAX_AGENT_THREADS}", spec.threads));
+        return Err(format!(
+            "threads = {} is not in 1..={MAX_AGENT_THREADS}",
+            spec.threads
+        ));
     }
     let g = node.geometry();
     if spec.key_size > g.key_max || spec.value_size > g.value_max {
-        return Err(format!("key/value size {}/{} exceed the cluster's {}/{}", spec.key_size, spec.value_size, g.key_max, g.value_max));
+        return Err(format!(
+            "key/value size {}/{} exceed the cluster's {}/{}",
+            spec.key_size, spec.value_size, g.key_max, g.value_max
+        ));
     }
     if key_bytes(0, spec.key_size).len() > g.key_max as usize {
-        return Err(format!("keys need at least 20 bytes; key_max is {}", g.key_max));
+        return Err(format!(
+            "keys need at least 20 bytes; key_max is {}",
+            g.key_max
+        ));
     }
     Ok(())
 }
 
 fn client_cfg(node: &NodeContext, o: Optimizations) -> ProtocolConfig {
-    ProtocolConfig { optimizations: o, ..node.protocol_config() }
+    ProtocolConfig {
+        optimizations: o,
+        ..node.protocol_config()
+    }
 }
 
 fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
     check(spec, node)?;
-    let mine: Vec<u64> = (node.id as u64..spec.keys).step_by(spec.nodes.max(1) as usize).collect();
-    let chunks: Vec<Vec<u64>> = mine.chunks(mine.len().div_ceil(spec.threads as usize).max(1)).map(|c| c.to_vec()).collect();
+    let mine: Vec<u64> = (node.id as u64..spec.keys)
+        .step_by(spec.nodes.max(1) as usize)
+        .collect();
+    let chunks: Vec<Vec<u64>> = mine
+        .chunks(mine.len().div_ceil(spec.threads as usize).max(1))
+        .map(|c| c.to_vec())
+        .collect();
     let value = vec![0x5au8; spec.value_size as usize];
     let handles: Vec<_> = chunks
         .into_iter()
         .map(|keys| {
-            let mut c = node.client(&client_cfg(node, spec.optimizations)).map_err(|e| e.to_string())?;
+            let mut c = node
+                .client(&client_cfg(node, spec.optimizations))
+                .map_err(|e| e.to_string())?;
             let (value, ks) = (value.clone(), spec.key_size);
-            Ok(std::thread::Builder::new().name("nessie-bench-pre".into()).spawn(move || -> Result<u64, String> {
-                for &k in &keys {
-                    c.put(&key_bytes(k, ks), &value).map_err(|e| format!("preloading key {k}: {e}"))?;
-                }
-                Ok(keys.len() as u64)
-            }).map_err(|e| e.to_string())?)
+            Ok(std::thread::Builder::new()
+                .name("nessie-bench-pre".into())
+                .spawn(move || -> Result<u64, String> {
+                    for &k in &keys {
+                        c.put(&key_bytes(k, ks), &value)
+                            .map_err(|e| format!("preloading key {k}: {e}"))?;
+                    }
+                    Ok(keys.len() as u64)
+                })
+                .map_err(|e| e.to_string())?)
         })
         .collect::<Result<_, String>>()?;
     let mut n = 0;
     for h in handles {
-        n += h.join().map_err(|_| "a preload thread panicked".to_string())??;
+        n += h
+            .join()
+            .map_err(|_| "a preload thread panicked".to_string())??;
     }
     Ok(n)
 }
 
 /// CPU seconds the calling thread has used (exact, from the kernel's per-thread clock).
 fn own_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
@@ -301,10 +370,19 @@ struct ThreadOut {
     retries: u64,
 }
 
-fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, duration_s: f64, rate: Option<f64>) -> Result<AgentReport, String> {
+fn run(
+    node: &Arc<NodeContext>,
+    spec: &AgentSpec,
+    start: u64,
+    warmup_s: f64,
+    duration_s: f64,
+    rate: Option<f64>,
+) -> Result<AgentReport, String> {
     check(spec, node)?;
     if !(duration_s > 0.0 && duration_s <= 3600.0 && (0.0..=3600.0).contains(&warmup_s)) {
-        return Err(format!("duration {duration_s} s / warm-up {warmup_s} s out of range"));
+        return Err(format!(
+            "duration {duration_s} s / warm-up {warmup_s} s out of range"
+        ));
     }
     if let Some(r) = rate {
         if !(r > 0.0 && r.is_finite()) {
@@ -318,9 +396,12 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut handles = Vec::new();
     for t in 0..spec.threads {
-        let mut c = node.client(&client_cfg(node, spec.optimizations)).map_err(|e| e.to_string())?;
+        let mut c = node
+            .client(&client_cfg(node, spec.optimizations))
+            .map_err(|e| e.to_string())?;
         let (keygen, spec) = (keygen.clone(), spec.clone());
-        let seed = spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let seed =
+            spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let h = std::thread::Builder::new()
             .name(format!("nessie-bench-{t}"))
             .spawn(move || {
@@ -333,8 +414,16 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
                 let arrivals = rate.map(|r| Exp::new(r).expect("positive rate"));
                 let mut o = ThreadOut {
                     cpu: 0.0,
-                    gets: 0, puts: 0, errors: 0, offered: 0, gh: new_hist(), ph: new_hist(),
-                    fg: PerOpFabric::default(), fp: PerOpFabric::default(), aborts: 0, retries: 0,
+                    gets: 0,
+                    puts: 0,
+                    errors: 0,
+                    offered: 0,
+                    gh: new_hist(),
+                    ph: new_hist(),
+                    fg: PerOpFabric::default(),
+                    fp: PerOpFabric::default(),
+                    aborts: 0,
+                    retries: 0,
                 };
                 sleep_until_unix(start);
                 let mut next = start as f64;
@@ -362,7 +451,11 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
                     let key = key_bytes(k, spec.key_size);
                     let is_get = rng.gen_bool(spec.get_ratio);
                     let before = c.fabric_stats();
-                    let ok = if is_get { c.get(&key).is_ok() } else { c.put(&key, &value).is_ok() };
+                    let ok = if is_get {
+                        c.get(&key).is_ok()
+                    } else {
+                        c.put(&key, &value).is_ok()
+                    };
                     let lat = unix_ns().saturating_sub(t0).max(1);
                     if !measured {
                         continue;
@@ -399,10 +492,16 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
     sleep_until_unix(window_end);
     let (cpu1, fab1, srv1) = (thread_cpu(), node.fabric_stats(), node.server_stats());
 
-    let mut rep = AgentReport { node: node.id, window_s: duration_s, ..AgentReport::default() };
+    let mut rep = AgentReport {
+        node: node.id,
+        window_s: duration_s,
+        ..AgentReport::default()
+    };
     let (mut gh, mut ph) = (new_hist(), new_hist());
     for h in handles {
-        let o = h.join().map_err(|_| "a benchmark thread panicked".to_string())?;
+        let o = h
+            .join()
+            .map_err(|_| "a benchmark thread panicked".to_string())?;
         rep.gets += o.gets;
         rep.puts += o.puts;
         rep.errors += o.errors;
@@ -421,7 +520,8 @@ fn run(node: &Arc<NodeContext>, spec: &AgentSpec, start: u64, warmup_s: f64, dur
     rep.window_fabric_ops = d.fabric_ops();
     rep.window_remote_bytes = d.remote_bytes();
     rep.window_local_bytes = d.local_bytes();
-    let sx = (srv1.exec.concurrent_aborts + srv1.exec.timeouts).saturating_sub(srv0.exec.concurrent_aborts + srv0.exec.timeouts);
+    let sx = (srv1.exec.concurrent_aborts + srv1.exec.timeouts)
+        .saturating_sub(srv0.exec.concurrent_aborts + srv0.exec.timeouts);
     rep.aborts += sx;
     rep.retries += srv1.exec.retries.saturating_sub(srv0.exec.retries);
     // Client threads measured themselves (above); the long-lived threads come from /proc.
@@ -459,7 +559,10 @@ mod tests {
         f.record(3, 0);
         f.record(5, 16_400);
         assert_eq!(f.ops_hist, BTreeMap::from([(3, 2), (5, 1)]));
-        assert_eq!(f.bytes_hist, BTreeMap::from([(0, 1), (128, 1), (32_768, 1)]));
+        assert_eq!(
+            f.bytes_hist,
+            BTreeMap::from([(0, 1), (128, 1), (32_768, 1)])
+        );
         let mut g = PerOpFabric::default();
         g.merge(&f);
         g.merge(&f);
@@ -470,7 +573,11 @@ mod tests {
     fn keys_have_the_requested_size_and_are_distinct() {
         assert_eq!(key_bytes(7, 128).len(), 128);
         assert_ne!(key_bytes(7, 128), key_bytes(8, 128));
-        assert_eq!(key_bytes(7, 8).len(), 20, "never shorter than the numbered prefix");
+        assert_eq!(
+            key_bytes(7, 8).len(),
+            20,
+            "never shorter than the numbered prefix"
+        );
     }
 
     #[test]
@@ -483,6 +590,9 @@ mod tests {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
         }
         let t1 = thread_cpu();
-        assert!(t1.other + t1.client + t1.server + t1.progress > t0.other + t0.client + t0.server + t0.progress);
+        assert!(
+            t1.other + t1.client + t1.server + t1.progress
+                > t0.other + t0.client + t0.server + t0.progress
+        );
     }
 }

@@ -63,19 +63,27 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
         value_max: spec.value_size as u32,
         ..Geometry::default()
     };
-    let cfg = ProtocolConfig { cache_entries: ((spec.keys as f64 * 0.005) as usize).max(16), ..ProtocolConfig::default() };
+    let cfg = ProtocolConfig {
+        cache_entries: ((spec.keys as f64 * 0.005) as usize).max(16),
+        ..ProtocolConfig::default()
+    };
     let cluster = LocalCluster::new(geometry, cfg, None).map_err(|e| e.to_string())?;
     let keygen = std::sync::Arc::new(KeyGen::new(&spec.dist, spec.keys)?);
     let history = History::new();
 
     // Preload every key from node 0's clients... spread over nodes so each data table holds some.
     {
-        let mut clients: Vec<_> = (0..spec.nodes).map(|n| cluster.client(n as NodeId)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        let mut clients: Vec<_> = (0..spec.nodes)
+            .map(|n| cluster.client(n as NodeId))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
         let mut rec = history.recorder(u32::MAX);
         for k in 0..spec.keys {
             let id = 1 << 62 | k;
             let inv = rec.invoke();
-            clients[(k % spec.nodes as u64) as usize].put(&key_bytes(k), &value_bytes(id, spec.value_size)).map_err(|e| format!("preload: {e}"))?;
+            clients[(k % spec.nodes as u64) as usize]
+                .put(&key_bytes(k), &value_bytes(id, spec.value_size))
+                .map_err(|e| format!("preload: {e}"))?;
             rec.complete(inv, k, Op::Put(id), Outcome::Ok(None));
         }
     }
@@ -85,7 +93,9 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
     let end = start + spec.duration;
     let handles: Vec<_> = (0..spec.threads)
         .map(|t| {
-            let mut client = cluster.client((t % spec.nodes as usize) as NodeId).map_err(|e| e.to_string())?;
+            let mut client = cluster
+                .client((t % spec.nodes as usize) as NodeId)
+                .map_err(|e| e.to_string())?;
             let mut rec = history.recorder(t as u32);
             let keygen = keygen.clone();
             let spec = spec.clone();
@@ -110,20 +120,46 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
                         if spec.check {
                             rec.complete(inv, k, Op::Get, out);
                         }
-                        if r.is_ok() { gets += 1 } else { errors += 1 }
+                        if r.is_ok() {
+                            gets += 1
+                        } else {
+                            errors += 1
+                        }
                     } else {
                         seq += 1;
                         let id = (t as u64) << 40 | seq;
                         let r = client.put(&key, &value_bytes(id, spec.value_size));
                         pl.saturating_record(t0.elapsed().as_nanos() as u64);
                         if spec.check {
-                            rec.complete(inv, k, Op::Put(id), if r.is_ok() { Outcome::Ok(None) } else { Outcome::Failed });
+                            rec.complete(
+                                inv,
+                                k,
+                                Op::Put(id),
+                                if r.is_ok() {
+                                    Outcome::Ok(None)
+                                } else {
+                                    Outcome::Failed
+                                },
+                            );
                         }
-                        if r.is_ok() { puts += 1 } else { errors += 1 }
+                        if r.is_ok() {
+                            puts += 1
+                        } else {
+                            errors += 1
+                        }
                     }
                 }
                 let st = client.stats();
-                (gets, puts, errors, gl, pl, st.migrations, st.previous_version_hits, client.cache_stats().hits)
+                (
+                    gets,
+                    puts,
+                    errors,
+                    gl,
+                    pl,
+                    st.migrations,
+                    st.previous_version_hits,
+                    client.cache_stats().hits,
+                )
             }))
         })
         .collect::<Result<_, String>>()?;
@@ -143,7 +179,9 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
         cache_hits: 0,
     };
     for h in handles {
-        let (g, p, e, gl, pl, mig, pv, ch) = h.join().map_err(|_| "a client thread panicked".to_string())?;
+        let (g, p, e, gl, pl, mig, pv, ch) = h
+            .join()
+            .map_err(|_| "a client thread panicked".to_string())?;
         res.gets += g;
         res.puts += p;
         res.errors += e;
@@ -157,7 +195,11 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
     res.ops = res.gets + res.puts;
     res.fabric = cluster.fabric().stats().total(None).saturating_sub(&before);
     if spec.check {
-        res.check = Some(nessie_check::check(&history.into_events(), |_| None, &Limits::default()));
+        res.check = Some(nessie_check::check(
+            &history.into_events(),
+            |_| None,
+            &Limits::default(),
+        ));
     }
     Ok(res)
 }

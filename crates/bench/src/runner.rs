@@ -49,33 +49,61 @@ fn validate(p: &BenchParams) -> Result<Mode3, String> {
         m => return Err(format!("--mode {m:?} is not one of cd, sd, hy")),
     };
     if p.nodes == 0 || p.nodes > process::MAX_LOCAL_NODES {
-        return Err(format!("--nodes {} is not in 1..={}", p.nodes, process::MAX_LOCAL_NODES));
+        return Err(format!(
+            "--nodes {} is not in 1..={}",
+            p.nodes,
+            process::MAX_LOCAL_NODES
+        ));
     }
     if p.client_threads == 0 || p.client_threads > crate::agent::MAX_AGENT_THREADS {
-        return Err(format!("--client-threads {} is not in 1..={}", p.client_threads, crate::agent::MAX_AGENT_THREADS));
+        return Err(format!(
+            "--client-threads {} is not in 1..={}",
+            p.client_threads,
+            crate::agent::MAX_AGENT_THREADS
+        ));
     }
     if mode != Mode3::Cd && (p.server_threads == 0 || p.server_threads > 64) {
-        return Err(format!("--server-threads {} is not in 1..=64", p.server_threads));
+        return Err(format!(
+            "--server-threads {} is not in 1..=64",
+            p.server_threads
+        ));
     }
     p.transport.parse::<Transport>()?;
     if p.key_size < 20 || p.key_size > nessie_store::limits::MAX_KEY_SIZE {
-        return Err(format!("--key-size {} is not in 20..={}", p.key_size, nessie_store::limits::MAX_KEY_SIZE));
+        return Err(format!(
+            "--key-size {} is not in 20..={}",
+            p.key_size,
+            nessie_store::limits::MAX_KEY_SIZE
+        ));
     }
     if p.value_size == 0 || p.value_size > nessie_store::limits::MAX_VALUE_SIZE {
-        return Err(format!("--value-size {} is not in 1..={}", p.value_size, nessie_store::limits::MAX_VALUE_SIZE));
+        return Err(format!(
+            "--value-size {} is not in 1..={}",
+            p.value_size,
+            nessie_store::limits::MAX_VALUE_SIZE
+        ));
     }
     if !(0.0..=1.0).contains(&p.get_ratio) {
         return Err(format!("--get-ratio {} is not in [0, 1]", p.get_ratio));
     }
     p.dist.parse::<crate::workload::KeyDist>()?;
     if !(p.load_factor > 0.0 && p.load_factor <= 0.95) {
-        return Err(format!("--load-factor {} is not in (0, 0.95]", p.load_factor));
+        return Err(format!(
+            "--load-factor {} is not in (0, 0.95]",
+            p.load_factor
+        ));
     }
     if !(p.duration > 0.0 && p.duration <= 3600.0) || !(0.0..=600.0).contains(&p.warmup) {
-        return Err(format!("--duration {} / --warmup {} out of range", p.duration, p.warmup));
+        return Err(format!(
+            "--duration {} / --warmup {} out of range",
+            p.duration, p.warmup
+        ));
     }
     if p.background > MAX_BACKGROUND {
-        return Err(format!("--background {} exceeds {MAX_BACKGROUND}", p.background));
+        return Err(format!(
+            "--background {} exceeds {MAX_BACKGROUND}",
+            p.background
+        ));
     }
     if let Some(f) = p.target_load {
         if !(f > 0.0 && f <= 1.0) {
@@ -97,7 +125,9 @@ enum Mode3 {
 
 /// Keys and geometry for a run.
 pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
-    let keys = p.keys.unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.value_size as u64).clamp(1_000, 200_000));
+    let keys = p
+        .keys
+        .unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.value_size as u64).clamp(1_000, 200_000));
     let per_node = keys.div_ceil(p.nodes as u64);
     // Coupled placement (sd, hy) puts a key's candidates on one node: allow for imbalance.
     let ites = ((per_node as f64 / p.load_factor) * 1.1).ceil() as u64 + 64;
@@ -171,13 +201,27 @@ impl Drop for RunningCluster {
 fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCluster, String> {
     let (cfg, nodes) = process::status(dir).map_err(|e| e.to_string())?;
     if let Some(n) = nodes.iter().find(|n| n.report.is_err()) {
-        return Err(format!("node {} of the cluster in {} is not answering", n.id, dir.display()));
+        return Err(format!(
+            "node {} of the cluster in {} is not answering",
+            n.id,
+            dir.display()
+        ));
     }
     if cfg.cluster.mode != p.mode {
-        return Err(format!("the cluster in {} runs mode {}, not --mode {}", dir.display(), cfg.cluster.mode, p.mode));
+        return Err(format!(
+            "the cluster in {} runs mode {}, not --mode {}",
+            dir.display(),
+            cfg.cluster.mode,
+            p.mode
+        ));
     }
     if cfg.node.len() != p.nodes as usize {
-        return Err(format!("the cluster in {} has {} nodes, not --nodes {}", dir.display(), cfg.node.len(), p.nodes));
+        return Err(format!(
+            "the cluster in {} has {} nodes, not --nodes {}",
+            dir.display(),
+            cfg.node.len(),
+            p.nodes
+        ));
     }
     let g = &cfg.geometry;
     if p.key_size > g.key_max || p.value_size > g.value_max {
@@ -187,12 +231,24 @@ fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCl
         ));
     }
     if keys as f64 > g.total_ites() as f64 * 0.9 {
-        return Err(format!("{keys} keys do not fit the cluster's {} index entries; use --keys", g.total_ites()));
+        return Err(format!(
+            "{keys} keys do not fit the cluster's {} index entries; use --keys",
+            g.total_ites()
+        ));
     }
-    Ok(RunningCluster { dir: dir.to_path_buf(), temp: false, owned: false, cfg })
+    Ok(RunningCluster {
+        dir: dir.to_path_buf(),
+        temp: false,
+        owned: false,
+        cfg,
+    })
 }
 
-fn ask_all(c: &RunningCluster, req: &AgentRequest, timeout: Duration) -> Result<Vec<serde_json::Value>, String> {
+fn ask_all(
+    c: &RunningCluster,
+    req: &AgentRequest,
+    timeout: Duration,
+) -> Result<Vec<serde_json::Value>, String> {
     let body = serde_json::to_vec(req).expect("serialises");
     let handles: Vec<_> = c
         .cfg
@@ -202,17 +258,28 @@ fn ask_all(c: &RunningCluster, req: &AgentRequest, timeout: Duration) -> Result<
             let path = c.cfg.admin_path(n.id, &c.dir).map_err(|e| e.to_string())?;
             let body = body.clone();
             let id = n.id;
-            Ok(std::thread::spawn(move || -> Result<serde_json::Value, String> {
-                let mut a = AdminClient::connect(&path, timeout).map_err(|e| e.to_string())?;
-                match a.call(&Request::Extension(body)).map_err(|e| format!("node {id}: {e}"))? {
-                    Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
-                    Response::Error(e) => Err(e),
-                    r => Err(format!("node {id}: unexpected reply {r:?}")),
-                }
-            }))
+            Ok(std::thread::spawn(
+                move || -> Result<serde_json::Value, String> {
+                    let mut a = AdminClient::connect(&path, timeout).map_err(|e| e.to_string())?;
+                    match a
+                        .call(&Request::Extension(body))
+                        .map_err(|e| format!("node {id}: {e}"))?
+                    {
+                        Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
+                        Response::Error(e) => Err(e),
+                        r => Err(format!("node {id}: unexpected reply {r:?}")),
+                    }
+                },
+            ))
         })
         .collect::<Result<_, String>>()?;
-    handles.into_iter().map(|h| h.join().map_err(|_| "agent request thread panicked".to_string())?).collect()
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| "agent request thread panicked".to_string())?
+        })
+        .collect()
 }
 
 fn summary(h: &Histogram<u64>) -> LatencySummary {
@@ -236,9 +303,21 @@ fn per_op(f: &PerOpFabric, n: u64) -> FabricPerOp {
     }
 }
 
-fn run_window(c: &RunningCluster, spec: &AgentSpec, warmup: f64, duration: f64, rate: Option<f64>) -> Result<Vec<AgentReport>, String> {
+fn run_window(
+    c: &RunningCluster,
+    spec: &AgentSpec,
+    warmup: f64,
+    duration: f64,
+    rate: Option<f64>,
+) -> Result<Vec<AgentReport>, String> {
     let start = nessie_fabric::wall_clock_ns() + 300_000_000;
-    let req = AgentRequest::Run { spec: spec.clone(), start_unix_ns: start, warmup_s: warmup, duration_s: duration, rate_per_thread: rate };
+    let req = AgentRequest::Run {
+        spec: spec.clone(),
+        start_unix_ns: start,
+        warmup_s: warmup,
+        duration_s: duration,
+        rate_per_thread: rate,
+    };
     let timeout = Duration::from_secs_f64(warmup + duration + 120.0);
     ask_all(c, &req, timeout)?
         .into_iter()
@@ -247,12 +326,23 @@ fn run_window(c: &RunningCluster, spec: &AgentSpec, warmup: f64, duration: f64, 
 }
 
 /// Run one benchmark. `progress` is told the phase.
-pub fn run(p: &BenchParams, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchResult, String> {
+pub fn run(
+    p: &BenchParams,
+    opts: &RunnerOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchResult, String> {
     let mode = validate(p)?;
     let (keys, geometry) = sizing(p);
     let (dir, temp) = match &opts.dir {
         Some(d) => (d.clone(), false),
-        None => (std::env::temp_dir().join(format!("nessie-bench-{}-{}", std::process::id(), nessie_fabric::wall_clock_ns() % 1_000_000)), true),
+        None => (
+            std::env::temp_dir().join(format!(
+                "nessie-bench-{}-{}",
+                std::process::id(),
+                nessie_fabric::wall_clock_ns() % 1_000_000
+            )),
+            true,
+        ),
     };
     let cluster = match &opts.cluster {
         Some(existing) => {
@@ -285,15 +375,30 @@ fn start(
         node_args: vec![],
         ready_timeout: Duration::from_secs(120),
         mode: p.mode.clone(),
-        server_threads: if mode == Mode3::Cd { 1 } else { p.server_threads },
+        server_threads: if mode == Mode3::Cd {
+            1
+        } else {
+            p.server_threads
+        },
         max_clients_per_node: p.client_threads + 8,
         server_poll: opts.server_poll.clone(),
     };
     let cfg = process::up(&dir, &up).map_err(|e| e.to_string())?;
-    Ok(RunningCluster { dir, temp, owned: true, cfg })
+    Ok(RunningCluster {
+        dir,
+        temp,
+        owned: true,
+        cfg,
+    })
 }
 
-fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchResult, String> {
+fn bench_on(
+    cluster: &RunningCluster,
+    p: &BenchParams,
+    keys: u64,
+    opts: &RunnerOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchResult, String> {
     let spec = AgentSpec {
         threads: p.client_threads,
         nodes: p.nodes,
@@ -312,7 +417,11 @@ fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerO
         pin: p.pin,
     };
     progress("preloading");
-    ask_all(cluster, &AgentRequest::Preload(spec.clone()), Duration::from_secs(600))?;
+    ask_all(
+        cluster,
+        &AgentRequest::Preload(spec.clone()),
+        Duration::from_secs(600),
+    )?;
     let _hogs = Hogs::start(&opts.binary, p.background)?;
 
     let (rate, offered) = match p.target_load {
@@ -320,19 +429,31 @@ fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerO
         Some(f) => {
             progress("calibrating the maximum throughput");
             let reps = run_window(cluster, &spec, 0.5, CALIBRATION_S, None)?;
-            let max: f64 = reps.iter().map(|r| (r.gets + r.puts) as f64 / r.window_s).sum();
+            let max: f64 = reps
+                .iter()
+                .map(|r| (r.gets + r.puts) as f64 / r.window_s)
+                .sum();
             let total = f * max;
-            (Some(total / (p.nodes as f64 * p.client_threads as f64)), Some(total))
+            (
+                Some(total / (p.nodes as f64 * p.client_threads as f64)),
+                Some(total),
+            )
         }
     };
     progress("running");
     let reps = run_window(cluster, &spec, p.warmup, p.duration, rate)?;
 
-    let (mut gh, mut ph) = (Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(), Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap());
+    let (mut gh, mut ph) = (
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(),
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(),
+    );
     let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
     let mut r = BenchResult {
         mode: p.mode.clone(),
-        params: BenchParams { keys: Some(keys), ..p.clone() },
+        params: BenchParams {
+            keys: Some(keys),
+            ..p.clone()
+        },
         ops: PerKind::default(),
         ops_per_sec: 0.0,
         goodput_bytes_per_sec: 0.0,
@@ -350,8 +471,10 @@ fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerO
         r.errors += rep.errors;
         r.aborts += rep.aborts;
         r.retries += rep.retries;
-        gh.add(decode_hist(&rep.get_hist)?).map_err(|e| format!("{e:?}"))?;
-        ph.add(decode_hist(&rep.put_hist)?).map_err(|e| format!("{e:?}"))?;
+        gh.add(decode_hist(&rep.get_hist)?)
+            .map_err(|e| format!("{e:?}"))?;
+        ph.add(decode_hist(&rep.put_hist)?)
+            .map_err(|e| format!("{e:?}"))?;
         fg.merge(&rep.fabric_get);
         fp.merge(&rep.fabric_put);
         r.fabric.total_ops += rep.window_fabric_ops;
@@ -367,7 +490,11 @@ fn bench_on(cluster: &RunningCluster, p: &BenchParams, keys: u64, opts: &RunnerO
     r.goodput_bytes_per_sec = r.ops_per_sec * p.value_size as f64;
     let mut all = gh.clone();
     all.add(&ph).map_err(|e| format!("{e:?}"))?;
-    r.latency_us = PerKind { get: summary(&gh), put: summary(&ph), all: summary(&all) };
+    r.latency_us = PerKind {
+        get: summary(&gh),
+        put: summary(&ph),
+        all: summary(&all),
+    };
     let mut fa = fg.clone();
     fa.merge(&fp);
     r.fabric.get = per_op(&fg, r.ops.get);
@@ -387,7 +514,13 @@ mod tests {
             (Box::new(|p| p.mode = "xx".into()), "--mode"),
             (Box::new(|p| p.nodes = 0), "--nodes"),
             (Box::new(|p| p.client_threads = 0), "--client-threads"),
-            (Box::new(|p| { p.mode = "sd".into(); p.server_threads = 0 }), "--server-threads"),
+            (
+                Box::new(|p| {
+                    p.mode = "sd".into();
+                    p.server_threads = 0
+                }),
+                "--server-threads",
+            ),
             (Box::new(|p| p.transport = "ib".into()), "transport"),
             (Box::new(|p| p.key_size = 4), "--key-size"),
             (Box::new(|p| p.value_size = 0), "--value-size"),
@@ -410,16 +543,33 @@ mod tests {
 
     #[test]
     fn sizing_follows_load_factor() {
-        let p = BenchParams { keys: Some(30_000), nodes: 3, load_factor: 0.4, ..BenchParams::default() };
+        let p = BenchParams {
+            keys: Some(30_000),
+            nodes: 3,
+            load_factor: 0.4,
+            ..BenchParams::default()
+        };
         let (keys, g) = sizing(&p);
         assert_eq!(keys, 30_000);
         let lf = keys as f64 / g.total_ites() as f64;
         assert!(lf < 0.4 && lf > 0.3, "load factor {lf}");
         assert!(g.dtes_per_node >= 10_000);
-        let (_, big) = sizing(&BenchParams { keys: Some(3_000), value_size: 128 << 10, ..BenchParams::default() });
-        assert!(big.data_table_bytes() < 400 << 20, "spare entries sized by bytes: {}", big.data_table_bytes());
+        let (_, big) = sizing(&BenchParams {
+            keys: Some(3_000),
+            value_size: 128 << 10,
+            ..BenchParams::default()
+        });
+        assert!(
+            big.data_table_bytes() < 400 << 20,
+            "spare entries sized by bytes: {}",
+            big.data_table_bytes()
+        );
         g.validate().unwrap();
-        let (k, _) = sizing(&BenchParams { keys: None, value_size: 16384, ..BenchParams::default() });
+        let (k, _) = sizing(&BenchParams {
+            keys: None,
+            value_size: 16384,
+            ..BenchParams::default()
+        });
         assert_eq!(k, 8192, "128 MiB of 16 KiB values");
     }
 }

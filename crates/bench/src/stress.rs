@@ -79,7 +79,11 @@ impl std::fmt::Display for StressOutcome {
             self.ops,
             self.ok_ops,
             self.elapsed,
-            if self.truncated { " (time limit reached)" } else { "" },
+            if self.truncated {
+                " (time limit reached)"
+            } else {
+                ""
+            },
             self.errors,
             self.corrupt_reads
         )?;
@@ -94,7 +98,9 @@ pub fn key_bytes(k: KeyId) -> Vec<u8> {
 /// The bytes of value `id`, `len` bytes long (len ≥ 8).
 pub fn value_bytes(id: ValueId, len: usize) -> Vec<u8> {
     let mut v = id.to_le_bytes().to_vec();
-    v.extend((8..len.max(8)).map(|i| (id.wrapping_mul(31).wrapping_add(i as u64 * 131) >> 3) as u8));
+    v.extend(
+        (8..len.max(8)).map(|i| (id.wrapping_mul(31).wrapping_add(i as u64 * 131) >> 3) as u8),
+    );
     v
 }
 
@@ -117,7 +123,10 @@ fn error_kind(e: &Error) -> String {
 
 /// Run `clients` (one thread each) against the spec, check the history, and hand the clients
 /// back (their statistics are the caller's to inspect).
-pub fn run<C: KvClient + 'static>(mut clients: Vec<C>, spec: &StressSpec) -> (StressOutcome, Vec<C>) {
+pub fn run<C: KvClient + 'static>(
+    mut clients: Vec<C>,
+    spec: &StressSpec,
+) -> (StressOutcome, Vec<C>) {
     assert!(!clients.is_empty() && spec.keys > 0 && spec.hot_keys <= spec.keys);
     assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
     let history = History::new();
@@ -130,7 +139,16 @@ pub fn run<C: KvClient + 'static>(mut clients: Vec<C>, spec: &StressSpec) -> (St
             let id = (1u64 << 62) | k;
             let inv = rec.invoke();
             let r = c.put(&key_bytes(k), &value_bytes(id, spec.value_size.0));
-            rec.complete(inv, k, Op::Put(id), if r.is_ok() { Outcome::Ok(None) } else { Outcome::Failed });
+            rec.complete(
+                inv,
+                k,
+                Op::Put(id),
+                if r.is_ok() {
+                    Outcome::Ok(None)
+                } else {
+                    Outcome::Failed
+                },
+            );
         }
     }
 
@@ -143,7 +161,9 @@ pub fn run<C: KvClient + 'static>(mut clients: Vec<C>, spec: &StressSpec) -> (St
             let mut rec = history.recorder(t as u32);
             let spec = spec.clone();
             std::thread::spawn(move || {
-                let mut rng = SmallRng::seed_from_u64(spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let mut rng = SmallRng::seed_from_u64(
+                    spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
                 let mut errors: BTreeMap<String, u64> = BTreeMap::new();
                 let (mut ops, mut ok, mut corrupt) = (0u64, 0u64, 0u64);
                 let mut truncated = false;
@@ -176,13 +196,31 @@ pub fn run<C: KvClient + 'static>(mut clients: Vec<C>, spec: &StressSpec) -> (St
                         r.map(|_| ())
                     } else if dice < spec.get_fraction + spec.delete_fraction {
                         let r = client.delete(&key);
-                        rec.complete(inv, k, Op::Delete, if r.is_ok() { Outcome::Ok(None) } else { Outcome::Failed });
+                        rec.complete(
+                            inv,
+                            k,
+                            Op::Delete,
+                            if r.is_ok() {
+                                Outcome::Ok(None)
+                            } else {
+                                Outcome::Failed
+                            },
+                        );
                         r
                     } else {
                         let id = (t as u64) << 40 | seq;
                         let len = rng.gen_range(spec.value_size.0..=spec.value_size.1);
                         let r = client.put(&key, &value_bytes(id, len));
-                        rec.complete(inv, k, Op::Put(id), if r.is_ok() { Outcome::Ok(None) } else { Outcome::Failed });
+                        rec.complete(
+                            inv,
+                            k,
+                            Op::Put(id),
+                            if r.is_ok() {
+                                Outcome::Ok(None)
+                            } else {
+                                Outcome::Failed
+                            },
+                        );
                         r
                     };
                     match r {
@@ -215,5 +253,16 @@ pub fn run<C: KvClient + 'static>(mut clients: Vec<C>, spec: &StressSpec) -> (St
     let elapsed = start.elapsed();
     let events = history.into_events();
     let report = nessie_check::check(&events, |_| None, &Limits::default());
-    (StressOutcome { report, ops, ok_ops, errors, corrupt_reads, elapsed, truncated }, out_clients)
+    (
+        StressOutcome {
+            report,
+            ops,
+            ok_ops,
+            errors,
+            corrupt_reads,
+            elapsed,
+            truncated,
+        },
+        out_clients,
+    )
 }

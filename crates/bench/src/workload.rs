@@ -18,13 +18,17 @@ impl std::str::FromStr for KeyDist {
             return Ok(KeyDist::Uniform);
         }
         if let Some(t) = s.strip_prefix("zipf:") {
-            let theta: f64 = t.parse().map_err(|_| format!("bad Zipf exponent {t:?} in {s:?}"))?;
+            let theta: f64 = t
+                .parse()
+                .map_err(|_| format!("bad Zipf exponent {t:?} in {s:?}"))?;
             if !(theta > 0.0 && theta < 10.0) {
                 return Err(format!("Zipf exponent {theta} is not in (0, 10)"));
             }
             return Ok(KeyDist::Zipf(theta));
         }
-        Err(format!("unknown key distribution {s:?}: use uniform or zipf:THETA"))
+        Err(format!(
+            "unknown key distribution {s:?}: use uniform or zipf:THETA"
+        ))
     }
 }
 
@@ -63,7 +67,10 @@ mod tests {
     fn parse() {
         assert_eq!("uniform".parse::<KeyDist>().unwrap(), KeyDist::Uniform);
         assert_eq!("zipf:0.99".parse::<KeyDist>().unwrap(), KeyDist::Zipf(0.99));
-        assert!("zipf:x".parse::<KeyDist>().unwrap_err().contains("bad Zipf"));
+        assert!("zipf:x"
+            .parse::<KeyDist>()
+            .unwrap_err()
+            .contains("bad Zipf"));
         assert!("zipf:-1".parse::<KeyDist>().is_err());
         assert!("normal".parse::<KeyDist>().unwrap_err().contains("unknown"));
     }
@@ -76,7 +83,12 @@ mod tests {
         for _ in 0..100_000 {
             hist[g.next(&mut rng) as usize] += 1;
         }
-        assert!(hist[0] > 10 * hist[500].max(1), "rank 0 should dominate: {} vs {}", hist[0], hist[500]);
+        assert!(
+            hist[0] > 10 * hist[500].max(1),
+            "rank 0 should dominate: {} vs {}",
+            hist[0],
+            hist[500]
+        );
         let u = KeyGen::new(&KeyDist::Uniform, 10).unwrap();
         assert!((0..1000).all(|_| u.next(&mut rng) < 10));
         assert!(KeyGen::new(&KeyDist::Uniform, 0).is_err());

@@ -18,7 +18,10 @@ use nessie_store::Geometry;
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 
 fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<MemEndpoint>> {
-    THREADS_NODES.iter().map(|&n| c.client_with(n, cfg.clone()).unwrap()).collect()
+    THREADS_NODES
+        .iter()
+        .map(|&n| c.client_with(n, cfg.clone()).unwrap())
+        .collect()
 }
 
 fn total(cs: &[CdClient<MemEndpoint>]) -> ClientStats {
@@ -38,7 +41,11 @@ fn total(cs: &[CdClient<MemEndpoint>]) -> ClientStats {
     t
 }
 
-fn run(c: &LocalCluster, cfg: &ProtocolConfig, spec: &StressSpec) -> (StressOutcome, ClientStats, Vec<CdClient<MemEndpoint>>) {
+fn run(
+    c: &LocalCluster,
+    cfg: &ProtocolConfig,
+    spec: &StressSpec,
+) -> (StressOutcome, ClientStats, Vec<CdClient<MemEndpoint>>) {
     let (out, cs) = stress::run(clients(c, cfg), spec);
     let st = total(&cs);
     eprintln!("{out}\n{st:?}\nfabric: {}", c.fabric().stats().total(None));
@@ -49,7 +56,11 @@ fn assert_clean(out: &StressOutcome) {
     assert!(!out.truncated, "run hit its time limit");
     assert!(out.ops >= 100_000, "only {} ops", out.ops);
     assert_eq!(out.corrupt_reads, 0, "reads returned bytes nobody wrote");
-    assert!(out.report.is_ok(), "history not linearizable:\n{}", out.report);
+    assert!(
+        out.report.is_ok(),
+        "history not linearizable:\n{}",
+        out.report
+    );
 }
 
 #[test]
@@ -57,14 +68,26 @@ fn hot_keys_concurrent_puts_and_gets_use_previous_versions() {
     let c = LocalCluster::new(geometry(), cfg(), delay(1)).unwrap();
     let (out, st, _) = run(&c, &cfg(), &spec(1));
     assert_clean(&out);
-    assert!(st.concurrent_aborts > 0, "hot keys must produce write conflicts: {st:?}");
-    assert!(st.previous_version_hits > 0, "GETs during PUTs must use previous versions: {st:?}");
+    assert!(
+        st.concurrent_aborts > 0,
+        "hot keys must produce write conflicts: {st:?}"
+    );
+    assert!(
+        st.previous_version_hits > 0,
+        "GETs during PUTs must use previous versions: {st:?}"
+    );
 }
 
 #[test]
 fn deletes_race_with_puts_and_gets() {
     let c = LocalCluster::new(geometry(), cfg(), delay(2)).unwrap();
-    let s = StressSpec { keys: 16, hot_keys: 2, delete_fraction: 0.25, get_fraction: 0.45, ..spec(2) };
+    let s = StressSpec {
+        keys: 16,
+        hot_keys: 2,
+        delete_fraction: 0.25,
+        get_fraction: 0.45,
+        ..spec(2)
+    };
     let (out, st, _) = run(&c, &cfg(), &s);
     assert_clean(&out);
     assert!(st.concurrent_aborts > 0, "{st:?}");
@@ -73,8 +96,14 @@ fn deletes_race_with_puts_and_gets() {
 /// A small index filled beyond 85%: inserting keys needs migrations, some of them recursive,
 /// racing with GETs, PUTs and DELETEs on the keys being moved.
 fn high_load_setup(seed: u64) -> (LocalCluster, ProtocolConfig, StressSpec) {
-    let g = Geometry { ites_per_node: 128, ..geometry() };
-    let cfg = ProtocolConfig { max_migrate_depth: 12, ..cfg() };
+    let g = Geometry {
+        ites_per_node: 128,
+        ..geometry()
+    };
+    let cfg = ProtocolConfig {
+        max_migrate_depth: 12,
+        ..cfg()
+    };
     let c = LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap();
     let s = StressSpec {
         keys: 450,
@@ -101,7 +130,12 @@ fn high_load_run(seed: u64, mutations: Mutations) -> (LocalCluster, StressOutcom
             }
         })));
     }
-    let s = StressSpec { get_fraction: 0.5, delete_fraction: 0.1, hot_keys: 0, ..s };
+    let s = StressSpec {
+        get_fraction: 0.5,
+        delete_fraction: 0.1,
+        hot_keys: 0,
+        ..s
+    };
     let (out, cs) = stress::run(cs, &s);
     let st = total(&cs);
     eprintln!("{out}\n{st:?}");
@@ -121,19 +155,33 @@ fn migrations_at_high_load_factor() {
 /// A tiny data table with a short expiry: entries are recycled constantly, and writers wait for
 /// released entries to expire.
 fn recycling_setup(seed: u64, cfg_base: ProtocolConfig) -> (LocalCluster, ProtocolConfig) {
-    let g = Geometry { dtes_per_node: 96, ..geometry() };
-    let cfg = ProtocolConfig { expiry_ns: 5_000_000, clock_margin_ns: 0, ..cfg_base };
+    let g = Geometry {
+        dtes_per_node: 96,
+        ..geometry()
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: 5_000_000,
+        clock_margin_ns: 0,
+        ..cfg_base
+    };
     (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
 }
 
 #[test]
 fn recycling_with_a_tiny_data_table_and_short_expiry() {
     let (c, cfg) = recycling_setup(4, cfg());
-    let s = StressSpec { keys: 40, get_fraction: 0.4, ..spec(4) };
+    let s = StressSpec {
+        keys: 40,
+        get_fraction: 0.4,
+        ..spec(4)
+    };
     let (out, st, _) = run(&c, &cfg, &s);
     assert_clean(&out);
     let reclaimed: u64 = (0..3).map(|n| c.table(n).usage().reclaimed_total).sum();
-    assert!(reclaimed > 10_000, "entries must be reused many times over: {reclaimed}");
+    assert!(
+        reclaimed > 10_000,
+        "entries must be reused many times over: {reclaimed}"
+    );
     assert!(st.table_full_waits > 0, "{st:?}");
     assert_eq!(st.leaked, 0, "{st:?}");
 }
@@ -148,18 +196,29 @@ fn stalled_operations_outlive_the_expiry_period_and_abort() {
     let expiry = cfg.expiry_ns;
     let mut n = 0u64;
     cs[1].set_hook(Some(Box::new(move |p| {
-        if matches!(p, HookPoint::AfterIteRead | HookPoint::AfterCandidateCas | HookPoint::GetAfterDteRead) {
+        if matches!(
+            p,
+            HookPoint::AfterIteRead | HookPoint::AfterCandidateCas | HookPoint::GetAfterDteRead
+        ) {
             n += 1;
             if n % 997 == 0 {
                 std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
             }
         }
     })));
-    let s = StressSpec { keys: 40, get_fraction: 0.5, ..spec(5) };
+    let s = StressSpec {
+        keys: 40,
+        get_fraction: 0.5,
+        ..spec(5)
+    };
     let (out, cs) = stress::run(cs, &s);
     eprintln!("{out}\n{:?}", cs[1].stats());
     assert_clean(&out);
-    assert!(cs[1].stats().timeouts > 10, "the stalled client must have timed out: {:?}", cs[1].stats());
+    assert!(
+        cs[1].stats().timeouts > 10,
+        "the stalled client must have timed out: {:?}",
+        cs[1].stats()
+    );
 }
 
 // Mutation tests: each breaks one protocol rule; the same stress run must then report a
@@ -169,25 +228,57 @@ fn stalled_operations_outlive_the_expiry_period_and_abort() {
 /// the same high-load run as above must fail once GETs skip their reverse pass.
 #[test]
 fn mutation_skipping_the_reverse_pass_is_caught() {
-    let (_, out, st) = high_load_run(6, Mutations { skip_get_reverse_pass: true, ..Mutations::default() });
+    let (_, out, st) = high_load_run(
+        6,
+        Mutations {
+            skip_get_reverse_pass: true,
+            ..Mutations::default()
+        },
+    );
     assert!(st.migrations > 0);
-    assert!(!out.report.is_ok(), "skipping the GET reverse pass went unnoticed");
+    assert!(
+        !out.report.is_ok(),
+        "skipping the GET reverse pass went unnoticed"
+    );
 }
 
 #[test]
 fn mutation_recycling_without_expiry_is_caught() {
-    let base = ProtocolConfig { mutations: Mutations { recycle_without_expiry: true, ..Mutations::default() }, ..cfg() };
+    let base = ProtocolConfig {
+        mutations: Mutations {
+            recycle_without_expiry: true,
+            ..Mutations::default()
+        },
+        ..cfg()
+    };
     let (c, cfg) = recycling_setup(7, base);
-    let s = StressSpec { keys: 40, get_fraction: 0.6, ..spec(7) };
+    let s = StressSpec {
+        keys: 40,
+        get_fraction: 0.6,
+        ..spec(7)
+    };
     let (out, _, _) = run(&c, &cfg, &s);
-    assert!(!out.report.is_ok() || out.corrupt_reads > 0, "reusing DTEs without expiry went unnoticed");
+    assert!(
+        !out.report.is_ok() || out.corrupt_reads > 0,
+        "reusing DTEs without expiry went unnoticed"
+    );
 }
 
 #[test]
 fn mutation_ignoring_the_valid_flag_is_caught() {
-    let base = ProtocolConfig { mutations: Mutations { skip_valid_check: true, ..Mutations::default() }, ..cfg() };
+    let base = ProtocolConfig {
+        mutations: Mutations {
+            skip_valid_check: true,
+            ..Mutations::default()
+        },
+        ..cfg()
+    };
     let c = LocalCluster::new(geometry(), base.clone(), delay(8)).unwrap();
-    let s = StressSpec { keys: 16, delete_fraction: 0.2, ..spec(8) };
+    let s = StressSpec {
+        keys: 16,
+        delete_fraction: 0.2,
+        ..spec(8)
+    };
     let (out, _, _) = run(&c, &base, &s);
     assert!(!out.report.is_ok(), "returning invalid DTEs went unnoticed");
 }

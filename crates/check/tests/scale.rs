@@ -37,7 +37,11 @@ fn scale_100k_events_8_clients_64_keys() {
     let segments: usize = report.keys.iter().map(|k| k.segments).sum();
     assert!(segments * 3 < ops * 2, "{segments} segments for {ops} ops");
     // Search effort, not wall-clock time (machines are shared and noisy): near one state per op.
-    assert!(report.states_explored < 400_000, "explored {} states", report.states_explored);
+    assert!(
+        report.states_explored < 400_000,
+        "explored {} states",
+        report.states_explored
+    );
 }
 
 #[test]

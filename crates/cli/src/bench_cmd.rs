@@ -138,10 +138,14 @@ impl ParamArgs {
 
 pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, String> {
     if !matches!(p.server_poll.as_str(), "spin" | "yield") {
-        return Err(format!("--server-poll {:?} is not spin or yield", p.server_poll));
+        return Err(format!(
+            "--server-poll {:?} is not spin or yield",
+            p.server_poll
+        ));
     }
     Ok(RunnerOptions {
-        binary: std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?,
+        binary: std::env::current_exe()
+            .map_err(|e| format!("cannot find the nessie binary: {e}"))?,
         dir: None,
         server_poll: p.server_poll.clone(),
         cluster: None,
@@ -155,7 +159,10 @@ pub fn progress_bar(label: &str) -> indicatif::ProgressBar {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix} {msg}").unwrap());
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix} {msg}")
+            .unwrap(),
+    );
     pb.set_prefix(label.to_string());
     pb.enable_steady_tick(Duration::from_millis(120));
     pb
@@ -176,11 +183,19 @@ pub fn print_result(r: &BenchResult) {
         p.keys.unwrap_or(0),
         p.background
     );
-    println!("  throughput   {:>12.0} ops/s   goodput {:>9.1} MiB/s   errors {}", r.ops_per_sec, r.goodput_bytes_per_sec / (1 << 20) as f64, r.errors);
+    println!(
+        "  throughput   {:>12.0} ops/s   goodput {:>9.1} MiB/s   errors {}",
+        r.ops_per_sec,
+        r.goodput_bytes_per_sec / (1 << 20) as f64,
+        r.errors
+    );
     if let Some(o) = r.offered_ops_per_sec {
         println!("  offered      {o:>12.0} ops/s (open loop)");
     }
-    for (name, l, n) in [("GET", &r.latency_us.get, r.ops.get), ("PUT", &r.latency_us.put, r.ops.put)] {
+    for (name, l, n) in [
+        ("GET", &r.latency_us.get, r.ops.get),
+        ("PUT", &r.latency_us.put, r.ops.put),
+    ] {
         if n > 0 {
             println!("  {name} latency  mean {:>8.1}  p50 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1} µs  ({n} ops)", l.mean, l.p50, l.p99, l.p999);
         }
@@ -215,7 +230,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     print_result(&r);
     eprintln!("(run took {:.1} s)", t.elapsed().as_secs_f64());
     if let Some(path) = &a.p.json {
-        std::fs::write(path, serde_json::to_string_pretty(&r).expect("serialises")).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&r).expect("serialises"))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -227,19 +243,31 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
     let opts = runner_options(&s.p)?;
     let specs = preset.runs(&base);
     let total = specs.len();
-    println!("sweep {preset}: {total} runs, results in {}", s.out.display());
+    println!(
+        "sweep {preset}: {total} runs, results in {}",
+        s.out.display()
+    );
     let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         indicatif::ProgressBar::new(total as u64)
     } else {
         indicatif::ProgressBar::hidden()
     };
     pb.set_style(
-        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap(),
+        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap(),
     );
     let pb2 = pb.clone();
     let mut runner = move |p: &BenchParams| -> Result<BenchResult, String> {
-        let label = format!("{} {} B {:.0}% GET bg={}", p.mode, p.value_size, p.get_ratio * 100.0, p.background);
-        runner::run(p, &opts, &mut |phase| pb2.set_message(format!("{label}: {phase}")))
+        let label = format!(
+            "{} {} B {:.0}% GET bg={}",
+            p.mode,
+            p.value_size,
+            p.get_ratio * 100.0,
+            p.background
+        );
+        runner::run(p, &opts, &mut |phase| {
+            pb2.set_message(format!("{label}: {phase}"))
+        })
     };
     let mut progress = |i: usize, _n: usize, spec: &sweep::RunSpec| {
         pb.set_position(i.saturating_sub(1) as u64);
@@ -263,8 +291,20 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
     if let Some(e) = &out.plot_error {
         eprintln!("plotting failed: {e}");
     }
-    println!("{} results, {} failures; all JSON in {}", results.len(), out.failures.len(), s.out.display());
-    if out.failures.is_empty() { Ok(()) } else { Err(format!("{} of {total} runs failed (see summary.json)", out.failures.len())) }
+    println!(
+        "{} results, {} failures; all JSON in {}",
+        results.len(),
+        out.failures.len(),
+        s.out.display()
+    );
+    if out.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {total} runs failed (see summary.json)",
+            out.failures.len()
+        ))
+    }
 }
 
 /// Spin forever: a background CPU hog for contention experiments.

@@ -53,7 +53,8 @@ fn ucx_config(transport: &str) -> Result<UcxConfig, String> {
 }
 
 pub fn target(a: TargetArgs) -> Result<(), String> {
-    let node = UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
+    let node =
+        UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
     let info = serde_json::to_vec(node.info()).map_err(|e| e.to_string())?;
     println!("{}", hex::encode(info));
     std::io::stdout().flush().map_err(|e| e.to_string())?;
@@ -82,7 +83,13 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Child(
         Command::new(exe)
-            .args(["fabric-bench-target", "--transport", &a.transport, "--size", &size.to_string()])
+            .args([
+                "fabric-bench-target",
+                "--transport",
+                &a.transport,
+                "--size",
+                &size.to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -90,18 +97,28 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
             .map_err(|e| format!("starting the target process: {e}"))?,
     );
     let mut line = String::new();
-    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).map_err(|e| e.to_string())?;
+    BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
     let target: nessie_fabric_ucx::NodeInfo = hex::decode(line.trim())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or_else(|| format!("the target process printed no fabric info ({line:?})"))?;
     let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
-    let mut ep = me.endpoint(&[me.info().clone(), target]).map_err(|e| e.to_string())?;
+    let mut ep = me
+        .endpoint(&[me.info().clone(), target])
+        .map_err(|e| e.to_string())?;
     let addr = RemoteAddr::new(1, 0, 0);
     // Warm-up, then the measured run.
-    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100)).map_err(|e| e.to_string())?;
+    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100))
+        .map_err(|e| e.to_string())?;
     let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters).map_err(|e| e.to_string())?;
-    Ok(Outcome { p50_us: s.p50_ns as f64 / 1e3, p99_us: s.p99_ns as f64 / 1e3, mean_us: s.mean_ns / 1e3, ops_per_sec: s.ops_per_sec })
+    Ok(Outcome {
+        p50_us: s.p50_ns as f64 / 1e3,
+        p99_us: s.p99_ns as f64 / 1e3,
+        mean_us: s.mean_ns / 1e3,
+        ops_per_sec: s.ops_per_sec,
+    })
 }
 
 /// Run ucx_perftest (server + client) and parse its `Final:` line.
@@ -116,7 +133,7 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
         BenchOp::Write => "ucp_put_lat",
         BenchOp::Cas => "ucp_cswap",
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let port = nessie_cluster::process::free_ports(1).map_err(|e| e.to_string())?[0];
     let mk = |args: &[&str]| {
         let mut c = Command::new("ucx_perftest");
         c.env("UCX_TLS", tls).args(args).stdin(Stdio::null());
@@ -131,9 +148,21 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
         .spawn()
         .map_err(|e| format!("ucx_perftest not found (apt-get install ucx-utils): {e}"))?;
     std::thread::sleep(Duration::from_millis(300));
-    let out = mk(&["127.0.0.1", "-p", &port.to_string(), "-t", test, "-s", &size.to_string(), "-n", &a.iters.to_string(), "-O", "1"])
-        .output()
-        .map_err(|e| e.to_string());
+    let out = mk(&[
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-t",
+        test,
+        "-s",
+        &size.to_string(),
+        "-n",
+        &a.iters.to_string(),
+        "-O",
+        "1",
+    ])
+    .output()
+    .map_err(|e| e.to_string());
     let _ = server.kill();
     let _ = server.wait();
     let out = out?;
@@ -141,24 +170,44 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
     let fin = text
         .lines()
         .find(|l| l.starts_with("Final:"))
-        .ok_or_else(|| format!("ucx_perftest printed no result:\n{text}{}", String::from_utf8_lossy(&out.stderr)))?;
-    let f: Vec<f64> = fin.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+        .ok_or_else(|| {
+            format!(
+                "ucx_perftest printed no result:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let f: Vec<f64> = fin
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     if f.len() < 8 {
         return Err(format!("unexpected ucx_perftest line {fin:?}"));
     }
-    Ok(Outcome { p50_us: f[1], p99_us: f64::NAN, mean_us: f[2], ops_per_sec: f[7] })
+    Ok(Outcome {
+        p50_us: f[1],
+        p99_us: f64::NAN,
+        mean_us: f[2],
+        ops_per_sec: f[7],
+    })
 }
 
 pub fn run(a: FabricBenchArgs) -> Result<(), String> {
     let size = if a.op == BenchOp::Cas { 8 } else { a.size };
     if size == 0 || size % 8 != 0 || size > MAX_BENCH_SIZE {
-        return Err(format!("--size {size} must be a positive multiple of 8 up to {MAX_BENCH_SIZE}"));
+        return Err(format!(
+            "--size {size} must be a positive multiple of 8 up to {MAX_BENCH_SIZE}"
+        ));
     }
     if a.iters == 0 || a.iters > 100_000_000 {
         return Err(format!("--iters {} is not in 1..=100000000", a.iters));
     }
     let o = ours(&a, size)?;
-    let p = if a.perftest { Some(perftest(&a, size)?) } else { None };
+    let p = if a.perftest {
+        Some(perftest(&a, size)?)
+    } else {
+        None
+    };
     let op = format!("{:?}", a.op).to_lowercase();
     if a.json {
         let mut v = serde_json::json!({
@@ -171,11 +220,23 @@ pub fn run(a: FabricBenchArgs) -> Result<(), String> {
         }
         println!("{v}");
     } else {
-        println!("{} {} of {} B between two processes, {} operations:", a.transport, op, size, a.iters);
-        println!("  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s", o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec);
+        println!(
+            "{} {} of {} B between two processes, {} operations:",
+            a.transport, op, size, a.iters
+        );
+        println!(
+            "  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
+            o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec
+        );
         if let Some(p) = &p {
-            println!("  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s", p.p50_us, p.mean_us, p.ops_per_sec);
-            println!("  p50 ratio (nessie / ucx_perftest): {:.2}", o.p50_us / p.p50_us);
+            println!(
+                "  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s",
+                p.p50_us, p.mean_us, p.ops_per_sec
+            );
+            println!(
+                "  p50 ratio (nessie / ucx_perftest): {:.2}",
+                o.p50_us / p.p50_us
+            );
         }
     }
     Ok(())

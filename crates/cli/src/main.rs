@@ -16,7 +16,11 @@ use nessie_cluster::config::{ClusterConfig, Transport};
 use nessie_cluster::process;
 
 #[derive(Parser)]
-#[command(name = "nessie", version, about = "Nessie: a client-driven, in-memory distributed key-value store")]
+#[command(
+    name = "nessie",
+    version,
+    about = "Nessie: a client-driven, in-memory distributed key-value store"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -64,8 +68,12 @@ struct DirArg {
 impl DirArg {
     /// The cluster directory, absolute (node processes are recognised by their config path).
     fn dir(&self) -> PathBuf {
-        let d = self.dir.clone().unwrap_or_else(nessie_cluster::process::default_dir);
-        std::fs::canonicalize(&d).unwrap_or_else(|_| std::env::current_dir().map(|c| c.join(&d)).unwrap_or(d))
+        let d = self
+            .dir
+            .clone()
+            .unwrap_or_else(nessie_cluster::process::default_dir);
+        std::fs::canonicalize(&d)
+            .unwrap_or_else(|_| std::env::current_dir().map(|c| c.join(&d)).unwrap_or(d))
     }
 }
 
@@ -228,7 +236,10 @@ fn main() -> ExitCode {
 
 fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
     if !(a.duration > 0.0 && a.duration <= 3600.0) {
-        return Err(format!("--duration {} is not in (0, 3600] seconds", a.duration));
+        return Err(format!(
+            "--duration {} is not in (0, 3600] seconds",
+            a.duration
+        ));
     }
     let spec = DemoSpec {
         nodes: a.nodes,
@@ -248,9 +259,15 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
     let r = demo::run(&spec)?;
     let secs = r.elapsed.as_secs_f64();
     println!();
-    println!("  operations     {:>12}  ({} GET, {} PUT, {} errors)", r.ops, r.gets, r.puts, r.errors);
+    println!(
+        "  operations     {:>12}  ({} GET, {} PUT, {} errors)",
+        r.ops, r.gets, r.puts, r.errors
+    );
     println!("  throughput     {:>12.0} ops/s", r.ops as f64 / secs);
-    println!("  goodput        {:>12.1} MiB/s", r.ops as f64 * spec.value_size as f64 / secs / (1 << 20) as f64);
+    println!(
+        "  goodput        {:>12.1} MiB/s",
+        r.ops as f64 * spec.value_size as f64 / secs / (1 << 20) as f64
+    );
     for (name, h) in [("GET", &r.get_latency), ("PUT", &r.put_latency)] {
         if h.len() > 0 {
             println!(
@@ -292,7 +309,8 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         value_max: a.value_max,
         ..nessie_store::Geometry::default()
     };
-    let binary = std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?;
+    let binary =
+        std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?;
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -322,7 +340,12 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
 fn run_down(a: DirArg) -> Result<ExitCode, String> {
     let dir = a.dir();
     let stopped = process::down(&dir).map_err(|e| e.to_string())?;
-    println!("stopped {} node(s) {:?} in {}", stopped.len(), stopped, dir.display());
+    println!(
+        "stopped {} node(s) {:?} in {}",
+        stopped.len(),
+        stopped,
+        dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -339,15 +362,33 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
             .collect();
         println!("{}", serde_json::Value::Array(all));
     } else {
-        println!("cluster in {}: {} nodes, transport {:?}", dir.display(), cfg.node.len(), cfg.cluster.transport);
-        println!("{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}", "node", "pid", "state", "index used", "data table used", "remote ops", "remote bytes", "local ops");
+        println!(
+            "cluster in {}: {} nodes, transport {:?}",
+            dir.display(),
+            cfg.node.len(),
+            cfg.cluster.transport
+        );
+        println!(
+            "{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}",
+            "node",
+            "pid",
+            "state",
+            "index used",
+            "data table used",
+            "remote ops",
+            "remote bytes",
+            "local ops"
+        );
         for n in &nodes {
             let pid = n.pid.map_or("-".to_string(), |p| p.to_string());
             match &n.report {
                 Ok(v) => {
                     let f = &v["fabric"];
                     let sum = |prefix: &str, what: &str| -> u64 {
-                        ["read", "write", "cas"].iter().map(|k| f[format!("{prefix}_{k}_{what}")].as_u64().unwrap_or(0)).sum()
+                        ["read", "write", "cas"]
+                            .iter()
+                            .map(|k| f[format!("{prefix}_{k}_{what}")].as_u64().unwrap_or(0))
+                            .sum()
                     };
                     let local = sum("loopback", "ops") + sum("direct", "ops");
                     println!(
@@ -356,7 +397,10 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
                         pid,
                         "up",
                         format!("{}/{}", v["index"]["present"], v["index"]["entries"]),
-                        format!("{}/{}", v["data_table"]["allocated"], v["data_table"]["capacity"]),
+                        format!(
+                            "{}/{}",
+                            v["data_table"]["allocated"], v["data_table"]["capacity"]
+                        ),
                         sum("remote", "ops"),
                         sum("remote", "bytes"),
                         local
@@ -367,7 +411,11 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
         }
     }
     let all_up = nodes.iter().all(|n| n.report.is_ok());
-    Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::from(2) })
+    Ok(if all_up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
 }
 
 /// Connect to the chosen node's admin socket, or the first one that answers.
@@ -375,7 +423,10 @@ fn admin(k: &KeyArgs) -> Result<(ClusterConfig, AdminClient), String> {
     let dir = k.dir.dir();
     let cpath = process::config_path(&dir);
     if !cpath.exists() {
-        return Err(format!("no cluster in {} (start one with `nessie up`, or pass --dir)", dir.display()));
+        return Err(format!(
+            "no cluster in {} (start one with `nessie up`, or pass --dir)",
+            dir.display()
+        ));
     }
     let cfg = ClusterConfig::load(&cpath).map_err(|e| e.to_string())?;
     let ids: Vec<u16> = match k.node {
@@ -401,7 +452,11 @@ fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
         return Err("the key is empty".into());
     }
     if key.len() > cfg.geometry.key_max as usize {
-        return Err(format!("key of {} bytes exceeds the cluster's key_max of {} bytes", key.len(), cfg.geometry.key_max));
+        return Err(format!(
+            "key of {} bytes exceeds the cluster's key_max of {} bytes",
+            key.len(),
+            cfg.geometry.key_max
+        ));
     }
     Ok(())
 }
@@ -420,20 +475,30 @@ fn run_put(a: PutArgs) -> Result<ExitCode, String> {
     let value = match a.value.strip_prefix('@') {
         Some("-") => {
             let mut v = Vec::new();
-            std::io::stdin().take(max + 1).read_to_end(&mut v).map_err(|e| format!("reading stdin: {e}"))?;
+            std::io::stdin()
+                .take(max + 1)
+                .read_to_end(&mut v)
+                .map_err(|e| format!("reading stdin: {e}"))?;
             v
         }
         Some(file) => {
-            let len = std::fs::metadata(file).map_err(|e| format!("{file}: {e}"))?.len();
+            let len = std::fs::metadata(file)
+                .map_err(|e| format!("{file}: {e}"))?
+                .len();
             if len > max {
-                return Err(format!("{file} has {len} bytes; the cluster's value_max is {max} bytes"));
+                return Err(format!(
+                    "{file} has {len} bytes; the cluster's value_max is {max} bytes"
+                ));
             }
             std::fs::read(file).map_err(|e| format!("{file}: {e}"))?
         }
         None => a.value.into_bytes(),
     };
     if value.len() as u64 > max {
-        return Err(format!("value of {} bytes exceeds the cluster's value_max of {max} bytes", value.len()));
+        return Err(format!(
+            "value of {} bytes exceeds the cluster's value_max of {max} bytes",
+            value.len()
+        ));
     }
     call(&mut c, Request::Put(a.key.key.into_bytes(), value))?;
     Ok(ExitCode::SUCCESS)
@@ -445,7 +510,9 @@ fn run_get(a: GetArgs) -> Result<ExitCode, String> {
     match call(&mut c, Request::Get(a.key.key.clone().into_bytes()))? {
         Response::Value(v) => {
             match &a.output {
-                Some(path) => std::fs::write(path, &v).map_err(|e| format!("{}: {e}", path.display()))?,
+                Some(path) => {
+                    std::fs::write(path, &v).map_err(|e| format!("{}: {e}", path.display()))?
+                }
                 None => {
                     let mut out = std::io::stdout().lock();
                     out.write_all(&v).map_err(|e| e.to_string())?;
@@ -489,7 +556,16 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
             Some(d)
         }
     };
-    let config = std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
-    nessie_cluster::node::run_node(&config, a.id, nessie_cluster::node::NodeOptions { delay, extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)) }).map_err(|e| e.to_string())?;
+    let config =
+        std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
+    nessie_cluster::node::run_node(
+        &config,
+        a.id,
+        nessie_cluster::node::NodeOptions {
+            delay,
+            extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)),
+        },
+    )
+    .map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -6,14 +6,33 @@ use std::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_nessie");
 
 fn bench(mode: &str, extra: &[&str]) -> serde_json::Value {
-    let out = std::env::temp_dir().join(format!("nessie-bench-test-{mode}-{}.json", std::process::id()));
+    let out = std::env::temp_dir().join(format!(
+        "nessie-bench-test-{mode}-{}.json",
+        std::process::id()
+    ));
     let o = Command::new(BIN)
-        .args(["bench", "--mode", mode, "--duration", "1", "--warmup", "0.2", "--keys", "2000", "--value-size", "1024"])
+        .args([
+            "bench",
+            "--mode",
+            mode,
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--keys",
+            "2000",
+            "--value-size",
+            "1024",
+        ])
         .args(["--json", out.to_str().unwrap()])
         .args(extra)
         .output()
         .unwrap();
-    assert!(o.status.success(), "nessie bench --mode {mode} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "nessie bench --mode {mode} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     std::fs::remove_file(&out).unwrap();
     v
@@ -21,30 +40,66 @@ fn bench(mode: &str, extra: &[&str]) -> serde_json::Value {
 
 fn check(v: &serde_json::Value, mode: &str) {
     assert_eq!(v["mode"], mode);
-    for f in ["value_size", "get_ratio", "duration", "client_threads", "server_threads", "dist", "background", "load_factor", "seed"] {
+    for f in [
+        "value_size",
+        "get_ratio",
+        "duration",
+        "client_threads",
+        "server_threads",
+        "dist",
+        "background",
+        "load_factor",
+        "seed",
+    ] {
         assert!(!v["params"][f].is_null(), "params.{f} missing");
     }
     let all = v["ops"]["all"].as_u64().unwrap();
     assert!(all > 100, "{mode}: only {all} operations");
-    assert_eq!(all, v["ops"]["get"].as_u64().unwrap() + v["ops"]["put"].as_u64().unwrap());
+    assert_eq!(
+        all,
+        v["ops"]["get"].as_u64().unwrap() + v["ops"]["put"].as_u64().unwrap()
+    );
     let ops_per_sec = v["ops_per_sec"].as_f64().unwrap();
-    assert!((ops_per_sec - all as f64).abs() < 1.0, "1 s window: ops/s equals ops");
+    assert!(
+        (ops_per_sec - all as f64).abs() < 1.0,
+        "1 s window: ops/s equals ops"
+    );
     assert!((v["goodput_bytes_per_sec"].as_f64().unwrap() - ops_per_sec * 1024.0).abs() < 1024.0);
     for k in ["get", "put", "all"] {
         let l = &v["latency_us"][k];
-        let (p50, p99, p999) = (l["p50"].as_f64().unwrap(), l["p99"].as_f64().unwrap(), l["p999"].as_f64().unwrap());
-        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{mode} {k} latency {l}");
+        let (p50, p99, p999) = (
+            l["p50"].as_f64().unwrap(),
+            l["p99"].as_f64().unwrap(),
+            l["p999"].as_f64().unwrap(),
+        );
+        assert!(
+            p50 > 0.0 && p50 <= p99 && p99 <= p999,
+            "{mode} {k} latency {l}"
+        );
         assert!(l["mean"].as_f64().unwrap() > 0.0);
         let f = &v["fabric"][k];
-        assert!(f["ops_mean"].as_f64().unwrap() > 0.0, "{mode}: {k} operations use the fabric");
-        assert!(f["bytes_mean"].is_number() && f["ops_hist"].is_object() && f["bytes_hist"].is_object());
+        assert!(
+            f["ops_mean"].as_f64().unwrap() > 0.0,
+            "{mode}: {k} operations use the fabric"
+        );
+        assert!(
+            f["bytes_mean"].is_number() && f["ops_hist"].is_object() && f["bytes_hist"].is_object()
+        );
     }
     assert!(v["fabric"]["total_ops"].as_u64().unwrap() > 0);
-    assert!(v["fabric"]["total_bytes"].as_u64().unwrap() > 0 && v["fabric"]["local_bytes"].is_u64());
+    assert!(
+        v["fabric"]["total_bytes"].as_u64().unwrap() > 0 && v["fabric"]["local_bytes"].is_u64()
+    );
     assert!(v["aborts"].is_u64() && v["retries"].is_u64());
     let cpu = &v["cpu_seconds"];
-    assert!(cpu["client"].as_f64().unwrap() > 0.0, "{mode}: client threads burned CPU");
-    assert!(cpu["total"].as_f64().unwrap() >= cpu["client"].as_f64().unwrap() + cpu["server"].as_f64().unwrap());
+    assert!(
+        cpu["client"].as_f64().unwrap() > 0.0,
+        "{mode}: client threads burned CPU"
+    );
+    assert!(
+        cpu["total"].as_f64().unwrap()
+            >= cpu["client"].as_f64().unwrap() + cpu["server"].as_f64().unwrap()
+    );
     assert!(cpu["progress"].is_number());
 }
 
@@ -52,30 +107,56 @@ fn check(v: &serde_json::Value, mode: &str) {
 fn bench_cd_sd_hy_produce_complete_results() {
     let cd = bench("cd", &[]);
     check(&cd, "cd");
-    assert_eq!(cd["cpu_seconds"]["server"].as_f64().unwrap(), 0.0, "cd has no server threads");
+    assert_eq!(
+        cd["cpu_seconds"]["server"].as_f64().unwrap(),
+        0.0,
+        "cd has no server threads"
+    );
     let sd = bench("sd", &["--server-threads", "1"]);
     check(&sd, "sd");
-    assert!(sd["cpu_seconds"]["server"].as_f64().unwrap() > 0.0, "sd servers poll");
+    assert!(
+        sd["cpu_seconds"]["server"].as_f64().unwrap() > 0.0,
+        "sd servers poll"
+    );
     let hy = bench("hy", &["--server-threads", "1", "--get-ratio", "0.5"]);
     check(&hy, "hy");
 }
 
 #[test]
 fn open_loop_and_background_load() {
-    let v = bench("cd", &["--target-load", "0.2", "--background", "1", "--client-threads", "1"]);
+    let v = bench(
+        "cd",
+        &[
+            "--target-load",
+            "0.2",
+            "--background",
+            "1",
+            "--client-threads",
+            "1",
+        ],
+    );
     check(&v, "cd");
     let offered = v["offered_ops_per_sec"].as_f64().unwrap();
     let got = v["ops_per_sec"].as_f64().unwrap();
-    assert!(got < offered * 1.3 && got > offered * 0.5, "open loop at {offered:.0} ops/s delivered {got:.0}");
+    assert!(
+        got < offered * 1.3 && got > offered * 0.5,
+        "open loop at {offered:.0} ops/s delivered {got:.0}"
+    );
     assert_eq!(v["params"]["background"], 1);
 }
 
 #[test]
 fn bad_parameters_are_refused_before_starting_anything() {
-    let o = Command::new(BIN).args(["bench", "--mode", "xx"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["bench", "--mode", "xx"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--mode"));
-    let o = Command::new(BIN).args(["bench", "--get-ratio", "2"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["bench", "--get-ratio", "2"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("--get-ratio"));
 }
 
@@ -85,18 +166,43 @@ fn quick_sweep_writes_results_and_plot() {
     let out = std::env::temp_dir().join(format!("nessie-sweep-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let o = Command::new(BIN)
-        .args(["bench", "sweep", "--preset", "quick", "--duration", "1", "--warmup", "0.2", "--keys", "2000", "--out"])
+        .args([
+            "bench",
+            "sweep",
+            "--preset",
+            "quick",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--keys",
+            "2000",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
-    assert!(o.status.success(), "sweep failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    for stem in ["quick-cd-bg0", "quick-cd-bg1", "quick-sd-bg0", "quick-sd-bg1"] {
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(format!("{stem}.json"))).unwrap()).unwrap();
+    assert!(
+        o.status.success(),
+        "sweep failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for stem in [
+        "quick-cd-bg0",
+        "quick-cd-bg1",
+        "quick-sd-bg0",
+        "quick-sd-bg1",
+    ] {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(format!("{stem}.json"))).unwrap())
+                .unwrap();
         assert!(v["ops"]["all"].as_u64().unwrap() > 0, "{stem}");
     }
     let png = std::fs::read(out.join("quick.png")).unwrap();
     assert!(png.len() > 10_000 && png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert!(summary.is_object());
     std::fs::remove_dir_all(&out).unwrap();
 }

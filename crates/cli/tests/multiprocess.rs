@@ -27,23 +27,41 @@ impl Cluster {
             .args(extra)
             .output()
             .unwrap();
-        assert!(out.status.success(), "nessie up failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "nessie up failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         c
     }
 
     fn nessie(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN).args(args).arg("--dir").arg(&self.dir).output().unwrap()
+        Command::new(BIN)
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .unwrap()
     }
 
     fn client(&self, node: u16) -> AdminKvClient {
-        let cfg = nessie_cluster::config::ClusterConfig::load(&process::config_path(&self.dir)).unwrap();
-        AdminKvClient::connect(&cfg.admin_path(node, &self.dir).unwrap(), Duration::from_secs(60)).unwrap()
+        let cfg =
+            nessie_cluster::config::ClusterConfig::load(&process::config_path(&self.dir)).unwrap();
+        AdminKvClient::connect(
+            &cfg.admin_path(node, &self.dir).unwrap(),
+            Duration::from_secs(60),
+        )
+        .unwrap()
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new(BIN).arg("down").arg("--dir").arg(&self.dir).output();
+        let _ = Command::new(BIN)
+            .arg("down")
+            .arg("--dir")
+            .arg(&self.dir)
+            .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -71,15 +89,28 @@ fn cli_put_get_del_across_a_shm_cluster() {
     assert_eq!(std::fs::read(&out).unwrap(), big);
     ok(c.nessie(&["del", "greeting", "--node", "1"]));
     let miss = c.nessie(&["get", "greeting"]);
-    assert_eq!(miss.status.code(), Some(1), "not found has its own exit code");
+    assert_eq!(
+        miss.status.code(),
+        Some(1),
+        "not found has its own exit code"
+    );
     let too_big = c.nessie(&["put", "k", &"x".repeat(16385)]);
     assert_eq!(too_big.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&too_big.stderr).contains("value_max"));
     let status = c.nessie(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&ok(status)).unwrap();
-    let present: u64 = v.as_array().unwrap().iter().map(|n| n["index"]["present"].as_u64().unwrap()).sum();
+    let present: u64 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["index"]["present"].as_u64().unwrap())
+        .sum();
     assert_eq!(present, 1, "only `big` is left in the index");
-    let again = Command::new(BIN).args(["up", "--nodes", "3", "--dir"]).arg(&c.dir).output().unwrap();
+    let again = Command::new(BIN)
+        .args(["up", "--nodes", "3", "--dir"])
+        .arg(&c.dir)
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&again.stderr).contains("already running"));
     let dir = c.dir.clone();
     drop(c);
@@ -113,9 +144,21 @@ fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
 }
 
 fn up_args(ites: u64, dtes: u64, expiry_ms: u64, delay: &str) -> Vec<String> {
-    let mut v: Vec<String> = ["--workers", "2", "--value-max", "64", "--key-max", "16"].iter().map(|s| s.to_string()).collect();
-    v.extend(["--ites-per-node".into(), ites.to_string(), "--dtes-per-node".into(), dtes.to_string()]);
-    v.extend(["--expiry-ms".into(), expiry_ms.to_string(), format!("--node-arg=--inject-delay={delay}")]);
+    let mut v: Vec<String> = ["--workers", "2", "--value-max", "64", "--key-max", "16"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend([
+        "--ites-per-node".into(),
+        ites.to_string(),
+        "--dtes-per-node".into(),
+        dtes.to_string(),
+    ]);
+    v.extend([
+        "--expiry-ms".into(),
+        expiry_ms.to_string(),
+        format!("--node-arg=--inject-delay={delay}"),
+    ]);
     v
 }
 
@@ -128,37 +171,90 @@ fn run_scenario(transport: &str, sc: Scenario) {
     assert!(!out.truncated, "time limit reached");
     assert_eq!(out.ops, 4 * sc.spec.ops_per_thread);
     assert_eq!(out.corrupt_reads, 0);
-    let unexpected: Vec<_> = out.errors.keys().filter(|k| !sc.allowed_errors.iter().any(|a| k.contains(a))).collect();
+    let unexpected: Vec<_> = out
+        .errors
+        .keys()
+        .filter(|k| !sc.allowed_errors.iter().any(|a| k.contains(a)))
+        .collect();
     assert!(unexpected.is_empty(), "errors: {:?}", out.errors);
-    assert!(out.report.is_ok(), "history not linearizable:\n{}", out.report);
+    assert!(
+        out.report.is_ok(),
+        "history not linearizable:\n{}",
+        out.report
+    );
 }
 
 fn hot_keys(ops: u64, seed: u64) -> Scenario {
-    Scenario { name: "hot", up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")), spec: base_spec(ops, seed), allowed_errors: &[] }
+    Scenario {
+        name: "hot",
+        up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")),
+        spec: base_spec(ops, seed),
+        allowed_errors: &[],
+    }
 }
 
 fn deletes(ops: u64, seed: u64) -> Scenario {
-    let spec = StressSpec { keys: 16, delete_fraction: 0.25, get_fraction: 0.45, ..base_spec(ops, seed) };
-    Scenario { name: "del", up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")), spec, allowed_errors: &[] }
+    let spec = StressSpec {
+        keys: 16,
+        delete_fraction: 0.25,
+        get_fraction: 0.45,
+        ..base_spec(ops, seed)
+    };
+    Scenario {
+        name: "del",
+        up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")),
+        spec,
+        allowed_errors: &[],
+    }
 }
 
 /// 384 index entries for up to 450 keys: the index stays above 85% full, inserts migrate.
 fn high_load(ops: u64, seed: u64) -> Scenario {
-    let spec = StressSpec { keys: 450, hot_keys: 0, get_fraction: 0.5, delete_fraction: 0.1, preload_keys: 450, ..base_spec(ops, seed) };
-    Scenario { name: "load", up_args: up_args(128, 4096, 200, &format!("{seed},0.02,20000")), spec, allowed_errors: &["IndexFull"] }
+    let spec = StressSpec {
+        keys: 450,
+        hot_keys: 0,
+        get_fraction: 0.5,
+        delete_fraction: 0.1,
+        preload_keys: 450,
+        ..base_spec(ops, seed)
+    };
+    Scenario {
+        name: "load",
+        up_args: up_args(128, 4096, 200, &format!("{seed},0.02,20000")),
+        spec,
+        allowed_errors: &["IndexFull"],
+    }
 }
 
 /// 96 data table entries per node, 5 ms expiry: entries are recycled constantly.
 fn recycling(ops: u64, seed: u64) -> Scenario {
-    let spec = StressSpec { keys: 40, get_fraction: 0.4, ..base_spec(ops, seed) };
-    Scenario { name: "recycle", up_args: up_args(1024, 96, 5, &format!("{seed},0.02,20000")), spec, allowed_errors: &[] }
+    let spec = StressSpec {
+        keys: 40,
+        get_fraction: 0.4,
+        ..base_spec(ops, seed)
+    };
+    Scenario {
+        name: "recycle",
+        up_args: up_args(1024, 96, 5, &format!("{seed},0.02,20000")),
+        spec,
+        allowed_errors: &[],
+    }
 }
 
 /// Rare injected stalls of up to 12 ms against a 5 ms expiry: stalled operations must time out
 /// and be retried inside the nodes, never return stale data.
 fn stalls(ops: u64, seed: u64) -> Scenario {
-    let spec = StressSpec { keys: 40, get_fraction: 0.5, ..base_spec(ops, seed) };
-    Scenario { name: "stall", up_args: up_args(1024, 96, 5, &format!("{seed},0.0005,12000000")), spec, allowed_errors: &[] }
+    let spec = StressSpec {
+        keys: 40,
+        get_fraction: 0.5,
+        ..base_spec(ops, seed)
+    };
+    Scenario {
+        name: "stall",
+        up_args: up_args(1024, 96, 5, &format!("{seed},0.0005,12000000")),
+        spec,
+        allowed_errors: &[],
+    }
 }
 
 #[test]
@@ -204,7 +300,7 @@ fn mismatched_peers_are_refused() {
     let dir = std::env::temp_dir().join(format!("nessie-test-mismatch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let ports = nessie_cluster::process::free_ports(2).unwrap();
     let mut a = ClusterConfig::local("m", 2, Transport::Shm, 0, nessie_store::Geometry::default());
     for (n, p) in a.node.iter_mut().zip(&ports) {
         n.bootstrap.set_port(*p);
@@ -215,23 +311,41 @@ fn mismatched_peers_are_refused() {
         cfg0.save(&p0).unwrap();
         cfg1.save(&p1).unwrap();
         let spawn = |p: &PathBuf, id: &str| {
-            Command::new(BIN).args(["node", "--config"]).arg(p).args(["--id", id]).stderr(std::process::Stdio::piped()).spawn().unwrap()
+            Command::new(BIN)
+                .args(["node", "--config"])
+                .arg(p)
+                .args(["--id", id])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
         };
         let (c0, c1) = (spawn(&p0, "0"), spawn(&p1, "1"));
-        let (o0, o1) = (c0.wait_with_output().unwrap(), c1.wait_with_output().unwrap());
+        let (o0, o1) = (
+            c0.wait_with_output().unwrap(),
+            c1.wait_with_output().unwrap(),
+        );
         assert!(!o0.status.success() || !o1.status.success());
-        (String::from_utf8_lossy(&o0.stderr).into_owned(), String::from_utf8_lossy(&o1.stderr).into_owned())
+        (
+            String::from_utf8_lossy(&o0.stderr).into_owned(),
+            String::from_utf8_lossy(&o1.stderr).into_owned(),
+        )
     };
     let mut b = a.clone();
     b.geometry.value_max *= 2;
     let (e0, e1) = run_pair(&a, &b);
     // Whichever node notices first exits; the other then finds it gone.
     let both = format!("{e0}\n{e1}");
-    assert!(both.contains("does not match") && both.contains("value_max = "), "{both}");
+    assert!(
+        both.contains("does not match") && both.contains("value_max = "),
+        "{both}"
+    );
     let mut b = a.clone();
     b.cluster.secret = "ab".repeat(32);
     let (e0, e1) = run_pair(&a, &b);
-    assert!(e0.contains("authentication with node 1") || e1.contains("authentication with node 0"), "{e0}\n{e1}");
+    assert!(
+        e0.contains("authentication with node 1") || e1.contains("authentication with node 0"),
+        "{e0}\n{e1}"
+    );
     assert!(!e0.contains("panicked") && !e1.contains("panicked"));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -242,7 +356,8 @@ fn mismatched_peers_are_refused() {
 fn shm_sd_across_processes() {
     let mut sc = hot_keys(5_000, 31);
     sc.name = "sd";
-    sc.up_args.extend(["--mode", "sd", "--server-threads", "1"].map(String::from));
+    sc.up_args
+        .extend(["--mode", "sd", "--server-threads", "1"].map(String::from));
     run_scenario("shm", sc);
 }
 
@@ -250,6 +365,49 @@ fn shm_sd_across_processes() {
 fn shm_hy_across_processes() {
     let mut sc = deletes(5_000, 32);
     sc.name = "hy";
-    sc.up_args.extend(["--mode", "hy", "--server-threads", "2"].map(String::from));
+    sc.up_args
+        .extend(["--mode", "hy", "--server-threads", "2"].map(String::from));
     run_scenario("shm", sc);
+}
+
+/// A node whose bootstrap port is taken by another process at start-up makes `up` retry the
+/// whole cluster on fresh ports instead of failing (the CI flake this guards against: a port
+/// probed free was bound by someone else before the node bound it).
+#[test]
+fn up_retries_when_a_bootstrap_port_is_taken() {
+    use nessie_cluster::config::Transport;
+    let dir = std::env::temp_dir().join(format!("nessie-test-portclash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let opts = process::UpOptions {
+        nodes: 2,
+        transport: Transport::Shm,
+        geometry: nessie_store::Geometry::default(),
+        workers: 1,
+        expiry_ms: None,
+        clock_margin_ms: None,
+        binary: BIN.into(),
+        node_args: vec![],
+        ready_timeout: Duration::from_secs(60),
+        mode: "cd".into(),
+        server_threads: 1,
+        max_clients_per_node: 4,
+        server_poll: "yield".into(),
+    };
+    let mut attempts = Vec::new();
+    let r = process::up_with_ports(&dir, &opts, |n| {
+        let mut p = process::free_ports(n)?;
+        if attempts.is_empty() {
+            p[1] = taken;
+        }
+        attempts.push(p.clone());
+        Ok(p)
+    });
+    let _ = process::down(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = r.expect("up should have retried on fresh ports");
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert!(cfg.node.iter().all(|n| n.bootstrap.port() != taken));
+    drop(squatter);
 }

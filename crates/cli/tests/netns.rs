@@ -18,8 +18,16 @@ const BIN: &str = env!("CARGO_BIN_EXE_nessie");
 const OP_TIMEOUT_MS: u64 = 2_000;
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("iproute2 `ip` is needed (apt-get install iproute2)");
-    assert!(out.status.success(), "ip {}: {} (this test needs root)", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("iproute2 `ip` is needed (apt-get install iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {} (this test needs root)",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The namespaces, the node processes and their directory; all removed on drop.
@@ -37,7 +45,13 @@ impl Testbed {
         let dir = std::env::temp_dir().join(format!("nessie-netns-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut t = Testbed { switch: format!("nsw{tag}"), nodes: vec![], children: vec![], dir, tag };
+        let mut t = Testbed {
+            switch: format!("nsw{tag}"),
+            nodes: vec![],
+            children: vec![],
+            dir,
+            tag,
+        };
         ip(&["netns", "add", &t.switch]);
         ip(&["-n", &t.switch, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &t.switch, "link", "set", "br0", "up"]);
@@ -47,12 +61,22 @@ impl Testbed {
             t.nodes.push(ns.clone());
             // Create the pair inside the switch namespace, then move one end to the node.
             let (a, b) = (format!("h{k}"), format!("s{k}"));
-            ip(&["-n", &t.switch, "link", "add", &a, "type", "veth", "peer", "name", &b]);
+            ip(&[
+                "-n", &t.switch, "link", "add", &a, "type", "veth", "peer", "name", &b,
+            ]);
             ip(&["-n", &t.switch, "link", "set", &a, "netns", &ns]);
             ip(&["-n", &ns, "link", "set", &a, "name", "nveth"]);
             ip(&["-n", &t.switch, "link", "set", &b, "master", "br0"]);
             ip(&["-n", &t.switch, "link", "set", &b, "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", t.addr(k)), "dev", "nveth"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", t.addr(k)),
+                "dev",
+                "nveth",
+            ]);
             ip(&["-n", &ns, "link", "set", "nveth", "up"]);
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
         }
@@ -69,7 +93,13 @@ impl Testbed {
             3,
             Transport::Tcp,
             7400,
-            Geometry { ites_per_node: 4096, dtes_per_node: 4096, key_max: 32, value_max: 256, ..Geometry::default() },
+            Geometry {
+                ites_per_node: 4096,
+                dtes_per_node: 4096,
+                key_max: 32,
+                value_max: 256,
+                ..Geometry::default()
+            },
         );
         for (k, n) in cfg.node.iter_mut().enumerate() {
             n.bootstrap = SocketAddr::new(self.addr(k).parse().unwrap(), 7400);
@@ -100,7 +130,11 @@ impl Testbed {
     }
 
     fn client(&self, cfg: &ClusterConfig, k: u16) -> AdminKvClient {
-        AdminKvClient::connect(&cfg.admin_path(k, &self.dir).unwrap(), Duration::from_secs(30)).unwrap()
+        AdminKvClient::connect(
+            &cfg.admin_path(k, &self.dir).unwrap(),
+            Duration::from_secs(30),
+        )
+        .unwrap()
     }
 
     fn wait_ready(&mut self, cfg: &ClusterConfig) {
@@ -111,8 +145,16 @@ impl Testbed {
                 if AdminKvClient::connect(&path, Duration::from_secs(5)).is_ok() {
                     break;
                 }
-                let exited = self.children[k as usize].as_mut().unwrap().try_wait().unwrap();
-                assert!(exited.is_none() && Instant::now() < deadline, "node {k} did not start:\n{}", self.log(k));
+                let exited = self.children[k as usize]
+                    .as_mut()
+                    .unwrap()
+                    .try_wait()
+                    .unwrap();
+                assert!(
+                    exited.is_none() && Instant::now() < deadline,
+                    "node {k} did not start:\n{}",
+                    self.log(k)
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -153,10 +195,14 @@ fn three_hosts_over_tcp_and_a_node_failure() {
     let mut clients: Vec<AdminKvClient> = (0..3).map(|k| tb.client(&cfg, k)).collect();
     let value = |i: u32| format!("value-{i}-{}", "x".repeat((i % 200) as usize)).into_bytes();
     for i in 0..60u32 {
-        clients[(i % 3) as usize].put(format!("key-{i}").as_bytes(), &value(i)).unwrap();
+        clients[(i % 3) as usize]
+            .put(format!("key-{i}").as_bytes(), &value(i))
+            .unwrap();
     }
     for i in 0..60u32 {
-        let got = clients[((i + 1) % 3) as usize].get(format!("key-{i}").as_bytes()).unwrap();
+        let got = clients[((i + 1) % 3) as usize]
+            .get(format!("key-{i}").as_bytes())
+            .unwrap();
         assert_eq!(got, Some(value(i)), "key-{i} read across hosts");
     }
 
@@ -166,20 +212,33 @@ fn three_hosts_over_tcp_and_a_node_failure() {
         let t = Instant::now();
         let r = clients[0].get(format!("key-{i}").as_bytes());
         let took = t.elapsed();
-        assert!(took < Duration::from_millis(OP_TIMEOUT_MS + 3_000), "key-{i}: took {took:?}");
+        assert!(
+            took < Duration::from_millis(OP_TIMEOUT_MS + 3_000),
+            "key-{i}: took {took:?}"
+        );
         match r {
             Ok(v) => {
-                assert_eq!(v, Some(value(i)), "key-{i}: a wrong answer after node 2 died");
+                assert_eq!(
+                    v,
+                    Some(value(i)),
+                    "key-{i}: a wrong answer after node 2 died"
+                );
                 ok += 1;
             }
             Err(e) => {
-                assert!(e.to_string().contains("unreachable"), "key-{i}: unexpected error {e}");
+                assert!(
+                    e.to_string().contains("unreachable"),
+                    "key-{i}: unexpected error {e}"
+                );
                 unreachable += 1;
             }
         }
     }
     assert!(ok > 0, "keys living on nodes 0 and 1 must stay readable");
-    assert!(unreachable > 0, "keys touching node 2 must report it unreachable");
+    assert!(
+        unreachable > 0,
+        "keys touching node 2 must report it unreachable"
+    );
 
     let mut written = vec![];
     for i in 100..130u32 {
@@ -197,7 +256,16 @@ fn three_hosts_over_tcp_and_a_node_failure() {
         }
     }
     for k in 0..2 {
-        assert!(tb.children[k].as_mut().unwrap().try_wait().unwrap().is_none(), "node {k} survived:\n{}", tb.log(k as u16));
+        assert!(
+            tb.children[k]
+                .as_mut()
+                .unwrap()
+                .try_wait()
+                .unwrap()
+                .is_none(),
+            "node {k} survived:\n{}",
+            tb.log(k as u16)
+        );
     }
     eprintln!("after killing node 2: {ok} reads ok, {unreachable} unreachable");
 }

@@ -87,27 +87,43 @@ impl Request {
         // Check the magic as soon as it is in, so junk gets its answer without waiting.
         s.read_exact(&mut head[1..4])?;
         if &head[..4] != MAGIC {
-            return Err(AdminError::Malformed("bad magic (not a nessie admin request)".into()));
+            return Err(AdminError::Malformed(
+                "bad magic (not a nessie admin request)".into(),
+            ));
         }
         s.read_exact(&mut head[4..])?;
         let op = head[4];
         let klen = u32::from_le_bytes(head[5..9].try_into().unwrap());
         let vlen = u32::from_le_bytes(head[9..13].try_into().unwrap());
         if klen > MAX_KEY_SIZE {
-            return Err(AdminError::Malformed(format!("key of {klen} bytes exceeds {MAX_KEY_SIZE}")));
+            return Err(AdminError::Malformed(format!(
+                "key of {klen} bytes exceeds {MAX_KEY_SIZE}"
+            )));
         }
         if vlen > MAX_VALUE_SIZE {
-            return Err(AdminError::Malformed(format!("value of {vlen} bytes exceeds {MAX_VALUE_SIZE}")));
+            return Err(AdminError::Malformed(format!(
+                "value of {vlen} bytes exceeds {MAX_VALUE_SIZE}"
+            )));
         }
         let mut key = vec![0u8; klen as usize];
         s.read_exact(&mut key)?;
         let mut value = vec![0u8; vlen as usize];
         s.read_exact(&mut value)?;
         let no_payload = |r: Request| {
-            if klen == 0 && vlen == 0 { Ok(Some(r)) } else { Err(AdminError::Malformed(format!("op {op} takes no key or value"))) }
+            if klen == 0 && vlen == 0 {
+                Ok(Some(r))
+            } else {
+                Err(AdminError::Malformed(format!(
+                    "op {op} takes no key or value"
+                )))
+            }
         };
         let no_value = |r: Request| {
-            if vlen == 0 { Ok(Some(r)) } else { Err(AdminError::Malformed(format!("op {op} takes no value"))) }
+            if vlen == 0 {
+                Ok(Some(r))
+            } else {
+                Err(AdminError::Malformed(format!("op {op} takes no value")))
+            }
         };
         match op {
             1 => no_payload(Request::Ping),
@@ -183,8 +199,14 @@ pub struct ClientPool {
 
 impl ClientPool {
     pub fn new(clients: Vec<Box<dyn KvClient>>) -> Self {
-        assert!(!clients.is_empty(), "a client pool needs at least one client");
-        Self { clients: Mutex::new(clients), available: Condvar::new() }
+        assert!(
+            !clients.is_empty(),
+            "a client pool needs at least one client"
+        );
+        Self {
+            clients: Mutex::new(clients),
+            available: Condvar::new(),
+        }
     }
 
     /// Run `f` with a client, waiting for one to be free.
@@ -212,10 +234,16 @@ impl ClientPool {
                 Ok(None) => Response::NotFound,
                 Err(e) => Response::Error(encode_error(&e)),
             },
-            Request::Put(k, v) => c.put(&k, &v).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
-            Request::Delete(k) => c.delete(&k).map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+            Request::Put(k, v) => c
+                .put(&k, &v)
+                .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+            Request::Delete(k) => c
+                .delete(&k)
+                .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
             Request::Ping => Response::Ok,
-            Request::Status | Request::Extension(_) => Response::Error("not served by the client pool".into()),
+            Request::Status | Request::Extension(_) => {
+                Response::Error("not served by the client pool".into())
+            }
         })
     }
 }
@@ -244,25 +272,36 @@ impl AdminServer {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let active = Arc::new(AtomicUsize::new(0));
-        let thread = std::thread::Builder::new().name("nessie-admin".into()).spawn(move || {
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::SeqCst) {
-                    break;
+        let thread = std::thread::Builder::new()
+            .name("nessie-admin".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(mut s) = conn else { continue };
+                    if active.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
+                        active.fetch_sub(1, Ordering::SeqCst);
+                        let _ = s.write_all(
+                            &Response::Error("node busy: too many admin connections".into())
+                                .encode(),
+                        );
+                        continue;
+                    }
+                    let (handler, active) = (handler.clone(), active.clone());
+                    let _ = std::thread::Builder::new()
+                        .name("nessie-admin-conn".into())
+                        .spawn(move || {
+                            serve_connection(&mut s, handler.as_ref());
+                            active.fetch_sub(1, Ordering::SeqCst);
+                        });
                 }
-                let Ok(mut s) = conn else { continue };
-                if active.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
-                    active.fetch_sub(1, Ordering::SeqCst);
-                    let _ = s.write_all(&Response::Error("node busy: too many admin connections".into()).encode());
-                    continue;
-                }
-                let (handler, active) = (handler.clone(), active.clone());
-                let _ = std::thread::Builder::new().name("nessie-admin-conn".into()).spawn(move || {
-                    serve_connection(&mut s, handler.as_ref());
-                    active.fetch_sub(1, Ordering::SeqCst);
-                });
-            }
-        })?;
-        Ok(Self { path: path.to_path_buf(), stop, thread: Some(thread) })
+            })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -302,7 +341,10 @@ pub struct AdminClient {
 
 impl AdminClient {
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, AdminError> {
-        let s = UnixStream::connect(path).map_err(|err| AdminError::Connect { path: path.into(), err })?;
+        let s = UnixStream::connect(path).map_err(|err| AdminError::Connect {
+            path: path.into(),
+            err,
+        })?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
         Ok(Self { s })
@@ -337,10 +379,17 @@ mod tests {
     }
 
     fn server(name: &str) -> (AdminServer, PathBuf) {
-        let cluster = LocalCluster::new(Geometry::default(), ProtocolConfig::default(), None).unwrap();
-        let clients: Vec<Box<dyn KvClient>> = (0..2).map(|_| Box::new(cluster.client(1).unwrap()) as Box<dyn KvClient>).collect();
-        let node = Arc::new(Node { pool: ClientPool::new(clients), _cluster: cluster });
-        let path = std::env::temp_dir().join(format!("nessie-admin-{name}-{}.sock", std::process::id()));
+        let cluster =
+            LocalCluster::new(Geometry::default(), ProtocolConfig::default(), None).unwrap();
+        let clients: Vec<Box<dyn KvClient>> = (0..2)
+            .map(|_| Box::new(cluster.client(1).unwrap()) as Box<dyn KvClient>)
+            .collect();
+        let node = Arc::new(Node {
+            pool: ClientPool::new(clients),
+            _cluster: cluster,
+        });
+        let path =
+            std::env::temp_dir().join(format!("nessie-admin-{name}-{}.sock", std::process::id()));
         (AdminServer::start(&path, node).unwrap(), path)
     }
 
@@ -349,25 +398,57 @@ mod tests {
         let (_srv, path) = server("rt");
         let mut c = AdminClient::connect(&path, Duration::from_secs(5)).unwrap();
         assert_eq!(c.call(&Request::Ping).unwrap(), Response::Ok);
-        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::NotFound);
-        assert_eq!(c.call(&Request::Put(b"k".to_vec(), vec![1, 2, 3])).unwrap(), Response::Ok);
-        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::Value(vec![1, 2, 3]));
-        assert_eq!(c.call(&Request::Delete(b"k".to_vec())).unwrap(), Response::Ok);
-        assert_eq!(c.call(&Request::Get(b"k".to_vec())).unwrap(), Response::NotFound);
+        assert_eq!(
+            c.call(&Request::Get(b"k".to_vec())).unwrap(),
+            Response::NotFound
+        );
+        assert_eq!(
+            c.call(&Request::Put(b"k".to_vec(), vec![1, 2, 3])).unwrap(),
+            Response::Ok
+        );
+        assert_eq!(
+            c.call(&Request::Get(b"k".to_vec())).unwrap(),
+            Response::Value(vec![1, 2, 3])
+        );
+        assert_eq!(
+            c.call(&Request::Delete(b"k".to_vec())).unwrap(),
+            Response::Ok
+        );
+        assert_eq!(
+            c.call(&Request::Get(b"k".to_vec())).unwrap(),
+            Response::NotFound
+        );
         let r = c.call(&Request::Put(vec![0; 500], vec![])).unwrap();
-        let Response::Error(text) = r else { panic!("{r:?}") };
-        assert_eq!(decode_error(&text), nessie_protocols::Error::KeyTooLarge { len: 500, max: 128 }, "typed errors survive the socket");
-        assert!(matches!(c.call(&Request::Status).unwrap(), Response::Status(_)));
+        let Response::Error(text) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            decode_error(&text),
+            nessie_protocols::Error::KeyTooLarge { len: 500, max: 128 },
+            "typed errors survive the socket"
+        );
+        assert!(matches!(
+            c.call(&Request::Status).unwrap(),
+            Response::Status(_)
+        ));
     }
 
     #[test]
     fn junk_gets_an_error_reply_and_the_server_survives() {
         let (_srv, path) = server("junk");
-        for junk in [&b"GET key\n"[..], b"NSA1\x09\0\0\0\0\0\0\0\0", b"NSA1\x02\xff\xff\xff\xff\0\0\0\0", b"NSA1\x01\x01\0\0\0\0\0\0\0x"] {
+        for junk in [
+            &b"GET key\n"[..],
+            b"NSA1\x09\0\0\0\0\0\0\0\0",
+            b"NSA1\x02\xff\xff\xff\xff\0\0\0\0",
+            b"NSA1\x01\x01\0\0\0\0\0\0\0x",
+        ] {
             let mut s = UnixStream::connect(&path).unwrap();
             s.write_all(junk).unwrap();
             let r = Response::read(&mut s).unwrap();
-            assert!(matches!(&r, Response::Error(e) if e.contains("malformed")), "{junk:?} -> {r:?}");
+            assert!(
+                matches!(&r, Response::Error(e) if e.contains("malformed")),
+                "{junk:?} -> {r:?}"
+            );
         }
         let mut c = AdminClient::connect(&path, Duration::from_secs(5)).unwrap();
         assert_eq!(c.call(&Request::Ping).unwrap(), Response::Ok);
@@ -386,7 +467,9 @@ mod tests {
         assert!(e.to_string().contains("in use by a running node"), "{e}");
         drop(srv);
         assert!(!path.exists(), "socket removed on shutdown");
-        let err = AdminClient::connect(&path, Duration::from_secs(1)).err().unwrap();
+        let err = AdminClient::connect(&path, Duration::from_secs(1))
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("is the node running"), "{err}");
     }
 }

@@ -186,14 +186,22 @@ pub enum ConfigError {
 impl ClusterConfig {
     /// Read and validate a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let io = |err| ConfigError::Io { path: path.to_path_buf(), err };
+        let io = |err| ConfigError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
         let len = std::fs::metadata(path).map_err(io)?.len();
         if len > MAX_CONFIG_BYTES {
-            return Err(ConfigError::Parse { path: path.into(), msg: format!("{len} bytes exceeds {MAX_CONFIG_BYTES}") });
+            return Err(ConfigError::Parse {
+                path: path.into(),
+                msg: format!("{len} bytes exceeds {MAX_CONFIG_BYTES}"),
+            });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        let cfg: ClusterConfig =
-            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), msg: e.to_string() })?;
+        let cfg: ClusterConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            msg: e.to_string(),
+        })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -203,49 +211,88 @@ impl ClusterConfig {
     }
 
     pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
-        std::fs::write(path, self.to_toml()).map_err(|err| ConfigError::Io { path: path.into(), err })
+        std::fs::write(path, self.to_toml()).map_err(|err| ConfigError::Io {
+            path: path.into(),
+            err,
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |s: String| Err(ConfigError::Invalid(s));
         let secret = self.secret_bytes()?;
         if secret.len() < MIN_SECRET_BYTES {
-            return bad(format!("cluster.secret has {} bytes; at least {MIN_SECRET_BYTES} are required", secret.len()));
+            return bad(format!(
+                "cluster.secret has {} bytes; at least {MIN_SECRET_BYTES} are required",
+                secret.len()
+            ));
         }
         if self.cluster.bootstrap_timeout_ms == 0 || self.cluster.bootstrap_timeout_ms > 600_000 {
-            return bad(format!("cluster.bootstrap_timeout_ms = {} is not in 1..=600000", self.cluster.bootstrap_timeout_ms));
+            return bad(format!(
+                "cluster.bootstrap_timeout_ms = {} is not in 1..=600000",
+                self.cluster.bootstrap_timeout_ms
+            ));
         }
         if self.cluster.op_timeout_ms < 10 || self.cluster.op_timeout_ms > 600_000 {
-            return bad(format!("cluster.op_timeout_ms = {} is not in 10..=600000", self.cluster.op_timeout_ms));
+            return bad(format!(
+                "cluster.op_timeout_ms = {} is not in 10..=600000",
+                self.cluster.op_timeout_ms
+            ));
         }
-        self.geometry.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.geometry
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if !matches!(self.cluster.server_poll.as_str(), "spin" | "yield") {
-            return bad(format!("cluster.server_poll = {:?} is not spin or yield", self.cluster.server_poll));
+            return bad(format!(
+                "cluster.server_poll = {:?} is not spin or yield",
+                self.cluster.server_poll
+            ));
         }
         let mode = self.mode().map_err(ConfigError::Invalid)?;
-        mode.validate().map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+        mode.validate()
+            .map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
         if mode != nessie_protocols::Mode::Cd {
-            self.rpc_config().validate().map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+            self.rpc_config()
+                .validate()
+                .map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
         }
-        self.protocol_config().validate().map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
+        self.protocol_config()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
         if self.node.len() != self.geometry.nodes as usize {
-            return bad(format!("geometry.nodes = {} but {} [[node]] entries are listed", self.geometry.nodes, self.node.len()));
+            return bad(format!(
+                "geometry.nodes = {} but {} [[node]] entries are listed",
+                self.geometry.nodes,
+                self.node.len()
+            ));
         }
         let mut seen = vec![false; self.node.len()];
         for n in &self.node {
             let Some(slot) = seen.get_mut(n.id as usize) else {
-                return bad(format!("node id {} is out of range 0..{}", n.id, self.node.len()));
+                return bad(format!(
+                    "node id {} is out of range 0..{}",
+                    n.id,
+                    self.node.len()
+                ));
             };
             if std::mem::replace(slot, true) {
                 return bad(format!("node id {} is listed twice", n.id));
             }
             if n.workers == 0 || n.workers > MAX_WORKERS_PER_NODE {
-                return bad(format!("node {}: workers = {} is not in 1..={MAX_WORKERS_PER_NODE}", n.id, n.workers));
+                return bad(format!(
+                    "node {}: workers = {} is not in 1..={MAX_WORKERS_PER_NODE}",
+                    n.id, n.workers
+                ));
             }
         }
         for (i, a) in self.node.iter().enumerate() {
-            if let Some(b) = self.node[i + 1..].iter().find(|b| b.bootstrap == a.bootstrap) {
-                return bad(format!("nodes {} and {} share the bootstrap address {}", a.id, b.id, a.bootstrap));
+            if let Some(b) = self.node[i + 1..]
+                .iter()
+                .find(|b| b.bootstrap == a.bootstrap)
+            {
+                return bad(format!(
+                    "nodes {} and {} share the bootstrap address {}",
+                    a.id, b.id, a.bootstrap
+                ));
             }
         }
         Ok(())
@@ -257,10 +304,12 @@ impl ClusterConfig {
     }
 
     pub fn node_entry(&self, id: u16) -> Result<&NodeEntry, ConfigError> {
-        self.node
-            .iter()
-            .find(|n| n.id == id)
-            .ok_or_else(|| ConfigError::Invalid(format!("no node {id} in the configuration (nodes 0..{})", self.node.len())))
+        self.node.iter().find(|n| n.id == id).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "no node {id} in the configuration (nodes 0..{})",
+                self.node.len()
+            ))
+        })
     }
 
     /// The admin socket of node `id`, relative paths resolved against `base` (the config's dir).
@@ -287,7 +336,11 @@ impl ClusterConfig {
     pub fn rpc_config(&self) -> nessie_protocols::sd::RpcConfig {
         nessie_protocols::sd::RpcConfig {
             max_clients_per_node: self.cluster.max_clients_per_node,
-            idle_backoff_ns: if self.cluster.server_poll == "spin" { None } else { Some(0) },
+            idle_backoff_ns: if self.cluster.server_poll == "spin" {
+                None
+            } else {
+                Some(0)
+            },
             response_timeout_ns: self.cluster.op_timeout_ms.saturating_mul(1_000_000),
             ..Default::default()
         }
@@ -311,18 +364,31 @@ impl ClusterConfig {
     pub fn fingerprint(&self) -> u64 {
         let shared = (
             &self.cluster.name,
-            (self.cluster.transport, &self.cluster.mode, self.cluster.max_clients_per_node),
+            (
+                self.cluster.transport,
+                &self.cluster.mode,
+                self.cluster.max_clients_per_node,
+            ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
             self.protocol.clock_margin_ms,
-            self.node.iter().map(|n| (n.id, n.bootstrap.to_string())).collect::<Vec<_>>(),
+            self.node
+                .iter()
+                .map(|n| (n.id, n.bootstrap.to_string()))
+                .collect::<Vec<_>>(),
         );
         let s = serde_json::to_string(&shared).expect("serialises");
         xxhash_rust::xxh3::xxh3_64(s.as_bytes())
     }
 
     /// A configuration for `nodes` local nodes on loopback, bootstrap ports from `base_port`.
-    pub fn local(name: &str, nodes: u16, transport: Transport, base_port: u16, geometry: Geometry) -> Self {
+    pub fn local(
+        name: &str,
+        nodes: u16,
+        transport: Transport,
+        base_port: u16,
+        geometry: Geometry,
+    ) -> Self {
         let secret: [u8; MIN_SECRET_BYTES] = rand::random();
         Self {
             cluster: ClusterSection {
@@ -337,7 +403,10 @@ impl ClusterConfig {
                 max_clients_per_node: default_max_clients(),
                 server_poll: default_server_poll(),
             },
-            geometry: Geometry { nodes: nodes as u32, ..geometry },
+            geometry: Geometry {
+                nodes: nodes as u32,
+                ..geometry
+            },
             protocol: ProtocolSection::default(),
             node: (0..nodes)
                 .map(|id| NodeEntry {
@@ -371,18 +440,39 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases: Vec<(Box<dyn Fn(&mut ClusterConfig)>, &str)> = vec![
-            (Box::new(|c| c.cluster.secret = "abcd".into()), "at least 32"),
+            (
+                Box::new(|c| c.cluster.secret = "abcd".into()),
+                "at least 32",
+            ),
             (Box::new(|c| c.cluster.secret = "zz".into()), "not hex"),
             (Box::new(|c| c.node[2].id = 0), "listed twice"),
             (Box::new(|c| c.node[2].id = 9), "out of range"),
             (Box::new(|c| c.node.pop().map(|_| ()).unwrap()), "3 but 2"),
-            (Box::new(|c| c.node[1].bootstrap = c.node[0].bootstrap), "share the bootstrap address"),
+            (
+                Box::new(|c| c.node[1].bootstrap = c.node[0].bootstrap),
+                "share the bootstrap address",
+            ),
             (Box::new(|c| c.node[0].workers = 0), "workers"),
             (Box::new(|c| c.geometry.key_max = 0), "key_max"),
             (Box::new(|c| c.protocol.expiry_ms = 0), "expiry"),
-            (Box::new(|c| c.cluster.mode = "xx".into()), "not one of cd, sd, hy"),
-            (Box::new(|c| { c.cluster.mode = "sd".into(); c.cluster.server_threads = 0 }), "server"),
-            (Box::new(|c| { c.cluster.mode = "hy".into(); c.cluster.max_clients_per_node = 0 }), "max_clients_per_node"),
+            (
+                Box::new(|c| c.cluster.mode = "xx".into()),
+                "not one of cd, sd, hy",
+            ),
+            (
+                Box::new(|c| {
+                    c.cluster.mode = "sd".into();
+                    c.cluster.server_threads = 0
+                }),
+                "server",
+            ),
+            (
+                Box::new(|c| {
+                    c.cluster.mode = "hy".into();
+                    c.cluster.max_clients_per_node = 0
+                }),
+                "max_clients_per_node",
+            ),
         ];
         for (f, needle) in cases {
             let mut c = cfg();
@@ -397,9 +487,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nessie-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("c.toml");
-        std::fs::write(&p, cfg().to_toml().replace("[geometry]", "[geometry]\nbogus = 1")).unwrap();
-        assert!(ClusterConfig::load(&p).unwrap_err().to_string().contains("bogus"));
-        assert!(ClusterConfig::load(&dir.join("missing.toml")).unwrap_err().to_string().contains("cannot read"));
+        std::fs::write(
+            &p,
+            cfg()
+                .to_toml()
+                .replace("[geometry]", "[geometry]\nbogus = 1"),
+        )
+        .unwrap();
+        assert!(ClusterConfig::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("bogus"));
+        assert!(ClusterConfig::load(&dir.join("missing.toml"))
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -17,8 +17,8 @@ use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
 use nessie_protocols::hy::HyClient;
 use nessie_protocols::sd::{
-    self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool, REQUEST_REGION,
-    RESPONSE_REGION,
+    self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
+    REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
 use nessie_store::datatable::DataTable;
@@ -51,13 +51,22 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// A client-driven (Nessie) cluster: allocate every node's tables. `delay` injects random
     /// delays around fabric operations.
-    pub fn new(geometry: Geometry, cfg: ProtocolConfig, delay: Option<DelayInjection>) -> Result<Self, Error> {
+    pub fn new(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+    ) -> Result<Self, Error> {
         Self::with_rpc(geometry, cfg, delay, Mode::Cd, RpcConfig::default())
     }
 
     /// A cluster running `mode`, with the default [`RpcConfig`] for SD/HY (16 clients per node,
     /// spinning server threads).
-    pub fn with_mode(geometry: Geometry, cfg: ProtocolConfig, delay: Option<DelayInjection>, mode: Mode) -> Result<Self, Error> {
+    pub fn with_mode(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        mode: Mode,
+    ) -> Result<Self, Error> {
         Self::with_rpc(geometry, cfg, delay, mode, RpcConfig::default())
     }
 
@@ -93,10 +102,25 @@ impl LocalCluster {
         }
         let fabric = MemFabric::new(&regions, delay).map_err(Error::Config)?;
         let tables = (0..g.nodes)
-            .map(|n| Arc::new(DataTable::new(n, view.dte, g.dtes_per_node, cfg.clock_margin_ns)))
+            .map(|n| {
+                Arc::new(DataTable::new(
+                    n,
+                    view.dte,
+                    g.dtes_per_node,
+                    cfg.clock_margin_ns,
+                ))
+            })
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
-        let mut c = Self { fabric, view, tables, cfg, next_worker, mode, rpc: None };
+        let mut c = Self {
+            fabric,
+            view,
+            tables,
+            cfg,
+            next_worker,
+            mode,
+            rpc: None,
+        };
         if let Some(shared) = shared {
             c.start_servers(shared, &rpc)?;
         }
@@ -118,7 +142,14 @@ impl LocalCluster {
                     worker,
                     server_cfg.clone(),
                 )?;
-                servers.push(Server::new(exec, self.fabric.endpoint(node), shared.clone(), t, threads, rpc.server_options())?);
+                servers.push(Server::new(
+                    exec,
+                    self.fabric.endpoint(node),
+                    shared.clone(),
+                    t,
+                    threads,
+                    rpc.server_options(),
+                )?);
             }
         }
         let stats = servers.iter().map(|s| (s.node(), s.stats())).collect();
@@ -126,7 +157,12 @@ impl LocalCluster {
         for (i, mut s) in servers.into_iter().enumerate() {
             let thread_stop = stop.clone();
             let shared = shared.clone();
-            let name = format!("nessie-{}-n{}-t{}", self.mode.name(), s.node(), i % threads as usize);
+            let name = format!(
+                "nessie-{}-n{}-t{}",
+                self.mode.name(),
+                s.node(),
+                i % threads as usize
+            );
             let h = std::thread::Builder::new().name(name).spawn(move || {
                 // Whatever way the loop ends, waiting clients must stop waiting.
                 struct Stopped(Arc<RpcShared>);
@@ -149,19 +185,31 @@ impl LocalCluster {
                 }
             }
         }
-        let pools = (0..self.view.geometry.nodes).map(|_| SlotPool::new(shared.layout.max_clients_per_node)).collect();
-        self.rpc = Some(Rpc { shared, pools, stop, stats, threads: handles });
+        let pools = (0..self.view.geometry.nodes)
+            .map(|_| SlotPool::new(shared.layout.max_clients_per_node))
+            .collect();
+        self.rpc = Some(Rpc {
+            shared,
+            pools,
+            stop,
+            stats,
+            threads: handles,
+        });
         Ok(())
     }
 
     fn worker_id(&self, node: NodeId) -> Result<u16, Error> {
-        let counter = self
-            .next_worker
-            .get(node as usize)
-            .ok_or_else(|| Error::Config(format!("no node {node} in a cluster of {}", self.tables.len())))?;
+        let counter = self.next_worker.get(node as usize).ok_or_else(|| {
+            Error::Config(format!(
+                "no node {node} in a cluster of {}",
+                self.tables.len()
+            ))
+        })?;
         let worker = counter.fetch_add(1, Ordering::Relaxed);
         if worker >= MAX_WORKERS_PER_NODE {
-            return Err(Error::Config(format!("node {node} has run out of worker ids ({MAX_WORKERS_PER_NODE})")));
+            return Err(Error::Config(format!(
+                "node {node} has run out of worker ids ({MAX_WORKERS_PER_NODE})"
+            )));
         }
         Ok(worker as u16)
     }
@@ -175,18 +223,33 @@ impl LocalCluster {
 
     /// A new client-driven worker on `node` with its own protocol configuration (tests use
     /// this to give one client a mutation or a different optimisation set).
-    pub fn client_with(&self, node: NodeId, cfg: ProtocolConfig) -> Result<CdClient<MemEndpoint>, Error> {
+    pub fn client_with(
+        &self,
+        node: NodeId,
+        cfg: ProtocolConfig,
+    ) -> Result<CdClient<MemEndpoint>, Error> {
         let worker = self.worker_id(node)?;
-        CdClient::new(self.fabric.endpoint(node), self.view.clone(), self.tables[node as usize].clone(), worker, cfg)
+        CdClient::new(
+            self.fabric.endpoint(node),
+            self.view.clone(),
+            self.tables[node as usize].clone(),
+            worker,
+            cfg,
+        )
     }
 
     fn rpc_for(&self, node: NodeId, want: &str) -> Result<&Rpc, Error> {
-        let rpc = self
-            .rpc
-            .as_ref()
-            .ok_or_else(|| Error::Config(format!("{want} clients need an SD/HY cluster; this one runs {}", self.mode.name())))?;
+        let rpc = self.rpc.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{want} clients need an SD/HY cluster; this one runs {}",
+                self.mode.name()
+            ))
+        })?;
         if node as usize >= self.tables.len() {
-            return Err(Error::Config(format!("no node {node} in a cluster of {}", self.tables.len())));
+            return Err(Error::Config(format!(
+                "no node {node} in a cluster of {}",
+                self.tables.len()
+            )));
         }
         Ok(rpc)
     }
@@ -204,16 +267,27 @@ impl LocalCluster {
     /// returned to the node when it is dropped.
     pub fn sd_client(&self, node: NodeId) -> Result<SdClient<MemEndpoint>, Error> {
         if !matches!(self.mode, Mode::Sd { .. }) {
-            return Err(Error::Config(format!("SD clients need an SD cluster; this one runs {}", self.mode.name())));
+            return Err(Error::Config(format!(
+                "SD clients need an SD cluster; this one runs {}",
+                self.mode.name()
+            )));
         }
         let rpc = self.rpc_for(node, "SD")?;
-        SdClient::new(self.fabric.endpoint(node), self.view.clone(), rpc.shared.clone(), self.slot(rpc, node)?)
+        SdClient::new(
+            self.fabric.endpoint(node),
+            self.view.clone(),
+            rpc.shared.clone(),
+            self.slot(rpc, node)?,
+        )
     }
 
     /// A new hybrid client worker on `node` (HY clusters only).
     pub fn hy_client(&self, node: NodeId) -> Result<HyClient<MemEndpoint>, Error> {
         if !matches!(self.mode, Mode::Hy { .. }) {
-            return Err(Error::Config(format!("HY clients need an HY cluster; this one runs {}", self.mode.name())));
+            return Err(Error::Config(format!(
+                "HY clients need an HY cluster; this one runs {}",
+                self.mode.name()
+            )));
         }
         let rpc = self.rpc_for(node, "HY")?;
         let slot = self.slot(rpc, node)?;
@@ -283,7 +357,9 @@ impl LocalCluster {
 
     /// Number of server threads still running.
     pub fn running_server_threads(&self) -> usize {
-        self.rpc.as_ref().map_or(0, |r| r.threads.iter().filter(|h| !h.is_finished()).count())
+        self.rpc
+            .as_ref()
+            .map_or(0, |r| r.threads.iter().filter(|h| !h.is_finished()).count())
     }
 
     pub fn fabric(&self) -> &Arc<MemFabric> {

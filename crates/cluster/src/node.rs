@@ -84,13 +84,22 @@ impl NodeContext {
     fn endpoint(&self) -> Result<Delayed<UcxEndpoint>, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
         // Without delay injection the wrapper is a probability-0 pass-through.
-        let d = self.delay.clone().unwrap_or(DelayInjection { seed: 0, probability: 0.0, max_delay_ns: 0 });
-        Ok(Delayed::new(ep, d, self.next_stream.fetch_add(1, Ordering::Relaxed)))
+        let d = self.delay.clone().unwrap_or(DelayInjection {
+            seed: 0,
+            probability: 0.0,
+            max_delay_ns: 0,
+        });
+        Ok(Delayed::new(
+            ep,
+            d,
+            self.next_stream.fetch_add(1, Ordering::Relaxed),
+        ))
     }
 
     fn worker_id(&self) -> Result<u16, NodeError> {
         let w = self.next_worker.fetch_add(1, Ordering::Relaxed);
-        u16::try_from(w).map_err(|_| NodeError::Other(format!("node {} has run out of worker ids", self.id)))
+        u16::try_from(w)
+            .map_err(|_| NodeError::Other(format!("node {} has run out of worker ids", self.id)))
     }
 
     /// A new client worker of the cluster's protocol with protocol configuration `pcfg`
@@ -99,7 +108,16 @@ impl NodeContext {
         let err = |e: nessie_protocols::Error| NodeError::Other(e.to_string());
         let ep = self.endpoint()?;
         Ok(match self.mode {
-            Mode::Cd => ModeClient::Cd(CdClient::new(ep, self.view.clone(), self.table.clone(), self.worker_id()?, pcfg.clone()).map_err(err)?),
+            Mode::Cd => ModeClient::Cd(
+                CdClient::new(
+                    ep,
+                    self.view.clone(),
+                    self.table.clone(),
+                    self.worker_id()?,
+                    pcfg.clone(),
+                )
+                .map_err(err)?,
+            ),
             Mode::Sd { .. } | Mode::Hy { .. } => {
                 let (shared, pool) = self.rpc.as_ref().expect("rpc state in sd/hy mode");
                 let slot = pool.take().ok_or_else(|| {
@@ -109,10 +127,23 @@ impl NodeContext {
                     ))
                 })?;
                 if matches!(self.mode, Mode::Sd { .. }) {
-                    ModeClient::Sd(SdClient::new(ep, self.view.clone(), shared.clone(), slot).map_err(err)?)
+                    ModeClient::Sd(
+                        SdClient::new(ep, self.view.clone(), shared.clone(), slot).map_err(err)?,
+                    )
                 } else {
                     let w = self.worker_id()?;
-                    ModeClient::Hy(HyClient::new(ep, self.view.clone(), self.table.clone(), w, pcfg, shared.clone(), slot).map_err(err)?)
+                    ModeClient::Hy(
+                        HyClient::new(
+                            ep,
+                            self.view.clone(),
+                            self.table.clone(),
+                            w,
+                            pcfg,
+                            shared.clone(),
+                            slot,
+                        )
+                        .map_err(err)?,
+                    )
                 }
             }
         })
@@ -156,7 +187,11 @@ impl NodeContext {
         let mut fabric = serde_json::Map::new();
         for loc in Locality::ALL {
             for kind in OpKind::ALL {
-                let name = format!("{}_{}", format!("{loc:?}").to_lowercase(), format!("{kind:?}").to_lowercase());
+                let name = format!(
+                    "{}_{}",
+                    format!("{loc:?}").to_lowercase(),
+                    format!("{kind:?}").to_lowercase()
+                );
                 fabric.insert(format!("{name}_ops"), s.ops(kind, loc).into());
                 fabric.insert(format!("{name}_bytes"), s.bytes(kind, loc).into());
             }
@@ -238,7 +273,10 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     );
     let rpc_shared = match mode {
         Mode::Cd => None,
-        _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config()).map_err(|e| NodeError::Other(e.to_string()))?),
+        _ => Some(
+            nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())
+                .map_err(|e| NodeError::Other(e.to_string()))?,
+        ),
     };
 
     let mut regions = vec![0u64; 2];
@@ -266,12 +304,19 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
             hex::decode(&i.fabric)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<nessie_fabric_ucx::NodeInfo>(&b).ok())
-                .ok_or_else(|| NodeError::Other(format!("node {} published unreadable fabric info", i.node)))
+                .ok_or_else(|| {
+                    NodeError::Other(format!("node {} published unreadable fabric info", i.node))
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
 
     let pcfg = cfg.protocol_config();
-    let table = Arc::new(DataTable::new(id as u32, view.dte, g.dtes_per_node, pcfg.clock_margin_ns));
+    let table = Arc::new(DataTable::new(
+        id as u32,
+        view.dte,
+        g.dtes_per_node,
+        pcfg.clock_margin_ns,
+    ));
     let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
     let mut ctx = NodeContext {
         id,
@@ -298,10 +343,23 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
         let scfg = mode.server_config(&pcfg);
         let mut servers = Vec::new();
         for t in 0..threads {
-            let exec = CdClient::new(ctx.endpoint()?, ctx.view.clone(), ctx.table.clone(), ctx.worker_id()?, scfg.clone())
-                .map_err(|e| NodeError::Other(e.to_string()))?;
-            let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, cfg.rpc_config().server_options())
-                .map_err(|e| NodeError::Other(e.to_string()))?;
+            let exec = CdClient::new(
+                ctx.endpoint()?,
+                ctx.view.clone(),
+                ctx.table.clone(),
+                ctx.worker_id()?,
+                scfg.clone(),
+            )
+            .map_err(|e| NodeError::Other(e.to_string()))?;
+            let server = Server::new(
+                exec,
+                ctx.endpoint()?,
+                shared.clone(),
+                t,
+                threads,
+                cfg.rpc_config().server_options(),
+            )
+            .map_err(|e| NodeError::Other(e.to_string()))?;
             ctx.servers.push(server.stats());
             servers.push(server);
         }
@@ -320,11 +378,19 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     for _ in 0..entry.workers {
         clients.push(Box::new(ctx.client(&pcfg)?));
     }
-    let handler = Arc::new(NodeHandler { ctx: ctx.clone(), pool: ClientPool::new(clients), extension: opts.extension.clone() });
+    let handler = Arc::new(NodeHandler {
+        ctx: ctx.clone(),
+        pool: ClientPool::new(clients),
+        extension: opts.extension.clone(),
+    });
     let admin = AdminServer::start(&admin_path, handler)
         .map_err(|e| NodeError::Other(format!("admin socket {}: {e}", admin_path.display())))?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
-    eprintln!("nessie node {id}: ready ({} mode, admin socket {})", mode.name(), admin_path.display());
+    eprintln!(
+        "nessie node {id}: ready ({} mode, admin socket {})",
+        mode.name(),
+        admin_path.display()
+    );
 
     let mut sig: libc::c_int = 0;
     // SAFETY: `signals` was initialised by block_signals.
@@ -345,12 +411,19 @@ pub struct AdminKvClient {
 }
 
 impl AdminKvClient {
-    pub fn connect(path: &Path, timeout: std::time::Duration) -> Result<Self, crate::admin::AdminError> {
-        Ok(Self { conn: crate::admin::AdminClient::connect(path, timeout)? })
+    pub fn connect(
+        path: &Path,
+        timeout: std::time::Duration,
+    ) -> Result<Self, crate::admin::AdminError> {
+        Ok(Self {
+            conn: crate::admin::AdminClient::connect(path, timeout)?,
+        })
     }
 
     fn call(&mut self, req: Request) -> Result<Response, nessie_protocols::Error> {
-        self.conn.call(&req).map_err(|e| nessie_protocols::Error::Node(e.to_string()))
+        self.conn
+            .call(&req)
+            .map_err(|e| nessie_protocols::Error::Node(e.to_string()))
     }
 }
 
@@ -360,21 +433,27 @@ impl KvClient for AdminKvClient {
             Response::Value(v) => Ok(Some(v)),
             Response::NotFound => Ok(None),
             Response::Error(e) => Err(crate::admin::decode_error(&e)),
-            r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
+            r => Err(nessie_protocols::Error::Node(format!(
+                "unexpected reply {r:?}"
+            ))),
         }
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), nessie_protocols::Error> {
         match self.call(Request::Put(key.to_vec(), value.to_vec()))? {
             Response::Ok => Ok(()),
             Response::Error(e) => Err(crate::admin::decode_error(&e)),
-            r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
+            r => Err(nessie_protocols::Error::Node(format!(
+                "unexpected reply {r:?}"
+            ))),
         }
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), nessie_protocols::Error> {
         match self.call(Request::Delete(key.to_vec()))? {
             Response::Ok => Ok(()),
             Response::Error(e) => Err(crate::admin::decode_error(&e)),
-            r => Err(nessie_protocols::Error::Node(format!("unexpected reply {r:?}"))),
+            r => Err(nessie_protocols::Error::Node(format!(
+                "unexpected reply {r:?}"
+            ))),
         }
     }
 }

@@ -26,7 +26,12 @@ pub enum ProcessError {
     #[error("no cluster in {0} (no {CONFIG_FILE}); start one with `nessie up`")]
     NoCluster(PathBuf),
     #[error("node {node} failed to start: {reason}\n--- last lines of {log} ---\n{tail}")]
-    StartFailed { node: u16, reason: String, log: PathBuf, tail: String },
+    StartFailed {
+        node: u16,
+        reason: String,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -45,7 +50,10 @@ pub fn default_dir() -> PathBuf {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ProcessError + '_ {
-    move |err| ProcessError::Io { path: path.to_path_buf(), err }
+    move |err| ProcessError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
 }
 
 pub fn config_path(dir: &Path) -> PathBuf {
@@ -62,11 +70,18 @@ pub fn log_path(dir: &Path, id: u16) -> PathBuf {
 
 /// The pid of node `id` if that process is alive and really is that node (not a reused pid).
 pub fn live_pid(dir: &Path, id: u16) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pid_path(dir, id)).ok()?.trim().parse().ok()?;
+    let pid: i32 = std::fs::read_to_string(pid_path(dir, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
     let cfg = config_path(dir);
-    let is_ours = args.iter().any(|a| *a == b"node") && args.iter().any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == cfg);
+    let is_ours = args.iter().any(|a| *a == b"node")
+        && args
+            .iter()
+            .any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == cfg);
     is_ours.then_some(pid)
 }
 
@@ -96,13 +111,61 @@ pub struct UpOptions {
     pub server_poll: String,
 }
 
-fn free_ports(n: u16) -> Result<Vec<u16>, ProcessError> {
-    // Hold all listeners at once so the ports are distinct, then release them for the nodes.
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(|err| ProcessError::Io { path: "127.0.0.1:0".into(), err })?;
-    Ok(ls.iter().map(|l| l.local_addr().unwrap().port()).collect())
+/// Attempts `up` makes when a node finds its bootstrap port taken between our probe and its bind.
+const MAX_PORT_ATTEMPTS: u32 = 5;
+
+/// The kernel's ephemeral port range (where UCX's TCP listeners and outgoing connections land).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|x| x.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// `n` distinct loopback ports that are free right now. They are chosen at random *outside*
+/// the ephemeral range, so the OS does not hand them to another process's `bind(0)` (UCX TCP
+/// listeners, other clusters) in the window between this probe and the node's own bind.
+pub fn free_ports(n: u16) -> Result<Vec<u16>, ProcessError> {
+    let (lo, hi) = ephemeral_range();
+    let (a, b) = if lo > 11_000 {
+        (10_000, lo - 1)
+    } else if hi < 64_000 {
+        (hi + 1, u16::MAX)
+    } else {
+        (0, 0)
+    };
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (std::process::id() as u64) << 32;
+    let mut held = Vec::new();
+    let mut tries = 0u32;
+    while held.len() < n as usize && b > a && tries < 1000 {
+        tries += 1;
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let port = a + ((seed >> 33) % u64::from(b - a + 1)) as u16;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    while held.len() < n as usize {
+        held.push(
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|err| ProcessError::Io {
+                path: "127.0.0.1:0".into(),
+                err,
+            })?,
+        );
+    }
+    // All listeners were held at once, so the ports are distinct; dropping releases them for the nodes.
+    Ok(held
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect())
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -111,20 +174,65 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Start a local cluster in `dir`.
+/// Start a local cluster in `dir`. If a node loses its bootstrap port to another process in
+/// the moment between choosing it and binding it, the cluster is restarted on fresh ports.
 pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
+    up_with_ports(dir, o, free_ports)
+}
+
+/// [`up`] with the bootstrap ports of each attempt chosen by `ports` (tests use it to force a
+/// port clash on the first attempt).
+pub fn up_with_ports(
+    dir: &Path,
+    o: &UpOptions,
+    mut ports: impl FnMut(u16) -> Result<Vec<u16>, ProcessError>,
+) -> Result<ClusterConfig, ProcessError> {
+    let mut attempt = 1;
+    loop {
+        match up_once(dir, o, ports(o.nodes)?) {
+            Err(ProcessError::StartFailed { ref tail, .. })
+                if attempt < MAX_PORT_ATTEMPTS
+                    && tail.contains("cannot listen on")
+                    && tail.contains("in use") =>
+            {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, ProcessError> {
     if o.nodes == 0 || o.nodes > MAX_LOCAL_NODES {
-        return Err(ProcessError::Invalid(format!("--nodes {} is not in 1..={MAX_LOCAL_NODES}", o.nodes)));
+        return Err(ProcessError::Invalid(format!(
+            "--nodes {} is not in 1..={MAX_LOCAL_NODES}",
+            o.nodes
+        )));
     }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     if config_path(dir).exists() {
         let old = ClusterConfig::load(&config_path(dir)).ok();
-        let running: Vec<u16> = old.map_or(vec![], |c| c.node.iter().map(|n| n.id).filter(|&id| live_pid(dir, id).is_some()).collect());
+        let running: Vec<u16> = old.map_or(vec![], |c| {
+            c.node
+                .iter()
+                .map(|n| n.id)
+                .filter(|&id| live_pid(dir, id).is_some())
+                .collect()
+        });
         if !running.is_empty() {
-            return Err(ProcessError::AlreadyRunning { dir: dir.into(), running });
+            return Err(ProcessError::AlreadyRunning {
+                dir: dir.into(),
+                running,
+            });
         }
     }
-    let ports = free_ports(o.nodes)?;
+    if ports.len() != o.nodes as usize {
+        return Err(ProcessError::Invalid(format!(
+            "{} bootstrap ports for {} nodes",
+            ports.len(),
+            o.nodes
+        )));
+    }
     let mut cfg = ClusterConfig::local("local", o.nodes, o.transport, 0, o.geometry.clone());
     for (n, p) in cfg.node.iter_mut().zip(&ports) {
         n.bootstrap.set_port(*p);
@@ -137,11 +245,14 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
     cfg.cluster.server_threads = o.server_threads;
     cfg.cluster.max_clients_per_node = o.max_clients_per_node;
     cfg.cluster.server_poll = o.server_poll.clone();
-    cfg.protocol.clock_margin_ms = o.clock_margin_ms.unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
+    cfg.protocol.clock_margin_ms = o
+        .clock_margin_ms
+        .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
     cfg.validate()?;
     let cpath = config_path(dir);
     cfg.save(&cpath)?;
-    std::fs::set_permissions(&cpath, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&cpath))?;
+    std::fs::set_permissions(&cpath, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io(&cpath))?;
 
     let mut children = Vec::new();
     for n in &cfg.node {
@@ -149,7 +260,12 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
         let out = std::fs::File::create(&log).map_err(io(&log))?;
         let err = out.try_clone().map_err(io(&log))?;
         let mut cmd = Command::new(&o.binary);
-        cmd.arg("node").arg("--config").arg(&cpath).arg("--id").arg(n.id.to_string()).args(&o.node_args);
+        cmd.arg("node")
+            .arg("--config")
+            .arg(&cpath)
+            .arg("--id")
+            .arg(n.id.to_string())
+            .args(&o.node_args);
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         // Detach from the terminal's session so the node outlives `nessie up`.
         unsafe {
@@ -160,7 +276,8 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
             });
         }
         let child = cmd.spawn().map_err(io(&o.binary))?;
-        std::fs::write(pid_path(dir, n.id), child.id().to_string()).map_err(io(&pid_path(dir, n.id)))?;
+        std::fs::write(pid_path(dir, n.id), child.id().to_string())
+            .map_err(io(&pid_path(dir, n.id)))?;
         children.push((n.id, child));
     }
 
@@ -180,8 +297,14 @@ pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
             }
         }
         pending.retain(|&id| {
-            let Ok(path) = cfg.admin_path(id, dir) else { return true };
-            !matches!(AdminClient::connect(&path, Duration::from_secs(2)).and_then(|mut c| c.call(&Request::Ping)), Ok(Response::Ok))
+            let Ok(path) = cfg.admin_path(id, dir) else {
+                return true;
+            };
+            !matches!(
+                AdminClient::connect(&path, Duration::from_secs(2))
+                    .and_then(|mut c| c.call(&Request::Ping)),
+                Ok(Response::Ok)
+            )
         });
         if pending.is_empty() {
             break;
@@ -260,14 +383,44 @@ pub fn status(dir: &Path) -> Result<(ClusterConfig, Vec<NodeStatus>), ProcessErr
             let report = cfg
                 .admin_path(n.id, dir)
                 .map_err(|e| e.to_string())
-                .and_then(|p| AdminClient::connect(&p, Duration::from_secs(5)).map_err(|e| e.to_string()))
+                .and_then(|p| {
+                    AdminClient::connect(&p, Duration::from_secs(5)).map_err(|e| e.to_string())
+                })
                 .and_then(|mut c| c.call(&Request::Status).map_err(|e| e.to_string()))
                 .and_then(|r| match r {
                     Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
                     r => Err(format!("unexpected reply {r:?}")),
                 });
-            NodeStatus { id: n.id, pid, report }
+            NodeStatus {
+                id: n.id,
+                pid,
+                report,
+            }
         })
         .collect();
     Ok((cfg, nodes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let (lo, hi) = ephemeral_range();
+        let ports = free_ports(8).unwrap();
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 8, "{ports:?}");
+        for p in ports {
+            if lo > 11_000 || hi < 64_000 {
+                assert!(
+                    !(lo..=hi).contains(&p),
+                    "{p} is in the ephemeral range {lo}..={hi}"
+                );
+            }
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
+    }
 }

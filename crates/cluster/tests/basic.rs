@@ -8,11 +8,23 @@ use nessie_store::Geometry;
 use proptest::prelude::*;
 
 fn small_geometry() -> Geometry {
-    Geometry { nodes: 3, ites_per_node: 64, dtes_per_node: 256, key_max: 16, value_max: 64, hash_functions: 3, filter_bits: 7 }
+    Geometry {
+        nodes: 3,
+        ites_per_node: 64,
+        dtes_per_node: 256,
+        key_max: 16,
+        value_max: 64,
+        hash_functions: 3,
+        filter_bits: 7,
+    }
 }
 
 fn fast_cfg() -> ProtocolConfig {
-    ProtocolConfig { expiry_ns: 2_000_000, clock_margin_ns: 0, ..ProtocolConfig::default() }
+    ProtocolConfig {
+        expiry_ns: 2_000_000,
+        clock_margin_ns: 0,
+        ..ProtocolConfig::default()
+    }
 }
 
 #[test]
@@ -22,14 +34,22 @@ fn put_get_delete_across_nodes() {
     let mut b = c.client(2).unwrap();
     assert_eq!(a.get(b"k").unwrap(), None);
     a.put(b"k", b"v1").unwrap();
-    assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]), "remote reader sees the write");
+    assert_eq!(
+        b.get(b"k").unwrap().as_deref(),
+        Some(&b"v1"[..]),
+        "remote reader sees the write"
+    );
     b.put(b"k", b"v2").unwrap();
     assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
     a.delete(b"k").unwrap();
     assert_eq!(b.get(b"k").unwrap(), None);
     b.delete(b"k").unwrap(); // deleting an absent key is fine
     a.put(b"empty", b"").unwrap();
-    assert_eq!(b.get(b"empty").unwrap().as_deref(), Some(&b""[..]), "empty value is not absence");
+    assert_eq!(
+        b.get(b"empty").unwrap().as_deref(),
+        Some(&b""[..]),
+        "empty value is not absence"
+    );
 }
 
 #[test]
@@ -37,12 +57,27 @@ fn invalid_sizes_are_rejected_before_touching_memory() {
     let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
     let mut a = c.client(0).unwrap();
     let before = c.fabric().stats().total(None);
-    assert_eq!(a.put(&[1u8; 17], b"v"), Err(Error::KeyTooLarge { len: 17, max: 16 }));
-    assert_eq!(a.put(b"k", &[0u8; 65]), Err(Error::ValueTooLarge { len: 65, max: 64 }));
+    assert_eq!(
+        a.put(&[1u8; 17], b"v"),
+        Err(Error::KeyTooLarge { len: 17, max: 16 })
+    );
+    assert_eq!(
+        a.put(b"k", &[0u8; 65]),
+        Err(Error::ValueTooLarge { len: 65, max: 64 })
+    );
     assert_eq!(a.get(b""), Err(Error::EmptyKey));
-    assert_eq!(a.delete(&[0u8; 100]), Err(Error::KeyTooLarge { len: 100, max: 16 }));
-    assert_eq!(c.fabric().stats().total(None), before, "no fabric operation was issued");
-    assert!(Error::KeyTooLarge { len: 17, max: 16 }.to_string().contains("key_max of 16"));
+    assert_eq!(
+        a.delete(&[0u8; 100]),
+        Err(Error::KeyTooLarge { len: 100, max: 16 })
+    );
+    assert_eq!(
+        c.fabric().stats().total(None),
+        before,
+        "no fabric operation was issued"
+    );
+    assert!(Error::KeyTooLarge { len: 17, max: 16 }
+        .to_string()
+        .contains("key_max of 16"));
     // Keys and values exactly at the limits work.
     a.put(&[7u8; 16], &[9u8; 64]).unwrap();
     assert_eq!(a.get(&[7u8; 16]).unwrap().unwrap(), vec![9u8; 64]);
@@ -54,15 +89,27 @@ fn bad_configuration_is_reported() {
     g.hash_functions = 1;
     let e = LocalCluster::new(g, fast_cfg(), None).err().unwrap();
     assert!(e.to_string().contains("hash_functions"), "{e}");
-    let cfg = ProtocolConfig { clock_margin_ns: 5_000_000, ..fast_cfg() };
-    assert!(LocalCluster::new(small_geometry(), cfg, None).err().unwrap().to_string().contains("clock margin"));
+    let cfg = ProtocolConfig {
+        clock_margin_ns: 5_000_000,
+        ..fast_cfg()
+    };
+    assert!(LocalCluster::new(small_geometry(), cfg, None)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("clock margin"));
     let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
     assert!(c.client(3).err().unwrap().to_string().contains("no node 3"));
 }
 
 #[test]
 fn full_index_gives_a_clear_error_and_loses_nothing() {
-    let g = Geometry { nodes: 1, ites_per_node: 8, dtes_per_node: 64, ..small_geometry() };
+    let g = Geometry {
+        nodes: 1,
+        ites_per_node: 8,
+        dtes_per_node: 64,
+        ..small_geometry()
+    };
     let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
     let mut a = c.client(0).unwrap();
     let mut stored = Vec::new();
@@ -75,30 +122,68 @@ fn full_index_gives_a_clear_error_and_loses_nothing() {
         }
     }
     assert!(saw_full, "20 keys cannot fit in 8 slots");
-    assert!(a.stats().migrations > 0, "filling the index needed migrations: {:?}", a.stats());
-    assert!(stored.len() <= 8 && stored.len() >= 4, "stored {}", stored.len());
+    assert!(
+        a.stats().migrations > 0,
+        "filling the index needed migrations: {:?}",
+        a.stats()
+    );
+    assert!(
+        stored.len() <= 8 && stored.len() >= 4,
+        "stored {}",
+        stored.len()
+    );
     for i in &stored {
-        assert_eq!(a.get(&i.to_le_bytes()).unwrap().unwrap(), i.to_be_bytes(), "key {i} survived migrations");
+        assert_eq!(
+            a.get(&i.to_le_bytes()).unwrap().unwrap(),
+            i.to_be_bytes(),
+            "key {i} survived migrations"
+        );
     }
     assert_eq!(c.index_occupancy().unwrap(), stored.len() as u64);
 }
 
 #[test]
 fn full_data_table_gives_a_clear_error() {
-    let g = Geometry { dtes_per_node: 4, ..small_geometry() };
+    let g = Geometry {
+        dtes_per_node: 4,
+        ..small_geometry()
+    };
     // A long expiry: released entries are not reusable during the test.
-    let cfg = ProtocolConfig { expiry_ns: 60_000_000_000, ..ProtocolConfig::default() };
-    let cfg = ProtocolConfig { retry: nessie_protocols::RetryPolicy { max_attempts: 1, ..cfg.retry }, ..cfg };
+    let cfg = ProtocolConfig {
+        expiry_ns: 60_000_000_000,
+        ..ProtocolConfig::default()
+    };
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 1,
+            ..cfg.retry
+        },
+        ..cfg
+    };
     let c = LocalCluster::new(g, cfg, None).unwrap();
     let mut a = c.client(1).unwrap();
     for i in 0..4u8 {
         a.put(&[i], b"x").unwrap();
     }
     let e = a.put(&[9], b"x").unwrap_err();
-    assert!(matches!(e, Error::DataTableFull { node: 1, capacity: 4, awaiting_expiry: 0 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::DataTableFull {
+                node: 1,
+                capacity: 4,
+                awaiting_expiry: 0
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("data table on node 1 is full"));
     a.put(&[0], b"y").unwrap_err(); // overwrite also needs a new DTE
-    assert_eq!(a.get(&[0]).unwrap().as_deref(), Some(&b"x"[..]), "failed write changed nothing");
+    assert_eq!(
+        a.get(&[0]).unwrap().as_deref(),
+        Some(&b"x"[..]),
+        "failed write changed nothing"
+    );
     // Another node's table still has room.
     let mut b = c.client(2).unwrap();
     b.put(&[9], b"z").unwrap();
@@ -107,7 +192,10 @@ fn full_data_table_gives_a_clear_error() {
 
 #[test]
 fn recycling_reuses_entries_after_expiry() {
-    let g = Geometry { dtes_per_node: 8, ..small_geometry() };
+    let g = Geometry {
+        dtes_per_node: 8,
+        ..small_geometry()
+    };
     let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
     let mut a = c.client(0).unwrap();
     for i in 0..200u32 {
@@ -115,7 +203,10 @@ fn recycling_reuses_entries_after_expiry() {
         assert_eq!(a.get(b"hot").unwrap().unwrap(), i.to_le_bytes());
     }
     let u = c.table(0).usage();
-    assert!(u.reclaimed_total >= 190, "200 writes through 8 entries need recycling: {u:?}");
+    assert!(
+        u.reclaimed_total >= 190,
+        "200 writes through 8 entries need recycling: {u:?}"
+    );
     assert!(a.stats().recycled >= 199);
 }
 
@@ -153,8 +244,14 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn opts() -> impl Strategy<Value = Optimizations> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
-        .prop_map(|(a, b, c, d)| Optimizations { filter_bits: a, cache: b, previous_versions: c, multi_read: d })
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(a, b, c, d)| {
+        Optimizations {
+            filter_bits: a,
+            cache: b,
+            previous_versions: c,
+            multi_read: d,
+        }
+    })
 }
 
 proptest! {
@@ -198,20 +295,41 @@ proptest! {
 /// never report a full index.
 #[test]
 fn filling_to_half_load_factor_never_reports_a_full_index() {
-    let g = Geometry { nodes: 3, ites_per_node: 8000, dtes_per_node: 12_000, key_max: 16, value_max: 32, ..Geometry::default() };
+    let g = Geometry {
+        nodes: 3,
+        ites_per_node: 8000,
+        dtes_per_node: 12_000,
+        key_max: 16,
+        value_max: 32,
+        ..Geometry::default()
+    };
     let c = LocalCluster::new(g, ProtocolConfig::default(), None).unwrap();
     let mut cls: Vec<_> = (0..3).map(|n| c.client(n).unwrap()).collect();
     for k in 0..12_000u64 {
         let key = format!("key-{k:08}");
-        cls[(k % 3) as usize].put(key.as_bytes(), &k.to_le_bytes()).unwrap_or_else(|e| panic!("key {k}: {e}"));
+        cls[(k % 3) as usize]
+            .put(key.as_bytes(), &k.to_le_bytes())
+            .unwrap_or_else(|e| panic!("key {k}: {e}"));
     }
     let migrations: u64 = cls.iter().map(|c| c.stats().migrations).sum();
     let recursive: u64 = cls.iter().map(|c| c.stats().recursive_migrations).sum();
-    assert!(migrations > 100, "load factor 0.5 needs migrations: {migrations}");
+    assert!(
+        migrations > 100,
+        "load factor 0.5 needs migrations: {migrations}"
+    );
     // Both alternatives occupied: ~0.5^2 of migrations recurse at this load factor (the old
     // rule recursed in over 40% of migrations even at 0.38).
-    assert!(recursive * 3 < migrations, "chains should be short: {recursive} recursive of {migrations}");
+    assert!(
+        recursive * 3 < migrations,
+        "chains should be short: {recursive} recursive of {migrations}"
+    );
     for k in (0..12_000u64).step_by(7) {
-        assert_eq!(cls[1].get(format!("key-{k:08}").as_bytes()).unwrap().unwrap(), k.to_le_bytes());
+        assert_eq!(
+            cls[1]
+                .get(format!("key-{k:08}").as_bytes())
+                .unwrap()
+                .unwrap(),
+            k.to_le_bytes()
+        );
     }
 }

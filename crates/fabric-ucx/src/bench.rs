@@ -120,10 +120,16 @@ impl Ticks {
             let ns = i0.elapsed().as_nanos() as f64;
             let ticks = t1.wrapping_sub(t0) as f64;
             if ticks > 0.0 {
-                return Self { ns_per_tick: ns / ticks, origin };
+                return Self {
+                    ns_per_tick: ns / ticks,
+                    origin,
+                };
             }
         }
-        Self { ns_per_tick: 0.0, origin }
+        Self {
+            ns_per_tick: 0.0,
+            origin,
+        }
     }
 
     fn now(&self) -> u64 {
@@ -157,14 +163,22 @@ pub fn bench_op<E: Endpoint + ?Sized>(
 ) -> Result<LatencyStats, FabricError> {
     let size = if op == BenchOp::Cas { 8 } else { size };
     let mut buf = vec![0u8; size];
-    let mut cur = if op == BenchOp::Cas { ep.read_u64(addr)? } else { 0 };
+    let mut cur = if op == BenchOp::Cas {
+        ep.read_u64(addr)?
+    } else {
+        0
+    };
     let mut one = |ep: &mut E, buf: &mut Vec<u8>| -> Result<(), FabricError> {
         match op {
             BenchOp::Read => ep.read(addr, buf),
             BenchOp::Write => ep.write(addr, buf),
             BenchOp::Cas => {
                 let seen = ep.compare_and_swap(addr, cur, cur.wrapping_add(1))?;
-                cur = if seen == cur { cur.wrapping_add(1) } else { seen };
+                cur = if seen == cur {
+                    cur.wrapping_add(1)
+                } else {
+                    seen
+                };
                 Ok(())
             }
         }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 /// Which UCX transports carry the fabric.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
     /// Same-host shared memory: `UCX_TLS=sm,self` (posix / sysv shared-memory segments with
@@ -37,7 +39,9 @@ impl std::str::FromStr for Transport {
             "shm" | "sm" => Ok(Transport::Shm),
             "tcp" => Ok(Transport::Tcp),
             "auto" => Ok(Transport::Auto),
-            _ => Err(format!("unknown transport {s:?} (expected shm, tcp or auto)")),
+            _ => Err(format!(
+                "unknown transport {s:?} (expected shm, tcp or auto)"
+            )),
         }
     }
 }
@@ -92,7 +96,10 @@ impl Default for UcxConfig {
 
 impl UcxConfig {
     pub fn new(transport: Transport) -> Self {
-        Self { transport, ..Self::default() }
+        Self {
+            transport,
+            ..Self::default()
+        }
     }
 
     /// The `(name, value)` pairs passed to `ucp_config_modify`, in order.

@@ -4,7 +4,9 @@ use std::os::raw::c_int;
 use std::sync::Arc;
 
 use nessie_fabric::memory::{AccessError, WordMemory};
-use nessie_fabric::{Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN};
+use nessie_fabric::{
+    Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN,
+};
 
 use crate::ffi;
 use crate::node::{NodeInfo, NodeShared};
@@ -36,23 +38,48 @@ fn is_fatal_local(status: c_int) -> bool {
     const INVALID_PARAM: c_int = -5;
     const NO_MEMORY: c_int = -4;
     const NOT_IMPLEMENTED: c_int = -8;
-    matches!(status, UNSUPPORTED | INVALID_PARAM | NO_MEMORY | NOT_IMPLEMENTED)
+    matches!(
+        status,
+        UNSUPPORTED | INVALID_PARAM | NO_MEMORY | NOT_IMPLEMENTED
+    )
 }
 
-fn access_err(e: AccessError, region: RegionId, node: NodeId, offset: u64, len: usize, mem: &WordMemory) -> FabricError {
+fn access_err(
+    e: AccessError,
+    region: RegionId,
+    node: NodeId,
+    offset: u64,
+    len: usize,
+    mem: &WordMemory,
+) -> FabricError {
     match e {
-        AccessError::Misaligned => FabricError::Misaligned { offset, len: len as u64, align: ALIGN },
-        AccessError::OutOfBounds => {
-            FabricError::OutOfBounds { node, region, offset, len: len as u64, size: mem.len_bytes() }
-        }
+        AccessError::Misaligned => FabricError::Misaligned {
+            offset,
+            len: len as u64,
+            align: ALIGN,
+        },
+        AccessError::OutOfBounds => FabricError::OutOfBounds {
+            node,
+            region,
+            offset,
+            len: len as u64,
+            size: mem.len_bytes(),
+        },
     }
 }
 
 impl UcxEndpoint {
-    pub(crate) fn connect(shared: Arc<NodeShared>, stats: Arc<StatsCell>, cluster: &[NodeInfo]) -> Result<Self, FabricError> {
+    pub(crate) fn connect(
+        shared: Arc<NodeShared>,
+        stats: Arc<StatsCell>,
+        cluster: &[NodeInfo],
+    ) -> Result<Self, FabricError> {
         let me = shared.node as usize;
         if cluster.len() > NodeId::MAX as usize {
-            return Err(FabricError::Transport(format!("{} nodes exceed the maximum", cluster.len())));
+            return Err(FabricError::Transport(format!(
+                "{} nodes exceed the maximum",
+                cluster.len()
+            )));
         }
         match cluster.get(me) {
             Some(i) if i.worker_address == shared.info.worker_address => {}
@@ -61,7 +88,12 @@ impl UcxEndpoint {
                     "cluster entry {me} is not this node's NodeInfo (worker address differs)"
                 )))
             }
-            None => return Err(FabricError::UnknownNode { node: shared.node, nodes: cluster.len() }),
+            None => {
+                return Err(FabricError::UnknownNode {
+                    node: shared.node,
+                    nodes: cluster.len(),
+                })
+            }
         }
         let timeout_ns = shared.config.op_timeout.as_nanos().min(u64::MAX as u128) as u64;
         let worker = Worker::new(&shared.ctx).map_err(|e| FabricError::Transport(e.to_string()))?;
@@ -69,10 +101,22 @@ impl UcxEndpoint {
         let mut peers = Vec::with_capacity(cluster.len());
         for info in cluster {
             let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
-            let dead = conn.connect(&info.worker_address, &rkeys).err().map(|e| e.to_string());
-            peers.push(Peer { regions: info.regions.iter().map(|r| (r.base, r.len)).collect(), dead });
+            let dead = conn
+                .connect(&info.worker_address, &rkeys)
+                .err()
+                .map(|e| e.to_string());
+            peers.push(Peer {
+                regions: info.regions.iter().map(|r| (r.base, r.len)).collect(),
+                dead,
+            });
         }
-        let mut ep = Self { peers, stats, timeout_ns, conn, shared };
+        let mut ep = Self {
+            peers,
+            stats,
+            timeout_ns,
+            conn,
+            shared,
+        };
         // Finish wireup with every peer now (flush waits for it), while both sides progress:
         // the peer's node worker is driven by its progress thread, ours by this loop. An idle
         // endpoint does not progress its worker, and UCX 1.13 aborts (assertion) when a worker
@@ -97,7 +141,9 @@ impl UcxEndpoint {
     /// Whether `node` is known to be unreachable from this endpoint (an earlier operation
     /// failed or timed out, or UCX reported the peer dead).
     pub fn is_unreachable(&self, node: NodeId) -> bool {
-        self.peers.get(node as usize).is_some_and(|p| p.dead.is_some())
+        self.peers
+            .get(node as usize)
+            .is_some_and(|p| p.dead.is_some())
     }
 
     /// Drive this endpoint's worker once (normally only done inside operations). An idle
@@ -127,16 +173,37 @@ impl UcxEndpoint {
         let p = self
             .peers
             .get(node as usize)
-            .ok_or(FabricError::UnknownNode { node, nodes: self.peers.len() })?;
+            .ok_or(FabricError::UnknownNode {
+                node,
+                nodes: self.peers.len(),
+            })?;
         if let Some(reason) = &p.dead {
-            return Err(FabricError::Unreachable { node, reason: reason.clone() });
+            return Err(FabricError::Unreachable {
+                node,
+                reason: reason.clone(),
+            });
         }
         let &(base, size) =
-            p.regions.get(addr.region as usize).ok_or(FabricError::UnknownRegion { node, region: addr.region })?;
+            p.regions
+                .get(addr.region as usize)
+                .ok_or(FabricError::UnknownRegion {
+                    node,
+                    region: addr.region,
+                })?;
         if addr.offset % ALIGN != 0 || len as u64 % ALIGN != 0 {
-            return Err(FabricError::Misaligned { offset: addr.offset, len: len as u64, align: ALIGN });
+            return Err(FabricError::Misaligned {
+                offset: addr.offset,
+                len: len as u64,
+                align: ALIGN,
+            });
         }
-        let oob = || FabricError::OutOfBounds { node, region: addr.region, offset: addr.offset, len: len as u64, size };
+        let oob = || FabricError::OutOfBounds {
+            node,
+            region: addr.region,
+            offset: addr.offset,
+            len: len as u64,
+            size,
+        };
         let end = addr.offset.checked_add(len as u64).ok_or_else(oob)?;
         if end > size {
             return Err(oob());
@@ -152,7 +219,10 @@ impl UcxEndpoint {
             return FabricError::Transport(format!("{op} to node {node}: {msg}"));
         }
         let reason = if status == ffi::UCS_ERR_TIMED_OUT {
-            format!("{op} did not complete within {:?} ({msg})", self.shared.config.op_timeout)
+            format!(
+                "{op} did not complete within {:?} ({msg})",
+                self.shared.config.op_timeout
+            )
         } else {
             format!("{op} failed: {msg}")
         };
@@ -187,7 +257,8 @@ impl UcxEndpoint {
             };
             return Err(self.fail(addr.node, status, op));
         }
-        self.stats.record(kind, self.locality(addr.node), len as u64);
+        self.stats
+            .record(kind, self.locality(addr.node), len as u64);
         Ok(())
     }
 }
@@ -220,7 +291,12 @@ impl Endpoint for UcxEndpoint {
         })
     }
 
-    fn compare_and_swap(&mut self, addr: RemoteAddr, expected: u64, desired: u64) -> Result<u64, FabricError> {
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
         let mut old = 0u64;
         let out = &mut old as *mut u64;
         self.run(OpKind::Cas, addr, 8, |w, ep, rkey, raddr, t| {
@@ -230,20 +306,44 @@ impl Endpoint for UcxEndpoint {
         Ok(old)
     }
 
-    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         let node = self.shared.node;
-        let mem = &self.shared.regions.get(region as usize).ok_or(FabricError::UnknownRegion { node, region })?.mem;
+        let mem = &self
+            .shared
+            .regions
+            .get(region as usize)
+            .ok_or(FabricError::UnknownRegion { node, region })?
+            .mem;
         let len = buf.len();
-        mem.read(offset, buf).map_err(|e| access_err(e, region, node, offset, len, mem))?;
-        self.stats.record(OpKind::Read, Locality::Direct, len as u64);
+        mem.read(offset, buf)
+            .map_err(|e| access_err(e, region, node, offset, len, mem))?;
+        self.stats
+            .record(OpKind::Read, Locality::Direct, len as u64);
         Ok(())
     }
 
-    fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8]) -> Result<(), FabricError> {
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
         let node = self.shared.node;
-        let mem = &self.shared.regions.get(region as usize).ok_or(FabricError::UnknownRegion { node, region })?.mem;
-        mem.write(offset, buf).map_err(|e| access_err(e, region, node, offset, buf.len(), mem))?;
-        self.stats.record(OpKind::Write, Locality::Direct, buf.len() as u64);
+        let mem = &self
+            .shared
+            .regions
+            .get(region as usize)
+            .ok_or(FabricError::UnknownRegion { node, region })?
+            .mem;
+        mem.write(offset, buf)
+            .map_err(|e| access_err(e, region, node, offset, buf.len(), mem))?;
+        self.stats
+            .record(OpKind::Write, Locality::Direct, buf.len() as u64);
         Ok(())
     }
 

@@ -55,7 +55,12 @@ extern "C" {
     pub fn nsh_worker_arm(w: *mut UcpWorker) -> c_int;
 
     pub fn nsh_request_size(ctx: *mut UcpContext) -> usize;
-    pub fn nsh_ep_create(w: *mut UcpWorker, addr: *const c_void, req_size: usize, out: *mut *mut NshEp) -> c_int;
+    pub fn nsh_ep_create(
+        w: *mut UcpWorker,
+        addr: *const c_void,
+        req_size: usize,
+        out: *mut *mut NshEp,
+    ) -> c_int;
     pub fn nsh_ep_status(e: *const NshEp) -> c_int;
     pub fn nsh_ep_info(e: *const NshEp, buf: *mut c_char, len: usize);
     pub fn nsh_ep_flush(w: *mut UcpWorker, e: *mut NshEp, timeout_ns: u64) -> c_int;
@@ -71,7 +76,12 @@ extern "C" {
         mapped_len: *mut usize,
     ) -> c_int;
     pub fn nsh_mem_unmap(ctx: *mut UcpContext, memh: *mut UcpMem) -> c_int;
-    pub fn nsh_rkey_pack(ctx: *mut UcpContext, memh: *mut UcpMem, buf: *mut *mut c_void, len: *mut usize) -> c_int;
+    pub fn nsh_rkey_pack(
+        ctx: *mut UcpContext,
+        memh: *mut UcpMem,
+        buf: *mut *mut c_void,
+        len: *mut usize,
+    ) -> c_int;
     pub fn nsh_rkey_buffer_release(buf: *mut c_void);
     pub fn nsh_rkey_unpack(e: *mut NshEp, buf: *const c_void, rkey: *mut *mut UcpRkey) -> c_int;
     pub fn nsh_rkey_destroy(rkey: *mut UcpRkey);
@@ -109,5 +119,7 @@ extern "C" {
 /// Human-readable name of a `ucs_status_t`.
 pub fn status_string(status: c_int) -> String {
     // SAFETY: ucs_status_string returns a static NUL-terminated string for any value.
-    unsafe { std::ffi::CStr::from_ptr(nsh_status_string(status)) }.to_string_lossy().into_owned()
+    unsafe { std::ffi::CStr::from_ptr(nsh_status_string(status)) }
+        .to_string_lossy()
+        .into_owned()
 }

@@ -4,8 +4,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use nessie_fabric::memory::WordMemory;
 use nessie_fabric::{FabricError, FabricStats, NodeId, RegionId, ALIGN};
@@ -83,7 +83,13 @@ impl ProgressCtl {
     fn kick(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to an eventfd we own.
-        unsafe { libc::write(self.wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        unsafe {
+            libc::write(
+                self.wake.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
     }
 
     fn request(&self, want: Want) {
@@ -119,8 +125,15 @@ fn ucx_err(e: UcxError) -> FabricError {
 impl UcxNode {
     /// Start node `node` with zeroed regions of the given sizes (bytes, rounded up to 8),
     /// allocated by UCX.
-    pub fn new(node: NodeId, region_sizes: &[u64], config: &UcxConfig) -> Result<Self, FabricError> {
-        let src: Vec<_> = region_sizes.iter().map(|&b| RegionSource::Allocate(b)).collect();
+    pub fn new(
+        node: NodeId,
+        region_sizes: &[u64],
+        config: &UcxConfig,
+    ) -> Result<Self, FabricError> {
+        let src: Vec<_> = region_sizes
+            .iter()
+            .map(|&b| RegionSource::Allocate(b))
+            .collect();
         // SAFETY: no caller-provided memory.
         unsafe { Self::with_regions(node, &src, config) }
     }
@@ -131,7 +144,11 @@ impl UcxNode {
     /// Every [`RegionSource::Provided`] pointer must be 8-byte aligned, valid for `len` bytes
     /// for as long as this node and every endpoint made from it live, and only ever accessed
     /// atomically (as `AtomicU64` words) by this process.
-    pub unsafe fn with_regions(node: NodeId, regions: &[RegionSource], config: &UcxConfig) -> Result<Self, FabricError> {
+    pub unsafe fn with_regions(
+        node: NodeId,
+        regions: &[RegionSource],
+        config: &UcxConfig,
+    ) -> Result<Self, FabricError> {
         let ctx = Context::new(&config.ucp_options()).map_err(ucx_err)?;
         let mut regs = Vec::with_capacity(regions.len());
         let mut infos = Vec::with_capacity(regions.len());
@@ -140,7 +157,11 @@ impl UcxNode {
                 RegionSource::Allocate(b) => (None, b.div_ceil(ALIGN).max(1) * ALIGN),
                 RegionSource::Provided { ptr, len } => {
                     if ptr as usize % ALIGN as usize != 0 || len % ALIGN != 0 || len == 0 {
-                        return Err(FabricError::Misaligned { offset: ptr as u64, len, align: ALIGN });
+                        return Err(FabricError::Misaligned {
+                            offset: ptr as u64,
+                            len,
+                            align: ALIGN,
+                        });
                     }
                     (Some(ptr), len)
                 }
@@ -153,7 +174,11 @@ impl UcxNode {
                 unsafe { std::ptr::write_bytes(map.base(), 0, len as usize) };
             }
             let rkey = map.pack_rkey().map_err(ucx_err)?;
-            infos.push(RegionInfo { base: map.base() as u64, len, rkey });
+            infos.push(RegionInfo {
+                base: map.base() as u64,
+                len,
+                rkey,
+            });
             // SAFETY: the mapping is aligned (UCX allocations are page aligned, provided memory
             // is checked above), lives as long as the view (same Region), and is only accessed
             // atomically in this process.
@@ -162,12 +187,18 @@ impl UcxNode {
         }
 
         let mut worker = Worker::new(&ctx).map_err(ucx_err)?;
-        let info = NodeInfo { worker_address: worker.address().map_err(ucx_err)?, regions: infos };
+        let info = NodeInfo {
+            worker_address: worker.address().map_err(ucx_err)?,
+            regions: infos,
+        };
         let efd = worker.event_fd().map_err(ucx_err)?;
         // SAFETY: plain syscall; the result is checked.
         let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if wake < 0 {
-            return Err(FabricError::Transport(format!("eventfd: {}", std::io::Error::last_os_error())));
+            return Err(FabricError::Transport(format!(
+                "eventfd: {}",
+                std::io::Error::last_os_error()
+            )));
         }
         let ctl = Arc::new(ProgressCtl {
             state: Mutex::new((Want::Run, Want::Run)),
@@ -177,7 +208,13 @@ impl UcxNode {
             // SAFETY: fresh fd we own.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
         });
-        let shared = Arc::new(NodeShared { node, regions: regs, config: config.clone(), info, ctx });
+        let shared = Arc::new(NodeShared {
+            node,
+            regions: regs,
+            config: config.clone(),
+            info,
+            ctx,
+        });
         let c = ctl.clone();
         // Drive the worker once so its interfaces are ready before anyone connects.
         worker.progress();
@@ -185,7 +222,12 @@ impl UcxNode {
             .name(format!("ucx-progress-{node}"))
             .spawn(move || progress_loop(worker, efd, &c))
             .map_err(|e| FabricError::Transport(format!("spawning the progress thread: {e}")))?;
-        Ok(Self { shared, stats: Arc::new(FabricStats::default()), ctl, progress: Some(progress) })
+        Ok(Self {
+            shared,
+            stats: Arc::new(FabricStats::default()),
+            ctl,
+            progress: Some(progress),
+        })
     }
 
     /// This node's id.
@@ -215,7 +257,11 @@ impl UcxNode {
     /// A new endpoint for one worker thread. `cluster[n]` is node `n`'s [`NodeInfo`], including
     /// this node's own (loopback operations go through UCX too).
     pub fn endpoint(&self, cluster: &[NodeInfo]) -> Result<UcxEndpoint, FabricError> {
-        UcxEndpoint::connect(self.shared.clone(), self.stats.register(self.node()), cluster)
+        UcxEndpoint::connect(
+            self.shared.clone(),
+            self.stats.register(self.node()),
+            cluster,
+        )
     }
 
     /// Stop driving the node's worker until [`Self::resume_progress`]; returns once the
@@ -288,8 +334,16 @@ fn progress_loop(mut worker: Worker, efd: i32, ctl: &ProgressCtl) {
             }
         }
         let mut fds = [
-            libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: efd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake,
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: valid pollfd array.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };

@@ -28,7 +28,10 @@ pub(crate) fn check(status: c_int, what: impl FnOnce() -> String) -> Result<(), 
     if status == ffi::UCS_OK {
         Ok(())
     } else {
-        Err(UcxError { status, what: what() })
+        Err(UcxError {
+            status,
+            what: what(),
+        })
     }
 }
 
@@ -49,20 +52,40 @@ impl Context {
     /// RMA | AMO64 | WAKEUP.
     pub fn new(options: &[(String, String)]) -> Result<Arc<Self>, UcxError> {
         let cstr = |s: &str| {
-            CString::new(s).map_err(|_| UcxError { status: -5, what: format!("UCX option {s:?} contains NUL") })
+            CString::new(s).map_err(|_| UcxError {
+                status: -5,
+                what: format!("UCX option {s:?} contains NUL"),
+            })
         };
-        let keys = options.iter().map(|(k, _)| cstr(k)).collect::<Result<Vec<_>, _>>()?;
-        let vals = options.iter().map(|(_, v)| cstr(v)).collect::<Result<Vec<_>, _>>()?;
+        let keys = options
+            .iter()
+            .map(|(k, _)| cstr(k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let vals = options
+            .iter()
+            .map(|(_, v)| cstr(v))
+            .collect::<Result<Vec<_>, _>>()?;
         let kp: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
         let vp: Vec<*const c_char> = vals.iter().map(|v| v.as_ptr()).collect();
         let mut raw = std::ptr::null_mut();
         let mut err = [0 as c_char; 256];
         // SAFETY: arrays of valid C strings of length n; err is a writable buffer.
-        let status =
-            unsafe { ffi::nsh_init(kp.as_ptr(), vp.as_ptr(), kp.len(), 1, &mut raw, err.as_mut_ptr(), err.len()) };
+        let status = unsafe {
+            ffi::nsh_init(
+                kp.as_ptr(),
+                vp.as_ptr(),
+                kp.len(),
+                1,
+                &mut raw,
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
         if status != ffi::UCS_OK {
             // SAFETY: the shim NUL-terminates err (snprintf).
-            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }
+                .to_string_lossy()
+                .into_owned();
             return Err(UcxError { status, what: msg });
         }
         // SAFETY: valid context.
@@ -70,7 +93,10 @@ impl Context {
         if request_size == 0 {
             // SAFETY: valid context, not used afterwards.
             unsafe { ffi::nsh_cleanup(raw) };
-            return Err(UcxError { status: -5, what: "ucp_context_query(request size)".into() });
+            return Err(UcxError {
+                status: -5,
+                what: "ucp_context_query(request size)".into(),
+            });
         }
         Ok(Arc::new(Self { raw, request_size }))
     }
@@ -96,8 +122,13 @@ impl Worker {
     pub fn new(ctx: &Arc<Context>) -> Result<Self, UcxError> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid context.
-        check(unsafe { ffi::nsh_worker_create(ctx.raw, &mut raw) }, || "ucp_worker_create".into())?;
-        Ok(Self { raw, ctx: ctx.clone() })
+        check(unsafe { ffi::nsh_worker_create(ctx.raw, &mut raw) }, || {
+            "ucp_worker_create".into()
+        })?;
+        Ok(Self {
+            raw,
+            ctx: ctx.clone(),
+        })
     }
 
     pub fn raw(&self) -> *mut ffi::UcpWorker {
@@ -110,7 +141,9 @@ impl Worker {
         let mut len = 0usize;
         // SAFETY: valid worker; the address is copied and then released.
         unsafe {
-            check(ffi::nsh_worker_address(self.raw, &mut p, &mut len), || "ucp_worker_get_address".into())?;
+            check(ffi::nsh_worker_address(self.raw, &mut p, &mut len), || {
+                "ucp_worker_get_address".into()
+            })?;
             let v = std::slice::from_raw_parts(p as *const u8, len).to_vec();
             ffi::nsh_worker_release_address(self.raw, p);
             Ok(v)
@@ -125,7 +158,10 @@ impl Worker {
     pub fn event_fd(&self) -> Result<c_int, UcxError> {
         let mut fd = -1;
         // SAFETY: valid worker.
-        check(unsafe { ffi::nsh_worker_get_efd(self.raw, &mut fd) }, || "ucp_worker_get_efd".into())?;
+        check(
+            unsafe { ffi::nsh_worker_get_efd(self.raw, &mut fd) },
+            || "ucp_worker_get_efd".into(),
+        )?;
         Ok(fd)
     }
 
@@ -136,7 +172,10 @@ impl Worker {
         match unsafe { ffi::nsh_worker_arm(self.raw) } {
             ffi::UCS_OK => Ok(true),
             ffi::UCS_ERR_BUSY => Ok(false),
-            s => Err(UcxError { status: s, what: "ucp_worker_arm".into() }),
+            s => Err(UcxError {
+                status: s,
+                what: "ucp_worker_arm".into(),
+            }),
         }
     }
 }
@@ -170,10 +209,16 @@ impl Mapping {
         let mut mapped = 0usize;
         let addr = given.map_or(std::ptr::null_mut(), |p| p as *mut c_void);
         // SAFETY: valid context; for given memory the caller guarantees validity.
-        check(unsafe { ffi::nsh_mem_map(ctx.raw, addr, len, &mut memh, &mut base, &mut mapped) }, || {
-            format!("ucp_mem_map of {len} bytes")
-        })?;
-        Ok(Self { memh, base: base as *mut u8, len: mapped.min(len), ctx: ctx.clone() })
+        check(
+            unsafe { ffi::nsh_mem_map(ctx.raw, addr, len, &mut memh, &mut base, &mut mapped) },
+            || format!("ucp_mem_map of {len} bytes"),
+        )?;
+        Ok(Self {
+            memh,
+            base: base as *mut u8,
+            len: mapped.min(len),
+            ctx: ctx.clone(),
+        })
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -190,7 +235,10 @@ impl Mapping {
         let mut len = 0usize;
         // SAFETY: valid context and memh; buffer copied then released.
         unsafe {
-            check(ffi::nsh_rkey_pack(self.ctx.raw, self.memh, &mut p, &mut len), || "ucp_rkey_pack".into())?;
+            check(
+                ffi::nsh_rkey_pack(self.ctx.raw, self.memh, &mut p, &mut len),
+                || "ucp_rkey_pack".into(),
+            )?;
             let v = std::slice::from_raw_parts(p as *const u8, len).to_vec();
             ffi::nsh_rkey_buffer_release(p);
             Ok(v)
@@ -229,7 +277,9 @@ impl PeerEp {
         // SAFETY: valid endpoint; buffer NUL-terminated by the shim.
         unsafe {
             ffi::nsh_ep_info(self.ep, buf.as_mut_ptr(), buf.len());
-            std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+            std::ffi::CStr::from_ptr(buf.as_ptr())
+                .to_string_lossy()
+                .into_owned()
         }
     }
 
@@ -249,7 +299,11 @@ pub(crate) struct ConnectedWorker {
 
 impl ConnectedWorker {
     pub fn new(worker: Worker, close_timeout_ns: u64) -> Self {
-        Self { peers: Vec::new(), close_timeout_ns, worker }
+        Self {
+            peers: Vec::new(),
+            close_timeout_ns,
+            worker,
+        }
     }
 
     pub fn worker(&mut self) -> &mut Worker {
@@ -262,13 +316,21 @@ impl ConnectedWorker {
         let mut ep = std::ptr::null_mut();
         // SAFETY: address bytes came from ucp_worker_get_address (UCX validates the header).
         let s = unsafe {
-            ffi::nsh_ep_create(self.worker.raw, address.as_ptr() as *const c_void, self.worker.ctx.request_size, &mut ep)
+            ffi::nsh_ep_create(
+                self.worker.raw,
+                address.as_ptr() as *const c_void,
+                self.worker.ctx.request_size,
+                &mut ep,
+            )
         };
         if let Err(e) = check(s, || "ucp_ep_create".into()) {
             self.peers.push(None);
             return Err(e);
         }
-        let mut peer = PeerEp { ep, rkeys: Vec::with_capacity(rkeys.len()) };
+        let mut peer = PeerEp {
+            ep,
+            rkeys: Vec::with_capacity(rkeys.len()),
+        };
         for (i, rk) in rkeys.iter().enumerate() {
             let mut h = std::ptr::null_mut();
             // SAFETY: valid endpoint; rkey bytes came from ucp_rkey_pack.

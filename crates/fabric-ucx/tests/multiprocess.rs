@@ -36,14 +36,19 @@ fn config(t: Transport) -> UcxConfig {
     c.op_timeout = Duration::from_secs(3);
     c.keepalive_interval = Duration::from_secs(1);
     // For measurements only (inherited by the children): progress-thread spinning.
-    if let Some(us) = std::env::var("NESSIE_UCX_PROGRESS_SPIN_US").ok().and_then(|v| v.parse().ok()) {
+    if let Some(us) = std::env::var("NESSIE_UCX_PROGRESS_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         c.progress_spin = Duration::from_micros(us);
     }
     c
 }
 
 fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -80,7 +85,9 @@ fn cas_increment(ep: &mut dyn Endpoint, addr: RemoteAddr, count: u64) -> Result<
 /// Entry point of child processes; a no-op in the normal test run.
 #[test]
 fn child_process_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else { return };
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
     let code = match child_main(&role) {
         Ok(()) => 0,
         Err(e) => {
@@ -108,15 +115,24 @@ fn child_main(role: &str) -> Result<(), String> {
     let out = std::io::stdout();
     let reply = |s: String| {
         let mut o = out.lock();
-        writeln!(o, "@@{s}").and_then(|_| o.flush()).expect("parent gone");
+        writeln!(o, "@@{s}")
+            .and_then(|_| o.flush())
+            .expect("parent gone");
     };
-    reply(format!("info {}", serde_json::to_string(node.info()).unwrap()));
+    reply(format!(
+        "info {}",
+        serde_json::to_string(node.info()).unwrap()
+    ));
     let mut ep: Option<UcxEndpoint> = None;
     for line in std::io::stdin().lock().lines() {
         let line = line.map_err(|e| e.to_string())?;
         let mut w = line.split_whitespace();
         let cmd = w.next().unwrap_or("");
-        let mut num = || -> u64 { w.next().and_then(|x| x.parse().ok()).expect("numeric argument") };
+        let mut num = || -> u64 {
+            w.next()
+                .and_then(|x| x.parse().ok())
+                .expect("numeric argument")
+        };
         let r: Result<String, FabricError> = (|| match cmd {
             "cluster" => {
                 let json = line.trim_start_matches("cluster").trim();
@@ -154,7 +170,10 @@ fn child_main(role: &str) -> Result<(), String> {
                     }
                     "read_u64" => {
                         let (n, r, o) = (num(), num(), num());
-                        Ok(format!("val {}", ep.read_u64(RemoteAddr::new(n as NodeId, r as u16, o))?))
+                        Ok(format!(
+                            "val {}",
+                            ep.read_u64(RemoteAddr::new(n as NodeId, r as u16, o))?
+                        ))
                     }
                     // Read until the node is reported unreachable; reply with the time it took.
                     "probe_dead" => {
@@ -193,7 +212,12 @@ struct ChildNode {
 impl ChildNode {
     fn spawn(id: NodeId, t: Transport) -> ChildNode {
         let mut proc = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "child_process_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE_ENV, format!("{id}:{t}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -214,9 +238,19 @@ impl ChildNode {
                 }
             }
         });
-        let mut c = ChildNode { proc, stdin, lines, info: NodeInfo { worker_address: vec![], regions: vec![] } };
+        let mut c = ChildNode {
+            proc,
+            stdin,
+            lines,
+            info: NodeInfo {
+                worker_address: vec![],
+                regions: vec![],
+            },
+        };
         let first = c.recv();
-        let json = first.strip_prefix("info ").unwrap_or_else(|| panic!("child {id} said {first:?}"));
+        let json = first
+            .strip_prefix("info ")
+            .unwrap_or_else(|| panic!("child {id} said {first:?}"));
         c.info = serde_json::from_str(json).unwrap();
         c
     }
@@ -226,13 +260,18 @@ impl ChildNode {
     }
 
     fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).expect("child stdin");
+        writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .expect("child stdin");
     }
 
     fn recv(&mut self) -> String {
         match self.lines.recv_timeout(REPLY_TIMEOUT) {
             Ok(l) => l,
-            Err(RecvTimeoutError::Timeout) => panic!("child {} did not answer within {REPLY_TIMEOUT:?}", self.pid()),
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "child {} did not answer within {REPLY_TIMEOUT:?}",
+                self.pid()
+            ),
             Err(RecvTimeoutError::Disconnected) => panic!("child {} exited", self.pid()),
         }
     }
@@ -244,7 +283,10 @@ impl ChildNode {
 
     fn ok(&mut self, line: &str) -> String {
         let r = self.cmd(line);
-        assert!(r.starts_with("ok") || r.starts_with("sum") || r.starts_with("val"), "{line:?} -> {r:?}");
+        assert!(
+            r.starts_with("ok") || r.starts_with("sum") || r.starts_with("val"),
+            "{line:?} -> {r:?}"
+        );
         r
     }
 
@@ -274,7 +316,9 @@ fn cluster(t: Transport, children: usize) -> Cluster {
 }
 
 fn cluster_with(t: Transport, children: usize, cfg: UcxConfig) -> Cluster {
-    let mut kids: Vec<ChildNode> = (1..=children).map(|i| ChildNode::spawn(i as NodeId, t)).collect();
+    let mut kids: Vec<ChildNode> = (1..=children)
+        .map(|i| ChildNode::spawn(i as NodeId, t))
+        .collect();
     let node = UcxNode::new(0, &REGIONS, &cfg).unwrap();
     let mut infos = vec![node.info().clone()];
     infos.extend(kids.iter().map(|c| c.info.clone()));
@@ -283,11 +327,19 @@ fn cluster_with(t: Transport, children: usize, cfg: UcxConfig) -> Cluster {
         k.ok(&format!("cluster {json}"));
     }
     let ep = node.endpoint(&infos).unwrap();
-    Cluster { ep, node, infos, children: kids }
+    Cluster {
+        ep,
+        node,
+        infos,
+        children: kids,
+    }
 }
 
 fn sum_reply(r: String) -> u64 {
-    r.strip_prefix("sum ").unwrap_or_else(|| panic!("expected a sum, got {r:?}")).parse().unwrap()
+    r.strip_prefix("sum ")
+        .unwrap_or_else(|| panic!("expected a sum, got {r:?}"))
+        .parse()
+        .unwrap()
 }
 
 /// CPU time (user + system, in clock ticks of 10 ms) a process has used.
@@ -312,26 +364,45 @@ fn read_write_cas_errors_and_counters(t: Transport) {
         let data = pattern(i as u64 + 1, len);
         c.ep.write(RemoteAddr::new(1, 1, off), &data).unwrap();
         let child_sum = sum_reply(c.children[0].cmd(&format!("local_sum 1 {off} {len}")));
-        assert_eq!(child_sum, fnv(&data), "{len} B write to node 1 not visible there");
+        assert_eq!(
+            child_sum,
+            fnv(&data),
+            "{len} B write to node 1 not visible there"
+        );
         let mut back = vec![0u8; len];
         c.ep.read(RemoteAddr::new(1, 1, off), &mut back).unwrap();
         assert!(back == data, "{len} B read back differs");
         // And data written by node 1 itself is what we READ.
         c.children[0].ok(&format!("local_write 1 {off} {len} {}", 100 + i));
         c.ep.read(RemoteAddr::new(1, 1, off), &mut back).unwrap();
-        assert!(back == pattern(100 + i as u64, len), "{len} B written by node 1 read wrongly");
+        assert!(
+            back == pattern(100 + i as u64, len),
+            "{len} B written by node 1 read wrongly"
+        );
     }
 
     // CAS: success returns the old value and swaps; failure returns the current value and
     // leaves it; full 64-bit values.
     let w = RemoteAddr::new(1, 0, 16);
     assert_eq!(c.ep.compare_and_swap(w, 0, 42).unwrap(), 0);
-    assert_eq!(c.ep.compare_and_swap(w, 0, 7).unwrap(), 42, "failed CAS returns current value");
+    assert_eq!(
+        c.ep.compare_and_swap(w, 0, 7).unwrap(),
+        42,
+        "failed CAS returns current value"
+    );
     assert_eq!(c.ep.read_u64(w).unwrap(), 42, "failed CAS must not swap");
     assert_eq!(c.ep.compare_and_swap(w, 42, u64::MAX).unwrap(), 42);
-    assert_eq!(c.ep.compare_and_swap(w, u64::MAX, 0x8000_0000_0000_0001).unwrap(), u64::MAX);
+    assert_eq!(
+        c.ep.compare_and_swap(w, u64::MAX, 0x8000_0000_0000_0001)
+            .unwrap(),
+        u64::MAX
+    );
     let r = c.children[0].ok("local_sum 0 16 8");
-    assert_eq!(sum_reply(r), fnv(&0x8000_0000_0000_0001u64.to_le_bytes()), "node 1 sees the CAS result");
+    assert_eq!(
+        sum_reply(r),
+        fnv(&0x8000_0000_0000_0001u64.to_le_bytes()),
+        "node 1 sees the CAS result"
+    );
 
     // Loopback (own node through UCX) and direct access to the own node agree.
     let own = RemoteAddr::new(0, 1, 4096);
@@ -341,7 +412,11 @@ fn read_write_cas_errors_and_counters(t: Transport) {
     c.ep.local_read(1, 4096, &mut direct).unwrap();
     assert!(direct == data);
     c.ep.local_write(0, 8, &5u64.to_le_bytes()).unwrap();
-    assert_eq!(c.ep.compare_and_swap(RemoteAddr::new(0, 0, 8), 5, 6).unwrap(), 5);
+    assert_eq!(
+        c.ep.compare_and_swap(RemoteAddr::new(0, 0, 8), 5, 6)
+            .unwrap(),
+        5
+    );
     let mut b = [0u8; 8];
     c.ep.local_read(0, 8, &mut b).unwrap();
     assert_eq!(u64::from_le_bytes(b), 6);
@@ -350,21 +425,51 @@ fn read_write_cas_errors_and_counters(t: Transport) {
     // Errors, checked before anything is posted (and not counted).
     let mut buf = [0u8; 8];
     let e = |r: Result<(), FabricError>| r.unwrap_err();
-    assert!(matches!(e(c.ep.read(RemoteAddr::new(9, 0, 0), &mut buf)), FabricError::UnknownNode { node: 9, nodes: 2 }));
-    assert!(matches!(e(c.ep.read(RemoteAddr::new(1, 7, 0), &mut buf)), FabricError::UnknownRegion { node: 1, region: 7 }));
-    assert!(matches!(e(c.ep.read(RemoteAddr::new(1, 0, 4), &mut buf)), FabricError::Misaligned { offset: 4, .. }));
-    assert!(matches!(e(c.ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 12])), FabricError::Misaligned { len: 12, .. }));
-    assert!(matches!(c.ep.compare_and_swap(RemoteAddr::new(1, 0, 3), 0, 1), Err(FabricError::Misaligned { .. })));
+    assert!(matches!(
+        e(c.ep.read(RemoteAddr::new(9, 0, 0), &mut buf)),
+        FabricError::UnknownNode { node: 9, nodes: 2 }
+    ));
+    assert!(matches!(
+        e(c.ep.read(RemoteAddr::new(1, 7, 0), &mut buf)),
+        FabricError::UnknownRegion { node: 1, region: 7 }
+    ));
+    assert!(matches!(
+        e(c.ep.read(RemoteAddr::new(1, 0, 4), &mut buf)),
+        FabricError::Misaligned { offset: 4, .. }
+    ));
+    assert!(matches!(
+        e(c.ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 12])),
+        FabricError::Misaligned { len: 12, .. }
+    ));
+    assert!(matches!(
+        c.ep.compare_and_swap(RemoteAddr::new(1, 0, 3), 0, 1),
+        Err(FabricError::Misaligned { .. })
+    ));
     let end = REGIONS[0];
     assert!(matches!(
         e(c.ep.read(RemoteAddr::new(1, 0, end - 8), &mut [0u8; 16])),
         FabricError::OutOfBounds { node: 1, region: 0, size, .. } if size == end
     ));
-    assert!(matches!(c.ep.compare_and_swap(RemoteAddr::new(1, 0, end), 0, 1), Err(FabricError::OutOfBounds { .. })));
-    assert!(matches!(e(c.ep.read(RemoteAddr::new(1, 0, u64::MAX - 7), &mut buf)), FabricError::OutOfBounds { .. }));
-    assert!(matches!(e(c.ep.local_read(0, end, &mut buf)), FabricError::OutOfBounds { node: 0, .. }));
-    assert!(matches!(e(c.ep.local_write(0, 1, &buf)), FabricError::Misaligned { .. }));
-    assert!(matches!(e(c.ep.local_read(5, 0, &mut buf)), FabricError::UnknownRegion { node: 0, region: 5 }));
+    assert!(matches!(
+        c.ep.compare_and_swap(RemoteAddr::new(1, 0, end), 0, 1),
+        Err(FabricError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        e(c.ep.read(RemoteAddr::new(1, 0, u64::MAX - 7), &mut buf)),
+        FabricError::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        e(c.ep.local_read(0, end, &mut buf)),
+        FabricError::OutOfBounds { node: 0, .. }
+    ));
+    assert!(matches!(
+        e(c.ep.local_write(0, 1, &buf)),
+        FabricError::Misaligned { .. }
+    ));
+    assert!(matches!(
+        e(c.ep.local_read(5, 0, &mut buf)),
+        FabricError::UnknownRegion { node: 0, region: 5 }
+    ));
 
     // Counters by kind and locality.
     let d = c.ep.stats().snapshot().saturating_sub(&before);
@@ -383,7 +488,11 @@ fn read_write_cas_errors_and_counters(t: Transport) {
     assert_eq!(d.ops(OpKind::Write, Locality::Direct), 1);
     assert_eq!(d.ops(OpKind::Read, Locality::Loopback), 0);
     assert_eq!(d.total_ops(), 3 * n + 1 + 4 + 1 + 1 + 3);
-    assert_eq!(c.node.stats().total(Some(0)), c.ep.stats().snapshot(), "node registry sees the endpoint");
+    assert_eq!(
+        c.node.stats().total(Some(0)),
+        c.ep.stats().snapshot(),
+        "node registry sees the endpoint"
+    );
 
     // An idle node (progress thread armed and asleep) uses ~no CPU.
     std::thread::sleep(Duration::from_millis(200));
@@ -391,7 +500,10 @@ fn read_write_cas_errors_and_counters(t: Transport) {
     let t0 = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
     let used = cpu_ticks(pid) - t0;
-    assert!(used <= 5, "idle child node used {used} ticks (of 100) in one second");
+    assert!(
+        used <= 5,
+        "idle child node used {used} ticks (of 100) in one second"
+    );
 }
 
 #[test]
@@ -416,11 +528,21 @@ fn concurrent_cas_increments(t: Transport, per_process: u64) {
     let mine = cas_increment(&mut c.ep, target, per_process).unwrap();
     let r1 = c.children[0].recv();
     let r2 = c.children[1].recv();
-    assert!(r1.starts_with("ok") && r2.starts_with("ok"), "{r1:?} {r2:?}");
+    assert!(
+        r1.starts_with("ok") && r2.starts_with("ok"),
+        "{r1:?} {r2:?}"
+    );
     let value = c.ep.read_u64(target).unwrap();
     assert_eq!(value, 3 * per_process, "lost or duplicated increments");
-    let contended: u64 = [r1, r2].iter().map(|r| r[3..].parse::<u64>().unwrap()).sum::<u64>() + mine;
-    eprintln!("{t}: {} increments, {contended} failed CAS attempts (contention)", 3 * per_process);
+    let contended: u64 = [r1, r2]
+        .iter()
+        .map(|r| r[3..].parse::<u64>().unwrap())
+        .sum::<u64>()
+        + mine;
+    eprintln!(
+        "{t}: {} increments, {contended} failed CAS attempts (contention)",
+        3 * per_process
+    );
 }
 
 #[test]
@@ -453,8 +575,14 @@ fn shm_read_write_cas_complete_while_target_progress_is_paused() {
     // Had these needed the paused target's help they would have failed with Unreachable.
     cas_increment(&mut c.ep, w, n).unwrap();
     // The child (its main thread; the progress thread is parked) sees the results.
-    assert_eq!(sum_reply(c.children[0].ok("local_sum 1 0 16384")), fnv(&data));
-    assert_eq!(sum_reply(c.children[0].ok("local_sum 0 8 8")), fnv(&(11 + n).to_le_bytes()));
+    assert_eq!(
+        sum_reply(c.children[0].ok("local_sum 1 0 16384")),
+        fnv(&data)
+    );
+    assert_eq!(
+        sum_reply(c.children[0].ok("local_sum 0 8 8")),
+        fnv(&(11 + n).to_le_bytes())
+    );
     c.children[0].ok("resume");
     assert_eq!(c.ep.read_u64(w).unwrap(), 11 + n);
 }
@@ -473,18 +601,32 @@ fn tcp_ops_time_out_while_target_progress_is_paused() {
     let e = c.ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(e, FabricError::Unreachable { node: 1, .. }), "{e}");
-    assert!(took >= Duration::from_millis(1400) && took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
     assert!(c.ep.is_unreachable(1));
     // Still unreachable for this endpoint, immediately.
     let start = Instant::now();
-    assert!(matches!(c.ep.read_u64(RemoteAddr::new(1, 0, 0)), Err(FabricError::Unreachable { node: 1, .. })));
+    assert!(matches!(
+        c.ep.read_u64(RemoteAddr::new(1, 0, 0)),
+        Err(FabricError::Unreachable { node: 1, .. })
+    ));
     // Without waiting for the 1.5 s op timeout again.
     assert!(start.elapsed() < Duration::from_secs(1));
     c.children[0].ok("resume");
     // A fresh endpoint reaches the resumed node.
     let mut ep2 = c.node.endpoint(&c.infos).unwrap();
-    assert_eq!(ep2.compare_and_swap(RemoteAddr::new(1, 0, 0), 0, 1).unwrap(), 0);
-    assert_eq!(c.ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 0, "loopback unaffected");
+    assert_eq!(
+        ep2.compare_and_swap(RemoteAddr::new(1, 0, 0), 0, 1)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        c.ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(),
+        0,
+        "loopback unaffected"
+    );
 }
 
 fn killed_peer_becomes_unreachable(t: Transport) {
@@ -503,19 +645,31 @@ fn killed_peer_becomes_unreachable(t: Transport) {
         match c.ep.read_u64(RemoteAddr::new(1, 0, 0)) {
             Err(e) => break e,
             Ok(_) => {
-                assert!(start.elapsed() < Duration::from_secs(10), "node 1 still reachable after 10 s");
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "node 1 still reachable after 10 s"
+                );
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
     };
     let took = start.elapsed();
     eprintln!("{t}: killed node 1 reported unreachable after {took:?}: {err}");
-    assert!(matches!(err, FabricError::Unreachable { node: 1, .. }), "{err}");
+    assert!(
+        matches!(err, FabricError::Unreachable { node: 1, .. }),
+        "{err}"
+    );
     assert!(took < Duration::from_secs(10));
     // Every kind of op to the dead node fails fast now.
     let t0 = Instant::now();
-    assert!(matches!(c.ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 8]), Err(FabricError::Unreachable { node: 1, .. })));
-    assert!(matches!(c.ep.compare_and_swap(RemoteAddr::new(1, 0, 0), 0, 1), Err(FabricError::Unreachable { node: 1, .. })));
+    assert!(matches!(
+        c.ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 8]),
+        Err(FabricError::Unreachable { node: 1, .. })
+    ));
+    assert!(matches!(
+        c.ep.compare_and_swap(RemoteAddr::new(1, 0, 0), 0, 1),
+        Err(FabricError::Unreachable { node: 1, .. })
+    ));
     // Without waiting for the op timeout.
     assert!(t0.elapsed() < Duration::from_secs(1));
     // The survivors keep working: node 2 remotely, node 0 through loopback.
@@ -525,12 +679,22 @@ fn killed_peer_becomes_unreachable(t: Transport) {
         let mut b = vec![0u8; 4096];
         c.ep.read(a, &mut b).unwrap();
         assert!(b == pattern(n as u64, 4096));
-        assert_eq!(c.ep.compare_and_swap(a, 0, 1).unwrap(), u64::from_le_bytes(b[..8].try_into().unwrap()));
+        assert_eq!(
+            c.ep.compare_and_swap(a, 0, 1).unwrap(),
+            u64::from_le_bytes(b[..8].try_into().unwrap())
+        );
     }
     // ... and node 2's CAS loop ended with Unreachable (not a hang, not a crash) ...
     let r = c.children[1].recv();
-    assert!(r.starts_with("err node 1 is unreachable"), "node 2's CAS loop: {r}");
-    assert!(start.elapsed() < Duration::from_secs(10), "node 2 needed {:?}", start.elapsed());
+    assert!(
+        r.starts_with("err node 1 is unreachable"),
+        "node 2's CAS loop: {r}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "node 2 needed {:?}",
+        start.elapsed()
+    );
     eprintln!("{t}: node 2's CAS loop: {r}");
     // ... node 2 keeps seeing node 1 dead, while still reaching node 0.
     let r = c.children[1].cmd("probe_dead 1");
@@ -555,14 +719,24 @@ fn tcp_killed_peer_becomes_unreachable_and_survivors_work() {
 fn bench_op_measures_remote_latency() {
     let _s = serial();
     // NESSIE_UCX_BENCH_ITERS scales the run (for measurements); the default keeps it short.
-    let scale: u64 = std::env::var("NESSIE_UCX_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let scale: u64 = std::env::var("NESSIE_UCX_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     for t in [Transport::Shm, Transport::Tcp] {
         let mut c = cluster(t, 1);
         let iters = scale * if t == Transport::Shm { 20_000 } else { 2_000 };
-        for (op, size) in [(BenchOp::Cas, 8), (BenchOp::Read, 8), (BenchOp::Read, 16 << 10), (BenchOp::Write, 16 << 10)] {
+        for (op, size) in [
+            (BenchOp::Cas, 8),
+            (BenchOp::Read, 8),
+            (BenchOp::Read, 16 << 10),
+            (BenchOp::Write, 16 << 10),
+        ] {
             let s = bench_op(&mut c.ep, RemoteAddr::new(1, 1, 0), op, size, iters).unwrap();
             eprintln!("{t} remote {s}");
-            assert!(s.p50_ns > 0 && s.p50_ns <= s.p99_ns && s.p99_ns <= s.max_ns && s.ops_per_sec > 0.0);
+            assert!(
+                s.p50_ns > 0 && s.p50_ns <= s.p99_ns && s.p99_ns <= s.max_ns && s.ops_per_sec > 0.0
+            );
         }
     }
 }

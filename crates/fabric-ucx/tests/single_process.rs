@@ -37,8 +37,15 @@ fn loopback(t: Transport) {
     let w = RemoteAddr::new(0, 0, 0);
     assert_eq!(a.compare_and_swap(w, 0, 3).unwrap(), 0);
     assert_eq!(b.compare_and_swap(w, 0, 4).unwrap(), 3);
-    node.region(0).unwrap().write(8, &9u64.to_le_bytes()).unwrap();
-    assert_eq!(b.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(), 9, "direct writes are seen by the fabric");
+    node.region(0)
+        .unwrap()
+        .write(8, &9u64.to_le_bytes())
+        .unwrap();
+    assert_eq!(
+        b.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(),
+        9,
+        "direct writes are seen by the fabric"
+    );
     // Zero-length operations are valid no-ops.
     a.read(RemoteAddr::new(0, 0, 4096), &mut []).unwrap();
     let sa = a.stats().snapshot();
@@ -77,7 +84,10 @@ fn shm_loopback_needs_no_progress_thread_but_tcp_does() {
         let r = ep.compare_and_swap(RemoteAddr::new(0, 0, 0), 0, 1);
         match t {
             Transport::Shm => assert_eq!(r.unwrap(), 0),
-            _ => assert!(matches!(r, Err(FabricError::Unreachable { node: 0, .. })), "{r:?}"),
+            _ => assert!(
+                matches!(r, Err(FabricError::Unreachable { node: 0, .. })),
+                "{r:?}"
+            ),
         }
         node.resume_progress();
         node.resume_progress();
@@ -113,14 +123,24 @@ fn caller_provided_memory_is_registered_and_shared() {
     for t in [Transport::Shm, Transport::Tcp] {
         let mut backing = vec![0u64; 512];
         backing[3] = 77;
-        let src = [RegionSource::Provided { ptr: backing.as_mut_ptr() as *mut u8, len: 4096 }, RegionSource::Allocate(64)];
+        let src = [
+            RegionSource::Provided {
+                ptr: backing.as_mut_ptr() as *mut u8,
+                len: 4096,
+            },
+            RegionSource::Allocate(64),
+        ];
         // SAFETY: `backing` outlives the node and its endpoint (dropped at the end of the
         // iteration) and is not touched by this test while they live.
         let node = unsafe { UcxNode::with_regions(0, &src, &config(t)) }.unwrap();
         assert_eq!(node.info().regions[0].base, backing.as_ptr() as u64);
         let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
         assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 24)).unwrap(), 77);
-        assert_eq!(ep.compare_and_swap(RemoteAddr::new(0, 0, 24), 77, 78).unwrap(), 77);
+        assert_eq!(
+            ep.compare_and_swap(RemoteAddr::new(0, 0, 24), 77, 78)
+                .unwrap(),
+            77
+        );
         ep.write(RemoteAddr::new(0, 0, 4088), &[1u8; 8]).unwrap();
         assert_eq!(node.region(0).unwrap().len_bytes(), 4096);
         drop(ep);
@@ -133,13 +153,19 @@ fn caller_provided_memory_is_registered_and_shared() {
     let mut backing = vec![0u64; 64];
     let mut cfg = config(Transport::Shm);
     cfg.op_timeout = Duration::from_millis(300);
-    let src = [RegionSource::Provided { ptr: backing.as_mut_ptr() as *mut u8, len: 512 }];
+    let src = [RegionSource::Provided {
+        ptr: backing.as_mut_ptr() as *mut u8,
+        len: 512,
+    }];
     // SAFETY: as above.
     let node = unsafe { UcxNode::with_regions(0, &src, &cfg) }.unwrap();
     let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
     assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 0);
     node.pause_progress();
-    assert!(matches!(ep.read_u64(RemoteAddr::new(0, 0, 0)), Err(FabricError::Unreachable { .. })));
+    assert!(matches!(
+        ep.read_u64(RemoteAddr::new(0, 0, 0)),
+        Err(FabricError::Unreachable { .. })
+    ));
     node.resume_progress();
     drop(ep);
     drop(node);
@@ -148,7 +174,13 @@ fn caller_provided_memory_is_registered_and_shared() {
     // Misaligned provided memory is rejected.
     let mut v = vec![0u64; 4];
     let p = unsafe { (v.as_mut_ptr() as *mut u8).add(4) };
-    let r = unsafe { UcxNode::with_regions(0, &[RegionSource::Provided { ptr: p, len: 16 }], &config(Transport::Shm)) };
+    let r = unsafe {
+        UcxNode::with_regions(
+            0,
+            &[RegionSource::Provided { ptr: p, len: 16 }],
+            &config(Transport::Shm),
+        )
+    };
     assert!(matches!(r, Err(FabricError::Misaligned { .. })));
 }
 
@@ -156,18 +188,34 @@ fn caller_provided_memory_is_registered_and_shared() {
 fn endpoint_rejects_a_cluster_list_without_this_node() {
     let a = UcxNode::new(0, &[64], &config(Transport::Shm)).unwrap();
     let b = UcxNode::new(1, &[64], &config(Transport::Shm)).unwrap();
-    assert!(matches!(a.endpoint(&[]), Err(FabricError::UnknownNode { node: 0, nodes: 0 })));
-    assert!(matches!(b.endpoint(&[b.info().clone()]), Err(FabricError::UnknownNode { node: 1, nodes: 1 })));
-    let e = a.endpoint(&[b.info().clone(), a.info().clone()]).err().unwrap();
+    assert!(matches!(
+        a.endpoint(&[]),
+        Err(FabricError::UnknownNode { node: 0, nodes: 0 })
+    ));
+    assert!(matches!(
+        b.endpoint(&[b.info().clone()]),
+        Err(FabricError::UnknownNode { node: 1, nodes: 1 })
+    ));
+    let e = a
+        .endpoint(&[b.info().clone(), a.info().clone()])
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("not this node"), "{e}");
     // Two nodes in one process (separate contexts) reach each other.
     let cluster = [a.info().clone(), b.info().clone()];
     let mut ea = a.endpoint(&cluster).unwrap();
     let mut eb = b.endpoint(&cluster).unwrap();
-    ea.write(RemoteAddr::new(1, 0, 8), &42u64.to_le_bytes()).unwrap();
+    ea.write(RemoteAddr::new(1, 0, 8), &42u64.to_le_bytes())
+        .unwrap();
     assert_eq!(eb.read_u64(RemoteAddr::new(1, 0, 8)).unwrap(), 42);
-    assert_eq!(ea.stats().snapshot().ops(OpKind::Write, Locality::Remote), 1);
-    assert_eq!(eb.stats().snapshot().ops(OpKind::Read, Locality::Loopback), 1);
+    assert_eq!(
+        ea.stats().snapshot().ops(OpKind::Write, Locality::Remote),
+        1
+    );
+    assert_eq!(
+        eb.stats().snapshot().ops(OpKind::Read, Locality::Loopback),
+        1
+    );
 }
 
 #[test]
@@ -178,7 +226,11 @@ fn a_peer_on_another_transport_is_unreachable_not_a_crash() {
     assert!(ep.is_unreachable(1));
     let e = ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap_err();
     assert!(matches!(e, FabricError::Unreachable { node: 1, .. }), "{e}");
-    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 0, "the endpoint still works for others");
+    assert_eq!(
+        ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(),
+        0,
+        "the endpoint still works for others"
+    );
 }
 
 #[test]
@@ -187,7 +239,11 @@ fn bench_op_works_on_any_endpoint() {
     let mut ep = f.endpoint(0);
     let s = bench_op(&mut ep, RemoteAddr::new(0, 0, 0), BenchOp::Cas, 8, 1000).unwrap();
     assert_eq!((s.iterations, s.size), (1000, 8));
-    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(), 1100, "warm-up + measured CASes all succeed");
+    assert_eq!(
+        ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(),
+        1100,
+        "warm-up + measured CASes all succeed"
+    );
     assert!(s.min_ns <= s.p50_ns && s.p50_ns <= s.p99_ns && s.p99_ns <= s.max_ns);
     let node = UcxNode::new(0, &[1 << 16], &config(Transport::Shm)).unwrap();
     let mut uep = node.endpoint(&[node.info().clone()]).unwrap();
@@ -196,7 +252,14 @@ fn bench_op_works_on_any_endpoint() {
         assert_eq!(s.size, 4096);
         assert!(s.ops_per_sec > 0.0);
     }
-    assert!(bench_op(&mut uep, RemoteAddr::new(0, 0, 8), BenchOp::Read, 1 << 16, 10).is_err());
+    assert!(bench_op(
+        &mut uep,
+        RemoteAddr::new(0, 0, 8),
+        BenchOp::Read,
+        1 << 16,
+        10
+    )
+    .is_err());
 }
 
 #[test]
@@ -207,19 +270,26 @@ fn config_maps_to_ucp_options() {
     assert!(o.contains(&("TLS".into(), "sm,self".into())));
     assert!(o.contains(&("MM_ERROR_HANDLING".into(), "y".into())));
     assert!(o.contains(&("KEEPALIVE_INTERVAL".into(), "1000000us".into())));
-    assert_eq!(o.last().unwrap(), &("RNDV_THRESH".to_string(), "inf".to_string()));
+    assert_eq!(
+        o.last().unwrap(),
+        &("RNDV_THRESH".to_string(), "inf".to_string())
+    );
     let mut t = UcxConfig::new(Transport::Tcp);
     t.net_devices = Some("lo".into());
     let o = t.ucp_options();
     assert!(o.contains(&("TLS".into(), "tcp,self".into())));
     assert!(o.contains(&("NET_DEVICES".into(), "lo".into())));
     assert!(!o.iter().any(|(k, _)| k == "MM_ERROR_HANDLING"));
-    assert!(UcxConfig::new(Transport::Auto).ucp_options().iter().all(|(k, _)| k != "TLS"));
+    assert!(UcxConfig::new(Transport::Auto)
+        .ucp_options()
+        .iter()
+        .all(|(k, _)| k != "TLS"));
     assert_eq!("SHM".parse::<Transport>().unwrap(), Transport::Shm);
     assert!("ib".parse::<Transport>().is_err());
     // A bad UCX option is reported, not ignored.
     let mut bad = UcxConfig::new(Transport::Shm);
-    bad.ucx_options.push(("KEEPALIVE_INTERVAL".into(), "soon".into()));
+    bad.ucx_options
+        .push(("KEEPALIVE_INTERVAL".into(), "soon".into()));
     let e = UcxNode::new(0, &[64], &bad).err().unwrap();
     assert!(e.to_string().contains("KEEPALIVE_INTERVAL"), "{e}");
     let (maj, min, _) = nessie_fabric_ucx::ucx_version();
@@ -256,7 +326,12 @@ fn endpoints_on_several_threads_share_one_node() {
         let mut b = [0u8; 8];
         node.region(0).unwrap().read(8, &mut b).unwrap();
         assert_eq!(u64::from_le_bytes(b), 3 * per_thread, "{t}");
-        assert_eq!(node.stats().total(Some(0)).ops(OpKind::Read, Locality::Loopback), 3 * per_thread);
+        assert_eq!(
+            node.stats()
+                .total(Some(0))
+                .ops(OpKind::Read, Locality::Loopback),
+            3 * per_thread
+        );
         drop(eps);
     }
 }

@@ -18,16 +18,27 @@ pub struct RemoteAddr {
 
 impl RemoteAddr {
     pub const fn new(node: NodeId, region: RegionId, offset: u64) -> Self {
-        Self { node, region, offset }
+        Self {
+            node,
+            region,
+            offset,
+        }
     }
 
     pub const fn add(self, bytes: u64) -> Self {
-        Self { offset: self.offset + bytes, ..self }
+        Self {
+            offset: self.offset + bytes,
+            ..self
+        }
     }
 }
 
 impl std::fmt::Display for RemoteAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "node {} region {} +{:#x}", self.node, self.region, self.offset)
+        write!(
+            f,
+            "node {} region {} +{:#x}",
+            self.node, self.region, self.offset
+        )
     }
 }

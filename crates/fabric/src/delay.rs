@@ -57,13 +57,28 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
         self.around(|e| e.write(addr, buf))
     }
-    fn compare_and_swap(&mut self, addr: RemoteAddr, expected: u64, desired: u64) -> Result<u64, FabricError> {
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
         self.around(|e| e.compare_and_swap(addr, expected, desired))
     }
-    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         self.around(|e| e.local_read(region, offset, buf))
     }
-    fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8]) -> Result<(), FabricError> {
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
         self.around(|e| e.local_write(region, offset, buf))
     }
     fn now_ns(&self) -> u64 {
@@ -85,16 +100,26 @@ mod tests {
     #[test]
     fn wrapper_is_transparent_and_delays() {
         let f = MemFabric::new(&[vec![64]], None).unwrap();
-        let cfg = DelayInjection { seed: 1, probability: 1.0, max_delay_ns: 200_000 };
+        let cfg = DelayInjection {
+            seed: 1,
+            probability: 1.0,
+            max_delay_ns: 200_000,
+        };
         let mut d = Delayed::new(f.endpoint(0), cfg, 0);
         let t = std::time::Instant::now();
         for i in 0..20u64 {
             d.write(RemoteAddr::new(0, 0, 8), &i.to_le_bytes()).unwrap();
             assert_eq!(d.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(), i);
         }
-        assert_eq!(d.compare_and_swap(RemoteAddr::new(0, 0, 8), 19, 5).unwrap(), 19);
+        assert_eq!(
+            d.compare_and_swap(RemoteAddr::new(0, 0, 8), 19, 5).unwrap(),
+            19
+        );
         assert_eq!(d.stats().snapshot().total_ops(), 41);
         // 82 injection points at probability 1, half of them sleeps of up to 200 µs.
-        assert!(t.elapsed() > std::time::Duration::from_micros(500), "delays were injected");
+        assert!(
+            t.elapsed() > std::time::Duration::from_micros(500),
+            "delays were injected"
+        );
     }
 }

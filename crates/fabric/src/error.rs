@@ -11,7 +11,13 @@ pub enum FabricError {
     #[error("node {node} has no region {region}")]
     UnknownRegion { node: NodeId, region: RegionId },
     #[error("access of {len} bytes at offset {offset} is outside region {region} of node {node} ({size} bytes)")]
-    OutOfBounds { node: NodeId, region: RegionId, offset: u64, len: u64, size: u64 },
+    OutOfBounds {
+        node: NodeId,
+        region: RegionId,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
     #[error("offset {offset} or length {len} is not a multiple of {align}")]
     Misaligned { offset: u64, len: u64, align: u64 },
     #[error("fabric transport error: {0}")]

@@ -54,8 +54,12 @@ pub trait Endpoint: Send {
     ) -> Result<u64, FabricError>;
 
     /// Direct (non-fabric) read of this node's own memory: how a node reads its own data table.
-    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8])
-        -> Result<(), FabricError>;
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError>;
 
     /// Direct (non-fabric) write of this node's own memory: how a node writes its own DTEs.
     fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8])

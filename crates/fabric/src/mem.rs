@@ -29,10 +29,16 @@ pub struct DelayInjection {
 impl DelayInjection {
     pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=1.0).contains(&self.probability) {
-            return Err(format!("delay probability {} is not in [0, 1]", self.probability));
+            return Err(format!(
+                "delay probability {} is not in [0, 1]",
+                self.probability
+            ));
         }
         if self.max_delay_ns > 1_000_000_000 {
-            return Err(format!("max injected delay {} ns exceeds 1 s", self.max_delay_ns));
+            return Err(format!(
+                "max injected delay {} ns exceeds 1 s",
+                self.max_delay_ns
+            ));
         }
         Ok(())
     }
@@ -55,7 +61,11 @@ impl MemFabric {
     /// `regions[n]` lists the sizes in bytes of node `n`'s regions (region id = position).
     pub fn new(regions: &[Vec<u64>], delay: Option<DelayInjection>) -> Result<Arc<Self>, String> {
         if regions.is_empty() || regions.len() > NodeId::MAX as usize {
-            return Err(format!("node count {} is not in 1..={}", regions.len(), NodeId::MAX));
+            return Err(format!(
+                "node count {} is not in 1..={}",
+                regions.len(),
+                NodeId::MAX
+            ));
         }
         if let Some(d) = &delay {
             d.validate()?;
@@ -67,20 +77,35 @@ impl MemFabric {
                 alive: AtomicBool::new(true),
             })
             .collect();
-        Ok(Arc::new(Self { nodes, stats: FabricStats::default(), delay, endpoints_made: AtomicU64::new(0) }))
+        Ok(Arc::new(Self {
+            nodes,
+            stats: FabricStats::default(),
+            delay,
+            endpoints_made: AtomicU64::new(0),
+        }))
     }
 
     /// A new endpoint (one per worker thread) on `node`.
     pub fn endpoint(self: &Arc<Self>, node: NodeId) -> MemEndpoint {
         assert!((node as usize) < self.nodes.len(), "no node {node}");
         let n = self.endpoints_made.fetch_add(1, Ordering::Relaxed);
-        let rng = self.delay.as_ref().map(|d| SmallRng::seed_from_u64(d.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        MemEndpoint { fabric: self.clone(), node, stats: self.stats.register(node), rng }
+        let rng = self
+            .delay
+            .as_ref()
+            .map(|d| SmallRng::seed_from_u64(d.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        MemEndpoint {
+            fabric: self.clone(),
+            node,
+            stats: self.stats.register(node),
+            rng,
+        }
     }
 
     /// Make `node` unreachable (simulates a crashed node): every operation on it fails.
     pub fn kill_node(&self, node: NodeId) {
-        self.nodes[node as usize].alive.store(false, Ordering::SeqCst);
+        self.nodes[node as usize]
+            .alive
+            .store(false, Ordering::SeqCst);
     }
 
     pub fn stats(&self) -> &FabricStats {
@@ -95,11 +120,19 @@ impl MemFabric {
         let n = self
             .nodes
             .get(node as usize)
-            .ok_or(FabricError::UnknownNode { node, nodes: self.nodes.len() })?;
+            .ok_or(FabricError::UnknownNode {
+                node,
+                nodes: self.nodes.len(),
+            })?;
         if !n.alive.load(Ordering::SeqCst) {
-            return Err(FabricError::Unreachable { node, reason: "node was killed".into() });
+            return Err(FabricError::Unreachable {
+                node,
+                reason: "node was killed".into(),
+            });
         }
-        n.regions.get(region as usize).ok_or(FabricError::UnknownRegion { node, region })
+        n.regions
+            .get(region as usize)
+            .ok_or(FabricError::UnknownRegion { node, region })
     }
 }
 
@@ -113,7 +146,11 @@ pub struct MemEndpoint {
 
 fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) -> FabricError {
     match e {
-        AccessError::Misaligned => FabricError::Misaligned { offset: addr.offset, len: len as u64, align: crate::ALIGN },
+        AccessError::Misaligned => FabricError::Misaligned {
+            offset: addr.offset,
+            len: len as u64,
+            align: crate::ALIGN,
+        },
         AccessError::OutOfBounds => FabricError::OutOfBounds {
             node: addr.node,
             region: addr.region,
@@ -126,7 +163,9 @@ fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) ->
 
 impl MemEndpoint {
     fn maybe_delay(&mut self) {
-        let (Some(d), Some(rng)) = (self.fabric.delay.as_ref(), self.rng.as_mut()) else { return };
+        let (Some(d), Some(rng)) = (self.fabric.delay.as_ref(), self.rng.as_mut()) else {
+            return;
+        };
         if d.probability > 0.0 && rng.gen_bool(d.probability) {
             if d.max_delay_ns == 0 || rng.gen_bool(0.5) {
                 std::thread::yield_now();
@@ -137,7 +176,11 @@ impl MemEndpoint {
     }
 
     fn locality(&self, node: NodeId) -> Locality {
-        if node == self.node { Locality::Loopback } else { Locality::Remote }
+        if node == self.node {
+            Locality::Loopback
+        } else {
+            Locality::Remote
+        }
     }
 
     /// Run one fabric operation with delay injection around it.
@@ -151,7 +194,8 @@ impl MemEndpoint {
         self.maybe_delay();
         let mem = self.fabric.region(addr.node, addr.region)?;
         let r = f(mem).map_err(|e| access_err(e, addr, len, mem))?;
-        self.stats.record(kind, self.locality(addr.node), len as u64);
+        self.stats
+            .record(kind, self.locality(addr.node), len as u64);
         self.maybe_delay();
         Ok(r)
     }
@@ -172,29 +216,52 @@ impl Endpoint for MemEndpoint {
     }
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
-        self.op(OpKind::Write, addr, buf.len(), |m| m.write(addr.offset, buf))
+        self.op(OpKind::Write, addr, buf.len(), |m| {
+            m.write(addr.offset, buf)
+        })
     }
 
-    fn compare_and_swap(&mut self, addr: RemoteAddr, expected: u64, desired: u64) -> Result<u64, FabricError> {
-        self.op(OpKind::Cas, addr, 8, |m| m.compare_and_swap(addr.offset, expected, desired))
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        self.op(OpKind::Cas, addr, 8, |m| {
+            m.compare_and_swap(addr.offset, expected, desired)
+        })
     }
 
-    fn local_read(&mut self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
         let len = buf.len();
-        mem.read(offset, buf).map_err(|e| access_err(e, addr, len, mem))?;
-        self.stats.record(OpKind::Read, Locality::Direct, len as u64);
+        mem.read(offset, buf)
+            .map_err(|e| access_err(e, addr, len, mem))?;
+        self.stats
+            .record(OpKind::Read, Locality::Direct, len as u64);
         Ok(())
     }
 
-    fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8]) -> Result<(), FabricError> {
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
         let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
-        mem.write(offset, buf).map_err(|e| access_err(e, addr, buf.len(), mem))?;
-        self.stats.record(OpKind::Write, Locality::Direct, buf.len() as u64);
+        mem.write(offset, buf)
+            .map_err(|e| access_err(e, addr, buf.len(), mem))?;
+        self.stats
+            .record(OpKind::Write, Locality::Direct, buf.len() as u64);
         Ok(())
     }
 
@@ -229,7 +296,10 @@ mod tests {
         let mut buf = [0u8; 16];
         b.local_read(1, 16, &mut buf).unwrap();
         assert_eq!(buf, [1u8; 16]);
-        assert_eq!(a.compare_and_swap(RemoteAddr::new(0, 0, 8), 0, 5).unwrap(), 0);
+        assert_eq!(
+            a.compare_and_swap(RemoteAddr::new(0, 0, 8), 0, 5).unwrap(),
+            0
+        );
         assert_eq!(b.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(), 5);
         let sa = a.stats().snapshot();
         assert_eq!(sa.ops(OpKind::Write, Locality::Remote), 1);
@@ -247,20 +317,39 @@ mod tests {
         let f = fabric(None);
         let mut a = f.endpoint(0);
         let mut buf = [0u8; 8];
-        assert!(matches!(a.read(RemoteAddr::new(5, 0, 0), &mut buf), Err(FabricError::UnknownNode { node: 5, .. })));
-        assert!(matches!(a.read(RemoteAddr::new(1, 9, 0), &mut buf), Err(FabricError::UnknownRegion { region: 9, .. })));
-        assert!(matches!(a.read(RemoteAddr::new(1, 0, 64), &mut buf), Err(FabricError::OutOfBounds { .. })));
-        assert!(matches!(a.read(RemoteAddr::new(1, 0, 4), &mut buf), Err(FabricError::Misaligned { .. })));
+        assert!(matches!(
+            a.read(RemoteAddr::new(5, 0, 0), &mut buf),
+            Err(FabricError::UnknownNode { node: 5, .. })
+        ));
+        assert!(matches!(
+            a.read(RemoteAddr::new(1, 9, 0), &mut buf),
+            Err(FabricError::UnknownRegion { region: 9, .. })
+        ));
+        assert!(matches!(
+            a.read(RemoteAddr::new(1, 0, 64), &mut buf),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            a.read(RemoteAddr::new(1, 0, 4), &mut buf),
+            Err(FabricError::Misaligned { .. })
+        ));
         f.kill_node(1);
         let e = a.read(RemoteAddr::new(1, 0, 0), &mut buf).unwrap_err();
         assert!(matches!(e, FabricError::Unreachable { node: 1, .. }));
         assert!(e.to_string().contains("node 1 is unreachable"));
-        assert!(a.read(RemoteAddr::new(0, 0, 0), &mut buf).is_ok(), "other nodes keep working");
+        assert!(
+            a.read(RemoteAddr::new(0, 0, 0), &mut buf).is_ok(),
+            "other nodes keep working"
+        );
     }
 
     #[test]
     fn concurrent_cas_increments_are_atomic_under_delay_injection() {
-        let f = fabric(Some(DelayInjection { seed: 7, probability: 0.3, max_delay_ns: 2_000 }));
+        let f = fabric(Some(DelayInjection {
+            seed: 7,
+            probability: 0.3,
+            max_delay_ns: 2_000,
+        }));
         let addr = RemoteAddr::new(1, 0, 0);
         let threads: Vec<_> = (0..4)
             .map(|t| {
@@ -287,7 +376,14 @@ mod tests {
 
     #[test]
     fn invalid_delay_config_is_rejected() {
-        let bad = DelayInjection { seed: 0, probability: 1.5, max_delay_ns: 0 };
-        assert!(MemFabric::new(&[vec![8]], Some(bad)).err().unwrap().contains("probability"));
+        let bad = DelayInjection {
+            seed: 0,
+            probability: 1.5,
+            max_delay_ns: 0,
+        };
+        assert!(MemFabric::new(&[vec![8]], Some(bad))
+            .err()
+            .unwrap()
+            .contains("probability"));
     }
 }

@@ -43,7 +43,11 @@ impl WordMemory {
         // SAFETY: layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU64;
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { ptr, words, owned: Some(layout) }
+        Self {
+            ptr,
+            words,
+            owned: Some(layout),
+        }
     }
 
     /// View foreign memory (e.g. a UCX-mapped region) as words.
@@ -52,7 +56,11 @@ impl WordMemory {
     /// `ptr` must be 8-byte aligned, valid for `bytes` bytes for the lifetime of the returned
     /// value, and only ever accessed atomically by everyone else in this process.
     pub unsafe fn from_raw(ptr: *mut u8, bytes: u64) -> Self {
-        assert_eq!(ptr as usize % ALIGN as usize, 0, "region base must be word aligned");
+        assert_eq!(
+            ptr as usize % ALIGN as usize,
+            0,
+            "region base must be word aligned"
+        );
         Self {
             ptr: NonNull::new(ptr as *mut AtomicU64).expect("null region"),
             words: (bytes / ALIGN) as usize,
@@ -77,7 +85,9 @@ impl WordMemory {
         if offset % ALIGN != 0 || len as u64 % ALIGN != 0 {
             return Err(AccessError::Misaligned);
         }
-        let end = offset.checked_add(len as u64).ok_or(AccessError::OutOfBounds)?;
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or(AccessError::OutOfBounds)?;
         if end > self.len_bytes() {
             return Err(AccessError::OutOfBounds);
         }
@@ -97,18 +107,28 @@ impl WordMemory {
     pub fn write(&self, offset: u64, buf: &[u8]) -> Result<(), AccessError> {
         let r = self.range(offset, buf.len())?;
         for (w, src) in self.words()[r].iter().zip(buf.chunks_exact(8)) {
-            w.store(u64::from_le_bytes(src.try_into().unwrap()), Ordering::Release);
+            w.store(
+                u64::from_le_bytes(src.try_into().unwrap()),
+                Ordering::Release,
+            );
         }
         Ok(())
     }
 
     /// Atomic compare-and-swap of one word; returns the previous value.
-    pub fn compare_and_swap(&self, offset: u64, expected: u64, desired: u64) -> Result<u64, AccessError> {
+    pub fn compare_and_swap(
+        &self,
+        offset: u64,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, AccessError> {
         let r = self.range(offset, 8)?;
         let w = &self.words()[r.start];
-        Ok(match w.compare_exchange(expected, desired, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        })
+        Ok(
+            match w.compare_exchange(expected, desired, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+        )
     }
 }
 
@@ -145,7 +165,11 @@ mod tests {
     fn cas_semantics() {
         let m = WordMemory::zeroed(16);
         assert_eq!(m.compare_and_swap(8, 0, 7).unwrap(), 0);
-        assert_eq!(m.compare_and_swap(8, 0, 9).unwrap(), 7, "failed CAS returns current value");
+        assert_eq!(
+            m.compare_and_swap(8, 0, 9).unwrap(),
+            7,
+            "failed CAS returns current value"
+        );
         let mut b = [0u8; 8];
         m.read(8, &mut b).unwrap();
         assert_eq!(u64::from_le_bytes(b), 7);

@@ -95,11 +95,17 @@ impl StatsSnapshot {
     }
     /// Operations that crossed to another node.
     pub fn remote_ops(&self) -> u64 {
-        OpKind::ALL.iter().map(|&k| self.ops(k, Locality::Remote)).sum()
+        OpKind::ALL
+            .iter()
+            .map(|&k| self.ops(k, Locality::Remote))
+            .sum()
     }
     /// Bytes that crossed to another node.
     pub fn remote_bytes(&self) -> u64 {
-        OpKind::ALL.iter().map(|&k| self.bytes(k, Locality::Remote)).sum()
+        OpKind::ALL
+            .iter()
+            .map(|&k| self.bytes(k, Locality::Remote))
+            .sum()
     }
     /// Bytes accessed on the caller's own node (loopback and direct).
     pub fn local_bytes(&self) -> u64 {

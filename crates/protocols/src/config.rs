@@ -17,13 +17,22 @@ pub struct Optimizations {
 
 impl Default for Optimizations {
     fn default() -> Self {
-        Self { filter_bits: true, cache: true, previous_versions: true, multi_read: true }
+        Self {
+            filter_bits: true,
+            cache: true,
+            previous_versions: true,
+            multi_read: true,
+        }
     }
 }
 
 impl Optimizations {
-    pub const NONE: Optimizations =
-        Optimizations { filter_bits: false, cache: false, previous_versions: false, multi_read: false };
+    pub const NONE: Optimizations = Optimizations {
+        filter_bits: false,
+        cache: false,
+        previous_versions: false,
+        multi_read: false,
+    };
 }
 
 /// Retry of operations that aborted because of a concurrent operation (or timed out).
@@ -40,7 +49,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { max_attempts: 2_000, initial_backoff_ns: 1_000, max_backoff_ns: 1_000_000 }
+        Self {
+            max_attempts: 2_000,
+            initial_backoff_ns: 1_000,
+            max_backoff_ns: 1_000_000,
+        }
     }
 }
 
@@ -103,7 +116,10 @@ impl Default for ProtocolConfig {
 impl ProtocolConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.expiry_ns < 1_000_000 || self.expiry_ns > 3_600_000_000_000 {
-            return Err(format!("expiry {} ns is not between 1 ms and 1 h", self.expiry_ns));
+            return Err(format!(
+                "expiry {} ns is not between 1 ms and 1 h",
+                self.expiry_ns
+            ));
         }
         if self.clock_margin_ns > self.expiry_ns {
             return Err(format!(
@@ -112,7 +128,10 @@ impl ProtocolConfig {
             ));
         }
         if self.max_migrate_depth > MAX_MIGRATE_DEPTH {
-            return Err(format!("migrate depth {} exceeds {MAX_MIGRATE_DEPTH}", self.max_migrate_depth));
+            return Err(format!(
+                "migrate depth {} exceeds {MAX_MIGRATE_DEPTH}",
+                self.max_migrate_depth
+            ));
         }
         if self.retry.max_attempts == 0 {
             return Err("retry.max_attempts must be at least 1".into());

@@ -13,7 +13,11 @@ pub enum Error {
     #[error("index full: no free slot for the key within {depth} levels of migration; enlarge the index tables or delete data")]
     IndexFull { depth: u8 },
     #[error("data table on node {node} is full ({capacity} entries, {awaiting_expiry} released entries not yet expired)")]
-    DataTableFull { node: NodeId, capacity: u64, awaiting_expiry: u64 },
+    DataTableFull {
+        node: NodeId,
+        capacity: u64,
+        awaiting_expiry: u64,
+    },
     #[error("operation timed out: it ran longer than the expiry period of {expiry_ms} ms")]
     Timeout { expiry_ms: u64 },
     #[error("gave up after {attempts} attempts aborted by concurrent operations on the same key")]
@@ -43,6 +47,9 @@ impl From<FabricError> for Error {
 impl Error {
     /// Whether retrying later may succeed without any change to the cluster.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::Contended { .. } | Error::DataTableFull { .. })
+        matches!(
+            self,
+            Error::Timeout { .. } | Error::Contended { .. } | Error::DataTableFull { .. }
+        )
     }
 }

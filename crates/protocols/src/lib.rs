@@ -77,7 +77,10 @@ impl Mode {
         match self {
             Mode::Hy { .. } => hy::hy_config(cfg),
             // Every DTE a server touches is local, so a cache would never be consulted.
-            _ => ProtocolConfig { cache_entries: 0, ..cfg.clone() },
+            _ => ProtocolConfig {
+                cache_entries: 0,
+                ..cfg.clone()
+            },
         }
     }
 
@@ -92,7 +95,10 @@ impl Mode {
     pub fn validate(&self) -> Result<(), String> {
         let t = self.server_threads();
         if *self != Mode::Cd && !(1..=sd::MAX_SERVER_THREADS).contains(&t) {
-            return Err(format!("server_threads = {t} is not in 1..={}", sd::MAX_SERVER_THREADS));
+            return Err(format!(
+                "server_threads = {t} is not in 1..={}",
+                sd::MAX_SERVER_THREADS
+            ));
         }
         Ok(())
     }

@@ -34,7 +34,12 @@ pub struct CacheStats {
 impl DteCache {
     /// A cache of at most `entries` DTEs (0 disables caching).
     pub fn new(entries: usize) -> Self {
-        Self { lru: NonZeroUsize::new(entries).map(LruCache::new), hits: 0, misses: 0, expired: 0 }
+        Self {
+            lru: NonZeroUsize::new(entries).map(LruCache::new),
+            hits: 0,
+            misses: 0,
+            expired: 0,
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -43,7 +48,13 @@ impl DteCache {
 
     /// Look up the DTE referred to by `ite`, read at `ite_read_ns`. On a hit the entry's
     /// deadline becomes `ite_read_ns + expiry_ns`.
-    pub fn get(&mut self, ite: u64, now_ns: u64, ite_read_ns: u64, expiry_ns: u64) -> Option<&[u8]> {
+    pub fn get(
+        &mut self,
+        ite: u64,
+        now_ns: u64,
+        ite_read_ns: u64,
+        expiry_ns: u64,
+    ) -> Option<&[u8]> {
         let lru = self.lru.as_mut()?;
         let live = match lru.peek(&ite) {
             None => {
@@ -67,7 +78,13 @@ impl DteCache {
     /// Remember a valid DTE read through `ite` at `ite_read_ns`.
     pub fn insert(&mut self, ite: u64, bytes: &[u8], ite_read_ns: u64, expiry_ns: u64) {
         if let Some(lru) = self.lru.as_mut() {
-            lru.put(ite, Entry { expires_ns: ite_read_ns + expiry_ns, bytes: bytes.into() });
+            lru.put(
+                ite,
+                Entry {
+                    expires_ns: ite_read_ns + expiry_ns,
+                    bytes: bytes.into(),
+                },
+            );
         }
     }
 
@@ -90,7 +107,11 @@ mod tests {
         let mut c = DteCache::new(2);
         c.insert(1, b"one", 100, 50); // valid until 150
         assert_eq!(c.get(1, 120, 140, 50), Some(&b"one"[..])); // extended to 190
-        assert_eq!(c.get(1, 180, 180, 50), Some(&b"one"[..]), "extension took effect");
+        assert_eq!(
+            c.get(1, 180, 180, 50),
+            Some(&b"one"[..]),
+            "extension took effect"
+        );
         assert_eq!(c.get(1, 231, 231, 50), None, "expired at 230");
         assert_eq!(c.stats().expired, 1);
         assert_eq!(c.stats().len, 0, "expired entry was evicted");
@@ -103,7 +124,10 @@ mod tests {
         c.insert(2, b"b", 0, 1000);
         c.get(1, 1, 1, 1000);
         c.insert(3, b"c", 0, 1000);
-        assert!(c.get(2, 1, 1, 1000).is_none(), "least recently used was evicted");
+        assert!(
+            c.get(2, 1, 1, 1000).is_none(),
+            "least recently used was evicted"
+        );
         assert!(c.get(1, 1, 1, 1000).is_some());
         let mut off = DteCache::new(0);
         off.insert(1, b"a", 0, 1000);

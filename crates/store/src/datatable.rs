@@ -21,7 +21,12 @@ use crate::DATA_REGION;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     #[error("data table {dti} is full: {capacity} entries, {awaiting_expiry} released but not yet expired")]
-    Full { dti: u32, capacity: u64, awaiting_expiry: u64, next_ready_ns: Option<u64> },
+    Full {
+        dti: u32,
+        capacity: u64,
+        awaiting_expiry: u64,
+        next_ready_ns: Option<u64>,
+    },
     #[error(transparent)]
     Fabric(#[from] FabricError),
 }
@@ -72,7 +77,12 @@ impl DataTable {
             layout,
             capacity,
             clock_margin_ns,
-            state: Mutex::new(State { free: Vec::new(), fresh_next: 0, reclaimed_total: 0, scans: 0 }),
+            state: Mutex::new(State {
+                free: Vec::new(),
+                fresh_next: 0,
+                reclaimed_total: 0,
+                scans: 0,
+            }),
         }
     }
 
@@ -106,7 +116,11 @@ impl DataTable {
 
     /// Return an entry that was never referenced by any ITE: reusable immediately.
     pub fn release_unpublished(&self, index: u64) {
-        assert!(index < self.capacity, "DTE {index} outside table of {}", self.capacity);
+        assert!(
+            index < self.capacity,
+            "DTE {index} outside table of {}",
+            self.capacity
+        );
         self.state.lock().unwrap().free.push(index);
     }
 
@@ -120,8 +134,16 @@ impl DataTable {
     }
 
     /// Returns (entries awaiting expiry, earliest time one becomes reusable).
-    fn scan_locked<E: Endpoint>(&self, s: &mut State, ep: &mut E) -> Result<(u64, Option<u64>), FabricError> {
-        assert_eq!(ep.node() as u32, self.dti, "scan must run on the table's own node");
+    fn scan_locked<E: Endpoint>(
+        &self,
+        s: &mut State,
+        ep: &mut E,
+    ) -> Result<(u64, Option<u64>), FabricError> {
+        assert_eq!(
+            ep.node() as u32,
+            self.dti,
+            "scan must run on the table's own node"
+        );
         s.scans += 1;
         let now = ep.now_ns();
         let mut awaiting = 0;
@@ -178,7 +200,17 @@ mod tests {
         let got: Vec<u64> = (0..3).map(|_| t.alloc(&mut ep).unwrap()).collect();
         assert_eq!(got, vec![0, 1, 2]);
         let e = t.alloc(&mut ep).unwrap_err();
-        assert!(matches!(e, AllocError::Full { capacity: 3, awaiting_expiry: 0, .. }), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                AllocError::Full {
+                    capacity: 3,
+                    awaiting_expiry: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("data table 0 is full"));
         t.release_unpublished(1);
         assert_eq!(t.alloc(&mut ep).unwrap(), 1);
@@ -195,17 +227,35 @@ mod tests {
         let now = remote.now_ns();
         // A remote releaser marks `a` expiring far in the future and `b` already expired.
         remote
-            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(a) + RECYCLE_OFF), &DteLayout::recycle_word(now + 60_000_000_000).to_le_bytes())
+            .write(
+                RemoteAddr::new(0, DATA_REGION, layout.offset(a) + RECYCLE_OFF),
+                &DteLayout::recycle_word(now + 60_000_000_000).to_le_bytes(),
+            )
             .unwrap();
         remote
-            .write(RemoteAddr::new(0, DATA_REGION, layout.offset(b) + RECYCLE_OFF), &DteLayout::recycle_word(now - 10_000).to_le_bytes())
+            .write(
+                RemoteAddr::new(0, DATA_REGION, layout.offset(b) + RECYCLE_OFF),
+                &DteLayout::recycle_word(now - 10_000).to_le_bytes(),
+            )
             .unwrap();
-        assert_eq!(t.alloc(&mut owner).unwrap(), b, "expired entry is reclaimed");
+        assert_eq!(
+            t.alloc(&mut owner).unwrap(),
+            b,
+            "expired entry is reclaimed"
+        );
         match t.alloc(&mut owner).unwrap_err() {
-            AllocError::Full { awaiting_expiry: 1, next_ready_ns: Some(r), .. } => assert!(r > now),
+            AllocError::Full {
+                awaiting_expiry: 1,
+                next_ready_ns: Some(r),
+                ..
+            } => assert!(r > now),
             e => panic!("unexpected {e:?}"),
         }
-        assert_eq!(t.reclaim(&mut owner).unwrap(), 0, "b is not handed out twice, a not yet expired");
+        assert_eq!(
+            t.reclaim(&mut owner).unwrap(),
+            0,
+            "b is not handed out twice, a not yet expired"
+        );
         assert_eq!(t.usage().reclaimed_total, 1);
     }
 
@@ -217,7 +267,15 @@ mod tests {
         let mut ep = f.endpoint(0);
         let a = t.alloc(&mut ep).unwrap();
         let now = ep.now_ns();
-        ep.local_write(DATA_REGION, layout.offset(a) + RECYCLE_OFF, &DteLayout::recycle_word(now - 1_000).to_le_bytes()).unwrap();
-        assert!(t.alloc(&mut ep).is_err(), "expired by its own clock but within the skew margin");
+        ep.local_write(
+            DATA_REGION,
+            layout.offset(a) + RECYCLE_OFF,
+            &DteLayout::recycle_word(now - 1_000).to_le_bytes(),
+        )
+        .unwrap();
+        assert!(
+            t.alloc(&mut ep).is_err(),
+            "expired by its own clock but within the skew margin"
+        );
     }
 }

@@ -70,7 +70,12 @@ pub struct DteMeta {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DteError {
     #[error("DTE lengths out of range: key {key_len} (max {key_max}), value {value_len} (max {value_max})")]
-    BadLengths { key_len: u32, value_len: u32, key_max: u32, value_max: u32 },
+    BadLengths {
+        key_len: u32,
+        value_len: u32,
+        key_max: u32,
+        value_max: u32,
+    },
     #[error("DTE buffer of {got} bytes is shorter than the {need} bytes needed")]
     Short { got: usize, need: usize },
 }
@@ -86,7 +91,12 @@ fn put_word(buf: &mut [u8], off: u64, v: u64) {
 impl DteLayout {
     pub fn new(key_max: u32, value_max: u32) -> Self {
         let value_off = KEY_OFF + pad8(key_max as u64);
-        Self { key_max, value_max, value_off, entry_size: value_off + pad8(value_max as u64) }
+        Self {
+            key_max,
+            value_max,
+            value_off,
+            entry_size: value_off + pad8(value_max as u64),
+        }
     }
 
     /// Byte offset of entry `index` within the data table region.
@@ -103,7 +113,14 @@ impl DteLayout {
 
     /// Write a fresh, *invalid* entry into `buf` (at least `value_off + pad8(value.len())`
     /// bytes). Returns the number of bytes to store. The recycle word is zero.
-    pub fn encode(&self, buf: &mut Vec<u8>, writer: WriterTag, prev: u64, key: &[u8], value: &[u8]) -> usize {
+    pub fn encode(
+        &self,
+        buf: &mut Vec<u8>,
+        writer: WriterTag,
+        prev: u64,
+        key: &[u8],
+        value: &[u8],
+    ) -> usize {
         assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
         let len = (self.value_off + pad8(value.len() as u64)) as usize;
         buf.clear();
@@ -124,7 +141,10 @@ impl DteLayout {
 
     /// The recycle word marking an entry reusable after `expiry_ns`.
     pub fn recycle_word(expiry_ns: u64) -> u64 {
-        assert!(expiry_ns < RECYCLE, "expiry timestamp {expiry_ns} does not fit in 63 bits");
+        assert!(
+            expiry_ns < RECYCLE,
+            "expiry timestamp {expiry_ns} does not fit in 63 bits"
+        );
         RECYCLE | expiry_ns
     }
 
@@ -136,7 +156,10 @@ impl DteLayout {
     /// Decode the fixed-size part of an entry (needs at least `KEY_OFF` bytes).
     pub fn meta(&self, buf: &[u8]) -> Result<DteMeta, DteError> {
         if buf.len() < KEY_OFF as usize {
-            return Err(DteError::Short { got: buf.len(), need: KEY_OFF as usize });
+            return Err(DteError::Short {
+                got: buf.len(),
+                need: KEY_OFF as usize,
+            });
         }
         let h = word(buf, HEADER_OFF);
         let lens = word(buf, LENS_OFF);
@@ -167,7 +190,11 @@ impl DteLayout {
     /// The value of an entry whose bytes up to the end of the value are in `buf`.
     pub fn value<'a>(&self, buf: &'a [u8], meta: &DteMeta) -> Result<&'a [u8], DteError> {
         let end = self.value_off as usize + meta.value_len as usize;
-        buf.get(self.value_off as usize..end).ok_or(DteError::Short { got: buf.len(), need: end })
+        buf.get(self.value_off as usize..end)
+            .ok_or(DteError::Short {
+                got: buf.len(),
+                need: end,
+            })
     }
 }
 
@@ -193,7 +220,13 @@ mod tests {
     fn encode_decode_at_the_size_limits() {
         let l = DteLayout::new(16, 32);
         let mut buf = Vec::new();
-        let n = l.encode(&mut buf, WriterTag::new(7, 3), 0xdead, &[9u8; 16], &[1u8; 32]);
+        let n = l.encode(
+            &mut buf,
+            WriterTag::new(7, 3),
+            0xdead,
+            &[9u8; 16],
+            &[1u8; 32],
+        );
         assert_eq!(n as u64, l.entry_size);
         let m = l.meta(&buf).unwrap();
         assert!(!m.valid && m.recycle.is_none());
@@ -219,7 +252,11 @@ mod tests {
         assert!(m.valid);
         assert_eq!(m.recycle, Some(12345));
         assert_eq!(m.writer, WriterTag::new(1, 2));
-        assert_eq!(DteLayout::recycle_expiry(DteLayout::recycle_word(0)), Some(0), "expiry 0 is still flagged");
+        assert_eq!(
+            DteLayout::recycle_expiry(DteLayout::recycle_word(0)),
+            Some(0),
+            "expiry 0 is still flagged"
+        );
         assert_eq!(DteLayout::recycle_expiry(12345), None, "no flag, no expiry");
     }
 
@@ -228,10 +265,23 @@ mod tests {
         let l = DteLayout::new(8, 8);
         let mut buf = vec![0u8; l.entry_size as usize];
         buf[24..32].copy_from_slice(&(9u64).to_le_bytes());
-        assert!(matches!(l.meta(&buf), Err(DteError::BadLengths { key_len: 9, .. })));
+        assert!(matches!(
+            l.meta(&buf),
+            Err(DteError::BadLengths { key_len: 9, .. })
+        ));
         assert!(matches!(l.meta(&buf[..16]), Err(DteError::Short { .. })));
-        let m = DteMeta { valid: true, writer: WriterTag(0), recycle: None, prev: 0, key_len: 0, value_len: 8 };
-        assert!(l.value(&buf[..l.value_off as usize], &m).is_err(), "value beyond the buffer");
+        let m = DteMeta {
+            valid: true,
+            writer: WriterTag(0),
+            recycle: None,
+            prev: 0,
+            key_len: 0,
+            value_len: 8,
+        };
+        assert!(
+            l.value(&buf[..l.value_off as usize], &m).is_err(),
+            "value beyond the buffer"
+        );
     }
 
     proptest! {

@@ -61,10 +61,16 @@ impl Geometry {
             ));
         }
         if self.filter_bits > MAX_FILTER_BITS {
-            return err(format!("filter_bits = {} exceeds {MAX_FILTER_BITS}", self.filter_bits));
+            return err(format!(
+                "filter_bits = {} exceeds {MAX_FILTER_BITS}",
+                self.filter_bits
+            ));
         }
         if self.ites_per_node == 0 || self.ites_per_node > MAX_ITES_PER_NODE {
-            return err(format!("ites_per_node = {} is not in 1..={MAX_ITES_PER_NODE}", self.ites_per_node));
+            return err(format!(
+                "ites_per_node = {} is not in 1..={MAX_ITES_PER_NODE}",
+                self.ites_per_node
+            ));
         }
         let total = self.ites_per_node * self.nodes as u64;
         if total < 2 * self.hash_functions as u64 {
@@ -74,16 +80,28 @@ impl Geometry {
             ));
         }
         if self.dtes_per_node == 0 || self.dtes_per_node > MAX_DTES_PER_NODE {
-            return err(format!("dtes_per_node = {} is not in 1..={MAX_DTES_PER_NODE}", self.dtes_per_node));
+            return err(format!(
+                "dtes_per_node = {} is not in 1..={MAX_DTES_PER_NODE}",
+                self.dtes_per_node
+            ));
         }
         if self.key_max == 0 || self.key_max > MAX_KEY_SIZE {
-            return err(format!("key_max = {} is not in 1..={MAX_KEY_SIZE}", self.key_max));
+            return err(format!(
+                "key_max = {} is not in 1..={MAX_KEY_SIZE}",
+                self.key_max
+            ));
         }
         if self.value_max > MAX_VALUE_SIZE {
-            return err(format!("value_max = {} exceeds {MAX_VALUE_SIZE}", self.value_max));
+            return err(format!(
+                "value_max = {} exceeds {MAX_VALUE_SIZE}",
+                self.value_max
+            ));
         }
         let dte = DteLayout::new(self.key_max, self.value_max);
-        let table_bytes = dte.entry_size.checked_mul(self.dtes_per_node).unwrap_or(u64::MAX);
+        let table_bytes = dte
+            .entry_size
+            .checked_mul(self.dtes_per_node)
+            .unwrap_or(u64::MAX);
         if table_bytes > MAX_DATA_TABLE_BYTES {
             return err(format!(
                 "data table of {} entries x {} bytes = {table_bytes} bytes exceeds {MAX_DATA_TABLE_BYTES}",
@@ -116,8 +134,13 @@ impl Geometry {
     pub fn fingerprint(&self) -> u64 {
         let s = format!(
             "nessie-geometry-v1:{}:{}:{}:{}:{}:{}:{}",
-            self.nodes, self.ites_per_node, self.dtes_per_node, self.key_max, self.value_max,
-            self.hash_functions, self.filter_bits
+            self.nodes,
+            self.ites_per_node,
+            self.dtes_per_node,
+            self.key_max,
+            self.value_max,
+            self.hash_functions,
+            self.filter_bits
         );
         xxhash_rust::xxh3::xxh3_64(s.as_bytes())
     }
@@ -157,12 +180,24 @@ mod tests {
             (Box::new(|g| g.hash_functions = 9), "hash_functions"),
             (Box::new(|g| g.filter_bits = 17), "filter_bits"),
             (Box::new(|g| g.ites_per_node = 0), "ites_per_node"),
-            (Box::new(|g| { g.nodes = 1; g.ites_per_node = 5 }), "distinct candidates"),
+            (
+                Box::new(|g| {
+                    g.nodes = 1;
+                    g.ites_per_node = 5
+                }),
+                "distinct candidates",
+            ),
             (Box::new(|g| g.dtes_per_node = 0), "dtes_per_node"),
             (Box::new(|g| g.key_max = 0), "key_max"),
             (Box::new(|g| g.key_max = MAX_KEY_SIZE + 1), "key_max"),
             (Box::new(|g| g.value_max = MAX_VALUE_SIZE + 1), "value_max"),
-            (Box::new(|g| { g.dtes_per_node = u32::MAX as u64; g.value_max = MAX_VALUE_SIZE }), "data table"),
+            (
+                Box::new(|g| {
+                    g.dtes_per_node = u32::MAX as u64;
+                    g.value_max = MAX_VALUE_SIZE
+                }),
+                "data table",
+            ),
         ];
         for (f, needle) in cases {
             let mut g = Geometry::default();

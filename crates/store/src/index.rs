@@ -93,11 +93,18 @@ impl Index {
                 2 * g.hash_functions as u64
             )));
         }
-        Ok(Self { placement: Placement::Coupled, ..Self::new(g, ite) })
+        Ok(Self {
+            placement: Placement::Coupled,
+            ..Self::new(g, ite)
+        })
     }
 
     /// An index with the given placement.
-    pub fn with_placement(g: &Geometry, ite: IteLayout, placement: Placement) -> Result<Self, GeometryError> {
+    pub fn with_placement(
+        g: &Geometry,
+        ite: IteLayout,
+        placement: Placement,
+    ) -> Result<Self, GeometryError> {
         match placement {
             Placement::Decoupled => Ok(Self::new(g, ite)),
             Placement::Coupled => Self::new_coupled(g, ite),
@@ -126,7 +133,10 @@ impl Index {
     pub fn hashes<'k>(&self, key: &'k [u8]) -> KeyHashes<'k> {
         let (base, range) = match self.placement {
             Placement::Decoupled => (0, self.total),
-            Placement::Coupled => (self.owner_unchecked(key) as u64 * self.ites_per_node, self.ites_per_node),
+            Placement::Coupled => (
+                self.owner_unchecked(key) as u64 * self.ites_per_node,
+                self.ites_per_node,
+            ),
         };
         KeyHashes {
             key,
@@ -142,9 +152,12 @@ impl Index {
     #[inline]
     pub fn addr(&self, s: Slot) -> RemoteAddr {
         debug_assert!(s < self.total);
-        RemoteAddr::new((s / self.ites_per_node) as NodeId, INDEX_REGION, (s % self.ites_per_node) * 8)
+        RemoteAddr::new(
+            (s / self.ites_per_node) as NodeId,
+            INDEX_REGION,
+            (s % self.ites_per_node) * 8,
+        )
     }
-
 }
 
 /// Map a hash onto `0..range`. Lemire's multiply-shift: unbiased enough and cheaper than a modulo.
@@ -184,7 +197,10 @@ impl KeyHashes<'_> {
                     break s;
                 }
                 attempt += 1;
-                assert!(attempt < MAX_REHASH, "no distinct candidate after {MAX_REHASH} re-hashes");
+                assert!(
+                    attempt < MAX_REHASH,
+                    "no distinct candidate after {MAX_REHASH} re-hashes"
+                );
             };
             self.slots[c] = s;
             self.computed += 1;
@@ -203,7 +219,12 @@ mod tests {
     use super::*;
 
     fn index(nodes: u32, per_node: u64, n: u8) -> Index {
-        let g = Geometry { nodes, ites_per_node: per_node, hash_functions: n, ..Geometry::default() };
+        let g = Geometry {
+            nodes,
+            ites_per_node: per_node,
+            hash_functions: n,
+            ..Geometry::default()
+        };
         let (ite, _) = g.validate().unwrap();
         Index::new(&g, ite)
     }
@@ -262,7 +283,12 @@ mod tests {
     }
 
     fn coupled(nodes: u32, per_node: u64, n: u8) -> Index {
-        let g = Geometry { nodes, ites_per_node: per_node, hash_functions: n, ..Geometry::default() };
+        let g = Geometry {
+            nodes,
+            ites_per_node: per_node,
+            hash_functions: n,
+            ..Geometry::default()
+        };
         let (ite, _) = g.validate().unwrap();
         Index::new_coupled(&g, ite).unwrap()
     }
@@ -291,7 +317,10 @@ mod tests {
             for &s in &a {
                 assert!(s < idx.total);
                 let addr = idx.addr(s);
-                assert_eq!(addr.node, owner, "candidate {s} of key {k} is not on its owner {owner}");
+                assert_eq!(
+                    addr.node, owner,
+                    "candidate {s} of key {k} is not on its owner {owner}"
+                );
                 assert!(addr.offset < 6 * 8);
             }
             assert_eq!(a, idx.hashes(&key).all(&idx), "hashing is deterministic");
@@ -314,7 +343,10 @@ mod tests {
         for c in per_node {
             assert!((9_000..11_000).contains(&c), "owners skewed: {per_node:?}");
         }
-        assert!((19_000..21_000).contains(&per_half[0]), "slots within a node skewed: {per_half:?}");
+        assert!(
+            (19_000..21_000).contains(&per_half[0]),
+            "slots within a node skewed: {per_half:?}"
+        );
     }
 
     #[test]
@@ -329,7 +361,10 @@ mod tests {
                 dec.addr(dec.hashes(&key).slot(&dec, 0)).node == cpl.owner(&key).unwrap()
             })
             .count();
-        assert!((4_000..6_000).contains(&same), "owner correlates with candidate 0: {same} of 20000");
+        assert!(
+            (4_000..6_000).contains(&same),
+            "owner correlates with candidate 0: {same} of 20000"
+        );
     }
 
     #[test]
@@ -342,12 +377,20 @@ mod tests {
 
     #[test]
     fn coupled_needs_two_n_slots_per_node() {
-        let g = Geometry { nodes: 4, ites_per_node: 5, hash_functions: 3, ..Geometry::default() };
+        let g = Geometry {
+            nodes: 4,
+            ites_per_node: 5,
+            hash_functions: 3,
+            ..Geometry::default()
+        };
         let (ite, _) = g.validate().unwrap(); // fine decoupled: 20 slots in total
         let e = Index::new_coupled(&g, ite).unwrap_err().to_string();
         assert!(e.contains("ites_per_node = 5"), "{e}");
         assert!(Index::with_placement(&g, ite, Placement::Decoupled).is_ok());
-        let g = Geometry { ites_per_node: 6, ..g };
+        let g = Geometry {
+            ites_per_node: 6,
+            ..g
+        };
         assert!(Index::with_placement(&g, g.validate().unwrap().0, Placement::Coupled).is_ok());
     }
 }

@@ -44,12 +44,20 @@ impl Ite {
 
 impl std::fmt::Debug for Ite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.is_empty() { write!(f, "Ite(empty)") } else { write!(f, "Ite({:#018x})", self.0) }
+        if self.is_empty() {
+            write!(f, "Ite(empty)")
+        } else {
+            write!(f, "Ite({:#018x})", self.0)
+        }
     }
 }
 
 fn mask(bits: u8) -> u64 {
-    if bits == 0 { 0 } else { u64::MAX >> (64 - bits as u32) }
+    if bits == 0 {
+        0
+    } else {
+        u64::MAX >> (64 - bits as u32)
+    }
 }
 
 impl IteLayout {
@@ -63,7 +71,11 @@ impl IteLayout {
         if dte_bits == 0 || dti_bits == 0 {
             return Err("DTE index and DTI fields need at least one bit each".into());
         }
-        Ok(Self { dte_bits, dti_bits, filter_bits })
+        Ok(Self {
+            dte_bits,
+            dti_bits,
+            filter_bits,
+        })
     }
 
     /// Keep only the bits of `hash` that fit the filter field.
@@ -75,9 +87,21 @@ impl IteLayout {
     /// Encode a present ITE. Panics (invariant) if a field does not fit its width.
     #[inline]
     pub fn encode(&self, filter: u64, dti: u32, dte: u64) -> Ite {
-        assert!(filter <= mask(self.filter_bits), "filter {filter:#x} wider than {} bits", self.filter_bits);
-        assert!(dti as u64 <= mask(self.dti_bits), "DTI {dti} wider than {} bits", self.dti_bits);
-        assert!(dte <= mask(self.dte_bits), "DTE index {dte} wider than {} bits", self.dte_bits);
+        assert!(
+            filter <= mask(self.filter_bits),
+            "filter {filter:#x} wider than {} bits",
+            self.filter_bits
+        );
+        assert!(
+            dti as u64 <= mask(self.dti_bits),
+            "DTI {dti} wider than {} bits",
+            self.dti_bits
+        );
+        assert!(
+            dte <= mask(self.dte_bits),
+            "DTE index {dte} wider than {} bits",
+            self.dte_bits
+        );
         let d = self.dte_bits as u32;
         let t = self.dti_bits as u32;
         Ite(PRESENT | filter << (d + t) | (dti as u64) << d | dte)
@@ -119,12 +143,21 @@ mod tests {
     fn boundaries() {
         let l = IteLayout::new(14, 2, 7).unwrap();
         let max = l.encode(127, 3, (1 << 14) - 1);
-        assert_eq!((l.filter(max), l.dti(max), l.dte(max)), (127, 3, (1 << 14) - 1));
+        assert_eq!(
+            (l.filter(max), l.dti(max), l.dte(max)),
+            (127, 3, (1 << 14) - 1)
+        );
         let zero = l.encode(0, 0, 0);
-        assert!(!zero.is_empty(), "entry 0 of table 0 with filter 0 is still present");
+        assert!(
+            !zero.is_empty(),
+            "entry 0 of table 0 with filter 0 is still present"
+        );
         assert!(l.is_well_formed(zero) && l.is_well_formed(max) && l.is_well_formed(Ite::EMPTY));
         assert!(!l.is_well_formed(Ite(PRESENT | 1 << 40)));
-        assert!(!l.is_well_formed(Ite(5)), "non-zero word without present bit");
+        assert!(
+            !l.is_well_formed(Ite(5)),
+            "non-zero word without present bit"
+        );
     }
 
     #[test]

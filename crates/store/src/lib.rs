@@ -17,9 +17,9 @@ pub mod index;
 pub mod ite;
 pub mod limits;
 
+pub use dte::DteLayout;
 pub use geometry::{Geometry, GeometryError};
 pub use ite::{Ite, IteLayout};
-pub use dte::DteLayout;
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

@@ -50,7 +50,10 @@ impl<E: Endpoint> CdClient<E> {
         let addr = self.view.index.addr(slot);
         let t = self.ep.now_ns();
         let v = Ite(self.ep.read_u64(addr)?);
-        debug_assert!(self.view.index.ite.is_well_formed(v), "malformed ITE {v:?} at {addr}");
+        debug_assert!(
+            self.view.index.ite.is_well_formed(v),
+            "malformed ITE {v:?} at {addr}"
+        );
         self.hook(HookPoint::AfterIteRead);
         Ok((v, t))
     }
@@ -71,7 +74,14 @@ impl<E: Endpoint> CdClient<E> {
     /// `want` says. `ite_read_ns` is when `ite` was
     /// read (cache deadlines derive from it). Every read is followed by a timer check before its
     /// bytes are trusted: past the deadline the entry may have been recycled.
-    pub(crate) fn fetch(&mut self, ite: Ite, ite_read_ns: u64, d: &Deadline, key: &[u8], want: Want) -> Attempt<Fetched> {
+    pub(crate) fn fetch(
+        &mut self,
+        ite: Ite,
+        ite_read_ns: u64,
+        d: &Deadline,
+        key: &[u8],
+        want: Want,
+    ) -> Attempt<Fetched> {
         let (node, off) = self.dte_location(ite);
         let layout = self.view.dte;
         let meta_len = layout.value_off as usize;
@@ -88,7 +98,8 @@ impl<E: Endpoint> CdClient<E> {
 
         if node == self.ep.node() {
             self.buf.resize(meta_len, 0);
-            self.ep.local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
+            self.ep
+                .local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
             self.check(d)?;
             let meta = self.decode()?;
             let key_matches = layout.key(&self.buf, &meta) == key;
@@ -97,7 +108,12 @@ impl<E: Endpoint> CdClient<E> {
                 self.load_value(node, off, &meta, true)?;
                 self.check(d)?;
             }
-            return Ok(Fetched { meta, key_matches, value_loaded, source: Source::Local });
+            return Ok(Fetched {
+                meta,
+                key_matches,
+                value_loaded,
+                source: Source::Local,
+            });
         }
 
         if self.cache.enabled() {
@@ -107,13 +123,22 @@ impl<E: Endpoint> CdClient<E> {
                 self.buf.extend_from_slice(bytes);
                 let meta = self.decode()?;
                 let key_matches = layout.key(&self.buf, &meta) == key;
-                return Ok(Fetched { meta, key_matches, value_loaded: true, source: Source::Cache });
+                return Ok(Fetched {
+                    meta,
+                    key_matches,
+                    value_loaded: true,
+                    source: Source::Cache,
+                });
             }
         }
 
         let addr = RemoteAddr::new(node, DATA_REGION, off);
         let whole = want_value && !self.cfg.optimizations.multi_read;
-        let first = if whole { layout.entry_size as usize } else { meta_len };
+        let first = if whole {
+            layout.entry_size as usize
+        } else {
+            meta_len
+        };
         self.buf.resize(first, 0);
         self.ep.read(addr, &mut self.buf[..first])?;
         self.check(d)?;
@@ -127,13 +152,22 @@ impl<E: Endpoint> CdClient<E> {
         }
         if value_loaded && meta.valid {
             let end = meta_len + layout.value_read_len(meta.value_len) as usize;
-            self.cache.insert(ite.0, &self.buf[..end], ite_read_ns, expiry);
+            self.cache
+                .insert(ite.0, &self.buf[..end], ite_read_ns, expiry);
         }
-        Ok(Fetched { meta, key_matches, value_loaded, source: Source::Remote })
+        Ok(Fetched {
+            meta,
+            key_matches,
+            value_loaded,
+            source: Source::Remote,
+        })
     }
 
     fn decode(&self) -> Attempt<DteMeta> {
-        self.view.dte.meta(&self.buf).map_err(|e| Abort::Fatal(Error::Corrupt(e.to_string())))
+        self.view
+            .dte
+            .meta(&self.buf)
+            .map_err(|e| Abort::Fatal(Error::Corrupt(e.to_string())))
     }
 
     /// Append the value of the DTE at (`node`, `off`) to the header already in `self.buf`.
@@ -146,9 +180,13 @@ impl<E: Endpoint> CdClient<E> {
             return Ok(());
         }
         if local {
-            self.ep.local_read(DATA_REGION, off + layout.value_off, &mut self.buf[start..])?;
+            self.ep
+                .local_read(DATA_REGION, off + layout.value_off, &mut self.buf[start..])?;
         } else {
-            self.ep.read(RemoteAddr::new(node, DATA_REGION, off + layout.value_off), &mut self.buf[start..])?;
+            self.ep.read(
+                RemoteAddr::new(node, DATA_REGION, off + layout.value_off),
+                &mut self.buf[start..],
+            )?;
         }
         Ok(())
     }
@@ -162,25 +200,45 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Write a new, invalid DTE into the local data table (Step 3 / migrate Step 5) and return
     /// the ITE that will refer to it. Fails with `TableFull` when no entry is free.
-    pub(crate) fn write_new_dte(&mut self, filter: u64, prev: Ite, key: &[u8], value: &[u8]) -> Attempt<(Ite, u64)> {
+    pub(crate) fn write_new_dte(
+        &mut self,
+        filter: u64,
+        prev: Ite,
+        key: &[u8],
+        value: &[u8],
+    ) -> Attempt<(Ite, u64)> {
         let idx = self.table.alloc(&mut self.ep).map_err(|e| match e {
             nessie_store::datatable::AllocError::Fabric(f) => Abort::from(f),
             e => Abort::TableFull(e),
         })?;
         let layout = self.view.dte;
-        let prev = if self.cfg.optimizations.previous_versions { prev } else { Ite::EMPTY };
+        let prev = if self.cfg.optimizations.previous_versions {
+            prev
+        } else {
+            Ite::EMPTY
+        };
         let n = layout.encode(&mut self.wbuf, self.tag, prev.0, key, value);
-        self.ep.local_write(DATA_REGION, layout.offset(idx), &self.wbuf[..n])?;
-        let ite = self.view.index.ite.encode(filter, self.ep.node() as u32, idx);
+        self.ep
+            .local_write(DATA_REGION, layout.offset(idx), &self.wbuf[..n])?;
+        let ite = self
+            .view
+            .index
+            .ite
+            .encode(filter, self.ep.node() as u32, idx);
         Ok((ite, idx))
     }
 
     /// Flip the valid flag of our own DTE (PUT Step 6 / migrate Step 8).
     pub(crate) fn set_valid(&mut self, ite: Ite) -> Attempt<()> {
         let (node, off) = self.dte_location(ite);
-        assert_eq!(node, self.ep.node(), "a client only validates DTEs in its own data table");
+        assert_eq!(
+            node,
+            self.ep.node(),
+            "a client only validates DTEs in its own data table"
+        );
         let h = self.view.dte.header(self.tag, true);
-        self.ep.local_write(DATA_REGION, off + HEADER_OFF, &h.to_le_bytes())?;
+        self.ep
+            .local_write(DATA_REGION, off + HEADER_OFF, &h.to_le_bytes())?;
         Ok(())
     }
 
@@ -189,13 +247,18 @@ impl<E: Endpoint> CdClient<E> {
     /// `ite` from the index calls this, so each DTE is marked exactly once.
     pub(crate) fn recycle(&mut self, ite: Ite) {
         let now = self.ep.now_ns();
-        let expires = if self.cfg.mutations.recycle_without_expiry { 0 } else { now + self.cfg.expiry_ns };
+        let expires = if self.cfg.mutations.recycle_without_expiry {
+            0
+        } else {
+            now + self.cfg.expiry_ns
+        };
         let word = nessie_store::DteLayout::recycle_word(expires).to_le_bytes();
         let (node, off) = self.dte_location(ite);
         let r = if node == self.ep.node() {
             self.ep.local_write(DATA_REGION, off + RECYCLE_OFF, &word)
         } else {
-            self.ep.write(RemoteAddr::new(node, DATA_REGION, off + RECYCLE_OFF), &word)
+            self.ep
+                .write(RemoteAddr::new(node, DATA_REGION, off + RECYCLE_OFF), &word)
         };
         match r {
             Ok(()) => self.stats.recycled += 1,

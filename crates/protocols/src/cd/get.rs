@@ -55,7 +55,9 @@ impl<E: Endpoint> CdClient<E> {
                 self.stats.previous_version_hits += 1;
                 return Ok(Some(self.value_of(&p)));
             }
-            return Err(Abort::Concurrent("GET met an in-progress write without a usable previous version"));
+            return Err(Abort::Concurrent(
+                "GET met an in-progress write without a usable previous version",
+            ));
         }
 
         // Step 3: the reverse pass, skipping the last candidate.

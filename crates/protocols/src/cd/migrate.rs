@@ -39,13 +39,17 @@ impl<E: Endpoint> CdClient<E> {
                 r => return r,
             }
         }
-        Err(Abort::Fatal(Error::IndexFull { depth: self.cfg.max_migrate_depth }))
+        Err(Abort::Fatal(Error::IndexFull {
+            depth: self.cfg.max_migrate_depth,
+        }))
     }
 
     /// Empty `src` (one of the candidates of `key`) by moving its entry elsewhere.
     fn migrate(&mut self, src: Slot, key: &[u8], path: &mut Vec<Slot>, depth: u8) -> Attempt<()> {
         if depth > self.cfg.max_migrate_depth {
-            return Err(Abort::Fatal(Error::IndexFull { depth: self.cfg.max_migrate_depth }));
+            return Err(Abort::Fatal(Error::IndexFull {
+                depth: self.cfg.max_migrate_depth,
+            }));
         }
         let d = self.deadline(); // Step 0
         let index = self.view.index.clone();
@@ -71,7 +75,10 @@ impl<E: Endpoint> CdClient<E> {
         // if there is one, else the first alternative (emptied by a recursive MIGRATE).
         path.push(src);
         let mut hs = index.hashes(&moved_key);
-        let alternatives: Vec<Slot> = (0..index.n).map(|i| hs.slot(&index, i)).filter(|s| !path.contains(s)).collect();
+        let alternatives: Vec<Slot> = (0..index.n)
+            .map(|i| hs.slot(&index, i))
+            .filter(|s| !path.contains(s))
+            .collect();
         if alternatives.is_empty() {
             return Err(Abort::NoDestination);
         }

@@ -39,8 +39,14 @@ pub struct ClusterView {
 
 impl ClusterView {
     pub fn new(geometry: Geometry) -> Result<Self, Error> {
-        let (ite, dte) = geometry.validate().map_err(|e| Error::Config(e.to_string()))?;
-        Ok(Self { index: Index::new(&geometry, ite), geometry, dte })
+        let (ite, dte) = geometry
+            .validate()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Self {
+            index: Index::new(&geometry, ite),
+            geometry,
+            dte,
+        })
     }
 }
 
@@ -122,7 +128,13 @@ pub struct CdClient<E: Endpoint> {
 impl<E: Endpoint> CdClient<E> {
     /// A client worker on `ep`'s node. `table` must be that node's data table and `worker` must
     /// be unique among the node's live client workers (it tags the DTEs this worker writes).
-    pub fn new(ep: E, view: Arc<ClusterView>, table: Arc<DataTable>, worker: u16, cfg: ProtocolConfig) -> Result<Self, Error> {
+    pub fn new(
+        ep: E,
+        view: Arc<ClusterView>,
+        table: Arc<DataTable>,
+        worker: u16,
+        cfg: ProtocolConfig,
+    ) -> Result<Self, Error> {
         cfg.validate().map_err(Error::Config)?;
         if table.dti() != ep.node() as u32 {
             return Err(Error::Config(format!(
@@ -138,7 +150,11 @@ impl<E: Endpoint> CdClient<E> {
                 view.geometry.nodes
             )));
         }
-        let cache = DteCache::new(if cfg.optimizations.cache { cfg.cache_entries } else { 0 });
+        let cache = DteCache::new(if cfg.optimizations.cache {
+            cfg.cache_entries
+        } else {
+            0
+        });
         let tag = WriterTag::new(ep.node(), worker);
         let seed = (ep.node() as u64) << 32 | worker as u64 | ep.now_ns() << 1;
         Ok(Self {
@@ -167,7 +183,10 @@ impl<E: Endpoint> CdClient<E> {
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         self.check_key(key)?;
         if value.len() > self.view.dte.value_max as usize {
-            return Err(Error::ValueTooLarge { len: value.len(), max: self.view.dte.value_max });
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.view.dte.value_max,
+            });
         }
         self.stats.puts += 1;
         self.write(key, Some(value))
@@ -224,7 +243,10 @@ impl<E: Endpoint> CdClient<E> {
             return Err(Error::EmptyKey);
         }
         if key.len() > self.view.dte.key_max as usize {
-            return Err(Error::KeyTooLarge { len: key.len(), max: self.view.dte.key_max });
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: self.view.dte.key_max,
+            });
         }
         Ok(())
     }
@@ -262,17 +284,24 @@ impl<E: Endpoint> CdClient<E> {
             }
             Abort::Timeout => {
                 self.stats.timeouts += 1;
-                Error::Timeout { expiry_ms: self.cfg.expiry_ns / 1_000_000 }
+                Error::Timeout {
+                    expiry_ms: self.cfg.expiry_ns / 1_000_000,
+                }
             }
             Abort::TableFull(e) => table_full_error(e),
-            Abort::NoDestination => Error::IndexFull { depth: self.cfg.max_migrate_depth },
+            Abort::NoDestination => Error::IndexFull {
+                depth: self.cfg.max_migrate_depth,
+            },
             Abort::Fatal(e) => e,
         }
     }
 
     /// Run attempts until one succeeds, backing off exponentially with full jitter after
     /// concurrent-operation aborts and timeouts; waiting for expiry when the table is full.
-    pub(crate) fn with_retry<T>(&mut self, mut attempt: impl FnMut(&mut Self) -> Attempt<T>) -> Result<T, Error> {
+    pub(crate) fn with_retry<T>(
+        &mut self,
+        mut attempt: impl FnMut(&mut Self) -> Attempt<T>,
+    ) -> Result<T, Error> {
         let policy = self.cfg.retry;
         let mut backoff = policy.initial_backoff_ns.max(1);
         let mut attempts = 0u32;
@@ -283,7 +312,9 @@ impl<E: Endpoint> CdClient<E> {
                 Ok(v) => return Ok(v),
                 Err(Abort::Timeout) if last => {
                     self.stats.timeouts += 1;
-                    return Err(Error::Timeout { expiry_ms: self.cfg.expiry_ns / 1_000_000 });
+                    return Err(Error::Timeout {
+                        expiry_ms: self.cfg.expiry_ns / 1_000_000,
+                    });
                 }
                 Err(Abort::Concurrent(_)) if last => {
                     self.stats.concurrent_aborts += 1;
@@ -299,7 +330,11 @@ impl<E: Endpoint> CdClient<E> {
                     self.rng.gen_range(0..=backoff)
                 }
                 Err(Abort::TableFull(e)) => {
-                    let AllocError::Full { next_ready_ns: Some(ready), .. } = e else {
+                    let AllocError::Full {
+                        next_ready_ns: Some(ready),
+                        ..
+                    } = e
+                    else {
                         return Err(table_full_error(e));
                     };
                     if last {
@@ -307,9 +342,15 @@ impl<E: Endpoint> CdClient<E> {
                     }
                     // Released entries exist: wait (at most one expiry period) until one expires.
                     self.stats.table_full_waits += 1;
-                    ready.saturating_sub(self.ep.now_ns()).clamp(1, self.cfg.expiry_ns)
+                    ready
+                        .saturating_sub(self.ep.now_ns())
+                        .clamp(1, self.cfg.expiry_ns)
                 }
-                Err(Abort::NoDestination) => return Err(Error::IndexFull { depth: self.cfg.max_migrate_depth }),
+                Err(Abort::NoDestination) => {
+                    return Err(Error::IndexFull {
+                        depth: self.cfg.max_migrate_depth,
+                    })
+                }
                 Err(Abort::Fatal(e)) => return Err(e),
             };
             self.stats.retries += 1;
@@ -321,9 +362,16 @@ impl<E: Endpoint> CdClient<E> {
 
 fn table_full_error(e: AllocError) -> Error {
     match e {
-        AllocError::Full { dti, capacity, awaiting_expiry, .. } => {
-            Error::DataTableFull { node: dti as NodeId, capacity, awaiting_expiry }
-        }
+        AllocError::Full {
+            dti,
+            capacity,
+            awaiting_expiry,
+            ..
+        } => Error::DataTableFull {
+            node: dti as NodeId,
+            capacity,
+            awaiting_expiry,
+        },
         AllocError::Fabric(f) => f.into(),
     }
 }

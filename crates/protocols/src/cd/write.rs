@@ -63,12 +63,21 @@ impl<E: Endpoint> CdClient<E> {
             }
         } else {
             self.stats.leaked += rec.len() as u64 + still_published;
-            tracing::warn!(still_published, staged = rec.len(), "abandoned write left an invalid DTE in the index");
+            tracing::warn!(
+                still_published,
+                staged = rec.len(),
+                "abandoned write left an invalid DTE in the index"
+            );
         }
     }
 
     /// One attempt of PUT/DELETE.
-    pub(crate) fn write_once(&mut self, key: &[u8], value: Option<&[u8]>, st: &mut WriteState) -> Attempt<()> {
+    pub(crate) fn write_once(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
         let index = self.view.index.clone();
         let n = index.n;
         let mut h = index.hashes(key); // Step 1 (lazily)
@@ -107,7 +116,9 @@ impl<E: Endpoint> CdClient<E> {
                     cnd = Some(i);
                     prev = Ite(f.meta.prev);
                 } else {
-                    return Err(Abort::Concurrent("write met another in-progress write on the key"));
+                    return Err(Abort::Concurrent(
+                        "write met another in-progress write on the key",
+                    ));
                 }
                 break;
             }
@@ -120,7 +131,9 @@ impl<E: Endpoint> CdClient<E> {
                 }
                 // 2.4: every candidate holds another key.
                 if migrations >= MAX_MIGRATIONS_PER_ATTEMPT {
-                    return Err(Abort::Fatal(Error::IndexFull { depth: self.cfg.max_migrate_depth }));
+                    return Err(Abort::Fatal(Error::IndexFull {
+                        depth: self.cfg.max_migrate_depth,
+                    }));
                 }
                 self.migrate_for(key, &mut h)?;
                 migrations += 1;
@@ -158,7 +171,9 @@ impl<E: Endpoint> CdClient<E> {
                     continue; // 4.3
                 }
                 if !self.cas_ite(slots[i], ite, Ite::EMPTY)? {
-                    return Err(Abort::Concurrent("duplicate ITE changed before it was cleared"));
+                    return Err(Abort::Concurrent(
+                        "duplicate ITE changed before it was cleared",
+                    ));
                 }
                 st.rec.push(ite); // 4.4
                 seen[i] = Ite::EMPTY;
@@ -195,7 +210,12 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Re-read candidates N-1..1 (skipping the last one examined) and abort on any change.
-    pub(crate) fn reverse_pass(&mut self, d: &super::Deadline, slots: &[Slot], seen: &[Ite]) -> Attempt<()> {
+    pub(crate) fn reverse_pass(
+        &mut self,
+        d: &super::Deadline,
+        slots: &[Slot],
+        seen: &[Ite],
+    ) -> Attempt<()> {
         let n = self.view.index.n;
         for i in (0..n - 1).rev() {
             self.check(d)?;

@@ -23,7 +23,11 @@ use crate::sd::{ClientSlot, RpcShared, RpcStats};
 /// The protocol configuration HY runs with (client GETs and server threads alike): `cfg` with
 /// every optimisation of the paper off.
 pub fn hy_config(cfg: &ProtocolConfig) -> ProtocolConfig {
-    ProtocolConfig { optimizations: Optimizations::NONE, cache_entries: 0, ..cfg.clone() }
+    ProtocolConfig {
+        optimizations: Optimizations::NONE,
+        cache_entries: 0,
+        ..cfg.clone()
+    }
 }
 
 /// Counters of one HY client worker.
@@ -63,7 +67,12 @@ impl<E: Endpoint> HyClient<E> {
         require_coupled(&view)?;
         let chan = Channel::new(shared, ep.node(), ep.node_count(), slot)?;
         let cd = CdClient::new(ep, view, table, worker, hy_config(cfg))?;
-        Ok(Self { cd, chan, puts: 0, deletes: 0 })
+        Ok(Self {
+            cd,
+            chan,
+            puts: 0,
+            deletes: 0,
+        })
     }
 
     /// Client-driven GET (forward pass over the owner's candidates, reverse pass on a miss).
@@ -76,7 +85,9 @@ impl<E: Endpoint> HyClient<E> {
         check_sizes(self.cd.view(), key, Some(value))?;
         self.puts += 1;
         let owner = owner(self.cd.view(), key);
-        self.chan.call(self.cd.endpoint_mut(), owner, OpCode::Put, key, value).map(|_| ())
+        self.chan
+            .call(self.cd.endpoint_mut(), owner, OpCode::Put, key, value)
+            .map(|_| ())
     }
 
     /// Server-driven DELETE.
@@ -84,11 +95,18 @@ impl<E: Endpoint> HyClient<E> {
         check_sizes(self.cd.view(), key, None)?;
         self.deletes += 1;
         let owner = owner(self.cd.view(), key);
-        self.chan.call(self.cd.endpoint_mut(), owner, OpCode::Delete, key, &[]).map(|_| ())
+        self.chan
+            .call(self.cd.endpoint_mut(), owner, OpCode::Delete, key, &[])
+            .map(|_| ())
     }
 
     pub fn stats(&self) -> HyClientStats {
-        HyClientStats { get: self.cd.stats(), puts: self.puts, deletes: self.deletes, rpc: self.chan.stats }
+        HyClientStats {
+            get: self.cd.stats(),
+            puts: self.puts,
+            deletes: self.deletes,
+            rpc: self.chan.stats,
+        }
     }
 
     pub fn node(&self) -> NodeId {

@@ -30,7 +30,11 @@ pub struct RpcShared {
 
 impl RpcShared {
     pub fn new(layout: SlotLayout, response_timeout_ns: u64) -> Self {
-        Self { layout, response_timeout_ns, running: AtomicBool::new(true) }
+        Self {
+            layout,
+            response_timeout_ns,
+            running: AtomicBool::new(true),
+        }
     }
 
     /// False once the servers have been told to stop: waiting clients give up at once.
@@ -59,7 +63,11 @@ impl ClientSlot {
     /// A slot assigned by other means (e.g. fixed per process); `next_seq` ≥ 1 must exceed
     /// every sequence number used in this slot before.
     pub fn fixed(local: u16, next_seq: u64) -> Self {
-        Self { local, next_seq: next_seq.max(1), pool: None }
+        Self {
+            local,
+            next_seq: next_seq.max(1),
+            pool: None,
+        }
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -85,13 +93,19 @@ pub struct SlotPool {
 
 impl SlotPool {
     pub fn new(slots: u16) -> Arc<Self> {
-        Arc::new(Self { free: Mutex::new((0..slots).rev().map(|l| (l, 1)).collect()) })
+        Arc::new(Self {
+            free: Mutex::new((0..slots).rev().map(|l| (l, 1)).collect()),
+        })
     }
 
     /// Take a free slot; `None` if all are in use.
     pub fn take(self: &Arc<Self>) -> Option<ClientSlot> {
         let (local, next_seq) = self.free.lock().unwrap().pop()?;
-        Some(ClientSlot { local, next_seq, pool: Some(self.clone()) })
+        Some(ClientSlot {
+            local,
+            next_seq,
+            pool: Some(self.clone()),
+        })
     }
 
     /// Slots currently free.
@@ -149,7 +163,12 @@ impl Drop for Channel {
 }
 
 impl Channel {
-    pub(crate) fn new(shared: Arc<RpcShared>, node: NodeId, node_count: usize, slot: ClientSlot) -> Result<Self, Error> {
+    pub(crate) fn new(
+        shared: Arc<RpcShared>,
+        node: NodeId,
+        node_count: usize,
+        slot: ClientSlot,
+    ) -> Result<Self, Error> {
         let l = &shared.layout;
         if node_count != l.nodes as usize || node as u32 >= l.nodes {
             return Err(Error::Config(format!(
@@ -163,7 +182,14 @@ impl Channel {
                 slot.local, l.max_clients_per_node
             )));
         }
-        Ok(Self { pending: vec![None; l.nodes as usize], shared, node, slot, buf: Vec::new(), stats: RpcStats::default() })
+        Ok(Self {
+            pending: vec![None; l.nodes as usize],
+            shared,
+            node,
+            slot,
+            buf: Vec::new(),
+            stats: RpcStats::default(),
+        })
     }
 
     pub(crate) fn local(&self) -> u16 {
@@ -172,7 +198,14 @@ impl Channel {
 
     /// Send `op` on `key` (and `value`) to `owner`'s servers and wait for the reply. Sizes
     /// must have been validated by the caller.
-    pub(crate) fn call<E: Endpoint>(&mut self, ep: &mut E, owner: NodeId, op: OpCode, key: &[u8], value: &[u8]) -> Reply {
+    pub(crate) fn call<E: Endpoint>(
+        &mut self,
+        ep: &mut E,
+        owner: NodeId,
+        op: OpCode,
+        key: &[u8],
+        value: &[u8],
+    ) -> Reply {
         if !self.shared.is_running() {
             return Err(stopped(owner));
         }
@@ -184,7 +217,10 @@ impl Channel {
         }
         let seq = self.slot.next_seq;
         if seq > MAX_SEQ {
-            return Err(Error::Config(format!("client slot {} has used up its sequence numbers", self.slot.local)));
+            return Err(Error::Config(format!(
+                "client slot {} has used up its sequence numbers",
+                self.slot.local
+            )));
         }
         self.slot.next_seq += 1;
         let l = self.shared.layout;
@@ -225,7 +261,12 @@ impl Channel {
                 ep.local_read(RESPONSE_REGION, base + off, &mut self.buf[..padded])?;
                 if SlotLayout::response_complete(seq, &self.buf[..padded], &tail) {
                     self.stats.empty_polls += polls;
-                    return Ok(SlotLayout::decode_reply(status, &tail, &self.buf[..len], owner));
+                    return Ok(SlotLayout::decode_reply(
+                        status,
+                        &tail,
+                        &self.buf[..len],
+                        owner,
+                    ));
                 }
                 self.stats.landing += 1;
             }
@@ -246,7 +287,10 @@ impl Channel {
                     self.stats.timeouts += 1;
                     return Err(Error::Unreachable {
                         node: owner,
-                        reason: format!("no response from its servers within {} ms", waited / 1_000_000),
+                        reason: format!(
+                            "no response from its servers within {} ms",
+                            waited / 1_000_000
+                        ),
                     });
                 }
             }
@@ -255,21 +299,34 @@ impl Channel {
 }
 
 fn stopped(node: NodeId) -> Error {
-    Error::Unreachable { node, reason: "its servers have stopped".into() }
+    Error::Unreachable {
+        node,
+        reason: "its servers have stopped".into(),
+    }
 }
 
 /// Check key and value sizes exactly as the client-driven protocol does, before any memory is
 /// touched.
-pub(crate) fn check_sizes(view: &ClusterView, key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
+pub(crate) fn check_sizes(
+    view: &ClusterView,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), Error> {
     if key.is_empty() {
         return Err(Error::EmptyKey);
     }
     if key.len() > view.dte.key_max as usize {
-        return Err(Error::KeyTooLarge { len: key.len(), max: view.dte.key_max });
+        return Err(Error::KeyTooLarge {
+            len: key.len(),
+            max: view.dte.key_max,
+        });
     }
     if let Some(v) = value {
         if v.len() > view.dte.value_max as usize {
-            return Err(Error::ValueTooLarge { len: v.len(), max: view.dte.value_max });
+            return Err(Error::ValueTooLarge {
+                len: v.len(),
+                max: view.dte.value_max,
+            });
         }
     }
     Ok(())
@@ -277,12 +334,16 @@ pub(crate) fn check_sizes(view: &ClusterView, key: &[u8], value: Option<&[u8]>) 
 
 /// The owner of `key` under the view's (coupled) index.
 pub(crate) fn owner(view: &ClusterView, key: &[u8]) -> NodeId {
-    view.index.owner(key).expect("SD/HY views use the coupled index")
+    view.index
+        .owner(key)
+        .expect("SD/HY views use the coupled index")
 }
 
 pub(crate) fn require_coupled(view: &ClusterView) -> Result<(), Error> {
     if view.index.placement != Placement::Coupled {
-        return Err(Error::Config("SD and HY need the coupled index (see sd::coupled_view)".into()));
+        return Err(Error::Config(
+            "SD and HY need the coupled index (see sd::coupled_view)".into(),
+        ));
     }
     Ok(())
 }
@@ -308,13 +369,27 @@ pub struct SdClient<E: Endpoint> {
 impl<E: Endpoint> SdClient<E> {
     /// A client worker on `ep`'s node using request slot `slot` (unique among the node's live
     /// SD/HY clients). `view` must use the coupled index, like the servers'.
-    pub fn new(ep: E, view: Arc<ClusterView>, shared: Arc<RpcShared>, slot: ClientSlot) -> Result<Self, Error> {
+    pub fn new(
+        ep: E,
+        view: Arc<ClusterView>,
+        shared: Arc<RpcShared>,
+        slot: ClientSlot,
+    ) -> Result<Self, Error> {
         require_coupled(&view)?;
-        if shared.layout.key_max != view.dte.key_max || shared.layout.value_max != view.dte.value_max {
-            return Err(Error::Config("slot layout and geometry disagree on key/value sizes".into()));
+        if shared.layout.key_max != view.dte.key_max
+            || shared.layout.value_max != view.dte.value_max
+        {
+            return Err(Error::Config(
+                "slot layout and geometry disagree on key/value sizes".into(),
+            ));
         }
         let chan = Channel::new(shared, ep.node(), ep.node_count(), slot)?;
-        Ok(Self { ep, view, chan, stats: SdClientStats::default() })
+        Ok(Self {
+            ep,
+            view,
+            chan,
+            stats: SdClientStats::default(),
+        })
     }
 
     /// Read the value of `key`; `Ok(None)` if it is not in the store.
@@ -330,7 +405,9 @@ impl<E: Endpoint> SdClient<E> {
         check_sizes(&self.view, key, Some(value))?;
         self.stats.puts += 1;
         let owner = owner(&self.view, key);
-        self.chan.call(&mut self.ep, owner, OpCode::Put, key, value).map(|_| ())
+        self.chan
+            .call(&mut self.ep, owner, OpCode::Put, key, value)
+            .map(|_| ())
     }
 
     /// Remove `key` (a no-op if absent).
@@ -338,11 +415,16 @@ impl<E: Endpoint> SdClient<E> {
         check_sizes(&self.view, key, None)?;
         self.stats.deletes += 1;
         let owner = owner(&self.view, key);
-        self.chan.call(&mut self.ep, owner, OpCode::Delete, key, &[]).map(|_| ())
+        self.chan
+            .call(&mut self.ep, owner, OpCode::Delete, key, &[])
+            .map(|_| ())
     }
 
     pub fn stats(&self) -> SdClientStats {
-        SdClientStats { rpc: self.chan.stats, ..self.stats }
+        SdClientStats {
+            rpc: self.chan.stats,
+            ..self.stats
+        }
     }
 
     pub fn node(&self) -> NodeId {

@@ -58,35 +58,55 @@ pub struct RpcConfig {
 
 impl Default for RpcConfig {
     fn default() -> Self {
-        Self { max_clients_per_node: 16, idle_backoff_ns: None, response_timeout_ns: 30_000_000_000, mutations: RpcMutations::default() }
+        Self {
+            max_clients_per_node: 16,
+            idle_backoff_ns: None,
+            response_timeout_ns: 30_000_000_000,
+            mutations: RpcMutations::default(),
+        }
     }
 }
 
 impl RpcConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_clients_per_node == 0 || self.max_clients_per_node > MAX_CLIENTS_PER_NODE {
-            return Err(format!("max_clients_per_node = {} is not in 1..={MAX_CLIENTS_PER_NODE}", self.max_clients_per_node));
+            return Err(format!(
+                "max_clients_per_node = {} is not in 1..={MAX_CLIENTS_PER_NODE}",
+                self.max_clients_per_node
+            ));
         }
         if self.idle_backoff_ns.is_some_and(|ns| ns > 1_000_000_000) {
             return Err("idle_backoff_ns exceeds 1 s".into());
         }
         if self.response_timeout_ns < 1_000_000 {
-            return Err(format!("response timeout {} ns is below 1 ms", self.response_timeout_ns));
+            return Err(format!(
+                "response timeout {} ns is below 1 ms",
+                self.response_timeout_ns
+            ));
         }
         Ok(())
     }
 
     /// Options of the server threads.
     pub fn server_options(&self) -> ServerOptions {
-        ServerOptions { idle_backoff_ns: self.idle_backoff_ns, mutations: self.mutations }
+        ServerOptions {
+            idle_backoff_ns: self.idle_backoff_ns,
+            mutations: self.mutations,
+        }
     }
 }
 
 /// The cluster view of SD and HY: the geometry with the coupled index.
 pub fn coupled_view(geometry: Geometry) -> Result<ClusterView, Error> {
-    let (ite, dte) = geometry.validate().map_err(|e| Error::Config(e.to_string()))?;
+    let (ite, dte) = geometry
+        .validate()
+        .map_err(|e| Error::Config(e.to_string()))?;
     let index = Index::new_coupled(&geometry, ite).map_err(|e| Error::Config(e.to_string()))?;
-    Ok(ClusterView { geometry, index, dte })
+    Ok(ClusterView {
+        geometry,
+        index,
+        dte,
+    })
 }
 
 /// Slot layout and shared state for a cluster's clients and servers.
@@ -124,9 +144,20 @@ mod tests {
     }
 
     fn rig(timeout_ns: u64) -> Rig {
-        let g = Geometry { nodes: 2, ites_per_node: 64, dtes_per_node: 64, key_max: 16, value_max: 32, ..Geometry::default() };
+        let g = Geometry {
+            nodes: 2,
+            ites_per_node: 64,
+            dtes_per_node: 64,
+            key_max: 16,
+            value_max: 32,
+            ..Geometry::default()
+        };
         let view = Arc::new(coupled_view(g.clone()).unwrap());
-        let rpc = RpcConfig { max_clients_per_node: 2, response_timeout_ns: timeout_ns, ..RpcConfig::default() };
+        let rpc = RpcConfig {
+            max_clients_per_node: 2,
+            response_timeout_ns: timeout_ns,
+            ..RpcConfig::default()
+        };
         let shared = rpc_shared(&g, &rpc).unwrap();
         let mut regions = vec![vec![0u64; 4]; 2];
         for r in regions.iter_mut() {
@@ -136,24 +167,61 @@ mod tests {
             r[RESPONSE_REGION as usize] = shared.layout.response_region_bytes();
         }
         let fabric = MemFabric::new(&regions, None).unwrap();
-        let cfg = ProtocolConfig { expiry_ns: 50_000_000, clock_margin_ns: 0, ..ProtocolConfig::default() };
-        let tables = (0..2).map(|n| Arc::new(DataTable::new(n, view.dte, 64, 0))).collect();
+        let cfg = ProtocolConfig {
+            expiry_ns: 50_000_000,
+            clock_margin_ns: 0,
+            ..ProtocolConfig::default()
+        };
+        let tables = (0..2)
+            .map(|n| Arc::new(DataTable::new(n, view.dte, 64, 0)))
+            .collect();
         let pools = (0..2).map(|_| SlotPool::new(2)).collect();
-        Rig { fabric, view, tables, shared, pools, cfg }
+        Rig {
+            fabric,
+            view,
+            tables,
+            shared,
+            pools,
+            cfg,
+        }
     }
 
     impl Rig {
         fn server(&self, node: NodeId, opts: ServerOptions) -> Server<MemEndpoint> {
-            let exec = CdClient::new(self.fabric.endpoint(node), self.view.clone(), self.tables[node as usize].clone(), 100, self.cfg.clone()).unwrap();
-            Server::new(exec, self.fabric.endpoint(node), self.shared.clone(), 0, 1, opts).unwrap()
+            let exec = CdClient::new(
+                self.fabric.endpoint(node),
+                self.view.clone(),
+                self.tables[node as usize].clone(),
+                100,
+                self.cfg.clone(),
+            )
+            .unwrap();
+            Server::new(
+                exec,
+                self.fabric.endpoint(node),
+                self.shared.clone(),
+                0,
+                1,
+                opts,
+            )
+            .unwrap()
         }
 
         fn client(&self, node: NodeId) -> SdClient<MemEndpoint> {
-            SdClient::new(self.fabric.endpoint(node), self.view.clone(), self.shared.clone(), self.pools[node as usize].take().unwrap()).unwrap()
+            SdClient::new(
+                self.fabric.endpoint(node),
+                self.view.clone(),
+                self.shared.clone(),
+                self.pools[node as usize].take().unwrap(),
+            )
+            .unwrap()
         }
 
         fn key_owned_by(&self, node: NodeId) -> Vec<u8> {
-            (0..).map(|i| format!("k{i}").into_bytes()).find(|k| self.view.index.owner(k) == Some(node)).unwrap()
+            (0..)
+                .map(|i| format!("k{i}").into_bytes())
+                .find(|k| self.view.index.owner(k) == Some(node))
+                .unwrap()
         }
     }
 
@@ -183,7 +251,10 @@ mod tests {
         let st = server.stats().snapshot();
         assert_eq!((st.requests, st.puts, st.gets, st.errors), (2, 1, 1, 0));
         let cs = client.stats();
-        assert_eq!((cs.puts, cs.gets, cs.rpc.requests, cs.rpc.local_requests), (1, 1, 2, 0));
+        assert_eq!(
+            (cs.puts, cs.gets, cs.rpc.requests, cs.rpc.local_requests),
+            (1, 1, 2, 0)
+        );
         // The client: one WRITE per request; everything else in its own memory.
         let e = client.endpoint().stats().snapshot();
         assert_eq!(e.remote_ops(), 2);
@@ -191,7 +262,10 @@ mod tests {
         // The executor: loopback ITE accesses and direct DTE accesses only.
         let x = server.executor().endpoint().stats().snapshot();
         assert_eq!(x.remote_ops(), 0, "{x:?}");
-        assert!(x.ops(OpKind::Cas, Locality::Loopback) >= 1 && x.ops(OpKind::Write, Locality::Direct) >= 1);
+        assert!(
+            x.ops(OpKind::Cas, Locality::Loopback) >= 1
+                && x.ops(OpKind::Write, Locality::Direct) >= 1
+        );
     }
 
     /// A request whose control word has landed before the rest of its WRITE (allowed: the
@@ -208,19 +282,41 @@ mod tests {
         let mut ep = r.fabric.endpoint(0);
         let n = buf.len();
         // Control word and key first; the value, lengths and checksum words not yet.
-        ep.write(RemoteAddr::new(1, REQUEST_REGION, base + n as u64 - 8), &buf[n - 8..]).unwrap();
-        ep.write(RemoteAddr::new(1, REQUEST_REGION, base), &buf[..8]).unwrap();
-        assert_eq!(server.sweep(), 0, "a half-landed request must not be served");
+        ep.write(
+            RemoteAddr::new(1, REQUEST_REGION, base + n as u64 - 8),
+            &buf[n - 8..],
+        )
+        .unwrap();
+        ep.write(RemoteAddr::new(1, REQUEST_REGION, base), &buf[..8])
+            .unwrap();
+        assert_eq!(
+            server.sweep(),
+            0,
+            "a half-landed request must not be served"
+        );
         assert_eq!(server.sweep(), 0);
         assert_eq!(server.stats().snapshot().landing, 2);
-        ep.write(RemoteAddr::new(1, REQUEST_REGION, base + 8), &buf[8..n - 8]).unwrap();
+        ep.write(RemoteAddr::new(1, REQUEST_REGION, base + 8), &buf[8..n - 8])
+            .unwrap();
         assert_eq!(server.sweep(), 1, "served once complete");
         assert_eq!(server.sweep(), 0, "and only once");
-        let mut reader = CdClient::new(r.fabric.endpoint(0), r.view.clone(), r.tables[0].clone(), 7, r.cfg.clone()).unwrap();
+        let mut reader = CdClient::new(
+            r.fabric.endpoint(0),
+            r.view.clone(),
+            r.tables[0].clone(),
+            7,
+            r.cfg.clone(),
+        )
+        .unwrap();
         assert_eq!(reader.get(&key).unwrap().as_deref(), Some(&b"landing"[..]));
         let mut slot = vec![0u8; l.response_slot as usize];
-        ep.local_read(RESPONSE_REGION, l.response_offset(0, 1), &mut slot).unwrap();
-        assert_eq!(l.decode_response(&slot, 1, 1), Ok(slots::Polled::Ready(Ok(None))), "answered in node 0's memory");
+        ep.local_read(RESPONSE_REGION, l.response_offset(0, 1), &mut slot)
+            .unwrap();
+        assert_eq!(
+            l.decode_response(&slot, 1, 1),
+            Ok(slots::Polled::Ready(Ok(None))),
+            "answered in node 0's memory"
+        );
     }
 
     #[test]
@@ -243,7 +339,11 @@ mod tests {
             }
         }
         match last {
-            Err(Error::DataTableFull { node: 0, capacity: 64, awaiting_expiry: 0 }) => {}
+            Err(Error::DataTableFull {
+                node: 0,
+                capacity: 64,
+                awaiting_expiry: 0,
+            }) => {}
             Err(Error::IndexFull { .. }) => {} // the 64-entry index may fill up first
             other => panic!("expected a full table, got {other:?}"),
         }
@@ -258,14 +358,23 @@ mod tests {
         let key = r.key_owned_by(1);
         // No server is sweeping: the PUT times out.
         match client.put(&key, b"late") {
-            Err(Error::Unreachable { node: 1, reason }) => assert!(reason.contains("no response"), "{reason}"),
+            Err(Error::Unreachable { node: 1, reason }) => {
+                assert!(reason.contains("no response"), "{reason}")
+            }
             other => panic!("expected a timeout, got {other:?}"),
         }
         assert_eq!(client.stats().rpc.timeouts, 1);
         // Still nobody serving: the next request to node 1 may not overwrite the unconsumed
         // request, so it waits for the old response and times out without sending.
-        assert!(matches!(client.get(&key), Err(Error::Unreachable { node: 1, .. })));
-        assert_eq!(client.stats().rpc.requests, 1, "nothing was sent over the pending request");
+        assert!(matches!(
+            client.get(&key),
+            Err(Error::Unreachable { node: 1, .. })
+        ));
+        assert_eq!(
+            client.stats().rpc.requests,
+            1,
+            "nothing was sent over the pending request"
+        );
         // The server finally serves the PUT; the client's next GET collects the late response
         // first, then sends, and sees the PUT's effect.
         assert_eq!(server.sweep(), 1);
@@ -278,7 +387,11 @@ mod tests {
         assert!(matches!(c2.put(&k0, b"x"), Err(Error::Unreachable { .. })));
         let slot = c2.slot();
         drop(c2);
-        assert_eq!(r.pools[0].available(), 0, "slot {slot} has a request in flight: not returned");
+        assert_eq!(
+            r.pools[0].available(),
+            0,
+            "slot {slot} has a request in flight: not returned"
+        );
         drop(client);
         assert_eq!(r.pools[0].available(), 1, "a clean slot is returned");
     }
@@ -295,7 +408,10 @@ mod tests {
             serve_while(&mut server, || c.put(&key, &[i])).unwrap();
         }
         let mut c = r.client(0);
-        assert_eq!(serve_while(&mut server, || c.get(&key)).unwrap(), Some(vec![4]));
+        assert_eq!(
+            serve_while(&mut server, || c.get(&key)).unwrap(),
+            Some(vec![4])
+        );
     }
 
     /// Whether the client's response slot already held a response when the server's executor
@@ -307,18 +423,36 @@ mod tests {
         let mut client = r.client(0);
         let key = r.key_owned_by(1);
         let seen = Arc::new(AtomicU64::new(u64::MAX));
-        let (seen2, fabric, layout, local) = (seen.clone(), r.fabric.clone(), r.shared.layout, client.slot());
+        let (seen2, fabric, layout, local) = (
+            seen.clone(),
+            r.fabric.clone(),
+            r.shared.layout,
+            client.slot(),
+        );
         server.executor_mut().set_hook(Some(Box::new(move |_| {
             if seen2.load(Ordering::SeqCst) == u64::MAX {
                 let mut w = [0u8; 8];
                 let off = layout.response_offset(local, 1) + layout.response_ctrl_offset();
-                fabric.endpoint(0).local_read(RESPONSE_REGION, off, &mut w).unwrap();
-                seen2.store(SlotLayout::parse_response_ctrl(u64::from_le_bytes(w)).0, Ordering::SeqCst);
+                fabric
+                    .endpoint(0)
+                    .local_read(RESPONSE_REGION, off, &mut w)
+                    .unwrap();
+                seen2.store(
+                    SlotLayout::parse_response_ctrl(u64::from_le_bytes(w)).0,
+                    Ordering::SeqCst,
+                );
             }
         })));
         serve_while(&mut server, || client.put(&key, b"v")).unwrap();
         // Either way the PUT is executed (by the time the sweep ends).
-        let mut reader = CdClient::new(r.fabric.endpoint(0), r.view.clone(), r.tables[0].clone(), 7, r.cfg.clone()).unwrap();
+        let mut reader = CdClient::new(
+            r.fabric.endpoint(0),
+            r.view.clone(),
+            r.tables[0].clone(),
+            7,
+            r.cfg.clone(),
+        )
+        .unwrap();
         assert_eq!(reader.get(&key).unwrap().as_deref(), Some(&b"v"[..]));
         let seq = seen.load(Ordering::SeqCst);
         assert_ne!(seq, u64::MAX, "the executor ran");
@@ -328,7 +462,12 @@ mod tests {
     #[test]
     fn responses_follow_execution_unless_mutated() {
         assert!(!replied_before_executing(ServerOptions::default()));
-        let broken = ServerOptions { mutations: RpcMutations { reply_before_execute: true }, ..ServerOptions::default() };
+        let broken = ServerOptions {
+            mutations: RpcMutations {
+                reply_before_execute: true,
+            },
+            ..ServerOptions::default()
+        };
         assert!(replied_before_executing(broken));
     }
 
@@ -336,12 +475,42 @@ mod tests {
     fn server_and_client_refuse_a_decoupled_view() {
         let r = rig(1_000_000_000);
         let dec = Arc::new(ClusterView::new(r.view.geometry.clone()).unwrap());
-        let exec = CdClient::new(r.fabric.endpoint(0), dec.clone(), r.tables[0].clone(), 1, r.cfg.clone()).unwrap();
-        let e = Server::new(exec, r.fabric.endpoint(0), r.shared.clone(), 0, 1, ServerOptions::default()).err().unwrap();
+        let exec = CdClient::new(
+            r.fabric.endpoint(0),
+            dec.clone(),
+            r.tables[0].clone(),
+            1,
+            r.cfg.clone(),
+        )
+        .unwrap();
+        let e = Server::new(
+            exec,
+            r.fabric.endpoint(0),
+            r.shared.clone(),
+            0,
+            1,
+            ServerOptions::default(),
+        )
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("coupled"), "{e}");
-        let e = SdClient::new(r.fabric.endpoint(0), dec, r.shared.clone(), ClientSlot::fixed(0, 1)).err().unwrap();
+        let e = SdClient::new(
+            r.fabric.endpoint(0),
+            dec,
+            r.shared.clone(),
+            ClientSlot::fixed(0, 1),
+        )
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("coupled"), "{e}");
-        let e = SdClient::new(r.fabric.endpoint(0), r.view.clone(), r.shared.clone(), ClientSlot::fixed(2, 1)).err().unwrap();
+        let e = SdClient::new(
+            r.fabric.endpoint(0),
+            r.view.clone(),
+            r.shared.clone(),
+            ClientSlot::fixed(2, 1),
+        )
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("outside the 2 slots"), "{e}");
     }
 }

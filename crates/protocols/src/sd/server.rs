@@ -201,19 +201,38 @@ pub struct Server<E: Endpoint> {
 impl<E: Endpoint> Server<E> {
     /// Server thread `thread` of `threads` on `exec`'s node. `io` must be another endpoint of
     /// the same node; `exec` must use the coupled index.
-    pub fn new(exec: CdClient<E>, io: E, shared: Arc<RpcShared>, thread: u16, threads: u16, opts: ServerOptions) -> Result<Self, Error> {
+    pub fn new(
+        exec: CdClient<E>,
+        io: E,
+        shared: Arc<RpcShared>,
+        thread: u16,
+        threads: u16,
+        opts: ServerOptions,
+    ) -> Result<Self, Error> {
         if exec.view().index.placement != Placement::Coupled {
-            return Err(Error::Config("server threads execute with the coupled index (see sd::coupled_view)".into()));
+            return Err(Error::Config(
+                "server threads execute with the coupled index (see sd::coupled_view)".into(),
+            ));
         }
         if io.node() != exec.node() {
-            return Err(Error::Config(format!("server I/O endpoint on node {} but executor on node {}", io.node(), exec.node())));
+            return Err(Error::Config(format!(
+                "server I/O endpoint on node {} but executor on node {}",
+                io.node(),
+                exec.node()
+            )));
         }
         if threads == 0 || thread >= threads {
-            return Err(Error::Config(format!("server thread {thread} of {threads}")));
+            return Err(Error::Config(format!(
+                "server thread {thread} of {threads}"
+            )));
         }
         let l = shared.layout;
         if io.node_count() != l.nodes as usize {
-            return Err(Error::Config(format!("fabric has {} nodes, slots laid out for {}", io.node_count(), l.nodes)));
+            return Err(Error::Config(format!(
+                "fabric has {} nodes, slots laid out for {}",
+                io.node_count(),
+                l.nodes
+            )));
         }
         let slots = (0..l.clients())
             .filter_map(|i| {
@@ -226,7 +245,16 @@ impl<E: Endpoint> Server<E> {
                 })
             })
             .collect();
-        Ok(Self { exec, io, shared, slots, opts, stats: Arc::default(), body: Vec::new(), out: Vec::new() })
+        Ok(Self {
+            exec,
+            io,
+            shared,
+            slots,
+            opts,
+            stats: Arc::default(),
+            body: Vec::new(),
+            out: Vec::new(),
+        })
     }
 
     /// This thread's counters (shared; keep a clone to read them while the thread runs).
@@ -279,7 +307,9 @@ impl<E: Endpoint> Server<E> {
             match self.serve_slot(i) {
                 Ok(true) => served += 1,
                 Ok(false) => {}
-                Err(e) => tracing::warn!(node = self.io.node(), %e, "server could not serve a request slot"),
+                Err(e) => {
+                    tracing::warn!(node = self.io.node(), %e, "server could not serve a request slot")
+                }
             }
         }
         served
@@ -289,7 +319,8 @@ impl<E: Endpoint> Server<E> {
         let l = self.shared.layout;
         let base = self.slots[i].offset;
         let mut w = [0u8; 8];
-        self.io.local_read(REQUEST_REGION, base + l.request_ctrl_offset(), &mut w)?;
+        self.io
+            .local_read(REQUEST_REGION, base + l.request_ctrl_offset(), &mut w)?;
         let Some((seq, op)) = SlotLayout::parse_request_ctrl(u64::from_le_bytes(w)) else {
             return Ok(false);
         };
@@ -325,15 +356,24 @@ impl<E: Endpoint> Server<E> {
 
     /// Read lengths, checksum and body of request `seq` at `base` (body into `self.body`).
     /// `Ok(None)` if it has not fully landed yet.
-    fn read_request(&mut self, base: u64, seq: u64, op: u8) -> Result<Option<(OpCode, usize, usize)>, String> {
+    fn read_request(
+        &mut self,
+        base: u64,
+        seq: u64,
+        op: u8,
+    ) -> Result<Option<(OpCode, usize, usize)>, String> {
         let l = self.shared.layout;
         let op = OpCode::from_u8(op).ok_or_else(|| format!("unknown op {op} in a request"))?;
         let mut meta = [0u8; 16];
-        self.io.local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta).map_err(|e| e.to_string())?;
+        self.io
+            .local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta)
+            .map_err(|e| e.to_string())?;
         let (k, v) = l.parse_request_lens(&meta)?;
         let (off, len) = l.request_body(k, v);
         self.body.resize(len, 0);
-        self.io.local_read(REQUEST_REGION, base + off, &mut self.body).map_err(|e| e.to_string())?;
+        self.io
+            .local_read(REQUEST_REGION, base + off, &mut self.body)
+            .map_err(|e| e.to_string())?;
         if !SlotLayout::request_complete(seq, &self.body, &meta) {
             return Ok(None);
         }
@@ -370,7 +410,10 @@ impl<E: Endpoint> Server<E> {
         if s.client_node == self.io.node() {
             self.io.local_write(RESPONSE_REGION, off, &self.out)?;
         } else {
-            self.io.write(RemoteAddr::new(s.client_node, RESPONSE_REGION, off), &self.out)?;
+            self.io.write(
+                RemoteAddr::new(s.client_node, RESPONSE_REGION, off),
+                &self.out,
+            )?;
         }
         bump(&self.stats.requests, 1);
         if reply.is_err() {

@@ -195,7 +195,10 @@ impl SlotLayout {
             request_slot,
             response_slot,
         };
-        for (what, bytes) in [("request", l.request_region_bytes()), ("response", l.response_region_bytes())] {
+        for (what, bytes) in [
+            ("request", l.request_region_bytes()),
+            ("response", l.response_region_bytes()),
+        ] {
             if bytes > MAX_RPC_REGION_BYTES {
                 return Err(Error::Config(format!(
                     "{what} region of {bytes} bytes per node exceeds {MAX_RPC_REGION_BYTES} \
@@ -249,9 +252,19 @@ impl SlotLayout {
     /// Encode a request into `buf`; returns the offset within the slot at which `buf` must be
     /// written (in one WRITE: the control word is its last word). Sizes must be checked by the
     /// caller.
-    pub fn encode_request(&self, buf: &mut Vec<u8>, seq: u64, op: OpCode, key: &[u8], value: &[u8]) -> u64 {
+    pub fn encode_request(
+        &self,
+        buf: &mut Vec<u8>,
+        seq: u64,
+        op: OpCode,
+        key: &[u8],
+        value: &[u8],
+    ) -> u64 {
         assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
-        assert!((1..=MAX_SEQ).contains(&seq), "sequence number {seq} out of range");
+        assert!(
+            (1..=MAX_SEQ).contains(&seq),
+            "sequence number {seq} out of range"
+        );
         let k = pad8(key.len() as u64) as usize;
         let v = pad8(value.len() as u64) as usize;
         buf.clear();
@@ -319,9 +332,15 @@ impl SlotLayout {
     /// Decode a whole request slot image the way a server reads it (control word, meta,
     /// body, checksum) and tell whether it holds a request other than `last_seq`. For tests and
     /// tools; servers read the pieces separately.
-    pub fn decode_request<'a>(&self, slot: &'a [u8], last_seq: u64) -> Result<Polled<Request<'a>>, String> {
+    pub fn decode_request<'a>(
+        &self,
+        slot: &'a [u8],
+        last_seq: u64,
+    ) -> Result<Polled<Request<'a>>, String> {
         assert_eq!(slot.len() as u64, self.request_slot);
-        let Some((seq, op)) = Self::parse_request_ctrl(word(slot, self.request_ctrl_offset() as usize)) else {
+        let Some((seq, op)) =
+            Self::parse_request_ctrl(word(slot, self.request_ctrl_offset() as usize))
+        else {
             return Ok(Polled::Nothing);
         };
         if seq == last_seq {
@@ -337,7 +356,12 @@ impl SlotLayout {
             return Ok(Polled::Landing);
         }
         let (key, value) = Self::split_body(body, k, v);
-        Ok(Polled::Ready(Request { seq, op, key, value }))
+        Ok(Polled::Ready(Request {
+            seq,
+            op,
+            key,
+            value,
+        }))
     }
 
     // ---- responses ----
@@ -345,7 +369,10 @@ impl SlotLayout {
     /// Encode the response to request `seq` into `buf`; returns the offset within the
     /// response slot at which `buf` must be written (in one WRITE).
     pub fn encode_response(&self, buf: &mut Vec<u8>, seq: u64, reply: &Reply) -> u64 {
-        assert!((1..=MAX_SEQ).contains(&seq), "sequence number {seq} out of range");
+        assert!(
+            (1..=MAX_SEQ).contains(&seq),
+            "sequence number {seq} out of range"
+        );
         let msg;
         let (st, args, payload): (u8, [u64; 3], &[u8]) = match reply {
             Ok(None) => (status::OK, [0; 3], &[]),
@@ -356,7 +383,10 @@ impl SlotLayout {
                 (st, args, truncate(&msg))
             }
         };
-        assert!(payload.len() as u64 <= self.response_slot - RESP_TAIL, "payload does not fit the response slot");
+        assert!(
+            payload.len() as u64 <= self.response_slot - RESP_TAIL,
+            "payload does not fit the response slot"
+        );
         let p = pad8(payload.len() as u64) as usize;
         buf.clear();
         buf.resize(p + RESP_TAIL as usize, 0);
@@ -417,23 +447,44 @@ impl SlotLayout {
             status::OK => return Ok(None),
             status::VALUE => return Ok(Some(payload.to_vec())),
             status::EMPTY_KEY => Error::EmptyKey,
-            status::KEY_TOO_LARGE => Error::KeyTooLarge { len: a as usize, max: b as u32 },
-            status::VALUE_TOO_LARGE => Error::ValueTooLarge { len: a as usize, max: b as u32 },
+            status::KEY_TOO_LARGE => Error::KeyTooLarge {
+                len: a as usize,
+                max: b as u32,
+            },
+            status::VALUE_TOO_LARGE => Error::ValueTooLarge {
+                len: a as usize,
+                max: b as u32,
+            },
             status::INDEX_FULL => Error::IndexFull { depth: a as u8 },
-            status::DATA_TABLE_FULL => Error::DataTableFull { node: a as NodeId, capacity: b, awaiting_expiry: c },
+            status::DATA_TABLE_FULL => Error::DataTableFull {
+                node: a as NodeId,
+                capacity: b,
+                awaiting_expiry: c,
+            },
             status::TIMEOUT => Error::Timeout { expiry_ms: a },
             status::CONTENDED => Error::Contended { attempts: a as u32 },
-            status::UNREACHABLE => Error::Unreachable { node: a as NodeId, reason: text() },
+            status::UNREACHABLE => Error::Unreachable {
+                node: a as NodeId,
+                reason: text(),
+            },
             status::CORRUPT => Error::Corrupt(text()),
             status::CONFIG => Error::Config(text()),
-            status::OTHER => Error::Fabric(FabricError::Transport(format!("server on node {server}: {}", text()))),
+            status::OTHER => Error::Fabric(FabricError::Transport(format!(
+                "server on node {server}: {}",
+                text()
+            ))),
             s => Error::Corrupt(format!("unknown response status {s} from node {server}")),
         })
     }
 
     /// Decode a whole response slot image the way a client reads it, looking for the
     /// response to `seq`. For tests and tools.
-    pub fn decode_response(&self, slot: &[u8], seq: u64, server: NodeId) -> Result<Polled<Reply>, String> {
+    pub fn decode_response(
+        &self,
+        slot: &[u8],
+        seq: u64,
+        server: NodeId,
+    ) -> Result<Polled<Reply>, String> {
         assert_eq!(slot.len() as u64, self.response_slot);
         let (s, st) = Self::parse_response_ctrl(word(slot, self.response_ctrl_offset() as usize));
         if s != seq {
@@ -447,7 +498,12 @@ impl SlotLayout {
         if !Self::response_complete(seq, payload, tail) {
             return Ok(Polled::Landing);
         }
-        Ok(Polled::Ready(Self::decode_reply(st, tail, &payload[..len], server)))
+        Ok(Polled::Ready(Self::decode_reply(
+            st,
+            tail,
+            &payload[..len],
+            server,
+        )))
     }
 }
 
@@ -464,15 +520,27 @@ fn encode_error(e: &Error) -> (u8, [u64; 3], String) {
     let none = String::new();
     match e {
         Error::EmptyKey => (status::EMPTY_KEY, [0; 3], none),
-        Error::KeyTooLarge { len, max } => (status::KEY_TOO_LARGE, [*len as u64, *max as u64, 0], none),
-        Error::ValueTooLarge { len, max } => (status::VALUE_TOO_LARGE, [*len as u64, *max as u64, 0], none),
-        Error::IndexFull { depth } => (status::INDEX_FULL, [*depth as u64, 0, 0], none),
-        Error::DataTableFull { node, capacity, awaiting_expiry } => {
-            (status::DATA_TABLE_FULL, [*node as u64, *capacity, *awaiting_expiry], none)
+        Error::KeyTooLarge { len, max } => {
+            (status::KEY_TOO_LARGE, [*len as u64, *max as u64, 0], none)
         }
+        Error::ValueTooLarge { len, max } => {
+            (status::VALUE_TOO_LARGE, [*len as u64, *max as u64, 0], none)
+        }
+        Error::IndexFull { depth } => (status::INDEX_FULL, [*depth as u64, 0, 0], none),
+        Error::DataTableFull {
+            node,
+            capacity,
+            awaiting_expiry,
+        } => (
+            status::DATA_TABLE_FULL,
+            [*node as u64, *capacity, *awaiting_expiry],
+            none,
+        ),
         Error::Timeout { expiry_ms } => (status::TIMEOUT, [*expiry_ms, 0, 0], none),
         Error::Contended { attempts } => (status::CONTENDED, [*attempts as u64, 0, 0], none),
-        Error::Unreachable { node, reason } => (status::UNREACHABLE, [*node as u64, 0, 0], reason.clone()),
+        Error::Unreachable { node, reason } => {
+            (status::UNREACHABLE, [*node as u64, 0, 0], reason.clone())
+        }
         Error::Corrupt(m) => (status::CORRUPT, [0; 3], m.clone()),
         Error::Config(m) => (status::CONFIG, [0; 3], m.clone()),
         // Fabric errors (and any variant added later) travel as their message.
@@ -485,13 +553,22 @@ mod tests {
     use super::*;
 
     fn layout() -> SlotLayout {
-        let g = Geometry { nodes: 3, key_max: 20, value_max: 100, ..Geometry::default() };
+        let g = Geometry {
+            nodes: 3,
+            key_max: 20,
+            value_max: 100,
+            ..Geometry::default()
+        };
         SlotLayout::new(&g, 4).unwrap()
     }
 
     /// Write `buf` into a slot image at `off` (what one fabric WRITE does, once it has landed).
     fn place(slot: &mut [u8], off: u64, buf: &[u8]) {
-        assert_eq!(off as usize + buf.len(), slot.len(), "messages end at the end of the slot");
+        assert_eq!(
+            off as usize + buf.len(),
+            slot.len(),
+            "messages end at the end of the slot"
+        );
         assert_eq!(off % 8, 0);
         slot[off as usize..].copy_from_slice(buf);
     }
@@ -507,24 +584,40 @@ mod tests {
     fn sizes_and_offsets() {
         let l = layout();
         assert_eq!(l.request_slot, 24 + 24 + 104);
-        assert_eq!(l.response_slot, 48 + 256, "error messages need room even with small values");
+        assert_eq!(
+            l.response_slot,
+            48 + 256,
+            "error messages need room even with small values"
+        );
         assert_eq!(l.request_region_bytes(), 12 * l.request_slot);
         assert_eq!(l.response_region_bytes(), 12 * l.response_slot);
         assert_eq!(l.client_index(2, 3), 11);
         assert_eq!(l.client_of(11), (2, 3));
         assert_eq!(l.request_offset(11), 11 * l.request_slot);
         assert_eq!(l.response_offset(3, 1), 10 * l.response_slot);
-        let big = Geometry { value_max: 4096, ..Geometry::default() };
+        let big = Geometry {
+            value_max: 4096,
+            ..Geometry::default()
+        };
         assert_eq!(SlotLayout::new(&big, 1).unwrap().response_slot, 48 + 4096);
     }
 
     #[test]
     fn limits_are_enforced() {
         let g = Geometry::default();
-        assert!(SlotLayout::new(&g, 0).unwrap_err().to_string().contains("max_clients_per_node"));
+        assert!(SlotLayout::new(&g, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("max_clients_per_node"));
         assert!(SlotLayout::new(&g, MAX_CLIENTS_PER_NODE + 1).is_err());
-        let huge = Geometry { nodes: 4096, value_max: 64 << 20, ..Geometry::default() };
-        let e = SlotLayout::new(&huge, MAX_CLIENTS_PER_NODE).unwrap_err().to_string();
+        let huge = Geometry {
+            nodes: 4096,
+            value_max: 64 << 20,
+            ..Geometry::default()
+        };
+        let e = SlotLayout::new(&huge, MAX_CLIENTS_PER_NODE)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("request region"), "{e}");
     }
 
@@ -532,20 +625,48 @@ mod tests {
     fn request_roundtrip_and_overwrite_by_a_shorter_one() {
         let l = layout();
         let mut slot = vec![0u8; l.request_slot as usize];
-        assert_eq!(l.decode_request(&slot, 0).unwrap(), Polled::Nothing, "zeroed slot holds no request");
+        assert_eq!(
+            l.decode_request(&slot, 0).unwrap(),
+            Polled::Nothing,
+            "zeroed slot holds no request"
+        );
         let mut buf = Vec::new();
         let off = l.encode_request(&mut buf, 1, OpCode::Put, &[7u8; 20], &[9u8; 100]);
-        assert_eq!(buf.len() as u64, l.request_slot, "largest request fills the slot");
+        assert_eq!(
+            buf.len() as u64,
+            l.request_slot,
+            "largest request fills the slot"
+        );
         place(&mut slot, off, &buf);
         let r = ready(l.decode_request(&slot, 0).unwrap());
-        assert_eq!(r, Request { seq: 1, op: OpCode::Put, key: &[7u8; 20], value: &[9u8; 100] });
-        assert_eq!(l.decode_request(&slot, 1).unwrap(), Polled::Nothing, "already served");
+        assert_eq!(
+            r,
+            Request {
+                seq: 1,
+                op: OpCode::Put,
+                key: &[7u8; 20],
+                value: &[9u8; 100]
+            }
+        );
+        assert_eq!(
+            l.decode_request(&slot, 1).unwrap(),
+            Polled::Nothing,
+            "already served"
+        );
         // A shorter request written over it: the old one's remains stay below it, unread.
         let off = l.encode_request(&mut buf, 2, OpCode::Get, b"abc", b"");
         assert_eq!(buf.len(), 8 + 24, "a GET carries key and tail only");
         place(&mut slot, off, &buf);
         let r = ready(l.decode_request(&slot, 1).unwrap());
-        assert_eq!(r, Request { seq: 2, op: OpCode::Get, key: b"abc", value: b"" });
+        assert_eq!(
+            r,
+            Request {
+                seq: 2,
+                op: OpCode::Get,
+                key: b"abc",
+                value: b""
+            }
+        );
         let off = l.encode_request(&mut buf, MAX_SEQ, OpCode::Delete, b"k", b"");
         place(&mut slot, off, &buf);
         let r = ready(l.decode_request(&slot, 2).unwrap());
@@ -557,11 +678,19 @@ mod tests {
         let l = layout();
         let mut buf = Vec::new();
         l.encode_request(&mut buf, 5, OpCode::Put, b"key", b"value");
-        let w = |b: &[u8], from_end: usize| u64::from_le_bytes(b[b.len() - from_end..][..8].try_into().unwrap());
-        assert_eq!(SlotLayout::parse_request_ctrl(w(&buf, 8)), Some((5, OpCode::Put as u8)));
+        let w = |b: &[u8], from_end: usize| {
+            u64::from_le_bytes(b[b.len() - from_end..][..8].try_into().unwrap())
+        };
+        assert_eq!(
+            SlotLayout::parse_request_ctrl(w(&buf, 8)),
+            Some((5, OpCode::Put as u8))
+        );
         assert_eq!(w(&buf, 16), checksum(5, &[&buf[..buf.len() - 16]]));
         l.encode_response(&mut buf, 6, &Ok(Some(b"v".to_vec())));
-        assert_eq!(SlotLayout::parse_response_ctrl(w(&buf, 8)), (6, status::VALUE));
+        assert_eq!(
+            SlotLayout::parse_response_ctrl(w(&buf, 8)),
+            (6, status::VALUE)
+        );
         assert_eq!(w(&buf, 16), checksum(6, &[&buf[..buf.len() - 16]]));
     }
 
@@ -591,7 +720,10 @@ mod tests {
             let full = slot[off as usize..] == buf[..];
             match l.decode_request(&slot, 7).unwrap() {
                 Polled::Ready(r) => {
-                    assert!(full, "accepted a half-landed request (mask {mask:#b}): {r:?}");
+                    assert!(
+                        full,
+                        "accepted a half-landed request (mask {mask:#b}): {r:?}"
+                    );
                     assert_eq!((r.key, r.value), (&b"new-key"[..], &[2u8; 40][..]));
                 }
                 Polled::Landing => assert!(!full, "a fully landed request was not accepted"),
@@ -636,13 +768,22 @@ mod tests {
         let mut slot = vec![0u8; l.request_slot as usize];
         let c = l.request_ctrl_offset() as usize;
         slot[c..c + 8].copy_from_slice(&(3u64 << 8 | 9).to_le_bytes());
-        assert!(l.decode_request(&slot, 0).unwrap_err().contains("unknown op 9"));
+        assert!(l
+            .decode_request(&slot, 0)
+            .unwrap_err()
+            .contains("unknown op 9"));
         slot[c..c + 8].copy_from_slice(&(3u64 << 8 | 1).to_le_bytes());
         let m = l.request_meta_offset() as usize;
         slot[m..m + 8].copy_from_slice(&(21u64).to_le_bytes());
-        assert!(l.decode_request(&slot, 0).unwrap_err().contains("key 21 (max 20)"));
+        assert!(l
+            .decode_request(&slot, 0)
+            .unwrap_err()
+            .contains("key 21 (max 20)"));
         slot[m..m + 8].copy_from_slice(&(101u64 << 32).to_le_bytes());
-        assert!(l.decode_request(&slot, 0).unwrap_err().contains("value 101 (max 100)"));
+        assert!(l
+            .decode_request(&slot, 0)
+            .unwrap_err()
+            .contains("value 101 (max 100)"));
         // Well-formed lengths with a wrong checksum: indistinguishable from a WRITE in flight.
         slot[m..m + 8].copy_from_slice(&(3u64).to_le_bytes());
         assert_eq!(l.decode_request(&slot, 0).unwrap(), Polled::Landing);
@@ -660,10 +801,17 @@ mod tests {
             Err(Error::KeyTooLarge { len: 21, max: 20 }),
             Err(Error::ValueTooLarge { len: 101, max: 100 }),
             Err(Error::IndexFull { depth: 8 }),
-            Err(Error::DataTableFull { node: 2, capacity: 96, awaiting_expiry: 40 }),
+            Err(Error::DataTableFull {
+                node: 2,
+                capacity: 96,
+                awaiting_expiry: 40,
+            }),
             Err(Error::Timeout { expiry_ms: 5 }),
             Err(Error::Contended { attempts: 2000 }),
-            Err(Error::Unreachable { node: 1, reason: "node was killed".into() }),
+            Err(Error::Unreachable {
+                node: 1,
+                reason: "node was killed".into(),
+            }),
             Err(Error::Corrupt("bad lengths".into())),
             Err(Error::Config("nope".into())),
         ];
@@ -671,11 +819,23 @@ mod tests {
         let mut buf = Vec::new();
         for (i, r) in replies.iter().enumerate() {
             let seq = 100 + i as u64;
-            assert_eq!(l.decode_response(&slot, seq, 1), Ok(Polled::Nothing), "not there before it is written");
+            assert_eq!(
+                l.decode_response(&slot, seq, 1),
+                Ok(Polled::Nothing),
+                "not there before it is written"
+            );
             let off = l.encode_response(&mut buf, seq, r);
             place(&mut slot, off, &buf);
-            assert_eq!(l.decode_response(&slot, seq, 1), Ok(Polled::Ready(r.clone())), "reply {i}");
-            assert_eq!(l.decode_response(&slot, seq + 1, 1), Ok(Polled::Nothing), "another sequence number is not it");
+            assert_eq!(
+                l.decode_response(&slot, seq, 1),
+                Ok(Polled::Ready(r.clone())),
+                "reply {i}"
+            );
+            assert_eq!(
+                l.decode_response(&slot, seq + 1, 1),
+                Ok(Polled::Nothing),
+                "another sequence number is not it"
+            );
         }
     }
 
@@ -684,12 +844,19 @@ mod tests {
         let l = layout();
         let mut slot = vec![0u8; l.response_slot as usize];
         let mut buf = Vec::new();
-        let e = Error::Fabric(FabricError::Misaligned { offset: 3, len: 8, align: 8 });
+        let e = Error::Fabric(FabricError::Misaligned {
+            offset: 3,
+            len: 8,
+            align: 8,
+        });
         let off = l.encode_response(&mut buf, 1, &Err(e.clone()));
         place(&mut slot, off, &buf);
         match ready(l.decode_response(&slot, 1, 2).unwrap()) {
             Err(Error::Fabric(FabricError::Transport(m))) => {
-                assert!(m.contains("server on node 2") && m.contains(&e.to_string()), "{m}")
+                assert!(
+                    m.contains("server on node 2") && m.contains(&e.to_string()),
+                    "{m}"
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -710,7 +877,10 @@ mod tests {
         slot[t + 24..t + 32].copy_from_slice(&(10_000u64).to_le_bytes());
         let c = l.response_ctrl_offset() as usize;
         slot[c..c + 8].copy_from_slice(&(1u64 << 8 | status::VALUE as u64).to_le_bytes());
-        assert!(l.decode_response(&slot, 1, 0).unwrap_err().contains("exceeds the slot"));
+        assert!(l
+            .decode_response(&slot, 1, 0)
+            .unwrap_err()
+            .contains("exceeds the slot"));
     }
 
     #[test]
@@ -718,10 +888,22 @@ mod tests {
         let a = [1u8; 16];
         let b = [2u8; 16];
         let base = checksum(1, &[&a, &b]);
-        assert_eq!(base, checksum(1, &[&a[..8], &a[8..], &b]), "split into parts does not matter");
-        assert_ne!(base, checksum(2, &[&a, &b]), "seeded with the sequence number");
+        assert_eq!(
+            base,
+            checksum(1, &[&a[..8], &a[8..], &b]),
+            "split into parts does not matter"
+        );
+        assert_ne!(
+            base,
+            checksum(2, &[&a, &b]),
+            "seeded with the sequence number"
+        );
         assert_ne!(base, checksum(1, &[&b, &a]), "order matters");
-        assert_ne!(base, checksum(1, &[&a, &b, &[0u8; 8]]), "length matters, even with zero words");
+        assert_ne!(
+            base,
+            checksum(1, &[&a, &b, &[0u8; 8]]),
+            "length matters, even with zero words"
+        );
         let mut c = b;
         c[15] ^= 1;
         assert_ne!(base, checksum(1, &[&a, &c]));
