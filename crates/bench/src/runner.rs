@@ -382,6 +382,7 @@ fn start(
         },
         max_clients_per_node: p.client_threads + 8,
         server_poll: opts.server_poll.clone(),
+        huge_pages: Default::default(),
     };
     let cfg = process::up(&dir, &up).map_err(|e| e.to_string())?;
     Ok(RunningCluster {

@@ -120,6 +120,9 @@ struct UpArgs {
     /// Idle server threads: spin (dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     server_poll: String,
+    /// Huge pages for the nodes' tables: off, try (when enough are reserved in vm.nr_hugepages), require.
+    #[arg(long, default_value = "try")]
+    huge_pages: nessie_fabric_ucx::HugePages,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -325,6 +328,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         server_threads: a.server_threads,
         max_clients_per_node: a.workers + 16,
         server_poll: a.server_poll,
+        huge_pages: a.huge_pages,
     };
     let cfg = process::up(&dir, &opts).map_err(|e| e.to_string())?;
     println!(

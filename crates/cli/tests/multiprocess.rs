@@ -394,6 +394,7 @@ fn up_retries_when_a_bootstrap_port_is_taken() {
         server_threads: 1,
         max_clients_per_node: 4,
         server_poll: "yield".into(),
+        huge_pages: Default::default(),
     };
     let mut attempts = Vec::new();
     let r = process::up_with_ports(&dir, &opts, |n| {

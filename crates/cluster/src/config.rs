@@ -93,6 +93,10 @@ pub struct ClusterSection {
     /// polling but give the core to any runnable thread first; for shared or small machines).
     #[serde(default = "default_server_poll")]
     pub server_poll: String,
+    /// Huge pages for the node's index and data tables: "off", "try" (use reserved huge pages
+    /// when there are enough) or "require" (refuse to start without them).
+    #[serde(default)]
+    pub huge_pages: nessie_fabric_ucx::HugePages,
 }
 
 fn default_server_poll() -> String {
@@ -402,6 +406,7 @@ impl ClusterConfig {
                 server_threads: default_server_threads(),
                 max_clients_per_node: default_max_clients(),
                 server_poll: default_server_poll(),
+                huge_pages: Default::default(),
             },
             geometry: Geometry {
                 nodes: nodes as u32,

@@ -55,6 +55,7 @@ pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
     UcxConfig {
         net_devices: cfg.cluster.net_devices.clone(),
         op_timeout: std::time::Duration::from_millis(cfg.cluster.op_timeout_ms),
+        huge_pages: cfg.cluster.huge_pages,
         ..UcxConfig::new(transport)
     }
 }
@@ -212,6 +213,11 @@ impl NodeContext {
                 "never_used": u.never_used, "reclaimed_total": u.reclaimed_total, "scans": u.scans,
             },
             "fabric": fabric,
+            "huge_pages": self.cfg.cluster.huge_pages.to_string(),
+            "pages": {
+                "index": self.ucx.region_backing(INDEX_REGION),
+                "data_table": self.ucx.region_backing(DATA_REGION),
+            },
         })
     }
 }

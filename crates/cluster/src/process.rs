@@ -109,6 +109,8 @@ pub struct UpOptions {
     pub max_clients_per_node: u16,
     /// Idle server threads: "spin" or "yield".
     pub server_poll: String,
+    /// Huge pages for every node's tables.
+    pub huge_pages: nessie_fabric_ucx::HugePages,
 }
 
 /// Attempts `up` makes when a node finds its bootstrap port taken between our probe and its bind.
@@ -245,6 +247,7 @@ fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, 
     cfg.cluster.server_threads = o.server_threads;
     cfg.cluster.max_clients_per_node = o.max_clients_per_node;
     cfg.cluster.server_poll = o.server_poll.clone();
+    cfg.cluster.huge_pages = o.huge_pages;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

@@ -56,6 +56,59 @@ impl std::fmt::Display for Transport {
     }
 }
 
+/// Whether a node's registered regions sit on huge pages (fewer TLB misses on a large index or
+/// data table; on RDMA NICs also fewer translation entries).
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HugePages {
+    /// Never: ordinary pages.
+    Off,
+    /// Use reserved huge pages (`vm.nr_hugepages`) when there are enough, else ordinary pages
+    /// (UCX's own default).
+    #[default]
+    Try,
+    /// Reserved (hugetlbfs) huge pages or refuse to start: a region on any other pages is an
+    /// error naming how many huge pages to reserve.
+    Require,
+}
+
+impl HugePages {
+    /// UCX's `*_HUGETLB_MODE` value for this policy.
+    pub fn ucx_mode(self) -> &'static str {
+        match self {
+            HugePages::Off => "n",
+            HugePages::Try => "try",
+            HugePages::Require => "y",
+        }
+    }
+}
+
+impl std::str::FromStr for HugePages {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" | "no" | "n" => Ok(HugePages::Off),
+            "try" => Ok(HugePages::Try),
+            "require" | "yes" | "y" => Ok(HugePages::Require),
+            _ => Err(format!(
+                "unknown huge-pages policy {s:?} (expected off, try or require)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for HugePages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HugePages::Off => "off",
+            HugePages::Try => "try",
+            HugePages::Require => "require",
+        })
+    }
+}
+
 /// Configuration of a [`crate::UcxNode`] and the endpoints made from it. Every node of a
 /// cluster must use the same transport.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -77,6 +130,8 @@ pub struct UcxConfig {
     /// A few tens of microseconds remove that wake-up under load, at the cost of that much
     /// spinning after each burst.
     pub progress_spin: Duration,
+    /// Huge pages for the node's regions.
+    pub huge_pages: HugePages,
     /// Extra `ucp_config_modify` options (name without the `UCX_` prefix, value), applied last.
     pub ucx_options: Vec<(String, String)>,
 }
@@ -89,6 +144,7 @@ impl Default for UcxConfig {
             op_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(1),
             progress_spin: Duration::ZERO,
+            huge_pages: HugePages::Try,
             ucx_options: Vec::new(),
         }
     }
@@ -125,6 +181,19 @@ impl UcxConfig {
             // endpoint cannot be created at all ("no peer failure handler").
             set("MM_ERROR_HANDLING", "y".into());
         }
+        if shm {
+            // Regions come from the sysv (else posix) shared-memory MD; both allocate from
+            // hugetlbfs according to this mode.
+            set("SYSV_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
+            set("POSIX_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
+        }
+        // Without a shared-memory MD (tcp), UCX allocates by the first method of ALLOC_PRIO
+        // that works: `huge` (hugetlb mmap), `thp` (madvise), then plain mmap.
+        if self.huge_pages == HugePages::Off {
+            set("ALLOC_PRIO", "md:sysv,md:posix,md:*,mmap,heap".into());
+        }
+        // `Require` is enforced after allocation by checking what backs each region
+        // (`UcxNode::with_regions`), whatever the transport.
         if tcp {
             // TCP socket keepalive: notice a silent peer (no RST, e.g. a vanished host) within a
             // few periods. Fields of a transport's own table take their bare name here (the
@@ -137,5 +206,47 @@ impl UcxConfig {
             o.push((k.trim_start_matches("UCX_").to_string(), v.clone()));
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opt(c: &UcxConfig, k: &str) -> Option<String> {
+        c.ucp_options()
+            .into_iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn huge_pages_policy_maps_to_ucx_options() {
+        for (p, mode) in [
+            (HugePages::Off, "n"),
+            (HugePages::Try, "try"),
+            (HugePages::Require, "y"),
+        ] {
+            let c = UcxConfig {
+                huge_pages: p,
+                ..UcxConfig::new(Transport::Shm)
+            };
+            assert_eq!(opt(&c, "SYSV_HUGETLB_MODE").as_deref(), Some(mode));
+            assert_eq!(opt(&c, "POSIX_HUGETLB_MODE").as_deref(), Some(mode));
+            assert_eq!(p.to_string().parse::<HugePages>(), Ok(p));
+        }
+        // Without a shared-memory MD, `off` removes the huge and thp allocators.
+        let tcp_off = UcxConfig {
+            huge_pages: HugePages::Off,
+            ..UcxConfig::new(Transport::Tcp)
+        };
+        assert!(opt(&tcp_off, "SYSV_HUGETLB_MODE").is_none());
+        let prio = opt(&tcp_off, "ALLOC_PRIO").unwrap();
+        assert!(!prio.contains("huge") && !prio.contains("thp"), "{prio}");
+        assert!("sometimes"
+            .parse::<HugePages>()
+            .unwrap_err()
+            .contains("off, try or require"));
     }
 }

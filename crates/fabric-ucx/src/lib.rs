@@ -130,9 +130,9 @@ mod node;
 mod sys;
 
 pub use bench::{bench_op, BenchOp, LatencyStats};
-pub use config::{Transport, UcxConfig};
+pub use config::{HugePages, Transport, UcxConfig};
 pub use endpoint::UcxEndpoint;
-pub use node::{NodeInfo, RegionInfo, RegionSource, UcxNode};
+pub use node::{NodeInfo, PageBacking, RegionInfo, RegionSource, UcxNode};
 
 /// Version of the UCX library in use, as (major, minor, release).
 pub fn ucx_version() -> (u32, u32, u32) {

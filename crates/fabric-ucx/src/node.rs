@@ -45,9 +45,66 @@ pub enum RegionSource {
     Provided { ptr: *mut u8, len: u64 },
 }
 
+/// The huge page size `HugePages::Require` rounds regions up to (x86-64 and arm64 default).
+const HUGE_PAGE_BYTES: u64 = 2 << 20;
+
+/// What backs a region, read from `/proc/self/smaps` after allocation.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PageBacking {
+    /// Page size of the mapping (`KernelPageSize`): 4 for ordinary pages, 2048 or 1048576 for
+    /// hugetlbfs pages.
+    pub page_kib: u64,
+    /// Transparent huge pages currently in the mapping (`AnonHugePages` + `ShmemPmdMapped`).
+    pub thp_kib: u64,
+}
+
+impl PageBacking {
+    /// Whether any of the region sits on huge pages (hugetlbfs or transparent).
+    pub fn is_huge(&self) -> bool {
+        self.page_kib > 4 || self.thp_kib > 0
+    }
+
+    /// The backing of the mapping that contains `addr`, if `/proc/self/smaps` lists it.
+    pub fn of(addr: u64) -> Option<PageBacking> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        let mut b = PageBacking {
+            page_kib: 0,
+            thp_kib: 0,
+        };
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+                if inside {
+                    break;
+                }
+                let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+                else {
+                    continue;
+                };
+                inside = (lo..hi).contains(&addr);
+            } else if inside {
+                let kib = || {
+                    line.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                match first {
+                    "KernelPageSize:" => b.page_kib = kib(),
+                    "AnonHugePages:" | "ShmemPmdMapped:" => b.thp_kib += kib(),
+                    _ => {}
+                }
+            }
+        }
+        (b.page_kib > 0).then_some(b)
+    }
+}
+
 pub(crate) struct Region {
     // Field order is drop order: the view first, then the mapping it points into.
     pub mem: WordMemory,
+    pub backing: Option<PageBacking>,
     _map: Mapping,
 }
 
@@ -166,7 +223,35 @@ impl UcxNode {
                     (Some(ptr), len)
                 }
             };
-            let map = Mapping::new(&ctx, given, len as usize).map_err(ucx_err)?;
+            let require = config.huge_pages == crate::HugePages::Require && given.is_none();
+            // UCX's sysv MD only takes huge pages when rounding up to one at most doubles the
+            // request; under `Require` round up ourselves (the tail is unused).
+            let len = if require {
+                len.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+            } else {
+                len
+            };
+            let hint = |what: String| {
+                FabricError::Transport(format!(
+                    "{what}; huge_pages = require needs at least {} free 2 MiB huge pages for this region \
+                     (see /proc/meminfo HugePages_Free; reserve with `sysctl vm.nr_hugepages=N`), \
+                     or use huge_pages = try",
+                    len.div_ceil(HUGE_PAGE_BYTES)
+                ))
+            };
+            let map = Mapping::new(&ctx, given, len as usize).map_err(|e| {
+                if require {
+                    hint(e.to_string())
+                } else {
+                    ucx_err(e)
+                }
+            })?;
+            let backing = PageBacking::of(map.base() as u64);
+            if require && !backing.is_some_and(|b| b.page_kib > 4) {
+                return Err(hint(format!(
+                    "region of {len} bytes is not on hugetlbfs pages ({backing:?})"
+                )));
+            }
             let len = (map.len() as u64 / ALIGN) * ALIGN;
             if given.is_none() {
                 // UCX does not promise zeroed memory for every allocation method (heap).
@@ -183,7 +268,11 @@ impl UcxNode {
             // is checked above), lives as long as the view (same Region), and is only accessed
             // atomically in this process.
             let mem = unsafe { WordMemory::from_raw(map.base(), len) };
-            regs.push(Region { mem, _map: map });
+            regs.push(Region {
+                mem,
+                backing,
+                _map: map,
+            });
         }
 
         let mut worker = Worker::new(&ctx).map_err(ucx_err)?;
@@ -247,6 +336,14 @@ impl UcxNode {
     /// Direct view of one of this node's regions.
     pub fn region(&self, region: RegionId) -> Option<&WordMemory> {
         self.shared.regions.get(region as usize).map(|r| &r.mem)
+    }
+
+    /// What backs region `region` (page size, transparent huge pages), if known.
+    pub fn region_backing(&self, region: RegionId) -> Option<PageBacking> {
+        self.shared
+            .regions
+            .get(region as usize)
+            .and_then(|r| r.backing)
     }
 
     /// Counters of every endpoint made from this node.
