@@ -36,6 +36,7 @@ fn total(cs: &[CdClient<MemEndpoint>]) -> ClientStats {
         t.previous_version_hits += s.previous_version_hits;
         t.recycled += s.recycled;
         t.leaked += s.leaked;
+        t.undone += s.undone;
         t.table_full_waits += s.table_full_waits;
     }
     t
@@ -218,6 +219,94 @@ fn stalled_operations_outlive_the_expiry_period_and_abort() {
         cs[1].stats().timeouts > 10,
         "the stalled client must have timed out: {:?}",
         cs[1].stats()
+    );
+}
+
+/// Writes that give up half-way: every client now and then stalls past the expiry period on
+/// three attempts in a row (right after its candidate CAS, or before its reverse pass), with
+/// only three attempts allowed, so the write is abandoned with its invalid DTE in the index and
+/// must be undone. Linearizable throughout, nothing leaks from the tiny data table, and no
+/// key is left wedged: afterwards every key can be written and read back at once.
+fn abandoned_writes_run(
+    seed: u64,
+    mutations: Mutations,
+) -> (StressOutcome, ClientStats, LocalCluster) {
+    let (c, base) = recycling_setup(seed, cfg());
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 3,
+            ..base.retry
+        },
+        mutations,
+        ..base
+    };
+    let mut cs = clients(&c, &cfg);
+    let expiry = cfg.expiry_ns;
+    for (i, client) in cs.iter_mut().enumerate() {
+        let (mut n, mut burst) = (i as u64 * 37, 0u32);
+        client.set_hook(Some(Box::new(move |p| {
+            let point = match p {
+                HookPoint::AfterCandidateCas => 0,
+                HookPoint::BeforeReversePass => 1,
+                _ => return,
+            };
+            n += 1;
+            if burst == 0 && n % 151 == 0 {
+                burst = 3;
+            }
+            if burst > 0 && (n / 151) % 2 == point {
+                burst -= 1;
+                std::thread::sleep(Duration::from_nanos(expiry + 1_000_000));
+            }
+        })));
+    }
+    let s = StressSpec {
+        keys: 40,
+        get_fraction: 0.4,
+        ..spec(seed)
+    };
+    let (out, cs) = stress::run(cs, &s);
+    let st = total(&cs);
+    eprintln!("{out}\n{st:?}");
+    (out, st, c)
+}
+
+#[test]
+fn abandoned_writes_are_undone() {
+    let (out, st, c) = abandoned_writes_run(11, Mutations::default());
+    assert_clean(&out);
+    assert!(st.undone > 20, "{st:?}");
+    assert_eq!(st.leaked, 0, "{st:?}");
+    // No key is wedged by a leftover: a client with a handful of attempts writes every key.
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 20,
+            ..cfg().retry
+        },
+        ..recycling_setup(11, cfg()).1
+    };
+    let mut w = c.client_with(1, cfg).unwrap();
+    for k in 0..40u64 {
+        let key = stress::key_bytes(k);
+        w.put(&key, b"after")
+            .unwrap_or_else(|e| panic!("key {k} is wedged: {e}"));
+        assert_eq!(w.get(&key).unwrap().as_deref(), Some(&b"after"[..]));
+    }
+}
+
+#[test]
+fn mutation_undoing_to_empty_is_caught() {
+    let (out, st, _) = abandoned_writes_run(
+        12,
+        Mutations {
+            undo_to_empty: true,
+            ..Mutations::default()
+        },
+    );
+    assert!(st.undone > 0, "{st:?}");
+    assert!(
+        !out.report.is_ok(),
+        "undoing abandoned writes to empty went unnoticed"
     );
 }
 

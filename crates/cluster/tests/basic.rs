@@ -228,6 +228,53 @@ fn stalled_get_times_out_instead_of_reading_a_recycled_entry() {
     assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
 }
 
+/// A write that gives up after publishing its invalid DTE (here: every attempt stalls past the
+/// expiry period before its reverse pass) is undone: the key keeps its old value, other
+/// writers can write it at once (instead of aborting on the leftover forever), and no data
+/// table entry leaks. The same for a key that did not exist, and for DELETE.
+#[test]
+fn abandoned_write_is_undone_and_the_key_stays_usable() {
+    use nessie_protocols::{HookPoint, RetryPolicy};
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    let few = |n| ProtocolConfig {
+        retry: RetryPolicy {
+            max_attempts: n,
+            ..RetryPolicy::default()
+        },
+        ..fast_cfg()
+    };
+    let mut a = c.client(1).unwrap();
+    let mut other = c.client_with(2, few(50)).unwrap();
+    let mut w = c.client_with(0, few(3)).unwrap();
+    let expiry = c.config().expiry_ns;
+    w.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::BeforeReversePass {
+            std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
+        }
+    })));
+    a.put(b"k", b"old").unwrap();
+    assert!(matches!(w.put(b"k", b"lost"), Err(Error::Timeout { .. })));
+    assert!(matches!(
+        w.put(b"fresh", b"lost"),
+        Err(Error::Timeout { .. })
+    ));
+    assert!(matches!(w.delete(b"k"), Err(Error::Timeout { .. })));
+    let st = w.stats();
+    assert_eq!((st.undone, st.leaked), (3, 0), "{st:?}");
+    // Nine attempts, nine DTEs, all recycled (six replaced by the next attempt, three undone).
+    assert_eq!(st.recycled, 9, "{st:?}");
+    assert_eq!(other.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(other.get(b"fresh").unwrap(), None);
+    other.put(b"k", b"new").unwrap();
+    other.put(b"fresh", b"new").unwrap();
+    assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+    assert_eq!(a.get(b"fresh").unwrap().as_deref(), Some(&b"new"[..]));
+    // The writer itself is fine afterwards.
+    w.set_hook(None);
+    w.put(b"k", b"w").unwrap();
+    assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"w"[..]));
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put(u8, u16),

@@ -71,6 +71,9 @@ pub struct Mutations {
     pub ignore_op_timer: bool,
     /// GET returns a DTE without checking its valid flag.
     pub skip_valid_check: bool,
+    /// An abandoned write is undone by emptying its candidate instead of restoring what the key
+    /// held before (loses the old value).
+    pub undo_to_empty: bool,
 }
 
 impl Mutations {

@@ -95,6 +95,9 @@ pub struct ClientStats {
     pub recycled: u64,
     /// DTEs that could not be released after an operation gave up (see `write.rs`).
     pub leaked: u64,
+    /// Abandoned writes whose invalid DTE was taken out of the index again, restoring the
+    /// key's previous value (see `write.rs`).
+    pub undone: u64,
     /// Waits for released DTEs to expire because the local table was full.
     pub table_full_waits: u64,
 }

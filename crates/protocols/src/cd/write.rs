@@ -30,8 +30,35 @@ pub(crate) struct WriteState {
     /// ITEs removed from the index whose DTEs are marked for recycling once the write
     /// completes (Step 3.2: kept across attempts, so nothing leaks however many it takes).
     rec: Vec<Ite>,
-    /// Our invalid DTEs swapped into the index by an attempt and not validated or removed yet.
-    published: Vec<(Slot, Ite)>,
+    /// Our invalid DTEs swapped into the index by an attempt, with the candidate position they
+    /// went to and the previous version they point to.
+    published: Vec<Published>,
+    /// The first valid entry of the key that this write took out of the index: the key's
+    /// value before the write, which an abandoned write puts back.
+    before: Option<Ite>,
+    /// This write took out an entry it cannot account for (another writer's in-progress DTE,
+    /// or a leftover of an earlier abandoned write): it may not be undone.
+    no_undo: bool,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct Published {
+    pos: usize,
+    slot: Slot,
+    ite: Ite,
+    prev: Ite,
+}
+
+impl WriteState {
+    /// Record that this write removed `ite` (valid or not) from the index.
+    fn removed(&mut self, ite: Ite, valid: bool) {
+        self.rec.push(ite);
+        if valid {
+            self.before.get_or_insert(ite);
+        } else if !self.published.iter().any(|p| p.ite == ite) {
+            self.no_undo = true;
+        }
+    }
 }
 
 impl<E: Endpoint> CdClient<E> {
@@ -45,15 +72,49 @@ impl<E: Endpoint> CdClient<E> {
         r
     }
 
-    /// The write gave up. Staged DTEs may be recycled only if none of our invalid DTEs is still
-    /// in the index: such an entry's previous-version pointer leads to a staged DTE that
-    /// concurrent GETs may still read. Otherwise they stay allocated (counted as leaked).
+    /// The write gave up. An invalid DTE of ours left in the index would block every later
+    /// write of the key (they abort on it, as on any write in progress) and every GET once no
+    /// previous version is at hand: the key would be wedged. So the write is undone: the first
+    /// of our DTEs still in the index (in candidate order) is swapped back to what the key held
+    /// before the write (`before`, or empty), any others to empty, and our DTEs are recycled.
+    /// That is a state the write's own attempts already showed to readers (a GET meeting our
+    /// invalid DTE answered with its previous version or retried), so the write simply did not
+    /// happen. Staged DTEs are recycled only if none of ours is left in the index: an entry's
+    /// previous-version pointer leads to a staged DTE that concurrent GETs may still read.
+    /// Otherwise they stay allocated (counted as leaked).
     fn abandon(&mut self, st: &mut WriteState) {
+        let mut published = std::mem::take(&mut st.published);
+        published.sort_by_key(|p| p.pos);
+        published.dedup_by_key(|p| (p.slot, p.ite));
         let mut still_published = 0u64;
-        for (slot, ite) in std::mem::take(&mut st.published) {
-            match self.read_ite(slot) {
-                Ok((cur, _)) if cur != ite => {}
-                _ => still_published += 1,
+        let mut target = if self.cfg.mutations.undo_to_empty {
+            None
+        } else {
+            st.before
+        };
+        let mut first = true;
+        for p in published {
+            match self.read_ite(p.slot) {
+                Ok((cur, _)) if cur != p.ite => continue, // taken out by us or by a later writer
+                Ok(_) if !st.no_undo => {}
+                _ => {
+                    still_published += 1;
+                    continue;
+                }
+            }
+            let restore = if std::mem::take(&mut first) {
+                target.take().unwrap_or(Ite::EMPTY)
+            } else {
+                Ite::EMPTY
+            };
+            match self.undo(p, restore) {
+                Ok(true) => {
+                    self.stats.undone += 1;
+                    st.rec.retain(|&i| i != restore);
+                    self.recycle(p.ite);
+                }
+                Ok(false) => {}
+                Err(_) => still_published += 1,
             }
         }
         let rec = std::mem::take(&mut st.rec);
@@ -69,6 +130,21 @@ impl<E: Endpoint> CdClient<E> {
                 "abandoned write left an invalid DTE in the index"
             );
         }
+    }
+
+    /// Swap our published DTE `p` out of its candidate for `restore`. Before the CAS, check that
+    /// the DTE really is still ours and untouched (our tag, invalid, not marked for recycling,
+    /// pointing to the previous version we wrote): an ITE word can come back after its DTE was
+    /// recycled and reused, and the CAS alone could not tell.
+    fn undo(&mut self, p: Published, restore: Ite) -> Attempt<bool> {
+        let d = self.deadline();
+        let f = self.fetch(p.ite, self.ep.now_ns(), &d, &[], Want::Key)?;
+        let m = f.meta;
+        if m.valid || m.writer != self.tag || m.recycle.is_some() || m.prev != p.prev.0 {
+            return Ok(false);
+        }
+        self.check(&d)?;
+        self.cas_ite(p.slot, p.ite, restore)
     }
 
     /// One attempt of PUT/DELETE.
@@ -150,10 +226,15 @@ impl<E: Endpoint> CdClient<E> {
                 self.table.release_unpublished(idx); // never visible: reusable at once
                 return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
             }
-            st.published.push((slots[c], new));
+            st.published.push(Published {
+                pos: c,
+                slot: slots[c],
+                ite: new,
+                prev,
+            });
             self.hook(HookPoint::AfterCandidateCas);
             if !seen[c].is_empty() {
-                st.rec.push(seen[c]); // 3.2
+                st.removed(seen[c], prev == seen[c]); // 3.2
             }
             seen[c] = new;
 
@@ -167,7 +248,8 @@ impl<E: Endpoint> CdClient<E> {
                 if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
                     continue; // 4.1, 4.2
                 }
-                if !self.fetch(ite, t, &d, key, Want::Key)?.key_matches {
+                let f = self.fetch(ite, t, &d, key, Want::Key)?;
+                if !f.key_matches {
                     continue; // 4.3
                 }
                 if !self.cas_ite(slots[i], ite, Ite::EMPTY)? {
@@ -175,7 +257,7 @@ impl<E: Endpoint> CdClient<E> {
                         "duplicate ITE changed before it was cleared",
                     ));
                 }
-                st.rec.push(ite); // 4.4
+                st.removed(ite, f.meta.valid); // 4.4
                 seen[i] = Ite::EMPTY;
             }
 
@@ -195,7 +277,7 @@ impl<E: Endpoint> CdClient<E> {
                     // DELETE: its DTE is never valid; take it out of the index again. If the CAS
                     // fails, whoever changed the ITE owns the DTE's recycling.
                     if self.cas_ite(slots[c], new, Ite::EMPTY)? {
-                        st.rec.push(new);
+                        st.removed(new, false);
                     }
                 }
             }

@@ -63,6 +63,7 @@ pub struct ServerStats {
     exec_previous_version_hits: AtomicU64,
     exec_recycled: AtomicU64,
     exec_leaked: AtomicU64,
+    exec_undone: AtomicU64,
     exec_table_full_waits: AtomicU64,
 }
 
@@ -153,6 +154,7 @@ impl ServerStats {
                 previous_version_hits: l(&self.exec_previous_version_hits),
                 recycled: l(&self.exec_recycled),
                 leaked: l(&self.exec_leaked),
+                undone: l(&self.exec_undone),
                 table_full_waits: l(&self.exec_table_full_waits),
             },
         }
@@ -168,6 +170,7 @@ impl ServerStats {
         set(&self.exec_previous_version_hits, s.previous_version_hits);
         set(&self.exec_recycled, s.recycled);
         set(&self.exec_leaked, s.leaked);
+        set(&self.exec_undone, s.undone);
         set(&self.exec_table_full_waits, s.table_full_waits);
     }
 }
