@@ -126,6 +126,8 @@ struct Scenario {
     spec: StressSpec,
     /// Error kinds the scenario may produce (e.g. a full index at a high load factor).
     allowed_errors: &'static [&'static str],
+    /// Data table entries the nodes must have reclaimed (recycled and reused) by the end.
+    min_reclaimed: u64,
 }
 
 fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
@@ -168,6 +170,7 @@ fn run_scenario(transport: &str, sc: Scenario) {
     let clients: Vec<AdminKvClient> = [0, 1, 2, 0].iter().map(|&n| c.client(n)).collect();
     let (out, _) = stress::run(clients, &sc.spec);
     eprintln!("{} over {transport}: {out}", sc.name);
+    }
     assert!(!out.truncated, "time limit reached");
     assert_eq!(out.ops, 4 * sc.spec.ops_per_thread);
     assert_eq!(out.corrupt_reads, 0);
@@ -182,6 +185,18 @@ fn run_scenario(transport: &str, sc: Scenario) {
         "history not linearizable:\n{}",
         out.report
     );
+    let status: serde_json::Value =
+        serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).unwrap();
+    let reclaimed: u64 = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["data_table"]["reclaimed_total"].as_u64().unwrap())
+        .sum();
+    assert!(
+        reclaimed >= sc.min_reclaimed,
+        "only {reclaimed} entries reclaimed"
+    );
 }
 
 fn hot_keys(ops: u64, seed: u64) -> Scenario {
@@ -190,6 +205,7 @@ fn hot_keys(ops: u64, seed: u64) -> Scenario {
         up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")),
         spec: base_spec(ops, seed),
         allowed_errors: &[],
+        min_reclaimed: 0,
     }
 }
 
@@ -205,6 +221,7 @@ fn deletes(ops: u64, seed: u64) -> Scenario {
         up_args: up_args(1024, 4096, 200, &format!("{seed},0.02,20000")),
         spec,
         allowed_errors: &[],
+        min_reclaimed: 0,
     }
 }
 
@@ -223,11 +240,15 @@ fn high_load(ops: u64, seed: u64) -> Scenario {
         up_args: up_args(128, 4096, 200, &format!("{seed},0.02,20000")),
         spec,
         allowed_errors: &["IndexFull"],
+        min_reclaimed: 0,
     }
 }
 
-/// 96 data table entries per node, 5 ms expiry: entries are recycled constantly.
-fn recycling(ops: u64, seed: u64) -> Scenario {
+/// 96 data table entries per node and a short expiry: entries are recycled constantly.
+/// `expiry_ms` must leave room for a whole operation: over TCP every fabric op is a round trip
+/// through the target's progress thread, and on a loaded 2-core machine a 5 ms expiry made a
+/// few operations time out on every one of their attempts.
+fn recycling(ops: u64, seed: u64, expiry_ms: u64) -> Scenario {
     let spec = StressSpec {
         keys: 40,
         get_fraction: 0.4,
@@ -235,9 +256,11 @@ fn recycling(ops: u64, seed: u64) -> Scenario {
     };
     Scenario {
         name: "recycle",
-        up_args: up_args(1024, 96, 5, &format!("{seed},0.02,20000")),
+        up_args: up_args(1024, 96, expiry_ms, &format!("{seed},0.02,20000")),
         spec,
         allowed_errors: &[],
+        // 4 × ops operations, ~60% of them writes, through 3 × 96 entries.
+        min_reclaimed: ops,
     }
 }
 
@@ -254,6 +277,7 @@ fn stalls(ops: u64, seed: u64) -> Scenario {
         up_args: up_args(1024, 96, 5, &format!("{seed},0.0005,12000000")),
         spec,
         allowed_errors: &[],
+        min_reclaimed: 0,
     }
 }
 
@@ -274,7 +298,7 @@ fn shm_high_load_factor_migrations_across_processes() {
 
 #[test]
 fn shm_recycling_across_processes() {
-    run_scenario("shm", recycling(25_000, 14));
+    run_scenario("shm", recycling(25_000, 14, 5));
 }
 
 #[test]
@@ -290,7 +314,7 @@ fn tcp_hot_keys_across_processes() {
 
 #[test]
 fn tcp_recycling_across_processes() {
-    run_scenario("tcp", recycling(5_000, 22));
+    run_scenario("tcp", recycling(5_000, 22, 25));
 }
 
 /// Node processes whose configurations disagree refuse to form a cluster, naming the problem.

@@ -275,6 +275,38 @@ fn abandoned_write_is_undone_and_the_key_stays_usable() {
     assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"w"[..]));
 }
 
+/// A write that needs many attempts does not hold a data table entry per attempt: the invalid
+/// DTE of each failed attempt is recycled as soon as the next attempt replaces it. Here 12
+/// attempts go through a 4-entry table; holding them all until the write completes would fail
+/// with `DataTableFull` on the fifth.
+#[test]
+fn a_write_retrying_many_times_fits_a_tiny_data_table() {
+    use nessie_protocols::HookPoint;
+    let g = Geometry {
+        dtes_per_node: 4,
+        ..small_geometry()
+    };
+    let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
+    c.client(1).unwrap().put(b"k", b"old").unwrap();
+    let mut w = c.client(0).unwrap();
+    let expiry = c.config().expiry_ns;
+    let mut stalls = 12;
+    w.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::BeforeReversePass && stalls > 0 {
+            stalls -= 1;
+            std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
+        }
+    })));
+    w.put(b"k", b"new").unwrap();
+    let st = w.stats();
+    assert_eq!(st.timeouts, 12, "{st:?}");
+    assert!(st.recycled >= 12, "{st:?}");
+    assert_eq!(
+        c.client(2).unwrap().get(b"k").unwrap().as_deref(),
+        Some(&b"new"[..])
+    );
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put(u8, u16),

@@ -50,14 +50,23 @@ struct Published {
 }
 
 impl WriteState {
-    /// Record that this write removed `ite` (valid or not) from the index.
-    fn removed(&mut self, ite: Ite, valid: bool) {
-        self.rec.push(ite);
+    /// Record that this write removed `ite` (valid or not) from the index. Returns true if the
+    /// caller should recycle it at once: it is the invalid DTE of one of our own earlier
+    /// attempts, and no previous-version pointer leads to one of those (a new attempt copies
+    /// the pointer instead). Staging it until the write completes would let a write that
+    /// retries many times hold one entry per attempt, and so exhaust a small data table.
+    /// `our_tag`: the DTE carries this client's writer tag (an ITE word alone can recur once
+    /// its entry has been recycled and reused by another worker of the node).
+    fn removed(&mut self, ite: Ite, valid: bool, our_tag: bool) -> bool {
         if valid {
             self.before.get_or_insert(ite);
-        } else if !self.published.iter().any(|p| p.ite == ite) {
+        } else if our_tag && self.published.iter().any(|p| p.ite == ite) {
+            return true;
+        } else {
             self.no_undo = true;
         }
+        self.rec.push(ite);
+        false
     }
 }
 
@@ -83,7 +92,10 @@ impl<E: Endpoint> CdClient<E> {
     /// previous-version pointer leads to a staged DTE that concurrent GETs may still read.
     /// Otherwise they stay allocated (counted as leaked).
     fn abandon(&mut self, st: &mut WriteState) {
+        // Candidate order; for an ITE word published twice (its DTE recycled and reused by a
+        // later attempt) the later record, which describes the DTE as it is now.
         let mut published = std::mem::take(&mut st.published);
+        published.reverse();
         published.sort_by_key(|p| p.pos);
         published.dedup_by_key(|p| (p.slot, p.ite));
         let mut still_published = 0u64;
@@ -234,7 +246,9 @@ impl<E: Endpoint> CdClient<E> {
             });
             self.hook(HookPoint::AfterCandidateCas);
             if !seen[c].is_empty() {
-                st.removed(seen[c], prev == seen[c]); // 3.2
+                if st.removed(seen[c], prev == seen[c], prev != seen[c]) {
+                    self.recycle(seen[c]); // 3.2
+                }
             }
             seen[c] = new;
 
@@ -257,7 +271,9 @@ impl<E: Endpoint> CdClient<E> {
                         "duplicate ITE changed before it was cleared",
                     ));
                 }
-                st.removed(ite, f.meta.valid); // 4.4
+                if st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
+                    self.recycle(ite); // 4.4
+                }
                 seen[i] = Ite::EMPTY;
             }
 
@@ -276,8 +292,8 @@ impl<E: Endpoint> CdClient<E> {
                 None => {
                     // DELETE: its DTE is never valid; take it out of the index again. If the CAS
                     // fails, whoever changed the ITE owns the DTE's recycling.
-                    if self.cas_ite(slots[c], new, Ite::EMPTY)? {
-                        st.removed(new, false);
+                    if self.cas_ite(slots[c], new, Ite::EMPTY)? && st.removed(new, false, true) {
+                        self.recycle(new);
                     }
                 }
             }
