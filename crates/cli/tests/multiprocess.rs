@@ -170,7 +170,6 @@ fn run_scenario(transport: &str, sc: Scenario) {
     let clients: Vec<AdminKvClient> = [0, 1, 2, 0].iter().map(|&n| c.client(n)).collect();
     let (out, _) = stress::run(clients, &sc.spec);
     eprintln!("{} over {transport}: {out}", sc.name);
-    }
     assert!(!out.truncated, "time limit reached");
     assert_eq!(out.ops, 4 * sc.spec.ops_per_thread);
     assert_eq!(out.corrupt_reads, 0);
