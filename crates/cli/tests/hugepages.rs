@@ -41,20 +41,8 @@ fn huge_pages_require_is_enforced_and_works() {
         ..Default::default()
     };
     let opts = process::UpOptions {
-        nodes: 1,
-        transport: Transport::Shm,
-        geometry,
-        workers: 1,
-        expiry_ms: None,
-        clock_margin_ms: None,
-        binary: BIN.into(),
-        node_args: vec![],
-        ready_timeout: Duration::from_secs(60),
-        mode: "cd".into(),
-        server_threads: 1,
-        max_clients_per_node: 4,
-        server_poll: "yield".into(),
         huge_pages: nessie_fabric_ucx::HugePages::Require,
+        ..process::UpOptions::new(BIN.into(), 1, Transport::Shm, geometry)
     };
     // Index and data table: one 2 MiB page each.
     const NEEDED: u64 = 2;

@@ -403,22 +403,12 @@ fn up_retries_when_a_bootstrap_port_is_taken() {
     let _ = std::fs::remove_dir_all(&dir);
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = squatter.local_addr().unwrap().port();
-    let opts = process::UpOptions {
-        nodes: 2,
-        transport: Transport::Shm,
-        geometry: nessie_store::Geometry::default(),
-        workers: 1,
-        expiry_ms: None,
-        clock_margin_ms: None,
-        binary: BIN.into(),
-        node_args: vec![],
-        ready_timeout: Duration::from_secs(60),
-        mode: "cd".into(),
-        server_threads: 1,
-        max_clients_per_node: 4,
-        server_poll: "yield".into(),
-        huge_pages: Default::default(),
-    };
+    let opts = process::UpOptions::new(
+        BIN.into(),
+        2,
+        Transport::Shm,
+        nessie_store::Geometry::default(),
+    );
     let mut attempts = Vec::new();
     let r = process::up_with_ports(&dir, &opts, |n| {
         let mut p = process::free_ports(n)?;

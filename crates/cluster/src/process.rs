@@ -113,6 +113,28 @@ pub struct UpOptions {
     pub huge_pages: nessie_fabric_ucx::HugePages,
 }
 
+impl UpOptions {
+    /// `nodes` local cd-mode nodes run with `binary`, every other setting at its default.
+    pub fn new(binary: PathBuf, nodes: u16, transport: Transport, geometry: Geometry) -> Self {
+        Self {
+            nodes,
+            transport,
+            geometry,
+            workers: 1,
+            expiry_ms: None,
+            clock_margin_ms: None,
+            binary,
+            node_args: vec![],
+            ready_timeout: Duration::from_secs(60),
+            mode: "cd".into(),
+            server_threads: 1,
+            max_clients_per_node: 4,
+            server_poll: "yield".into(),
+            huge_pages: nessie_fabric_ucx::HugePages::Try,
+        }
+    }
+}
+
 /// Attempts `up` makes when a node finds its bootstrap port taken between our probe and its bind.
 const MAX_PORT_ATTEMPTS: u32 = 5;
 
