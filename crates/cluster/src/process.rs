@@ -161,18 +161,12 @@ pub fn free_ports(n: u16) -> Result<Vec<u16>, ProcessError> {
     } else {
         (0, 0)
     };
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ (std::process::id() as u64) << 32;
+    let mut rng = rand::thread_rng();
     let mut held = Vec::new();
     let mut tries = 0u32;
     while held.len() < n as usize && b > a && tries < 1000 {
         tries += 1;
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let port = a + ((seed >> 33) % u64::from(b - a + 1)) as u16;
+        let port = rand::Rng::gen_range(&mut rng, a..=b);
         if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
             held.push(l);
         }

@@ -99,12 +99,11 @@ impl<E: Endpoint> CdClient<E> {
         published.sort_by_key(|p| p.pos);
         published.dedup_by_key(|p| (p.slot, p.ite));
         let mut still_published = 0u64;
-        let mut target = if self.cfg.mutations.undo_to_empty {
-            None
-        } else {
-            st.before
-        };
-        let mut first = true;
+        // What the first of our DTEs still in the index is swapped back to; the rest get EMPTY.
+        let mut target = Some(match st.before {
+            Some(b) if !self.cfg.mutations.undo_to_empty => b,
+            _ => Ite::EMPTY,
+        });
         for p in published {
             match self.read_ite(p.slot) {
                 Ok((cur, _)) if cur != p.ite => continue, // taken out by us or by a later writer
@@ -114,11 +113,7 @@ impl<E: Endpoint> CdClient<E> {
                     continue;
                 }
             }
-            let restore = if std::mem::take(&mut first) {
-                target.take().unwrap_or(Ite::EMPTY)
-            } else {
-                Ite::EMPTY
-            };
+            let restore = target.take().unwrap_or(Ite::EMPTY);
             match self.undo(p, restore) {
                 Ok(true) => {
                     self.stats.undone += 1;
@@ -246,7 +241,9 @@ impl<E: Endpoint> CdClient<E> {
             });
             self.hook(HookPoint::AfterCandidateCas);
             if !seen[c].is_empty() {
-                if st.removed(seen[c], prev == seen[c], prev != seen[c]) {
+                // Step 2 only picks an invalid candidate if it is our own leftover.
+                let replaced_valid = prev == seen[c];
+                if st.removed(seen[c], replaced_valid, !replaced_valid) {
                     self.recycle(seen[c]); // 3.2
                 }
             }
