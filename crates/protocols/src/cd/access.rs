@@ -199,14 +199,16 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Write a new, invalid DTE into the local data table (Step 3 / migrate Step 5) and return
-    /// the ITE that will refer to it. Fails with `TableFull` when no entry is free.
+    /// the ITE that will refer to it, the entry's index and the previous-version pointer
+    /// written into it (`EMPTY` with previous versions off). Fails with `TableFull` when no
+    /// entry is free.
     pub(crate) fn write_new_dte(
         &mut self,
         filter: u64,
         prev: Ite,
         key: &[u8],
         value: &[u8],
-    ) -> Attempt<(Ite, u64)> {
+    ) -> Attempt<(Ite, u64, Ite)> {
         let idx = self.table.alloc(&mut self.ep).map_err(|e| match e {
             nessie_store::datatable::AllocError::Fabric(f) => Abort::from(f),
             e => Abort::TableFull(e),
@@ -225,7 +227,7 @@ impl<E: Endpoint> CdClient<E> {
             .index
             .ite
             .encode(filter, self.ep.node() as u32, idx);
-        Ok((ite, idx))
+        Ok((ite, idx, prev))
     }
 
     /// Flip the valid flag of our own DTE (PUT Step 6 / migrate Step 8).

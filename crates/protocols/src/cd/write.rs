@@ -30,43 +30,80 @@ pub(crate) struct WriteState {
     /// ITEs removed from the index whose DTEs are marked for recycling once the write
     /// completes (Step 3.2: kept across attempts, so nothing leaks however many it takes).
     rec: Vec<Ite>,
-    /// Our invalid DTEs swapped into the index by an attempt, with the candidate position they
-    /// went to and the previous version they point to.
+    /// Our invalid DTEs swapped into the index by an attempt and not taken out again by us,
+    /// each with what an undo must put back in its place.
     published: Vec<Published>,
-    /// The first valid entry of the key that this write took out of the index: the key's
-    /// value before the write, which an abandoned write puts back.
-    before: Option<Ite>,
     /// This write took out an entry it cannot account for (another writer's in-progress DTE,
     /// or a leftover of an earlier abandoned write): it may not be undone.
     no_undo: bool,
 }
 
+/// One of our invalid DTEs in the index.
 #[derive(Copy, Clone, Debug)]
 struct Published {
+    /// Candidate position (0-based) and slot it went to.
     pos: usize,
     slot: Slot,
     ite: Ite,
-    prev: Ite,
+    /// The previous-version pointer actually written into the DTE (`EMPTY` with previous
+    /// versions off): what the undo checks to recognise the DTE as still ours and untouched.
+    prev_written: Ite,
+    /// Its own restore target: the key's latest committed entry at the moment this DTE
+    /// replaced it. That is the valid entry its CAS replaced, or the one inherited from our
+    /// own leftover it replaced, or (when it went into an empty candidate) the valid entry
+    /// of the key that the same attempt's Step 4 then cleared from a later candidate. An
+    /// abandoned write puts exactly this back, never a value some earlier attempt saw: a
+    /// write by someone else may have completed in between (issue: lost update on undo).
+    target: Ite,
+}
+
+/// What the caller must do with an entry a write just took out of the index.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Removed {
+    /// Keep it until the write completes, then recycle it (Step 7).
+    Stage,
+    /// It is the invalid DTE of one of our own earlier attempts: recycle it at once (no
+    /// previous-version pointer leads to it, a new attempt inherits its target instead).
+    /// Staging it would let a write that retries many times hold one entry per attempt and
+    /// so exhaust a small data table. Carries the leftover's restore target.
+    RecycleNow(Ite),
 }
 
 impl WriteState {
-    /// Record that this write removed `ite` (valid or not) from the index. Returns true if the
-    /// caller should recycle it at once: it is the invalid DTE of one of our own earlier
-    /// attempts, and no previous-version pointer leads to one of those (a new attempt copies
-    /// the pointer instead). Staging it until the write completes would let a write that
-    /// retries many times hold one entry per attempt, and so exhaust a small data table.
-    /// `our_tag`: the DTE carries this client's writer tag (an ITE word alone can recur once
-    /// its entry has been recycled and reused by another worker of the node).
-    fn removed(&mut self, ite: Ite, valid: bool, our_tag: bool) -> bool {
-        if valid {
-            self.before.get_or_insert(ite);
-        } else if our_tag && self.published.iter().any(|p| p.ite == ite) {
-            return true;
-        } else {
+    /// Record that this write removed `ite` from the index. `our_tag`: the DTE carries this
+    /// client's writer tag (an ITE word alone can recur once its entry has been recycled and
+    /// reused by another worker of the node).
+    fn removed(&mut self, ite: Ite, valid: bool, our_tag: bool) -> Removed {
+        if !valid && our_tag {
+            // Later records describe the DTE as it is now (its word may have been reused).
+            if let Some(i) = self.published.iter().rposition(|p| p.ite == ite) {
+                return Removed::RecycleNow(self.published.remove(i).target);
+            }
+        }
+        if !valid {
             self.no_undo = true;
         }
         self.rec.push(ite);
-        false
+        Removed::Stage
+    }
+
+    /// The restore target of our own leftover `ite`, if this write published it.
+    fn target_of(&self, ite: Ite) -> Option<Ite> {
+        self.published
+            .iter()
+            .rev()
+            .find(|p| p.ite == ite)
+            .map(|p| p.target)
+    }
+
+    /// Set the restore target of the DTE this attempt just published, if it has none yet
+    /// (it went into an empty candidate and Step 4 found the key's entry further on).
+    fn found_target(&mut self, ours: Ite, target: Ite) {
+        if let Some(p) = self.published.iter_mut().rev().find(|p| p.ite == ours) {
+            if p.target.is_empty() {
+                p.target = target;
+            }
+        }
     }
 }
 
@@ -83,14 +120,14 @@ impl<E: Endpoint> CdClient<E> {
 
     /// The write gave up. An invalid DTE of ours left in the index would block every later
     /// write of the key (they abort on it, as on any write in progress) and every GET once no
-    /// previous version is at hand: the key would be wedged. So the write is undone: the first
-    /// of our DTEs still in the index (in candidate order) is swapped back to what the key held
-    /// before the write (`before`, or empty), any others to empty, and our DTEs are recycled.
-    /// That is a state the write's own attempts already showed to readers (a GET meeting our
-    /// invalid DTE answered with its previous version or retried), so the write simply did not
-    /// happen. Staged DTEs are recycled only if none of ours is left in the index: an entry's
-    /// previous-version pointer leads to a staged DTE that concurrent GETs may still read.
-    /// Otherwise they stay allocated (counted as leaked).
+    /// previous version is at hand: the key would be wedged. So the write is undone: each of
+    /// our DTEs still in the index is swapped back to its own restore target (see
+    /// [`Published::target`]), and our DTEs are recycled. That is a state the write's own
+    /// attempts already showed to readers (a GET meeting our invalid DTE answered with its
+    /// previous version or retried), so the write simply did not happen. Staged DTEs are
+    /// recycled only if none of ours is left in the index: an entry's previous-version pointer
+    /// leads to a staged DTE that concurrent GETs may still read. Otherwise they stay
+    /// allocated, and they and every DTE of ours left in the index count as leaked.
     fn abandon(&mut self, st: &mut WriteState) {
         // Candidate order; for an ITE word published twice (its DTE recycled and reused by a
         // later attempt) the later record, which describes the DTE as it is now.
@@ -99,21 +136,20 @@ impl<E: Endpoint> CdClient<E> {
         published.sort_by_key(|p| p.pos);
         published.dedup_by_key(|p| (p.slot, p.ite));
         let mut still_published = 0u64;
-        // What the first of our DTEs still in the index is swapped back to; the rest get EMPTY.
-        let mut target = Some(match st.before {
-            Some(b) if !self.cfg.mutations.undo_to_empty => b,
-            _ => Ite::EMPTY,
-        });
         for p in published {
             match self.read_ite(p.slot) {
-                Ok((cur, _)) if cur != p.ite => continue, // taken out by us or by a later writer
+                Ok((cur, _)) if cur != p.ite => continue, // taken out by a later writer
                 Ok(_) if !st.no_undo => {}
                 _ => {
                     still_published += 1;
                     continue;
                 }
             }
-            let restore = target.take().unwrap_or(Ite::EMPTY);
+            let restore = if self.cfg.mutations.undo_to_empty {
+                Ite::EMPTY
+            } else {
+                p.target
+            };
             match self.undo(p, restore) {
                 Ok(true) => {
                     self.stats.undone += 1;
@@ -147,7 +183,7 @@ impl<E: Endpoint> CdClient<E> {
         let d = self.deadline();
         let f = self.fetch(p.ite, self.ep.now_ns(), &d, &[], Want::Key)?;
         let m = f.meta;
-        if m.valid || m.writer != self.tag || m.recycle.is_some() || m.prev != p.prev.0 {
+        if m.valid || m.writer != self.tag || m.recycle.is_some() || m.prev != p.prev_written.0 {
             return Ok(false);
         }
         self.check(&d)?;
@@ -173,6 +209,7 @@ impl<E: Endpoint> CdClient<E> {
             // Step 2: find the candidate.
             let mut cnd = None;
             let mut prev = Ite::EMPTY;
+            let mut replaced_valid = false;
             for i in 0..n {
                 self.check(&d)?;
                 slots[i] = h.slot(&index, i);
@@ -193,11 +230,12 @@ impl<E: Endpoint> CdClient<E> {
                 if f.meta.valid {
                     cnd = Some(i);
                     prev = ite;
+                    replaced_valid = true;
                 } else if f.meta.writer == self.tag {
-                    // Our own leftover from an aborted attempt: reuse its slot, keep its
-                    // previous version (the value it was replacing, still staged in `rec`).
+                    // Our own leftover from an aborted attempt: reuse its slot and inherit its
+                    // restore target (the value it was replacing, still staged in `rec`).
                     cnd = Some(i);
-                    prev = Ite(f.meta.prev);
+                    prev = st.target_of(ite).unwrap_or(Ite(f.meta.prev));
                 } else {
                     return Err(Abort::Concurrent(
                         "write met another in-progress write on the key",
@@ -224,7 +262,8 @@ impl<E: Endpoint> CdClient<E> {
             };
 
             // Step 3: a new, invalid DTE in local memory, then CAS it into the candidate.
-            let (new, idx) = self.write_new_dte(h.filter(), prev, key, value.unwrap_or(&[]))?;
+            let (new, idx, prev_written) =
+                self.write_new_dte(h.filter(), prev, key, value.unwrap_or(&[]))?;
             if let Err(e) = self.check(&d) {
                 self.table.release_unpublished(idx);
                 return Err(e);
@@ -237,15 +276,15 @@ impl<E: Endpoint> CdClient<E> {
                 pos: c,
                 slot: slots[c],
                 ite: new,
-                prev,
+                prev_written,
+                target: prev,
             });
             self.hook(HookPoint::AfterCandidateCas);
-            if !seen[c].is_empty() {
-                // Step 2 only picks an invalid candidate if it is our own leftover.
-                let replaced_valid = prev == seen[c];
-                if st.removed(seen[c], replaced_valid, !replaced_valid) {
-                    self.recycle(seen[c]); // 3.2
-                }
+            // Step 2 only picks an invalid candidate if it is our own leftover.
+            if !seen[c].is_empty()
+                && st.removed(seen[c], replaced_valid, !replaced_valid) != Removed::Stage
+            {
+                self.recycle(seen[c]); // 3.2
             }
             seen[c] = new;
 
@@ -268,8 +307,13 @@ impl<E: Endpoint> CdClient<E> {
                         "duplicate ITE changed before it was cleared",
                     ));
                 }
-                if st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
-                    self.recycle(ite); // 4.4
+                match st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
+                    Removed::RecycleNow(target) => {
+                        self.recycle(ite); // 4.4
+                        st.found_target(new, target);
+                    }
+                    Removed::Stage if f.meta.valid => st.found_target(new, ite),
+                    Removed::Stage => {}
                 }
                 seen[i] = Ite::EMPTY;
             }
@@ -289,7 +333,9 @@ impl<E: Endpoint> CdClient<E> {
                 None => {
                     // DELETE: its DTE is never valid; take it out of the index again. If the CAS
                     // fails, whoever changed the ITE owns the DTE's recycling.
-                    if self.cas_ite(slots[c], new, Ite::EMPTY)? && st.removed(new, false, true) {
+                    if self.cas_ite(slots[c], new, Ite::EMPTY)?
+                        && st.removed(new, false, true) != Removed::Stage
+                    {
                         self.recycle(new);
                     }
                 }

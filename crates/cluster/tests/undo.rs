@@ -1,0 +1,243 @@
+//! The undo of abandoned writes, driven through exact interleavings with hooks.
+//!
+//! A writer W is run on its own thread; its hook parks it at chosen protocol points while the
+//! test thread completes other operations, then lets it go on. Each scenario runs with every
+//! optimisation on, with each one switched off in turn, and with all of them off.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread;
+use std::time::Duration;
+
+use nessie_cluster::LocalCluster;
+use nessie_fabric::mem::MemEndpoint;
+use nessie_fabric::Endpoint;
+use nessie_protocols::cd::CdClient;
+use nessie_protocols::{Error, HookPoint, Optimizations, ProtocolConfig, RetryPolicy};
+use nessie_store::Geometry;
+
+/// A small index, so that keys can be made to share candidates.
+fn geometry() -> Geometry {
+    Geometry {
+        nodes: 3,
+        ites_per_node: 16,
+        dtes_per_node: 64,
+        key_max: 16,
+        value_max: 32,
+        hash_functions: 3,
+        filter_bits: 7,
+    }
+}
+
+fn cfg(o: Optimizations, attempts: u32) -> ProtocolConfig {
+    ProtocolConfig {
+        expiry_ns: 20_000_000,
+        clock_margin_ns: 0,
+        optimizations: o,
+        retry: RetryPolicy {
+            max_attempts: attempts,
+            ..RetryPolicy::default()
+        },
+        ..ProtocolConfig::default()
+    }
+}
+
+/// All on, each one off, all off.
+fn optimisation_sets() -> Vec<(&'static str, Optimizations)> {
+    let all = Optimizations::default();
+    vec![
+        ("all on", all),
+        (
+            "no filter bits",
+            Optimizations {
+                filter_bits: false,
+                ..all
+            },
+        ),
+        (
+            "no cache",
+            Optimizations {
+                cache: false,
+                ..all
+            },
+        ),
+        (
+            "no previous versions",
+            Optimizations {
+                previous_versions: false,
+                ..all
+            },
+        ),
+        (
+            "no multi-read",
+            Optimizations {
+                multi_read: false,
+                ..all
+            },
+        ),
+        ("all off", Optimizations::NONE),
+    ]
+}
+
+/// Two keys whose first candidates coincide: `x` sits in that slot, so `k` goes to its second.
+fn colliding_keys(c: &LocalCluster) -> (Vec<u8>, Vec<u8>) {
+    let index = &c.view().index;
+    let k = b"K".to_vec();
+    let kc = index.hashes(&k).all(index);
+    for i in 0..100_000u32 {
+        let x = format!("x{i}").into_bytes();
+        let xc = index.hashes(&x).all(index);
+        if xc[0] == kc[0] && !xc[1..].contains(&kc[1]) && kc[0] != kc[1] {
+            return (k, x);
+        }
+    }
+    panic!("no colliding key found");
+}
+
+/// Parks the writer at the first `AfterCandidateCas` until released, and stalls it past the
+/// expiry period before the reverse pass of every attempt after the first.
+fn park_then_stall(expiry_ns: u64) -> (Box<dyn FnMut(HookPoint) + Send>, Receiver<()>, Sender<()>) {
+    let (parked_tx, parked_rx) = channel();
+    let (go_tx, go_rx) = channel::<()>();
+    let mut cas = 0;
+    let mut reverse = 0;
+    let hook = Box::new(move |p| match p {
+        HookPoint::AfterCandidateCas => {
+            cas += 1;
+            if cas == 1 {
+                parked_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+            }
+        }
+        HookPoint::BeforeReversePass => {
+            reverse += 1;
+            if reverse > 1 {
+                thread::sleep(Duration::from_nanos(expiry_ns + 2_000_000));
+            }
+        }
+        _ => {}
+    });
+    (hook, parked_rx, go_tx)
+}
+
+/// The interleaving of the issue. K sits in its second candidate because X holds the first.
+/// W's first attempt swaps K's second candidate to its invalid DTE and is parked. X is
+/// deleted; P2 completes `p2_op` on K in the first candidate, and its Step 4 clears W's DTE.
+/// W's reverse pass aborts; its second attempt replaces what P2 left in the first candidate
+/// and times out; W gives up and undoes. Returns what K reads afterwards.
+fn run_interleaving(
+    o: Optimizations,
+    p2_op: impl FnOnce(&mut CdClient<MemEndpoint>, &[u8]),
+) -> Option<Vec<u8>> {
+    let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+    let (k, x) = colliding_keys(&c);
+    let mut p = c.client(1).unwrap();
+    p.put(&x, b"x").unwrap();
+    p.put(&k, b"old").unwrap();
+    let index = &c.view().index;
+    let kc = index.hashes(&k).all(index);
+    let ite = |s| c.fabric().endpoint(0).read_u64(index.addr(s)).unwrap();
+    assert_ne!(ite(kc[1]), 0, "K must sit in its second candidate");
+
+    let expiry = c.config().expiry_ns;
+    let mut w = c.client_with(0, cfg(o, 2)).unwrap();
+    let (hook, parked, go) = park_then_stall(expiry);
+    w.set_hook(Some(hook));
+    let wk = k.clone();
+    let writer = thread::spawn(move || {
+        let r = w.put(&wk, b"w");
+        (r, w.stats())
+    });
+    parked.recv().unwrap();
+    p.delete(&x).unwrap();
+    p2_op(&mut p, &k);
+    go.send(()).unwrap();
+    let (r, st) = writer.join().unwrap();
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "W must give up: {r:?}"
+    );
+    assert_eq!(st.undone, 1, "W's second DTE is undone: {st:?}");
+    assert_eq!(st.leaked, 0, "{st:?}");
+    let mut r = c.client_with(2, cfg(o, 50)).unwrap();
+    let v = r.get(&k).unwrap();
+    // The key is not wedged either: it can be written at once.
+    r.put(&k, b"after").unwrap();
+    assert_eq!(p.get(&k).unwrap().as_deref(), Some(&b"after"[..]));
+    v
+}
+
+#[test]
+fn undo_restores_the_value_its_own_attempt_replaced_not_an_older_one() {
+    for (name, o) in optimisation_sets() {
+        let v = run_interleaving(o, |p, k| p.put(k, b"p2").unwrap());
+        assert_eq!(
+            v.as_deref(),
+            Some(&b"p2"[..]),
+            "{name}: put(K, p2) completed before W gave up, yet K reads {:?}",
+            v.as_deref().map(String::from_utf8_lossy)
+        );
+    }
+}
+
+#[test]
+fn undo_does_not_bring_a_deleted_key_back() {
+    for (name, o) in optimisation_sets() {
+        let v = run_interleaving(o, |p, k| p.delete(k).unwrap());
+        assert_eq!(
+            v,
+            None,
+            "{name}: delete(K) completed before W gave up, yet K reads {:?}",
+            v.as_deref().map(String::from_utf8_lossy)
+        );
+    }
+}
+
+/// A write whose every attempt stalls past the expiry period gives up and is undone, with
+/// each optimisation off in turn. With previous versions off the DTE's previous-version
+/// pointer is empty; the undo must still recognise the DTE as its own, or the key is wedged
+/// for good (every later GET and PUT fails with `Contended`).
+#[test]
+fn abandoned_writes_are_undone_with_each_optimisation_off() {
+    for (name, o) in optimisation_sets() {
+        for attempts in [1, 2] {
+            abandon_and_check(name, o, attempts);
+        }
+    }
+}
+
+fn abandon_and_check(name: &str, o: Optimizations, attempts: u32) {
+    {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let mut a = c.client_with(1, cfg(o, 50)).unwrap();
+        a.put(b"k", b"old").unwrap();
+        let mut w = c.client_with(0, cfg(o, attempts)).unwrap();
+        let expiry = c.config().expiry_ns;
+        w.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeReversePass {
+                thread::sleep(Duration::from_nanos(expiry + 2_000_000));
+            }
+        })));
+        assert!(
+            matches!(w.put(b"k", b"lost"), Err(Error::Timeout { .. })),
+            "{name}"
+        );
+        assert!(
+            matches!(w.delete(b"k"), Err(Error::Timeout { .. })),
+            "{name}"
+        );
+        assert!(
+            matches!(w.put(b"new", b"lost"), Err(Error::Timeout { .. })),
+            "{name}"
+        );
+        let st = w.stats();
+        assert_eq!((st.undone, st.leaked), (3, 0), "{name}: {st:?}");
+        let mut b = c.client_with(2, cfg(o, 5)).unwrap();
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"old"[..]), "{name}");
+        assert_eq!(b.get(b"new").unwrap(), None, "{name}");
+        b.put(b"k", b"b")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        b.put(b"new", b"b")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"b"[..]), "{name}");
+    }
+}
