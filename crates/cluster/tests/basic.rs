@@ -412,3 +412,46 @@ fn filling_to_half_load_factor_never_reports_a_full_index() {
         );
     }
 }
+
+/// A backward step of the wall clock (NTP, VM resume) in the middle of an operation must not
+/// let it outlive the expiry period: deadlines run on the monotonic clock.
+#[test]
+fn a_backward_wall_clock_step_does_not_extend_an_operation_past_expiry() {
+    use nessie_protocols::HookPoint;
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    c.client(0).unwrap().put(b"k", b"old").unwrap();
+    let mut r = c.client(1).unwrap();
+    let expiry = c.config().expiry_ns;
+    let fabric = c.fabric().clone();
+    let mut stepped = false;
+    r.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::AfterIteRead && !stepped {
+            stepped = true;
+            fabric.step_wall_clock(-10_000_000_000);
+            std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
+        }
+    })));
+    let r1 = r.try_get(b"k");
+    assert!(matches!(r1, Err(Error::Timeout { .. })), "{r1:?}");
+}
+
+/// A cached remote DTE is used for at most one expiry period after its ITE was read, however
+/// the wall clock moves: cache ages run on the monotonic clock.
+#[test]
+fn a_backward_wall_clock_step_does_not_keep_cache_entries_alive() {
+    let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
+    let mut w = c.client(0).unwrap();
+    let mut r = c.client(1).unwrap();
+    w.put(b"k", b"v").unwrap();
+    // The DTE is in node 0's table, remote for r, so r caches it.
+    assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    let hits = r.cache_stats().hits;
+    assert!(hits >= 1, "a second read within the expiry period hits the cache");
+    c.fabric().step_wall_clock(-10_000_000_000);
+    std::thread::sleep(std::time::Duration::from_nanos(c.config().expiry_ns + 1_000_000));
+    assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    let s = r.cache_stats();
+    assert_eq!(s.hits, hits, "entry older than the expiry period was used: {s:?}");
+    assert!(s.expired >= 1, "{s:?}");
+}

@@ -84,6 +84,9 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn now_ns(&self) -> u64 {
         self.inner.now_ns()
     }
+    fn mono_ns(&self) -> u64 {
+        self.inner.mono_ns()
+    }
     fn sleep_ns(&mut self, ns: u64) {
         self.inner.sleep_ns(ns)
     }

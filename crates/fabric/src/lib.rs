@@ -65,9 +65,19 @@ pub trait Endpoint: Send {
     fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8])
         -> Result<(), FabricError>;
 
-    /// Wall-clock time in nanoseconds since the Unix epoch (virtual in the simulator). Expiry
-    /// timestamps written into DTEs use this clock, so nodes' clocks must be loosely in sync.
+    /// Wall-clock time in nanoseconds since the Unix epoch (virtual in the simulator). Only
+    /// for timestamps that cross nodes: the expiry times written into DTEs. Nodes' clocks must
+    /// agree within the clock margin (checked at bootstrap). It may step backwards (NTP, VM
+    /// resume), so never measure a duration with it: use [`Endpoint::mono_ns`].
     fn now_ns(&self) -> u64;
+
+    /// Monotonic time in nanoseconds from an arbitrary origin (virtual in the simulator): for
+    /// operation deadlines, cache ages and every other duration measured on one node. A
+    /// backward step of the wall clock must not let an operation outlive the expiry period,
+    /// which is what makes reading a released DTE safe.
+    fn mono_ns(&self) -> u64 {
+        monotonic_ns()
+    }
 
     /// Block this worker for `ns` nanoseconds (virtual in the simulator).
     fn sleep_ns(&mut self, ns: u64);
@@ -89,6 +99,13 @@ pub fn wall_clock_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// Nanoseconds on the process's monotonic clock since its first use.
+pub fn monotonic_ns() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Sleep that is accurate at microsecond scale: short waits spin (yielding), long ones sleep.

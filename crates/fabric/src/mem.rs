@@ -55,6 +55,8 @@ pub struct MemFabric {
     stats: FabricStats,
     delay: Option<DelayInjection>,
     endpoints_made: AtomicU64,
+    /// Added to the wall clock of every endpoint (tests step it to mimic NTP or a VM resume).
+    wall_clock_step_ns: std::sync::atomic::AtomicI64,
 }
 
 impl MemFabric {
@@ -82,7 +84,14 @@ impl MemFabric {
             stats: FabricStats::default(),
             delay,
             endpoints_made: AtomicU64::new(0),
+            wall_clock_step_ns: std::sync::atomic::AtomicI64::new(0),
         }))
+    }
+
+    /// Step the wall clock every endpoint of this fabric sees by `delta_ns` (negative: back),
+    /// as NTP or a VM resume would. The monotonic clock is unaffected.
+    pub fn step_wall_clock(&self, delta_ns: i64) {
+        self.wall_clock_step_ns.fetch_add(delta_ns, Ordering::Relaxed);
     }
 
     /// A new endpoint (one per worker thread) on `node`.
@@ -266,7 +275,8 @@ impl Endpoint for MemEndpoint {
     }
 
     fn now_ns(&self) -> u64 {
-        crate::wall_clock_ns()
+        let step = self.fabric.wall_clock_step_ns.load(Ordering::Relaxed);
+        crate::wall_clock_ns().saturating_add_signed(step)
     }
 
     fn sleep_ns(&mut self, ns: u64) {

@@ -43,12 +43,12 @@ pub(crate) struct Fetched {
 }
 
 impl<E: Endpoint> CdClient<E> {
-    /// READ the ITE in `slot`. Returns it with the time the read was issued, which is the
+    /// READ the ITE in `slot`. Returns it with the (monotonic) time the read was issued, the
     /// conservative "retrieval time" for expiry arithmetic (the ITE held this value at some
     /// instant after it).
     pub(crate) fn read_ite(&mut self, slot: Slot) -> Attempt<(Ite, u64)> {
         let addr = self.view.index.addr(slot);
-        let t = self.ep.now_ns();
+        let t = self.ep.mono_ns();
         let v = Ite(self.ep.read_u64(addr)?);
         debug_assert!(
             self.view.index.ite.is_well_formed(v),
@@ -117,7 +117,7 @@ impl<E: Endpoint> CdClient<E> {
         }
 
         if self.cache.enabled() {
-            let now = self.ep.now_ns();
+            let now = self.ep.mono_ns();
             if let Some(bytes) = self.cache.get(ite.0, now, ite_read_ns, expiry) {
                 self.buf.clear();
                 self.buf.extend_from_slice(bytes);

@@ -262,14 +262,14 @@ impl<E: Endpoint> CdClient<E> {
 
     pub(crate) fn deadline(&self) -> Deadline {
         Deadline {
-            start_ns: self.ep.now_ns(),
+            start_ns: self.ep.mono_ns(),
             limit_ns: self.cfg.expiry_ns,
             ignore: self.cfg.mutations.ignore_op_timer,
         }
     }
 
     pub(crate) fn check(&self, d: &Deadline) -> Attempt<()> {
-        if !d.ignore && self.ep.now_ns().saturating_sub(d.start_ns) >= d.limit_ns {
+        if !d.ignore && self.ep.mono_ns().saturating_sub(d.start_ns) >= d.limit_ns {
             return Err(Abort::Timeout);
         }
         Ok(())

@@ -181,7 +181,7 @@ impl<E: Endpoint> CdClient<E> {
     /// recycled and reused, and the CAS alone could not tell.
     fn undo(&mut self, p: Published, restore: Ite) -> Attempt<bool> {
         let d = self.deadline();
-        let f = self.fetch(p.ite, self.ep.now_ns(), &d, &[], Want::Key)?;
+        let f = self.fetch(p.ite, self.ep.mono_ns(), &d, &[], Want::Key)?;
         let m = f.meta;
         if m.valid || m.writer != self.tag || m.recycle.is_some() || m.prev != p.prev_written.0 {
             return Ok(false);

@@ -245,7 +245,7 @@ impl Channel {
         let l = self.shared.layout;
         let base = l.response_offset(self.slot.local, owner);
         let mut w = [0u8; 8];
-        let start = ep.now_ns();
+        let start = ep.mono_ns();
         let mut polls = 0u64;
         loop {
             ep.local_read(RESPONSE_REGION, base + l.response_ctrl_offset(), &mut w)?;
@@ -281,7 +281,7 @@ impl Channel {
                     self.stats.empty_polls += polls;
                     return Err(stopped(owner));
                 }
-                let waited = ep.now_ns().saturating_sub(start);
+                let waited = ep.mono_ns().saturating_sub(start);
                 if waited >= self.shared.response_timeout_ns {
                     self.stats.empty_polls += polls;
                     self.stats.timeouts += 1;

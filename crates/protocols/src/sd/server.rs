@@ -281,10 +281,10 @@ impl<E: Endpoint> Server<E> {
 
     /// Poll until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) {
-        let mut last = self.io.now_ns();
+        let mut last = self.io.mono_ns();
         while !stop.load(std::sync::atomic::Ordering::Acquire) {
             let served = self.sweep();
-            let now = self.io.now_ns();
+            let now = self.io.mono_ns();
             let spent = now.saturating_sub(last);
             last = now;
             bump(&self.stats.sweeps, 1);
