@@ -124,10 +124,13 @@ impl ProtocolConfig {
                 self.expiry_ns
             ));
         }
-        if self.clock_margin_ns > self.expiry_ns {
+        // A DTE is reused after expiry + margin; a margin over half the expiry means the
+        // nodes' clocks may disagree by more than the protocol's own safety window.
+        if self.clock_margin_ns.saturating_mul(2) > self.expiry_ns {
             return Err(format!(
-                "clock margin {} ns exceeds the expiry period {} ns",
-                self.clock_margin_ns, self.expiry_ns
+                "clock margin {} ms exceeds half the expiry period ({} ms)",
+                self.clock_margin_ns as f64 / 1e6,
+                self.expiry_ns as f64 / 1e6
             ));
         }
         if self.max_migrate_depth > MAX_MIGRATE_DEPTH {
@@ -146,5 +149,26 @@ impl ProtocolConfig {
             return Err("retry.max_backoff_ns exceeds 10 s".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_margin_is_at_most_half_the_expiry() {
+        let ok = ProtocolConfig {
+            expiry_ns: 1_000_000_000,
+            clock_margin_ns: 500_000_000,
+            ..ProtocolConfig::default()
+        };
+        ok.validate().unwrap();
+        let bad = ProtocolConfig {
+            clock_margin_ns: 500_000_001,
+            ..ok
+        };
+        let e = bad.validate().unwrap_err();
+        assert!(e.contains("exceeds half the expiry period (1000 ms)"), "{e}");
     }
 }

@@ -91,9 +91,9 @@ impl Geometry {
                 self.key_max
             ));
         }
-        if self.value_max > MAX_VALUE_SIZE {
+        if self.value_max == 0 || self.value_max > MAX_VALUE_SIZE {
             return err(format!(
-                "value_max = {} exceeds {MAX_VALUE_SIZE}",
+                "value_max = {} is not in 1..={MAX_VALUE_SIZE} (a store of empty values only is a mistake)",
                 self.value_max
             ));
         }
@@ -191,6 +191,7 @@ mod tests {
             (Box::new(|g| g.key_max = 0), "key_max"),
             (Box::new(|g| g.key_max = MAX_KEY_SIZE + 1), "key_max"),
             (Box::new(|g| g.value_max = MAX_VALUE_SIZE + 1), "value_max"),
+            (Box::new(|g| g.value_max = 0), "value_max = 0 is not in 1..="),
             (
                 Box::new(|g| {
                     g.dtes_per_node = u32::MAX as u64;
@@ -214,7 +215,7 @@ mod tests {
             dtes_per_node: MAX_DTES_PER_NODE,
             filter_bits: MAX_FILTER_BITS,
             key_max: 8,
-            value_max: 0,
+            value_max: 1,
             ..Geometry::default()
         };
         let (ite, _) = g.validate().unwrap();
