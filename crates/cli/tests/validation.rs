@@ -17,16 +17,31 @@ fn up_fails(name: &str, args: &[&str], needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     let started = dir.join("node-0.pid").exists() || dir.join("node-1.pid").exists();
     // Stop anything a wrongly accepted setting started before asserting.
-    let _ = Command::new(BIN).arg("down").arg("--dir").arg(&dir).output();
+    let _ = Command::new(BIN)
+        .arg("down")
+        .arg("--dir")
+        .arg(&dir)
+        .output();
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(out.status.code(), Some(2), "{name}: accepted; stderr: {err}");
-    assert!(err.contains(needle), "{name}: {err:?} should mention {needle:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{name}: accepted; stderr: {err}"
+    );
+    assert!(
+        err.contains(needle),
+        "{name}: {err:?} should mention {needle:?}"
+    );
     assert!(!started, "{name}: nodes were started");
 }
 
 #[test]
 fn up_rejects_a_zero_value_max() {
-    up_fails("value-max", &["--value-max", "0"], "value_max = 0 is not in 1..=");
+    up_fails(
+        "value-max",
+        &["--value-max", "0"],
+        "value_max = 0 is not in 1..=",
+    );
 }
 
 #[test]

@@ -162,7 +162,9 @@ fn full_data_table_gives_a_clear_error() {
     };
     let c = LocalCluster::new(g, cfg, None).unwrap();
     let mut a = c.client(1).unwrap();
-    for i in 0..4u8 {
+    // One of the four entries is the delete reserve.
+    assert_eq!(c.table(1).reserve(), 1);
+    for i in 0..3u8 {
         a.put(&[i], b"x").unwrap();
     }
     let e = a.put(&[9], b"x").unwrap_err();
@@ -447,11 +449,63 @@ fn a_backward_wall_clock_step_does_not_keep_cache_entries_alive() {
     assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     let hits = r.cache_stats().hits;
-    assert!(hits >= 1, "a second read within the expiry period hits the cache");
+    assert!(
+        hits >= 1,
+        "a second read within the expiry period hits the cache"
+    );
     c.fabric().step_wall_clock(-10_000_000_000);
-    std::thread::sleep(std::time::Duration::from_nanos(c.config().expiry_ns + 1_000_000));
+    std::thread::sleep(std::time::Duration::from_nanos(
+        c.config().expiry_ns + 1_000_000,
+    ));
     assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     let s = r.cache_stats();
-    assert_eq!(s.hits, hits, "entry older than the expiry period was used: {s:?}");
+    assert_eq!(
+        s.hits, hits,
+        "entry older than the expiry period was used: {s:?}"
+    );
     assert!(s.expired >= 1, "{s:?}");
+}
+
+/// A store whose data table is full can still be emptied: DELETE takes its marker from a small
+/// reserve that PUTs may not use, and the deleted values' entries come back after the expiry
+/// period, so new values fit again.
+#[test]
+fn a_full_data_table_can_be_emptied_and_refilled() {
+    // A roomy index: no MIGRATE, whose recycled sources would free entries on their own.
+    let g = Geometry {
+        dtes_per_node: 16,
+        ites_per_node: 1024,
+        ..small_geometry()
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: 20_000_000,
+        clock_margin_ns: 0,
+        ..ProtocolConfig::default()
+    };
+    let c = LocalCluster::new(g, cfg, None).unwrap();
+    let mut a = c.client(1).unwrap();
+    let mut keys = Vec::new();
+    for i in 0..64u8 {
+        match a.put(&[i], b"x") {
+            Ok(()) => keys.push(i),
+            Err(Error::DataTableFull { node: 1, .. }) => break,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(keys.len(), 15, "all but the reserve hold values");
+    assert!(matches!(a.put(&[200], b"x"), Err(Error::DataTableFull { .. })));
+    assert_eq!(a.stats().migrations, 0);
+    for &k in &keys {
+        a.delete(&[k])
+            .unwrap_or_else(|e| panic!("delete of key {k} on a full table: {e}"));
+        assert_eq!(a.get(&[k]).unwrap(), None);
+    }
+    // After the expiry period every entry is reusable: the table fills up again.
+    for &k in &keys {
+        a.put(&[k], b"y")
+            .unwrap_or_else(|e| panic!("space did not come back for key {k}: {e}"));
+    }
+    for &k in &keys {
+        assert_eq!(a.get(&[k]).unwrap().as_deref(), Some(&b"y"[..]));
+    }
 }

@@ -91,7 +91,8 @@ impl MemFabric {
     /// Step the wall clock every endpoint of this fabric sees by `delta_ns` (negative: back),
     /// as NTP or a VM resume would. The monotonic clock is unaffected.
     pub fn step_wall_clock(&self, delta_ns: i64) {
-        self.wall_clock_step_ns.fetch_add(delta_ns, Ordering::Relaxed);
+        self.wall_clock_step_ns
+            .fetch_add(delta_ns, Ordering::Relaxed);
     }
 
     /// A new endpoint (one per worker thread) on `node`.

@@ -169,6 +169,9 @@ mod tests {
             ..ok
         };
         let e = bad.validate().unwrap_err();
-        assert!(e.contains("exceeds half the expiry period (1000 ms)"), "{e}");
+        assert!(
+            e.contains("exceeds half the expiry period (1000 ms)"),
+            "{e}"
+        );
     }
 }

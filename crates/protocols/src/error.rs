@@ -12,7 +12,7 @@ pub enum Error {
     ValueTooLarge { len: usize, max: u32 },
     #[error("index full: no free slot for the key within {depth} levels of migration; enlarge the index tables or delete data")]
     IndexFull { depth: u8 },
-    #[error("data table on node {node} is full ({capacity} entries, {awaiting_expiry} released entries not yet expired)")]
+    #[error("data table on node {node} is full ({capacity} entries, a few of them kept for deletes; {awaiting_expiry} released entries not yet expired)")]
     DataTableFull {
         node: NodeId,
         capacity: u64,

@@ -9,6 +9,12 @@
 //!   by then.
 //!
 //! Entries never handed out are tracked by a high-water mark, so a fresh table costs nothing.
+//!
+//! A few entries are held back for DELETE ([`Purpose::Delete`]): a delete needs a marker DTE
+//! for the length of the operation, like any write, and without a reserve a table filled by
+//! PUTs could never be emptied again (every delete failing with "data table full"). The reserve
+//! is a low-water mark on the free entries, not a separate list: entries that come back from
+//! recycling serve either purpose.
 
 use std::sync::Mutex;
 
@@ -16,6 +22,28 @@ use nessie_fabric::{Endpoint, FabricError};
 
 use crate::dte::{DteLayout, RECYCLE_OFF};
 use crate::DATA_REGION;
+
+/// One entry in this many is held back for deletes...
+pub const DELETE_RESERVE_FRACTION: u64 = 64;
+/// ...but at least one (when the table has two or more entries) and at most this many.
+pub const MAX_DELETE_RESERVE: u64 = 1024;
+
+/// Entries of a table of `capacity` that only deletes may take.
+pub fn delete_reserve(capacity: u64) -> u64 {
+    if capacity < 2 {
+        return 0;
+    }
+    (capacity / DELETE_RESERVE_FRACTION).clamp(1, MAX_DELETE_RESERVE)
+}
+
+/// What an entry is allocated for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// A new value (PUT, or a MIGRATE copy): may not dip into the delete reserve.
+    Value,
+    /// A DELETE's marker: may take the last free entries.
+    Delete,
+}
 
 /// Why no entry could be allocated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,6 +94,8 @@ pub struct DataTable {
     dti: u32,
     layout: DteLayout,
     capacity: u64,
+    /// Free entries only deletes may take (see [`delete_reserve`]).
+    reserve: u64,
     clock_margin_ns: u64,
     state: Mutex<State>,
 }
@@ -76,6 +106,7 @@ impl DataTable {
             dti,
             layout,
             capacity,
+            reserve: delete_reserve(capacity),
             clock_margin_ns,
             state: Mutex::new(State {
                 free: Vec::new(),
@@ -94,24 +125,48 @@ impl DataTable {
         &self.layout
     }
 
-    /// Take a free entry, scanning for expired recycled entries if none is at hand.
-    /// `ep` must be an endpoint of this table's node.
+    /// Take a free entry for a new value (see [`DataTable::alloc_for`]).
     pub fn alloc<E: Endpoint>(&self, ep: &mut E) -> Result<u64, AllocError> {
+        self.alloc_for(ep, Purpose::Value)
+    }
+
+    /// Take a free entry, scanning for expired recycled entries if too few are at hand: a
+    /// value leaves the delete reserve untouched, a delete may take the last entry.
+    /// `ep` must be an endpoint of this table's node.
+    pub fn alloc_for<E: Endpoint>(&self, ep: &mut E, purpose: Purpose) -> Result<u64, AllocError> {
+        let keep = match purpose {
+            Purpose::Value => self.reserve,
+            Purpose::Delete => 0,
+        };
         let mut s = self.state.lock().unwrap();
+        let mut scan = (0, None);
+        if self.available(&s) <= keep {
+            scan = self.scan_locked(&mut s, ep)?;
+        }
+        if self.available(&s) <= keep {
+            let (awaiting_expiry, next_ready_ns) = scan;
+            return Err(AllocError::Full {
+                dti: self.dti,
+                capacity: self.capacity,
+                awaiting_expiry,
+                next_ready_ns,
+            });
+        }
         if let Some(i) = s.free.pop() {
             return Ok(i);
         }
-        if s.fresh_next < self.capacity {
-            s.fresh_next += 1;
-            return Ok(s.fresh_next - 1);
-        }
-        let (awaiting, next_ready) = self.scan_locked(&mut s, ep)?;
-        s.free.pop().ok_or(AllocError::Full {
-            dti: self.dti,
-            capacity: self.capacity,
-            awaiting_expiry: awaiting,
-            next_ready_ns: next_ready,
-        })
+        s.fresh_next += 1;
+        Ok(s.fresh_next - 1)
+    }
+
+    /// Entries that can be handed out now without a scan.
+    fn available(&self, s: &State) -> u64 {
+        s.free.len() as u64 + (self.capacity - s.fresh_next)
+    }
+
+    /// Entries held back for deletes.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
     }
 
     /// Return an entry that was never referenced by any ITE: reusable immediately.
@@ -197,9 +252,15 @@ mod tests {
     fn fresh_then_unpublished_then_full() {
         let (f, t) = setup(3);
         let mut ep = f.endpoint(0);
-        let got: Vec<u64> = (0..3).map(|_| t.alloc(&mut ep).unwrap()).collect();
-        assert_eq!(got, vec![0, 1, 2]);
-        let e = t.alloc(&mut ep).unwrap_err();
+        assert_eq!(t.reserve(), 1);
+        let got: Vec<u64> = (0..2).map(|_| t.alloc(&mut ep).unwrap()).collect();
+        assert_eq!(got, vec![0, 1]);
+        assert!(
+            t.alloc(&mut ep).is_err(),
+            "the last entry is kept for deletes"
+        );
+        assert_eq!(t.alloc_for(&mut ep, Purpose::Delete).unwrap(), 2);
+        let e = t.alloc_for(&mut ep, Purpose::Delete).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -213,8 +274,19 @@ mod tests {
         );
         assert!(e.to_string().contains("data table 0 is full"));
         t.release_unpublished(1);
-        assert_eq!(t.alloc(&mut ep).unwrap(), 1);
+        assert!(t.alloc(&mut ep).is_err(), "one free entry is the reserve");
+        t.release_unpublished(0);
+        assert_eq!(t.alloc(&mut ep).unwrap(), 0);
+        assert_eq!(t.alloc_for(&mut ep, Purpose::Delete).unwrap(), 1);
         assert_eq!(t.usage().allocated(), 3);
+    }
+
+    #[test]
+    fn delete_reserve_scales_with_the_table() {
+        assert_eq!(delete_reserve(1), 0);
+        assert_eq!(delete_reserve(2), 1);
+        assert_eq!(delete_reserve(640), 10);
+        assert_eq!(delete_reserve(1 << 30), MAX_DELETE_RESERVE);
     }
 
     #[test]
@@ -222,7 +294,8 @@ mod tests {
         let (f, t) = setup(2);
         let mut owner = f.endpoint(0);
         let mut remote = f.endpoint(1);
-        let (a, b) = (t.alloc(&mut owner).unwrap(), t.alloc(&mut owner).unwrap());
+        let mut take = || t.alloc_for(&mut owner, Purpose::Delete).unwrap();
+        let (a, b) = (take(), take());
         let layout = *t.layout();
         let now = remote.now_ns();
         // A remote releaser marks `a` expiring far in the future and `b` already expired.
@@ -239,11 +312,11 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            t.alloc(&mut owner).unwrap(),
+            t.alloc_for(&mut owner, Purpose::Delete).unwrap(),
             b,
             "expired entry is reclaimed"
         );
-        match t.alloc(&mut owner).unwrap_err() {
+        match t.alloc_for(&mut owner, Purpose::Delete).unwrap_err() {
             AllocError::Full {
                 awaiting_expiry: 1,
                 next_ready_ns: Some(r),

@@ -191,7 +191,10 @@ mod tests {
             (Box::new(|g| g.key_max = 0), "key_max"),
             (Box::new(|g| g.key_max = MAX_KEY_SIZE + 1), "key_max"),
             (Box::new(|g| g.value_max = MAX_VALUE_SIZE + 1), "value_max"),
-            (Box::new(|g| g.value_max = 0), "value_max = 0 is not in 1..="),
+            (
+                Box::new(|g| g.value_max = 0),
+                "value_max = 0 is not in 1..=",
+            ),
             (
                 Box::new(|g| {
                     g.dtes_per_node = u32::MAX as u64;

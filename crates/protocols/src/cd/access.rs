@@ -3,6 +3,7 @@
 //! the cache when possible, otherwise with one or two fabric READs.
 
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
+use nessie_store::datatable::Purpose;
 use nessie_store::dte::{DteMeta, HEADER_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
@@ -199,7 +200,8 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Write a new, invalid DTE into the local data table (Step 3 / migrate Step 5) and return
-    /// the ITE that will refer to it, the entry's index and the previous-version pointer
+    /// the ITE that will refer to it (`value` is `None` for a DELETE's marker, which may take
+    /// an entry of the delete reserve), the entry's index and the previous-version pointer
     /// written into it (`EMPTY` with previous versions off). Fails with `TableFull` when no
     /// entry is free.
     pub(crate) fn write_new_dte(
@@ -207,19 +209,27 @@ impl<E: Endpoint> CdClient<E> {
         filter: u64,
         prev: Ite,
         key: &[u8],
-        value: &[u8],
+        value: Option<&[u8]>,
     ) -> Attempt<(Ite, u64, Ite)> {
-        let idx = self.table.alloc(&mut self.ep).map_err(|e| match e {
-            nessie_store::datatable::AllocError::Fabric(f) => Abort::from(f),
-            e => Abort::TableFull(e),
-        })?;
+        let purpose = if value.is_some() {
+            Purpose::Value
+        } else {
+            Purpose::Delete
+        };
+        let idx = self
+            .table
+            .alloc_for(&mut self.ep, purpose)
+            .map_err(|e| match e {
+                nessie_store::datatable::AllocError::Fabric(f) => Abort::from(f),
+                e => Abort::TableFull(e),
+            })?;
         let layout = self.view.dte;
         let prev = if self.cfg.optimizations.previous_versions {
             prev
         } else {
             Ite::EMPTY
         };
-        let n = layout.encode(&mut self.wbuf, self.tag, prev.0, key, value);
+        let n = layout.encode(&mut self.wbuf, self.tag, prev.0, key, value.unwrap_or(&[]));
         self.ep
             .local_write(DATA_REGION, layout.offset(idx), &self.wbuf[..n])?;
         let ite = self

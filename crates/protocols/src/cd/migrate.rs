@@ -102,7 +102,7 @@ impl<E: Endpoint> CdClient<E> {
         };
 
         // Step 5: an invalid local copy whose previous version is the source.
-        let (copy, idx, _) = self.write_new_dte(filter, src_ite, &moved_key, &moved_value)?;
+        let (copy, idx, _) = self.write_new_dte(filter, src_ite, &moved_key, Some(&moved_value))?;
         if let Err(e) = self.check(&d) {
             self.table.release_unpublished(idx);
             return Err(e);

@@ -262,8 +262,7 @@ impl<E: Endpoint> CdClient<E> {
             };
 
             // Step 3: a new, invalid DTE in local memory, then CAS it into the candidate.
-            let (new, idx, prev_written) =
-                self.write_new_dte(h.filter(), prev, key, value.unwrap_or(&[]))?;
+            let (new, idx, prev_written) = self.write_new_dte(h.filter(), prev, key, value)?;
             if let Err(e) = self.check(&d) {
                 self.table.release_unpublished(idx);
                 return Err(e);
