@@ -4,7 +4,7 @@
 //! Each run: 4 client threads on 3 nodes, hot keys, at least 100,000 operations.
 
 mod common;
-use common::{cfg, delay, geometry, spec};
+use common::{cfg, delay, geometry, spec, OPS_PER_THREAD};
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
 use nessie_fabric::mem::MemEndpoint;
 use nessie_protocols::cd::{CdClient, ClientStats};
-use nessie_protocols::{HookPoint, Mutations, ProtocolConfig};
+use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
@@ -156,9 +156,17 @@ fn migrations_at_high_load_factor() {
 /// A tiny data table with a short expiry: entries are recycled constantly, and writers wait for
 /// released entries to expire.
 fn recycling_setup(seed: u64, cfg_base: ProtocolConfig) -> (LocalCluster, ProtocolConfig) {
+    recycling_setup_in(seed, geometry(), cfg_base)
+}
+
+fn recycling_setup_in(
+    seed: u64,
+    g: Geometry,
+    cfg_base: ProtocolConfig,
+) -> (LocalCluster, ProtocolConfig) {
     let g = Geometry {
         dtes_per_node: 96,
-        ..geometry()
+        ..g
     };
     let cfg = ProtocolConfig {
         expiry_ns: 5_000_000,
@@ -168,31 +176,71 @@ fn recycling_setup(seed: u64, cfg_base: ProtocolConfig) -> (LocalCluster, Protoc
     (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
 }
 
-#[test]
-fn recycling_with_a_tiny_data_table_and_short_expiry() {
-    let (c, cfg) = recycling_setup(4, cfg());
-    let s = StressSpec {
-        keys: 40,
-        get_fraction: 0.4,
-        ..spec(4)
-    };
-    let (out, st, _) = run(&c, &cfg, &s);
-    assert_clean(&out);
-    let reclaimed: u64 = (0..3).map(|n| c.table(n).usage().reclaimed_total).sum();
+/// A small index: the 40 keys of the stall and abandon scenarios in 72 slots, so that keys sit
+/// in every candidate, not just the first (the large index of the other runs puts nearly every
+/// key in its first candidate, where two lost-update bugs could not be reached).
+fn small_index() -> Geometry {
+    Geometry {
+        ites_per_node: 24,
+        ..geometry()
+    }
+}
+
+/// The race scenarios below run over each of these: every optimisation on with a large and a
+/// small index, then on the small index with each optimisation off in turn, and all off.
+fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
+    let all = Optimizations::default();
+    let mut v = vec![
+        ("large index", geometry(), all),
+        ("small index", small_index(), all),
+    ];
+    let off: [(&str, fn(&mut Optimizations)); 5] = [
+        ("small index, no filter bits", |o| o.filter_bits = false),
+        ("small index, no cache", |o| o.cache = false),
+        ("small index, no previous versions", |o| {
+            o.previous_versions = false
+        }),
+        ("small index, no multi-read", |o| o.multi_read = false),
+        ("small index, all off", |o| *o = Optimizations::NONE),
+    ];
+    for (name, f) in off {
+        let mut o = all;
+        f(&mut o);
+        v.push((name, small_index(), o));
+    }
+    v
+}
+
+/// Operations per thread in each variant of a scenario (4 threads; 7 variants).
+const VARIANT_OPS_PER_THREAD: u64 = 6_000;
+
+fn assert_clean_variant(name: &str, out: &StressOutcome) {
+    assert!(!out.truncated, "{name}: run hit its time limit");
     assert!(
-        reclaimed > 10_000,
-        "entries must be reused many times over: {reclaimed}"
+        out.ops >= 4 * VARIANT_OPS_PER_THREAD,
+        "{name}: only {} ops",
+        out.ops
     );
-    assert!(st.table_full_waits > 0, "{st:?}");
-    assert_eq!(st.leaked, 0, "{st:?}");
+    assert_eq!(
+        out.corrupt_reads, 0,
+        "{name}: reads returned bytes nobody wrote"
+    );
+    assert!(
+        out.report.is_ok(),
+        "{name}: history not linearizable:\n{}",
+        out.report
+    );
 }
 
 /// One client stalls past the expiry period now and then, after reading an ITE or right after
 /// publishing its DTE, while the others keep writing and recycling: the stalled operation must
 /// abort with a timeout (and be retried), never return stale or recycled data.
-#[test]
-fn stalled_operations_outlive_the_expiry_period_and_abort() {
-    let (c, cfg) = recycling_setup(5, cfg());
+fn stalled_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> (StressOutcome, ClientStats) {
+    let (c, cfg) = recycling_setup_in(seed, g, cfg());
+    let cfg = ProtocolConfig {
+        optimizations: o,
+        ..cfg
+    };
     let mut cs = clients(&c, &cfg);
     let expiry = cfg.expiry_ns;
     let mut n = 0u64;
@@ -210,16 +258,35 @@ fn stalled_operations_outlive_the_expiry_period_and_abort() {
     let s = StressSpec {
         keys: 40,
         get_fraction: 0.5,
-        ..spec(5)
+        ops_per_thread: ops,
+        ..spec(seed)
     };
     let (out, cs) = stress::run(cs, &s);
     eprintln!("{out}\n{:?}", cs[1].stats());
+    (out, cs[1].stats())
+}
+
+#[test]
+fn stalled_operations_outlive_the_expiry_period_and_abort() {
+    let (out, st) = stalled_run(5, geometry(), Optimizations::default(), OPS_PER_THREAD);
     assert_clean(&out);
     assert!(
-        cs[1].stats().timeouts > 10,
-        "the stalled client must have timed out: {:?}",
-        cs[1].stats()
+        st.timeouts > 10,
+        "the stalled client must have timed out: {st:?}"
     );
+}
+
+#[test]
+fn stalled_operations_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        eprintln!("--- {name}");
+        let (out, st) = stalled_run(50 + i as u64, g, o, VARIANT_OPS_PER_THREAD);
+        assert_clean_variant(name, &out);
+        assert!(
+            st.timeouts > 0,
+            "{name}: the stalled client never timed out: {st:?}"
+        );
+    }
 }
 
 /// Writes that give up half-way: every client now and then stalls past the expiry period on
@@ -229,14 +296,18 @@ fn stalled_operations_outlive_the_expiry_period_and_abort() {
 /// key is left wedged: afterwards every key can be written and read back at once.
 fn abandoned_writes_run(
     seed: u64,
+    g: Geometry,
+    o: Optimizations,
     mutations: Mutations,
+    ops: u64,
 ) -> (StressOutcome, ClientStats, LocalCluster) {
-    let (c, base) = recycling_setup(seed, cfg());
+    let (c, base) = recycling_setup_in(seed, g, cfg());
     let cfg = ProtocolConfig {
         retry: nessie_protocols::RetryPolicy {
             max_attempts: 3,
             ..base.retry
         },
+        optimizations: o,
         mutations,
         ..base
     };
@@ -263,6 +334,7 @@ fn abandoned_writes_run(
     let s = StressSpec {
         keys: 40,
         get_fraction: 0.4,
+        ops_per_thread: ops,
         ..spec(seed)
     };
     let (out, cs) = stress::run(cs, &s);
@@ -271,26 +343,55 @@ fn abandoned_writes_run(
     (out, st, c)
 }
 
-#[test]
-fn abandoned_writes_are_undone() {
-    let (out, st, c) = abandoned_writes_run(11, Mutations::default());
-    assert_clean(&out);
-    assert!(st.undone > 20, "{st:?}");
-    assert_eq!(st.leaked, 0, "{st:?}");
-    // No key is wedged by a leftover: a client with a handful of attempts writes every key.
+/// No key is wedged by a leftover: a client with a handful of attempts writes every key.
+fn assert_no_key_wedged(name: &str, c: &LocalCluster, o: Optimizations) {
     let cfg = ProtocolConfig {
         retry: nessie_protocols::RetryPolicy {
             max_attempts: 20,
             ..cfg().retry
         },
+        optimizations: o,
         ..recycling_setup(11, cfg()).1
     };
     let mut w = c.client_with(1, cfg).unwrap();
     for k in 0..40u64 {
         let key = stress::key_bytes(k);
         w.put(&key, b"after")
-            .unwrap_or_else(|e| panic!("key {k} is wedged: {e}"));
-        assert_eq!(w.get(&key).unwrap().as_deref(), Some(&b"after"[..]));
+            .unwrap_or_else(|e| panic!("{name}: key {k} is wedged: {e}"));
+        assert_eq!(
+            w.get(&key).unwrap().as_deref(),
+            Some(&b"after"[..]),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn abandoned_writes_are_undone() {
+    let all = Optimizations::default();
+    let (out, st, c) =
+        abandoned_writes_run(11, geometry(), all, Mutations::default(), OPS_PER_THREAD);
+    assert_clean(&out);
+    assert!(st.undone > 20, "{st:?}");
+    assert_eq!(st.leaked, 0, "{st:?}");
+    assert_no_key_wedged("large index", &c, all);
+}
+
+#[test]
+fn abandoned_writes_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        eprintln!("--- {name}");
+        let (out, st, c) = abandoned_writes_run(
+            60 + i as u64,
+            g,
+            o,
+            Mutations::default(),
+            VARIANT_OPS_PER_THREAD,
+        );
+        assert_clean_variant(name, &out);
+        assert!(st.undone > 0, "{name}: {st:?}");
+        assert_eq!(st.leaked, 0, "{name}: {st:?}");
+        assert_no_key_wedged(name, &c, o);
     }
 }
 
@@ -298,20 +399,74 @@ fn abandoned_writes_are_undone() {
 fn mutation_undoing_to_empty_is_caught() {
     let (out, st, _) = abandoned_writes_run(
         12,
+        geometry(),
+        Optimizations::default(),
         Mutations {
             undo_to_empty: true,
             ..Mutations::default()
         },
+        OPS_PER_THREAD,
     );
     assert!(st.undone > 0, "{st:?}");
-    assert!(
-        !out.report.is_ok(),
-        "undoing abandoned writes to empty went unnoticed"
-    );
+    assert_violation(&out, "undoing abandoned writes to empty");
 }
 
 // Mutation tests: each breaks one protocol rule; the same stress run must then report a
 // violation. This is what shows the checker (and the stress runs above) have teeth.
+
+/// A real violation: a key proven not linearizable, or a read of bytes nobody wrote. An
+/// `Unknown` verdict (search budget exhausted) is not one.
+fn assert_violation(out: &StressOutcome, mutation: &str) {
+    let violations = out.report.violations().count();
+    assert!(
+        violations > 0 || out.corrupt_reads > 0,
+        "{mutation} went unnoticed: {} unknown keys, no violation\n{}",
+        out.report.unknown().count(),
+        out.report
+    );
+    eprintln!(
+        "{mutation}: {violations} keys violated, {} corrupt reads",
+        out.corrupt_reads
+    );
+}
+
+/// Readers that ignore their timer and stall between a DTE's header and its value read the
+/// value of whatever write reused the entry meanwhile.
+#[test]
+fn mutation_ignoring_the_operation_timer_is_caught() {
+    let (c, cfg) = recycling_setup(
+        10,
+        ProtocolConfig {
+            mutations: Mutations {
+                ignore_op_timer: true,
+                ..Mutations::default()
+            },
+            ..cfg()
+        },
+    );
+    let mut cs = clients(&c, &cfg);
+    let expiry = cfg.expiry_ns;
+    for client in cs.iter_mut().take(2) {
+        let mut n = 0u64;
+        client.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeValueRead {
+                n += 1;
+                if n % 53 == 0 {
+                    std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
+                }
+            }
+        })));
+    }
+    let s = StressSpec {
+        keys: 40,
+        get_fraction: 0.6,
+        ops_per_thread: VARIANT_OPS_PER_THREAD,
+        ..spec(10)
+    };
+    let (out, _) = stress::run(cs, &s);
+    eprintln!("{out}");
+    assert_violation(&out, "ignoring the operation timer");
+}
 
 /// A GET misses a key only if a MIGRATE moves it into a candidate the GET has already passed:
 /// the same high-load run as above must fail once GETs skip their reverse pass.
@@ -325,10 +480,7 @@ fn mutation_skipping_the_reverse_pass_is_caught() {
         },
     );
     assert!(st.migrations > 0);
-    assert!(
-        !out.report.is_ok(),
-        "skipping the GET reverse pass went unnoticed"
-    );
+    assert_violation(&out, "skipping the GET reverse pass");
 }
 
 #[test]
@@ -347,10 +499,7 @@ fn mutation_recycling_without_expiry_is_caught() {
         ..spec(7)
     };
     let (out, _, _) = run(&c, &cfg, &s);
-    assert!(
-        !out.report.is_ok() || out.corrupt_reads > 0,
-        "reusing DTEs without expiry went unnoticed"
-    );
+    assert_violation(&out, "reusing DTEs without expiry");
 }
 
 #[test]
@@ -369,5 +518,5 @@ fn mutation_ignoring_the_valid_flag_is_caught() {
         ..spec(8)
     };
     let (out, _, _) = run(&c, &base, &s);
-    assert!(!out.report.is_ok(), "returning invalid DTEs went unnoticed");
+    assert_violation(&out, "returning invalid DTEs");
 }

@@ -493,7 +493,10 @@ fn a_full_data_table_can_be_emptied_and_refilled() {
         }
     }
     assert_eq!(keys.len(), 15, "all but the reserve hold values");
-    assert!(matches!(a.put(&[200], b"x"), Err(Error::DataTableFull { .. })));
+    assert!(matches!(
+        a.put(&[200], b"x"),
+        Err(Error::DataTableFull { .. })
+    ));
     assert_eq!(a.stats().migrations, 0);
     for &k in &keys {
         a.delete(&[k])

@@ -7,6 +7,9 @@ pub enum HookPoint {
     AfterIteRead,
     /// A GET has read an ITE in its forward pass (after `AfterIteRead`).
     GetForwardPass,
+    /// A DTE's header and key have been read and its value is about to be (the window in which
+    /// a stalled reader could see the entry recycled and rewritten under it).
+    BeforeValueRead,
     /// A GET has read a candidate DTE and is about to inspect it.
     GetAfterDteRead,
     /// A PUT/DELETE has swapped its new DTE into the candidate ITE (Step 3.1).

@@ -173,6 +173,7 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Append the value of the DTE at (`node`, `off`) to the header already in `self.buf`.
     fn load_value(&mut self, node: NodeId, off: u64, meta: &DteMeta, local: bool) -> Attempt<()> {
+        self.hook(HookPoint::BeforeValueRead);
         let layout = self.view.dte;
         let start = layout.value_off as usize;
         let len = layout.value_read_len(meta.value_len) as usize;
