@@ -261,7 +261,9 @@ fn local_config(o: &UpOptions, ports: &[u16]) -> Result<ClusterConfig, ProcessEr
 
 /// Start node `id` of the cluster configured in `cpath`, detached, logging to `log`.
 fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, ProcessError> {
-    let err = log.try_clone().map_err(io(cpath))?;
+    let err = log
+        .try_clone()
+        .map_err(io(&log_path(cpath.parent().unwrap_or(cpath), id)))?;
     let mut cmd = Command::new(&o.binary);
     cmd.arg("node")
         .arg("--config")
