@@ -256,3 +256,15 @@ fn up_and_down_fail_clearly_while_the_directory_is_locked() {
     drop(held);
     assert_ok(&up(&d.0, "1"));
 }
+
+#[test]
+fn down_finds_a_node_by_its_socket_when_its_pid_file_is_gone() {
+    let d = Dir::new("sockonly");
+    assert_ok(&up(&d.0, "1"));
+    let pid = process::live_pid(&d.0, 0).expect("node 0 runs");
+    std::fs::remove_file(d.0.join("node-0.pid")).unwrap();
+    let fd = Pidfd::open(pid).unwrap();
+    assert_ok(&nessie(&["down"], &d.0));
+    assert!(fd.wait_exit(Duration::from_secs(1)), "node 0 still runs");
+    assert!(!d.0.join("node-0.sock").exists(), "its socket is removed");
+}
