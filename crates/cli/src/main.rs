@@ -66,14 +66,14 @@ struct DirArg {
 }
 
 impl DirArg {
-    /// The cluster directory, absolute (node processes are recognised by their config path).
+    /// The cluster directory, absolute. Symlinks are not resolved: `up` refuses a directory
+    /// that is a symlink rather than following it somewhere else.
     fn dir(&self) -> PathBuf {
         let d = self
             .dir
             .clone()
             .unwrap_or_else(nessie_cluster::process::default_dir);
-        std::fs::canonicalize(&d)
-            .unwrap_or_else(|_| std::env::current_dir().map(|c| c.join(&d)).unwrap_or(d))
+        std::path::absolute(&d).unwrap_or(d)
     }
 }
 

@@ -11,7 +11,7 @@
 //! connection is closed; the server keeps serving.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -209,21 +209,33 @@ impl ClientPool {
         }
     }
 
-    /// Run `f` with a client, waiting for one to be free.
+    /// Run `f` with a client, waiting for one to be free. The client goes back to the pool
+    /// even if `f` panics, so later callers are not left waiting for it.
     pub fn with<T>(&self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
-        let mut c = {
-            let mut g = self.clients.lock().unwrap();
+        let c = {
+            let mut g = self.lock();
             loop {
                 if let Some(c) = g.pop() {
                     break c;
                 }
-                g = self.available.wait(g).unwrap();
+                g = self
+                    .available
+                    .wait(g)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
         };
-        let r = f(c.as_mut());
-        self.clients.lock().unwrap().push(c);
-        self.available.notify_one();
-        r
+        let mut lent = Lent {
+            pool: self,
+            client: Some(c),
+        };
+        f(lent.client.as_mut().expect("lent client").as_mut())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Box<dyn KvClient>>> {
+        // The list is consistent whenever the lock is released, so a poisoned lock is usable.
+        self.clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Serve a data request with a pooled client (PING and STATUS are the caller's).
@@ -248,11 +260,80 @@ impl ClientPool {
     }
 }
 
+/// A client lent out by [`ClientPool::with`]; returned to the pool on drop, unwinding included.
+struct Lent<'a> {
+    pool: &'a ClientPool,
+    client: Option<Box<dyn KvClient>>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            self.pool.lock().push(c);
+            self.pool.available.notify_one();
+        }
+    }
+}
+
 /// Listens on a Unix socket until dropped.
 pub struct AdminServer {
     path: PathBuf,
+    /// Device and inode of our socket file, so drop removes it only if it is still ours.
+    inode: (u64, u64),
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the accept loop looks at its stop flag: the bound on how long dropping an
+/// [`AdminServer`] (and so stopping a node) waits for it.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
+
+/// A listening Unix socket at `path` that is its owner's only from the moment it exists:
+/// Linux gives the socket file the mode of the socket's inode (less the umask), set with
+/// `fchmod` before `bind`.
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    };
+    // SAFETY: socket(2); the fd is owned by `fd` from here on.
+    let fd = unsafe {
+        OwnedFd::from_raw_fd(check(libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?)
+    };
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: plain syscalls on our fd with a valid address of the given length.
+    unsafe {
+        check(libc::fchmod(fd.as_raw_fd(), 0o600))?;
+        check(libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+            len,
+        ))?;
+        check(libc::listen(fd.as_raw_fd(), 128))?;
+    }
+    Ok(UnixListener::from(fd))
 }
 
 impl AdminServer {
@@ -267,41 +348,57 @@ impl AdminServer {
             }
             std::fs::remove_file(path)?;
         }
-        let listener = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let listener = bind_private(path)?;
+        listener.set_nonblocking(true)?;
+        let meta = std::fs::symlink_metadata(path)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let active = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("nessie-admin".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(mut s) = conn else { continue };
-                    if active.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
-                        active.fetch_sub(1, Ordering::SeqCst);
-                        let _ = s.write_all(
-                            &Response::Error("node busy: too many admin connections".into())
-                                .encode(),
-                        );
-                        continue;
-                    }
-                    let (handler, active) = (handler.clone(), active.clone());
-                    let _ = std::thread::Builder::new()
-                        .name("nessie-admin-conn".into())
-                        .spawn(move || {
-                            serve_connection(&mut s, handler.as_ref());
-                            active.fetch_sub(1, Ordering::SeqCst);
-                        });
-                }
-            })?;
+            .spawn(move || accept_loop(&listener, handler, &stop2))?;
         Ok(Self {
             path: path.to_path_buf(),
+            inode: (meta.dev(), meta.ino()),
             stop,
             thread: Some(thread),
         })
+    }
+}
+
+/// Serve connections on `listener` until `stop` is set. The listener is non-blocking and
+/// polled with a timeout, so the loop notices `stop` even if nobody ever connects again (its
+/// socket file may have been removed or replaced).
+fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &AtomicBool) {
+    use std::os::fd::AsRawFd;
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::SeqCst) {
+        let mut p = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+        let Ok((mut s, _)) = listener.accept() else {
+            continue;
+        };
+        if s.set_nonblocking(false).is_err() {
+            continue;
+        }
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            let _ = s.write_all(
+                &Response::Error("node busy: too many admin connections".into()).encode(),
+            );
+            continue;
+        }
+        let (handler, active) = (handler.clone(), active.clone());
+        let _ = std::thread::Builder::new()
+            .name("nessie-admin-conn".into())
+            .spawn(move || {
+                serve_connection(&mut s, handler.as_ref());
+                active.fetch_sub(1, Ordering::SeqCst);
+            });
     }
 }
 
@@ -326,11 +423,13 @@ fn serve_connection(s: &mut UnixStream, handler: &dyn Handler) {
 impl Drop for AdminServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Remove the socket file only if it is ours, not a later server's at the same path.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -471,5 +570,67 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("is the node running"), "{err}");
+    }
+
+    /// A client that panics on every operation.
+    struct Panicky;
+    impl KvClient for Panicky {
+        fn get(&mut self, _: &[u8]) -> Result<Option<Vec<u8>>, nessie_protocols::Error> {
+            panic!("client failure")
+        }
+        fn put(&mut self, _: &[u8], _: &[u8]) -> Result<(), nessie_protocols::Error> {
+            Ok(())
+        }
+        fn delete(&mut self, _: &[u8]) -> Result<(), nessie_protocols::Error> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn client_pool_gets_its_client_back_when_the_closure_panics() {
+        let pool = Arc::new(ClientPool::new(vec![Box::new(Panicky)]));
+        let p = pool.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.with(|c| c.get(b"k").map(|_| ()))
+        }));
+        assert!(r.is_err(), "the closure panicked");
+        // The only client must be back: a later caller gets it instead of waiting forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(pool.with(|c| c.put(b"k", b"v").is_ok())));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true));
+    }
+
+    #[test]
+    fn dropping_the_server_stops_it_even_when_its_socket_file_is_gone() {
+        let (srv, path) = server("gone");
+        // e.g. a `down` removed it, or another node replaced it
+        std::fs::remove_file(&path).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(srv);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(2))
+            .expect("the accept loop stopped");
+    }
+
+    #[test]
+    fn admin_sockets_are_private_from_the_moment_they_exist() {
+        let path =
+            std::env::temp_dir().join(format!("nessie-admin-mode-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        // With no umask to help, the socket file must still be created 0600.
+        // SAFETY: umask cannot fail; restored right after.
+        let old = unsafe { libc::umask(0) };
+        let l = bind_private(&path);
+        unsafe { libc::umask(old) };
+        let _l = l.unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::symlink_metadata(&path)
+            .unwrap()
+            .permissions()
+            .mode();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
     }
 }

@@ -14,5 +14,6 @@ pub mod config;
 pub mod local;
 pub mod node;
 pub mod process;
+pub mod rundir;
 
 pub use local::LocalCluster;

@@ -3,10 +3,11 @@
 //! client workers (every node is also a client: it writes DTEs into its own data table) and
 //! serves the admin socket until SIGTERM or SIGINT.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nessie_fabric::delay::Delayed;
 use nessie_fabric::mem::DelayInjection;
@@ -24,6 +25,7 @@ use nessie_store::{DATA_REGION, INDEX_REGION};
 use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, Transport};
+use crate::rundir::{PidFile, RunDir};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -33,6 +35,8 @@ pub enum NodeError {
     Bootstrap(#[from] bootstrap::BootstrapError),
     #[error("fabric: {0}")]
     Fabric(#[from] nessie_fabric::FabricError),
+    #[error(transparent)]
+    Dir(#[from] crate::rundir::DirError),
     #[error("{0}")]
     Other(String),
 }
@@ -261,12 +265,58 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// How long an orderly shutdown may take after a stop signal before the node exits anyway
+/// (a stop must take less than a second).
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
+
+/// Wait for a stop signal on a thread of its own, so a node stops whatever it is doing. A node
+/// still starting (e.g. waiting for peers that will never come) exits at once; a serving node
+/// gets the signal on the returned channel and [`SHUTDOWN_GRACE`] to shut down in order.
+fn watch_signals(
+    set: libc::sigset_t,
+    id: u16,
+    serving: Arc<AtomicBool>,
+    pid_file: PathBuf,
+) -> Result<mpsc::Receiver<libc::c_int>, NodeError> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("nessie-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` was initialised by block_signals.
+            while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+            eprintln!("nessie node {id}: stopping (signal {sig})");
+            let code = if serving.load(Ordering::SeqCst) {
+                let _ = tx.send(sig);
+                std::thread::sleep(SHUTDOWN_GRACE);
+                eprintln!("nessie node {id}: no orderly stop after {SHUTDOWN_GRACE:?}; exiting");
+                1
+            } else {
+                0
+            };
+            // Our pid file is locked by us, so nobody else can have replaced it.
+            let _ = std::fs::remove_file(&pid_file);
+            // SAFETY: ends the process without running destructors that could block.
+            unsafe { libc::_exit(code) }
+        })
+        .map_err(|e| NodeError::Other(format!("spawning the signal thread: {e}")))?;
+    Ok(rx)
+}
+
 /// Run node `id` of the cluster described by `config_path` until it is told to stop.
 pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), NodeError> {
     let signals = block_signals();
+    // Every file and socket the node creates is its owner's only, from the moment it exists.
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(0o077) };
     let cfg = ClusterConfig::load(config_path)?;
     let entry = cfg.node_entry(id)?.clone();
     let base = config_path.parent().unwrap_or(Path::new("."));
+    RunDir::open(base, false)?;
+    let pid_path = base.join(format!("node-{id}.pid"));
+    let _pid_file = PidFile::acquire(&pid_path, id)?;
+    let serving = Arc::new(AtomicBool::new(false));
+    let stop_signal = watch_signals(signals, id, serving.clone(), pid_path)?;
     let admin_path = cfg.admin_path(id, base)?;
     let mode = cfg.mode().map_err(NodeError::Other)?;
     let g = &cfg.geometry;
@@ -398,10 +448,8 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
         admin_path.display()
     );
 
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `signals` was initialised by block_signals.
-    unsafe { libc::sigwait(&signals, &mut sig) };
-    eprintln!("nessie node {id}: stopping (signal {sig})");
+    serving.store(true, Ordering::SeqCst);
+    let _ = stop_signal.recv();
     drop(admin);
     stop.store(true, Ordering::SeqCst);
     for h in server_threads {

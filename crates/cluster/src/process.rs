@@ -2,14 +2,17 @@
 //! background (configuration, logs, pid files and admin sockets in one directory), `nessie
 //! status` asks each for its state, `nessie down` stops them and cleans up.
 
+use std::fs::File;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nessie_store::Geometry;
 
 use crate::admin::{AdminClient, Request, Response};
 use crate::config::{ClusterConfig, Transport};
+use crate::rundir::{self, RunDir};
 
 /// Most nodes `nessie up` starts on one machine.
 pub const MAX_LOCAL_NODES: u16 = 64;
@@ -34,6 +37,8 @@ pub enum ProcessError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Dir(#[from] rundir::DirError),
 }
 
 /// Where a cluster lives when no `--dir` is given: `$NESSIE_DIR`, else a per-user directory.
@@ -68,21 +73,11 @@ pub fn log_path(dir: &Path, id: u16) -> PathBuf {
     dir.join(format!("node-{id}.log"))
 }
 
-/// The pid of node `id` if that process is alive and really is that node (not a reused pid).
+/// The pid of node `id` if it is running: the holder of its pid file's lock, else the process
+/// listening on its admin socket in `dir`.
 pub fn live_pid(dir: &Path, id: u16) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pid_path(dir, id))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let cfg = config_path(dir);
-    let is_ours = args.iter().any(|a| *a == b"node")
-        && args
-            .iter()
-            .any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == cfg);
-    is_ours.then_some(pid)
+    rundir::pid_file_holder(&pid_path(dir, id))
+        .or_else(|| rundir::socket_listener_pid(&dir.join(format!("node-{id}.sock"))))
 }
 
 #[derive(Clone, Debug)]
@@ -205,9 +200,24 @@ pub fn up_with_ports(
     o: &UpOptions,
     mut ports: impl FnMut(u16) -> Result<Vec<u16>, ProcessError>,
 ) -> Result<ClusterConfig, ProcessError> {
+    if o.nodes == 0 || o.nodes > MAX_LOCAL_NODES {
+        return Err(ProcessError::Invalid(format!(
+            "--nodes {} is not in 1..={MAX_LOCAL_NODES}",
+            o.nodes
+        )));
+    }
+    // Held until we return: a concurrent `up` or `down` on this directory fails at once.
+    let rd = RunDir::lock(dir, true)?;
+    let running = running_nodes(dir);
+    if !running.is_empty() {
+        return Err(ProcessError::AlreadyRunning {
+            dir: dir.into(),
+            running: running.iter().filter_map(|n| n.id).collect(),
+        });
+    }
     let mut attempt = 1;
     loop {
-        match up_once(dir, o, ports(o.nodes)?) {
+        match up_once(&rd, o, ports(o.nodes)?) {
             Err(ProcessError::StartFailed { ref tail, .. })
                 if attempt < MAX_PORT_ATTEMPTS
                     && tail.contains("cannot listen on")
@@ -220,30 +230,8 @@ pub fn up_with_ports(
     }
 }
 
-fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, ProcessError> {
-    if o.nodes == 0 || o.nodes > MAX_LOCAL_NODES {
-        return Err(ProcessError::Invalid(format!(
-            "--nodes {} is not in 1..={MAX_LOCAL_NODES}",
-            o.nodes
-        )));
-    }
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    if config_path(dir).exists() {
-        let old = ClusterConfig::load(&config_path(dir)).ok();
-        let running: Vec<u16> = old.map_or(vec![], |c| {
-            c.node
-                .iter()
-                .map(|n| n.id)
-                .filter(|&id| live_pid(dir, id).is_some())
-                .collect()
-        });
-        if !running.is_empty() {
-            return Err(ProcessError::AlreadyRunning {
-                dir: dir.into(),
-                running,
-            });
-        }
-    }
+/// The configuration `up` writes for `o` with bootstrap `ports`.
+fn local_config(o: &UpOptions, ports: &[u16]) -> Result<ClusterConfig, ProcessError> {
     if ports.len() != o.nodes as usize {
         return Err(ProcessError::Invalid(format!(
             "{} bootstrap ports for {} nodes",
@@ -252,7 +240,7 @@ fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, 
         )));
     }
     let mut cfg = ClusterConfig::local("local", o.nodes, o.transport, 0, o.geometry.clone());
-    for (n, p) in cfg.node.iter_mut().zip(&ports) {
+    for (n, p) in cfg.node.iter_mut().zip(ports) {
         n.bootstrap.set_port(*p);
         n.workers = o.workers;
     }
@@ -268,51 +256,81 @@ fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, 
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
     cfg.validate()?;
-    let cpath = config_path(dir);
-    cfg.save(&cpath)?;
-    std::fs::set_permissions(&cpath, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .map_err(io(&cpath))?;
+    Ok(cfg)
+}
 
+/// Start node `id` of the cluster configured in `cpath`, detached, logging to `log`.
+fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, ProcessError> {
+    let err = log
+        .try_clone()
+        .map_err(io(&log_path(cpath.parent().unwrap_or(cpath), id)))?;
+    let mut cmd = Command::new(&o.binary);
+    cmd.arg("node")
+        .arg("--config")
+        .arg(cpath)
+        .arg("--id")
+        .arg(id.to_string())
+        .args(&o.node_args);
+    cmd.stdin(Stdio::null()).stdout(log).stderr(err);
+    // Detach from the terminal's session so the node outlives `nessie up`.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(io(&o.binary))
+}
+
+fn up_once(rd: &RunDir, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, ProcessError> {
+    let dir = rd.path();
+    let cfg = local_config(o, &ports)?;
+    let cpath = config_path(dir);
+    rundir::write_file(&cpath, cfg.to_toml().as_bytes())?;
     let mut children = Vec::new();
     for n in &cfg.node {
-        let log = log_path(dir, n.id);
-        let out = std::fs::File::create(&log).map_err(io(&log))?;
-        let err = out.try_clone().map_err(io(&log))?;
-        let mut cmd = Command::new(&o.binary);
-        cmd.arg("node")
-            .arg("--config")
-            .arg(&cpath)
-            .arg("--id")
-            .arg(n.id.to_string())
-            .args(&o.node_args);
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        // Detach from the terminal's session so the node outlives `nessie up`.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
+        let log = rd.create_file(&format!("node-{}.log", n.id));
+        match log
+            .map_err(ProcessError::from)
+            .and_then(|l| spawn_node(o, &cpath, n.id, l))
+        {
+            Ok(child) => children.push((n.id, child)),
+            Err(e) => {
+                stop_children(dir, children);
+                return Err(e);
+            }
         }
-        let child = cmd.spawn().map_err(io(&o.binary))?;
-        std::fs::write(pid_path(dir, n.id), child.id().to_string())
-            .map_err(io(&pid_path(dir, n.id)))?;
-        children.push((n.id, child));
     }
+    match wait_ready(dir, &cfg, o.ready_timeout, &mut children) {
+        Ok(()) => Ok(cfg), // the children are detached; dropping the handles leaves them running
+        Err(e) => {
+            stop_children(dir, children);
+            Err(e)
+        }
+    }
+}
 
-    // Wait until every node answers on its admin socket.
-    let deadline = Instant::now() + o.ready_timeout;
+/// Wait until every node answers on its admin socket; a node that exits, or is not ready by
+/// `timeout`, fails the start.
+fn wait_ready(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    timeout: Duration,
+    children: &mut [(u16, Child)],
+) -> Result<(), ProcessError> {
+    let failed = |id: u16, reason: String| ProcessError::StartFailed {
+        node: id,
+        reason,
+        log: log_path(dir, id),
+        tail: tail(&log_path(dir, id), 15),
+    };
+    let deadline = Instant::now() + timeout;
     let mut pending: Vec<u16> = cfg.node.iter().map(|n| n.id).collect();
-    while !pending.is_empty() {
+    loop {
         for (id, child) in children.iter_mut() {
             if let Ok(Some(status)) = child.try_wait() {
-                let _ = down(dir);
-                return Err(ProcessError::StartFailed {
-                    node: *id,
-                    reason: format!("exited with {status}"),
-                    log: log_path(dir, *id),
-                    tail: tail(&log_path(dir, *id), 15),
-                });
+                return Err(failed(*id, format!("exited with {status}")));
             }
         }
         pending.retain(|&id| {
@@ -326,57 +344,158 @@ fn up_once(dir: &Path, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, 
             )
         });
         if pending.is_empty() {
-            break;
+            return Ok(());
         }
         if Instant::now() >= deadline {
-            let id = pending[0];
-            let _ = down(dir);
-            return Err(ProcessError::StartFailed {
-                node: id,
-                reason: format!("not ready after {:?}", o.ready_timeout),
-                log: log_path(dir, id),
-                tail: tail(&log_path(dir, id), 15),
-            });
+            return Err(failed(pending[0], format!("not ready after {timeout:?}")));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The children are detached; dropping the handles does not kill them.
-    Ok(cfg)
 }
 
-/// Stop every node of the cluster in `dir` (SIGTERM, then SIGKILL after a grace period) and
-/// remove pid files and sockets. Returns the nodes that were running.
+/// Stop the nodes `up` started (by their unreaped child handles, so no pid can have been
+/// reused) and remove what they left in `dir`.
+fn stop_children(dir: &Path, mut children: Vec<(u16, Child)>) {
+    for (_, c) in &children {
+        // SAFETY: the child is not reaped yet, so its pid is still ours.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    for (_, c) in children.iter_mut() {
+        while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = stop_nodes(dir);
+}
+
+/// How long `down` waits for a node to stop after SIGTERM before it sends SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A running node found in a cluster directory.
+pub struct RunningNode {
+    /// Its id, when the pid file or socket name tells it.
+    pub id: Option<u16>,
+    pub pid: i32,
+}
+
+/// The node id in a file name `node-ID.EXT`.
+fn node_id(name: &str, ext: &str) -> Option<u16> {
+    name.strip_prefix("node-")?
+        .strip_suffix(ext)?
+        .strip_suffix('.')?
+        .parse()
+        .ok()
+}
+
+/// Every process that holds a node pid file in `dir` or listens on a socket there (and on the
+/// admin sockets `cluster.toml` places elsewhere), one entry per pid.
+pub fn running_nodes(dir: &Path) -> Vec<RunningNode> {
+    let mut found: Vec<RunningNode> = Vec::new();
+    let mut add = |id: Option<u16>, pid: Option<i32>| {
+        if let Some(pid) = pid {
+            match found.iter_mut().find(|n| n.pid == pid) {
+                Some(n) => n.id = n.id.or(id),
+                None => found.push(RunningNode { id, pid }),
+            }
+        }
+    };
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(id) = node_id(&name, "pid") {
+            add(Some(id), rundir::pid_file_holder(&e.path()));
+        } else if e.file_type().is_ok_and(|t| t.is_socket()) {
+            add(
+                node_id(&name, "sock"),
+                rundir::socket_listener_pid(&e.path()),
+            );
+        }
+    }
+    if let Ok(cfg) = ClusterConfig::load(&config_path(dir)) {
+        for n in &cfg.node {
+            if let Ok(p) = cfg.admin_path(n.id, dir) {
+                add(Some(n.id), rundir::socket_listener_pid(&p));
+            }
+        }
+    }
+    found
+}
+
+/// Stop every node `dir` holds a pid file or socket of (SIGTERM, then SIGKILL after
+/// [`STOP_GRACE`]) and remove pid files and sockets. Returns the nodes that were running.
 pub fn down(dir: &Path) -> Result<Vec<u16>, ProcessError> {
-    let cpath = config_path(dir);
-    if !cpath.exists() {
+    let _lock = RunDir::lock(dir, false).map_err(|e| match e {
+        rundir::DirError::Open { ref err, .. } if err.kind() == std::io::ErrorKind::NotFound => {
+            ProcessError::NoCluster(dir.into())
+        }
+        e => e.into(),
+    })?;
+    let stopped = stop_nodes(dir)?;
+    if stopped.is_empty() && !config_path(dir).exists() {
         return Err(ProcessError::NoCluster(dir.into()));
     }
-    let cfg = ClusterConfig::load(&cpath)?;
-    let mut stopped = Vec::new();
-    for n in &cfg.node {
-        if let Some(pid) = live_pid(dir, n.id) {
-            // SAFETY: signalling a process we verified is our node.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            stopped.push((n.id, pid));
+    let mut ids: Vec<u16> = stopped.iter().filter_map(|n| n.id).collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// [`down`] without taking the directory lock (the caller holds it).
+fn stop_nodes(dir: &Path) -> Result<Vec<RunningNode>, ProcessError> {
+    let nodes = running_nodes(dir);
+    // A pidfd pins the process: once it exits, signals to the handle go nowhere rather than to
+    // a process that reused the pid. Pids still found after the pidfds are open are the nodes'.
+    let fds: Vec<_> = nodes
+        .iter()
+        .filter_map(|n| Some((n.pid, rundir::Pidfd::open(n.pid).ok()?)))
+        .collect();
+    let still = running_nodes(dir);
+    let handles: Vec<_> = fds
+        .into_iter()
+        .filter(|(pid, _)| still.iter().any(|m| m.pid == *pid))
+        .map(|(_, fd)| fd)
+        .collect();
+    for fd in &handles {
+        let _ = fd.signal(libc::SIGTERM);
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    for fd in &handles {
+        if !fd.wait_exit(deadline.saturating_duration_since(Instant::now())) {
+            let _ = fd.signal(libc::SIGKILL);
+            fd.wait_exit(Duration::from_secs(1));
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for &(id, pid) in &stopped {
-        while live_pid(dir, id).is_some() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if live_pid(dir, id).is_some() {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+    remove_leftovers(dir);
+    Ok(nodes)
+}
+
+/// Remove the pid files and sockets of nodes that are no longer running.
+fn remove_leftovers(dir: &Path) {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_sock = e.file_type().is_ok_and(|t| t.is_socket());
+        if node_id(&name, "pid").is_some() && rundir::pid_file_holder(&e.path()).is_none()
+            || is_sock && rundir::socket_listener_pid(&e.path()).is_none()
+        {
+            let _ = std::fs::remove_file(e.path());
         }
     }
-    for n in &cfg.node {
-        let _ = std::fs::remove_file(pid_path(dir, n.id));
-        if let Ok(p) = cfg.admin_path(n.id, dir) {
-            let _ = std::fs::remove_file(p);
+    if let Ok(cfg) = ClusterConfig::load(&config_path(dir)) {
+        for n in &cfg.node {
+            match cfg.admin_path(n.id, dir) {
+                Ok(p)
+                    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket())
+                        && rundir::socket_listener_pid(&p).is_none() =>
+                {
+                    let _ = std::fs::remove_file(p);
+                }
+                _ => {}
+            }
         }
     }
-    Ok(stopped.into_iter().map(|(id, _)| id).collect())
 }
 
 /// What `nessie status` shows for one node.
