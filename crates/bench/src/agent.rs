@@ -322,7 +322,7 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
                 .client(&client_cfg(node, spec.optimizations))
                 .map_err(|e| e.to_string())?;
             let (value, ks) = (value.clone(), spec.key_size);
-            Ok(std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("nessie-bench-pre".into())
                 .spawn(move || -> Result<u64, String> {
                     for &k in &keys {
@@ -331,7 +331,7 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
                     }
                     Ok(keys.len() as u64)
                 })
-                .map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())
         })
         .collect::<Result<_, String>>()?;
     let mut n = 0;

@@ -93,7 +93,7 @@ fn validate(p: &BenchParams) -> Result<Mode3, String> {
             p.load_factor
         ));
     }
-    if !(p.duration > 0.0 && p.duration <= 3600.0) || !(0.0..=600.0).contains(&p.warmup) {
+    if !(p.duration > 0.0 && p.duration <= 3600.0 && (0.0..=600.0).contains(&p.warmup)) {
         return Err(format!(
             "--duration {} / --warmup {} out of range",
             p.duration, p.warmup
@@ -283,7 +283,7 @@ fn ask_all(
 }
 
 fn summary(h: &Histogram<u64>) -> LatencySummary {
-    if h.len() == 0 {
+    if h.is_empty() {
         return LatencySummary::default();
     }
     LatencySummary {
@@ -511,7 +511,8 @@ mod tests {
 
     #[test]
     fn invalid_parameters_are_named() {
-        let cases: Vec<(Box<dyn Fn(&mut BenchParams)>, &str)> = vec![
+        type Case = (Box<dyn Fn(&mut BenchParams)>, &'static str);
+        let cases: Vec<Case> = vec![
             (Box::new(|p| p.mode = "xx".into()), "--mode"),
             (Box::new(|p| p.nodes = 0), "--nodes"),
             (Box::new(|p| p.client_threads = 0), "--client-threads"),

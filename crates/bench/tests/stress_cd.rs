@@ -194,7 +194,8 @@ fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
         ("large index", geometry(), all),
         ("small index", small_index(), all),
     ];
-    let off: [(&str, fn(&mut Optimizations)); 5] = [
+    type Switch = (&'static str, fn(&mut Optimizations));
+    let off: [Switch; 5] = [
         ("small index, no filter bits", |o| o.filter_bits = false),
         ("small index, no cache", |o| o.cache = false),
         ("small index, no previous versions", |o| {
@@ -250,7 +251,7 @@ fn stalled_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> (StressOut
             HookPoint::AfterIteRead | HookPoint::AfterCandidateCas | HookPoint::GetAfterDteRead
         ) {
             n += 1;
-            if n % 997 == 0 {
+            if n.is_multiple_of(997) {
                 std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
             }
         }
@@ -451,7 +452,7 @@ fn mutation_ignoring_the_operation_timer_is_caught() {
         client.set_hook(Some(Box::new(move |p| {
             if p == HookPoint::BeforeValueRead {
                 n += 1;
-                if n % 53 == 0 {
+                if n.is_multiple_of(53) {
                     std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
                 }
             }

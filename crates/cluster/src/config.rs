@@ -444,7 +444,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let cases: Vec<(Box<dyn Fn(&mut ClusterConfig)>, &str)> = vec![
+        type Case = (Box<dyn Fn(&mut ClusterConfig)>, &'static str);
+        let cases: Vec<Case> = vec![
             (
                 Box::new(|c| c.cluster.secret = "abcd".into()),
                 "at least 32",

@@ -329,7 +329,7 @@ impl LocalCluster {
     pub fn server_stats(&self, node: Option<NodeId>) -> ServerStatsSnapshot {
         let mut t = ServerStatsSnapshot::default();
         for (n, s) in self.rpc.iter().flat_map(|r| r.stats.iter()) {
-            if node.map_or(true, |want| want == *n) {
+            if node.is_none_or(|want| want == *n) {
                 t.add(&s.snapshot());
             }
         }

@@ -12,6 +12,7 @@ use nessie_cluster::LocalCluster;
 use nessie_fabric::mem::MemEndpoint;
 use nessie_fabric::Endpoint;
 use nessie_protocols::cd::CdClient;
+use nessie_protocols::hooks::Hook;
 use nessie_protocols::{Error, HookPoint, Optimizations, ProtocolConfig, RetryPolicy};
 use nessie_store::Geometry;
 
@@ -95,7 +96,7 @@ fn colliding_keys(c: &LocalCluster) -> (Vec<u8>, Vec<u8>) {
 
 /// Parks the writer at the first `AfterCandidateCas` until released, and stalls it past the
 /// expiry period before the reverse pass of every attempt after the first.
-fn park_then_stall(expiry_ns: u64) -> (Box<dyn FnMut(HookPoint) + Send>, Receiver<()>, Sender<()>) {
+fn park_then_stall(expiry_ns: u64) -> (Hook, Receiver<()>, Sender<()>) {
     let (parked_tx, parked_rx) = channel();
     let (go_tx, go_rx) = channel::<()>();
     let mut cas = 0;

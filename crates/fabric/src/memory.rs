@@ -8,6 +8,7 @@
 //!   that ITE and then the DTE (CAS releases, the ITE read acquires);
 //! - a recycle flag stored after its timestamp, and read before it, never exposes a torn
 //!   timestamp.
+//!
 //! On x86-64 these are plain loads and stores.
 
 use std::alloc::Layout;
@@ -82,7 +83,7 @@ impl WordMemory {
     }
 
     fn range(&self, offset: u64, len: usize) -> Result<std::ops::Range<usize>, AccessError> {
-        if offset % ALIGN != 0 || len as u64 % ALIGN != 0 {
+        if !offset.is_multiple_of(ALIGN) || !(len as u64).is_multiple_of(ALIGN) {
             return Err(AccessError::Misaligned);
         }
         let end = offset

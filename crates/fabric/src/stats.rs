@@ -171,7 +171,7 @@ impl FabricStats {
     pub fn total(&self, node: Option<crate::NodeId>) -> StatsSnapshot {
         let mut t = StatsSnapshot::default();
         for (n, c) in self.cells.lock().unwrap().iter() {
-            if node.map_or(true, |x| x == *n) {
+            if node.is_none_or(|x| x == *n) {
                 t += c.snapshot();
             }
         }

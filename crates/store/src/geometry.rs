@@ -98,10 +98,7 @@ impl Geometry {
             ));
         }
         let dte = DteLayout::new(self.key_max, self.value_max);
-        let table_bytes = dte
-            .entry_size
-            .checked_mul(self.dtes_per_node)
-            .unwrap_or(u64::MAX);
+        let table_bytes = dte.entry_size.saturating_mul(self.dtes_per_node);
         if table_bytes > MAX_DATA_TABLE_BYTES {
             return err(format!(
                 "data table of {} entries x {} bytes = {table_bytes} bytes exceeds {MAX_DATA_TABLE_BYTES}",
@@ -173,7 +170,8 @@ mod tests {
 
     #[test]
     fn every_limit_is_enforced_with_a_named_error() {
-        let cases: Vec<(Box<dyn Fn(&mut Geometry)>, &str)> = vec![
+        type Case = (Box<dyn Fn(&mut Geometry)>, &'static str);
+        let cases: Vec<Case> = vec![
             (Box::new(|g| g.nodes = 0), "nodes"),
             (Box::new(|g| g.nodes = MAX_NODES + 1), "nodes"),
             (Box::new(|g| g.hash_functions = 1), "hash_functions"),
@@ -222,7 +220,9 @@ mod tests {
             ..Geometry::default()
         };
         let (ite, _) = g.validate().unwrap();
-        assert!(ite.dte_bits as u32 + ite.dti_bits as u32 + ite.filter_bits as u32 + 1 <= 64);
+        assert!(
+            u32::from(ite.dte_bits) + u32::from(ite.dti_bits) + u32::from(ite.filter_bits) < 64
+        );
     }
 
     #[test]

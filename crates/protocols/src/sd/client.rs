@@ -276,7 +276,7 @@ impl Channel {
             } else {
                 std::thread::yield_now();
             }
-            if polls % CHECK_EVERY == 0 {
+            if polls.is_multiple_of(CHECK_EVERY) {
                 if !self.shared.is_running() {
                     self.stats.empty_polls += polls;
                     return Err(stopped(owner));
