@@ -260,6 +260,14 @@ fn put_takes_literal_at_values_value_files_and_stdin() {
             "names the file and the problem: {err}"
         );
     }
+    // A source with no end is read only up to value_max.
+    let endless = c.nessie(&["put", "m", "@/dev/zero"]);
+    assert_eq!(endless.status.code(), Some(2));
+    assert!(
+        stderr(&endless).contains("value_max"),
+        "{}",
+        stderr(&endless)
+    );
     let both = c.nessie(&["put", "m", "v", "--value-file", file.to_str().unwrap()]);
     assert_eq!(both.status.code(), Some(2), "one value source only");
     assert_eq!(
