@@ -4,16 +4,16 @@ mod bench_cmd;
 mod fabric_bench;
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use nessie_bench::demo::{self, DemoSpec};
 use nessie_bench::workload::KeyDist;
-use nessie_cluster::admin::{AdminClient, Request, Response};
+use nessie_cluster::admin::{Request, Response};
 use nessie_cluster::config::{ClusterConfig, Transport};
-use nessie_cluster::process;
+use nessie_cluster::{process, route};
 
 #[derive(Parser)]
 #[command(
@@ -34,7 +34,8 @@ enum Command {
     Down(DirArg),
     /// Show each node's state: process, table fill, fabric counters.
     Status(StatusArgs),
-    /// Store a value: `nessie put KEY VALUE` or `nessie put KEY @FILE`.
+    /// Store a value: `nessie put KEY VALUE`, `KEY @FILE`, `KEY --value-file FILE` or `KEY --stdin`
+    /// (`@@…` stores a value that starts with `@`).
     Put(PutArgs),
     /// Read a value (to stdout, or -o FILE). Exit code 1 if the key is absent.
     Get(GetArgs),
@@ -141,18 +142,30 @@ struct StatusArgs {
 struct KeyArgs {
     #[command(flatten)]
     dir: DirArg,
-    /// Node whose client performs the operation [default: the first that answers].
+    /// Node whose client performs the operation, with no fallback [default: the key's home node
+    /// (xxh3 hash of the key modulo the node count), then the next ones if it is down or busy].
     #[arg(long)]
     node: Option<u16>,
     key: String,
 }
 
 #[derive(clap::Args)]
+#[command(
+    group = clap::ArgGroup::new("source").required(true).args(["value", "value_file", "stdin"]),
+    override_usage = "nessie put [OPTIONS] KEY <VALUE | --value-file FILE | --stdin>"
+)]
 struct PutArgs {
     #[command(flatten)]
     key: KeyArgs,
-    /// The value, or @FILE to read it from a file (@- for stdin).
-    value: String,
+    /// The value. `@FILE` reads it from FILE and `@-` from stdin; `@@…` is the literal value
+    /// `@…` (one leading `@` removed).
+    value: Option<String>,
+    /// Read the value from FILE (any bytes; nothing in its name is special).
+    #[arg(long, value_name = "FILE")]
+    value_file: Option<PathBuf>,
+    /// Read the value from standard input.
+    #[arg(long)]
+    stdin: bool,
 }
 
 #[derive(clap::Args)]
@@ -422,8 +435,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
     })
 }
 
-/// Connect to the chosen node's admin socket, or the first one that answers.
-fn admin(k: &KeyArgs) -> Result<(ClusterConfig, AdminClient), String> {
+/// Load the cluster's configuration and check the key against it.
+fn load(k: &KeyArgs) -> Result<(PathBuf, ClusterConfig), String> {
     let dir = k.dir.dir();
     let cpath = process::config_path(&dir);
     if !cpath.exists() {
@@ -433,22 +446,25 @@ fn admin(k: &KeyArgs) -> Result<(ClusterConfig, AdminClient), String> {
         ));
     }
     let cfg = ClusterConfig::load(&cpath).map_err(|e| e.to_string())?;
-    let ids: Vec<u16> = match k.node {
-        Some(n) => {
-            cfg.node_entry(n).map_err(|e| e.to_string())?;
-            vec![n]
-        }
-        None => cfg.node.iter().map(|n| n.id).collect(),
-    };
-    let mut last = String::new();
-    for id in ids {
-        let path = cfg.admin_path(id, &dir).map_err(|e| e.to_string())?;
-        match AdminClient::connect(&path, Duration::from_secs(30)) {
-            Ok(c) => return Ok((cfg, c)),
-            Err(e) => last = format!("node {id}: {e}"),
-        }
+    if let Some(n) = k.node {
+        cfg.node_entry(n).map_err(|e| e.to_string())?;
     }
-    Err(format!("no node answers ({last})"))
+    check_key(&cfg, &k.key)?;
+    Ok((dir, cfg))
+}
+
+/// Run `req` on the key's home node, or the next usable one (see `nessie_cluster::route`).
+fn call(k: &KeyArgs, dir: &Path, cfg: &ClusterConfig, req: Request) -> Result<Response, String> {
+    let router = route::Router {
+        cfg,
+        dir,
+        forced: k.node,
+    };
+    let (node, reply) = router
+        .call(k.key.as_bytes(), &req)
+        .map_err(|e| e.to_string())?;
+    tracing::debug!("served by node {node}");
+    Ok(reply)
 }
 
 fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
@@ -465,38 +481,40 @@ fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn call(c: &mut AdminClient, req: Request) -> Result<Response, String> {
-    match c.call(&req).map_err(|e| e.to_string())? {
-        Response::Error(e) => Err(nessie_cluster::admin::decode_error(&e).to_string()),
-        r => Ok(r),
+/// Read at most `max` bytes from `r` (one more is read to detect a larger input); `what` names
+/// the source in errors.
+fn read_bounded(r: impl Read, max: u64, what: &str) -> Result<Vec<u8>, String> {
+    let mut v = Vec::new();
+    r.take(max + 1)
+        .read_to_end(&mut v)
+        .map_err(|e| format!("reading {what}: {e}"))?;
+    if v.len() as u64 > max {
+        return Err(format!(
+            "{what} holds more than the cluster's value_max of {max} bytes"
+        ));
     }
+    Ok(v)
 }
 
-fn run_put(a: PutArgs) -> Result<ExitCode, String> {
-    let (cfg, mut c) = admin(&a.key)?;
-    check_key(&cfg, &a.key.key)?;
-    let max = cfg.geometry.value_max as u64;
-    let value = match a.value.strip_prefix('@') {
-        Some("-") => {
-            let mut v = Vec::new();
-            std::io::stdin()
-                .take(max + 1)
-                .read_to_end(&mut v)
-                .map_err(|e| format!("reading stdin: {e}"))?;
-            v
-        }
-        Some(file) => {
-            let len = std::fs::metadata(file)
-                .map_err(|e| format!("{file}: {e}"))?
-                .len();
-            if len > max {
-                return Err(format!(
-                    "{file} has {len} bytes; the cluster's value_max is {max} bytes"
-                ));
-            }
-            std::fs::read(file).map_err(|e| format!("{file}: {e}"))?
-        }
-        None => a.value.into_bytes(),
+fn read_value_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    read_bounded(f, max, &path.display().to_string())
+}
+
+/// The value of `nessie put`, from its argument, `--value-file` or `--stdin`.
+fn put_value(a: &PutArgs, max: u64) -> Result<Vec<u8>, String> {
+    if let Some(path) = &a.value_file {
+        return read_value_file(path, max);
+    }
+    if a.stdin {
+        return read_bounded(std::io::stdin().lock(), max, "stdin");
+    }
+    let value = a.value.as_deref().expect("clap requires one value source");
+    let value = match value.strip_prefix('@') {
+        None => value.as_bytes().to_vec(),
+        Some(literal) if literal.starts_with('@') => literal.as_bytes().to_vec(),
+        Some("-") => read_bounded(std::io::stdin().lock(), max, "stdin")?,
+        Some(file) => read_value_file(Path::new(file), max)?,
     };
     if value.len() as u64 > max {
         return Err(format!(
@@ -504,14 +522,21 @@ fn run_put(a: PutArgs) -> Result<ExitCode, String> {
             value.len()
         ));
     }
-    call(&mut c, Request::Put(a.key.key.into_bytes(), value))?;
+    Ok(value)
+}
+
+fn run_put(a: PutArgs) -> Result<ExitCode, String> {
+    let (dir, cfg) = load(&a.key)?;
+    let value = put_value(&a, cfg.geometry.value_max as u64)?;
+    let req = Request::Put(a.key.key.clone().into_bytes(), value);
+    call(&a.key, &dir, &cfg, req)?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn run_get(a: GetArgs) -> Result<ExitCode, String> {
-    let (cfg, mut c) = admin(&a.key)?;
-    check_key(&cfg, &a.key.key)?;
-    match call(&mut c, Request::Get(a.key.key.clone().into_bytes()))? {
+    let (dir, cfg) = load(&a.key)?;
+    let req = Request::Get(a.key.key.clone().into_bytes());
+    match call(&a.key, &dir, &cfg, req)? {
         Response::Value(v) => {
             match &a.output {
                 Some(path) => {
@@ -536,9 +561,8 @@ fn run_get(a: GetArgs) -> Result<ExitCode, String> {
 }
 
 fn run_del(a: KeyArgs) -> Result<ExitCode, String> {
-    let (cfg, mut c) = admin(&a)?;
-    check_key(&cfg, &a.key)?;
-    call(&mut c, Request::Delete(a.key.into_bytes()))?;
+    let (dir, cfg) = load(&a)?;
+    call(&a, &dir, &cfg, Request::Delete(a.key.clone().into_bytes()))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -449,8 +449,18 @@ impl AdminClient {
         Ok(Self { s })
     }
 
+    /// Bound every later read and write on this connection by `timeout` (not zero).
+    pub fn set_timeout(&mut self, timeout: Duration) -> std::io::Result<()> {
+        self.s.set_read_timeout(Some(timeout))?;
+        self.s.set_write_timeout(Some(timeout))
+    }
+
     pub fn call(&mut self, req: &Request) -> Result<Response, AdminError> {
-        self.s.write_all(&req.encode())?;
+        if let Err(e) = self.s.write_all(&req.encode()) {
+            // A node that refuses the connection (e.g. "node busy") replies and closes before
+            // reading the request: its reply, when there is one, says more than EPIPE.
+            return Response::read(&mut self.s).map_err(|_| AdminError::Io(e));
+        }
         Response::read(&mut self.s)
     }
 }

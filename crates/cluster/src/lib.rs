@@ -7,6 +7,7 @@
 //!   fabric addresses and keys.
 //! - [`admin`]: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
+//! - [`route`]: which node a CLI operation on a key goes to, with fallback to the others.
 
 pub mod admin;
 pub mod bootstrap;
@@ -14,6 +15,7 @@ pub mod config;
 pub mod local;
 pub mod node;
 pub mod process;
+pub mod route;
 pub mod rundir;
 
 pub use local::LocalCluster;
