@@ -27,17 +27,7 @@ fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<MemEndpoint>>
 fn total(cs: &[CdClient<MemEndpoint>]) -> ClientStats {
     let mut t = ClientStats::default();
     for c in cs {
-        let s = c.stats();
-        t.concurrent_aborts += s.concurrent_aborts;
-        t.timeouts += s.timeouts;
-        t.retries += s.retries;
-        t.migrations += s.migrations;
-        t.recursive_migrations += s.recursive_migrations;
-        t.previous_version_hits += s.previous_version_hits;
-        t.recycled += s.recycled;
-        t.leaked += s.leaked;
-        t.undone += s.undone;
-        t.table_full_waits += s.table_full_waits;
+        t += c.stats();
     }
     t
 }

@@ -242,3 +242,63 @@ fn abandon_and_check(name: &str, o: Optimizations, attempts: u32) {
         assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"b"[..]), "{name}");
     }
 }
+
+/// A write that took another writer's in-progress DTE out of the index (its Step 4 clears a
+/// duplicate) may not be undone: the other writer may yet commit the entry it removed. It
+/// insists on completing instead of leaving its own DTE behind to wedge the key. K's first
+/// candidate is held by X; W2 publishes its DTE in K's second candidate and is parked; X is
+/// deleted; W publishes in the first candidate, clears W2's DTE, then times out once.
+#[test]
+fn a_write_that_removed_another_in_progress_write_completes_instead_of_wedging_the_key() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let (k, x) = colliding_keys(&c);
+        let mut p = c.client(1).unwrap();
+        p.put(&x, b"x").unwrap();
+
+        let mut w2 = c.client_with(2, cfg(o, 20)).unwrap();
+        let (parked_tx, parked_rx) = channel();
+        let (go_tx, go_rx) = channel::<()>();
+        let mut cas = 0;
+        w2.set_hook(Some(Box::new(move |pt| {
+            if pt == HookPoint::AfterCandidateCas {
+                cas += 1;
+                if cas == 1 {
+                    parked_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                }
+            }
+        })));
+        let wk = k.clone();
+        let other = thread::spawn(move || w2.put(&wk, b"w2"));
+        parked_rx.recv().unwrap();
+        p.delete(&x).unwrap();
+
+        let expiry = c.config().expiry_ns;
+        let mut w = c.client_with(0, cfg(o, 1)).unwrap();
+        let mut stalls = 1;
+        w.set_hook(Some(Box::new(move |pt| {
+            if pt == HookPoint::BeforeReversePass && stalls > 0 {
+                stalls -= 1;
+                thread::sleep(Duration::from_nanos(expiry + 2_000_000));
+            }
+        })));
+        let r = w.put(&k, b"w");
+        let st = w.stats();
+        go_tx.send(()).unwrap();
+        let r2 = other.join().unwrap();
+        assert!(r.is_ok(), "{name}: W gave up: {r:?} {st:?}");
+        assert_eq!((st.insisted, st.leaked), (1, 0), "{name}: {st:?}");
+        let mut q = c.client_with(1, cfg(o, 20)).unwrap();
+        let v = q.get(&k).unwrap();
+        match r2 {
+            Ok(()) => assert!(
+                v.as_deref() == Some(b"w2") || v.as_deref() == Some(b"w"),
+                "{name}: {v:?}"
+            ),
+            Err(e) => panic!("{name}: W2 failed: {e}"),
+        }
+        q.put(&k, b"after")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+    }
+}

@@ -100,6 +100,43 @@ pub struct ClientStats {
     pub undone: u64,
     /// Waits for released DTEs to expire because the local table was full.
     pub table_full_waits: u64,
+    /// Extra rounds of attempts made by writes that could not be undone (see `write.rs`).
+    pub insisted: u64,
+}
+
+impl std::ops::AddAssign for ClientStats {
+    fn add_assign(&mut self, o: Self) {
+        let ClientStats {
+            gets,
+            puts,
+            deletes,
+            concurrent_aborts,
+            timeouts,
+            retries,
+            migrations,
+            recursive_migrations,
+            previous_version_hits,
+            recycled,
+            leaked,
+            undone,
+            table_full_waits,
+            insisted,
+        } = o;
+        self.gets += gets;
+        self.puts += puts;
+        self.deletes += deletes;
+        self.concurrent_aborts += concurrent_aborts;
+        self.timeouts += timeouts;
+        self.retries += retries;
+        self.migrations += migrations;
+        self.recursive_migrations += recursive_migrations;
+        self.previous_version_hits += previous_version_hits;
+        self.recycled += recycled;
+        self.leaked += leaked;
+        self.undone += undone;
+        self.table_full_waits += table_full_waits;
+        self.insisted += insisted;
+    }
 }
 
 /// The operation timer (Step 0 of every operation): an attempt must finish within one expiry

@@ -24,6 +24,9 @@ use crate::config::MAX_MIGRATIONS_PER_ATTEMPT;
 use crate::error::Error;
 use crate::hooks::HookPoint;
 
+/// Extra rounds of `retry.max_attempts` attempts a write makes when it may not be undone.
+pub const MUST_FINISH_ROUNDS: u32 = 3;
+
 /// What a write carries from one attempt to the next.
 #[derive(Default, Debug)]
 pub(crate) struct WriteState {
@@ -111,7 +114,16 @@ impl<E: Endpoint> CdClient<E> {
     /// PUT (`Some(value)`) or DELETE (`None`) with retries.
     pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
         let mut st = WriteState::default();
-        let r = self.with_retry(|c| c.write_once(key, value, &mut st));
+        let mut r = self.with_retry(|c| c.write_once(key, value, &mut st));
+        // A write that took another writer's in-progress DTE out of the index cannot be undone
+        // (that writer may yet commit the entry we removed): it insists on completing, for a
+        // few more rounds of attempts, before it gives up and leaves its DTE behind.
+        let mut rounds = 0;
+        while r.is_err() && st.no_undo && !st.published.is_empty() && rounds < MUST_FINISH_ROUNDS {
+            rounds += 1;
+            self.stats.insisted += 1;
+            r = self.with_retry(|c| c.write_once(key, value, &mut st));
+        }
         if r.is_err() {
             self.abandon(&mut st);
         }

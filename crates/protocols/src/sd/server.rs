@@ -110,19 +110,7 @@ impl ServerStatsSnapshot {
         self.idle_sweeps += o.idle_sweeps;
         self.busy_ns += o.busy_ns;
         self.idle_ns += o.idle_ns;
-        let (e, f) = (&mut self.exec, &o.exec);
-        e.gets += f.gets;
-        e.puts += f.puts;
-        e.deletes += f.deletes;
-        e.concurrent_aborts += f.concurrent_aborts;
-        e.timeouts += f.timeouts;
-        e.retries += f.retries;
-        e.migrations += f.migrations;
-        e.recursive_migrations += f.recursive_migrations;
-        e.previous_version_hits += f.previous_version_hits;
-        e.recycled += f.recycled;
-        e.leaked += f.leaked;
-        e.table_full_waits += f.table_full_waits;
+        self.exec += o.exec;
     }
 }
 
@@ -156,6 +144,8 @@ impl ServerStats {
                 leaked: l(&self.exec_leaked),
                 undone: l(&self.exec_undone),
                 table_full_waits: l(&self.exec_table_full_waits),
+                // Not mirrored: a server's writes are counted by their outcome above.
+                insisted: 0,
             },
         }
     }
