@@ -9,6 +9,9 @@
  * with an error), so the caller's buffers are never touched by UCX after we return.
  */
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +86,40 @@ void nsh_version(unsigned *major, unsigned *minor, unsigned *release)
 
 /* ---------------------------------------------------------------- context */
 
+/* ---------------------------------------------------------------- logging */
+
+/* Longest UCX log message we print; longer ones are truncated. */
+#define NSH_LOG_LINE_MAX 1024
+
+/*
+ * UCX's default log handler writes to UCX_LOG_FILE, which defaults to stdout: its warnings
+ * would corrupt machine-readable output (`--json`). This handler, run before the default one,
+ * writes every message UCX's log level lets through to stderr instead and stops there.
+ */
+static ucs_log_func_rc_t nsh_log_to_stderr(const char *file, unsigned line, const char *function,
+                                           ucs_log_level_t level,
+                                           const ucs_log_component_config_t *comp_conf,
+                                           const char *format, va_list ap)
+{
+    char msg[NSH_LOG_LINE_MAX];
+    const char *base = strrchr(file, '/');
+    (void)function;
+    (void)comp_conf;
+    vsnprintf(msg, sizeof(msg), format, ap);
+    fprintf(stderr, "UCX %s %s:%u %s\n", ucs_log_level_names[level], base ? base + 1 : file,
+            line, msg);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static pthread_once_t nsh_log_once = PTHREAD_ONCE_INIT;
+
+static void nsh_install_log_handler(void)
+{
+    ucs_log_push_handler(nsh_log_to_stderr);
+}
+
+/* ---------------------------------------------------------------- context (init) */
+
 int nsh_init(const char *const *keys, const char *const *vals, size_t n, int wakeup,
              ucp_context_h *out, char *err, size_t errlen)
 {
@@ -91,6 +128,7 @@ int nsh_init(const char *const *keys, const char *const *vals, size_t n, int wak
     ucs_status_t status;
     size_t i;
 
+    pthread_once(&nsh_log_once, nsh_install_log_handler);
     status = ucp_config_read(NULL, NULL, &config);
     if (status != UCS_OK) {
         snprintf(err, errlen, "ucp_config_read: %s", ucs_status_string(status));

@@ -75,12 +75,13 @@ pub enum HugePages {
 }
 
 impl HugePages {
-    /// UCX's `*_HUGETLB_MODE` value for this policy.
+    /// UCX's `MM_HUGETLB_MODE` value for this policy. `Require` asks UCX only to try: UCX's
+    /// `y` also applies to the shared-memory transport's own small receive FIFOs and makes
+    /// worker creation fail; the regions are checked after allocation instead.
     pub fn ucx_mode(self) -> &'static str {
         match self {
             HugePages::Off => "n",
-            HugePages::Try => "try",
-            HugePages::Require => "y",
+            HugePages::Try | HugePages::Require => "try",
         }
     }
 }
@@ -183,9 +184,10 @@ impl UcxConfig {
         }
         if shm {
             // Regions come from the sysv (else posix) shared-memory MD; both allocate from
-            // hugetlbfs according to this mode.
-            set("SYSV_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
-            set("POSIX_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
+            // hugetlbfs according to this mode. It is a field of their common parent table, so
+            // `ucp_config_modify` takes it as `MM_HUGETLB_MODE` (UCX 1.13 reports the
+            // `SYSV_`/`POSIX_` forms, which are environment-variable names, as invalid).
+            set("MM_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
         }
         // Without a shared-memory MD (tcp), UCX allocates by the first method of ALLOC_PRIO
         // that works: `huge` (hugetlb mmap), `thp` (madvise), then plain mmap.
@@ -226,14 +228,13 @@ mod tests {
         for (p, mode) in [
             (HugePages::Off, "n"),
             (HugePages::Try, "try"),
-            (HugePages::Require, "y"),
+            (HugePages::Require, "try"),
         ] {
             let c = UcxConfig {
                 huge_pages: p,
                 ..UcxConfig::new(Transport::Shm)
             };
-            assert_eq!(opt(&c, "SYSV_HUGETLB_MODE").as_deref(), Some(mode));
-            assert_eq!(opt(&c, "POSIX_HUGETLB_MODE").as_deref(), Some(mode));
+            assert_eq!(opt(&c, "MM_HUGETLB_MODE").as_deref(), Some(mode));
             assert_eq!(p.to_string().parse::<HugePages>(), Ok(p));
         }
         // Without a shared-memory MD, `off` removes the huge and thp allocators.
@@ -241,7 +242,7 @@ mod tests {
             huge_pages: HugePages::Off,
             ..UcxConfig::new(Transport::Tcp)
         };
-        assert!(opt(&tcp_off, "SYSV_HUGETLB_MODE").is_none());
+        assert!(opt(&tcp_off, "MM_HUGETLB_MODE").is_none());
         let prio = opt(&tcp_off, "ALLOC_PRIO").unwrap();
         assert!(!prio.contains("huge") && !prio.contains("thp"), "{prio}");
         assert!("sometimes"
