@@ -190,7 +190,7 @@ impl UcxEndpoint {
                     node,
                     region: addr.region,
                 })?;
-        if addr.offset % ALIGN != 0 || len as u64 % ALIGN != 0 {
+        if !addr.offset.is_multiple_of(ALIGN) || !(len as u64).is_multiple_of(ALIGN) {
             return Err(FabricError::Misaligned {
                 offset: addr.offset,
                 len: len as u64,

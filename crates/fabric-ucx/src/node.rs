@@ -213,7 +213,10 @@ impl UcxNode {
             let (given, len) = match *src {
                 RegionSource::Allocate(b) => (None, b.div_ceil(ALIGN).max(1) * ALIGN),
                 RegionSource::Provided { ptr, len } => {
-                    if ptr as usize % ALIGN as usize != 0 || len % ALIGN != 0 || len == 0 {
+                    if !(ptr as usize).is_multiple_of(ALIGN as usize)
+                        || !len.is_multiple_of(ALIGN)
+                        || len == 0
+                    {
                         return Err(FabricError::Misaligned {
                             offset: ptr as u64,
                             len,
@@ -247,7 +250,7 @@ impl UcxNode {
                 }
             })?;
             let backing = PageBacking::of(map.base() as u64);
-            if require && !backing.is_some_and(|b| b.page_kib > 4) {
+            if require && backing.is_none_or(|b| b.page_kib <= 4) {
                 return Err(hint(format!(
                     "region of {len} bytes is not on hugetlbfs pages ({backing:?})"
                 )));
