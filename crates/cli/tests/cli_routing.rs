@@ -2,7 +2,7 @@
 //! when a node is stopped or busy, `op_timeout_ms` bound) and how `nessie put` takes its value.
 //! Every test stops its cluster, even when it fails.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -11,78 +11,22 @@ use nessie_cluster::config::ClusterConfig;
 use nessie_cluster::process;
 use nessie_cluster::route::home_node;
 
-const BIN: &str = env!("CARGO_BIN_EXE_nessie");
+mod common;
+use common::{stderr, Cluster, BIN};
+
 const NODES: u16 = 3;
 
-/// A local cluster started with `nessie up`; on drop, resumes stopped nodes and runs `nessie down`.
-struct Cluster {
-    dir: PathBuf,
+fn up(name: &str, transport: &str) -> Cluster {
+    let geometry = ["--dtes-per-node", "1024", "--ites-per-node", "4096"];
+    Cluster::up(&format!("route-{name}"), NODES, transport, &geometry)
 }
 
-impl Cluster {
-    fn up(name: &str, transport: &str) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("nessie-route-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { dir };
-        let out = Command::new(BIN)
-            .args([
-                "up",
-                "--nodes",
-                &NODES.to_string(),
-                "--transport",
-                transport,
-            ])
-            .args([
-                "--dtes-per-node",
-                "1024",
-                "--ites-per-node",
-                "4096",
-                "--dir",
-            ])
-            .arg(&c.dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "nessie up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c
-    }
-
-    fn nessie(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .unwrap()
-    }
-
-    fn config(&self) -> ClusterConfig {
-        ClusterConfig::load(&process::config_path(&self.dir)).unwrap()
-    }
-
-    fn pid(&self, id: u16) -> i32 {
-        process::live_pid(&self.dir, id).expect("node is running")
-    }
+fn config(c: &Cluster) -> ClusterConfig {
+    ClusterConfig::load(&process::config_path(&c.dir)).unwrap()
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for id in 0..NODES {
-            if let Some(pid) = process::live_pid(&self.dir, id) {
-                // A stopped node would only act on `down`'s SIGTERM once resumed.
-                unsafe { libc::kill(pid, libc::SIGCONT) };
-            }
-        }
-        let _ = Command::new(BIN)
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn pid(c: &Cluster, id: u16) -> i32 {
+    process::live_pid(&c.dir, id).expect("node is running")
 }
 
 fn ok(o: Output) -> Vec<u8> {
@@ -93,10 +37,6 @@ fn ok(o: Output) -> Vec<u8> {
         String::from_utf8_lossy(&o.stderr)
     );
     o.stdout
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// Keys whose home is `node`.
@@ -120,7 +60,7 @@ fn data_table_allocated(c: &Cluster) -> Vec<u64> {
 
 #[test]
 fn cli_writes_are_spread_over_the_nodes_by_key_hash() {
-    let c = Cluster::up("spread", "shm");
+    let c = up("spread", "shm");
     let keys: Vec<String> = (0..36).map(|i| format!("spread-{i}")).collect();
     for k in &keys {
         ok(c.nessie(&["put", k, &format!("value of {k}")]));
@@ -154,12 +94,12 @@ fn cli_writes_are_spread_over_the_nodes_by_key_hash() {
 fn a_stopped_node_is_skipped_and_an_operation_needing_it_fails_within_op_timeout() {
     // Over TCP every access to a node's memory needs that node's process, so an operation on a
     // key whose value lives on a stopped node cannot complete.
-    let c = Cluster::up("stopped", "tcp");
-    let op_timeout = Duration::from_millis(c.config().cluster.op_timeout_ms);
+    let c = up("stopped", "tcp");
+    let op_timeout = Duration::from_millis(config(&c).cluster.op_timeout_ms);
     let key = &keys_homed_on(0, 1)[0];
     ok(c.nessie(&["put", key, "on node 0"]));
     assert_eq!(data_table_allocated(&c), vec![1, 0, 0]);
-    let pid = c.pid(0);
+    let pid = pid(&c, 0);
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let t = Instant::now();
     let out = c.nessie(&["get", key]);
@@ -204,8 +144,8 @@ fn hog_admin_connections(path: &Path, n: usize) -> Vec<AdminClient> {
 
 #[test]
 fn a_busy_node_is_skipped() {
-    let c = Cluster::up("busy", "shm");
-    let path = c.config().admin_path(0, &c.dir).unwrap();
+    let c = up("busy", "shm");
+    let path = config(&c).admin_path(0, &c.dir).unwrap();
     let _held = hog_admin_connections(&path, MAX_ADMIN_CONNECTIONS);
     let keys = keys_homed_on(0, 3);
     for k in &keys {
@@ -222,7 +162,7 @@ fn a_busy_node_is_skipped() {
 
 #[test]
 fn put_takes_literal_at_values_value_files_and_stdin() {
-    let c = Cluster::up("values", "shm");
+    let c = up("values", "shm");
     ok(c.nessie(&["put", "at", "@@home"]));
     assert_eq!(ok(c.nessie(&["get", "at"])), b"@home");
     ok(c.nessie(&["put", "atat", "@@@"]));

@@ -1,10 +1,10 @@
 //! `--json` output is only JSON on stdout: UCX's own log lines (which UCX writes to stdout by
 //! default) must go to stderr, and no command sets UCX options this UCX version rejects.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nessie");
+mod common;
+use common::{Cluster, BIN};
 
 /// What UCX's log lines contain (`… ucp_worker.c:2146 UCX  WARN  invalid configurations: …`).
 const UCX_LOG_MARK: &str = "UCX ";
@@ -56,22 +56,6 @@ fn fabric_bench_json_is_only_json_on_stdout() {
     }
 }
 
-/// `nessie down` on drop, even when the test fails.
-struct Cluster {
-    dir: PathBuf,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A UCX warning (here: about an unknown `UCX_` environment variable) reaches stderr, not stdout.
 #[test]
 fn ucx_warnings_go_to_stderr() {
@@ -88,9 +72,7 @@ fn ucx_warnings_go_to_stderr() {
 
 #[test]
 fn status_json_is_only_json_on_stdout() {
-    let dir = std::env::temp_dir().join(format!("nessie-test-json-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let c = Cluster { dir };
+    let c = Cluster::at("json");
     let d = c.dir.to_str().unwrap();
     // `--huge-pages off` sets a UCX option the default leaves alone.
     run(&[

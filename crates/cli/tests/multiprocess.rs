@@ -9,61 +9,17 @@ use nessie_bench::stress::{self, StressSpec};
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
 
-const BIN: &str = env!("CARGO_BIN_EXE_nessie");
+mod common;
+use common::{Cluster, BIN};
 
-/// A local cluster started with `nessie up`; `nessie down` on drop.
-struct Cluster {
-    dir: PathBuf,
-}
-
-impl Cluster {
-    fn up(name: &str, transport: &str, extra: &[&str]) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("nessie-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { dir };
-        let out = Command::new(BIN)
-            .args(["up", "--nodes", "3", "--transport", transport, "--dir"])
-            .arg(&c.dir)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "nessie up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c
-    }
-
-    fn nessie(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN)
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .unwrap()
-    }
-
-    fn client(&self, node: u16) -> AdminKvClient {
-        let cfg =
-            nessie_cluster::config::ClusterConfig::load(&process::config_path(&self.dir)).unwrap();
-        AdminKvClient::connect(
-            &cfg.admin_path(node, &self.dir).unwrap(),
-            Duration::from_secs(60),
-        )
-        .unwrap()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// An admin-socket client of node `node` of `c`.
+fn client(c: &Cluster, node: u16) -> AdminKvClient {
+    let cfg = nessie_cluster::config::ClusterConfig::load(&process::config_path(&c.dir)).unwrap();
+    AdminKvClient::connect(
+        &cfg.admin_path(node, &c.dir).unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap()
 }
 
 fn pids(dir: &Path) -> Vec<i32> {
@@ -72,7 +28,7 @@ fn pids(dir: &Path) -> Vec<i32> {
 
 #[test]
 fn cli_put_get_del_across_a_shm_cluster() {
-    let c = Cluster::up("cli", "shm", &[]);
+    let c = Cluster::up("cli", 3, "shm", &[]);
     assert_eq!(pids(&c.dir).len(), 3);
     let ok = |o: std::process::Output| {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -166,8 +122,8 @@ fn up_args(ites: u64, dtes: u64, expiry_ms: u64, delay: &str) -> Vec<String> {
 
 fn run_scenario(transport: &str, sc: Scenario) {
     let args: Vec<&str> = sc.up_args.iter().map(|s| s.as_str()).collect();
-    let c = Cluster::up(&format!("{}-{transport}", sc.name), transport, &args);
-    let clients: Vec<AdminKvClient> = [0, 1, 2, 0].iter().map(|&n| c.client(n)).collect();
+    let c = Cluster::up(&format!("{}-{transport}", sc.name), 3, transport, &args);
+    let clients: Vec<AdminKvClient> = [0, 1, 2, 0].iter().map(|&n| client(&c, n)).collect();
     let (out, _) = stress::run(clients, &sc.spec);
     eprintln!("{} over {transport}: {out}", sc.name);
     assert!(!out.truncated, "time limit reached");

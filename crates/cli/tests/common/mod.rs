@@ -1,0 +1,71 @@
+//! What the process tests share: the binary, and a local cluster started with `nessie up` that
+//! is stopped (`nessie down`) and removed on drop, even when the test fails.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use nessie_cluster::process;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_nessie");
+
+/// A cluster directory under the system temp dir, unique to this test process.
+pub struct Cluster {
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    /// Reserve the directory `nessie-test-NAME-PID` (empty) without starting anything.
+    pub fn at(name: &str) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("nessie-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Cluster { dir }
+    }
+
+    /// `nessie up --nodes N --transport T --dir DIR EXTRA…`; panics with its stderr on failure.
+    pub fn up(name: &str, nodes: u16, transport: &str, extra: &[&str]) -> Cluster {
+        let c = Cluster::at(name);
+        let out = Command::new(BIN)
+            .args([
+                "up",
+                "--nodes",
+                &nodes.to_string(),
+                "--transport",
+                transport,
+            ])
+            .arg("--dir")
+            .arg(&c.dir)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nessie up failed: {}", stderr(&out));
+        c
+    }
+
+    /// Run `nessie ARGS --dir DIR`.
+    pub fn nessie(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for id in 0..process::MAX_LOCAL_NODES {
+            if let Some(pid) = process::live_pid(&self.dir, id) {
+                // A stopped node would act on `down`'s SIGTERM only once resumed.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+        }
+        let _ = self.nessie(&["down"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
