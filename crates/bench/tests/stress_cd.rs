@@ -12,6 +12,7 @@ use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
 use nessie_fabric::mem::MemEndpoint;
 use nessie_protocols::cd::{CdClient, ClientStats};
+use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
 
@@ -223,6 +224,20 @@ fn assert_clean_variant(name: &str, out: &StressOutcome) {
     );
 }
 
+/// A hook that stalls its client 2 ms past the expiry period on every `every`-th arrival at
+/// one of `points`.
+fn stall_every(every: u64, points: &'static [HookPoint], expiry_ns: u64) -> Hook {
+    let mut n = 0u64;
+    Box::new(move |p| {
+        if points.contains(&p) {
+            n += 1;
+            if n.is_multiple_of(every) {
+                std::thread::sleep(Duration::from_nanos(expiry_ns + 2_000_000));
+            }
+        }
+    })
+}
+
 /// One client stalls past the expiry period now and then, after reading an ITE or right after
 /// publishing its DTE, while the others keep writing and recycling: the stalled operation must
 /// abort with a timeout (and be retried), never return stale or recycled data.
@@ -234,18 +249,12 @@ fn stalled_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> (StressOut
     };
     let mut cs = clients(&c, &cfg);
     let expiry = cfg.expiry_ns;
-    let mut n = 0u64;
-    cs[1].set_hook(Some(Box::new(move |p| {
-        if matches!(
-            p,
-            HookPoint::AfterIteRead | HookPoint::AfterCandidateCas | HookPoint::GetAfterDteRead
-        ) {
-            n += 1;
-            if n.is_multiple_of(997) {
-                std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
-            }
-        }
-    })));
+    const POINTS: &[HookPoint] = &[
+        HookPoint::AfterIteRead,
+        HookPoint::AfterCandidateCas,
+        HookPoint::GetAfterDteRead,
+    ];
+    cs[1].set_hook(Some(stall_every(997, POINTS, expiry)));
     let s = StressSpec {
         keys: 40,
         get_fraction: 0.5,
@@ -438,15 +447,7 @@ fn mutation_ignoring_the_operation_timer_is_caught() {
     let mut cs = clients(&c, &cfg);
     let expiry = cfg.expiry_ns;
     for client in cs.iter_mut().take(2) {
-        let mut n = 0u64;
-        client.set_hook(Some(Box::new(move |p| {
-            if p == HookPoint::BeforeValueRead {
-                n += 1;
-                if n.is_multiple_of(53) {
-                    std::thread::sleep(Duration::from_nanos(expiry + 2_000_000));
-                }
-            }
-        })));
+        client.set_hook(Some(stall_every(53, &[HookPoint::BeforeValueRead], expiry)));
     }
     let s = StressSpec {
         keys: 40,
