@@ -5,13 +5,15 @@
 //! The protocol crates are generic over [`Endpoint`] and never learn which backend they run on
 //! (see `docs/fabric.md`):
 //! - [`mem`]: N nodes inside one process (unit, property and concurrency tests; delay injection),
-//! - UCX (separate processes over shared memory, TCP or RDMA verbs),
-//! - a virtual-time simulated RDMA network.
+//! - UCX (separate processes over shared memory, TCP or RDMA verbs), in `nessie-fabric-ucx`.
+//!
+//! A virtual-time simulated RDMA network is planned as a third backend (issue 13); time is
+//! already part of the endpoint so that it can run the same protocol code.
 //!
 //! Completion model: every call blocks the calling worker thread until the operation has
 //! completed at the target (one outstanding operation per client worker, as in the paper).
-//! Time is part of the endpoint (`now_ns`, `sleep_ns`) so that a simulated backend can run the
-//! same protocol code in virtual time.
+//! Time is part of the endpoint (`now_ns` for the wall clock, `mono_ns` for durations,
+//! `sleep_ns`) so that a simulated backend can run the same protocol code in virtual time.
 
 pub mod addr;
 pub mod delay;
