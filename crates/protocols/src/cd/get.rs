@@ -108,7 +108,11 @@ mod tests {
         assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
         assert_eq!(r.cache_stats().hits, 0);
         assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
-        assert_eq!(r.cache_stats().hits, 1, "second read of the remote DTE is cached");
+        assert_eq!(
+            r.cache_stats().hits,
+            1,
+            "second read of the remote DTE is cached"
+        );
         // The overwrite changes the ITE, so the cached DTE is never consulted for it.
         w.put(b"k", b"v2").unwrap();
         assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));

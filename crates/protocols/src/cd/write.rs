@@ -395,7 +395,11 @@ mod tests {
         a.put(b"k", b"v1").unwrap();
         b.put(b"k", b"v2").unwrap();
         assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
-        assert_eq!(c.occupancy(), 1, "the overwrite took the key's own candidate");
+        assert_eq!(
+            c.occupancy(),
+            1,
+            "the overwrite took the key's own candidate"
+        );
         a.delete(b"k").unwrap();
         assert_eq!(b.get(b"k").unwrap(), None);
         assert_eq!(c.occupancy(), 0, "DELETE empties the candidate");
@@ -428,17 +432,27 @@ mod tests {
         let before = c.fabric_ops();
         assert_eq!(
             a.put(&vec![1; k + 1], b"v"),
-            Err(Error::KeyTooLarge { len: k + 1, max: KEY_MAX })
+            Err(Error::KeyTooLarge {
+                len: k + 1,
+                max: KEY_MAX
+            })
         );
         assert_eq!(
             a.put(b"k", &vec![0; v + 1]),
-            Err(Error::ValueTooLarge { len: v + 1, max: VALUE_MAX })
+            Err(Error::ValueTooLarge {
+                len: v + 1,
+                max: VALUE_MAX
+            })
         );
         assert_eq!(a.put(b"", b"v"), Err(Error::EmptyKey));
         assert_eq!(a.delete(b""), Err(Error::EmptyKey));
         assert_eq!(c.fabric_ops(), before, "no fabric operation was issued");
         a.put(&vec![1; k], &vec![2; v]).unwrap();
-        assert_eq!(a.get(&vec![1; k]).unwrap(), Some(vec![2; v]), "the limits fit");
+        assert_eq!(
+            a.get(&vec![1; k]).unwrap(),
+            Some(vec![2; v]),
+            "the limits fit"
+        );
     }
 
     /// Overwrites far beyond the data table's capacity succeed: replaced DTEs are recycled
@@ -456,10 +470,16 @@ mod tests {
         for i in 0..OVERWRITES {
             a.put(b"k", &i.to_le_bytes()).unwrap();
         }
-        assert_eq!(a.get(b"k").unwrap(), Some((OVERWRITES - 1).to_le_bytes().to_vec()));
+        assert_eq!(
+            a.get(b"k").unwrap(),
+            Some((OVERWRITES - 1).to_le_bytes().to_vec())
+        );
         let st = a.stats();
         assert!(st.recycled >= OVERWRITES - 1, "{st:?}");
-        assert!(st.table_full_waits > 0, "the table filled up and was reused: {st:?}");
+        assert!(
+            st.table_full_waits > 0,
+            "the table filled up and was reused: {st:?}"
+        );
         assert_eq!(st.leaked, 0);
         assert_eq!(c.occupancy(), 1);
     }
