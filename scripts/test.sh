@@ -4,3 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo test --workspace --locked "$@"
+# The in-process protocol, stress and checker tests also build and pass without UCX.
+cargo test --locked -p nessie-cluster -p nessie-bench --no-default-features "$@"

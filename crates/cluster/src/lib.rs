@@ -2,20 +2,31 @@
 //!
 //! - [`local::LocalCluster`]: every node inside one process on the in-process fabric (tests,
 //!   demos, property and stress tests).
-//! - [`config`]: the cluster configuration file shared by node processes.
-//! - [`bootstrap`]: the authenticated rendezvous through which node processes exchange their
+//!
+//! With the default `ucx` feature, node processes over UCX as well:
+//!
+//! - `config`: the cluster configuration file shared by node processes.
+//! - `bootstrap`: the authenticated rendezvous through which node processes exchange their
 //!   fabric addresses and keys.
-//! - [`admin`]: the local admin socket through which short-lived CLI processes ask a node to
+//! - `node`, `process`, `rundir`: a node process, and starting and stopping them.
+//! - `admin`: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
-//! - [`route`]: which node a CLI operation on a key goes to, with fallback to the others.
+//! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
 
+#[cfg(feature = "ucx")]
 pub mod admin;
+#[cfg(feature = "ucx")]
 pub mod bootstrap;
+#[cfg(feature = "ucx")]
 pub mod config;
 pub mod local;
+#[cfg(feature = "ucx")]
 pub mod node;
+#[cfg(feature = "ucx")]
 pub mod process;
+#[cfg(feature = "ucx")]
 pub mod route;
+#[cfg(feature = "ucx")]
 pub mod rundir;
 
 pub use local::LocalCluster;

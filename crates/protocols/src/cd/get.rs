@@ -67,3 +67,83 @@ impl<E: Endpoint> CdClient<E> {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{MemCluster, NODES};
+    use crate::config::{Optimizations, ProtocolConfig};
+
+    #[test]
+    fn absent_key_is_none_on_every_node() {
+        let c = MemCluster::small();
+        for node in 0..NODES as u16 {
+            let mut r = c.client(node);
+            assert_eq!(r.get(b"nothing").unwrap(), None);
+            assert_eq!(r.stats().gets, 1);
+            assert_eq!(r.stats().retries, 0, "an empty index needs no retry");
+        }
+    }
+
+    #[test]
+    fn reads_what_another_node_wrote() {
+        let c = MemCluster::small();
+        let mut w = c.client(0);
+        for i in 0..20u8 {
+            w.put(&[b'k', i], &[i; 10]).unwrap();
+        }
+        for node in 0..NODES as u16 {
+            let mut r = c.client(node);
+            for i in 0..20u8 {
+                assert_eq!(r.get(&[b'k', i]).unwrap(), Some(vec![i; 10]), "node {node}");
+            }
+        }
+    }
+
+    #[test]
+    fn remote_value_comes_from_the_cache_until_it_is_replaced() {
+        let c = MemCluster::small();
+        let mut w = c.client(0);
+        let mut r = c.client(2);
+        w.put(b"k", b"v1").unwrap();
+        assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+        assert_eq!(r.cache_stats().hits, 0);
+        assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+        assert_eq!(
+            r.cache_stats().hits,
+            1,
+            "second read of the remote DTE is cached"
+        );
+        // The overwrite changes the ITE, so the cached DTE is never consulted for it.
+        w.put(b"k", b"v2").unwrap();
+        assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    }
+
+    #[test]
+    fn every_optimisation_off_reads_the_same() {
+        let c = MemCluster::small();
+        let plain = ProtocolConfig {
+            optimizations: Optimizations::NONE,
+            ..c.client(0).config().clone()
+        };
+        let mut w = c.client(1);
+        let mut r = c.client_with(2, plain);
+        w.put(b"a", b"1").unwrap();
+        w.put(b"b", b"").unwrap();
+        assert_eq!(r.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(r.get(b"b").unwrap().as_deref(), Some(&b""[..]));
+        assert_eq!(r.get(b"c").unwrap(), None);
+        assert_eq!(r.cache_stats().hits, 0, "the cache is off");
+    }
+
+    #[test]
+    fn try_get_is_a_single_attempt() {
+        let c = MemCluster::small();
+        let mut w = c.client(0);
+        w.put(b"k", b"v").unwrap();
+        let mut r = c.client(1);
+        assert_eq!(r.try_get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+        assert_eq!(r.try_get(b"x").unwrap(), None);
+        assert_eq!(r.stats().retries, 0);
+        assert_eq!(r.try_get(b""), Err(crate::Error::EmptyKey));
+    }
+}

@@ -137,3 +137,107 @@ impl<E: Endpoint> CdClient<E> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{fast_cfg, small_geometry, MemCluster, NODES};
+    use crate::config::ProtocolConfig;
+    use nessie_store::index::Slot;
+
+    /// Keys tried when looking for a key with particular candidates.
+    const SEARCH: u32 = 100_000;
+
+    fn key(prefix: u8, i: u32) -> Vec<u8> {
+        let mut k = vec![prefix];
+        k.extend_from_slice(&i.to_le_bytes());
+        k
+    }
+
+    /// A key whose candidates are distinct slots.
+    fn key_with_distinct_candidates(c: &MemCluster) -> Vec<u8> {
+        (0..SEARCH)
+            .map(|i| key(b'k', i))
+            .find(|k| {
+                let mut s = c.candidates(k);
+                s.sort_unstable();
+                s.windows(2).all(|w| w[0] != w[1])
+            })
+            .unwrap()
+    }
+
+    /// A key, not in `taken`, whose first candidate is `slot` (so an empty-index PUT puts it
+    /// there).
+    fn key_first_in(c: &MemCluster, slot: Slot, taken: &[Vec<u8>]) -> Vec<u8> {
+        (0..SEARCH)
+            .map(|i| key(b'f', i))
+            .find(|k| c.candidates(k)[0] == slot && !taken.contains(k))
+            .unwrap()
+    }
+
+    /// Every candidate of a key is taken by another key: its PUT must migrate one of them,
+    /// and every key still reads back afterwards.
+    #[test]
+    fn put_migrates_when_every_candidate_is_taken() {
+        let c = MemCluster::small();
+        let target = key_with_distinct_candidates(&c);
+        let mut fillers = Vec::new();
+        let mut a = c.client(0);
+        for slot in c.candidates(&target) {
+            let f = key_first_in(&c, slot, &fillers);
+            a.put(&f, &f).unwrap();
+            assert!(!c.ite(slot).is_empty(), "filler took candidate {slot}");
+            fillers.push(f);
+        }
+        assert_eq!(a.stats().migrations, 0, "the fillers found free candidates");
+
+        let mut b = c.client(NODES as u16 - 1);
+        b.put(&target, b"target").unwrap();
+        assert!(b.stats().migrations > 0, "{:?}", b.stats());
+        assert_eq!(b.get(&target).unwrap().as_deref(), Some(&b"target"[..]));
+        for f in &fillers {
+            assert_eq!(
+                a.get(f).unwrap().as_deref(),
+                Some(&f[..]),
+                "moved key reads back"
+            );
+        }
+        assert_eq!(
+            c.occupancy(),
+            fillers.len() as u64 + 1,
+            "a move, not a copy"
+        );
+    }
+
+    /// Filling most of a small index needs many migrations, some recursive, and loses
+    /// nothing.
+    #[test]
+    fn high_load_factor_keeps_every_key() {
+        const LOAD_PERCENT: u64 = 80;
+        const DEPTH: u8 = 12;
+        let cfg = ProtocolConfig {
+            max_migrate_depth: DEPTH,
+            ..fast_cfg()
+        };
+        let c = MemCluster::new(small_geometry(), cfg);
+        let keys = c.view.geometry.total_ites() * LOAD_PERCENT / 100;
+        let mut w = c.client(1);
+        for i in 0..keys as u32 {
+            w.put(&key(b'h', i), &i.to_le_bytes()).unwrap();
+        }
+        let st = w.stats();
+        assert!(st.migrations > 0, "{st:?}");
+        assert!(st.recursive_migrations > 0, "{st:?}");
+        assert_eq!(
+            st.recycled, st.migrations,
+            "each move recycles its source DTE"
+        );
+        assert_eq!(c.occupancy(), keys);
+        let mut r = c.client(0);
+        for i in 0..keys as u32 {
+            assert_eq!(
+                r.get(&key(b'h', i)).unwrap(),
+                Some(i.to_le_bytes().to_vec())
+            );
+        }
+    }
+}

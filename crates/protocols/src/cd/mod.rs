@@ -12,6 +12,8 @@
 mod access;
 pub mod get;
 pub mod migrate;
+#[cfg(test)]
+mod testkit;
 pub mod write;
 
 use std::sync::Arc;

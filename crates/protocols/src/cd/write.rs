@@ -380,3 +380,107 @@ impl<E: Endpoint> CdClient<E> {
         self.check(d)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{fast_cfg, small_geometry, MemCluster, KEY_MAX, VALUE_MAX};
+    use crate::error::Error;
+    use nessie_store::Geometry;
+
+    #[test]
+    fn put_overwrites_and_delete_removes() {
+        let c = MemCluster::small();
+        let mut a = c.client(0);
+        let mut b = c.client(2);
+        a.put(b"k", b"v1").unwrap();
+        b.put(b"k", b"v2").unwrap();
+        assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+        assert_eq!(
+            c.occupancy(),
+            1,
+            "the overwrite took the key's own candidate"
+        );
+        a.delete(b"k").unwrap();
+        assert_eq!(b.get(b"k").unwrap(), None);
+        assert_eq!(c.occupancy(), 0, "DELETE empties the candidate");
+        b.delete(b"k").unwrap(); // deleting an absent key is fine
+        a.put(b"empty", b"").unwrap();
+        assert_eq!(b.get(b"empty").unwrap().as_deref(), Some(&b""[..]));
+        assert_eq!((a.stats().puts, a.stats().deletes), (2, 1));
+        assert_eq!((b.stats().puts, b.stats().deletes), (1, 1));
+    }
+
+    #[test]
+    fn a_write_lands_in_one_of_the_key_candidates() {
+        let c = MemCluster::small();
+        let mut a = c.client(1);
+        a.put(b"key", b"value").unwrap();
+        let held: Vec<_> = c
+            .candidates(b"key")
+            .into_iter()
+            .filter(|&s| !c.ite(s).is_empty())
+            .collect();
+        assert_eq!(held.len(), 1, "exactly one candidate holds the key");
+        assert_eq!(c.occupancy(), 1, "and no other ITE was touched");
+    }
+
+    #[test]
+    fn invalid_sizes_are_rejected_before_touching_memory() {
+        let c = MemCluster::small();
+        let mut a = c.client(0);
+        let (k, v) = (KEY_MAX as usize, VALUE_MAX as usize);
+        let before = c.fabric_ops();
+        assert_eq!(
+            a.put(&vec![1; k + 1], b"v"),
+            Err(Error::KeyTooLarge {
+                len: k + 1,
+                max: KEY_MAX
+            })
+        );
+        assert_eq!(
+            a.put(b"k", &vec![0; v + 1]),
+            Err(Error::ValueTooLarge {
+                len: v + 1,
+                max: VALUE_MAX
+            })
+        );
+        assert_eq!(a.put(b"", b"v"), Err(Error::EmptyKey));
+        assert_eq!(a.delete(b""), Err(Error::EmptyKey));
+        assert_eq!(c.fabric_ops(), before, "no fabric operation was issued");
+        a.put(&vec![1; k], &vec![2; v]).unwrap();
+        assert_eq!(
+            a.get(&vec![1; k]).unwrap(),
+            Some(vec![2; v]),
+            "the limits fit"
+        );
+    }
+
+    /// Overwrites far beyond the data table's capacity succeed: replaced DTEs are recycled
+    /// and reused once they expire.
+    #[test]
+    fn overwrites_recycle_replaced_entries() {
+        const DTES: u64 = 32;
+        const OVERWRITES: u64 = 4 * DTES;
+        let g = Geometry {
+            dtes_per_node: DTES,
+            ..small_geometry()
+        };
+        let c = MemCluster::new(g, fast_cfg());
+        let mut a = c.client(0);
+        for i in 0..OVERWRITES {
+            a.put(b"k", &i.to_le_bytes()).unwrap();
+        }
+        assert_eq!(
+            a.get(b"k").unwrap(),
+            Some((OVERWRITES - 1).to_le_bytes().to_vec())
+        );
+        let st = a.stats();
+        assert!(st.recycled >= OVERWRITES - 1, "{st:?}");
+        assert!(
+            st.table_full_waits > 0,
+            "the table filled up and was reused: {st:?}"
+        );
+        assert_eq!(st.leaked, 0);
+        assert_eq!(c.occupancy(), 1);
+    }
+}

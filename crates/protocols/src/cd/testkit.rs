@@ -1,0 +1,118 @@
+//! A client-driven cluster on the in-process fabric for this crate's unit tests. The full one,
+//! `nessie_cluster::LocalCluster`, depends on this crate; this is its CD core: per node an
+//! index and a data table region on one `MemFabric`, and a `DataTable` allocator.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use nessie_fabric::mem::{MemEndpoint, MemFabric};
+use nessie_fabric::{Endpoint, NodeId};
+use nessie_store::datatable::DataTable;
+use nessie_store::index::Slot;
+use nessie_store::{Geometry, Ite, DATA_REGION, INDEX_REGION};
+
+use super::{CdClient, ClusterView};
+use crate::config::ProtocolConfig;
+
+/// Nodes of the test clusters.
+pub(crate) const NODES: u32 = 3;
+/// Largest key and value of the test geometry.
+pub(crate) const KEY_MAX: u32 = 16;
+pub(crate) const VALUE_MAX: u32 = 64;
+/// Expiry period of the test clusters: short, so writes that recycle do not wait long.
+const EXPIRY_NS: u64 = 2_000_000;
+
+/// A small geometry: 3 nodes of 64 ITEs and 256 DTEs, 3 hash functions.
+pub(crate) fn small_geometry() -> Geometry {
+    Geometry {
+        nodes: NODES,
+        ites_per_node: 64,
+        dtes_per_node: 256,
+        key_max: KEY_MAX,
+        value_max: VALUE_MAX,
+        hash_functions: 3,
+        filter_bits: 7,
+    }
+}
+
+/// Default protocol configuration with a short expiry and no clock margin.
+pub(crate) fn fast_cfg() -> ProtocolConfig {
+    ProtocolConfig {
+        expiry_ns: EXPIRY_NS,
+        clock_margin_ns: 0,
+        ..ProtocolConfig::default()
+    }
+}
+
+pub(crate) struct MemCluster {
+    pub fabric: Arc<MemFabric>,
+    pub view: Arc<ClusterView>,
+    tables: Vec<Arc<DataTable>>,
+    cfg: ProtocolConfig,
+    next_worker: Cell<u16>,
+}
+
+impl MemCluster {
+    pub fn new(geometry: Geometry, cfg: ProtocolConfig) -> Self {
+        let view = Arc::new(ClusterView::new(geometry).unwrap());
+        let g = &view.geometry;
+        let mut node_regions = vec![0; 2];
+        node_regions[INDEX_REGION as usize] = g.index_table_bytes();
+        node_regions[DATA_REGION as usize] = g.data_table_bytes();
+        let fabric = MemFabric::new(&vec![node_regions; g.nodes as usize], None).unwrap();
+        let tables = (0..g.nodes)
+            .map(|n| {
+                let t = DataTable::new(n, view.dte, g.dtes_per_node, cfg.clock_margin_ns);
+                Arc::new(t)
+            })
+            .collect();
+        Self {
+            fabric,
+            view,
+            tables,
+            cfg,
+            next_worker: Cell::new(0),
+        }
+    }
+
+    /// The default test cluster: [`small_geometry`] and [`fast_cfg`].
+    pub fn small() -> Self {
+        Self::new(small_geometry(), fast_cfg())
+    }
+
+    /// A new client worker on `node` (worker ids are unique across the cluster).
+    pub fn client(&self, node: NodeId) -> CdClient<MemEndpoint> {
+        self.client_with(node, self.cfg.clone())
+    }
+
+    pub fn client_with(&self, node: NodeId, cfg: ProtocolConfig) -> CdClient<MemEndpoint> {
+        let worker = self.next_worker.get();
+        self.next_worker.set(worker + 1);
+        let ep = self.fabric.endpoint(node);
+        let table = self.tables[node as usize].clone();
+        CdClient::new(ep, self.view.clone(), table, worker, cfg).unwrap()
+    }
+
+    /// Fabric operations issued so far, by every endpoint.
+    pub fn fabric_ops(&self) -> u64 {
+        self.fabric.stats().total(None).total_ops()
+    }
+
+    /// The index entry in `slot`, read through a fresh endpoint.
+    pub fn ite(&self, slot: Slot) -> Ite {
+        let mut ep = self.fabric.endpoint(0);
+        Ite(ep.read_u64(self.view.index.addr(slot)).unwrap())
+    }
+
+    /// Number of occupied ITEs in the whole index.
+    pub fn occupancy(&self) -> u64 {
+        (0..self.view.geometry.total_ites())
+            .filter(|&s| !self.ite(s).is_empty())
+            .count() as u64
+    }
+
+    /// `key`'s candidate slots, in order.
+    pub fn candidates(&self, key: &[u8]) -> Vec<Slot> {
+        self.view.index.hashes(key).all(&self.view.index)
+    }
+}
