@@ -58,7 +58,8 @@ impl Default for RetryPolicy {
 }
 
 /// Deliberate protocol breakages, for mutation tests only: each must make the concurrency
-/// checker report a violation. Never set outside tests (the config file cannot set them).
+/// checker report a violation. Only with the `testing` feature (the config file cannot set them).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mutations {
     /// GET skips its reverse pass (Appendix A.1.2 Step 3).
@@ -76,6 +77,7 @@ pub struct Mutations {
     pub undo_to_empty: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Mutations {
     pub fn any(&self) -> bool {
         *self != Mutations::default()
@@ -99,6 +101,8 @@ pub struct ProtocolConfig {
     pub cache_entries: usize,
     pub optimizations: Optimizations,
     pub retry: RetryPolicy,
+    /// Test-only breakages (read through `mutated!`).
+    #[cfg(any(test, feature = "testing"))]
     pub mutations: Mutations,
 }
 
@@ -111,6 +115,7 @@ impl Default for ProtocolConfig {
             cache_entries: 1024,
             optimizations: Optimizations::default(),
             retry: RetryPolicy::default(),
+            #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }
     }

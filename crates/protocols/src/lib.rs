@@ -8,6 +8,23 @@
 //! Every protocol is generic over `nessie_fabric::Endpoint` and never learns which fabric it
 //! runs on.
 
+/// `mutated!(cfg, name)`: whether the test-only mutation `name` is on in `cfg` (a
+/// `ProtocolConfig` or an `sd` server's options). Without the `testing` feature there are no
+/// mutations and it is the constant `false`, so production code carries no trace of them.
+#[cfg(any(test, feature = "testing"))]
+macro_rules! mutated {
+    ($cfg:expr, $name:ident) => {
+        $cfg.mutations.$name
+    };
+}
+#[cfg(not(any(test, feature = "testing")))]
+macro_rules! mutated {
+    ($cfg:expr, $name:ident) => {{
+        let _ = &$cfg;
+        false
+    }};
+}
+
 pub mod cd;
 pub mod config;
 pub mod error;
@@ -15,7 +32,9 @@ pub mod hooks;
 pub mod hy;
 pub mod sd;
 
-pub use config::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
+#[cfg(any(test, feature = "testing"))]
+pub use config::Mutations;
+pub use config::{Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
 pub use hooks::HookPoint;
 
