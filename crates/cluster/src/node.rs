@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nessie_fabric::delay::Delayed;
+use nessie_fabric::delay::MaybeDelayed;
 use nessie_fabric::mem::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
@@ -83,20 +83,14 @@ pub struct NodeContext {
 }
 
 /// A client worker of a node process, in the cluster's protocol.
-pub type NodeClient = ModeClient<Delayed<UcxEndpoint>>;
+pub type NodeClient = ModeClient<MaybeDelayed<UcxEndpoint>>;
 
 impl NodeContext {
-    fn endpoint(&self) -> Result<Delayed<UcxEndpoint>, NodeError> {
+    fn endpoint(&self) -> Result<MaybeDelayed<UcxEndpoint>, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
-        // Without delay injection the wrapper is a probability-0 pass-through.
-        let d = self.delay.clone().unwrap_or(DelayInjection {
-            seed: 0,
-            probability: 0.0,
-            max_delay_ns: 0,
-        });
-        Ok(Delayed::new(
+        Ok(MaybeDelayed::new(
             ep,
-            d,
+            self.delay.clone(),
             self.next_stream.fetch_add(1, Ordering::Relaxed),
         ))
     }

@@ -8,41 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
+pub use crate::delay::DelayInjection;
+use crate::delay::Injector;
 use crate::memory::{AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
 use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
-
-/// Random delays around each operation, to widen race windows.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DelayInjection {
-    /// Seed; each endpoint derives its own stream from it.
-    pub seed: u64,
-    /// Probability in `[0, 1]` that a delay is injected at each injection point.
-    pub probability: f64,
-    /// Upper bound of one injected sleep, in nanoseconds (half of the delays are plain yields).
-    pub max_delay_ns: u64,
-}
-
-impl DelayInjection {
-    pub fn validate(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.probability) {
-            return Err(format!(
-                "delay probability {} is not in [0, 1]",
-                self.probability
-            ));
-        }
-        if self.max_delay_ns > 1_000_000_000 {
-            return Err(format!(
-                "max injected delay {} ns exceeds 1 s",
-                self.max_delay_ns
-            ));
-        }
-        Ok(())
-    }
-}
 
 struct MemNode {
     regions: Vec<WordMemory>,
@@ -99,15 +69,11 @@ impl MemFabric {
     pub fn endpoint(self: &Arc<Self>, node: NodeId) -> MemEndpoint {
         assert!((node as usize) < self.nodes.len(), "no node {node}");
         let n = self.endpoints_made.fetch_add(1, Ordering::Relaxed);
-        let rng = self
-            .delay
-            .as_ref()
-            .map(|d| SmallRng::seed_from_u64(d.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         MemEndpoint {
             fabric: self.clone(),
             node,
             stats: self.stats.register(node),
-            rng,
+            injector: self.delay.clone().map(|d| Injector::new(d, n)),
         }
     }
 
@@ -151,7 +117,7 @@ pub struct MemEndpoint {
     fabric: Arc<MemFabric>,
     node: NodeId,
     stats: Arc<StatsCell>,
-    rng: Option<SmallRng>,
+    injector: Option<Injector>,
 }
 
 fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) -> FabricError {
@@ -173,15 +139,8 @@ fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) ->
 
 impl MemEndpoint {
     fn maybe_delay(&mut self) {
-        let (Some(d), Some(rng)) = (self.fabric.delay.as_ref(), self.rng.as_mut()) else {
-            return;
-        };
-        if d.probability > 0.0 && rng.gen_bool(d.probability) {
-            if d.max_delay_ns == 0 || rng.gen_bool(0.5) {
-                std::thread::yield_now();
-            } else {
-                crate::precise_sleep_ns(rng.gen_range(0..=d.max_delay_ns));
-            }
+        if let Some(i) = self.injector.as_mut() {
+            i.delay();
         }
     }
 
