@@ -130,7 +130,58 @@ pub enum ModeClient<E: nessie_fabric::Endpoint> {
     Hy(hy::HyClient<E>),
 }
 
+/// What every client worker is built from, whatever the mode.
+pub struct ClientParts<E> {
+    /// An endpoint on the client's node.
+    pub ep: E,
+    pub view: std::sync::Arc<cd::ClusterView>,
+    /// The data table of `ep`'s node (CD and HY workers write their DTEs into it).
+    pub table: std::sync::Arc<nessie_store::datatable::DataTable>,
+    pub cfg: ProtocolConfig,
+}
+
+/// The request channel of a server-driven client (SD, HY): the node's shared RPC state and the
+/// request slot leased for this client.
+pub struct RpcLease {
+    pub shared: std::sync::Arc<sd::RpcShared>,
+    pub slot: sd::ClientSlot,
+}
+
 impl<E: nessie_fabric::Endpoint> ModeClient<E> {
+    /// A client worker of `mode`: the one place each mode's client is assembled. `worker`
+    /// hands out a worker id and is called only by the modes whose workers write DTEs (CD,
+    /// HY); SD and HY need `rpc`.
+    pub fn new(
+        mode: Mode,
+        parts: ClientParts<E>,
+        worker: impl FnOnce() -> Result<u16, Error>,
+        rpc: Option<RpcLease>,
+    ) -> Result<Self, Error> {
+        let ClientParts {
+            ep,
+            view,
+            table,
+            cfg,
+        } = parts;
+        let rpc = rpc.ok_or_else(|| {
+            Error::Config(format!("{} clients need a request channel", mode.name()))
+        });
+        Ok(match mode {
+            Mode::Cd => ModeClient::Cd(cd::CdClient::new(ep, view, table, worker()?, cfg)?),
+            Mode::Sd { .. } => {
+                let r = rpc?;
+                ModeClient::Sd(sd::SdClient::new(ep, view, r.shared, r.slot)?)
+            }
+            Mode::Hy { .. } => {
+                let r = rpc?;
+                let w = worker()?;
+                ModeClient::Hy(hy::HyClient::new(
+                    ep, view, table, w, &cfg, r.shared, r.slot,
+                )?)
+            }
+        })
+    }
+
     /// This client's fabric counters (its endpoint's).
     pub fn fabric_stats(&self) -> nessie_fabric::StatsSnapshot {
         match self {
