@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 pub use crate::delay::DelayInjection;
 use crate::delay::Injector;
-use crate::memory::{AccessError, WordMemory};
+use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
 use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 
@@ -120,23 +120,6 @@ pub struct MemEndpoint {
     injector: Option<Injector>,
 }
 
-fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) -> FabricError {
-    match e {
-        AccessError::Misaligned => FabricError::Misaligned {
-            offset: addr.offset,
-            len: len as u64,
-            align: crate::ALIGN,
-        },
-        AccessError::OutOfBounds => FabricError::OutOfBounds {
-            node: addr.node,
-            region: addr.region,
-            offset: addr.offset,
-            len: len as u64,
-            size: mem.len_bytes(),
-        },
-    }
-}
-
 impl MemEndpoint {
     fn maybe_delay(&mut self) {
         if let Some(i) = self.injector.as_mut() {
@@ -162,7 +145,7 @@ impl MemEndpoint {
     ) -> Result<T, FabricError> {
         self.maybe_delay();
         let mem = self.fabric.region(addr.node, addr.region)?;
-        let r = f(mem).map_err(|e| access_err(e, addr, len, mem))?;
+        let r = f(mem).map_err(|e| e.at(addr, len, mem))?;
         self.stats
             .record(kind, self.locality(addr.node), len as u64);
         self.maybe_delay();
@@ -207,15 +190,14 @@ impl Endpoint for MemEndpoint {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
-        let len = buf.len();
-        mem.read(offset, buf)
-            .map_err(|e| access_err(e, addr, len, mem))?;
-        self.stats
-            .record(OpKind::Read, Locality::Direct, len as u64);
-        Ok(())
+        direct_read(
+            mem,
+            RemoteAddr::new(self.node, region, offset),
+            buf,
+            &self.stats,
+        )
     }
 
     fn local_write(
@@ -224,14 +206,14 @@ impl Endpoint for MemEndpoint {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
-        mem.write(offset, buf)
-            .map_err(|e| access_err(e, addr, buf.len(), mem))?;
-        self.stats
-            .record(OpKind::Write, Locality::Direct, buf.len() as u64);
-        Ok(())
+        direct_write(
+            mem,
+            RemoteAddr::new(self.node, region, offset),
+            buf,
+            &self.stats,
+        )
     }
 
     fn now_ns(&self) -> u64 {

@@ -84,6 +84,12 @@ impl Mutations {
     }
 }
 
+/// Shortest expiry period anybody may configure (1 ms).
+pub const MIN_EXPIRY_NS: u64 = 1_000_000;
+/// Longest expiry period anybody may configure (1 h).
+pub const MAX_EXPIRY_NS: u64 = 3_600_000_000_000;
+/// Longest retry back-off anybody may configure (10 s).
+pub const MAX_BACKOFF_NS: u64 = 10_000_000_000;
 /// Most levels of recursive migration anybody may configure.
 pub const MAX_MIGRATE_DEPTH: u8 = 32;
 /// Most migrations one PUT attempt may trigger before it gives up with `Error::IndexFull`.
@@ -123,7 +129,7 @@ impl Default for ProtocolConfig {
 
 impl ProtocolConfig {
     pub fn validate(&self) -> Result<(), String> {
-        if self.expiry_ns < 1_000_000 || self.expiry_ns > 3_600_000_000_000 {
+        if !(MIN_EXPIRY_NS..=MAX_EXPIRY_NS).contains(&self.expiry_ns) {
             return Err(format!(
                 "expiry {} ns is not between 1 ms and 1 h",
                 self.expiry_ns
@@ -150,7 +156,7 @@ impl ProtocolConfig {
         if self.retry.initial_backoff_ns > self.retry.max_backoff_ns {
             return Err("retry.initial_backoff_ns exceeds retry.max_backoff_ns".into());
         }
-        if self.retry.max_backoff_ns > 10_000_000_000 {
+        if self.retry.max_backoff_ns > MAX_BACKOFF_NS {
             return Err("retry.max_backoff_ns exceeds 10 s".into());
         }
         Ok(())
