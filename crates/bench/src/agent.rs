@@ -19,8 +19,7 @@ use rand_distr::{Distribution, Exp};
 
 use crate::workload::{KeyDist, KeyGen};
 
-/// Largest histogram value: one hour, in nanoseconds.
-const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+pub use crate::result::{new_hist, MAX_LATENCY_NS};
 /// Most client threads one agent runs.
 pub const MAX_AGENT_THREADS: u16 = 64;
 
@@ -144,10 +143,6 @@ pub fn decode_hist(s: &str) -> Result<Histogram<u64>, String> {
         .map_err(|e| format!("bad histogram: {e:?}"))
 }
 
-fn new_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid bounds")
-}
-
 fn unix_ns() -> u64 {
     nessie_fabric::wall_clock_ns()
 }
@@ -198,6 +193,7 @@ fn task_cpu_seconds(task: &std::path::Path, tick: f64) -> Option<f64> {
 
 /// CPU seconds of every thread of this process, by role (thread name).
 fn thread_cpu() -> CpuByRole {
+    // SAFETY: sysconf only reads a configuration value; it takes no pointer.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut c = CpuByRole::default();
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {

@@ -139,3 +139,15 @@ pub struct BenchResult {
     /// The offered load in operations per second (open loop only).
     pub offered_ops_per_sec: Option<f64>,
 }
+
+/// Largest histogram value: one hour, in nanoseconds.
+pub const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+/// Significant decimal digits the latency histograms keep.
+const LATENCY_SIGFIG: u8 = 3;
+
+/// An empty latency histogram (1 ns up to [`MAX_LATENCY_NS`]); every latency histogram of the
+/// benchmarks is made here so they can be merged.
+pub fn new_hist() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_NS, LATENCY_SIGFIG)
+        .expect("valid bounds")
+}

@@ -444,10 +444,7 @@ fn bench_on(
     progress("running");
     let reps = run_window(cluster, &spec, p.warmup, p.duration, rate)?;
 
-    let (mut gh, mut ph) = (
-        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(),
-        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap(),
-    );
+    let (mut gh, mut ph) = (crate::agent::new_hist(), crate::agent::new_hist());
     let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
     let mut r = BenchResult {
         mode: p.mode.clone(),

@@ -6,9 +6,9 @@
 //! request:  "NSA1" | op (u8) | key length (u32 LE) | value length (u32 LE) | key | value
 //! reply:    status (u8) | payload length (u32 LE) | payload
 //! ```
-//! ops: 1 PING, 2 GET, 3 PUT, 4 DELETE, 5 STATUS, 6 EXTENSION (body in the value). Statuses: 0 OK, 1 VALUE, 2 NOT FOUND,
-//! 3 STATUS (JSON), 4 ERROR (UTF-8 message). Anything malformed gets an ERROR reply and the
-//! connection is closed; the server keeps serving.
+//! ops: [`AdminOp`] (EXTENSION carries its body in the value); statuses: [`ReplyStatus`] (STATUS carries
+//! JSON, ERROR a UTF-8 message). Anything malformed gets an ERROR reply and the connection is
+//! closed; the server keeps serving.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -26,6 +26,58 @@ const MAGIC: &[u8; 4] = b"NSA1";
 pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 /// An idle connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Request opcodes on the wire.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AdminOp {
+    Ping = 1,
+    Get = 2,
+    Put = 3,
+    Delete = 4,
+    Status = 5,
+    Extension = 6,
+}
+
+impl AdminOp {
+    const ALL: [AdminOp; 6] = [
+        AdminOp::Ping,
+        AdminOp::Get,
+        AdminOp::Put,
+        AdminOp::Delete,
+        AdminOp::Status,
+        AdminOp::Extension,
+    ];
+
+    fn from_u8(b: u8) -> Option<AdminOp> {
+        AdminOp::ALL.into_iter().find(|&o| o as u8 == b)
+    }
+}
+
+/// Reply statuses on the wire.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplyStatus {
+    Ok = 0,
+    Value = 1,
+    NotFound = 2,
+    Status = 3,
+    Error = 4,
+}
+
+impl ReplyStatus {
+    const ALL: [ReplyStatus; 5] = [
+        ReplyStatus::Ok,
+        ReplyStatus::Value,
+        ReplyStatus::NotFound,
+        ReplyStatus::Status,
+        ReplyStatus::Error,
+    ];
+
+    fn from_u8(b: u8) -> Option<ReplyStatus> {
+        ReplyStatus::ALL.into_iter().find(|&s| s as u8 == b)
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -59,17 +111,17 @@ pub enum AdminError {
 
 impl Request {
     fn encode(&self) -> Vec<u8> {
-        let (op, k, v): (u8, &[u8], &[u8]) = match self {
-            Request::Ping => (1, &[], &[]),
-            Request::Get(k) => (2, k, &[]),
-            Request::Put(k, v) => (3, k, v),
-            Request::Delete(k) => (4, k, &[]),
-            Request::Status => (5, &[], &[]),
-            Request::Extension(v) => (6, &[], v),
+        let (op, k, v): (AdminOp, &[u8], &[u8]) = match self {
+            Request::Ping => (AdminOp::Ping, &[], &[]),
+            Request::Get(k) => (AdminOp::Get, k, &[]),
+            Request::Put(k, v) => (AdminOp::Put, k, v),
+            Request::Delete(k) => (AdminOp::Delete, k, &[]),
+            Request::Status => (AdminOp::Status, &[], &[]),
+            Request::Extension(v) => (AdminOp::Extension, &[], v),
         };
         let mut b = Vec::with_capacity(13 + k.len() + v.len());
         b.extend_from_slice(MAGIC);
-        b.push(op);
+        b.push(op as u8);
         b.extend_from_slice(&(k.len() as u32).to_le_bytes());
         b.extend_from_slice(&(v.len() as u32).to_le_bytes());
         b.extend_from_slice(k);
@@ -125,13 +177,13 @@ impl Request {
                 Err(AdminError::Malformed(format!("op {op} takes no value")))
             }
         };
-        match op {
-            1 => no_payload(Request::Ping),
-            2 => no_value(Request::Get(key)),
-            3 => Ok(Some(Request::Put(key, value))),
-            4 => no_value(Request::Delete(key)),
-            5 => no_payload(Request::Status),
-            6 if klen == 0 => Ok(Some(Request::Extension(value))),
+        match AdminOp::from_u8(op) {
+            Some(AdminOp::Ping) => no_payload(Request::Ping),
+            Some(AdminOp::Get) => no_value(Request::Get(key)),
+            Some(AdminOp::Put) => Ok(Some(Request::Put(key, value))),
+            Some(AdminOp::Delete) => no_value(Request::Delete(key)),
+            Some(AdminOp::Status) => no_payload(Request::Status),
+            Some(AdminOp::Extension) if klen == 0 => Ok(Some(Request::Extension(value))),
             _ => Err(AdminError::Malformed(format!("unknown op {op}"))),
         }
     }
@@ -139,15 +191,15 @@ impl Request {
 
 impl Response {
     fn encode(&self) -> Vec<u8> {
-        let (st, p): (u8, &[u8]) = match self {
-            Response::Ok => (0, &[]),
-            Response::Value(v) => (1, v),
-            Response::NotFound => (2, &[]),
-            Response::Status(s) => (3, s.as_bytes()),
-            Response::Error(e) => (4, e.as_bytes()),
+        let (st, p): (ReplyStatus, &[u8]) = match self {
+            Response::Ok => (ReplyStatus::Ok, &[]),
+            Response::Value(v) => (ReplyStatus::Value, v),
+            Response::NotFound => (ReplyStatus::NotFound, &[]),
+            Response::Status(s) => (ReplyStatus::Status, s.as_bytes()),
+            Response::Error(e) => (ReplyStatus::Error, e.as_bytes()),
         };
         let mut b = Vec::with_capacity(5 + p.len());
-        b.push(st);
+        b.push(st as u8);
         b.extend_from_slice(&(p.len() as u32).to_le_bytes());
         b.extend_from_slice(p);
         b
@@ -163,13 +215,16 @@ impl Response {
         let mut p = vec![0u8; len as usize];
         s.read_exact(&mut p)?;
         let text = |p: Vec<u8>| String::from_utf8_lossy(&p).into_owned();
-        Ok(match head[0] {
-            0 => Response::Ok,
-            1 => Response::Value(p),
-            2 => Response::NotFound,
-            3 => Response::Status(text(p)),
-            4 => Response::Error(text(p)),
-            s => return Err(AdminError::Malformed(format!("unknown reply status {s}"))),
+        Ok(match ReplyStatus::from_u8(head[0]) {
+            Some(ReplyStatus::Ok) => Response::Ok,
+            Some(ReplyStatus::Value) => Response::Value(p),
+            Some(ReplyStatus::NotFound) => Response::NotFound,
+            Some(ReplyStatus::Status) => Response::Status(text(p)),
+            Some(ReplyStatus::Error) => Response::Error(text(p)),
+            None => {
+                let s = head[0];
+                return Err(AdminError::Malformed(format!("unknown reply status {s}")));
+            }
         })
     }
 }
@@ -642,5 +697,21 @@ mod tests {
             .mode();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
+
+    #[test]
+    fn wire_codes_are_pinned_and_round_trip() {
+        let ops: Vec<u8> = AdminOp::ALL.iter().map(|&o| o as u8).collect();
+        assert_eq!(ops, [1, 2, 3, 4, 5, 6]);
+        let statuses: Vec<u8> = ReplyStatus::ALL.iter().map(|&s| s as u8).collect();
+        assert_eq!(statuses, [0, 1, 2, 3, 4]);
+        for o in AdminOp::ALL {
+            assert_eq!(AdminOp::from_u8(o as u8), Some(o));
+        }
+        for s in ReplyStatus::ALL {
+            assert_eq!(ReplyStatus::from_u8(s as u8), Some(s));
+        }
+        assert_eq!(AdminOp::from_u8(0), None);
+        assert_eq!(ReplyStatus::from_u8(5), None);
     }
 }

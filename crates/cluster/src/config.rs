@@ -337,6 +337,8 @@ impl ClusterConfig {
         }
     }
 
+    // The defaults fill the test-only `mutations` when the `testing` feature is on.
+    #[allow(clippy::needless_update)]
     pub fn rpc_config(&self) -> nessie_protocols::sd::RpcConfig {
         nessie_protocols::sd::RpcConfig {
             max_clients_per_node: self.cluster.max_clients_per_node,
@@ -350,6 +352,8 @@ impl ClusterConfig {
         }
     }
 
+    // The defaults fill the test-only `mutations` when the `testing` feature is on.
+    #[allow(clippy::needless_update)]
     pub fn protocol_config(&self) -> ProtocolConfig {
         let p = &self.protocol;
         ProtocolConfig {

@@ -20,7 +20,7 @@ use nessie_protocols::sd::{
     self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
     REQUEST_REGION, RESPONSE_REGION,
 };
-use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
+use nessie_protocols::{ClientParts, Error, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
 use nessie_store::datatable::DataTable;
 use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
 
@@ -228,87 +228,94 @@ impl LocalCluster {
         node: NodeId,
         cfg: ProtocolConfig,
     ) -> Result<CdClient<MemEndpoint>, Error> {
-        let worker = self.worker_id(node)?;
-        CdClient::new(
-            self.fabric.endpoint(node),
-            self.view.clone(),
-            self.tables[node as usize].clone(),
-            worker,
-            cfg,
-        )
-    }
-
-    fn rpc_for(&self, node: NodeId, want: &str) -> Result<&Rpc, Error> {
-        let rpc = self.rpc.as_ref().ok_or_else(|| {
-            Error::Config(format!(
-                "{want} clients need an SD/HY cluster; this one runs {}",
-                self.mode.name()
-            ))
-        })?;
-        if node as usize >= self.tables.len() {
-            return Err(Error::Config(format!(
-                "no node {node} in a cluster of {}",
-                self.tables.len()
-            )));
+        match self.new_client(node, Mode::Cd, cfg)? {
+            ModeClient::Cd(c) => Ok(c),
+            _ => unreachable!("Mode::Cd makes a CD client"),
         }
-        Ok(rpc)
-    }
-
-    fn slot(&self, rpc: &Rpc, node: NodeId) -> Result<sd::ClientSlot, Error> {
-        rpc.pools[node as usize].take().ok_or_else(|| {
-            Error::Config(format!(
-                "node {node} has no free client slot (max_clients_per_node = {})",
-                rpc.shared.layout.max_clients_per_node
-            ))
-        })
     }
 
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
     /// returned to the node when it is dropped.
     pub fn sd_client(&self, node: NodeId) -> Result<SdClient<MemEndpoint>, Error> {
-        if !matches!(self.mode, Mode::Sd { .. }) {
-            return Err(Error::Config(format!(
-                "SD clients need an SD cluster; this one runs {}",
-                self.mode.name()
-            )));
+        self.require_mode("SD", matches!(self.mode, Mode::Sd { .. }))?;
+        match self.mode_client(node)? {
+            ModeClient::Sd(c) => Ok(c),
+            _ => unreachable!("an SD cluster makes SD clients"),
         }
-        let rpc = self.rpc_for(node, "SD")?;
-        SdClient::new(
-            self.fabric.endpoint(node),
-            self.view.clone(),
-            rpc.shared.clone(),
-            self.slot(rpc, node)?,
-        )
     }
 
     /// A new hybrid client worker on `node` (HY clusters only).
     pub fn hy_client(&self, node: NodeId) -> Result<HyClient<MemEndpoint>, Error> {
-        if !matches!(self.mode, Mode::Hy { .. }) {
-            return Err(Error::Config(format!(
-                "HY clients need an HY cluster; this one runs {}",
-                self.mode.name()
-            )));
+        self.require_mode("HY", matches!(self.mode, Mode::Hy { .. }))?;
+        match self.mode_client(node)? {
+            ModeClient::Hy(c) => Ok(c),
+            _ => unreachable!("an HY cluster makes HY clients"),
         }
-        let rpc = self.rpc_for(node, "HY")?;
-        let slot = self.slot(rpc, node)?;
-        let worker = self.worker_id(node)?;
-        HyClient::new(
-            self.fabric.endpoint(node),
-            self.view.clone(),
-            self.tables[node as usize].clone(),
-            worker,
-            &self.cfg,
-            rpc.shared.clone(),
-            slot,
-        )
     }
 
     /// A new client worker of the cluster's mode on `node`.
     pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<MemEndpoint>, Error> {
-        Ok(match self.mode {
-            Mode::Cd => ModeClient::Cd(self.client(node)?),
-            Mode::Sd { .. } => ModeClient::Sd(self.sd_client(node)?),
-            Mode::Hy { .. } => ModeClient::Hy(self.hy_client(node)?),
+        self.new_client(node, self.mode, self.cfg.clone())
+    }
+
+    /// Every client worker of the cluster is made here, through [`ModeClient::new`].
+    fn new_client(
+        &self,
+        node: NodeId,
+        mode: Mode,
+        cfg: ProtocolConfig,
+    ) -> Result<ModeClient<MemEndpoint>, Error> {
+        let table = self.checked_table(node)?;
+        let rpc = match mode {
+            Mode::Cd => None,
+            Mode::Sd { .. } | Mode::Hy { .. } => Some(self.rpc_lease(node, mode)?),
+        };
+        let parts = ClientParts {
+            ep: self.fabric.endpoint(node),
+            view: self.view.clone(),
+            table,
+            cfg,
+        };
+        ModeClient::new(mode, parts, || self.worker_id(node), rpc)
+    }
+
+    fn require_mode(&self, want: &str, ok: bool) -> Result<(), Error> {
+        if ok {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "{want} clients need an {want} cluster; this one runs {}",
+            self.mode.name()
+        )))
+    }
+
+    fn checked_table(&self, node: NodeId) -> Result<Arc<DataTable>, Error> {
+        self.tables.get(node as usize).cloned().ok_or_else(|| {
+            Error::Config(format!(
+                "no node {node} in a cluster of {}",
+                self.tables.len()
+            ))
+        })
+    }
+
+    /// A request slot on `node` for a client of `mode` (SD/HY clusters only).
+    fn rpc_lease(&self, node: NodeId, mode: Mode) -> Result<RpcLease, Error> {
+        let rpc = self.rpc.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{} clients need an SD/HY cluster; this one runs {}",
+                mode.name().to_uppercase(),
+                self.mode.name()
+            ))
+        })?;
+        let slot = rpc.pools[node as usize].take().ok_or_else(|| {
+            Error::Config(format!(
+                "node {node} has no free client slot (max_clients_per_node = {})",
+                rpc.shared.layout.max_clients_per_node
+            ))
+        })?;
+        Ok(RpcLease {
+            shared: rpc.shared.clone(),
+            slot,
         })
     }
 

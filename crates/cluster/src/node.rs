@@ -9,16 +9,15 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nessie_fabric::delay::Delayed;
+use nessie_fabric::delay::MaybeDelayed;
 use nessie_fabric::mem::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::hy::HyClient;
-use nessie_protocols::sd::client::{RpcShared, SdClient, SlotPool};
+use nessie_protocols::sd::client::{RpcShared, SlotPool};
 use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
 use nessie_protocols::sd::slots::{REQUEST_REGION, RESPONSE_REGION};
-use nessie_protocols::{KvClient, Mode, ModeClient, ProtocolConfig};
+use nessie_protocols::{ClientParts, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
 use nessie_store::datatable::DataTable;
 use nessie_store::{DATA_REGION, INDEX_REGION};
 
@@ -37,6 +36,11 @@ pub enum NodeError {
     Fabric(#[from] nessie_fabric::FabricError),
     #[error(transparent)]
     Dir(#[from] crate::rundir::DirError),
+    /// A protocol error (e.g. a client refused by its constructor), kind kept.
+    #[error(transparent)]
+    Protocol(#[from] nessie_protocols::Error),
+    #[error("node {node}: all {max} client slots are in use (cluster.max_clients_per_node)")]
+    SlotsInUse { node: u16, max: u16 },
     #[error("{0}")]
     Other(String),
 }
@@ -83,75 +87,46 @@ pub struct NodeContext {
 }
 
 /// A client worker of a node process, in the cluster's protocol.
-pub type NodeClient = ModeClient<Delayed<UcxEndpoint>>;
+pub type NodeClient = ModeClient<MaybeDelayed<UcxEndpoint>>;
 
 impl NodeContext {
-    fn endpoint(&self) -> Result<Delayed<UcxEndpoint>, NodeError> {
+    fn endpoint(&self) -> Result<MaybeDelayed<UcxEndpoint>, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
-        // Without delay injection the wrapper is a probability-0 pass-through.
-        let d = self.delay.clone().unwrap_or(DelayInjection {
-            seed: 0,
-            probability: 0.0,
-            max_delay_ns: 0,
-        });
-        Ok(Delayed::new(
+        Ok(MaybeDelayed::new(
             ep,
-            d,
+            self.delay.clone(),
             self.next_stream.fetch_add(1, Ordering::Relaxed),
         ))
     }
 
-    fn worker_id(&self) -> Result<u16, NodeError> {
+    fn worker_id(&self) -> Result<u16, nessie_protocols::Error> {
         let w = self.next_worker.fetch_add(1, Ordering::Relaxed);
-        u16::try_from(w)
-            .map_err(|_| NodeError::Other(format!("node {} has run out of worker ids", self.id)))
+        u16::try_from(w).map_err(|_| {
+            nessie_protocols::Error::Config(format!("node {} has run out of worker ids", self.id))
+        })
     }
 
     /// A new client worker of the cluster's protocol with protocol configuration `pcfg`
     /// (e.g. with some optimisations switched off).
     pub fn client(&self, pcfg: &ProtocolConfig) -> Result<NodeClient, NodeError> {
-        let err = |e: nessie_protocols::Error| NodeError::Other(e.to_string());
         let ep = self.endpoint()?;
-        Ok(match self.mode {
-            Mode::Cd => ModeClient::Cd(
-                CdClient::new(
-                    ep,
-                    self.view.clone(),
-                    self.table.clone(),
-                    self.worker_id()?,
-                    pcfg.clone(),
-                )
-                .map_err(err)?,
-            ),
-            Mode::Sd { .. } | Mode::Hy { .. } => {
-                let (shared, pool) = self.rpc.as_ref().expect("rpc state in sd/hy mode");
-                let slot = pool.take().ok_or_else(|| {
-                    NodeError::Other(format!(
-                        "node {}: all {} client slots are in use (cluster.max_clients_per_node)",
-                        self.id, self.cfg.cluster.max_clients_per_node
-                    ))
-                })?;
-                if matches!(self.mode, Mode::Sd { .. }) {
-                    ModeClient::Sd(
-                        SdClient::new(ep, self.view.clone(), shared.clone(), slot).map_err(err)?,
-                    )
-                } else {
-                    let w = self.worker_id()?;
-                    ModeClient::Hy(
-                        HyClient::new(
-                            ep,
-                            self.view.clone(),
-                            self.table.clone(),
-                            w,
-                            pcfg,
-                            shared.clone(),
-                            slot,
-                        )
-                        .map_err(err)?,
-                    )
-                }
-            }
-        })
+        let rpc = match &self.rpc {
+            None => None,
+            Some((shared, pool)) => Some(RpcLease {
+                shared: shared.clone(),
+                slot: pool.take().ok_or(NodeError::SlotsInUse {
+                    node: self.id,
+                    max: self.cfg.cluster.max_clients_per_node,
+                })?,
+            }),
+        };
+        let parts = ClientParts {
+            ep,
+            view: self.view.clone(),
+            table: self.table.clone(),
+            cfg: pcfg.clone(),
+        };
+        Ok(ModeClient::new(self.mode, parts, || self.worker_id(), rpc)?)
     }
 
     /// The protocol configuration of the cluster.

@@ -273,6 +273,8 @@ fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, 
         .args(&o.node_args);
     cmd.stdin(Stdio::null()).stdout(log).stderr(err);
     // Detach from the terminal's session so the node outlives `nessie up`.
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid, which is
+    // async-signal-safe; it allocates nothing and takes no lock.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {

@@ -3,7 +3,7 @@
 use std::os::raw::c_int;
 use std::sync::Arc;
 
-use nessie_fabric::memory::{AccessError, WordMemory};
+use nessie_fabric::memory::{direct_read, direct_write, WordMemory};
 use nessie_fabric::{
     Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN,
 };
@@ -44,31 +44,17 @@ fn is_fatal_local(status: c_int) -> bool {
     )
 }
 
-fn access_err(
-    e: AccessError,
-    region: RegionId,
-    node: NodeId,
-    offset: u64,
-    len: usize,
-    mem: &WordMemory,
-) -> FabricError {
-    match e {
-        AccessError::Misaligned => FabricError::Misaligned {
-            offset,
-            len: len as u64,
-            align: ALIGN,
-        },
-        AccessError::OutOfBounds => FabricError::OutOfBounds {
-            node,
-            region,
-            offset,
-            len: len as u64,
-            size: mem.len_bytes(),
-        },
-    }
-}
-
 impl UcxEndpoint {
+    /// Region `region` of this endpoint's own node.
+    fn own_region(&self, region: RegionId) -> Result<&WordMemory, FabricError> {
+        let node = self.shared.node;
+        self.shared
+            .regions
+            .get(region as usize)
+            .map(|r| &r.mem)
+            .ok_or(FabricError::UnknownRegion { node, region })
+    }
+
     pub(crate) fn connect(
         shared: Arc<NodeShared>,
         stats: Arc<StatsCell>,
@@ -312,19 +298,8 @@ impl Endpoint for UcxEndpoint {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        let node = self.shared.node;
-        let mem = &self
-            .shared
-            .regions
-            .get(region as usize)
-            .ok_or(FabricError::UnknownRegion { node, region })?
-            .mem;
-        let len = buf.len();
-        mem.read(offset, buf)
-            .map_err(|e| access_err(e, region, node, offset, len, mem))?;
-        self.stats
-            .record(OpKind::Read, Locality::Direct, len as u64);
-        Ok(())
+        let addr = RemoteAddr::new(self.shared.node, region, offset);
+        direct_read(self.own_region(region)?, addr, buf, &self.stats)
     }
 
     fn local_write(
@@ -333,18 +308,8 @@ impl Endpoint for UcxEndpoint {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        let node = self.shared.node;
-        let mem = &self
-            .shared
-            .regions
-            .get(region as usize)
-            .ok_or(FabricError::UnknownRegion { node, region })?
-            .mem;
-        mem.write(offset, buf)
-            .map_err(|e| access_err(e, region, node, offset, buf.len(), mem))?;
-        self.stats
-            .record(OpKind::Write, Locality::Direct, buf.len() as u64);
-        Ok(())
+        let addr = RemoteAddr::new(self.shared.node, region, offset);
+        direct_write(self.own_region(region)?, addr, buf, &self.stats)
     }
 
     fn now_ns(&self) -> u64 {

@@ -1,31 +1,62 @@
 //! Delay injection for any backend: [`Delayed`] wraps an endpoint and adds seeded random yields
 //! and sleeps before and after every operation (see [`DelayInjection`]), so race windows can be
-//! widened on a real multi-process fabric as well as in process.
+//! widened on a real multi-process fabric as well as in process. The in-process fabric
+//! (`crate::mem`) injects through the same [`Injector`].
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::mem::DelayInjection;
 use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
 
-pub struct Delayed<E> {
-    inner: E,
+/// Spreads the streams of endpoints that share one seed (the 64-bit golden ratio).
+const STREAM_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Most one injected sleep may last.
+const MAX_INJECTED_DELAY_NS: u64 = 1_000_000_000;
+
+/// Random delays around each operation, to widen race windows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DelayInjection {
+    /// Seed; each endpoint derives its own stream from it.
+    pub seed: u64,
+    /// Probability in `[0, 1]` that a delay is injected at each injection point.
+    pub probability: f64,
+    /// Upper bound of one injected sleep, in nanoseconds (half of the delays are plain yields).
+    pub max_delay_ns: u64,
+}
+
+impl DelayInjection {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.probability) {
+            return Err(format!(
+                "delay probability {} is not in [0, 1]",
+                self.probability
+            ));
+        }
+        if self.max_delay_ns > MAX_INJECTED_DELAY_NS {
+            return Err(format!(
+                "max injected delay {} ns exceeds 1 s",
+                self.max_delay_ns
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One endpoint's stream of injected delays.
+pub(crate) struct Injector {
     cfg: DelayInjection,
     rng: SmallRng,
 }
 
-impl<E: Endpoint> Delayed<E> {
+impl Injector {
     /// `stream` distinguishes endpoints sharing one seed.
-    pub fn new(inner: E, cfg: DelayInjection, stream: u64) -> Self {
-        let rng = SmallRng::seed_from_u64(cfg.seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        Self { inner, cfg, rng }
+    pub(crate) fn new(cfg: DelayInjection, stream: u64) -> Self {
+        let rng = SmallRng::seed_from_u64(cfg.seed ^ stream.wrapping_mul(STREAM_SPREAD));
+        Self { cfg, rng }
     }
 
-    pub fn inner(&self) -> &E {
-        &self.inner
-    }
-
-    fn delay(&mut self) {
+    /// At one injection point: with the configured probability, yield or sleep.
+    pub(crate) fn delay(&mut self) {
         if self.cfg.probability > 0.0 && self.rng.gen_bool(self.cfg.probability) {
             if self.cfg.max_delay_ns == 0 || self.rng.gen_bool(0.5) {
                 std::thread::yield_now();
@@ -35,11 +66,31 @@ impl<E: Endpoint> Delayed<E> {
             }
         }
     }
+}
+
+/// An endpoint with delays injected before and after every operation.
+pub struct Delayed<E> {
+    inner: E,
+    injector: Injector,
+}
+
+impl<E: Endpoint> Delayed<E> {
+    /// `stream` distinguishes endpoints sharing one seed.
+    pub fn new(inner: E, cfg: DelayInjection, stream: u64) -> Self {
+        Self {
+            inner,
+            injector: Injector::new(cfg, stream),
+        }
+    }
+
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
 
     fn around<T>(&mut self, f: impl FnOnce(&mut E) -> T) -> T {
-        self.delay();
+        self.injector.delay();
         let r = f(&mut self.inner);
-        self.delay();
+        self.injector.delay();
         r
     }
 }
@@ -95,6 +146,91 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     }
 }
 
+/// An endpoint that is wrapped in [`Delayed`] only when delay injection is asked for, so runs
+/// without it pay nothing but a branch.
+pub enum MaybeDelayed<E> {
+    Direct(E),
+    Delayed(Delayed<E>),
+}
+
+impl<E: Endpoint> MaybeDelayed<E> {
+    /// `inner` itself without `cfg`; wrapped with `stream` (as in [`Delayed::new`]) with it.
+    pub fn new(inner: E, cfg: Option<DelayInjection>, stream: u64) -> Self {
+        match cfg {
+            None => MaybeDelayed::Direct(inner),
+            Some(cfg) => MaybeDelayed::Delayed(Delayed::new(inner, cfg, stream)),
+        }
+    }
+
+    pub fn inner(&self) -> &E {
+        match self {
+            MaybeDelayed::Direct(e) => e,
+            MaybeDelayed::Delayed(d) => d.inner(),
+        }
+    }
+}
+
+/// `$body` with `$e` bound to whichever endpoint `$self` holds.
+macro_rules! either {
+    ($self:expr, $e:ident => $body:expr) => {
+        match $self {
+            MaybeDelayed::Direct($e) => $body,
+            MaybeDelayed::Delayed($e) => $body,
+        }
+    };
+}
+
+impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
+    fn node(&self) -> NodeId {
+        either!(self, e => e.node())
+    }
+    fn node_count(&self) -> usize {
+        either!(self, e => e.node_count())
+    }
+    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        either!(self, e => e.read(addr, buf))
+    }
+    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        either!(self, e => e.write(addr, buf))
+    }
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        either!(self, e => e.compare_and_swap(addr, expected, desired))
+    }
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
+        either!(self, e => e.local_read(region, offset, buf))
+    }
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
+        either!(self, e => e.local_write(region, offset, buf))
+    }
+    fn now_ns(&self) -> u64 {
+        either!(self, e => e.now_ns())
+    }
+    fn mono_ns(&self) -> u64 {
+        either!(self, e => e.mono_ns())
+    }
+    fn sleep_ns(&mut self, ns: u64) {
+        either!(self, e => e.sleep_ns(ns))
+    }
+    fn stats(&self) -> &StatsCell {
+        either!(self, e => e.stats())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +260,24 @@ mod tests {
             t.elapsed() > std::time::Duration::from_micros(500),
             "delays were injected"
         );
+    }
+
+    #[test]
+    fn maybe_delayed_wraps_only_when_asked() {
+        let f = MemFabric::new(&[vec![64]], None).unwrap();
+        let mut plain = MaybeDelayed::new(f.endpoint(0), None, 0);
+        assert!(matches!(plain, MaybeDelayed::Direct(_)));
+        let cfg = DelayInjection {
+            seed: 1,
+            probability: 1.0,
+            max_delay_ns: 0,
+        };
+        let mut delayed = MaybeDelayed::new(f.endpoint(0), Some(cfg), 1);
+        assert!(matches!(delayed, MaybeDelayed::Delayed(_)));
+        plain
+            .write(RemoteAddr::new(0, 0, 8), &7u64.to_le_bytes())
+            .unwrap();
+        assert_eq!(delayed.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(), 7);
+        assert_eq!(delayed.inner().node(), 0);
     }
 }

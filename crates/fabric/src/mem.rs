@@ -8,41 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-use crate::memory::{AccessError, WordMemory};
+pub use crate::delay::DelayInjection;
+use crate::delay::Injector;
+use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
 use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
-
-/// Random delays around each operation, to widen race windows.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DelayInjection {
-    /// Seed; each endpoint derives its own stream from it.
-    pub seed: u64,
-    /// Probability in `[0, 1]` that a delay is injected at each injection point.
-    pub probability: f64,
-    /// Upper bound of one injected sleep, in nanoseconds (half of the delays are plain yields).
-    pub max_delay_ns: u64,
-}
-
-impl DelayInjection {
-    pub fn validate(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.probability) {
-            return Err(format!(
-                "delay probability {} is not in [0, 1]",
-                self.probability
-            ));
-        }
-        if self.max_delay_ns > 1_000_000_000 {
-            return Err(format!(
-                "max injected delay {} ns exceeds 1 s",
-                self.max_delay_ns
-            ));
-        }
-        Ok(())
-    }
-}
 
 struct MemNode {
     regions: Vec<WordMemory>,
@@ -99,15 +69,11 @@ impl MemFabric {
     pub fn endpoint(self: &Arc<Self>, node: NodeId) -> MemEndpoint {
         assert!((node as usize) < self.nodes.len(), "no node {node}");
         let n = self.endpoints_made.fetch_add(1, Ordering::Relaxed);
-        let rng = self
-            .delay
-            .as_ref()
-            .map(|d| SmallRng::seed_from_u64(d.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         MemEndpoint {
             fabric: self.clone(),
             node,
             stats: self.stats.register(node),
-            rng,
+            injector: self.delay.clone().map(|d| Injector::new(d, n)),
         }
     }
 
@@ -151,37 +117,13 @@ pub struct MemEndpoint {
     fabric: Arc<MemFabric>,
     node: NodeId,
     stats: Arc<StatsCell>,
-    rng: Option<SmallRng>,
-}
-
-fn access_err(e: AccessError, addr: RemoteAddr, len: usize, mem: &WordMemory) -> FabricError {
-    match e {
-        AccessError::Misaligned => FabricError::Misaligned {
-            offset: addr.offset,
-            len: len as u64,
-            align: crate::ALIGN,
-        },
-        AccessError::OutOfBounds => FabricError::OutOfBounds {
-            node: addr.node,
-            region: addr.region,
-            offset: addr.offset,
-            len: len as u64,
-            size: mem.len_bytes(),
-        },
-    }
+    injector: Option<Injector>,
 }
 
 impl MemEndpoint {
     fn maybe_delay(&mut self) {
-        let (Some(d), Some(rng)) = (self.fabric.delay.as_ref(), self.rng.as_mut()) else {
-            return;
-        };
-        if d.probability > 0.0 && rng.gen_bool(d.probability) {
-            if d.max_delay_ns == 0 || rng.gen_bool(0.5) {
-                std::thread::yield_now();
-            } else {
-                crate::precise_sleep_ns(rng.gen_range(0..=d.max_delay_ns));
-            }
+        if let Some(i) = self.injector.as_mut() {
+            i.delay();
         }
     }
 
@@ -203,7 +145,7 @@ impl MemEndpoint {
     ) -> Result<T, FabricError> {
         self.maybe_delay();
         let mem = self.fabric.region(addr.node, addr.region)?;
-        let r = f(mem).map_err(|e| access_err(e, addr, len, mem))?;
+        let r = f(mem).map_err(|e| e.at(addr, len, mem))?;
         self.stats
             .record(kind, self.locality(addr.node), len as u64);
         self.maybe_delay();
@@ -248,15 +190,14 @@ impl Endpoint for MemEndpoint {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
-        let len = buf.len();
-        mem.read(offset, buf)
-            .map_err(|e| access_err(e, addr, len, mem))?;
-        self.stats
-            .record(OpKind::Read, Locality::Direct, len as u64);
-        Ok(())
+        direct_read(
+            mem,
+            RemoteAddr::new(self.node, region, offset),
+            buf,
+            &self.stats,
+        )
     }
 
     fn local_write(
@@ -265,14 +206,14 @@ impl Endpoint for MemEndpoint {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        let addr = RemoteAddr::new(self.node, region, offset);
         self.maybe_delay();
         let mem = self.fabric.region(self.node, region)?;
-        mem.write(offset, buf)
-            .map_err(|e| access_err(e, addr, buf.len(), mem))?;
-        self.stats
-            .record(OpKind::Write, Locality::Direct, buf.len() as u64);
-        Ok(())
+        direct_write(
+            mem,
+            RemoteAddr::new(self.node, region, offset),
+            buf,
+            &self.stats,
+        )
     }
 
     fn now_ns(&self) -> u64 {

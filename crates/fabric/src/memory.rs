@@ -15,7 +15,8 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::ALIGN;
+use crate::stats::{Locality, OpKind, StatsCell};
+use crate::{FabricError, RemoteAddr, ALIGN};
 
 /// A contiguous array of 64-bit words.
 pub struct WordMemory {
@@ -33,6 +34,55 @@ unsafe impl Sync for WordMemory {}
 pub enum AccessError {
     Misaligned,
     OutOfBounds,
+}
+
+impl AccessError {
+    /// This misuse as the fabric error of an access of `len` bytes at `addr`, which is in `mem`.
+    pub fn at(self, addr: RemoteAddr, len: usize, mem: &WordMemory) -> FabricError {
+        match self {
+            AccessError::Misaligned => FabricError::Misaligned {
+                offset: addr.offset,
+                len: len as u64,
+                align: ALIGN,
+            },
+            AccessError::OutOfBounds => FabricError::OutOfBounds {
+                node: addr.node,
+                region: addr.region,
+                offset: addr.offset,
+                len: len as u64,
+                size: mem.len_bytes(),
+            },
+        }
+    }
+}
+
+/// An endpoint's READ of its own node's memory `mem` (at `addr`), counted as a direct access.
+/// Every backend's `Endpoint::local_read`.
+pub fn direct_read(
+    mem: &WordMemory,
+    addr: RemoteAddr,
+    buf: &mut [u8],
+    stats: &StatsCell,
+) -> Result<(), FabricError> {
+    let len = buf.len();
+    mem.read(addr.offset, buf)
+        .map_err(|e| e.at(addr, len, mem))?;
+    stats.record(OpKind::Read, Locality::Direct, len as u64);
+    Ok(())
+}
+
+/// An endpoint's WRITE to its own node's memory `mem` (at `addr`), counted as a direct access.
+/// Every backend's `Endpoint::local_write`.
+pub fn direct_write(
+    mem: &WordMemory,
+    addr: RemoteAddr,
+    buf: &[u8],
+    stats: &StatsCell,
+) -> Result<(), FabricError> {
+    mem.write(addr.offset, buf)
+        .map_err(|e| e.at(addr, buf.len(), mem))?;
+    stats.record(OpKind::Write, Locality::Direct, buf.len() as u64);
+    Ok(())
 }
 
 impl WordMemory {

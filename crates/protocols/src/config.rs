@@ -58,7 +58,8 @@ impl Default for RetryPolicy {
 }
 
 /// Deliberate protocol breakages, for mutation tests only: each must make the concurrency
-/// checker report a violation. Never set outside tests (the config file cannot set them).
+/// checker report a violation. Only with the `testing` feature (the config file cannot set them).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mutations {
     /// GET skips its reverse pass (Appendix A.1.2 Step 3).
@@ -76,12 +77,19 @@ pub struct Mutations {
     pub undo_to_empty: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Mutations {
     pub fn any(&self) -> bool {
         *self != Mutations::default()
     }
 }
 
+/// Shortest expiry period anybody may configure (1 ms).
+pub const MIN_EXPIRY_NS: u64 = 1_000_000;
+/// Longest expiry period anybody may configure (1 h).
+pub const MAX_EXPIRY_NS: u64 = 3_600_000_000_000;
+/// Longest retry back-off anybody may configure (10 s).
+pub const MAX_BACKOFF_NS: u64 = 10_000_000_000;
 /// Most levels of recursive migration anybody may configure.
 pub const MAX_MIGRATE_DEPTH: u8 = 32;
 /// Most migrations one PUT attempt may trigger before it gives up with `Error::IndexFull`.
@@ -99,6 +107,8 @@ pub struct ProtocolConfig {
     pub cache_entries: usize,
     pub optimizations: Optimizations,
     pub retry: RetryPolicy,
+    /// Test-only breakages (read through `mutated!`).
+    #[cfg(any(test, feature = "testing"))]
     pub mutations: Mutations,
 }
 
@@ -111,6 +121,7 @@ impl Default for ProtocolConfig {
             cache_entries: 1024,
             optimizations: Optimizations::default(),
             retry: RetryPolicy::default(),
+            #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }
     }
@@ -118,7 +129,7 @@ impl Default for ProtocolConfig {
 
 impl ProtocolConfig {
     pub fn validate(&self) -> Result<(), String> {
-        if self.expiry_ns < 1_000_000 || self.expiry_ns > 3_600_000_000_000 {
+        if !(MIN_EXPIRY_NS..=MAX_EXPIRY_NS).contains(&self.expiry_ns) {
             return Err(format!(
                 "expiry {} ns is not between 1 ms and 1 h",
                 self.expiry_ns
@@ -145,7 +156,7 @@ impl ProtocolConfig {
         if self.retry.initial_backoff_ns > self.retry.max_backoff_ns {
             return Err("retry.initial_backoff_ns exceeds retry.max_backoff_ns".into());
         }
-        if self.retry.max_backoff_ns > 10_000_000_000 {
+        if self.retry.max_backoff_ns > MAX_BACKOFF_NS {
             return Err("retry.max_backoff_ns exceeds 10 s".into());
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! Named points inside the protocol where tests can inject delays (e.g. stall an operation past
-//! its expiry period) to force specific interleavings.
+//! its expiry period) to force specific interleavings. Installing a [`Hook`] needs the `testing`
+//! feature; without it the protocol's hook calls are empty and compile to nothing.
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum HookPoint {
@@ -23,4 +24,5 @@ pub enum HookPoint {
 }
 
 /// A test hook: called at every [`HookPoint`] by the client that owns it.
+#[cfg(any(test, feature = "testing"))]
 pub type Hook = Box<dyn FnMut(HookPoint) + Send>;

@@ -8,6 +8,23 @@
 //! Every protocol is generic over `nessie_fabric::Endpoint` and never learns which fabric it
 //! runs on.
 
+/// `mutated!(cfg, name)`: whether the test-only mutation `name` is on in `cfg` (a
+/// `ProtocolConfig` or an `sd` server's options). Without the `testing` feature there are no
+/// mutations and it is the constant `false`, so production code carries no trace of them.
+#[cfg(any(test, feature = "testing"))]
+macro_rules! mutated {
+    ($cfg:expr, $name:ident) => {
+        $cfg.mutations.$name
+    };
+}
+#[cfg(not(any(test, feature = "testing")))]
+macro_rules! mutated {
+    ($cfg:expr, $name:ident) => {{
+        let _ = &$cfg;
+        false
+    }};
+}
+
 pub mod cd;
 pub mod config;
 pub mod error;
@@ -15,7 +32,9 @@ pub mod hooks;
 pub mod hy;
 pub mod sd;
 
-pub use config::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
+#[cfg(any(test, feature = "testing"))]
+pub use config::Mutations;
+pub use config::{Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
 pub use hooks::HookPoint;
 
@@ -111,7 +130,58 @@ pub enum ModeClient<E: nessie_fabric::Endpoint> {
     Hy(hy::HyClient<E>),
 }
 
+/// What every client worker is built from, whatever the mode.
+pub struct ClientParts<E> {
+    /// An endpoint on the client's node.
+    pub ep: E,
+    pub view: std::sync::Arc<cd::ClusterView>,
+    /// The data table of `ep`'s node (CD and HY workers write their DTEs into it).
+    pub table: std::sync::Arc<nessie_store::datatable::DataTable>,
+    pub cfg: ProtocolConfig,
+}
+
+/// The request channel of a server-driven client (SD, HY): the node's shared RPC state and the
+/// request slot leased for this client.
+pub struct RpcLease {
+    pub shared: std::sync::Arc<sd::RpcShared>,
+    pub slot: sd::ClientSlot,
+}
+
 impl<E: nessie_fabric::Endpoint> ModeClient<E> {
+    /// A client worker of `mode`: the one place each mode's client is assembled. `worker`
+    /// hands out a worker id and is called only by the modes whose workers write DTEs (CD,
+    /// HY); SD and HY need `rpc`.
+    pub fn new(
+        mode: Mode,
+        parts: ClientParts<E>,
+        worker: impl FnOnce() -> Result<u16, Error>,
+        rpc: Option<RpcLease>,
+    ) -> Result<Self, Error> {
+        let ClientParts {
+            ep,
+            view,
+            table,
+            cfg,
+        } = parts;
+        let rpc = rpc.ok_or_else(|| {
+            Error::Config(format!("{} clients need a request channel", mode.name()))
+        });
+        Ok(match mode {
+            Mode::Cd => ModeClient::Cd(cd::CdClient::new(ep, view, table, worker()?, cfg)?),
+            Mode::Sd { .. } => {
+                let r = rpc?;
+                ModeClient::Sd(sd::SdClient::new(ep, view, r.shared, r.slot)?)
+            }
+            Mode::Hy { .. } => {
+                let r = rpc?;
+                let w = worker()?;
+                ModeClient::Hy(hy::HyClient::new(
+                    ep, view, table, w, &cfg, r.shared, r.slot,
+                )?)
+            }
+        })
+    }
+
     /// This client's fabric counters (its endpoint's).
     pub fn fabric_stats(&self) -> nessie_fabric::StatsSnapshot {
         match self {

@@ -89,7 +89,7 @@ impl<E: Endpoint> CdClient<E> {
         let expiry = self.cfg.expiry_ns;
         let want_value = want != Want::Key;
         let wants = |c: &Self, m: &DteMeta, k: bool| {
-            let valid = m.valid || c.cfg.mutations.skip_valid_check;
+            let valid = m.valid || mutated!(c.cfg, skip_valid_check);
             match want {
                 Want::Key => false,
                 Want::ValueIfMatch => k && valid,
@@ -260,7 +260,7 @@ impl<E: Endpoint> CdClient<E> {
     /// `ite` from the index calls this, so each DTE is marked exactly once.
     pub(crate) fn recycle(&mut self, ite: Ite) {
         let now = self.ep.now_ns();
-        let expires = if self.cfg.mutations.recycle_without_expiry {
+        let expires = if mutated!(self.cfg, recycle_without_expiry) {
             0
         } else {
             now + self.cfg.expiry_ns

@@ -42,7 +42,7 @@ impl<E: Endpoint> CdClient<E> {
             if !f.key_matches {
                 continue;
             }
-            if f.meta.valid || self.cfg.mutations.skip_valid_check {
+            if f.meta.valid || mutated!(self.cfg, skip_valid_check) {
                 return Ok(Some(self.value_of(&f))); // 2.4
             }
             // 2.5: an in-progress write replaced `prev`; that DTE is still intact.
@@ -61,7 +61,7 @@ impl<E: Endpoint> CdClient<E> {
         }
 
         // Step 3: the reverse pass, skipping the last candidate.
-        if !self.cfg.mutations.skip_get_reverse_pass {
+        if !mutated!(self.cfg, skip_get_reverse_pass) {
             self.reverse_pass(&d, &slots[..n], &seen[..n])?;
         }
         Ok(None)

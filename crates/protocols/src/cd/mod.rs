@@ -29,7 +29,9 @@ use rand::{Rng, SeedableRng};
 
 use crate::config::ProtocolConfig;
 use crate::error::Error;
-use crate::hooks::{Hook, HookPoint};
+#[cfg(any(test, feature = "testing"))]
+use crate::hooks::Hook;
+use crate::hooks::HookPoint;
 
 /// What every client of a cluster shares: the geometry and what is derived from it.
 #[derive(Clone, Debug)]
@@ -159,6 +161,7 @@ pub struct CdClient<E: Endpoint> {
     tag: WriterTag,
     cache: DteCache,
     rng: SmallRng,
+    #[cfg(any(test, feature = "testing"))]
     hook: Option<Hook>,
     stats: ClientStats,
     /// Scratch buffer for DTE reads.
@@ -207,6 +210,7 @@ impl<E: Endpoint> CdClient<E> {
             tag,
             cache,
             rng: SmallRng::seed_from_u64(seed),
+            #[cfg(any(test, feature = "testing"))]
             hook: None,
             stats: ClientStats::default(),
             buf: Vec::new(),
@@ -276,6 +280,7 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Install a test hook called at every [`HookPoint`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn set_hook(&mut self, hook: Option<Hook>) {
         self.hook = hook;
     }
@@ -293,17 +298,23 @@ impl<E: Endpoint> CdClient<E> {
         Ok(())
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn hook(&mut self, p: HookPoint) {
         if let Some(h) = self.hook.as_mut() {
             h(p);
         }
     }
 
+    /// No hooks without the `testing` feature: the calls vanish.
+    #[cfg(not(any(test, feature = "testing")))]
+    #[inline(always)]
+    pub(crate) fn hook(&mut self, _: HookPoint) {}
+
     pub(crate) fn deadline(&self) -> Deadline {
         Deadline {
             start_ns: self.ep.mono_ns(),
             limit_ns: self.cfg.expiry_ns,
-            ignore: self.cfg.mutations.ignore_op_timer,
+            ignore: mutated!(self.cfg, ignore_op_timer),
         }
     }
 

@@ -157,7 +157,7 @@ impl<E: Endpoint> CdClient<E> {
                     continue;
                 }
             }
-            let restore = if self.cfg.mutations.undo_to_empty {
+            let restore = if mutated!(self.cfg, undo_to_empty) {
                 Ite::EMPTY
             } else {
                 p.target
@@ -331,7 +331,7 @@ impl<E: Endpoint> CdClient<E> {
 
             // Step 5: the reverse pass.
             self.hook(HookPoint::BeforeReversePass);
-            if !self.cfg.mutations.skip_put_reverse_pass {
+            if !mutated!(self.cfg, skip_put_reverse_pass) {
                 self.reverse_pass(&d, &slots, &seen)?;
             }
 

@@ -34,7 +34,8 @@ use crate::error::Error;
 pub const MAX_SERVER_THREADS: u16 = 64;
 
 /// Deliberate breakages of the server-driven path, for mutation tests only (each must make the
-/// concurrency checker report a violation).
+/// concurrency checker report a violation). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcMutations {
     /// Servers acknowledge a PUT/DELETE before executing it.
@@ -53,6 +54,7 @@ pub struct RpcConfig {
     /// How long a client waits for a response before reporting the owner unreachable.
     pub response_timeout_ns: u64,
     /// Test-only breakages.
+    #[cfg(any(test, feature = "testing"))]
     pub mutations: RpcMutations,
 }
 
@@ -62,6 +64,7 @@ impl Default for RpcConfig {
             max_clients_per_node: 16,
             idle_backoff_ns: None,
             response_timeout_ns: 30_000_000_000,
+            #[cfg(any(test, feature = "testing"))]
             mutations: RpcMutations::default(),
         }
     }
@@ -91,6 +94,7 @@ impl RpcConfig {
     pub fn server_options(&self) -> ServerOptions {
         ServerOptions {
             idle_backoff_ns: self.idle_backoff_ns,
+            #[cfg(any(test, feature = "testing"))]
             mutations: self.mutations,
         }
     }

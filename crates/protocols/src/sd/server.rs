@@ -24,6 +24,7 @@ use nessie_store::index::Placement;
 
 use super::client::RpcShared;
 use super::slots::{OpCode, Reply, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
+#[cfg(any(test, feature = "testing"))]
 use super::RpcMutations;
 use crate::cd::{CdClient, ClientStats};
 use crate::error::Error;
@@ -37,6 +38,7 @@ pub struct ServerOptions {
     /// machines with fewer cores than threads.
     pub idle_backoff_ns: Option<u64>,
     /// Test-only protocol breakages.
+    #[cfg(any(test, feature = "testing"))]
     pub mutations: RpcMutations,
 }
 
@@ -329,7 +331,7 @@ impl<E: Endpoint> Server<E> {
             }
             Ok(Some((op, k, v))) => {
                 self.slots[i].last_seq = seq;
-                if self.opts.mutations.reply_before_execute && op != OpCode::Get {
+                if mutated!(self.opts, reply_before_execute) && op != OpCode::Get {
                     // Broken on purpose: acknowledge the write before it has happened.
                     self.respond(i, seq, &Ok(None))?;
                     let _ = self.execute(op, k, v);
