@@ -1,11 +1,9 @@
-//! Workloads and harnesses that drive Nessie clients: the concurrency stress harness with
-//! history checking ([`stress`]), workload generation ([`workload`]) and the demo ([`demo`]).
+//! Benchmarking Nessie across node processes: the single-run harness ([`runner`]) and its
+//! result ([`result`]), the load agent each node runs for it ([`agent`]), and workload
+//! generation shared with the demo and stress harness ([`workload`]). Sweeps and plots live
+//! in `nessie-report`; the stress harness and demo in `nessie-testkit`.
 
 pub mod agent;
-pub mod demo;
-pub mod plot;
 pub mod result;
 pub mod runner;
-pub mod stress;
-pub mod sweep;
 pub mod workload;

@@ -237,7 +237,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 }
 
 fn sweep(s: SweepArgs) -> Result<(), String> {
-    use nessie_bench::sweep::{self, Preset};
+    use nessie_report::sweep::{self, Preset};
     let preset: Preset = s.preset.parse()?;
     let base = s.p.params();
     let opts = runner_options(&s.p)?;

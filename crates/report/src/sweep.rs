@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use crate::plot::{self, BarChart, BarGroup, LineFigure, LinePanel, Series, XFormat, XScale};
-use crate::result::{BenchParams, BenchResult};
+use nessie_bench::result::{BenchParams, BenchResult};
 
 /// Value sizes of the `values` preset (bytes).
 pub const VALUE_SIZES: [u32; 6] = [256, 1024, 4096, 16384, 65536, 131072];
@@ -1154,7 +1154,7 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::result::{CpuSeconds, FabricSummary, LatencySummary, PerKind};
+    use nessie_bench::result::{CpuSeconds, FabricSummary, LatencySummary, PerKind};
 
     fn test_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("nessie-sweep-{name}-{}", std::process::id()));

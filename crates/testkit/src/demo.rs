@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::stress::{key_bytes, value_bytes, value_id};
-use crate::workload::{KeyDist, KeyGen};
+use nessie_bench::workload::{KeyDist, KeyGen};
 
 #[derive(Clone, Debug)]
 pub struct DemoSpec {
