@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo test --workspace --locked "$@"
 # The in-process protocol, stress and checker tests also build and pass without UCX.
-cargo test --locked -p nessie-cluster -p nessie-bench --no-default-features "$@"
+cargo test --locked -p nessie-cluster -p nessie-bench -p nessie-testkit --no-default-features "$@"

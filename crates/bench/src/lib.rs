@@ -1,15 +1,12 @@
-//! Workloads and harnesses that drive Nessie clients: the concurrency stress harness with
-//! history checking ([`stress`]), workload generation ([`workload`]) and the demo ([`demo`]).
-//! With the default `ucx` feature, also the benchmark agent inside node processes (`agent`)
-//! and the harness that drives it (`runner`).
+//! Benchmarking Nessie: workload generation shared with the demo and stress harness
+//! ([`workload`]) and the benchmark result ([`result`]). With the default `ucx` feature, also
+//! the single-run harness that drives node processes (`runner`) and the load agent each node
+//! runs for it (`agent`). Sweeps and plots live in `nessie-report`; the stress harness and demo
+//! in `nessie-testkit`.
 
 #[cfg(feature = "ucx")]
 pub mod agent;
-pub mod demo;
-pub mod plot;
 pub mod result;
 #[cfg(feature = "ucx")]
 pub mod runner;
-pub mod stress;
-pub mod sweep;
 pub mod workload;

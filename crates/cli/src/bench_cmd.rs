@@ -237,7 +237,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 }
 
 fn sweep(s: SweepArgs) -> Result<(), String> {
-    use nessie_bench::sweep::{self, Preset};
+    use nessie_report::{run_preset, summary_table, Preset, RunSpec};
     let preset: Preset = s.preset.parse()?;
     let base = s.p.params();
     let opts = runner_options(&s.p)?;
@@ -269,18 +269,18 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
             pb2.set_message(format!("{label}: {phase}"))
         })
     };
-    let mut progress = |i: usize, _n: usize, spec: &sweep::RunSpec| {
+    let mut progress = |i: usize, _n: usize, spec: &RunSpec| {
         pb.set_position(i.saturating_sub(1) as u64);
         pb.set_message(spec.stem.clone());
         if pb.is_hidden() {
             eprintln!("[{i}/{total}] {}", spec.stem);
         }
     };
-    let out = sweep::run_preset(preset, &base, &s.out, &mut runner, &mut progress);
+    let out = run_preset(preset, &base, &s.out, &mut runner, &mut progress);
     pb.finish_and_clear();
     let out = out?;
     let results: Vec<BenchResult> = out.results.iter().map(|(_, r)| r.clone()).collect();
-    println!("{}", sweep::summary_table(&results));
+    println!("{}", summary_table(&results));
     for f in &out.failures {
         eprintln!("failed: {f:?}");
     }

@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use nessie_bench::demo::{self, DemoSpec};
 use nessie_bench::workload::KeyDist;
 use nessie_cluster::admin::{Request, Response};
 use nessie_cluster::config::{ClusterConfig, Transport};
 use nessie_cluster::{process, route};
+use nessie_testkit::demo::{self, DemoSpec};
 
 #[derive(Parser)]
 #[command(

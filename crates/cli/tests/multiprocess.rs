@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use nessie_bench::stress::{self, StressSpec};
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
+use nessie_testkit::stress::{self, StressSpec};
 
 mod common;
 use common::{Cluster, BIN};

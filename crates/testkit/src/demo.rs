@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::stress::{key_bytes, value_bytes, value_id};
-use crate::workload::{KeyDist, KeyGen};
+use nessie_bench::workload::{KeyDist, KeyGen};
 
 #[derive(Clone, Debug)]
 pub struct DemoSpec {
@@ -101,8 +101,8 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
             let spec = spec.clone();
             Ok(std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(spec.seed.wrapping_add(t as u64));
-                let mut gl = crate::result::new_hist();
-                let mut pl = crate::result::new_hist();
+                let mut gl = nessie_bench::result::new_hist();
+                let mut pl = nessie_bench::result::new_hist();
                 let (mut gets, mut puts, mut errors) = (0u64, 0u64, 0u64);
                 let mut seq = 0u64;
                 while Instant::now() < end {
@@ -170,8 +170,8 @@ pub fn run(spec: &DemoSpec) -> Result<DemoResult, String> {
         puts: 0,
         errors: 0,
         elapsed: Duration::ZERO,
-        get_latency: crate::result::new_hist(),
-        put_latency: crate::result::new_hist(),
+        get_latency: nessie_bench::result::new_hist(),
+        put_latency: nessie_bench::result::new_hist(),
         fabric: Default::default(),
         check: None,
         migrations: 0,

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use nessie_bench::stress::StressSpec;
 use nessie_fabric::mem::DelayInjection;
 use nessie_protocols::ProtocolConfig;
 use nessie_store::Geometry;
+use nessie_testkit::stress::StressSpec;
 
 /// 2% of fabric operations get a random yield or a sleep of up to 20 µs.
 pub fn delay(seed: u64) -> Option<DelayInjection> {

@@ -8,13 +8,14 @@ use common::{cfg, delay, geometry, spec, OPS_PER_THREAD};
 
 use std::time::Duration;
 
-use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
 use nessie_fabric::mem::MemEndpoint;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
+use nessie_testkit::assertions::{assert_clean, assert_clean_run, assert_violation};
+use nessie_testkit::stress::{self, StressOutcome, StressSpec};
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 
@@ -42,17 +43,6 @@ fn run(
     let st = total(&cs);
     eprintln!("{out}\n{st:?}\nfabric: {}", c.fabric().stats().total(None));
     (out, st, cs)
-}
-
-fn assert_clean(out: &StressOutcome) {
-    assert!(!out.truncated, "run hit its time limit");
-    assert!(out.ops >= 100_000, "only {} ops", out.ops);
-    assert_eq!(out.corrupt_reads, 0, "reads returned bytes nobody wrote");
-    assert!(
-        out.report.is_ok(),
-        "history not linearizable:\n{}",
-        out.report
-    );
 }
 
 #[test]
@@ -206,24 +196,6 @@ fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
 /// Operations per thread in each variant of a scenario (4 threads; 7 variants).
 const VARIANT_OPS_PER_THREAD: u64 = 6_000;
 
-fn assert_clean_variant(name: &str, out: &StressOutcome) {
-    assert!(!out.truncated, "{name}: run hit its time limit");
-    assert!(
-        out.ops >= 4 * VARIANT_OPS_PER_THREAD,
-        "{name}: only {} ops",
-        out.ops
-    );
-    assert_eq!(
-        out.corrupt_reads, 0,
-        "{name}: reads returned bytes nobody wrote"
-    );
-    assert!(
-        out.report.is_ok(),
-        "{name}: history not linearizable:\n{}",
-        out.report
-    );
-}
-
 /// A hook that stalls its client 2 ms past the expiry period on every `every`-th arrival at
 /// one of `points`.
 fn stall_every(every: u64, points: &'static [HookPoint], expiry_ns: u64) -> Hook {
@@ -281,7 +253,7 @@ fn stalled_operations_with_small_indexes_and_each_optimisation_off() {
     for (i, (name, g, o)) in variants().into_iter().enumerate() {
         eprintln!("--- {name}");
         let (out, st) = stalled_run(50 + i as u64, g, o, VARIANT_OPS_PER_THREAD);
-        assert_clean_variant(name, &out);
+        assert_clean_run(name, &out, 4 * VARIANT_OPS_PER_THREAD);
         assert!(
             st.timeouts > 0,
             "{name}: the stalled client never timed out: {st:?}"
@@ -388,7 +360,7 @@ fn abandoned_writes_with_small_indexes_and_each_optimisation_off() {
             Mutations::default(),
             VARIANT_OPS_PER_THREAD,
         );
-        assert_clean_variant(name, &out);
+        assert_clean_run(name, &out, 4 * VARIANT_OPS_PER_THREAD);
         assert!(st.undone > 0, "{name}: {st:?}");
         assert_eq!(st.leaked, 0, "{name}: {st:?}");
         assert_no_key_wedged(name, &c, o);
@@ -413,22 +385,6 @@ fn mutation_undoing_to_empty_is_caught() {
 
 // Mutation tests: each breaks one protocol rule; the same stress run must then report a
 // violation. This is what shows the checker (and the stress runs above) have teeth.
-
-/// A real violation: a key proven not linearizable, or a read of bytes nobody wrote. An
-/// `Unknown` verdict (search budget exhausted) is not one.
-fn assert_violation(out: &StressOutcome, mutation: &str) {
-    let violations = out.report.violations().count();
-    assert!(
-        violations > 0 || out.corrupt_reads > 0,
-        "{mutation} went unnoticed: {} unknown keys, no violation\n{}",
-        out.report.unknown().count(),
-        out.report
-    );
-    eprintln!(
-        "{mutation}: {violations} keys violated, {} corrupt reads",
-        out.corrupt_reads
-    );
-}
 
 /// Readers that ignore their timer and stall between a DTE's header and its value read the
 /// value of whatever write reused the entry meanwhile.

@@ -16,13 +16,14 @@ use common::{cfg, delay, geometry, spec};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nessie_bench::stress::{self, StressOutcome, StressSpec};
 use nessie_cluster::LocalCluster;
 use nessie_fabric::mem::MemEndpoint;
 use nessie_fabric::{Endpoint, Locality, OpKind};
 use nessie_protocols::sd::{RpcConfig, RpcMutations, RpcStats, ServerStatsSnapshot};
 use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
 use nessie_store::Geometry;
+use nessie_testkit::assertions::assert_clean;
+use nessie_testkit::stress::{self, StressOutcome, StressSpec};
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 const SD: Mode = Mode::Sd { server_threads: 2 };
@@ -92,17 +93,6 @@ fn run(c: &LocalCluster, spec: &StressSpec) -> (StressOutcome, ClientTotals, Ser
         c.fabric().stats().total(None)
     );
     (out, t, s)
-}
-
-fn assert_clean(out: &StressOutcome) {
-    assert!(!out.truncated, "run hit its time limit");
-    assert!(out.ops >= 100_000, "only {} ops", out.ops);
-    assert_eq!(out.corrupt_reads, 0, "reads returned bytes nobody wrote");
-    assert!(
-        out.report.is_ok(),
-        "history not linearizable:\n{}",
-        out.report
-    );
 }
 
 // ---- smoke tests of the request/response path ----

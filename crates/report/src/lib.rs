@@ -1,0 +1,16 @@
+//! Benchmark sweeps and their figures: named presets that expand into matrices of runs
+//! ([`preset`]), running them and saving their results ([`sweep`]), the text summary
+//! ([`summary`]), one figure builder per preset ([`figures`]) over results grouped per point
+//! ([`group`]), and the PNG drawing primitives ([`plot`]).
+
+pub mod figures;
+mod group;
+pub mod plot;
+pub mod preset;
+pub mod summary;
+pub mod sweep;
+
+pub use figures::render;
+pub use preset::{classify, PlotPoint, Preset, RunSpec};
+pub use summary::summary_table;
+pub use sweep::{load_results, run_preset, run_specs, SweepOutcome};

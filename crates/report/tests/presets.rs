@@ -1,0 +1,219 @@
+//! Preset matrices: what runs each preset expands into, and how runs are classified back.
+
+mod common;
+use common::short_base;
+
+use nessie_bench::result::BenchParams;
+use nessie_report::preset::*;
+
+#[test]
+fn preset_names_parse_and_print() {
+    for p in Preset::ALL {
+        assert_eq!(p.name().parse::<Preset>().unwrap(), p);
+        assert_eq!(p.to_string(), p.name());
+        assert!(!p.description().is_empty());
+    }
+    assert_eq!(" Values ".parse::<Preset>().unwrap(), Preset::Values);
+    let err = "contentions".parse::<Preset>().unwrap_err();
+    assert!(
+        err.contains("contention, values, energy, optimizations, quick"),
+        "{err}"
+    );
+}
+
+#[test]
+fn contention_matrix() {
+    let base = short_base();
+    let runs = Preset::Contention.runs(&base);
+    assert_eq!(runs.len(), 3 * 5);
+    for mode in ["cd", "sd", "hy"] {
+        let bgs: Vec<u16> = runs
+            .iter()
+            .filter(|r| r.params.mode == mode)
+            .map(|r| r.params.background)
+            .collect();
+        assert_eq!(bgs, vec![0, 1, 2, 3, 4]);
+    }
+    for r in &runs {
+        assert_eq!(r.params.value_size, 16384);
+        assert_eq!(r.params.get_ratio, 0.9);
+        assert_eq!(r.params.dist, "uniform");
+        assert_eq!(r.params.target_load, None);
+        assert_eq!((r.params.duration, r.params.warmup), (2.0, 0.5));
+        assert_eq!(r.series, r.params.mode);
+        assert_eq!(r.x, f64::from(r.params.background));
+    }
+    assert_eq!(runs[2].stem, "contention-cd-bg2");
+    assert_eq!(
+        Preset::Contention.runs_with_max_background(&base, 2).len(),
+        9
+    );
+    assert_eq!(
+        Preset::Contention.runs_with_max_background(&base, 0).len(),
+        3
+    );
+}
+
+#[test]
+fn values_matrix() {
+    let runs = Preset::Values.runs(&short_base());
+    assert_eq!(runs.len(), 6 * 3 * 3 + 6 * 2);
+    let uniform: Vec<&RunSpec> = runs.iter().filter(|r| r.params.dist == "uniform").collect();
+    assert_eq!(uniform.len(), 54);
+    for mode in ["cd", "sd", "hy"] {
+        for get in [0.5, 0.9, 0.99] {
+            let sizes: Vec<u32> = uniform
+                .iter()
+                .filter(|r| r.params.mode == mode && r.params.get_ratio == get)
+                .map(|r| r.params.value_size)
+                .collect();
+            assert_eq!(
+                sizes,
+                vec![256, 1024, 4096, 16384, 65536, 131072],
+                "{mode} {get}"
+            );
+        }
+    }
+    let zipf: Vec<&RunSpec> = runs
+        .iter()
+        .filter(|r| r.params.dist == "zipf:0.99")
+        .collect();
+    assert_eq!(zipf.len(), 12);
+    assert!(zipf
+        .iter()
+        .all(|r| r.params.get_ratio == 0.9 && r.params.mode != "hy"));
+    assert!(runs
+        .iter()
+        .all(|r| r.params.background == 0 && r.params.target_load.is_none()));
+    assert!(runs.iter().any(|r| r.stem == "values-hy-get99-256b"));
+    assert!(runs.iter().any(|r| r.stem == "values-zipf-sd-get90-128k"));
+    assert!(runs
+        .iter()
+        .any(|r| r.group == "uniform, 50% GET" && r.x == 65536.0 && r.x_label == "64 KiB"));
+}
+
+#[test]
+fn energy_matrix() {
+    let runs = Preset::Energy.runs(&short_base());
+    assert_eq!(runs.len(), 2 * 6);
+    for mode in ["cd", "sd"] {
+        let loads: Vec<Option<f64>> = runs
+            .iter()
+            .filter(|r| r.params.mode == mode)
+            .map(|r| r.params.target_load)
+            .collect();
+        assert_eq!(
+            loads,
+            vec![Some(0.05), Some(0.2), Some(0.4), Some(0.6), Some(0.8), None]
+        );
+    }
+    assert!(runs
+        .iter()
+        .all(|r| r.params.value_size == 16384 && r.params.get_ratio == 0.9));
+    let xs: Vec<f64> = runs.iter().take(6).map(|r| r.x).collect();
+    assert_eq!(xs, vec![5.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+    assert_eq!(runs[5].stem, "energy-cd-load100");
+}
+
+#[test]
+fn optimizations_matrix() {
+    // The switches come from the preset, whatever the base says.
+    let base = BenchParams {
+        filter_bits: false,
+        multi_read: false,
+        ..short_base()
+    };
+    let runs = Preset::Optimizations.runs(&base);
+    assert_eq!(runs.len(), 2 * 5);
+    for get in [0.5, 0.99] {
+        let steps: Vec<[bool; 4]> = runs
+            .iter()
+            .filter(|r| r.params.get_ratio == get)
+            .map(|r| {
+                [
+                    r.params.filter_bits,
+                    r.params.cache,
+                    r.params.previous_versions,
+                    r.params.multi_read,
+                ]
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            vec![
+                [false, false, false, false],
+                [true, false, false, false],
+                [true, true, false, false],
+                [true, true, true, false],
+                [true, true, true, true],
+            ]
+        );
+    }
+    assert!(runs.iter().all(|r| r.params.mode == "cd"
+        && r.params.dist == "zipf:0.99"
+        && r.params.value_size == 16384));
+    assert_eq!(runs[0].stem, "optimizations-get50-basic");
+    assert_eq!(runs[9].series, "+multi-read");
+    assert_eq!(runs[9].group, "99% GET");
+}
+
+#[test]
+fn quick_matrix_is_short() {
+    let base = BenchParams {
+        duration: 30.0,
+        warmup: 5.0,
+        ..BenchParams::default()
+    };
+    let runs = Preset::Quick.runs(&base);
+    let stems: Vec<&str> = runs.iter().map(|r| r.stem.as_str()).collect();
+    assert_eq!(
+        stems,
+        vec![
+            "quick-cd-bg0",
+            "quick-cd-bg1",
+            "quick-sd-bg0",
+            "quick-sd-bg1"
+        ]
+    );
+    let budget: f64 = runs
+        .iter()
+        .map(|r| r.params.duration + r.params.warmup)
+        .sum();
+    assert!(budget <= 16.0, "{budget}");
+    // Shorter base durations are kept.
+    assert!(Preset::Quick
+        .runs(&short_base())
+        .iter()
+        .all(|r| r.params.duration == 2.0));
+}
+
+#[test]
+fn stems_unique_and_classification_consistent() {
+    let base = BenchParams::default();
+    for preset in Preset::ALL {
+        let runs = preset.runs(&base);
+        let mut stems: Vec<&str> = runs.iter().map(|r| r.stem.as_str()).collect();
+        stems.sort();
+        stems.dedup();
+        assert_eq!(stems.len(), runs.len(), "{preset}: duplicate stems");
+        let mut points: Vec<(String, String, u64)> = runs
+            .iter()
+            .map(|r| (r.group.clone(), r.series.clone(), r.x.to_bits()))
+            .collect();
+        points.sort();
+        points.dedup();
+        assert_eq!(
+            points.len(),
+            runs.len(),
+            "{preset}: two runs plot at the same point"
+        );
+        for r in &runs {
+            assert!(r.stem.starts_with(preset.name()), "{}", r.stem);
+            let point = classify(preset, &r.params).unwrap();
+            assert_eq!(
+                (point.group.as_str(), point.series.as_str(), point.x),
+                (r.group.as_str(), r.series.as_str(), r.x)
+            );
+        }
+    }
+}
