@@ -577,7 +577,7 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
             if p.len() != 3 {
                 return Err(bad());
             }
-            let d = nessie_fabric::mem::DelayInjection {
+            let d = nessie_fabric::inproc::DelayInjection {
                 seed: p[0].parse().map_err(|_| bad())?,
                 probability: p[1].parse().map_err(|_| bad())?,
                 max_delay_ns: p[2].parse().map_err(|_| bad())?,

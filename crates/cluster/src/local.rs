@@ -1,4 +1,4 @@
-//! An in-process cluster: N nodes' index and data tables on a [`MemFabric`], and client workers
+//! An in-process cluster: N nodes' index and data tables on a [`InProcFabric`], and client workers
 //! on any node.
 //!
 //! The cluster runs one protocol ([`Mode`]):
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use nessie_fabric::mem::{DelayInjection, MemEndpoint, MemFabric};
+use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
 use nessie_protocols::hy::HyClient;
@@ -39,7 +39,7 @@ struct Rpc {
 }
 
 pub struct LocalCluster {
-    fabric: Arc<MemFabric>,
+    fabric: Arc<InProcFabric>,
     view: Arc<ClusterView>,
     tables: Vec<Arc<DataTable>>,
     cfg: ProtocolConfig,
@@ -100,7 +100,7 @@ impl LocalCluster {
                 r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
             }
         }
-        let fabric = MemFabric::new(&regions, delay).map_err(Error::Config)?;
+        let fabric = InProcFabric::new(&regions, delay).map_err(Error::Config)?;
         let tables = (0..g.nodes)
             .map(|n| {
                 Arc::new(DataTable::new(
@@ -217,7 +217,7 @@ impl LocalCluster {
     /// A new client-driven worker on `node` with the cluster's protocol configuration. In SD/HY
     /// clusters it runs the client-driven protocol over the cluster's coupled index (consistent
     /// with the servers; useful for inspection) — use [`Self::kv_client`] for the mode's client.
-    pub fn client(&self, node: NodeId) -> Result<CdClient<MemEndpoint>, Error> {
+    pub fn client(&self, node: NodeId) -> Result<CdClient<InProcEndpoint>, Error> {
         self.client_with(node, self.cfg.clone())
     }
 
@@ -227,7 +227,7 @@ impl LocalCluster {
         &self,
         node: NodeId,
         cfg: ProtocolConfig,
-    ) -> Result<CdClient<MemEndpoint>, Error> {
+    ) -> Result<CdClient<InProcEndpoint>, Error> {
         match self.new_client(node, Mode::Cd, cfg)? {
             ModeClient::Cd(c) => Ok(c),
             _ => unreachable!("Mode::Cd makes a CD client"),
@@ -236,7 +236,7 @@ impl LocalCluster {
 
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
     /// returned to the node when it is dropped.
-    pub fn sd_client(&self, node: NodeId) -> Result<SdClient<MemEndpoint>, Error> {
+    pub fn sd_client(&self, node: NodeId) -> Result<SdClient<InProcEndpoint>, Error> {
         self.require_mode("SD", matches!(self.mode, Mode::Sd { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Sd(c) => Ok(c),
@@ -245,7 +245,7 @@ impl LocalCluster {
     }
 
     /// A new hybrid client worker on `node` (HY clusters only).
-    pub fn hy_client(&self, node: NodeId) -> Result<HyClient<MemEndpoint>, Error> {
+    pub fn hy_client(&self, node: NodeId) -> Result<HyClient<InProcEndpoint>, Error> {
         self.require_mode("HY", matches!(self.mode, Mode::Hy { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Hy(c) => Ok(c),
@@ -254,7 +254,7 @@ impl LocalCluster {
     }
 
     /// A new client worker of the cluster's mode on `node`.
-    pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<MemEndpoint>, Error> {
+    pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<InProcEndpoint>, Error> {
         self.new_client(node, self.mode, self.cfg.clone())
     }
 
@@ -264,7 +264,7 @@ impl LocalCluster {
         node: NodeId,
         mode: Mode,
         cfg: ProtocolConfig,
-    ) -> Result<ModeClient<MemEndpoint>, Error> {
+    ) -> Result<ModeClient<InProcEndpoint>, Error> {
         let table = self.checked_table(node)?;
         let rpc = match mode {
             Mode::Cd => None,
@@ -369,7 +369,7 @@ impl LocalCluster {
             .map_or(0, |r| r.threads.iter().filter(|h| !h.is_finished()).count())
     }
 
-    pub fn fabric(&self) -> &Arc<MemFabric> {
+    pub fn fabric(&self) -> &Arc<InProcFabric> {
         &self.fabric
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nessie_fabric::delay::MaybeDelayed;
-use nessie_fabric::mem::DelayInjection;
+use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
 use nessie_protocols::cd::{CdClient, ClusterView};

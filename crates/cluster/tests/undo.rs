@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
-use nessie_fabric::mem::MemEndpoint;
+use nessie_fabric::inproc::InProcEndpoint;
 use nessie_fabric::Endpoint;
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
@@ -127,7 +127,7 @@ fn park_then_stall(expiry_ns: u64) -> (Hook, Receiver<()>, Sender<()>) {
 /// and times out; W gives up and undoes. Returns what K reads afterwards.
 fn run_interleaving(
     o: Optimizations,
-    p2_op: impl FnOnce(&mut CdClient<MemEndpoint>, &[u8]),
+    p2_op: impl FnOnce(&mut CdClient<InProcEndpoint>, &[u8]),
 ) -> Option<Vec<u8>> {
     let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
     let (k, x) = colliding_keys(&c);

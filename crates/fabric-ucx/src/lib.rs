@@ -43,7 +43,7 @@
 //! WRITE is followed by `ucp_ep_flush_nbx`, so it has completed *at the target* when `write`
 //! returns (a put alone only means the source buffer is reusable). Bounds and alignment are
 //! checked before anything is posted, with the same errors, in the same order, as the
-//! in-process backend (`nessie_fabric::mem`); counters are recorded only for operations that
+//! in-process backend (`nessie_fabric::inproc`); counters are recorded only for operations that
 //! succeeded. Creating an endpoint flushes every ucp endpoint once, so wireup is finished before
 //! the endpoint is used (this also avoids a UCX 1.13 assertion when a worker is destroyed with a
 //! wireup reply still pending towards an idle worker).

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use nessie_fabric::mem::MemFabric;
+use nessie_fabric::inproc::InProcFabric;
 use nessie_fabric::{Endpoint, FabricError, Locality, OpKind, RemoteAddr};
 use nessie_fabric_ucx::{bench_op, BenchOp, RegionSource, Transport, UcxConfig, UcxNode};
 
@@ -235,7 +235,7 @@ fn a_peer_on_another_transport_is_unreachable_not_a_crash() {
 
 #[test]
 fn bench_op_works_on_any_endpoint() {
-    let f = MemFabric::new(&[vec![1 << 16]], None).unwrap();
+    let f = InProcFabric::new(&[vec![1 << 16]], None).unwrap();
     let mut ep = f.endpoint(0);
     let s = bench_op(&mut ep, RemoteAddr::new(0, 0, 0), BenchOp::Cas, 8, 1000).unwrap();
     assert_eq!((s.iterations, s.size), (1000, 8));

@@ -234,11 +234,11 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::MemFabric;
+    use crate::inproc::InProcFabric;
 
     #[test]
     fn wrapper_is_transparent_and_delays() {
-        let f = MemFabric::new(&[vec![64]], None).unwrap();
+        let f = InProcFabric::new(&[vec![64]], None).unwrap();
         let cfg = DelayInjection {
             seed: 1,
             probability: 1.0,
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn maybe_delayed_wraps_only_when_asked() {
-        let f = MemFabric::new(&[vec![64]], None).unwrap();
+        let f = InProcFabric::new(&[vec![64]], None).unwrap();
         let mut plain = MaybeDelayed::new(f.endpoint(0), None, 0);
         assert!(matches!(plain, MaybeDelayed::Direct(_)));
         let cfg = DelayInjection {

@@ -4,7 +4,7 @@
 //!
 //! The protocol crates are generic over [`Endpoint`] and never learn which backend they run on
 //! (see `docs/fabric.md`):
-//! - [`mem`]: N nodes inside one process (unit, property and concurrency tests; delay injection),
+//! - [`inproc`]: the in-process backend, N nodes inside one process (unit, property and concurrency tests; delay injection),
 //! - UCX (separate processes over shared memory, TCP or RDMA verbs), in `nessie-fabric-ucx`.
 //!
 //! A virtual-time simulated RDMA network is planned as a third backend (issue 13); time is
@@ -18,7 +18,7 @@
 pub mod addr;
 pub mod delay;
 pub mod error;
-pub mod mem;
+pub mod inproc;
 pub mod memory;
 pub mod stats;
 

@@ -239,12 +239,12 @@ impl DataTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nessie_fabric::mem::MemFabric;
+    use nessie_fabric::inproc::InProcFabric;
     use nessie_fabric::RemoteAddr;
 
-    fn setup(cap: u64) -> (std::sync::Arc<MemFabric>, DataTable) {
+    fn setup(cap: u64) -> (std::sync::Arc<InProcFabric>, DataTable) {
         let layout = DteLayout::new(8, 8);
-        let f = MemFabric::new(&[vec![8, layout.entry_size * cap], vec![8, 8]], None).unwrap();
+        let f = InProcFabric::new(&[vec![8, layout.entry_size * cap], vec![8, 8]], None).unwrap();
         (f, DataTable::new(0, layout, cap, 1_000))
     }
 
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn clock_margin_delays_reuse() {
         let layout = DteLayout::new(8, 8);
-        let f = MemFabric::new(&[vec![8, layout.entry_size]], None).unwrap();
+        let f = InProcFabric::new(&[vec![8, layout.entry_size]], None).unwrap();
         let t = DataTable::new(0, layout, 1, 10_000_000_000);
         let mut ep = f.endpoint(0);
         let a = t.alloc(&mut ep).unwrap();

@@ -9,7 +9,7 @@ use common::{cfg, delay, geometry, spec, OPS_PER_THREAD};
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
-use nessie_fabric::mem::MemEndpoint;
+use nessie_fabric::inproc::InProcEndpoint;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
@@ -19,14 +19,14 @@ use nessie_testkit::stress::{self, StressOutcome, StressSpec};
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 
-fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<MemEndpoint>> {
+fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<InProcEndpoint>> {
     THREADS_NODES
         .iter()
         .map(|&n| c.client_with(n, cfg.clone()).unwrap())
         .collect()
 }
 
-fn total(cs: &[CdClient<MemEndpoint>]) -> ClientStats {
+fn total(cs: &[CdClient<InProcEndpoint>]) -> ClientStats {
     let mut t = ClientStats::default();
     for c in cs {
         t += c.stats();
@@ -38,7 +38,7 @@ fn run(
     c: &LocalCluster,
     cfg: &ProtocolConfig,
     spec: &StressSpec,
-) -> (StressOutcome, ClientStats, Vec<CdClient<MemEndpoint>>) {
+) -> (StressOutcome, ClientStats, Vec<CdClient<InProcEndpoint>>) {
     let (out, cs) = stress::run(clients(c, cfg), spec);
     let st = total(&cs);
     eprintln!("{out}\n{st:?}\nfabric: {}", c.fabric().stats().total(None));

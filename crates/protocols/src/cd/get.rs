@@ -70,12 +70,12 @@ impl<E: Endpoint> CdClient<E> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{MemCluster, NODES};
+    use super::super::testkit::{InProcCluster, NODES};
     use crate::config::{Optimizations, ProtocolConfig};
 
     #[test]
     fn absent_key_is_none_on_every_node() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         for node in 0..NODES as u16 {
             let mut r = c.client(node);
             assert_eq!(r.get(b"nothing").unwrap(), None);
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn reads_what_another_node_wrote() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut w = c.client(0);
         for i in 0..20u8 {
             w.put(&[b'k', i], &[i; 10]).unwrap();
@@ -101,7 +101,7 @@ mod tests {
 
     #[test]
     fn remote_value_comes_from_the_cache_until_it_is_replaced() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut w = c.client(0);
         let mut r = c.client(2);
         w.put(b"k", b"v1").unwrap();
@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn every_optimisation_off_reads_the_same() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let plain = ProtocolConfig {
             optimizations: Optimizations::NONE,
             ..c.client(0).config().clone()
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn try_get_is_a_single_attempt() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut w = c.client(0);
         w.put(b"k", b"v").unwrap();
         let mut r = c.client(1);

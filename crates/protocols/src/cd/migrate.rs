@@ -140,7 +140,7 @@ impl<E: Endpoint> CdClient<E> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{fast_cfg, small_geometry, MemCluster, NODES};
+    use super::super::testkit::{fast_cfg, small_geometry, InProcCluster, NODES};
     use crate::config::ProtocolConfig;
     use nessie_store::index::Slot;
 
@@ -154,7 +154,7 @@ mod tests {
     }
 
     /// A key whose candidates are distinct slots.
-    fn key_with_distinct_candidates(c: &MemCluster) -> Vec<u8> {
+    fn key_with_distinct_candidates(c: &InProcCluster) -> Vec<u8> {
         (0..SEARCH)
             .map(|i| key(b'k', i))
             .find(|k| {
@@ -167,7 +167,7 @@ mod tests {
 
     /// A key, not in `taken`, whose first candidate is `slot` (so an empty-index PUT puts it
     /// there).
-    fn key_first_in(c: &MemCluster, slot: Slot, taken: &[Vec<u8>]) -> Vec<u8> {
+    fn key_first_in(c: &InProcCluster, slot: Slot, taken: &[Vec<u8>]) -> Vec<u8> {
         (0..SEARCH)
             .map(|i| key(b'f', i))
             .find(|k| c.candidates(k)[0] == slot && !taken.contains(k))
@@ -178,7 +178,7 @@ mod tests {
     /// and every key still reads back afterwards.
     #[test]
     fn put_migrates_when_every_candidate_is_taken() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let target = key_with_distinct_candidates(&c);
         let mut fillers = Vec::new();
         let mut a = c.client(0);
@@ -218,7 +218,7 @@ mod tests {
             max_migrate_depth: DEPTH,
             ..fast_cfg()
         };
-        let c = MemCluster::new(small_geometry(), cfg);
+        let c = InProcCluster::new(small_geometry(), cfg);
         let keys = c.view.geometry.total_ites() * LOAD_PERCENT / 100;
         let mut w = c.client(1);
         for i in 0..keys as u32 {

@@ -1,11 +1,11 @@
 //! A client-driven cluster on the in-process fabric for this crate's unit tests. The full one,
 //! `nessie_cluster::LocalCluster`, depends on this crate; this is its CD core: per node an
-//! index and a data table region on one `MemFabric`, and a `DataTable` allocator.
+//! index and a data table region on one `InProcFabric`, and a `DataTable` allocator.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
-use nessie_fabric::mem::{MemEndpoint, MemFabric};
+use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_store::datatable::DataTable;
 use nessie_store::index::Slot;
@@ -44,22 +44,22 @@ pub(crate) fn fast_cfg() -> ProtocolConfig {
     }
 }
 
-pub(crate) struct MemCluster {
-    pub fabric: Arc<MemFabric>,
+pub(crate) struct InProcCluster {
+    pub fabric: Arc<InProcFabric>,
     pub view: Arc<ClusterView>,
     tables: Vec<Arc<DataTable>>,
     cfg: ProtocolConfig,
     next_worker: Cell<u16>,
 }
 
-impl MemCluster {
+impl InProcCluster {
     pub fn new(geometry: Geometry, cfg: ProtocolConfig) -> Self {
         let view = Arc::new(ClusterView::new(geometry).unwrap());
         let g = &view.geometry;
         let mut node_regions = vec![0; 2];
         node_regions[INDEX_REGION as usize] = g.index_table_bytes();
         node_regions[DATA_REGION as usize] = g.data_table_bytes();
-        let fabric = MemFabric::new(&vec![node_regions; g.nodes as usize], None).unwrap();
+        let fabric = InProcFabric::new(&vec![node_regions; g.nodes as usize], None).unwrap();
         let tables = (0..g.nodes)
             .map(|n| {
                 let t = DataTable::new(n, view.dte, g.dtes_per_node, cfg.clock_margin_ns);
@@ -81,11 +81,11 @@ impl MemCluster {
     }
 
     /// A new client worker on `node` (worker ids are unique across the cluster).
-    pub fn client(&self, node: NodeId) -> CdClient<MemEndpoint> {
+    pub fn client(&self, node: NodeId) -> CdClient<InProcEndpoint> {
         self.client_with(node, self.cfg.clone())
     }
 
-    pub fn client_with(&self, node: NodeId, cfg: ProtocolConfig) -> CdClient<MemEndpoint> {
+    pub fn client_with(&self, node: NodeId, cfg: ProtocolConfig) -> CdClient<InProcEndpoint> {
         let worker = self.next_worker.get();
         self.next_worker.set(worker + 1);
         let ep = self.fabric.endpoint(node);

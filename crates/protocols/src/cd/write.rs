@@ -383,13 +383,13 @@ impl<E: Endpoint> CdClient<E> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{fast_cfg, small_geometry, MemCluster, KEY_MAX, VALUE_MAX};
+    use super::super::testkit::{fast_cfg, small_geometry, InProcCluster, KEY_MAX, VALUE_MAX};
     use crate::error::Error;
     use nessie_store::Geometry;
 
     #[test]
     fn put_overwrites_and_delete_removes() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut a = c.client(0);
         let mut b = c.client(2);
         a.put(b"k", b"v1").unwrap();
@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_write_lands_in_one_of_the_key_candidates() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut a = c.client(1);
         a.put(b"key", b"value").unwrap();
         let held: Vec<_> = c
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn invalid_sizes_are_rejected_before_touching_memory() {
-        let c = MemCluster::small();
+        let c = InProcCluster::small();
         let mut a = c.client(0);
         let (k, v) = (KEY_MAX as usize, VALUE_MAX as usize);
         let before = c.fabric_ops();
@@ -465,7 +465,7 @@ mod tests {
             dtes_per_node: DTES,
             ..small_geometry()
         };
-        let c = MemCluster::new(g, fast_cfg());
+        let c = InProcCluster::new(g, fast_cfg());
         let mut a = c.client(0);
         for i in 0..OVERWRITES {
             a.put(b"k", &i.to_le_bytes()).unwrap();

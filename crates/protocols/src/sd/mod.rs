@@ -128,7 +128,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use nessie_fabric::mem::{MemEndpoint, MemFabric};
+    use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
     use nessie_fabric::{Endpoint, Locality, NodeId, OpKind, RemoteAddr};
     use nessie_store::datatable::DataTable;
     use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
@@ -139,7 +139,7 @@ mod tests {
     use crate::ProtocolConfig;
 
     struct Rig {
-        fabric: Arc<MemFabric>,
+        fabric: Arc<InProcFabric>,
         view: Arc<ClusterView>,
         tables: Vec<Arc<DataTable>>,
         shared: Arc<RpcShared>,
@@ -170,7 +170,7 @@ mod tests {
             r[REQUEST_REGION as usize] = shared.layout.request_region_bytes();
             r[RESPONSE_REGION as usize] = shared.layout.response_region_bytes();
         }
-        let fabric = MemFabric::new(&regions, None).unwrap();
+        let fabric = InProcFabric::new(&regions, None).unwrap();
         let cfg = ProtocolConfig {
             expiry_ns: 50_000_000,
             clock_margin_ns: 0,
@@ -191,7 +191,7 @@ mod tests {
     }
 
     impl Rig {
-        fn server(&self, node: NodeId, opts: ServerOptions) -> Server<MemEndpoint> {
+        fn server(&self, node: NodeId, opts: ServerOptions) -> Server<InProcEndpoint> {
             let exec = CdClient::new(
                 self.fabric.endpoint(node),
                 self.view.clone(),
@@ -211,7 +211,7 @@ mod tests {
             .unwrap()
         }
 
-        fn client(&self, node: NodeId) -> SdClient<MemEndpoint> {
+        fn client(&self, node: NodeId) -> SdClient<InProcEndpoint> {
             SdClient::new(
                 self.fabric.endpoint(node),
                 self.view.clone(),
@@ -230,7 +230,10 @@ mod tests {
     }
 
     /// Run `f` on a client thread while `server` sweeps on this one until `f` returns.
-    fn serve_while<T: Send>(server: &mut Server<MemEndpoint>, f: impl FnOnce() -> T + Send) -> T {
+    fn serve_while<T: Send>(
+        server: &mut Server<InProcEndpoint>,
+        f: impl FnOnce() -> T + Send,
+    ) -> T {
         std::thread::scope(|s| {
             let h = s.spawn(f);
             while !h.is_finished() {

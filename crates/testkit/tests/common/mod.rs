@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use nessie_fabric::mem::DelayInjection;
+use nessie_fabric::inproc::DelayInjection;
 use nessie_protocols::ProtocolConfig;
 use nessie_store::Geometry;
 use nessie_testkit::stress::StressSpec;

@@ -14,14 +14,14 @@ use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
 use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 
-struct MemNode {
+struct InProcNode {
     regions: Vec<WordMemory>,
     alive: AtomicBool,
 }
 
 /// N nodes in one process.
-pub struct MemFabric {
-    nodes: Vec<MemNode>,
+pub struct InProcFabric {
+    nodes: Vec<InProcNode>,
     stats: FabricStats,
     delay: Option<DelayInjection>,
     endpoints_made: AtomicU64,
@@ -29,7 +29,7 @@ pub struct MemFabric {
     wall_clock_step_ns: std::sync::atomic::AtomicI64,
 }
 
-impl MemFabric {
+impl InProcFabric {
     /// `regions[n]` lists the sizes in bytes of node `n`'s regions (region id = position).
     pub fn new(regions: &[Vec<u64>], delay: Option<DelayInjection>) -> Result<Arc<Self>, String> {
         if regions.is_empty() || regions.len() > NodeId::MAX as usize {
@@ -44,7 +44,7 @@ impl MemFabric {
         }
         let nodes = regions
             .iter()
-            .map(|sizes| MemNode {
+            .map(|sizes| InProcNode {
                 regions: sizes.iter().map(|&b| WordMemory::zeroed(b)).collect(),
                 alive: AtomicBool::new(true),
             })
@@ -66,10 +66,10 @@ impl MemFabric {
     }
 
     /// A new endpoint (one per worker thread) on `node`.
-    pub fn endpoint(self: &Arc<Self>, node: NodeId) -> MemEndpoint {
+    pub fn endpoint(self: &Arc<Self>, node: NodeId) -> InProcEndpoint {
         assert!((node as usize) < self.nodes.len(), "no node {node}");
         let n = self.endpoints_made.fetch_add(1, Ordering::Relaxed);
-        MemEndpoint {
+        InProcEndpoint {
             fabric: self.clone(),
             node,
             stats: self.stats.register(node),
@@ -112,15 +112,15 @@ impl MemFabric {
     }
 }
 
-/// One worker's endpoint on a [`MemFabric`].
-pub struct MemEndpoint {
-    fabric: Arc<MemFabric>,
+/// One worker's endpoint on a [`InProcFabric`].
+pub struct InProcEndpoint {
+    fabric: Arc<InProcFabric>,
     node: NodeId,
     stats: Arc<StatsCell>,
     injector: Option<Injector>,
 }
 
-impl MemEndpoint {
+impl InProcEndpoint {
     fn maybe_delay(&mut self) {
         if let Some(i) = self.injector.as_mut() {
             i.delay();
@@ -153,7 +153,7 @@ impl MemEndpoint {
     }
 }
 
-impl Endpoint for MemEndpoint {
+impl Endpoint for InProcEndpoint {
     fn node(&self) -> NodeId {
         self.node
     }
@@ -234,8 +234,8 @@ impl Endpoint for MemEndpoint {
 mod tests {
     use super::*;
 
-    fn fabric(delay: Option<DelayInjection>) -> Arc<MemFabric> {
-        MemFabric::new(&[vec![64, 128], vec![64, 128]], delay).unwrap()
+    fn fabric(delay: Option<DelayInjection>) -> Arc<InProcFabric> {
+        InProcFabric::new(&[vec![64, 128], vec![64, 128]], delay).unwrap()
     }
 
     #[test]
@@ -333,7 +333,7 @@ mod tests {
             probability: 1.5,
             max_delay_ns: 0,
         };
-        assert!(MemFabric::new(&[vec![8]], Some(bad))
+        assert!(InProcFabric::new(&[vec![8]], Some(bad))
             .err()
             .unwrap()
             .contains("probability"));
