@@ -27,56 +27,34 @@ pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 /// An idle connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Request opcodes on the wire.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum AdminOp {
-    Ping = 1,
-    Get = 2,
-    Put = 3,
-    Delete = 4,
-    Status = 5,
-    Extension = 6,
+/// A one-byte wire enum: each number is written once, here, and decoded by `from_u8`.
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $value:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum $name {
+            $($variant = $value),+
+        }
+
+        impl $name {
+            const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            fn from_u8(b: u8) -> Option<$name> {
+                $name::ALL.iter().copied().find(|&v| v as u8 == b)
+            }
+        }
+    };
 }
 
-impl AdminOp {
-    const ALL: [AdminOp; 6] = [
-        AdminOp::Ping,
-        AdminOp::Get,
-        AdminOp::Put,
-        AdminOp::Delete,
-        AdminOp::Status,
-        AdminOp::Extension,
-    ];
-
-    fn from_u8(b: u8) -> Option<AdminOp> {
-        AdminOp::ALL.into_iter().find(|&o| o as u8 == b)
-    }
+wire_enum! {
+    /// Request opcodes on the wire.
+    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6 }
 }
 
-/// Reply statuses on the wire.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ReplyStatus {
-    Ok = 0,
-    Value = 1,
-    NotFound = 2,
-    Status = 3,
-    Error = 4,
-}
-
-impl ReplyStatus {
-    const ALL: [ReplyStatus; 5] = [
-        ReplyStatus::Ok,
-        ReplyStatus::Value,
-        ReplyStatus::NotFound,
-        ReplyStatus::Status,
-        ReplyStatus::Error,
-    ];
-
-    fn from_u8(b: u8) -> Option<ReplyStatus> {
-        ReplyStatus::ALL.into_iter().find(|&s| s as u8 == b)
-    }
+wire_enum! {
+    /// Reply statuses on the wire.
+    ReplyStatus { Ok = 0, Value = 1, NotFound = 2, Status = 3, Error = 4 }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -705,10 +683,10 @@ mod tests {
         assert_eq!(ops, [1, 2, 3, 4, 5, 6]);
         let statuses: Vec<u8> = ReplyStatus::ALL.iter().map(|&s| s as u8).collect();
         assert_eq!(statuses, [0, 1, 2, 3, 4]);
-        for o in AdminOp::ALL {
+        for &o in AdminOp::ALL {
             assert_eq!(AdminOp::from_u8(o as u8), Some(o));
         }
-        for s in ReplyStatus::ALL {
+        for &s in ReplyStatus::ALL {
             assert_eq!(ReplyStatus::from_u8(s as u8), Some(s));
         }
         assert_eq!(AdminOp::from_u8(0), None);
