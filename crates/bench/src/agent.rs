@@ -10,14 +10,16 @@ use std::time::Duration;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
 use nessie_cluster::admin::Response;
-use nessie_cluster::node::{NodeContext, NodeExtension};
+use nessie_cluster::node::{NodeClient, NodeContext, NodeError, NodeExtension};
 use nessie_fabric::StatsSnapshot;
-use nessie_protocols::{KvClient, Optimizations, ProtocolConfig};
+use nessie_protocols::{Error, KvClient, Optimizations, ProtocolConfig};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
+use std::borrow::Cow;
 
-use crate::workload::{KeyDist, KeyGen};
+use crate::driver::{drive, Done, Observer};
+use crate::workload::{KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError};
 
 pub use crate::result::{new_hist, MAX_LATENCY_NS};
 /// Most client threads one agent runs.
@@ -136,11 +138,20 @@ pub fn encode_hist(h: &Histogram<u64>) -> String {
     hex::encode(buf)
 }
 
-pub fn decode_hist(s: &str) -> Result<Histogram<u64>, String> {
-    let bytes = hex::decode(s).map_err(|e| format!("histogram is not hex: {e}"))?;
-    Deserializer::new()
-        .deserialize(&mut &bytes[..])
-        .map_err(|e| format!("bad histogram: {e:?}"))
+/// Why a latency histogram in an agent's report cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HistogramError {
+    #[error("histogram is not hex: {0}")]
+    NotHex(#[from] hex::FromHexError),
+    #[error("bad histogram: {0}")]
+    Bad(#[from] hdrhistogram::serialization::DeserializeError),
+    #[error("merging latency histograms: {0}")]
+    Merge(#[from] hdrhistogram::AdditionError),
+}
+
+pub fn decode_hist(s: &str) -> Result<Histogram<u64>, HistogramError> {
+    let bytes = hex::decode(s)?;
+    Ok(Deserializer::new().deserialize(&mut &bytes[..])?)
 }
 
 fn unix_ns() -> u64 {
@@ -271,25 +282,60 @@ impl NodeExtension for BenchAgent {
     }
 }
 
-fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), String> {
+/// Why an agent could not preload or run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("threads = {0} is not in 1..={MAX_AGENT_THREADS}")]
+    Threads(u16),
+    #[error("key/value size {key}/{value} exceed the cluster's {key_max}/{value_max}")]
+    Sizes {
+        key: u32,
+        value: u32,
+        key_max: u32,
+        value_max: u32,
+    },
+    #[error("keys need at least {MIN_KEY_SIZE} bytes; key_max is {0}")]
+    KeyMaxTooSmall(u32),
+    #[error("duration {duration_s} s / warm-up {warmup_s} s out of range")]
+    Window { duration_s: f64, warmup_s: f64 },
+    #[error("bad arrival rate {0}")]
+    Rate(f64),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("creating a client: {0}")]
+    Client(#[from] NodeError),
+    #[error("starting a client thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("preloading key {key}: {source}")]
+    Preload {
+        key: u64,
+        #[source]
+        source: nessie_protocols::Error,
+    },
+    #[error("a {0} thread panicked")]
+    Panicked(&'static str),
+    #[error(transparent)]
+    Histogram(#[from] HistogramError),
+}
+
+/// The shortest key [`key_bytes`] makes: `key-` and 16 digits.
+pub const MIN_KEY_SIZE: usize = 20;
+
+fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), AgentError> {
     if spec.threads == 0 || spec.threads > MAX_AGENT_THREADS {
-        return Err(format!(
-            "threads = {} is not in 1..={MAX_AGENT_THREADS}",
-            spec.threads
-        ));
+        return Err(AgentError::Threads(spec.threads));
     }
     let g = node.geometry();
     if spec.key_size > g.key_max || spec.value_size > g.value_max {
-        return Err(format!(
-            "key/value size {}/{} exceed the cluster's {}/{}",
-            spec.key_size, spec.value_size, g.key_max, g.value_max
-        ));
+        return Err(AgentError::Sizes {
+            key: spec.key_size,
+            value: spec.value_size,
+            key_max: g.key_max,
+            value_max: g.value_max,
+        });
     }
     if key_bytes(0, spec.key_size).len() > g.key_max as usize {
-        return Err(format!(
-            "keys need at least 20 bytes; key_max is {}",
-            g.key_max
-        ));
+        return Err(AgentError::KeyMaxTooSmall(g.key_max));
     }
     Ok(())
 }
@@ -301,7 +347,7 @@ fn client_cfg(node: &NodeContext, o: Optimizations) -> ProtocolConfig {
     }
 }
 
-fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
+fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError> {
     check(spec, node)?;
     let mine: Vec<u64> = (node.id as u64..spec.keys)
         .step_by(spec.nodes.max(1) as usize)
@@ -314,27 +360,23 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, String> {
     let handles: Vec<_> = chunks
         .into_iter()
         .map(|keys| {
-            let mut c = node
-                .client(&client_cfg(node, spec.optimizations))
-                .map_err(|e| e.to_string())?;
+            let mut c = node.client(&client_cfg(node, spec.optimizations))?;
             let (value, ks) = (value.clone(), spec.key_size);
             std::thread::Builder::new()
                 .name("nessie-bench-pre".into())
-                .spawn(move || -> Result<u64, String> {
-                    for &k in &keys {
-                        c.put(&key_bytes(k, ks), &value)
-                            .map_err(|e| format!("preloading key {k}: {e}"))?;
+                .spawn(move || -> Result<u64, AgentError> {
+                    for &key in &keys {
+                        c.put(&key_bytes(key, ks), &value)
+                            .map_err(|source| AgentError::Preload { key, source })?;
                     }
                     Ok(keys.len() as u64)
                 })
-                .map_err(|e| e.to_string())
+                .map_err(AgentError::Spawn)
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, AgentError>>()?;
     let mut n = 0;
     for h in handles {
-        n += h
-            .join()
-            .map_err(|_| "a preload thread panicked".to_string())??;
+        n += h.join().map_err(|_| AgentError::Panicked("preload"))??;
     }
     Ok(n)
 }
@@ -366,6 +408,218 @@ struct ThreadOut {
     retries: u64,
 }
 
+/// One client thread's side of the workload loop. Closed loop by default; with an arrival rate,
+/// open loop: operations arrive as a Poisson process and latency counts from the arrival, so
+/// queueing behind a slow operation is part of it. Only operations that arrive in the window
+/// `[window_start, window_end)` (wall-clock ns) are measured; the first arrival past it stops.
+struct AgentThread {
+    key_size: u32,
+    value: Vec<u8>,
+    /// Inter-arrival times (s) and the generator that draws them.
+    arrivals: Option<(Exp<f64>, SmallRng)>,
+    next_arrival: f64,
+    window_start: u64,
+    window_end: u64,
+    /// Start of the current operation: its arrival (open loop) or issue time (closed loop).
+    t0: u64,
+    in_window: bool,
+    /// Aborts, retries and CPU seconds at the window's start.
+    at_window: (u64, u64, f64),
+    out: ThreadOut,
+}
+
+impl AgentThread {
+    fn new(spec: &AgentSpec, start: u64, window: (u64, u64), rate: Option<f64>, seed: u64) -> Self {
+        Self {
+            key_size: spec.key_size,
+            value: vec![0xa5u8; spec.value_size as usize],
+            arrivals: rate.map(|r| {
+                let exp = Exp::new(r).expect("the rate was checked positive");
+                (exp, SmallRng::seed_from_u64(seed ^ 0xA5A5_A5A5))
+            }),
+            next_arrival: start as f64,
+            window_start: window.0,
+            window_end: window.1,
+            t0: 0,
+            in_window: false,
+            at_window: (0, 0, 0.0),
+            out: ThreadOut {
+                cpu: 0.0,
+                gets: 0,
+                puts: 0,
+                errors: 0,
+                offered: 0,
+                gh: new_hist(),
+                ph: new_hist(),
+                fg: PerOpFabric::default(),
+                fp: PerOpFabric::default(),
+                aborts: 0,
+                retries: 0,
+            },
+        }
+    }
+
+    /// The thread's totals, with aborts, retries and CPU taken over the window.
+    fn finish(mut self, client: &NodeClient) -> ThreadOut {
+        if self.in_window {
+            let (a1, r1) = client.aborts_retries();
+            let (a0, r0, cpu0) = self.at_window;
+            self.out.aborts = a1 - a0;
+            self.out.retries = r1 - r0;
+            self.out.cpu = own_cpu_seconds() - cpu0;
+        }
+        self.out
+    }
+}
+
+impl Observer<NodeClient> for AgentThread {
+    type Token = StatsSnapshot;
+
+    fn proceed(&mut self, client: &NodeClient, _seq: u64) -> bool {
+        self.t0 = match &mut self.arrivals {
+            Some((exp, rng)) => {
+                self.next_arrival += exp.sample(rng) * 1e9;
+                sleep_until_unix(self.next_arrival as u64);
+                self.next_arrival as u64
+            }
+            None => unix_ns(),
+        };
+        if self.t0 >= self.window_end {
+            return false;
+        }
+        if self.t0 >= self.window_start && !self.in_window {
+            self.in_window = true;
+            let (a0, r0) = client.aborts_retries();
+            self.at_window = (a0, r0, own_cpu_seconds());
+        }
+        true
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k, self.key_size)
+    }
+
+    fn value(&self, _: &Planned) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.value)
+    }
+
+    fn invoke(&mut self, client: &NodeClient, _: &Planned) -> StatsSnapshot {
+        client.fabric_stats()
+    }
+
+    fn complete(
+        &mut self,
+        c: &NodeClient,
+        op: &Planned,
+        before: StatsSnapshot,
+        r: Result<Done, Error>,
+    ) {
+        let latency = unix_ns().saturating_sub(self.t0).max(1);
+        if self.t0 < self.window_start {
+            return; // warm-up
+        }
+        let o = &mut self.out;
+        o.offered += 1;
+        let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
+        match (r, op.kind) {
+            (Err(_), _) => o.errors += 1,
+            (Ok(_), OpKind::Get) => {
+                o.gets += 1;
+                o.gh.saturating_record(latency);
+                o.fg.record(fops, fbytes);
+            }
+            (Ok(_), _) => {
+                o.puts += 1;
+                o.ph.saturating_record(latency);
+                o.fp.record(fops, fbytes);
+            }
+        }
+    }
+}
+
+/// The measured window, in wall-clock ns, after checking the run's parameters.
+fn window(
+    start: u64,
+    warmup_s: f64,
+    duration_s: f64,
+    rate: Option<f64>,
+) -> Result<(u64, u64), AgentError> {
+    if !(duration_s > 0.0 && duration_s <= 3600.0 && (0.0..=3600.0).contains(&warmup_s)) {
+        return Err(AgentError::Window {
+            duration_s,
+            warmup_s,
+        });
+    }
+    if let Some(r) = rate {
+        if !(r > 0.0 && r.is_finite()) {
+            return Err(AgentError::Rate(r));
+        }
+    }
+    let window_start = start + (warmup_s * 1e9) as u64;
+    Ok((window_start, window_start + (duration_s * 1e9) as u64))
+}
+
+fn spawn_clients(
+    node: &Arc<NodeContext>,
+    spec: &AgentSpec,
+    start: u64,
+    window: (u64, u64),
+    rate: Option<f64>,
+) -> Result<Vec<std::thread::JoinHandle<ThreadOut>>, AgentError> {
+    let dist: KeyDist = spec.dist.parse()?;
+    let keys = KeyGen::new(&dist, spec.keys)?;
+    let size = spec.value_size as usize;
+    let workload = Arc::new(Workload::new(keys, spec.get_ratio, 0.0, (size, size))?);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (0..spec.threads)
+        .map(|t| {
+            let mut c = node.client(&client_cfg(node, spec.optimizations))?;
+            let seed =
+                spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut obs = AgentThread::new(spec, start, window, rate, seed);
+            let (workload, pin) = (workload.clone(), spec.pin);
+            std::thread::Builder::new()
+                .name(format!("nessie-bench-{t}"))
+                .spawn(move || {
+                    if pin {
+                        pin_to(t as usize % cores);
+                    }
+                    tighten_timer_slack();
+                    sleep_until_unix(start);
+                    let mut rng = SmallRng::seed_from_u64(seed);
+                    drive(&mut c, &workload, &mut rng, &mut obs);
+                    obs.finish(&c)
+                })
+                .map_err(AgentError::Spawn)
+        })
+        .collect()
+}
+
+/// Merge the client threads' results into the node's report.
+fn merge_threads(
+    rep: &mut AgentReport,
+    handles: Vec<std::thread::JoinHandle<ThreadOut>>,
+) -> Result<(), AgentError> {
+    let (mut gh, mut ph) = (new_hist(), new_hist());
+    for h in handles {
+        let o = h.join().map_err(|_| AgentError::Panicked("benchmark"))?;
+        rep.gets += o.gets;
+        rep.puts += o.puts;
+        rep.errors += o.errors;
+        rep.offered += o.offered;
+        rep.aborts += o.aborts;
+        rep.retries += o.retries;
+        rep.cpu.client += o.cpu;
+        gh.add(&o.gh).map_err(HistogramError::from)?;
+        ph.add(&o.ph).map_err(HistogramError::from)?;
+        rep.fabric_get.merge(&o.fg);
+        rep.fabric_put.merge(&o.fp);
+    }
+    rep.get_hist = encode_hist(&gh);
+    rep.put_hist = encode_hist(&ph);
+    Ok(())
+}
+
 fn run(
     node: &Arc<NodeContext>,
     spec: &AgentSpec,
@@ -373,114 +627,10 @@ fn run(
     warmup_s: f64,
     duration_s: f64,
     rate: Option<f64>,
-) -> Result<AgentReport, String> {
+) -> Result<AgentReport, AgentError> {
     check(spec, node)?;
-    if !(duration_s > 0.0 && duration_s <= 3600.0 && (0.0..=3600.0).contains(&warmup_s)) {
-        return Err(format!(
-            "duration {duration_s} s / warm-up {warmup_s} s out of range"
-        ));
-    }
-    if let Some(r) = rate {
-        if !(r > 0.0 && r.is_finite()) {
-            return Err(format!("bad arrival rate {r}"));
-        }
-    }
-    let dist: KeyDist = spec.dist.parse()?;
-    let keygen = Arc::new(KeyGen::new(&dist, spec.keys)?);
-    let window_start = start + (warmup_s * 1e9) as u64;
-    let window_end = window_start + (duration_s * 1e9) as u64;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut handles = Vec::new();
-    for t in 0..spec.threads {
-        let mut c = node
-            .client(&client_cfg(node, spec.optimizations))
-            .map_err(|e| e.to_string())?;
-        let (keygen, spec) = (keygen.clone(), spec.clone());
-        let seed =
-            spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let h = std::thread::Builder::new()
-            .name(format!("nessie-bench-{t}"))
-            .spawn(move || {
-                if spec.pin {
-                    pin_to(t as usize % cores);
-                }
-                tighten_timer_slack();
-                let mut rng = SmallRng::seed_from_u64(seed);
-                let value = vec![0xa5u8; spec.value_size as usize];
-                let arrivals = rate.map(|r| Exp::new(r).expect("positive rate"));
-                let mut o = ThreadOut {
-                    cpu: 0.0,
-                    gets: 0,
-                    puts: 0,
-                    errors: 0,
-                    offered: 0,
-                    gh: new_hist(),
-                    ph: new_hist(),
-                    fg: PerOpFabric::default(),
-                    fp: PerOpFabric::default(),
-                    aborts: 0,
-                    retries: 0,
-                };
-                sleep_until_unix(start);
-                let mut next = start as f64;
-                let (mut a0, mut r0) = (0, 0);
-                let mut cpu0 = 0.0;
-                let mut in_window = false;
-                loop {
-                    let t0 = if let Some(exp) = &arrivals {
-                        next += exp.sample(&mut rng) * 1e9;
-                        sleep_until_unix(next as u64);
-                        next as u64
-                    } else {
-                        unix_ns()
-                    };
-                    if t0 >= window_end {
-                        break;
-                    }
-                    let measured = t0 >= window_start;
-                    if measured && !in_window {
-                        in_window = true;
-                        (a0, r0) = c.aborts_retries();
-                        cpu0 = own_cpu_seconds();
-                    }
-                    let k = keygen.next(&mut rng);
-                    let key = key_bytes(k, spec.key_size);
-                    let is_get = rng.gen_bool(spec.get_ratio);
-                    let before = c.fabric_stats();
-                    let ok = if is_get {
-                        c.get(&key).is_ok()
-                    } else {
-                        c.put(&key, &value).is_ok()
-                    };
-                    let lat = unix_ns().saturating_sub(t0).max(1);
-                    if !measured {
-                        continue;
-                    }
-                    o.offered += 1;
-                    let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
-                    if !ok {
-                        o.errors += 1;
-                    } else if is_get {
-                        o.gets += 1;
-                        o.gh.saturating_record(lat);
-                        o.fg.record(fops, fbytes);
-                    } else {
-                        o.puts += 1;
-                        o.ph.saturating_record(lat);
-                        o.fp.record(fops, fbytes);
-                    }
-                }
-                let (a1, r1) = c.aborts_retries();
-                if in_window {
-                    o.aborts = a1 - a0;
-                    o.retries = r1 - r0;
-                    o.cpu = own_cpu_seconds() - cpu0;
-                }
-                o
-            })
-            .map_err(|e| e.to_string())?;
-        handles.push(h);
-    }
+    let (window_start, window_end) = window(start, warmup_s, duration_s, rate)?;
+    let handles = spawn_clients(node, spec, start, (window_start, window_end), rate)?;
 
     // Window-wide counters: CPU by thread role and the node's fabric totals.
     sleep_until_unix(window_start);
@@ -493,25 +643,7 @@ fn run(
         window_s: duration_s,
         ..AgentReport::default()
     };
-    let (mut gh, mut ph) = (new_hist(), new_hist());
-    for h in handles {
-        let o = h
-            .join()
-            .map_err(|_| "a benchmark thread panicked".to_string())?;
-        rep.gets += o.gets;
-        rep.puts += o.puts;
-        rep.errors += o.errors;
-        rep.offered += o.offered;
-        rep.aborts += o.aborts;
-        rep.retries += o.retries;
-        rep.cpu.client += o.cpu;
-        gh.add(&o.gh).map_err(|e| format!("{e:?}"))?;
-        ph.add(&o.ph).map_err(|e| format!("{e:?}"))?;
-        rep.fabric_get.merge(&o.fg);
-        rep.fabric_put.merge(&o.fp);
-    }
-    rep.get_hist = encode_hist(&gh);
-    rep.put_hist = encode_hist(&ph);
+    merge_threads(&mut rep, handles)?;
     let d = fab1.saturating_sub(&fab0);
     rep.window_fabric_ops = d.fabric_ops();
     rep.window_remote_bytes = d.remote_bytes();

@@ -1,11 +1,13 @@
-//! Benchmarking Nessie: workload generation shared with the demo and stress harness
-//! ([`workload`]) and the benchmark result ([`result`]). With the default `ucx` feature, also
+//! Benchmarking Nessie: workload generation ([`workload`]) and the one workload loop
+//! ([`driver`]) that the agent, the demo and the stress harness all run, and the benchmark
+//! result ([`result`]). With the default `ucx` feature, also
 //! the single-run harness that drives node processes (`runner`) and the load agent each node
 //! runs for it (`agent`). Sweeps and plots live in `nessie-report`; the stress harness and demo
 //! in `nessie-testkit`.
 
 #[cfg(feature = "ucx")]
 pub mod agent;
+pub mod driver;
 pub mod result;
 #[cfg(feature = "ucx")]
 pub mod runner;

@@ -8,14 +8,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use nessie_cluster::admin::{AdminClient, Request, Response};
-use nessie_cluster::config::{ClusterConfig, Transport};
-use nessie_cluster::process::{self, UpOptions};
+use nessie_cluster::admin::{AdminClient, AdminError, Request, Response};
+use nessie_cluster::config::{ClusterConfig, ConfigError, Transport};
+use nessie_cluster::process::{self, ProcessError, UpOptions};
 use nessie_protocols::Optimizations;
-use nessie_store::Geometry;
+use nessie_store::{limits, Geometry};
 
-use crate::agent::{decode_hist, AgentReport, AgentRequest, AgentSpec, PerOpFabric};
+use crate::agent::{
+    decode_hist, AgentReport, AgentRequest, AgentSpec, HistogramError, PerOpFabric,
+    MAX_AGENT_THREADS, MIN_KEY_SIZE,
+};
 use crate::result::*;
+use crate::workload::{KeyDist, WorkloadError};
 
 /// Most background CPU hogs a run may start.
 pub const MAX_BACKGROUND: u16 = 64;
@@ -41,77 +45,148 @@ pub struct RunnerOptions {
     pub cluster: Option<PathBuf>,
 }
 
-fn validate(p: &BenchParams) -> Result<Mode3, String> {
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("--mode {0:?} is not one of cd, sd, hy")]
+    Mode(String),
+    #[error("--{flag} {value} is not in {range}")]
+    OutOfRange {
+        flag: &'static str,
+        value: String,
+        range: String,
+    },
+    #[error("--duration {duration} / --warmup {warmup} out of range")]
+    Window { duration: f64, warmup: f64 },
+    #[error("--background {0} exceeds {MAX_BACKGROUND}")]
+    Background(u16),
+    #[error("--keys must be positive")]
+    NoKeys,
+    #[error("--transport: {0}")]
+    Transport(String),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("the cluster in {dir}: {mismatch}")]
+    Attach { dir: PathBuf, mismatch: Mismatch },
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("node {node}: {source}")]
+    Admin {
+        node: u16,
+        #[source]
+        source: AdminError,
+    },
+    /// The agent's own error, as the node sent it back.
+    #[error("{0}")]
+    Agent(String),
+    #[error("node {node}: unexpected reply {reply}")]
+    UnexpectedReply { node: u16, reply: String },
+    #[error("bad agent report: {0}")]
+    BadReport(#[from] serde_json::Error),
+    #[error(transparent)]
+    Histogram(#[from] HistogramError),
+    #[error("starting a background process: {0}")]
+    Hog(#[source] std::io::Error),
+    #[error("an agent request thread panicked")]
+    Panicked,
+}
+
+/// How a running cluster does not fit a run's parameters.
+#[derive(Debug, thiserror::Error)]
+pub enum Mismatch {
+    #[error("node {0} is not answering")]
+    NodeDown(u16),
+    #[error("it runs mode {has}, not --mode {want}")]
+    Mode { has: String, want: String },
+    #[error("it has {has} nodes, not --nodes {want}")]
+    Nodes { has: usize, want: u16 },
+    #[error("--key-size {key} / --value-size {value} exceed its key_max {key_max} / value_max {value_max}")]
+    Sizes {
+        key: u32,
+        value: u32,
+        key_max: u32,
+        value_max: u32,
+    },
+    #[error("{keys} keys do not fit its {ites} index entries; use --keys")]
+    Keys { keys: u64, ites: u64 },
+}
+
+/// `Ok` if `lo <= value <= hi`, else the error naming the flag.
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    flag: &'static str,
+    value: T,
+    lo: T,
+    hi: T,
+) -> Result<(), BenchError> {
+    if lo <= value && value <= hi {
+        return Ok(());
+    }
+    Err(BenchError::OutOfRange {
+        flag,
+        value: value.to_string(),
+        range: format!("{lo}..={hi}"),
+    })
+}
+
+fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
     let mode = match p.mode.as_str() {
         "cd" => Mode3::Cd,
         "sd" => Mode3::Sd,
         "hy" => Mode3::Hy,
-        m => return Err(format!("--mode {m:?} is not one of cd, sd, hy")),
+        m => return Err(BenchError::Mode(m.into())),
     };
-    if p.nodes == 0 || p.nodes > process::MAX_LOCAL_NODES {
-        return Err(format!(
-            "--nodes {} is not in 1..={}",
-            p.nodes,
-            process::MAX_LOCAL_NODES
-        ));
+    in_range("nodes", p.nodes, 1, process::MAX_LOCAL_NODES)?;
+    in_range("client-threads", p.client_threads, 1, MAX_AGENT_THREADS)?;
+    if mode != Mode3::Cd {
+        in_range("server-threads", p.server_threads, 1, 64)?;
     }
-    if p.client_threads == 0 || p.client_threads > crate::agent::MAX_AGENT_THREADS {
-        return Err(format!(
-            "--client-threads {} is not in 1..={}",
-            p.client_threads,
-            crate::agent::MAX_AGENT_THREADS
-        ));
-    }
-    if mode != Mode3::Cd && (p.server_threads == 0 || p.server_threads > 64) {
-        return Err(format!(
-            "--server-threads {} is not in 1..=64",
-            p.server_threads
-        ));
-    }
-    p.transport.parse::<Transport>()?;
-    if p.key_size < 20 || p.key_size > nessie_store::limits::MAX_KEY_SIZE {
-        return Err(format!(
-            "--key-size {} is not in 20..={}",
-            p.key_size,
-            nessie_store::limits::MAX_KEY_SIZE
-        ));
-    }
-    if p.value_size == 0 || p.value_size > nessie_store::limits::MAX_VALUE_SIZE {
-        return Err(format!(
-            "--value-size {} is not in 1..={}",
-            p.value_size,
-            nessie_store::limits::MAX_VALUE_SIZE
-        ));
-    }
+    p.transport
+        .parse::<Transport>()
+        .map_err(|e| BenchError::Transport(e.to_string()))?;
+    in_range(
+        "key-size",
+        p.key_size,
+        MIN_KEY_SIZE as u32,
+        limits::MAX_KEY_SIZE,
+    )?;
+    in_range("value-size", p.value_size, 1, limits::MAX_VALUE_SIZE)?;
     if !(0.0..=1.0).contains(&p.get_ratio) {
-        return Err(format!("--get-ratio {} is not in [0, 1]", p.get_ratio));
+        return Err(BenchError::OutOfRange {
+            flag: "get-ratio",
+            value: p.get_ratio.to_string(),
+            range: "[0, 1]".into(),
+        });
     }
-    p.dist.parse::<crate::workload::KeyDist>()?;
+    p.dist.parse::<KeyDist>()?;
     if !(p.load_factor > 0.0 && p.load_factor <= 0.95) {
-        return Err(format!(
-            "--load-factor {} is not in (0, 0.95]",
-            p.load_factor
-        ));
+        return Err(BenchError::OutOfRange {
+            flag: "load-factor",
+            value: p.load_factor.to_string(),
+            range: "(0, 0.95]".into(),
+        });
     }
     if !(p.duration > 0.0 && p.duration <= 3600.0 && (0.0..=600.0).contains(&p.warmup)) {
-        return Err(format!(
-            "--duration {} / --warmup {} out of range",
-            p.duration, p.warmup
-        ));
+        return Err(BenchError::Window {
+            duration: p.duration,
+            warmup: p.warmup,
+        });
     }
     if p.background > MAX_BACKGROUND {
-        return Err(format!(
-            "--background {} exceeds {MAX_BACKGROUND}",
-            p.background
-        ));
+        return Err(BenchError::Background(p.background));
     }
     if let Some(f) = p.target_load {
         if !(f > 0.0 && f <= 1.0) {
-            return Err(format!("--target-load {f} is not in (0, 1]"));
+            return Err(BenchError::OutOfRange {
+                flag: "target-load",
+                value: f.to_string(),
+                range: "(0, 1]".into(),
+            });
         }
     }
     if p.keys == Some(0) {
-        return Err("--keys must be positive".into());
+        return Err(BenchError::NoKeys);
     }
     Ok(mode)
 }
@@ -151,7 +226,7 @@ pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
 struct Hogs(Vec<Child>);
 
 impl Hogs {
-    fn start(binary: &PathBuf, n: u16) -> Result<Self, String> {
+    fn start(binary: &PathBuf, n: u16) -> Result<Self, BenchError> {
         let mut v = Vec::new();
         for _ in 0..n {
             v.push(
@@ -161,7 +236,7 @@ impl Hogs {
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
-                    .map_err(|e| format!("starting a background process: {e}"))?,
+                    .map_err(BenchError::Hog)?,
             );
         }
         Ok(Self(v))
@@ -198,44 +273,12 @@ impl Drop for RunningCluster {
 }
 
 /// Attach to a running cluster, checking that it can run these parameters.
-fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCluster, String> {
-    let (cfg, nodes) = process::status(dir).map_err(|e| e.to_string())?;
-    if let Some(n) = nodes.iter().find(|n| n.report.is_err()) {
-        return Err(format!(
-            "node {} of the cluster in {} is not answering",
-            n.id,
-            dir.display()
-        ));
-    }
-    if cfg.cluster.mode != p.mode {
-        return Err(format!(
-            "the cluster in {} runs mode {}, not --mode {}",
-            dir.display(),
-            cfg.cluster.mode,
-            p.mode
-        ));
-    }
-    if cfg.node.len() != p.nodes as usize {
-        return Err(format!(
-            "the cluster in {} has {} nodes, not --nodes {}",
-            dir.display(),
-            cfg.node.len(),
-            p.nodes
-        ));
-    }
-    let g = &cfg.geometry;
-    if p.key_size > g.key_max || p.value_size > g.value_max {
-        return Err(format!(
-            "--key-size {} / --value-size {} exceed the cluster's key_max {} / value_max {}",
-            p.key_size, p.value_size, g.key_max, g.value_max
-        ));
-    }
-    if keys as f64 > g.total_ites() as f64 * 0.9 {
-        return Err(format!(
-            "{keys} keys do not fit the cluster's {} index entries; use --keys",
-            g.total_ites()
-        ));
-    }
+fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCluster, BenchError> {
+    let (cfg, nodes) = process::status(dir)?;
+    fits(&cfg, &nodes, p, keys).map_err(|mismatch| BenchError::Attach {
+        dir: dir.to_path_buf(),
+        mismatch,
+    })?;
     Ok(RunningCluster {
         dir: dir.to_path_buf(),
         temp: false,
@@ -244,42 +287,85 @@ fn attach(dir: &std::path::Path, p: &BenchParams, keys: u64) -> Result<RunningCl
     })
 }
 
+/// Whether a running cluster can run these parameters.
+fn fits(
+    cfg: &ClusterConfig,
+    nodes: &[process::NodeStatus],
+    p: &BenchParams,
+    keys: u64,
+) -> Result<(), Mismatch> {
+    if let Some(n) = nodes.iter().find(|n| n.report.is_err()) {
+        return Err(Mismatch::NodeDown(n.id));
+    }
+    if cfg.cluster.mode != p.mode {
+        return Err(Mismatch::Mode {
+            has: cfg.cluster.mode.clone(),
+            want: p.mode.clone(),
+        });
+    }
+    if cfg.node.len() != p.nodes as usize {
+        return Err(Mismatch::Nodes {
+            has: cfg.node.len(),
+            want: p.nodes,
+        });
+    }
+    let g = &cfg.geometry;
+    if p.key_size > g.key_max || p.value_size > g.value_max {
+        return Err(Mismatch::Sizes {
+            key: p.key_size,
+            value: p.value_size,
+            key_max: g.key_max,
+            value_max: g.value_max,
+        });
+    }
+    if keys as f64 > g.total_ites() as f64 * 0.9 {
+        return Err(Mismatch::Keys {
+            keys,
+            ites: g.total_ites(),
+        });
+    }
+    Ok(())
+}
+
 fn ask_all(
     c: &RunningCluster,
     req: &AgentRequest,
     timeout: Duration,
-) -> Result<Vec<serde_json::Value>, String> {
+) -> Result<Vec<serde_json::Value>, BenchError> {
     let body = serde_json::to_vec(req).expect("serialises");
     let handles: Vec<_> = c
         .cfg
         .node
         .iter()
         .map(|n| {
-            let path = c.cfg.admin_path(n.id, &c.dir).map_err(|e| e.to_string())?;
-            let body = body.clone();
-            let id = n.id;
-            Ok(std::thread::spawn(
-                move || -> Result<serde_json::Value, String> {
-                    let mut a = AdminClient::connect(&path, timeout).map_err(|e| e.to_string())?;
-                    match a
-                        .call(&Request::Extension(body))
-                        .map_err(|e| format!("node {id}: {e}"))?
-                    {
-                        Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
-                        Response::Error(e) => Err(e),
-                        r => Err(format!("node {id}: unexpected reply {r:?}")),
-                    }
-                },
-            ))
+            let path = c.cfg.admin_path(n.id, &c.dir)?;
+            let (body, node) = (body.clone(), n.id);
+            Ok(std::thread::spawn(move || ask(node, &path, body, timeout)))
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, BenchError>>()?;
     handles
         .into_iter()
-        .map(|h| {
-            h.join()
-                .map_err(|_| "agent request thread panicked".to_string())?
-        })
+        .map(|h| h.join().map_err(|_| BenchError::Panicked)?)
         .collect()
+}
+
+/// Send one extension request to `node`'s agent and read its JSON answer.
+fn ask(
+    node: u16,
+    path: &std::path::Path,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<serde_json::Value, BenchError> {
+    let admin = |source| BenchError::Admin { node, source };
+    let mut a = AdminClient::connect(path, timeout).map_err(admin)?;
+    match a.call(&Request::Extension(body)).map_err(admin)? {
+        Response::Status(s) => Ok(serde_json::from_str(&s)?),
+        Response::Error(e) => Err(BenchError::Agent(e)),
+        r => Err(BenchError::UnexpectedReply {
+            node,
+            reply: format!("{r:?}"),
+        }),
+    }
 }
 
 fn summary(h: &Histogram<u64>) -> LatencySummary {
@@ -309,7 +395,7 @@ fn run_window(
     warmup: f64,
     duration: f64,
     rate: Option<f64>,
-) -> Result<Vec<AgentReport>, String> {
+) -> Result<Vec<AgentReport>, BenchError> {
     let start = nessie_fabric::wall_clock_ns() + 300_000_000;
     let req = AgentRequest::Run {
         spec: spec.clone(),
@@ -321,7 +407,7 @@ fn run_window(
     let timeout = Duration::from_secs_f64(warmup + duration + 120.0);
     ask_all(c, &req, timeout)?
         .into_iter()
-        .map(|v| serde_json::from_value(v).map_err(|e| format!("bad agent report: {e}")))
+        .map(|v| Ok(serde_json::from_value(v)?))
         .collect()
 }
 
@@ -330,7 +416,7 @@ pub fn run(
     p: &BenchParams,
     opts: &RunnerOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<BenchResult, String> {
+) -> Result<BenchResult, BenchError> {
     let mode = validate(p)?;
     let (keys, geometry) = sizing(p);
     let (dir, temp) = match &opts.dir {
@@ -362,29 +448,32 @@ fn start(
     temp: bool,
     opts: &RunnerOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<RunningCluster, String> {
+) -> Result<RunningCluster, BenchError> {
     progress("starting the cluster");
-    let up = UpOptions {
-        nodes: p.nodes,
-        transport: p.transport.parse()?,
-        geometry,
-        workers: 1,
-        expiry_ms: Some(BENCH_EXPIRY_MS),
-        clock_margin_ms: Some(0),
-        binary: opts.binary.clone(),
-        node_args: vec![],
-        ready_timeout: Duration::from_secs(120),
-        mode: p.mode.clone(),
-        server_threads: if mode == Mode3::Cd {
-            1
-        } else {
-            p.server_threads
-        },
-        max_clients_per_node: p.client_threads + 8,
-        server_poll: opts.server_poll.clone(),
-        huge_pages: Default::default(),
-    };
-    let cfg = process::up(&dir, &up).map_err(|e| e.to_string())?;
+    let up =
+        UpOptions {
+            nodes: p.nodes,
+            transport: p.transport.parse().map_err(
+                |e: <Transport as std::str::FromStr>::Err| BenchError::Transport(e.to_string()),
+            )?,
+            geometry,
+            workers: 1,
+            expiry_ms: Some(BENCH_EXPIRY_MS),
+            clock_margin_ms: Some(0),
+            binary: opts.binary.clone(),
+            node_args: vec![],
+            ready_timeout: Duration::from_secs(120),
+            mode: p.mode.clone(),
+            server_threads: if mode == Mode3::Cd {
+                1
+            } else {
+                p.server_threads
+            },
+            max_clients_per_node: p.client_threads + 8,
+            server_poll: opts.server_poll.clone(),
+            huge_pages: Default::default(),
+        };
+    let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {
         dir,
         temp,
@@ -393,14 +482,8 @@ fn start(
     })
 }
 
-fn bench_on(
-    cluster: &RunningCluster,
-    p: &BenchParams,
-    keys: u64,
-    opts: &RunnerOptions,
-    progress: &mut dyn FnMut(&str),
-) -> Result<BenchResult, String> {
-    let spec = AgentSpec {
+fn agent_spec(p: &BenchParams, keys: u64) -> AgentSpec {
+    AgentSpec {
         threads: p.client_threads,
         nodes: p.nodes,
         keys,
@@ -416,34 +499,58 @@ fn bench_on(
             multi_read: p.multi_read,
         },
         pin: p.pin,
-    };
-    progress("preloading");
-    ask_all(
-        cluster,
-        &AgentRequest::Preload(spec.clone()),
-        Duration::from_secs(600),
-    )?;
-    let _hogs = Hogs::start(&opts.binary, p.background)?;
+    }
+}
 
-    let (rate, offered) = match p.target_load {
-        None => (None, None),
-        Some(f) => {
-            progress("calibrating the maximum throughput");
-            let reps = run_window(cluster, &spec, 0.5, CALIBRATION_S, None)?;
-            let max: f64 = reps
-                .iter()
-                .map(|r| (r.gets + r.puts) as f64 / r.window_s)
-                .sum();
-            let total = f * max;
-            (
-                Some(total / (p.nodes as f64 * p.client_threads as f64)),
-                Some(total),
-            )
-        }
+/// For an open-loop run, the arrival rate per client thread and the total offered load: the
+/// target fraction of the closed-loop maximum, measured first.
+fn calibrate(
+    cluster: &RunningCluster,
+    spec: &AgentSpec,
+    p: &BenchParams,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Option<f64>, Option<f64>), BenchError> {
+    let Some(f) = p.target_load else {
+        return Ok((None, None));
     };
+    progress("calibrating the maximum throughput");
+    let reps = run_window(cluster, spec, 0.5, CALIBRATION_S, None)?;
+    let max: f64 = reps
+        .iter()
+        .map(|r| (r.gets + r.puts) as f64 / r.window_s)
+        .sum();
+    let total = f * max;
+    let threads = p.nodes as f64 * p.client_threads as f64;
+    Ok((Some(total / threads), Some(total)))
+}
+
+fn bench_on(
+    cluster: &RunningCluster,
+    p: &BenchParams,
+    keys: u64,
+    opts: &RunnerOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchResult, BenchError> {
+    let spec = agent_spec(p, keys);
+    progress("preloading");
+    let preload = AgentRequest::Preload(spec.clone());
+    ask_all(cluster, &preload, Duration::from_secs(600))?;
+    let _hogs = Hogs::start(&opts.binary, p.background)?;
+    let (rate, offered) = calibrate(cluster, &spec, p, progress)?;
     progress("running");
     let reps = run_window(cluster, &spec, p.warmup, p.duration, rate)?;
+    let r = merge_reports(p, keys, offered, &reps)?;
+    progress("finishing");
+    Ok(r)
+}
 
+/// The run's result from every node's agent report.
+fn merge_reports(
+    p: &BenchParams,
+    keys: u64,
+    offered: Option<f64>,
+    reps: &[AgentReport],
+) -> Result<BenchResult, BenchError> {
     let (mut gh, mut ph) = (crate::agent::new_hist(), crate::agent::new_hist());
     let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
     let mut r = BenchResult {
@@ -463,16 +570,16 @@ fn bench_on(
         errors: 0,
         offered_ops_per_sec: offered,
     };
-    for rep in &reps {
+    for rep in reps {
         r.ops.get += rep.gets;
         r.ops.put += rep.puts;
         r.errors += rep.errors;
         r.aborts += rep.aborts;
         r.retries += rep.retries;
         gh.add(decode_hist(&rep.get_hist)?)
-            .map_err(|e| format!("{e:?}"))?;
+            .map_err(HistogramError::from)?;
         ph.add(decode_hist(&rep.put_hist)?)
-            .map_err(|e| format!("{e:?}"))?;
+            .map_err(HistogramError::from)?;
         fg.merge(&rep.fabric_get);
         fp.merge(&rep.fabric_put);
         r.fabric.total_ops += rep.window_fabric_ops;
@@ -487,7 +594,7 @@ fn bench_on(
     r.ops_per_sec = r.ops.all as f64 / p.duration;
     r.goodput_bytes_per_sec = r.ops_per_sec * p.value_size as f64;
     let mut all = gh.clone();
-    all.add(&ph).map_err(|e| format!("{e:?}"))?;
+    all.add(&ph).map_err(HistogramError::from)?;
     r.latency_us = PerKind {
         get: summary(&gh),
         put: summary(&ph),
@@ -498,7 +605,6 @@ fn bench_on(
     r.fabric.get = per_op(&fg, r.ops.get);
     r.fabric.put = per_op(&fp, r.ops.put);
     r.fabric.all = per_op(&fa, r.ops.all);
-    progress("finishing");
     Ok(r)
 }
 
@@ -535,7 +641,10 @@ mod tests {
             let mut p = BenchParams::default();
             f(&mut p);
             let e = validate(&p).unwrap_err();
-            assert!(e.contains(needle), "{e:?} should mention {needle}");
+            assert!(
+                e.to_string().contains(needle),
+                "{e:?} should mention {needle}"
+            );
         }
         assert!(validate(&BenchParams::default()).is_ok());
     }

@@ -1,7 +1,29 @@
-//! Workload generation: key choice (uniform or Zipf) and operation mix.
+//! Workload generation: which key each operation touches (uniform, Zipf, or a hot set) and
+//! which operation it is (the GET/DELETE/PUT mix and the PUT's value size).
 
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
+
+/// Why a workload cannot be built.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("bad Zipf exponent {exponent:?} in {spec:?}")]
+    BadExponent { exponent: String, spec: String },
+    #[error("Zipf exponent {0} is not in (0, 10)")]
+    ExponentOutOfRange(f64),
+    #[error("unknown key distribution {0:?}: use uniform or zipf:THETA")]
+    UnknownDist(String),
+    #[error("the key space is empty")]
+    NoKeys,
+    #[error("{hot} hot keys is more than the {keys} keys")]
+    TooManyHotKeys { hot: u64, keys: u64 },
+    #[error(
+        "operation mix GET {get} + DELETE {delete} is not a set of fractions summing to at most 1"
+    )]
+    BadMix { get: f64, delete: f64 },
+    #[error("value sizes {0}..={1} are not an ordered range")]
+    BadValueSizes(usize, usize),
+}
 
 /// How keys are drawn.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,23 +34,22 @@ pub enum KeyDist {
 }
 
 impl std::str::FromStr for KeyDist {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = WorkloadError;
+    fn from_str(s: &str) -> Result<Self, WorkloadError> {
         if s == "uniform" {
             return Ok(KeyDist::Uniform);
         }
         if let Some(t) = s.strip_prefix("zipf:") {
-            let theta: f64 = t
-                .parse()
-                .map_err(|_| format!("bad Zipf exponent {t:?} in {s:?}"))?;
+            let theta: f64 = t.parse().map_err(|_| WorkloadError::BadExponent {
+                exponent: t.into(),
+                spec: s.into(),
+            })?;
             if !(theta > 0.0 && theta < 10.0) {
-                return Err(format!("Zipf exponent {theta} is not in (0, 10)"));
+                return Err(WorkloadError::ExponentOutOfRange(theta));
             }
             return Ok(KeyDist::Zipf(theta));
         }
-        Err(format!(
-            "unknown key distribution {s:?}: use uniform or zipf:THETA"
-        ))
+        Err(WorkloadError::UnknownDist(s.into()))
     }
 }
 
@@ -36,16 +57,47 @@ impl std::str::FromStr for KeyDist {
 pub enum KeyGen {
     Uniform(u64),
     Zipf(Zipf<f64>),
+    /// The first `hot` keys receive `fraction` of the draws, uniformly; the rest go uniformly to
+    /// the whole key space (the stress harness's contention pattern).
+    Hot {
+        keys: u64,
+        hot: u64,
+        fraction: f64,
+    },
 }
 
 impl KeyGen {
-    pub fn new(dist: &KeyDist, keys: u64) -> Result<Self, String> {
+    pub fn new(dist: &KeyDist, keys: u64) -> Result<Self, WorkloadError> {
         if keys == 0 {
-            return Err("the key space is empty".into());
+            return Err(WorkloadError::NoKeys);
         }
         Ok(match dist {
             KeyDist::Uniform => KeyGen::Uniform(keys),
-            KeyDist::Zipf(t) => KeyGen::Zipf(Zipf::new(keys, *t).map_err(|e| e.to_string())?),
+            // Zipf::new fails only for an empty key space or a bad exponent, both checked.
+            KeyDist::Zipf(t) => KeyGen::Zipf(
+                Zipf::new(keys, *t).map_err(|_| WorkloadError::ExponentOutOfRange(*t))?,
+            ),
+        })
+    }
+
+    /// `hot` hot keys that receive `fraction` of the draws.
+    pub fn hot(keys: u64, hot: u64, fraction: f64) -> Result<Self, WorkloadError> {
+        if keys == 0 {
+            return Err(WorkloadError::NoKeys);
+        }
+        if hot > keys {
+            return Err(WorkloadError::TooManyHotKeys { hot, keys });
+        }
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(WorkloadError::BadMix {
+                get: fraction,
+                delete: 0.0,
+            });
+        }
+        Ok(KeyGen::Hot {
+            keys,
+            hot,
+            fraction,
         })
     }
 
@@ -54,6 +106,90 @@ impl KeyGen {
             KeyGen::Uniform(n) => rng.gen_range(0..*n),
             // Zipf yields ranks 1..=n; rank 1 is the most popular.
             KeyGen::Zipf(z) => z.sample(rng) as u64 - 1,
+            KeyGen::Hot {
+                keys,
+                hot,
+                fraction,
+            } => {
+                if *hot > 0 && rng.gen_bool(*fraction) {
+                    rng.gen_range(0..*hot)
+                } else {
+                    rng.gen_range(0..*keys)
+                }
+            }
+        }
+    }
+}
+
+/// Which operation a workload step performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Get,
+    Put,
+    Delete,
+}
+
+/// One drawn operation: its sequence number in the thread, key index, kind, and (for a PUT)
+/// the value's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub seq: u64,
+    pub key: u64,
+    pub kind: OpKind,
+    pub value_len: usize,
+}
+
+/// Key choice plus operation mix: `get` of the operations are GETs, `delete` are DELETEs and the
+/// rest PUTs, whose value sizes are uniform in `value_size`.
+pub struct Workload {
+    pub keys: KeyGen,
+    get: f64,
+    delete: f64,
+    value_size: (usize, usize),
+}
+
+impl Workload {
+    pub fn new(
+        keys: KeyGen,
+        get: f64,
+        delete: f64,
+        value_size: (usize, usize),
+    ) -> Result<Self, WorkloadError> {
+        let fraction = |x: f64| (0.0..=1.0).contains(&x);
+        if !(fraction(get) && fraction(delete) && get + delete <= 1.0) {
+            return Err(WorkloadError::BadMix { get, delete });
+        }
+        if value_size.0 > value_size.1 {
+            return Err(WorkloadError::BadValueSizes(value_size.0, value_size.1));
+        }
+        Ok(Self {
+            keys,
+            get,
+            delete,
+            value_size,
+        })
+    }
+
+    /// Draw operation number `seq`.
+    pub fn draw<R: Rng>(&self, seq: u64, rng: &mut R) -> Planned {
+        let key = self.keys.next(rng);
+        let dice: f64 = rng.gen();
+        let (kind, value_len) = if dice < self.get {
+            (OpKind::Get, 0)
+        } else if dice < self.get + self.delete {
+            (OpKind::Delete, 0)
+        } else {
+            let (lo, hi) = self.value_size;
+            (
+                OpKind::Put,
+                if lo == hi { lo } else { rng.gen_range(lo..=hi) },
+            )
+        };
+        Planned {
+            seq,
+            key,
+            kind,
+            value_len,
         }
     }
 }
@@ -70,9 +206,14 @@ mod tests {
         assert!("zipf:x"
             .parse::<KeyDist>()
             .unwrap_err()
+            .to_string()
             .contains("bad Zipf"));
         assert!("zipf:-1".parse::<KeyDist>().is_err());
-        assert!("normal".parse::<KeyDist>().unwrap_err().contains("unknown"));
+        assert!("normal"
+            .parse::<KeyDist>()
+            .unwrap_err()
+            .to_string()
+            .contains("unknown"));
     }
 
     #[test]
@@ -92,5 +233,40 @@ mod tests {
         let u = KeyGen::new(&KeyDist::Uniform, 10).unwrap();
         assert!((0..1000).all(|_| u.next(&mut rng) < 10));
         assert!(KeyGen::new(&KeyDist::Uniform, 0).is_err());
+    }
+
+    #[test]
+    fn hot_keys_take_their_fraction() {
+        let g = KeyGen::hot(1000, 4, 0.5).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(2);
+        let hot = (0..10_000).filter(|_| g.next(&mut rng) < 4).count();
+        // 50% to the hot set plus 0.4% of the uniform half: about 5020.
+        assert!((4_700..5_300).contains(&hot), "{hot} hot draws");
+        assert!(KeyGen::hot(10, 11, 0.5).is_err());
+        assert!(KeyGen::hot(10, 2, 1.5).is_err());
+    }
+
+    #[test]
+    fn the_mix_follows_its_fractions() {
+        let w = Workload::new(KeyGen::Uniform(100), 0.5, 0.2, (8, 64)).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut n = [0u32; 3];
+        for seq in 0..10_000 {
+            let p = w.draw(seq, &mut rng);
+            assert_eq!(p.seq, seq);
+            assert!(p.key < 100);
+            match p.kind {
+                OpKind::Get => n[0] += 1,
+                OpKind::Delete => n[1] += 1,
+                OpKind::Put => {
+                    assert!((8..=64).contains(&p.value_len));
+                    n[2] += 1
+                }
+            }
+        }
+        assert!((4_700..5_300).contains(&n[0]), "{n:?}");
+        assert!((1_800..2_200).contains(&n[1]), "{n:?}");
+        assert!(Workload::new(KeyGen::Uniform(1), 0.7, 0.4, (8, 8)).is_err());
+        assert!(Workload::new(KeyGen::Uniform(1), 0.5, 0.0, (9, 8)).is_err());
     }
 }

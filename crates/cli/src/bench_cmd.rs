@@ -5,7 +5,28 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nessie_bench::result::{BenchParams, BenchResult};
-use nessie_bench::runner::{self, RunnerOptions};
+use nessie_bench::runner::{self, BenchError, RunnerOptions};
+
+/// Why `nessie bench` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchCmdError {
+    #[error("--server-poll {0:?} is not spin or yield")]
+    ServerPoll(String),
+    #[error("cannot find the nessie binary: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    #[error(transparent)]
+    Bench(#[from] BenchError),
+    #[error("{}: {source}", path.display())]
+    WriteJson {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Report(String),
+    #[error("{failed} of {total} runs failed (see summary.json)")]
+    RunsFailed { failed: usize, total: usize },
+}
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -136,20 +157,30 @@ impl ParamArgs {
     }
 }
 
-pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, String> {
+pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
     if !matches!(p.server_poll.as_str(), "spin" | "yield") {
-        return Err(format!(
-            "--server-poll {:?} is not spin or yield",
-            p.server_poll
-        ));
+        return Err(BenchCmdError::ServerPoll(p.server_poll.clone()));
     }
     Ok(RunnerOptions {
-        binary: std::env::current_exe()
-            .map_err(|e| format!("cannot find the nessie binary: {e}"))?,
+        binary: std::env::current_exe().map_err(BenchCmdError::CurrentExe)?,
         dir: None,
         server_poll: p.server_poll.clone(),
         cluster: None,
     })
+}
+
+/// A bar over a sweep's runs, on a terminal.
+fn sweep_bar(total: usize) -> indicatif::ProgressBar {
+    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(total as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap(),
+    );
+    pb
 }
 
 /// A spinner line on a terminal: the phase and elapsed time.
@@ -215,7 +246,7 @@ pub fn print_result(r: &BenchResult) {
     println!("  aborts {}  retries {}", r.aborts, r.retries);
 }
 
-pub fn run(a: BenchArgs) -> Result<(), String> {
+pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
     if let Some(BenchSub::Sweep(s)) = a.sweep {
         return sweep(s);
     }
@@ -230,15 +261,22 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     print_result(&r);
     eprintln!("(run took {:.1} s)", t.elapsed().as_secs_f64());
     if let Some(path) = &a.p.json {
-        std::fs::write(path, serde_json::to_string_pretty(&r).expect("serialises"))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&r).expect("serialises")).map_err(
+            |source| BenchCmdError::WriteJson {
+                path: path.clone(),
+                source,
+            },
+        )?;
     }
     Ok(())
 }
 
-fn sweep(s: SweepArgs) -> Result<(), String> {
+fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
     use nessie_report::{run_preset, summary_table, Preset, RunSpec};
-    let preset: Preset = s.preset.parse()?;
+    let preset: Preset = s
+        .preset
+        .parse()
+        .map_err(|e: <Preset as std::str::FromStr>::Err| BenchCmdError::Report(e.to_string()))?;
     let base = s.p.params();
     let opts = runner_options(&s.p)?;
     let specs = preset.runs(&base);
@@ -247,16 +285,9 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
         "sweep {preset}: {total} runs, results in {}",
         s.out.display()
     );
-    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        indicatif::ProgressBar::new(total as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .unwrap(),
-    );
+    let pb = sweep_bar(total);
     let pb2 = pb.clone();
+    // A failed run is recorded (as text, in summary.json) and the sweep goes on.
     let mut runner = move |p: &BenchParams| -> Result<BenchResult, String> {
         let label = format!(
             "{} {} B {:.0}% GET bg={}",
@@ -268,6 +299,7 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
         runner::run(p, &opts, &mut |phase| {
             pb2.set_message(format!("{label}: {phase}"))
         })
+        .map_err(|e| e.to_string())
     };
     let mut progress = |i: usize, _n: usize, spec: &RunSpec| {
         pb.set_position(i.saturating_sub(1) as u64);
@@ -278,7 +310,7 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
     };
     let out = run_preset(preset, &base, &s.out, &mut runner, &mut progress);
     pb.finish_and_clear();
-    let out = out?;
+    let out = out.map_err(|e| BenchCmdError::Report(e.to_string()))?;
     let results: Vec<BenchResult> = out.results.iter().map(|(_, r)| r.clone()).collect();
     println!("{}", summary_table(&results));
     for f in &out.failures {
@@ -300,10 +332,10 @@ fn sweep(s: SweepArgs) -> Result<(), String> {
     if out.failures.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "{} of {total} runs failed (see summary.json)",
-            out.failures.len()
-        ))
+        Err(BenchCmdError::RunsFailed {
+            failed: out.failures.len(),
+            total,
+        })
     }
 }
 

@@ -240,7 +240,9 @@ fn main() -> ExitCode {
         Command::Node(a) => run_node(a),
         Command::FabricBench(a) => fabric_bench::run(a).map(|_| ExitCode::SUCCESS),
         Command::FabricBenchTarget(a) => fabric_bench::target(a).map(|_| ExitCode::SUCCESS),
-        Command::Bench(a) => bench_cmd::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(a) => bench_cmd::run(a)
+            .map(|_| ExitCode::SUCCESS)
+            .map_err(|e| e.to_string()),
         Command::Burn => bench_cmd::burn(),
     };
     match r {
@@ -274,7 +276,7 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
         "nessie demo: {} nodes (in-process fabric), {} client threads, {} keys, {} B values, {:.0}% GET, {:?}, {:.1} s",
         spec.nodes, spec.threads, spec.keys, spec.value_size, spec.get_ratio * 100.0, spec.dist, a.duration
     );
-    let r = demo::run(&spec)?;
+    let r = demo::run(&spec).map_err(|e| e.to_string())?;
     let secs = r.elapsed.as_secs_f64();
     println!();
     println!(

@@ -6,13 +6,17 @@
 //! and the rest is filler derived from the id, so a torn or mixed-up value is detected on read
 //! and reported as a read of a value nobody wrote.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nessie_check::{History, KeyId, Limits, Op, Outcome, Report, ValueId};
+use nessie_bench::driver::{drive, Done, Observer};
+use nessie_bench::workload::{KeyGen, OpKind, Planned, Workload};
+use nessie_check::{History, Invocation, KeyId, Limits, Op, Outcome, Recorder, Report, ValueId};
 use nessie_protocols::{Error, KvClient};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 /// Value id recorded for a read that returned bytes no writer produced.
 pub const CORRUPT_VALUE: ValueId = u64::MAX;
@@ -71,6 +75,29 @@ pub struct StressOutcome {
     pub truncated: bool,
 }
 
+/// The threads' counts, summed.
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    ok: u64,
+    corrupt: u64,
+    errors: BTreeMap<String, u64>,
+    truncated: bool,
+}
+
+impl Tally {
+    /// Add one finished thread (dropping it flushes its part of the history).
+    fn add(&mut self, ops: u64, t: StressThread) {
+        self.ops += ops;
+        self.ok += t.ok;
+        self.corrupt += t.corrupt;
+        self.truncated |= t.truncated;
+        for (kind, n) in t.errors {
+            *self.errors.entry(kind).or_default() += n;
+        }
+    }
+}
+
 impl std::fmt::Display for StressOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
@@ -121,6 +148,110 @@ fn error_kind(e: &Error) -> String {
     s.split([' ', '{', '(']).next().unwrap_or("?").to_string()
 }
 
+/// The id thread `thread` gives the value of its operation `seq`: unique across the run.
+pub fn put_id(thread: u32, seq: u64) -> ValueId {
+    (thread as u64) << 40 | seq
+}
+
+/// How a finished operation goes into the history: its operation and outcome. A GET's value is
+/// identified by [`value_id`], so bytes nobody wrote show up as [`CORRUPT_VALUE`].
+pub fn history_entry(op: &Planned, thread: u32, r: &Result<Done, Error>) -> (Op, Outcome) {
+    let kind = match op.kind {
+        OpKind::Get => Op::Get,
+        OpKind::Put => Op::Put(put_id(thread, op.seq)),
+        OpKind::Delete => Op::Delete,
+    };
+    let outcome = match r {
+        Ok(Done::Got(v)) => Outcome::Ok(v.as_deref().map(value_id)),
+        Ok(_) => Outcome::Ok(None),
+        Err(_) => Outcome::Failed,
+    };
+    (kind, outcome)
+}
+
+/// One stress thread's side of the workload loop: records every operation in the history and
+/// counts outcomes; stops after `ops_per_thread` operations or at the deadline.
+struct StressThread {
+    thread: u32,
+    rec: Recorder,
+    ops_per_thread: u64,
+    deadline: Instant,
+    ok: u64,
+    corrupt: u64,
+    errors: BTreeMap<String, u64>,
+    truncated: bool,
+}
+
+impl StressThread {
+    fn new(thread: u32, rec: Recorder, spec: &StressSpec, deadline: Instant) -> Self {
+        Self {
+            thread,
+            rec,
+            ops_per_thread: spec.ops_per_thread,
+            deadline,
+            ok: 0,
+            corrupt: 0,
+            errors: BTreeMap::new(),
+            truncated: false,
+        }
+    }
+}
+
+impl<C> Observer<C> for StressThread {
+    type Token = Invocation;
+
+    fn proceed(&mut self, _: &C, seq: u64) -> bool {
+        if seq >= self.ops_per_thread {
+            return false;
+        }
+        // Reading the clock every operation would dominate in-process runs.
+        if seq.is_multiple_of(64) && Instant::now() >= self.deadline {
+            self.truncated = true;
+            return false;
+        }
+        true
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k)
+    }
+
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
+    }
+
+    fn invoke(&mut self, _: &C, _: &Planned) -> Invocation {
+        self.rec.invoke()
+    }
+
+    fn complete(&mut self, _: &C, op: &Planned, inv: Invocation, r: Result<Done, Error>) {
+        let (kind, outcome) = history_entry(op, self.thread, &r);
+        if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
+            self.corrupt += 1;
+        }
+        self.rec.complete(inv, op.key, kind, outcome);
+        match r {
+            Ok(_) => self.ok += 1,
+            Err(e) => *self.errors.entry(error_kind(&e)).or_default() += 1,
+        }
+    }
+}
+
+/// Write keys `0..keys` once from `client`, recording the writes (they are part of the history).
+fn preload<C: KvClient>(client: &mut C, rec: &mut Recorder, keys: u64, value_len: usize) {
+    for k in 0..keys {
+        let id = (1u64 << 62) | k;
+        let inv = rec.invoke();
+        let r = client.put(&key_bytes(k), &value_bytes(id, value_len));
+        let outcome = if r.is_ok() {
+            Outcome::Ok(None)
+        } else {
+            Outcome::Failed
+        };
+        rec.complete(inv, k, Op::Put(id), outcome);
+    }
+}
+
 /// Run `clients` (one thread each) against the spec, check the history, and hand the clients
 /// back (their statistics are the caller's to inspect).
 pub fn run<C: KvClient + 'static>(
@@ -129,28 +260,24 @@ pub fn run<C: KvClient + 'static>(
 ) -> (StressOutcome, Vec<C>) {
     assert!(!clients.is_empty() && spec.keys > 0 && spec.hot_keys <= spec.keys);
     assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
+    let keys = KeyGen::hot(spec.keys, spec.hot_keys, spec.hot_fraction).expect("valid hot set");
+    let workload = Arc::new(
+        Workload::new(
+            keys,
+            spec.get_fraction,
+            spec.delete_fraction,
+            spec.value_size,
+        )
+        .expect("valid stress mix"),
+    );
     let history = History::new();
-
-    // Preload (recorded: it is part of the history).
-    {
-        let mut rec = history.recorder(0);
-        let c = &mut clients[0];
-        for k in 0..spec.preload_keys.min(spec.keys) {
-            let id = (1u64 << 62) | k;
-            let inv = rec.invoke();
-            let r = c.put(&key_bytes(k), &value_bytes(id, spec.value_size.0));
-            rec.complete(
-                inv,
-                k,
-                Op::Put(id),
-                if r.is_ok() {
-                    Outcome::Ok(None)
-                } else {
-                    Outcome::Failed
-                },
-            );
-        }
-    }
+    let preload_keys = spec.preload_keys.min(spec.keys);
+    preload(
+        &mut clients[0],
+        &mut history.recorder(0),
+        preload_keys,
+        spec.value_size.0,
+    );
 
     let start = Instant::now();
     let deadline = start + spec.time_limit;
@@ -158,111 +285,36 @@ pub fn run<C: KvClient + 'static>(
         .into_iter()
         .enumerate()
         .map(|(t, mut client)| {
-            let mut rec = history.recorder(t as u32);
-            let spec = spec.clone();
+            let mut obs = StressThread::new(t as u32, history.recorder(t as u32), spec, deadline);
+            let workload = workload.clone();
+            let seed = spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             std::thread::spawn(move || {
-                let mut rng = SmallRng::seed_from_u64(
-                    spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                );
-                let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-                let (mut ops, mut ok, mut corrupt) = (0u64, 0u64, 0u64);
-                let mut truncated = false;
-                for seq in 0..spec.ops_per_thread {
-                    if seq % 64 == 0 && Instant::now() >= deadline {
-                        truncated = true;
-                        break;
-                    }
-                    let k = if spec.hot_keys > 0 && rng.gen_bool(spec.hot_fraction) {
-                        rng.gen_range(0..spec.hot_keys)
-                    } else {
-                        rng.gen_range(0..spec.keys)
-                    };
-                    let key = key_bytes(k);
-                    let dice: f64 = rng.gen();
-                    let inv = rec.invoke();
-                    let r: Result<(), Error> = if dice < spec.get_fraction {
-                        let r = client.get(&key);
-                        let out = match &r {
-                            Ok(v) => {
-                                let id = v.as_deref().map(value_id);
-                                if id == Some(CORRUPT_VALUE) {
-                                    corrupt += 1;
-                                }
-                                Outcome::Ok(id)
-                            }
-                            Err(_) => Outcome::Failed,
-                        };
-                        rec.complete(inv, k, Op::Get, out);
-                        r.map(|_| ())
-                    } else if dice < spec.get_fraction + spec.delete_fraction {
-                        let r = client.delete(&key);
-                        rec.complete(
-                            inv,
-                            k,
-                            Op::Delete,
-                            if r.is_ok() {
-                                Outcome::Ok(None)
-                            } else {
-                                Outcome::Failed
-                            },
-                        );
-                        r
-                    } else {
-                        let id = (t as u64) << 40 | seq;
-                        let len = rng.gen_range(spec.value_size.0..=spec.value_size.1);
-                        let r = client.put(&key, &value_bytes(id, len));
-                        rec.complete(
-                            inv,
-                            k,
-                            Op::Put(id),
-                            if r.is_ok() {
-                                Outcome::Ok(None)
-                            } else {
-                                Outcome::Failed
-                            },
-                        );
-                        r
-                    };
-                    match r {
-                        Ok(()) => ok += 1,
-                        Err(e) => *errors.entry(error_kind(&e)).or_default() += 1,
-                    }
-                    ops += 1;
-                }
-                drop(rec);
-                (client, ops, ok, corrupt, errors, truncated)
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let ops = drive(&mut client, &workload, &mut rng, &mut obs);
+                (client, ops, obs)
             })
         })
         .collect();
 
-    let mut out_clients = Vec::new();
-    let (mut ops, mut ok_ops, mut corrupt_reads) = (0, 0, 0);
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    let mut truncated = false;
-    for t in threads {
-        let (c, o, k, cr, e, tr) = t.join().expect("stress thread panicked");
-        out_clients.push(c);
-        ops += o;
-        ok_ops += k;
-        corrupt_reads += cr;
-        truncated |= tr;
-        for (kind, n) in e {
-            *errors.entry(kind).or_default() += n;
-        }
-    }
+    let mut tally = Tally::default();
+    let clients = threads
+        .into_iter()
+        .map(|t| {
+            let (client, ops, obs) = t.join().expect("stress thread panicked");
+            tally.add(ops, obs);
+            client
+        })
+        .collect();
     let elapsed = start.elapsed();
-    let events = history.into_events();
-    let report = nessie_check::check(&events, |_| None, &Limits::default());
-    (
-        StressOutcome {
-            report,
-            ops,
-            ok_ops,
-            errors,
-            corrupt_reads,
-            elapsed,
-            truncated,
-        },
-        out_clients,
-    )
+    let report = nessie_check::check(&history.into_events(), |_| None, &Limits::default());
+    let outcome = StressOutcome {
+        report,
+        ops: tally.ops,
+        ok_ops: tally.ok,
+        errors: tally.errors,
+        corrupt_reads: tally.corrupt,
+        elapsed,
+        truncated: tally.truncated,
+    };
+    (outcome, clients)
 }

@@ -1,0 +1,141 @@
+//! The one workload loop every load generator runs: the benchmark agent inside node processes,
+//! the demo and the concurrency stress harness. They differ only in when they stop, how keys
+//! and values are spelled and what they record around each operation; an [`Observer`] supplies
+//! those, so the loop itself (draw, invoke, perform, complete) is written once.
+
+use std::borrow::Cow;
+
+use nessie_protocols::{Error, KvClient};
+use rand::rngs::SmallRng;
+
+use crate::workload::{OpKind, Planned, Workload};
+
+/// What an operation returned, by kind.
+#[derive(Debug)]
+pub enum Done {
+    Got(Option<Vec<u8>>),
+    Put,
+    Deleted,
+}
+
+/// A load generator's side of the loop.
+pub trait Observer<C> {
+    /// What `invoke` hands to `complete` (a start time, a history invocation, counters).
+    type Token;
+    /// Whether to perform operation `seq`. An open-loop generator waits for its arrival here.
+    fn proceed(&mut self, client: &C, seq: u64) -> bool;
+    /// The bytes of key index `k`.
+    fn key(&self, k: u64) -> Vec<u8>;
+    /// The value a PUT writes (may borrow a buffer the observer keeps).
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]>;
+    /// Just before the operation is issued.
+    fn invoke(&mut self, client: &C, op: &Planned) -> Self::Token;
+    /// Just after it returned.
+    fn complete(&mut self, client: &C, op: &Planned, token: Self::Token, r: Result<Done, Error>);
+}
+
+/// Run `workload` on `client` until the observer says stop; returns the operations performed.
+pub fn drive<C: KvClient, O: Observer<C>>(
+    client: &mut C,
+    workload: &Workload,
+    rng: &mut SmallRng,
+    observer: &mut O,
+) -> u64 {
+    let mut seq = 0;
+    while observer.proceed(client, seq) {
+        let op = workload.draw(seq, rng);
+        let key = observer.key(op.key);
+        let token = observer.invoke(client, &op);
+        let r = match op.kind {
+            OpKind::Get => client.get(&key).map(Done::Got),
+            OpKind::Delete => client.delete(&key).map(|()| Done::Deleted),
+            OpKind::Put => client.put(&key, &observer.value(&op)).map(|()| Done::Put),
+        };
+        observer.complete(client, &op, token, r);
+        seq += 1;
+    }
+    seq
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::KeyGen;
+    use rand::SeedableRng;
+    use std::collections::HashMap;
+
+    /// A map standing in for a store.
+    #[derive(Default)]
+    struct MapClient(HashMap<Vec<u8>, Vec<u8>>);
+
+    impl KvClient for MapClient {
+        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+            self.0.insert(key.to_vec(), value.to_vec());
+            Ok(())
+        }
+        fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+            self.0.remove(key);
+            Ok(())
+        }
+    }
+
+    /// Stops after `limit` operations and checks every GET against a shadow map.
+    struct Shadow {
+        limit: u64,
+        model: HashMap<u64, u64>,
+        invoked: u64,
+        checked_gets: u64,
+    }
+
+    impl Observer<MapClient> for Shadow {
+        type Token = u64;
+        fn proceed(&mut self, _: &MapClient, seq: u64) -> bool {
+            seq < self.limit
+        }
+        fn key(&self, k: u64) -> Vec<u8> {
+            k.to_le_bytes().to_vec()
+        }
+        fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+            Cow::Owned(op.seq.to_le_bytes().to_vec())
+        }
+        fn invoke(&mut self, _: &MapClient, op: &Planned) -> u64 {
+            self.invoked += 1;
+            op.seq
+        }
+        fn complete(&mut self, _: &MapClient, op: &Planned, token: u64, r: Result<Done, Error>) {
+            assert_eq!(token, op.seq, "the token comes back with its operation");
+            match (op.kind, r.unwrap()) {
+                (OpKind::Get, Done::Got(v)) => {
+                    let got = v.map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+                    assert_eq!(got, self.model.get(&op.key).copied());
+                    self.checked_gets += 1;
+                }
+                (OpKind::Put, Done::Put) => {
+                    self.model.insert(op.key, op.seq);
+                }
+                (OpKind::Delete, Done::Deleted) => {
+                    self.model.remove(&op.key);
+                }
+                (k, d) => panic!("{k:?} answered with {d:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn drives_every_operation_through_the_observer() {
+        let w = Workload::new(KeyGen::Uniform(16), 0.4, 0.2, (8, 8)).unwrap();
+        let mut obs = Shadow {
+            limit: 2_000,
+            model: HashMap::new(),
+            invoked: 0,
+            checked_gets: 0,
+        };
+        let mut rng = SmallRng::seed_from_u64(9);
+        let n = drive(&mut MapClient::default(), &w, &mut rng, &mut obs);
+        assert_eq!((n, obs.invoked), (2_000, 2_000));
+        assert!(obs.checked_gets > 600, "{} GETs", obs.checked_gets);
+    }
+}
