@@ -287,13 +287,8 @@ impl NodeExtension for BenchAgent {
 pub enum AgentError {
     #[error("threads = {0} is not in 1..={MAX_AGENT_THREADS}")]
     Threads(u16),
-    #[error("key/value size {key}/{value} exceed the cluster's {key_max}/{value_max}")]
-    Sizes {
-        key: u32,
-        value: u32,
-        key_max: u32,
-        value_max: u32,
-    },
+    #[error(transparent)]
+    Sizes(#[from] SizeExcess),
     #[error("keys need at least {MIN_KEY_SIZE} bytes; key_max is {0}")]
     KeyMaxTooSmall(u32),
     #[error("duration {duration_s} s / warm-up {warmup_s} s out of range")]
@@ -318,6 +313,31 @@ pub enum AgentError {
     Histogram(#[from] HistogramError),
 }
 
+/// Key and value sizes beyond what a cluster's geometry holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("key size {key} / value size {value} exceed the cluster's key_max {key_max} / value_max {value_max}")]
+pub struct SizeExcess {
+    pub key: u32,
+    pub value: u32,
+    pub key_max: u32,
+    pub value_max: u32,
+}
+
+impl SizeExcess {
+    /// `Err` if keys of `key` bytes or values of `value` bytes do not fit `g`.
+    pub fn check(key: u32, value: u32, g: &nessie_store::Geometry) -> Result<(), SizeExcess> {
+        if key <= g.key_max && value <= g.value_max {
+            return Ok(());
+        }
+        Err(SizeExcess {
+            key,
+            value,
+            key_max: g.key_max,
+            value_max: g.value_max,
+        })
+    }
+}
+
 /// The shortest key [`key_bytes`] makes: `key-` and 16 digits.
 pub const MIN_KEY_SIZE: usize = 20;
 
@@ -326,14 +346,7 @@ fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), AgentError> {
         return Err(AgentError::Threads(spec.threads));
     }
     let g = node.geometry();
-    if spec.key_size > g.key_max || spec.value_size > g.value_max {
-        return Err(AgentError::Sizes {
-            key: spec.key_size,
-            value: spec.value_size,
-            key_max: g.key_max,
-            value_max: g.value_max,
-        });
-    }
+    SizeExcess::check(spec.key_size, spec.value_size, &g)?;
     if key_bytes(0, spec.key_size).len() > g.key_max as usize {
         return Err(AgentError::KeyMaxTooSmall(g.key_max));
     }

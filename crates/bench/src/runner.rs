@@ -15,7 +15,7 @@ use nessie_protocols::Optimizations;
 use nessie_store::{limits, Geometry};
 
 use crate::agent::{
-    decode_hist, AgentReport, AgentRequest, AgentSpec, HistogramError, PerOpFabric,
+    decode_hist, AgentReport, AgentRequest, AgentSpec, HistogramError, PerOpFabric, SizeExcess,
     MAX_AGENT_THREADS, MIN_KEY_SIZE,
 };
 use crate::result::*;
@@ -102,15 +102,10 @@ pub enum Mismatch {
     Mode { has: String, want: String },
     #[error("it has {has} nodes, not --nodes {want}")]
     Nodes { has: usize, want: u16 },
-    #[error("--key-size {key} / --value-size {value} exceed its key_max {key_max} / value_max {value_max}")]
-    Sizes {
-        key: u32,
-        value: u32,
-        key_max: u32,
-        value_max: u32,
-    },
     #[error("{keys} keys do not fit its {ites} index entries; use --keys")]
     Keys { keys: u64, ites: u64 },
+    #[error("--key-size / --value-size: {0}")]
+    Sizes(#[from] SizeExcess),
 }
 
 /// `Ok` if `lo <= value <= hi`, else the error naming the flag.
@@ -310,14 +305,7 @@ fn fits(
         });
     }
     let g = &cfg.geometry;
-    if p.key_size > g.key_max || p.value_size > g.value_max {
-        return Err(Mismatch::Sizes {
-            key: p.key_size,
-            value: p.value_size,
-            key_max: g.key_max,
-            value_max: g.value_max,
-        });
-    }
+    SizeExcess::check(p.key_size, p.value_size, g)?;
     if keys as f64 > g.total_ites() as f64 * 0.9 {
         return Err(Mismatch::Keys {
             keys,
