@@ -346,7 +346,7 @@ fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), AgentError> {
         return Err(AgentError::Threads(spec.threads));
     }
     let g = node.geometry();
-    SizeExcess::check(spec.key_size, spec.value_size, &g)?;
+    SizeExcess::check(spec.key_size, spec.value_size, g)?;
     if key_bytes(0, spec.key_size).len() > g.key_max as usize {
         return Err(AgentError::KeyMaxTooSmall(g.key_max));
     }
