@@ -4,12 +4,14 @@
 //! - [`dte`]: the data table entry format,
 //! - [`index`]: the N-way cuckoo hash over all nodes' index tables,
 //! - [`datatable`]: allocation and expiry-based recycling of a node's DTEs,
-//! - [`cache`]: the LRU cache of remote DTEs keyed by ITE.
+//! - [`cache`]: the LRU cache of remote DTEs keyed by ITE,
+//! - [`classes`]: size classes and pages (groundwork for variable-size DTEs).
 //!
 //! Memory formats are documented next to the code that writes them, and with bit diagrams in
 //! `docs/layout.md`.
 
 pub mod cache;
+pub mod classes;
 pub mod datatable;
 pub mod dte;
 pub mod geometry;
