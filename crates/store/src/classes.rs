@@ -57,7 +57,11 @@ impl SizeClasses {
             return Err(ClassError::TooMany(payloads.len()));
         }
         let sizes: Vec<u64> = payloads.iter().map(|p| KEY_OFF + p).collect();
-        let page_bytes = sizes.last().unwrap().next_power_of_two().max(MIN_PAGE_BYTES);
+        let page_bytes = sizes
+            .last()
+            .unwrap()
+            .next_power_of_two()
+            .max(MIN_PAGE_BYTES);
         Ok(Self { sizes, page_bytes })
     }
 
@@ -140,7 +144,11 @@ mod tests {
     fn a_write_takes_the_smallest_class_that_fits() {
         let c = SizeClasses::new(64, 4096).unwrap();
         assert_eq!(c.class_for(10, 0), Some(0));
-        assert_eq!(c.class_for(8, 56), Some(0), "64 bytes of payload fit class 0");
+        assert_eq!(
+            c.class_for(8, 56),
+            Some(0),
+            "64 bytes of payload fit class 0"
+        );
         assert_eq!(c.class_for(8, 57), Some(1));
         for (k, v) in [(1, 1), (20, 100), (20, 1000), (64, 4096), (33, 2049)] {
             let cls = c.class_for(k, v).unwrap();
@@ -164,7 +172,10 @@ mod tests {
                     let s = c.slot(cls, page, i);
                     let off = c.offset(cls, s);
                     assert_eq!(off, page * c.page_bytes() + i * size);
-                    assert!(off + size <= (page + 1) * c.page_bytes(), "entry spills its page");
+                    assert!(
+                        off + size <= (page + 1) * c.page_bytes(),
+                        "entry spills its page"
+                    );
                 }
             }
         }
@@ -190,8 +201,8 @@ mod tests {
     #[test]
     fn the_largest_geometry_fits_the_class_limit() {
         // The largest keys and values the limits allow need 63 classes.
-        let c = SizeClasses::new(crate::limits::MAX_KEY_SIZE, crate::limits::MAX_VALUE_SIZE)
-            .unwrap();
+        let c =
+            SizeClasses::new(crate::limits::MAX_KEY_SIZE, crate::limits::MAX_VALUE_SIZE).unwrap();
         assert_eq!(c.len(), 63);
         assert_eq!(c.class_bits(), 6);
         assert!(c.slot_bits(1 << 20) >= 20);

@@ -5,7 +5,8 @@
 //! - [`index`]: the N-way cuckoo hash over all nodes' index tables,
 //! - [`datatable`]: allocation and expiry-based recycling of a node's DTEs,
 //! - [`cache`]: the LRU cache of remote DTEs keyed by ITE,
-//! - [`classes`]: size classes and pages (groundwork for variable-size DTEs).
+//! - [`classes`]: size classes and pages (groundwork for variable-size DTEs),
+//! - [`pages`]: page words, claimed by CAS (groundwork for placement across nodes).
 //!
 //! Memory formats are documented next to the code that writes them, and with bit diagrams in
 //! `docs/layout.md`.
@@ -18,6 +19,7 @@ pub mod geometry;
 pub mod index;
 pub mod ite;
 pub mod limits;
+pub mod pages;
 
 pub use dte::DteLayout;
 pub use geometry::{Geometry, GeometryError};
