@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod classes;
+pub mod classtable;
 pub mod datatable;
 pub mod dte;
 pub mod geometry;

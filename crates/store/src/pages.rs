@@ -79,16 +79,20 @@ fn word_addr(host: NodeId, page: u64) -> RemoteAddr {
 }
 
 /// Claim a free page of `host`'s table (of `pages` pages) for `class`, looking from page `from`
-/// onwards and wrapping around. `Ok(None)` if every page is claimed, or if
-/// [`MAX_CLAIM_ATTEMPTS`] CASes all lost to other claimers.
+/// onwards and wrapping around, but only while more than `keep` free pages remain in view (the
+/// reserve for deletes). `Ok(None)` if no page may be claimed, or if [`MAX_CLAIM_ATTEMPTS`]
+/// CASes all lost to other claimers.
 pub fn claim_free_page<E: Endpoint>(
     ep: &mut E,
     host: NodeId,
     pages: u64,
     class: u8,
     from: u64,
+    keep: u64,
 ) -> Result<Option<Claim>, FabricError> {
     let mut attempts = 0;
+    // Free pages seen and not yet tried, oldest first.
+    let mut seen_free: std::collections::VecDeque<(u64, PageWord)> = Default::default();
     let mut buf = vec![0u8; (PAGE_SCAN_CHUNK.min(pages) * 8) as usize];
     let mut scanned = 0;
     while scanned < pages {
@@ -97,22 +101,24 @@ pub fn claim_free_page<E: Endpoint>(
         let chunk = &mut buf[..(n * 8) as usize];
         ep.read(word_addr(host, start), chunk)?;
         for (i, w) in chunk.chunks_exact(8).enumerate() {
-            let seen = PageWord(u64::from_le_bytes(w.try_into().unwrap()));
-            if seen.is_claimed() {
-                continue;
+            let word = PageWord(u64::from_le_bytes(w.try_into().unwrap()));
+            if !word.is_claimed() {
+                seen_free.push_back((start + i as u64, word));
             }
-            let page = start + i as u64;
-            let want = PageWord::claimed_after(seen, ep.node(), class);
-            if ep.compare_and_swap(word_addr(host, page), seen.0, want.0)? == seen.0 {
-                return Ok(Some(Claim {
-                    host,
-                    page,
-                    word: want,
-                }));
-            }
-            attempts += 1;
-            if attempts >= MAX_CLAIM_ATTEMPTS {
-                return Ok(None);
+            while seen_free.len() as u64 > keep {
+                let (page, seen) = seen_free.pop_front().expect("non-empty");
+                let want = PageWord::claimed_after(seen, ep.node(), class);
+                if ep.compare_and_swap(word_addr(host, page), seen.0, want.0)? == seen.0 {
+                    return Ok(Some(Claim {
+                        host,
+                        page,
+                        word: want,
+                    }));
+                }
+                attempts += 1;
+                if attempts >= MAX_CLAIM_ATTEMPTS {
+                    return Ok(None);
+                }
             }
         }
         scanned += n;
@@ -188,19 +194,19 @@ mod tests {
         let f = fabric(4);
         let mut a = f.endpoint(0);
         let mut b = f.endpoint(1);
-        let c1 = claim_free_page(&mut a, 1, 4, 3, 2).unwrap().unwrap();
+        let c1 = claim_free_page(&mut a, 1, 4, 3, 2, 0).unwrap().unwrap();
         assert_eq!((c1.host, c1.page), (1, 2), "the search starts at the hint");
-        let c2 = claim_free_page(&mut b, 1, 4, 5, 2).unwrap().unwrap();
+        let c2 = claim_free_page(&mut b, 1, 4, 5, 2, 0).unwrap().unwrap();
         assert_eq!(c2.page, 3);
-        let c3 = claim_free_page(&mut b, 1, 4, 5, 2).unwrap().unwrap();
+        let c3 = claim_free_page(&mut b, 1, 4, 5, 2, 0).unwrap().unwrap();
         assert_eq!(c3.page, 0, "the search wraps around");
         let table = read_table(&mut a, 1, 4).unwrap();
         assert_eq!((table[2].claimer(), table[2].class()), (0, 3));
         assert_eq!((table[3].claimer(), table[3].class()), (1, 5));
         assert!(!table[1].is_claimed());
-        claim_free_page(&mut a, 1, 4, 0, 0).unwrap().unwrap();
+        claim_free_page(&mut a, 1, 4, 0, 0, 0).unwrap().unwrap();
         assert_eq!(
-            claim_free_page(&mut a, 1, 4, 0, 0).unwrap(),
+            claim_free_page(&mut a, 1, 4, 0, 0, 0).unwrap(),
             None,
             "all claimed"
         );
@@ -210,9 +216,23 @@ mod tests {
             !release_page(&mut a, &c1).unwrap(),
             "a stale claim cannot release"
         );
-        let again = claim_free_page(&mut b, 1, 4, 7, 0).unwrap().unwrap();
+        let again = claim_free_page(&mut b, 1, 4, 7, 0, 0).unwrap().unwrap();
         assert_eq!(again.page, 2);
         assert_eq!(again.word.generation(), 2, "the generation moved on");
+    }
+
+    #[test]
+    fn the_last_free_pages_are_kept_for_whoever_may_take_them() {
+        let f = fabric(3);
+        let mut ep = f.endpoint(0);
+        assert!(claim_free_page(&mut ep, 0, 3, 1, 0, 1).unwrap().is_some());
+        assert!(claim_free_page(&mut ep, 0, 3, 1, 0, 1).unwrap().is_some());
+        assert_eq!(
+            claim_free_page(&mut ep, 0, 3, 1, 0, 1).unwrap(),
+            None,
+            "one page is kept back"
+        );
+        assert!(claim_free_page(&mut ep, 0, 3, 1, 0, 0).unwrap().is_some());
     }
 
     #[test]
@@ -222,10 +242,12 @@ mod tests {
         let mut ep = f.endpoint(0);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..pages {
-            let c = claim_free_page(&mut ep, 0, pages, 1, 7).unwrap().unwrap();
+            let c = claim_free_page(&mut ep, 0, pages, 1, 7, 0)
+                .unwrap()
+                .unwrap();
             assert!(seen.insert(c.page), "page {} claimed twice", c.page);
         }
-        assert_eq!(claim_free_page(&mut ep, 0, pages, 1, 7).unwrap(), None);
+        assert_eq!(claim_free_page(&mut ep, 0, pages, 1, 7, 0).unwrap(), None);
         assert_eq!(read_table(&mut ep, 0, pages).unwrap().len(), pages as usize);
     }
 
@@ -238,7 +260,7 @@ mod tests {
                 let mut ep = f.endpoint(t % 2);
                 std::thread::spawn(move || {
                     let mut mine = Vec::new();
-                    while let Some(c) = claim_free_page(&mut ep, 1, pages, t as u8, 0).unwrap() {
+                    while let Some(c) = claim_free_page(&mut ep, 1, pages, t as u8, 0, 0).unwrap() {
                         mine.push(c);
                     }
                     mine

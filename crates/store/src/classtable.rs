@@ -1,0 +1,557 @@
+//! The class-aware allocator (groundwork for issue 10; the protocols still use
+//! [`crate::datatable`]). One per node, shared by the node's client workers. It hands out
+//! entries of a size class from pages the node has claimed ([`crate::pages`]):
+//!
+//! 1. an entry of the class that came back (unpublished, or recycled and expired);
+//! 2. the next never-used entry of the class's open page;
+//! 3. a fresh page of the node's own table (local writes are the paper's point);
+//! 4. entries of the class's pages whose recycle flag has expired (a scan);
+//! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes).
+//!
+//! A page whose entries are all back on the free list is released, so memory moves between
+//! classes as demand shifts. Recycling stays client-driven: the claimer scans its pages, remote
+//! ones with one READ per page; no server thread takes part.
+//!
+//! Deletes need a marker entry too, so values may not claim a node's last
+//! [`RESERVE_PAGES`] free pages. The reserve is soft: two claimers racing for the last pages
+//! can both win.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
+
+use crate::classes::SizeClasses;
+use crate::datatable::Purpose;
+use crate::dte::{DteLayout, RECYCLE_OFF};
+use crate::pages::{self, Claim};
+use crate::DATA_REGION;
+
+/// Free pages of each node that only deletes may claim.
+pub const RESERVE_PAGES: u64 = 1;
+
+/// An entry: the node whose memory holds it, its class and its slot in that class.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Slot {
+    pub host: NodeId,
+    pub class: u8,
+    pub slot: u64,
+}
+
+/// Why no entry could be allocated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClassAllocError {
+    #[error("no room for an entry of class {class} ({entry_size} B) on any node: {awaiting_expiry} released entries not yet expired")]
+    Full {
+        class: u8,
+        entry_size: u64,
+        awaiting_expiry: u64,
+    },
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+/// Fill of one class, for `nessie status`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassUsage {
+    pub entry_size: u64,
+    /// Pages held (local and remote).
+    pub pages: u64,
+    pub remote_pages: u64,
+    /// Entries handed out and not back on the free list.
+    pub in_use: u64,
+    /// Entries back on the free list.
+    pub free: u64,
+}
+
+#[derive(Debug)]
+struct PageState {
+    claim: Claim,
+    class: u8,
+    /// Entries handed out so far (the never-used ones start here).
+    handed: u64,
+    /// Entries handed out and not back on the free list.
+    in_use: u64,
+}
+
+#[derive(Debug, Default)]
+struct ClassState {
+    free: Vec<Slot>,
+    /// The page whose never-used entries are handed out next.
+    open: Option<(NodeId, u64)>,
+}
+
+#[derive(Debug)]
+struct State {
+    classes: Vec<ClassState>,
+    pages: HashMap<(NodeId, u64), PageState>,
+}
+
+/// One node's allocator of class entries.
+#[derive(Debug)]
+pub struct ClassTable {
+    node: NodeId,
+    nodes: usize,
+    classes: Arc<SizeClasses>,
+    pages_per_node: u64,
+    clock_margin_ns: u64,
+    state: Mutex<State>,
+}
+
+impl ClassTable {
+    pub fn new(
+        node: NodeId,
+        nodes: usize,
+        classes: Arc<SizeClasses>,
+        pages_per_node: u64,
+        clock_margin_ns: u64,
+    ) -> Self {
+        let per_class = (0..classes.len()).map(|_| ClassState::default()).collect();
+        Self {
+            node,
+            nodes,
+            classes,
+            pages_per_node,
+            clock_margin_ns,
+            state: Mutex::new(State {
+                classes: per_class,
+                pages: HashMap::new(),
+            }),
+        }
+    }
+
+    pub fn classes(&self) -> &SizeClasses {
+        &self.classes
+    }
+
+    /// Byte address of an entry.
+    pub fn addr(&self, s: Slot) -> RemoteAddr {
+        RemoteAddr::new(s.host, DATA_REGION, self.classes.offset(s.class, s.slot))
+    }
+
+    /// Take an entry of `class` (see the module comment for the order of places tried).
+    pub fn alloc_for<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        class: u8,
+        purpose: Purpose,
+    ) -> Result<Slot, ClassAllocError> {
+        assert_eq!(
+            ep.node(),
+            self.node,
+            "allocate with an endpoint of this node"
+        );
+        let keep = match purpose {
+            Purpose::Value => RESERVE_PAGES,
+            Purpose::Delete => 0,
+        };
+        let mut s = self.state.lock().unwrap();
+        if let Some(slot) = self.take_handy(&mut s, class) {
+            return Ok(slot);
+        }
+        if self.open_page(ep, &mut s, self.node, class, keep)? {
+            return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+        }
+        // Under pressure: take back every class's expired entries and give empty pages back,
+        // so memory can move to this class.
+        let (_, awaiting_expiry) = self.scan_all(ep, &mut s)?;
+        if let Some(slot) = self.take_handy(&mut s, class) {
+            return Ok(slot);
+        }
+        if self.open_page(ep, &mut s, self.node, class, keep)? {
+            return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+        }
+        for d in 1..self.nodes {
+            let host = ((self.node as usize + d) % self.nodes) as NodeId;
+            if self.open_page(ep, &mut s, host, class, keep)? {
+                return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+            }
+        }
+        Err(ClassAllocError::Full {
+            class,
+            entry_size: self.classes.entry_size(class),
+            awaiting_expiry,
+        })
+    }
+
+    /// An entry from the free list or the open page, without any fabric operation.
+    fn take_handy(&self, s: &mut State, class: u8) -> Option<Slot> {
+        let cs = &mut s.classes[class as usize];
+        let slot = match cs.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let (host, page) = cs.open?;
+                let ps = s.pages.get_mut(&(host, page)).expect("open page is held");
+                let i = ps.handed;
+                ps.handed += 1;
+                if ps.handed == self.classes.per_page(class) {
+                    cs.open = None;
+                }
+                Slot {
+                    host,
+                    class,
+                    slot: self.classes.slot(class, page, i),
+                }
+            }
+        };
+        let page = self.page_of(slot);
+        s.pages.get_mut(&(slot.host, page)).expect("held").in_use += 1;
+        Some(slot)
+    }
+
+    fn page_of(&self, slot: Slot) -> u64 {
+        slot.slot / self.classes.per_page(slot.class)
+    }
+
+    /// Claim a free page of `host` for `class` and make it the class's open page.
+    fn open_page<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        host: NodeId,
+        class: u8,
+        keep: u64,
+    ) -> Result<bool, FabricError> {
+        let from = self.node as u64 * 7919 % self.pages_per_node.max(1);
+        let Some(claim) = pages::claim_free_page(ep, host, self.pages_per_node, class, from, keep)?
+        else {
+            return Ok(false);
+        };
+        let state = PageState {
+            claim,
+            class,
+            handed: 0,
+            in_use: 0,
+        };
+        let old = s.pages.insert((host, claim.page), state);
+        assert!(
+            old.is_none(),
+            "page {} of node {host} claimed twice",
+            claim.page
+        );
+        s.classes[class as usize].open = Some((host, claim.page));
+        Ok(true)
+    }
+
+    /// Return an entry that no ITE ever referred to: reusable at once.
+    pub fn release_unpublished(&self, slot: Slot) {
+        let mut s = self.state.lock().unwrap();
+        self.put_back(&mut s, slot);
+    }
+
+    fn put_back(&self, s: &mut State, slot: Slot) {
+        let page = self.page_of(slot);
+        let ps = s
+            .pages
+            .get_mut(&(slot.host, page))
+            .expect("entry of a held page");
+        assert!(ps.in_use > 0, "entry {slot:?} returned twice");
+        ps.in_use -= 1;
+        s.classes[slot.class as usize].free.push(slot);
+    }
+
+    /// Reclaim every expired recycled entry and release every empty page now (what a
+    /// background reclaimer calls). Returns the entries reclaimed.
+    pub fn reclaim<E: Endpoint>(&self, ep: &mut E) -> Result<u64, FabricError> {
+        let mut s = self.state.lock().unwrap();
+        Ok(self.scan_all(ep, &mut s)?.0)
+    }
+
+    /// Scan every held page for expired recycled entries, then release the pages left empty.
+    /// Returns (entries reclaimed, entries still awaiting expiry).
+    fn scan_all<E: Endpoint>(&self, ep: &mut E, s: &mut State) -> Result<(u64, u64), FabricError> {
+        let now = ep.now_ns();
+        let held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
+        let (mut reclaimed, mut awaiting) = (0, 0);
+        for (host, page) in held {
+            let ps = &s.pages[&(host, page)];
+            let (class, handed) = (ps.class, ps.handed);
+            for i in self.expired_entries(ep, host, page, class, handed, now, &mut awaiting)? {
+                let slot = Slot {
+                    host,
+                    class,
+                    slot: self.classes.slot(class, page, i),
+                };
+                // Clear the flag so later scans do not hand the entry out twice.
+                let at = self.addr(slot).add(RECYCLE_OFF);
+                write_word(ep, at, 0)?;
+                self.put_back(s, slot);
+                reclaimed += 1;
+            }
+        }
+        self.release_empty_pages(ep, s)?;
+        Ok((reclaimed, awaiting))
+    }
+
+    /// Entries among the first `handed` of a page whose recycle expiry (plus the clock margin)
+    /// has passed; counts the others that carry a recycle flag into `awaiting`. A local page is
+    /// read word by word, a remote one with a single READ.
+    #[allow(clippy::too_many_arguments)]
+    fn expired_entries<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        host: NodeId,
+        page: u64,
+        class: u8,
+        handed: u64,
+        now: u64,
+        awaiting: &mut u64,
+    ) -> Result<Vec<u64>, FabricError> {
+        let size = self.classes.entry_size(class);
+        let base = RemoteAddr::new(host, DATA_REGION, page * self.classes.page_bytes());
+        let mut whole = Vec::new();
+        if host != ep.node() && handed > 0 {
+            whole = vec![0u8; (handed * size) as usize];
+            ep.read(base, &mut whole)?;
+        }
+        let mut expired = Vec::new();
+        for i in 0..handed {
+            let at = i * size + RECYCLE_OFF;
+            let word = if whole.is_empty() {
+                let mut w = [0u8; 8];
+                ep.local_read(DATA_REGION, base.offset + at, &mut w)?;
+                u64::from_le_bytes(w)
+            } else {
+                u64::from_le_bytes(whole[at as usize..at as usize + 8].try_into().unwrap())
+            };
+            let Some(expiry) = DteLayout::recycle_expiry(word) else {
+                continue;
+            };
+            if now > expiry.saturating_add(self.clock_margin_ns) {
+                expired.push(i);
+            } else {
+                *awaiting += 1;
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Give back every page with no entry in use, except the classes' open pages.
+    fn release_empty_pages<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+    ) -> Result<(), FabricError> {
+        let open: Vec<(NodeId, u64)> = s.classes.iter().filter_map(|c| c.open).collect();
+        let empty: Vec<(NodeId, u64)> = s
+            .pages
+            .iter()
+            .filter(|(k, p)| p.in_use == 0 && !open.contains(k))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in empty {
+            let ps = s.pages.remove(&key).expect("held");
+            let per_page = self.classes.per_page(ps.class);
+            s.classes[ps.class as usize]
+                .free
+                .retain(|f| (f.host, f.slot / per_page) != key);
+            let ours = pages::release_page(ep, &ps.claim)?;
+            assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
+        }
+        Ok(())
+    }
+
+    /// Fill of every class.
+    pub fn usage(&self) -> Vec<ClassUsage> {
+        let s = self.state.lock().unwrap();
+        let mut u: Vec<ClassUsage> = (0..self.classes.len())
+            .map(|c| ClassUsage {
+                entry_size: self.classes.entry_size(c as u8),
+                free: s.classes[c].free.len() as u64,
+                ..ClassUsage::default()
+            })
+            .collect();
+        for ((host, _), p) in &s.pages {
+            let c = &mut u[p.class as usize];
+            c.pages += 1;
+            c.remote_pages += (*host != self.node) as u64;
+            c.in_use += p.in_use;
+        }
+        u
+    }
+}
+
+/// Write one word of a data table, directly when it is this node's own.
+fn write_word<E: Endpoint>(ep: &mut E, at: RemoteAddr, v: u64) -> Result<(), FabricError> {
+    if at.node == ep.node() {
+        ep.local_write(at.region, at.offset, &v.to_le_bytes())
+    } else {
+        ep.write(at, &v.to_le_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nessie_fabric::inproc::InProcFabric;
+    use std::collections::HashSet;
+
+    const PAGES: u64 = 4;
+
+    /// `nodes` nodes of `PAGES` pages each, and a table for each node.
+    fn setup(nodes: usize) -> (Arc<InProcFabric>, Vec<ClassTable>) {
+        let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
+        let regions = vec![8, PAGES * classes.page_bytes(), PAGES * 8];
+        let f = InProcFabric::new(&vec![regions; nodes], None).unwrap();
+        let tables = (0..nodes)
+            .map(|n| ClassTable::new(n as NodeId, nodes, classes.clone(), PAGES, 0))
+            .collect();
+        (f, tables)
+    }
+
+    /// Mark an entry recycled with an expiry long past.
+    fn recycle(f: &Arc<InProcFabric>, t: &ClassTable, slot: Slot) {
+        let at = t.addr(slot).add(RECYCLE_OFF);
+        let mut ep = f.endpoint(0);
+        ep.write(at, &DteLayout::recycle_word(1).to_le_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn local_pages_first_then_other_nodes() {
+        let (f, t) = setup(2);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        assert_eq!(t[0].classes().per_page(big), 1, "one entry per page");
+        let hosts: Vec<NodeId> = (0..2 * PAGES - 2)
+            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap().host)
+            .collect();
+        let local = PAGES - RESERVE_PAGES;
+        assert!(hosts[..local as usize].iter().all(|&h| h == 0), "{hosts:?}");
+        assert!(hosts[local as usize..].iter().all(|&h| h == 1), "{hosts:?}");
+        let e = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
+        assert!(
+            matches!(e, ClassAllocError::Full { class, .. } if class == big),
+            "{e}"
+        );
+        // The reserve is for deletes.
+        assert_eq!(
+            t[0].alloc_for(&mut ep, big, Purpose::Delete).unwrap().host,
+            0
+        );
+        let u = &t[0].usage()[big as usize];
+        assert_eq!(
+            (u.pages, u.remote_pages, u.in_use),
+            (2 * PAGES - 1, PAGES - 1, 2 * PAGES - 1)
+        );
+    }
+
+    #[test]
+    fn entries_are_distinct_and_do_not_overlap() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        let mut seen = HashSet::new();
+        for class in [0u8, 3, 7] {
+            for _ in 0..500 {
+                let s = t[0].alloc_for(&mut ep, class, Purpose::Value).unwrap();
+                assert!(seen.insert(s), "{s:?} handed out twice");
+                let a = t[0].addr(s).offset;
+                taken.push((a, a + t[0].classes().entry_size(class)));
+            }
+        }
+        taken.sort();
+        for w in taken.windows(2) {
+            assert!(w[0].1 <= w[1].0, "entries {w:?} overlap");
+        }
+    }
+
+    #[test]
+    fn recycled_entries_come_back_after_expiry_and_empty_pages_go_back() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        let slots: Vec<Slot> = (0..PAGES - RESERVE_PAGES)
+            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
+            .collect();
+        assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
+        recycle(&f, &t[0], slots[1]);
+        let again = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(again, slots[1], "the expired entry is reused");
+
+        // Release everything: pages with no entry in use go back to the pool.
+        for s in &slots {
+            recycle(&f, &t[0], *s);
+        }
+        assert_eq!(t[0].reclaim(&mut ep).unwrap(), slots.len() as u64);
+        let words = pages::read_table(&mut ep, 0, PAGES).unwrap();
+        let held = words.iter().filter(|w| w.is_claimed()).count();
+        assert!(held <= 1, "only the open page may stay claimed: {words:?}");
+    }
+
+    #[test]
+    fn memory_moves_between_classes() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        let small = 0u8;
+        let per_page = t[0].classes().per_page(small);
+        // Fill every page a value may take with small entries.
+        let n = per_page * (PAGES - RESERVE_PAGES);
+        let smalls: Vec<Slot> = (0..n)
+            .map(|_| t[0].alloc_for(&mut ep, small, Purpose::Value).unwrap())
+            .collect();
+        assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
+        for s in &smalls {
+            recycle(&f, &t[0], *s);
+        }
+        // The big class gets pages the small class gave back.
+        let b = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(b.class, big);
+        assert!(t[0].usage()[big as usize].pages >= 1);
+    }
+
+    #[test]
+    fn unpublished_entries_are_reusable_at_once() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let a = t[0].alloc_for(&mut ep, 2, Purpose::Value).unwrap();
+        t[0].release_unpublished(a);
+        assert_eq!(t[0].alloc_for(&mut ep, 2, Purpose::Value).unwrap(), a);
+    }
+
+    #[test]
+    fn concurrent_writers_on_two_nodes_never_share_an_entry() {
+        let (f, t) = setup(2);
+        let t = Arc::new(t);
+        let threads: Vec<_> = (0..4usize)
+            .map(|i| {
+                let (f, t) = (f.clone(), t.clone());
+                std::thread::spawn(move || {
+                    let node = i % 2;
+                    let mut ep = f.endpoint(node as NodeId);
+                    let mut mine = Vec::new();
+                    for k in 0..2_000u64 {
+                        let class = (k % 3) as u8;
+                        match t[node].alloc_for(&mut ep, class, Purpose::Value) {
+                            Ok(s) => mine.push(s),
+                            Err(ClassAllocError::Full { .. }) => break,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<Slot> = threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let mut ranges: Vec<(NodeId, u64, u64)> = all
+            .iter()
+            .map(|s| {
+                let a = t[0].addr(*s);
+                (
+                    a.node,
+                    a.offset,
+                    a.offset + t[0].classes().entry_size(s.class),
+                )
+            })
+            .collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(w[0].0 != w[1].0 || w[0].2 <= w[1].1, "{w:?} overlap");
+        }
+        assert_eq!(all.len(), 8_000);
+    }
+}
