@@ -45,37 +45,63 @@ struct Writers {
 
 /// Finds the earliest-returning Get with a certificate, if any. `ops` are sorted by call.
 pub(crate) fn refute(ops: &[KeyOp<'_>], initial: State) -> Option<Refutation> {
-    let writes: Vec<u32> = (0..ops.len() as u32)
-        .filter(|&i| matches!(ops[i as usize].kind, Kind::Write(_)) && !ops[i as usize].optional)
-        .collect();
-    // suffix[pos]: the earliest-returning completed write among writes[pos..].
-    let mut suffix: Vec<Option<u32>> = vec![None; writes.len() + 1];
-    for (pos, &i) in writes.iter().enumerate().rev() {
-        suffix[pos] = match suffix[pos + 1] {
-            Some(j) if ops[j as usize].ret <= ops[i as usize].ret => Some(j),
-            _ => Some(i),
-        };
+    let killers = Killers::new(ops);
+    let by_value = writers_by_value(ops);
+    let no_writers = Writers::default();
+    let mut found: Option<Refutation> = None;
+    for (r, op) in ops.iter().enumerate() {
+        let Kind::Read(v) = op.kind else { continue };
+        if found
+            .as_ref()
+            .is_some_and(|f| ops[f.read as usize].ret <= op.ret)
+        {
+            continue;
+        }
+        let w = by_value.get(&v).unwrap_or(&no_writers);
+        let refutation = refute_read(r as u32, op, v, initial, w, &killers);
+        if refutation.is_some() {
+            found = refutation;
+        }
     }
-    // The earliest-returning completed write invoked after `t` (any if `t` is None), if
-    // it returned before Get `r` was invoked. It never writes `r`'s value: with `t` the
-    // latest return of a write of that value invoked before `r` returned (or no such
-    // write), a write of it invoked after `t` that returned before `r` was invoked would
-    // be one of those, returning later than `t`.
-    let killer = |t: Option<u64>, r: &KeyOp<'_>| -> Option<u32> {
-        let pos = t.map_or(0, |t| {
-            writes.partition_point(|&k| ops[k as usize].call <= t)
-        });
-        let k = suffix[pos].filter(|&k| ops[k as usize].ret < r.call)?;
-        debug_assert!(
-            ops[k as usize].kind
-                != Kind::Write(match r.kind {
-                    Kind::Read(v) => v,
-                    Kind::Write(_) => unreachable!(),
-                })
-        );
-        Some(k)
-    };
+    found
+}
 
+/// The certificate for Get `r` (`op`, returning `v`) whose value's writers are `w`, if any.
+fn refute_read(
+    r: u32,
+    op: &KeyOp<'_>,
+    v: State,
+    initial: State,
+    w: &Writers,
+    killers: &Killers<'_, '_>,
+) -> Option<Refutation> {
+    if w.optional_call.is_some_and(|c| c <= op.ret) {
+        return None;
+    }
+    let n = w.calls.partition_point(|&c| c <= op.ret);
+    let latest = n.checked_sub(1).map(|n| w.max_ret[n]);
+    match latest {
+        None if initial != v => Some(Refutation {
+            read: r,
+            writer: None,
+            killer: None,
+        }),
+        None => killers.killer(None, op).map(|k| Refutation {
+            read: r,
+            writer: None,
+            killer: Some(k),
+        }),
+        // `k` also overwrote the initial state, should it be `v`.
+        Some((wret, widx)) => killers.killer(Some(wret), op).map(|k| Refutation {
+            read: r,
+            writer: Some(widx),
+            killer: Some(k),
+        }),
+    }
+}
+
+/// The completed writers of each state, and the earliest invocation of a failed one.
+fn writers_by_value(ops: &[KeyOp<'_>]) -> HashMap<State, Writers> {
     let mut by_value: HashMap<State, Writers> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         let Kind::Write(v) = op.kind else { continue };
@@ -91,44 +117,56 @@ pub(crate) fn refute(ops: &[KeyOp<'_>], initial: State) -> Option<Refutation> {
             });
         }
     }
+    by_value
+}
 
-    let no_writers = Writers::default();
-    let mut found: Option<Refutation> = None;
-    for (r, op) in ops.iter().enumerate() {
-        let Kind::Read(v) = op.kind else { continue };
-        if found
-            .as_ref()
-            .is_some_and(|f| ops[f.read as usize].ret <= op.ret)
-        {
-            continue;
+/// The completed writes by invocation, to find the killer of a read.
+struct Killers<'o, 'a> {
+    ops: &'o [KeyOp<'a>],
+    writes: Vec<u32>,
+    /// suffix[pos]: the earliest-returning completed write among writes[pos..].
+    suffix: Vec<Option<u32>>,
+}
+
+impl<'o, 'a> Killers<'o, 'a> {
+    fn new(ops: &'o [KeyOp<'a>]) -> Self {
+        let writes: Vec<u32> = (0..ops.len() as u32)
+            .filter(|&i| {
+                matches!(ops[i as usize].kind, Kind::Write(_)) && !ops[i as usize].optional
+            })
+            .collect();
+        let mut suffix: Vec<Option<u32>> = vec![None; writes.len() + 1];
+        for (pos, &i) in writes.iter().enumerate().rev() {
+            suffix[pos] = match suffix[pos + 1] {
+                Some(j) if ops[j as usize].ret <= ops[i as usize].ret => Some(j),
+                _ => Some(i),
+            };
         }
-        let w = by_value.get(&v).unwrap_or(&no_writers);
-        if w.optional_call.is_some_and(|c| c <= op.ret) {
-            continue;
-        }
-        let n = w.calls.partition_point(|&c| c <= op.ret);
-        let latest = n.checked_sub(1).map(|n| w.max_ret[n]);
-        let refutation = match latest {
-            None if initial != v => Some(Refutation {
-                read: r as u32,
-                writer: None,
-                killer: None,
-            }),
-            None => killer(None, op).map(|k| Refutation {
-                read: r as u32,
-                writer: None,
-                killer: Some(k),
-            }),
-            // `k` also overwrote the initial state, should it be `v`.
-            Some((wret, widx)) => killer(Some(wret), op).map(|k| Refutation {
-                read: r as u32,
-                writer: Some(widx),
-                killer: Some(k),
-            }),
-        };
-        if refutation.is_some() {
-            found = refutation;
+        Self {
+            ops,
+            writes,
+            suffix,
         }
     }
-    found
+
+    /// The earliest-returning completed write invoked after `t` (any if `t` is None), if
+    /// it returned before Get `r` was invoked. It never writes `r`'s value: with `t` the
+    /// latest return of a write of that value invoked before `r` returned (or no such
+    /// write), a write of it invoked after `t` that returned before `r` was invoked would
+    /// be one of those, returning later than `t`.
+    fn killer(&self, t: Option<u64>, r: &KeyOp<'_>) -> Option<u32> {
+        let ops = self.ops;
+        let pos = t.map_or(0, |t| {
+            self.writes.partition_point(|&k| ops[k as usize].call <= t)
+        });
+        let k = self.suffix[pos].filter(|&k| ops[k as usize].ret < r.call)?;
+        debug_assert!(
+            ops[k as usize].kind
+                != Kind::Write(match r.kind {
+                    Kind::Read(v) => v,
+                    Kind::Write(_) => unreachable!(),
+                })
+        );
+        Some(k)
+    }
 }

@@ -176,6 +176,57 @@ const HEAD: u32 = 0;
 /// Number of linearized ops quoted from the deepest partial linearization.
 const PATH_TAIL: usize = 8;
 
+/// Iteration position within the current configuration: trying alternative `alt` of the op
+/// at `node` (a call entry) or, while `in_pref`, of the preferred op `skip`; the scan in list
+/// order skips `skip`, which was tried first.
+#[derive(Clone, Copy)]
+struct Cursor {
+    node: u32,
+    alt: u8,
+    skip: u32,
+    in_pref: bool,
+}
+
+impl Cursor {
+    /// The start of a configuration's scan, at `node` (the first entry of the list).
+    fn first(node: u32) -> Self {
+        Cursor {
+            node,
+            alt: 0,
+            skip: NONE,
+            in_pref: false,
+        }
+    }
+}
+
+/// The depth-first search of `Search::run`.
+struct Dfs<'b> {
+    /// Configurations (linearized set and state) already entered.
+    memo: HashSet<MemoKey, BuildHasherDefault<FxHasher>>,
+    stack: Vec<Frame>,
+    deepest: Option<DeadEnd>,
+    /// The register after the linearized ops.
+    state: State,
+    cur: Cursor,
+    /// True when a configuration is entered for the first time.
+    fresh: bool,
+    budget: u64,
+    /// States explored so far (the caller's counter).
+    states: &'b mut u64,
+}
+
+/// What the search does after one step.
+enum Flow {
+    /// Carry on from the current configuration (perhaps a new one).
+    Continue,
+    /// Every minimal op was tried here: record the dead end, then backtrack.
+    DeadEnd,
+    /// Backtrack without recording a dead end (a forced read explored before).
+    Backtrack,
+    /// The search is over.
+    Stop(Outcome2),
+}
+
 struct Search<'s, 'a> {
     ops: &'s [KeyOp<'a>],
     next: Vec<u32>,
@@ -348,129 +399,179 @@ impl<'s, 'a> Search<'s, 'a> {
     }
 
     fn run(&mut self, initial: State, budget: u64, states: &mut u64) -> Outcome2 {
-        let mut memo: HashSet<MemoKey, BuildHasherDefault<FxHasher>> = HashSet::default();
-        let mut stack: Vec<Frame> = Vec::with_capacity(self.ops.len());
-        let mut deepest: Option<DeadEnd> = None;
-        let mut state = initial;
-        // Iteration position within the current configuration: trying `alt` of the op at
-        // `node` (a call entry) or, while `in_pref`, of the preferred op `skip`; the scan
-        // in list order skips `skip`, which was tried first.
-        let mut node = self.next[HEAD as usize];
-        let mut alt: u8 = 0;
-        let mut skip = NONE;
-        let mut in_pref = false;
-        // True when a configuration is entered for the first time.
-        let mut fresh = true;
-        let ops = self.ops;
+        let mut dfs = Dfs {
+            memo: HashSet::default(),
+            stack: Vec::with_capacity(self.ops.len()),
+            deepest: None,
+            state: initial,
+            cur: Cursor::first(self.next[HEAD as usize]),
+            fresh: true,
+            budget,
+            states,
+        };
         loop {
             if self.next[HEAD as usize] == self.tail {
                 return Outcome2::Linearizable;
             }
-            let mut failed = false;
-            if fresh {
-                fresh = false;
-                node = self.next[HEAD as usize];
-                alt = 0;
-                skip = NONE;
-                in_pref = false;
-                if let Some(r) = self.matching_read(state) {
-                    self.lift(r);
-                    if memo.insert(self.memo_key(state)) {
-                        *states += 1;
-                        if *states > budget {
-                            return Outcome2::Unknown(deepest);
-                        }
-                        stack.push(Frame {
-                            op: r,
-                            prev_state: state,
-                            alt: 0,
-                            forced: true,
-                            in_pref: false,
-                            skip: NONE,
-                        });
-                        fresh = true;
-                        continue;
+            let entered = if dfs.fresh {
+                self.enter(&mut dfs)
+            } else {
+                None
+            };
+            match entered.unwrap_or_else(|| self.scan(&mut dfs)) {
+                Flow::Continue => continue,
+                Flow::DeadEnd => {
+                    if dfs
+                        .deepest
+                        .as_ref()
+                        .is_none_or(|d| dfs.stack.len() > d.depth)
+                    {
+                        dfs.deepest = Some(self.dead_end(&dfs.stack, dfs.state, dfs.cur.node));
                     }
-                    // Its only child was explored before and failed.
-                    self.unlift(r);
-                    failed = true;
-                } else if let Some(p) = self.preferred() {
-                    skip = p;
-                    in_pref = true;
                 }
+                Flow::Backtrack => {}
+                Flow::Stop(outcome) => return outcome,
             }
-            if !failed {
-                let at_call = in_pref || self.node_is_call[node as usize];
-                if at_call {
-                    let i = if in_pref {
-                        skip
-                    } else {
-                        self.node_op[node as usize]
-                    };
-                    if i == skip && !in_pref {
-                        node = self.next[node as usize];
-                        continue;
-                    }
-                    let op = &ops[i as usize];
-                    let alts: u8 = if op.optional { 2 } else { 1 };
-                    if alt == 0 && op.optional && self.dominated(i) {
-                        alt = alts;
-                    }
-                    while alt < alts {
-                        if let Some(new_state) = Self::step(op, state, alt) {
-                            self.lift(i);
-                            if memo.insert(self.memo_key(new_state)) {
-                                *states += 1;
-                                if *states > budget {
-                                    return Outcome2::Unknown(deepest);
-                                }
-                                stack.push(Frame {
-                                    op: i,
-                                    prev_state: state,
-                                    alt,
-                                    forced: false,
-                                    in_pref,
-                                    skip,
-                                });
-                                state = new_state;
-                                fresh = true;
-                                break;
-                            }
-                            self.unlift(i);
-                        }
-                        alt += 1;
-                    }
-                    if !fresh {
-                        if in_pref {
-                            in_pref = false;
-                            node = self.next[HEAD as usize];
-                        } else {
-                            node = self.next[node as usize];
-                        }
-                        alt = 0;
-                    }
-                    continue;
-                }
-                // A return entry: every minimal op was tried from here. Dead end.
-                if deepest.as_ref().is_none_or(|d| stack.len() > d.depth) {
-                    deepest = Some(self.dead_end(&stack, state, node));
-                }
+            if let Some(outcome) = self.backtrack(&mut dfs) {
+                return outcome;
             }
-            // Backtrack to the most recent configuration with untried alternatives.
-            loop {
-                let Some(frame) = stack.pop() else {
-                    let dead_end = deepest.unwrap_or_else(|| self.dead_end(&stack, state, node));
-                    return Outcome2::NotLinearizable(dead_end);
+        }
+    }
+
+    /// Enters a configuration for the first time. A matching read is its only child: descend
+    /// into it, or backtrack if that child was explored before. Otherwise `None`: the scan
+    /// starts, with the preferred op if there is one.
+    fn enter(&mut self, dfs: &mut Dfs<'_>) -> Option<Flow> {
+        dfs.fresh = false;
+        dfs.cur = Cursor::first(self.next[HEAD as usize]);
+        if let Some(r) = self.matching_read(dfs.state) {
+            let frame = Frame {
+                op: r,
+                prev_state: dfs.state,
+                alt: 0,
+                forced: true,
+                in_pref: false,
+                skip: NONE,
+            };
+            return Some(match self.descend(dfs, dfs.state, frame) {
+                Ok(true) => Flow::Continue,
+                // Its only child was explored before and failed.
+                Ok(false) => Flow::Backtrack,
+                Err(outcome) => Flow::Stop(outcome),
+            });
+        }
+        if let Some(p) = self.preferred() {
+            dfs.cur.skip = p;
+            dfs.cur.in_pref = true;
+        }
+        None
+    }
+
+    /// Tries the op at the cursor: descends into its first alternative that leads to an
+    /// unexplored configuration, or moves the cursor on to the next op.
+    fn scan(&mut self, dfs: &mut Dfs<'_>) -> Flow {
+        let c = dfs.cur;
+        if !c.in_pref && !self.node_is_call[c.node as usize] {
+            // A return entry: every minimal op was tried from here. Dead end.
+            return Flow::DeadEnd;
+        }
+        let i = if c.in_pref {
+            c.skip
+        } else {
+            self.node_op[c.node as usize]
+        };
+        if i == c.skip && !c.in_pref {
+            dfs.cur.node = self.next[c.node as usize];
+            return Flow::Continue;
+        }
+        if let Err(outcome) = self.try_alternatives(dfs, i) {
+            return Flow::Stop(outcome);
+        }
+        if !dfs.fresh {
+            if dfs.cur.in_pref {
+                dfs.cur.in_pref = false;
+                dfs.cur.node = self.next[HEAD as usize];
+            } else {
+                dfs.cur.node = self.next[dfs.cur.node as usize];
+            }
+            dfs.cur.alt = 0;
+        }
+        Flow::Continue
+    }
+
+    /// Tries the alternatives of op `i` from the cursor's `alt` on, descending into the first
+    /// that leads to an unexplored configuration (then `dfs.fresh` is set).
+    fn try_alternatives(&mut self, dfs: &mut Dfs<'_>, i: u32) -> Result<(), Outcome2> {
+        let ops = self.ops;
+        let op = &ops[i as usize];
+        let alts: u8 = if op.optional { 2 } else { 1 };
+        if dfs.cur.alt == 0 && op.optional && self.dominated(i) {
+            dfs.cur.alt = alts;
+        }
+        while dfs.cur.alt < alts {
+            if let Some(new_state) = Self::step(op, dfs.state, dfs.cur.alt) {
+                let frame = Frame {
+                    op: i,
+                    prev_state: dfs.state,
+                    alt: dfs.cur.alt,
+                    forced: false,
+                    in_pref: dfs.cur.in_pref,
+                    skip: dfs.cur.skip,
                 };
-                self.unlift(frame.op);
-                state = frame.prev_state;
-                if !frame.forced {
-                    node = self.call_node[frame.op as usize];
-                    alt = frame.alt + 1;
-                    skip = frame.skip;
-                    in_pref = frame.in_pref;
+                if self.descend(dfs, new_state, frame)? {
                     break;
                 }
+            }
+            dfs.cur.alt += 1;
+        }
+        Ok(())
+    }
+
+    /// Linearizes `frame.op` next, leaving the register at `new_state`, unless that
+    /// configuration was explored before (then it is undone: `Ok(false)`). `Err` once the
+    /// budget of states is exhausted.
+    fn descend(
+        &mut self,
+        dfs: &mut Dfs<'_>,
+        new_state: State,
+        frame: Frame,
+    ) -> Result<bool, Outcome2> {
+        self.lift(frame.op);
+        if !dfs.memo.insert(self.memo_key(new_state)) {
+            self.unlift(frame.op);
+            return Ok(false);
+        }
+        *dfs.states += 1;
+        if *dfs.states > dfs.budget {
+            return Err(Outcome2::Unknown(dfs.deepest.take()));
+        }
+        dfs.stack.push(frame);
+        dfs.state = new_state;
+        dfs.fresh = true;
+        Ok(true)
+    }
+
+    /// Backtracks to the most recent configuration with untried alternatives. With none left
+    /// the key is not linearizable.
+    fn backtrack(&mut self, dfs: &mut Dfs<'_>) -> Option<Outcome2> {
+        loop {
+            let Some(frame) = dfs.stack.pop() else {
+                let dead_end = dfs
+                    .deepest
+                    .take()
+                    .unwrap_or_else(|| self.dead_end(&dfs.stack, dfs.state, dfs.cur.node));
+                return Some(Outcome2::NotLinearizable(dead_end));
+            };
+            self.unlift(frame.op);
+            dfs.state = frame.prev_state;
+            if !frame.forced {
+                dfs.cur = Cursor {
+                    node: self.call_node[frame.op as usize],
+                    alt: frame.alt + 1,
+                    skip: frame.skip,
+                    in_pref: frame.in_pref,
+                };
+                return None;
             }
         }
     }
@@ -596,7 +697,6 @@ fn explain_refutation(key: KeyId, ops: &[KeyOp<'_>], initial: State, r: &Refutat
 }
 
 fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &Limits) -> Verdict {
-    let ev = |i: u32| ops[i as usize].ev;
     let mut s = format!(
         "key {key}: NOT LINEARIZABLE (initial state {}). At most {} of {} ops can be linearized; the first such order found leaves the register at {} and none of the pending ops fits.",
         fmt_value(initial),
@@ -604,6 +704,22 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
         ops.len(),
         fmt_value(d.state)
     );
+    describe_dead_end(&mut s, ops, d);
+    let window = dead_end_window(&mut s, ops, initial, d);
+    let window = write_window(&mut s, ops, window, limits);
+    Verdict::NotLinearizable {
+        explanation: s,
+        unplaceable: d
+            .candidates
+            .iter()
+            .map(|&i| ops[i as usize].ev.clone())
+            .collect(),
+        window,
+    }
+}
+
+/// Appends the tail of the longest partial linearization and the ops that cannot follow it.
+fn describe_dead_end(s: &mut String, ops: &[KeyOp<'_>], d: &DeadEnd) {
     if !d.path.is_empty() {
         let _ = write!(s, "\n  last ops of the longest partial linearization:");
         for &i in &d.path {
@@ -612,7 +728,7 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
             } else {
                 ""
             };
-            let _ = write!(s, "\n    {}{note}", ev(i));
+            let _ = write!(s, "\n    {}{note}", ops[i as usize].ev);
         }
     }
     let _ = write!(
@@ -621,7 +737,7 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
         fmt_value(d.state)
     );
     for &i in &d.candidates {
-        let _ = write!(s, "\n    {}", ev(i));
+        let _ = write!(s, "\n    {}", ops[i as usize].ev);
     }
     let b = &ops[d.blocker as usize];
     if d.candidates.len() > 1 {
@@ -631,9 +747,13 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
             b.ev.client, b.ev.op, b.ret
         );
     }
+}
 
-    // The window: the tail of the partial linearization, the unplaceable ops, and the
-    // latest writes (invoked before the blocker returned) of the values they expected.
+/// The window: the tail of the partial linearization, the unplaceable ops, and the latest
+/// writes (invoked before the blocker returned) of the values they expected, in invocation
+/// order. Notes a value nothing wrote in time.
+fn dead_end_window(s: &mut String, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd) -> Vec<u32> {
+    let b = &ops[d.blocker as usize];
     let mut window: Vec<u32> = d.path.iter().chain(&d.candidates).copied().collect();
     for &c in &d.candidates {
         if let Kind::Read(v) = ops[c as usize].kind {
@@ -655,9 +775,22 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
     }
     window.sort_unstable_by_key(|&i| (ops[i as usize].call, i));
     window.dedup();
+    window
+}
+
+/// Appends the window (at most `limits.max_window_events` of its events) and returns them.
+fn write_window(
+    s: &mut String,
+    ops: &[KeyOp<'_>],
+    mut window: Vec<u32>,
+    limits: &Limits,
+) -> Vec<Event> {
     let total = window.len();
     window.truncate(limits.max_window_events.max(1));
-    let window: Vec<Event> = window.into_iter().map(|i| ev(i).clone()).collect();
+    let window: Vec<Event> = window
+        .into_iter()
+        .map(|i| ops[i as usize].ev.clone())
+        .collect();
     let (lo, hi) = window.iter().fold((u64::MAX, 0), |(lo, hi), e| {
         (lo.min(e.invoke_ns), hi.max(e.response_ns))
     });
@@ -671,11 +804,7 @@ fn explain(key: KeyId, ops: &[KeyOp<'_>], initial: State, d: &DeadEnd, limits: &
     if total > window.len() {
         let _ = write!(s, "\n    ... {} more", total - window.len());
     }
-    Verdict::NotLinearizable {
-        explanation: s,
-        unplaceable: d.candidates.iter().map(|&i| ev(i).clone()).collect(),
-        window,
-    }
+    window
 }
 
 /// Groups events by key and checks the keys in parallel.

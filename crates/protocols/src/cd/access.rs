@@ -72,9 +72,9 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Fetch the DTE `ite` refers to into `self.buf`: header and key always, the value as
-    /// `want` says. `ite_read_ns` is when `ite` was
-    /// read (cache deadlines derive from it). Every read is followed by a timer check before its
-    /// bytes are trusted: past the deadline the entry may have been recycled.
+    /// `want` says. `ite_read_ns` is when `ite` was read (cache deadlines derive from it).
+    /// Every read is followed by a timer check before its bytes are trusted: past the deadline
+    /// the entry may have been recycled.
     pub(crate) fn fetch(
         &mut self,
         ite: Ite,
@@ -84,57 +84,98 @@ impl<E: Endpoint> CdClient<E> {
         want: Want,
     ) -> Attempt<Fetched> {
         let (node, off) = self.dte_location(ite);
+        if node == self.ep.node() {
+            return self.fetch_local(node, off, d, key, want);
+        }
+        if self.cache.enabled() {
+            if let Some(f) = self.fetch_cached(ite, ite_read_ns, key)? {
+                return Ok(f);
+            }
+        }
+        self.fetch_remote(ite, ite_read_ns, (node, off), d, key, want)
+    }
+
+    /// Whether `want` asks for the value of a DTE with header `m` (`key_matches`: it holds the
+    /// key asked for).
+    fn wants_value(&self, want: Want, m: &DteMeta, key_matches: bool) -> bool {
+        let valid = m.valid || mutated!(self.cfg, skip_valid_check);
+        match want {
+            Want::Key => false,
+            Want::ValueIfMatch => key_matches && valid,
+            Want::ValueIfValid => valid,
+        }
+    }
+
+    /// Decode the header in `self.buf`, and whether the DTE holds `key`.
+    fn decode_matching(&self, key: &[u8]) -> Attempt<(DteMeta, bool)> {
+        let meta = self.decode()?;
+        let key_matches = self.view.dte.key(&self.buf, &meta) == key;
+        Ok((meta, key_matches))
+    }
+
+    /// A DTE in the own node's data table, read directly from memory.
+    fn fetch_local(
+        &mut self,
+        node: NodeId,
+        off: u64,
+        d: &Deadline,
+        key: &[u8],
+        want: Want,
+    ) -> Attempt<Fetched> {
+        let meta_len = self.view.dte.value_off as usize;
+        self.buf.resize(meta_len, 0);
+        self.ep
+            .local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
+        self.check(d)?;
+        let (meta, key_matches) = self.decode_matching(key)?;
+        let value_loaded = self.wants_value(want, &meta, key_matches);
+        if value_loaded {
+            self.load_value(node, off, &meta, true)?;
+            self.check(d)?;
+        }
+        Ok(Fetched {
+            meta,
+            key_matches,
+            value_loaded,
+            source: Source::Local,
+        })
+    }
+
+    /// A remote DTE from the cache, if it holds a live copy (only valid entries are cached,
+    /// value included).
+    fn fetch_cached(&mut self, ite: Ite, ite_read_ns: u64, key: &[u8]) -> Attempt<Option<Fetched>> {
+        let now = self.ep.mono_ns();
+        let expiry = self.cfg.expiry_ns;
+        let Some(bytes) = self.cache.get(ite.0, now, ite_read_ns, expiry) else {
+            return Ok(None);
+        };
+        self.buf.clear();
+        self.buf.extend_from_slice(bytes);
+        let (meta, key_matches) = self.decode_matching(key)?;
+        Ok(Some(Fetched {
+            meta,
+            key_matches,
+            value_loaded: true,
+            source: Source::Cache,
+        }))
+    }
+
+    /// A remote DTE with one fabric READ (the whole entry when the value is wanted and the
+    /// multi-read optimisation is off) or two (header and key, then the value if wanted).
+    /// A valid entry read with its value goes into the cache.
+    fn fetch_remote(
+        &mut self,
+        ite: Ite,
+        ite_read_ns: u64,
+        (node, off): (NodeId, u64),
+        d: &Deadline,
+        key: &[u8],
+        want: Want,
+    ) -> Attempt<Fetched> {
         let layout = self.view.dte;
         let meta_len = layout.value_off as usize;
-        let expiry = self.cfg.expiry_ns;
-        let want_value = want != Want::Key;
-        let wants = |c: &Self, m: &DteMeta, k: bool| {
-            let valid = m.valid || mutated!(c.cfg, skip_valid_check);
-            match want {
-                Want::Key => false,
-                Want::ValueIfMatch => k && valid,
-                Want::ValueIfValid => valid,
-            }
-        };
-
-        if node == self.ep.node() {
-            self.buf.resize(meta_len, 0);
-            self.ep
-                .local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
-            self.check(d)?;
-            let meta = self.decode()?;
-            let key_matches = layout.key(&self.buf, &meta) == key;
-            let value_loaded = wants(self, &meta, key_matches);
-            if value_loaded {
-                self.load_value(node, off, &meta, true)?;
-                self.check(d)?;
-            }
-            return Ok(Fetched {
-                meta,
-                key_matches,
-                value_loaded,
-                source: Source::Local,
-            });
-        }
-
-        if self.cache.enabled() {
-            let now = self.ep.mono_ns();
-            if let Some(bytes) = self.cache.get(ite.0, now, ite_read_ns, expiry) {
-                self.buf.clear();
-                self.buf.extend_from_slice(bytes);
-                let meta = self.decode()?;
-                let key_matches = layout.key(&self.buf, &meta) == key;
-                return Ok(Fetched {
-                    meta,
-                    key_matches,
-                    value_loaded: true,
-                    source: Source::Cache,
-                });
-            }
-        }
-
         let addr = RemoteAddr::new(node, DATA_REGION, off);
-        let whole = want_value && !self.cfg.optimizations.multi_read;
+        let whole = want != Want::Key && !self.cfg.optimizations.multi_read;
         let first = if whole {
             layout.entry_size as usize
         } else {
@@ -143,10 +184,9 @@ impl<E: Endpoint> CdClient<E> {
         self.buf.resize(first, 0);
         self.ep.read(addr, &mut self.buf[..first])?;
         self.check(d)?;
-        let meta = self.decode()?;
-        let key_matches = layout.key(&self.buf, &meta) == key;
+        let (meta, key_matches) = self.decode_matching(key)?;
         let mut value_loaded = whole;
-        if !whole && wants(self, &meta, key_matches) {
+        if !whole && self.wants_value(want, &meta, key_matches) {
             self.load_value(node, off, &meta, false)?;
             self.check(d)?;
             value_loaded = true;
@@ -154,7 +194,7 @@ impl<E: Endpoint> CdClient<E> {
         if value_loaded && meta.valid {
             let end = meta_len + layout.value_read_len(meta.value_len) as usize;
             self.cache
-                .insert(ite.0, &self.buf[..end], ite_read_ns, expiry);
+                .insert(ite.0, &self.buf[..end], ite_read_ns, self.cfg.expiry_ns);
         }
         Ok(Fetched {
             meta,

@@ -19,11 +19,11 @@
 //! destination off the path we try the next candidate rather than fail the PUT.
 
 use nessie_fabric::Endpoint;
-use nessie_store::index::{KeyHashes, Slot};
+use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::Ite;
 
 use super::access::Want;
-use super::{Abort, Attempt, CdClient};
+use super::{Abort, Attempt, CdClient, Deadline};
 use crate::error::Error;
 use crate::hooks::HookPoint;
 
@@ -55,77 +55,19 @@ impl<E: Endpoint> CdClient<E> {
         let index = self.view.index.clone();
 
         // Step 2: read the source.
-        let (src_ite, t) = self.read_ite(src)?;
-        self.check(&d)?;
-        if src_ite.is_empty() {
-            return Ok(()); // 2.1: freed concurrently
-        }
-        let f = self.fetch(src_ite, t, &d, key, Want::ValueIfValid)?;
-        if f.key_matches {
-            return Ok(()); // 2.3: the key itself landed here concurrently
-        }
-        if !f.meta.valid {
-            return Err(Abort::Concurrent("migrate source is being written")); // 2.4
-        }
-        let moved_key = self.view.dte.key(&self.buf, &f.meta).to_vec();
-        let moved_value = self.value_of(&f);
-        let filter = index.ite.filter(src_ite);
+        let Some(moved) = self.read_source(&d, &index, src, key)? else {
+            return Ok(()); // 2.1, 2.3: nothing left to move
+        };
 
-        // Steps 3 and 4: the destination, off the migration path: the first empty alternative
-        // if there is one, else the first alternative (emptied by a recursive MIGRATE).
+        // Steps 3 and 4: the destination, off the migration path.
         path.push(src);
-        let mut hs = index.hashes(&moved_key);
-        let alternatives: Vec<Slot> = (0..index.n)
-            .map(|i| hs.slot(&index, i))
-            .filter(|s| !path.contains(s))
-            .collect();
-        if alternatives.is_empty() {
-            return Err(Abort::NoDestination);
-        }
-        let mut dst = None;
-        for &alt in &alternatives {
-            self.check(&d)?;
-            let (ite, _) = self.read_ite(alt)?;
-            if ite.is_empty() {
-                dst = Some(alt);
-                break;
-            }
-        }
-        self.check(&d)?;
-        let dst = match dst {
-            Some(s) => s,
-            None => {
-                let s = alternatives[0];
-                self.migrate(s, &moved_key, path, depth + 1)?; // 4.2
-                s
-            }
-        };
+        let dst = self.destination(&d, &index, &moved.key, path, depth)?;
 
-        // Step 5: an invalid local copy whose previous version is the source.
-        let (copy, idx, _) = self.write_new_dte(filter, src_ite, &moved_key, Some(&moved_value))?;
-        if let Err(e) = self.check(&d) {
-            self.table.release_unpublished(idx);
-            return Err(e);
-        }
-        // Step 6: publish the copy in the (empty) destination.
-        if !self.cas_ite(dst, Ite::EMPTY, copy)? {
-            self.table.release_unpublished(idx);
-            return Err(Abort::Concurrent("migrate destination changed"));
-        }
-        self.hook(HookPoint::MigrateAfterDstCas);
+        // Steps 5 and 6: publish an invalid copy in the destination.
+        let copy = self.publish_copy(&d, dst, &moved)?;
 
-        // Step 7: empty the source; on failure take the copy back out of the destination.
-        let moved = match self.check(&d) {
-            Ok(()) if self.cas_ite(src, src_ite, Ite::EMPTY)? => Ok(()),
-            Ok(()) => Err(Abort::Concurrent("migrate source changed")),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = moved {
-            if self.cas_ite(dst, copy, Ite::EMPTY)? {
-                self.recycle(copy);
-            }
-            return Err(e);
-        }
+        // Step 7: empty the source.
+        self.empty_source(&d, src, moved.ite, dst, copy)?;
 
         // Steps 8 and 9.
         self.set_valid(copy)?;
@@ -133,9 +75,128 @@ impl<E: Endpoint> CdClient<E> {
         if depth > 0 {
             self.stats.recursive_migrations += 1;
         }
-        self.recycle(src_ite);
+        self.recycle(moved.ite);
         Ok(())
     }
+
+    /// Step 2: read the source ITE and its DTE. `None` when there is nothing to move: the
+    /// source was freed concurrently (2.1) or now holds the migrating key itself (2.3).
+    fn read_source(
+        &mut self,
+        d: &Deadline,
+        index: &Index,
+        src: Slot,
+        key: &[u8],
+    ) -> Attempt<Option<Moved>> {
+        let (src_ite, t) = self.read_ite(src)?;
+        self.check(d)?;
+        if src_ite.is_empty() {
+            return Ok(None); // 2.1: freed concurrently
+        }
+        let f = self.fetch(src_ite, t, d, key, Want::ValueIfValid)?;
+        if f.key_matches {
+            return Ok(None); // 2.3: the key itself landed here concurrently
+        }
+        if !f.meta.valid {
+            return Err(Abort::Concurrent("migrate source is being written")); // 2.4
+        }
+        Ok(Some(Moved {
+            ite: src_ite,
+            key: self.view.dte.key(&self.buf, &f.meta).to_vec(),
+            value: self.value_of(&f),
+            filter: index.ite.filter(src_ite),
+        }))
+    }
+
+    /// Steps 3 and 4: the destination among the moved key's candidates off the migration
+    /// `path`: the first empty alternative if there is one, else the first alternative
+    /// (emptied by a recursive MIGRATE).
+    fn destination(
+        &mut self,
+        d: &Deadline,
+        index: &Index,
+        moved_key: &[u8],
+        path: &mut Vec<Slot>,
+        depth: u8,
+    ) -> Attempt<Slot> {
+        let mut hs = index.hashes(moved_key);
+        let alternatives: Vec<Slot> = (0..index.n)
+            .map(|i| hs.slot(index, i))
+            .filter(|s| !path.contains(s))
+            .collect();
+        if alternatives.is_empty() {
+            return Err(Abort::NoDestination);
+        }
+        let mut dst = None;
+        for &alt in &alternatives {
+            self.check(d)?;
+            let (ite, _) = self.read_ite(alt)?;
+            if ite.is_empty() {
+                dst = Some(alt);
+                break;
+            }
+        }
+        self.check(d)?;
+        match dst {
+            Some(s) => Ok(s),
+            None => {
+                let s = alternatives[0];
+                self.migrate(s, moved_key, path, depth + 1)?; // 4.2
+                Ok(s)
+            }
+        }
+    }
+
+    /// Steps 5 and 6: an invalid local copy of the moved entry whose previous version is the
+    /// source (5), CASed into the (empty) destination (6). Returns the copy's ITE.
+    fn publish_copy(&mut self, d: &Deadline, dst: Slot, moved: &Moved) -> Attempt<Ite> {
+        let (copy, idx, _) =
+            self.write_new_dte(moved.filter, moved.ite, &moved.key, Some(&moved.value))?;
+        if let Err(e) = self.check(d) {
+            self.table.release_unpublished(idx);
+            return Err(e);
+        }
+        if !self.cas_ite(dst, Ite::EMPTY, copy)? {
+            self.table.release_unpublished(idx);
+            return Err(Abort::Concurrent("migrate destination changed"));
+        }
+        self.hook(HookPoint::MigrateAfterDstCas);
+        Ok(copy)
+    }
+
+    /// Step 7: empty the source (`src_ite` in `src`); on failure take the copy back out of the
+    /// destination (and recycle it if we managed to).
+    fn empty_source(
+        &mut self,
+        d: &Deadline,
+        src: Slot,
+        src_ite: Ite,
+        dst: Slot,
+        copy: Ite,
+    ) -> Attempt<()> {
+        let emptied = match self.check(d) {
+            Ok(()) if self.cas_ite(src, src_ite, Ite::EMPTY)? => Ok(()),
+            Ok(()) => Err(Abort::Concurrent("migrate source changed")),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = emptied {
+            if self.cas_ite(dst, copy, Ite::EMPTY)? {
+                self.recycle(copy);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// The entry a MIGRATE moves, as read from its source (Step 2).
+struct Moved {
+    /// The source ITE: the copy's previous version, recycled once the move is done.
+    ite: Ite,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    /// The source ITE's filter bits, which the copy keeps (they derive from the key).
+    filter: u64,
 }
 
 #[cfg(test)]

@@ -14,12 +14,12 @@
 //! absent and returns.
 
 use nessie_fabric::Endpoint;
-use nessie_store::index::Slot;
+use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
 
 use super::access::Want;
-use super::{Abort, Attempt, CdClient};
+use super::{Abort, Attempt, CdClient, Deadline};
 use crate::config::MAX_MIGRATIONS_PER_ATTEMPT;
 use crate::error::Error;
 use crate::hooks::HookPoint;
@@ -58,6 +58,39 @@ struct Published {
     /// abandoned write puts exactly this back, never a value some earlier attempt saw: a
     /// write by someone else may have completed in between (issue: lost update on undo).
     target: Ite,
+}
+
+/// One attempt's walk over the key's candidates: its timer (Step 0), the slot of each
+/// candidate read so far and the ITE it is known to hold (as read in Steps 2 and 4, or as our
+/// own CAS left it in Steps 3 and 4): what the reverse pass (Step 5) must find again.
+struct Pass<'i> {
+    d: Deadline,
+    index: &'i Index,
+    slots: [Slot; MAX_HASH_FUNCTIONS as usize],
+    seen: [Ite; MAX_HASH_FUNCTIONS as usize],
+}
+
+impl<'i> Pass<'i> {
+    fn new(d: Deadline, index: &'i Index) -> Self {
+        Self {
+            d,
+            index,
+            slots: [0; MAX_HASH_FUNCTIONS as usize],
+            seen: [Ite::EMPTY; MAX_HASH_FUNCTIONS as usize],
+        }
+    }
+}
+
+/// The candidate ITE Step 2 chose.
+#[derive(Copy, Clone, Debug)]
+struct Candidate {
+    /// Position (0-based) among the key's candidates.
+    pos: usize,
+    /// The new DTE's previous version and its restore target: the valid DTE of the key the
+    /// candidate holds, the target inherited from our own leftover there, or `EMPTY`.
+    prev: Ite,
+    /// The candidate holds a valid DTE of the key (else it is empty or our own leftover).
+    replaced_valid: bool,
 }
 
 /// What the caller must do with an entry a write just took out of the index.
@@ -210,161 +243,219 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
     ) -> Attempt<()> {
         let index = self.view.index.clone();
-        let n = index.n;
         let mut h = index.hashes(key); // Step 1 (lazily)
         let mut migrations = 0;
-        'attempt: loop {
-            let d = self.deadline(); // Step 0
-            let mut seen = [Ite::EMPTY; MAX_HASH_FUNCTIONS as usize];
-            let mut slots = [0u64; MAX_HASH_FUNCTIONS as usize];
+        let (mut p, cand) = 'attempt: loop {
+            let mut p = Pass::new(self.deadline(), &index); // Step 0
 
             // Step 2: find the candidate.
-            let mut cnd = None;
-            let mut prev = Ite::EMPTY;
-            let mut replaced_valid = false;
-            for i in 0..n {
-                self.check(&d)?;
-                slots[i] = h.slot(&index, i);
-                let (ite, t) = self.read_ite(slots[i])?;
-                self.check(&d)?;
-                seen[i] = ite;
-                if ite.is_empty() {
-                    cnd = Some(i); // 2.1
-                    break;
-                }
-                if !self.filter_matches(ite, h.filter()) {
-                    continue; // 2.2
-                }
-                let f = self.fetch(ite, t, &d, key, Want::Key)?; // 2.3
-                if !f.key_matches {
-                    continue;
-                }
-                if f.meta.valid {
-                    cnd = Some(i);
-                    prev = ite;
-                    replaced_valid = true;
-                } else if f.meta.writer == self.tag {
-                    // Our own leftover from an aborted attempt: reuse its slot and inherit its
-                    // restore target (the value it was replacing, still staged in `rec`).
-                    cnd = Some(i);
-                    prev = st.target_of(ite).unwrap_or(Ite(f.meta.prev));
-                } else {
-                    return Err(Abort::Concurrent(
-                        "write met another in-progress write on the key",
-                    ));
-                }
-                break;
+            if let Some(cand) = self.find_candidate(&mut p, key, &mut h, st)? {
+                break 'attempt (p, cand);
             }
+            if value.is_none() {
+                // DELETE of a key that none of its candidates holds.
+                self.reverse_pass(&p.d, &p.slots, &p.seen)?;
+                return Ok(());
+            }
+            // 2.4: every candidate holds another key.
+            if migrations >= MAX_MIGRATIONS_PER_ATTEMPT {
+                return Err(Abort::Fatal(Error::IndexFull {
+                    depth: self.cfg.max_migrate_depth,
+                }));
+            }
+            self.migrate_for(key, &mut h)?;
+            migrations += 1;
+        };
 
-            let Some(c) = cnd else {
-                if value.is_none() {
-                    // DELETE of a key that none of its candidates holds.
-                    self.reverse_pass(&d, &slots, &seen)?;
-                    return Ok(());
-                }
-                // 2.4: every candidate holds another key.
-                if migrations >= MAX_MIGRATIONS_PER_ATTEMPT {
-                    return Err(Abort::Fatal(Error::IndexFull {
-                        depth: self.cfg.max_migrate_depth,
-                    }));
-                }
-                self.migrate_for(key, &mut h)?;
-                migrations += 1;
-                continue 'attempt;
-            };
+        // Step 3: a new, invalid DTE in local memory, then CAS it into the candidate.
+        let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st)?;
 
-            // Step 3: a new, invalid DTE in local memory, then CAS it into the candidate.
-            let (new, idx, prev_written) = self.write_new_dte(h.filter(), prev, key, value)?;
-            if let Err(e) = self.check(&d) {
-                self.table.release_unpublished(idx);
-                return Err(e);
-            }
-            if !self.cas_ite(slots[c], seen[c], new)? {
-                self.table.release_unpublished(idx); // never visible: reusable at once
-                return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
-            }
-            st.published.push(Published {
-                pos: c,
-                slot: slots[c],
-                ite: new,
-                prev_written,
-                target: prev,
-            });
-            self.hook(HookPoint::AfterCandidateCas);
-            // Step 2 only picks an invalid candidate if it is our own leftover.
-            if !seen[c].is_empty()
-                && st.removed(seen[c], replaced_valid, !replaced_valid) != Removed::Stage
-            {
-                self.recycle(seen[c]); // 3.2
-            }
-            seen[c] = new;
+        // Step 4: clear duplicates of the key in the remaining candidates.
+        self.clear_duplicates(&mut p, key, &mut h, cand.pos, new, st)?;
 
-            // Step 4: clear duplicates of the key in the remaining candidates.
-            for i in c + 1..n {
-                self.check(&d)?;
-                slots[i] = h.slot(&index, i);
-                let (ite, t) = self.read_ite(slots[i])?;
-                self.check(&d)?;
-                seen[i] = ite;
-                if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
-                    continue; // 4.1, 4.2
-                }
-                let f = self.fetch(ite, t, &d, key, Want::Key)?;
-                if !f.key_matches {
-                    continue; // 4.3
-                }
-                if !self.cas_ite(slots[i], ite, Ite::EMPTY)? {
-                    return Err(Abort::Concurrent(
-                        "duplicate ITE changed before it was cleared",
-                    ));
-                }
-                match st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
-                    Removed::RecycleNow(target) => {
-                        self.recycle(ite); // 4.4
-                        st.found_target(new, target);
-                    }
-                    Removed::Stage if f.meta.valid => st.found_target(new, ite),
-                    Removed::Stage => {}
-                }
-                seen[i] = Ite::EMPTY;
-            }
-
-            // Step 5: the reverse pass.
-            self.hook(HookPoint::BeforeReversePass);
-            if !mutated!(self.cfg, skip_put_reverse_pass) {
-                self.reverse_pass(&d, &slots, &seen)?;
-            }
-
-            // Step 6: commit.
-            match value {
-                Some(_) => {
-                    self.hook(HookPoint::BeforeSetValid);
-                    self.set_valid(new)?;
-                }
-                None => {
-                    // DELETE: its DTE is never valid; take it out of the index again. If the CAS
-                    // fails, whoever changed the ITE owns the DTE's recycling.
-                    if self.cas_ite(slots[c], new, Ite::EMPTY)?
-                        && st.removed(new, false, true) != Removed::Stage
-                    {
-                        self.recycle(new);
-                    }
-                }
-            }
-            st.published.clear();
-
-            // Step 7: recycle what this write replaced.
-            for ite in std::mem::take(&mut st.rec) {
-                self.recycle(ite);
-            }
-            return Ok(());
+        // Step 5: the reverse pass.
+        self.hook(HookPoint::BeforeReversePass);
+        if !mutated!(self.cfg, skip_put_reverse_pass) {
+            self.reverse_pass(&p.d, &p.slots, &p.seen)?;
         }
+
+        // Step 6: commit.
+        self.commit(value, p.slots[cand.pos], new, st)?;
+
+        // Step 7: recycle what this write replaced.
+        for ite in std::mem::take(&mut st.rec) {
+            self.recycle(ite);
+        }
+        Ok(())
+    }
+
+    /// Step 2: read the key's candidates in order until one can take the new DTE: the first
+    /// that is empty (2.1), or whose DTE holds the key (2.2, 2.3) and is valid or our own
+    /// leftover; another writer's invalid DTE of the key aborts. `None`: every candidate holds
+    /// another key (2.4).
+    fn find_candidate(
+        &mut self,
+        p: &mut Pass<'_>,
+        key: &[u8],
+        h: &mut KeyHashes<'_>,
+        st: &WriteState,
+    ) -> Attempt<Option<Candidate>> {
+        for i in 0..p.index.n {
+            self.check(&p.d)?;
+            p.slots[i] = h.slot(p.index, i);
+            let (ite, t) = self.read_ite(p.slots[i])?;
+            self.check(&p.d)?;
+            p.seen[i] = ite;
+            if ite.is_empty() {
+                return Ok(Some(Candidate {
+                    pos: i,
+                    prev: Ite::EMPTY,
+                    replaced_valid: false,
+                })); // 2.1
+            }
+            if !self.filter_matches(ite, h.filter()) {
+                continue; // 2.2
+            }
+            let f = self.fetch(ite, t, &p.d, key, Want::Key)?; // 2.3
+            if !f.key_matches {
+                continue;
+            }
+            if f.meta.valid {
+                return Ok(Some(Candidate {
+                    pos: i,
+                    prev: ite,
+                    replaced_valid: true,
+                }));
+            }
+            if f.meta.writer == self.tag {
+                // Our own leftover from an aborted attempt: reuse its slot and inherit its
+                // restore target (the value it was replacing, still staged in `rec`).
+                return Ok(Some(Candidate {
+                    pos: i,
+                    prev: st.target_of(ite).unwrap_or(Ite(f.meta.prev)),
+                    replaced_valid: false,
+                }));
+            }
+            return Err(Abort::Concurrent(
+                "write met another in-progress write on the key",
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Step 3: write the new, invalid DTE into the local data table and CAS it into the
+    /// candidate (3.1); stage the DTE it replaced for recycling (3.2). Returns the new ITE.
+    fn publish_new_dte(
+        &mut self,
+        p: &mut Pass<'_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        filter: u64,
+        cand: Candidate,
+        st: &mut WriteState,
+    ) -> Attempt<Ite> {
+        let c = cand.pos;
+        let (new, idx, prev_written) = self.write_new_dte(filter, cand.prev, key, value)?;
+        if let Err(e) = self.check(&p.d) {
+            self.table.release_unpublished(idx);
+            return Err(e);
+        }
+        if !self.cas_ite(p.slots[c], p.seen[c], new)? {
+            self.table.release_unpublished(idx); // never visible: reusable at once
+            return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
+        }
+        st.published.push(Published {
+            pos: c,
+            slot: p.slots[c],
+            ite: new,
+            prev_written,
+            target: cand.prev,
+        });
+        self.hook(HookPoint::AfterCandidateCas);
+        // Step 2 only picks an invalid candidate if it is our own leftover.
+        if !p.seen[c].is_empty()
+            && st.removed(p.seen[c], cand.replaced_valid, !cand.replaced_valid) != Removed::Stage
+        {
+            self.recycle(p.seen[c]); // 3.2
+        }
+        p.seen[c] = new;
+        Ok(new)
+    }
+
+    /// Step 4: clear duplicates of the key in the candidates after the one at `c`, which now
+    /// holds our DTE `new` (4.1-4.4).
+    fn clear_duplicates(
+        &mut self,
+        p: &mut Pass<'_>,
+        key: &[u8],
+        h: &mut KeyHashes<'_>,
+        c: usize,
+        new: Ite,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
+        for i in c + 1..p.index.n {
+            self.check(&p.d)?;
+            p.slots[i] = h.slot(p.index, i);
+            let (ite, t) = self.read_ite(p.slots[i])?;
+            self.check(&p.d)?;
+            p.seen[i] = ite;
+            if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
+                continue; // 4.1, 4.2
+            }
+            let f = self.fetch(ite, t, &p.d, key, Want::Key)?;
+            if !f.key_matches {
+                continue; // 4.3
+            }
+            if !self.cas_ite(p.slots[i], ite, Ite::EMPTY)? {
+                return Err(Abort::Concurrent(
+                    "duplicate ITE changed before it was cleared",
+                ));
+            }
+            match st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
+                Removed::RecycleNow(target) => {
+                    self.recycle(ite); // 4.4
+                    st.found_target(new, target);
+                }
+                Removed::Stage if f.meta.valid => st.found_target(new, ite),
+                Removed::Stage => {}
+            }
+            p.seen[i] = Ite::EMPTY;
+        }
+        Ok(())
+    }
+
+    /// Step 6: set the new DTE valid (PUT), or take it out of its candidate in `slot` again
+    /// (DELETE). Nothing of ours is left in the index for an undo afterwards.
+    fn commit(
+        &mut self,
+        value: Option<&[u8]>,
+        slot: Slot,
+        new: Ite,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
+        match value {
+            Some(_) => {
+                self.hook(HookPoint::BeforeSetValid);
+                self.set_valid(new)?;
+            }
+            None => {
+                // DELETE: its DTE is never valid; take it out of the index again. If the CAS
+                // fails, whoever changed the ITE owns the DTE's recycling.
+                if self.cas_ite(slot, new, Ite::EMPTY)?
+                    && st.removed(new, false, true) != Removed::Stage
+                {
+                    self.recycle(new);
+                }
+            }
+        }
+        st.published.clear();
+        Ok(())
     }
 
     /// Re-read candidates N-1..1 (skipping the last one examined) and abort on any change.
     pub(crate) fn reverse_pass(
         &mut self,
-        d: &super::Deadline,
+        d: &Deadline,
         slots: &[Slot],
         seen: &[Ite],
     ) -> Attempt<()> {
