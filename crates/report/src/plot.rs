@@ -104,72 +104,60 @@ impl<'a> PngBackend<'a> {
     }
 }
 
+/// Drawing methods of [`PngBackend`] that go to the bitmap backend unchanged: only text is
+/// drawn differently, and the bitmap backend's own primitives (fast filled rectangles, blending)
+/// must stay in use so the figures look the same. `fn name[generics](args);` becomes
+/// `fn name<generics>(&mut self, args) -> Result<(), _> { self.inner.name(args) }`.
+macro_rules! forward_to_bitmap {
+    ($(fn $name:ident $([$($generics:tt)*])? ($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        $(
+            fn $name $(<$($generics)*>)? (
+                &mut self,
+                $($arg: $ty),*
+            ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
+                self.inner.$name($($arg),*)
+            }
+        )*
+    };
+}
+
 impl DrawingBackend for PngBackend<'_> {
     type ErrorType = <BitMapBackend<'static> as DrawingBackend>::ErrorType;
 
     fn get_size(&self) -> (u32, u32) {
         self.inner.get_size()
     }
-    fn ensure_prepared(&mut self) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.ensure_prepared()
-    }
-    fn present(&mut self) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.present()
-    }
-    fn draw_pixel(
-        &mut self,
-        point: (i32, i32),
-        color: BackendColor,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_pixel(point, color)
-    }
-    fn draw_line<S: plotters_backend::BackendStyle>(
-        &mut self,
-        from: (i32, i32),
-        to: (i32, i32),
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_line(from, to, style)
-    }
-    fn draw_rect<S: plotters_backend::BackendStyle>(
-        &mut self,
-        upper_left: (i32, i32),
-        bottom_right: (i32, i32),
-        style: &S,
-        fill: bool,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_rect(upper_left, bottom_right, style, fill)
-    }
-    fn draw_path<S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>>(
-        &mut self,
-        path: I,
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_path(path, style)
-    }
-    fn draw_circle<S: plotters_backend::BackendStyle>(
-        &mut self,
-        center: (i32, i32),
-        radius: u32,
-        style: &S,
-        fill: bool,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_circle(center, radius, style, fill)
-    }
-    fn fill_polygon<S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>>(
-        &mut self,
-        vert: I,
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.fill_polygon(vert, style)
-    }
-    fn blit_bitmap(
-        &mut self,
-        pos: (i32, i32),
-        size: (u32, u32),
-        src: &[u8],
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.blit_bitmap(pos, size, src)
+    // `BackendStyle` by path: imported, its `stroke_width` would clash with `Color`'s.
+    forward_to_bitmap! {
+        fn ensure_prepared();
+        fn present();
+        fn draw_pixel(point: (i32, i32), color: BackendColor);
+        fn draw_line[S: plotters_backend::BackendStyle](
+            from: (i32, i32),
+            to: (i32, i32),
+            style: &S,
+        );
+        fn draw_rect[S: plotters_backend::BackendStyle](
+            upper_left: (i32, i32),
+            bottom_right: (i32, i32),
+            style: &S,
+            fill: bool,
+        );
+        fn draw_path[S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>](
+            path: I,
+            style: &S,
+        );
+        fn draw_circle[S: plotters_backend::BackendStyle](
+            center: (i32, i32),
+            radius: u32,
+            style: &S,
+            fill: bool,
+        );
+        fn fill_polygon[S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>](
+            vert: I,
+            style: &S,
+        );
+        fn blit_bitmap(pos: (i32, i32), size: (u32, u32), src: &[u8]);
     }
 
     fn estimate_text_size<S: BackendTextStyle>(
