@@ -10,7 +10,7 @@
 //! The module knows nothing about benchmark results: [`crate::sweep`] turns results into
 //! [`Series`] and [`BarGroup`]s and picks titles and labels.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 use ab_glyph::{point, Font, FontRef, Glyph, GlyphId, PxScale, ScaleFont};
@@ -454,8 +454,31 @@ fn format_x(v: f64, scale: XScale, format: XFormat) -> String {
     }
 }
 
-fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
+/// What every drawing call here fails with.
+pub type DrawError = DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
+
+/// Why a figure could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// A drawing step (`axes`, `legend`, `bars`, …) failed.
+    #[error("{step}: {err}")]
+    Draw { step: &'static str, err: DrawError },
+    /// The finished image could not be encoded or written to `path`.
+    #[error("writing {}: {err}", path.display())]
+    Write { path: PathBuf, err: DrawError },
+}
+
+/// Names the drawing step that failed.
+fn err(step: &'static str) -> impl FnOnce(DrawError) -> PlotError {
+    move |err| PlotError::Draw { step, err }
+}
+
+/// Names the file that could not be written.
+fn write_err(path: &Path) -> impl FnOnce(DrawError) -> PlotError + '_ {
+    move |err| PlotError::Write {
+        path: path.to_path_buf(),
+        err,
+    }
 }
 
 /// Draws the title and subtitle at the top of `root` and returns the area below them.
@@ -463,7 +486,7 @@ fn draw_titles<'a>(
     root: &DrawingArea<PngBackend<'a>, plotters::coord::Shift>,
     title: &str,
     subtitle: &str,
-) -> Result<DrawingArea<PngBackend<'a>, plotters::coord::Shift>, String> {
+) -> Result<DrawingArea<PngBackend<'a>, plotters::coord::Shift>, PlotError> {
     root.fill(&WHITE).map_err(err("fill"))?;
     let (width, _) = root.dim_in_pixel();
     let center = (width / 2) as i32;
@@ -478,7 +501,7 @@ fn draw_titles<'a>(
 }
 
 /// Renders a line figure as a PNG at `path`.
-pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), String> {
+pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), PlotError> {
     ensure_fonts();
     let columns = figure.columns.max(1);
     let rows = figure.panels.len().max(1).div_ceil(columns);
@@ -490,8 +513,7 @@ pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), String> {
     for (panel, area) in figure.panels.iter().zip(areas.iter()) {
         draw_line_panel(area, panel)?;
     }
-    root.present()
-        .map_err(err(&format!("writing {}", path.display())))?;
+    root.present().map_err(write_err(path))?;
     Ok(())
 }
 
@@ -525,7 +547,7 @@ fn transformed(panel: &LinePanel) -> Vec<Line<'_>> {
 fn draw_line_panel(
     area: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
     panel: &LinePanel,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let lines = transformed(panel);
     let all: Vec<(f64, f64)> = lines
         .iter()
@@ -598,7 +620,7 @@ fn fill_line_chart<'a, Y>(
     mut chart: LineAxes<'a, Y>,
     panel: &LinePanel,
     lines: &[Line<'_>],
-) -> Result<(), String>
+) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -614,7 +636,7 @@ where
 }
 
 /// Axis labels, tick labels and grid of a line panel.
-fn draw_line_mesh<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), String>
+fn draw_line_mesh<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -641,7 +663,7 @@ where
 }
 
 /// A dashed horizontal line at `y` across the whole x range.
-fn draw_reference_line<'a, Y>(chart: &mut LineAxes<'a, Y>, y: f64) -> Result<(), String>
+fn draw_reference_line<'a, Y>(chart: &mut LineAxes<'a, Y>, y: f64) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -659,7 +681,7 @@ where
 }
 
 /// Each non-empty line with its markers and legend entry; returns how many were drawn.
-fn draw_lines<'a, Y>(chart: &mut LineAxes<'a, Y>, lines: &[Line<'_>]) -> Result<usize, String>
+fn draw_lines<'a, Y>(chart: &mut LineAxes<'a, Y>, lines: &[Line<'_>]) -> Result<usize, PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -692,7 +714,7 @@ where
 }
 
 /// "no data" in the middle of a panel without a single usable point.
-fn draw_no_data<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), String>
+fn draw_no_data<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -717,7 +739,7 @@ fn draw_line_legend<'a, Y>(
     chart: &mut LineAxes<'a, Y>,
     panel: &LinePanel,
     lines: &[Line<'_>],
-) -> Result<(), String>
+) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -903,7 +925,7 @@ fn anchored_text(size: u32, color: &'static RGBColor, h: HPos, v: VPos) -> TextS
 }
 
 /// Renders a grouped bar chart as a PNG at `path`.
-pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
+pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), PlotError> {
     ensure_fonts();
     let root = PngBackend::new(path, (chart_spec.size.0, chart_spec.size.1 + TITLE_HEIGHT))
         .into_drawing_area();
@@ -913,8 +935,7 @@ pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
     draw_missing_bars(&mut chart, chart_spec)?;
     draw_group_names(&root, &chart, chart_spec)?;
     draw_bar_legend(&root, &chart, chart_spec)?;
-    root.present()
-        .map_err(err(&format!("writing {}", path.display())))?;
+    root.present().map_err(write_err(path))?;
     Ok(())
 }
 
@@ -923,7 +944,7 @@ pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
 fn bar_axes<'b, 'p>(
     body: &'b DrawingArea<PngBackend<'p>, plotters::coord::Shift>,
     chart_spec: &BarChart,
-) -> Result<BarAxes<'b, 'p>, String> {
+) -> Result<BarAxes<'b, 'p>, PlotError> {
     let legend_width = chart_spec
         .bar_names
         .iter()
@@ -960,7 +981,7 @@ fn bar_axes<'b, 'p>(
 }
 
 /// Every bar with its value written above it, one bar name (colour) at a time.
-fn draw_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), String> {
+fn draw_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), PlotError> {
     let (slot, y_hi) = (chart_spec.slot(), chart_spec.y_top());
     for b in 0..chart_spec.bar_names.len() {
         let color = PALETTE[b % PALETTE.len()];
@@ -992,7 +1013,7 @@ fn draw_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), S
 }
 
 /// Writes "n/a" where a bar has no value, so that an absent result is not read as zero.
-fn draw_missing_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), String> {
+fn draw_missing_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), PlotError> {
     let y_hi = chart_spec.y_top();
     for (g, group) in chart_spec.groups.iter().enumerate() {
         for b in 0..chart_spec.bar_names.len().max(1) {
@@ -1014,7 +1035,7 @@ fn draw_group_names(
     root: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
     chart: &BarAxes<'_, '_>,
     chart_spec: &BarChart,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let style = anchored_text(19, &BLACK, HPos::Center, VPos::Top);
     for (g, group) in chart_spec.groups.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(g as f64 + 0.5, 0.0));
@@ -1029,7 +1050,7 @@ fn draw_bar_legend(
     root: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
     chart: &BarAxes<'_, '_>,
     chart_spec: &BarChart,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let style = anchored_text(17, &BLACK, HPos::Left, VPos::Center);
     let groups = chart_spec.groups.len().max(1);
     let (top_right_x, top_y) = chart.backend_coord(&(groups as f64, chart_spec.y_top()));

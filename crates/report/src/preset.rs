@@ -212,20 +212,34 @@ impl fmt::Display for Preset {
     }
 }
 
+/// A preset name that is none of [`Preset::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sweep preset `{name}` (expected one of: {})", preset_names())]
+pub struct UnknownPreset {
+    pub name: String,
+}
+
+/// `nessie bench sweep` (crates/cli/src/bench_cmd.rs) still returns `String` errors and uses `?`
+/// on the preset name.
+impl From<UnknownPreset> for String {
+    fn from(e: UnknownPreset) -> Self {
+        e.to_string()
+    }
+}
+
+fn preset_names() -> String {
+    let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+    names.join(", ")
+}
+
 impl FromStr for Preset {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPreset;
+    fn from_str(s: &str) -> Result<Self, UnknownPreset> {
         let wanted = s.trim().to_ascii_lowercase();
         Preset::ALL
             .into_iter()
             .find(|p| p.name() == wanted)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
-                format!(
-                    "unknown sweep preset `{s}` (expected one of: {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownPreset { name: s.into() })
     }
 }
 
