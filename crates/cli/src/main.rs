@@ -249,6 +249,7 @@ enum CliError {
     /// A file named on the command line could not be opened, written or resolved.
     #[error("{}: {err}", path.display())]
     File { path: PathBuf, err: io::Error },
+    /// Writing the value of `nessie get` to stdout.
     #[error("{0}")]
     Stdout(io::Error),
     #[error("unexpected reply {0:?}")]
@@ -259,8 +260,10 @@ enum CliError {
     /// From nessie-fabric (the delay injection settings).
     #[error("{0}")]
     Fabric(String),
+    /// From the in-process demo (nessie-testkit).
     #[error("{0}")]
     Demo(String),
+    /// From `nessie bench` and `nessie bench sweep` (bench_cmd).
     #[error("{0}")]
     Bench(String),
     #[error(transparent)]
