@@ -22,8 +22,10 @@ pub enum BenchCmdError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Report(String),
+    #[error(transparent)]
+    Preset(#[from] nessie_report::UnknownPreset),
+    #[error(transparent)]
+    Sweep(#[from] nessie_report::SweepError),
     #[error("{failed} of {total} runs failed (see summary.json)")]
     RunsFailed { failed: usize, total: usize },
 }
@@ -273,10 +275,7 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
 
 fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
     use nessie_report::{run_preset, summary_table, Preset, RunSpec};
-    let preset: Preset = s
-        .preset
-        .parse()
-        .map_err(|e: <Preset as std::str::FromStr>::Err| BenchCmdError::Report(e.to_string()))?;
+    let preset: Preset = s.preset.parse()?;
     let base = s.p.params();
     let opts = runner_options(&s.p)?;
     let specs = preset.runs(&base);
@@ -310,7 +309,7 @@ fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
     };
     let out = run_preset(preset, &base, &s.out, &mut runner, &mut progress);
     pb.finish_and_clear();
-    let out = out.map_err(|e| BenchCmdError::Report(e.to_string()))?;
+    let out = out?;
     let results: Vec<BenchResult> = out.results.iter().map(|(_, r)| r.clone()).collect();
     println!("{}", summary_table(&results));
     for f in &out.failures {

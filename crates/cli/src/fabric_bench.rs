@@ -1,7 +1,8 @@
 //! `nessie fabric-bench`: latency of single one-sided operations between two processes over
 //! UCX, optionally side by side with `ucx_perftest` on the same transport and size.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::fmt::Display;
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -43,8 +44,47 @@ pub struct TargetArgs {
     size: u64,
 }
 
-fn ucx_config(transport: &str) -> Result<UcxConfig, String> {
-    let t: Transport = transport.parse().map_err(|e: String| e)?;
+/// Why `nessie fabric-bench` (or its target process) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricBenchError {
+    #[error("--size {0} must be a positive multiple of 8 up to {MAX_BENCH_SIZE}")]
+    Size(u64),
+    #[error("--iters {0} is not in 1..=100000000")]
+    Iters(u64),
+    #[error("--perftest supports shm and tcp, not {0}")]
+    PerftestTransport(String),
+    /// From nessie-fabric-ucx: the transport name, the UCX node, endpoint or measured operations.
+    #[error("{0}")]
+    Ucx(String),
+    /// From nessie-cluster: picking a free port for ucx_perftest.
+    #[error("{0}")]
+    Cluster(String),
+    /// This process's own I/O (its path, stdout, the target's output).
+    #[error("{0}")]
+    Io(io::Error),
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    #[error("starting the target process: {0}")]
+    StartTarget(io::Error),
+    #[error("the target process printed no fabric info ({0:?})")]
+    NoTargetInfo(String),
+    #[error("ucx_perftest not found (apt-get install ucx-utils): {0}")]
+    PerftestMissing(io::Error),
+    #[error("{0}")]
+    PerftestRun(io::Error),
+    #[error("ucx_perftest printed no result:\n{stdout}{stderr}")]
+    PerftestNoResult { stdout: String, stderr: String },
+    #[error("unexpected ucx_perftest line {0:?}")]
+    PerftestLine(String),
+}
+
+/// nessie-fabric-ucx's errors are carried as their message: the CLI only prints them.
+fn ucx(e: impl Display) -> FabricBenchError {
+    FabricBenchError::Ucx(e.to_string())
+}
+
+fn ucx_config(transport: &str) -> Result<UcxConfig, FabricBenchError> {
+    let t: Transport = transport.parse().map_err(ucx)?;
     let mut c = UcxConfig::new(t);
     if t == Transport::Tcp {
         c.net_devices = Some("lo".into());
@@ -52,12 +92,11 @@ fn ucx_config(transport: &str) -> Result<UcxConfig, String> {
     Ok(c)
 }
 
-pub fn target(a: TargetArgs) -> Result<(), String> {
-    let node =
-        UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
-    let info = serde_json::to_vec(node.info()).map_err(|e| e.to_string())?;
+pub fn target(a: TargetArgs) -> Result<(), FabricBenchError> {
+    let node = UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(ucx)?;
+    let info = serde_json::to_vec(node.info()).map_err(FabricBenchError::Encode)?;
     println!("{}", hex::encode(info));
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    std::io::stdout().flush().map_err(FabricBenchError::Io)?;
     // Serve (the progress thread does the work) until the parent closes our stdin.
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
@@ -79,8 +118,8 @@ pub struct Outcome {
     pub ops_per_sec: f64,
 }
 
-fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
+    let exe = std::env::current_exe().map_err(FabricBenchError::Io)?;
     let mut child = Child(
         Command::new(exe)
             .args([
@@ -94,25 +133,22 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("starting the target process: {e}"))?,
+            .map_err(FabricBenchError::StartTarget)?,
     );
     let mut line = String::new();
     BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
+        .map_err(FabricBenchError::Io)?;
     let target: nessie_fabric_ucx::NodeInfo = hex::decode(line.trim())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| format!("the target process printed no fabric info ({line:?})"))?;
-    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?).map_err(|e| e.to_string())?;
-    let mut ep = me
-        .endpoint(&[me.info().clone(), target])
-        .map_err(|e| e.to_string())?;
+        .ok_or_else(|| FabricBenchError::NoTargetInfo(line.clone()))?;
+    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?).map_err(ucx)?;
+    let mut ep = me.endpoint(&[me.info().clone(), target]).map_err(ucx)?;
     let addr = RemoteAddr::new(1, 0, 0);
     // Warm-up, then the measured run.
-    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100))
-        .map_err(|e| e.to_string())?;
-    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters).map_err(|e| e.to_string())?;
+    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100)).map_err(ucx)?;
+    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters).map_err(ucx)?;
     Ok(Outcome {
         p50_us: s.p50_ns as f64 / 1e3,
         p99_us: s.p99_ns as f64 / 1e3,
@@ -122,18 +158,19 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
 }
 
 /// Run ucx_perftest (server + client) and parse its `Final:` line.
-fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
+fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
     let (tls, dev) = match a.transport.as_str() {
         "shm" => ("posix,self", None),
         "tcp" => ("tcp,self", Some("lo")),
-        t => return Err(format!("--perftest supports shm and tcp, not {t}")),
+        t => return Err(FabricBenchError::PerftestTransport(t.into())),
     };
     let test = match a.op {
         BenchOp::Read => "ucp_get",
         BenchOp::Write => "ucp_put_lat",
         BenchOp::Cas => "ucp_cswap",
     };
-    let port = nessie_cluster::process::free_ports(1).map_err(|e| e.to_string())?[0];
+    let port = nessie_cluster::process::free_ports(1)
+        .map_err(|e| FabricBenchError::Cluster(e.to_string()))?[0];
     let mk = |args: &[&str]| {
         let mut c = Command::new("ucx_perftest");
         c.env("UCX_TLS", tls).args(args).stdin(Stdio::null());
@@ -146,7 +183,7 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("ucx_perftest not found (apt-get install ucx-utils): {e}"))?;
+        .map_err(FabricBenchError::PerftestMissing)?;
     std::thread::sleep(Duration::from_millis(300));
     let out = mk(&[
         "127.0.0.1",
@@ -162,7 +199,7 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
         "1",
     ])
     .output()
-    .map_err(|e| e.to_string());
+    .map_err(FabricBenchError::PerftestRun);
     let _ = server.kill();
     let _ = server.wait();
     let out = out?;
@@ -170,11 +207,9 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
     let fin = text
         .lines()
         .find(|l| l.starts_with("Final:"))
-        .ok_or_else(|| {
-            format!(
-                "ucx_perftest printed no result:\n{text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
+        .ok_or_else(|| FabricBenchError::PerftestNoResult {
+            stdout: text.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })?;
     let f: Vec<f64> = fin
         .split_whitespace()
@@ -182,7 +217,7 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
         .filter_map(|x| x.parse().ok())
         .collect();
     if f.len() < 8 {
-        return Err(format!("unexpected ucx_perftest line {fin:?}"));
+        return Err(FabricBenchError::PerftestLine(fin.into()));
     }
     Ok(Outcome {
         p50_us: f[1],
@@ -192,15 +227,13 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, String> {
     })
 }
 
-pub fn run(a: FabricBenchArgs) -> Result<(), String> {
+pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
     let size = if a.op == BenchOp::Cas { 8 } else { a.size };
     if size == 0 || size % 8 != 0 || size > MAX_BENCH_SIZE {
-        return Err(format!(
-            "--size {size} must be a positive multiple of 8 up to {MAX_BENCH_SIZE}"
-        ));
+        return Err(FabricBenchError::Size(size));
     }
     if a.iters == 0 || a.iters > 100_000_000 {
-        return Err(format!("--iters {} is not in 1..=100000000", a.iters));
+        return Err(FabricBenchError::Iters(a.iters));
     }
     let o = ours(&a, size)?;
     let p = if a.perftest {

@@ -3,7 +3,8 @@
 mod bench_cmd;
 mod fabric_bench;
 
-use std::io::{IsTerminal, Read, Write};
+use std::fmt::Display;
+use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -223,29 +224,68 @@ struct DemoArgs {
     check: bool,
 }
 
+/// Why a command failed (printed as `nessie: error: …`, exit code 2).
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("--duration {0} is not in (0, 3600] seconds")]
+    DemoDuration(f64),
+    #[error("--inject-delay {0:?}: expected SEED,PROBABILITY,MAX_NS")]
+    InjectDelay(String),
+    #[error("cannot find the nessie binary: {0}")]
+    CurrentExe(io::Error),
+    #[error("no cluster in {} (start one with `nessie up`, or pass --dir)", .0.display())]
+    NoCluster(PathBuf),
+    #[error("the key is empty")]
+    EmptyKey,
+    #[error("key of {len} bytes exceeds the cluster's key_max of {max} bytes")]
+    KeyTooLong { len: usize, max: u32 },
+    #[error("value of {len} bytes exceeds the cluster's value_max of {max} bytes")]
+    ValueTooLong { len: usize, max: u64 },
+    /// A value source (file or stdin) longer than value_max.
+    #[error("{what} holds more than the cluster's value_max of {max} bytes")]
+    InputTooLong { what: String, max: u64 },
+    #[error("reading {what}: {err}")]
+    Read { what: String, err: io::Error },
+    /// A file named on the command line could not be opened, written or resolved.
+    #[error("{}: {err}", path.display())]
+    File { path: PathBuf, err: io::Error },
+    /// Writing the value of `nessie get` to stdout.
+    #[error("{0}")]
+    Stdout(io::Error),
+    #[error("unexpected reply {0:?}")]
+    UnexpectedReply(Response),
+    /// From nessie-cluster (starting, stopping and reaching nodes, the configuration).
+    #[error("{0}")]
+    Cluster(String),
+    /// From nessie-fabric (the delay injection settings).
+    #[error("{0}")]
+    Fabric(String),
+    #[error(transparent)]
+    Demo(#[from] nessie_testkit::demo::DemoError),
+    #[error(transparent)]
+    Bench(#[from] bench_cmd::BenchCmdError),
+    #[error(transparent)]
+    FabricBench(#[from] fabric_bench::FabricBenchError),
+}
+
+/// nessie-cluster's errors are carried as their message: the CLI only prints them.
+fn cluster(e: impl Display) -> CliError {
+    CliError::Cluster(e.to_string())
+}
+
+fn file(path: &Path) -> impl FnOnce(io::Error) -> CliError + '_ {
+    move |err| CliError::File {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let r = match cli.command {
-        Command::Demo(a) => run_demo(a),
-        Command::Up(a) => run_up(a),
-        Command::Down(a) => run_down(a),
-        Command::Status(a) => run_status(a),
-        Command::Put(a) => run_put(a),
-        Command::Get(a) => run_get(a),
-        Command::Del(a) => run_del(a),
-        Command::Node(a) => run_node(a),
-        Command::FabricBench(a) => fabric_bench::run(a).map(|_| ExitCode::SUCCESS),
-        Command::FabricBenchTarget(a) => fabric_bench::target(a).map(|_| ExitCode::SUCCESS),
-        Command::Bench(a) => bench_cmd::run(a)
-            .map(|_| ExitCode::SUCCESS)
-            .map_err(|e| e.to_string()),
-        Command::Burn => bench_cmd::burn(),
-    };
-    match r {
+    match run(Cli::parse().command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("nessie: error: {e}");
@@ -254,12 +294,35 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
+fn run(command: Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Demo(a) => run_demo(a),
+        Command::Up(a) => run_up(a),
+        Command::Down(a) => run_down(a),
+        Command::Status(a) => run_status(a),
+        Command::Put(a) => run_put(a),
+        Command::Get(a) => run_get(a),
+        Command::Del(a) => run_del(a),
+        Command::Node(a) => run_node(a),
+        Command::FabricBench(a) => {
+            fabric_bench::run(a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::FabricBenchTarget(a) => {
+            fabric_bench::target(a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(a) => {
+            bench_cmd::run(a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Burn => bench_cmd::burn(),
+    }
+}
+
+fn run_demo(a: DemoArgs) -> Result<ExitCode, CliError> {
     if !(a.duration > 0.0 && a.duration <= 3600.0) {
-        return Err(format!(
-            "--duration {} is not in (0, 3600] seconds",
-            a.duration
-        ));
+        return Err(CliError::DemoDuration(a.duration));
     }
     let spec = DemoSpec {
         nodes: a.nodes,
@@ -276,7 +339,7 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
         "nessie demo: {} nodes (in-process fabric), {} client threads, {} keys, {} B values, {:.0}% GET, {:?}, {:.1} s",
         spec.nodes, spec.threads, spec.keys, spec.value_size, spec.get_ratio * 100.0, spec.dist, a.duration
     );
-    let r = demo::run(&spec).map_err(|e| e.to_string())?;
+    let r = demo::run(&spec)?;
     let secs = r.elapsed.as_secs_f64();
     println!();
     println!(
@@ -319,7 +382,7 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_up(a: UpArgs) -> Result<ExitCode, String> {
+fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
     let geometry = nessie_store::Geometry {
         nodes: a.nodes as u32,
@@ -329,8 +392,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         value_max: a.value_max,
         ..nessie_store::Geometry::default()
     };
-    let binary =
-        std::env::current_exe().map_err(|e| format!("cannot find the nessie binary: {e}"))?;
+    let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -347,7 +409,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
     };
-    let cfg = process::up(&dir, &opts).map_err(|e| e.to_string())?;
+    let cfg = process::up(&dir, &opts).map_err(cluster)?;
     println!(
         "cluster up: {} nodes over {:?} in {} (config {})",
         cfg.node.len(),
@@ -358,9 +420,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_down(a: DirArg) -> Result<ExitCode, String> {
+fn run_down(a: DirArg) -> Result<ExitCode, CliError> {
     let dir = a.dir();
-    let stopped = process::down(&dir).map_err(|e| e.to_string())?;
+    let stopped = process::down(&dir).map_err(cluster)?;
     println!(
         "stopped {} node(s) {:?} in {}",
         stopped.len(),
@@ -370,9 +432,9 @@ fn run_down(a: DirArg) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
+fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
-    let (cfg, nodes) = process::status(&dir).map_err(|e| e.to_string())?;
+    let (cfg, nodes) = process::status(&dir).map_err(cluster)?;
     if a.json {
         let all: Vec<_> = nodes
             .iter()
@@ -440,73 +502,71 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
 }
 
 /// Load the cluster's configuration and check the key against it.
-fn load(k: &KeyArgs) -> Result<(PathBuf, ClusterConfig), String> {
+fn load(k: &KeyArgs) -> Result<(PathBuf, ClusterConfig), CliError> {
     let dir = k.dir.dir();
     let cpath = process::config_path(&dir);
     if !cpath.exists() {
-        return Err(format!(
-            "no cluster in {} (start one with `nessie up`, or pass --dir)",
-            dir.display()
-        ));
+        return Err(CliError::NoCluster(dir));
     }
-    let cfg = ClusterConfig::load(&cpath).map_err(|e| e.to_string())?;
+    let cfg = ClusterConfig::load(&cpath).map_err(cluster)?;
     if let Some(n) = k.node {
-        cfg.node_entry(n).map_err(|e| e.to_string())?;
+        cfg.node_entry(n).map_err(cluster)?;
     }
     check_key(&cfg, &k.key)?;
     Ok((dir, cfg))
 }
 
 /// Run `req` on the key's home node, or the next usable one (see `nessie_cluster::route`).
-fn call(k: &KeyArgs, dir: &Path, cfg: &ClusterConfig, req: Request) -> Result<Response, String> {
+fn call(k: &KeyArgs, dir: &Path, cfg: &ClusterConfig, req: Request) -> Result<Response, CliError> {
     let router = route::Router {
         cfg,
         dir,
         forced: k.node,
     };
-    let (node, reply) = router
-        .call(k.key.as_bytes(), &req)
-        .map_err(|e| e.to_string())?;
+    let (node, reply) = router.call(k.key.as_bytes(), &req).map_err(cluster)?;
     tracing::debug!("served by node {node}");
     Ok(reply)
 }
 
-fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), String> {
+fn check_key(cfg: &ClusterConfig, key: &str) -> Result<(), CliError> {
     if key.is_empty() {
-        return Err("the key is empty".into());
+        return Err(CliError::EmptyKey);
     }
     if key.len() > cfg.geometry.key_max as usize {
-        return Err(format!(
-            "key of {} bytes exceeds the cluster's key_max of {} bytes",
-            key.len(),
-            cfg.geometry.key_max
-        ));
+        return Err(CliError::KeyTooLong {
+            len: key.len(),
+            max: cfg.geometry.key_max,
+        });
     }
     Ok(())
 }
 
 /// Read at most `max` bytes from `r` (one more is read to detect a larger input); `what` names
 /// the source in errors.
-fn read_bounded(r: impl Read, max: u64, what: &str) -> Result<Vec<u8>, String> {
+fn read_bounded(r: impl Read, max: u64, what: &str) -> Result<Vec<u8>, CliError> {
     let mut v = Vec::new();
     r.take(max + 1)
         .read_to_end(&mut v)
-        .map_err(|e| format!("reading {what}: {e}"))?;
+        .map_err(|err| CliError::Read {
+            what: what.into(),
+            err,
+        })?;
     if v.len() as u64 > max {
-        return Err(format!(
-            "{what} holds more than the cluster's value_max of {max} bytes"
-        ));
+        return Err(CliError::InputTooLong {
+            what: what.into(),
+            max,
+        });
     }
     Ok(v)
 }
 
-fn read_value_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn read_value_file(path: &Path, max: u64) -> Result<Vec<u8>, CliError> {
+    let f = std::fs::File::open(path).map_err(file(path))?;
     read_bounded(f, max, &path.display().to_string())
 }
 
 /// The value of `nessie put`, from its argument, `--value-file` or `--stdin`.
-fn put_value(a: &PutArgs, max: u64) -> Result<Vec<u8>, String> {
+fn put_value(a: &PutArgs, max: u64) -> Result<Vec<u8>, CliError> {
     if let Some(path) = &a.value_file {
         return read_value_file(path, max);
     }
@@ -521,15 +581,15 @@ fn put_value(a: &PutArgs, max: u64) -> Result<Vec<u8>, String> {
         Some(file) => read_value_file(Path::new(file), max)?,
     };
     if value.len() as u64 > max {
-        return Err(format!(
-            "value of {} bytes exceeds the cluster's value_max of {max} bytes",
-            value.len()
-        ));
+        return Err(CliError::ValueTooLong {
+            len: value.len(),
+            max,
+        });
     }
     Ok(value)
 }
 
-fn run_put(a: PutArgs) -> Result<ExitCode, String> {
+fn run_put(a: PutArgs) -> Result<ExitCode, CliError> {
     let (dir, cfg) = load(&a.key)?;
     let value = put_value(&a, cfg.geometry.value_max as u64)?;
     let req = Request::Put(a.key.key.clone().into_bytes(), value);
@@ -537,20 +597,18 @@ fn run_put(a: PutArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_get(a: GetArgs) -> Result<ExitCode, String> {
+fn run_get(a: GetArgs) -> Result<ExitCode, CliError> {
     let (dir, cfg) = load(&a.key)?;
     let req = Request::Get(a.key.key.clone().into_bytes());
     match call(&a.key, &dir, &cfg, req)? {
         Response::Value(v) => {
             match &a.output {
-                Some(path) => {
-                    std::fs::write(path, &v).map_err(|e| format!("{}: {e}", path.display()))?
-                }
+                Some(path) => std::fs::write(path, &v).map_err(file(path))?,
                 None => {
                     let mut out = std::io::stdout().lock();
-                    out.write_all(&v).map_err(|e| e.to_string())?;
+                    out.write_all(&v).map_err(CliError::Stdout)?;
                     if out.is_terminal() {
-                        out.write_all(b"\n").map_err(|e| e.to_string())?;
+                        out.write_all(b"\n").map_err(CliError::Stdout)?;
                     }
                 }
             }
@@ -560,22 +618,22 @@ fn run_get(a: GetArgs) -> Result<ExitCode, String> {
             eprintln!("nessie: {:?} not found", a.key.key);
             Ok(ExitCode::from(1))
         }
-        r => Err(format!("unexpected reply {r:?}")),
+        r => Err(CliError::UnexpectedReply(r)),
     }
 }
 
-fn run_del(a: KeyArgs) -> Result<ExitCode, String> {
+fn run_del(a: KeyArgs) -> Result<ExitCode, CliError> {
     let (dir, cfg) = load(&a)?;
     call(&a, &dir, &cfg, Request::Delete(a.key.clone().into_bytes()))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
+fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {
     let delay = match &a.inject_delay {
         None => None,
         Some(s) => {
             let p: Vec<&str> = s.split(',').collect();
-            let bad = || format!("--inject-delay {s:?}: expected SEED,PROBABILITY,MAX_NS");
+            let bad = || CliError::InjectDelay(s.clone());
             if p.len() != 3 {
                 return Err(bad());
             }
@@ -584,12 +642,11 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
                 probability: p[1].parse().map_err(|_| bad())?,
                 max_delay_ns: p[2].parse().map_err(|_| bad())?,
             };
-            d.validate()?;
+            d.validate().map_err(|e| CliError::Fabric(e.to_string()))?;
             Some(d)
         }
     };
-    let config =
-        std::fs::canonicalize(&a.config).map_err(|e| format!("{}: {e}", a.config.display()))?;
+    let config = std::fs::canonicalize(&a.config).map_err(file(&a.config))?;
     nessie_cluster::node::run_node(
         &config,
         a.id,
@@ -598,6 +655,6 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
             extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)),
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(cluster)?;
     Ok(ExitCode::SUCCESS)
 }

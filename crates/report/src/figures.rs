@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use nessie_bench::result::BenchResult;
 
 use crate::group::{describe_setup, group_results, mean, series_of, Grouped};
-use crate::plot::{self, BarChart, BarGroup, LineFigure, LinePanel, Series, XFormat, XScale};
+use crate::plot::{
+    self, BarChart, BarGroup, LineFigure, LinePanel, PlotError, Series, XFormat, XScale,
+};
 use crate::preset::{classify, Preset, MEDIUM_VALUE, OPTIMIZATION_STEPS, QUICK_VALUE};
 use crate::summary::{busy_cores, cpu_seconds_per_op, goodput_mib};
 
@@ -17,6 +19,18 @@ const PANEL_SIZE: (u32, u32) = (760, 520);
 const ENERGY_PANEL_SIZE: (u32, u32) = (620, 500);
 /// Pixel size of the optimizations bar chart.
 const BAR_CHART_SIZE: (u32, u32) = (1100, 560);
+
+/// Why a preset's figures could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// None of the results is a run of the preset (see [`classify`]).
+    #[error("none of the {results} results is a run of the {preset} preset")]
+    NoRuns { preset: Preset, results: usize },
+    #[error("cannot create {}: {err}", dir.display())]
+    CreateDir { dir: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+}
 
 /// Goodput in MiB/s, as a metric of [`series_of`] and [`mean`].
 fn goodput(r: &BenchResult) -> Option<f64> {
@@ -40,18 +54,21 @@ pub fn render(
     preset: Preset,
     results: &[BenchResult],
     out_dir: &Path,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>, RenderError> {
     let mine: Vec<&BenchResult> = results
         .iter()
         .filter(|r| classify(preset, &r.params).is_some())
         .collect();
     if mine.is_empty() {
-        return Err(format!(
-            "none of the {} results is a run of the {preset} preset",
-            results.len()
-        ));
+        return Err(RenderError::NoRuns {
+            preset,
+            results: results.len(),
+        });
     }
-    fs::create_dir_all(out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    fs::create_dir_all(out_dir).map_err(|err| RenderError::CreateDir {
+        dir: out_dir.to_path_buf(),
+        err,
+    })?;
     let grouped = group_results(preset, results);
     let setup = describe_setup(&mine);
     match preset {
@@ -92,7 +109,7 @@ fn contention(
     grouped: &Grouped<'_>,
     setup: &str,
     out_dir: &Path,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, PlotError> {
     let size = if preset == Preset::Quick {
         QUICK_VALUE
     } else {
@@ -132,7 +149,11 @@ fn contention(
 }
 
 /// `values-goodput.png`: goodput vs value size, a panel per workload.
-fn values_goodput(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, String> {
+fn values_goodput(
+    grouped: &Grouped<'_>,
+    setup: &str,
+    out_dir: &Path,
+) -> Result<PathBuf, PlotError> {
     let mut panels = Vec::new();
     for (name, group) in grouped {
         let mut panel = LinePanel::new(name.clone(), "value size", "goodput (MiB/s)");
@@ -191,7 +212,11 @@ fn relative_panel(grouped: &Grouped<'_>, other: &str) -> LinePanel {
 }
 
 /// `values-relative.png`: cd's goodput relative to sd's (always drawn) and hy's (when run).
-fn values_relative(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, String> {
+fn values_relative(
+    grouped: &Grouped<'_>,
+    setup: &str,
+    out_dir: &Path,
+) -> Result<PathBuf, PlotError> {
     let panels: Vec<LinePanel> = ["sd", "hy"]
         .into_iter()
         .map(|other| (other, relative_panel(grouped, other)))
@@ -213,7 +238,7 @@ fn values_relative(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result
 }
 
 /// `energy.png`: CPU per operation, busy cores and achieved throughput vs offered load.
-fn energy(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, String> {
+fn energy(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, PlotError> {
     let group = &grouped[""];
     let load = "offered load (% of max)";
     let mut cpu = LinePanel::new("CPU time per operation", load, "CPU µs per operation");
@@ -243,7 +268,7 @@ fn energy(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf,
 }
 
 /// `optimizations.png`: bars of goodput per configuration, a group per GET ratio.
-fn optimizations(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, String> {
+fn optimizations(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf, PlotError> {
     let bar_names: Vec<String> = OPTIMIZATION_STEPS.iter().map(|s| s.0.to_string()).collect();
     let mut groups: Vec<_> = grouped.iter().collect();
     groups.sort_by_key(|(name, _)| {

@@ -10,7 +10,7 @@ pub mod preset;
 pub mod summary;
 pub mod sweep;
 
-pub use figures::render;
-pub use preset::{classify, PlotPoint, Preset, RunSpec};
+pub use figures::{render, RenderError};
+pub use preset::{classify, PlotPoint, Preset, RunSpec, UnknownPreset};
 pub use summary::summary_table;
-pub use sweep::{load_results, run_preset, run_specs, SweepOutcome};
+pub use sweep::{load_results, run_preset, run_specs, SweepError, SweepOutcome};

@@ -10,7 +10,7 @@
 //! The module knows nothing about benchmark results: [`crate::sweep`] turns results into
 //! [`Series`] and [`BarGroup`]s and picks titles and labels.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 use ab_glyph::{point, Font, FontRef, Glyph, GlyphId, PxScale, ScaleFont};
@@ -19,7 +19,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::element::{Drawable, PointCollection};
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
-use plotters_backend::text_anchor::{HPos, VPos};
+use plotters_backend::text_anchor::{HPos, Pos, VPos};
 use plotters_backend::{BackendColor, BackendTextStyle, DrawingErrorKind};
 
 /// Font family every text style here uses.
@@ -104,72 +104,60 @@ impl<'a> PngBackend<'a> {
     }
 }
 
+/// Drawing methods of [`PngBackend`] that go to the bitmap backend unchanged: only text is
+/// drawn differently, and the bitmap backend's own primitives (fast filled rectangles, blending)
+/// must stay in use so the figures look the same. `fn name[generics](args);` becomes
+/// `fn name<generics>(&mut self, args) -> Result<(), _> { self.inner.name(args) }`.
+macro_rules! forward_to_bitmap {
+    ($(fn $name:ident $([$($generics:tt)*])? ($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        $(
+            fn $name $(<$($generics)*>)? (
+                &mut self,
+                $($arg: $ty),*
+            ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
+                self.inner.$name($($arg),*)
+            }
+        )*
+    };
+}
+
 impl DrawingBackend for PngBackend<'_> {
     type ErrorType = <BitMapBackend<'static> as DrawingBackend>::ErrorType;
 
     fn get_size(&self) -> (u32, u32) {
         self.inner.get_size()
     }
-    fn ensure_prepared(&mut self) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.ensure_prepared()
-    }
-    fn present(&mut self) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.present()
-    }
-    fn draw_pixel(
-        &mut self,
-        point: (i32, i32),
-        color: BackendColor,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_pixel(point, color)
-    }
-    fn draw_line<S: plotters_backend::BackendStyle>(
-        &mut self,
-        from: (i32, i32),
-        to: (i32, i32),
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_line(from, to, style)
-    }
-    fn draw_rect<S: plotters_backend::BackendStyle>(
-        &mut self,
-        upper_left: (i32, i32),
-        bottom_right: (i32, i32),
-        style: &S,
-        fill: bool,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_rect(upper_left, bottom_right, style, fill)
-    }
-    fn draw_path<S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>>(
-        &mut self,
-        path: I,
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_path(path, style)
-    }
-    fn draw_circle<S: plotters_backend::BackendStyle>(
-        &mut self,
-        center: (i32, i32),
-        radius: u32,
-        style: &S,
-        fill: bool,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.draw_circle(center, radius, style, fill)
-    }
-    fn fill_polygon<S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>>(
-        &mut self,
-        vert: I,
-        style: &S,
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.fill_polygon(vert, style)
-    }
-    fn blit_bitmap(
-        &mut self,
-        pos: (i32, i32),
-        size: (u32, u32),
-        src: &[u8],
-    ) -> Result<(), DrawingErrorKind<Self::ErrorType>> {
-        self.inner.blit_bitmap(pos, size, src)
+    // `BackendStyle` by path: imported, its `stroke_width` would clash with `Color`'s.
+    forward_to_bitmap! {
+        fn ensure_prepared();
+        fn present();
+        fn draw_pixel(point: (i32, i32), color: BackendColor);
+        fn draw_line[S: plotters_backend::BackendStyle](
+            from: (i32, i32),
+            to: (i32, i32),
+            style: &S,
+        );
+        fn draw_rect[S: plotters_backend::BackendStyle](
+            upper_left: (i32, i32),
+            bottom_right: (i32, i32),
+            style: &S,
+            fill: bool,
+        );
+        fn draw_path[S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>](
+            path: I,
+            style: &S,
+        );
+        fn draw_circle[S: plotters_backend::BackendStyle](
+            center: (i32, i32),
+            radius: u32,
+            style: &S,
+            fill: bool,
+        );
+        fn fill_polygon[S: plotters_backend::BackendStyle, I: IntoIterator<Item = (i32, i32)>](
+            vert: I,
+            style: &S,
+        );
+        fn blit_bitmap(pos: (i32, i32), size: (u32, u32), src: &[u8]);
     }
 
     fn estimate_text_size<S: BackendTextStyle>(
@@ -466,8 +454,31 @@ fn format_x(v: f64, scale: XScale, format: XFormat) -> String {
     }
 }
 
-fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
+/// What every drawing call here fails with.
+pub type DrawError = DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
+
+/// Why a figure could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// A drawing step (`axes`, `legend`, `bars`, …) failed.
+    #[error("{step}: {err}")]
+    Draw { step: &'static str, err: DrawError },
+    /// The finished image could not be encoded or written to `path`.
+    #[error("writing {}: {err}", path.display())]
+    Write { path: PathBuf, err: DrawError },
+}
+
+/// Names the drawing step that failed.
+fn err(step: &'static str) -> impl FnOnce(DrawError) -> PlotError {
+    move |err| PlotError::Draw { step, err }
+}
+
+/// Names the file that could not be written.
+fn write_err(path: &Path) -> impl FnOnce(DrawError) -> PlotError + '_ {
+    move |err| PlotError::Write {
+        path: path.to_path_buf(),
+        err,
+    }
 }
 
 /// Draws the title and subtitle at the top of `root` and returns the area below them.
@@ -475,24 +486,14 @@ fn draw_titles<'a>(
     root: &DrawingArea<PngBackend<'a>, plotters::coord::Shift>,
     title: &str,
     subtitle: &str,
-) -> Result<DrawingArea<PngBackend<'a>, plotters::coord::Shift>, String> {
+) -> Result<DrawingArea<PngBackend<'a>, plotters::coord::Shift>, PlotError> {
     root.fill(&WHITE).map_err(err("fill"))?;
     let (width, _) = root.dim_in_pixel();
     let center = (width / 2) as i32;
-    let title_style = TextStyle::from((FONT, 26).into_font()).color(&BLACK).pos(
-        plotters::style::text_anchor::Pos::new(
-            plotters::style::text_anchor::HPos::Center,
-            plotters::style::text_anchor::VPos::Top,
-        ),
-    );
+    let title_style = anchored_text(26, &BLACK, HPos::Center, VPos::Top);
     root.draw_text(title, &title_style, (center, 8))
         .map_err(err("title"))?;
-    let sub_style = TextStyle::from((FONT, 18).into_font())
-        .color(&RGBColor(70, 70, 70))
-        .pos(plotters::style::text_anchor::Pos::new(
-            plotters::style::text_anchor::HPos::Center,
-            plotters::style::text_anchor::VPos::Top,
-        ));
+    let sub_style = anchored_text(18, &RGBColor(70, 70, 70), HPos::Center, VPos::Top);
     root.draw_text(subtitle, &sub_style, (center, 42))
         .map_err(err("subtitle"))?;
     let (_, below) = root.split_vertically(TITLE_HEIGHT);
@@ -500,7 +501,7 @@ fn draw_titles<'a>(
 }
 
 /// Renders a line figure as a PNG at `path`.
-pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), String> {
+pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), PlotError> {
     ensure_fonts();
     let columns = figure.columns.max(1);
     let rows = figure.panels.len().max(1).div_ceil(columns);
@@ -512,15 +513,14 @@ pub fn line_figure(path: &Path, figure: &LineFigure) -> Result<(), String> {
     for (panel, area) in figure.panels.iter().zip(areas.iter()) {
         draw_line_panel(area, panel)?;
     }
-    root.present()
-        .map_err(err(&format!("writing {}", path.display())))?;
+    root.present().map_err(write_err(path))?;
     Ok(())
 }
 
-/// Points of a panel after the axis transform, with unusable points dropped.
 /// A series with its index (for its look) and its points after the axis transform.
 type Line<'s> = (usize, &'s Series, Vec<(f64, f64)>);
 
+/// Points of a panel after the axis transform, with unusable points dropped.
 fn transformed(panel: &LinePanel) -> Vec<Line<'_>> {
     panel
         .series
@@ -547,7 +547,7 @@ fn transformed(panel: &LinePanel) -> Vec<Line<'_>> {
 fn draw_line_panel(
     area: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
     panel: &LinePanel,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let lines = transformed(panel);
     let all: Vec<(f64, f64)> = lines
         .iter()
@@ -612,11 +612,31 @@ fn draw_line_panel(
     }
 }
 
+/// The axes of one line panel: linear x (log2 values already transformed), y of type `Y`.
+type LineAxes<'a, Y> = ChartContext<'a, PngBackend<'a>, Cartesian2d<RangedCoordf64, Y>>;
+
+/// Draws a panel's mesh, reference line, lines and legend (or "no data") on its axes.
 fn fill_line_chart<'a, Y>(
-    mut chart: ChartContext<'a, PngBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    mut chart: LineAxes<'a, Y>,
     panel: &LinePanel,
     lines: &[Line<'_>],
-) -> Result<(), String>
+) -> Result<(), PlotError>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    draw_line_mesh(&mut chart, panel)?;
+    if let Some(r) = panel.reference_y {
+        draw_reference_line(&mut chart, r)?;
+    }
+    if draw_lines(&mut chart, lines)? == 0 {
+        draw_no_data(&mut chart, panel)
+    } else {
+        draw_line_legend(&mut chart, panel, lines)
+    }
+}
+
+/// Axis labels, tick labels and grid of a line panel.
+fn draw_line_mesh<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), PlotError>
 where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
@@ -639,21 +659,32 @@ where
         .light_line_style(RGBColor(238, 238, 238))
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()
-        .map_err(err("axes"))?;
+        .map_err(err("axes"))
+}
 
-    if let Some(r) = panel.reference_y {
-        let xr = chart.x_range();
-        let style = RGBColor(90, 90, 90).stroke_width(1);
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(xr.start, r), (xr.end, r)],
-                8,
-                6,
-                style,
-            ))
-            .map_err(err("reference line"))?;
-    }
+/// A dashed horizontal line at `y` across the whole x range.
+fn draw_reference_line<'a, Y>(chart: &mut LineAxes<'a, Y>, y: f64) -> Result<(), PlotError>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let xr = chart.x_range();
+    let style = RGBColor(90, 90, 90).stroke_width(1);
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(xr.start, y), (xr.end, y)],
+            8,
+            6,
+            style,
+        ))
+        .map_err(err("reference line"))?;
+    Ok(())
+}
 
+/// Each non-empty line with its markers and legend entry; returns how many were drawn.
+fn draw_lines<'a, Y>(chart: &mut LineAxes<'a, Y>, lines: &[Line<'_>]) -> Result<usize, PlotError>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
     let mut drawn = 0;
     for (index, series, points) in lines {
         if points.is_empty() {
@@ -679,39 +710,55 @@ where
             )
             .map_err(err("markers"))?;
     }
-    if drawn == 0 {
-        let (xr, yr) = (chart.x_range(), chart.y_range());
-        let mid_x = (xr.start + xr.end) / 2.0;
-        let mid_y = match panel.y_log {
-            true => (yr.start * yr.end).sqrt(),
-            false => (yr.start + yr.end) / 2.0,
-        };
-        chart
-            .draw_series(std::iter::once(Text::new(
-                "no data",
-                (mid_x, mid_y),
-                (FONT, 22).into_font().color(&RGBColor(120, 120, 120)),
-            )))
-            .map_err(err("no data"))?;
-    } else {
-        let position = legend_position(&chart, panel, lines);
-        chart
-            .configure_series_labels()
-            .position(position)
-            .margin(10)
-            .label_font((FONT, 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .draw()
-            .map_err(err("legend"))?;
-    }
+    Ok(drawn)
+}
+
+/// "no data" in the middle of a panel without a single usable point.
+fn draw_no_data<'a, Y>(chart: &mut LineAxes<'a, Y>, panel: &LinePanel) -> Result<(), PlotError>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let (xr, yr) = (chart.x_range(), chart.y_range());
+    let mid_x = (xr.start + xr.end) / 2.0;
+    let mid_y = match panel.y_log {
+        true => (yr.start * yr.end).sqrt(),
+        false => (yr.start + yr.end) / 2.0,
+    };
+    chart
+        .draw_series(std::iter::once(Text::new(
+            "no data",
+            (mid_x, mid_y),
+            (FONT, 22).into_font().color(&RGBColor(120, 120, 120)),
+        )))
+        .map_err(err("no data"))?;
     Ok(())
+}
+
+/// The legend of the lines, in the corner where it hides the least (see [`legend_position`]).
+fn draw_line_legend<'a, Y>(
+    chart: &mut LineAxes<'a, Y>,
+    panel: &LinePanel,
+    lines: &[Line<'_>],
+) -> Result<(), PlotError>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let position = legend_position(chart, panel, lines);
+    chart
+        .configure_series_labels()
+        .position(position)
+        .margin(10)
+        .label_font((FONT, 16))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()
+        .map_err(err("legend"))
 }
 
 /// The corner of the plotting area where the legend hides the fewest line samples (points,
 /// segments and the reference line), preferring the upper corners on ties.
 fn legend_position<'a, Y>(
-    chart: &ChartContext<'a, PngBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    chart: &LineAxes<'a, Y>,
     panel: &LinePanel,
     lines: &[Line<'_>],
 ) -> SeriesLabelPosition
@@ -719,46 +766,82 @@ where
     Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let (w, h) = chart.plotting_area().dim_in_pixel();
-    let (w, h) = (f64::from(w.max(1)), f64::from(h.max(1)));
-    let (px0, py0) = chart.backend_coord(&(chart.x_range().start, chart.y_range().end));
-    // Pixel positions (relative to the plotting area) of samples along every line.
-    let mut samples: Vec<(f64, f64)> = Vec::new();
-    let mut add_polyline = |points: &[(f64, f64)]| {
-        let pixels: Vec<(f64, f64)> = points
-            .iter()
-            .map(|p| {
-                let (x, y) = chart.backend_coord(p);
-                (f64::from(x - px0), f64::from(y - py0))
-            })
-            .collect();
-        for pair in pixels.windows(2) {
-            for i in 0..=24 {
-                let t = f64::from(i) / 24.0;
-                samples.push((
-                    pair[0].0 + (pair[1].0 - pair[0].0) * t,
-                    pair[0].1 + (pair[1].1 - pair[0].1) * t,
-                ));
-            }
-        }
-        samples.extend(pixels.iter().copied());
-    };
+    let area = (f64::from(w.max(1)), f64::from(h.max(1)));
+    let samples = line_samples(chart, panel, lines);
+    least_hidden_corner(&samples, area, legend_box_size(lines))
+}
+
+/// Pixel positions (relative to the plotting area) of samples along every line and along the
+/// reference line.
+fn line_samples<'a, Y>(
+    chart: &LineAxes<'a, Y>,
+    panel: &LinePanel,
+    lines: &[Line<'_>],
+) -> Vec<(f64, f64)>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let mut samples = Vec::new();
     for (_, _, points) in lines {
-        add_polyline(points);
+        sample_polyline(chart, points, &mut samples);
     }
     if let Some(r) = panel.reference_y {
         let xr = chart.x_range();
         let in_range = if panel.y_log { r > 0.0 } else { r.is_finite() };
         if in_range {
-            add_polyline(&[(xr.start, r), (xr.end, r)]);
+            sample_polyline(chart, &[(xr.start, r), (xr.end, r)], &mut samples);
         }
     }
+    samples
+}
+
+/// Adds the vertices of the polyline through `points` and 25 samples along each segment.
+fn sample_polyline<'a, Y>(
+    chart: &LineAxes<'a, Y>,
+    points: &[(f64, f64)],
+    samples: &mut Vec<(f64, f64)>,
+) where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let (px0, py0) = chart.backend_coord(&(chart.x_range().start, chart.y_range().end));
+    let pixels: Vec<(f64, f64)> = points
+        .iter()
+        .map(|p| {
+            let (x, y) = chart.backend_coord(p);
+            (f64::from(x - px0), f64::from(y - py0))
+        })
+        .collect();
+    for pair in pixels.windows(2) {
+        for i in 0..=24 {
+            let t = f64::from(i) / 24.0;
+            samples.push((
+                pair[0].0 + (pair[1].0 - pair[0].0) * t,
+                pair[0].1 + (pair[1].1 - pair[0].1) * t,
+            ));
+        }
+    }
+    samples.extend(pixels.iter().copied());
+}
+
+/// Estimated pixel size of the legend box: one row per drawn line, as wide as the longest name.
+fn legend_box_size(lines: &[Line<'_>]) -> (f64, f64) {
     let entries = lines.iter().filter(|(_, _, p)| !p.is_empty()).count() as f64;
     let longest = lines
         .iter()
         .map(|(_, s, _)| s.name.chars().count())
         .max()
         .unwrap_or(0) as f64;
-    let (bw, bh) = (longest * 9.0 + 60.0, entries * 21.0 + 20.0);
+    (longest * 9.0 + 60.0, entries * 21.0 + 20.0)
+}
+
+/// The corner of an `area`-sized plotting area where a `legend`-sized box (plus a little
+/// padding) covers the fewest `samples`; on ties the first of upper right, upper left, lower
+/// right, lower left.
+fn least_hidden_corner(
+    samples: &[(f64, f64)],
+    (w, h): (f64, f64),
+    (bw, bh): (f64, f64),
+) -> SeriesLabelPosition {
     let margin = 10.0;
     let candidates = [
         (SeriesLabelPosition::UpperRight, (w - margin - bw, margin)),
@@ -786,22 +869,82 @@ where
         .unwrap_or(SeriesLabelPosition::UpperRight)
 }
 
+/// The axes of a bar chart: groups along x (one unit each), values up y.
+/// `'b` borrows the drawing area, `'p` the output path.
+type BarAxes<'b, 'p> =
+    ChartContext<'b, PngBackend<'p>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+impl BarGroup {
+    /// The value of bar `b`, if there is a finite one.
+    fn value(&self, b: usize) -> Option<f64> {
+        self.values
+            .get(b)
+            .copied()
+            .flatten()
+            .filter(|v| v.is_finite())
+    }
+}
+
+impl BarChart {
+    /// Width of one bar's slot: each group spans one unit of x, its bars share the middle 80%.
+    fn slot(&self) -> f64 {
+        0.8 / self.bar_names.len().max(1) as f64
+    }
+
+    /// x of the left edge of bar `b`'s slot in group `g`.
+    fn slot_left(&self, g: usize, b: usize) -> f64 {
+        g as f64 + 0.1 + self.slot() * b as f64
+    }
+
+    /// x of the middle of bar `b`'s slot in group `g`.
+    fn slot_center(&self, g: usize, b: usize) -> f64 {
+        g as f64 + 0.1 + self.slot() * (b as f64 + 0.5)
+    }
+
+    /// Top of the y axis: 30% above the highest bar, leaving room for its value label.
+    fn y_top(&self) -> f64 {
+        let y_max = self
+            .groups
+            .iter()
+            .flat_map(|g| g.values.iter().flatten().copied())
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, f64::max);
+        if y_max > 0.0 {
+            y_max * 1.3
+        } else {
+            1.0
+        }
+    }
+}
+
+/// A text style of `size` pixels in `color`, placed by the point (`h`, `v`) of the text.
+fn anchored_text(size: u32, color: &'static RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font())
+        .color(color)
+        .pos(Pos::new(h, v))
+}
+
 /// Renders a grouped bar chart as a PNG at `path`.
-pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
+pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), PlotError> {
     ensure_fonts();
     let root = PngBackend::new(path, (chart_spec.size.0, chart_spec.size.1 + TITLE_HEIGHT))
         .into_drawing_area();
     let body = draw_titles(&root, &chart_spec.title, &chart_spec.subtitle)?;
-    let groups = chart_spec.groups.len().max(1);
-    let bars = chart_spec.bar_names.len().max(1);
-    let y_max = chart_spec
-        .groups
-        .iter()
-        .flat_map(|g| g.values.iter().flatten().copied())
-        .filter(|v| v.is_finite())
-        .fold(0.0f64, f64::max);
-    let y_hi = if y_max > 0.0 { y_max * 1.3 } else { 1.0 };
+    let mut chart = bar_axes(&body, chart_spec)?;
+    draw_bars(&mut chart, chart_spec)?;
+    draw_missing_bars(&mut chart, chart_spec)?;
+    draw_group_names(&root, &chart, chart_spec)?;
+    draw_bar_legend(&root, &chart, chart_spec)?;
+    root.present().map_err(write_err(path))?;
+    Ok(())
+}
 
+/// The y axis and its grid, with room on the right for the legend; x is labelled by
+/// [`draw_group_names`].
+fn bar_axes<'b, 'p>(
+    body: &'b DrawingArea<PngBackend<'p>, plotters::coord::Shift>,
+    chart_spec: &BarChart,
+) -> Result<BarAxes<'b, 'p>, PlotError> {
     let legend_width = chart_spec
         .bar_names
         .iter()
@@ -810,12 +953,13 @@ pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
         .unwrap_or(0) as u32
         * 10
         + 70;
-    let mut chart = ChartBuilder::on(&body)
+    let groups = chart_spec.groups.len().max(1);
+    let mut chart = ChartBuilder::on(body)
         .margin(12)
         .margin_right(24 + legend_width)
         .x_label_area_size(56)
         .y_label_area_size(78)
-        .build_cartesian_2d(0.0..groups as f64, 0.0..y_hi)
+        .build_cartesian_2d(0.0..groups as f64, 0.0..chart_spec.y_top())
         .map_err(err("chart"))?;
     let y_fmt = |v: &f64| format_number(*v);
     let no_x = |_: &f64| String::new();
@@ -833,102 +977,83 @@ pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()
         .map_err(err("axes"))?;
+    Ok(chart)
+}
 
-    // Each group spans one unit of x; its bars share the middle 80%.
-    let slot = 0.8 / bars as f64;
+/// Every bar with its value written above it, one bar name (colour) at a time.
+fn draw_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), PlotError> {
+    let (slot, y_hi) = (chart_spec.slot(), chart_spec.y_top());
     for b in 0..chart_spec.bar_names.len() {
         let color = PALETTE[b % PALETTE.len()];
-        let rects: Vec<_> = chart_spec
-            .groups
-            .iter()
-            .enumerate()
-            .filter_map(|(g, group)| {
-                let v = group.values.get(b).copied().flatten()?;
-                if !v.is_finite() {
-                    return None;
-                }
-                let left = g as f64 + 0.1 + slot * b as f64;
-                Some(Rectangle::new(
+        // (group index, value) of every group that has this bar.
+        let present = || {
+            let groups = chart_spec.groups.iter().enumerate();
+            groups.filter_map(move |(g, group)| group.value(b).map(|v| (g, v)))
+        };
+        let rects: Vec<_> = present()
+            .map(|(g, v)| {
+                let left = chart_spec.slot_left(g, b);
+                Rectangle::new(
                     [(left + slot * 0.06, 0.0), (left + slot * 0.94, v)],
                     color.filled(),
-                ))
+                )
             })
             .collect();
         chart.draw_series(rects).map_err(err("bars"))?;
-        let value_labels: Vec<_> = chart_spec
-            .groups
-            .iter()
-            .enumerate()
-            .filter_map(|(g, group)| {
-                let v = group.values.get(b).copied().flatten()?;
-                if !v.is_finite() {
-                    return None;
-                }
-                let center = g as f64 + 0.1 + slot * (b as f64 + 0.5);
-                let style = TextStyle::from((FONT, 15).into_font()).color(&BLACK).pos(
-                    plotters::style::text_anchor::Pos::new(
-                        plotters::style::text_anchor::HPos::Center,
-                        plotters::style::text_anchor::VPos::Bottom,
-                    ),
-                );
-                Some(Text::new(
-                    format_number(v),
-                    (center, v + y_hi * 0.01),
-                    style,
-                ))
+        let style = anchored_text(15, &BLACK, HPos::Center, VPos::Bottom);
+        let value_labels: Vec<_> = present()
+            .map(|(g, v)| {
+                let at = (chart_spec.slot_center(g, b), v + y_hi * 0.01);
+                Text::new(format_number(v), at, style.clone())
             })
             .collect();
         chart.draw_series(value_labels).map_err(err("bar labels"))?;
     }
-    // Missing bars are marked so that an absent result is not read as zero.
+    Ok(())
+}
+
+/// Writes "n/a" where a bar has no value, so that an absent result is not read as zero.
+fn draw_missing_bars(chart: &mut BarAxes<'_, '_>, chart_spec: &BarChart) -> Result<(), PlotError> {
+    let y_hi = chart_spec.y_top();
     for (g, group) in chart_spec.groups.iter().enumerate() {
-        for b in 0..bars {
-            if group
-                .values
-                .get(b)
-                .copied()
-                .flatten()
-                .is_some_and(f64::is_finite)
-            {
+        for b in 0..chart_spec.bar_names.len().max(1) {
+            if group.value(b).is_some() {
                 continue;
             }
-            let center = g as f64 + 0.1 + slot * (b as f64 + 0.5);
-            let style = TextStyle::from((FONT, 14).into_font())
-                .color(&RGBColor(150, 150, 150))
-                .pos(plotters::style::text_anchor::Pos::new(
-                    plotters::style::text_anchor::HPos::Center,
-                    plotters::style::text_anchor::VPos::Bottom,
-                ));
+            let style = anchored_text(14, &RGBColor(150, 150, 150), HPos::Center, VPos::Bottom);
+            let at = (chart_spec.slot_center(g, b), y_hi * 0.01);
             chart
-                .draw_series(std::iter::once(Text::new(
-                    "n/a",
-                    (center, y_hi * 0.01),
-                    style,
-                )))
+                .draw_series(std::iter::once(Text::new("n/a", at, style)))
                 .map_err(err("n/a label"))?;
         }
     }
+    Ok(())
+}
 
-    // Group names under the x axis, in pixels of the whole image.
-    let group_style = TextStyle::from((FONT, 19).into_font()).color(&BLACK).pos(
-        plotters::style::text_anchor::Pos::new(
-            plotters::style::text_anchor::HPos::Center,
-            plotters::style::text_anchor::VPos::Top,
-        ),
-    );
+/// Group names under the x axis, in pixels of the whole image.
+fn draw_group_names(
+    root: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
+    chart: &BarAxes<'_, '_>,
+    chart_spec: &BarChart,
+) -> Result<(), PlotError> {
+    let style = anchored_text(19, &BLACK, HPos::Center, VPos::Top);
     for (g, group) in chart_spec.groups.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(g as f64 + 0.5, 0.0));
-        root.draw_text(&group.name, &group_style, (px, py + 12))
+        root.draw_text(&group.name, &style, (px, py + 12))
             .map_err(err("group label"))?;
     }
-    // The legend sits right of the plotting area, where it cannot hide a bar.
-    let legend_style = TextStyle::from((FONT, 17).into_font()).color(&BLACK).pos(
-        plotters::style::text_anchor::Pos::new(
-            plotters::style::text_anchor::HPos::Left,
-            plotters::style::text_anchor::VPos::Center,
-        ),
-    );
-    let (top_right_x, top_y) = chart.backend_coord(&(groups as f64, y_hi));
+    Ok(())
+}
+
+/// The legend right of the plotting area, where it cannot hide a bar.
+fn draw_bar_legend(
+    root: &DrawingArea<PngBackend<'_>, plotters::coord::Shift>,
+    chart: &BarAxes<'_, '_>,
+    chart_spec: &BarChart,
+) -> Result<(), PlotError> {
+    let style = anchored_text(17, &BLACK, HPos::Left, VPos::Center);
+    let groups = chart_spec.groups.len().max(1);
+    let (top_right_x, top_y) = chart.backend_coord(&(groups as f64, chart_spec.y_top()));
     for (b, bar_name) in chart_spec.bar_names.iter().enumerate() {
         let color = PALETTE[b % PALETTE.len()];
         let (x, y) = (top_right_x + 24, top_y + 14 + 28 * b as i32);
@@ -937,11 +1062,9 @@ pub fn bar_chart(path: &Path, chart_spec: &BarChart) -> Result<(), String> {
             color.filled(),
         ))
         .map_err(err("legend"))?;
-        root.draw_text(bar_name, &legend_style, (x + 28, y))
+        root.draw_text(bar_name, &style, (x + 28, y))
             .map_err(err("legend"))?;
     }
-    root.present()
-        .map_err(err(&format!("writing {}", path.display())))?;
     Ok(())
 }
 

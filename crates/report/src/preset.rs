@@ -114,72 +114,96 @@ impl Preset {
         base: &BenchParams,
         max_background: u16,
     ) -> Vec<RunSpec> {
-        let mut specs = Vec::new();
         match self {
-            Preset::Contention => {
-                for mode in MODES_ALL {
-                    for bg in 0..=max_background {
-                        let mut p = fixed(base, mode, MEDIUM_VALUE, 0.9, "uniform");
-                        p.background = bg;
-                        specs.push(spec(*self, p, format!("contention-{mode}-bg{bg}")));
-                    }
-                }
-            }
-            Preset::Values => {
-                for mode in MODES_ALL {
-                    for get in VALUES_GET_RATIOS {
-                        for size in VALUE_SIZES {
-                            let p = fixed(base, mode, size, get, "uniform");
-                            let stem = format!("values-{mode}-get{}-{}", pct(get), size_stem(size));
-                            specs.push(spec(*self, p, stem));
-                        }
-                    }
-                }
-                for mode in MODES_CD_SD {
-                    for size in VALUE_SIZES {
-                        let p = fixed(base, mode, size, 0.9, ZIPF);
-                        let stem = format!("values-zipf-{mode}-get90-{}", size_stem(size));
-                        specs.push(spec(*self, p, stem));
-                    }
-                }
-            }
-            Preset::Energy => {
-                for mode in MODES_CD_SD {
-                    for load in ENERGY_LOADS {
-                        let mut p = fixed(base, mode, MEDIUM_VALUE, 0.9, "uniform");
-                        p.target_load = load;
-                        let stem = format!("energy-{mode}-load{}", pct(load.unwrap_or(1.0)));
-                        specs.push(spec(*self, p, stem));
-                    }
-                }
-            }
-            Preset::Optimizations => {
-                for get in OPTIMIZATION_GET_RATIOS {
-                    for (_, part, [f, c, pv, m]) in OPTIMIZATION_STEPS {
-                        let mut p = fixed(base, "cd", MEDIUM_VALUE, get, ZIPF);
-                        (p.filter_bits, p.cache, p.previous_versions, p.multi_read) = (f, c, pv, m);
-                        specs.push(spec(
-                            *self,
-                            p,
-                            format!("optimizations-get{}-{part}", pct(get)),
-                        ));
-                    }
-                }
-            }
-            Preset::Quick => {
-                for mode in MODES_CD_SD {
-                    for bg in 0..=1 {
-                        let mut p = fixed(base, mode, QUICK_VALUE, 0.9, "uniform");
-                        p.background = bg;
-                        p.duration = p.duration.min(QUICK_MAX_DURATION);
-                        p.warmup = p.warmup.min(QUICK_MAX_WARMUP);
-                        specs.push(spec(*self, p, format!("quick-{mode}-bg{bg}")));
-                    }
-                }
+            Preset::Contention => contention_runs(base, max_background),
+            Preset::Values => values_runs(base),
+            Preset::Energy => energy_runs(base),
+            Preset::Optimizations => optimization_runs(base),
+            Preset::Quick => quick_runs(base),
+        }
+    }
+}
+
+/// Every mode with 0..=`max_background` CPU hogs; 16 KiB, 90 % GET, uniform.
+fn contention_runs(base: &BenchParams, max_background: u16) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for mode in MODES_ALL {
+        for bg in 0..=max_background {
+            let mut p = fixed(base, mode, MEDIUM_VALUE, 0.9, "uniform");
+            p.background = bg;
+            specs.push(spec(
+                Preset::Contention,
+                p,
+                format!("contention-{mode}-bg{bg}"),
+            ));
+        }
+    }
+    specs
+}
+
+/// Every value size at every GET ratio for every mode (uniform), then cd and sd at Zipf 0.99.
+fn values_runs(base: &BenchParams) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for mode in MODES_ALL {
+        for get in VALUES_GET_RATIOS {
+            for size in VALUE_SIZES {
+                let p = fixed(base, mode, size, get, "uniform");
+                let stem = format!("values-{mode}-get{}-{}", pct(get), size_stem(size));
+                specs.push(spec(Preset::Values, p, stem));
             }
         }
-        specs
     }
+    for mode in MODES_CD_SD {
+        for size in VALUE_SIZES {
+            let p = fixed(base, mode, size, 0.9, ZIPF);
+            let stem = format!("values-zipf-{mode}-get90-{}", size_stem(size));
+            specs.push(spec(Preset::Values, p, stem));
+        }
+    }
+    specs
+}
+
+/// cd and sd at each offered load, the closed loop last.
+fn energy_runs(base: &BenchParams) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for mode in MODES_CD_SD {
+        for load in ENERGY_LOADS {
+            let mut p = fixed(base, mode, MEDIUM_VALUE, 0.9, "uniform");
+            p.target_load = load;
+            let stem = format!("energy-{mode}-load{}", pct(load.unwrap_or(1.0)));
+            specs.push(spec(Preset::Energy, p, stem));
+        }
+    }
+    specs
+}
+
+/// cd with its optimisations switched on one by one, at each GET ratio.
+fn optimization_runs(base: &BenchParams) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for get in OPTIMIZATION_GET_RATIOS {
+        for (_, part, [f, c, pv, m]) in OPTIMIZATION_STEPS {
+            let mut p = fixed(base, "cd", MEDIUM_VALUE, get, ZIPF);
+            (p.filter_bits, p.cache, p.previous_versions, p.multi_read) = (f, c, pv, m);
+            let stem = format!("optimizations-get{}-{part}", pct(get));
+            specs.push(spec(Preset::Optimizations, p, stem));
+        }
+    }
+    specs
+}
+
+/// cd and sd with 0 and 1 background process, each run capped in length.
+fn quick_runs(base: &BenchParams) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for mode in MODES_CD_SD {
+        for bg in 0..=1 {
+            let mut p = fixed(base, mode, QUICK_VALUE, 0.9, "uniform");
+            p.background = bg;
+            p.duration = p.duration.min(QUICK_MAX_DURATION);
+            p.warmup = p.warmup.min(QUICK_MAX_WARMUP);
+            specs.push(spec(Preset::Quick, p, format!("quick-{mode}-bg{bg}")));
+        }
+    }
+    specs
 }
 
 impl fmt::Display for Preset {
@@ -188,20 +212,26 @@ impl fmt::Display for Preset {
     }
 }
 
+/// A preset name that is none of [`Preset::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sweep preset `{name}` (expected one of: {})", preset_names())]
+pub struct UnknownPreset {
+    pub name: String,
+}
+
+fn preset_names() -> String {
+    let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+    names.join(", ")
+}
+
 impl FromStr for Preset {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPreset;
+    fn from_str(s: &str) -> Result<Self, UnknownPreset> {
         let wanted = s.trim().to_ascii_lowercase();
         Preset::ALL
             .into_iter()
             .find(|p| p.name() == wanted)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
-                format!(
-                    "unknown sweep preset `{s}` (expected one of: {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownPreset { name: s.into() })
     }
 }
 
@@ -299,84 +329,91 @@ fn is_preset_zipf(dist: &str) -> bool {
 /// one of the preset's runs (its fixed dimensions differ). Used both to label the runs a preset
 /// builds and to pick a preset's runs out of loaded results.
 pub fn classify(preset: Preset, p: &BenchParams) -> Option<PlotPoint> {
-    let closed = p.target_load.is_none();
     match preset {
-        Preset::Contention | Preset::Quick => {
-            let size = if preset == Preset::Quick {
-                QUICK_VALUE
-            } else {
-                MEDIUM_VALUE
-            };
-            (p.value_size == size && close(p.get_ratio, 0.9) && is_uniform(&p.dist) && closed).then(
-                || PlotPoint {
-                    group: String::new(),
-                    series: p.mode.clone(),
-                    x: f64::from(p.background),
-                    x_label: match p.background {
-                        1 => "1 background process".into(),
-                        n => format!("{n} background processes"),
-                    },
-                },
-            )
-        }
-        Preset::Values => {
-            if !closed || p.background != 0 {
-                return None;
-            }
-            let group = if is_uniform(&p.dist)
-                && VALUES_GET_RATIOS.iter().any(|&g| close(g, p.get_ratio))
-            {
-                format!("uniform, {}% GET", pct(p.get_ratio))
-            } else if is_preset_zipf(&p.dist) && close(p.get_ratio, 0.9) {
-                "Zipf 0.99, 90% GET".to_string()
-            } else {
-                return None;
-            };
-            Some(PlotPoint {
-                group,
-                series: p.mode.clone(),
-                x: f64::from(p.value_size),
-                x_label: plot::format_bytes(f64::from(p.value_size)),
-            })
-        }
-        Preset::Energy => {
-            let ok = p.value_size == MEDIUM_VALUE
-                && close(p.get_ratio, 0.9)
-                && is_uniform(&p.dist)
-                && p.background == 0;
-            ok.then(|| {
-                let load = p.target_load.unwrap_or(1.0) * 100.0;
-                PlotPoint {
-                    group: String::new(),
-                    series: p.mode.clone(),
-                    x: load,
-                    x_label: match p.target_load {
-                        Some(_) => format!("{}% load", plot::format_number(load)),
-                        None => "max load (closed loop)".into(),
-                    },
-                }
-            })
-        }
-        Preset::Optimizations => {
-            let ok = p.mode == "cd"
-                && p.value_size == MEDIUM_VALUE
-                && OPTIMIZATION_GET_RATIOS
-                    .iter()
-                    .any(|&g| close(g, p.get_ratio))
-                && is_preset_zipf(&p.dist)
-                && p.background == 0
-                && closed;
-            if !ok {
-                return None;
-            }
-            let switches = [p.filter_bits, p.cache, p.previous_versions, p.multi_read];
-            let step = OPTIMIZATION_STEPS.iter().position(|s| s.2 == switches)?;
-            Some(PlotPoint {
-                group: format!("{}% GET", pct(p.get_ratio)),
-                series: OPTIMIZATION_STEPS[step].0.to_string(),
-                x: step as f64,
-                x_label: OPTIMIZATION_STEPS[step].0.to_string(),
-            })
-        }
+        Preset::Contention => classify_background(MEDIUM_VALUE, p),
+        Preset::Quick => classify_background(QUICK_VALUE, p),
+        Preset::Values => classify_values(p),
+        Preset::Energy => classify_energy(p),
+        Preset::Optimizations => classify_optimizations(p),
     }
+}
+
+/// `contention` and `quick`: x is the number of background processes, a line per mode.
+fn classify_background(value_size: u32, p: &BenchParams) -> Option<PlotPoint> {
+    let ok = p.value_size == value_size
+        && close(p.get_ratio, 0.9)
+        && is_uniform(&p.dist)
+        && p.target_load.is_none();
+    ok.then(|| PlotPoint {
+        group: String::new(),
+        series: p.mode.clone(),
+        x: f64::from(p.background),
+        x_label: match p.background {
+            1 => "1 background process".into(),
+            n => format!("{n} background processes"),
+        },
+    })
+}
+
+/// `values`: x is the value size, a panel per workload (uniform at each GET ratio, or Zipf).
+fn classify_values(p: &BenchParams) -> Option<PlotPoint> {
+    if p.target_load.is_some() || p.background != 0 {
+        return None;
+    }
+    let group = if is_uniform(&p.dist) && VALUES_GET_RATIOS.iter().any(|&g| close(g, p.get_ratio)) {
+        format!("uniform, {}% GET", pct(p.get_ratio))
+    } else if is_preset_zipf(&p.dist) && close(p.get_ratio, 0.9) {
+        "Zipf 0.99, 90% GET".to_string()
+    } else {
+        return None;
+    };
+    Some(PlotPoint {
+        group,
+        series: p.mode.clone(),
+        x: f64::from(p.value_size),
+        x_label: plot::format_bytes(f64::from(p.value_size)),
+    })
+}
+
+/// `energy`: x is the offered load in % of the maximum (the closed loop is 100 %).
+fn classify_energy(p: &BenchParams) -> Option<PlotPoint> {
+    let ok = p.value_size == MEDIUM_VALUE
+        && close(p.get_ratio, 0.9)
+        && is_uniform(&p.dist)
+        && p.background == 0;
+    ok.then(|| {
+        let load = p.target_load.unwrap_or(1.0) * 100.0;
+        PlotPoint {
+            group: String::new(),
+            series: p.mode.clone(),
+            x: load,
+            x_label: match p.target_load {
+                Some(_) => format!("{}% load", plot::format_number(load)),
+                None => "max load (closed loop)".into(),
+            },
+        }
+    })
+}
+
+/// `optimizations`: a bar per step of [`OPTIMIZATION_STEPS`], a group per GET ratio.
+fn classify_optimizations(p: &BenchParams) -> Option<PlotPoint> {
+    let ok = p.mode == "cd"
+        && p.value_size == MEDIUM_VALUE
+        && OPTIMIZATION_GET_RATIOS
+            .iter()
+            .any(|&g| close(g, p.get_ratio))
+        && is_preset_zipf(&p.dist)
+        && p.background == 0
+        && p.target_load.is_none();
+    if !ok {
+        return None;
+    }
+    let switches = [p.filter_bits, p.cache, p.previous_versions, p.multi_read];
+    let step = OPTIMIZATION_STEPS.iter().position(|s| s.2 == switches)?;
+    Some(PlotPoint {
+        group: format!("{}% GET", pct(p.get_ratio)),
+        series: OPTIMIZATION_STEPS[step].0.to_string(),
+        x: step as f64,
+        x_label: OPTIMIZATION_STEPS[step].0.to_string(),
+    })
 }

@@ -5,6 +5,7 @@
 //! sweep is testable without a cluster; the CLI passes the real single-run runner.
 
 use std::fs;
+use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -67,7 +68,48 @@ pub struct SweepOutcome {
     pub plot_error: Option<String>,
 }
 
-/// The single-run benchmark: parameters in, result (or a readable error) out.
+/// Why a sweep produced nothing usable (a failed run alone is recorded, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("sweep {preset}: no runs to do")]
+    NoRuns { preset: Preset },
+    #[error("output directory {} exists and is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("cannot create output directory {}: {err}", dir.display())]
+    CreateDir { dir: PathBuf, err: io::Error },
+    #[error("output directory {} is not writable: {err}", dir.display())]
+    NotWritable { dir: PathBuf, err: io::Error },
+    /// `summary.json` could not be written.
+    #[error("sweep {preset}: {err}")]
+    Summary { preset: Preset, err: JsonFileError },
+    /// Every run failed; `summary.json` at `summary` holds their errors.
+    #[error(
+        "sweep {preset}: all {total} runs failed (first: {first}); errors are in {}",
+        summary.display()
+    )]
+    AllFailed {
+        preset: Preset,
+        total: usize,
+        /// `stem: error` of the first failed run.
+        first: String,
+        summary: PathBuf,
+    },
+}
+
+/// Why a JSON file (a run's result or `summary.json`) could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonFileError {
+    #[error("encoding {}: {err}", path.display())]
+    Encode {
+        path: PathBuf,
+        err: serde_json::Error,
+    },
+    #[error("writing {}: {err}", path.display())]
+    Write { path: PathBuf, err: io::Error },
+}
+
+/// The single-run benchmark: parameters in, result (or a readable error) out. The error stays a
+/// message: it comes from the caller's runner and is recorded as is in `summary.json`.
 pub type Runner<'a> = dyn FnMut(&BenchParams) -> Result<BenchResult, String> + 'a;
 /// Called before each run with its 1-based index, the number of runs and the run.
 pub type Progress<'a> = dyn FnMut(usize, usize, &RunSpec) + 'a;
@@ -80,7 +122,7 @@ pub fn run_preset(
     out_dir: &Path,
     runner: &mut Runner<'_>,
     progress: &mut Progress<'_>,
-) -> Result<SweepOutcome, String> {
+) -> Result<SweepOutcome, SweepError> {
     run_specs(preset, preset.runs(base), base, out_dir, runner, progress)
 }
 
@@ -100,9 +142,9 @@ pub fn run_specs(
     out_dir: &Path,
     runner: &mut Runner<'_>,
     progress: &mut Progress<'_>,
-) -> Result<SweepOutcome, String> {
+) -> Result<SweepOutcome, SweepError> {
     if specs.is_empty() {
-        return Err(format!("sweep {preset}: no runs to do"));
+        return Err(SweepError::NoRuns { preset });
     }
     prepare_out_dir(out_dir)?;
     let total = specs.len();
@@ -181,7 +223,7 @@ fn finish(
     base: &BenchParams,
     runs: Vec<SummaryRun>,
     mut outcome: SweepOutcome,
-) -> Result<SweepOutcome, String> {
+) -> Result<SweepOutcome, SweepError> {
     let (preset, out_dir) = (outcome.preset, outcome.out_dir.clone());
     let total = runs.len();
     let results: Vec<BenchResult> = outcome.results.iter().map(|(_, r)| r.clone()).collect();
@@ -196,7 +238,7 @@ fn finish(
     };
     // Written before the figures so that the results are on disk whatever drawing does.
     let summary_path = out_dir.join("summary.json");
-    write_json(&summary_path, &summary).map_err(|e| format!("sweep {preset}: {e}"))?;
+    write_summary(preset, &summary_path, &summary)?;
     outcome.files.push(summary_path.clone());
 
     if results.is_empty() {
@@ -205,10 +247,12 @@ fn finish(
             .first()
             .map(|f| format!("{}: {}", f.stem, f.error))
             .unwrap_or_default();
-        return Err(format!(
-            "sweep {preset}: all {total} runs failed (first: {first}); errors are in {}",
-            summary_path.display()
-        ));
+        return Err(SweepError::AllFailed {
+            preset,
+            total,
+            first,
+            summary: summary_path,
+        });
     }
 
     let table_path = out_dir.join("summary.txt");
@@ -217,8 +261,10 @@ fn finish(
         Err(e) => tracing::warn!("writing {}: {e}", table_path.display()),
     }
 
-    let rendered = catch_unwind(AssertUnwindSafe(|| render(preset, &results, &out_dir)))
-        .unwrap_or_else(|panic| Err(format!("drawing panicked: {}", panic_message(&panic))));
+    let rendered = match catch_unwind(AssertUnwindSafe(|| render(preset, &results, &out_dir))) {
+        Ok(rendered) => rendered.map_err(|e| e.to_string()),
+        Err(panic) => Err(format!("drawing panicked: {}", panic_message(&panic))),
+    };
     match rendered {
         Ok(plots) => {
             summary.plots = plots.iter().map(|p| file_name(p)).collect();
@@ -230,7 +276,7 @@ fn finish(
             outcome.plot_error = Some(e);
         }
     }
-    write_json(&summary_path, &summary).map_err(|e| format!("sweep {preset}: {e}"))?;
+    write_summary(preset, &summary_path, &summary)?;
     Ok(outcome)
 }
 
@@ -251,31 +297,34 @@ fn file_name(path: &Path) -> String {
 }
 
 /// Creates `out_dir` if needed and checks that files can be written in it.
-fn prepare_out_dir(out_dir: &Path) -> Result<(), String> {
+fn prepare_out_dir(out_dir: &Path) -> Result<(), SweepError> {
+    let dir = || out_dir.to_path_buf();
     if out_dir.exists() && !out_dir.is_dir() {
-        return Err(format!(
-            "output directory {} exists and is not a directory",
-            out_dir.display()
-        ));
+        return Err(SweepError::NotADirectory(dir()));
     }
-    fs::create_dir_all(out_dir)
-        .map_err(|e| format!("cannot create output directory {}: {e}", out_dir.display()))?;
+    fs::create_dir_all(out_dir).map_err(|err| SweepError::CreateDir { dir: dir(), err })?;
     let probe = out_dir.join(format!(".nessie-sweep-write-test-{}", std::process::id()));
-    fs::write(&probe, b"ok").map_err(|e| {
-        format!(
-            "output directory {} is not writable: {e}",
-            out_dir.display()
-        )
-    })?;
+    fs::write(&probe, b"ok").map_err(|err| SweepError::NotWritable { dir: dir(), err })?;
     let _ = fs::remove_file(&probe);
     Ok(())
 }
 
-fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), String> {
-    let mut text = serde_json::to_string_pretty(value)
-        .map_err(|e| format!("encoding {}: {e}", path.display()))?;
+/// Writes `summary.json`; a sweep without it has failed.
+fn write_summary(preset: Preset, path: &Path, summary: &Summary) -> Result<(), SweepError> {
+    write_json(path, summary).map_err(|err| SweepError::Summary { preset, err })
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), JsonFileError> {
+    let path_buf = || path.to_path_buf();
+    let mut text = serde_json::to_string_pretty(value).map_err(|err| JsonFileError::Encode {
+        path: path_buf(),
+        err,
+    })?;
     text.push('\n');
-    fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+    fs::write(path, text).map_err(|err| JsonFileError::Write {
+        path: path_buf(),
+        err,
+    })
 }
 
 /// Every benchmark result in `dir`: each `*.json` file that parses as a [`BenchResult`], in file

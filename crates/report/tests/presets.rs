@@ -15,6 +15,8 @@ fn preset_names_parse_and_print() {
     }
     assert_eq!(" Values ".parse::<Preset>().unwrap(), Preset::Values);
     let err = "contentions".parse::<Preset>().unwrap_err();
+    assert_eq!(err.name, "contentions");
+    let err = err.to_string();
     assert!(
         err.contains("contention, values, energy, optimizations, quick"),
         "{err}"

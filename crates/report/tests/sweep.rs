@@ -9,7 +9,7 @@ use std::fs;
 use nessie_bench::result::BenchResult;
 use nessie_report::preset::*;
 use nessie_report::sweep::*;
-use nessie_report::{render, summary_table};
+use nessie_report::{render, summary_table, RenderError};
 
 #[test]
 fn run_preset_writes_results_summary_and_plots() {
@@ -148,6 +148,11 @@ fn all_runs_failing_is_an_error_with_a_summary() {
     )
     .unwrap_err();
     assert!(
+        matches!(err, SweepError::AllFailed { total: 4, .. }),
+        "{err:?}"
+    );
+    let err = err.to_string();
+    assert!(
         err.contains("all 4 runs failed") && err.contains("no cluster"),
         "{err}"
     );
@@ -176,6 +181,8 @@ fn unusable_out_dir_is_a_clear_error() {
         &mut |_, _, _| {},
     )
     .unwrap_err();
+    assert!(matches!(err, SweepError::NotADirectory(_)), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("not a directory") && err.contains("plain-file"),
         "{err}"
@@ -188,6 +195,8 @@ fn unusable_out_dir_is_a_clear_error() {
         &mut |_, _, _| {},
     )
     .unwrap_err();
+    assert!(matches!(err, SweepError::CreateDir { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("cannot create output directory"), "{err}");
     assert!(
         !called,
@@ -227,6 +236,8 @@ fn load_results_round_trips_and_re_renders() {
     assert_png(&plots[0]);
     // Energy runs are uniform: none is a run of the (Zipf) optimizations preset.
     let err = render(Preset::Optimizations, &loaded, &replot).unwrap_err();
+    assert!(matches!(err, RenderError::NoRuns { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("optimizations"), "{err}");
     cleanup(&dir);
     cleanup(&only_summary);
