@@ -68,7 +68,9 @@ fn validate(p: &BenchParams) -> Result<Mode3, String> {
             p.server_threads
         ));
     }
-    p.transport.parse::<Transport>()?;
+    p.transport
+        .parse::<Transport>()
+        .map_err(|e| e.to_string())?;
     if p.key_size < 20 || p.key_size > nessie_store::limits::MAX_KEY_SIZE {
         return Err(format!(
             "--key-size {} is not in 20..={}",
@@ -366,7 +368,10 @@ fn start(
     progress("starting the cluster");
     let up = UpOptions {
         nodes: p.nodes,
-        transport: p.transport.parse()?,
+        transport: p
+            .transport
+            .parse::<Transport>()
+            .map_err(|e| e.to_string())?,
         geometry,
         workers: 1,
         expiry_ms: Some(BENCH_EXPIRY_MS),

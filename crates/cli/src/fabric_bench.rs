@@ -44,7 +44,7 @@ pub struct TargetArgs {
 }
 
 fn ucx_config(transport: &str) -> Result<UcxConfig, String> {
-    let t: Transport = transport.parse().map_err(|e: String| e)?;
+    let t = transport.parse::<Transport>().map_err(|e| e.to_string())?;
     let mut c = UcxConfig::new(t);
     if t == Transport::Tcp {
         c.net_devices = Some("lo".into());

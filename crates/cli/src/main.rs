@@ -376,7 +376,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, String> {
             .iter()
             .map(|n| match &n.report {
                 Ok(v) => v.clone(),
-                Err(e) => serde_json::json!({"node": n.id, "error": e}),
+                Err(e) => serde_json::json!({"node": n.id, "error": e.to_string()}),
             })
             .collect();
         println!("{}", serde_json::Value::Array(all));
@@ -582,7 +582,7 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, String> {
                 probability: p[1].parse().map_err(|_| bad())?,
                 max_delay_ns: p[2].parse().map_err(|_| bad())?,
             };
-            d.validate()?;
+            d.validate().map_err(|e| e.to_string())?;
             Some(d)
         }
     };

@@ -108,7 +108,8 @@ impl Geometry {
         // One data table per node: the DTI is the node id.
         let dti_bits = bits_for(self.nodes as u64);
         let dte_bits = bits_for(self.dtes_per_node);
-        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits).map_err(GeometryError)?;
+        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits)
+            .map_err(|e| GeometryError(e.to_string()))?;
         Ok((ite, dte))
     }
 

@@ -19,7 +19,7 @@ pub mod limits;
 
 pub use dte::DteLayout;
 pub use geometry::{Geometry, GeometryError};
-pub use ite::{Ite, IteLayout};
+pub use ite::{Ite, IteLayout, IteLayoutError};
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

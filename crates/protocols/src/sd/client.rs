@@ -255,7 +255,9 @@ impl Channel {
                 // (otherwise the server's WRITE is still landing: keep polling).
                 let mut tail = [0u8; 40];
                 ep.local_read(RESPONSE_REGION, base + l.response_tail_offset(), &mut tail)?;
-                let len = l.response_payload_len(&tail).map_err(Error::Corrupt)?;
+                let len = l
+                    .response_payload_len(&tail)
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
                 let (off, padded) = l.response_payload(len);
                 self.buf.resize(padded, 0);
                 ep.local_read(RESPONSE_REGION, base + off, &mut self.buf[..padded])?;

@@ -23,7 +23,7 @@ use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_store::index::Placement;
 
 use super::client::RpcShared;
-use super::slots::{OpCode, Reply, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
+use super::slots::{OpCode, Reply, SlotError, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
 #[cfg(any(test, feature = "testing"))]
 use super::RpcMutations;
 use crate::cd::{CdClient, ClientStats};
@@ -342,7 +342,7 @@ impl<E: Endpoint> Server<E> {
             Err(m) => {
                 self.slots[i].last_seq = seq;
                 bump(&self.stats.malformed, 1);
-                Err(Error::Corrupt(m))
+                Err(Error::Corrupt(m.to_string()))
             }
         };
         self.respond(i, seq, &reply)?;
@@ -356,19 +356,17 @@ impl<E: Endpoint> Server<E> {
         base: u64,
         seq: u64,
         op: u8,
-    ) -> Result<Option<(OpCode, usize, usize)>, String> {
+    ) -> Result<Option<(OpCode, usize, usize)>, SlotError> {
         let l = self.shared.layout;
-        let op = OpCode::from_u8(op).ok_or_else(|| format!("unknown op {op} in a request"))?;
+        let op = OpCode::from_u8(op).ok_or(SlotError::UnknownOp(op))?;
         let mut meta = [0u8; 16];
         self.io
-            .local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta)
-            .map_err(|e| e.to_string())?;
+            .local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta)?;
         let (k, v) = l.parse_request_lens(&meta)?;
         let (off, len) = l.request_body(k, v);
         self.body.resize(len, 0);
         self.io
-            .local_read(REQUEST_REGION, base + off, &mut self.body)
-            .map_err(|e| e.to_string())?;
+            .local_read(REQUEST_REGION, base + off, &mut self.body)?;
         if !SlotLayout::request_complete(seq, &self.body, &meta) {
             return Ok(None);
         }
