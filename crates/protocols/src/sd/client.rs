@@ -131,11 +131,7 @@ pub struct RpcStats {
 
 impl RpcStats {
     pub fn add(&mut self, o: &RpcStats) {
-        self.requests += o.requests;
-        self.local_requests += o.local_requests;
-        self.empty_polls += o.empty_polls;
-        self.timeouts += o.timeouts;
-        self.landing += o.landing;
+        add_counters!(self, o: requests, local_requests, empty_polls, timeouts, landing);
     }
 }
 

@@ -14,6 +14,13 @@
 //!
 //! The hybrid baseline (`crate::hy`) reuses all of it for PUT and DELETE.
 
+/// `add_counters!(self, o: a, b, ...)`: `self.a += o.a; self.b += o.b; ...` (summing stats).
+macro_rules! add_counters {
+    ($to:ident, $from:ident: $($field:ident),+ $(,)?) => {
+        $($to.$field += $from.$field;)+
+    };
+}
+
 pub mod client;
 pub mod server;
 pub mod slots;
