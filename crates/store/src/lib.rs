@@ -18,7 +18,7 @@ pub mod ite;
 pub mod limits;
 
 pub use dte::DteLayout;
-pub use geometry::{Geometry, GeometryError};
+pub use geometry::{Geometry, GeometryError, GeometryProblem};
 pub use ite::{Ite, IteLayout, IteLayoutError};
 
 /// Region holding a node's index table.
