@@ -87,8 +87,22 @@ pub enum BootstrapError {
     },
     #[error("node {node} does not match this node's configuration: {detail}")]
     Mismatch { node: u16, detail: String },
-    #[error("bootstrap protocol error with {addr}: {detail}")]
-    Protocol { addr: SocketAddr, detail: String },
+    #[error("bootstrap protocol error with {addr}: {err}")]
+    Protocol {
+        addr: SocketAddr,
+        #[source]
+        err: ExchangeError,
+    },
+    /// The peer's first answer is not a challenge: likely not a nessie node at all.
+    #[error(
+        "bootstrap protocol error with {addr}: {err}: is port {} in use by another program rather than a nessie node?",
+        addr.port()
+    )]
+    NotNessie {
+        addr: SocketAddr,
+        #[source]
+        err: ExchangeError,
+    },
     #[error("cannot listen on {addr}: {detail}")]
     Bind { addr: SocketAddr, detail: String },
     #[error(
@@ -127,8 +141,12 @@ pub enum ExchangeError {
     },
     #[error("bad hello")]
     BadHello,
+    #[error("a challenge of {0} bytes")]
+    ChallengeSize(usize),
     #[error("client failed authentication")]
     ClientAuth,
+    #[error("empty reply")]
+    EmptyReply,
     #[error("truncated reply")]
     TruncatedReply,
     #[error("bad clock id of {0} bytes")]
@@ -453,16 +471,10 @@ fn read_challenge(
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<Vec<u8>, BootstrapError> {
-    let not_nessie = |what: &dyn std::fmt::Display| BootstrapError::Protocol {
-        addr,
-        detail: format!(
-            "{what}: is port {} in use by another program rather than a nessie node?",
-            addr.port()
-        ),
-    };
-    let ch = recv(s, MAX_MESSAGE_BYTES, deadline, "challenge").map_err(|e| not_nessie(&e))?;
+    let not_nessie = |err| BootstrapError::NotNessie { addr, err };
+    let ch = recv(s, MAX_MESSAGE_BYTES, deadline, "challenge").map_err(not_nessie)?;
     if ch.len() != CHALLENGE_BYTES {
-        return Err(not_nessie(&format!("a challenge of {} bytes", ch.len())));
+        return Err(not_nessie(ExchangeError::ChallengeSize(ch.len())));
     }
     Ok(ch)
 }
@@ -476,10 +488,7 @@ fn exchange(
     clock: &Clock,
     deadline: Instant,
 ) -> Result<Fetched, BootstrapError> {
-    let proto = |e: ExchangeError| BootstrapError::Protocol {
-        addr,
-        detail: e.to_string(),
-    };
+    let proto = |err| BootstrapError::Protocol { addr, err };
     let auth = |detail: &str| BootstrapError::Auth {
         node,
         addr,
@@ -518,10 +527,7 @@ fn exchange(
     match reply.split_first() {
         Some((0, rest)) => parse_reply(rest, clock, t0, t1).map_err(proto),
         Some((_, text)) => Err(auth(&String::from_utf8_lossy(text))),
-        None => Err(BootstrapError::Protocol {
-            addr,
-            detail: "empty reply".into(),
-        }),
+        None => Err(proto(ExchangeError::EmptyReply)),
     }
 }
 
