@@ -63,7 +63,7 @@ pub enum BenchError {
     #[error("--keys must be positive")]
     NoKeys,
     #[error("--transport: {0}")]
-    Transport(String),
+    Transport(#[from] nessie_cluster::config::InvalidConfig),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error("the cluster in {dir}: {mismatch}")]
@@ -137,9 +137,7 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
     if mode != Mode3::Cd {
         in_range("server-threads", p.server_threads, 1, 64)?;
     }
-    p.transport
-        .parse::<Transport>()
-        .map_err(|e| BenchError::Transport(e.to_string()))?;
+    p.transport.parse::<Transport>()?;
     in_range(
         "key-size",
         p.key_size,
@@ -438,29 +436,26 @@ fn start(
     progress: &mut dyn FnMut(&str),
 ) -> Result<RunningCluster, BenchError> {
     progress("starting the cluster");
-    let up =
-        UpOptions {
-            nodes: p.nodes,
-            transport: p.transport.parse().map_err(
-                |e: <Transport as std::str::FromStr>::Err| BenchError::Transport(e.to_string()),
-            )?,
-            geometry,
-            workers: 1,
-            expiry_ms: Some(BENCH_EXPIRY_MS),
-            clock_margin_ms: Some(0),
-            binary: opts.binary.clone(),
-            node_args: vec![],
-            ready_timeout: Duration::from_secs(120),
-            mode: p.mode.clone(),
-            server_threads: if mode == Mode3::Cd {
-                1
-            } else {
-                p.server_threads
-            },
-            max_clients_per_node: p.client_threads + 8,
-            server_poll: opts.server_poll.clone(),
-            huge_pages: Default::default(),
-        };
+    let up = UpOptions {
+        nodes: p.nodes,
+        transport: p.transport.parse()?,
+        geometry,
+        workers: 1,
+        expiry_ms: Some(BENCH_EXPIRY_MS),
+        clock_margin_ms: Some(0),
+        binary: opts.binary.clone(),
+        node_args: vec![],
+        ready_timeout: Duration::from_secs(120),
+        mode: p.mode.clone(),
+        server_threads: if mode == Mode3::Cd {
+            1
+        } else {
+            p.server_threads
+        },
+        max_clients_per_node: p.client_threads + 8,
+        server_poll: opts.server_poll.clone(),
+        huge_pages: Default::default(),
+    };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {
         dir,

@@ -274,7 +274,7 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
 }
 
 fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
-    use nessie_report::{run_preset, summary_table, Preset, RunSpec};
+    use nessie_report::{run_preset, summary_table, Preset, RunError, RunSpec};
     let preset: Preset = s.preset.parse()?;
     let base = s.p.params();
     let opts = runner_options(&s.p)?;
@@ -287,7 +287,7 @@ fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
     let pb = sweep_bar(total);
     let pb2 = pb.clone();
     // A failed run is recorded (as text, in summary.json) and the sweep goes on.
-    let mut runner = move |p: &BenchParams| -> Result<BenchResult, String> {
+    let mut runner = move |p: &BenchParams| -> Result<BenchResult, RunError> {
         let label = format!(
             "{} {} B {:.0}% GET bg={}",
             p.mode,
@@ -298,7 +298,7 @@ fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
         runner::run(p, &opts, &mut |phase| {
             pb2.set_message(format!("{label}: {phase}"))
         })
-        .map_err(|e| e.to_string())
+        .map_err(RunError::from)
     };
     let mut progress = |i: usize, _n: usize, spec: &RunSpec| {
         pb.set_position(i.saturating_sub(1) as u64);

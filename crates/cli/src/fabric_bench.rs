@@ -1,7 +1,6 @@
 //! `nessie fabric-bench`: latency of single one-sided operations between two processes over
 //! UCX, optionally side by side with `ucx_perftest` on the same transport and size.
 
-use std::fmt::Display;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -53,12 +52,14 @@ pub enum FabricBenchError {
     Iters(u64),
     #[error("--perftest supports shm and tcp, not {0}")]
     PerftestTransport(String),
-    /// From nessie-fabric-ucx: the transport name, the UCX node, endpoint or measured operations.
-    #[error("{0}")]
-    Ucx(String),
-    /// From nessie-cluster: picking a free port for ucx_perftest.
-    #[error("{0}")]
-    Cluster(String),
+    #[error(transparent)]
+    Transport(#[from] nessie_fabric_ucx::ParseError),
+    /// The UCX node, endpoint or measured operations.
+    #[error(transparent)]
+    Fabric(#[from] nessie_fabric::FabricError),
+    /// Picking a free port for ucx_perftest.
+    #[error(transparent)]
+    Port(#[from] nessie_cluster::process::ProcessError),
     /// This process's own I/O (its path, stdout, the target's output).
     #[error("{0}")]
     Io(io::Error),
@@ -78,13 +79,8 @@ pub enum FabricBenchError {
     PerftestLine(String),
 }
 
-/// nessie-fabric-ucx's errors are carried as their message: the CLI only prints them.
-fn ucx(e: impl Display) -> FabricBenchError {
-    FabricBenchError::Ucx(e.to_string())
-}
-
 fn ucx_config(transport: &str) -> Result<UcxConfig, FabricBenchError> {
-    let t: Transport = transport.parse().map_err(ucx)?;
+    let t: Transport = transport.parse()?;
     let mut c = UcxConfig::new(t);
     if t == Transport::Tcp {
         c.net_devices = Some("lo".into());
@@ -93,7 +89,7 @@ fn ucx_config(transport: &str) -> Result<UcxConfig, FabricBenchError> {
 }
 
 pub fn target(a: TargetArgs) -> Result<(), FabricBenchError> {
-    let node = UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?).map_err(ucx)?;
+    let node = UcxNode::new(1, &[a.size.max(8)], &ucx_config(&a.transport)?)?;
     let info = serde_json::to_vec(node.info()).map_err(FabricBenchError::Encode)?;
     println!("{}", hex::encode(info));
     std::io::stdout().flush().map_err(FabricBenchError::Io)?;
@@ -143,12 +139,12 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or_else(|| FabricBenchError::NoTargetInfo(line.clone()))?;
-    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?).map_err(ucx)?;
-    let mut ep = me.endpoint(&[me.info().clone(), target]).map_err(ucx)?;
+    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?)?;
+    let mut ep = me.endpoint(&[me.info().clone(), target])?;
     let addr = RemoteAddr::new(1, 0, 0);
     // Warm-up, then the measured run.
-    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100)).map_err(ucx)?;
-    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters).map_err(ucx)?;
+    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100))?;
+    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters)?;
     Ok(Outcome {
         p50_us: s.p50_ns as f64 / 1e3,
         p99_us: s.p99_ns as f64 / 1e3,
@@ -169,8 +165,7 @@ fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError>
         BenchOp::Write => "ucp_put_lat",
         BenchOp::Cas => "ucp_cswap",
     };
-    let port = nessie_cluster::process::free_ports(1)
-        .map_err(|e| FabricBenchError::Cluster(e.to_string()))?[0];
+    let port = nessie_cluster::process::free_ports(1)?[0];
     let mk = |args: &[&str]| {
         let mut c = Command::new("ucx_perftest");
         c.env("UCX_TLS", tls).args(args).stdin(Stdio::null());

@@ -3,7 +3,6 @@
 mod bench_cmd;
 mod fabric_bench;
 
-use std::fmt::Display;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -254,23 +253,27 @@ enum CliError {
     Stdout(io::Error),
     #[error("unexpected reply {0:?}")]
     UnexpectedReply(Response),
-    /// From nessie-cluster (starting, stopping and reaching nodes, the configuration).
-    #[error("{0}")]
-    Cluster(String),
-    /// From nessie-fabric (the delay injection settings).
-    #[error("{0}")]
-    Fabric(String),
+    /// Starting, stopping or inspecting the node processes.
+    #[error(transparent)]
+    Process(#[from] nessie_cluster::process::ProcessError),
+    /// The cluster's configuration file.
+    #[error(transparent)]
+    Config(#[from] nessie_cluster::config::ConfigError),
+    /// Reaching the key's node.
+    #[error(transparent)]
+    Route(#[from] nessie_cluster::route::RouteError),
+    /// Running a node process.
+    #[error(transparent)]
+    Node(#[from] nessie_cluster::node::NodeError),
+    /// The delay injection settings.
+    #[error(transparent)]
+    Delay(#[from] nessie_fabric::ConfigError),
     #[error(transparent)]
     Demo(#[from] nessie_testkit::demo::DemoError),
     #[error(transparent)]
     Bench(#[from] bench_cmd::BenchCmdError),
     #[error(transparent)]
     FabricBench(#[from] fabric_bench::FabricBenchError),
-}
-
-/// nessie-cluster's errors are carried as their message: the CLI only prints them.
-fn cluster(e: impl Display) -> CliError {
-    CliError::Cluster(e.to_string())
 }
 
 fn file(path: &Path) -> impl FnOnce(io::Error) -> CliError + '_ {
@@ -409,7 +412,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
     };
-    let cfg = process::up(&dir, &opts).map_err(cluster)?;
+    let cfg = process::up(&dir, &opts)?;
     println!(
         "cluster up: {} nodes over {:?} in {} (config {})",
         cfg.node.len(),
@@ -422,7 +425,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 
 fn run_down(a: DirArg) -> Result<ExitCode, CliError> {
     let dir = a.dir();
-    let stopped = process::down(&dir).map_err(cluster)?;
+    let stopped = process::down(&dir)?;
     println!(
         "stopped {} node(s) {:?} in {}",
         stopped.len(),
@@ -434,13 +437,13 @@ fn run_down(a: DirArg) -> Result<ExitCode, CliError> {
 
 fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
-    let (cfg, nodes) = process::status(&dir).map_err(cluster)?;
+    let (cfg, nodes) = process::status(&dir)?;
     if a.json {
         let all: Vec<_> = nodes
             .iter()
             .map(|n| match &n.report {
                 Ok(v) => v.clone(),
-                Err(e) => serde_json::json!({"node": n.id, "error": e}),
+                Err(e) => serde_json::json!({"node": n.id, "error": e.to_string()}),
             })
             .collect();
         println!("{}", serde_json::Value::Array(all));
@@ -508,9 +511,9 @@ fn load(k: &KeyArgs) -> Result<(PathBuf, ClusterConfig), CliError> {
     if !cpath.exists() {
         return Err(CliError::NoCluster(dir));
     }
-    let cfg = ClusterConfig::load(&cpath).map_err(cluster)?;
+    let cfg = ClusterConfig::load(&cpath)?;
     if let Some(n) = k.node {
-        cfg.node_entry(n).map_err(cluster)?;
+        cfg.node_entry(n)?;
     }
     check_key(&cfg, &k.key)?;
     Ok((dir, cfg))
@@ -523,7 +526,7 @@ fn call(k: &KeyArgs, dir: &Path, cfg: &ClusterConfig, req: Request) -> Result<Re
         dir,
         forced: k.node,
     };
-    let (node, reply) = router.call(k.key.as_bytes(), &req).map_err(cluster)?;
+    let (node, reply) = router.call(k.key.as_bytes(), &req)?;
     tracing::debug!("served by node {node}");
     Ok(reply)
 }
@@ -642,7 +645,7 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {
                 probability: p[1].parse().map_err(|_| bad())?,
                 max_delay_ns: p[2].parse().map_err(|_| bad())?,
             };
-            d.validate().map_err(|e| CliError::Fabric(e.to_string()))?;
+            d.validate()?;
             Some(d)
         }
     };
@@ -654,7 +657,6 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {
             delay,
             extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)),
         },
-    )
-    .map_err(cluster)?;
+    )?;
     Ok(ExitCode::SUCCESS)
 }

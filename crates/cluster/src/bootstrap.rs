@@ -87,8 +87,22 @@ pub enum BootstrapError {
     },
     #[error("node {node} does not match this node's configuration: {detail}")]
     Mismatch { node: u16, detail: String },
-    #[error("bootstrap protocol error with {addr}: {detail}")]
-    Protocol { addr: SocketAddr, detail: String },
+    #[error("bootstrap protocol error with {addr}: {err}")]
+    Protocol {
+        addr: SocketAddr,
+        #[source]
+        err: ExchangeError,
+    },
+    /// The peer's first answer is not a challenge: likely not a nessie node at all.
+    #[error(
+        "bootstrap protocol error with {addr}: {err}: is port {} in use by another program rather than a nessie node?",
+        addr.port()
+    )]
+    NotNessie {
+        addr: SocketAddr,
+        #[source]
+        err: ExchangeError,
+    },
     #[error("cannot listen on {addr}: {detail}")]
     Bind { addr: SocketAddr, detail: String },
     #[error(
@@ -102,8 +116,54 @@ pub enum BootstrapError {
         uncertainty_ms: f64,
         margin_ms: f64,
     },
-    #[error("{0}")]
-    Clock(String),
+    #[error(transparent)]
+    Clock(#[from] clock::SkewError),
+}
+
+/// What went wrong within one connection, on either side, before it is attributed to a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("no {what} in time (each exchange has {} ms at most)", EXCHANGE_TIMEOUT.as_millis())]
+    TimedOut { what: &'static str },
+    #[error("connection closed before the {what}")]
+    Closed { what: &'static str },
+    #[error("{what}: {err}")]
+    Io {
+        what: &'static str,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("{what} of {len} bytes exceeds {max}")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("bad hello")]
+    BadHello,
+    #[error("a challenge of {0} bytes")]
+    ChallengeSize(usize),
+    #[error("client failed authentication")]
+    ClientAuth,
+    #[error("empty reply")]
+    EmptyReply,
+    #[error("truncated reply")]
+    TruncatedReply,
+    #[error("bad clock id of {0} bytes")]
+    BadClockId(usize),
+    #[error("bad node info: {0}")]
+    BadInfo(#[source] serde_json::Error),
+}
+
+impl ExchangeError {
+    /// A failed read or write of `what`, named by how it failed.
+    fn io(err: std::io::Error, what: &'static str) -> Self {
+        match err.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => ExchangeError::TimedOut { what },
+            ErrorKind::UnexpectedEof => ExchangeError::Closed { what },
+            _ => ExchangeError::Io { what, err },
+        }
+    }
 }
 
 impl BootstrapError {
@@ -148,20 +208,6 @@ fn verify(secret: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
     m.verify_slice(tag).is_ok()
 }
 
-/// Words for a failed read or write of `what`, for error messages.
-fn io_detail(e: &std::io::Error, what: &str) -> String {
-    match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
-            format!(
-                "no {what} in time (each exchange has {} ms at most)",
-                EXCHANGE_TIMEOUT.as_millis()
-            )
-        }
-        ErrorKind::UnexpectedEof => format!("connection closed before the {what}"),
-        _ => format!("{what}: {e}"),
-    }
-}
-
 fn send(s: &mut TcpStream, msg: &[u8], deadline: Instant) -> std::io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -193,15 +239,20 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::R
 }
 
 /// One length-prefixed message of at most `max` bytes, by `deadline`.
-fn recv(s: &mut TcpStream, max: usize, deadline: Instant, what: &str) -> Result<Vec<u8>, String> {
+fn recv(
+    s: &mut TcpStream,
+    max: usize,
+    deadline: Instant,
+    what: &'static str,
+) -> Result<Vec<u8>, ExchangeError> {
     let mut len = [0u8; 4];
-    read_full(s, &mut len, deadline).map_err(|e| io_detail(&e, what))?;
+    read_full(s, &mut len, deadline).map_err(|e| ExchangeError::io(e, what))?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
-        return Err(format!("{what} of {len} bytes exceeds {max}"));
+        return Err(ExchangeError::TooLong { what, len, max });
     }
     let mut buf = vec![0u8; len];
-    read_full(s, &mut buf, deadline).map_err(|e| io_detail(&e, what))?;
+    read_full(s, &mut buf, deadline).map_err(|e| ExchangeError::io(e, what))?;
     Ok(buf)
 }
 
@@ -227,7 +278,7 @@ impl BootstrapServer {
         secret: Vec<u8>,
         info: NodeInfo,
     ) -> Result<Self, BootstrapError> {
-        let clock = Clock::from_env().map_err(BootstrapError::Clock)?;
+        let clock = Clock::from_env()?;
         Self::start_with_clock(addr, secret, info, clock)
     }
 
@@ -324,12 +375,12 @@ fn accept_loop(listener: TcpListener, stop: &AtomicBool, served: Arc<Served>) {
     }
 }
 
-fn serve_one(s: &mut TcpStream, srv: &Served) -> Result<(), String> {
+fn serve_one(s: &mut TcpStream, srv: &Served) -> Result<(), ExchangeError> {
     let deadline = Instant::now() + EXCHANGE_TIMEOUT;
     let hello = recv(s, HELLO_BYTES, deadline, "hello")?;
     if hello.len() != HELLO_BYTES || &hello[..MAGIC.len()] != MAGIC {
         let _ = send(s, b"\x01not a nessie bootstrap request", deadline);
-        return Err("bad hello".into());
+        return Err(ExchangeError::BadHello);
     }
     let claimed = &hello[MAGIC.len()..MAGIC.len() + 2];
     let client_nonce = &hello[MAGIC.len() + 2..];
@@ -339,7 +390,7 @@ fn serve_one(s: &mut TcpStream, srv: &Served) -> Result<(), String> {
     let mut msg = my_id.to_vec();
     msg.extend_from_slice(&server_nonce);
     msg.extend_from_slice(&proof);
-    send(s, &msg, deadline).map_err(|e| io_detail(&e, "challenge"))?;
+    send(s, &msg, deadline).map_err(|e| ExchangeError::io(e, "challenge"))?;
     let client_proof = recv(s, TAG_BYTES, deadline, "client proof")?;
     if !verify(
         &srv.secret,
@@ -351,7 +402,7 @@ fn serve_one(s: &mut TcpStream, srv: &Served) -> Result<(), String> {
             b"\x01authentication failed: wrong cluster secret",
             deadline,
         );
-        return Err("client failed authentication".into());
+        return Err(ExchangeError::ClientAuth);
     }
     let clock_id = srv.clock.id().unwrap_or("").as_bytes();
     let mut reply = vec![0u8];
@@ -359,7 +410,7 @@ fn serve_one(s: &mut TcpStream, srv: &Served) -> Result<(), String> {
     reply.push(clock_id.len() as u8);
     reply.extend_from_slice(clock_id);
     reply.extend_from_slice(&srv.info_json);
-    send(s, &reply, deadline).map_err(|e| io_detail(&e, "reply"))
+    send(s, &reply, deadline).map_err(|e| ExchangeError::io(e, "reply"))
 }
 
 /// A peer's info and a measurement of its clock against ours.
@@ -420,16 +471,10 @@ fn read_challenge(
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<Vec<u8>, BootstrapError> {
-    let not_nessie = |what: String| BootstrapError::Protocol {
-        addr,
-        detail: format!(
-            "{what}: is port {} in use by another program rather than a nessie node?",
-            addr.port()
-        ),
-    };
+    let not_nessie = |err| BootstrapError::NotNessie { addr, err };
     let ch = recv(s, MAX_MESSAGE_BYTES, deadline, "challenge").map_err(not_nessie)?;
     if ch.len() != CHALLENGE_BYTES {
-        return Err(not_nessie(format!("a challenge of {} bytes", ch.len())));
+        return Err(not_nessie(ExchangeError::ChallengeSize(ch.len())));
     }
     Ok(ch)
 }
@@ -443,7 +488,7 @@ fn exchange(
     clock: &Clock,
     deadline: Instant,
 ) -> Result<Fetched, BootstrapError> {
-    let proto = |detail: String| BootstrapError::Protocol { addr, detail };
+    let proto = |err| BootstrapError::Protocol { addr, err };
     let auth = |detail: &str| BootstrapError::Auth {
         node,
         addr,
@@ -453,7 +498,7 @@ fn exchange(
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&my_id.to_le_bytes());
     hello.extend_from_slice(&client_nonce);
-    send(s, &hello, deadline).map_err(|e| proto(io_detail(&e, "hello")))?;
+    send(s, &hello, deadline).map_err(|e| proto(ExchangeError::io(e, "hello")))?;
     let ch = read_challenge(s, addr, deadline)?;
     let (server_id, server_nonce, proof) =
         (&ch[..2], &ch[2..2 + NONCE_BYTES], &ch[2 + NONCE_BYTES..]);
@@ -476,28 +521,29 @@ fn exchange(
         &[b"cli", server_nonce, &client_nonce, &my_id.to_le_bytes()],
     );
     let t0 = clock.now_ns();
-    send(s, &my_proof, deadline).map_err(|e| proto(io_detail(&e, "proof")))?;
+    send(s, &my_proof, deadline).map_err(|e| proto(ExchangeError::io(e, "proof")))?;
     let reply = recv(s, MAX_MESSAGE_BYTES, deadline, "reply").map_err(proto)?;
     let t1 = clock.now_ns();
     match reply.split_first() {
         Some((0, rest)) => parse_reply(rest, clock, t0, t1).map_err(proto),
         Some((_, text)) => Err(auth(&String::from_utf8_lossy(text))),
-        None => Err(proto("empty reply".into())),
+        None => Err(proto(ExchangeError::EmptyReply)),
     }
 }
 
 /// The body of a successful reply: server clock, clock id, node info.
-fn parse_reply(rest: &[u8], clock: &Clock, t0: i64, t1: i64) -> Result<Fetched, String> {
-    let short = || "truncated reply".to_string();
-    let (time, rest) = rest.split_first_chunk::<8>().ok_or_else(short)?;
-    let (&id_len, rest) = rest.split_first().ok_or_else(short)?;
+fn parse_reply(rest: &[u8], clock: &Clock, t0: i64, t1: i64) -> Result<Fetched, ExchangeError> {
+    let (time, rest) = rest
+        .split_first_chunk::<8>()
+        .ok_or(ExchangeError::TruncatedReply)?;
+    let (&id_len, rest) = rest.split_first().ok_or(ExchangeError::TruncatedReply)?;
     let id_len = id_len as usize;
     if id_len > clock::MAX_CLOCK_ID_BYTES || rest.len() < id_len {
-        return Err(format!("bad clock id of {id_len} bytes"));
+        return Err(ExchangeError::BadClockId(id_len));
     }
     let (peer_clock, json) = rest.split_at(id_len);
     let same_clock = clock.id().is_some_and(|ours| ours.as_bytes() == peer_clock);
-    let info = serde_json::from_slice(json).map_err(|e| format!("bad node info: {e}"))?;
+    let info = serde_json::from_slice(json).map_err(ExchangeError::BadInfo)?;
     Ok(Fetched {
         info,
         clock: ClockSample::measure(t0, i64::from_le_bytes(*time), t1, same_clock),
@@ -508,7 +554,7 @@ fn parse_reply(rest: &[u8], clock: &Clock, t0: i64, t1: i64) -> Result<Fetched, 
 /// clock within `clock_margin` of ours. `own` is this node's info; it is returned in its place.
 /// Our clock is this host's ([`Clock::from_env`]).
 pub fn fetch_all(cfg: &ClusterConfig, own: &NodeInfo) -> Result<Vec<NodeInfo>, BootstrapError> {
-    let clock = Clock::from_env().map_err(BootstrapError::Clock)?;
+    let clock = Clock::from_env()?;
     fetch_all_with_clock(cfg, own, &clock)
 }
 

@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use nessie_protocols::{Optimizations, ProtocolConfig, RetryPolicy};
-use nessie_store::Geometry;
+use nessie_store::{Geometry, GeometryError};
 
 /// Fewest bytes in a cluster secret.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -50,13 +50,13 @@ pub enum Transport {
 }
 
 impl std::str::FromStr for Transport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = InvalidConfig;
+    fn from_str(s: &str) -> Result<Self, InvalidConfig> {
         match s {
             "shm" => Ok(Transport::Shm),
             "tcp" => Ok(Transport::Tcp),
             "auto" => Ok(Transport::Auto),
-            _ => Err(format!("unknown transport {s:?}: use shm, tcp or auto")),
+            _ => Err(InvalidConfig::Transport(s.to_string())),
         }
     }
 }
@@ -184,7 +184,45 @@ pub enum ConfigError {
     #[error("{path}: {msg}")]
     Parse { path: PathBuf, msg: String },
     #[error("invalid configuration: {0}")]
-    Invalid(String),
+    Invalid(#[from] InvalidConfig),
+}
+
+/// What is wrong with a configuration that parsed: each names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConfig {
+    #[error("unknown transport {0:?}: use shm, tcp or auto")]
+    Transport(String),
+    #[error("cluster.secret is not hex: {0}")]
+    SecretNotHex(#[source] hex::FromHexError),
+    #[error("cluster.secret has {0} bytes; at least {MIN_SECRET_BYTES} are required")]
+    SecretTooShort(usize),
+    #[error("cluster.bootstrap_timeout_ms = {0} is not in 1..=600000")]
+    BootstrapTimeout(u64),
+    #[error("cluster.op_timeout_ms = {0} is not in 10..=600000")]
+    OpTimeout(u64),
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
+    #[error("cluster.server_poll = {0:?} is not spin or yield")]
+    ServerPoll(String),
+    #[error("cluster.mode = {0:?} is not one of cd, sd, hy")]
+    Mode(String),
+    /// The mode's or the server-driven machinery's settings in `[cluster]`.
+    #[error("cluster: {0}")]
+    Cluster(#[source] nessie_protocols::ConfigError),
+    #[error("protocol: {0}")]
+    Protocol(#[source] nessie_protocols::ConfigError),
+    #[error("geometry.nodes = {nodes} but {listed} [[node]] entries are listed")]
+    NodeCount { nodes: u32, listed: usize },
+    #[error("node id {id} is out of range 0..{nodes}")]
+    NodeId { id: u16, nodes: usize },
+    #[error("node id {0} is listed twice")]
+    DuplicateNode(u16),
+    #[error("node {id}: workers = {workers} is not in 1..={MAX_WORKERS_PER_NODE}")]
+    Workers { id: u16, workers: u16 },
+    #[error("nodes {a} and {b} share the bootstrap address {addr}")]
+    SharedBootstrap { a: u16, b: u16, addr: SocketAddr },
+    #[error("no node {id} in the configuration (nodes 0..{nodes})")]
+    NoSuchNode { id: u16, nodes: usize },
 }
 
 impl ClusterConfig {
@@ -221,71 +259,73 @@ impl ClusterConfig {
         })
     }
 
+    /// Check every field; the error names the first one that is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |s: String| Err(ConfigError::Invalid(s));
-        let secret = self.secret_bytes()?;
-        if secret.len() < MIN_SECRET_BYTES {
-            return bad(format!(
-                "cluster.secret has {} bytes; at least {MIN_SECRET_BYTES} are required",
-                secret.len()
-            ));
-        }
-        if self.cluster.bootstrap_timeout_ms == 0 || self.cluster.bootstrap_timeout_ms > 600_000 {
-            return bad(format!(
-                "cluster.bootstrap_timeout_ms = {} is not in 1..=600000",
-                self.cluster.bootstrap_timeout_ms
-            ));
-        }
-        if self.cluster.op_timeout_ms < 10 || self.cluster.op_timeout_ms > 600_000 {
-            return bad(format!(
-                "cluster.op_timeout_ms = {} is not in 10..=600000",
-                self.cluster.op_timeout_ms
-            ));
-        }
-        self.geometry
+        self.validate_cluster()?;
+        self.geometry.validate().map_err(InvalidConfig::from)?;
+        self.validate_mode()?;
+        self.protocol_config()
             .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if !matches!(self.cluster.server_poll.as_str(), "spin" | "yield") {
-            return bad(format!(
-                "cluster.server_poll = {:?} is not spin or yield",
-                self.cluster.server_poll
-            ));
+            .map_err(InvalidConfig::Protocol)?;
+        self.validate_nodes()?;
+        Ok(())
+    }
+
+    /// The `[cluster]` secret and time limits.
+    fn validate_cluster(&self) -> Result<(), InvalidConfig> {
+        let secret = self.secret()?;
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(InvalidConfig::SecretTooShort(secret.len()));
         }
-        let mode = self.mode().map_err(ConfigError::Invalid)?;
-        mode.validate()
-            .map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+        let c = &self.cluster;
+        if c.bootstrap_timeout_ms == 0 || c.bootstrap_timeout_ms > 600_000 {
+            return Err(InvalidConfig::BootstrapTimeout(c.bootstrap_timeout_ms));
+        }
+        if c.op_timeout_ms < 10 || c.op_timeout_ms > 600_000 {
+            return Err(InvalidConfig::OpTimeout(c.op_timeout_ms));
+        }
+        Ok(())
+    }
+
+    /// The protocol mode and, for the server-driven ones, their request machinery.
+    fn validate_mode(&self) -> Result<(), InvalidConfig> {
+        if !matches!(self.cluster.server_poll.as_str(), "spin" | "yield") {
+            return Err(InvalidConfig::ServerPoll(self.cluster.server_poll.clone()));
+        }
+        let mode = self.mode()?;
+        mode.validate().map_err(InvalidConfig::Cluster)?;
         if mode != nessie_protocols::Mode::Cd {
             self.rpc_config()
                 .validate()
-                .map_err(|e| ConfigError::Invalid(format!("cluster: {e}")))?;
+                .map_err(InvalidConfig::Cluster)?;
         }
-        self.protocol_config()
-            .validate()
-            .map_err(|e| ConfigError::Invalid(format!("protocol: {e}")))?;
+        Ok(())
+    }
+
+    /// The `[[node]]` list: one entry per node id, each with its own bootstrap address.
+    fn validate_nodes(&self) -> Result<(), InvalidConfig> {
         if self.node.len() != self.geometry.nodes as usize {
-            return bad(format!(
-                "geometry.nodes = {} but {} [[node]] entries are listed",
-                self.geometry.nodes,
-                self.node.len()
-            ));
+            return Err(InvalidConfig::NodeCount {
+                nodes: self.geometry.nodes,
+                listed: self.node.len(),
+            });
         }
         let mut seen = vec![false; self.node.len()];
         for n in &self.node {
             let Some(slot) = seen.get_mut(n.id as usize) else {
-                return bad(format!(
-                    "node id {} is out of range 0..{}",
-                    n.id,
-                    self.node.len()
-                ));
+                return Err(InvalidConfig::NodeId {
+                    id: n.id,
+                    nodes: self.node.len(),
+                });
             };
             if std::mem::replace(slot, true) {
-                return bad(format!("node id {} is listed twice", n.id));
+                return Err(InvalidConfig::DuplicateNode(n.id));
             }
             if n.workers == 0 || n.workers > MAX_WORKERS_PER_NODE {
-                return bad(format!(
-                    "node {}: workers = {} is not in 1..={MAX_WORKERS_PER_NODE}",
-                    n.id, n.workers
-                ));
+                return Err(InvalidConfig::Workers {
+                    id: n.id,
+                    workers: n.workers,
+                });
             }
         }
         for (i, a) in self.node.iter().enumerate() {
@@ -293,26 +333,31 @@ impl ClusterConfig {
                 .iter()
                 .find(|b| b.bootstrap == a.bootstrap)
             {
-                return bad(format!(
-                    "nodes {} and {} share the bootstrap address {}",
-                    a.id, b.id, a.bootstrap
-                ));
+                return Err(InvalidConfig::SharedBootstrap {
+                    a: a.id,
+                    b: b.id,
+                    addr: a.bootstrap,
+                });
             }
         }
         Ok(())
     }
 
     pub fn secret_bytes(&self) -> Result<Vec<u8>, ConfigError> {
-        hex::decode(self.cluster.secret.trim())
-            .map_err(|e| ConfigError::Invalid(format!("cluster.secret is not hex: {e}")))
+        Ok(self.secret()?)
+    }
+
+    fn secret(&self) -> Result<Vec<u8>, InvalidConfig> {
+        hex::decode(self.cluster.secret.trim()).map_err(InvalidConfig::SecretNotHex)
     }
 
     pub fn node_entry(&self, id: u16) -> Result<&NodeEntry, ConfigError> {
-        self.node.iter().find(|n| n.id == id).ok_or_else(|| {
-            ConfigError::Invalid(format!(
-                "no node {id} in the configuration (nodes 0..{})",
-                self.node.len()
-            ))
+        let entry = self.node.iter().find(|n| n.id == id);
+        entry.ok_or_else(|| {
+            ConfigError::from(InvalidConfig::NoSuchNode {
+                id,
+                nodes: self.node.len(),
+            })
         })
     }
 
@@ -327,13 +372,13 @@ impl ClusterConfig {
     }
 
     /// The protocol the cluster runs.
-    pub fn mode(&self) -> Result<nessie_protocols::Mode, String> {
+    pub fn mode(&self) -> Result<nessie_protocols::Mode, InvalidConfig> {
         let t = self.cluster.server_threads;
         match self.cluster.mode.as_str() {
             "cd" => Ok(nessie_protocols::Mode::Cd),
             "sd" => Ok(nessie_protocols::Mode::Sd { server_threads: t }),
             "hy" => Ok(nessie_protocols::Mode::Hy { server_threads: t }),
-            m => Err(format!("cluster.mode = {m:?} is not one of cd, sd, hy")),
+            m => Err(InvalidConfig::Mode(m.to_string())),
         }
     }
 

@@ -79,8 +79,8 @@ impl LocalCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
-        cfg.validate().map_err(Error::Config)?;
-        mode.validate().map_err(Error::Config)?;
+        cfg.validate()?;
+        mode.validate()?;
         let view = Arc::new(match mode {
             Mode::Cd => ClusterView::new(geometry)?,
             Mode::Sd { .. } | Mode::Hy { .. } => sd::coupled_view(geometry)?,
@@ -100,7 +100,8 @@ impl LocalCluster {
                 r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
             }
         }
-        let fabric = InProcFabric::new(&regions, delay).map_err(Error::Config)?;
+        let fabric =
+            InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
             .map(|n| {
                 Arc::new(DataTable::new(

@@ -23,13 +23,13 @@ use nessie_store::{DATA_REGION, INDEX_REGION};
 
 use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
-use crate::config::{ClusterConfig, Transport};
+use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::rundir::{PidFile, RunDir};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] ConfigError),
     #[error(transparent)]
     Bootstrap(#[from] bootstrap::BootstrapError),
     #[error("fabric: {0}")]
@@ -41,8 +41,20 @@ pub enum NodeError {
     Protocol(#[from] nessie_protocols::Error),
     #[error("node {node}: all {max} client slots are in use (cluster.max_clients_per_node)")]
     SlotsInUse { node: u16, max: u16 },
-    #[error("{0}")]
-    Other(String),
+    #[error("node {node} published unreadable fabric info")]
+    UnreadableFabricInfo { node: u16 },
+    #[error("spawning {what}: {err}")]
+    Spawn {
+        what: &'static str,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("admin socket {path}: {err}")]
+    AdminSocket {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// Options that are not part of the shared configuration.
@@ -274,7 +286,10 @@ fn watch_signals(
             // SAFETY: ends the process without running destructors that could block.
             unsafe { libc::_exit(code) }
         })
-        .map_err(|e| NodeError::Other(format!("spawning the signal thread: {e}")))?;
+        .map_err(|err| NodeError::Spawn {
+            what: "the signal thread",
+            err,
+        })?;
     Ok(rx)
 }
 
@@ -293,133 +308,17 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let serving = Arc::new(AtomicBool::new(false));
     let stop_signal = watch_signals(signals, id, serving.clone(), pid_path)?;
     let admin_path = cfg.admin_path(id, base)?;
-    let mode = cfg.mode().map_err(NodeError::Other)?;
-    let g = &cfg.geometry;
-    let view = Arc::new(
-        match mode {
-            Mode::Cd => ClusterView::new(g.clone()),
-            _ => nessie_protocols::sd::coupled_view(g.clone()),
-        }
-        .map_err(|e| NodeError::Other(e.to_string()))?,
-    );
-    let rpc_shared = match mode {
-        Mode::Cd => None,
-        _ => Some(
-            nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())
-                .map_err(|e| NodeError::Other(e.to_string()))?,
-        ),
-    };
 
-    let mut regions = vec![0u64; 2];
-    regions[INDEX_REGION as usize] = g.index_table_bytes();
-    regions[DATA_REGION as usize] = g.data_table_bytes();
-    if let Some(s) = &rpc_shared {
-        regions.resize(4, 0);
-        regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-        regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-    }
-    let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
-    let own = NodeInfo {
-        node: id,
-        config_fingerprint: cfg.fingerprint(),
-        geometry: g.clone(),
-        fabric: hex::encode(serde_json::to_vec(ucx.info()).expect("serialises")),
-        pid: std::process::id(),
-    };
-    let _bootstrap = BootstrapServer::start(entry.bootstrap, cfg.secret_bytes()?, own.clone())?;
-    tracing::info!(node = id, addr = %entry.bootstrap, "waiting for peers");
-    let infos = bootstrap::fetch_all(&cfg, &own)?;
-    let fabric_infos = infos
-        .iter()
-        .map(|i| {
-            hex::decode(&i.fabric)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<nessie_fabric_ucx::NodeInfo>(&b).ok())
-                .ok_or_else(|| {
-                    NodeError::Other(format!("node {} published unreadable fabric info", i.node))
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-
-    let pcfg = cfg.protocol_config();
-    let table = Arc::new(DataTable::new(
-        id as u32,
-        view.dte,
-        g.dtes_per_node,
-        pcfg.clock_margin_ns,
-    ));
-    let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
-    let mut ctx = NodeContext {
-        id,
-        cfg: cfg.clone(),
-        mode,
-        started: Instant::now(),
-        ucx: ucx.clone(),
-        fabric_infos,
-        view,
-        table,
-        rpc,
-        next_worker: AtomicU32::new(0),
-        next_stream: AtomicU64::new(0),
-        delay: opts.delay.clone(),
-        servers: Vec::new(),
-    };
-
-    // Server threads (sd, hy): each polls its share of the request slots, executing requests
-    // with the client-driven protocol on this node's tables.
+    // Serves our fabric info for as long as the node runs.
+    let (mut ctx, _bootstrap) = join_cluster(cfg, &entry, opts.delay.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut server_threads = Vec::new();
-    if let Some((shared, _)) = &ctx.rpc {
-        let threads = mode.server_threads();
-        let scfg = mode.server_config(&pcfg);
-        let mut servers = Vec::new();
-        for t in 0..threads {
-            let exec = CdClient::new(
-                ctx.endpoint()?,
-                ctx.view.clone(),
-                ctx.table.clone(),
-                ctx.worker_id()?,
-                scfg.clone(),
-            )
-            .map_err(|e| NodeError::Other(e.to_string()))?;
-            let server = Server::new(
-                exec,
-                ctx.endpoint()?,
-                shared.clone(),
-                t,
-                threads,
-                cfg.rpc_config().server_options(),
-            )
-            .map_err(|e| NodeError::Other(e.to_string()))?;
-            ctx.servers.push(server.stats());
-            servers.push(server);
-        }
-        for (t, mut server) in servers.into_iter().enumerate() {
-            let stop = stop.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("nessie-server-{t}"))
-                .spawn(move || server.run(&stop))
-                .map_err(|e| NodeError::Other(format!("spawning a server thread: {e}")))?;
-            server_threads.push(h);
-        }
-    }
-
+    let server_threads = start_servers(&mut ctx, &stop)?;
     let ctx = Arc::new(ctx);
-    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
-    for _ in 0..entry.workers {
-        clients.push(Box::new(ctx.client(&pcfg)?));
-    }
-    let handler = Arc::new(NodeHandler {
-        ctx: ctx.clone(),
-        pool: ClientPool::new(clients),
-        extension: opts.extension.clone(),
-    });
-    let admin = AdminServer::start(&admin_path, handler)
-        .map_err(|e| NodeError::Other(format!("admin socket {}: {e}", admin_path.display())))?;
+    let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
     eprintln!(
         "nessie node {id}: ready ({} mode, admin socket {})",
-        mode.name(),
+        ctx.mode.name(),
         admin_path.display()
     );
 
@@ -431,6 +330,158 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
         let _ = h.join();
     }
     Ok(())
+}
+
+/// Register this node's regions with UCX, publish its fabric info and fetch every peer's: the
+/// node's context, and the bootstrap server that keeps publishing the info.
+fn join_cluster(
+    cfg: ClusterConfig,
+    entry: &NodeEntry,
+    delay: Option<DelayInjection>,
+) -> Result<(NodeContext, BootstrapServer), NodeError> {
+    let id = entry.id;
+    let mode = cfg.mode().map_err(ConfigError::from)?;
+    let g = &cfg.geometry;
+    let view = Arc::new(match mode {
+        Mode::Cd => ClusterView::new(g.clone())?,
+        _ => nessie_protocols::sd::coupled_view(g.clone())?,
+    });
+    let rpc_shared = match mode {
+        Mode::Cd => None,
+        _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())?),
+    };
+    let regions = region_sizes(g, rpc_shared.as_deref());
+    let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
+    let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
+    let table = Arc::new(DataTable::new(
+        id as u32,
+        view.dte,
+        g.dtes_per_node,
+        cfg.protocol_config().clock_margin_ns,
+    ));
+    let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
+    let ctx = NodeContext {
+        id,
+        cfg,
+        mode,
+        started: Instant::now(),
+        ucx,
+        fabric_infos,
+        view,
+        table,
+        rpc,
+        next_worker: AtomicU32::new(0),
+        next_stream: AtomicU64::new(0),
+        delay,
+        servers: Vec::new(),
+    };
+    Ok((ctx, bootstrap))
+}
+
+/// Sizes of the regions a node registers, by region id: index and data table, plus the request
+/// and response slots when the cluster runs a server-driven mode.
+fn region_sizes(g: &nessie_store::Geometry, rpc: Option<&RpcShared>) -> Vec<u64> {
+    let mut regions = vec![0u64; 2];
+    regions[INDEX_REGION as usize] = g.index_table_bytes();
+    regions[DATA_REGION as usize] = g.data_table_bytes();
+    if let Some(s) = rpc {
+        regions.resize(4, 0);
+        regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
+        regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+    }
+    regions
+}
+
+/// Publish `ucx`'s info on our bootstrap address and fetch every peer's (ours in its place).
+fn exchange_fabric_info(
+    cfg: &ClusterConfig,
+    entry: &NodeEntry,
+    ucx: &UcxNode,
+) -> Result<(BootstrapServer, Vec<nessie_fabric_ucx::NodeInfo>), NodeError> {
+    let own = NodeInfo {
+        node: entry.id,
+        config_fingerprint: cfg.fingerprint(),
+        geometry: cfg.geometry.clone(),
+        fabric: hex::encode(serde_json::to_vec(ucx.info()).expect("serialises")),
+        pid: std::process::id(),
+    };
+    let server = BootstrapServer::start(entry.bootstrap, cfg.secret_bytes()?, own.clone())?;
+    tracing::info!(node = entry.id, addr = %entry.bootstrap, "waiting for peers");
+    let infos = bootstrap::fetch_all(cfg, &own)?;
+    let fabric_infos = infos
+        .iter()
+        .map(|i| {
+            hex::decode(&i.fabric)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<nessie_fabric_ucx::NodeInfo>(&b).ok())
+                .ok_or(NodeError::UnreadableFabricInfo { node: i.node })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((server, fabric_infos))
+}
+
+/// Server threads (sd, hy): each polls its share of the request slots, executing requests with
+/// the client-driven protocol on this node's tables, until `stop`. None in cd mode.
+fn start_servers(
+    ctx: &mut NodeContext,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, NodeError> {
+    let Some((shared, _)) = &ctx.rpc else {
+        return Ok(Vec::new());
+    };
+    let shared = shared.clone();
+    let threads = ctx.mode.server_threads();
+    let scfg = ctx.mode.server_config(&ctx.protocol_config());
+    let opts = ctx.cfg.rpc_config().server_options();
+    let mut servers = Vec::new();
+    for t in 0..threads {
+        let exec = CdClient::new(
+            ctx.endpoint()?,
+            ctx.view.clone(),
+            ctx.table.clone(),
+            ctx.worker_id()?,
+            scfg.clone(),
+        )?;
+        let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, opts)?;
+        ctx.servers.push(server.stats());
+        servers.push(server);
+    }
+    let mut handles = Vec::new();
+    for (t, mut server) in servers.into_iter().enumerate() {
+        let stop = stop.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("nessie-server-{t}"))
+            .spawn(move || server.run(&stop))
+            .map_err(|err| NodeError::Spawn {
+                what: "a server thread",
+                err,
+            })?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+/// The node's `workers` client workers behind its admin socket at `path`.
+fn serve_admin(
+    ctx: &Arc<NodeContext>,
+    workers: u16,
+    path: &Path,
+    extension: Option<Arc<dyn NodeExtension>>,
+) -> Result<AdminServer, NodeError> {
+    let pcfg = ctx.protocol_config();
+    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
+    for _ in 0..workers {
+        clients.push(Box::new(ctx.client(&pcfg)?));
+    }
+    let handler = Arc::new(NodeHandler {
+        ctx: ctx.clone(),
+        pool: ClientPool::new(clients),
+        extension,
+    });
+    AdminServer::start(path, handler).map_err(|err| NodeError::AdminSocket {
+        path: path.to_path_buf(),
+        err,
+    })
 }
 
 /// A `KvClient` that forwards operations to a node's admin socket (the CLI and multi-process

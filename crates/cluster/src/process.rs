@@ -35,10 +35,25 @@ pub enum ProcessError {
         log: PathBuf,
         tail: String,
     },
-    #[error("{0}")]
-    Invalid(String),
+    #[error("--nodes {0} is not in 1..={MAX_LOCAL_NODES}")]
+    NodeCount(u16),
+    #[error("{ports} bootstrap ports for {nodes} nodes")]
+    PortCount { ports: usize, nodes: u16 },
     #[error(transparent)]
     Dir(#[from] rundir::DirError),
+}
+
+/// Why `nessie status` has no report from a node.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
+    #[error("{0}")]
+    BadReport(#[from] serde_json::Error),
+    #[error("unexpected reply {0:?}")]
+    UnexpectedReply(Response),
 }
 
 /// Where a cluster lives when no `--dir` is given: `$NESSIE_DIR`, else a per-user directory.
@@ -201,10 +216,7 @@ pub fn up_with_ports(
     mut ports: impl FnMut(u16) -> Result<Vec<u16>, ProcessError>,
 ) -> Result<ClusterConfig, ProcessError> {
     if o.nodes == 0 || o.nodes > MAX_LOCAL_NODES {
-        return Err(ProcessError::Invalid(format!(
-            "--nodes {} is not in 1..={MAX_LOCAL_NODES}",
-            o.nodes
-        )));
+        return Err(ProcessError::NodeCount(o.nodes));
     }
     // Held until we return: a concurrent `up` or `down` on this directory fails at once.
     let rd = RunDir::lock(dir, true)?;
@@ -233,11 +245,10 @@ pub fn up_with_ports(
 /// The configuration `up` writes for `o` with bootstrap `ports`.
 fn local_config(o: &UpOptions, ports: &[u16]) -> Result<ClusterConfig, ProcessError> {
     if ports.len() != o.nodes as usize {
-        return Err(ProcessError::Invalid(format!(
-            "{} bootstrap ports for {} nodes",
-            ports.len(),
-            o.nodes
-        )));
+        return Err(ProcessError::PortCount {
+            ports: ports.len(),
+            nodes: o.nodes,
+        });
     }
     let mut cfg = ClusterConfig::local("local", o.nodes, o.transport, 0, o.geometry.clone());
     for (n, p) in cfg.node.iter_mut().zip(ports) {
@@ -506,7 +517,7 @@ pub struct NodeStatus {
     pub id: u16,
     pub pid: Option<i32>,
     /// The node's status report (JSON), or why it could not be had.
-    pub report: Result<serde_json::Value, String>,
+    pub report: Result<serde_json::Value, StatusError>,
 }
 
 pub fn status(dir: &Path) -> Result<(ClusterConfig, Vec<NodeStatus>), ProcessError> {
@@ -520,25 +531,24 @@ pub fn status(dir: &Path) -> Result<(ClusterConfig, Vec<NodeStatus>), ProcessErr
         .iter()
         .map(|n| {
             let pid = live_pid(dir, n.id);
-            let report = cfg
-                .admin_path(n.id, dir)
-                .map_err(|e| e.to_string())
-                .and_then(|p| {
-                    AdminClient::connect(&p, Duration::from_secs(5)).map_err(|e| e.to_string())
-                })
-                .and_then(|mut c| c.call(&Request::Status).map_err(|e| e.to_string()))
-                .and_then(|r| match r {
-                    Response::Status(s) => serde_json::from_str(&s).map_err(|e| e.to_string()),
-                    r => Err(format!("unexpected reply {r:?}")),
-                });
             NodeStatus {
                 id: n.id,
                 pid,
-                report,
+                report: node_report(&cfg, dir, n.id),
             }
         })
         .collect();
     Ok((cfg, nodes))
+}
+
+/// Node `id`'s status report, asked over its admin socket.
+fn node_report(cfg: &ClusterConfig, dir: &Path, id: u16) -> Result<serde_json::Value, StatusError> {
+    let path = cfg.admin_path(id, dir)?;
+    let mut conn = AdminClient::connect(&path, Duration::from_secs(5))?;
+    match conn.call(&Request::Status)? {
+        Response::Status(s) => Ok(serde_json::from_str(&s)?),
+        r => Err(StatusError::UnexpectedReply(r)),
+    }
 }
 
 #[cfg(test)]

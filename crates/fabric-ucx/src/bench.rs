@@ -41,6 +41,8 @@ use std::time::Instant;
 
 use nessie_fabric::{Endpoint, FabricError, RemoteAddr};
 
+use crate::config::ParseError;
+
 /// Which operation [`bench_op`] measures.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,13 +54,13 @@ pub enum BenchOp {
 }
 
 impl std::str::FromStr for BenchOp {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.to_ascii_lowercase().as_str() {
             "read" | "get" => Ok(BenchOp::Read),
             "write" | "put" => Ok(BenchOp::Write),
             "cas" | "cswap" => Ok(BenchOp::Cas),
-            _ => Err(format!("unknown op {s:?} (expected read, write or cas)")),
+            _ => Err(ParseError::BenchOp(s.to_string())),
         }
     }
 }

@@ -3,6 +3,17 @@
 
 use std::time::Duration;
 
+/// A name on the command line or in a config file that is none of the accepted ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("unknown transport {0:?} (expected shm, tcp or auto)")]
+    Transport(String),
+    #[error("unknown huge-pages policy {0:?} (expected off, try or require)")]
+    HugePages(String),
+    #[error("unknown op {0:?} (expected read, write or cas)")]
+    BenchOp(String),
+}
+
 /// Which UCX transports carry the fabric.
 #[derive(
     Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
@@ -33,15 +44,13 @@ impl Transport {
 }
 
 impl std::str::FromStr for Transport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.to_ascii_lowercase().as_str() {
             "shm" | "sm" => Ok(Transport::Shm),
             "tcp" => Ok(Transport::Tcp),
             "auto" => Ok(Transport::Auto),
-            _ => Err(format!(
-                "unknown transport {s:?} (expected shm, tcp or auto)"
-            )),
+            _ => Err(ParseError::Transport(s.to_string())),
         }
     }
 }
@@ -87,15 +96,13 @@ impl HugePages {
 }
 
 impl std::str::FromStr for HugePages {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.to_ascii_lowercase().as_str() {
             "off" | "no" | "n" => Ok(HugePages::Off),
             "try" => Ok(HugePages::Try),
             "require" | "yes" | "y" => Ok(HugePages::Require),
-            _ => Err(format!(
-                "unknown huge-pages policy {s:?} (expected off, try or require)"
-            )),
+            _ => Err(ParseError::HugePages(s.to_string())),
         }
     }
 }
@@ -248,6 +255,7 @@ mod tests {
         assert!("sometimes"
             .parse::<HugePages>()
             .unwrap_err()
+            .to_string()
             .contains("off, try or require"));
     }
 }

@@ -130,7 +130,7 @@ mod node;
 mod sys;
 
 pub use bench::{bench_op, BenchOp, LatencyStats};
-pub use config::{HugePages, Transport, UcxConfig};
+pub use config::{HugePages, ParseError, Transport, UcxConfig};
 pub use endpoint::UcxEndpoint;
 pub use node::{NodeInfo, PageBacking, RegionInfo, RegionSource, UcxNode};
 

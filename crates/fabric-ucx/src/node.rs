@@ -137,6 +137,26 @@ struct ProgressCtl {
 }
 
 impl ProgressCtl {
+    /// Running, with a fresh eventfd to wake the thread.
+    fn new(spin: Duration) -> Result<Self, FabricError> {
+        // SAFETY: plain syscall; the result is checked.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(FabricError::Transport(format!(
+                "eventfd: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Self {
+            state: Mutex::new((Want::Run, Want::Run)),
+            attention: AtomicBool::new(false),
+            spin,
+            cv: Condvar::new(),
+            // SAFETY: fresh fd we own.
+            wake: unsafe { OwnedFd::from_raw_fd(wake) },
+        })
+    }
+
     fn kick(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to an eventfd we own.
@@ -179,6 +199,89 @@ fn ucx_err(e: UcxError) -> FabricError {
     FabricError::Transport(e.to_string())
 }
 
+/// The memory a region source names, and its length in bytes: an allocation rounded up to
+/// whole words, or provided memory, which must already be aligned.
+fn region_extent(src: &RegionSource) -> Result<(Option<*mut u8>, u64), FabricError> {
+    match *src {
+        RegionSource::Allocate(b) => Ok((None, b.div_ceil(ALIGN).max(1) * ALIGN)),
+        RegionSource::Provided { ptr, len } => {
+            if !(ptr as usize).is_multiple_of(ALIGN as usize)
+                || !len.is_multiple_of(ALIGN)
+                || len == 0
+            {
+                return Err(FabricError::Misaligned {
+                    offset: ptr as u64,
+                    len,
+                    align: ALIGN,
+                });
+            }
+            Ok((Some(ptr), len))
+        }
+    }
+}
+
+/// Map and register one region: its view for this process and what peers need to reach it.
+///
+/// # Safety
+/// As [`UcxNode::with_regions`] for a provided `src`.
+unsafe fn map_region(
+    ctx: &Arc<Context>,
+    src: &RegionSource,
+    config: &UcxConfig,
+) -> Result<(Region, RegionInfo), FabricError> {
+    let (given, len) = region_extent(src)?;
+    let require = config.huge_pages == crate::HugePages::Require && given.is_none();
+    // UCX's sysv MD only takes huge pages when rounding up to one at most doubles the
+    // request; under `Require` round up ourselves (the tail is unused).
+    let len = if require {
+        len.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    } else {
+        len
+    };
+    let hint = |what: String| {
+        FabricError::Transport(format!(
+            "{what}; huge_pages = require needs at least {} free 2 MiB huge pages for this region \
+             (see /proc/meminfo HugePages_Free; reserve with `sysctl vm.nr_hugepages=N`), \
+             or use huge_pages = try",
+            len.div_ceil(HUGE_PAGE_BYTES)
+        ))
+    };
+    let map = Mapping::new(ctx, given, len as usize).map_err(|e| {
+        if require {
+            hint(e.to_string())
+        } else {
+            ucx_err(e)
+        }
+    })?;
+    let backing = PageBacking::of(map.base() as u64);
+    if require && backing.is_none_or(|b| b.page_kib <= 4) {
+        return Err(hint(format!(
+            "region of {len} bytes is not on hugetlbfs pages ({backing:?})"
+        )));
+    }
+    let len = (map.len() as u64 / ALIGN) * ALIGN;
+    if given.is_none() {
+        // UCX does not promise zeroed memory for every allocation method (heap).
+        // SAFETY: freshly mapped, nobody else knows of it yet.
+        unsafe { std::ptr::write_bytes(map.base(), 0, len as usize) };
+    }
+    let info = RegionInfo {
+        base: map.base() as u64,
+        len,
+        rkey: map.pack_rkey().map_err(ucx_err)?,
+    };
+    // SAFETY: the mapping is aligned (UCX allocations are page aligned, provided memory
+    // is checked above), lives as long as the view (same Region), and is only accessed
+    // atomically in this process.
+    let mem = unsafe { WordMemory::from_raw(map.base(), len) };
+    let region = Region {
+        mem,
+        backing,
+        _map: map,
+    };
+    Ok((region, info))
+}
+
 impl UcxNode {
     /// Start node `node` with zeroed regions of the given sizes (bytes, rounded up to 8),
     /// allocated by UCX.
@@ -210,72 +313,10 @@ impl UcxNode {
         let mut regs = Vec::with_capacity(regions.len());
         let mut infos = Vec::with_capacity(regions.len());
         for src in regions {
-            let (given, len) = match *src {
-                RegionSource::Allocate(b) => (None, b.div_ceil(ALIGN).max(1) * ALIGN),
-                RegionSource::Provided { ptr, len } => {
-                    if !(ptr as usize).is_multiple_of(ALIGN as usize)
-                        || !len.is_multiple_of(ALIGN)
-                        || len == 0
-                    {
-                        return Err(FabricError::Misaligned {
-                            offset: ptr as u64,
-                            len,
-                            align: ALIGN,
-                        });
-                    }
-                    (Some(ptr), len)
-                }
-            };
-            let require = config.huge_pages == crate::HugePages::Require && given.is_none();
-            // UCX's sysv MD only takes huge pages when rounding up to one at most doubles the
-            // request; under `Require` round up ourselves (the tail is unused).
-            let len = if require {
-                len.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-            } else {
-                len
-            };
-            let hint = |what: String| {
-                FabricError::Transport(format!(
-                    "{what}; huge_pages = require needs at least {} free 2 MiB huge pages for this region \
-                     (see /proc/meminfo HugePages_Free; reserve with `sysctl vm.nr_hugepages=N`), \
-                     or use huge_pages = try",
-                    len.div_ceil(HUGE_PAGE_BYTES)
-                ))
-            };
-            let map = Mapping::new(&ctx, given, len as usize).map_err(|e| {
-                if require {
-                    hint(e.to_string())
-                } else {
-                    ucx_err(e)
-                }
-            })?;
-            let backing = PageBacking::of(map.base() as u64);
-            if require && backing.is_none_or(|b| b.page_kib <= 4) {
-                return Err(hint(format!(
-                    "region of {len} bytes is not on hugetlbfs pages ({backing:?})"
-                )));
-            }
-            let len = (map.len() as u64 / ALIGN) * ALIGN;
-            if given.is_none() {
-                // UCX does not promise zeroed memory for every allocation method (heap).
-                // SAFETY: freshly mapped, nobody else knows of it yet.
-                unsafe { std::ptr::write_bytes(map.base(), 0, len as usize) };
-            }
-            let rkey = map.pack_rkey().map_err(ucx_err)?;
-            infos.push(RegionInfo {
-                base: map.base() as u64,
-                len,
-                rkey,
-            });
-            // SAFETY: the mapping is aligned (UCX allocations are page aligned, provided memory
-            // is checked above), lives as long as the view (same Region), and is only accessed
-            // atomically in this process.
-            let mem = unsafe { WordMemory::from_raw(map.base(), len) };
-            regs.push(Region {
-                mem,
-                backing,
-                _map: map,
-            });
+            // SAFETY: passed on from our caller.
+            let (region, info) = unsafe { map_region(&ctx, src, config)? };
+            regs.push(region);
+            infos.push(info);
         }
 
         let mut worker = Worker::new(&ctx).map_err(ucx_err)?;
@@ -284,22 +325,7 @@ impl UcxNode {
             regions: infos,
         };
         let efd = worker.event_fd().map_err(ucx_err)?;
-        // SAFETY: plain syscall; the result is checked.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake < 0 {
-            return Err(FabricError::Transport(format!(
-                "eventfd: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let ctl = Arc::new(ProgressCtl {
-            state: Mutex::new((Want::Run, Want::Run)),
-            attention: AtomicBool::new(false),
-            spin: config.progress_spin,
-            cv: Condvar::new(),
-            // SAFETY: fresh fd we own.
-            wake: unsafe { OwnedFd::from_raw_fd(wake) },
-        });
+        let ctl = Arc::new(ProgressCtl::new(config.progress_spin)?);
         let shared = Arc::new(NodeShared {
             node,
             regions: regs,

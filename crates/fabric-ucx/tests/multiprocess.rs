@@ -102,7 +102,7 @@ fn child_main(role: &str) -> Result<(), String> {
     // role = "<node id>:<transport>"
     let (id, t) = role.split_once(':').ok_or("bad role")?;
     let id: NodeId = id.parse().map_err(|e| format!("{e}"))?;
-    let t: Transport = t.parse()?;
+    let t: Transport = t.parse().map_err(|e| format!("{e}"))?;
     // Never outlive the parent test process, even if it was SIGKILLed mid-command.
     let parent = unsafe { libc::getppid() };
     std::thread::spawn(move || loop {

@@ -6,7 +6,7 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
+use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
 
 /// Spreads the streams of endpoints that share one seed (the 64-bit golden ratio).
 const STREAM_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -25,18 +25,12 @@ pub struct DelayInjection {
 }
 
 impl DelayInjection {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.probability) {
-            return Err(format!(
-                "delay probability {} is not in [0, 1]",
-                self.probability
-            ));
+            return Err(ConfigError::DelayProbability(self.probability));
         }
         if self.max_delay_ns > MAX_INJECTED_DELAY_NS {
-            return Err(format!(
-                "max injected delay {} ns exceeds 1 s",
-                self.max_delay_ns
-            ));
+            return Err(ConfigError::DelayTooLong(self.max_delay_ns));
         }
         Ok(())
     }

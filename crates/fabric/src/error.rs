@@ -23,3 +23,14 @@ pub enum FabricError {
     #[error("fabric transport error: {0}")]
     Transport(String),
 }
+
+/// Why an in-process fabric or a delay injection cannot be set up as configured.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("node count {count} is not in 1..={max}")]
+    NodeCount { count: usize, max: NodeId },
+    #[error("delay probability {0} is not in [0, 1]")]
+    DelayProbability(f64),
+    #[error("max injected delay {0} ns exceeds 1 s")]
+    DelayTooLong(u64),
+}

@@ -12,7 +12,7 @@ pub use crate::delay::DelayInjection;
 use crate::delay::Injector;
 use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
-use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
+use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 
 struct InProcNode {
     regions: Vec<WordMemory>,
@@ -31,13 +31,15 @@ pub struct InProcFabric {
 
 impl InProcFabric {
     /// `regions[n]` lists the sizes in bytes of node `n`'s regions (region id = position).
-    pub fn new(regions: &[Vec<u64>], delay: Option<DelayInjection>) -> Result<Arc<Self>, String> {
+    pub fn new(
+        regions: &[Vec<u64>],
+        delay: Option<DelayInjection>,
+    ) -> Result<Arc<Self>, ConfigError> {
         if regions.is_empty() || regions.len() > NodeId::MAX as usize {
-            return Err(format!(
-                "node count {} is not in 1..={}",
-                regions.len(),
-                NodeId::MAX
-            ));
+            return Err(ConfigError::NodeCount {
+                count: regions.len(),
+                max: NodeId::MAX,
+            });
         }
         if let Some(d) = &delay {
             d.validate()?;
@@ -336,6 +338,7 @@ mod tests {
         assert!(InProcFabric::new(&[vec![8]], Some(bad))
             .err()
             .unwrap()
+            .to_string()
             .contains("probability"));
     }
 }

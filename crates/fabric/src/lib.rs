@@ -23,7 +23,7 @@ pub mod memory;
 pub mod stats;
 
 pub use addr::{NodeId, RegionId, RemoteAddr, ALIGN};
-pub use error::FabricError;
+pub use error::{ConfigError, FabricError};
 pub use stats::{FabricStats, Locality, OpKind, StatsCell, StatsSnapshot};
 
 /// One worker thread's handle onto the fabric.

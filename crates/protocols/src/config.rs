@@ -128,38 +128,64 @@ impl Default for ProtocolConfig {
 }
 
 impl ProtocolConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(MIN_EXPIRY_NS..=MAX_EXPIRY_NS).contains(&self.expiry_ns) {
-            return Err(format!(
-                "expiry {} ns is not between 1 ms and 1 h",
-                self.expiry_ns
-            ));
+            return Err(ConfigError::Expiry(self.expiry_ns));
         }
         // A DTE is reused after expiry + margin; a margin over half the expiry means the
         // nodes' clocks may disagree by more than the protocol's own safety window.
         if self.clock_margin_ns.saturating_mul(2) > self.expiry_ns {
-            return Err(format!(
-                "clock margin {} ms exceeds half the expiry period ({} ms)",
-                self.clock_margin_ns as f64 / 1e6,
-                self.expiry_ns as f64 / 1e6
-            ));
+            return Err(ConfigError::ClockMargin {
+                margin_ms: self.clock_margin_ns as f64 / 1e6,
+                expiry_ms: self.expiry_ns as f64 / 1e6,
+            });
         }
         if self.max_migrate_depth > MAX_MIGRATE_DEPTH {
-            return Err(format!(
-                "migrate depth {} exceeds {MAX_MIGRATE_DEPTH}",
-                self.max_migrate_depth
-            ));
+            return Err(ConfigError::MigrateDepth(self.max_migrate_depth));
         }
         if self.retry.max_attempts == 0 {
-            return Err("retry.max_attempts must be at least 1".into());
+            return Err(ConfigError::NoAttempts);
         }
         if self.retry.initial_backoff_ns > self.retry.max_backoff_ns {
-            return Err("retry.initial_backoff_ns exceeds retry.max_backoff_ns".into());
+            return Err(ConfigError::BackoffOrder);
         }
         if self.retry.max_backoff_ns > MAX_BACKOFF_NS {
-            return Err("retry.max_backoff_ns exceeds 10 s".into());
+            return Err(ConfigError::BackoffTooLong);
         }
         Ok(())
+    }
+}
+
+/// Why a protocol, mode or server-driven (RPC) configuration is rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("expiry {0} ns is not between 1 ms and 1 h")]
+    Expiry(u64),
+    #[error("clock margin {margin_ms} ms exceeds half the expiry period ({expiry_ms} ms)")]
+    ClockMargin { margin_ms: f64, expiry_ms: f64 },
+    #[error("migrate depth {0} exceeds {MAX_MIGRATE_DEPTH}")]
+    MigrateDepth(u8),
+    #[error("retry.max_attempts must be at least 1")]
+    NoAttempts,
+    #[error("retry.initial_backoff_ns exceeds retry.max_backoff_ns")]
+    BackoffOrder,
+    #[error("retry.max_backoff_ns exceeds 10 s")]
+    BackoffTooLong,
+    #[error("server_threads = {0} is not in 1..={max}", max = crate::sd::MAX_SERVER_THREADS)]
+    ServerThreads(u16),
+    #[error("max_clients_per_node = {0} is not in 1..={max}", max = crate::sd::MAX_CLIENTS_PER_NODE)]
+    ClientsPerNode(u16),
+    #[error("idle_backoff_ns exceeds 1 s")]
+    IdleBackoff,
+    #[error("response timeout {0} ns is below 1 ms")]
+    ResponseTimeout(u64),
+}
+
+/// The client API reports every configuration problem as [`Error::Config`] with its message:
+/// that variant's text is what crosses the wire (admin replies, SD response slots).
+impl From<ConfigError> for crate::Error {
+    fn from(e: ConfigError) -> Self {
+        crate::Error::Config(e.to_string())
     }
 }
 
@@ -179,7 +205,7 @@ mod tests {
             clock_margin_ns: 500_000_001,
             ..ok
         };
-        let e = bad.validate().unwrap_err();
+        let e = bad.validate().unwrap_err().to_string();
         assert!(
             e.contains("exceeds half the expiry period (1000 ms)"),
             "{e}"

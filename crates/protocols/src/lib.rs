@@ -34,7 +34,7 @@ pub mod sd;
 
 #[cfg(any(test, feature = "testing"))]
 pub use config::Mutations;
-pub use config::{Optimizations, ProtocolConfig, RetryPolicy};
+pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
 pub use hooks::HookPoint;
 
@@ -111,13 +111,10 @@ impl Mode {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let t = self.server_threads();
         if *self != Mode::Cd && !(1..=sd::MAX_SERVER_THREADS).contains(&t) {
-            return Err(format!(
-                "server_threads = {t} is not in 1..={}",
-                sd::MAX_SERVER_THREADS
-            ));
+            return Err(ConfigError::ServerThreads(t));
         }
         Ok(())
     }

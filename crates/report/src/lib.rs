@@ -13,4 +13,4 @@ pub mod sweep;
 pub use figures::{render, RenderError};
 pub use preset::{classify, PlotPoint, Preset, RunSpec, UnknownPreset};
 pub use summary::summary_table;
-pub use sweep::{load_results, run_preset, run_specs, SweepError, SweepOutcome};
+pub use sweep::{load_results, run_preset, run_specs, RunError, SweepError, SweepOutcome};

@@ -1,7 +1,7 @@
 //! Running a sweep: every run of a preset through a caller-supplied runner, each result saved
 //! as `<stem>.json`, then `summary.json`, `summary.txt` and the preset's figures.
 //!
-//! The runner is a parameter (`FnMut(&BenchParams) -> Result<BenchResult, String>`), so the
+//! The runner is a parameter (`FnMut(&BenchParams) -> Result<BenchResult, RunError>`), so the
 //! sweep is testable without a cluster; the CLI passes the real single-run runner.
 
 use std::fs;
@@ -108,9 +108,11 @@ pub enum JsonFileError {
     Write { path: PathBuf, err: io::Error },
 }
 
-/// The single-run benchmark: parameters in, result (or a readable error) out. The error stays a
-/// message: it comes from the caller's runner and is recorded as is in `summary.json`.
-pub type Runner<'a> = dyn FnMut(&BenchParams) -> Result<BenchResult, String> + 'a;
+/// The single-run benchmark: parameters in, result (or the runner's error) out. A failed run's
+/// error is recorded by its message in `summary.json` and the sweep goes on.
+pub type Runner<'a> = dyn FnMut(&BenchParams) -> Result<BenchResult, RunError> + 'a;
+/// Why one run failed, whatever the runner's own error type.
+pub type RunError = Box<dyn std::error::Error + Send + Sync>;
 /// Called before each run with its 1-based index, the number of runs and the run.
 pub type Progress<'a> = dyn FnMut(usize, usize, &RunSpec) + 'a;
 
@@ -185,7 +187,7 @@ fn run_one(
     };
     let result = match catch_unwind(AssertUnwindSafe(|| runner(&spec.params))) {
         Ok(r) => r,
-        Err(panic) => Err(format!("the runner panicked: {}", panic_message(&panic))),
+        Err(panic) => Err(format!("the runner panicked: {}", panic_message(&panic)).into()),
     };
     let saved = match &result {
         Ok(result) => write_json(&path, result)
@@ -195,7 +197,7 @@ fn run_one(
             if path.exists() {
                 let _ = fs::remove_file(&path);
             }
-            Err(error.clone())
+            Err(error.to_string())
         }
     };
     match saved {

@@ -2,7 +2,7 @@
 //! and client of a cluster must agree on it exactly (see [`Geometry::fingerprint`]).
 
 use crate::dte::DteLayout;
-use crate::ite::IteLayout;
+use crate::ite::{IteLayout, IteLayoutError};
 use crate::limits::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -26,7 +26,51 @@ pub struct Geometry {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid cluster geometry: {0}")]
-pub struct GeometryError(pub String);
+pub struct GeometryError(#[from] pub GeometryProblem);
+
+/// What is wrong with a geometry: each names the field (or the derived size) at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GeometryProblem {
+    #[error("nodes = {0} is not in 1..={MAX_NODES}")]
+    Nodes(u32),
+    #[error("hash_functions = {0} is not in {MIN_HASH_FUNCTIONS}..={MAX_HASH_FUNCTIONS}")]
+    HashFunctions(u8),
+    #[error("filter_bits = {0} exceeds {MAX_FILTER_BITS}")]
+    FilterBits(u8),
+    #[error("ites_per_node = {0} is not in 1..={MAX_ITES_PER_NODE}")]
+    ItesPerNode(u64),
+    #[error(
+        "{total} index entries in total cannot hold {hash_functions} distinct candidates per key with room to migrate"
+    )]
+    IndexTooSmall { total: u64, hash_functions: u8 },
+    #[error(
+        "ites_per_node = {ites_per_node} cannot hold {hash_functions} distinct candidates per key with room to migrate \
+         in one node's index table (coupled placement needs at least {needed})"
+    )]
+    CoupledIndexTooSmall {
+        ites_per_node: u64,
+        hash_functions: u8,
+        needed: u64,
+    },
+    #[error("dtes_per_node = {0} is not in 1..={MAX_DTES_PER_NODE}")]
+    DtesPerNode(u64),
+    #[error("key_max = {0} is not in 1..={MAX_KEY_SIZE}")]
+    KeyMax(u32),
+    #[error(
+        "value_max = {0} is not in 1..={MAX_VALUE_SIZE} (a store of empty values only is a mistake)"
+    )]
+    ValueMax(u32),
+    #[error(
+        "data table of {entries} entries x {entry_size} bytes = {bytes} bytes exceeds {MAX_DATA_TABLE_BYTES}"
+    )]
+    DataTableTooLarge {
+        entries: u64,
+        entry_size: u64,
+        bytes: u64,
+    },
+    #[error(transparent)]
+    Ite(#[from] IteLayoutError),
+}
 
 impl Default for Geometry {
     fn default() -> Self {
@@ -50,65 +94,50 @@ fn bits_for(count: u64) -> u8 {
 impl Geometry {
     /// Check every field against its limit and derive the ITE and DTE layouts.
     pub fn validate(&self) -> Result<(IteLayout, DteLayout), GeometryError> {
-        let err = |s: String| Err(GeometryError(s));
+        use GeometryProblem as P;
         if self.nodes == 0 || self.nodes > MAX_NODES {
-            return err(format!("nodes = {} is not in 1..={MAX_NODES}", self.nodes));
+            return Err(P::Nodes(self.nodes).into());
         }
         if !(MIN_HASH_FUNCTIONS..=MAX_HASH_FUNCTIONS).contains(&self.hash_functions) {
-            return err(format!(
-                "hash_functions = {} is not in {MIN_HASH_FUNCTIONS}..={MAX_HASH_FUNCTIONS}",
-                self.hash_functions
-            ));
+            return Err(P::HashFunctions(self.hash_functions).into());
         }
         if self.filter_bits > MAX_FILTER_BITS {
-            return err(format!(
-                "filter_bits = {} exceeds {MAX_FILTER_BITS}",
-                self.filter_bits
-            ));
+            return Err(P::FilterBits(self.filter_bits).into());
         }
         if self.ites_per_node == 0 || self.ites_per_node > MAX_ITES_PER_NODE {
-            return err(format!(
-                "ites_per_node = {} is not in 1..={MAX_ITES_PER_NODE}",
-                self.ites_per_node
-            ));
+            return Err(P::ItesPerNode(self.ites_per_node).into());
         }
         let total = self.ites_per_node * self.nodes as u64;
         if total < 2 * self.hash_functions as u64 {
-            return err(format!(
-                "{total} index entries in total cannot hold {} distinct candidates per key with room to migrate",
-                self.hash_functions
-            ));
+            return Err(P::IndexTooSmall {
+                total,
+                hash_functions: self.hash_functions,
+            }
+            .into());
         }
         if self.dtes_per_node == 0 || self.dtes_per_node > MAX_DTES_PER_NODE {
-            return err(format!(
-                "dtes_per_node = {} is not in 1..={MAX_DTES_PER_NODE}",
-                self.dtes_per_node
-            ));
+            return Err(P::DtesPerNode(self.dtes_per_node).into());
         }
         if self.key_max == 0 || self.key_max > MAX_KEY_SIZE {
-            return err(format!(
-                "key_max = {} is not in 1..={MAX_KEY_SIZE}",
-                self.key_max
-            ));
+            return Err(P::KeyMax(self.key_max).into());
         }
         if self.value_max == 0 || self.value_max > MAX_VALUE_SIZE {
-            return err(format!(
-                "value_max = {} is not in 1..={MAX_VALUE_SIZE} (a store of empty values only is a mistake)",
-                self.value_max
-            ));
+            return Err(P::ValueMax(self.value_max).into());
         }
         let dte = DteLayout::new(self.key_max, self.value_max);
         let table_bytes = dte.entry_size.saturating_mul(self.dtes_per_node);
         if table_bytes > MAX_DATA_TABLE_BYTES {
-            return err(format!(
-                "data table of {} entries x {} bytes = {table_bytes} bytes exceeds {MAX_DATA_TABLE_BYTES}",
-                self.dtes_per_node, dte.entry_size
-            ));
+            return Err(P::DataTableTooLarge {
+                entries: self.dtes_per_node,
+                entry_size: dte.entry_size,
+                bytes: table_bytes,
+            }
+            .into());
         }
         // One data table per node: the DTI is the node id.
         let dti_bits = bits_for(self.nodes as u64);
         let dte_bits = bits_for(self.dtes_per_node);
-        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits).map_err(GeometryError)?;
+        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits).map_err(P::from)?;
         Ok((ite, dte))
     }
 

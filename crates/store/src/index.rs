@@ -22,7 +22,7 @@
 use nessie_fabric::{NodeId, RemoteAddr};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::geometry::{Geometry, GeometryError};
+use crate::geometry::{Geometry, GeometryError, GeometryProblem};
 use crate::ite::IteLayout;
 use crate::limits::MAX_HASH_FUNCTIONS;
 use crate::INDEX_REGION;
@@ -85,13 +85,12 @@ impl Index {
     /// with room to migrate), the per-node analogue of the decoupled total-size check.
     pub fn new_coupled(g: &Geometry, ite: IteLayout) -> Result<Self, GeometryError> {
         if g.ites_per_node < 2 * g.hash_functions as u64 {
-            return Err(GeometryError(format!(
-                "ites_per_node = {} cannot hold {} distinct candidates per key with room to migrate \
-                 in one node's index table (coupled placement needs at least {})",
-                g.ites_per_node,
-                g.hash_functions,
-                2 * g.hash_functions as u64
-            )));
+            return Err(GeometryProblem::CoupledIndexTooSmall {
+                ites_per_node: g.ites_per_node,
+                hash_functions: g.hash_functions,
+                needed: 2 * g.hash_functions as u64,
+            }
+            .into());
         }
         Ok(Self {
             placement: Placement::Coupled,

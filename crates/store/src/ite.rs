@@ -60,16 +60,35 @@ fn mask(bits: u8) -> u64 {
     }
 }
 
+/// Why a set of ITE field widths is not a layout.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IteLayoutError {
+    #[error(
+        "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1) but has 64"
+    )]
+    TooWide {
+        used: u32,
+        dte_bits: u8,
+        dti_bits: u8,
+        filter_bits: u8,
+    },
+    #[error("DTE index and DTI fields need at least one bit each")]
+    EmptyField,
+}
+
 impl IteLayout {
-    pub fn new(dte_bits: u8, dti_bits: u8, filter_bits: u8) -> Result<Self, String> {
+    pub fn new(dte_bits: u8, dti_bits: u8, filter_bits: u8) -> Result<Self, IteLayoutError> {
         let used = dte_bits as u32 + dti_bits as u32 + filter_bits as u32 + 1;
         if used > 64 {
-            return Err(format!(
-                "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1) but has 64"
-            ));
+            return Err(IteLayoutError::TooWide {
+                used,
+                dte_bits,
+                dti_bits,
+                filter_bits,
+            });
         }
         if dte_bits == 0 || dti_bits == 0 {
-            return Err("DTE index and DTI fields need at least one bit each".into());
+            return Err(IteLayoutError::EmptyField);
         }
         Ok(Self {
             dte_bits,
@@ -168,7 +187,10 @@ mod tests {
 
     #[test]
     fn layout_that_does_not_fit_is_rejected() {
-        assert!(IteLayout::new(40, 16, 16).unwrap_err().contains("73 bits"));
+        assert!(IteLayout::new(40, 16, 16)
+            .unwrap_err()
+            .to_string()
+            .contains("73 bits"));
         assert!(IteLayout::new(0, 1, 0).is_err());
     }
 

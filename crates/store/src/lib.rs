@@ -23,8 +23,8 @@ pub mod limits;
 pub mod pages;
 
 pub use dte::DteLayout;
-pub use geometry::{Geometry, GeometryError};
-pub use ite::{Ite, IteLayout};
+pub use geometry::{Geometry, GeometryError, GeometryProblem};
+pub use ite::{Ite, IteLayout, IteLayoutError};
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

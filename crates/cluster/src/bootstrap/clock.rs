@@ -17,6 +17,13 @@ const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 /// Longest clock id carried in a bootstrap reply.
 pub const MAX_CLOCK_ID_BYTES: usize = 64;
 
+/// [`TEST_SKEW_ENV`] holds something other than a whole number of milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{TEST_SKEW_ENV}={value:?} is not a number of milliseconds")]
+pub struct SkewError {
+    pub value: String,
+}
+
 /// The wall clock a node reports to, and measures, its peers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Clock {
@@ -27,7 +34,7 @@ pub struct Clock {
 
 impl Clock {
     /// This host's system clock, skewed by [`TEST_SKEW_ENV`] when that is set.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, SkewError> {
         match std::env::var(TEST_SKEW_ENV) {
             Err(_) => Ok(Self::system()),
             Ok(v) => v
@@ -36,7 +43,7 @@ impl Clock {
                 .ok()
                 .and_then(|ms| ms.checked_mul(1_000_000))
                 .map(|skew_ns| Self { skew_ns, id: None })
-                .ok_or_else(|| format!("{TEST_SKEW_ENV}={v:?} is not a number of milliseconds")),
+                .ok_or(SkewError { value: v }),
         }
     }
 

@@ -180,7 +180,7 @@ impl<E: Endpoint> CdClient<E> {
         worker: u16,
         cfg: ProtocolConfig,
     ) -> Result<Self, Error> {
-        cfg.validate().map_err(Error::Config)?;
+        cfg.validate()?;
         if table.dti() != ep.node() as u32 {
             return Err(Error::Config(format!(
                 "client on node {} was given the data table of node {}",

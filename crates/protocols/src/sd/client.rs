@@ -131,11 +131,7 @@ pub struct RpcStats {
 
 impl RpcStats {
     pub fn add(&mut self, o: &RpcStats) {
-        self.requests += o.requests;
-        self.local_requests += o.local_requests;
-        self.empty_polls += o.empty_polls;
-        self.timeouts += o.timeouts;
-        self.landing += o.landing;
+        add_counters!(self, o: requests, local_requests, empty_polls, timeouts, landing);
     }
 }
 
@@ -255,7 +251,9 @@ impl Channel {
                 // (otherwise the server's WRITE is still landing: keep polling).
                 let mut tail = [0u8; 40];
                 ep.local_read(RESPONSE_REGION, base + l.response_tail_offset(), &mut tail)?;
-                let len = l.response_payload_len(&tail).map_err(Error::Corrupt)?;
+                let len = l
+                    .response_payload_len(&tail)
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
                 let (off, padded) = l.response_payload(len);
                 self.buf.resize(padded, 0);
                 ep.local_read(RESPONSE_REGION, base + off, &mut self.buf[..padded])?;

@@ -14,6 +14,13 @@
 //!
 //! The hybrid baseline (`crate::hy`) reuses all of it for PUT and DELETE.
 
+/// `add_counters!(self, o: a, b, ...)`: `self.a += o.a; self.b += o.b; ...` (summing stats).
+macro_rules! add_counters {
+    ($to:ident, $from:ident: $($field:ident),+ $(,)?) => {
+        $($to.$field += $from.$field;)+
+    };
+}
+
 pub mod client;
 pub mod server;
 pub mod slots;
@@ -25,9 +32,10 @@ use nessie_store::Geometry;
 
 pub use client::{ClientSlot, RpcShared, RpcStats, SdClient, SdClientStats, SlotPool};
 pub use server::{Server, ServerOptions, ServerStats, ServerStatsSnapshot};
-pub use slots::{SlotLayout, MAX_CLIENTS_PER_NODE, REQUEST_REGION, RESPONSE_REGION};
+pub use slots::{SlotError, SlotLayout, MAX_CLIENTS_PER_NODE, REQUEST_REGION, RESPONSE_REGION};
 
 use crate::cd::ClusterView;
+use crate::config::ConfigError;
 use crate::error::Error;
 
 /// Most server threads per node.
@@ -71,21 +79,15 @@ impl Default for RpcConfig {
 }
 
 impl RpcConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_clients_per_node == 0 || self.max_clients_per_node > MAX_CLIENTS_PER_NODE {
-            return Err(format!(
-                "max_clients_per_node = {} is not in 1..={MAX_CLIENTS_PER_NODE}",
-                self.max_clients_per_node
-            ));
+            return Err(ConfigError::ClientsPerNode(self.max_clients_per_node));
         }
         if self.idle_backoff_ns.is_some_and(|ns| ns > 1_000_000_000) {
-            return Err("idle_backoff_ns exceeds 1 s".into());
+            return Err(ConfigError::IdleBackoff);
         }
         if self.response_timeout_ns < 1_000_000 {
-            return Err(format!(
-                "response timeout {} ns is below 1 ms",
-                self.response_timeout_ns
-            ));
+            return Err(ConfigError::ResponseTimeout(self.response_timeout_ns));
         }
         Ok(())
     }
@@ -115,7 +117,7 @@ pub fn coupled_view(geometry: Geometry) -> Result<ClusterView, Error> {
 
 /// Slot layout and shared state for a cluster's clients and servers.
 pub fn rpc_shared(geometry: &Geometry, rpc: &RpcConfig) -> Result<Arc<RpcShared>, Error> {
-    rpc.validate().map_err(Error::Config)?;
+    rpc.validate()?;
     let layout = SlotLayout::new(geometry, rpc.max_clients_per_node)?;
     Ok(Arc::new(RpcShared::new(layout, rpc.response_timeout_ns)))
 }

@@ -23,7 +23,7 @@ use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_store::index::Placement;
 
 use super::client::RpcShared;
-use super::slots::{OpCode, Reply, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
+use super::slots::{OpCode, Reply, SlotError, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
 #[cfg(any(test, feature = "testing"))]
 use super::RpcMutations;
 use crate::cd::{CdClient, ClientStats};
@@ -56,18 +56,24 @@ pub struct ServerStats {
     idle_sweeps: AtomicU64,
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
-    // Mirror of the executing CdClient's counters.
-    exec_concurrent_aborts: AtomicU64,
-    exec_timeouts: AtomicU64,
-    exec_retries: AtomicU64,
-    exec_migrations: AtomicU64,
-    exec_recursive_migrations: AtomicU64,
-    exec_previous_version_hits: AtomicU64,
-    exec_recycled: AtomicU64,
-    exec_leaked: AtomicU64,
-    exec_undone: AtomicU64,
-    exec_table_full_waits: AtomicU64,
+    /// Mirror of the executing CdClient's counters, one per [`MIRRORED`] field.
+    exec: [AtomicU64; MIRRORED.len()],
 }
+
+/// The executing CdClient's counters a server mirrors. Its gets, puts and deletes are the
+/// server's own; `insisted` is not mirrored: a server's writes are counted by their outcome.
+const MIRRORED: [fn(&mut ClientStats) -> &mut u64; 10] = [
+    |s| &mut s.concurrent_aborts,
+    |s| &mut s.timeouts,
+    |s| &mut s.retries,
+    |s| &mut s.migrations,
+    |s| &mut s.recursive_migrations,
+    |s| &mut s.previous_version_hits,
+    |s| &mut s.recycled,
+    |s| &mut s.leaked,
+    |s| &mut s.undone,
+    |s| &mut s.table_full_waits,
+];
 
 fn bump(a: &AtomicU64, by: u64) {
     a.store(a.load(Relaxed) + by, Relaxed);
@@ -101,17 +107,8 @@ pub struct ServerStatsSnapshot {
 
 impl ServerStatsSnapshot {
     pub fn add(&mut self, o: &ServerStatsSnapshot) {
-        self.requests += o.requests;
-        self.gets += o.gets;
-        self.puts += o.puts;
-        self.deletes += o.deletes;
-        self.errors += o.errors;
-        self.malformed += o.malformed;
-        self.landing += o.landing;
-        self.sweeps += o.sweeps;
-        self.idle_sweeps += o.idle_sweeps;
-        self.busy_ns += o.busy_ns;
-        self.idle_ns += o.idle_ns;
+        add_counters!(self, o: requests, gets, puts, deletes, errors, malformed, landing,
+            sweeps, idle_sweeps, busy_ns, idle_ns);
         self.exec += o.exec;
     }
 }
@@ -120,6 +117,15 @@ impl ServerStats {
     pub fn snapshot(&self) -> ServerStatsSnapshot {
         let l = |a: &AtomicU64| a.load(Relaxed);
         let (gets, puts, deletes) = (l(&self.gets), l(&self.puts), l(&self.deletes));
+        let mut exec = ClientStats {
+            gets,
+            puts,
+            deletes,
+            ..ClientStats::default()
+        };
+        for (a, field) in self.exec.iter().zip(MIRRORED) {
+            *field(&mut exec) = l(a);
+        }
         ServerStatsSnapshot {
             requests: l(&self.requests),
             gets,
@@ -132,38 +138,15 @@ impl ServerStats {
             idle_sweeps: l(&self.idle_sweeps),
             busy_ns: l(&self.busy_ns),
             idle_ns: l(&self.idle_ns),
-            exec: ClientStats {
-                gets,
-                puts,
-                deletes,
-                concurrent_aborts: l(&self.exec_concurrent_aborts),
-                timeouts: l(&self.exec_timeouts),
-                retries: l(&self.exec_retries),
-                migrations: l(&self.exec_migrations),
-                recursive_migrations: l(&self.exec_recursive_migrations),
-                previous_version_hits: l(&self.exec_previous_version_hits),
-                recycled: l(&self.exec_recycled),
-                leaked: l(&self.exec_leaked),
-                undone: l(&self.exec_undone),
-                table_full_waits: l(&self.exec_table_full_waits),
-                // Not mirrored: a server's writes are counted by their outcome above.
-                insisted: 0,
-            },
+            exec,
         }
     }
 
     fn mirror(&self, s: &ClientStats) {
-        let set = |a: &AtomicU64, v: u64| a.store(v, Relaxed);
-        set(&self.exec_concurrent_aborts, s.concurrent_aborts);
-        set(&self.exec_timeouts, s.timeouts);
-        set(&self.exec_retries, s.retries);
-        set(&self.exec_migrations, s.migrations);
-        set(&self.exec_recursive_migrations, s.recursive_migrations);
-        set(&self.exec_previous_version_hits, s.previous_version_hits);
-        set(&self.exec_recycled, s.recycled);
-        set(&self.exec_leaked, s.leaked);
-        set(&self.exec_undone, s.undone);
-        set(&self.exec_table_full_waits, s.table_full_waits);
+        let mut s = *s;
+        for (a, field) in self.exec.iter().zip(MIRRORED) {
+            a.store(*field(&mut s), Relaxed);
+        }
     }
 }
 
@@ -342,7 +325,7 @@ impl<E: Endpoint> Server<E> {
             Err(m) => {
                 self.slots[i].last_seq = seq;
                 bump(&self.stats.malformed, 1);
-                Err(Error::Corrupt(m))
+                Err(Error::Corrupt(m.to_string()))
             }
         };
         self.respond(i, seq, &reply)?;
@@ -356,19 +339,17 @@ impl<E: Endpoint> Server<E> {
         base: u64,
         seq: u64,
         op: u8,
-    ) -> Result<Option<(OpCode, usize, usize)>, String> {
+    ) -> Result<Option<(OpCode, usize, usize)>, SlotError> {
         let l = self.shared.layout;
-        let op = OpCode::from_u8(op).ok_or_else(|| format!("unknown op {op} in a request"))?;
+        let op = OpCode::from_u8(op).ok_or(SlotError::UnknownOp(op))?;
         let mut meta = [0u8; 16];
         self.io
-            .local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta)
-            .map_err(|e| e.to_string())?;
+            .local_read(REQUEST_REGION, base + l.request_meta_offset(), &mut meta)?;
         let (k, v) = l.parse_request_lens(&meta)?;
         let (off, len) = l.request_body(k, v);
         self.body.resize(len, 0);
         self.io
-            .local_read(REQUEST_REGION, base + off, &mut self.body)
-            .map_err(|e| e.to_string())?;
+            .local_read(REQUEST_REGION, base + off, &mut self.body)?;
         if !SlotLayout::request_complete(seq, &self.body, &meta) {
             return Ok(None);
         }

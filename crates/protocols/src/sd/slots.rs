@@ -51,6 +51,28 @@ use nessie_store::Geometry;
 
 use crate::error::Error;
 
+/// A request or response slot that holds something no well-behaved peer writes. Servers answer
+/// such a request with `Error::Corrupt` carrying this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    #[error("unknown op {0} in a request")]
+    UnknownOp(u8),
+    #[error(
+        "request lengths out of range: key {key} (max {key_max}), value {value} (max {value_max})"
+    )]
+    RequestLengths {
+        key: u32,
+        key_max: u32,
+        value: u32,
+        value_max: u32,
+    },
+    #[error("response payload of {0} bytes exceeds the slot")]
+    ResponsePayload(u64),
+    /// Reading the slot from local memory failed.
+    #[error(transparent)]
+    Read(#[from] FabricError),
+}
+
 /// Region of every node holding the request slots (SD / HY only).
 pub const REQUEST_REGION: RegionId = 2;
 /// Region of every node holding the response slots (SD / HY only).
@@ -299,14 +321,16 @@ impl SlotLayout {
     /// Key and value lengths from the 16 meta bytes (lengths, checksum), checked against the
     /// slot's capacity. (Every word a valid client ever wrote passes, so a failure means a
     /// malformed request, not one still landing.)
-    pub fn parse_request_lens(&self, meta: &[u8]) -> Result<(usize, usize), String> {
+    pub fn parse_request_lens(&self, meta: &[u8]) -> Result<(usize, usize), SlotError> {
         let w = word(meta, 0);
         let (k, v) = (w as u32, (w >> 32) as u32);
         if k > self.key_max || v > self.value_max {
-            return Err(format!(
-                "request lengths out of range: key {k} (max {}), value {v} (max {})",
-                self.key_max, self.value_max
-            ));
+            return Err(SlotError::RequestLengths {
+                key: k,
+                key_max: self.key_max,
+                value: v,
+                value_max: self.value_max,
+            });
         }
         Ok((k as usize, v as usize))
     }
@@ -336,7 +360,7 @@ impl SlotLayout {
         &self,
         slot: &'a [u8],
         last_seq: u64,
-    ) -> Result<Polled<Request<'a>>, String> {
+    ) -> Result<Polled<Request<'a>>, SlotError> {
         assert_eq!(slot.len() as u64, self.request_slot);
         let Some((seq, op)) =
             Self::parse_request_ctrl(word(slot, self.request_ctrl_offset() as usize))
@@ -346,7 +370,7 @@ impl SlotLayout {
         if seq == last_seq {
             return Ok(Polled::Nothing);
         }
-        let op = OpCode::from_u8(op).ok_or_else(|| format!("unknown op {op}"))?;
+        let op = OpCode::from_u8(op).ok_or(SlotError::UnknownOp(op))?;
         let m = self.request_meta_offset() as usize;
         let meta = &slot[m..m + 16];
         let (k, v) = self.parse_request_lens(meta)?;
@@ -424,10 +448,10 @@ impl SlotLayout {
     }
 
     /// Payload length from the 40-byte tail; checked against the slot.
-    pub fn response_payload_len(&self, tail: &[u8]) -> Result<usize, String> {
+    pub fn response_payload_len(&self, tail: &[u8]) -> Result<usize, SlotError> {
         let len = word(tail, 24) as u32 as u64;
         if len > self.response_slot - RESP_TAIL {
-            return Err(format!("response payload of {len} bytes exceeds the slot"));
+            return Err(SlotError::ResponsePayload(len));
         }
         Ok(len as usize)
     }
@@ -484,7 +508,7 @@ impl SlotLayout {
         slot: &[u8],
         seq: u64,
         server: NodeId,
-    ) -> Result<Polled<Reply>, String> {
+    ) -> Result<Polled<Reply>, SlotError> {
         assert_eq!(slot.len() as u64, self.response_slot);
         let (s, st) = Self::parse_response_ctrl(word(slot, self.response_ctrl_offset() as usize));
         if s != seq {
@@ -771,6 +795,7 @@ mod tests {
         assert!(l
             .decode_request(&slot, 0)
             .unwrap_err()
+            .to_string()
             .contains("unknown op 9"));
         slot[c..c + 8].copy_from_slice(&(3u64 << 8 | 1).to_le_bytes());
         let m = l.request_meta_offset() as usize;
@@ -778,11 +803,13 @@ mod tests {
         assert!(l
             .decode_request(&slot, 0)
             .unwrap_err()
+            .to_string()
             .contains("key 21 (max 20)"));
         slot[m..m + 8].copy_from_slice(&(101u64 << 32).to_le_bytes());
         assert!(l
             .decode_request(&slot, 0)
             .unwrap_err()
+            .to_string()
             .contains("value 101 (max 100)"));
         // Well-formed lengths with a wrong checksum: indistinguishable from a WRITE in flight.
         slot[m..m + 8].copy_from_slice(&(3u64).to_le_bytes());
@@ -880,6 +907,7 @@ mod tests {
         assert!(l
             .decode_response(&slot, 1, 0)
             .unwrap_err()
+            .to_string()
             .contains("exceeds the slot"));
     }
 
