@@ -31,7 +31,10 @@ pub struct AgentSpec {
     pub nodes: u16,
     pub keys: u64,
     pub key_size: u32,
+    /// The largest value; with `value_size_min`, sizes are uniform in between.
     pub value_size: u32,
+    #[serde(default)]
+    pub value_size_min: Option<u32>,
     pub get_ratio: f64,
     pub dist: String,
     pub seed: u64,
@@ -370,6 +373,10 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError>
         .map(|c| c.to_vec())
         .collect();
     let value = vec![0x5au8; spec.value_size as usize];
+    let (lo, hi) = (
+        spec.value_size_min.unwrap_or(spec.value_size),
+        spec.value_size,
+    );
     let handles: Vec<_> = chunks
         .into_iter()
         .map(|keys| {
@@ -379,7 +386,8 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError>
                 .name("nessie-bench-pre".into())
                 .spawn(move || -> Result<u64, AgentError> {
                     for &key in &keys {
-                        c.put(&key_bytes(key, ks), &value)
+                        let len = preload_size(key, lo, hi) as usize;
+                        c.put(&key_bytes(key, ks), &value[..len])
                             .map_err(|source| AgentError::Preload { key, source })?;
                     }
                     Ok(keys.len() as u64)
@@ -392,6 +400,12 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError>
         n += h.join().map_err(|_| AgentError::Panicked("preload"))??;
     }
     Ok(n)
+}
+
+/// The size of key `k`'s preloaded value: spread evenly over `lo..=hi`, the same on every run.
+fn preload_size(k: u64, lo: u32, hi: u32) -> u32 {
+    let span = u64::from(hi - lo) + 1;
+    lo + (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).wrapping_rem(span) as u32
 }
 
 /// CPU seconds the calling thread has used (exact, from the kernel's per-thread clock).
@@ -512,8 +526,8 @@ impl Observer<NodeClient> for AgentThread {
         key_bytes(k, self.key_size)
     }
 
-    fn value(&self, _: &Planned) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.value)
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.value[..op.value_len])
     }
 
     fn invoke(&mut self, client: &NodeClient, _: &Planned) -> StatsSnapshot {
@@ -581,8 +595,11 @@ fn spawn_clients(
 ) -> Result<Vec<std::thread::JoinHandle<ThreadOut>>, AgentError> {
     let dist: KeyDist = spec.dist.parse()?;
     let keys = KeyGen::new(&dist, spec.keys)?;
-    let size = spec.value_size as usize;
-    let workload = Arc::new(Workload::new(keys, spec.get_ratio, 0.0, (size, size))?);
+    let sizes = (
+        spec.value_size_min.unwrap_or(spec.value_size) as usize,
+        spec.value_size as usize,
+    );
+    let workload = Arc::new(Workload::new(keys, spec.get_ratio, 0.0, sizes)?);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (0..spec.threads)
         .map(|t| {

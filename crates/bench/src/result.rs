@@ -16,7 +16,11 @@ pub struct BenchParams {
     /// shm | tcp
     pub transport: String,
     pub key_size: u32,
+    /// Value size in bytes; with `value_size_min`, the largest value.
     pub value_size: u32,
+    /// Values of varying size: each PUT's size is uniform in `value_size_min..=value_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_size_min: Option<u32>,
     /// Fraction of GETs; the rest are PUTs.
     pub get_ratio: f64,
     /// uniform | zipf:THETA
@@ -53,6 +57,7 @@ impl Default for BenchParams {
             transport: "shm".into(),
             key_size: 128,
             value_size: 16384,
+            value_size_min: None,
             get_ratio: 0.9,
             dist: "uniform".into(),
             keys: None,
@@ -67,6 +72,49 @@ impl Default for BenchParams {
             previous_versions: true,
             multi_read: true,
             seed: 1,
+        }
+    }
+}
+
+impl BenchParams {
+    /// Smallest and largest value size.
+    pub fn value_sizes(&self) -> (u32, u32) {
+        (
+            self.value_size_min.unwrap_or(self.value_size),
+            self.value_size,
+        )
+    }
+
+    /// Mean value size of the PUTs (and of the preloaded values).
+    pub fn mean_value_size(&self) -> f64 {
+        let (lo, hi) = self.value_sizes();
+        (f64::from(lo) + f64::from(hi)) / 2.0
+    }
+
+    /// The value size as `nessie bench --value-size` takes it: `N` or `MIN..MAX`.
+    pub fn value_size_label(&self) -> String {
+        match self.value_size_min {
+            Some(lo) => format!("{lo}..{}", self.value_size),
+            None => self.value_size.to_string(),
+        }
+    }
+}
+
+/// Parse `--value-size`: `N` bytes, or `MIN..MAX` for sizes uniform in that range (inclusive).
+pub fn parse_value_size(s: &str) -> Result<(Option<u32>, u32), String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{t:?} in {s:?} is not a byte count"))
+    };
+    match s.split_once("..") {
+        None => Ok((None, num(s)?)),
+        Some((lo, hi)) => {
+            let (lo, hi) = (num(lo)?, num(hi.strip_prefix('=').unwrap_or(hi))?);
+            if lo > hi {
+                return Err(format!("{s:?}: the smallest size exceeds the largest"));
+            }
+            Ok((Some(lo), hi))
         }
     }
 }
@@ -150,4 +198,43 @@ const LATENCY_SIGFIG: u8 = 3;
 pub fn new_hist() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_NS, LATENCY_SIGFIG)
         .expect("valid bounds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_sizes_parse_as_a_number_or_a_range() {
+        assert_eq!(parse_value_size("16384"), Ok((None, 16384)));
+        assert_eq!(parse_value_size("64..4096"), Ok((Some(64), 4096)));
+        assert_eq!(parse_value_size("64..=4096"), Ok((Some(64), 4096)));
+        assert!(parse_value_size("4096..64")
+            .unwrap_err()
+            .contains("exceeds"));
+        assert!(parse_value_size("a..64")
+            .unwrap_err()
+            .contains("byte count"));
+        assert!(parse_value_size("").is_err());
+        let p = BenchParams {
+            value_size_min: Some(64),
+            value_size: 4096,
+            ..BenchParams::default()
+        };
+        assert_eq!(p.value_sizes(), (64, 4096));
+        assert_eq!(p.mean_value_size(), 2080.0);
+        assert_eq!(p.value_size_label(), "64..4096");
+    }
+
+    #[test]
+    fn results_without_a_size_range_still_load() {
+        let p = BenchParams::default();
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(
+            !json.contains("value_size_min"),
+            "fixed sizes keep the old JSON"
+        );
+        let back: BenchParams = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+    }
 }

@@ -145,6 +145,9 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
         limits::MAX_KEY_SIZE,
     )?;
     in_range("value-size", p.value_size, 1, limits::MAX_VALUE_SIZE)?;
+    if let Some(lo) = p.value_size_min {
+        in_range("value-size", lo, 1, p.value_size)?;
+    }
     if !(0.0..=1.0).contains(&p.get_ratio) {
         return Err(BenchError::OutOfRange {
             flag: "get-ratio",
@@ -195,7 +198,7 @@ enum Mode3 {
 pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
     let keys = p
         .keys
-        .unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.value_size as u64).clamp(1_000, 200_000));
+        .unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.mean_value_size() as u64).clamp(1_000, 200_000));
     let per_node = keys.div_ceil(p.nodes as u64);
     // Coupled placement (sd, hy) puts a key's candidates on one node: allow for imbalance.
     let ites = ((per_node as f64 / p.load_factor) * 1.1).ceil() as u64 + 64;
@@ -472,6 +475,7 @@ fn agent_spec(p: &BenchParams, keys: u64) -> AgentSpec {
         keys,
         key_size: p.key_size,
         value_size: p.value_size,
+        value_size_min: p.value_size_min,
         get_ratio: p.get_ratio,
         dist: p.dist.clone(),
         seed: p.seed,
@@ -575,7 +579,7 @@ fn merge_reports(
     }
     r.ops.all = r.ops.get + r.ops.put;
     r.ops_per_sec = r.ops.all as f64 / p.duration;
-    r.goodput_bytes_per_sec = r.ops_per_sec * p.value_size as f64;
+    r.goodput_bytes_per_sec = r.ops_per_sec * p.mean_value_size();
     let mut all = gh.clone();
     all.add(&ph).map_err(HistogramError::from)?;
     r.latency_us = PerKind {

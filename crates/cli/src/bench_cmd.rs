@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nessie_bench::result::{BenchParams, BenchResult};
+use nessie_bench::result::{parse_value_size, BenchParams, BenchResult};
 use nessie_bench::runner::{self, BenchError, RunnerOptions};
 
 /// Why `nessie bench` failed.
@@ -80,8 +80,9 @@ pub struct ParamArgs {
     pub transport: String,
     #[arg(long, default_value_t = 128)]
     pub key_size: u32,
-    #[arg(long, default_value_t = 16384)]
-    pub value_size: u32,
+    /// Value size in bytes, or MIN..MAX for sizes uniform in that range.
+    #[arg(long, default_value = "16384", value_parser = parse_value_size)]
+    pub value_size: (Option<u32>, u32),
     /// Fraction of GETs (the rest are PUTs).
     #[arg(long, default_value_t = 0.9)]
     pub get_ratio: f64,
@@ -140,7 +141,8 @@ impl ParamArgs {
             server_threads: self.server_threads,
             transport: self.transport.clone(),
             key_size: self.key_size,
-            value_size: self.value_size,
+            value_size: self.value_size.1,
+            value_size_min: self.value_size.0,
             get_ratio: self.get_ratio,
             dist: self.dist.clone(),
             keys: self.keys,
@@ -210,7 +212,7 @@ pub fn print_result(r: &BenchResult) {
         p.client_threads,
         if r.mode == "cd" { String::new() } else { format!(" + {} server threads", p.server_threads) },
         p.transport,
-        p.value_size,
+        p.value_size_label(),
         p.get_ratio * 100.0,
         p.dist,
         p.keys.unwrap_or(0),
@@ -291,7 +293,7 @@ fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
         let label = format!(
             "{} {} B {:.0}% GET bg={}",
             p.mode,
-            p.value_size,
+            p.value_size_label(),
             p.get_ratio * 100.0,
             p.background
         );

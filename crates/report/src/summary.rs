@@ -91,7 +91,14 @@ fn summary_row(r: &BenchResult) -> Vec<String> {
     let p = &r.params;
     vec![
         r.mode.clone(),
-        plot::format_bytes(f64::from(p.value_size)),
+        match p.value_size_min {
+            Some(lo) => format!(
+                "{}..{}",
+                plot::format_bytes(f64::from(lo)),
+                plot::format_bytes(f64::from(p.value_size))
+            ),
+            None => plot::format_bytes(f64::from(p.value_size)),
+        },
         plot::format_number(p.get_ratio * 100.0),
         p.dist.clone(),
         p.background.to_string(),
