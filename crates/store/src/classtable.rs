@@ -27,6 +27,8 @@ use crate::dte::{DteLayout, RECYCLE_OFF};
 use crate::pages::{self, Claim};
 use crate::DATA_REGION;
 
+/// Largest single WRITE used to clear a freshly claimed page.
+pub const ZERO_CHUNK: u64 = 1 << 20;
 /// Free pages of each node that only deletes may claim.
 pub const RESERVE_PAGES: u64 = 1;
 
@@ -217,6 +219,7 @@ impl ClassTable {
         else {
             return Ok(false);
         };
+        self.zero_page(ep, host, claim.page)?;
         let state = PageState {
             claim,
             class,
@@ -231,6 +234,33 @@ impl ClassTable {
         );
         s.classes[class as usize].open = Some((host, claim.page));
         Ok(true)
+    }
+
+    /// Clear a page just claimed. It may hold entries of another class at other offsets, and a
+    /// stale word where this class keeps an entry's recycle word would make a scan hand out an
+    /// entry whose writer has not written it yet. One WRITE per [`ZERO_CHUNK`] bytes; a page is
+    /// claimed once per `per_page` entries.
+    fn zero_page<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        host: NodeId,
+        page: u64,
+    ) -> Result<(), FabricError> {
+        let page_bytes = self.classes.page_bytes();
+        let zeros = vec![0u8; ZERO_CHUNK.min(page_bytes) as usize];
+        let base = page * page_bytes;
+        let mut done = 0;
+        while done < page_bytes {
+            let n = (zeros.len() as u64).min(page_bytes - done) as usize;
+            let at = RemoteAddr::new(host, DATA_REGION, base + done);
+            if host == ep.node() {
+                ep.local_write(DATA_REGION, at.offset, &zeros[..n])?;
+            } else {
+                ep.write(at, &zeros[..n])?;
+            }
+            done += n as u64;
+        }
+        Ok(())
     }
 
     /// Return an entry that no ITE ever referred to: reusable at once.
@@ -499,6 +529,112 @@ mod tests {
         let b = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
         assert_eq!(b.class, big);
         assert!(t[0].usage()[big as usize].pages >= 1);
+    }
+
+    #[test]
+    fn a_page_reused_by_another_class_starts_clean() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let per_page = t[0].classes().per_page(0);
+        // Every page a value may take, filled by class 0 with values that look like expired
+        // recycle words wherever another class might keep one.
+        let n = per_page * (PAGES - RESERVE_PAGES);
+        let old: Vec<Slot> = (0..n)
+            .map(|_| t[0].alloc_for(&mut ep, 0, Purpose::Value).unwrap())
+            .collect();
+        let junk: Vec<u8> = (0..t[0].classes().entry_size(0) / 8)
+            .flat_map(|_| DteLayout::recycle_word(1).to_le_bytes())
+            .collect();
+        for s in &old {
+            ep.write(t[0].addr(*s), &junk).unwrap();
+        }
+        for s in &old {
+            recycle(&f, &t[0], *s);
+        }
+        // Class 1 takes pages class 0 gave back; its fresh entries, not yet written by their
+        // writers, must not look recycled to a scan.
+        let fresh: Vec<Slot> = (0..100)
+            .map(|_| t[0].alloc_for(&mut ep, 1, Purpose::Value).unwrap())
+            .collect();
+        assert!(fresh.iter().all(|s| s.class == 1));
+        t[0].reclaim(&mut ep).unwrap();
+        let fresh_set: HashSet<Slot> = fresh.iter().copied().collect();
+        for _ in 0..200 {
+            let s = t[0].alloc_for(&mut ep, 1, Purpose::Value).unwrap();
+            assert!(!fresh_set.contains(&s), "{s:?} handed out while in use");
+        }
+    }
+
+    /// Writers on two nodes allocate, tag and recycle entries of three classes while delays are
+    /// injected into every fabric operation, so pages are claimed, released and claimed again
+    /// by other classes and nodes. An entry shared by two writers at once would show up as a
+    /// tag overwritten by the other writer.
+    #[test]
+    fn churn_under_delay_injection_never_shares_an_entry() {
+        let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
+        let regions = vec![8, PAGES * classes.page_bytes(), PAGES * 8];
+        let delay = nessie_fabric::inproc::DelayInjection {
+            seed: 7,
+            probability: 0.05,
+            max_delay_ns: 20_000,
+        };
+        let f = InProcFabric::new(&[regions.clone(), regions], Some(delay)).unwrap();
+        let t: Arc<Vec<ClassTable>> = Arc::new(
+            (0..2)
+                .map(|n| ClassTable::new(n as NodeId, 2, classes.clone(), PAGES, 0))
+                .collect(),
+        );
+        let threads: Vec<_> = (0..4u64)
+            .map(|w| {
+                let (f, t, classes) = (f.clone(), t.clone(), classes.clone());
+                std::thread::spawn(move || {
+                    let node = (w % 2) as usize;
+                    let mut ep = f.endpoint(node as NodeId);
+                    let mut live: std::collections::VecDeque<(Slot, u64)> = Default::default();
+                    let mut full = 0;
+                    for i in 0..3_000u64 {
+                        let class = [0u8, 2, (classes.len() - 1) as u8][(i % 3) as usize];
+                        match t[node].alloc_for(&mut ep, class, Purpose::Value) {
+                            Ok(s) => {
+                                let tag = w << 32 | i;
+                                let a = t[node].addr(s);
+                                let last = a.add(classes.entry_size(s.class) - 8);
+                                ep.write(a, &tag.to_le_bytes()).unwrap();
+                                ep.write(last, &tag.to_le_bytes()).unwrap();
+                                live.push_back((s, tag));
+                            }
+                            Err(ClassAllocError::Full { .. }) => full += 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                        if live.len() > 8 || (full > 0 && !live.is_empty()) {
+                            let (s, tag) = live.pop_front().unwrap();
+                            let a = t[node].addr(s);
+                            let last = a.add(classes.entry_size(s.class) - 8);
+                            assert_eq!(ep.read_u64(a).unwrap(), tag, "{s:?} shared");
+                            assert_eq!(ep.read_u64(last).unwrap(), tag, "{s:?} shared");
+                            let at = a.add(RECYCLE_OFF);
+                            ep.write(at, &DteLayout::recycle_word(1).to_le_bytes())
+                                .unwrap();
+                        }
+                    }
+                    live.len()
+                })
+            })
+            .collect();
+        for h in threads {
+            h.join().unwrap();
+        }
+        let pages_held: u64 = t.iter().flat_map(|t| t.usage()).map(|u| u.pages).sum();
+        assert!(pages_held <= 2 * PAGES, "{pages_held} pages held");
+        let mut ep = f.endpoint(0);
+        let reclaimed_pages = (0..2)
+            .flat_map(|n| pages::read_table(&mut ep, n, PAGES).unwrap())
+            .filter(|w| w.generation() >= 2)
+            .count();
+        assert!(
+            reclaimed_pages > 0,
+            "no page was released and claimed again"
+        );
     }
 
     #[test]
