@@ -28,6 +28,8 @@ pub enum BenchCmdError {
     Sweep(#[from] nessie_report::SweepError),
     #[error("{failed} of {total} runs failed (see summary.json)")]
     RunsFailed { failed: usize, total: usize },
+    #[error(transparent)]
+    Fill(#[from] crate::fill_cmd::FillCmdError),
 }
 
 #[derive(clap::Args)]
@@ -47,6 +49,52 @@ pub struct BenchArgs {
 pub enum BenchSub {
     /// Run a preset matrix, write every JSON result and render the PNG plots.
     Sweep(SweepArgs),
+    /// Count the items a memory budget holds: write distinct keys until the store refuses.
+    Fill(FillArgs),
+}
+
+#[derive(clap::Args)]
+pub struct FillArgs {
+    /// Nodes of the (in-process) Nessie cluster.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: u32,
+    /// Memory for one node's index and data table: bytes, or with K/M/G (KiB/MiB/GiB).
+    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    pub memory_per_node: u64,
+    #[arg(long, default_value_t = 32)]
+    pub key_size: u32,
+    /// Value size in bytes, or MIN..MAX: sizes spread evenly over the range.
+    #[arg(long, default_value = "64..4096", value_parser = parse_value_size)]
+    pub value_size: (Option<u32>, u32),
+    /// Index load factor when the data tables are full.
+    #[arg(long, default_value_t = 0.5)]
+    pub load_factor: f64,
+    /// Fill the memcached at HOST:PORT instead (start it with -M, so that it refuses rather
+    /// than evicts, and -m for its memory).
+    #[arg(long)]
+    pub memcached: Option<String>,
+    /// Write the outcome as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Parse a byte count: `N`, or `N` with K, M, G (or KiB, MiB, GiB; powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 134217728 or 128MiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        u => return Err(format!("unknown unit {u:?} in {s:?}: use K, M or G")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[derive(clap::Args)]
@@ -251,8 +299,10 @@ pub fn print_result(r: &BenchResult) {
 }
 
 pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
-    if let Some(BenchSub::Sweep(s)) = a.sweep {
-        return sweep(s);
+    match a.sweep {
+        Some(BenchSub::Sweep(s)) => return sweep(s),
+        Some(BenchSub::Fill(f)) => return Ok(crate::fill_cmd::run(f)?),
+        None => {}
     }
     let p = a.p.params();
     let mut opts = runner_options(&a.p)?;
@@ -345,5 +395,24 @@ pub fn burn() -> ! {
     let mut x = 0u64;
     loop {
         x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_units() {
+        assert_eq!(parse_bytes("134217728"), Ok(128 << 20));
+        assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_bytes("128M"), Ok(128 << 20));
+        assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("64k"), Ok(64 << 10));
+        assert!(parse_bytes("12XB").unwrap_err().contains("unit"));
+        assert!(parse_bytes("MiB").unwrap_err().contains("byte count"));
+        assert!(parse_bytes("99999999999999999G")
+            .unwrap_err()
+            .contains("too large"));
     }
 }

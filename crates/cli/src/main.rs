@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod fabric_bench;
+mod fill_cmd;
 
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,126 @@
+//! The fill test's loader against an in-process Nessie cluster and a real memcached.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nessie_bench::fill::{budget_geometry, fill, FillSpec, RoundRobin};
+use nessie_bench::memcached::MemcachedConn;
+use nessie_cluster::LocalCluster;
+use nessie_protocols::ProtocolConfig;
+
+fn spec() -> FillSpec {
+    FillSpec {
+        key_size: 32,
+        value_sizes: (64, 4096),
+        max_items: u64::MAX,
+    }
+}
+
+#[test]
+fn nessie_fills_every_node_until_its_tables_are_full() {
+    let g = budget_geometry(2, 4 << 20, 32, 4096, 0.5);
+    let capacity = g.dtes_per_node * 2;
+    let c = LocalCluster::new(g, ProtocolConfig::default(), None).unwrap();
+    let clients = (0..2).map(|n| c.client(n).unwrap()).collect();
+    let out = fill(&mut RoundRobin::new(clients), &spec()).unwrap();
+    let why = out
+        .refusal
+        .clone()
+        .expect("the fill ends when the cluster is full");
+    assert!(why.contains("full"), "{why}");
+    // Fixed-size entries: at most one item per DTE, a few kept back for deletes.
+    assert!(
+        out.items <= capacity,
+        "{} items in {capacity} DTEs",
+        out.items
+    );
+    assert!(
+        out.items * 10 >= capacity * 9,
+        "{} items in {capacity} DTEs",
+        out.items
+    );
+    let mut reader = c.client(1).unwrap();
+    let first = reader.get(&nessie_bench::fill::fill_key(0, 32)).unwrap();
+    assert_eq!(
+        first.map(|v| v.len() as u32),
+        Some(nessie_bench::fill::fill_value_size(0, 64, 4096))
+    );
+}
+
+/// A memcached on a free loopback port, killed on drop.
+struct Memcached {
+    child: Child,
+    addr: String,
+}
+
+impl Memcached {
+    fn start(megabytes: u32) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = Command::new("memcached");
+        // SAFETY: geteuid only reads this process's credentials.
+        if unsafe { libc::geteuid() } == 0 {
+            cmd.args(["-u", "root"]); // memcached refuses to run as root without naming a user
+        }
+        let child = cmd
+            .args([
+                "-m",
+                &megabytes.to_string(),
+                "-M",
+                "-U",
+                "0",
+                "-l",
+                "127.0.0.1",
+            ])
+            .args(["-p", &port.to_string(), "-t", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("memcached must be installed (scripts/setup.sh installs it)");
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "memcached did not start on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, addr }
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn memcached_fills_until_it_runs_out_of_memory() {
+    let m = Memcached::start(8);
+    let mut conn = MemcachedConn::connect(&m.addr, Duration::from_secs(10)).unwrap();
+    let out = fill(&mut conn, &spec()).unwrap();
+    let why = out.refusal.clone().expect("memcached -M refuses when full");
+    assert!(why.contains("out of memory"), "{why}");
+    assert!(out.items > 100, "{} items", out.items);
+    // What was stored is there, byte for byte.
+    let key = nessie_bench::fill::fill_key(1, 32);
+    let v = conn.get(&key).unwrap().expect("item 1 is stored");
+    assert_eq!(
+        v.len() as u32,
+        nessie_bench::fill::fill_value_size(1, 64, 4096)
+    );
+    assert!(v.iter().all(|&b| b == 0x6d));
+    assert_eq!(conn.get(b"absent-key").unwrap(), None);
+    assert!(
+        conn.set(b"bad key", b"x").is_err(),
+        "keys with spaces are refused before sending"
+    );
+}
