@@ -4,7 +4,6 @@
 //! [`crate::memcached::MemcachedConn`]), so the two counts are comparable.
 
 use nessie_protocols::{Error, KvClient};
-use nessie_store::{DteLayout, Geometry};
 
 /// Most items one fill writes (a bound on the run, far above any budget tested here).
 pub const MAX_FILL_ITEMS: u64 = 1 << 32;
@@ -69,29 +68,6 @@ impl<C: KvClient> FillTarget for RoundRobin<C> {
         let i = self.next;
         self.next = (i + 1) % self.clients.len();
         self.clients[i].put(key, value).map_err(refusal)
-    }
-}
-
-/// The geometry that spends `bytes_per_node` on one node's index and data table when every
-/// entry is sized for the largest key and value (today's fixed-size DTEs), the index kept at
-/// `load_factor` when the table is full.
-pub fn budget_geometry(
-    nodes: u32,
-    bytes_per_node: u64,
-    key_max: u32,
-    value_max: u32,
-    load_factor: f64,
-) -> Geometry {
-    let entry = DteLayout::new(key_max, value_max).entry_size as f64;
-    let per_dte = entry + 8.0 / load_factor;
-    let dtes = ((bytes_per_node as f64 / per_dte) as u64).max(1);
-    Geometry {
-        nodes,
-        ites_per_node: ((dtes as f64 / load_factor) as u64).max(8),
-        dtes_per_node: dtes,
-        key_max,
-        value_max,
-        ..Geometry::default()
     }
 }
 
@@ -251,16 +227,6 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e, FillError::ValueSizes(9, 8));
-    }
-
-    #[test]
-    fn the_budget_pays_for_index_and_data() {
-        let g = budget_geometry(2, 128 << 20, 32, 4096, 0.5);
-        let spent = g.index_table_bytes() + g.data_table_bytes();
-        assert!(spent <= 128 << 20, "{spent} bytes");
-        assert!(spent > 127 << 20, "{spent} bytes");
-        assert!(g.validate().is_ok());
-        assert_eq!(g.ites_per_node, g.dtes_per_node * 2);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nessie_bench::fill::{budget_geometry, fill, FillSpec, RoundRobin};
+use nessie_bench::fill::{fill, FillSpec, RoundRobin};
 use nessie_bench::memcached::MemcachedConn;
 use nessie_cluster::LocalCluster;
 use nessie_protocols::ProtocolConfig;
@@ -19,7 +19,7 @@ fn spec() -> FillSpec {
 
 #[test]
 fn nessie_fills_every_node_until_its_tables_are_full() {
-    let g = budget_geometry(2, 4 << 20, 32, 4096, 0.5);
+    let g = nessie_store::Geometry::for_memory(2, 4 << 20, 32, 4096, 0.5).unwrap();
     let capacity = g.dtes_per_node * 2;
     let c = LocalCluster::new(g, ProtocolConfig::default(), None).unwrap();
     let clients = (0..2).map(|n| c.client(n).unwrap()).collect();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nessie_bench::fill::{budget_geometry, fill, FillError, FillOutcome, FillSpec, RoundRobin};
+use nessie_bench::fill::{fill, FillError, FillOutcome, FillSpec, RoundRobin};
 use nessie_bench::memcached::{MemcachedConn, MemcachedError};
 use nessie_cluster::LocalCluster;
 use nessie_protocols::ProtocolConfig;
@@ -14,12 +14,8 @@ use crate::bench_cmd::FillArgs;
 /// Why `nessie bench fill` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FillCmdError {
-    #[error("--load-factor {0} is not in (0, 0.95]")]
-    LoadFactor(f64),
     #[error("--nodes {0} is not in 1..=64")]
     Nodes(u32),
-    #[error("--memory-per-node {0} leaves no room for one entry")]
-    Budget(u64),
     #[error("{0}")]
     Geometry(#[from] nessie_store::GeometryError),
     #[error("building the in-process cluster: {0}")]
@@ -90,23 +86,16 @@ pub fn run(a: FillArgs) -> Result<(), FillCmdError> {
 
 /// Fill an in-process cluster sized by the budget, writing through every node in turn.
 fn fill_nessie(a: &FillArgs, spec: &FillSpec) -> Result<FillOutcome, FillCmdError> {
-    if !(a.load_factor > 0.0 && a.load_factor <= 0.95) {
-        return Err(FillCmdError::LoadFactor(a.load_factor));
-    }
     if a.nodes == 0 || a.nodes > 64 {
         return Err(FillCmdError::Nodes(a.nodes));
     }
-    let g = budget_geometry(
+    let g = nessie_store::Geometry::for_memory(
         a.nodes,
         a.memory_per_node,
         spec.key_size,
         spec.value_sizes.1,
         a.load_factor,
-    );
-    if g.dtes_per_node < 2 {
-        return Err(FillCmdError::Budget(a.memory_per_node));
-    }
-    g.validate()?;
+    )?;
     let c = LocalCluster::new(g, ProtocolConfig::default(), None).map_err(FillCmdError::Cluster)?;
     let clients = (0..a.nodes)
         .map(|n| c.client(n as u16))

@@ -103,6 +103,11 @@ struct UpArgs {
     /// Data table entries per node.
     #[arg(long, default_value_t = 1 << 14)]
     dtes_per_node: u64,
+    /// Memory for one node's index and data table (bytes, or with K/M/G): sizes both from one
+    /// budget instead of --ites-per-node and --dtes-per-node, the index at load factor 0.5
+    /// when the data table is full.
+    #[arg(long, value_parser = bench_cmd::parse_bytes, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
+    memory_per_node: Option<u64>,
     /// Client workers per node process.
     #[arg(long, default_value_t = 2)]
     workers: u16,
@@ -269,6 +274,9 @@ enum CliError {
     /// The delay injection settings.
     #[error(transparent)]
     Delay(#[from] nessie_fabric::ConfigError),
+    /// Sizes that make no cluster (`--memory-per-node`).
+    #[error(transparent)]
+    Geometry(#[from] nessie_store::GeometryError),
     #[error(transparent)]
     Demo(#[from] nessie_testkit::demo::DemoError),
     #[error(transparent)]
@@ -386,15 +394,48 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Index load factor `nessie up --memory-per-node` sizes for, when the data table is full.
+const MEMORY_LOAD_FACTOR: f64 = 0.5;
+
+/// What a memory budget buys, on stderr (stdout stays the cluster's summary).
+fn print_budget(bytes: u64, g: &nessie_store::Geometry) {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let entry = nessie_store::DteLayout::new(g.key_max, g.value_max).entry_size;
+    eprintln!(
+        "memory per node {:.1} MiB: {} index entries ({:.1} MiB) and {} data entries of {entry} B \
+         ({:.1} MiB), for keys up to {} B and values up to {} B",
+        mib(bytes),
+        g.ites_per_node,
+        mib(g.index_table_bytes()),
+        g.dtes_per_node,
+        mib(g.data_table_bytes()),
+        g.key_max,
+        g.value_max
+    );
+}
+
 fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
-    let geometry = nessie_store::Geometry {
-        nodes: a.nodes as u32,
-        ites_per_node: a.ites_per_node,
-        dtes_per_node: a.dtes_per_node,
-        key_max: a.key_max,
-        value_max: a.value_max,
-        ..nessie_store::Geometry::default()
+    let geometry = match a.memory_per_node {
+        Some(bytes) => {
+            let g = nessie_store::Geometry::for_memory(
+                a.nodes as u32,
+                bytes,
+                a.key_max,
+                a.value_max,
+                MEMORY_LOAD_FACTOR,
+            )?;
+            print_budget(bytes, &g);
+            g
+        }
+        None => nessie_store::Geometry {
+            nodes: a.nodes as u32,
+            ites_per_node: a.ites_per_node,
+            dtes_per_node: a.dtes_per_node,
+            key_max: a.key_max,
+            value_max: a.value_max,
+            ..nessie_store::Geometry::default()
+        },
     };
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     let opts = process::UpOptions {

@@ -52,3 +52,21 @@ fn up_rejects_a_clock_margin_over_half_the_expiry() {
         "clock margin 600 ms exceeds half the expiry period (1000 ms)",
     );
 }
+
+#[test]
+fn up_rejects_a_memory_budget_too_small_for_one_entry() {
+    up_fails(
+        "memory-small",
+        &["--memory-per-node", "4K"],
+        "cannot hold one data table entry",
+    );
+}
+
+#[test]
+fn up_rejects_a_memory_budget_beside_explicit_table_sizes() {
+    up_fails(
+        "memory-conflict",
+        &["--memory-per-node", "64MiB", "--dtes-per-node", "100"],
+        "cannot be used with",
+    );
+}

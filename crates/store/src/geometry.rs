@@ -70,6 +70,10 @@ pub enum GeometryProblem {
     },
     #[error(transparent)]
     Ite(#[from] IteLayoutError),
+    #[error("{bytes} bytes per node cannot hold one data table entry of {entry_size} bytes and its index entries")]
+    BudgetTooSmall { bytes: u64, entry_size: u64 },
+    #[error("index load factor {0} is not in (0, 0.95]")]
+    LoadFactor(String),
 }
 
 impl Default for Geometry {
@@ -141,6 +145,42 @@ impl Geometry {
         Ok((ite, dte))
     }
 
+    /// The geometry that spends `bytes_per_node` on one node's index and data table, every
+    /// entry sized for `key_max` and `value_max` (fixed-size DTEs), with the index at
+    /// `load_factor` when the data table is full. Other fields are the defaults.
+    pub fn for_memory(
+        nodes: u32,
+        bytes_per_node: u64,
+        key_max: u32,
+        value_max: u32,
+        load_factor: f64,
+    ) -> Result<Self, GeometryError> {
+        if !(load_factor > 0.0 && load_factor <= 0.95) {
+            return Err(GeometryProblem::LoadFactor(load_factor.to_string()).into());
+        }
+        let entry_size = DteLayout::new(key_max, value_max).entry_size;
+        // Each data table entry brings 1 / load_factor index entries of 8 bytes.
+        let per_entry = entry_size as f64 + 8.0 / load_factor;
+        let dtes = (bytes_per_node as f64 / per_entry) as u64;
+        if dtes == 0 {
+            return Err(GeometryProblem::BudgetTooSmall {
+                bytes: bytes_per_node,
+                entry_size,
+            }
+            .into());
+        }
+        let g = Self {
+            nodes,
+            ites_per_node: (dtes as f64 / load_factor) as u64,
+            dtes_per_node: dtes,
+            key_max,
+            value_max,
+            ..Self::default()
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
     /// Total ITEs across the cluster.
     pub fn total_ites(&self) -> u64 {
         self.ites_per_node * self.nodes as u64
@@ -184,6 +224,23 @@ mod tests {
         assert_eq!(ite.dte_bits, 14, "2^14 DTEs need 14 bits");
         assert_eq!(ite.filter_bits, 7);
         assert_eq!(dte.entry_size % 8, 0);
+    }
+
+    #[test]
+    fn a_memory_budget_pays_for_index_and_data() {
+        let g = Geometry::for_memory(2, 128 << 20, 32, 4096, 0.5).unwrap();
+        let spent = g.index_table_bytes() + g.data_table_bytes();
+        assert!(spent <= 128 << 20 && spent > 127 << 20, "{spent} bytes");
+        assert_eq!(g.ites_per_node, g.dtes_per_node * 2);
+        let e = Geometry::for_memory(2, 1024, 32, 4096, 0.5).unwrap_err();
+        assert!(
+            e.to_string().contains("cannot hold one data table entry"),
+            "{e}"
+        );
+        let e = Geometry::for_memory(2, 1 << 20, 32, 4096, 0.0).unwrap_err();
+        assert!(e.to_string().contains("load factor"), "{e}");
+        let e = Geometry::for_memory(0, 1 << 20, 32, 4096, 0.5).unwrap_err();
+        assert!(e.to_string().contains("nodes"), "{e}");
     }
 
     #[test]
