@@ -6,10 +6,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nessie_fabric::RemoteAddr;
-use nessie_fabric_ucx::{bench_op, BenchOp, Transport, UcxConfig, UcxNode};
+use nessie_fabric_ucx::{bench_copy, bench_op_over, BenchOp, Transport, UcxConfig, UcxNode};
 
 /// Most bytes one measured operation may move.
 pub const MAX_BENCH_SIZE: u64 = 64 << 20;
+/// Largest working set (`--working-set`).
+pub const MAX_WORKING_SET: u64 = 4 << 30;
 
 #[derive(clap::Args)]
 pub struct FabricBenchArgs {
@@ -25,6 +27,11 @@ pub struct FabricBenchArgs {
     /// Measured operations.
     #[arg(long, default_value_t = 100_000)]
     iters: u64,
+    /// Spread READs and WRITEs over this many bytes of the target (bytes, or with K/M/G), so
+    /// that each one is cold, and measure a plain local copy from a working set of the same
+    /// size beside them: the limit a READ is held against [default: --size].
+    #[arg(long, value_parser = crate::bench_cmd::parse_bytes)]
+    working_set: Option<u64>,
     /// Also run ucx_perftest with the same transport, operation and size, in this run.
     #[arg(long)]
     perftest: bool,
@@ -50,6 +57,8 @@ pub enum FabricBenchError {
     Size(u64),
     #[error("--iters {0} is not in 1..=100000000")]
     Iters(u64),
+    #[error("--working-set {0} must be a multiple of 8 from --size up to {MAX_WORKING_SET}")]
+    WorkingSet(u64),
     #[error("--perftest supports shm and tcp, not {0}")]
     PerftestTransport(String),
     #[error(transparent)]
@@ -114,7 +123,18 @@ pub struct Outcome {
     pub ops_per_sec: f64,
 }
 
-fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
+impl From<nessie_fabric_ucx::LatencyStats> for Outcome {
+    fn from(s: nessie_fabric_ucx::LatencyStats) -> Self {
+        Outcome {
+            p50_us: s.p50_ns as f64 / 1e3,
+            p99_us: s.p99_ns as f64 / 1e3,
+            mean_us: s.mean_ns / 1e3,
+            ops_per_sec: s.ops_per_sec,
+        }
+    }
+}
+
+fn ours(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, FabricBenchError> {
     let exe = std::env::current_exe().map_err(FabricBenchError::Io)?;
     let mut child = Child(
         Command::new(exe)
@@ -123,7 +143,7 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
                 "--transport",
                 &a.transport,
                 "--size",
-                &size.to_string(),
+                &span.to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -143,14 +163,15 @@ fn ours(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
     let mut ep = me.endpoint(&[me.info().clone(), target])?;
     let addr = RemoteAddr::new(1, 0, 0);
     // Warm-up, then the measured run.
-    bench_op(&mut ep, addr, a.op, size as usize, (a.iters / 10).max(100))?;
-    let s = bench_op(&mut ep, addr, a.op, size as usize, a.iters)?;
-    Ok(Outcome {
-        p50_us: s.p50_ns as f64 / 1e3,
-        p99_us: s.p99_ns as f64 / 1e3,
-        mean_us: s.mean_ns / 1e3,
-        ops_per_sec: s.ops_per_sec,
-    })
+    bench_op_over(
+        &mut ep,
+        addr,
+        a.op,
+        size as usize,
+        span,
+        (a.iters / 10).max(100),
+    )?;
+    Ok(bench_op_over(&mut ep, addr, a.op, size as usize, span, a.iters)?.into())
 }
 
 /// Run ucx_perftest (server + client) and parse its `Final:` line.
@@ -230,7 +251,15 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
     if a.iters == 0 || a.iters > 100_000_000 {
         return Err(FabricBenchError::Iters(a.iters));
     }
-    let o = ours(&a, size)?;
+    let span = a.working_set.unwrap_or(size);
+    if span < size || span % 8 != 0 || span > MAX_WORKING_SET {
+        return Err(FabricBenchError::WorkingSet(span));
+    }
+    let o = ours(&a, size, span)?;
+    // The limit: a local copy from a working set as large, when one is asked for.
+    let limit = a
+        .working_set
+        .map(|ws| Outcome::from(bench_copy(size as usize, ws, a.iters)));
     let p = if a.perftest {
         Some(perftest(&a, size)?)
     } else {
@@ -246,11 +275,24 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
             v["ucx_perftest"] = serde_json::json!({"p50_us": p.p50_us, "mean_us": p.mean_us, "ops_per_sec": p.ops_per_sec});
             v["p50_ratio"] = (o.p50_us / p.p50_us).into();
         }
+        if let Some(l) = &limit {
+            v["working_set"] = span.into();
+            v["local_copy"] =
+                serde_json::json!({"p50_us": l.p50_us, "p99_us": l.p99_us, "mean_us": l.mean_us});
+            v["p50_ratio_to_copy"] = (o.p50_us / l.p50_us).into();
+        }
         println!("{v}");
     } else {
         println!(
-            "{} {} of {} B between two processes, {} operations:",
-            a.transport, op, size, a.iters
+            "{} {} of {} B between two processes, {} operations{}:",
+            a.transport,
+            op,
+            size,
+            a.iters,
+            match a.working_set {
+                Some(ws) => format!(", spread over {ws} B"),
+                None => String::new(),
+            }
         );
         println!(
             "  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
@@ -264,6 +306,16 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
             println!(
                 "  p50 ratio (nessie / ucx_perftest): {:.2}",
                 o.p50_us / p.p50_us
+            );
+        }
+        if let Some(l) = &limit {
+            println!(
+                "  local copy    p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  (the limit)",
+                l.p50_us, l.p99_us, l.mean_us
+            );
+            println!(
+                "  p50 ratio (nessie / local copy): {:.2}",
+                o.p50_us / l.p50_us
             );
         }
     }
