@@ -252,7 +252,7 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
         return Err(FabricBenchError::Iters(a.iters));
     }
     let span = a.working_set.unwrap_or(size);
-    if span < size || span % 8 != 0 || span > MAX_WORKING_SET {
+    if span < size || !span.is_multiple_of(8) || span > MAX_WORKING_SET {
         return Err(FabricBenchError::WorkingSet(span));
     }
     let o = ours(&a, size, span)?;
