@@ -1,0 +1,573 @@
+//! The memcached text protocol: request lines parsed from a connection's buffer, the data block
+//! of storage commands, and reply encoding. Transport-free: the caller owns the socket and the
+//! buffer, asks [`parse_request`] for the next request, and for a storage command reads its
+//! data block with [`take_data`].
+//!
+//! ```text
+//! <set|add|replace|append|prepend> <key> <flags> <exptime> <bytes> [noreply]\r\n<data>\r\n
+//! cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]\r\n<data>\r\n
+//! get|gets <key>*\r\n            gat|gats <exptime> <key>*\r\n
+//! delete <key> [noreply]\r\n     incr|decr <key> <delta> [noreply]\r\n
+//! touch <key> <exptime> [noreply]\r\n
+//! flush_all [delay] [noreply]\r\n  version\r\n  verbosity <n> [noreply]\r\n  stats [arg]\r\n
+//! quit\r\n
+//! ```
+//! Errors follow what memcached 1.6 answers (checked against it): an unknown command or a
+//! wrong number of arguments is `ERROR`, a malformed number `CLIENT_ERROR bad command line
+//! format`, a data block not ending in `\r\n` `CLIENT_ERROR bad data chunk`. Keys are split on
+//! spaces only, as memcached does.
+
+/// memcached's limit on key length.
+pub const MAX_KEY_LEN: usize = 250;
+/// Longest request line accepted (multi-key gets make long lines); a longer one closes the
+/// connection.
+pub const MAX_LINE_LEN: usize = 64 * 1024;
+/// Most keys one get may name.
+pub const MAX_GET_KEYS: usize = 1024;
+
+/// A storage command.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StoreOp {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    Cas,
+}
+
+/// One parsed request. Keys borrow from the connection's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `get`/`gets` (`with_cas`), or `gat`/`gats` with `touch` = the new exptime.
+    Get {
+        keys: Vec<&'a [u8]>,
+        with_cas: bool,
+        touch: Option<i64>,
+    },
+    /// A storage command; its data block of `len` bytes follows the line.
+    Store {
+        op: StoreOp,
+        key: &'a [u8],
+        flags: u32,
+        exptime: i64,
+        len: usize,
+        /// The `cas unique` of a `cas` command (0 for the others).
+        cas: u64,
+        noreply: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    /// `incr` (`incr` = true) or `decr`.
+    Arith {
+        key: &'a [u8],
+        delta: u64,
+        incr: bool,
+        noreply: bool,
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: i64,
+        noreply: bool,
+    },
+    Version,
+    Verbosity {
+        noreply: bool,
+    },
+    Stats {
+        arg: Option<&'a [u8]>,
+    },
+    Quit,
+}
+
+/// Why a request cannot be served. [`ProtoError::reply`] is what memcached answers.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("unknown command")]
+    UnknownCommand,
+    #[error("wrong number of arguments")]
+    WrongArity,
+    #[error("invalid exptime argument")]
+    BadExptime,
+    #[error("bad command line format")]
+    BadFormat,
+    #[error("invalid numeric delta argument")]
+    BadDelta,
+    #[error("line too long")]
+    LineTooLong,
+    #[error("bad data chunk")]
+    BadDataChunk,
+}
+
+impl ProtoError {
+    /// The reply line memcached sends for this error.
+    pub fn reply(&self) -> &'static [u8] {
+        match self {
+            ProtoError::UnknownCommand | ProtoError::WrongArity => b"ERROR\r\n",
+            ProtoError::BadExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
+            ProtoError::BadFormat => b"CLIENT_ERROR bad command line format\r\n",
+            ProtoError::BadDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
+            ProtoError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+            ProtoError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
+        }
+    }
+
+    /// Whether the connection cannot continue (the stream can no longer be framed).
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, ProtoError::LineTooLong)
+    }
+}
+
+/// The next request line in `buf`: `Ok(None)` if no whole line has arrived yet, else the
+/// request and the bytes the line took (the data block of a storage command is not included).
+pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ProtoError> {
+    let Some(nl) = buf.iter().take(MAX_LINE_LEN + 2).position(|&b| b == b'\n') else {
+        return if buf.len() > MAX_LINE_LEN {
+            Err(ProtoError::LineTooLong)
+        } else {
+            Ok(None)
+        };
+    };
+    let line = &buf[..nl];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let words: Vec<&[u8]> = line
+        .split(|&b| b == b' ')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let Some((&cmd, args)) = words.split_first() else {
+        return Err(ProtoError::UnknownCommand);
+    };
+    Ok(Some((request(cmd, args)?, nl + 1)))
+}
+
+fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
+    let store = |op| store(op, args);
+    match cmd {
+        b"get" => get(args, false, None),
+        b"gets" => get(args, true, None),
+        b"gat" | b"gats" => {
+            let (&exptime, keys) = args.split_first().ok_or(ProtoError::WrongArity)?;
+            get(keys, cmd == b"gats", Some(exptime_arg(exptime)?))
+        }
+        b"set" => store(StoreOp::Set),
+        b"add" => store(StoreOp::Add),
+        b"replace" => store(StoreOp::Replace),
+        b"append" => store(StoreOp::Append),
+        b"prepend" => store(StoreOp::Prepend),
+        b"cas" => store(StoreOp::Cas),
+        b"delete" => {
+            let (args, noreply) = noreply(args);
+            // memcached still accepts a legacy `delete <key> 0`.
+            match args {
+                [key] | [key, b"0"] => Ok(Request::Delete {
+                    key: valid_key(key)?,
+                    noreply,
+                }),
+                _ => Err(ProtoError::WrongArity),
+            }
+        }
+        b"incr" | b"decr" => {
+            let (args, noreply) = noreply(args);
+            let [key, delta] = args else {
+                return Err(ProtoError::WrongArity);
+            };
+            Ok(Request::Arith {
+                key: valid_key(key)?,
+                delta: number(delta).map_err(|_| ProtoError::BadDelta)?,
+                incr: cmd == b"incr",
+                noreply,
+            })
+        }
+        b"touch" => {
+            let (args, noreply) = noreply(args);
+            let [key, exptime] = args else {
+                return Err(ProtoError::WrongArity);
+            };
+            Ok(Request::Touch {
+                key: valid_key(key)?,
+                exptime: exptime_arg(exptime)?,
+                noreply,
+            })
+        }
+        b"flush_all" => {
+            let (args, noreply) = noreply(args);
+            let delay = match args {
+                [] => 0,
+                [d] => exptime_arg(d)?,
+                _ => return Err(ProtoError::WrongArity),
+            };
+            Ok(Request::FlushAll { delay, noreply })
+        }
+        // memcached ignores anything after these two.
+        b"version" => Ok(Request::Version),
+        b"verbosity" => {
+            let (args, noreply) = noreply(args);
+            let [level] = args else {
+                return Err(ProtoError::WrongArity);
+            };
+            number::<u32>(level)?;
+            Ok(Request::Verbosity { noreply })
+        }
+        b"stats" => match args {
+            [] => Ok(Request::Stats { arg: None }),
+            [a] => Ok(Request::Stats { arg: Some(a) }),
+            _ => Err(ProtoError::WrongArity),
+        },
+        b"quit" => Ok(Request::Quit),
+        _ => Err(ProtoError::UnknownCommand),
+    }
+}
+
+fn get<'a>(
+    keys: &[&'a [u8]],
+    with_cas: bool,
+    touch: Option<i64>,
+) -> Result<Request<'a>, ProtoError> {
+    if keys.is_empty() {
+        return Err(ProtoError::WrongArity);
+    }
+    if keys.len() > MAX_GET_KEYS {
+        return Err(ProtoError::BadFormat);
+    }
+    let keys = keys
+        .iter()
+        .map(|k| valid_key(k))
+        .collect::<Result<_, _>>()?;
+    Ok(Request::Get {
+        keys,
+        with_cas,
+        touch,
+    })
+}
+
+fn store<'a>(op: StoreOp, args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
+    let (args, noreply) = noreply(args);
+    let (fixed, cas) = match (op, args) {
+        (StoreOp::Cas, [key, flags, exptime, len, cas]) => {
+            ([*key, *flags, *exptime, *len], number(cas)?)
+        }
+        (StoreOp::Cas, _) => return Err(ProtoError::WrongArity),
+        (_, [key, flags, exptime, len]) => ([*key, *flags, *exptime, *len], 0),
+        _ => return Err(ProtoError::WrongArity),
+    };
+    let [key, flags, exptime, len] = fixed;
+    Ok(Request::Store {
+        op,
+        key: valid_key(key)?,
+        flags: number(flags)?,
+        exptime: number(exptime)?,
+        len: number(len)?,
+        cas,
+        noreply,
+    })
+}
+
+/// Split a trailing `noreply` off the arguments.
+fn noreply<'a, 'b>(args: &'b [&'a [u8]]) -> (&'b [&'a [u8]], bool) {
+    match args.split_last() {
+        Some((&b"noreply", rest)) => (rest, true),
+        _ => (args, false),
+    }
+}
+
+fn valid_key(key: &[u8]) -> Result<&[u8], ProtoError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(ProtoError::BadFormat);
+    }
+    Ok(key)
+}
+
+fn exptime_arg(word: &[u8]) -> Result<i64, ProtoError> {
+    number(word).map_err(|_| ProtoError::BadExptime)
+}
+
+fn number<T: std::str::FromStr>(word: &[u8]) -> Result<T, ProtoError> {
+    std::str::from_utf8(word)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtoError::BadFormat)
+}
+
+/// The data block of a storage command of `len` bytes at the start of `buf`: `Ok(None)` until
+/// it and its `\r\n` have arrived, else the data and the bytes taken.
+pub fn take_data(buf: &[u8], len: usize) -> Result<Option<(&[u8], usize)>, ProtoError> {
+    let need = len.checked_add(2).ok_or(ProtoError::BadDataChunk)?;
+    if buf.len() < need {
+        return Ok(None);
+    }
+    if &buf[len..need] != b"\r\n" {
+        return Err(ProtoError::BadDataChunk);
+    }
+    Ok(Some((&buf[..len], need)))
+}
+
+/// Append one `VALUE` line and its data (a get's hit) to `out`; `cas` for gets/gats.
+pub fn encode_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    let head = match cas {
+        Some(c) => format!(" {flags} {} {c}\r\n", data.len()),
+        None => format!(" {flags} {}\r\n", data.len()),
+    };
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn one(line: &str) -> Result<Request<'_>, ProtoError> {
+        let (r, n) = parse_request(line.as_bytes())?.expect("a whole line");
+        assert_eq!(n, line.len());
+        Ok(r)
+    }
+
+    #[test]
+    fn storage_commands() {
+        assert_eq!(
+            one("set k 5 0 3\r\n").unwrap(),
+            Request::Store {
+                op: StoreOp::Set,
+                key: b"k",
+                flags: 5,
+                exptime: 0,
+                len: 3,
+                cas: 0,
+                noreply: false
+            }
+        );
+        assert_eq!(
+            one("cas k 0 -1 10 77 noreply\r\n").unwrap(),
+            Request::Store {
+                op: StoreOp::Cas,
+                key: b"k",
+                flags: 0,
+                exptime: -1,
+                len: 10,
+                cas: 77,
+                noreply: true
+            }
+        );
+        for (cmd, op) in [
+            ("add", StoreOp::Add),
+            ("replace", StoreOp::Replace),
+            ("append", StoreOp::Append),
+            ("prepend", StoreOp::Prepend),
+        ] {
+            let line = format!("{cmd} key 1 2 3\r\n");
+            let r = one(&line).unwrap();
+            assert!(matches!(r, Request::Store { op: o, .. } if o == op));
+        }
+        assert_eq!(one("set k 0 0\r\n"), Err(ProtoError::WrongArity));
+        assert_eq!(
+            one("cas k 0 0 1\r\n"),
+            Err(ProtoError::WrongArity),
+            "cas needs its unique"
+        );
+        assert_eq!(one("set k x 0 1\r\n"), Err(ProtoError::BadFormat));
+        assert_eq!(one("set k 0 0 -1\r\n"), Err(ProtoError::BadFormat));
+        assert_eq!(
+            one("set k 4294967296 0 1\r\n"),
+            Err(ProtoError::BadFormat),
+            "flags are 32 bits"
+        );
+    }
+
+    #[test]
+    fn retrieval_and_other_commands() {
+        assert_eq!(
+            one("gets a bb ccc\r\n").unwrap(),
+            Request::Get {
+                keys: vec![b"a", b"bb", b"ccc"],
+                with_cas: true,
+                touch: None
+            }
+        );
+        assert_eq!(
+            one("gat 100 a\r\n").unwrap(),
+            Request::Get {
+                keys: vec![b"a"],
+                with_cas: false,
+                touch: Some(100)
+            }
+        );
+        assert_eq!(one("get\r\n"), Err(ProtoError::WrongArity));
+        assert_eq!(one("touch k\r\n"), Err(ProtoError::WrongArity));
+        assert_eq!(one("verbosity\r\n"), Err(ProtoError::WrongArity));
+        assert_eq!(one("flush_all x\r\n"), Err(ProtoError::BadExptime));
+        assert_eq!(one("version x\r\n").unwrap(), Request::Version);
+        assert_eq!(
+            one("delete k noreply\r\n").unwrap(),
+            Request::Delete {
+                key: b"k",
+                noreply: true
+            }
+        );
+        assert_eq!(
+            one("delete k 0\r\n").unwrap(),
+            Request::Delete {
+                key: b"k",
+                noreply: false
+            }
+        );
+        assert_eq!(
+            one("decr n 18446744073709551615\r\n").unwrap(),
+            Request::Arith {
+                key: b"n",
+                delta: u64::MAX,
+                incr: false,
+                noreply: false
+            }
+        );
+        assert_eq!(one("incr n -1\r\n"), Err(ProtoError::BadDelta));
+        assert_eq!(
+            one("touch k 10 noreply\r\n").unwrap(),
+            Request::Touch {
+                key: b"k",
+                exptime: 10,
+                noreply: true
+            }
+        );
+        assert_eq!(
+            one("flush_all\r\n").unwrap(),
+            Request::FlushAll {
+                delay: 0,
+                noreply: false
+            }
+        );
+        assert_eq!(
+            one("flush_all 5 noreply\r\n").unwrap(),
+            Request::FlushAll {
+                delay: 5,
+                noreply: true
+            }
+        );
+        assert_eq!(one("version\r\n").unwrap(), Request::Version);
+        assert_eq!(
+            one("verbosity 1\r\n").unwrap(),
+            Request::Verbosity { noreply: false }
+        );
+        assert_eq!(one("stats\r\n").unwrap(), Request::Stats { arg: None });
+        assert_eq!(
+            one("stats slabs\r\n").unwrap(),
+            Request::Stats {
+                arg: Some(b"slabs")
+            }
+        );
+        assert_eq!(one("quit\r\n").unwrap(), Request::Quit);
+        assert_eq!(one("bogus\r\n"), Err(ProtoError::UnknownCommand));
+        assert_eq!(one("\r\n"), Err(ProtoError::UnknownCommand));
+        assert_eq!(
+            one("get a\n").unwrap(),
+            one("get a\r\n").unwrap(),
+            "a bare \\n ends a line too"
+        );
+    }
+
+    #[test]
+    fn keys_are_bounded_and_split_on_spaces_only() {
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(one(&format!("get {long}\r\n")), Err(ProtoError::BadFormat));
+        let ok = "k".repeat(MAX_KEY_LEN);
+        assert!(one(&format!("get {ok}\r\n")).is_ok());
+        assert_eq!(
+            one("get a\tb\r\n").unwrap(),
+            Request::Get {
+                keys: vec![b"a\tb"],
+                with_cas: false,
+                touch: None
+            },
+            "memcached splits on spaces only"
+        );
+        let many = vec!["k"; MAX_GET_KEYS + 1].join(" ");
+        assert_eq!(one(&format!("get {many}\r\n")), Err(ProtoError::BadFormat));
+    }
+
+    #[test]
+    fn partial_lines_wait_and_overlong_lines_close_the_connection() {
+        assert_eq!(parse_request(b"get ke"), Ok(None));
+        assert_eq!(parse_request(b""), Ok(None));
+        let junk = vec![b'x'; MAX_LINE_LEN + 1];
+        let e = parse_request(&junk).unwrap_err();
+        assert_eq!(e, ProtoError::LineTooLong);
+        assert!(e.closes_connection());
+        let (r, n) = parse_request(b"get a\r\nget b\r\n").unwrap().unwrap();
+        assert_eq!(
+            (r, n),
+            (one("get a\r\n").unwrap(), 7),
+            "pipelined requests parse one by one"
+        );
+    }
+
+    #[test]
+    fn data_blocks() {
+        assert_eq!(take_data(b"abc\r\nget", 3), Ok(Some((&b"abc"[..], 5))));
+        assert_eq!(take_data(b"abc\r", 3), Ok(None));
+        assert_eq!(take_data(b"abcd\r\n", 3), Err(ProtoError::BadDataChunk));
+        assert_eq!(take_data(b"\r\n", 0), Ok(Some((&b""[..], 2))));
+        assert_eq!(take_data(b"", usize::MAX), Err(ProtoError::BadDataChunk));
+        assert_eq!(
+            ProtoError::BadDataChunk.reply(),
+            b"CLIENT_ERROR bad data chunk\r\n"
+        );
+        assert_eq!(ProtoError::UnknownCommand.reply(), b"ERROR\r\n");
+    }
+
+    #[test]
+    fn values_encode_as_memcached_sends_them() {
+        let mut out = Vec::new();
+        encode_value(&mut out, b"k", 7, b"xyz", None);
+        encode_value(&mut out, b"k2", 0, b"", Some(42));
+        assert_eq!(
+            out,
+            b"VALUE k 7 3\r\nxyz\r\nVALUE k2 0 0 42\r\n\r\n".to_vec()
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn storage_lines_round_trip(
+            key in "[!-~]{1,250}",
+            flags: u32,
+            exptime in -1_000_000i64..1_000_000,
+            len in 0usize..(1 << 24),
+            cas: u64,
+            is_cas: bool,
+            nr: bool,
+        ) {
+            let op = if is_cas { StoreOp::Cas } else { StoreOp::Set };
+            let line = format!(
+                "{} {key} {flags} {exptime} {len}{}{}\r\n",
+                if is_cas { "cas" } else { "set" },
+                if is_cas { format!(" {cas}") } else { String::new() },
+                if nr { " noreply" } else { "" },
+            );
+            let (r, n) = parse_request(line.as_bytes()).unwrap().unwrap();
+            prop_assert_eq!(n, line.len());
+            prop_assert_eq!(r, Request::Store {
+                op,
+                key: key.as_bytes(),
+                flags,
+                exptime,
+                len,
+                cas: if is_cas { cas } else { 0 },
+                noreply: nr,
+            });
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_request(&buf);
+            let _ = take_data(&buf, buf.len() / 2);
+        }
+    }
+}
