@@ -1,5 +1,7 @@
-//! Data table entry (DTE) format. Entries have a fixed size per cluster; all fields are 8-byte
-//! aligned so that every fabric access is word-sized.
+//! Data table entry (DTE) format. Entries have a fixed size per cluster (room for the longest
+//! key and value); all fields are 8-byte aligned so that every fabric access is word-sized. The
+//! value follows the entry's own key, so a short key leaves its room at the end of the entry,
+//! where a size class can drop it (groundwork for variable-size entries).
 //!
 //! ```text
 //! offset  size        field
@@ -8,14 +10,16 @@
 //!                               the Unix epoch) after which the entry may be reused
 //! 16      8           previous version: the ITE this entry's writer replaced (0 = none)
 //! 24      8           lengths:  key length (bits 0..31), value length (bits 32..63)
-//! 32      key_max↑8   key bytes (zero padded)
-//! 32+K    value_max↑8 value bytes (zero padded)
+//! 32      key_len↑8   key bytes (zero padded)
+//! 32+K    value_len↑8 value bytes (zero padded), K = key_len↑8
+//! …       (unused up to entry_size = 32 + key_max↑8 + value_max↑8)
 //! ```
 //! The recycle flag and the expiry share one word so that marking an entry is a single aligned
 //! 8-byte write: no reader can see the flag without its timestamp, whatever order a transport
 //! copies the bytes of a larger write in (UCX over shm and TCP uses memcpy). Timestamps fit in
 //! 63 bits until the year 2262.
-//! The header, metadata and key (`meta_size` bytes) can be read without the value. Apart from
+//! The header, metadata and any key fit in the first `meta_size` bytes, which can be read
+//! without knowing the key's length (they may include the start of the value). Apart from
 //! the valid flag (0 → 1, by the writer, once) and the recycle words (set once by whoever
 //! released the entry's last ITE), an entry is immutable while any ITE refers to it.
 
@@ -48,8 +52,9 @@ impl WriterTag {
 pub struct DteLayout {
     pub key_max: u32,
     pub value_max: u32,
-    /// Offset of the value field = bytes of header, metadata and key.
-    pub value_off: u64,
+    /// Bytes of header, metadata and the longest key: a read of this many bytes holds any
+    /// entry's key.
+    pub meta_size: u64,
     /// Size of a whole entry.
     pub entry_size: u64,
 }
@@ -90,13 +95,19 @@ fn put_word(buf: &mut [u8], off: u64, v: u64) {
 
 impl DteLayout {
     pub fn new(key_max: u32, value_max: u32) -> Self {
-        let value_off = KEY_OFF + pad8(key_max as u64);
+        let meta_size = KEY_OFF + pad8(key_max as u64);
         Self {
             key_max,
             value_max,
-            value_off,
-            entry_size: value_off + pad8(value_max as u64),
+            meta_size,
+            entry_size: meta_size + pad8(value_max as u64),
         }
+    }
+
+    /// Offset of the value of an entry whose key is `key_len` bytes long.
+    #[inline]
+    pub fn value_offset(key_len: u32) -> u64 {
+        KEY_OFF + pad8(key_len as u64)
     }
 
     /// Byte offset of entry `index` within the data table region.
@@ -111,7 +122,7 @@ impl DteLayout {
         pad8(len as u64)
     }
 
-    /// Write a fresh, *invalid* entry into `buf` (at least `value_off + pad8(value.len())`
+    /// Write a fresh, *invalid* entry into `buf` (`value_offset(key.len()) + pad8(value.len())`
     /// bytes). Returns the number of bytes to store. The recycle word is zero.
     pub fn encode(
         &self,
@@ -122,14 +133,15 @@ impl DteLayout {
         value: &[u8],
     ) -> usize {
         assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
-        let len = (self.value_off + pad8(value.len() as u64)) as usize;
+        let value_off = Self::value_offset(key.len() as u32);
+        let len = (value_off + pad8(value.len() as u64)) as usize;
         buf.clear();
         buf.resize(len, 0);
         put_word(buf, HEADER_OFF, self.header(writer, false));
         put_word(buf, PREV_OFF, prev);
         put_word(buf, LENS_OFF, key.len() as u64 | (value.len() as u64) << 32);
         buf[KEY_OFF as usize..KEY_OFF as usize + key.len()].copy_from_slice(key);
-        buf[self.value_off as usize..self.value_off as usize + value.len()].copy_from_slice(value);
+        buf[value_off as usize..value_off as usize + value.len()].copy_from_slice(value);
         len
     }
 
@@ -182,19 +194,19 @@ impl DteLayout {
         Ok(m)
     }
 
-    /// The key of an entry whose first `value_off` bytes are in `buf`.
+    /// The key of an entry whose first `value_offset(meta.key_len)` bytes are in `buf`.
     pub fn key<'a>(&self, buf: &'a [u8], meta: &DteMeta) -> &'a [u8] {
         &buf[KEY_OFF as usize..KEY_OFF as usize + meta.key_len as usize]
     }
 
     /// The value of an entry whose bytes up to the end of the value are in `buf`.
     pub fn value<'a>(&self, buf: &'a [u8], meta: &DteMeta) -> Result<&'a [u8], DteError> {
-        let end = self.value_off as usize + meta.value_len as usize;
-        buf.get(self.value_off as usize..end)
-            .ok_or(DteError::Short {
-                got: buf.len(),
-                need: end,
-            })
+        let start = Self::value_offset(meta.key_len) as usize;
+        let end = start + meta.value_len as usize;
+        buf.get(start..end).ok_or(DteError::Short {
+            got: buf.len(),
+            need: end,
+        })
     }
 }
 
@@ -206,10 +218,12 @@ mod tests {
     #[test]
     fn layout_sizes() {
         let l = DteLayout::new(128, 1024);
-        assert_eq!(l.value_off, 32 + 128);
+        assert_eq!(l.meta_size, 32 + 128);
         assert_eq!(l.entry_size, 32 + 128 + 1024);
         let odd = DteLayout::new(5, 3);
-        assert_eq!(odd.value_off, 40);
+        assert_eq!(odd.meta_size, 40);
+        assert_eq!(DteLayout::value_offset(5), 40);
+        assert_eq!(DteLayout::value_offset(0), 32);
         assert_eq!(odd.entry_size, 48);
         assert_eq!(odd.offset(3), 144);
         let empty_values = DteLayout::new(8, 0);
@@ -238,7 +252,12 @@ mod tests {
         l.encode(&mut buf, WriterTag::new(0, 0), 0, b"", b"");
         let m = l.meta(&buf).unwrap();
         assert_eq!((m.key_len, m.value_len), (0, 0));
-        assert_eq!(buf.len() as u64, l.value_off);
+        assert_eq!(buf.len() as u64, KEY_OFF, "an empty key takes no room");
+        // A short key: the value follows it, and the entry ends early.
+        let n = l.encode(&mut buf, WriterTag::new(0, 0), 0, b"k", &[5u8; 9]);
+        assert_eq!(n, 32 + 8 + 16);
+        let m = l.meta(&buf).unwrap();
+        assert_eq!(l.value(&buf, &m).unwrap(), &[5u8; 9]);
     }
 
     #[test]
@@ -279,7 +298,7 @@ mod tests {
             value_len: 8,
         };
         assert!(
-            l.value(&buf[..l.value_off as usize], &m).is_err(),
+            l.value(&buf[..KEY_OFF as usize], &m).is_err(),
             "value beyond the buffer"
         );
     }

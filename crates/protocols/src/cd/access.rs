@@ -4,7 +4,7 @@
 
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_store::datatable::Purpose;
-use nessie_store::dte::{DteMeta, HEADER_OFF, RECYCLE_OFF};
+use nessie_store::dte::{DteLayout, DteMeta, HEADER_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
 
@@ -122,7 +122,7 @@ impl<E: Endpoint> CdClient<E> {
         key: &[u8],
         want: Want,
     ) -> Attempt<Fetched> {
-        let meta_len = self.view.dte.value_off as usize;
+        let meta_len = self.view.dte.meta_size as usize;
         self.buf.resize(meta_len, 0);
         self.ep
             .local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
@@ -173,7 +173,7 @@ impl<E: Endpoint> CdClient<E> {
         want: Want,
     ) -> Attempt<Fetched> {
         let layout = self.view.dte;
-        let meta_len = layout.value_off as usize;
+        let meta_len = layout.meta_size as usize;
         let addr = RemoteAddr::new(node, DATA_REGION, off);
         let whole = want != Want::Key && !self.cfg.optimizations.multi_read;
         let first = if whole {
@@ -192,7 +192,8 @@ impl<E: Endpoint> CdClient<E> {
             value_loaded = true;
         }
         if value_loaded && meta.valid {
-            let end = meta_len + layout.value_read_len(meta.value_len) as usize;
+            let end = DteLayout::value_offset(meta.key_len) as usize
+                + layout.value_read_len(meta.value_len) as usize;
             self.cache
                 .insert(ite.0, &self.buf[..end], ite_read_ns, self.cfg.expiry_ns);
         }
@@ -214,19 +215,19 @@ impl<E: Endpoint> CdClient<E> {
     /// Append the value of the DTE at (`node`, `off`) to the header already in `self.buf`.
     fn load_value(&mut self, node: NodeId, off: u64, meta: &DteMeta, local: bool) -> Attempt<()> {
         self.hook(HookPoint::BeforeValueRead);
-        let layout = self.view.dte;
-        let start = layout.value_off as usize;
-        let len = layout.value_read_len(meta.value_len) as usize;
+        let value_off = DteLayout::value_offset(meta.key_len);
+        let start = value_off as usize;
+        let len = self.view.dte.value_read_len(meta.value_len) as usize;
         self.buf.resize(start + len, 0);
         if len == 0 {
             return Ok(());
         }
         if local {
             self.ep
-                .local_read(DATA_REGION, off + layout.value_off, &mut self.buf[start..])?;
+                .local_read(DATA_REGION, off + value_off, &mut self.buf[start..])?;
         } else {
             self.ep.read(
-                RemoteAddr::new(node, DATA_REGION, off + layout.value_off),
+                RemoteAddr::new(node, DATA_REGION, off + value_off),
                 &mut self.buf[start..],
             )?;
         }
@@ -236,7 +237,7 @@ impl<E: Endpoint> CdClient<E> {
     /// The value of the DTE in the read buffer.
     pub(crate) fn value_of(&self, f: &Fetched) -> Vec<u8> {
         debug_assert!(f.value_loaded);
-        let start = self.view.dte.value_off as usize;
+        let start = DteLayout::value_offset(f.meta.key_len) as usize;
         self.buf[start..start + f.meta.value_len as usize].to_vec()
     }
 
