@@ -17,6 +17,8 @@ pub enum WorkloadError {
     NoKeys,
     #[error("{hot} hot keys is more than the {keys} keys")]
     TooManyHotKeys { hot: u64, keys: u64 },
+    #[error("hot-key fraction {0} is not in [0, 1]")]
+    HotFraction(f64),
     #[error(
         "operation mix GET {get} + DELETE {delete} is not a set of fractions summing to at most 1"
     )]
@@ -89,10 +91,7 @@ impl KeyGen {
             return Err(WorkloadError::TooManyHotKeys { hot, keys });
         }
         if !(0.0..=1.0).contains(&fraction) {
-            return Err(WorkloadError::BadMix {
-                get: fraction,
-                delete: 0.0,
-            });
+            return Err(WorkloadError::HotFraction(fraction));
         }
         Ok(KeyGen::Hot {
             keys,
@@ -243,7 +242,10 @@ mod tests {
         // 50% to the hot set plus 0.4% of the uniform half: about 5020.
         assert!((4_700..5_300).contains(&hot), "{hot} hot draws");
         assert!(KeyGen::hot(10, 11, 0.5).is_err());
-        assert!(KeyGen::hot(10, 2, 1.5).is_err());
+        assert_eq!(
+            KeyGen::hot(10, 2, 1.5).err(),
+            Some(WorkloadError::HotFraction(1.5))
+        );
     }
 
     #[test]
