@@ -100,19 +100,31 @@ impl BenchParams {
     }
 }
 
+/// Why a `--value-size` does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueSizeError {
+    #[error("{part:?} in {spec:?} is not a byte count")]
+    NotANumber { part: String, spec: String },
+    #[error("{0:?}: the smallest size exceeds the largest")]
+    Reversed(String),
+}
+
 /// Parse `--value-size`: `N` bytes, or `MIN..MAX` for sizes uniform in that range (inclusive).
-pub fn parse_value_size(s: &str) -> Result<(Option<u32>, u32), String> {
+pub fn parse_value_size(s: &str) -> Result<(Option<u32>, u32), ValueSizeError> {
     let num = |t: &str| {
         t.trim()
             .parse::<u32>()
-            .map_err(|_| format!("{t:?} in {s:?} is not a byte count"))
+            .map_err(|_| ValueSizeError::NotANumber {
+                part: t.into(),
+                spec: s.into(),
+            })
     };
     match s.split_once("..") {
         None => Ok((None, num(s)?)),
         Some((lo, hi)) => {
             let (lo, hi) = (num(lo)?, num(hi.strip_prefix('=').unwrap_or(hi))?);
             if lo > hi {
-                return Err(format!("{s:?}: the smallest size exceeds the largest"));
+                return Err(ValueSizeError::Reversed(s.into()));
             }
             Ok((Some(lo), hi))
         }
@@ -211,9 +223,11 @@ mod tests {
         assert_eq!(parse_value_size("64..=4096"), Ok((Some(64), 4096)));
         assert!(parse_value_size("4096..64")
             .unwrap_err()
+            .to_string()
             .contains("exceeds"));
         assert!(parse_value_size("a..64")
             .unwrap_err()
+            .to_string()
             .contains("byte count"));
         assert!(parse_value_size("").is_err());
         let p = BenchParams {

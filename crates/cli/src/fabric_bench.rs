@@ -255,50 +255,75 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
     if span < size || !span.is_multiple_of(8) || span > MAX_WORKING_SET {
         return Err(FabricBenchError::WorkingSet(span));
     }
-    let o = ours(&a, size, span)?;
-    // The limit: a local copy from a working set as large, when one is asked for.
-    let limit = a
-        .working_set
-        .map(|ws| Outcome::from(bench_copy(size as usize, ws, a.iters)));
-    let p = if a.perftest {
-        Some(perftest(&a, size)?)
-    } else {
-        None
+    let r = Measured {
+        ours: ours(&a, size, span)?,
+        // The limit: a local copy from a working set as large, when one is asked for.
+        limit: a
+            .working_set
+            .map(|ws| Outcome::from(bench_copy(size as usize, ws, a.iters))),
+        perftest: if a.perftest {
+            Some(perftest(&a, size)?)
+        } else {
+            None
+        },
+        size,
+        span,
     };
-    let op = format!("{:?}", a.op).to_lowercase();
     if a.json {
+        println!("{}", r.json(&a));
+    } else {
+        r.print(&a);
+    }
+    Ok(())
+}
+
+/// One invocation's figures.
+struct Measured {
+    ours: Outcome,
+    limit: Option<Outcome>,
+    perftest: Option<Outcome>,
+    size: u64,
+    span: u64,
+}
+
+impl Measured {
+    fn json(&self, a: &FabricBenchArgs) -> serde_json::Value {
+        let o = &self.ours;
         let mut v = serde_json::json!({
-            "transport": a.transport, "op": op, "size": size, "iters": a.iters,
+            "transport": a.transport, "op": op_name(a.op), "size": self.size, "iters": a.iters,
             "nessie": {"p50_us": o.p50_us, "p99_us": o.p99_us, "mean_us": o.mean_us, "ops_per_sec": o.ops_per_sec},
         });
-        if let Some(p) = &p {
+        if let Some(p) = &self.perftest {
             v["ucx_perftest"] = serde_json::json!({"p50_us": p.p50_us, "mean_us": p.mean_us, "ops_per_sec": p.ops_per_sec});
             v["p50_ratio"] = (o.p50_us / p.p50_us).into();
         }
-        if let Some(l) = &limit {
-            v["working_set"] = span.into();
+        if let Some(l) = &self.limit {
+            v["working_set"] = self.span.into();
             v["local_copy"] =
                 serde_json::json!({"p50_us": l.p50_us, "p99_us": l.p99_us, "mean_us": l.mean_us});
             v["p50_ratio_to_copy"] = (o.p50_us / l.p50_us).into();
         }
-        println!("{v}");
-    } else {
+        v
+    }
+
+    fn print(&self, a: &FabricBenchArgs) {
+        let o = &self.ours;
+        let spread = match a.working_set {
+            Some(ws) => format!(", spread over {ws} B"),
+            None => String::new(),
+        };
         println!(
-            "{} {} of {} B between two processes, {} operations{}:",
+            "{} {} of {} B between two processes, {} operations{spread}:",
             a.transport,
-            op,
-            size,
-            a.iters,
-            match a.working_set {
-                Some(ws) => format!(", spread over {ws} B"),
-                None => String::new(),
-            }
+            op_name(a.op),
+            self.size,
+            a.iters
         );
         println!(
             "  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
             o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec
         );
-        if let Some(p) = &p {
+        if let Some(p) = &self.perftest {
             println!(
                 "  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s",
                 p.p50_us, p.mean_us, p.ops_per_sec
@@ -308,7 +333,7 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
                 o.p50_us / p.p50_us
             );
         }
-        if let Some(l) = &limit {
+        if let Some(l) = &self.limit {
             println!(
                 "  local copy    p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  (the limit)",
                 l.p50_us, l.p99_us, l.mean_us
@@ -319,5 +344,8 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
             );
         }
     }
-    Ok(())
+}
+
+fn op_name(op: BenchOp) -> String {
+    format!("{op:?}").to_lowercase()
 }

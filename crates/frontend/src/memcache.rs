@@ -161,40 +161,53 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
         b"append" => store(StoreOp::Append),
         b"prepend" => store(StoreOp::Prepend),
         b"cas" => store(StoreOp::Cas),
-        b"delete" => {
-            let (args, noreply) = noreply(args);
-            // memcached still accepts a legacy `delete <key> 0`.
-            match args {
-                [key] | [key, b"0"] => Ok(Request::Delete {
-                    key: valid_key(key)?,
-                    noreply,
-                }),
-                _ => Err(ProtoError::WrongArity),
-            }
-        }
-        b"incr" | b"decr" => {
-            let (args, noreply) = noreply(args);
-            let [key, delta] = args else {
-                return Err(ProtoError::WrongArity);
-            };
-            Ok(Request::Arith {
-                key: valid_key(key)?,
-                delta: number(delta).map_err(|_| ProtoError::BadDelta)?,
-                incr: cmd == b"incr",
-                noreply,
-            })
-        }
-        b"touch" => {
-            let (args, noreply) = noreply(args);
-            let [key, exptime] = args else {
-                return Err(ProtoError::WrongArity);
-            };
-            Ok(Request::Touch {
-                key: valid_key(key)?,
-                exptime: exptime_arg(exptime)?,
-                noreply,
-            })
-        }
+        b"delete" => delete(args),
+        b"incr" | b"decr" => arith(args, cmd == b"incr"),
+        b"touch" => touch(args),
+        _ => admin(cmd, args),
+    }
+}
+
+fn delete<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
+    let (args, noreply) = noreply(args);
+    // memcached still accepts a legacy `delete <key> 0`.
+    match args {
+        [key] | [key, b"0"] => Ok(Request::Delete {
+            key: valid_key(key)?,
+            noreply,
+        }),
+        _ => Err(ProtoError::WrongArity),
+    }
+}
+
+fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
+    let (args, noreply) = noreply(args);
+    let [key, delta] = args else {
+        return Err(ProtoError::WrongArity);
+    };
+    Ok(Request::Arith {
+        key: valid_key(key)?,
+        delta: number(delta).map_err(|_| ProtoError::BadDelta)?,
+        incr,
+        noreply,
+    })
+}
+
+fn touch<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
+    let (args, noreply) = noreply(args);
+    let [key, exptime] = args else {
+        return Err(ProtoError::WrongArity);
+    };
+    Ok(Request::Touch {
+        key: valid_key(key)?,
+        exptime: exptime_arg(exptime)?,
+        noreply,
+    })
+}
+
+/// The commands that name no key.
+fn admin<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
+    match cmd {
         b"flush_all" => {
             let (args, noreply) = noreply(args);
             let delay = match args {
@@ -206,6 +219,7 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
         }
         // memcached ignores anything after these two.
         b"version" => Ok(Request::Version),
+        b"quit" => Ok(Request::Quit),
         b"verbosity" => {
             let (args, noreply) = noreply(args);
             let [level] = args else {
@@ -219,7 +233,6 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
             [a] => Ok(Request::Stats { arg: Some(a) }),
             _ => Err(ProtoError::WrongArity),
         },
-        b"quit" => Ok(Request::Quit),
         _ => Err(ProtoError::UnknownCommand),
     }
 }
@@ -383,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn retrieval_and_other_commands() {
+    fn retrieval_commands() {
         assert_eq!(
             one("gets a bb ccc\r\n").unwrap(),
             Request::Get {
@@ -405,6 +418,10 @@ mod tests {
         assert_eq!(one("verbosity\r\n"), Err(ProtoError::WrongArity));
         assert_eq!(one("flush_all x\r\n"), Err(ProtoError::BadExptime));
         assert_eq!(one("version x\r\n").unwrap(), Request::Version);
+    }
+
+    #[test]
+    fn key_and_admin_commands() {
         assert_eq!(
             one("delete k noreply\r\n").unwrap(),
             Request::Delete {
