@@ -30,7 +30,7 @@ pub struct FabricBenchArgs {
     /// Spread READs and WRITEs over this many bytes of the target (bytes, or with K/M/G), so
     /// that each one is cold, and measure a plain local copy from a working set of the same
     /// size beside them: the limit a READ is held against [default: --size].
-    #[arg(long, value_parser = crate::bench_cmd::parse_bytes)]
+    #[arg(long, value_parser = nessie_store::geometry::parse_bytes)]
     working_set: Option<u64>,
     /// Also run ucx_perftest with the same transport, operation and size, in this run.
     #[arg(long)]

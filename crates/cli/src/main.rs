@@ -106,7 +106,7 @@ struct UpArgs {
     /// Memory for one node's index and data table (bytes, or with K/M/G): sizes both from one
     /// budget instead of --ites-per-node and --dtes-per-node, the index at load factor 0.5
     /// when the data table is full.
-    #[arg(long, value_parser = bench_cmd::parse_bytes, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
+    #[arg(long, value_parser = nessie_store::geometry::parse_bytes, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
     memory_per_node: Option<u64>,
     /// Client workers per node process.
     #[arg(long, default_value_t = 2)]
@@ -394,9 +394,6 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Index load factor `nessie up --memory-per-node` sizes for, when the data table is full.
-const MEMORY_LOAD_FACTOR: f64 = 0.5;
-
 /// What a memory budget buys, on stderr (stdout stays the cluster's summary).
 fn print_budget(bytes: u64, g: &nessie_store::Geometry) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -423,7 +420,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
                 bytes,
                 a.key_max,
                 a.value_max,
-                MEMORY_LOAD_FACTOR,
+                nessie_cluster::config::MEMORY_LOAD_FACTOR,
             )?;
             print_budget(bytes, &g);
             g

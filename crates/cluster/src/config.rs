@@ -10,8 +10,8 @@
 //!
 //! [geometry]                  # fixed at creation: the memory format
 //! nodes = 3
-//! ites_per_node = 65536
-//! dtes_per_node = 16384
+//! ites_per_node = 65536       # or, instead of these two,
+//! dtes_per_node = 16384       # memory_per_node = "128MiB" (index and data table per node)
 //! key_max = 128
 //! value_max = 16384
 //! hash_functions = 3
@@ -171,10 +171,68 @@ fn default_workers() -> u16 {
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     pub cluster: ClusterSection,
+    #[serde(deserialize_with = "geometry_section")]
     pub geometry: Geometry,
     #[serde(default)]
     pub protocol: ProtocolSection,
     pub node: Vec<NodeEntry>,
+}
+
+/// Index load factor a `memory_per_node` budget is sized for, when the data table is full.
+pub const MEMORY_LOAD_FACTOR: f64 = 0.5;
+
+/// The `[geometry]` section as written: table sizes as entry counts, or one memory budget per
+/// node (`memory_per_node`: bytes, or a string such as "128MiB") that
+/// [`Geometry::for_memory`] turns into entry counts. The file `nessie up` writes holds counts.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GeometrySection {
+    nodes: u32,
+    ites_per_node: Option<u64>,
+    dtes_per_node: Option<u64>,
+    memory_per_node: Option<ByteCount>,
+    key_max: u32,
+    value_max: u32,
+    hash_functions: u8,
+    filter_bits: u8,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum ByteCount {
+    Bytes(u64),
+    Text(String),
+}
+
+fn geometry_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Geometry, D::Error> {
+    use serde::de::Error;
+    let s = <GeometrySection as serde::Deserialize>::deserialize(d)?;
+    let explicit = |ites_per_node, dtes_per_node| Geometry {
+        nodes: s.nodes,
+        ites_per_node,
+        dtes_per_node,
+        key_max: s.key_max,
+        value_max: s.value_max,
+        hash_functions: s.hash_functions,
+        filter_bits: s.filter_bits,
+    };
+    match (&s.memory_per_node, s.ites_per_node, s.dtes_per_node) {
+        (None, Some(i), Some(t)) => Ok(explicit(i, t)),
+        (Some(m), None, None) => {
+            let bytes = match m {
+                ByteCount::Bytes(b) => *b,
+                ByteCount::Text(t) => nessie_store::geometry::parse_bytes(t)
+                    .map_err(|e| D::Error::custom(format!("memory_per_node: {e}")))?,
+            };
+            let g =
+                Geometry::for_memory(s.nodes, bytes, s.key_max, s.value_max, MEMORY_LOAD_FACTOR)
+                    .map_err(|e| D::Error::custom(format!("memory_per_node: {e}")))?;
+            Ok(explicit(g.ites_per_node, g.dtes_per_node))
+        }
+        _ => Err(D::Error::custom(
+            "[geometry] needs either memory_per_node or both ites_per_node and dtes_per_node",
+        )),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -557,6 +615,55 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("cannot read"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_memory_budget_stands_for_the_table_sizes() {
+        let dir = std::env::temp_dir().join(format!("nessie-cfg-mem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.toml");
+        let base = cfg();
+        let counts = format!(
+            "ites_per_node = {}\ndtes_per_node = {}\n",
+            base.geometry.ites_per_node, base.geometry.dtes_per_node
+        );
+        let text = base.to_toml();
+        assert!(text.contains(&counts), "{text}");
+        let load = |geometry: &str| {
+            std::fs::write(&p, text.replace(&counts, geometry)).unwrap();
+            ClusterConfig::load(&p)
+        };
+        let g = load("memory_per_node = \"64MiB\"\n").unwrap().geometry;
+        let want = Geometry::for_memory(
+            g.nodes,
+            64 << 20,
+            g.key_max,
+            g.value_max,
+            MEMORY_LOAD_FACTOR,
+        )
+        .unwrap();
+        assert_eq!(
+            (g.ites_per_node, g.dtes_per_node),
+            (want.ites_per_node, want.dtes_per_node)
+        );
+        let g2 = load("memory_per_node = 67108864\n").unwrap().geometry;
+        assert_eq!(g2, g, "bytes as a number mean the same");
+        for (bad, needle) in [
+            ("memory_per_node = \"64XB\"\n", "unit"),
+            (
+                "memory_per_node = \"1K\"\n",
+                "cannot hold one data table entry",
+            ),
+            (
+                "memory_per_node = \"64MiB\"\ndtes_per_node = 5\n",
+                "either memory_per_node",
+            ),
+            ("ites_per_node = 5\n", "either memory_per_node"),
+        ] {
+            let e = load(bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -212,6 +212,41 @@ impl Geometry {
     }
 }
 
+/// Why a byte count does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ByteCountError {
+    #[error("{0:?} is not a byte count (e.g. 134217728 or 128MiB)")]
+    NotANumber(String),
+    #[error("unknown unit {unit:?} in {spec:?}: use K, M or G")]
+    Unit { unit: String, spec: String },
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+/// Parse a byte count: `N`, or `N` with K, M, G (or KiB, MiB, GiB; powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, ByteCountError> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| ByteCountError::NotANumber(s.into()))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        u => {
+            return Err(ByteCountError::Unit {
+                unit: u.into(),
+                spec: s.into(),
+            })
+        }
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| ByteCountError::TooLarge(s.into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,5 +353,26 @@ mod tests {
         other.value_max += 8;
         assert_ne!(base.fingerprint(), other.fingerprint());
         assert_eq!(base.fingerprint(), Geometry::default().fingerprint());
+    }
+
+    #[test]
+    fn byte_counts_take_binary_units() {
+        assert_eq!(parse_bytes("134217728"), Ok(128 << 20));
+        assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_bytes("128M"), Ok(128 << 20));
+        assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("64k"), Ok(64 << 10));
+        assert!(parse_bytes("12XB")
+            .unwrap_err()
+            .to_string()
+            .contains("unit"));
+        assert!(parse_bytes("MiB")
+            .unwrap_err()
+            .to_string()
+            .contains("byte count"));
+        assert!(parse_bytes("99999999999999999G")
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
     }
 }
