@@ -19,7 +19,10 @@ use rand_distr::{Distribution, Exp};
 use std::borrow::Cow;
 
 use crate::driver::{drive, Done, Observer};
-use crate::workload::{KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError};
+pub use crate::workload::key_bytes;
+use crate::workload::{
+    spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError,
+};
 
 pub use crate::result::{new_hist, MAX_LATENCY_NS};
 /// Most client threads one agent runs.
@@ -125,12 +128,6 @@ pub struct AgentReport {
     /// Operations attempted in the window (open loop: arrivals).
     pub offered: u64,
     pub window_s: f64,
-}
-
-pub fn key_bytes(k: u64, key_size: u32) -> Vec<u8> {
-    let mut key = format!("key-{k:016}").into_bytes();
-    key.resize((key_size as usize).max(key.len()), b'.');
-    key
 }
 
 pub fn encode_hist(h: &Histogram<u64>) -> String {
@@ -386,7 +383,7 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError>
                 .name("nessie-bench-pre".into())
                 .spawn(move || -> Result<u64, AgentError> {
                     for &key in &keys {
-                        let len = preload_size(key, lo, hi) as usize;
+                        let len = spread_value_size(key, lo, hi) as usize;
                         c.put(&key_bytes(key, ks), &value[..len])
                             .map_err(|source| AgentError::Preload { key, source })?;
                     }
@@ -400,12 +397,6 @@ fn preload(node: &Arc<NodeContext>, spec: &AgentSpec) -> Result<u64, AgentError>
         n += h.join().map_err(|_| AgentError::Panicked("preload"))??;
     }
     Ok(n)
-}
-
-/// The size of key `k`'s preloaded value: spread evenly over `lo..=hi`, the same on every run.
-fn preload_size(k: u64, lo: u32, hi: u32) -> u32 {
-    let span = u64::from(hi - lo) + 1;
-    lo + (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).wrapping_rem(span) as u32
 }
 
 /// CPU seconds the calling thread has used (exact, from the kernel's per-thread clock).

@@ -5,6 +5,8 @@
 
 use nessie_protocols::{Error, KvClient};
 
+pub use crate::workload::{key_bytes, spread_value_size};
+
 /// Most items one fill writes (a bound on the run, far above any budget tested here).
 pub const MAX_FILL_ITEMS: u64 = 1 << 32;
 
@@ -94,20 +96,6 @@ pub enum FillError {
     Failed { item: u64, reason: String },
 }
 
-/// The key of item `i`.
-pub fn fill_key(i: u64, key_size: u32) -> Vec<u8> {
-    let mut key = format!("key-{i:016}").into_bytes();
-    key.resize((key_size as usize).max(key.len()), b'.');
-    key
-}
-
-/// The value size of item `i`: spread evenly over `lo..=hi`, the same on every run and for
-/// every store.
-pub fn fill_value_size(i: u64, lo: u32, hi: u32) -> u32 {
-    let span = u64::from(hi - lo) + 1;
-    lo + ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % span) as u32
-}
-
 /// Write items `0, 1, 2, …` into `target` until it is full (or `max_items`).
 pub fn fill<T: FillTarget>(target: &mut T, spec: &FillSpec) -> Result<FillOutcome, FillError> {
     if spec.key_size < 20 {
@@ -125,8 +113,8 @@ pub fn fill<T: FillTarget>(target: &mut T, spec: &FillSpec) -> Result<FillOutcom
         refusal: None,
     };
     for i in 0..spec.max_items.min(MAX_FILL_ITEMS) {
-        let key = fill_key(i, spec.key_size);
-        let len = fill_value_size(i, lo, hi) as usize;
+        let key = key_bytes(i, spec.key_size);
+        let len = spread_value_size(i, lo, hi) as usize;
         match target.store(&key, &value[..len]) {
             Ok(()) => {
                 out.items += 1;
@@ -231,8 +219,8 @@ mod tests {
 
     #[test]
     fn keys_and_sizes_are_stable() {
-        assert_eq!(fill_key(7, 24), b"key-0000000000000007....".to_vec());
-        assert!((0..10_000).all(|i| (64..=4096).contains(&fill_value_size(i, 64, 4096))));
-        assert_eq!(fill_value_size(5, 100, 100), 100);
+        assert_eq!(key_bytes(7, 24), b"key-0000000000000007....".to_vec());
+        assert!((0..10_000).all(|i| (64..=4096).contains(&spread_value_size(i, 64, 4096))));
+        assert_eq!(spread_value_size(5, 100, 100), 100);
     }
 }

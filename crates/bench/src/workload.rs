@@ -120,6 +120,21 @@ impl KeyGen {
     }
 }
 
+/// The key of index `k` for the benchmark, its agent and the fill test: `key-` and 16 digits,
+/// padded with `.` to `key_size` bytes (never shorter than those 20).
+pub fn key_bytes(k: u64, key_size: u32) -> Vec<u8> {
+    let mut key = format!("key-{k:016}").into_bytes();
+    key.resize((key_size as usize).max(key.len()), b'.');
+    key
+}
+
+/// A value size for key `k` spread evenly over `lo..=hi`, the same on every run and for every
+/// store (preloads and the fill test).
+pub fn spread_value_size(k: u64, lo: u32, hi: u32) -> u32 {
+    let span = u64::from(hi - lo) + 1;
+    lo + ((k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % span) as u32
+}
+
 /// Which operation a workload step performs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {

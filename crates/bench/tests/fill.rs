@@ -41,10 +41,10 @@ fn nessie_fills_every_node_until_its_tables_are_full() {
         out.items
     );
     let mut reader = c.client(1).unwrap();
-    let first = reader.get(&nessie_bench::fill::fill_key(0, 32)).unwrap();
+    let first = reader.get(&nessie_bench::fill::key_bytes(0, 32)).unwrap();
     assert_eq!(
         first.map(|v| v.len() as u32),
-        Some(nessie_bench::fill::fill_value_size(0, 64, 4096))
+        Some(nessie_bench::fill::spread_value_size(0, 64, 4096))
     );
 }
 
@@ -111,11 +111,11 @@ fn memcached_fills_until_it_runs_out_of_memory() {
     assert!(why.contains("out of memory"), "{why}");
     assert!(out.items > 100, "{} items", out.items);
     // What was stored is there, byte for byte.
-    let key = nessie_bench::fill::fill_key(1, 32);
+    let key = nessie_bench::fill::key_bytes(1, 32);
     let v = conn.get(&key).unwrap().expect("item 1 is stored");
     assert_eq!(
         v.len() as u32,
-        nessie_bench::fill::fill_value_size(1, 64, 4096)
+        nessie_bench::fill::spread_value_size(1, 64, 4096)
     );
     assert!(v.iter().all(|&b| b == 0x6d));
     assert_eq!(conn.get(b"absent-key").unwrap(), None);
