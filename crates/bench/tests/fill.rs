@@ -8,6 +8,7 @@ use nessie_bench::fill::{fill, FillSpec, RoundRobin};
 use nessie_bench::memcached::MemcachedConn;
 use nessie_cluster::LocalCluster;
 use nessie_protocols::ProtocolConfig;
+use nessie_store::classtable::RESERVE_PAGES;
 
 fn spec() -> FillSpec {
     FillSpec {
@@ -20,7 +21,9 @@ fn spec() -> FillSpec {
 #[test]
 fn nessie_fills_every_node_until_its_tables_are_full() {
     let g = nessie_store::Geometry::for_memory(2, 4 << 20, 32, 4096, 0.5).unwrap();
-    let capacity = g.dtes_per_node * 2;
+    let classes = g.classes().unwrap();
+    let data_bytes = g.data_table_bytes() * 2;
+    let value_bytes = (g.data_pages_per_node() - RESERVE_PAGES) * classes.page_bytes() * 2;
     let c = LocalCluster::new(g, ProtocolConfig::default(), None).unwrap();
     let clients = (0..2).map(|n| c.client(n).unwrap()).collect();
     let out = fill(&mut RoundRobin::new(clients), &spec()).unwrap();
@@ -29,15 +32,21 @@ fn nessie_fills_every_node_until_its_tables_are_full() {
         .clone()
         .expect("the fill ends when the cluster is full");
     assert!(why.contains("full"), "{why}");
-    // Fixed-size entries: at most one item per DTE, a few kept back for deletes.
+    // Size classes: each item takes the entry of its class, and the fill ends when the pages
+    // values may use are nearly all taken (each class's last page may be part-used).
+    let used: u64 = (0..out.items)
+        .map(|i| {
+            let v = nessie_bench::fill::spread_value_size(i, 64, 4096);
+            classes.entry_size(classes.class_for(32, v).unwrap())
+        })
+        .sum();
     assert!(
-        out.items <= capacity,
-        "{} items in {capacity} DTEs",
-        out.items
+        used <= data_bytes,
+        "{used} bytes of entries in {data_bytes}"
     );
     assert!(
-        out.items * 10 >= capacity * 9,
-        "{} items in {capacity} DTEs",
+        used * 10 >= value_bytes * 8,
+        "{} items took only {used} of {value_bytes} bytes",
         out.items
     );
     let mut reader = c.client(1).unwrap();

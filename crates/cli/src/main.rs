@@ -499,7 +499,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             "pid",
             "state",
             "index used",
-            "data table used",
+            "data pages used",
             "remote ops",
             "remote bytes",
             "local ops"
@@ -524,7 +524,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                         format!("{}/{}", v["index"]["present"], v["index"]["entries"]),
                         format!(
                             "{}/{}",
-                            v["data_table"]["allocated"], v["data_table"]["capacity"]
+                            v["data_table"]["pages_claimed"], v["data_table"]["pages"]
                         ),
                         sum("remote", "ops"),
                         sum("remote", "bytes"),

@@ -2,7 +2,8 @@
 //! on any node.
 //!
 //! The cluster runs one protocol ([`Mode`]):
-//! - `Mode::Cd` (Nessie): regions 0 (index) and 1 (data) per node, decoupled index, no threads.
+//! - `Mode::Cd` (Nessie): regions 0 (index), 1 (data) and 2 (page table) per node, decoupled
+//!   index, no threads.
 //! - `Mode::Sd` / `Mode::Hy` (the baselines): the coupled index, plus per node a request region
 //!   and a response region (`nessie_protocols::sd::{REQUEST_REGION, RESPONSE_REGION}`), and
 //!   `server_threads` server threads per node, started here and stopped and joined when the
@@ -21,8 +22,8 @@ use nessie_protocols::sd::{
     REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{ClientParts, Error, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
-use nessie_store::datatable::DataTable;
-use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
+use nessie_store::classtable::ClassTable;
+use nessie_store::{Geometry, INDEX_REGION};
 
 /// Client workers each node may create over its lifetime (they are numbered with 16 bits).
 pub const MAX_WORKERS_PER_NODE: u32 = u16::MAX as u32;
@@ -41,7 +42,7 @@ struct Rpc {
 pub struct LocalCluster {
     fabric: Arc<InProcFabric>,
     view: Arc<ClusterView>,
-    tables: Vec<Arc<DataTable>>,
+    tables: Vec<Arc<ClassTable>>,
     cfg: ProtocolConfig,
     next_worker: Vec<AtomicU32>,
     mode: Mode,
@@ -90,12 +91,10 @@ impl LocalCluster {
             Mode::Cd => None,
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
-        let mut regions = vec![Vec::new(); g.nodes as usize];
+        let mut regions = vec![g.table_regions(); g.nodes as usize];
         for r in regions.iter_mut() {
-            r.resize(if shared.is_some() { 4 } else { 2 }, 0);
-            r[INDEX_REGION as usize] = g.index_table_bytes();
-            r[DATA_REGION as usize] = g.data_table_bytes();
             if let Some(s) = &shared {
+                r.resize(RESPONSE_REGION as usize + 1, 0);
                 r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
                 r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
             }
@@ -103,14 +102,7 @@ impl LocalCluster {
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
-            .map(|n| {
-                Arc::new(DataTable::new(
-                    n,
-                    view.dte,
-                    g.dtes_per_node,
-                    cfg.clock_margin_ns,
-                ))
-            })
+            .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
         let mut c = Self {
@@ -290,7 +282,7 @@ impl LocalCluster {
         )))
     }
 
-    fn checked_table(&self, node: NodeId) -> Result<Arc<DataTable>, Error> {
+    fn checked_table(&self, node: NodeId) -> Result<Arc<ClassTable>, Error> {
         self.tables.get(node as usize).cloned().ok_or_else(|| {
             Error::Config(format!(
                 "no node {node} in a cluster of {}",
@@ -378,7 +370,7 @@ impl LocalCluster {
         &self.view
     }
 
-    pub fn table(&self, node: NodeId) -> &Arc<DataTable> {
+    pub fn table(&self, node: NodeId) -> &Arc<ClassTable> {
         &self.tables[node as usize]
     }
 

@@ -18,8 +18,9 @@ use nessie_protocols::sd::client::{RpcShared, SlotPool};
 use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
 use nessie_protocols::sd::slots::{REQUEST_REGION, RESPONSE_REGION};
 use nessie_protocols::{ClientParts, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
-use nessie_store::datatable::DataTable;
-use nessie_store::{DATA_REGION, INDEX_REGION};
+use nessie_store::classtable::ClassTable;
+use nessie_store::pages::PageWord;
+use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
@@ -90,7 +91,7 @@ pub struct NodeContext {
     ucx: Arc<UcxNode>,
     fabric_infos: Vec<nessie_fabric_ucx::NodeInfo>,
     view: Arc<ClusterView>,
-    table: Arc<DataTable>,
+    table: Arc<ClassTable>,
     rpc: Option<(Arc<RpcShared>, Arc<SlotPool>)>,
     next_worker: AtomicU32,
     next_stream: AtomicU64,
@@ -164,8 +165,45 @@ impl NodeContext {
         &self.cfg.geometry
     }
 
+    /// Fill of the data tables: this node's own pages (claimed by any node), and the pages and
+    /// entries of each size class its writers hold, here and on other nodes.
+    fn data_table_status(&self) -> serde_json::Value {
+        let pages = self.table.pages_per_node();
+        let words = self.ucx.region(PAGE_REGION).expect("page table region");
+        let mut claimed = 0u64;
+        let mut w = [0u8; 8];
+        for p in 0..pages {
+            // A status snapshot: a plain read of our own memory is good enough here.
+            if words.read(p * 8, &mut w).is_ok() && PageWord(u64::from_le_bytes(w)).is_claimed() {
+                claimed += 1;
+            }
+        }
+        let counters = self.table.counters();
+        let usage = self.table.usage();
+        let classes: Vec<serde_json::Value> = usage
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| u.pages > 0)
+            .map(|(c, u)| {
+                serde_json::json!({
+                    "class": c, "entry_size": u.entry_size, "pages": u.pages,
+                    "remote_pages": u.remote_pages, "in_use": u.in_use, "free": u.free,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "pages": pages,
+            "page_bytes": self.table.classes().page_bytes(),
+            "pages_claimed": claimed,
+            "allocated": usage.iter().map(|u| u.in_use).sum::<u64>(),
+            "reclaimed_total": counters.reclaimed_total,
+            "scans": counters.scans,
+            "classes": classes,
+        })
+    }
+
     fn status(&self) -> serde_json::Value {
-        let u = self.table.usage();
+        let data_table = self.data_table_status();
         let index = self.ucx.region(INDEX_REGION).expect("index region");
         let mut present = 0u64;
         let mut w = [0u8; 8];
@@ -199,10 +237,7 @@ impl NodeContext {
             "server_requests": sv.requests,
             "workers": self.cfg.node_entry(self.id).map(|n| n.workers).unwrap_or(0),
             "index": { "entries": self.cfg.geometry.ites_per_node, "present": present },
-            "data_table": {
-                "capacity": u.capacity, "allocated": u.allocated(), "free": u.free,
-                "never_used": u.never_used, "reclaimed_total": u.reclaimed_total, "scans": u.scans,
-            },
+            "data_table": data_table,
             "fabric": fabric,
             "huge_pages": self.cfg.cluster.huge_pages.to_string(),
             "pages": {
@@ -353,12 +388,7 @@ fn join_cluster(
     let regions = region_sizes(g, rpc_shared.as_deref());
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
-    let table = Arc::new(DataTable::new(
-        id as u32,
-        view.dte,
-        g.dtes_per_node,
-        cfg.protocol_config().clock_margin_ns,
-    ));
+    let table = Arc::new(view.class_table(id, cfg.protocol_config().clock_margin_ns));
     let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
     let ctx = NodeContext {
         id,
@@ -378,14 +408,12 @@ fn join_cluster(
     Ok((ctx, bootstrap))
 }
 
-/// Sizes of the regions a node registers, by region id: index and data table, plus the request
-/// and response slots when the cluster runs a server-driven mode.
+/// Sizes of the regions a node registers, by region id: index, data and page table, plus the
+/// request and response slots when the cluster runs a server-driven mode.
 fn region_sizes(g: &nessie_store::Geometry, rpc: Option<&RpcShared>) -> Vec<u64> {
-    let mut regions = vec![0u64; 2];
-    regions[INDEX_REGION as usize] = g.index_table_bytes();
-    regions[DATA_REGION as usize] = g.data_table_bytes();
+    let mut regions = g.table_regions();
     if let Some(s) = rpc {
-        regions.resize(4, 0);
+        regions.resize(RESPONSE_REGION as usize + 1, 0);
         regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
         regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
     }

@@ -12,10 +12,10 @@ pub enum Error {
     ValueTooLarge { len: usize, max: u32 },
     #[error("index full: no free slot for the key within {depth} levels of migration; enlarge the index tables or delete data")]
     IndexFull { depth: u8 },
-    #[error("data table on node {node} is full ({capacity} entries, a few of them kept for deletes; {awaiting_expiry} released entries not yet expired)")]
+    #[error("data tables full: no room for an entry of {entry_size} bytes written by node {node} ({awaiting_expiry} released entries not yet expired; each node keeps its last free pages for deletes)")]
     DataTableFull {
         node: NodeId,
-        capacity: u64,
+        entry_size: u64,
         awaiting_expiry: u64,
     },
     #[error("operation timed out: it ran longer than the expiry period of {expiry_ms} ms")]

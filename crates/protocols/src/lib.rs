@@ -132,8 +132,8 @@ pub struct ClientParts<E> {
     /// An endpoint on the client's node.
     pub ep: E,
     pub view: std::sync::Arc<cd::ClusterView>,
-    /// The data table of `ep`'s node (CD and HY workers write their DTEs into it).
-    pub table: std::sync::Arc<nessie_store::datatable::DataTable>,
+    /// The data table allocator of `ep`'s node (CD and HY workers write their DTEs with it).
+    pub table: std::sync::Arc<nessie_store::classtable::ClassTable>,
     pub cfg: ProtocolConfig,
 }
 

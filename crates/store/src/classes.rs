@@ -21,8 +21,11 @@ pub const CLASS_GROWTH: f64 = 1.25;
 pub const MIN_CLASS_PAYLOAD: u64 = 64;
 /// Most classes a geometry may have (6 bits in an ITE).
 pub const MAX_CLASSES: usize = 64;
-/// Smallest page; a page is also never smaller than one entry of the largest class.
-pub const MIN_PAGE_BYTES: u64 = 1 << 20;
+/// Smallest page.
+pub const MIN_PAGE_BYTES: u64 = 4096;
+/// A page holds at least this many entries of the largest class, so the tail a page cannot
+/// use (less than one entry) costs at most 1/8 of it.
+pub const LARGEST_PER_PAGE: u64 = 8;
 
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
@@ -57,9 +60,7 @@ impl SizeClasses {
             return Err(ClassError::TooMany(payloads.len()));
         }
         let sizes: Vec<u64> = payloads.iter().map(|p| KEY_OFF + p).collect();
-        let page_bytes = sizes
-            .last()
-            .unwrap()
+        let page_bytes = (sizes.last().unwrap() * LARGEST_PER_PAGE)
             .next_power_of_two()
             .max(MIN_PAGE_BYTES);
         Ok(Self { sizes, page_bytes })
@@ -120,6 +121,53 @@ impl SizeClasses {
     }
 }
 
+/// How an ITE's DTE field names an entry: its class above `slot_bits` bits of slot number.
+/// With the DTI beside it, a reader knows the entry's node, offset and size from the ITE alone.
+///
+/// ```text
+/// DTE field:  | class (class_bits) | slot (slot_bits) |
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DteField {
+    pub class_bits: u8,
+    pub slot_bits: u8,
+}
+
+impl DteField {
+    /// The field for `classes` over data tables of `pages` pages.
+    pub fn new(classes: &SizeClasses, pages: u64) -> Self {
+        Self {
+            class_bits: classes.class_bits(),
+            slot_bits: classes.slot_bits(pages),
+        }
+    }
+
+    /// Total width of the field.
+    pub fn bits(&self) -> u8 {
+        self.class_bits + self.slot_bits
+    }
+
+    #[inline]
+    pub fn encode(&self, class: u8, slot: u64) -> u64 {
+        debug_assert!(
+            slot < 1 << self.slot_bits,
+            "slot {slot} wider than {} bits",
+            self.slot_bits
+        );
+        debug_assert!((class as u64) < 1 << self.class_bits);
+        (class as u64) << self.slot_bits | slot
+    }
+
+    /// (class, slot) of a field.
+    #[inline]
+    pub fn decode(&self, field: u64) -> (u8, u64) {
+        (
+            (field >> self.slot_bits) as u8,
+            field & ((1 << self.slot_bits) - 1),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +185,8 @@ mod tests {
             assert!(b as f64 <= a as f64 * CLASS_GROWTH + 8.0, "{a} -> {b}");
         }
         assert!(c.len() <= MAX_CLASSES);
-        assert_eq!(c.page_bytes(), MIN_PAGE_BYTES);
+        assert_eq!(c.page_bytes(), 256 << 10);
+        assert!(c.per_page(last) >= LARGEST_PER_PAGE);
     }
 
     #[test]
@@ -182,13 +231,32 @@ mod tests {
     }
 
     #[test]
-    fn large_values_get_pages_that_hold_one_entry() {
+    fn pages_hold_several_entries_of_the_largest_class() {
         let c = SizeClasses::new(128, 4 << 20).unwrap();
         let last = (c.len() - 1) as u8;
-        assert!(c.page_bytes() >= c.entry_size(last));
         assert!(c.page_bytes().is_power_of_two());
-        assert_eq!(c.per_page(last), 1);
+        assert!(c.per_page(last) >= LARGEST_PER_PAGE);
+        let tail = c.page_bytes() - c.per_page(last) * c.entry_size(last);
+        assert!(
+            tail * LARGEST_PER_PAGE <= c.page_bytes(),
+            "{tail} bytes unused"
+        );
+        let tiny = SizeClasses::new(8, 8).unwrap();
+        assert_eq!(tiny.page_bytes(), MIN_PAGE_BYTES);
         assert!(c.class_bits() <= 6);
+    }
+
+    #[test]
+    fn dte_fields_round_trip_at_their_limits() {
+        let c = SizeClasses::new(128, 16384).unwrap();
+        let f = DteField::new(&c, 1000);
+        let last = (c.len() - 1) as u8;
+        let most = 1000 * c.per_page(0) - 1;
+        assert!(most < 1 << f.slot_bits);
+        for (class, slot) in [(0u8, 0u64), (last, most), (3, 12345)] {
+            assert_eq!(f.decode(f.encode(class, slot)), (class, slot));
+        }
+        assert!(f.encode(last, most) < 1 << f.bits());
     }
 
     #[test]

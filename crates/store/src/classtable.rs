@@ -1,12 +1,12 @@
-//! The class-aware allocator (groundwork for issue 10; the protocols still use
-//! [`crate::datatable`]). One per node, shared by the node's client workers. It hands out
+//! The data table allocator. One per node, shared by the node's client workers. It hands out
 //! entries of a size class from pages the node has claimed ([`crate::pages`]):
 //!
 //! 1. an entry of the class that came back (unpublished, or recycled and expired);
 //! 2. the next never-used entry of the class's open page;
 //! 3. a fresh page of the node's own table (local writes are the paper's point);
 //! 4. entries of the class's pages whose recycle flag has expired (a scan);
-//! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes).
+//! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
+//!    [`ClassTable::local_only`] turns it off, for the baselines' servers).
 //!
 //! A page whose entries are all back on the free list is released, so memory moves between
 //! classes as demand shifts. Recycling stays client-driven: the claimer scans its pages, remote
@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
 
 use crate::classes::SizeClasses;
-use crate::datatable::Purpose;
 use crate::dte::{DteLayout, RECYCLE_OFF};
 use crate::pages::{self, Claim};
 use crate::DATA_REGION;
@@ -31,6 +30,16 @@ use crate::DATA_REGION;
 pub const ZERO_CHUNK: u64 = 1 << 20;
 /// Free pages of each node that only deletes may claim.
 pub const RESERVE_PAGES: u64 = 1;
+
+/// What an entry is allocated for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// A new value (PUT, or a MIGRATE copy): may not take a node's last free pages.
+    Value,
+    /// A DELETE's marker: may take the reserve. Without it, a store filled by PUTs could never
+    /// be emptied again (every delete failing with "data table full").
+    Delete,
+}
 
 /// An entry: the node whose memory holds it, its class and its slot in that class.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -48,6 +57,8 @@ pub enum ClassAllocError {
         class: u8,
         entry_size: u64,
         awaiting_expiry: u64,
+        /// When the first of them expires (clock margin included), if any.
+        next_ready_ns: Option<u64>,
     },
     #[error(transparent)]
     Fabric(#[from] FabricError),
@@ -87,6 +98,31 @@ struct ClassState {
 struct State {
     classes: Vec<ClassState>,
     pages: HashMap<(NodeId, u64), PageState>,
+    reclaimed_total: u64,
+    scans: u64,
+}
+
+/// Released entries found by a scan that have not expired yet.
+#[derive(Copy, Clone, Debug, Default)]
+struct Awaiting {
+    count: u64,
+    next_ready_ns: Option<u64>,
+}
+
+impl Awaiting {
+    fn add(&mut self, ready_ns: u64) {
+        self.count += 1;
+        self.next_ready_ns = Some(self.next_ready_ns.map_or(ready_ns, |t| t.min(ready_ns)));
+    }
+}
+
+/// Counters of a whole table, for `nessie status`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableCounters {
+    /// Pages of this node's own table claimed by any node.
+    pub pages_per_node: u64,
+    pub reclaimed_total: u64,
+    pub scans: u64,
 }
 
 /// One node's allocator of class entries.
@@ -97,6 +133,8 @@ pub struct ClassTable {
     classes: Arc<SizeClasses>,
     pages_per_node: u64,
     clock_margin_ns: u64,
+    /// Whether pages of other nodes may be claimed.
+    remote: bool,
     state: Mutex<State>,
 }
 
@@ -115,11 +153,28 @@ impl ClassTable {
             classes,
             pages_per_node,
             clock_margin_ns,
+            remote: true,
             state: Mutex::new(State {
                 classes: per_class,
                 pages: HashMap::new(),
+                reclaimed_total: 0,
+                scans: 0,
             }),
         }
+    }
+
+    /// Never place entries on other nodes (the baselines' servers keep data where it is served).
+    pub fn local_only(mut self) -> Self {
+        self.remote = false;
+        self
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn pages_per_node(&self) -> u64 {
+        self.pages_per_node
     }
 
     pub fn classes(&self) -> &SizeClasses {
@@ -156,14 +211,15 @@ impl ClassTable {
         }
         // Under pressure: take back every class's expired entries and give empty pages back,
         // so memory can move to this class.
-        let (_, awaiting_expiry) = self.scan_all(ep, &mut s)?;
+        let (_, awaiting) = self.scan_all(ep, &mut s)?;
         if let Some(slot) = self.take_handy(&mut s, class) {
             return Ok(slot);
         }
         if self.open_page(ep, &mut s, self.node, class, keep)? {
             return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
         }
-        for d in 1..self.nodes {
+        let others = if self.remote { self.nodes } else { 1 };
+        for d in 1..others {
             let host = ((self.node as usize + d) % self.nodes) as NodeId;
             if self.open_page(ep, &mut s, host, class, keep)? {
                 return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
@@ -172,7 +228,8 @@ impl ClassTable {
         Err(ClassAllocError::Full {
             class,
             entry_size: self.classes.entry_size(class),
-            awaiting_expiry,
+            awaiting_expiry: awaiting.count,
+            next_ready_ns: awaiting.next_ready_ns,
         })
     }
 
@@ -287,12 +344,26 @@ impl ClassTable {
         Ok(self.scan_all(ep, &mut s)?.0)
     }
 
+    pub fn counters(&self) -> TableCounters {
+        let s = self.state.lock().unwrap();
+        TableCounters {
+            pages_per_node: self.pages_per_node,
+            reclaimed_total: s.reclaimed_total,
+            scans: s.scans,
+        }
+    }
+
     /// Scan every held page for expired recycled entries, then release the pages left empty.
-    /// Returns (entries reclaimed, entries still awaiting expiry).
-    fn scan_all<E: Endpoint>(&self, ep: &mut E, s: &mut State) -> Result<(u64, u64), FabricError> {
+    /// Returns the entries reclaimed and those still awaiting expiry.
+    fn scan_all<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+    ) -> Result<(u64, Awaiting), FabricError> {
         let now = ep.now_ns();
         let held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
-        let (mut reclaimed, mut awaiting) = (0, 0);
+        let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
+        s.scans += 1;
         for (host, page) in held {
             let ps = &s.pages[&(host, page)];
             let (class, handed) = (ps.class, ps.handed);
@@ -309,6 +380,7 @@ impl ClassTable {
                 reclaimed += 1;
             }
         }
+        s.reclaimed_total += reclaimed;
         self.release_empty_pages(ep, s)?;
         Ok((reclaimed, awaiting))
     }
@@ -325,7 +397,7 @@ impl ClassTable {
         class: u8,
         handed: u64,
         now: u64,
-        awaiting: &mut u64,
+        awaiting: &mut Awaiting,
     ) -> Result<Vec<u64>, FabricError> {
         let size = self.classes.entry_size(class);
         let base = RemoteAddr::new(host, DATA_REGION, page * self.classes.page_bytes());
@@ -347,30 +419,35 @@ impl ClassTable {
             let Some(expiry) = DteLayout::recycle_expiry(word) else {
                 continue;
             };
-            if now > expiry.saturating_add(self.clock_margin_ns) {
+            let ready = expiry.saturating_add(self.clock_margin_ns);
+            if now > ready {
                 expired.push(i);
             } else {
-                *awaiting += 1;
+                awaiting.add(ready + 1);
             }
         }
         Ok(expired)
     }
 
-    /// Give back every page with no entry in use, except the classes' open pages.
+    /// Give back every page with no entry in use, open pages included: a class that has gone
+    /// quiet must not keep memory another class needs.
     fn release_empty_pages<E: Endpoint>(
         &self,
         ep: &mut E,
         s: &mut State,
     ) -> Result<(), FabricError> {
-        let open: Vec<(NodeId, u64)> = s.classes.iter().filter_map(|c| c.open).collect();
         let empty: Vec<(NodeId, u64)> = s
             .pages
             .iter()
-            .filter(|(k, p)| p.in_use == 0 && !open.contains(k))
+            .filter(|(_, p)| p.in_use == 0)
             .map(|(k, _)| *k)
             .collect();
         for key in empty {
             let ps = s.pages.remove(&key).expect("held");
+            let class = &mut s.classes[ps.class as usize];
+            if class.open == Some(key) {
+                class.open = None;
+            }
             let per_page = self.classes.per_page(ps.class);
             s.classes[ps.class as usize]
                 .free
@@ -442,13 +519,13 @@ mod tests {
         let (f, t) = setup(2);
         let mut ep = f.endpoint(0);
         let big = (t[0].classes().len() - 1) as u8;
-        assert_eq!(t[0].classes().per_page(big), 1, "one entry per page");
-        let hosts: Vec<NodeId> = (0..2 * PAGES - 2)
+        let per = t[0].classes().per_page(big);
+        let hosts: Vec<NodeId> = (0..(2 * PAGES - 2) * per)
             .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap().host)
             .collect();
-        let local = PAGES - RESERVE_PAGES;
-        assert!(hosts[..local as usize].iter().all(|&h| h == 0), "{hosts:?}");
-        assert!(hosts[local as usize..].iter().all(|&h| h == 1), "{hosts:?}");
+        let local = ((PAGES - RESERVE_PAGES) * per) as usize;
+        assert!(hosts[..local].iter().all(|&h| h == 0), "{hosts:?}");
+        assert!(hosts[local..].iter().all(|&h| h == 1), "{hosts:?}");
         let e = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
         assert!(
             matches!(e, ClassAllocError::Full { class, .. } if class == big),
@@ -462,7 +539,7 @@ mod tests {
         let u = &t[0].usage()[big as usize];
         assert_eq!(
             (u.pages, u.remote_pages, u.in_use),
-            (2 * PAGES - 1, PAGES - 1, 2 * PAGES - 1)
+            (2 * PAGES - 1, PAGES - 1, (2 * PAGES - 2) * per + 1)
         );
     }
 
@@ -491,7 +568,8 @@ mod tests {
         let (f, t) = setup(1);
         let mut ep = f.endpoint(0);
         let big = (t[0].classes().len() - 1) as u8;
-        let slots: Vec<Slot> = (0..PAGES - RESERVE_PAGES)
+        let per = t[0].classes().per_page(big);
+        let slots: Vec<Slot> = (0..(PAGES - RESERVE_PAGES) * per)
             .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
             .collect();
         assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
@@ -506,7 +584,7 @@ mod tests {
         assert_eq!(t[0].reclaim(&mut ep).unwrap(), slots.len() as u64);
         let words = pages::read_table(&mut ep, 0, PAGES).unwrap();
         let held = words.iter().filter(|w| w.is_claimed()).count();
-        assert!(held <= 1, "only the open page may stay claimed: {words:?}");
+        assert_eq!(held, 0, "every page went back: {words:?}");
     }
 
     #[test]
@@ -565,7 +643,7 @@ mod tests {
         }
     }
 
-    /// Writers on two nodes allocate, tag and recycle entries of three classes while delays are
+    /// Writers on two nodes allocate, tag and recycle entries of five classes while delays are
     /// injected into every fabric operation, so pages are claimed, released and claimed again
     /// by other classes and nodes. An entry shared by two writers at once would show up as a
     /// tag overwritten by the other writer.
@@ -593,7 +671,8 @@ mod tests {
                     let mut live: std::collections::VecDeque<(Slot, u64)> = Default::default();
                     let mut full = 0;
                     for i in 0..3_000u64 {
-                        let class = [0u8, 2, (classes.len() - 1) as u8][(i % 3) as usize];
+                        // More classes than the pages writers may hold: pages must move.
+                        let class = [0u8, 2, 4, 6, (classes.len() - 1) as u8][(i % 5) as usize];
                         match t[node].alloc_for(&mut ep, class, Purpose::Value) {
                             Ok(s) => {
                                 let tag = w << 32 | i;

@@ -1,6 +1,8 @@
 //! Cluster geometry: the sizes that fix the memory format and the hash functions. Every node
 //! and client of a cluster must agree on it exactly (see [`Geometry::fingerprint`]).
 
+use crate::classes::{ClassError, DteField, SizeClasses};
+use crate::classtable::RESERVE_PAGES;
 use crate::dte::DteLayout;
 use crate::ite::{IteLayout, IteLayoutError};
 use crate::limits::*;
@@ -12,7 +14,9 @@ pub struct Geometry {
     pub nodes: u32,
     /// Index table entries per node.
     pub ites_per_node: u64,
-    /// Data table entries per node.
+    /// Data table capacity per node, counted in entries of the largest class (values of
+    /// `value_max` bytes); smaller values fit more. The table is this rounded up to whole pages,
+    /// plus [`RESERVE_PAGES`] kept for deletes.
     pub dtes_per_node: u64,
     /// Largest key in bytes.
     pub key_max: u32,
@@ -70,6 +74,8 @@ pub enum GeometryProblem {
     },
     #[error(transparent)]
     Ite(#[from] IteLayoutError),
+    #[error(transparent)]
+    Classes(#[from] ClassError),
     #[error("{bytes} bytes per node cannot hold one data table entry of {entry_size} bytes and its index entries")]
     BudgetTooSmall { bytes: u64, entry_size: u64 },
     #[error("index load factor {0} is not in (0, 0.95]")]
@@ -138,16 +144,40 @@ impl Geometry {
             }
             .into());
         }
-        // One data table per node: the DTI is the node id.
+        // One data table per node: the DTI is the node id. The DTE field names a class and a
+        // slot of it (see `DteField`).
         let dti_bits = bits_for(self.nodes as u64);
-        let dte_bits = bits_for(self.dtes_per_node);
-        let ite = IteLayout::new(dte_bits, dti_bits, self.filter_bits).map_err(P::from)?;
+        let field = self.dte_field()?;
+        let ite = IteLayout::new(field.bits(), dti_bits, self.filter_bits).map_err(P::from)?;
         Ok((ite, dte))
     }
 
-    /// The geometry that spends `bytes_per_node` on one node's index and data table, every
-    /// entry sized for `key_max` and `value_max` (fixed-size DTEs), with the index at
-    /// `load_factor` when the data table is full. Other fields are the defaults.
+    /// The size classes of this geometry's data tables.
+    pub fn classes(&self) -> Result<SizeClasses, GeometryError> {
+        Ok(SizeClasses::new(self.key_max, self.value_max).map_err(GeometryProblem::from)?)
+    }
+
+    /// How an ITE names a DTE in this geometry.
+    pub fn dte_field(&self) -> Result<DteField, GeometryError> {
+        let classes = self.classes()?;
+        Ok(DteField::new(&classes, self.data_pages_per_node()))
+    }
+
+    /// Pages of one node's data table: `dtes_per_node` largest entries, rounded up to whole
+    /// pages, and the delete reserve.
+    pub fn data_pages_per_node(&self) -> u64 {
+        let Ok(classes) = SizeClasses::new(self.key_max, self.value_max) else {
+            return 0;
+        };
+        let largest = classes.entry_size((classes.len() - 1) as u8);
+        let per_page = classes.page_bytes() / largest;
+        self.dtes_per_node.div_ceil(per_page) + RESERVE_PAGES
+    }
+
+    /// The geometry that spends `bytes_per_node` on one node's index, data and page tables.
+    /// The index is sized for a data table full of entries of the mean size of items with
+    /// values uniform in 0..=`value_max` and keys of `key_max / 2`, at `load_factor`; the data
+    /// table gets whole pages and the index whatever is left. Other fields are the defaults.
     pub fn for_memory(
         nodes: u32,
         bytes_per_node: u64,
@@ -158,25 +188,36 @@ impl Geometry {
         if !(load_factor > 0.0 && load_factor <= 0.95) {
             return Err(GeometryProblem::LoadFactor(load_factor.to_string()).into());
         }
-        let entry_size = DteLayout::new(key_max, value_max).entry_size;
-        // Each data table entry brings 1 / load_factor index entries of 8 bytes.
-        let per_entry = entry_size as f64 + 8.0 / load_factor;
-        let dtes = (bytes_per_node as f64 / per_entry) as u64;
-        if dtes == 0 {
-            return Err(GeometryProblem::BudgetTooSmall {
-                bytes: bytes_per_node,
-                entry_size,
-            }
-            .into());
+        let classes = SizeClasses::new(key_max, value_max).map_err(GeometryProblem::from)?;
+        let largest = classes.entry_size((classes.len() - 1) as u8);
+        let too_small = GeometryProblem::BudgetTooSmall {
+            bytes: bytes_per_node,
+            entry_size: largest,
+        };
+        let mean = classes
+            .class_for(key_max / 2, value_max / 2)
+            .map_or(largest, |c| classes.entry_size(c));
+        // Each data byte brings 8 / (load_factor * mean) index bytes, and a page its page word.
+        let page = classes.page_bytes() as f64;
+        let share = 1.0 + 8.0 / (load_factor * mean as f64) + 8.0 / page;
+        let pages = ((bytes_per_node as f64 / share) / page) as u64;
+        if pages <= RESERVE_PAGES {
+            return Err(too_small.into());
         }
-        let g = Self {
+        let dtes = (pages - RESERVE_PAGES) * (classes.page_bytes() / largest);
+        let mut g = Self {
             nodes,
-            ites_per_node: (dtes as f64 / load_factor) as u64,
+            ites_per_node: 1,
             dtes_per_node: dtes,
             key_max,
             value_max,
             ..Self::default()
         };
+        let tables = g.data_table_bytes() + g.page_table_bytes();
+        g.ites_per_node = bytes_per_node.saturating_sub(tables) / 8;
+        if g.ites_per_node == 0 {
+            return Err(too_small.into());
+        }
         g.validate()?;
         Ok(g)
     }
@@ -193,13 +234,29 @@ impl Geometry {
 
     /// Bytes of one node's data table.
     pub fn data_table_bytes(&self) -> u64 {
-        DteLayout::new(self.key_max, self.value_max).entry_size * self.dtes_per_node
+        let page = SizeClasses::new(self.key_max, self.value_max).map_or(0, |c| c.page_bytes());
+        self.data_pages_per_node() * page
+    }
+
+    /// Bytes of one node's page table (one word per page of its data table).
+    pub fn page_table_bytes(&self) -> u64 {
+        self.data_pages_per_node() * 8
+    }
+
+    /// Sizes of the regions that hold one node's tables, by region id: index, data and page
+    /// table ([`crate::INDEX_REGION`], [`crate::DATA_REGION`], [`crate::PAGE_REGION`]).
+    pub fn table_regions(&self) -> Vec<u64> {
+        vec![
+            self.index_table_bytes(),
+            self.data_table_bytes(),
+            self.page_table_bytes(),
+        ]
     }
 
     /// A stable digest of the geometry; peers whose fingerprints differ must not join.
     pub fn fingerprint(&self) -> u64 {
         let s = format!(
-            "nessie-geometry-v1:{}:{}:{}:{}:{}:{}:{}",
+            "nessie-geometry-v2:{}:{}:{}:{}:{}:{}:{}",
             self.nodes,
             self.ites_per_node,
             self.dtes_per_node,
@@ -256,7 +313,13 @@ mod tests {
         let g = Geometry::default();
         let (ite, dte) = g.validate().unwrap();
         assert_eq!(ite.dti_bits, 2, "3 nodes need 2 bits");
-        assert_eq!(ite.dte_bits, 14, "2^14 DTEs need 14 bits");
+        let field = g.dte_field().unwrap();
+        assert_eq!(ite.dte_bits, field.bits());
+        let classes = g.classes().unwrap();
+        assert!(
+            1u64 << field.slot_bits >= g.data_pages_per_node() * classes.per_page(0),
+            "every slot of the smallest class has a number"
+        );
         assert_eq!(ite.filter_bits, 7);
         assert_eq!(dte.entry_size % 8, 0);
     }
@@ -264,9 +327,17 @@ mod tests {
     #[test]
     fn a_memory_budget_pays_for_index_and_data() {
         let g = Geometry::for_memory(2, 128 << 20, 32, 4096, 0.5).unwrap();
-        let spent = g.index_table_bytes() + g.data_table_bytes();
+        let spent = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
         assert!(spent <= 128 << 20 && spent > 127 << 20, "{spent} bytes");
-        assert_eq!(g.ites_per_node, g.dtes_per_node * 2);
+        // Enough index entries for a data table full of mean-sized items at load factor 0.5.
+        let classes = g.classes().unwrap();
+        let mean = classes.entry_size(classes.class_for(16, 2048).unwrap());
+        let items = g.data_table_bytes() / mean;
+        assert!(
+            g.ites_per_node >= items * 2,
+            "{} ITEs for {items} items",
+            g.ites_per_node
+        );
         let e = Geometry::for_memory(2, 1024, 32, 4096, 0.5).unwrap_err();
         assert!(
             e.to_string().contains("cannot hold one data table entry"),

@@ -3,10 +3,10 @@
 //! - [`ite`]: the 64-bit index table entry,
 //! - [`dte`]: the data table entry format,
 //! - [`index`]: the N-way cuckoo hash over all nodes' index tables,
-//! - [`datatable`]: allocation and expiry-based recycling of a node's DTEs,
 //! - [`cache`]: the LRU cache of remote DTEs keyed by ITE,
-//! - [`classes`]: size classes and pages (groundwork for variable-size DTEs),
-//! - [`pages`]: page words, claimed by CAS (groundwork for placement across nodes).
+//! - [`classes`]: size classes, pages, and how an ITE names an entry of a class,
+//! - [`pages`]: page words, claimed by CAS (placement across nodes),
+//! - [`classtable`]: a node's allocator of class entries, and expiry-based recycling.
 //!
 //! Memory formats are documented next to the code that writes them, and with bit diagrams in
 //! `docs/layout.md`.
@@ -14,7 +14,6 @@
 pub mod cache;
 pub mod classes;
 pub mod classtable;
-pub mod datatable;
 pub mod dte;
 pub mod geometry;
 pub mod index;
@@ -25,6 +24,7 @@ pub mod pages;
 pub use dte::DteLayout;
 pub use geometry::{Geometry, GeometryError, GeometryProblem};
 pub use ite::{Ite, IteLayout, IteLayoutError};
+pub use pages::PAGE_REGION;
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

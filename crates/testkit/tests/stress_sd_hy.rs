@@ -458,7 +458,7 @@ fn recycling(mode: Mode, seed: u64) {
     };
     let (out, _, st) = run(&c, &s);
     assert_clean(&out);
-    let reclaimed: u64 = (0..3).map(|n| c.table(n).usage().reclaimed_total).sum();
+    let reclaimed: u64 = (0..3).map(|n| c.table(n).counters().reclaimed_total).sum();
     assert!(
         reclaimed > 10_000,
         "entries must be reused many times over: {reclaimed}"

@@ -1,10 +1,14 @@
 //! How the protocol touches memory: ITEs always through the fabric (even on the own node, since
 //! fabric CAS is atomic only against other fabric operations), DTEs directly when local, from
 //! the cache when possible, otherwise with one or two fabric READs.
+//!
+//! An ITE names its DTE's node (DTI), size class and slot, so a reader knows where the entry
+//! is and how large it is without reading anything else. A writer's DTE goes into its own
+//! node's memory when the class has room there, else into a page it holds on another node.
 
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
-use nessie_store::datatable::Purpose;
-use nessie_store::dte::{DteLayout, DteMeta, HEADER_OFF, RECYCLE_OFF};
+use nessie_store::classtable::{ClassAllocError, Purpose, Slot as DteSlot};
+use nessie_store::dte::{DteLayout, DteMeta, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
 
@@ -29,6 +33,15 @@ pub(crate) enum Want {
     ValueIfMatch,
     /// The value too, if the entry is valid, whatever its key (MIGRATE copies it).
     ValueIfValid,
+}
+
+/// Where the DTE an ITE refers to lives, and its size.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DteLoc {
+    pub node: NodeId,
+    pub off: u64,
+    /// Bytes of the entry (its class's entry size).
+    pub size: u64,
 }
 
 /// A DTE fetched into the client's read buffer.
@@ -65,10 +78,25 @@ impl<E: Endpoint> CdClient<E> {
         Ok(self.ep.compare_and_swap(addr, expected.0, desired.0)? == expected.0)
     }
 
-    /// Node and byte offset of the DTE an ITE refers to.
-    pub(crate) fn dte_location(&self, ite: Ite) -> (NodeId, u64) {
+    /// Node, byte offset and size of the DTE an ITE refers to.
+    pub(crate) fn dte_location(&self, ite: Ite) -> DteLoc {
         let l = &self.view.index.ite;
-        (l.dti(ite) as NodeId, self.view.dte.offset(l.dte(ite)))
+        let (class, slot) = self.view.field.decode(l.dte(ite));
+        let classes = &self.view.classes;
+        debug_assert!(
+            (class as usize) < classes.len(),
+            "ITE {ite:?} names class {class}"
+        );
+        DteLoc {
+            node: l.dti(ite) as NodeId,
+            off: classes.offset(class, slot),
+            size: classes.entry_size(class),
+        }
+    }
+
+    /// Bytes of a DTE at `loc` that hold its header and any key it can hold.
+    fn meta_len(&self, loc: DteLoc) -> usize {
+        self.view.dte.meta_size.min(loc.size) as usize
     }
 
     /// Fetch the DTE `ite` refers to into `self.buf`: header and key always, the value as
@@ -83,16 +111,16 @@ impl<E: Endpoint> CdClient<E> {
         key: &[u8],
         want: Want,
     ) -> Attempt<Fetched> {
-        let (node, off) = self.dte_location(ite);
-        if node == self.ep.node() {
-            return self.fetch_local(node, off, d, key, want);
+        let loc = self.dte_location(ite);
+        if loc.node == self.ep.node() {
+            return self.fetch_local(loc, d, key, want);
         }
         if self.cache.enabled() {
             if let Some(f) = self.fetch_cached(ite, ite_read_ns, key)? {
                 return Ok(f);
             }
         }
-        self.fetch_remote(ite, ite_read_ns, (node, off), d, key, want)
+        self.fetch_remote(ite, ite_read_ns, loc, d, key, want)
     }
 
     /// Whether `want` asks for the value of a DTE with header `m` (`key_matches`: it holds the
@@ -106,9 +134,19 @@ impl<E: Endpoint> CdClient<E> {
         }
     }
 
-    /// Decode the header in `self.buf`, and whether the DTE holds `key`.
-    fn decode_matching(&self, key: &[u8]) -> Attempt<(DteMeta, bool)> {
+    /// Decode the header in `self.buf` of an entry of `size` bytes, and whether the DTE holds
+    /// `key`. Lengths that do not fit the entry are corruption: the caller checked its timer,
+    /// so the bytes are an entry this ITE referred to.
+    fn decode_matching(&self, key: &[u8], size: u64) -> Attempt<(DteMeta, bool)> {
         let meta = self.decode()?;
+        let end =
+            DteLayout::value_offset(meta.key_len) + self.view.dte.value_read_len(meta.value_len);
+        if end > size || KEY_OFF as usize + meta.key_len as usize > self.buf.len() {
+            return Err(Abort::Fatal(Error::Corrupt(format!(
+                "DTE lengths (key {}, value {}) exceed its {size}-byte entry",
+                meta.key_len, meta.value_len
+            ))));
+        }
         let key_matches = self.view.dte.key(&self.buf, &meta) == key;
         Ok((meta, key_matches))
     }
@@ -116,21 +154,20 @@ impl<E: Endpoint> CdClient<E> {
     /// A DTE in the own node's data table, read directly from memory.
     fn fetch_local(
         &mut self,
-        node: NodeId,
-        off: u64,
+        loc: DteLoc,
         d: &Deadline,
         key: &[u8],
         want: Want,
     ) -> Attempt<Fetched> {
-        let meta_len = self.view.dte.meta_size as usize;
+        let meta_len = self.meta_len(loc);
         self.buf.resize(meta_len, 0);
         self.ep
-            .local_read(DATA_REGION, off, &mut self.buf[..meta_len])?;
+            .local_read(DATA_REGION, loc.off, &mut self.buf[..meta_len])?;
         self.check(d)?;
-        let (meta, key_matches) = self.decode_matching(key)?;
+        let (meta, key_matches) = self.decode_matching(key, loc.size)?;
         let value_loaded = self.wants_value(want, &meta, key_matches);
         if value_loaded {
-            self.load_value(node, off, &meta, true)?;
+            self.load_value(loc, &meta, true)?;
             self.check(d)?;
         }
         Ok(Fetched {
@@ -151,7 +188,7 @@ impl<E: Endpoint> CdClient<E> {
         };
         self.buf.clear();
         self.buf.extend_from_slice(bytes);
-        let (meta, key_matches) = self.decode_matching(key)?;
+        let (meta, key_matches) = self.decode_matching(key, self.buf.len() as u64)?;
         Ok(Some(Fetched {
             meta,
             key_matches,
@@ -161,33 +198,31 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// A remote DTE with one fabric READ (the whole entry when the value is wanted and the
-    /// multi-read optimisation is off) or two (header and key, then the value if wanted).
-    /// A valid entry read with its value goes into the cache.
+    /// multi-read optimisation is off, or when the entry is no larger than its header and
+    /// longest key) or two (header and key, then the value if wanted). A valid entry read with
+    /// its value goes into the cache.
     fn fetch_remote(
         &mut self,
         ite: Ite,
         ite_read_ns: u64,
-        (node, off): (NodeId, u64),
+        loc: DteLoc,
         d: &Deadline,
         key: &[u8],
         want: Want,
     ) -> Attempt<Fetched> {
         let layout = self.view.dte;
-        let meta_len = layout.meta_size as usize;
-        let addr = RemoteAddr::new(node, DATA_REGION, off);
-        let whole = want != Want::Key && !self.cfg.optimizations.multi_read;
-        let first = if whole {
-            layout.entry_size as usize
-        } else {
-            meta_len
-        };
+        let meta_len = self.meta_len(loc);
+        let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off);
+        let whole = want != Want::Key
+            && (!self.cfg.optimizations.multi_read || meta_len as u64 == loc.size);
+        let first = if whole { loc.size as usize } else { meta_len };
         self.buf.resize(first, 0);
         self.ep.read(addr, &mut self.buf[..first])?;
         self.check(d)?;
-        let (meta, key_matches) = self.decode_matching(key)?;
+        let (meta, key_matches) = self.decode_matching(key, loc.size)?;
         let mut value_loaded = whole;
         if !whole && self.wants_value(want, &meta, key_matches) {
-            self.load_value(node, off, &meta, false)?;
+            self.load_value(loc, &meta, false)?;
             self.check(d)?;
             value_loaded = true;
         }
@@ -212,22 +247,26 @@ impl<E: Endpoint> CdClient<E> {
             .map_err(|e| Abort::Fatal(Error::Corrupt(e.to_string())))
     }
 
-    /// Append the value of the DTE at (`node`, `off`) to the header already in `self.buf`.
-    fn load_value(&mut self, node: NodeId, off: u64, meta: &DteMeta, local: bool) -> Attempt<()> {
+    /// Append the value of the DTE at `loc` to the header already in `self.buf`.
+    fn load_value(&mut self, loc: DteLoc, meta: &DteMeta, local: bool) -> Attempt<()> {
         self.hook(HookPoint::BeforeValueRead);
         let value_off = DteLayout::value_offset(meta.key_len);
         let start = value_off as usize;
         let len = self.view.dte.value_read_len(meta.value_len) as usize;
+        debug_assert!(
+            start + len <= loc.size as usize,
+            "checked by decode_matching"
+        );
         self.buf.resize(start + len, 0);
         if len == 0 {
             return Ok(());
         }
         if local {
             self.ep
-                .local_read(DATA_REGION, off + value_off, &mut self.buf[start..])?;
+                .local_read(DATA_REGION, loc.off + value_off, &mut self.buf[start..])?;
         } else {
             self.ep.read(
-                RemoteAddr::new(node, DATA_REGION, off + value_off),
+                RemoteAddr::new(loc.node, DATA_REGION, loc.off + value_off),
                 &mut self.buf[start..],
             )?;
         }
@@ -241,58 +280,79 @@ impl<E: Endpoint> CdClient<E> {
         self.buf[start..start + f.meta.value_len as usize].to_vec()
     }
 
-    /// Write a new, invalid DTE into the local data table (Step 3 / migrate Step 5) and return
-    /// the ITE that will refer to it (`value` is `None` for a DELETE's marker, which may take
-    /// an entry of the delete reserve), the entry's index and the previous-version pointer
-    /// written into it (`EMPTY` with previous versions off). Fails with `TableFull` when no
-    /// entry is free.
+    /// Write a new, invalid DTE of the smallest class that holds it (Step 3 / migrate Step 5)
+    /// and return the ITE that will refer to it (`value` is `None` for a DELETE's marker, which
+    /// may take the delete reserve), the entry and the previous-version pointer written into
+    /// it (`EMPTY` with previous versions off). The entry is in the writer's own memory when
+    /// its class has room there, else in a page the node holds on another node; the WRITE is
+    /// remotely complete before this returns, so the CAS that publishes it comes after. Fails
+    /// with `TableFull` when no node has room.
     pub(crate) fn write_new_dte(
         &mut self,
         filter: u64,
         prev: Ite,
         key: &[u8],
         value: Option<&[u8]>,
-    ) -> Attempt<(Ite, u64, Ite)> {
-        let purpose = if value.is_some() {
-            Purpose::Value
-        } else {
-            Purpose::Delete
+    ) -> Attempt<(Ite, DteSlot, Ite)> {
+        let (purpose, value) = match value {
+            Some(v) => (Purpose::Value, v),
+            None => (Purpose::Delete, &[][..]),
         };
-        let idx = self
+        let class = self
+            .view
+            .classes
+            .class_for(key.len() as u32, value.len() as u32)
+            .expect("sizes were checked against key_max and value_max");
+        let slot = self
             .table
-            .alloc_for(&mut self.ep, purpose)
+            .alloc_for(&mut self.ep, class, purpose)
             .map_err(|e| match e {
-                nessie_store::datatable::AllocError::Fabric(f) => Abort::from(f),
+                ClassAllocError::Fabric(f) => Abort::from(f),
                 e => Abort::TableFull(e),
             })?;
-        let layout = self.view.dte;
         let prev = if self.cfg.optimizations.previous_versions {
             prev
         } else {
             Ite::EMPTY
         };
-        let n = layout.encode(&mut self.wbuf, self.tag, prev.0, key, value.unwrap_or(&[]));
-        self.ep
-            .local_write(DATA_REGION, layout.offset(idx), &self.wbuf[..n])?;
-        let ite = self
+        let n = self
             .view
-            .index
-            .ite
-            .encode(filter, self.ep.node() as u32, idx);
-        Ok((ite, idx, prev))
+            .dte
+            .encode(&mut self.wbuf, self.tag, prev.0, key, value);
+        let at = self.table.addr(slot);
+        debug_assert!(n as u64 <= self.view.classes.entry_size(class));
+        let written = if slot.host == self.ep.node() {
+            self.ep.local_write(DATA_REGION, at.offset, &self.wbuf[..n])
+        } else {
+            self.ep.write(at, &self.wbuf[..n])
+        };
+        if let Err(e) = written {
+            self.table.release_unpublished(slot);
+            return Err(e.into());
+        }
+        let field = self.view.field.encode(class, slot.slot);
+        let ite = self.view.index.ite.encode(filter, slot.host as u32, field);
+        Ok((ite, slot, prev))
     }
 
-    /// Flip the valid flag of our own DTE (PUT Step 6 / migrate Step 8).
+    /// Give back an entry no ITE ever referred to.
+    pub(crate) fn release_unpublished(&mut self, slot: DteSlot) {
+        self.table.release_unpublished(slot);
+    }
+
+    /// Flip the valid flag of a DTE this worker wrote (PUT Step 6 / migrate Step 8), in its own
+    /// node's memory or in a page it holds on another node.
     pub(crate) fn set_valid(&mut self, ite: Ite) -> Attempt<()> {
-        let (node, off) = self.dte_location(ite);
-        assert_eq!(
-            node,
-            self.ep.node(),
-            "a client only validates DTEs in its own data table"
-        );
-        let h = self.view.dte.header(self.tag, true);
-        self.ep
-            .local_write(DATA_REGION, off + HEADER_OFF, &h.to_le_bytes())?;
+        let loc = self.dte_location(ite);
+        let h = self.view.dte.header(self.tag, true).to_le_bytes();
+        if loc.node == self.ep.node() {
+            self.ep.local_write(DATA_REGION, loc.off + HEADER_OFF, &h)?;
+        } else {
+            self.ep.write(
+                RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF),
+                &h,
+            )?;
+        }
         Ok(())
     }
 
@@ -307,12 +367,15 @@ impl<E: Endpoint> CdClient<E> {
             now + self.cfg.expiry_ns
         };
         let word = nessie_store::DteLayout::recycle_word(expires).to_le_bytes();
-        let (node, off) = self.dte_location(ite);
-        let r = if node == self.ep.node() {
-            self.ep.local_write(DATA_REGION, off + RECYCLE_OFF, &word)
-        } else {
+        let loc = self.dte_location(ite);
+        let r = if loc.node == self.ep.node() {
             self.ep
-                .write(RemoteAddr::new(node, DATA_REGION, off + RECYCLE_OFF), &word)
+                .local_write(DATA_REGION, loc.off + RECYCLE_OFF, &word)
+        } else {
+            self.ep.write(
+                RemoteAddr::new(loc.node, DATA_REGION, loc.off + RECYCLE_OFF),
+                &word,
+            )
         };
         match r {
             Ok(()) => self.stats.recycled += 1,

@@ -153,11 +153,11 @@ impl<E: Endpoint> CdClient<E> {
         let (copy, idx, _) =
             self.write_new_dte(moved.filter, moved.ite, &moved.key, Some(&moved.value))?;
         if let Err(e) = self.check(d) {
-            self.table.release_unpublished(idx);
+            self.release_unpublished(idx);
             return Err(e);
         }
         if !self.cas_ite(dst, Ite::EMPTY, copy)? {
-            self.table.release_unpublished(idx);
+            self.release_unpublished(idx);
             return Err(Abort::Concurrent("migrate destination changed"));
         }
         self.hook(HookPoint::MigrateAfterDstCas);

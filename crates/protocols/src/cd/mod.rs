@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_store::cache::{CacheStats, DteCache};
-use nessie_store::datatable::{AllocError, DataTable};
+use nessie_store::classes::{DteField, SizeClasses};
+use nessie_store::classtable::{ClassAllocError, ClassTable};
 use nessie_store::dte::{DteLayout, WriterTag};
 use nessie_store::index::Index;
 use nessie_store::{Geometry, Ite};
@@ -39,18 +40,47 @@ pub struct ClusterView {
     pub geometry: Geometry,
     pub index: Index,
     pub dte: DteLayout,
+    pub classes: Arc<SizeClasses>,
+    /// How an ITE's DTE field names a class and slot.
+    pub field: DteField,
 }
 
 impl ClusterView {
+    /// The view with the decoupled index (Nessie's).
     pub fn new(geometry: Geometry) -> Result<Self, Error> {
         let (ite, dte) = geometry
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
+        let index = Index::new(&geometry, ite);
+        Self::with_index(geometry, index, dte)
+    }
+
+    /// The view of `geometry` with the given index placement.
+    pub fn with_index(geometry: Geometry, index: Index, dte: DteLayout) -> Result<Self, Error> {
+        let config = |e: nessie_store::GeometryError| Error::Config(e.to_string());
         Ok(Self {
-            index: Index::new(&geometry, ite),
+            classes: Arc::new(geometry.classes().map_err(config)?),
+            field: geometry.dte_field().map_err(config)?,
+            index,
             geometry,
             dte,
         })
+    }
+
+    /// The data table allocator of `node`, shared by the node's client workers. With the
+    /// coupled index (SD, HY) the owner's server writes every DTE, and keeps it on its node.
+    pub fn class_table(&self, node: NodeId, clock_margin_ns: u64) -> ClassTable {
+        let t = ClassTable::new(
+            node,
+            self.geometry.nodes as usize,
+            self.classes.clone(),
+            self.geometry.data_pages_per_node(),
+            clock_margin_ns,
+        );
+        match self.index.placement {
+            nessie_store::index::Placement::Decoupled => t,
+            nessie_store::index::Placement::Coupled => t.local_only(),
+        }
     }
 }
 
@@ -61,8 +91,8 @@ pub(crate) enum Abort {
     Concurrent(&'static str),
     /// The attempt outlived the expiry period; retry.
     Timeout,
-    /// The local data table has no free entry right now.
-    TableFull(AllocError),
+    /// No data table has room for the entry right now.
+    TableFull(ClassAllocError),
     /// A migration found no destination for its source (internal: try another source).
     NoDestination,
     /// Give up with this error.
@@ -156,7 +186,7 @@ pub(crate) struct Deadline {
 pub struct CdClient<E: Endpoint> {
     ep: E,
     view: Arc<ClusterView>,
-    table: Arc<DataTable>,
+    table: Arc<ClassTable>,
     cfg: ProtocolConfig,
     tag: WriterTag,
     cache: DteCache,
@@ -171,22 +201,27 @@ pub struct CdClient<E: Endpoint> {
 }
 
 impl<E: Endpoint> CdClient<E> {
-    /// A client worker on `ep`'s node. `table` must be that node's data table and `worker` must
+    /// A client worker on `ep`'s node. `table` must be that node's allocator and `worker` must
     /// be unique among the node's live client workers (it tags the DTEs this worker writes).
     pub fn new(
         ep: E,
         view: Arc<ClusterView>,
-        table: Arc<DataTable>,
+        table: Arc<ClassTable>,
         worker: u16,
         cfg: ProtocolConfig,
     ) -> Result<Self, Error> {
         cfg.validate()?;
-        if table.dti() != ep.node() as u32 {
+        if table.node() != ep.node() {
             return Err(Error::Config(format!(
-                "client on node {} was given the data table of node {}",
+                "client on node {} was given the data table allocator of node {}",
                 ep.node(),
-                table.dti()
+                table.node()
             )));
+        }
+        if *table.classes() != *view.classes {
+            return Err(Error::Config(
+                "the data table allocator's size classes differ from the cluster's".into(),
+            ));
         }
         if ep.node_count() != view.geometry.nodes as usize {
             return Err(Error::Config(format!(
@@ -341,7 +376,7 @@ impl<E: Endpoint> CdClient<E> {
                     expiry_ms: self.cfg.expiry_ns / 1_000_000,
                 }
             }
-            Abort::TableFull(e) => table_full_error(e),
+            Abort::TableFull(e) => self.table_full_error(e),
             Abort::NoDestination => Error::IndexFull {
                 depth: self.cfg.max_migrate_depth,
             },
@@ -383,15 +418,15 @@ impl<E: Endpoint> CdClient<E> {
                     self.rng.gen_range(0..=backoff)
                 }
                 Err(Abort::TableFull(e)) => {
-                    let AllocError::Full {
+                    let ClassAllocError::Full {
                         next_ready_ns: Some(ready),
                         ..
                     } = e
                     else {
-                        return Err(table_full_error(e));
+                        return Err(self.table_full_error(e));
                     };
                     if last {
-                        return Err(table_full_error(e));
+                        return Err(self.table_full_error(e));
                     }
                     // Released entries exist: wait (at most one expiry period) until one expires.
                     self.stats.table_full_waits += 1;
@@ -413,18 +448,19 @@ impl<E: Endpoint> CdClient<E> {
     }
 }
 
-fn table_full_error(e: AllocError) -> Error {
-    match e {
-        AllocError::Full {
-            dti,
-            capacity,
-            awaiting_expiry,
-            ..
-        } => Error::DataTableFull {
-            node: dti as NodeId,
-            capacity,
-            awaiting_expiry,
-        },
-        AllocError::Fabric(f) => f.into(),
+impl<E: Endpoint> CdClient<E> {
+    fn table_full_error(&self, e: ClassAllocError) -> Error {
+        match e {
+            ClassAllocError::Full {
+                entry_size,
+                awaiting_expiry,
+                ..
+            } => Error::DataTableFull {
+                node: self.ep.node(),
+                entry_size,
+                awaiting_expiry,
+            },
+            ClassAllocError::Fabric(f) => f.into(),
+        }
     }
 }

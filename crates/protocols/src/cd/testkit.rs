@@ -1,15 +1,16 @@
 //! A client-driven cluster on the in-process fabric for this crate's unit tests. The full one,
 //! `nessie_cluster::LocalCluster`, depends on this crate; this is its CD core: per node an
-//! index and a data table region on one `InProcFabric`, and a `DataTable` allocator.
+//! index, a data table and a page table region on one `InProcFabric`, and a `ClassTable`
+//! allocator.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
 use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
 use nessie_fabric::{Endpoint, NodeId};
-use nessie_store::datatable::DataTable;
+use nessie_store::classtable::ClassTable;
 use nessie_store::index::Slot;
-use nessie_store::{Geometry, Ite, DATA_REGION, INDEX_REGION};
+use nessie_store::{Geometry, Ite};
 
 use super::{CdClient, ClusterView};
 use crate::config::ProtocolConfig;
@@ -47,7 +48,7 @@ pub(crate) fn fast_cfg() -> ProtocolConfig {
 pub(crate) struct InProcCluster {
     pub fabric: Arc<InProcFabric>,
     pub view: Arc<ClusterView>,
-    tables: Vec<Arc<DataTable>>,
+    tables: Vec<Arc<ClassTable>>,
     cfg: ProtocolConfig,
     next_worker: Cell<u16>,
 }
@@ -56,15 +57,10 @@ impl InProcCluster {
     pub fn new(geometry: Geometry, cfg: ProtocolConfig) -> Self {
         let view = Arc::new(ClusterView::new(geometry).unwrap());
         let g = &view.geometry;
-        let mut node_regions = vec![0; 2];
-        node_regions[INDEX_REGION as usize] = g.index_table_bytes();
-        node_regions[DATA_REGION as usize] = g.data_table_bytes();
-        let fabric = InProcFabric::new(&vec![node_regions; g.nodes as usize], None).unwrap();
+        let regions = vec![g.table_regions(); g.nodes as usize];
+        let fabric = InProcFabric::new(&regions, None).unwrap();
         let tables = (0..g.nodes)
-            .map(|n| {
-                let t = DataTable::new(n, view.dte, g.dtes_per_node, cfg.clock_margin_ns);
-                Arc::new(t)
-            })
+            .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
             .collect();
         Self {
             fabric,

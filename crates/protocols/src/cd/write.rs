@@ -357,11 +357,11 @@ impl<E: Endpoint> CdClient<E> {
         let c = cand.pos;
         let (new, idx, prev_written) = self.write_new_dte(filter, cand.prev, key, value)?;
         if let Err(e) = self.check(&p.d) {
-            self.table.release_unpublished(idx);
+            self.release_unpublished(idx);
             return Err(e);
         }
         if !self.cas_ite(p.slots[c], p.seen[c], new)? {
-            self.table.release_unpublished(idx); // never visible: reusable at once
+            self.release_unpublished(idx); // never visible: reusable at once
             return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
         }
         st.published.push(Published {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use nessie_fabric::{Endpoint, NodeId};
-use nessie_store::datatable::DataTable;
+use nessie_store::classtable::ClassTable;
 
 use crate::cd::{CdClient, ClientStats, ClusterView};
 use crate::config::{Optimizations, ProtocolConfig};
@@ -58,7 +58,7 @@ impl<E: Endpoint> HyClient<E> {
     pub fn new(
         ep: E,
         view: Arc<ClusterView>,
-        table: Arc<DataTable>,
+        table: Arc<ClassTable>,
         worker: u16,
         cfg: &ProtocolConfig,
         shared: Arc<RpcShared>,

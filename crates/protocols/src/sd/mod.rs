@@ -108,11 +108,7 @@ pub fn coupled_view(geometry: Geometry) -> Result<ClusterView, Error> {
         .validate()
         .map_err(|e| Error::Config(e.to_string()))?;
     let index = Index::new_coupled(&geometry, ite).map_err(|e| Error::Config(e.to_string()))?;
-    Ok(ClusterView {
-        geometry,
-        index,
-        dte,
-    })
+    ClusterView::with_index(geometry, index, dte)
 }
 
 /// Slot layout and shared state for a cluster's clients and servers.
@@ -132,8 +128,8 @@ mod tests {
 
     use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
     use nessie_fabric::{Endpoint, Locality, NodeId, OpKind, RemoteAddr};
-    use nessie_store::datatable::DataTable;
-    use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
+    use nessie_store::classtable::ClassTable;
+    use nessie_store::Geometry;
 
     use super::slots::OpCode;
     use super::*;
@@ -143,7 +139,7 @@ mod tests {
     struct Rig {
         fabric: Arc<InProcFabric>,
         view: Arc<ClusterView>,
-        tables: Vec<Arc<DataTable>>,
+        tables: Vec<Arc<ClassTable>>,
         shared: Arc<RpcShared>,
         pools: Vec<Arc<SlotPool>>,
         cfg: ProtocolConfig,
@@ -165,10 +161,9 @@ mod tests {
             ..RpcConfig::default()
         };
         let shared = rpc_shared(&g, &rpc).unwrap();
-        let mut regions = vec![vec![0u64; 4]; 2];
+        let mut regions = vec![g.table_regions(); 2];
         for r in regions.iter_mut() {
-            r[INDEX_REGION as usize] = g.index_table_bytes();
-            r[DATA_REGION as usize] = g.data_table_bytes();
+            r.resize(5, 0);
             r[REQUEST_REGION as usize] = shared.layout.request_region_bytes();
             r[RESPONSE_REGION as usize] = shared.layout.response_region_bytes();
         }
@@ -178,9 +173,7 @@ mod tests {
             clock_margin_ns: 0,
             ..ProtocolConfig::default()
         };
-        let tables = (0..2)
-            .map(|n| Arc::new(DataTable::new(n, view.dte, 64, 0)))
-            .collect();
+        let tables = (0..2).map(|n| Arc::new(view.class_table(n, 0))).collect();
         let pools = (0..2).map(|_| SlotPool::new(2)).collect();
         Rig {
             fabric,
@@ -350,8 +343,8 @@ mod tests {
         match last {
             Err(Error::DataTableFull {
                 node: 0,
-                capacity: 64,
                 awaiting_expiry: 0,
+                ..
             }) => {}
             Err(Error::IndexFull { .. }) => {} // the 64-entry index may fill up first
             other => panic!("expected a full table, got {other:?}"),

@@ -36,7 +36,7 @@
 //! P-48-L     L = len↑8         payload: the value (GET hit) or an error message
 //! P-48       8                 argument c  ┐
 //! P-40       8                 argument b  ├ error details (e.g. DataTableFull's node,
-//! P-32       8                 argument a  ┘ capacity and entries awaiting expiry)
+//! P-32       8                 argument a  ┘ entry size and entries awaiting expiry)
 //! P-24       8                 payload length (bits 0..31)
 //! P-16       8                 checksum of payload, arguments and length, seeded with the sequence number
 //! P-8        8                 control: sequence number (bits 8..63) | status (bits 0..7)
@@ -74,9 +74,9 @@ pub enum SlotError {
 }
 
 /// Region of every node holding the request slots (SD / HY only).
-pub const REQUEST_REGION: RegionId = 2;
+pub const REQUEST_REGION: RegionId = 3;
 /// Region of every node holding the response slots (SD / HY only).
-pub const RESPONSE_REGION: RegionId = 3;
+pub const RESPONSE_REGION: RegionId = 4;
 /// Most client workers per node that SD/HY can serve (each needs a request slot on every node).
 pub const MAX_CLIENTS_PER_NODE: u16 = 1024;
 /// Longest error message carried in a response (longer ones are truncated).
@@ -482,7 +482,7 @@ impl SlotLayout {
             status::INDEX_FULL => Error::IndexFull { depth: a as u8 },
             status::DATA_TABLE_FULL => Error::DataTableFull {
                 node: a as NodeId,
-                capacity: b,
+                entry_size: b,
                 awaiting_expiry: c,
             },
             status::TIMEOUT => Error::Timeout { expiry_ms: a },
@@ -553,11 +553,11 @@ fn encode_error(e: &Error) -> (u8, [u64; 3], String) {
         Error::IndexFull { depth } => (status::INDEX_FULL, [*depth as u64, 0, 0], none),
         Error::DataTableFull {
             node,
-            capacity,
+            entry_size,
             awaiting_expiry,
         } => (
             status::DATA_TABLE_FULL,
-            [*node as u64, *capacity, *awaiting_expiry],
+            [*node as u64, *entry_size, *awaiting_expiry],
             none,
         ),
         Error::Timeout { expiry_ms } => (status::TIMEOUT, [*expiry_ms, 0, 0], none),
@@ -830,7 +830,7 @@ mod tests {
             Err(Error::IndexFull { depth: 8 }),
             Err(Error::DataTableFull {
                 node: 2,
-                capacity: 96,
+                entry_size: 96,
                 awaiting_expiry: 40,
             }),
             Err(Error::Timeout { expiry_ms: 5 }),
