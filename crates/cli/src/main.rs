@@ -394,21 +394,61 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a memory budget buys, on stderr (stdout stays the cluster's summary).
-fn print_budget(bytes: u64, g: &nessie_store::Geometry) {
+/// Pages per size class a node should have before mixed sizes use its memory well.
+const PAGES_PER_CLASS_HINT: u64 = 8;
+
+/// What a memory budget buys, on stderr (stdout stays the cluster's summary): the tables, and
+/// how many entries of a few size classes one node's data table holds.
+fn print_budget(bytes: u64, g: &nessie_store::Geometry) -> Result<(), CliError> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let entry = nessie_store::DteLayout::new(g.key_max, g.value_max).entry_size;
+    let classes = g.classes()?;
+    let pages = g.data_pages_per_node();
     eprintln!(
-        "memory per node {:.1} MiB: {} index entries ({:.1} MiB) and {} data entries of {entry} B \
-         ({:.1} MiB), for keys up to {} B and values up to {} B",
+        "memory per node {:.1} MiB: {} index entries ({:.1} MiB), {pages} data pages of {} KiB \
+         ({:.1} MiB, {} kept for deletes) and their page table, for keys up to {} B and values \
+         up to {} B",
         mib(bytes),
         g.ites_per_node,
         mib(g.index_table_bytes()),
-        g.dtes_per_node,
+        classes.page_bytes() >> 10,
         mib(g.data_table_bytes()),
+        nessie_store::classtable::RESERVE_PAGES,
         g.key_max,
         g.value_max
     );
+    let value_pages = pages - nessie_store::classtable::RESERVE_PAGES;
+    let last = classes.len() - 1;
+    let shown = (0..classes.len()).filter(|c| c % 4 == 0 || *c == last);
+    eprintln!("  one node holds, if every entry were of one class (key + value bytes up to):");
+    for c in shown {
+        let c = c as u8;
+        let size = classes.entry_size(c);
+        eprintln!(
+            "    {:>8} B: {:>10} entries",
+            size - nessie_store::dte::KEY_OFF,
+            value_pages * classes.per_page(c)
+        );
+    }
+    eprintln!("  and any mix of them: pages move between classes as the data changes");
+    // Each writer node keeps a part-used page per class it writes: a budget of few pages per
+    // class loses much of itself to them.
+    let enough = PAGES_PER_CLASS_HINT * classes.len() as u64;
+    if value_pages < enough {
+        eprintln!(
+            "  warning: {value_pages} pages per node for {} size classes; with mixed value sizes \
+             part-used pages of every class on every writer node take much of the budget \
+             (give at least {:.0} MiB per node, or a smaller --value-max)",
+            classes.len(),
+            (enough * classes.page_bytes()) as f64 / (1 << 20) as f64
+        );
+    }
+    eprintln!(
+        "  the index holds about {} keys (load factor {}): with mostly small values it fills \
+         before the data tables",
+        (g.ites_per_node as f64 * nessie_cluster::config::MEMORY_LOAD_FACTOR) as u64,
+        nessie_cluster::config::MEMORY_LOAD_FACTOR
+    );
+    Ok(())
 }
 
 fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
@@ -422,7 +462,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
                 a.value_max,
                 nessie_cluster::config::MEMORY_LOAD_FACTOR,
             )?;
-            print_budget(bytes, &g);
+            print_budget(bytes, &g)?;
             g
         }
         None => nessie_store::Geometry {
@@ -534,6 +574,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 Err(e) => println!("{:>4} {:>8} {:>7}  {e}", n.id, pid, "down"),
             }
         }
+        print_class_fill(&nodes);
     }
     let all_up = nodes.iter().all(|n| n.report.is_ok());
     Ok(if all_up {
@@ -541,6 +582,37 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Each node's writers' fill per size class (pages held here and on other nodes, entries).
+fn print_class_fill(nodes: &[process::NodeStatus]) {
+    let mut header = false;
+    for n in nodes {
+        let Ok(v) = &n.report else { continue };
+        let Some(classes) = v["data_table"]["classes"].as_array() else {
+            continue;
+        };
+        for c in classes {
+            if !header {
+                println!(
+                    "\n{:>4} {:>5} {:>10} {:>7} {:>13} {:>10} {:>10}",
+                    "node", "class", "entry (B)", "pages", "on others", "in use", "free"
+                );
+                header = true;
+            }
+            let f = |k: &str| c[k].as_u64().unwrap_or(0);
+            println!(
+                "{:>4} {:>5} {:>10} {:>7} {:>13} {:>10} {:>10}",
+                n.id,
+                f("class"),
+                f("entry_size"),
+                f("pages"),
+                f("remote_pages"),
+                f("in_use"),
+                f("free")
+            );
+        }
+    }
 }
 
 /// Load the cluster's configuration and check the key against it.
