@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use nessie_cluster::LocalCluster;
 use nessie_protocols::{Error, Optimizations, ProtocolConfig};
-use nessie_store::classtable::RESERVE_PAGES;
+use nessie_store::classtable::{owner_share, RESERVE_PAGES};
 use nessie_store::Geometry;
 use proptest::prelude::*;
 
@@ -143,12 +143,21 @@ fn full_index_gives_a_clear_error_and_loses_nothing() {
     assert_eq!(c.index_occupancy().unwrap(), stored.len() as u64);
 }
 
-/// Entries of the class of a 1-byte key and value that the cluster's memory holds for values
-/// (every node's pages but its delete reserve).
+/// Entries of the class of a 2-byte key and 1-byte value that one writer node can place: its
+/// own pages but the delete reserve, and other nodes' pages but the reserve and the share left
+/// to their own writers.
 fn small_entry_capacity(c: &LocalCluster) -> u64 {
     let v = c.view();
-    let per_page = v.classes.per_page(v.classes.class_for(1, 1).unwrap());
-    per_page * (v.geometry.data_pages_per_node() - RESERVE_PAGES) * v.geometry.nodes as u64
+    let per_page = v.classes.per_page(v.classes.class_for(2, 1).unwrap());
+    let pages = v.geometry.data_pages_per_node();
+    let own = pages - RESERVE_PAGES;
+    let others = (v.geometry.nodes as u64 - 1) * (own - owner_share(pages));
+    per_page * (own + others)
+}
+
+/// Key number `i` of the fill tests.
+fn key(i: u64) -> [u8; 2] {
+    (i as u16).to_be_bytes()
 }
 
 /// A writer whose own memory is full places its values on other nodes; only when every node's
@@ -156,7 +165,7 @@ fn small_entry_capacity(c: &LocalCluster) -> u64 {
 #[test]
 fn full_data_tables_give_a_clear_error_only_when_every_node_is_full() {
     let g = Geometry {
-        dtes_per_node: 4,
+        dtes_per_node: 100,
         ites_per_node: 1024,
         ..small_geometry()
     };
@@ -175,13 +184,13 @@ fn full_data_tables_give_a_clear_error_only_when_every_node_is_full() {
     let c = LocalCluster::new(g, cfg, None).unwrap();
     let capacity = small_entry_capacity(&c);
     assert!(
-        capacity < 250,
-        "the test's keys cannot fill {capacity} entries"
+        capacity < 1000,
+        "the test's index cannot hold {capacity} keys"
     );
     let mut a = c.client(1).unwrap();
     let mut stored = 0u64;
     let e = loop {
-        match a.put(&[stored as u8], b"x") {
+        match a.put(&key(stored), b"x") {
             Ok(()) => stored += 1,
             Err(e) => break e,
         }
@@ -189,7 +198,7 @@ fn full_data_tables_give_a_clear_error_only_when_every_node_is_full() {
     assert_eq!(stored, capacity, "every node's memory was used: {e}");
     let u = c.table(1).usage();
     let remote: u64 = u.iter().map(|u| u.remote_pages).sum();
-    assert_eq!(remote, 2, "one page on each other node: {u:?}");
+    assert_eq!(remote, 4, "two pages on each other node: {u:?}");
     assert!(
         matches!(
             e,
@@ -202,20 +211,22 @@ fn full_data_tables_give_a_clear_error_only_when_every_node_is_full() {
         "{e:?}"
     );
     assert!(e.to_string().contains("data tables full"), "{e}");
-    a.put(&[0], b"y").unwrap_err(); // overwrite also needs a new DTE
+    a.put(&key(0), b"y").unwrap_err(); // overwrite also needs a new DTE
     assert_eq!(
-        a.get(&[0]).unwrap().as_deref(),
+        a.get(&key(0)).unwrap().as_deref(),
         Some(&b"x"[..]),
         "failed write changed nothing"
     );
     // Every value is readable from every node, wherever its entry lives.
     let mut b = c.client(2).unwrap();
     for k in 0..stored {
-        assert_eq!(b.get(&[k as u8]).unwrap().as_deref(), Some(&b"x"[..]));
+        assert_eq!(b.get(&key(k)).unwrap().as_deref(), Some(&b"x"[..]));
     }
     // Deletes still work: they may take the reserve.
-    b.delete(&[0]).unwrap();
-    assert_eq!(a.get(&[0]).unwrap(), None);
+    b.delete(&key(0)).unwrap();
+    assert_eq!(a.get(&key(0)).unwrap(), None);
+    // Node 2's own writers still have their share of its memory.
+    b.put(b"own", b"z").unwrap();
 }
 
 #[test]
@@ -503,7 +514,7 @@ fn a_backward_wall_clock_step_does_not_keep_cache_entries_alive() {
 fn a_full_data_table_can_be_emptied_and_refilled() {
     // A roomy index: no MIGRATE, whose recycled sources would free entries on their own.
     let g = Geometry {
-        dtes_per_node: 4,
+        dtes_per_node: 100,
         ites_per_node: 1024,
         ..small_geometry()
     };
@@ -515,8 +526,8 @@ fn a_full_data_table_can_be_emptied_and_refilled() {
     let c = LocalCluster::new(g, cfg, None).unwrap();
     let mut a = c.client(1).unwrap();
     let mut keys = Vec::new();
-    for i in 0..200u8 {
-        match a.put(&[i], b"x") {
+    for i in 0..1000u64 {
+        match a.put(&key(i), b"x") {
             Ok(()) => keys.push(i),
             Err(Error::DataTableFull { node: 1, .. }) => break,
             Err(e) => panic!("unexpected {e}"),
@@ -528,21 +539,21 @@ fn a_full_data_table_can_be_emptied_and_refilled() {
         "all but the reserve hold values"
     );
     assert!(matches!(
-        a.put(&[200], b"x"),
+        a.put(&key(2000), b"x"),
         Err(Error::DataTableFull { .. })
     ));
     assert_eq!(a.stats().migrations, 0);
     for &k in &keys {
-        a.delete(&[k])
+        a.delete(&key(k))
             .unwrap_or_else(|e| panic!("delete of key {k} on a full table: {e}"));
-        assert_eq!(a.get(&[k]).unwrap(), None);
+        assert_eq!(a.get(&key(k)).unwrap(), None);
     }
     // After the expiry period every entry is reusable: the table fills up again.
     for &k in &keys {
-        a.put(&[k], b"y")
+        a.put(&key(k), b"y")
             .unwrap_or_else(|e| panic!("space did not come back for key {k}: {e}"));
     }
     for &k in &keys {
-        assert_eq!(a.get(&[k]).unwrap().as_deref(), Some(&b"y"[..]));
+        assert_eq!(a.get(&key(k)).unwrap().as_deref(), Some(&b"y"[..]));
     }
 }

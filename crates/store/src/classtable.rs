@@ -6,15 +6,17 @@
 //! 3. a fresh page of the node's own table (local writes are the paper's point);
 //! 4. entries of the class's pages whose recycle flag has expired (a scan);
 //! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
-//!    [`ClassTable::local_only`] turns it off, for the baselines' servers).
+//!    [`ClassTable::local_only`] turns it off, for the baselines' servers);
+//! 6. an entry of a larger class already at hand (free list or open page): it holds the value
+//!    too, wasting the difference, where refusing the write would waste all of it.
 //!
 //! A page whose entries are all back on the free list is released, so memory moves between
 //! classes as demand shifts. Recycling stays client-driven: the claimer scans its pages, remote
 //! ones with one READ per page; no server thread takes part.
 //!
 //! Deletes need a marker entry too, so values may not claim a node's last
-//! [`RESERVE_PAGES`] free pages. The reserve is soft: two claimers racing for the last pages
-//! can both win.
+//! [`RESERVE_PAGES`] free pages; other nodes' values may not claim its last [`owner_share`]
+//! pages either. Both reserves are soft: two claimers racing for the last pages can both win.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +32,16 @@ use crate::DATA_REGION;
 pub const ZERO_CHUNK: u64 = 1 << 20;
 /// Free pages of each node that only deletes may claim.
 pub const RESERVE_PAGES: u64 = 1;
+/// One page in this many of each node (at least one) is left to the node's own writers: other
+/// nodes' writers may not claim a node's last free pages for values, so a node whose memory was
+/// filled from elsewhere still writes locally, and one busy writer cannot take every node's
+/// memory while others wait.
+pub const OWNER_SHARE_FRACTION: u64 = 8;
+
+/// Free pages of a node of `pages` pages that other nodes' writers leave for values of its own.
+pub fn owner_share(pages: u64) -> u64 {
+    (pages / OWNER_SHARE_FRACTION).max(1)
+}
 
 /// What an entry is allocated for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -186,7 +198,8 @@ impl ClassTable {
         RemoteAddr::new(s.host, DATA_REGION, self.classes.offset(s.class, s.slot))
     }
 
-    /// Take an entry of `class` (see the module comment for the order of places tried).
+    /// Take an entry of `class`, or of a larger class when no node has room for `class` (see
+    /// the module comment for the order of places tried): use the returned slot's class.
     pub fn alloc_for<E: Endpoint>(
         &self,
         ep: &mut E,
@@ -219,10 +232,19 @@ impl ClassTable {
             return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
         }
         let others = if self.remote { self.nodes } else { 1 };
+        let remote_keep = match purpose {
+            Purpose::Value => keep + owner_share(self.pages_per_node),
+            Purpose::Delete => 0,
+        };
         for d in 1..others {
             let host = ((self.node as usize + d) % self.nodes) as NodeId;
-            if self.open_page(ep, &mut s, host, class, keep)? {
+            if self.open_page(ep, &mut s, host, class, remote_keep)? {
                 return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+            }
+        }
+        for larger in class + 1..self.classes.len() as u8 {
+            if let Some(slot) = self.take_handy(&mut s, larger) {
+                return Ok(slot);
             }
         }
         Err(ClassAllocError::Full {
@@ -520,10 +542,12 @@ mod tests {
         let mut ep = f.endpoint(0);
         let big = (t[0].classes().len() - 1) as u8;
         let per = t[0].classes().per_page(big);
-        let hosts: Vec<NodeId> = (0..(2 * PAGES - 2) * per)
+        let local_pages = PAGES - RESERVE_PAGES;
+        let remote_pages = local_pages - owner_share(PAGES);
+        let hosts: Vec<NodeId> = (0..(local_pages + remote_pages) * per)
             .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap().host)
             .collect();
-        let local = ((PAGES - RESERVE_PAGES) * per) as usize;
+        let local = (local_pages * per) as usize;
         assert!(hosts[..local].iter().all(|&h| h == 0), "{hosts:?}");
         assert!(hosts[local..].iter().all(|&h| h == 1), "{hosts:?}");
         let e = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
@@ -539,8 +563,16 @@ mod tests {
         let u = &t[0].usage()[big as usize];
         assert_eq!(
             (u.pages, u.remote_pages, u.in_use),
-            (2 * PAGES - 1, PAGES - 1, (2 * PAGES - 2) * per + 1)
+            (
+                local_pages + 1 + remote_pages,
+                remote_pages,
+                (local_pages + remote_pages) * per + 1
+            )
         );
+        // Node 1's own writers still have their share of its memory.
+        let mut ep1 = f.endpoint(1);
+        let s = t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap();
+        assert_eq!(s.host, 1);
     }
 
     #[test]
@@ -714,6 +746,27 @@ mod tests {
             reclaimed_pages > 0,
             "no page was released and claimed again"
         );
+    }
+
+    #[test]
+    fn a_full_class_borrows_a_larger_entry_at_hand() {
+        let (f, t) = setup(1);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        // One big entry takes a page, leaving the rest of it at hand.
+        t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        let per_page = t[0].classes().per_page(0);
+        let smalls = per_page * (PAGES - RESERVE_PAGES - 1);
+        for _ in 0..smalls {
+            assert_eq!(t[0].alloc_for(&mut ep, 0, Purpose::Value).unwrap().class, 0);
+        }
+        let spare = t[0].classes().per_page(big) - 1;
+        for _ in 0..spare {
+            let s = t[0].alloc_for(&mut ep, 0, Purpose::Value).unwrap();
+            assert_eq!(s.class, big, "class 0 is full: a big entry serves");
+        }
+        let e = t[0].alloc_for(&mut ep, 0, Purpose::Value).unwrap_err();
+        assert!(matches!(e, ClassAllocError::Full { class: 0, .. }), "{e}");
     }
 
     #[test]

@@ -319,8 +319,10 @@ impl<E: Endpoint> CdClient<E> {
             .view
             .dte
             .encode(&mut self.wbuf, self.tag, prev.0, key, value);
+        // The slot's class may be larger than `class` when that one is full everywhere.
         let at = self.table.addr(slot);
-        debug_assert!(n as u64 <= self.view.classes.entry_size(class));
+        debug_assert!(slot.class >= class);
+        debug_assert!(n as u64 <= self.view.classes.entry_size(slot.class));
         let written = if slot.host == self.ep.node() {
             self.ep.local_write(DATA_REGION, at.offset, &self.wbuf[..n])
         } else {
@@ -330,7 +332,7 @@ impl<E: Endpoint> CdClient<E> {
             self.table.release_unpublished(slot);
             return Err(e.into());
         }
-        let field = self.view.field.encode(class, slot.slot);
+        let field = self.view.field.encode(slot.class, slot.slot);
         let ite = self.view.index.ite.encode(filter, slot.host as u32, field);
         Ok((ite, slot, prev))
     }

@@ -393,6 +393,8 @@ impl<E: Endpoint> CdClient<E> {
         let policy = self.cfg.retry;
         let mut backoff = policy.initial_backoff_ns.max(1);
         let mut attempts = 0u32;
+        // Time spent waiting for room that no released entry of ours promised (see below).
+        let mut unpromised_wait = 0u64;
         loop {
             attempts += 1;
             let last = attempts >= policy.max_attempts;
@@ -418,21 +420,28 @@ impl<E: Endpoint> CdClient<E> {
                     self.rng.gen_range(0..=backoff)
                 }
                 Err(Abort::TableFull(e)) => {
-                    let ClassAllocError::Full {
-                        next_ready_ns: Some(ready),
-                        ..
-                    } = e
-                    else {
+                    let ClassAllocError::Full { next_ready_ns, .. } = e else {
                         return Err(self.table_full_error(e));
                     };
                     if last {
                         return Err(self.table_full_error(e));
                     }
-                    // Released entries exist: wait (at most one expiry period) until one expires.
                     self.stats.table_full_waits += 1;
-                    ready
-                        .saturating_sub(self.ep.now_ns())
-                        .clamp(1, self.cfg.expiry_ns)
+                    match next_ready_ns {
+                        // Released entries exist: wait (at most one expiry period) until one
+                        // expires.
+                        Some(ready) => ready
+                            .saturating_sub(self.ep.now_ns())
+                            .clamp(1, self.cfg.expiry_ns),
+                        // None of ours: other writers' pages may come back when their entries
+                        // expire. Back off for up to one expiry period in all, then refuse.
+                        None if unpromised_wait < self.cfg.expiry_ns => {
+                            let w = self.rng.gen_range(1..=backoff);
+                            unpromised_wait += w;
+                            w
+                        }
+                        None => return Err(self.table_full_error(e)),
+                    }
                 }
                 Err(Abort::NoDestination) => {
                     return Err(Error::IndexFull {
