@@ -320,17 +320,29 @@ fn abandoned_write_is_undone_and_the_key_stays_usable() {
 
 /// A write that needs many attempts does not hold a data table entry per attempt: the invalid
 /// DTE of each failed attempt is recycled as soon as the next attempt replaces it. Here 12
-/// attempts go through a 4-entry table; holding them all until the write completes would fail
-/// with `DataTableFull` on the fifth.
+/// attempts of a largest-class value go through a writer that can place only 8 such entries
+/// (one page of its own node; other nodes keep their last pages for their own writers):
+/// holding them all until the write completes would fail with `DataTableFull` on the ninth.
 #[test]
 fn a_write_retrying_many_times_fits_a_tiny_data_table() {
     use nessie_protocols::HookPoint;
     let g = Geometry {
         dtes_per_node: 4,
+        value_max: 4000,
         ..small_geometry()
     };
     let c = LocalCluster::new(g, fast_cfg(), None).unwrap();
-    c.client(1).unwrap().put(b"k", b"old").unwrap();
+    let v = c.view();
+    let largest = (v.classes.len() - 1) as u8;
+    let pages = v.geometry.data_pages_per_node();
+    let room = v.classes.per_page(largest) * (pages - RESERVE_PAGES);
+    assert!(room < 12, "{room} entries would hold every attempt");
+    assert!(
+        pages - RESERVE_PAGES <= owner_share(pages),
+        "other nodes' pages are out of reach"
+    );
+    let (old, new) = (vec![1u8; 4000], vec![2u8; 4000]);
+    c.client(1).unwrap().put(b"k", &old).unwrap();
     let mut w = c.client(0).unwrap();
     let expiry = c.config().expiry_ns;
     let mut stalls = 12;
@@ -340,14 +352,11 @@ fn a_write_retrying_many_times_fits_a_tiny_data_table() {
             std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
         }
     })));
-    w.put(b"k", b"new").unwrap();
+    w.put(b"k", &new).unwrap();
     let st = w.stats();
     assert_eq!(st.timeouts, 12, "{st:?}");
     assert!(st.recycled >= 12, "{st:?}");
-    assert_eq!(
-        c.client(2).unwrap().get(b"k").unwrap().as_deref(),
-        Some(&b"new"[..])
-    );
+    assert_eq!(c.client(2).unwrap().get(b"k").unwrap(), Some(new));
 }
 
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! Size classes (groundwork for variable-size DTEs). A node's data table is carved into pages of
+//! Size classes of DTEs. A node's data table is carved into pages of
 //! `page_bytes`; each page, while in use, serves one class and holds `page_bytes / entry_size`
 //! entries of that class. Classes grow geometrically (×[`CLASS_GROWTH`], like memcached's slab
 //! classes) from [`MIN_CLASS_PAYLOAD`] bytes of key and value up to `key_max + value_max`, so a

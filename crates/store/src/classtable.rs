@@ -4,7 +4,9 @@
 //! 1. an entry of the class that came back (unpublished, or recycled and expired);
 //! 2. the next never-used entry of the class's open page;
 //! 3. a fresh page of the node's own table (local writes are the paper's point);
-//! 4. entries of the class's pages whose recycle flag has expired (a scan);
+//! 4. a scan of every page the node holds, of every class, here and on other nodes: entries
+//!    whose recycle flag has expired go back on their class's free list, and pages left with no
+//!    entry in use go back to their node's pool (then a fresh local page again);
 //! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
 //!    [`ClassTable::local_only`] turns it off, for the baselines' servers);
 //! 6. an entry of a larger class already at hand (free list or open page): it holds the value
@@ -112,6 +114,8 @@ struct State {
     pages: HashMap<(NodeId, u64), PageState>,
     reclaimed_total: u64,
     scans: u64,
+    /// When the last scan began (the endpoint's wall clock).
+    last_scan_ns: u64,
 }
 
 /// Released entries found by a scan that have not expired yet.
@@ -171,6 +175,7 @@ impl ClassTable {
                 pages: HashMap::new(),
                 reclaimed_total: 0,
                 scans: 0,
+                last_scan_ns: 0,
             }),
         }
     }
@@ -366,6 +371,23 @@ impl ClassTable {
         Ok(self.scan_all(ep, &mut s)?.0)
     }
 
+    /// Reclaim (as [`ClassTable::reclaim`]) if the node holds pages and no scan began in the
+    /// last `interval_ns`. A writer scans only when it runs out of room, so without this the
+    /// entries of a node that stopped writing would stay out of every writer's reach: its
+    /// pages, here and on other nodes, come back only once a scan finds them empty.
+    pub fn reclaim_if_due<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        interval_ns: u64,
+    ) -> Result<u64, FabricError> {
+        let mut s = self.state.lock().unwrap();
+        let now = ep.now_ns();
+        if s.pages.is_empty() || now.saturating_sub(s.last_scan_ns) < interval_ns {
+            return Ok(0);
+        }
+        Ok(self.scan_all(ep, &mut s)?.0)
+    }
+
     pub fn counters(&self) -> TableCounters {
         let s = self.state.lock().unwrap();
         TableCounters {
@@ -386,6 +408,7 @@ impl ClassTable {
         let held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
         let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
         s.scans += 1;
+        s.last_scan_ns = now;
         for (host, page) in held {
             let ps = &s.pages[&(host, page)];
             let (class, handed) = (ps.class, ps.handed);
@@ -767,6 +790,36 @@ mod tests {
         }
         let e = t[0].alloc_for(&mut ep, 0, Purpose::Value).unwrap_err();
         assert!(matches!(e, ClassAllocError::Full { class: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn an_idle_holder_gives_its_pages_back_when_a_scan_is_due() {
+        let (f, t) = setup(2);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        // Node 0 fills its own pages and one of node 1's, then stops writing.
+        let per = t[0].classes().per_page(big);
+        let n = (PAGES - RESERVE_PAGES + 1) * per;
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
+            .collect();
+        assert!(slots.iter().any(|s| s.host == 1));
+        for s in &slots {
+            recycle(&f, &t[0], *s);
+        }
+        let scans = t[0].counters().scans;
+        assert_eq!(
+            t[0].reclaim_if_due(&mut ep, u64::MAX).unwrap(),
+            0,
+            "not due"
+        );
+        assert_eq!(t[0].counters().scans, scans);
+        assert_eq!(t[0].reclaim_if_due(&mut ep, 0).unwrap(), n);
+        for node in 0..2 {
+            let words = pages::read_table(&mut ep, node, PAGES).unwrap();
+            assert!(words.iter().all(|w| !w.is_claimed()), "{words:?}");
+        }
+        assert_eq!(t[0].reclaim_if_due(&mut ep, 0).unwrap(), 0, "nothing held");
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! Data table entry (DTE) format. Entries have a fixed size per cluster (room for the longest
-//! key and value); all fields are 8-byte aligned so that every fabric access is word-sized. The
-//! value follows the entry's own key, so a short key leaves its room at the end of the entry,
-//! where a size class can drop it (groundwork for variable-size entries).
+//! Data table entry (DTE) format. An entry is as large as its size class
+//! ([`crate::classes`]); all fields are 8-byte aligned so that every fabric access is
+//! word-sized. The value follows the entry's own key, so the entry ends where its value does
+//! and the smallest class that holds both can be used.
 //!
 //! ```text
 //! offset  size        field

@@ -11,7 +11,8 @@
 //! - `filter bits` (f, default 7): the low bits of the key's filter hash; a mismatch proves the
 //!   DTE cannot hold the key, saving a DTE read.
 //! - `DTI` (t bits): data table identifier (= node id, one data table per node).
-//! - `DTE index` (d bits): entry number in that data table.
+//! - `DTE index` (d bits): the entry's size class and slot in that data table
+//!   ([`crate::classes::DteField`]).
 //!
 //! The widths are derived from the cluster geometry (see `Geometry::validate`). The paper's
 //! watermark bit is not carried: our fabrics report completion, nobody polls memory for it.

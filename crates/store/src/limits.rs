@@ -8,9 +8,9 @@ pub const MIN_HASH_FUNCTIONS: u8 = 2;
 pub const MAX_HASH_FUNCTIONS: u8 = 8;
 /// Most filter bits in an ITE (0 disables the field).
 pub const MAX_FILTER_BITS: u8 = 16;
-/// Largest key, in bytes (keys are stored inline in each DTE, padded to `key_max`).
+/// Largest key, in bytes (keys are stored inline in each DTE, padded to 8 bytes).
 pub const MAX_KEY_SIZE: u32 = 64 * 1024;
-/// Largest value, in bytes (each DTE reserves `value_max`).
+/// Largest value, in bytes (the largest size class holds one with the longest key).
 pub const MAX_VALUE_SIZE: u32 = 64 * 1024 * 1024;
 /// Most ITEs per node (8 bytes each: 2^36 ITEs = 512 GiB).
 pub const MAX_ITES_PER_NODE: u64 = 1 << 36;

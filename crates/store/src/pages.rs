@@ -1,4 +1,4 @@
-//! Page ownership (groundwork for placement across nodes). Every node's data table is a run of
+//! Page ownership (placement across nodes). Every node's data table is a run of
 //! pages (see [`crate::classes`]); which worker node holds a page, and for which class, is one
 //! 64-bit *page word* per page in the node's page table ([`PAGE_REGION`]). A writer claims a
 //! whole page — a block of entries of one class — with one CAS on that word, on its own node or

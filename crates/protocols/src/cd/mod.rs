@@ -132,7 +132,7 @@ pub struct ClientStats {
     /// Abandoned writes whose invalid DTE was taken out of the index again, restoring the
     /// key's previous value (see `write.rs`).
     pub undone: u64,
-    /// Waits for released DTEs to expire because the local table was full.
+    /// Waits because no data table had room for a write's DTE.
     pub table_full_waits: u64,
     /// Extra rounds of attempts made by writes that could not be undone (see `write.rs`).
     pub insisted: u64,

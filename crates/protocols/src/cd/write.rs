@@ -4,7 +4,7 @@
 //! key, or to our own invalid DTE left by an aborted attempt (we take its slot and carry its
 //! previous-version pointer forward). An invalid DTE of someone else means a write is in
 //! progress: abort (this is what lets the earliest writer finish). No candidate: MIGRATE one
-//! (2.4) and start over. Step 3 writes the new, invalid DTE into the local data table and CASes
+//! (2.4) and start over. Step 3 writes the new, invalid DTE (own node first) and CASes
 //! it into the candidate (3.1); the replaced DTE is staged for recycling (3.2). Step 4 clears
 //! duplicates of the key in later candidates; Step 5 is the reverse pass; Step 6 sets the DTE
 //! valid (PUT) or empties the candidate again (DELETE); Step 7 marks staged DTEs for recycling.
@@ -267,7 +267,8 @@ impl<E: Endpoint> CdClient<E> {
             migrations += 1;
         };
 
-        // Step 3: a new, invalid DTE in local memory, then CAS it into the candidate.
+        // Step 3: a new, invalid DTE (in local memory when there is room), then CAS it into the
+        // candidate.
         let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st)?;
 
         // Step 4: clear duplicates of the key in the remaining candidates.
@@ -343,7 +344,7 @@ impl<E: Endpoint> CdClient<E> {
         Ok(None)
     }
 
-    /// Step 3: write the new, invalid DTE into the local data table and CAS it into the
+    /// Step 3: write the new, invalid DTE (own node first, see `write_new_dte`) and CAS it into the
     /// candidate (3.1); stage the DTE it replaced for recycling (3.2). Returns the new ITE.
     fn publish_new_dte(
         &mut self,
