@@ -59,7 +59,7 @@ pub struct FillArgs {
     /// Nodes of the (in-process) Nessie cluster.
     #[arg(long, default_value_t = 2)]
     pub nodes: u32,
-    /// Memory for one node's index and data table: bytes, or with K/M/G (KiB/MiB/GiB).
+    /// Memory for one node's index, data and page tables: bytes, or with K/M/G (KiB/MiB/GiB).
     #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
     pub memory_per_node: u64,
     #[arg(long, default_value_t = 32)]

@@ -100,12 +100,13 @@ struct UpArgs {
     /// Index table entries per node.
     #[arg(long, default_value_t = 1 << 16)]
     ites_per_node: u64,
-    /// Data table entries per node.
+    /// Data table room per node, in entries of the largest size class (values of --value-max
+    /// bytes); smaller values fit more.
     #[arg(long, default_value_t = 1 << 14)]
     dtes_per_node: u64,
-    /// Memory for one node's index and data table (bytes, or with K/M/G): sizes both from one
-    /// budget instead of --ites-per-node and --dtes-per-node, the index at load factor 0.5
-    /// when the data table is full.
+    /// Memory for one node's index, data and page tables (bytes, or with K/M/G): sizes them
+    /// from one budget instead of --ites-per-node and --dtes-per-node, the index for items of
+    /// half the largest size at load factor 0.5, and says what each size class gets.
     #[arg(long, value_parser = nessie_store::geometry::parse_bytes, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
     memory_per_node: Option<u64>,
     /// Client workers per node process.
