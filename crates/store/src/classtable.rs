@@ -241,9 +241,11 @@ impl ClassTable {
             Purpose::Value => keep + owner_share(self.pages_per_node),
             Purpose::Delete => 0,
         };
+        let mut failed = Vec::new();
         for d in 1..others {
             let host = ((self.node as usize + d) % self.nodes) as NodeId;
-            if self.open_page(ep, &mut s, host, class, remote_keep)? {
+            let opened = self.open_page(ep, &mut s, host, class, remote_keep);
+            if self.tolerate(host, opened, &mut failed)? == Some(true) {
                 return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
             }
         }
@@ -409,10 +411,19 @@ impl ClassTable {
         let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
         s.scans += 1;
         s.last_scan_ns = now;
+        // Other nodes that failed during this scan: their pages wait for a later one.
+        let mut failed: Vec<NodeId> = Vec::new();
         for (host, page) in held {
+            if failed.contains(&host) {
+                continue;
+            }
             let ps = &s.pages[&(host, page)];
             let (class, handed) = (ps.class, ps.handed);
-            for i in self.expired_entries(ep, host, page, class, handed, now, &mut awaiting)? {
+            let found = self.expired_entries(ep, host, page, class, handed, now, &mut awaiting);
+            let Some(expired) = self.tolerate(host, found, &mut failed)? else {
+                continue;
+            };
+            for i in expired {
                 let slot = Slot {
                     host,
                     class,
@@ -420,14 +431,40 @@ impl ClassTable {
                 };
                 // Clear the flag so later scans do not hand the entry out twice.
                 let at = self.addr(slot).add(RECYCLE_OFF);
-                write_word(ep, at, 0)?;
+                if self
+                    .tolerate(host, write_word(ep, at, 0), &mut failed)?
+                    .is_none()
+                {
+                    break;
+                }
                 self.put_back(s, slot);
                 reclaimed += 1;
             }
         }
         s.reclaimed_total += reclaimed;
-        self.release_empty_pages(ep, s)?;
+        self.release_empty_pages(ep, s, &mut failed)?;
         Ok((reclaimed, awaiting))
+    }
+
+    /// The result of a fabric operation on `host`'s memory during a scan or a claim. A failure
+    /// on another node (it may have died) is logged and remembered in `failed`, and the caller
+    /// skips that node's pages (`None`): one dead node must not stop this node's writers, whose
+    /// own memory and other nodes' may still have room. A failure on this node is returned.
+    fn tolerate<T>(
+        &self,
+        host: NodeId,
+        r: Result<T, FabricError>,
+        failed: &mut Vec<NodeId>,
+    ) -> Result<Option<T>, FabricError> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if host != self.node => {
+                tracing::warn!(%e, node = self.node, host, "skipping the pages of an unreachable node");
+                failed.push(host);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Entries among the first `handed` of a page whose recycle expiry (plus the clock margin)
@@ -480,14 +517,20 @@ impl ClassTable {
         &self,
         ep: &mut E,
         s: &mut State,
+        failed: &mut Vec<NodeId>,
     ) -> Result<(), FabricError> {
         let empty: Vec<(NodeId, u64)> = s
             .pages
             .iter()
-            .filter(|(_, p)| p.in_use == 0)
+            .filter(|(k, p)| p.in_use == 0 && !failed.contains(&k.0))
             .map(|(k, _)| *k)
             .collect();
         for key in empty {
+            let claim = s.pages[&key].claim;
+            let Some(ours) = self.tolerate(key.0, pages::release_page(ep, &claim), failed)? else {
+                continue;
+            };
+            assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
             let ps = s.pages.remove(&key).expect("held");
             let class = &mut s.classes[ps.class as usize];
             if class.open == Some(key) {
@@ -497,8 +540,6 @@ impl ClassTable {
             s.classes[ps.class as usize]
                 .free
                 .retain(|f| (f.host, f.slot / per_page) != key);
-            let ours = pages::release_page(ep, &ps.claim)?;
-            assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
         }
         Ok(())
     }
@@ -820,6 +861,37 @@ mod tests {
             assert!(words.iter().all(|w| !w.is_claimed()), "{words:?}");
         }
         assert_eq!(t[0].reclaim_if_due(&mut ep, 0).unwrap(), 0, "nothing held");
+    }
+
+    /// A node holding pages on a node that died keeps allocating: scans, releases and claims
+    /// skip the dead node's pages, and its own memory and the live nodes' still serve.
+    #[test]
+    fn a_dead_node_does_not_stop_allocation() {
+        let (f, t) = setup(3);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        let per = t[0].classes().per_page(big);
+        // Own pages, then a page on node 1.
+        let n = (PAGES - RESERVE_PAGES + 1) * per;
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
+            .collect();
+        assert!(slots.iter().any(|s| s.host == 1));
+        for s in &slots {
+            recycle(&f, &t[0], *s);
+        }
+        f.kill_node(1);
+        // The scan skips node 1's page and gives the local ones back.
+        let reclaimed = t[0].reclaim(&mut ep).unwrap();
+        assert_eq!(reclaimed, (PAGES - RESERVE_PAGES) * per);
+        let u = &t[0].usage()[big as usize];
+        assert_eq!((u.pages, u.remote_pages), (1, 1), "the dead node's page stays held");
+        // Allocation goes on: local pages, then node 2 (node 1 is skipped).
+        let hosts: Vec<NodeId> = (0..n)
+            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap().host)
+            .collect();
+        assert!(hosts.contains(&0) && hosts.contains(&2), "{hosts:?}");
+        assert!(!hosts.contains(&1), "{hosts:?}");
     }
 
     #[test]
