@@ -7,13 +7,15 @@
 //! and reported as a read of a value nobody wrote.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nessie_bench::driver::{drive, Done, Observer};
 use nessie_bench::workload::{KeyGen, OpKind, Planned, Workload};
-use nessie_check::{History, Invocation, KeyId, Limits, Op, Outcome, Recorder, Report, ValueId};
+use nessie_check::{
+    Event, History, Invocation, KeyId, Limits, Op, Outcome, Recorder, Report, ValueId,
+};
 use nessie_protocols::{Error, KvClient};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -70,6 +72,10 @@ pub struct StressOutcome {
     pub errors: BTreeMap<String, u64>,
     /// Reads that returned bytes no writer wrote.
     pub corrupt_reads: u64,
+    /// Reads that returned the value of a PUT that failed. The checker allows it (a failed
+    /// write may have taken effect), but a protocol whose failed writes never commit, like
+    /// the client-driven one, must have none.
+    pub failed_writes_read: u64,
     pub elapsed: Duration,
     /// True if the time limit cut the run short.
     pub truncated: bool,
@@ -102,7 +108,7 @@ impl std::fmt::Display for StressOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} ops ({} ok) in {:.2?}{}; errors {:?}; corrupt reads {}",
+            "{} ops ({} ok) in {:.2?}{}; errors {:?}; corrupt reads {}; failed writes read {}",
             self.ops,
             self.ok_ops,
             self.elapsed,
@@ -112,7 +118,8 @@ impl std::fmt::Display for StressOutcome {
                 ""
             },
             self.errors,
-            self.corrupt_reads
+            self.corrupt_reads,
+            self.failed_writes_read
         )?;
         write!(f, "{}", self.report)
     }
@@ -167,6 +174,23 @@ pub fn history_entry(op: &Planned, thread: u32, r: &Result<Done, Error>) -> (Op,
         Err(_) => Outcome::Failed,
     };
     (kind, outcome)
+}
+
+/// Reads in `events` that returned the value of a failed PUT (values are unique per run).
+pub fn failed_writes_read(events: &[Event]) -> u64 {
+    let failed: HashSet<ValueId> = events
+        .iter()
+        .filter_map(|e| match (&e.op, &e.outcome) {
+            (Op::Put(v), Outcome::Failed) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    events
+        .iter()
+        .filter(|e| {
+            matches!((&e.op, &e.outcome), (Op::Get, Outcome::Ok(Some(v))) if failed.contains(v))
+        })
+        .count() as u64
 }
 
 /// One stress thread's side of the workload loop: records every operation in the history and
@@ -306,13 +330,15 @@ pub fn run<C: KvClient + 'static>(
         })
         .collect();
     let elapsed = start.elapsed();
-    let report = nessie_check::check(&history.into_events(), |_| None, &Limits::default());
+    let events = history.into_events();
+    let report = nessie_check::check(&events, |_| None, &Limits::default());
     let outcome = StressOutcome {
         report,
         ops: tally.ops,
         ok_ops: tally.ok,
         errors: tally.errors,
         corrupt_reads: tally.corrupt,
+        failed_writes_read: failed_writes_read(&events),
         elapsed,
         truncated: tally.truncated,
     };

@@ -6,14 +6,19 @@
 mod common;
 use common::{cfg, delay, geometry, spec, OPS_PER_THREAD};
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
-use nessie_fabric::inproc::InProcEndpoint;
+use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
-use nessie_store::Geometry;
+use nessie_store::classtable::ClassTable;
+use nessie_store::{pages, Geometry};
 use nessie_testkit::assertions::{assert_clean, assert_clean_run, assert_violation};
 use nessie_testkit::stress::{self, StressOutcome, StressSpec};
 
@@ -284,24 +289,8 @@ fn abandoned_writes_run(
         ..base
     };
     let mut cs = clients(&c, &cfg);
-    let expiry = cfg.expiry_ns;
     for (i, client) in cs.iter_mut().enumerate() {
-        let (mut n, mut burst) = (i as u64 * 37, 0u32);
-        client.set_hook(Some(Box::new(move |p| {
-            let point = match p {
-                HookPoint::AfterCandidateCas => 0,
-                HookPoint::BeforeReversePass => 1,
-                _ => return,
-            };
-            n += 1;
-            if burst == 0 && n % 151 == 0 {
-                burst = 3;
-            }
-            if burst > 0 && (n / 151) % 2 == point {
-                burst -= 1;
-                std::thread::sleep(Duration::from_nanos(expiry + 1_000_000));
-            }
-        })));
+        client.set_hook(Some(abandon_bursts(i, cfg.expiry_ns)));
     }
     let s = StressSpec {
         keys: 40,
@@ -313,6 +302,27 @@ fn abandoned_writes_run(
     let st = total(&cs);
     eprintln!("{out}\n{st:?}");
     (out, st, c)
+}
+
+/// The hook of client `i` in the abandoned-writes scenarios: now and then three stalls past
+/// the expiry period in a row, right after the candidate CAS or before the reverse pass.
+fn abandon_bursts(i: usize, expiry_ns: u64) -> Hook {
+    let (mut n, mut burst) = (i as u64 * 37, 0u32);
+    Box::new(move |p| {
+        let point = match p {
+            HookPoint::AfterCandidateCas => 0,
+            HookPoint::BeforeReversePass => 1,
+            _ => return,
+        };
+        n += 1;
+        if burst == 0 && n % 151 == 0 {
+            burst = 3;
+        }
+        if burst > 0 && (n / 151) % 2 == point {
+            burst -= 1;
+            std::thread::sleep(Duration::from_nanos(expiry_ns + 1_000_000));
+        }
+    })
 }
 
 /// No key is wedged by a leftover: a client with a handful of attempts writes every key.
@@ -467,4 +477,684 @@ fn mutation_ignoring_the_valid_flag_is_caught() {
     };
     let (out, _, _) = run(&c, &base, &s);
     assert_violation(&out, "returning invalid DTEs");
+}
+
+// Size classes under load: values of every size, data tables of a few pages, classes running
+// full, entries placed in pages claimed on other nodes, and pages released by one class and
+// claimed again by another while operations that saw the old entries may still be running.
+
+/// Largest value of the mixed-size runs: with 12-byte keys, values of 8..=512 bytes span all
+/// 10 classes of the geometry (entries of 96 to 560 bytes, 8 KiB pages).
+const MIXED_VALUE_MAX: u32 = 512;
+
+/// Nodes of the mixed-size runs' four threads: three writers share node 0, whose pages run
+/// out first; node 2 has no client, so every page of it in use was claimed from elsewhere.
+const MIXED_NODES: [u16; 4] = [0, 0, 0, 1];
+
+/// `base` with values up to [`MIXED_VALUE_MAX`] and data tables of `pages` pages per node
+/// (the delete reserve included).
+fn mixed_geometry(base: Geometry, pages: u64) -> Geometry {
+    let g = Geometry {
+        value_max: MIXED_VALUE_MAX,
+        ..base
+    };
+    let classes = g.classes().unwrap();
+    let per_page = classes.per_page((classes.len() - 1) as u8);
+    let g = Geometry {
+        dtes_per_node: (pages - nessie_store::classtable::RESERVE_PAGES) * per_page,
+        ..g
+    };
+    assert_eq!(g.data_pages_per_node(), pages);
+    g
+}
+
+/// What a [`PageWatch`] saw of the page tables and allocators while a run went on.
+#[derive(Debug, Default)]
+struct PagesSeen {
+    samples: u64,
+    /// Most pages on other nodes that the allocators held at once.
+    max_remote_pages: u64,
+    /// Every class each claimed page was seen serving, by (host, page).
+    classes: BTreeMap<(NodeId, u64), BTreeSet<u8>>,
+    /// Pages seen claimed by a node other than their host.
+    foreign_claims: BTreeSet<(NodeId, u64)>,
+    /// After the run: pages released and claimed again (generation ≥ 2), and the largest
+    /// generation.
+    reclaimed_pages: usize,
+    max_generation: u64,
+    /// After the run: entries reclaimed by scans, all nodes.
+    reclaimed_entries: u64,
+}
+
+impl PagesSeen {
+    /// Pages seen serving more than one class over the run.
+    fn shared_between_classes(&self) -> usize {
+        self.classes.values().filter(|c| c.len() > 1).count()
+    }
+}
+
+/// Samples every node's page table and allocator usage from its own thread until stopped.
+struct PageWatch {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<PagesSeen>,
+    fabric: Arc<InProcFabric>,
+    tables: Vec<Arc<ClassTable>>,
+    pages: u64,
+}
+
+impl PageWatch {
+    fn start(c: &LocalCluster) -> Self {
+        let g = &c.view().geometry;
+        let pages = g.data_pages_per_node();
+        let tables: Vec<Arc<ClassTable>> =
+            (0..g.nodes).map(|n| c.table(n as NodeId).clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (fabric, t, s) = (c.fabric().clone(), tables.clone(), stop.clone());
+        let handle = std::thread::spawn(move || {
+            let mut ep = fabric.endpoint(0);
+            let mut seen = PagesSeen::default();
+            while !s.load(Ordering::Relaxed) {
+                seen.samples += 1;
+                let remote: u64 = t
+                    .iter()
+                    .flat_map(|t| t.usage())
+                    .map(|u| u.remote_pages)
+                    .sum();
+                seen.max_remote_pages = seen.max_remote_pages.max(remote);
+                for host in 0..t.len() as NodeId {
+                    let words = pages::read_table(&mut ep, host, pages).unwrap();
+                    for (p, w) in words.iter().enumerate().filter(|(_, w)| w.is_claimed()) {
+                        let key = (host, p as u64);
+                        seen.classes.entry(key).or_default().insert(w.class());
+                        if w.claimer() != host {
+                            seen.foreign_claims.insert(key);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            seen
+        });
+        Self {
+            stop,
+            handle,
+            fabric: c.fabric().clone(),
+            tables,
+            pages,
+        }
+    }
+
+    fn finish(self) -> PagesSeen {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut seen = self.handle.join().expect("page watch panicked");
+        let mut ep = self.fabric.endpoint(0);
+        for host in 0..self.tables.len() as NodeId {
+            for w in pages::read_table(&mut ep, host, self.pages).unwrap() {
+                seen.reclaimed_pages += (w.generation() >= 2) as usize;
+                seen.max_generation = seen.max_generation.max(w.generation());
+            }
+        }
+        seen.reclaimed_entries = self
+            .tables
+            .iter()
+            .map(|t| t.counters().reclaimed_total)
+            .sum();
+        seen
+    }
+}
+
+/// The cluster and configuration of a mixed-size run: `pages` pages per node, expiry of
+/// `expiry_ms`, the given optimisations.
+fn mixed_setup(
+    seed: u64,
+    g: Geometry,
+    pages: u64,
+    o: Optimizations,
+    expiry_ms: u64,
+) -> (LocalCluster, ProtocolConfig) {
+    let cfg = ProtocolConfig {
+        expiry_ns: expiry_ms * 1_000_000,
+        clock_margin_ns: 0,
+        optimizations: o,
+        ..cfg()
+    };
+    let g = mixed_geometry(g, pages);
+    (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
+}
+
+/// Mixed sizes on `keys` keys, a few hot.
+fn mixed_spec(seed: u64, keys: u64, ops: u64) -> StressSpec {
+    StressSpec {
+        keys,
+        hot_keys: 4,
+        hot_fraction: 0.3,
+        get_fraction: 0.4,
+        delete_fraction: 0.05,
+        value_size: (8, MIXED_VALUE_MAX as usize),
+        ops_per_thread: ops,
+        ..spec(seed)
+    }
+}
+
+/// Run the mixed-size workload with one client per entry of [`MIXED_NODES`] (`hooks` installed
+/// on the first ones), watching the page tables.
+fn mixed_run(
+    c: &LocalCluster,
+    cfg: &ProtocolConfig,
+    s: &StressSpec,
+    hooks: Vec<Hook>,
+) -> (StressOutcome, ClientStats, PagesSeen) {
+    let mut cs: Vec<_> = MIXED_NODES
+        .iter()
+        .map(|&n| c.client_with(n, cfg.clone()).unwrap())
+        .collect();
+    for (client, h) in cs.iter_mut().zip(hooks) {
+        client.set_hook(Some(h));
+    }
+    let watch = PageWatch::start(c);
+    let (out, cs) = stress::run(cs, s);
+    let seen = watch.finish();
+    let st = total(&cs);
+    eprintln!("{out}\n{st:?}\n{seen:?}");
+    for n in 0..c.view().geometry.nodes as NodeId {
+        eprintln!(
+            "node {n}: {:?}\n  {:?}",
+            c.table(n).counters(),
+            c.table(n).usage()
+        );
+    }
+    (out, st, seen)
+}
+
+/// Errors a mixed-size run may end operations with: retries exhausted by contention or by
+/// timeouts, or no room for the entry's class on any node.
+const MIXED_ERRORS: [&str; 3] = ["Contended", "DataTableFull", "Timeout"];
+
+/// A mixed-size run was linearizable, only ever failed for want of room or by retrying too
+/// long, never let a failed write's value be read, and really exercised the allocator: a class
+/// ran full (writers waited for released entries to expire), entries were placed on other
+/// nodes (also on node 2, which has no client), recycled entries were reclaimed, and pages
+/// went back to the pool and were claimed again, some by another class.
+fn assert_mixed_clean(
+    name: &str,
+    out: &StressOutcome,
+    st: &ClientStats,
+    seen: &PagesSeen,
+    min_ops: u64,
+) {
+    assert_clean_run(name, out, min_ops);
+    for kind in out.errors.keys() {
+        assert!(
+            MIXED_ERRORS.contains(&kind.as_str()),
+            "{name}: unexpected errors {:?}",
+            out.errors
+        );
+    }
+    assert!(
+        out.ok_ops * 4 >= out.ops * 3,
+        "{name}: too few operations succeeded for the history to mean much: {out}"
+    );
+    assert_eq!(
+        out.failed_writes_read, 0,
+        "{name}: a failed PUT's value was read"
+    );
+    assert!(st.table_full_waits > 0, "{name}: no class ran full: {st:?}");
+    assert!(
+        seen.max_remote_pages > 0,
+        "{name}: no entry was placed on another node: {seen:?}"
+    );
+    assert!(
+        seen.foreign_claims.iter().any(|&(host, _)| host == 2),
+        "{name}: no page of the client-less node was claimed: {seen:?}"
+    );
+    assert!(
+        seen.reclaimed_entries > 0,
+        "{name}: no recycled entry was reclaimed"
+    );
+    assert!(
+        seen.reclaimed_pages > 0,
+        "{name}: no page was released and claimed again: {seen:?}"
+    );
+    assert!(
+        seen.shared_between_classes() > 0,
+        "{name}: no page served two classes: {seen:?}"
+    );
+}
+
+/// Pages per node of the mixed-size runs: 5 for values and the delete reserve, fewer than the
+/// 10 classes node 0's three writers alone need a page for.
+const MIXED_PAGES: u64 = 6;
+
+/// Expiry of the mixed-size runs: released entries come back after 3 ms.
+const MIXED_EXPIRY_MS: u64 = 3;
+
+#[test]
+fn mixed_sizes_fill_classes_and_place_remotely() {
+    let all = Optimizations::default();
+    let (c, cfg) = mixed_setup(20, geometry(), MIXED_PAGES, all, MIXED_EXPIRY_MS);
+    let s = mixed_spec(20, 48, OPS_PER_THREAD);
+    let (out, st, seen) = mixed_run(&c, &cfg, &s, vec![]);
+    assert_mixed_clean("", &out, &st, &seen, nessie_testkit::assertions::MIN_OPS);
+}
+
+/// Operations per thread in each variant of the mixed-size scenarios (4 threads; 7 variants).
+const MIXED_VARIANT_OPS_PER_THREAD: u64 = 4_000;
+
+#[test]
+fn mixed_sizes_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        eprintln!("--- {name}");
+        let seed = 70 + i as u64;
+        let (c, cfg) = mixed_setup(seed, g, MIXED_PAGES, o, MIXED_EXPIRY_MS);
+        let s = mixed_spec(seed, 40, MIXED_VARIANT_OPS_PER_THREAD);
+        let (out, st, seen) = mixed_run(&c, &cfg, &s, vec![]);
+        assert_mixed_clean(name, &out, &st, &seen, 4 * MIXED_VARIANT_OPS_PER_THREAD);
+    }
+}
+
+/// How often stalls saw the pages move: counted by [`stall_watching_pages`].
+#[derive(Debug, Default)]
+struct StallCounts {
+    stalls: AtomicU64,
+    /// Stalls during which some page went back to the pool and was claimed again.
+    page_reclaimed: AtomicU64,
+    /// Stalls during which some page was claimed again for another class.
+    page_changed_class: AtomicU64,
+}
+
+/// Like [`stall_every`] but three expiry periods long, long enough for entries recycled at its
+/// start to be reclaimed and their pages released and claimed again; reads every page table
+/// before and after each stall, counting in `counts` the stalls during which that happened.
+fn stall_watching_pages(
+    every: u64,
+    points: &'static [HookPoint],
+    expiry_ns: u64,
+    c: &LocalCluster,
+    counts: Arc<StallCounts>,
+) -> Hook {
+    let (nodes, pages) = (
+        c.view().geometry.nodes,
+        c.view().geometry.data_pages_per_node(),
+    );
+    let mut ep = c.fabric().endpoint(0);
+    let mut snapshot = move || -> Vec<pages::PageWord> {
+        (0..nodes as NodeId)
+            .flat_map(|host| pages::read_table(&mut ep, host, pages).unwrap())
+            .collect()
+    };
+    let mut n = 0u64;
+    Box::new(move |p| {
+        if !points.contains(&p) {
+            return;
+        }
+        n += 1;
+        if !n.is_multiple_of(every) {
+            return;
+        }
+        let before = snapshot();
+        std::thread::sleep(Duration::from_nanos(3 * expiry_ns));
+        let after = snapshot();
+        let mut reclaimed = false;
+        let mut changed_class = false;
+        for (b, a) in before.iter().zip(&after) {
+            // Held before and after, and claimed again in between (each claim moves the
+            // generation on by one).
+            if b.is_claimed() && a.is_claimed() && a.generation() > b.generation() {
+                reclaimed = true;
+                changed_class |= a.class() != b.class();
+            }
+        }
+        counts.stalls.fetch_add(1, Ordering::Relaxed);
+        counts
+            .page_reclaimed
+            .fetch_add(reclaimed as u64, Ordering::Relaxed);
+        counts
+            .page_changed_class
+            .fetch_add(changed_class as u64, Ordering::Relaxed);
+    })
+}
+
+/// Stalls around DTE writes: after the new DTE is published, before it is set valid, before
+/// the reverse pass; and around DTE reads: after an ITE read, before a value read, after a
+/// GET's DTE read.
+const DTE_STALL_POINTS: &[HookPoint] = &[
+    HookPoint::AfterIteRead,
+    HookPoint::AfterCandidateCas,
+    HookPoint::BeforeReversePass,
+    HookPoint::BeforeSetValid,
+    HookPoint::BeforeValueRead,
+    HookPoint::GetAfterDteRead,
+];
+
+/// How often the two stalling clients stall: every so many arrivals at a stall point.
+const STALL_EVERY: [u64; 2] = [211, 199];
+
+/// Two clients (one on each writing node) stall past the expiry period now and then, in the
+/// middle of writing or reading a DTE, while the others keep filling classes, placing entries
+/// on other nodes and recycling: pages are released and claimed again by other classes under
+/// the stalled operations, which must time out and retry, never return or commit stale data.
+#[test]
+fn stalls_around_dte_writes_while_pages_move_between_classes() {
+    let seed = 21;
+    let all = Optimizations::default();
+    let (c, cfg) = mixed_setup(seed, small_index(), MIXED_PAGES, all, MIXED_EXPIRY_MS);
+    let counts = Arc::new(StallCounts::default());
+    let hooks = vec![
+        stall_watching_pages(
+            STALL_EVERY[0],
+            DTE_STALL_POINTS,
+            cfg.expiry_ns,
+            &c,
+            counts.clone(),
+        ),
+        // Clients 1 and 2 share node 0 with client 0; client 3 is node 1's.
+        Box::new(|_| {}),
+        Box::new(|_| {}),
+        stall_watching_pages(
+            STALL_EVERY[1],
+            DTE_STALL_POINTS,
+            cfg.expiry_ns,
+            &c,
+            counts.clone(),
+        ),
+    ];
+    let ops = 10_000;
+    let (out, st, seen) = mixed_run(&c, &cfg, &mixed_spec(seed, 40, ops), hooks);
+    eprintln!("{counts:?}");
+    assert_mixed_clean("", &out, &st, &seen, 4 * ops);
+    assert!(st.timeouts > 0, "no stalled operation timed out: {st:?}");
+    let stalls = counts.stalls.load(Ordering::Relaxed);
+    assert!(stalls >= 50, "only {stalls} stalls");
+    assert!(
+        counts.page_changed_class.load(Ordering::Relaxed) >= 10,
+        "pages seldom moved to another class during a stall: {counts:?}"
+    );
+}
+
+/// The abandoned-writes scenario with mixed sizes: writes that give up half-way are undone
+/// while their DTEs (and the ones they restore) sit in pages of other nodes and other classes
+/// come and go; nothing leaks and no key is left wedged.
+#[test]
+fn abandoned_writes_with_mixed_sizes_are_undone_across_nodes() {
+    let seed = 22;
+    let all = Optimizations::default();
+    // The 5 ms expiry of the other abandoned-writes runs: an undo has a single attempt, and
+    // one that times out leaves its DTE behind (see
+    // `an_undo_that_times_out_is_retried_not_left_behind`).
+    let (c, base) = mixed_setup(seed, small_index(), MIXED_PAGES, all, 5);
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 3,
+            ..base.retry
+        },
+        ..base
+    };
+    let hooks = (0..MIXED_NODES.len())
+        .map(|i| abandon_bursts(i, cfg.expiry_ns))
+        .collect();
+    let ops = 8_000;
+    let (out, st, seen) = mixed_run(&c, &cfg, &mixed_spec(seed, 40, ops), hooks);
+    assert_mixed_clean("", &out, &st, &seen, 4 * ops);
+    assert!(st.undone > 0, "{st:?}");
+    assert_eq!(st.leaked, 0, "{st:?}");
+    assert_no_key_wedged_in_full_tables(&c, &cfg, 40);
+}
+
+/// No key is wedged by a leftover, in tables that may be full: once every released entry has
+/// expired and been reclaimed (a stand-in for the background reclaimer nothing runs yet, see
+/// `pages_of_an_idle_node_are_given_back_once_their_entries_expire`), a new worker with a
+/// handful of attempts writes every key and reads it back, or finds no room for its entry. A
+/// write fails for want of room only after its candidate search succeeded, which a leftover
+/// of another writer makes abort.
+fn assert_no_key_wedged_in_full_tables(c: &LocalCluster, base: &ProtocolConfig, keys: u64) {
+    std::thread::sleep(Duration::from_nanos(2 * base.expiry_ns));
+    for n in 0..c.view().geometry.nodes as NodeId {
+        c.table(n).reclaim(&mut c.fabric().endpoint(n)).unwrap();
+    }
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 20,
+            ..base.retry
+        },
+        ..base.clone()
+    };
+    let mut w = c.client_with(1, cfg).unwrap();
+    let mut no_room = 0;
+    for k in 0..keys {
+        let key = stress::key_bytes(k);
+        match w.put(&key, b"after") {
+            Ok(()) => assert_eq!(w.get(&key).unwrap().as_deref(), Some(&b"after"[..])),
+            Err(nessie_protocols::Error::DataTableFull { .. }) => no_room += 1,
+            Err(e) => panic!("key {k} is wedged: {e}"),
+        }
+    }
+    assert!(
+        no_room < keys / 2,
+        "{no_room} of {keys} writes found no room"
+    );
+}
+
+// Bugs found by the mixed-size runs, each reduced to a small deterministic scenario. They are
+// ignored until fixed; each fails today and states what the fix must achieve.
+
+/// Pages held by a node whose clients have stopped writing are never given back, even when
+/// every entry in them has been recycled and has expired: only the holder's own allocations
+/// scan its pages (when its free list runs dry), and nothing else releases them. With entries
+/// placed across nodes, writers elsewhere then fail with `DataTableFull` (nothing awaiting
+/// expiry) while a third of the cluster's memory is reclaimable. (Calling
+/// `ClassTable::reclaim` on node 1 before the last loop makes the test pass.)
+///
+/// Node 1 fills its two value pages with large values, then goes idle; node 0 deletes all of
+/// them and, after the expiry period, writes five pages' worth of large values into a cluster
+/// with six value pages, none of them holding a live entry.
+#[test]
+#[ignore = "allocator bug: an idle node's fully recycled pages are never released (no reclaimer)"]
+fn pages_of_an_idle_node_are_given_back_once_their_entries_expire() {
+    let (c, cfg) = mixed_setup(30, geometry(), 3, Optimizations::default(), 5);
+    let big = vec![7u8; MIXED_VALUE_MAX as usize];
+    let classes = &c.view().classes;
+    let per_page = classes.per_page((classes.len() - 1) as u8);
+    let mut idle = c.client_with(1, cfg.clone()).unwrap();
+    for k in 0..2 * per_page {
+        idle.put(&stress::key_bytes(k), &big).unwrap();
+    }
+    let held = c.table(1).usage().iter().map(|u| u.pages).sum::<u64>();
+    assert_eq!(held, 2, "node 1 holds its own two value pages");
+    let mut w = c.client_with(0, cfg.clone()).unwrap();
+    for k in 0..2 * per_page {
+        w.delete(&stress::key_bytes(k)).unwrap();
+    }
+    std::thread::sleep(Duration::from_nanos(2 * cfg.expiry_ns));
+    for k in 0..5 * per_page {
+        let key = stress::key_bytes(1_000 + k);
+        w.put(&key, &big).unwrap_or_else(|e| {
+            panic!(
+                "write {k} of {}: {e}\nnode 1 still holds {:?}",
+                5 * per_page,
+                c.table(1).usage()
+            )
+        });
+    }
+}
+
+/// The delete reserve does not keep room for deletes. Values may not claim a node's last free
+/// page, but once a DELETE has claimed it (for its marker, in the smallest class) it is an
+/// ordinary page of that class, and small values use up its other entries. When every page is
+/// taken, markers of earlier deletes have been reused by values too, and nothing awaits expiry,
+/// every DELETE fails with `DataTableFull`: the store cannot be emptied, which is what the
+/// reserve is for (`classtable::Purpose::Delete`).
+///
+/// One node of two pages: one page of large values, then one DELETE (its marker takes the
+/// reserve page) and small values until the small class is full.
+#[test]
+#[ignore = "allocator bug: values use up the reserve page a delete claimed; deletes then fail"]
+fn deletes_find_room_after_values_have_filled_every_page() {
+    let one_node = Geometry {
+        nodes: 1,
+        ..geometry()
+    };
+    let (c, cfg) = mixed_setup(31, one_node, 2, Optimizations::default(), 2);
+    let big = vec![7u8; MIXED_VALUE_MAX as usize];
+    let classes = &c.view().classes;
+    let per_page = classes.per_page((classes.len() - 1) as u8);
+    let mut w = c.client_with(0, cfg.clone()).unwrap();
+    for k in 0..per_page {
+        w.put(&stress::key_bytes(k), &big).unwrap();
+    }
+    let e = w.put(&stress::key_bytes(per_page), &big).unwrap_err();
+    assert!(
+        matches!(e, nessie_protocols::Error::DataTableFull { .. }),
+        "{e}"
+    );
+    w.delete(&stress::key_bytes(0)).unwrap();
+    // Small values until their class is full (their writers wait for expired entries first).
+    let mut small = 0;
+    while w
+        .put(&stress::key_bytes(1_000 + small), b"small value")
+        .is_ok()
+    {
+        small += 1;
+        assert!(small < 1_000, "the small class never filled up");
+    }
+    eprintln!("{small} small values; {:?}", c.table(0).usage());
+    std::thread::sleep(Duration::from_nanos(2 * cfg.expiry_ns));
+    w.delete(&stress::key_bytes(1))
+        .expect("a delete must find room for its marker");
+}
+
+/// An endpoint that sleeps before its next read of a data table once `armed` is set.
+struct StallNextDataRead<E> {
+    inner: E,
+    armed: Arc<AtomicBool>,
+    stall: Duration,
+}
+
+impl<E> StallNextDataRead<E> {
+    fn stall_if_armed(&self, region: nessie_fabric::RegionId) {
+        if region == nessie_store::DATA_REGION && self.armed.swap(false, Ordering::SeqCst) {
+            std::thread::sleep(self.stall);
+        }
+    }
+}
+
+impl<E: nessie_fabric::Endpoint> nessie_fabric::Endpoint for StallNextDataRead<E> {
+    fn node(&self) -> NodeId {
+        self.inner.node()
+    }
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn read(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        buf: &mut [u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.stall_if_armed(addr.region);
+        self.inner.read(addr, buf)
+    }
+    fn write(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        buf: &[u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.inner.write(addr, buf)
+    }
+    fn compare_and_swap(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, nessie_fabric::FabricError> {
+        self.inner.compare_and_swap(addr, expected, desired)
+    }
+    fn local_read(
+        &mut self,
+        region: nessie_fabric::RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.stall_if_armed(region);
+        self.inner.local_read(region, offset, buf)
+    }
+    fn local_write(
+        &mut self,
+        region: nessie_fabric::RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.inner.local_write(region, offset, buf)
+    }
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+    fn mono_ns(&self) -> u64 {
+        self.inner.mono_ns()
+    }
+    fn sleep_ns(&mut self, ns: u64) {
+        self.inner.sleep_ns(ns)
+    }
+    fn stats(&self) -> &nessie_fabric::StatsCell {
+        self.inner.stats()
+    }
+}
+
+/// An abandoned write's undo gets a single attempt: if that attempt outlives the expiry period
+/// (a slow READ of the DTE it checks, a preempted thread), the undo gives up and the write's
+/// invalid DTE stays in the index, counted as leaked, although the write took nothing it could
+/// not account for. Every other writer of the key then aborts on it ("in-progress write") until
+/// the same worker writes the key again: the key is wedged. The mixed-size abandoned-writes run
+/// leaks this way on a loaded machine (4 to 12 leaked entries per run at a 3 ms expiry with two
+/// busy loops on two cores). Like the write's own attempts, a timed-out undo should be retried.
+///
+/// A PUT with one attempt stalls past the expiry right after its candidate CAS (so it is
+/// abandoned), then its undo's read of the DTE is stalled past the expiry too.
+#[test]
+#[ignore = "protocol bug: an undo that times out is not retried; the key stays wedged"]
+fn an_undo_that_times_out_is_retried_not_left_behind() {
+    let (c, base) = recycling_setup(32, cfg());
+    let cfg = ProtocolConfig {
+        retry: nessie_protocols::RetryPolicy {
+            max_attempts: 1,
+            ..base.retry
+        },
+        ..base
+    };
+    let stall = Duration::from_nanos(cfg.expiry_ns + 2_000_000);
+    let key = stress::key_bytes(1);
+    let mut other = c.client_with(1, base.clone()).unwrap();
+    other.put(&key, b"before").unwrap();
+
+    let armed = Arc::new(AtomicBool::new(false));
+    let ep = StallNextDataRead {
+        inner: c.fabric().endpoint(0),
+        armed: armed.clone(),
+        stall,
+    };
+    // A worker number LocalCluster never hands out.
+    let mut w = CdClient::new(ep, c.view().clone(), c.table(0).clone(), 60_000, cfg).unwrap();
+    let mut phase = 0;
+    w.set_hook(Some(Box::new(move |p| match (phase, p) {
+        (0, HookPoint::AfterCandidateCas) => {
+            std::thread::sleep(stall);
+            phase = 1;
+        }
+        // The abandoned write's check of its candidate, just before the undo reads the DTE.
+        (1, HookPoint::AfterIteRead) => {
+            armed.store(true, Ordering::SeqCst);
+            phase = 2;
+        }
+        _ => {}
+    })));
+    let e = w.put(&key, b"abandoned").unwrap_err();
+    assert!(matches!(e, nessie_protocols::Error::Timeout { .. }), "{e}");
+    assert_eq!(
+        other.get(&key).unwrap().as_deref(),
+        Some(&b"before"[..]),
+        "the abandoned write did not happen"
+    );
+    let st = w.stats();
+    other
+        .put(&key, b"after")
+        .unwrap_or_else(|e| panic!("the key is wedged: {e}; abandoned writer {st:?}"));
+    assert_eq!(st.leaked, 0, "{st:?}");
 }
