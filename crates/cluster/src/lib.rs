@@ -12,6 +12,8 @@
 //! - `admin`: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
+//!
+//! [`reclaimer`]: the thread per node that gives back the pages of writers gone idle.
 
 #[cfg(feature = "ucx")]
 pub mod admin;
@@ -24,6 +26,7 @@ pub mod local;
 pub mod node;
 #[cfg(feature = "ucx")]
 pub mod process;
+pub mod reclaimer;
 #[cfg(feature = "ucx")]
 pub mod route;
 #[cfg(feature = "ucx")]

@@ -47,6 +47,9 @@ pub struct LocalCluster {
     next_worker: Vec<AtomicU32>,
     mode: Mode,
     rpc: Option<Rpc>,
+    /// Each node's reclaimer (`crate::reclaimer`), as in node processes.
+    reclaimers: Vec<JoinHandle<()>>,
+    reclaimers_stop: Arc<AtomicBool>,
 }
 
 impl LocalCluster {
@@ -113,11 +116,25 @@ impl LocalCluster {
             next_worker,
             mode,
             rpc: None,
+            reclaimers: Vec::new(),
+            reclaimers_stop: Arc::new(AtomicBool::new(false)),
         };
+        c.start_reclaimers()?;
         if let Some(shared) = shared {
             c.start_servers(shared, &rpc)?;
         }
         Ok(c)
+    }
+
+    fn start_reclaimers(&mut self) -> Result<(), Error> {
+        for (n, table) in self.tables.iter().enumerate() {
+            let ep = self.fabric.endpoint(n as NodeId);
+            let stop = self.reclaimers_stop.clone();
+            let h = crate::reclaimer::spawn(table.clone(), ep, self.cfg.expiry_ns, stop)
+                .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
+            self.reclaimers.push(h);
+        }
+        Ok(())
     }
 
     fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
@@ -398,5 +415,12 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop_servers();
+        self.reclaimers_stop.store(true, Ordering::Release);
+        for h in self.reclaimers.drain(..) {
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("a reclaimer thread panicked");
+            }
+        }
     }
 }

@@ -451,46 +451,18 @@ fn exchange_fabric_info(
 
 /// Server threads (sd, hy): each polls its share of the request slots, executing requests with
 /// the client-driven protocol on this node's tables, until `stop`. None in cd mode.
-/// Longest pause between the reclaimer's scans.
-const RECLAIM_INTERVAL_MAX: Duration = Duration::from_secs(1);
-/// Shortest pause between them (a very short expiry period must not make it spin).
-const RECLAIM_INTERVAL_MIN: Duration = Duration::from_millis(10);
-
-/// The reclaimer: once per expiry period (within the bounds above) it scans the pages this
-/// node's writers hold, here and on other nodes, unless a writer scanned meanwhile. A writer
-/// scans only when it runs out of room; without this, a node that stopped writing would keep
-/// its pages, and their expired entries, out of every other writer's reach. It sleeps between
-/// scans: no core is spent polling.
+/// The node's reclaimer (see [`crate::reclaimer`]).
 fn start_reclaimer(
     ctx: &NodeContext,
     stop: &Arc<AtomicBool>,
 ) -> Result<std::thread::JoinHandle<()>, NodeError> {
-    let interval = Duration::from_nanos(ctx.protocol_config().expiry_ns)
-        .clamp(RECLAIM_INTERVAL_MIN, RECLAIM_INTERVAL_MAX);
-    let (table, stop) = (ctx.table.clone(), stop.clone());
-    let mut ep = ctx.endpoint()?;
-    std::thread::Builder::new()
-        .name("nessie-reclaimer".into())
-        .spawn(move || {
-            // Wake at least every 100 ms to see `stop`: a node stops within a second.
-            let step = interval.min(Duration::from_millis(100));
-            let mut slept = Duration::ZERO;
-            while !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(step);
-                slept += step;
-                if slept < interval {
-                    continue;
-                }
-                slept = Duration::ZERO;
-                if let Err(e) = table.reclaim_if_due(&mut ep, interval.as_nanos() as u64) {
-                    tracing::warn!(%e, "reclaimer scan failed");
-                }
-            }
-        })
-        .map_err(|err| NodeError::Spawn {
+    let expiry_ns = ctx.protocol_config().expiry_ns;
+    crate::reclaimer::spawn(ctx.table.clone(), ctx.endpoint()?, expiry_ns, stop.clone()).map_err(
+        |err| NodeError::Spawn {
             what: "the reclaimer thread",
             err,
-        })
+        },
+    )
 }
 
 fn start_servers(

@@ -16,9 +16,11 @@
 //! classes as demand shifts. Recycling stays client-driven: the claimer scans its pages, remote
 //! ones with one READ per page; no server thread takes part.
 //!
-//! Deletes need a marker entry too, so values may not claim a node's last
-//! [`RESERVE_PAGES`] free pages; other nodes' values may not claim its last [`owner_share`]
-//! pages either. Both reserves are soft: two claimers racing for the last pages can both win.
+//! Deletes need a marker entry too, so no ordinary claim takes a node's last [`RESERVE_PAGES`]
+//! free pages; a delete that finds no room elsewhere claims one as a *reserve page*, whose
+//! entries only deletes take (values would otherwise use up the room that lets a full store be
+//! emptied). Other nodes' writers also leave a node its last [`owner_share`] pages. Both
+//! reserves are soft: two claimers racing for the last pages can both win.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -99,13 +101,35 @@ struct PageState {
     handed: u64,
     /// Entries handed out and not back on the free list.
     in_use: u64,
+    /// Claimed from the delete reserve: only deletes take its entries.
+    reserve: bool,
+}
+
+/// Entries of one class at hand, in pages of one kind (ordinary or reserve).
+#[derive(Debug, Default)]
+struct Pool {
+    free: Vec<Slot>,
+    /// The page whose never-used entries are handed out next.
+    open: Option<(NodeId, u64)>,
 }
 
 #[derive(Debug, Default)]
 struct ClassState {
-    free: Vec<Slot>,
-    /// The page whose never-used entries are handed out next.
-    open: Option<(NodeId, u64)>,
+    /// Pages any write may use.
+    normal: Pool,
+    /// Pages a delete claimed from the reserve: values must not use up the room that lets a
+    /// full store be emptied.
+    reserve: Pool,
+}
+
+impl ClassState {
+    fn pool(&mut self, reserve: bool) -> &mut Pool {
+        if reserve {
+            &mut self.reserve
+        } else {
+            &mut self.normal
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -216,42 +240,55 @@ impl ClassTable {
             self.node,
             "allocate with an endpoint of this node"
         );
-        let keep = match purpose {
-            Purpose::Value => RESERVE_PAGES,
-            Purpose::Delete => 0,
-        };
         let mut s = self.state.lock().unwrap();
-        if let Some(slot) = self.take_handy(&mut s, class) {
+        if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
-        if self.open_page(ep, &mut s, self.node, class, keep)? {
-            return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+        let here = self.node;
+        if self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+            return Ok(self
+                .take_handy(&mut s, class, purpose)
+                .expect("a fresh page"));
         }
         // Under pressure: take back every class's expired entries and give empty pages back,
         // so memory can move to this class.
         let (_, awaiting) = self.scan_all(ep, &mut s)?;
-        if let Some(slot) = self.take_handy(&mut s, class) {
+        if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
-        if self.open_page(ep, &mut s, self.node, class, keep)? {
-            return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+        if self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+            return Ok(self
+                .take_handy(&mut s, class, purpose)
+                .expect("a fresh page"));
         }
-        let others = if self.remote { self.nodes } else { 1 };
-        let remote_keep = match purpose {
-            Purpose::Value => keep + owner_share(self.pages_per_node),
-            Purpose::Delete => 0,
-        };
+        let hosts = self.other_hosts();
+        let remote_keep = RESERVE_PAGES + owner_share(self.pages_per_node);
         let mut failed = Vec::new();
-        for d in 1..others {
-            let host = ((self.node as usize + d) % self.nodes) as NodeId;
-            let opened = self.open_page(ep, &mut s, host, class, remote_keep);
+        for &host in &hosts {
+            let opened = self.open_page(ep, &mut s, host, class, remote_keep, false);
             if self.tolerate(host, opened, &mut failed)? == Some(true) {
-                return Ok(self.take_handy(&mut s, class).expect("a fresh page"));
+                return Ok(self
+                    .take_handy(&mut s, class, purpose)
+                    .expect("a fresh page"));
             }
         }
         for larger in class + 1..self.classes.len() as u8 {
-            if let Some(slot) = self.take_handy(&mut s, larger) {
+            if let Some(slot) = self.take_handy(&mut s, larger, purpose) {
                 return Ok(slot);
+            }
+        }
+        if purpose == Purpose::Delete {
+            // The reserve: a page no value may claim, here first.
+            for host in std::iter::once(here).chain(hosts) {
+                if failed.contains(&host) {
+                    continue;
+                }
+                let opened = self.open_page(ep, &mut s, host, class, 0, true);
+                if self.tolerate(host, opened, &mut failed)? == Some(true) {
+                    return Ok(self
+                        .take_handy(&mut s, class, purpose)
+                        .expect("a fresh page"));
+                }
             }
         }
         Err(ClassAllocError::Full {
@@ -262,18 +299,37 @@ impl ClassTable {
         })
     }
 
-    /// An entry from the free list or the open page, without any fabric operation.
-    fn take_handy(&self, s: &mut State, class: u8) -> Option<Slot> {
-        let cs = &mut s.classes[class as usize];
-        let slot = match cs.free.pop() {
+    /// Other nodes whose pages this table may claim, nearest first (none when local-only).
+    fn other_hosts(&self) -> Vec<NodeId> {
+        let others = if self.remote { self.nodes } else { 1 };
+        (1..others)
+            .map(|d| ((self.node as usize + d) % self.nodes) as NodeId)
+            .collect()
+    }
+
+    /// An entry from a free list or an open page, without any fabric operation: ordinary pages
+    /// first, then, for a delete, reserve pages.
+    fn take_handy(&self, s: &mut State, class: u8, purpose: Purpose) -> Option<Slot> {
+        if let Some(slot) = self.take_from(s, class, false) {
+            return Some(slot);
+        }
+        match purpose {
+            Purpose::Delete => self.take_from(s, class, true),
+            Purpose::Value => None,
+        }
+    }
+
+    fn take_from(&self, s: &mut State, class: u8, reserve: bool) -> Option<Slot> {
+        let pool = s.classes[class as usize].pool(reserve);
+        let slot = match pool.free.pop() {
             Some(slot) => slot,
             None => {
-                let (host, page) = cs.open?;
+                let (host, page) = pool.open?;
                 let ps = s.pages.get_mut(&(host, page)).expect("open page is held");
                 let i = ps.handed;
                 ps.handed += 1;
                 if ps.handed == self.classes.per_page(class) {
-                    cs.open = None;
+                    pool.open = None;
                 }
                 Slot {
                     host,
@@ -291,7 +347,8 @@ impl ClassTable {
         slot.slot / self.classes.per_page(slot.class)
     }
 
-    /// Claim a free page of `host` for `class` and make it the class's open page.
+    /// Claim a free page of `host` for `class`, leaving `keep` free pages, and make it the
+    /// class's open page (of the reserve pool if `reserve`).
     fn open_page<E: Endpoint>(
         &self,
         ep: &mut E,
@@ -299,6 +356,7 @@ impl ClassTable {
         host: NodeId,
         class: u8,
         keep: u64,
+        reserve: bool,
     ) -> Result<bool, FabricError> {
         let from = self.node as u64 * 7919 % self.pages_per_node.max(1);
         let Some(claim) = pages::claim_free_page(ep, host, self.pages_per_node, class, from, keep)?
@@ -311,6 +369,7 @@ impl ClassTable {
             class,
             handed: 0,
             in_use: 0,
+            reserve,
         };
         let old = s.pages.insert((host, claim.page), state);
         assert!(
@@ -318,7 +377,7 @@ impl ClassTable {
             "page {} of node {host} claimed twice",
             claim.page
         );
-        s.classes[class as usize].open = Some((host, claim.page));
+        s.classes[class as usize].pool(reserve).open = Some((host, claim.page));
         Ok(true)
     }
 
@@ -363,7 +422,8 @@ impl ClassTable {
             .expect("entry of a held page");
         assert!(ps.in_use > 0, "entry {slot:?} returned twice");
         ps.in_use -= 1;
-        s.classes[slot.class as usize].free.push(slot);
+        let reserve = ps.reserve;
+        s.classes[slot.class as usize].pool(reserve).free.push(slot);
     }
 
     /// Reclaim every expired recycled entry and release every empty page now (what a
@@ -532,14 +592,12 @@ impl ClassTable {
             };
             assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
             let ps = s.pages.remove(&key).expect("held");
-            let class = &mut s.classes[ps.class as usize];
-            if class.open == Some(key) {
-                class.open = None;
+            let pool = s.classes[ps.class as usize].pool(ps.reserve);
+            if pool.open == Some(key) {
+                pool.open = None;
             }
             let per_page = self.classes.per_page(ps.class);
-            s.classes[ps.class as usize]
-                .free
-                .retain(|f| (f.host, f.slot / per_page) != key);
+            pool.free.retain(|f| (f.host, f.slot / per_page) != key);
         }
         Ok(())
     }
@@ -550,7 +608,7 @@ impl ClassTable {
         let mut u: Vec<ClassUsage> = (0..self.classes.len())
             .map(|c| ClassUsage {
                 entry_size: self.classes.entry_size(c as u8),
-                free: s.classes[c].free.len() as u64,
+                free: (s.classes[c].normal.free.len() + s.classes[c].reserve.free.len()) as u64,
                 ..ClassUsage::default()
             })
             .collect();
@@ -885,7 +943,11 @@ mod tests {
         let reclaimed = t[0].reclaim(&mut ep).unwrap();
         assert_eq!(reclaimed, (PAGES - RESERVE_PAGES) * per);
         let u = &t[0].usage()[big as usize];
-        assert_eq!((u.pages, u.remote_pages), (1, 1), "the dead node's page stays held");
+        assert_eq!(
+            (u.pages, u.remote_pages),
+            (1, 1),
+            "the dead node's page stays held"
+        );
         // Allocation goes on: local pages, then node 2 (node 1 is skipped).
         let hosts: Vec<NodeId> = (0..n)
             .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap().host)

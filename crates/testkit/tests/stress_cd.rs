@@ -934,21 +934,20 @@ fn assert_no_key_wedged_in_full_tables(c: &LocalCluster, base: &ProtocolConfig, 
     );
 }
 
-// Bugs found by the mixed-size runs, each reduced to a small deterministic scenario. They are
-// ignored until fixed; each fails today and states what the fix must achieve.
+// Bugs found by the mixed-size runs, each reduced to a small deterministic scenario: each test
+// failed before its fix and says what the fix achieves.
 
-/// Pages held by a node whose clients have stopped writing are never given back, even when
-/// every entry in them has been recycled and has expired: only the holder's own allocations
-/// scan its pages (when its free list runs dry), and nothing else releases them. With entries
-/// placed across nodes, writers elsewhere then fail with `DataTableFull` (nothing awaiting
-/// expiry) while a third of the cluster's memory is reclaimable. (Calling
-/// `ClassTable::reclaim` on node 1 before the last loop makes the test pass.)
+/// Pages held by a node whose clients have stopped writing come back once every entry in them
+/// has been recycled and has expired: the node's reclaimer (`nessie_cluster::reclaimer`) scans
+/// them although no allocation of its own does. (Without it, writers elsewhere failed with
+/// `DataTableFull`, nothing awaiting expiry, while a third of the cluster's memory was
+/// reclaimable.)
 ///
-/// Node 1 fills its two value pages with large values, then goes idle; node 0 deletes all of
-/// them and, after the expiry period, writes five pages' worth of large values into a cluster
-/// with six value pages, none of them holding a live entry.
+/// Three pages per node, one kept for deletes and one for the node's own writers. Node 1 fills
+/// its two value pages with large values, then goes idle; node 0 deletes all of them and writes
+/// four pages' worth of large values: its own two, the one of node 2 it may claim, and one of
+/// node 1's, which only node 1's reclaimer can give back.
 #[test]
-#[ignore = "allocator bug: an idle node's fully recycled pages are never released (no reclaimer)"]
 fn pages_of_an_idle_node_are_given_back_once_their_entries_expire() {
     let (c, cfg) = mixed_setup(30, geometry(), 3, Optimizations::default(), 5);
     let big = vec![7u8; MIXED_VALUE_MAX as usize];
@@ -964,30 +963,37 @@ fn pages_of_an_idle_node_are_given_back_once_their_entries_expire() {
     for k in 0..2 * per_page {
         w.delete(&stress::key_bytes(k)).unwrap();
     }
-    std::thread::sleep(Duration::from_nanos(2 * cfg.expiry_ns));
-    for k in 0..5 * per_page {
+    // The entries expire, then node 1's reclaimer (every 10 ms at this expiry) finds them.
+    std::thread::sleep(Duration::from_millis(60));
+    for k in 0..4 * per_page {
         let key = stress::key_bytes(1_000 + k);
         w.put(&key, &big).unwrap_or_else(|e| {
             panic!(
                 "write {k} of {}: {e}\nnode 1 still holds {:?}",
-                5 * per_page,
+                4 * per_page,
                 c.table(1).usage()
             )
         });
     }
+    let on_node_1 = c
+        .table(0)
+        .usage()
+        .iter()
+        .map(|u| u.remote_pages)
+        .sum::<u64>();
+    assert_eq!(on_node_1, 2, "node 0 writes into pages of nodes 1 and 2");
+    assert!(c.table(1).counters().reclaimed_total >= 2 * per_page);
 }
 
-/// The delete reserve does not keep room for deletes. Values may not claim a node's last free
-/// page, but once a DELETE has claimed it (for its marker, in the smallest class) it is an
-/// ordinary page of that class, and small values use up its other entries. When every page is
-/// taken, markers of earlier deletes have been reused by values too, and nothing awaits expiry,
-/// every DELETE fails with `DataTableFull`: the store cannot be emptied, which is what the
-/// reserve is for (`classtable::Purpose::Delete`).
+/// The delete reserve keeps room for deletes. Values may not claim a node's last free page; a
+/// DELETE that finds no other room claims it as a reserve page, whose entries only deletes
+/// take. (It used to become an ordinary page of the smallest class, small values used up its
+/// entries, and every later DELETE failed with `DataTableFull`: the store could not be
+/// emptied.)
 ///
 /// One node of two pages: one page of large values, then one DELETE (its marker takes the
 /// reserve page) and small values until the small class is full.
 #[test]
-#[ignore = "allocator bug: values use up the reserve page a delete claimed; deletes then fail"]
 fn deletes_find_room_after_values_have_filled_every_page() {
     let one_node = Geometry {
         nodes: 1,
@@ -1098,18 +1104,16 @@ impl<E: nessie_fabric::Endpoint> nessie_fabric::Endpoint for StallNextDataRead<E
     }
 }
 
-/// An abandoned write's undo gets a single attempt: if that attempt outlives the expiry period
-/// (a slow READ of the DTE it checks, a preempted thread), the undo gives up and the write's
-/// invalid DTE stays in the index, counted as leaked, although the write took nothing it could
-/// not account for. Every other writer of the key then aborts on it ("in-progress write") until
-/// the same worker writes the key again: the key is wedged. The mixed-size abandoned-writes run
-/// leaks this way on a loaded machine (4 to 12 leaked entries per run at a 3 ms expiry with two
-/// busy loops on two cores). Like the write's own attempts, a timed-out undo should be retried.
+/// An abandoned write's undo that outlives the expiry period (a slow READ of the DTE it checks,
+/// a preempted thread) is retried (`UNDO_ATTEMPTS`). It used to give up at once, leaving the
+/// write's invalid DTE in the index, counted as leaked: every other writer of the key then
+/// aborted on it ("in-progress write") until the same worker wrote the key again, so the key
+/// was wedged. The mixed-size abandoned-writes run leaked this way on a loaded machine (4 to 12
+/// leaked entries per run at a 3 ms expiry with two busy loops on two cores).
 ///
 /// A PUT with one attempt stalls past the expiry right after its candidate CAS (so it is
 /// abandoned), then its undo's read of the DTE is stalled past the expiry too.
 #[test]
-#[ignore = "protocol bug: an undo that times out is not retried; the key stays wedged"]
 fn an_undo_that_times_out_is_retried_not_left_behind() {
     let (c, base) = recycling_setup(32, cfg());
     let cfg = ProtocolConfig {

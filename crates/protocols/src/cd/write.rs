@@ -18,6 +18,8 @@ use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
 
+use rand::Rng;
+
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::config::MAX_MIGRATIONS_PER_ATTEMPT;
@@ -26,6 +28,10 @@ use crate::hooks::HookPoint;
 
 /// Extra rounds of `retry.max_attempts` attempts a write makes when it may not be undone.
 pub const MUST_FINISH_ROUNDS: u32 = 3;
+/// Attempts an abandoned write's undo of one DTE gets. Each runs under the operation timer; one
+/// that outlives it (a slow READ, a preempted thread) is retried, since giving up would leave
+/// the invalid DTE in the index and wedge the key.
+pub const UNDO_ATTEMPTS: u32 = 8;
 
 /// What a write carries from one attempt to the next.
 #[derive(Default, Debug)]
@@ -195,7 +201,7 @@ impl<E: Endpoint> CdClient<E> {
             } else {
                 p.target
             };
-            match self.undo(p, restore) {
+            match self.undo_retrying(p, restore) {
                 Ok(true) => {
                     self.stats.undone += 1;
                     st.rec.retain(|&i| i != restore);
@@ -218,6 +224,23 @@ impl<E: Endpoint> CdClient<E> {
                 "abandoned write left an invalid DTE in the index"
             );
         }
+    }
+
+    /// [`Self::undo`], retried after timeouts up to [`UNDO_ATTEMPTS`] times with the usual
+    /// back-off.
+    fn undo_retrying(&mut self, p: Published, restore: Ite) -> Attempt<bool> {
+        let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
+        for _ in 1..UNDO_ATTEMPTS {
+            match self.undo(p, restore) {
+                Err(Abort::Timeout) => {
+                    self.stats.timeouts += 1;
+                    self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
+                    backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
+                }
+                r => return r,
+            }
+        }
+        self.undo(p, restore)
     }
 
     /// Swap our published DTE `p` out of its candidate for `restore`. Before the CAS, check that
