@@ -658,6 +658,25 @@ mod tests {
             .unwrap();
     }
 
+    /// Allocate entries of the largest class on `t`'s node until its own pages and one page of
+    /// node 1 are full, then mark them all recycled long ago. Returns how many.
+    fn fill_beyond_own_pages_and_recycle(
+        f: &Arc<InProcFabric>,
+        t: &ClassTable,
+        ep: &mut nessie_fabric::inproc::InProcEndpoint,
+    ) -> u64 {
+        let big = (t.classes().len() - 1) as u8;
+        let n = (PAGES - RESERVE_PAGES + 1) * t.classes().per_page(big);
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| t.alloc_for(ep, big, Purpose::Value).unwrap())
+            .collect();
+        assert!(slots.iter().any(|s| s.host == 1));
+        for s in &slots {
+            recycle(f, t, *s);
+        }
+        n
+    }
+
     #[test]
     fn local_pages_first_then_other_nodes() {
         let (f, t) = setup(2);
@@ -895,17 +914,8 @@ mod tests {
     fn an_idle_holder_gives_its_pages_back_when_a_scan_is_due() {
         let (f, t) = setup(2);
         let mut ep = f.endpoint(0);
-        let big = (t[0].classes().len() - 1) as u8;
         // Node 0 fills its own pages and one of node 1's, then stops writing.
-        let per = t[0].classes().per_page(big);
-        let n = (PAGES - RESERVE_PAGES + 1) * per;
-        let slots: Vec<Slot> = (0..n)
-            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
-            .collect();
-        assert!(slots.iter().any(|s| s.host == 1));
-        for s in &slots {
-            recycle(&f, &t[0], *s);
-        }
+        let n = fill_beyond_own_pages_and_recycle(&f, &t[0], &mut ep);
         let scans = t[0].counters().scans;
         assert_eq!(
             t[0].reclaim_if_due(&mut ep, u64::MAX).unwrap(),
@@ -929,15 +939,7 @@ mod tests {
         let mut ep = f.endpoint(0);
         let big = (t[0].classes().len() - 1) as u8;
         let per = t[0].classes().per_page(big);
-        // Own pages, then a page on node 1.
-        let n = (PAGES - RESERVE_PAGES + 1) * per;
-        let slots: Vec<Slot> = (0..n)
-            .map(|_| t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap())
-            .collect();
-        assert!(slots.iter().any(|s| s.host == 1));
-        for s in &slots {
-            recycle(&f, &t[0], *s);
-        }
+        let n = fill_beyond_own_pages_and_recycle(&f, &t[0], &mut ep);
         f.kill_node(1);
         // The scan skips node 1's page and gives the local ones back.
         let reclaimed = t[0].reclaim(&mut ep).unwrap();
