@@ -132,6 +132,8 @@ pub struct ProtocolSection {
     /// DTEs in each client worker's cache.
     pub cache_entries: usize,
     pub optimizations: Optimizations,
+    /// Largest DTE a GET reads whole even with multi-read on (0: always split).
+    pub whole_read_max: u64,
     pub retry: RetryPolicy,
 }
 
@@ -144,6 +146,7 @@ impl Default for ProtocolSection {
             max_migrate_depth: d.max_migrate_depth,
             cache_entries: d.cache_entries,
             optimizations: d.optimizations,
+            whole_read_max: d.whole_read_max,
             retry: d.retry,
         }
     }
@@ -465,6 +468,7 @@ impl ClusterConfig {
             max_migrate_depth: p.max_migrate_depth,
             cache_entries: p.cache_entries,
             optimizations: p.optimizations,
+            whole_read_max: p.whole_read_max,
             retry: p.retry,
             ..ProtocolConfig::default()
         }

@@ -616,6 +616,7 @@ fn mixed_setup(
         expiry_ns: expiry_ms * 1_000_000,
         clock_margin_ns: 0,
         optimizations: o,
+        whole_read_max: nessie_protocols::config::WHOLE_READ_MAX,
         ..cfg()
     };
     let g = mixed_geometry(g, pages);

@@ -198,8 +198,8 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// A remote DTE with one fabric READ (the whole entry when the value is wanted and the
-    /// multi-read optimisation is off, or when the entry is no larger than its header and
-    /// longest key) or two (header and key, then the value if wanted). A valid entry read with
+    /// multi-read optimisation is off, or when the entry is at most `whole_read_max` bytes) or
+    /// two (header and key, then the value if wanted). A valid entry read with
     /// its value goes into the cache.
     fn fetch_remote(
         &mut self,
@@ -214,7 +214,7 @@ impl<E: Endpoint> CdClient<E> {
         let meta_len = self.meta_len(loc);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off);
         let whole = want != Want::Key
-            && (!self.cfg.optimizations.multi_read || meta_len as u64 == loc.size);
+            && (!self.cfg.optimizations.multi_read || loc.size <= self.cfg.whole_read_max);
         let first = if whole { loc.size as usize } else { meta_len };
         self.buf.resize(first, 0);
         self.ep.read(addr, &mut self.buf[..first])?;

@@ -34,6 +34,10 @@ pub fn cfg() -> ProtocolConfig {
         expiry_ns: 200_000_000,
         clock_margin_ns: 1_000_000,
         cache_entries: 64,
+        // Every remote GET splits its read, as before whole reads of small entries existed, so
+        // the stalls between a DTE's header and its value keep their window; the mixed-size
+        // runs use the default.
+        whole_read_max: 0,
         ..ProtocolConfig::default()
     }
 }
