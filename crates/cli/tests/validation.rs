@@ -58,7 +58,7 @@ fn up_rejects_a_memory_budget_too_small_for_one_entry() {
     up_fails(
         "memory-small",
         &["--memory-per-node", "4K"],
-        "cannot hold one data table entry",
+        "cannot hold the smallest data table",
     );
 }
 

@@ -657,7 +657,7 @@ mod tests {
             ("memory_per_node = \"64XB\"\n", "unit"),
             (
                 "memory_per_node = \"1K\"\n",
-                "cannot hold one data table entry",
+                "cannot hold the smallest data table",
             ),
             (
                 "memory_per_node = \"64MiB\"\ndtes_per_node = 5\n",

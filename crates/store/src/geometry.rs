@@ -76,8 +76,19 @@ pub enum GeometryProblem {
     Ite(#[from] IteLayoutError),
     #[error(transparent)]
     Classes(#[from] ClassError),
-    #[error("{bytes} bytes per node cannot hold one data table entry of {entry_size} bytes and its index entries")]
-    BudgetTooSmall { bytes: u64, entry_size: u64 },
+    #[error(
+        "{bytes} bytes per node cannot hold the smallest data table: {pages} pages of {page_bytes} bytes \
+         (each holds {per_page} entries of the largest size class, {entry_size} bytes; one page is kept \
+         for deletes) and their index; give at least {needed} bytes or a smaller value_max"
+    )]
+    BudgetTooSmall {
+        bytes: u64,
+        pages: u64,
+        page_bytes: u64,
+        per_page: u64,
+        entry_size: u64,
+        needed: u64,
+    },
     #[error("index load factor {0} is not in (0, 0.95]")]
     LoadFactor(String),
 }
@@ -95,6 +106,9 @@ impl Default for Geometry {
         }
     }
 }
+
+/// Fewest index entries per node a memory budget may leave.
+pub const MIN_BUDGET_ITES: u64 = 64;
 
 fn bits_for(count: u64) -> u8 {
     // Bits needed to number `count` distinct things (at least one bit).
@@ -190,16 +204,23 @@ impl Geometry {
         }
         let classes = SizeClasses::new(key_max, value_max).map_err(GeometryProblem::from)?;
         let largest = classes.entry_size((classes.len() - 1) as u8);
-        let too_small = GeometryProblem::BudgetTooSmall {
-            bytes: bytes_per_node,
-            entry_size: largest,
-        };
         let mean = classes
             .class_for(key_max / 2, value_max / 2)
             .map_or(largest, |c| classes.entry_size(c));
         // Each data byte brings 8 / (load_factor * mean) index bytes, and a page its page word.
         let page = classes.page_bytes() as f64;
         let share = 1.0 + 8.0 / (load_factor * mean as f64) + 8.0 / page;
+        let min_pages = RESERVE_PAGES + 1;
+        let min_tables = min_pages * (classes.page_bytes() + 8);
+        let too_small = GeometryProblem::BudgetTooSmall {
+            bytes: bytes_per_node,
+            pages: min_pages,
+            page_bytes: classes.page_bytes(),
+            per_page: classes.page_bytes() / largest,
+            entry_size: largest,
+            needed: ((min_pages as f64 * page * share).ceil() as u64)
+                .max(min_tables + 8 * MIN_BUDGET_ITES),
+        };
         let pages = ((bytes_per_node as f64 / share) / page) as u64;
         if pages <= RESERVE_PAGES {
             return Err(too_small.into());
@@ -215,7 +236,7 @@ impl Geometry {
         };
         let tables = g.data_table_bytes() + g.page_table_bytes();
         g.ites_per_node = bytes_per_node.saturating_sub(tables) / 8;
-        if g.ites_per_node == 0 {
+        if g.ites_per_node < MIN_BUDGET_ITES {
             return Err(too_small.into());
         }
         g.validate()?;
@@ -339,8 +360,15 @@ mod tests {
             g.ites_per_node
         );
         let e = Geometry::for_memory(2, 1024, 32, 4096, 0.5).unwrap_err();
+        // The least budget the error names is enough.
+        let GeometryError(GeometryProblem::BudgetTooSmall { needed, .. }) = e.clone() else {
+            panic!("{e}");
+        };
+        Geometry::for_memory(2, needed, 32, 4096, 0.5).unwrap();
+        Geometry::for_memory(2, needed - 1, 32, 4096, 0.5).unwrap_err();
         assert!(
-            e.to_string().contains("cannot hold one data table entry"),
+            e.to_string()
+                .contains("cannot hold the smallest data table"),
             "{e}"
         );
         let e = Geometry::for_memory(2, 1 << 20, 32, 4096, 0.0).unwrap_err();
