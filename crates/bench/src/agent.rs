@@ -530,7 +530,7 @@ impl Observer<NodeClient> for AgentThread {
         c: &NodeClient,
         op: &Planned,
         before: StatsSnapshot,
-        r: Result<Done, Error>,
+        r: Result<Done<'_>, Error>,
     ) {
         let latency = unix_ns().saturating_sub(self.t0).max(1);
         if self.t0 < self.window_start {

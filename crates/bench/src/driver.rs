@@ -10,10 +10,11 @@ use rand::rngs::SmallRng;
 
 use crate::workload::{OpKind, Planned, Workload};
 
-/// What an operation returned, by kind.
+/// What an operation returned, by kind. A GET's value is borrowed from the loop's read buffer,
+/// which every GET reuses: no allocation per operation.
 #[derive(Debug)]
-pub enum Done {
-    Got(Option<Vec<u8>>),
+pub enum Done<'a> {
+    Got(Option<&'a [u8]>),
     Put,
     Deleted,
 }
@@ -31,7 +32,13 @@ pub trait Observer<C> {
     /// Just before the operation is issued.
     fn invoke(&mut self, client: &C, op: &Planned) -> Self::Token;
     /// Just after it returned.
-    fn complete(&mut self, client: &C, op: &Planned, token: Self::Token, r: Result<Done, Error>);
+    fn complete(
+        &mut self,
+        client: &C,
+        op: &Planned,
+        token: Self::Token,
+        r: Result<Done<'_>, Error>,
+    );
 }
 
 /// Run `workload` on `client` until the observer says stop; returns the operations performed.
@@ -42,12 +49,15 @@ pub fn drive<C: KvClient, O: Observer<C>>(
     observer: &mut O,
 ) -> u64 {
     let mut seq = 0;
+    let mut got = Vec::new();
     while observer.proceed(client, seq) {
         let op = workload.draw(seq, rng);
         let key = observer.key(op.key);
         let token = observer.invoke(client, &op);
         let r = match op.kind {
-            OpKind::Get => client.get(&key).map(Done::Got),
+            OpKind::Get => client
+                .get_into(&key, &mut got)
+                .map(|found| Done::Got(found.then_some(&got[..]))),
             OpKind::Delete => client.delete(&key).map(|()| Done::Deleted),
             OpKind::Put => client.put(&key, &observer.value(&op)).map(|()| Done::Put),
         };
@@ -105,7 +115,13 @@ mod tests {
             self.invoked += 1;
             op.seq
         }
-        fn complete(&mut self, _: &MapClient, op: &Planned, token: u64, r: Result<Done, Error>) {
+        fn complete(
+            &mut self,
+            _: &MapClient,
+            op: &Planned,
+            token: u64,
+            r: Result<Done<'_>, Error>,
+        ) {
             assert_eq!(token, op.seq, "the token comes back with its operation");
             match (op.kind, r.unwrap()) {
                 (OpKind::Get, Done::Got(v)) => {

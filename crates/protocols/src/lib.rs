@@ -43,6 +43,17 @@ pub use hooks::HookPoint;
 pub trait KvClient: Send {
     /// Read `key`; `Ok(None)` if absent.
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
+    /// Read `key` into `out` (its contents replaced, its allocation reused); false if absent.
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        out.clear();
+        Ok(match self.get(key)? {
+            Some(v) => {
+                out.extend_from_slice(&v);
+                true
+            }
+            None => false,
+        })
+    }
     /// Store `value` under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error>;
     /// Remove `key` (no-op if absent).
@@ -52,6 +63,9 @@ pub trait KvClient: Send {
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         (**self).get(key)
+    }
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        (**self).get_into(key, out)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         (**self).put(key, value)
@@ -208,6 +222,13 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Hy(c) => c.get(key),
         }
     }
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        match self {
+            ModeClient::Cd(c) => c.get_into(key, out),
+            ModeClient::Sd(c) => KvClient::get_into(c, key, out),
+            ModeClient::Hy(c) => KvClient::get_into(c, key, out),
+        }
+    }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         match self {
             ModeClient::Cd(c) => c.put(key, value),
@@ -251,6 +272,9 @@ impl<E: nessie_fabric::Endpoint> KvClient for hy::HyClient<E> {
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         cd::CdClient::get(self, key)
+    }
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        cd::CdClient::get_into(self, key, out)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         cd::CdClient::put(self, key, value)

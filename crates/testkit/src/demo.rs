@@ -154,7 +154,7 @@ impl<C> Observer<C> for DemoThread {
         (Instant::now(), self.rec.invoke())
     }
 
-    fn complete(&mut self, _: &C, op: &Planned, token: Self::Token, r: Result<Done, Error>) {
+    fn complete(&mut self, _: &C, op: &Planned, token: Self::Token, r: Result<Done<'_>, Error>) {
         let (t0, inv) = token;
         let latency = t0.elapsed().as_nanos() as u64;
         match (&r, op.kind) {

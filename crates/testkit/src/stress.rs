@@ -169,7 +169,7 @@ pub fn history_entry(op: &Planned, thread: u32, r: &Result<Done, Error>) -> (Op,
         OpKind::Delete => Op::Delete,
     };
     let outcome = match r {
-        Ok(Done::Got(v)) => Outcome::Ok(v.as_deref().map(value_id)),
+        Ok(Done::Got(v)) => Outcome::Ok(v.map(value_id)),
         Ok(_) => Outcome::Ok(None),
         Err(_) => Outcome::Failed,
     };
@@ -248,7 +248,7 @@ impl<C> Observer<C> for StressThread {
         self.rec.invoke()
     }
 
-    fn complete(&mut self, _: &C, op: &Planned, inv: Invocation, r: Result<Done, Error>) {
+    fn complete(&mut self, _: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
         let (kind, outcome) = history_entry(op, self.thread, &r);
         if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;

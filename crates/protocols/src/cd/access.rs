@@ -273,11 +273,16 @@ impl<E: Endpoint> CdClient<E> {
         Ok(())
     }
 
-    /// The value of the DTE in the read buffer.
-    pub(crate) fn value_of(&self, f: &Fetched) -> Vec<u8> {
+    /// Where the value of the DTE `f` is in the read buffer.
+    pub(crate) fn value_range(f: &Fetched) -> std::ops::Range<usize> {
         debug_assert!(f.value_loaded);
         let start = DteLayout::value_offset(f.meta.key_len) as usize;
-        self.buf[start..start + f.meta.value_len as usize].to_vec()
+        start..start + f.meta.value_len as usize
+    }
+
+    /// The value of the DTE in the read buffer.
+    pub(crate) fn value_of(&self, f: &Fetched) -> Vec<u8> {
+        self.buf[Self::value_range(f)].to_vec()
     }
 
     /// Write a new, invalid DTE of the smallest class that holds it (Step 3 / migrate Step 5)

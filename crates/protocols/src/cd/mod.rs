@@ -255,9 +255,29 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Read the value of `key`; `Ok(None)` if it is not in the store.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.get_ref(key)?.map(<[u8]>::to_vec))
+    }
+
+    /// Read the value of `key` into `out` (replacing its contents, reusing its allocation);
+    /// false if `key` is not in the store.
+    pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        out.clear();
+        match self.get_ref(key)? {
+            Some(v) => {
+                out.extend_from_slice(v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Read the value of `key` without copying it: the bytes stay in the client's read buffer
+    /// until its next operation.
+    pub fn get_ref(&mut self, key: &[u8]) -> Result<Option<&[u8]>, Error> {
         self.check_key(key)?;
         self.stats.gets += 1;
-        self.with_retry(|c| c.get_once(key))
+        let at = self.with_retry(|c| c.get_once(key))?;
+        Ok(at.map(|r| &self.buf[r]))
     }
 
     /// Store `value` under `key`, replacing any previous value.
@@ -283,7 +303,10 @@ impl<E: Endpoint> CdClient<E> {
     /// One attempt of GET, without retries (tests use it to observe aborts).
     pub fn try_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.check_key(key)?;
-        self.get_once(key).map_err(|a| self.abort_to_error(a))
+        match self.get_once(key) {
+            Ok(at) => Ok(at.map(|r| self.buf[r].to_vec())),
+            Err(a) => Err(self.abort_to_error(a)),
+        }
     }
 
     pub fn stats(&self) -> ClientStats {
