@@ -88,6 +88,27 @@ mod tests {
     }
 
     #[test]
+    fn get_into_reuses_the_callers_buffer_and_get_ref_lends_the_value() {
+        let c = InProcCluster::small();
+        let mut w = c.client(0);
+        w.put(b"long", &[7; 60]).unwrap();
+        w.put(b"short", b"ab").unwrap();
+        let mut r = c.client(1);
+        let mut out = Vec::with_capacity(64);
+        let first = out.as_ptr();
+        assert!(r.get_into(b"long", &mut out).unwrap());
+        assert_eq!(out, [7; 60]);
+        assert!(r.get_into(b"short", &mut out).unwrap());
+        assert_eq!(out, b"ab", "the old contents are replaced");
+        assert!(!r.get_into(b"absent", &mut out).unwrap());
+        assert!(out.is_empty());
+        assert_eq!(out.as_ptr(), first, "no new allocation");
+        assert_eq!(r.get_ref(b"long").unwrap(), Some(&[7u8; 60][..]));
+        assert_eq!(r.get_ref(b"absent").unwrap(), None);
+        assert_eq!(r.stats().gets, 5);
+    }
+
+    #[test]
     fn reads_what_another_node_wrote() {
         let c = InProcCluster::small();
         let mut w = c.client(0);
