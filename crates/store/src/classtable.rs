@@ -159,8 +159,6 @@ impl Awaiting {
 /// Counters of a whole table, for `nessie status`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableCounters {
-    /// Pages of this node's own table claimed by any node.
-    pub pages_per_node: u64,
     pub reclaimed_total: u64,
     pub scans: u64,
 }
@@ -245,10 +243,8 @@ impl ClassTable {
             return Ok(slot);
         }
         let here = self.node;
-        if self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
-            return Ok(self
-                .take_handy(&mut s, class, purpose)
-                .expect("a fresh page"));
+        if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+            return Ok(slot);
         }
         // Under pressure: take back every class's expired entries and give empty pages back,
         // so memory can move to this class.
@@ -256,20 +252,16 @@ impl ClassTable {
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
-        if self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
-            return Ok(self
-                .take_handy(&mut s, class, purpose)
-                .expect("a fresh page"));
+        if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+            return Ok(slot);
         }
         let hosts = self.other_hosts();
         let remote_keep = RESERVE_PAGES + owner_share(self.pages_per_node);
         let mut failed = Vec::new();
         for &host in &hosts {
             let opened = self.open_page(ep, &mut s, host, class, remote_keep, false);
-            if self.tolerate(host, opened, &mut failed)? == Some(true) {
-                return Ok(self
-                    .take_handy(&mut s, class, purpose)
-                    .expect("a fresh page"));
+            if let Some(Some(slot)) = self.tolerate(host, opened, &mut failed)? {
+                return Ok(slot);
             }
         }
         for larger in class + 1..self.classes.len() as u8 {
@@ -284,10 +276,8 @@ impl ClassTable {
                     continue;
                 }
                 let opened = self.open_page(ep, &mut s, host, class, 0, true);
-                if self.tolerate(host, opened, &mut failed)? == Some(true) {
-                    return Ok(self
-                        .take_handy(&mut s, class, purpose)
-                        .expect("a fresh page"));
+                if let Some(Some(slot)) = self.tolerate(host, opened, &mut failed)? {
+                    return Ok(slot);
                 }
             }
         }
@@ -347,8 +337,8 @@ impl ClassTable {
         slot.slot / self.classes.per_page(slot.class)
     }
 
-    /// Claim a free page of `host` for `class`, leaving `keep` free pages, and make it the
-    /// class's open page (of the reserve pool if `reserve`).
+    /// Claim a free page of `host` for `class`, leaving `keep` free pages, make it the class's
+    /// open page (of the reserve pool if `reserve`) and take its first entry.
     fn open_page<E: Endpoint>(
         &self,
         ep: &mut E,
@@ -357,11 +347,11 @@ impl ClassTable {
         class: u8,
         keep: u64,
         reserve: bool,
-    ) -> Result<bool, FabricError> {
+    ) -> Result<Option<Slot>, FabricError> {
         let from = self.node as u64 * 7919 % self.pages_per_node.max(1);
         let Some(claim) = pages::claim_free_page(ep, host, self.pages_per_node, class, from, keep)?
         else {
-            return Ok(false);
+            return Ok(None);
         };
         self.zero_page(ep, host, claim.page)?;
         let state = PageState {
@@ -378,7 +368,9 @@ impl ClassTable {
             claim.page
         );
         s.classes[class as usize].pool(reserve).open = Some((host, claim.page));
-        Ok(true)
+        Ok(Some(
+            self.take_from(s, class, reserve).expect("a fresh page"),
+        ))
     }
 
     /// Clear a page just claimed. It may hold entries of another class at other offsets, and a
@@ -453,7 +445,6 @@ impl ClassTable {
     pub fn counters(&self) -> TableCounters {
         let s = self.state.lock().unwrap();
         TableCounters {
-            pages_per_node: self.pages_per_node,
             reclaimed_total: s.reclaimed_total,
             scans: s.scans,
         }
