@@ -458,6 +458,9 @@ fn start(
         max_clients_per_node: p.client_threads + 8,
         server_poll: opts.server_poll.clone(),
         huge_pages: Default::default(),
+        // Membership is off the data path; a run needs no etcd and starts faster without.
+        etcd: process::EtcdChoice::Off,
+        lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

@@ -133,6 +133,17 @@ struct UpArgs {
     /// Huge pages for the nodes' tables: off, try (when enough are reserved in vm.nr_hugepages), require.
     #[arg(long, default_value = "try")]
     huge_pages: nessie_fabric_ucx::HugePages,
+    /// etcd client URL (http://HOST:PORT) of an existing etcd for membership, instead of the
+    /// single-member etcd on loopback that `up` starts by default (and `down` stops).
+    #[arg(long, value_name = "URL", conflicts_with = "no_etcd")]
+    etcd: Option<String>,
+    /// Run without membership: no etcd, no failure detection.
+    #[arg(long)]
+    no_etcd: bool,
+    /// Seconds without a lease refresh after which a node is declared failed (etcd raises
+    /// values below its own minimum, 3 s by default).
+    #[arg(long, default_value_t = nessie_cluster::membership::DEFAULT_LEASE_TTL_S)]
+    lease_ttl: u64,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -491,6 +502,12 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         max_clients_per_node: a.workers + 16,
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
+        etcd: match (a.etcd, a.no_etcd) {
+            (_, true) => process::EtcdChoice::Off,
+            (Some(url), false) => process::EtcdChoice::Existing(url),
+            (None, false) => process::EtcdChoice::Local,
+        },
+        lease_ttl_s: a.lease_ttl,
     };
     let cfg = process::up(&dir, &opts)?;
     println!(
@@ -500,6 +517,17 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         dir.display(),
         process::config_path(&dir).display()
     );
+    if let Some(m) = &cfg.membership {
+        println!(
+            "membership: etcd {} ({}), lease TTL {} s, epoch 1",
+            m.etcd,
+            match &opts.etcd {
+                process::EtcdChoice::Local => "local, stopped by `nessie down`",
+                _ => "existing",
+            },
+            m.lease_ttl_s
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -518,12 +546,38 @@ fn run_down(a: DirArg) -> Result<ExitCode, CliError> {
 fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
     let (cfg, nodes) = process::status(&dir)?;
+    let membership = process::membership_status(&cfg);
+    let snapshot = membership.as_ref().and_then(|m| m.as_ref().ok());
+    // The state of a node: etcd's word when it can be had, else whether it answered.
+    let state_of = |n: &process::NodeStatus| -> String {
+        match snapshot
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.state(n.id))
+        {
+            Some(s) => s.as_str().to_string(),
+            None if n.report.is_ok() => "up".into(),
+            None => "down".into(),
+        }
+    };
     if a.json {
+        let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
+        let etcd_error = match &membership {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
         let all: Vec<_> = nodes
             .iter()
-            .map(|n| match &n.report {
-                Ok(v) => v.clone(),
-                Err(e) => serde_json::json!({"node": n.id, "error": e.to_string()}),
+            .map(|n| {
+                let mut v = match &n.report {
+                    Ok(v) => v.clone(),
+                    Err(e) => serde_json::json!({"node": n.id, "error": e.to_string()}),
+                };
+                v["state"] = state_of(n).into();
+                v["epoch"] = epoch.into();
+                if let Some(e) = &etcd_error {
+                    v["etcd_error"] = e.clone().into();
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::Value::Array(all));
@@ -534,47 +588,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             cfg.node.len(),
             cfg.cluster.transport
         );
-        println!(
-            "{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}",
-            "node",
-            "pid",
-            "state",
-            "index used",
-            "data pages used",
-            "remote ops",
-            "remote bytes",
-            "local ops"
-        );
-        for n in &nodes {
-            let pid = n.pid.map_or("-".to_string(), |p| p.to_string());
-            match &n.report {
-                Ok(v) => {
-                    let f = &v["fabric"];
-                    let sum = |prefix: &str, what: &str| -> u64 {
-                        ["read", "write", "cas"]
-                            .iter()
-                            .map(|k| f[format!("{prefix}_{k}_{what}")].as_u64().unwrap_or(0))
-                            .sum()
-                    };
-                    let local = sum("loopback", "ops") + sum("direct", "ops");
-                    println!(
-                        "{:>4} {:>8} {:>7} {:>16} {:>18} {:>12} {:>14} {:>12}",
-                        n.id,
-                        pid,
-                        "up",
-                        format!("{}/{}", v["index"]["present"], v["index"]["entries"]),
-                        format!(
-                            "{}/{}",
-                            v["data_table"]["pages_claimed"], v["data_table"]["pages"]
-                        ),
-                        sum("remote", "ops"),
-                        sum("remote", "bytes"),
-                        local
-                    );
-                }
-                Err(e) => println!("{:>4} {:>8} {:>7}  {e}", n.id, pid, "down"),
-            }
-        }
+        print_membership(&cfg, membership.as_ref(), &nodes);
+        print_node_table(&nodes, state_of);
         print_class_fill(&nodes);
     }
     let all_up = nodes.iter().all(|n| n.report.is_ok());
@@ -583,6 +598,89 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// The membership line of `nessie status`: epoch and etcd, or why etcd could not be read.
+fn print_membership(
+    cfg: &nessie_cluster::config::ClusterConfig,
+    membership: Option<
+        &Result<nessie_cluster::membership::Snapshot, nessie_cluster::membership::MembershipError>,
+    >,
+    nodes: &[process::NodeStatus],
+) {
+    let Some(m) = membership else {
+        println!("membership: off (no etcd; failures are not detected)");
+        return;
+    };
+    let url = cfg.membership.as_ref().map_or("", |m| m.etcd.as_str());
+    match m {
+        Ok(s) => match &s.config {
+            Some(c) => println!("membership: epoch {} (etcd {url})", c.epoch),
+            None => println!("membership: no configuration in etcd {url} yet"),
+        },
+        Err(e) => {
+            let known: Vec<String> = nodes
+                .iter()
+                .filter_map(|n| {
+                    let epoch = n.report.as_ref().ok()?["membership"]["epoch"].as_u64()?;
+                    Some(format!("node {}: epoch {epoch}", n.id))
+                })
+                .collect();
+            println!(
+                "membership: {e}; the nodes keep serving in the epoch they know ({}), but membership cannot change",
+                if known.is_empty() { "none known".to_string() } else { known.join(", ") }
+            );
+        }
+    }
+}
+
+/// One line per node: process, state, index and data fill, fabric counters.
+fn print_node_table(
+    nodes: &[process::NodeStatus],
+    state_of: impl Fn(&process::NodeStatus) -> String,
+) {
+    println!(
+        "{:>4} {:>8} {:>8} {:>16} {:>18} {:>12} {:>14} {:>12}",
+        "node",
+        "pid",
+        "state",
+        "index used",
+        "data pages used",
+        "remote ops",
+        "remote bytes",
+        "local ops"
+    );
+    for n in nodes {
+        let pid = n.pid.map_or("-".to_string(), |p| p.to_string());
+        let state = state_of(n);
+        match &n.report {
+            Ok(v) => {
+                let f = &v["fabric"];
+                let sum = |prefix: &str, what: &str| -> u64 {
+                    ["read", "write", "cas"]
+                        .iter()
+                        .map(|k| f[format!("{prefix}_{k}_{what}")].as_u64().unwrap_or(0))
+                        .sum()
+                };
+                let local = sum("loopback", "ops") + sum("direct", "ops");
+                println!(
+                    "{:>4} {:>8} {:>8} {:>16} {:>18} {:>12} {:>14} {:>12}",
+                    n.id,
+                    pid,
+                    state,
+                    format!("{}/{}", v["index"]["present"], v["index"]["entries"]),
+                    format!(
+                        "{}/{}",
+                        v["data_table"]["pages_claimed"], v["data_table"]["pages"]
+                    ),
+                    sum("remote", "ops"),
+                    sum("remote", "bytes"),
+                    local
+                );
+            }
+            Err(e) => println!("{:>4} {:>8} {:>8}  {e}", n.id, pid, state),
+        }
+    }
 }
 
 /// Each node's writers' fill per size class (pages held here and on other nodes, entries).

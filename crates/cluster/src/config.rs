@@ -178,7 +178,25 @@ pub struct ClusterConfig {
     pub geometry: Geometry,
     #[serde(default)]
     pub protocol: ProtocolSection,
+    /// Membership through etcd; absent: nodes register nowhere and no failure is detected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<MembershipSection>,
     pub node: Vec<NodeEntry>,
+}
+
+/// `[membership]`: the etcd that holds the cluster's configuration and the nodes' leases.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MembershipSection {
+    /// etcd client URL, `http://HOST:PORT`.
+    pub etcd: String,
+    /// A node whose lease has not been refreshed for this long is declared failed.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+}
+
+fn default_lease_ttl_s() -> u64 {
+    crate::membership::DEFAULT_LEASE_TTL_S
 }
 
 /// Index load factor a `memory_per_node` budget is sized for, when the data table is full.
@@ -267,6 +285,10 @@ pub enum InvalidConfig {
     ServerPoll(String),
     #[error("cluster.mode = {0:?} is not one of cd, sd, hy")]
     Mode(String),
+    #[error("membership.etcd: {0}")]
+    Etcd(String),
+    #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
+    LeaseTtl(u64),
     /// The mode's or the server-driven machinery's settings in `[cluster]`.
     #[error("cluster: {0}")]
     Cluster(#[source] nessie_protocols::ConfigError),
@@ -329,7 +351,26 @@ impl ClusterConfig {
             .validate()
             .map_err(InvalidConfig::Protocol)?;
         self.validate_nodes()?;
+        self.validate_membership()?;
         Ok(())
+    }
+
+    /// The `[membership]` etcd URL and lease TTL.
+    fn validate_membership(&self) -> Result<(), InvalidConfig> {
+        use crate::membership::{MAX_LEASE_TTL_S, MIN_LEASE_TTL_S};
+        let Some(m) = &self.membership else {
+            return Ok(());
+        };
+        crate::etcd::Etcd::new(&m.etcd).map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
+        if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
+            return Err(InvalidConfig::LeaseTtl(m.lease_ttl_s));
+        }
+        Ok(())
+    }
+
+    /// Where this cluster's records live in its etcd.
+    pub fn membership_keys(&self) -> crate::membership::Keys {
+        crate::membership::Keys::new(&self.cluster.name, self.fingerprint())
     }
 
     /// The `[cluster]` secret and time limits.
@@ -524,6 +565,7 @@ impl ClusterConfig {
                 ..geometry
             },
             protocol: ProtocolSection::default(),
+            membership: None,
             node: (0..nodes)
                 .map(|id| NodeEntry {
                     id,
@@ -539,6 +581,13 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn membership(etcd: &str, lease_ttl_s: u64) -> MembershipSection {
+        MembershipSection {
+            etcd: etcd.into(),
+            lease_ttl_s,
+        }
+    }
 
     fn cfg() -> ClusterConfig {
         ClusterConfig::local("t", 3, Transport::Shm, 7400, Geometry::default())
@@ -590,7 +639,28 @@ mod tests {
                 }),
                 "max_clients_per_node",
             ),
+            (
+                Box::new(|c| c.membership = Some(membership("localhost:2379", 3))),
+                "membership.etcd",
+            ),
+            (
+                Box::new(|c| c.membership = Some(membership("https://e:2379", 3))),
+                "membership.etcd",
+            ),
+            (
+                Box::new(|c| c.membership = Some(membership("http://e:2379", 0))),
+                "membership.lease_ttl_s = 0",
+            ),
+            (
+                Box::new(|c| c.membership = Some(membership("http://e:2379", 601))),
+                "membership.lease_ttl_s = 601",
+            ),
         ];
+        let mut good = cfg();
+        good.membership = Some(membership("http://127.0.0.1:2379/", 3));
+        good.validate().unwrap();
+        let back: ClusterConfig = toml::from_str(&good.to_toml()).unwrap();
+        assert_eq!(back.membership, good.membership, "[membership] round-trips");
         for (f, needle) in cases {
             let mut c = cfg();
             f(&mut c);

@@ -13,6 +13,8 @@
 //!   run operations.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
 //!
+//! [`etcd`]: the etcd client and the local etcd process behind membership.
+//!
 //! [`reclaimer`]: the thread per node that gives back the pages of writers gone idle.
 
 #[cfg(feature = "ucx")]
@@ -21,7 +23,9 @@ pub mod admin;
 pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
+pub mod etcd;
 pub mod local;
+pub mod membership;
 #[cfg(feature = "ucx")]
 pub mod node;
 #[cfg(feature = "ucx")]

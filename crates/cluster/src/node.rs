@@ -25,6 +25,8 @@ use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
+use crate::etcd::Etcd;
+use crate::membership::{MembershipError, Monitor};
 use crate::rundir::{PidFile, RunDir};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,8 @@ pub enum NodeError {
         #[source]
         err: std::io::Error,
     },
+    #[error("membership: {0}")]
+    Membership(#[from] MembershipError),
     #[error("admin socket {path}: {err}")]
     AdminSocket {
         path: PathBuf,
@@ -97,6 +101,8 @@ pub struct NodeContext {
     next_stream: AtomicU64,
     delay: Option<DelayInjection>,
     servers: Vec<Arc<ServerStats>>,
+    /// This node's etcd registration and membership monitor (`[membership]` configured).
+    membership: Option<Monitor>,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -244,8 +250,38 @@ impl NodeContext {
                 "index": self.ucx.region_backing(INDEX_REGION),
                 "data_table": self.ucx.region_backing(DATA_REGION),
             },
+            "membership": self.membership_status(),
         })
     }
+
+    /// The epoch and states this node last read from etcd, and whether etcd answers.
+    fn membership_status(&self) -> serde_json::Value {
+        let Some(m) = &self.membership else {
+            return serde_json::Value::Null;
+        };
+        let v = m.view();
+        serde_json::json!({
+            "etcd": v.etcd_url,
+            "etcd_error": v.etcd_error,
+            "lease_ttl_s": v.lease_ttl_s,
+            "epoch": v.config.as_ref().map(|c| c.epoch),
+            "nodes": v.config.as_ref().map(|c| &c.nodes),
+        })
+    }
+}
+
+/// Register node `id` in the configured etcd and start its membership monitor.
+fn start_membership(cfg: &ClusterConfig, id: u16) -> Result<Option<Monitor>, NodeError> {
+    let Some(m) = &cfg.membership else {
+        return Ok(None);
+    };
+    let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
+    Ok(Some(Monitor::start(
+        etcd,
+        cfg.membership_keys(),
+        id,
+        m.lease_ttl_s,
+    )?))
 }
 
 /// Handles admin requests a node does not know itself (op EXTENSION), e.g. the benchmark agent.
@@ -349,6 +385,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let stop = Arc::new(AtomicBool::new(false));
     let mut server_threads = start_servers(&mut ctx, &stop)?;
     server_threads.push(start_reclaimer(&ctx, &stop)?);
+    ctx.membership = start_membership(&ctx.cfg, id)?;
     let ctx = Arc::new(ctx);
     let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
@@ -405,6 +442,7 @@ fn join_cluster(
         next_stream: AtomicU64::new(0),
         delay,
         servers: Vec::new(),
+        membership: None,
     };
     Ok((ctx, bootstrap))
 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use nessie_store::Geometry;
 
 use crate::admin::{AdminClient, Request, Response};
-use crate::config::{ClusterConfig, Transport};
+use crate::config::{ClusterConfig, MembershipSection, Transport};
+use crate::etcd::{server as etcd_server, Etcd};
+use crate::membership::MembershipError;
 use crate::rundir::{self, RunDir};
 
 /// Most nodes `nessie up` starts on one machine.
@@ -41,6 +43,10 @@ pub enum ProcessError {
     PortCount { ports: usize, nodes: u16 },
     #[error(transparent)]
     Dir(#[from] rundir::DirError),
+    #[error(transparent)]
+    Etcd(#[from] etcd_server::EtcdServerError),
+    #[error("membership: {0}")]
+    Membership(#[from] MembershipError),
 }
 
 /// Why `nessie status` has no report from a node.
@@ -121,6 +127,21 @@ pub struct UpOptions {
     pub server_poll: String,
     /// Huge pages for every node's tables.
     pub huge_pages: nessie_fabric_ucx::HugePages,
+    /// Which etcd the nodes register in.
+    pub etcd: EtcdChoice,
+    /// Lease TTL of the nodes' registrations, in seconds.
+    pub lease_ttl_s: u64,
+}
+
+/// Where a cluster's membership lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdChoice {
+    /// A single-member etcd on loopback, started with the cluster and stopped with it.
+    Local,
+    /// An etcd (cluster) that is already running, by client URL.
+    Existing(String),
+    /// No membership: nothing registers, failures go unnoticed.
+    Off,
 }
 
 impl UpOptions {
@@ -141,6 +162,8 @@ impl UpOptions {
             max_clients_per_node: 4,
             server_poll: "yield".into(),
             huge_pages: nessie_fabric_ucx::HugePages::Try,
+            etcd: EtcdChoice::Local,
+            lease_ttl_s: crate::membership::DEFAULT_LEASE_TTL_S,
         }
     }
 }
@@ -196,7 +219,7 @@ pub fn free_ports(n: u16) -> Result<Vec<u16>, ProcessError> {
         .collect())
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -227,9 +250,10 @@ pub fn up_with_ports(
             running: running.iter().filter_map(|n| n.id).collect(),
         });
     }
+    let membership = start_membership(&rd, o)?;
     let mut attempt = 1;
-    loop {
-        match up_once(&rd, o, ports(o.nodes)?) {
+    let r = loop {
+        match up_once(&rd, o, ports(o.nodes)?, membership.clone()) {
             Err(ProcessError::StartFailed { ref tail, .. })
                 if attempt < MAX_PORT_ATTEMPTS
                     && tail.contains("cannot listen on")
@@ -237,9 +261,40 @@ pub fn up_with_ports(
             {
                 attempt += 1;
             }
-            r => return r,
+            r => break r,
         }
+    };
+    if r.is_err() && o.etcd == EtcdChoice::Local {
+        etcd_server::stop(dir);
     }
+    r
+}
+
+/// The `[membership]` section for `o`, starting the local etcd if that is the choice.
+fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSection>, ProcessError> {
+    let etcd = match &o.etcd {
+        EtcdChoice::Off => return Ok(None),
+        EtcdChoice::Existing(url) => url.clone(),
+        EtcdChoice::Local => {
+            let ports = free_ports(2)?;
+            let log = rd.create_file(etcd_server::LOG_FILE)?;
+            etcd_server::start(rd.path(), log, ports[0], ports[1])?.client_url
+        }
+    };
+    Ok(Some(MembershipSection {
+        etcd,
+        lease_ttl_s: o.lease_ttl_s,
+    }))
+}
+
+/// Write epoch 1 of the membership configuration (every node up) once all nodes are ready.
+fn initialise_membership(cfg: &ClusterConfig) -> Result<(), ProcessError> {
+    let Some(m) = &cfg.membership else {
+        return Ok(());
+    };
+    let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
+    crate::membership::initialise(&etcd, &cfg.membership_keys(), cfg.node.iter().map(|n| n.id))?;
+    Ok(())
 }
 
 /// The configuration `up` writes for `o` with bootstrap `ports`.
@@ -296,9 +351,16 @@ fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, 
     cmd.spawn().map_err(io(&o.binary))
 }
 
-fn up_once(rd: &RunDir, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig, ProcessError> {
+fn up_once(
+    rd: &RunDir,
+    o: &UpOptions,
+    ports: Vec<u16>,
+    membership: Option<MembershipSection>,
+) -> Result<ClusterConfig, ProcessError> {
     let dir = rd.path();
-    let cfg = local_config(o, &ports)?;
+    let mut cfg = local_config(o, &ports)?;
+    cfg.membership = membership;
+    cfg.validate()?;
     let cpath = config_path(dir);
     rundir::write_file(&cpath, cfg.to_toml().as_bytes())?;
     let mut children = Vec::new();
@@ -315,7 +377,9 @@ fn up_once(rd: &RunDir, o: &UpOptions, ports: Vec<u16>) -> Result<ClusterConfig,
             }
         }
     }
-    match wait_ready(dir, &cfg, o.ready_timeout, &mut children) {
+    match wait_ready(dir, &cfg, o.ready_timeout, &mut children)
+        .and_then(|()| initialise_membership(&cfg))
+    {
         Ok(()) => Ok(cfg), // the children are detached; dropping the handles leaves them running
         Err(e) => {
             stop_children(dir, children);
@@ -447,6 +511,7 @@ pub fn down(dir: &Path) -> Result<Vec<u16>, ProcessError> {
         e => e.into(),
     })?;
     let stopped = stop_nodes(dir)?;
+    etcd_server::stop(dir);
     if stopped.is_empty() && !config_path(dir).exists() {
         return Err(ProcessError::NoCluster(dir.into()));
     }
@@ -539,6 +604,19 @@ pub fn status(dir: &Path) -> Result<(ClusterConfig, Vec<NodeStatus>), ProcessErr
         })
         .collect();
     Ok((cfg, nodes))
+}
+
+/// What etcd says of the cluster: `None` without membership; an error names why etcd could not
+/// be read (the nodes then keep serving in the epoch they know).
+pub fn membership_status(
+    cfg: &ClusterConfig,
+) -> Option<Result<crate::membership::Snapshot, MembershipError>> {
+    let m = cfg.membership.as_ref()?;
+    Some(
+        Etcd::with_timeout(&m.etcd, Duration::from_secs(2))
+            .map_err(MembershipError::from)
+            .and_then(|etcd| crate::membership::snapshot(&etcd, &cfg.membership_keys())),
+    )
 }
 
 /// Node `id`'s status report, asked over its admin socket.

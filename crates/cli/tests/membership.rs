@@ -1,0 +1,196 @@
+//! Membership through a real etcd (Debian `etcd-server`), started by `nessie up`: a node killed
+//! with SIGKILL is declared failed in a new epoch within its lease TTL, a restarted one
+//! registers again and joins, the nodes keep serving when etcd is gone, and clusters sharing
+//! an etcd keep apart. Every test stops what it started (`Cluster` runs `nessie down`, which
+//! also stops the local etcd).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{stderr, Cluster, BIN};
+use nessie_cluster::etcd::server as etcd_server;
+use nessie_cluster::process;
+
+/// What `--lease-ttl 2` becomes: etcd raises TTLs below its minimum (3 s with its default
+/// election timeout) to that minimum.
+const EFFECTIVE_TTL: Duration = Duration::from_secs(3);
+/// The bound on noticing a failure: lease TTL + 2 s.
+const NOTICE_WITHIN: Duration = Duration::from_secs(5);
+
+fn status_json(c: &Cluster) -> Vec<serde_json::Value> {
+    let out = c.nessie(&["status", "--json"]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)))
+}
+
+fn states(s: &[serde_json::Value]) -> Vec<String> {
+    s.iter()
+        .map(|n| n["state"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Poll `status --json` until `done` holds; panics after `limit` with the last report.
+fn wait_for(
+    c: &Cluster,
+    limit: Duration,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> (Duration, Vec<serde_json::Value>) {
+    let t0 = Instant::now();
+    loop {
+        let s = status_json(c);
+        if done(&s) {
+            return (t0.elapsed(), s);
+        }
+        assert!(t0.elapsed() < limit, "not within {limit:?}: {s:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pid_of(c: &Cluster, id: u16) -> i32 {
+    process::live_pid(&c.dir, id).unwrap_or_else(|| panic!("node {id} is not running"))
+}
+
+/// `nessie node --config … --id ID`, as an operator restarts a node; killed on drop.
+struct Restarted(Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn restart(c: &Cluster, id: u16) -> Restarted {
+    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
+    Restarted(
+        Command::new(BIN)
+            .args(["node", "--id", &id.to_string(), "--config"])
+            .arg(process::config_path(&c.dir))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn a_killed_node_fails_in_a_new_epoch_within_the_ttl_and_a_restarted_one_joins() {
+    let c = Cluster::up("member-kill", 3, "shm", &["--lease-ttl", "2"]);
+    let (_, s) = wait_for(&c, Duration::from_secs(10), |s| {
+        s.iter().all(|n| n["membership"]["epoch"] == 1)
+    });
+    assert_eq!(states(&s), ["up", "up", "up"]);
+    assert_eq!(s[0]["epoch"], 1);
+    assert!(c.nessie(&["put", "k", "v"]).status.success());
+
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid_of(&c, 1), libc::SIGKILL) };
+    let (took, s) = wait_for(&c, EFFECTIVE_TTL + NOTICE_WITHIN, |s| {
+        s[1]["state"] == "failed"
+    });
+    assert_eq!(states(&s), ["up", "failed", "up"]);
+    assert_eq!(s[0]["epoch"], 2, "one failure, one new epoch: {s:#?}");
+    assert!(
+        took <= EFFECTIVE_TTL + NOTICE_WITHIN,
+        "noticed after {took:?}"
+    );
+    // The survivors learn the new epoch from etcd.
+    wait_for(&c, Duration::from_secs(5), |s| {
+        s[0]["membership"]["epoch"] == 2 && s[2]["membership"]["epoch"] == 2
+    });
+
+    let _node = restart(&c, 1);
+    let (_, s) = wait_for(&c, Duration::from_secs(30), |s| s[1]["state"] == "joining");
+    assert_eq!(states(&s), ["up", "joining", "up"]);
+    assert_eq!(s[0]["epoch"], 3);
+    let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
+    assert!(text.contains("membership: epoch 3"), "{text}");
+}
+
+#[test]
+fn nodes_keep_serving_when_etcd_is_gone_and_status_says_so() {
+    let c = Cluster::up("member-noetcd", 2, "shm", &[]);
+    assert!(c.nessie(&["put", "k", "v1"]).status.success());
+    let etcd = etcd_server::running(&c.dir).expect("up started a local etcd");
+    // SAFETY: killing the etcd this test's cluster started.
+    unsafe { libc::kill(etcd, libc::SIGKILL) };
+
+    let out = c.nessie(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("unreachable") && text.contains("keep serving"),
+        "{text}"
+    );
+    let s = status_json(&c);
+    assert!(s[0]["etcd_error"].is_string(), "{s:#?}");
+    assert_eq!(states(&s), ["up", "up"], "nodes that answer are up");
+    assert!(c.nessie(&["put", "k", "v2"]).status.success());
+    let got = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v2");
+    // The nodes notice too, and say so in their own reports.
+    wait_for(&c, Duration::from_secs(10), |s| {
+        s.iter().all(|n| n["membership"]["etcd_error"].is_string())
+    });
+    let down = c.nessie(&["down"]);
+    assert!(down.status.success(), "{}", stderr(&down));
+}
+
+#[test]
+fn clusters_sharing_an_etcd_keep_apart_and_down_stops_only_its_own() {
+    let a = Cluster::up("member-share-a", 1, "shm", &[]);
+    let cfg = nessie_cluster::config::ClusterConfig::load(&process::config_path(&a.dir)).unwrap();
+    let url = cfg.membership.expect("membership on by default").etcd;
+    let b = Cluster::up("member-share-b", 2, "shm", &["--etcd", &url]);
+    let s = status_json(&b);
+    assert_eq!(
+        (states(&s), &s[0]["epoch"]),
+        (vec!["up".into(), "up".into()], &1.into())
+    );
+    assert!(etcd_server::running(&b.dir).is_none(), "b started no etcd");
+    assert!(b.nessie(&["down"]).status.success());
+    assert!(
+        etcd_server::running(&a.dir).is_some(),
+        "a's etcd outlives b"
+    );
+    let s = status_json(&a);
+    assert_eq!((states(&s), &s[0]["epoch"]), (vec!["up".into()], &1.into()));
+    assert!(a.nessie(&["down"]).status.success());
+    assert!(
+        etcd_server::running(&a.dir).is_none(),
+        "down stops the etcd up started"
+    );
+    assert!(!a.dir.join(etcd_server::DATA_DIR).exists());
+}
+
+#[test]
+fn without_etcd_membership_is_off() {
+    let c = Cluster::up("member-off", 1, "shm", &["--no-etcd"]);
+    let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
+    assert!(text.contains("membership: off"), "{text}");
+    assert!(etcd_server::running(&c.dir).is_none());
+    assert_eq!(status_json(&c)[0]["state"], "up");
+}
+
+#[test]
+fn a_missing_etcd_binary_fails_up_with_a_clear_error() {
+    let c = Cluster::at("member-nobin");
+    let out = Command::new(BIN)
+        .args(["up", "--nodes", "1", "--dir"])
+        .arg(&c.dir)
+        .env("NESSIE_ETCD", "/nonexistent/etcd")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot run etcd") && err.contains("--etcd") && err.contains("etcd-server"),
+        "{err}"
+    );
+    assert!(
+        process::running_nodes(&c.dir).is_empty(),
+        "no node was left running"
+    );
+}

@@ -1,0 +1,394 @@
+//! Membership through etcd: who is in the cluster, in which state, in which epoch.
+//!
+//! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
+//!
+//! ```text
+//! members/<id>   {"id", "pid"}        put by node <id> under its lease: present while it lives
+//! config         {"epoch", "nodes": [{"id", "state"}]}   no lease; changed only by compare-and-put
+//! ```
+//!
+//! A node registers under a lease of `lease_ttl_s` seconds and refreshes it every third of
+//! that. Every node runs a [`Monitor`] that reads both keys every half TTL: a node that is `up`
+//! in the configuration and whose registration has lapsed is declared `failed`, and one that is
+//! `failed` but registered again is `joining`, each in a new epoch written with one
+//! compare-and-put on the configuration's revision, so concurrent monitors agree on one
+//! successor of every epoch. `nessie up` writes epoch 1, all nodes `up`, once every node is
+//! ready; monitors change nothing before that. When etcd cannot be reached, nodes keep
+//! serving in the epoch they know and the configuration cannot change; the monitor records
+//! the error for `status`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::etcd::{Etcd, EtcdError, LeaseId};
+
+/// Least lease TTL we ask for. etcd itself raises shorter TTLs to its own minimum (3 s with
+/// its default election timeout).
+pub const MIN_LEASE_TTL_S: u64 = 1;
+/// Longest lease TTL accepted: failures must be noticed within minutes at worst.
+pub const MAX_LEASE_TTL_S: u64 = 600;
+pub const DEFAULT_LEASE_TTL_S: u64 = 3;
+
+/// A node's state in one epoch.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Up,
+    Failed,
+    /// Registered again after a failure. It serves no data of its own yet: receiving slots and
+    /// data on rejoin is still to be built.
+    Joining,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Failed => "failed",
+            NodeState::Joining => "joining",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: u16,
+    pub state: NodeState,
+}
+
+/// The configuration of one epoch, as stored in etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Configuration {
+    pub epoch: u64,
+    pub nodes: Vec<Member>,
+}
+
+impl Configuration {
+    /// Epoch 1: every node up.
+    pub fn initial(ids: impl IntoIterator<Item = u16>) -> Self {
+        let nodes = ids
+            .into_iter()
+            .map(|id| Member {
+                id,
+                state: NodeState::Up,
+            })
+            .collect();
+        Self { epoch: 1, nodes }
+    }
+
+    pub fn state(&self, id: u16) -> Option<NodeState> {
+        self.nodes.iter().find(|m| m.id == id).map(|m| m.state)
+    }
+
+    /// The next epoch given which nodes hold a registration now, or `None` if nothing changes.
+    pub fn successor(&self, registered: &[u16]) -> Option<Configuration> {
+        let mut next = self.clone();
+        let mut changed = false;
+        for m in &mut next.nodes {
+            let present = registered.contains(&m.id);
+            let state = match (m.state, present) {
+                (NodeState::Up | NodeState::Joining, false) => NodeState::Failed,
+                (NodeState::Failed, true) => NodeState::Joining,
+                (s, _) => s,
+            };
+            changed |= state != m.state;
+            m.state = state;
+        }
+        changed.then(|| {
+            next.epoch += 1;
+            next
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error("lease TTL {0} s is not in {MIN_LEASE_TTL_S}..={MAX_LEASE_TTL_S}")]
+    LeaseTtl(u64),
+    #[error("the membership configuration in etcd at {key} is not valid: {why}")]
+    BadRecord { key: String, why: String },
+}
+
+/// Where one cluster's records live in etcd.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    pub prefix: String,
+}
+
+impl Keys {
+    /// Clusters sharing an etcd are told apart by name and configuration fingerprint.
+    pub fn new(cluster_name: &str, fingerprint: u64) -> Self {
+        Self {
+            prefix: format!("/nessie/{cluster_name}/{fingerprint:016x}/"),
+        }
+    }
+    pub fn members(&self) -> String {
+        format!("{}members/", self.prefix)
+    }
+    pub fn member(&self, id: u16) -> String {
+        format!("{}members/{id}", self.prefix)
+    }
+    pub fn config(&self) -> String {
+        format!("{}config", self.prefix)
+    }
+}
+
+/// What etcd says about the cluster right now.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// `None` before `nessie up` wrote epoch 1.
+    pub config: Option<Configuration>,
+    /// The configuration's etcd revision (0 if absent), for compare-and-put.
+    pub config_revision: i64,
+    /// Nodes whose registration (lease) is alive.
+    pub registered: Vec<u16>,
+}
+
+/// Read the configuration and the live registrations.
+pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
+    let config = etcd.get(&keys.config())?;
+    let registered = etcd
+        .get_prefix(&keys.members())?
+        .iter()
+        .filter_map(|kv| kv.key.strip_prefix(&keys.members())?.parse().ok())
+        .collect();
+    let (config, config_revision) = match config {
+        None => (None, 0),
+        Some(kv) => {
+            let c = serde_json::from_slice(&kv.value).map_err(|e| MembershipError::BadRecord {
+                key: keys.config(),
+                why: e.to_string(),
+            })?;
+            (Some(c), kv.mod_revision)
+        }
+    };
+    Ok(Snapshot {
+        config,
+        config_revision,
+        registered,
+    })
+}
+
+/// Write epoch 1 with every node of `ids` up, unless a configuration exists already. Returns
+/// the configuration in force.
+pub fn initialise(
+    etcd: &Etcd,
+    keys: &Keys,
+    ids: impl IntoIterator<Item = u16>,
+) -> Result<Configuration, MembershipError> {
+    let first = Configuration::initial(ids);
+    let body = serde_json::to_vec(&first).expect("serialises");
+    if etcd.put_if_mod_revision(&keys.config(), 0, &body)? {
+        return Ok(first);
+    }
+    snapshot(etcd, keys)?
+        .config
+        .ok_or_else(|| MembershipError::BadRecord {
+            key: keys.config(),
+            why: "vanished right after it was found".into(),
+        })
+}
+
+/// One monitoring step: move the configuration to its successor if registrations changed.
+/// Returns the configuration in force afterwards (`None` before epoch 1).
+pub fn step(etcd: &Etcd, keys: &Keys) -> Result<Option<Configuration>, MembershipError> {
+    let snap = snapshot(etcd, keys)?;
+    let Some(config) = snap.config else {
+        return Ok(None);
+    };
+    let Some(next) = config.successor(&snap.registered) else {
+        return Ok(Some(config));
+    };
+    let body = serde_json::to_vec(&next).expect("serialises");
+    if etcd.put_if_mod_revision(&keys.config(), snap.config_revision, &body)? {
+        tracing::info!(epoch = next.epoch, nodes = ?next.nodes, "new membership epoch");
+        return Ok(Some(next));
+    }
+    // Another monitor moved the epoch first: take what it wrote.
+    Ok(snapshot(etcd, keys)?.config)
+}
+
+/// What a node knows of membership, for its status report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct View {
+    /// The configuration last read from etcd.
+    pub config: Option<Configuration>,
+    /// Why the last exchange with etcd failed (`None`: it succeeded).
+    pub etcd_error: Option<String>,
+    pub etcd_url: String,
+    pub lease_ttl_s: u64,
+}
+
+/// A node's registration and monitor: a thread that keeps the lease alive and runs [`step`]
+/// every half TTL. Dropping it stops the thread and revokes the lease (a clean shutdown is
+/// seen at once; a crash when the lease lapses).
+pub struct Monitor {
+    view: Arc<Mutex<View>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    etcd: Etcd,
+    lease: LeaseId,
+}
+
+impl Monitor {
+    /// Register node `id` (pid `pid`) under a new lease and start monitoring.
+    pub fn start(
+        etcd: Etcd,
+        keys: Keys,
+        id: u16,
+        lease_ttl_s: u64,
+    ) -> Result<Monitor, MembershipError> {
+        if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
+            return Err(MembershipError::LeaseTtl(lease_ttl_s));
+        }
+        let lease = etcd.grant(lease_ttl_s)?;
+        let record = serde_json::json!({ "id": id, "pid": std::process::id() });
+        etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
+        let view = Arc::new(Mutex::new(View {
+            etcd_url: etcd.url().to_string(),
+            lease_ttl_s,
+            ..View::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (etcd, view, stop) = (etcd.clone(), view.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("membership-{id}"))
+                .spawn(move || run(etcd, keys, id, lease, lease_ttl_s, view, stop))
+                .map_err(|e| MembershipError::BadRecord {
+                    key: "thread".into(),
+                    why: e.to_string(),
+                })?
+        };
+        Ok(Monitor {
+            view,
+            stop,
+            thread: Some(thread),
+            etcd,
+            lease,
+        })
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().expect("membership view lock").clone()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        let _ = self.etcd.revoke(self.lease);
+    }
+}
+
+/// The monitor thread: refresh the lease every TTL/3, step the configuration every TTL/2.
+fn run(
+    etcd: Etcd,
+    keys: Keys,
+    id: u16,
+    mut lease: LeaseId,
+    ttl_s: u64,
+    view: Arc<Mutex<View>>,
+    stop: Arc<AtomicBool>,
+) {
+    let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
+    let mut ticks = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut result = Ok(());
+        if ticks.is_multiple_of(2) {
+            result = keep_registered(&etcd, &keys, id, &mut lease, ttl_s);
+        }
+        if ticks.is_multiple_of(3) && result.is_ok() {
+            result = step(&etcd, &keys).map(|c| {
+                if let Some(c) = c {
+                    view.lock().expect("membership view lock").config = Some(c);
+                }
+            });
+        }
+        let err = result.err().map(|e| e.to_string());
+        if let Some(e) = &err {
+            tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
+        }
+        view.lock().expect("membership view lock").etcd_error = err;
+        ticks += 1;
+        std::thread::park_timeout(tick);
+    }
+}
+
+/// Refresh the lease; if it lapsed (etcd was unreachable for a TTL, or this process was
+/// stopped), register again under a new one.
+fn keep_registered(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u16,
+    lease: &mut LeaseId,
+    ttl_s: u64,
+) -> Result<(), MembershipError> {
+    if etcd.keep_alive(*lease)? > 0 {
+        return Ok(());
+    }
+    *lease = etcd.grant(ttl_s)?;
+    let record = serde_json::json!({ "id": id, "pid": std::process::id() });
+    etcd.put(
+        &keys.member(id),
+        record.to_string().as_bytes(),
+        Some(*lease),
+    )?;
+    tracing::warn!(id, "membership: lease had lapsed; registered again");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn states(c: &Configuration) -> Vec<NodeState> {
+        c.nodes.iter().map(|m| m.state).collect()
+    }
+
+    #[test]
+    fn successor_fails_lapsed_nodes_and_lets_returning_ones_join() {
+        use NodeState::*;
+        let c = Configuration::initial([0, 1, 2]);
+        assert_eq!(c.successor(&[0, 1, 2]), None, "nothing changed");
+        let c2 = c.successor(&[0, 2]).unwrap();
+        assert_eq!((c2.epoch, states(&c2)), (2, vec![Up, Failed, Up]));
+        assert_eq!(c2.successor(&[0, 2]), None);
+        let c3 = c2.successor(&[2, 1, 0]).unwrap();
+        assert_eq!((c3.epoch, states(&c3)), (3, vec![Up, Joining, Up]));
+        let c4 = c3.successor(&[0, 2]).unwrap();
+        assert_eq!((c4.epoch, states(&c4)), (4, vec![Up, Failed, Up]));
+        assert_eq!(c4.state(1), Some(Failed));
+        assert_eq!(c4.state(9), None);
+    }
+
+    #[test]
+    fn keys_of_clusters_sharing_an_etcd_do_not_overlap() {
+        let a = Keys::new("local", 1);
+        let b = Keys::new("local", 0x10);
+        assert!(!a.member(1).starts_with(&b.prefix) && !b.config().starts_with(&a.prefix));
+        assert_eq!(a.member(3), format!("{}members/3", a.prefix));
+        assert!(a.member(12).starts_with(&a.members()));
+    }
+
+    #[test]
+    fn configuration_record_is_stable_json() {
+        let c = Configuration::initial([0, 1]);
+        let s = serde_json::to_string(&c).unwrap();
+        assert_eq!(
+            s,
+            r#"{"epoch":1,"nodes":[{"id":0,"state":"up"},{"id":1,"state":"up"}]}"#
+        );
+        assert_eq!(serde_json::from_str::<Configuration>(&s).unwrap(), c);
+    }
+}
