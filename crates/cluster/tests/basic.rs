@@ -272,11 +272,12 @@ fn stalled_get_times_out_instead_of_reading_a_recycled_entry() {
 }
 
 /// A write that gives up after publishing its invalid DTE (here: every attempt stalls past the
-/// expiry period before its reverse pass) is undone: the key keeps its old value, other
-/// writers can write it at once (instead of aborting on the leftover forever), and no data
-/// table entry leaks. The same for a key that did not exist, and for DELETE.
+/// expiry period before its reverse pass) first completes its own leftover (rolls it
+/// forward), so the write takes effect and succeeds after all, nothing is left in the index to
+/// block other writers, and no data table entry leaks. The same for a key that did not exist,
+/// and for DELETE.
 #[test]
-fn abandoned_write_is_undone_and_the_key_stays_usable() {
+fn a_write_that_gives_up_completes_its_leftover_and_the_key_stays_usable() {
     use nessie_protocols::{HookPoint, RetryPolicy};
     let c = LocalCluster::new(small_geometry(), fast_cfg(), None).unwrap();
     let few = |n| ProtocolConfig {
@@ -296,18 +297,22 @@ fn abandoned_write_is_undone_and_the_key_stays_usable() {
         }
     })));
     a.put(b"k", b"old").unwrap();
-    assert!(matches!(w.put(b"k", b"lost"), Err(Error::Timeout { .. })));
-    assert!(matches!(
-        w.put(b"fresh", b"lost"),
-        Err(Error::Timeout { .. })
-    ));
-    assert!(matches!(w.delete(b"k"), Err(Error::Timeout { .. })));
+    w.put(b"k", b"rolled").unwrap();
+    assert_eq!(other.get(b"k").unwrap().as_deref(), Some(&b"rolled"[..]));
+    w.put(b"fresh", b"rolled").unwrap();
+    assert_eq!(
+        other.get(b"fresh").unwrap().as_deref(),
+        Some(&b"rolled"[..])
+    );
+    w.delete(b"k").unwrap();
+    assert_eq!(other.get(b"k").unwrap(), None);
     let st = w.stats();
-    assert_eq!((st.undone, st.leaked), (3, 0), "{st:?}");
-    // Nine attempts, nine DTEs, all recycled (six replaced by the next attempt, three undone).
-    assert_eq!(st.recycled, 9, "{st:?}");
-    assert_eq!(other.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
-    assert_eq!(other.get(b"fresh").unwrap(), None);
+    assert_eq!((st.rolled_forward, st.leaked), (3, 0), "{st:?}");
+    // Nine attempts, nine DTEs: six replaced by the next attempt (recycled), two completed in
+    // place, one (the delete's) taken out by its completion (recycled); and the two values the
+    // writes replaced ("old", then "rolled"), recycled when they gave up: 9 in all, or more
+    // when the machine is slow enough for a completion to time out once.
+    assert!(st.recycled >= 9, "{st:?}");
     other.put(b"k", b"new").unwrap();
     other.put(b"fresh", b"new").unwrap();
     assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));

@@ -73,9 +73,9 @@ pub struct Mutations {
     pub ignore_op_timer: bool,
     /// GET returns a DTE without checking its valid flag.
     pub skip_valid_check: bool,
-    /// An abandoned write is undone by emptying its candidate instead of restoring what the key
-    /// held before (loses the old value).
-    pub undo_to_empty: bool,
+    /// An abandoned PUT is "completed" by emptying its candidate instead of installing a valid
+    /// copy of its value or setting it valid (loses both the new and the old value).
+    pub complete_to_empty: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -5,9 +5,13 @@
 //!
 //! ```text
 //! offset  size        field
-//! 0       8           header:   bit 0 = valid flag; bits 32..63 = writer tag (node << 16 | worker)
-//! 8       8           recycle:  bit 63 = recycle flag; bits 0..62 = expiry timestamp (ns since
-//!                               the Unix epoch) after which the entry may be reused
+//! 0       8           header:   bit 0 = valid flag; bit 1 = tombstone (a DELETE's entry, never
+//!                               valid); bit 2 = given up (its writer will not act on it again);
+//!                               bits 32..63 = writer tag (node << 16 | worker)
+//! 8       8           recycle:  bit 63 = recycle flag; bits 0..62 = with the flag, the expiry
+//!                               timestamp (ns since the Unix epoch) after which the entry may be
+//!                               reused; without it, the time by which the write that created the
+//!                               entry ends (its attempt's deadline; 0 = not recorded)
 //! 16      8           previous version: the ITE this entry's writer replaced (0 = none)
 //! 24      8           lengths:  key length (bits 0..31), value length (bits 32..63)
 //! 32      key_len↑8   key bytes (zero padded)
@@ -22,6 +26,12 @@
 //! without knowing the key's length (they may include the start of the value). Apart from
 //! the valid flag (0 → 1, by the writer, once) and the recycle words (set once by whoever
 //! released the entry's last ITE), an entry is immutable while any ITE refers to it.
+//!
+//! The given-up bit lets anyone who meets an invalid entry tell a write still in progress from
+//! one its writer gave up on: such an entry may be completed on the writer's behalf
+//! (`docs/protocol.md`, deviation 6). The tombstone bit says how: a DELETE's entry is completed
+//! by emptying its ITE, any other by installing a valid copy. The write deadline records when
+//! the writer's attempt ends, for recovery from writers that die (issue 11).
 
 pub const HEADER_OFF: u64 = 0;
 pub const RECYCLE_OFF: u64 = 8;
@@ -30,6 +40,10 @@ pub const LENS_OFF: u64 = 24;
 pub const KEY_OFF: u64 = 32;
 
 const VALID: u64 = 1;
+/// Header bit of a DELETE's entry.
+pub const TOMBSTONE: u64 = 1 << 1;
+/// Header bit its writer sets (by CAS) on an invalid entry it gave up on.
+pub const GIVEN_UP: u64 = 1 << 2;
 const RECYCLE: u64 = 1 << 63;
 
 fn pad8(n: u64) -> u64 {
@@ -45,6 +59,20 @@ impl WriterTag {
     pub fn new(node: u16, worker: u16) -> Self {
         Self((node as u32) << 16 | worker as u32)
     }
+}
+
+/// What a new entry's header and recycle word say.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub writer: WriterTag,
+    /// The ITE the write replaced (0 = none).
+    pub prev: u64,
+    /// Valid from the start: a copy that completes another writer's entry.
+    pub valid: bool,
+    /// A DELETE's entry.
+    pub tombstone: bool,
+    /// When the write ends (ns since the Unix epoch; 0 = not recorded).
+    pub write_deadline: u64,
 }
 
 /// Sizes and offsets of DTEs for one cluster.
@@ -63,9 +91,15 @@ pub struct DteLayout {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct DteMeta {
     pub valid: bool,
+    /// A DELETE's entry: never valid; its write completes by emptying the ITE.
+    pub tombstone: bool,
+    /// Its writer gave up on it (and never acts on it again): anyone may complete it.
+    pub given_up: bool,
     pub writer: WriterTag,
     /// The recycle flag's expiry timestamp, if the flag is set.
     pub recycle: Option<u64>,
+    /// Without the recycle flag: when the write that created the entry ends (0: unknown).
+    pub write_deadline: u64,
     pub prev: u64,
     pub key_len: u32,
     pub value_len: u32,
@@ -132,13 +166,41 @@ impl DteLayout {
         key: &[u8],
         value: &[u8],
     ) -> usize {
+        let head = Head {
+            writer,
+            prev,
+            valid: false,
+            tombstone: false,
+            write_deadline: 0,
+        };
+        self.encode_with(buf, head, key, value)
+    }
+
+    /// Write a fresh entry with the header and recycle word `head` describes into `buf`.
+    /// Returns the number of bytes to store.
+    pub fn encode_with(&self, buf: &mut Vec<u8>, head: Head, key: &[u8], value: &[u8]) -> usize {
         assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
+        assert!(
+            head.write_deadline < RECYCLE,
+            "write deadline {} does not fit in 63 bits",
+            head.write_deadline
+        );
+        assert!(
+            !(head.valid && head.tombstone),
+            "a tombstone is never valid"
+        );
         let value_off = Self::value_offset(key.len() as u32);
         let len = (value_off + pad8(value.len() as u64)) as usize;
         buf.clear();
         buf.resize(len, 0);
-        put_word(buf, HEADER_OFF, self.header(writer, false));
-        put_word(buf, PREV_OFF, prev);
+        let flags = if head.tombstone { TOMBSTONE } else { 0 };
+        put_word(
+            buf,
+            HEADER_OFF,
+            self.header(head.writer, head.valid) | flags,
+        );
+        put_word(buf, RECYCLE_OFF, head.write_deadline);
+        put_word(buf, PREV_OFF, head.prev);
         put_word(buf, LENS_OFF, key.len() as u64 | (value.len() as u64) << 32);
         buf[KEY_OFF as usize..KEY_OFF as usize + key.len()].copy_from_slice(key);
         buf[value_off as usize..value_off as usize + value.len()].copy_from_slice(value);
@@ -175,10 +237,14 @@ impl DteLayout {
         }
         let h = word(buf, HEADER_OFF);
         let lens = word(buf, LENS_OFF);
+        let r = word(buf, RECYCLE_OFF);
         let m = DteMeta {
             valid: h & VALID != 0,
+            tombstone: h & TOMBSTONE != 0,
+            given_up: h & GIVEN_UP != 0,
             writer: WriterTag((h >> 32) as u32),
-            recycle: Self::recycle_expiry(word(buf, RECYCLE_OFF)),
+            recycle: Self::recycle_expiry(r),
+            write_deadline: if r & RECYCLE == 0 { r } else { 0 },
             prev: word(buf, PREV_OFF),
             key_len: lens as u32,
             value_len: (lens >> 32) as u32,
@@ -280,6 +346,47 @@ mod tests {
     }
 
     #[test]
+    fn tombstones_copies_and_write_deadlines_round_trip() {
+        let l = DteLayout::new(16, 32);
+        let mut buf = Vec::new();
+        let head = Head {
+            writer: WriterTag::new(2, 5),
+            prev: 0x77,
+            valid: false,
+            tombstone: true,
+            write_deadline: 1_700_000_000_123_456_789,
+        };
+        l.encode_with(&mut buf, head, b"key", b"");
+        let m = l.meta(&buf).unwrap();
+        assert!(m.tombstone && !m.valid && !m.given_up && m.recycle.is_none());
+        let h = u64::from_le_bytes(buf[..8].try_into().unwrap());
+        buf[..8].copy_from_slice(&(h | GIVEN_UP).to_le_bytes());
+        let m = l.meta(&buf).unwrap();
+        assert!(m.given_up && m.tombstone && !m.valid);
+        assert_eq!(
+            (m.write_deadline, m.prev, m.writer),
+            (head.write_deadline, 0x77, head.writer)
+        );
+        // Marking it for recycling replaces the deadline with the expiry.
+        buf[8..16].copy_from_slice(&DteLayout::recycle_word(42).to_le_bytes());
+        let m = l.meta(&buf).unwrap();
+        assert_eq!((m.recycle, m.write_deadline), (Some(42), 0));
+        let copy = Head {
+            valid: true,
+            tombstone: false,
+            ..head
+        };
+        l.encode_with(&mut buf, copy, b"key", b"value");
+        let m = l.meta(&buf).unwrap();
+        assert!(m.valid && !m.tombstone);
+        assert_eq!(l.value(&buf, &m).unwrap(), b"value");
+        // The plain encoder: invalid, no tombstone, no deadline.
+        l.encode(&mut buf, head.writer, 0, b"k", b"v");
+        let m = l.meta(&buf).unwrap();
+        assert!(!m.valid && !m.tombstone && m.write_deadline == 0);
+    }
+
+    #[test]
     fn corrupt_lengths_are_reported() {
         let l = DteLayout::new(8, 8);
         let mut buf = vec![0u8; l.entry_size as usize];
@@ -291,8 +398,11 @@ mod tests {
         assert!(matches!(l.meta(&buf[..16]), Err(DteError::Short { .. })));
         let m = DteMeta {
             valid: true,
+            tombstone: false,
+            given_up: false,
             writer: WriterTag(0),
             recycle: None,
+            write_deadline: 0,
             prev: 0,
             key_len: 0,
             value_len: 8,

@@ -8,7 +8,7 @@
 
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_store::classtable::{ClassAllocError, Purpose, Slot as DteSlot};
-use nessie_store::dte::{DteLayout, DteMeta, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
+use nessie_store::dte::{DteLayout, DteMeta, Head, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
 
@@ -33,6 +33,9 @@ pub(crate) enum Want {
     ValueIfMatch,
     /// The value too, if the entry is valid, whatever its key (MIGRATE copies it).
     ValueIfValid,
+    /// The value too, if the entry holds the key, valid or not (completing an abandoned
+    /// write copies it).
+    ValueIfKey,
 }
 
 /// Where the DTE an ITE refers to lives, and its size.
@@ -131,6 +134,7 @@ impl<E: Endpoint> CdClient<E> {
             Want::Key => false,
             Want::ValueIfMatch => key_matches && valid,
             Want::ValueIfValid => valid,
+            Want::ValueIfKey => key_matches,
         }
     }
 
@@ -286,10 +290,11 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Write a new, invalid DTE of the smallest class that holds it (Step 3 / migrate Step 5)
-    /// and return the ITE that will refer to it (`value` is `None` for a DELETE's marker, which
-    /// may take the delete reserve), the entry and the previous-version pointer written into
-    /// it (`EMPTY` with previous versions off). The entry is in the writer's own memory when
-    /// its class has room there, else in a page the node holds on another node; the WRITE is
+    /// and return the ITE that will refer to it (`value` is `None` for a DELETE's tombstone,
+    /// which may take the delete reserve), the entry and the previous-version pointer written
+    /// into it (`EMPTY` with previous versions off). The entry records this attempt's write
+    /// deadline (for recovery from writers that die). It is in the writer's own memory when its
+    /// class has room there, else in a page the node holds on another node; the WRITE is
     /// remotely complete before this returns, so the CAS that publishes it comes after. Fails
     /// with `TableFull` when no node has room.
     pub(crate) fn write_new_dte(
@@ -299,6 +304,48 @@ impl<E: Endpoint> CdClient<E> {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Attempt<(Ite, DteSlot, Ite)> {
+        let prev = if self.cfg.optimizations.previous_versions {
+            prev
+        } else {
+            Ite::EMPTY
+        };
+        let head = Head {
+            writer: self.tag,
+            prev: prev.0,
+            valid: false,
+            tombstone: value.is_none(),
+            // Our attempt ends within one expiry period of its start, before this.
+            write_deadline: self.ep.now_ns() + self.cfg.expiry_ns,
+        };
+        let (ite, slot) = self.write_dte(filter, head, key, value)?;
+        Ok((ite, slot, prev))
+    }
+
+    /// Allocate and write a valid copy of `key` and `value`: what completes another writer's
+    /// abandoned entry.
+    pub(crate) fn write_valid_copy(
+        &mut self,
+        filter: u64,
+        key: &[u8],
+        value: &[u8],
+    ) -> Attempt<(Ite, DteSlot)> {
+        let head = Head {
+            writer: self.tag,
+            prev: 0,
+            valid: true,
+            tombstone: false,
+            write_deadline: 0,
+        };
+        self.write_dte(filter, head, key, Some(value))
+    }
+
+    fn write_dte(
+        &mut self,
+        filter: u64,
+        head: Head,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Attempt<(Ite, DteSlot)> {
         let (purpose, value) = match value {
             Some(v) => (Purpose::Value, v),
             None => (Purpose::Delete, &[][..]),
@@ -315,15 +362,7 @@ impl<E: Endpoint> CdClient<E> {
                 ClassAllocError::Fabric(f) => Abort::from(f),
                 e => Abort::TableFull(e),
             })?;
-        let prev = if self.cfg.optimizations.previous_versions {
-            prev
-        } else {
-            Ite::EMPTY
-        };
-        let n = self
-            .view
-            .dte
-            .encode(&mut self.wbuf, self.tag, prev.0, key, value);
+        let n = self.view.dte.encode_with(&mut self.wbuf, head, key, value);
         // The slot's class may be larger than `class` when that one is full everywhere.
         let at = self.table.addr(slot);
         debug_assert!(slot.class >= class);
@@ -339,7 +378,7 @@ impl<E: Endpoint> CdClient<E> {
         }
         let field = self.view.field.encode(slot.class, slot.slot);
         let ite = self.view.index.ite.encode(filter, slot.host as u32, field);
-        Ok((ite, slot, prev))
+        Ok((ite, slot))
     }
 
     /// Give back an entry no ITE ever referred to.

@@ -50,6 +50,11 @@ impl<E: Endpoint> CdClient<E> {
             }
             // 2.5: an in-progress write replaced `prev`; that DTE is still intact.
             if !self.cfg.optimizations.previous_versions || f.meta.prev == 0 {
+                if self.is_abandoned(&f.meta) {
+                    // No previous version to answer with, and its writer gave up: finish it.
+                    self.complete_write(key, ite, true)?;
+                    return Err(Abort::Concurrent("GET completed an abandoned write"));
+                }
                 return Err(Abort::Concurrent("GET met an in-progress write"));
             }
             let prev = Ite(f.meta.prev);

@@ -98,6 +98,11 @@ impl<E: Endpoint> CdClient<E> {
             return Ok(None); // 2.3: the key itself landed here concurrently
         }
         if !f.meta.valid {
+            if self.is_abandoned(&f.meta) {
+                // Its writer gave up on it: finish its write, then migrate what it left.
+                let moved_key = self.view.dte.key(&self.buf, &f.meta).to_vec();
+                self.complete_write(&moved_key, src_ite, true)?;
+            }
             return Err(Abort::Concurrent("migrate source is being written")); // 2.4
         }
         Ok(Some(Moved {

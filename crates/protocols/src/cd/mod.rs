@@ -4,11 +4,14 @@
 //!   versions; reverse pass on a miss),
 //! - [`write`]: A.1.3 PUT and A.1.5 DELETE (candidate search, local DTE, CAS, duplicate
 //!   clearing, reverse pass, set valid, recycling),
-//! - [`migrate`]: A.1.4 (recursive, with every abort and clean-up path).
+//! - [`migrate`]: A.1.4 (recursive, with every abort and clean-up path),
+//! - `abandoned`: completing writes whose writer crashed or gave up (past their deadline),
+//!   so that no key stays wedged.
 //!
 //! A [`CdClient`] is one client worker: it owns one fabric endpoint, one DTE cache and one
 //! writer tag, and runs one operation at a time (blocking), like the paper's client workers.
 
+mod abandoned;
 mod access;
 pub mod get;
 pub mod migrate;
@@ -129,13 +132,11 @@ pub struct ClientStats {
     pub recycled: u64,
     /// DTEs that could not be released after an operation gave up (see `write.rs`).
     pub leaked: u64,
-    /// Abandoned writes whose invalid DTE was taken out of the index again, restoring the
-    /// key's previous value (see `write.rs`).
-    pub undone: u64,
+    /// Abandoned writes (another client's past their deadline, or our own when giving up)
+    /// this client completed by rolling them forward (see `abandoned.rs`).
+    pub rolled_forward: u64,
     /// Waits because no data table had room for a write's DTE.
     pub table_full_waits: u64,
-    /// Extra rounds of attempts made by writes that could not be undone (see `write.rs`).
-    pub insisted: u64,
 }
 
 impl std::ops::AddAssign for ClientStats {
@@ -152,9 +153,8 @@ impl std::ops::AddAssign for ClientStats {
             previous_version_hits,
             recycled,
             leaked,
-            undone,
+            rolled_forward,
             table_full_waits,
-            insisted,
         } = o;
         self.gets += gets;
         self.puts += puts;
@@ -167,9 +167,8 @@ impl std::ops::AddAssign for ClientStats {
         self.previous_version_hits += previous_version_hits;
         self.recycled += recycled;
         self.leaked += leaked;
-        self.undone += undone;
+        self.rolled_forward += rolled_forward;
         self.table_full_waits += table_full_waits;
-        self.insisted += insisted;
     }
 }
 

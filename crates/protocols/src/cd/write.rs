@@ -3,7 +3,8 @@
 //! Step 2 finds a candidate ITE: the first that is empty, or refers to a valid DTE holding the
 //! key, or to our own invalid DTE left by an aborted attempt (we take its slot and carry its
 //! previous-version pointer forward). An invalid DTE of someone else means a write is in
-//! progress: abort (this is what lets the earliest writer finish). No candidate: MIGRATE one
+//! progress: abort (this is what lets the earliest writer finish), unless that write is
+//! abandoned (past its deadline): then complete it first (`abandoned.rs`). No candidate: MIGRATE one
 //! (2.4) and start over. Step 3 writes the new, invalid DTE (own node first) and CASes
 //! it into the candidate (3.1); the replaced DTE is staged for recycling (3.2). Step 4 clears
 //! duplicates of the key in later candidates; Step 5 is the reverse pass; Step 6 sets the DTE
@@ -18,20 +19,11 @@ use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
 
-use rand::Rng;
-
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::config::MAX_MIGRATIONS_PER_ATTEMPT;
 use crate::error::Error;
 use crate::hooks::HookPoint;
-
-/// Extra rounds of `retry.max_attempts` attempts a write makes when it may not be undone.
-pub const MUST_FINISH_ROUNDS: u32 = 3;
-/// Attempts an abandoned write's undo of one DTE gets. Each runs under the operation timer; one
-/// that outlives it (a slow READ, a preempted thread) is retried, since giving up would leave
-/// the invalid DTE in the index and wedge the key.
-pub const UNDO_ATTEMPTS: u32 = 8;
 
 /// What a write carries from one attempt to the next.
 #[derive(Default, Debug)]
@@ -39,45 +31,34 @@ pub(crate) struct WriteState {
     /// ITEs removed from the index whose DTEs are marked for recycling once the write
     /// completes (Step 3.2: kept across attempts, so nothing leaks however many it takes).
     rec: Vec<Ite>,
-    /// Our invalid DTEs swapped into the index by an attempt and not taken out again by us,
-    /// each with what an undo must put back in its place.
+    /// Our invalid DTEs swapped into the index by an attempt and not taken out again by us.
     published: Vec<Published>,
-    /// This write took out an entry it cannot account for (another writer's in-progress DTE,
-    /// or a leftover of an earlier abandoned write): it may not be undone.
-    no_undo: bool,
 }
 
 /// One of our invalid DTEs in the index.
 #[derive(Copy, Clone, Debug)]
 struct Published {
-    /// Candidate position (0-based) and slot it went to.
-    pos: usize,
-    slot: Slot,
     ite: Ite,
-    /// The previous-version pointer actually written into the DTE (`EMPTY` with previous
-    /// versions off): what the undo checks to recognise the DTE as still ours and untouched.
-    prev_written: Ite,
-    /// Its own restore target: the key's latest committed entry at the moment this DTE
-    /// replaced it. That is the valid entry its CAS replaced, or the one inherited from our
-    /// own leftover it replaced, or (when it went into an empty candidate) the valid entry
-    /// of the key that the same attempt's Step 4 then cleared from a later candidate. An
-    /// abandoned write puts exactly this back, never a value some earlier attempt saw: a
-    /// write by someone else may have completed in between (issue: lost update on undo).
+    /// The key's latest committed entry at the moment this DTE replaced it: the valid entry
+    /// its CAS replaced, or the one inherited from our own leftover it replaced, or (when it
+    /// went into an empty candidate) the valid entry of the key that the same attempt's Step 4
+    /// then cleared from a later candidate. A later attempt that replaces this leftover
+    /// writes it as its DTE's previous version, so readers keep finding the committed value.
     target: Ite,
 }
 
 /// One attempt's walk over the key's candidates: its timer (Step 0), the slot of each
 /// candidate read so far and the ITE it is known to hold (as read in Steps 2 and 4, or as our
 /// own CAS left it in Steps 3 and 4): what the reverse pass (Step 5) must find again.
-struct Pass<'i> {
-    d: Deadline,
-    index: &'i Index,
-    slots: [Slot; MAX_HASH_FUNCTIONS as usize],
-    seen: [Ite; MAX_HASH_FUNCTIONS as usize],
+pub(crate) struct Pass<'i> {
+    pub(crate) d: Deadline,
+    pub(crate) index: &'i Index,
+    pub(crate) slots: [Slot; MAX_HASH_FUNCTIONS as usize],
+    pub(crate) seen: [Ite; MAX_HASH_FUNCTIONS as usize],
 }
 
 impl<'i> Pass<'i> {
-    fn new(d: Deadline, index: &'i Index) -> Self {
+    pub(crate) fn new(d: Deadline, index: &'i Index) -> Self {
         Self {
             d,
             index,
@@ -122,11 +103,24 @@ impl WriteState {
                 return Removed::RecycleNow(self.published.remove(i).target);
             }
         }
-        if !valid {
-            self.no_undo = true;
-        }
         self.rec.push(ite);
         Removed::Stage
+    }
+
+    /// The entries staged for recycling, handed over (to be recycled now).
+    pub(crate) fn take_staged(&mut self) -> Vec<Ite> {
+        std::mem::take(&mut self.rec)
+    }
+
+    /// Our published entries, latest first, one per ITE word.
+    pub(crate) fn published_latest_first(&self) -> Vec<Ite> {
+        let mut out: Vec<Ite> = Vec::new();
+        for p in self.published.iter().rev() {
+            if !out.contains(&p.ite) {
+                out.push(p.ite);
+            }
+        }
+        out
     }
 
     /// The restore target of our own leftover `ite`, if this write published it.
@@ -153,109 +147,45 @@ impl<E: Endpoint> CdClient<E> {
     /// PUT (`Some(value)`) or DELETE (`None`) with retries.
     pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
         let mut st = WriteState::default();
-        let mut r = self.with_retry(|c| c.write_once(key, value, &mut st));
-        // A write that took another writer's in-progress DTE out of the index cannot be undone
-        // (that writer may yet commit the entry we removed): it insists on completing, for a
-        // few more rounds of attempts, before it gives up and leaves its DTE behind.
-        let mut rounds = 0;
-        while r.is_err() && st.no_undo && !st.published.is_empty() && rounds < MUST_FINISH_ROUNDS {
-            rounds += 1;
-            self.stats.insisted += 1;
-            r = self.with_retry(|c| c.write_once(key, value, &mut st));
+        match self.with_retry(|c| c.write_once(key, value, &mut st)) {
+            Ok(()) => Ok(()),
+            Err(e) => self.give_up(key, value.is_none(), &mut st, e),
         }
-        if r.is_err() {
-            self.abandon(&mut st);
-        }
-        r
     }
 
-    /// The write gave up. An invalid DTE of ours left in the index would block every later
-    /// write of the key (they abort on it, as on any write in progress) and every GET once no
-    /// previous version is at hand: the key would be wedged. So the write is undone: each of
-    /// our DTEs still in the index is swapped back to its own restore target (see
-    /// [`Published::target`]), and our DTEs are recycled. That is a state the write's own
-    /// attempts already showed to readers (a GET meeting our invalid DTE answered with its
-    /// previous version or retried), so the write simply did not happen. Staged DTEs are
-    /// recycled only if none of ours is left in the index: an entry's previous-version pointer
-    /// leads to a staged DTE that concurrent GETs may still read. Otherwise they stay
-    /// allocated, and they and every DTE of ours left in the index count as leaked.
-    fn abandon(&mut self, st: &mut WriteState) {
-        // Candidate order; for an ITE word published twice (its DTE recycled and reused by a
-        // later attempt) the later record, which describes the DTE as it is now.
-        let mut published = std::mem::take(&mut st.published);
-        published.reverse();
-        published.sort_by_key(|p| p.pos);
-        published.dedup_by_key(|p| (p.slot, p.ite));
-        let mut still_published = 0u64;
-        for p in published {
-            match self.read_ite(p.slot) {
-                Ok((cur, _)) if cur != p.ite => continue, // taken out by a later writer
-                Ok(_) if !st.no_undo => {}
-                _ => {
-                    still_published += 1;
-                    continue;
-                }
-            }
-            let restore = if mutated!(self.cfg, undo_to_empty) {
-                Ite::EMPTY
-            } else {
-                p.target
-            };
-            match self.undo_retrying(p, restore) {
-                Ok(true) => {
-                    self.stats.undone += 1;
-                    st.rec.retain(|&i| i != restore);
-                    self.recycle(p.ite);
-                }
-                Ok(false) => {}
-                Err(_) => still_published += 1,
-            }
-        }
-        let rec = std::mem::take(&mut st.rec);
-        if still_published == 0 {
+    /// The write's attempts ran out. An invalid DTE of ours left in the index would block every
+    /// later write of the key, and what it replaced could not be recycled (its previous-version
+    /// pointer leads there), so first we complete our leftovers ourselves (`abandoned.rs`); any
+    /// we cannot are marked given up, for others to complete. If one was rolled forward, the
+    /// write took effect and succeeds. Staged DTEs are recycled only if none of ours is left in
+    /// the index; otherwise they stay allocated and count as leaked, with every DTE of ours left
+    /// behind.
+    fn give_up(
+        &mut self,
+        key: &[u8],
+        value_is_none: bool,
+        st: &mut WriteState,
+        e: Error,
+    ) -> Result<(), Error> {
+        let (took_effect, left) = self.finish_own(key, value_is_none, st);
+        st.published.clear();
+        let rec = st.take_staged();
+        if left == 0 {
             for ite in rec {
                 self.recycle(ite);
             }
         } else {
-            self.stats.leaked += rec.len() as u64 + still_published;
+            self.stats.leaked += rec.len() as u64 + left;
             tracing::warn!(
-                still_published,
+                left,
                 staged = rec.len(),
-                "abandoned write left an invalid DTE in the index"
+                "a write gave up and left an invalid DTE in the index for others to complete"
             );
         }
-    }
-
-    /// [`Self::undo`], retried after timeouts up to [`UNDO_ATTEMPTS`] times with the usual
-    /// back-off.
-    fn undo_retrying(&mut self, p: Published, restore: Ite) -> Attempt<bool> {
-        let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
-        for _ in 1..UNDO_ATTEMPTS {
-            match self.undo(p, restore) {
-                Err(Abort::Timeout) => {
-                    self.stats.timeouts += 1;
-                    self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
-                    backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
-                }
-                r => return r,
-            }
+        if took_effect && left == 0 {
+            return Ok(());
         }
-        self.undo(p, restore)
-    }
-
-    /// Swap our published DTE `p` out of its candidate for `restore`. Before the CAS, check that
-    /// the DTE really is still ours and untouched (our tag, invalid, not marked for recycling,
-    /// pointing to the previous version we wrote): an ITE word can come back after its DTE was
-    /// recycled and reused, and the CAS alone could not tell.
-    fn undo(&mut self, p: Published, restore: Ite) -> Attempt<bool> {
-        let d = self.deadline();
-        let f = self.fetch(p.ite, self.ep.mono_ns(), &d, &[], Want::Key)?;
-        let m = f.meta;
-        if m.valid || m.writer != self.tag || m.recycle.is_some() || m.prev != p.prev_written.0 {
-            return Ok(false);
-        }
-        self.check(&d)?;
-        self.cas_ite(p.slot, p.ite, restore)
+        Err(e)
     }
 
     /// One attempt of PUT/DELETE.
@@ -360,6 +290,10 @@ impl<E: Endpoint> CdClient<E> {
                     replaced_valid: false,
                 }));
             }
+            if self.is_abandoned(&f.meta) {
+                self.complete_write(key, ite, true)?;
+                return Err(Abort::Concurrent("completed a given-up write of the key"));
+            }
             return Err(Abort::Concurrent(
                 "write met another in-progress write on the key",
             ));
@@ -379,7 +313,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
     ) -> Attempt<Ite> {
         let c = cand.pos;
-        let (new, idx, prev_written) = self.write_new_dte(filter, cand.prev, key, value)?;
+        let (new, idx, _) = self.write_new_dte(filter, cand.prev, key, value)?;
         if let Err(e) = self.check(&p.d) {
             self.release_unpublished(idx);
             return Err(e);
@@ -389,10 +323,7 @@ impl<E: Endpoint> CdClient<E> {
             return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
         }
         st.published.push(Published {
-            pos: c,
-            slot: p.slots[c],
             ite: new,
-            prev_written,
             target: cand.prev,
         });
         self.hook(HookPoint::AfterCandidateCas);
@@ -408,7 +339,7 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Step 4: clear duplicates of the key in the candidates after the one at `c`, which now
     /// holds our DTE `new` (4.1-4.4).
-    fn clear_duplicates(
+    pub(crate) fn clear_duplicates(
         &mut self,
         p: &mut Pass<'_>,
         key: &[u8],
@@ -449,7 +380,7 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Step 6: set the new DTE valid (PUT), or take it out of its candidate in `slot` again
-    /// (DELETE). Nothing of ours is left in the index for an undo afterwards.
+    /// (DELETE). Nothing of ours is left in the index afterwards.
     fn commit(
         &mut self,
         value: Option<&[u8]>,

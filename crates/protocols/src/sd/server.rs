@@ -61,7 +61,7 @@ pub struct ServerStats {
 }
 
 /// The executing CdClient's counters a server mirrors. Its gets, puts and deletes are the
-/// server's own; `insisted` is not mirrored: a server's writes are counted by their outcome.
+/// server's own.
 const MIRRORED: [fn(&mut ClientStats) -> &mut u64; 10] = [
     |s| &mut s.concurrent_aborts,
     |s| &mut s.timeouts,
@@ -71,7 +71,7 @@ const MIRRORED: [fn(&mut ClientStats) -> &mut u64; 10] = [
     |s| &mut s.previous_version_hits,
     |s| &mut s.recycled,
     |s| &mut s.leaked,
-    |s| &mut s.undone,
+    |s| &mut s.rolled_forward,
     |s| &mut s.table_full_waits,
 ];
 

@@ -1,8 +1,11 @@
-//! The undo of abandoned writes, driven through exact interleavings with hooks.
+//! Abandoned writes, driven through exact interleavings with hooks: writers that give up
+//! complete their own leftovers, and those that cannot even do that (every read stalls past
+//! the expiry) mark them given up, to be completed by whoever meets them next, reader or
+//! writer, so that no key stays wedged.
 //!
-//! A writer W is run on its own thread; its hook parks it at chosen protocol points while the
-//! test thread completes other operations, then lets it go on. Each scenario runs with every
-//! optimisation on, with each one switched off in turn, and with all of them off.
+//! A writer W is run on its own thread; its hook parks or stalls it at chosen protocol points
+//! while the test thread completes other operations, then lets it go on. Each scenario runs
+//! with every optimisation on, with each one switched off in turn, and with all of them off.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread;
@@ -13,7 +16,7 @@ use nessie_fabric::inproc::InProcEndpoint;
 use nessie_fabric::Endpoint;
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
-use nessie_protocols::{Error, HookPoint, Optimizations, ProtocolConfig, RetryPolicy};
+use nessie_protocols::{HookPoint, Optimizations, ProtocolConfig, RetryPolicy};
 use nessie_store::Geometry;
 
 /// A small index, so that keys can be made to share candidates.
@@ -120,11 +123,12 @@ fn park_then_stall(expiry_ns: u64) -> (Hook, Receiver<()>, Sender<()>) {
     (hook, parked_rx, go_tx)
 }
 
-/// The interleaving of the issue. K sits in its second candidate because X holds the first.
-/// W's first attempt swaps K's second candidate to its invalid DTE and is parked. X is
-/// deleted; P2 completes `p2_op` on K in the first candidate, and its Step 4 clears W's DTE.
-/// W's reverse pass aborts; its second attempt replaces what P2 left in the first candidate
-/// and times out; W gives up and undoes. Returns what K reads afterwards.
+/// K sits in its second candidate because X holds the first. W's first attempt swaps K's
+/// second candidate to its invalid DTE and is parked. X is deleted; P2 completes `p2_op` on K
+/// in the first candidate, and its Step 4 clears W's DTE. W's reverse pass aborts; its second
+/// attempt replaces what P2 left in the first candidate and times out; W gives up, completes
+/// its leftover (its write takes effect after P2's) and succeeds. (When W undid instead, it
+/// restored an older value here: a lost update.) Returns what K reads afterwards.
 fn run_interleaving(
     o: Optimizations,
     p2_op: impl FnOnce(&mut CdClient<InProcEndpoint>, &[u8]),
@@ -154,10 +158,14 @@ fn run_interleaving(
     go.send(()).unwrap();
     let (r, st) = writer.join().unwrap();
     assert!(
-        matches!(r, Err(Error::Timeout { .. })),
-        "W must give up: {r:?}"
+        r.is_ok(),
+        "W completes its leftover when it gives up: {r:?}"
     );
-    assert_eq!(st.undone, 1, "W's second DTE is undone: {st:?}");
+    assert_eq!(st.timeouts, 1, "W's second attempt timed out: {st:?}");
+    assert_eq!(
+        st.rolled_forward, 1,
+        "W's second DTE is rolled forward: {st:?}"
+    );
     assert_eq!(st.leaked, 0, "{st:?}");
     let mut r = c.client_with(2, cfg(o, 50)).unwrap();
     let v = r.get(&k).unwrap();
@@ -168,37 +176,36 @@ fn run_interleaving(
 }
 
 #[test]
-fn undo_restores_the_value_its_own_attempt_replaced_not_an_older_one() {
+fn a_write_that_gives_up_after_a_concurrent_put_takes_effect_after_it() {
     for (name, o) in optimisation_sets() {
         let v = run_interleaving(o, |p, k| p.put(k, b"p2").unwrap());
         assert_eq!(
             v.as_deref(),
-            Some(&b"p2"[..]),
-            "{name}: put(K, p2) completed before W gave up, yet K reads {:?}",
+            Some(&b"w"[..]),
+            "{name}: W succeeded after put(K, p2) completed, yet K reads {:?}",
             v.as_deref().map(String::from_utf8_lossy)
         );
     }
 }
 
 #[test]
-fn undo_does_not_bring_a_deleted_key_back() {
+fn a_write_that_gives_up_after_a_concurrent_delete_takes_effect_after_it() {
     for (name, o) in optimisation_sets() {
         let v = run_interleaving(o, |p, k| p.delete(k).unwrap());
         assert_eq!(
-            v,
-            None,
-            "{name}: delete(K) completed before W gave up, yet K reads {:?}",
+            v.as_deref(),
+            Some(&b"w"[..]),
+            "{name}: W succeeded after delete(K) completed, yet K reads {:?}",
             v.as_deref().map(String::from_utf8_lossy)
         );
     }
 }
 
-/// A write whose every attempt stalls past the expiry period gives up and is undone, with
-/// each optimisation off in turn. With previous versions off the DTE's previous-version
-/// pointer is empty; the undo must still recognise the DTE as its own, or the key is wedged
-/// for good (every later GET and PUT fails with `Contended`).
+/// A write whose every attempt stalls past the expiry period gives up and completes its
+/// leftover, with each optimisation off in turn (with previous versions off the DTE's
+/// previous-version pointer is empty, which rolling forward does not need).
 #[test]
-fn abandoned_writes_are_undone_with_each_optimisation_off() {
+fn writes_that_give_up_complete_their_leftovers_with_each_optimisation_off() {
     for (name, o) in optimisation_sets() {
         for attempts in [1, 2] {
             abandon_and_check(name, o, attempts);
@@ -218,23 +225,18 @@ fn abandon_and_check(name: &str, o: Optimizations, attempts: u32) {
                 thread::sleep(Duration::from_nanos(expiry + 2_000_000));
             }
         })));
-        assert!(
-            matches!(w.put(b"k", b"lost"), Err(Error::Timeout { .. })),
-            "{name}"
-        );
-        assert!(
-            matches!(w.delete(b"k"), Err(Error::Timeout { .. })),
-            "{name}"
-        );
-        assert!(
-            matches!(w.put(b"new", b"lost"), Err(Error::Timeout { .. })),
-            "{name}"
-        );
-        let st = w.stats();
-        assert_eq!((st.undone, st.leaked), (3, 0), "{name}: {st:?}");
+        w.put(b"k", b"w")
+            .unwrap_or_else(|e| panic!("{name}: put: {e}"));
         let mut b = c.client_with(2, cfg(o, 5)).unwrap();
-        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"old"[..]), "{name}");
-        assert_eq!(b.get(b"new").unwrap(), None, "{name}");
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"w"[..]), "{name}");
+        w.delete(b"k")
+            .unwrap_or_else(|e| panic!("{name}: delete: {e}"));
+        assert_eq!(b.get(b"k").unwrap(), None, "{name}");
+        w.put(b"new", b"w")
+            .unwrap_or_else(|e| panic!("{name}: put new: {e}"));
+        let st = w.stats();
+        assert_eq!((st.rolled_forward, st.leaked), (3, 0), "{name}: {st:?}");
+        assert_eq!(b.get(b"new").unwrap().as_deref(), Some(&b"w"[..]), "{name}");
         b.put(b"k", b"b")
             .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
         b.put(b"new", b"b")
@@ -244,10 +246,10 @@ fn abandon_and_check(name: &str, o: Optimizations, attempts: u32) {
 }
 
 /// A write that took another writer's in-progress DTE out of the index (its Step 4 clears a
-/// duplicate) may not be undone: the other writer may yet commit the entry it removed. It
-/// insists on completing instead of leaving its own DTE behind to wedge the key. K's first
-/// candidate is held by X; W2 publishes its DTE in K's second candidate and is parked; X is
-/// deleted; W publishes in the first candidate, clears W2's DTE, then times out once.
+/// duplicate) and then gives up completes its own entry; the other writer, resumed, finds its
+/// entry gone and writes again. K's first candidate is held by X; W2 publishes its DTE in K's
+/// second candidate and is parked; X is deleted; W publishes in the first candidate, clears
+/// W2's DTE, then times out once and gives up.
 #[test]
 fn a_write_that_removed_another_in_progress_write_completes_instead_of_wedging_the_key() {
     for (name, o) in optimisation_sets() {
@@ -287,8 +289,8 @@ fn a_write_that_removed_another_in_progress_write_completes_instead_of_wedging_t
         let st = w.stats();
         go_tx.send(()).unwrap();
         let r2 = other.join().unwrap();
-        assert!(r.is_ok(), "{name}: W gave up: {r:?} {st:?}");
-        assert_eq!((st.insisted, st.leaked), (1, 0), "{name}: {st:?}");
+        assert!(r.is_ok(), "{name}: W failed: {r:?} {st:?}");
+        assert_eq!((st.rolled_forward, st.leaked), (1, 0), "{name}: {st:?}");
         let mut q = c.client_with(1, cfg(o, 20)).unwrap();
         let v = q.get(&k).unwrap();
         match r2 {
@@ -300,5 +302,106 @@ fn a_write_that_removed_another_in_progress_write_completes_instead_of_wedging_t
         }
         q.put(&k, b"after")
             .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+    }
+}
+
+/// How many ITEs of the whole cluster are not empty.
+fn occupancy(c: &LocalCluster) -> usize {
+    let index = &c.view().index;
+    let g = &c.view().geometry;
+    let mut ep = c.fabric().endpoint(0);
+    (0..g.nodes as u64 * g.ites_per_node)
+        .filter(|&s| ep.read_u64(index.addr(s)).unwrap() != 0)
+        .count()
+}
+
+/// Run `op` on W (a client of node 0, one attempt per operation) so that it gives up and
+/// cannot complete its leftover either: it stalls past the expiry right after its candidate
+/// CAS, then on every ITE read. It marks its entry given up and fails.
+fn give_up_entirely(
+    c: &LocalCluster,
+    o: Optimizations,
+    op: impl FnOnce(&mut CdClient<InProcEndpoint>) -> Result<(), nessie_protocols::Error>,
+) {
+    let mut w = c.client_with(0, cfg(o, 1)).unwrap();
+    let stall = Duration::from_nanos(c.config().expiry_ns + 2_000_000);
+    let mut published = false;
+    w.set_hook(Some(Box::new(move |p| match p {
+        HookPoint::AfterCandidateCas => {
+            published = true;
+            thread::sleep(stall);
+        }
+        HookPoint::AfterIteRead if published => thread::sleep(stall),
+        _ => {}
+    })));
+    let r = op(&mut w);
+    assert!(r.is_err(), "W must fail: {r:?}");
+    let st = w.stats();
+    assert_eq!(st.rolled_forward, 0, "{st:?}");
+    assert!(st.leaked >= 1, "W's entry is left in the index: {st:?}");
+}
+
+/// An insert given up on (no previous version for readers to fall back on) would make every
+/// GET of the key fail forever; the next reader completes it, and the value appears: the
+/// failed write took effect.
+#[test]
+fn a_reader_completes_an_insert_given_up_on() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        give_up_entirely(&c, o, |w| w.put(b"n", b"given up"));
+        let mut r = c.client_with(2, cfg(o, 50)).unwrap();
+        assert_eq!(
+            r.get(b"n").unwrap().as_deref(),
+            Some(&b"given up"[..]),
+            "{name}"
+        );
+        let st = r.stats();
+        assert_eq!(
+            st.rolled_forward, 1,
+            "{name}: the reader completed it: {st:?}"
+        );
+        r.put(b"n", b"after")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        assert_eq!(r.get(b"n").unwrap().as_deref(), Some(&b"after"[..]));
+    }
+}
+
+/// An update given up on: readers keep answering with the previous version, and the next
+/// writer of the key completes it before its own, which wins.
+#[test]
+fn a_writer_completes_an_update_given_up_on_before_its_own() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let mut b = c.client_with(1, cfg(o, 50)).unwrap();
+        b.put(b"k", b"old").unwrap();
+        give_up_entirely(&c, o, |w| w.put(b"k", b"given up"));
+        if o.previous_versions {
+            let mut r = c.client_with(2, cfg(o, 50)).unwrap();
+            assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"old"[..]), "{name}");
+            assert_eq!(r.stats().rolled_forward, 0, "{name}: readers need not help");
+        }
+        b.put(b"k", b"new")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        assert_eq!(b.stats().rolled_forward, 1, "{name}: {:?}", b.stats());
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"new"[..]), "{name}");
+        assert_eq!(occupancy(&c), 1, "{name}: one ITE for the key");
+    }
+}
+
+/// A DELETE given up on is completed by emptying its candidate: the next write of the key
+/// finishes it, and the key is gone.
+#[test]
+fn a_delete_given_up_on_is_completed() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let mut b = c.client_with(1, cfg(o, 50)).unwrap();
+        b.put(b"k", b"old").unwrap();
+        give_up_entirely(&c, o, |w| w.delete(b"k"));
+        b.put(b"other", b"x").unwrap();
+        b.delete(b"k")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        assert_eq!(b.stats().rolled_forward, 1, "{name}: {:?}", b.stats());
+        assert_eq!(b.get(b"k").unwrap(), None, "{name}");
+        assert_eq!(occupancy(&c), 1, "{name}: only `other` is left");
     }
 }

@@ -1,0 +1,273 @@
+//! Abandoned writes: an invalid DTE whose writer gave up on it is completed by whoever meets
+//! it, so that a write that gives up does not wedge its key.
+//!
+//! A write that runs out of attempts first completes its own leftovers (`finish_own`, for up to
+//! [`FINISH_OWN_PERIODS`] expiry periods): the forward pass up to its entry, Step 4 and the
+//! reverse pass, then it sets the entry valid in place, as its attempt would have (a tombstone
+//! is swapped for an empty ITE). If another entry of the key comes first, that write's Step 4
+//! would clear ours: we clear it ourselves, and our write did not take effect. Only if that
+//! fails too (a stalled node, a dead one) does it mark each entry it leaves *given up* (a CAS
+//! on the header word: only its writer sets the bit, after which it never acts on the entry).
+//!
+//! Anyone who meets a given-up entry (a PUT or DELETE in Step 2, a GET with no previous
+//! version to answer with, a MIGRATE whose source it is) completes it before going on
+//! (`complete_write`): the forward pass up to the entry (a valid entry of the key before it
+//! hides it, and it is left for the next write of the key, whose Step 4 clears it; a given-up
+//! one before it is completed first), Step 4 and Step 5 on the writer's behalf, then Step 6: a
+//! tombstone is CASed to empty, any other entry to a valid copy of its key and value written
+//! by the helper, who recycles the entry its CAS took out. Helpers racing on one entry are
+//! arbitrated by that CAS. The write took effect at it: the writer's operation returned an
+//! error, and a failed write may take effect at any time after its invocation.
+//!
+//! Why only entries their writer gave up on, not every entry past its write deadline: a writer
+//! that is slow but alive retries, and a retry after a helper made its value visible would
+//! apply the write a second time, after other writes (a history the checker rejects: the first
+//! version of this change did that, and the TCP multi-process run caught it). Entries of
+//! writers that *die* need the membership to say so, and fencing for writers that were only
+//! paused (issue 11); until then they wedge their key as in the paper.
+//!
+//! The previous version a given-up entry points to stays allocated, counted as leaked by its
+//! writer (readers may still follow the pointer until the entry is completed).
+
+use nessie_fabric::{Endpoint, RemoteAddr};
+use nessie_store::dte::{DteMeta, GIVEN_UP, HEADER_OFF, TOMBSTONE};
+use nessie_store::{Ite, DATA_REGION};
+use rand::Rng;
+
+use super::access::Want;
+use super::write::{Pass, WriteState};
+use super::{Abort, Attempt, CdClient};
+
+/// How long, in expiry periods, a writer that gives up keeps trying to complete its own
+/// leftover entry. Another write in progress before it in the key's candidates blocks it until
+/// that write ends or is abandoned (its deadline, the margin and an expiry period later), so a
+/// few periods are enough whatever happens.
+pub const FINISH_OWN_PERIODS: u64 = 4;
+
+/// What completing an abandoned entry did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// The write took effect: its value (or, for a DELETE, the empty ITE) is in the index.
+    RolledForward,
+    /// The entry was a duplicate behind a valid entry of the key: it was cleared, the write
+    /// did not take effect.
+    Cleared,
+    /// The entry was no longer in the index (or no longer abandoned): nothing to do.
+    Gone,
+}
+
+impl<E: Endpoint> CdClient<E> {
+    /// Whether an entry with header `m`, written by another client, is abandoned: invalid,
+    /// and its writer gave up on it.
+    pub(crate) fn is_abandoned(&self, m: &DteMeta) -> bool {
+        !m.valid && m.recycle.is_none() && m.given_up
+    }
+
+    /// Complete the abandoned write whose entry `w` holds `key`. `theirs`: `w` is another
+    /// client's, and must be abandoned (re-checked here, on a fresh read); our own leftovers
+    /// are completed as they are, since we are their writer.
+    pub(crate) fn complete_write(
+        &mut self,
+        key: &[u8],
+        w: Ite,
+        theirs: bool,
+    ) -> Attempt<Completion> {
+        let index = self.view.index.clone();
+        let mut h = index.hashes(key);
+        let mut p = Pass::new(self.deadline(), &index);
+        let Some((c, earlier_valid)) = self.find_abandoned(&mut p, key, &mut h, w, theirs)? else {
+            return Ok(Completion::Gone);
+        };
+        if earlier_valid && theirs {
+            // Invisible behind the key's valid entry, and the next write of the key clears
+            // it (Step 4). Its writer may be a MIGRATE that has yet to empty that entry (its
+            // source): clearing the copy here could lose the key.
+            return Ok(Completion::Gone);
+        }
+        let t = self.ep.mono_ns();
+        let f = self.fetch(w, t, &p.d, key, Want::ValueIfKey)?;
+        if !f.key_matches || f.meta.valid || (theirs && !self.is_abandoned(&f.meta)) {
+            return Ok(Completion::Gone);
+        }
+        if earlier_valid {
+            // Our own entry, hidden behind another of the key: our write did not take effect.
+            self.check(&p.d)?;
+            if !self.cas_ite(p.slots[c], w, Ite::EMPTY)? {
+                return Err(Abort::Concurrent(
+                    "our leftover changed before it was cleared",
+                ));
+            }
+            self.recycle(w);
+            return Ok(Completion::Cleared);
+        }
+        let tombstone = f.meta.tombstone;
+        let value = (theirs && !tombstone).then(|| self.value_of(&f));
+        // Steps 4 and 5, on the writer's behalf.
+        let mut st = WriteState::default();
+        self.clear_duplicates(&mut p, key, &mut h, c, w, &mut st)?;
+        self.reverse_pass(&p.d, &p.slots, &p.seen)?;
+        let r = self.finish_step6(&p, c, w, h.filter(), key, tombstone, value);
+        for ite in st.take_staged() {
+            self.recycle(ite); // duplicates we cleared are ours to recycle, whatever happened
+        }
+        r?;
+        self.stats.rolled_forward += 1;
+        Ok(Completion::RolledForward)
+    }
+
+    /// The forward pass of a completion, up to `w`: its candidate position and whether an
+    /// entry of the key that hides it comes before it: a valid one, or, for our own `w`
+    /// (`!theirs`), any other (that write's Step 4 will clear ours anyway). `None`: `w` is in
+    /// none of the key's candidates.
+    fn find_abandoned(
+        &mut self,
+        p: &mut Pass<'_>,
+        key: &[u8],
+        h: &mut nessie_store::index::KeyHashes<'_>,
+        w: Ite,
+        theirs: bool,
+    ) -> Attempt<Option<(usize, bool)>> {
+        let mut earlier_valid = false;
+        for i in 0..p.index.n {
+            self.check(&p.d)?;
+            p.slots[i] = h.slot(p.index, i);
+            let (ite, t) = self.read_ite(p.slots[i])?;
+            self.check(&p.d)?;
+            p.seen[i] = ite;
+            if ite == w {
+                return Ok(Some((i, earlier_valid)));
+            }
+            if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
+                continue;
+            }
+            let f = self.fetch(ite, t, &p.d, key, Want::Key)?;
+            match (f.key_matches, f.meta.valid) {
+                (true, true) => earlier_valid = true,
+                (true, false) if !theirs => earlier_valid = true,
+                (true, false) if self.is_abandoned(&f.meta) => {
+                    // Abandoned too: complete the earlier one first (the recursion only ever
+                    // goes to earlier candidates, so it ends).
+                    self.complete_write(key, ite, true)?;
+                    return Err(Abort::Concurrent("completed an earlier abandoned write"));
+                }
+                (true, false) => {
+                    return Err(Abort::Concurrent(
+                        "another write of the key is in progress before the abandoned one",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Step 6 on the writer's behalf, for the entry `w` in candidate `c`: a tombstone is
+    /// swapped for an empty ITE; another writer's entry for a valid copy of `value`; our own
+    /// entry is set valid in place, as our attempt would have (only CASes can race with it:
+    /// a helper replacing it with a copy of the same value). Whoever takes `w` out of the
+    /// index recycles it.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_step6(
+        &mut self,
+        p: &Pass<'_>,
+        c: usize,
+        w: Ite,
+        filter: u64,
+        key: &[u8],
+        tombstone: bool,
+        value: Option<Vec<u8>>,
+    ) -> Attempt<()> {
+        let desired = match (tombstone, value) {
+            (true, _) => Ite::EMPTY,
+            (false, None) if !mutated!(self.cfg, complete_to_empty) => {
+                self.check(&p.d)?;
+                return self.set_valid(w);
+            }
+            (false, None) => Ite::EMPTY,
+            (false, Some(value)) => {
+                let (copy, slot) = self.write_valid_copy(filter, key, &value)?;
+                if mutated!(self.cfg, complete_to_empty) {
+                    self.release_unpublished(slot);
+                    Ite::EMPTY
+                } else if let Err(e) = self.check(&p.d) {
+                    self.release_unpublished(slot);
+                    return Err(e);
+                } else if self.cas_ite(p.slots[c], w, copy)? {
+                    self.recycle(w);
+                    return Ok(());
+                } else {
+                    self.release_unpublished(slot); // never visible: reusable at once
+                    return Err(Abort::Concurrent(
+                        "abandoned entry changed before its completion",
+                    ));
+                }
+            }
+        };
+        self.check(&p.d)?;
+        if !self.cas_ite(p.slots[c], w, desired)? {
+            return Err(Abort::Concurrent(
+                "abandoned entry changed before its completion",
+            ));
+        }
+        self.recycle(w);
+        Ok(())
+    }
+
+    /// A write that gives up completes the entries of its own still in the index, so that it
+    /// leaves nothing behind, and marks those it could not complete given up, for others to
+    /// complete. Returns whether the write took effect (one of its entries was rolled forward
+    /// by us) and how many entries are left in the index.
+    pub(crate) fn finish_own(
+        &mut self,
+        key: &[u8],
+        tombstone: bool,
+        st: &mut WriteState,
+    ) -> (bool, u64) {
+        let mut took_effect = false;
+        let mut left = 0;
+        for ite in st.published_latest_first() {
+            match self.finish_own_one(key, ite) {
+                Ok(Completion::RolledForward) => took_effect = true,
+                Ok(_) => {}
+                Err(_) => {
+                    left += 1;
+                    self.mark_given_up(ite, tombstone);
+                }
+            }
+        }
+        (took_effect, left)
+    }
+
+    /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which
+    /// fails harmlessly if the entry was taken out and reused meanwhile: the word then holds
+    /// another writer's tag, or is valid).
+    fn mark_given_up(&mut self, ite: Ite, tombstone: bool) {
+        let loc = self.dte_location(ite);
+        let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
+        let ours = self.view.dte.header(self.tag, false) | if tombstone { TOMBSTONE } else { 0 };
+        match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up"),
+        }
+    }
+
+    /// [`Self::complete_write`] of our own entry, with the usual back-off between attempts,
+    /// for at most [`FINISH_OWN_PERIODS`] expiry periods (plus the clock margin).
+    fn finish_own_one(&mut self, key: &[u8], ite: Ite) -> Attempt<Completion> {
+        let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
+        let until =
+            self.ep.mono_ns() + FINISH_OWN_PERIODS * self.cfg.expiry_ns + self.cfg.clock_margin_ns;
+        let mut r = Err(Abort::Timeout);
+        while self.ep.mono_ns() < until {
+            r = self.complete_write(key, ite, false);
+            match &r {
+                Ok(_) | Err(Abort::Fatal(_)) => break,
+                Err(Abort::Timeout) => self.stats.timeouts += 1,
+                Err(_) => self.stats.concurrent_aborts += 1,
+            }
+            self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
+            backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
+        }
+        r
+    }
+}
