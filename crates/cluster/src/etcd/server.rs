@@ -91,33 +91,10 @@ pub fn start(
 ) -> Result<LocalEtcd, EtcdServerError> {
     let data = data_dir(dir)?;
     let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
     let log_path = dir.join(LOG_FILE);
     let err = log.try_clone().map_err(io(&log_path))?;
-    let mut cmd = Command::new(binary());
-    cmd.arg("--name")
-        .arg("nessie")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen-client-urls", &client_url])
-        .args(["--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url])
-        .args(["--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("nessie={peer_url}")])
-        .args(["--log-level", "warn"])
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err);
-    // Detach from the terminal's session so etcd outlives `nessie up`, as the nodes do.
-    // SAFETY: the closure runs in the forked child before exec and only calls setsid, which is
-    // async-signal-safe.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    let mut cmd = command(&data, &client_url, peer_port);
+    cmd.stdin(Stdio::null()).stdout(log).stderr(err);
     let mut child = cmd.spawn().map_err(|err| EtcdServerError::Spawn {
         binary: binary(),
         err,
@@ -156,6 +133,34 @@ pub fn start(
         return Err(e);
     }
     Ok(LocalEtcd { pid, client_url })
+}
+
+/// The etcd command line for a single member with its data in `data`, serving `client_url`
+/// on loopback, detached from the caller's session.
+fn command(data: &Path, client_url: &str, peer_port: u16) -> Command {
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(binary());
+    cmd.arg("--name")
+        .arg("nessie")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", client_url])
+        .args(["--advertise-client-urls", client_url])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("nessie={peer_url}")])
+        .args(["--log-level", "warn"]);
+    // Detach from the terminal's session so etcd outlives `nessie up`, as the nodes do.
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid, which is
+    // async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// The pid of the etcd serving `dir`'s data directory, if it is running.

@@ -129,11 +129,7 @@ impl<E: Endpoint> CdClient<E> {
     ) -> Attempt<Option<(usize, bool)>> {
         let mut earlier_valid = false;
         for i in 0..p.index.n {
-            self.check(&p.d)?;
-            p.slots[i] = h.slot(p.index, i);
-            let (ite, t) = self.read_ite(p.slots[i])?;
-            self.check(&p.d)?;
-            p.seen[i] = ite;
+            let (ite, t) = self.read_candidate(p, h, i)?;
             if ite == w {
                 return Ok(Some((i, earlier_valid)));
             }

@@ -255,11 +255,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &WriteState,
     ) -> Attempt<Option<Candidate>> {
         for i in 0..p.index.n {
-            self.check(&p.d)?;
-            p.slots[i] = h.slot(p.index, i);
-            let (ite, t) = self.read_ite(p.slots[i])?;
-            self.check(&p.d)?;
-            p.seen[i] = ite;
+            let (ite, t) = self.read_candidate(p, h, i)?;
             if ite.is_empty() {
                 return Ok(Some(Candidate {
                     pos: i,
@@ -349,11 +345,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
     ) -> Attempt<()> {
         for i in c + 1..p.index.n {
-            self.check(&p.d)?;
-            p.slots[i] = h.slot(p.index, i);
-            let (ite, t) = self.read_ite(p.slots[i])?;
-            self.check(&p.d)?;
-            p.seen[i] = ite;
+            let (ite, t) = self.read_candidate(p, h, i)?;
             if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
                 continue; // 4.1, 4.2
             }
@@ -405,6 +397,22 @@ impl<E: Endpoint> CdClient<E> {
         }
         st.published.clear();
         Ok(())
+    }
+
+    /// Step 2 and 4's read of candidate `i` of the pass: its ITE (recorded in `p.seen`) and
+    /// when it was read, between two timer checks.
+    pub(crate) fn read_candidate(
+        &mut self,
+        p: &mut Pass<'_>,
+        h: &mut KeyHashes<'_>,
+        i: usize,
+    ) -> Attempt<(Ite, u64)> {
+        self.check(&p.d)?;
+        p.slots[i] = h.slot(p.index, i);
+        let (ite, t) = self.read_ite(p.slots[i])?;
+        self.check(&p.d)?;
+        p.seen[i] = ite;
+        Ok((ite, t))
     }
 
     /// Re-read candidates N-1..1 (skipping the last one examined) and abort on any change.
