@@ -21,7 +21,9 @@ use nessie_protocols::sd::{
     self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
     REQUEST_REGION, RESPONSE_REGION,
 };
-use nessie_protocols::{ClientParts, Error, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
+use nessie_protocols::{
+    ClientParts, Error, Fence, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease,
+};
 use nessie_store::classtable::ClassTable;
 use nessie_store::{Geometry, INDEX_REGION};
 
@@ -50,6 +52,8 @@ pub struct LocalCluster {
     /// Each node's reclaimer (`crate::reclaimer`), as in node processes.
     reclaimers: Vec<JoinHandle<()>>,
     reclaimers_stop: Arc<AtomicBool>,
+    /// Each node's membership view, given to its client-driven workers ([`Self::fail_node`]).
+    fences: Vec<Arc<Fence>>,
 }
 
 impl LocalCluster {
@@ -108,6 +112,7 @@ impl LocalCluster {
             .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
+        let fences = (0..g.nodes).map(|_| Arc::new(Fence::unfenced())).collect();
         let mut c = Self {
             fabric,
             view,
@@ -118,6 +123,7 @@ impl LocalCluster {
             rpc: None,
             reclaimers: Vec::new(),
             reclaimers_stop: Arc::new(AtomicBool::new(false)),
+            fences,
         };
         c.start_reclaimers()?;
         if let Some(shared) = shared {
@@ -239,8 +245,21 @@ impl LocalCluster {
         cfg: ProtocolConfig,
     ) -> Result<CdClient<InProcEndpoint>, Error> {
         match self.new_client(node, Mode::Cd, cfg)? {
-            ModeClient::Cd(c) => Ok(c),
+            ModeClient::Cd(mut c) => {
+                c.set_fence(self.fences[node as usize].clone());
+                Ok(c)
+            }
             _ => unreachable!("Mode::Cd makes a CD client"),
+        }
+    }
+
+    /// Declare `node` failed, as membership does when its lease lapses: its own workers are
+    /// fenced (they start no write), and every other node's workers may complete the writes
+    /// its workers left in flight, once those are past their deadline.
+    pub fn fail_node(&self, node: NodeId) {
+        self.fences[node as usize].set_lease_until(0);
+        for f in &self.fences {
+            f.set_gone(node, true);
         }
     }
 

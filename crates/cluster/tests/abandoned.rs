@@ -405,3 +405,139 @@ fn a_delete_given_up_on_is_completed() {
         assert_eq!(occupancy(&c), 1, "{name}: only `other` is left");
     }
 }
+
+/// Run `op` on W (a client of node 0) on its own thread and crash it right after its
+/// candidate CAS: the thread dies (a panic), leaving W's invalid DTE in the index with nobody
+/// to finish it. Returns once the thread is gone.
+fn crash_after_cas(
+    c: &LocalCluster,
+    o: Optimizations,
+    op: impl FnOnce(&mut CdClient<InProcEndpoint>) + Send + 'static,
+) {
+    let mut w = c.client_with(0, cfg(o, 5)).unwrap();
+    w.set_hook(Some(Box::new(|p| {
+        if p == HookPoint::AfterCandidateCas {
+            panic!("W crashes after its CAS (simulated)");
+        }
+    })));
+    let crashed = thread::spawn(move || op(&mut w)).join();
+    assert!(crashed.is_err(), "W must have crashed");
+}
+
+/// Wait until entries written now are past their deadline by the margin and an expiry period.
+fn past_grace(c: &LocalCluster) {
+    let cfg = c.config();
+    thread::sleep(Duration::from_nanos(
+        2 * cfg.expiry_ns + cfg.clock_margin_ns + 5_000_000,
+    ));
+}
+
+/// A crashed writer's insert wedges the key (no previous version to answer with) for as long
+/// as its node counts as alive, however old the entry: time alone does not prove a writer
+/// dead. Once membership declares the node failed, the next reader completes it.
+#[test]
+fn a_crashed_insert_is_completed_once_its_node_failed() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        crash_after_cas(&c, o, |w| {
+            let _ = w.put(b"n", b"crashed");
+        });
+        past_grace(&c);
+        let mut r = c.client_with(2, cfg(o, 5)).unwrap();
+        assert!(
+            matches!(r.get(b"n"), Err(nessie_protocols::Error::Contended { .. })),
+            "{name}: an entry of a live node is not completed"
+        );
+        c.fail_node(0);
+        let mut r = c.client_with(2, cfg(o, 50)).unwrap();
+        assert_eq!(
+            r.get(b"n").unwrap().as_deref(),
+            Some(&b"crashed"[..]),
+            "{name}"
+        );
+        assert_eq!(r.stats().rolled_forward, 1, "{name}: {:?}", r.stats());
+        r.put(b"n", b"after")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+    }
+}
+
+/// A crashed writer's update and delete, completed by the next writer once the node failed.
+#[test]
+fn crashed_updates_and_deletes_are_completed_once_their_node_failed() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let mut b = c.client_with(1, cfg(o, 50)).unwrap();
+        b.put(b"u", b"old").unwrap();
+        b.put(b"d", b"old").unwrap();
+        crash_after_cas(&c, o, |w| {
+            let _ = w.put(b"u", b"crashed");
+        });
+        crash_after_cas(&c, o, |w| {
+            let _ = w.delete(b"d");
+        });
+        c.fail_node(0);
+        past_grace(&c);
+        b.put(b"u", b"new")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        b.put(b"d", b"new")
+            .unwrap_or_else(|e| panic!("{name}: key wedged: {e}"));
+        assert_eq!(b.stats().rolled_forward, 2, "{name}: {:?}", b.stats());
+        assert_eq!(b.get(b"u").unwrap().as_deref(), Some(&b"new"[..]), "{name}");
+        assert_eq!(b.get(b"d").unwrap().as_deref(), Some(&b"new"[..]), "{name}");
+        assert_eq!(occupancy(&c), 2, "{name}: one ITE per key");
+    }
+}
+
+/// A writer of a failed node that was only paused (parked right after its CAS while its node
+/// was declared failed and its entry completed by another node) is fenced when it resumes:
+/// it writes nothing more, so its value is not applied a second time after the write that
+/// followed the completion.
+#[test]
+fn a_paused_writer_of_a_failed_node_is_fenced_and_writes_nothing_more() {
+    for (name, o) in optimisation_sets() {
+        let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
+        let mut b = c.client_with(1, cfg(o, 50)).unwrap();
+        b.put(b"k", b"old").unwrap();
+        let mut w = c.client_with(0, cfg(o, 50)).unwrap();
+        let (parked_tx, parked_rx) = channel();
+        let (go_tx, go_rx) = channel::<()>();
+        let mut first = true;
+        w.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::AfterCandidateCas && std::mem::take(&mut first) {
+                parked_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+            }
+        })));
+        let writer = thread::spawn(move || (w.put(b"k", b"paused"), w.stats()));
+        parked_rx.recv().unwrap();
+        c.fail_node(0);
+        past_grace(&c);
+        // Completes W's entry (its value becomes visible), then writes its own.
+        b.put(b"k", b"later").unwrap();
+        assert_eq!(b.stats().rolled_forward, 1, "{name}: {:?}", b.stats());
+        go_tx.send(()).unwrap();
+        let (r, st) = writer.join().unwrap();
+        assert!(
+            matches!(r, Err(nessie_protocols::Error::Fenced { node: 0 })),
+            "{name}: {r:?} {st:?}"
+        );
+        assert_eq!(
+            b.get(b"k").unwrap().as_deref(),
+            Some(&b"later"[..]),
+            "{name}"
+        );
+        let mut fenced = c.client_with(0, cfg(o, 50)).unwrap();
+        assert!(
+            matches!(
+                fenced.put(b"x", b"y"),
+                Err(nessie_protocols::Error::Fenced { .. })
+            ),
+            "{name}"
+        );
+        assert_eq!(
+            fenced.get(b"k").unwrap().as_deref(),
+            Some(&b"later"[..]),
+            "{name}: reads go on"
+        );
+    }
+}

@@ -24,6 +24,10 @@ pub enum Error {
     Contended { attempts: u32 },
     #[error("node {node} is unreachable: {reason}")]
     Unreachable { node: NodeId, reason: String },
+    /// This node's membership lease has lapsed or will before the operation could end: it may
+    /// have been declared failed, and its writes are then others' to complete.
+    #[error("node {node} is fenced: its membership lease has lapsed (it may have been declared failed), so it makes no writes until it registers again")]
+    Fenced { node: NodeId },
     #[error("fabric error: {0}")]
     Fabric(FabricError),
     #[error("corrupt data table entry: {0}")]

@@ -28,6 +28,7 @@ macro_rules! mutated {
 pub mod cd;
 pub mod config;
 pub mod error;
+pub mod fence;
 pub mod hooks;
 pub mod hy;
 pub mod sd;
@@ -36,6 +37,7 @@ pub mod sd;
 pub use config::Mutations;
 pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
+pub use fence::Fence;
 pub use hooks::HookPoint;
 
 /// What every protocol's client offers: the key-value API. Workloads, stress tests and

@@ -59,6 +59,11 @@ impl WriterTag {
     pub fn new(node: u16, worker: u16) -> Self {
         Self((node as u32) << 16 | worker as u32)
     }
+
+    /// The node of the writer.
+    pub fn node(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
 }
 
 /// What a new entry's header and recycle word say.

@@ -57,10 +57,21 @@ pub(crate) enum Completion {
 }
 
 impl<E: Endpoint> CdClient<E> {
-    /// Whether an entry with header `m`, written by another client, is abandoned: invalid,
-    /// and its writer gave up on it.
+    /// Whether an entry with header `m`, written by another client, is abandoned: invalid, and
+    /// its writer gave up on it, or its writer's node failed (`Fence`) and its write deadline
+    /// has passed by the clock margin and one more expiry period (the dead writer's last step
+    /// came after its last timer check, before its deadline).
     pub(crate) fn is_abandoned(&self, m: &DteMeta) -> bool {
-        !m.valid && m.recycle.is_none() && m.given_up
+        if m.valid || m.recycle.is_some() {
+            return false;
+        }
+        if m.given_up {
+            return true;
+        }
+        let grace = self.cfg.clock_margin_ns.saturating_add(self.cfg.expiry_ns);
+        m.write_deadline != 0
+            && self.writer_gone(m.writer.node())
+            && self.ep.now_ns() > m.write_deadline.saturating_add(grace)
     }
 
     /// Complete the abandoned write whose entry `w` holds `key`. `theirs`: `w` is another
@@ -72,6 +83,7 @@ impl<E: Endpoint> CdClient<E> {
         w: Ite,
         theirs: bool,
     ) -> Attempt<Completion> {
+        self.check_fence()?;
         let index = self.view.index.clone();
         let mut h = index.hashes(key);
         let mut p = Pass::new(self.deadline(), &index);

@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::config::ProtocolConfig;
 use crate::error::Error;
+use crate::fence::Fence;
 #[cfg(any(test, feature = "testing"))]
 use crate::hooks::Hook;
 use crate::hooks::HookPoint;
@@ -193,6 +194,8 @@ pub struct CdClient<E: Endpoint> {
     #[cfg(any(test, feature = "testing"))]
     hook: Option<Hook>,
     stats: ClientStats,
+    /// Membership: whether this node may act, and whose writers are gone.
+    fence: Arc<Fence>,
     /// Scratch buffer for DTE reads.
     buf: Vec<u8>,
     /// Scratch buffer for DTE writes.
@@ -247,6 +250,7 @@ impl<E: Endpoint> CdClient<E> {
             #[cfg(any(test, feature = "testing"))]
             hook: None,
             stats: ClientStats::default(),
+            fence: Arc::new(Fence::unfenced()),
             buf: Vec::new(),
             wbuf: Vec::new(),
         })
@@ -366,6 +370,27 @@ impl<E: Endpoint> CdClient<E> {
     #[cfg(not(any(test, feature = "testing")))]
     #[inline(always)]
     pub(crate) fn hook(&mut self, _: HookPoint) {}
+
+    /// Obey `fence` (the node's membership view) from now on.
+    pub fn set_fence(&mut self, fence: Arc<Fence>) {
+        self.fence = fence;
+    }
+
+    /// Whether this node may start an attempt that writes (it ends, within one expiry period,
+    /// before the node's lease may lapse).
+    pub(crate) fn check_fence(&self) -> Attempt<()> {
+        if self.fence.may_act(self.ep.now_ns(), self.cfg.expiry_ns) {
+            return Ok(());
+        }
+        Err(Abort::Fatal(Error::Fenced {
+            node: self.ep.node(),
+        }))
+    }
+
+    /// Whether the writers of `node` are gone (it failed).
+    pub(crate) fn writer_gone(&self, node: NodeId) -> bool {
+        self.fence.is_gone(node)
+    }
 
     pub(crate) fn deadline(&self) -> Deadline {
         Deadline {

@@ -195,6 +195,7 @@ impl<E: Endpoint> CdClient<E> {
         value: Option<&[u8]>,
         st: &mut WriteState,
     ) -> Attempt<()> {
+        self.check_fence()?;
         let index = self.view.index.clone();
         let mut h = index.hashes(key); // Step 1 (lazily)
         let mut migrations = 0;

@@ -1,0 +1,99 @@
+//! What membership tells the protocol: whether this node may still act (its membership lease
+//! holds: fencing) and which nodes' writers are gone (their nodes failed), so that their
+//! in-flight writes may be completed by others.
+//!
+//! A node that cannot renew its lease may have been declared failed by peers that can, who
+//! then complete its writers' entries: so its writers start an attempt only if the attempt
+//! ends (one expiry period later) before the lease is known to lapse, and a writer of a node
+//! declared failed started its last attempt before its lease lapsed, which was before the
+//! failure was declared. Entries of a gone node's writers are completed only once their write
+//! deadline has passed by the clock margin and one more expiry period
+//! (`cd::CdClient::is_abandoned`).
+//!
+//! Without membership (the default), nothing is fenced and no writer is ever gone: entries of a
+//! client that dies wedge their key until a client with the same writer tag retries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nessie_fabric::NodeId;
+use nessie_store::limits::MAX_NODES;
+
+const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
+
+/// One node's view of membership, shared by its client workers.
+#[derive(Debug)]
+pub struct Fence {
+    /// Wall-clock ns (since the Unix epoch) until which this node's lease is known to hold.
+    lease_until_ns: AtomicU64,
+    /// One bit per node: its writers are gone.
+    gone: [AtomicU64; WORDS],
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Self::unfenced()
+    }
+}
+
+impl Fence {
+    /// No membership: never fenced, nobody gone.
+    pub fn unfenced() -> Self {
+        Self {
+            lease_until_ns: AtomicU64::new(u64::MAX),
+            gone: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Record until when this node's lease is known to hold.
+    pub fn set_lease_until(&self, ns: u64) {
+        self.lease_until_ns.store(ns, Ordering::SeqCst);
+    }
+
+    pub fn lease_until(&self) -> u64 {
+        self.lease_until_ns.load(Ordering::SeqCst)
+    }
+
+    /// Whether an attempt of `span_ns` starting at `now_ns` (wall clock) ends before the lease
+    /// may lapse.
+    pub fn may_act(&self, now_ns: u64, span_ns: u64) -> bool {
+        now_ns.saturating_add(span_ns) < self.lease_until()
+    }
+
+    /// Record whether `node`'s writers are gone (the node failed in the current epoch).
+    pub fn set_gone(&self, node: NodeId, gone: bool) {
+        let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
+        if gone {
+            self.gone[w].fetch_or(bit, Ordering::SeqCst);
+        } else {
+            self.gone[w].fetch_and(!bit, Ordering::SeqCst);
+        }
+    }
+
+    pub fn is_gone(&self, node: NodeId) -> bool {
+        let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
+        self.gone[w].load(Ordering::SeqCst) & bit != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unfenced_until_told_otherwise() {
+        let f = Fence::unfenced();
+        assert!(f.may_act(u64::MAX - 10, 5));
+        assert!(!f.is_gone(0) && !f.is_gone(MAX_NODES as NodeId - 1));
+        f.set_lease_until(1_000);
+        assert!(f.may_act(100, 899));
+        assert!(
+            !f.may_act(100, 900),
+            "the attempt would end as the lease lapses"
+        );
+        f.set_gone(70, true);
+        f.set_gone(3, true);
+        assert!(f.is_gone(70) && f.is_gone(3) && !f.is_gone(6) && !f.is_gone(71));
+        f.set_gone(70, false);
+        assert!(!f.is_gone(70) && f.is_gone(3));
+    }
+}
