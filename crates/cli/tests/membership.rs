@@ -108,6 +108,24 @@ fn a_killed_node_fails_in_a_new_epoch_within_the_ttl_and_a_restarted_one_joins()
     assert_eq!(s[0]["epoch"], 3);
     let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
     assert!(text.contains("membership: epoch 3"), "{text}");
+    // A joining node serves reads but is fenced for writes (it rejoins no data yet); the
+    // survivors write on.
+    let (_, s) = wait_for(&c, Duration::from_secs(10), |s| {
+        s[1]["membership"]["epoch"] == 3
+    });
+    assert_eq!(
+        s.iter()
+            .map(|n| n["membership"]["may_write"].clone())
+            .collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    let put = c.nessie(&["put", "--node", "1", "k2", "v"]);
+    assert!(!put.status.success());
+    assert!(stderr(&put).contains("fenced"), "{}", stderr(&put));
+    assert!(c
+        .nessie(&["put", "--node", "2", "k2", "v"])
+        .status
+        .success());
 }
 
 #[test]

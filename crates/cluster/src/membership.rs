@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use nessie_protocols::Fence;
+
 use crate::etcd::{Etcd, EtcdError, LeaseId};
 
 /// Least lease TTL we ask for. etcd itself raises shorter TTLs to its own minimum (3 s with
@@ -226,92 +228,120 @@ pub struct View {
 }
 
 /// A node's registration and monitor: a thread that keeps the lease alive and runs [`step`]
-/// every half TTL. Dropping it stops the thread and revokes the lease (a clean shutdown is
-/// seen at once; a crash when the lease lapses).
+/// every half TTL, and feeds what it learns into the node's protocol [`Fence`]: the nodes that
+/// failed (their writers' in-flight writes may be completed), and whether this node may still
+/// write (not once its own lease lapsed or the configuration says it is not `up`). Dropping it
+/// stops the thread and revokes the lease (a clean shutdown is seen at once; a crash when the
+/// lease lapses).
+///
+/// When etcd cannot be reached the fence is left as it was, so the node keeps serving in the
+/// epoch it knows, as it should when etcd is down for everyone. A node cut off from etcd while
+/// its peers are not would go on writing after they declare it failed and complete its
+/// writes: fencing it on its own lease clock (FaRM's rule) would close that, at the price of
+/// stopping every write whenever etcd is down (issue 11).
 pub struct Monitor {
-    view: Arc<Mutex<View>>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     etcd: Etcd,
-    lease: LeaseId,
+}
+
+/// What the monitor thread and its owner share.
+struct Shared {
+    view: Mutex<View>,
+    stop: AtomicBool,
+    /// The lease the registration lives under now (it changes when it lapsed and was renewed).
+    lease: std::sync::atomic::AtomicI64,
+    fence: Arc<Fence>,
 }
 
 impl Monitor {
-    /// Register node `id` (pid `pid`) under a new lease and start monitoring.
+    /// Register node `id` under a new lease and start monitoring, feeding `fence`.
     pub fn start(
         etcd: Etcd,
         keys: Keys,
         id: u16,
         lease_ttl_s: u64,
+        fence: Arc<Fence>,
     ) -> Result<Monitor, MembershipError> {
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
             return Err(MembershipError::LeaseTtl(lease_ttl_s));
         }
-        let lease = etcd.grant(lease_ttl_s)?;
-        let record = serde_json::json!({ "id": id, "pid": std::process::id() });
-        etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
-        let view = Arc::new(Mutex::new(View {
-            etcd_url: etcd.url().to_string(),
-            lease_ttl_s,
-            ..View::default()
-        }));
-        let stop = Arc::new(AtomicBool::new(false));
+        let lease = register(&etcd, &keys, id, lease_ttl_s)?;
+        let shared = Arc::new(Shared {
+            view: Mutex::new(View {
+                etcd_url: etcd.url().to_string(),
+                lease_ttl_s,
+                ..View::default()
+            }),
+            stop: AtomicBool::new(false),
+            lease: std::sync::atomic::AtomicI64::new(lease.0),
+            fence,
+        });
         let thread = {
-            let (etcd, view, stop) = (etcd.clone(), view.clone(), stop.clone());
+            let (etcd, shared) = (etcd.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("membership-{id}"))
-                .spawn(move || run(etcd, keys, id, lease, lease_ttl_s, view, stop))
+                .spawn(move || run(etcd, keys, id, lease_ttl_s, &shared))
                 .map_err(|e| MembershipError::BadRecord {
                     key: "thread".into(),
                     why: e.to_string(),
                 })?
         };
         Ok(Monitor {
-            view,
-            stop,
+            shared,
             thread: Some(thread),
             etcd,
-            lease,
         })
     }
 
     pub fn view(&self) -> View {
-        self.view.lock().expect("membership view lock").clone()
+        self.shared
+            .view
+            .lock()
+            .expect("membership view lock")
+            .clone()
+    }
+
+    /// Whether this node may write (its lease holds and it is `up`).
+    pub fn may_write(&self) -> bool {
+        self.shared.fence.lease_until() != 0
     }
 }
 
 impl Drop for Monitor {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
         }
-        let _ = self.etcd.revoke(self.lease);
+        let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
+        let _ = self.etcd.revoke(lease);
     }
 }
 
+/// Put node `id`'s registration under a new lease.
+fn register(etcd: &Etcd, keys: &Keys, id: u16, ttl_s: u64) -> Result<LeaseId, MembershipError> {
+    let lease = etcd.grant(ttl_s)?;
+    let record = serde_json::json!({ "id": id, "pid": std::process::id() });
+    etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
+    Ok(lease)
+}
+
 /// The monitor thread: refresh the lease every TTL/3, step the configuration every TTL/2.
-fn run(
-    etcd: Etcd,
-    keys: Keys,
-    id: u16,
-    mut lease: LeaseId,
-    ttl_s: u64,
-    view: Arc<Mutex<View>>,
-    stop: Arc<AtomicBool>,
-) {
+fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
     let mut ticks = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !shared.stop.load(Ordering::Relaxed) {
         let mut result = Ok(());
         if ticks.is_multiple_of(2) {
-            result = keep_registered(&etcd, &keys, id, &mut lease, ttl_s);
+            result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
         if ticks.is_multiple_of(3) && result.is_ok() {
             result = step(&etcd, &keys).map(|c| {
                 if let Some(c) = c {
-                    view.lock().expect("membership view lock").config = Some(c);
+                    apply(&c, id, &shared.fence);
+                    shared.view.lock().expect("membership view lock").config = Some(c);
                 }
             });
         }
@@ -319,32 +349,40 @@ fn run(
         if let Some(e) = &err {
             tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
         }
-        view.lock().expect("membership view lock").etcd_error = err;
+        shared.view.lock().expect("membership view lock").etcd_error = err;
         ticks += 1;
         std::thread::park_timeout(tick);
     }
 }
 
-/// Refresh the lease; if it lapsed (etcd was unreachable for a TTL, or this process was
-/// stopped), register again under a new one.
+/// Feed configuration `c` into node `id`'s fence: failed nodes' writers are gone, and this node
+/// writes only while it is `up`.
+pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
+    for m in &c.nodes {
+        fence.set_gone(m.id, m.state == NodeState::Failed);
+    }
+    let up = c.state(id) == Some(NodeState::Up);
+    fence.set_lease_until(if up { u64::MAX } else { 0 });
+}
+
+/// Refresh the lease; if it lapsed (this process was stopped, or etcd unreachable, for a TTL),
+/// fence the node (its peers may declare it failed and complete its writes) and register
+/// again under a new one.
 fn keep_registered(
     etcd: &Etcd,
     keys: &Keys,
     id: u16,
-    lease: &mut LeaseId,
     ttl_s: u64,
+    shared: &Shared,
 ) -> Result<(), MembershipError> {
-    if etcd.keep_alive(*lease)? > 0 {
+    let lease = LeaseId(shared.lease.load(Ordering::Relaxed));
+    if etcd.keep_alive(lease)? > 0 {
         return Ok(());
     }
-    *lease = etcd.grant(ttl_s)?;
-    let record = serde_json::json!({ "id": id, "pid": std::process::id() });
-    etcd.put(
-        &keys.member(id),
-        record.to_string().as_bytes(),
-        Some(*lease),
-    )?;
-    tracing::warn!(id, "membership: lease had lapsed; registered again");
+    shared.fence.set_lease_until(0);
+    let lease = register(etcd, keys, id, ttl_s)?;
+    shared.lease.store(lease.0, Ordering::Relaxed);
+    tracing::warn!(id, "membership: lease had lapsed; fenced, registered again");
     Ok(())
 }
 
@@ -370,6 +408,34 @@ mod tests {
         assert_eq!((c4.epoch, states(&c4)), (4, vec![Up, Failed, Up]));
         assert_eq!(c4.state(1), Some(Failed));
         assert_eq!(c4.state(9), None);
+    }
+
+    #[test]
+    fn applying_a_configuration_marks_failed_nodes_gone_and_fences_a_node_not_up() {
+        use NodeState::*;
+        let c = Configuration {
+            epoch: 3,
+            nodes: vec![
+                Member { id: 0, state: Up },
+                Member {
+                    id: 1,
+                    state: Failed,
+                },
+                Member {
+                    id: 2,
+                    state: Joining,
+                },
+            ],
+        };
+        let f = Fence::unfenced();
+        apply(&c, 0, &f);
+        assert!(f.is_gone(1) && !f.is_gone(0) && !f.is_gone(2));
+        assert!(f.may_act(1, 1), "node 0 is up");
+        apply(&c, 2, &f);
+        assert!(!f.may_act(1, 1), "a joining node does not write");
+        let back = c.successor(&[0, 1, 2]).unwrap();
+        apply(&back, 0, &f);
+        assert!(!f.is_gone(1), "a node that came back is not gone any more");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
 use crate::membership::{MembershipError, Monitor};
 use crate::rundir::{PidFile, RunDir};
+use nessie_protocols::Fence;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -103,6 +104,8 @@ pub struct NodeContext {
     servers: Vec<Arc<ServerStats>>,
     /// This node's etcd registration and membership monitor (`[membership]` configured).
     membership: Option<Monitor>,
+    /// The membership view its client-driven workers obey (fed by `membership`).
+    fence: Arc<Fence>,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -145,7 +148,11 @@ impl NodeContext {
             table: self.table.clone(),
             cfg: pcfg.clone(),
         };
-        Ok(ModeClient::new(self.mode, parts, || self.worker_id(), rpc)?)
+        let mut client = ModeClient::new(self.mode, parts, || self.worker_id(), rpc)?;
+        if let ModeClient::Cd(c) = &mut client {
+            c.set_fence(self.fence.clone());
+        }
+        Ok(client)
     }
 
     /// The protocol configuration of the cluster.
@@ -265,13 +272,18 @@ impl NodeContext {
             "etcd_error": v.etcd_error,
             "lease_ttl_s": v.lease_ttl_s,
             "epoch": v.config.as_ref().map(|c| c.epoch),
+            "may_write": m.may_write(),
             "nodes": v.config.as_ref().map(|c| &c.nodes),
         })
     }
 }
 
-/// Register node `id` in the configured etcd and start its membership monitor.
-fn start_membership(cfg: &ClusterConfig, id: u16) -> Result<Option<Monitor>, NodeError> {
+/// Register node `id` in the configured etcd and start its membership monitor, feeding `fence`.
+fn start_membership(
+    cfg: &ClusterConfig,
+    id: u16,
+    fence: Arc<Fence>,
+) -> Result<Option<Monitor>, NodeError> {
     let Some(m) = &cfg.membership else {
         return Ok(None);
     };
@@ -281,6 +293,7 @@ fn start_membership(cfg: &ClusterConfig, id: u16) -> Result<Option<Monitor>, Nod
         cfg.membership_keys(),
         id,
         m.lease_ttl_s,
+        fence,
     )?))
 }
 
@@ -385,7 +398,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let stop = Arc::new(AtomicBool::new(false));
     let mut server_threads = start_servers(&mut ctx, &stop)?;
     server_threads.push(start_reclaimer(&ctx, &stop)?);
-    ctx.membership = start_membership(&ctx.cfg, id)?;
+    ctx.membership = start_membership(&ctx.cfg, id, ctx.fence.clone())?;
     let ctx = Arc::new(ctx);
     let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
@@ -443,6 +456,7 @@ fn join_cluster(
         delay,
         servers: Vec::new(),
         membership: None,
+        fence: Arc::new(Fence::unfenced()),
     };
     Ok((ctx, bootstrap))
 }
