@@ -627,7 +627,7 @@ fn print_membership(
                 })
                 .collect();
             println!(
-                "membership: {e}; the nodes keep serving in the epoch they know ({}), but membership cannot change",
+                "membership: {e}; the nodes keep serving reads in the epoch they know ({}), but membership cannot change, and each node stops writing within a lease TTL (its peers could declare it failed)",
                 if known.is_empty() { "none known".to_string() } else { known.join(", ") }
             );
         }

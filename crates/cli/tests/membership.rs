@@ -1,6 +1,7 @@
 //! Membership through a real etcd (Debian `etcd-server`), started by `nessie up`: a node killed
 //! with SIGKILL is declared failed in a new epoch within its lease TTL, a restarted one
-//! registers again and joins, the nodes keep serving when etcd is gone, and clusters sharing
+//! registers again and joins (fenced for writes), the nodes keep serving reads when etcd is
+//! gone and stop writing within a lease TTL, and clusters sharing
 //! an etcd keep apart. Every test stops what it started (`Cluster` runs `nessie down`, which
 //! also stops the local etcd).
 
@@ -129,7 +130,7 @@ fn a_killed_node_fails_in_a_new_epoch_within_the_ttl_and_a_restarted_one_joins()
 }
 
 #[test]
-fn nodes_keep_serving_when_etcd_is_gone_and_status_says_so() {
+fn nodes_keep_serving_reads_when_etcd_is_gone_stop_writing_and_status_says_so() {
     let c = Cluster::up("member-noetcd", 2, "shm", &[]);
     assert!(c.nessie(&["put", "k", "v1"]).status.success());
     let etcd = etcd_server::running(&c.dir).expect("up started a local etcd");
@@ -148,10 +149,18 @@ fn nodes_keep_serving_when_etcd_is_gone_and_status_says_so() {
     assert!(c.nessie(&["put", "k", "v2"]).status.success());
     let got = c.nessie(&["get", "k"]);
     assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v2");
-    // The nodes notice too, and say so in their own reports.
+    // The nodes notice too, and say so in their own reports; once their leases may have
+    // lapsed they stop writing (their peers could have declared them failed), and serve reads.
     wait_for(&c, Duration::from_secs(10), |s| {
         s.iter().all(|n| n["membership"]["etcd_error"].is_string())
     });
+    wait_for(&c, EFFECTIVE_TTL + NOTICE_WITHIN, |s| {
+        s.iter().all(|n| n["membership"]["may_write"] == false)
+    });
+    let put = c.nessie(&["put", "k", "v3"]);
+    assert!(stderr(&put).contains("fenced"), "{}", stderr(&put));
+    let got = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v2");
     let down = c.nessie(&["down"]);
     assert!(down.status.success(), "{}", stderr(&down));
 }

@@ -289,6 +289,8 @@ pub enum InvalidConfig {
     Etcd(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
     LeaseTtl(u64),
+    #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
+    LeaseTooShort { ttl_s: u64, expiry_ms: u64 },
     /// The mode's or the server-driven machinery's settings in `[cluster]`.
     #[error("cluster: {0}")]
     Cluster(#[source] nessie_protocols::ConfigError),
@@ -364,6 +366,14 @@ impl ClusterConfig {
         crate::etcd::Etcd::new(&m.etcd).map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
             return Err(InvalidConfig::LeaseTtl(m.lease_ttl_s));
+        }
+        // The lease is refreshed every third of its TTL, and a write attempt (one expiry
+        // period) must fit in what is left of it, or writers would be fenced between refreshes.
+        if 2 * m.lease_ttl_s * 1000 <= 3 * self.protocol.expiry_ms {
+            return Err(InvalidConfig::LeaseTooShort {
+                ttl_s: m.lease_ttl_s,
+                expiry_ms: self.protocol.expiry_ms,
+            });
         }
         Ok(())
     }
@@ -654,6 +664,13 @@ mod tests {
             (
                 Box::new(|c| c.membership = Some(membership("http://e:2379", 601))),
                 "membership.lease_ttl_s = 601",
+            ),
+            (
+                Box::new(|c| {
+                    c.protocol.expiry_ms = 2_000;
+                    c.membership = Some(membership("http://e:2379", 3))
+                }),
+                "too short for protocol.expiry_ms = 2000",
             ),
         ];
         let mut good = cfg();

@@ -17,7 +17,7 @@
 //! serving in the epoch they know and the configuration cannot change; the monitor records
 //! the error for `status`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -229,16 +229,13 @@ pub struct View {
 
 /// A node's registration and monitor: a thread that keeps the lease alive and runs [`step`]
 /// every half TTL, and feeds what it learns into the node's protocol [`Fence`]: the nodes that
-/// failed (their writers' in-flight writes may be completed), and whether this node may still
-/// write (not once its own lease lapsed or the configuration says it is not `up`). Dropping it
-/// stops the thread and revokes the lease (a clean shutdown is seen at once; a crash when the
-/// lease lapses).
-///
-/// When etcd cannot be reached the fence is left as it was, so the node keeps serving in the
-/// epoch it knows, as it should when etcd is down for everyone. A node cut off from etcd while
-/// its peers are not would go on writing after they declare it failed and complete its
-/// writes: fencing it on its own lease clock (FaRM's rule) would close that, at the price of
-/// stopping every write whenever etcd is down (issue 11).
+/// failed (their writers' in-flight writes may be completed), and until when this node may
+/// write: while the configuration says it is `up`, until its lease may lapse by its own clock
+/// (the time it sent its last successful keep-alive plus the TTL etcd granted). A node that was
+/// paused past its lease is thus fenced the moment it resumes, before it hears from etcd, and a
+/// node that cannot reach etcd stops writing (reads go on) within a TTL, since its peers may
+/// declare it failed and complete its writes (FaRM's rule). Dropping it stops the thread and
+/// revokes the lease (a clean shutdown is seen at once; a crash when the lease lapses).
 pub struct Monitor {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -251,7 +248,31 @@ struct Shared {
     stop: AtomicBool,
     /// The lease the registration lives under now (it changes when it lapsed and was renewed).
     lease: std::sync::atomic::AtomicI64,
+    /// Wall-clock ns until which the lease holds for sure (the last keep-alive's send time plus
+    /// the TTL etcd answered).
+    lease_clock_ns: AtomicU64,
+    /// This node is `up` in the configuration last read (or there is none yet).
+    up: AtomicBool,
     fence: Arc<Fence>,
+}
+
+impl Shared {
+    /// What the fence must say now: writes only while up, and within the lease.
+    fn refresh_fence(&self) {
+        let until = if self.up.load(Ordering::SeqCst) {
+            self.lease_clock_ns.load(Ordering::SeqCst)
+        } else {
+            0
+        };
+        self.fence.set_lease_until(until);
+    }
+}
+
+/// Wall-clock ns since the Unix epoch.
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Monitor {
@@ -266,7 +287,8 @@ impl Monitor {
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
             return Err(MembershipError::LeaseTtl(lease_ttl_s));
         }
-        let lease = register(&etcd, &keys, id, lease_ttl_s)?;
+        let sent = wall_ns();
+        let (lease, granted) = register(&etcd, &keys, id, lease_ttl_s)?;
         let shared = Arc::new(Shared {
             view: Mutex::new(View {
                 etcd_url: etcd.url().to_string(),
@@ -275,8 +297,11 @@ impl Monitor {
             }),
             stop: AtomicBool::new(false),
             lease: std::sync::atomic::AtomicI64::new(lease.0),
+            lease_clock_ns: AtomicU64::new(sent + granted * 1_000_000_000),
+            up: AtomicBool::new(true),
             fence,
         });
+        shared.refresh_fence();
         let thread = {
             let (etcd, shared) = (etcd.clone(), shared.clone());
             std::thread::Builder::new()
@@ -302,9 +327,9 @@ impl Monitor {
             .clone()
     }
 
-    /// Whether this node may write (its lease holds and it is `up`).
+    /// Whether this node may write now (it is `up` and its lease holds).
     pub fn may_write(&self) -> bool {
-        self.shared.fence.lease_until() != 0
+        self.shared.fence.lease_until() > wall_ns()
     }
 }
 
@@ -316,16 +341,26 @@ impl Drop for Monitor {
             let _ = t.join();
         }
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
+        // Revoking ends the lease at once: stop writing first.
+        self.shared.fence.set_lease_until(0);
         let _ = self.etcd.revoke(lease);
     }
 }
 
-/// Put node `id`'s registration under a new lease.
-fn register(etcd: &Etcd, keys: &Keys, id: u16, ttl_s: u64) -> Result<LeaseId, MembershipError> {
+/// Put node `id`'s registration under a new lease. Returns it and the TTL etcd granted (it
+/// raises TTLs below its minimum).
+fn register(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u16,
+    ttl_s: u64,
+) -> Result<(LeaseId, u64), MembershipError> {
     let lease = etcd.grant(ttl_s)?;
     let record = serde_json::json!({ "id": id, "pid": std::process::id() });
     etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
-    Ok(lease)
+    // The granted TTL is what a keep-alive right now reports.
+    let granted = u64::try_from(etcd.keep_alive(lease)?).unwrap_or(0);
+    Ok((lease, granted))
 }
 
 /// The monitor thread: refresh the lease every TTL/3, step the configuration every TTL/2.
@@ -341,6 +376,10 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
             result = step(&etcd, &keys).map(|c| {
                 if let Some(c) = c {
                     apply(&c, id, &shared.fence);
+                    shared
+                        .up
+                        .store(c.state(id) == Some(NodeState::Up), Ordering::SeqCst);
+                    shared.refresh_fence();
                     shared.view.lock().expect("membership view lock").config = Some(c);
                 }
             });
@@ -356,18 +395,19 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
 }
 
 /// Feed configuration `c` into node `id`'s fence: failed nodes' writers are gone, and this node
-/// writes only while it is `up`.
+/// writes only while it is `up` (then until `lease_until`).
 pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
     for m in &c.nodes {
         fence.set_gone(m.id, m.state == NodeState::Failed);
     }
-    let up = c.state(id) == Some(NodeState::Up);
-    fence.set_lease_until(if up { u64::MAX } else { 0 });
+    if c.state(id) != Some(NodeState::Up) {
+        fence.set_lease_until(0);
+    }
 }
 
-/// Refresh the lease; if it lapsed (this process was stopped, or etcd unreachable, for a TTL),
-/// fence the node (its peers may declare it failed and complete its writes) and register
-/// again under a new one.
+/// Refresh the lease and the lease clock; if the lease lapsed (this process was stopped, or
+/// etcd unreachable, for a TTL), fence the node (its peers may declare it failed and complete
+/// its writes) and register again under a new one.
 fn keep_registered(
     etcd: &Etcd,
     keys: &Keys,
@@ -376,12 +416,24 @@ fn keep_registered(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let lease = LeaseId(shared.lease.load(Ordering::Relaxed));
-    if etcd.keep_alive(lease)? > 0 {
+    let sent = wall_ns();
+    let left = etcd.keep_alive(lease)?;
+    if left > 0 {
+        shared
+            .lease_clock_ns
+            .store(sent + left as u64 * 1_000_000_000, Ordering::SeqCst);
+        shared.refresh_fence();
         return Ok(());
     }
-    shared.fence.set_lease_until(0);
-    let lease = register(etcd, keys, id, ttl_s)?;
+    shared.lease_clock_ns.store(0, Ordering::SeqCst);
+    shared.refresh_fence();
+    let sent = wall_ns();
+    let (lease, granted) = register(etcd, keys, id, ttl_s)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
+    // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.
+    shared
+        .lease_clock_ns
+        .store(sent + granted * 1_000_000_000, Ordering::SeqCst);
     tracing::warn!(id, "membership: lease had lapsed; fenced, registered again");
     Ok(())
 }
@@ -430,7 +482,7 @@ mod tests {
         let f = Fence::unfenced();
         apply(&c, 0, &f);
         assert!(f.is_gone(1) && !f.is_gone(0) && !f.is_gone(2));
-        assert!(f.may_act(1, 1), "node 0 is up");
+        assert!(f.may_act(1, 1), "node 0 is up: its lease clock rules");
         apply(&c, 2, &f);
         assert!(!f.may_act(1, 1), "a joining node does not write");
         let back = c.successor(&[0, 1, 2]).unwrap();

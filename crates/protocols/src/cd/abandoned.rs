@@ -26,8 +26,10 @@
 //! writers that *die* need the membership to say so, and fencing for writers that were only
 //! paused (issue 11); until then they wedge their key as in the paper.
 //!
-//! The previous version a given-up entry points to stays allocated, counted as leaked by its
-//! writer (readers may still follow the pointer until the entry is completed).
+//! The previous version a given-up entry points to (readers may follow the pointer until the
+//! entry is completed) is handed over with it: whoever takes the entry out of the index, by
+//! completing it or clearing it as a duplicate, recycles both. The entries of a writer whose
+//! node failed are completed too, but what that writer had staged is lost with it.
 
 use nessie_fabric::{Endpoint, RemoteAddr};
 use nessie_store::dte::{DteMeta, GIVEN_UP, HEADER_OFF, TOMBSTONE};
@@ -123,6 +125,10 @@ impl<E: Endpoint> CdClient<E> {
             self.recycle(ite); // duplicates we cleared are ours to recycle, whatever happened
         }
         r?;
+        if theirs && f.meta.given_up && f.meta.prev != 0 {
+            // Its writer handed the previous version over with the entry.
+            self.recycle(Ite(f.meta.prev));
+        }
         self.stats.rolled_forward += 1;
         Ok(Completion::RolledForward)
     }
@@ -224,38 +230,42 @@ impl<E: Endpoint> CdClient<E> {
     /// A write that gives up completes the entries of its own still in the index, so that it
     /// leaves nothing behind, and marks those it could not complete given up, for others to
     /// complete. Returns whether the write took effect (one of its entries was rolled forward
-    /// by us) and how many entries are left in the index.
+    /// by us) and the previous versions handed over with the entries marked given up.
     pub(crate) fn finish_own(
         &mut self,
         key: &[u8],
         tombstone: bool,
         st: &mut WriteState,
-    ) -> (bool, u64) {
+    ) -> (bool, Vec<Ite>) {
         let mut took_effect = false;
-        let mut left = 0;
-        for ite in st.published_latest_first() {
+        let mut handed = Vec::new();
+        for (ite, prev) in st.published_latest_first() {
             match self.finish_own_one(key, ite) {
                 Ok(Completion::RolledForward) => took_effect = true,
                 Ok(_) => {}
                 Err(_) => {
-                    left += 1;
-                    self.mark_given_up(ite, tombstone);
+                    if self.mark_given_up(ite, tombstone) && !prev.is_empty() {
+                        handed.push(prev);
+                    }
                 }
             }
         }
-        (took_effect, left)
+        (took_effect, handed)
     }
 
     /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which
     /// fails harmlessly if the entry was taken out and reused meanwhile: the word then holds
-    /// another writer's tag, or is valid).
-    fn mark_given_up(&mut self, ite: Ite, tombstone: bool) {
+    /// another writer's tag, or is valid). Whether it was set.
+    fn mark_given_up(&mut self, ite: Ite, tombstone: bool) -> bool {
         let loc = self.dte_location(ite);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
         let ours = self.view.dte.header(self.tag, false) | if tombstone { TOMBSTONE } else { 0 };
         match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
-            Ok(_) => {}
-            Err(e) => tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up"),
+            Ok(was) => was == ours,
+            Err(e) => {
+                tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up");
+                false
+            }
         }
     }
 

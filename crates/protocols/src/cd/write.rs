@@ -39,6 +39,9 @@ pub(crate) struct WriteState {
 #[derive(Copy, Clone, Debug)]
 struct Published {
     ite: Ite,
+    /// The previous-version pointer written into the DTE (`EMPTY` with previous versions off):
+    /// what readers may follow while it is in the index.
+    prev_written: Ite,
     /// The key's latest committed entry at the moment this DTE replaced it: the valid entry
     /// its CAS replaced, or the one inherited from our own leftover it replaced, or (when it
     /// went into an empty candidate) the valid entry of the key that the same attempt's Step 4
@@ -112,15 +115,22 @@ impl WriteState {
         std::mem::take(&mut self.rec)
     }
 
-    /// Our published entries, latest first, one per ITE word.
-    pub(crate) fn published_latest_first(&self) -> Vec<Ite> {
-        let mut out: Vec<Ite> = Vec::new();
+    /// Our published entries, latest first, one per ITE word, each with the previous version
+    /// written into it.
+    pub(crate) fn published_latest_first(&self) -> Vec<(Ite, Ite)> {
+        let mut out: Vec<(Ite, Ite)> = Vec::new();
         for p in self.published.iter().rev() {
-            if !out.contains(&p.ite) {
-                out.push(p.ite);
+            if !out.iter().any(|&(i, _)| i == p.ite) {
+                out.push((p.ite, p.prev_written));
             }
         }
         out
+    }
+
+    /// Hand `ite` over to whoever completes a DTE of ours that points to it: it leaves the
+    /// staging list.
+    pub(crate) fn hand_over(&mut self, ite: Ite) {
+        self.rec.retain(|&i| i != ite);
     }
 
     /// The restore target of our own leftover `ite`, if this write published it.
@@ -154,12 +164,11 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// The write's attempts ran out. An invalid DTE of ours left in the index would block every
-    /// later write of the key, and what it replaced could not be recycled (its previous-version
-    /// pointer leads there), so first we complete our leftovers ourselves (`abandoned.rs`); any
-    /// we cannot are marked given up, for others to complete. If one was rolled forward, the
-    /// write took effect and succeeds. Staged DTEs are recycled only if none of ours is left in
-    /// the index; otherwise they stay allocated and count as leaked, with every DTE of ours left
-    /// behind.
+    /// later write of the key, so first we complete our leftovers ourselves (`abandoned.rs`);
+    /// any we cannot are marked given up, for others to complete, and with each goes the
+    /// previous version it points to (readers may follow it until then): its completer
+    /// recycles both. If one was rolled forward, the write took effect and succeeds. The other
+    /// staged entries are ours to recycle now.
     fn give_up(
         &mut self,
         key: &[u8],
@@ -167,22 +176,21 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
         e: Error,
     ) -> Result<(), Error> {
-        let (took_effect, left) = self.finish_own(key, value_is_none, st);
+        let (took_effect, handed) = self.finish_own(key, value_is_none, st);
         st.published.clear();
-        let rec = st.take_staged();
-        if left == 0 {
-            for ite in rec {
-                self.recycle(ite);
-            }
-        } else {
-            self.stats.leaked += rec.len() as u64 + left;
+        for prev in &handed {
+            st.hand_over(*prev);
+        }
+        for ite in st.take_staged() {
+            self.recycle(ite);
+        }
+        if !handed.is_empty() {
             tracing::warn!(
-                left,
-                staged = rec.len(),
-                "a write gave up and left an invalid DTE in the index for others to complete"
+                left = handed.len(),
+                "a write gave up and left invalid DTEs in the index for others to complete"
             );
         }
-        if took_effect && left == 0 {
+        if took_effect && handed.is_empty() {
             return Ok(());
         }
         Err(e)
@@ -278,6 +286,12 @@ impl<E: Endpoint> CdClient<E> {
                     replaced_valid: true,
                 }));
             }
+            if self.is_abandoned(&f.meta) {
+                // Given up on (even by us, in an earlier operation) or its node failed:
+                // completing it also disposes of the previous version it points to.
+                self.complete_write(key, ite, true)?;
+                return Err(Abort::Concurrent("completed an abandoned write of the key"));
+            }
             if f.meta.writer == self.tag {
                 // Our own leftover from an aborted attempt: reuse its slot and inherit its
                 // restore target (the value it was replacing, still staged in `rec`).
@@ -286,10 +300,6 @@ impl<E: Endpoint> CdClient<E> {
                     prev: st.target_of(ite).unwrap_or(Ite(f.meta.prev)),
                     replaced_valid: false,
                 }));
-            }
-            if self.is_abandoned(&f.meta) {
-                self.complete_write(key, ite, true)?;
-                return Err(Abort::Concurrent("completed a given-up write of the key"));
             }
             return Err(Abort::Concurrent(
                 "write met another in-progress write on the key",
@@ -310,7 +320,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
     ) -> Attempt<Ite> {
         let c = cand.pos;
-        let (new, idx, _) = self.write_new_dte(filter, cand.prev, key, value)?;
+        let (new, idx, prev_written) = self.write_new_dte(filter, cand.prev, key, value)?;
         if let Err(e) = self.check(&p.d) {
             self.release_unpublished(idx);
             return Err(e);
@@ -321,6 +331,7 @@ impl<E: Endpoint> CdClient<E> {
         }
         st.published.push(Published {
             ite: new,
+            prev_written,
             target: cand.prev,
         });
         self.hook(HookPoint::AfterCandidateCas);
@@ -358,6 +369,9 @@ impl<E: Endpoint> CdClient<E> {
                 return Err(Abort::Concurrent(
                     "duplicate ITE changed before it was cleared",
                 ));
+            }
+            if f.meta.given_up && f.meta.prev != 0 && !f.meta.valid {
+                st.rec.push(Ite(f.meta.prev)); // its writer handed it to whoever removes it
             }
             match st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
                 Removed::RecycleNow(target) => {
