@@ -4,7 +4,8 @@
 //! key, or to our own invalid DTE left by an aborted attempt (we take its slot and carry its
 //! previous-version pointer forward). An invalid DTE of someone else means a write is in
 //! progress: abort (this is what lets the earliest writer finish), unless that write is
-//! abandoned (past its deadline): then complete it first (`abandoned.rs`). No candidate: MIGRATE one
+//! abandoned (its writer gave up on it, or its node failed): then complete it first
+//! (`abandoned.rs`). No candidate: MIGRATE one
 //! (2.4) and start over. Step 3 writes the new, invalid DTE (own node first) and CASes
 //! it into the candidate (3.1); the replaced DTE is staged for recycling (3.2). Step 4 clears
 //! duplicates of the key in later candidates; Step 5 is the reverse pass; Step 6 sets the DTE
