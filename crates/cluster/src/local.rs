@@ -422,7 +422,8 @@ impl LocalCluster {
         let mut used = 0;
         for n in 0..g.nodes {
             for i in 0..g.ites_per_node {
-                if ep.read_u64(RemoteAddr::new(n as NodeId, INDEX_REGION, i * 8))? != 0 {
+                let w = ep.read_u64(RemoteAddr::new(n as NodeId, INDEX_REGION, i * 8))?;
+                if !nessie_store::Ite(w).is_empty() {
                     used += 1;
                 }
             }

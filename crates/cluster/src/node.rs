@@ -222,7 +222,9 @@ impl NodeContext {
         let mut w = [0u8; 8];
         for i in 0..self.cfg.geometry.ites_per_node {
             // A status snapshot: a plain read of our own memory is good enough here.
-            if index.read(i * 8, &mut w).is_ok() && w != [0; 8] {
+            if index.read(i * 8, &mut w).is_ok()
+                && !nessie_store::Ite(u64::from_le_bytes(w)).is_empty()
+            {
                 present += 1;
             }
         }

@@ -311,7 +311,7 @@ fn occupancy(c: &LocalCluster) -> usize {
     let g = &c.view().geometry;
     let mut ep = c.fabric().endpoint(0);
     (0..g.nodes as u64 * g.ites_per_node)
-        .filter(|&s| ep.read_u64(index.addr(s)).unwrap() != 0)
+        .filter(|&s| !nessie_store::Ite(ep.read_u64(index.addr(s)).unwrap()).is_empty())
         .count()
 }
 

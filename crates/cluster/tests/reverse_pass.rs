@@ -11,7 +11,7 @@ use nessie_cluster::LocalCluster;
 use nessie_fabric::Endpoint;
 use nessie_protocols::{HookPoint, Mutations, ProtocolConfig};
 use nessie_store::index::Slot;
-use nessie_store::Geometry;
+use nessie_store::{Geometry, Ite};
 
 fn geometry() -> Geometry {
     Geometry {
@@ -64,7 +64,7 @@ fn put_while_the_old_entry_moves_back(mutations: Mutations) -> Option<Vec<u8>> {
     p.delete(&z).unwrap();
     let mut ep = c.fabric().endpoint(2);
     let old = ep.read_u64(index.addr(kc[2])).unwrap();
-    assert_ne!(old, 0, "K must sit in its third candidate");
+    assert!(!Ite(old).is_empty(), "K must sit in its third candidate");
 
     // The writer reads candidate 0 (Y) and candidate 1 (empty: its choice), then waits.
     let mut w = c.client_with(0, cfg(mutations)).unwrap();
@@ -85,8 +85,21 @@ fn put_while_the_old_entry_moves_back(mutations: Mutations) -> Option<Vec<u8>> {
     // Y goes; K's old entry moves from its third candidate to its first, as a MIGRATE
     // would move it (copy into the empty destination, then empty the source).
     p.delete(&y).unwrap();
-    assert_eq!(ep.compare_and_swap(index.addr(kc[0]), 0, old).unwrap(), 0);
-    assert_eq!(ep.compare_and_swap(index.addr(kc[2]), old, 0).unwrap(), old);
+    // Each CAS installs the next sequence number, as the protocol's own do.
+    let empty = ep.read_u64(index.addr(kc[0])).unwrap();
+    assert!(Ite(empty).is_empty());
+    let moved = index.ite.successor(Ite(empty), Ite(old));
+    assert_eq!(
+        ep.compare_and_swap(index.addr(kc[0]), empty, moved.0)
+            .unwrap(),
+        empty
+    );
+    let emptied = index.ite.successor(Ite(old), Ite::EMPTY);
+    assert_eq!(
+        ep.compare_and_swap(index.addr(kc[2]), old, emptied.0)
+            .unwrap(),
+        old
+    );
     go_tx.send(()).unwrap();
     writer.join().unwrap().unwrap();
     c.client(2).unwrap().get(&k).unwrap()

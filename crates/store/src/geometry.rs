@@ -277,7 +277,7 @@ impl Geometry {
     /// A stable digest of the geometry; peers whose fingerprints differ must not join.
     pub fn fingerprint(&self) -> u64 {
         let s = format!(
-            "nessie-geometry-v2:{}:{}:{}:{}:{}:{}:{}",
+            "nessie-geometry-v3:{}:{}:{}:{}:{}:{}:{}",
             self.nodes,
             self.ites_per_node,
             self.dtes_per_node,

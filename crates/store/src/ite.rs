@@ -1,13 +1,19 @@
 //! Index table entry (ITE): one 64-bit word, updated only by fabric CAS.
 //!
 //! ```text
-//!  63   62 ........................... d+t+f  d+t+f-1 .. d+t   d+t-1 .. d   d-1 .. 0
-//! +----+--------------------------------+----------------+-------------+-----------+
-//! | P  |          unused (zero)         |  filter bits   |     DTI     | DTE index |
-//! +----+--------------------------------+----------------+-------------+-----------+
+//!  63   62 ..... 63-q   62-q ...... d+t+f  d+t+f-1 .. d+t   d+t-1 .. d   d-1 .. 0
+//! +----+--------------+-------------------+----------------+-------------+-----------+
+//! | P  |   sequence   |   unused (zero)   |  filter bits   |     DTI     | DTE index |
+//! +----+--------------+-------------------+----------------+-------------+-----------+
 //! ```
 //! - `P` (present) is the paper's *empty bit*, stored inverted so that zeroed memory is an
-//!   empty index table: an ITE is empty iff the whole word is 0.
+//!   empty index table: an ITE is empty iff its present bit is 0.
+//! - `sequence` (q = the spare bits, at most [`MAX_SEQ_BITS`]): every CAS of the word installs
+//!   the sequence number after the one it replaced (`IteLayout::successor`), so a word never
+//!   comes back, not even an empty one, until the sequence wraps. Values alone (pointers to
+//!   fresh DTEs) already do not recur within an expiry period, but *empty* recurred at once: a
+//!   CAS that expected empty could succeed after the slot had been filled and emptied again,
+//!   and a replicated CAS (SNAPSHOT, issue 11) needs every written value distinct.
 //! - `filter bits` (f, default 7): the low bits of the key's filter hash; a mismatch proves the
 //!   DTE cannot hold the key, saving a DTE read.
 //! - `DTI` (t bits): data table identifier (= node id, one data table per node).
@@ -25,7 +31,13 @@ pub struct IteLayout {
     pub dte_bits: u8,
     pub dti_bits: u8,
     pub filter_bits: u8,
+    /// Width of the sequence number: the bits the other fields leave, at most
+    /// [`MAX_SEQ_BITS`] (0 in the widest geometries: then words recur as in the paper).
+    pub seq_bits: u8,
 }
+
+/// Most bits the sequence number takes: 16 M changes of one ITE before a word recurs.
+pub const MAX_SEQ_BITS: u8 = 24;
 
 /// The present flag (inverse of the paper's empty bit).
 pub const PRESENT: u64 = 1 << 63;
@@ -39,7 +51,7 @@ impl Ite {
 
     #[inline]
     pub fn is_empty(self) -> bool {
-        self.0 == 0
+        self.0 & PRESENT == 0
     }
 }
 
@@ -95,7 +107,29 @@ impl IteLayout {
             dte_bits,
             dti_bits,
             filter_bits,
+            seq_bits: (64 - used).min(MAX_SEQ_BITS as u32) as u8,
         })
+    }
+
+    /// Where the sequence number starts.
+    #[inline]
+    fn seq_shift(&self) -> u32 {
+        63 - self.seq_bits as u32
+    }
+
+    /// The sequence number of `ite`.
+    #[inline]
+    pub fn seq(&self, ite: Ite) -> u64 {
+        (ite.0 >> self.seq_shift()) & mask(self.seq_bits)
+    }
+
+    /// What a CAS from `expected` to `desired` installs: `desired` with the sequence number
+    /// after `expected`'s (wrapping).
+    #[inline]
+    pub fn successor(&self, expected: Ite, desired: Ite) -> Ite {
+        let field = mask(self.seq_bits) << self.seq_shift();
+        let seq = (self.seq(expected) + 1) & mask(self.seq_bits);
+        Ite(desired.0 & !field | seq << self.seq_shift())
     }
 
     /// Keep only the bits of `hash` that fit the filter field.
@@ -144,13 +178,15 @@ impl IteLayout {
         (ite.0 >> (self.dte_bits + self.dti_bits)) & mask(self.filter_bits)
     }
 
-    /// Does `ite` decode within this layout (present bit set, unused bits zero)?
+    /// Does `ite` decode within this layout (unused bits zero; an empty word holds nothing
+    /// but its sequence number)?
     pub fn is_well_formed(&self, ite: Ite) -> bool {
+        let body = ite.0 & !PRESENT & !(mask(self.seq_bits) << self.seq_shift());
         if ite.is_empty() {
-            return true;
+            return body == 0;
         }
         let used = (self.dte_bits + self.dti_bits + self.filter_bits) as u32;
-        ite.0 & PRESENT != 0 && (ite.0 & !PRESENT) >> used == 0
+        body >> used == 0
     }
 }
 
@@ -173,11 +209,36 @@ mod tests {
             "entry 0 of table 0 with filter 0 is still present"
         );
         assert!(l.is_well_formed(zero) && l.is_well_formed(max) && l.is_well_formed(Ite::EMPTY));
-        assert!(!l.is_well_formed(Ite(PRESENT | 1 << 40)));
+        assert!(!l.is_well_formed(Ite(PRESENT | 1 << 30)));
         assert!(
             !l.is_well_formed(Ite(5)),
-            "non-zero word without present bit"
+            "an empty word holds only its sequence number"
         );
+    }
+
+    #[test]
+    fn every_cas_moves_the_sequence_on_so_no_word_recurs() {
+        let l = IteLayout::new(14, 2, 7).unwrap();
+        assert_eq!(l.seq_bits, MAX_SEQ_BITS, "24 spare bits and more");
+        let a = l.encode(5, 1, 77);
+        let filled = l.successor(Ite::EMPTY, a);
+        assert_eq!((l.seq(filled), l.dte(filled), l.filter(filled)), (1, 77, 5));
+        let emptied = l.successor(filled, Ite::EMPTY);
+        assert!(emptied.is_empty() && l.is_well_formed(emptied));
+        assert_ne!(emptied, Ite::EMPTY, "empty again, but not the same word");
+        assert_eq!(l.seq(emptied), 2);
+        let refilled = l.successor(emptied, a);
+        assert_ne!(
+            refilled, filled,
+            "the same entry again, but not the same word"
+        );
+        // The sequence wraps after 2^seq_bits changes.
+        let last = Ite(PRESENT | ((1u64 << MAX_SEQ_BITS) - 1) << (63 - MAX_SEQ_BITS as u32));
+        assert_eq!(l.seq(l.successor(last, a)), 0);
+        // The widest layout has no room for one: words recur as in the paper.
+        let wide = IteLayout::new(40, 12, 11).unwrap();
+        assert_eq!(wide.seq_bits, 0);
+        assert_eq!(wide.successor(Ite::EMPTY, Ite::EMPTY), Ite::EMPTY);
     }
 
     #[test]
@@ -212,6 +273,10 @@ mod tests {
             prop_assert!(!i.is_empty());
             prop_assert!(l.is_well_formed(i));
             prop_assert_eq!((l.filter(i), l.dti(i), l.dte(i)), (filter, dti, dte));
+            let j = l.successor(i, i);
+            prop_assert!(l.is_well_formed(j) && !j.is_empty());
+            prop_assert_eq!((l.filter(j), l.dti(j), l.dte(j)), (filter, dti, dte));
+            prop_assert_eq!(l.seq(j), (l.seq(i) + 1) & mask(l.seq_bits));
         }
     }
 }

@@ -106,7 +106,7 @@ impl<E: Endpoint> CdClient<E> {
         if earlier_valid {
             // Our own entry, hidden behind another of the key: our write did not take effect.
             self.check(&p.d)?;
-            if !self.cas_ite(p.slots[c], w, Ite::EMPTY)? {
+            if self.cas_ite(p.slots[c], w, Ite::EMPTY)?.is_none() {
                 return Err(Abort::Concurrent(
                     "our leftover changed before it was cleared",
                 ));
@@ -206,7 +206,7 @@ impl<E: Endpoint> CdClient<E> {
                 } else if let Err(e) = self.check(&p.d) {
                     self.release_unpublished(slot);
                     return Err(e);
-                } else if self.cas_ite(p.slots[c], w, copy)? {
+                } else if self.cas_ite(p.slots[c], w, copy)?.is_some() {
                     self.recycle(w);
                     return Ok(());
                 } else {
@@ -218,7 +218,7 @@ impl<E: Endpoint> CdClient<E> {
             }
         };
         self.check(&p.d)?;
-        if !self.cas_ite(p.slots[c], w, desired)? {
+        if self.cas_ite(p.slots[c], w, desired)?.is_none() {
             return Err(Abort::Concurrent(
                 "abandoned entry changed before its completion",
             ));

@@ -75,10 +75,18 @@ impl<E: Endpoint> CdClient<E> {
         Ok((v, t))
     }
 
-    /// CAS the ITE in `slot` from `expected` to `desired`; true if it took place.
-    pub(crate) fn cas_ite(&mut self, slot: Slot, expected: Ite, desired: Ite) -> Attempt<bool> {
+    /// CAS the ITE in `slot` from `expected` to `desired`, with the sequence number after
+    /// `expected`'s (`IteLayout::successor`). The word installed, if the CAS took place.
+    pub(crate) fn cas_ite(
+        &mut self,
+        slot: Slot,
+        expected: Ite,
+        desired: Ite,
+    ) -> Attempt<Option<Ite>> {
         let addr = self.view.index.addr(slot);
-        Ok(self.ep.compare_and_swap(addr, expected.0, desired.0)? == expected.0)
+        let installed = self.view.index.ite.successor(expected, desired);
+        let was = self.ep.compare_and_swap(addr, expected.0, installed.0)?;
+        Ok((was == expected.0).then_some(installed))
     }
 
     /// Node, byte offset and size of the DTE an ITE refers to.

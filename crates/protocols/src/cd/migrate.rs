@@ -161,10 +161,20 @@ impl<E: Endpoint> CdClient<E> {
             self.release_unpublished(idx);
             return Err(e);
         }
-        if !self.cas_ite(dst, Ite::EMPTY, copy)? {
+        // The destination's empty word as it is now (a recursive MIGRATE may have emptied it).
+        let (empty, _) = self.read_ite(dst)?;
+        if let Err(e) = self.check(d) {
+            self.release_unpublished(idx);
+            return Err(e);
+        }
+        let installed = match empty.is_empty() {
+            true => self.cas_ite(dst, empty, copy)?,
+            false => None,
+        };
+        let Some(copy) = installed else {
             self.release_unpublished(idx);
             return Err(Abort::Concurrent("migrate destination changed"));
-        }
+        };
         self.hook(HookPoint::MigrateAfterDstCas);
         Ok(copy)
     }
@@ -180,12 +190,12 @@ impl<E: Endpoint> CdClient<E> {
         copy: Ite,
     ) -> Attempt<()> {
         let emptied = match self.check(d) {
-            Ok(()) if self.cas_ite(src, src_ite, Ite::EMPTY)? => Ok(()),
+            Ok(()) if self.cas_ite(src, src_ite, Ite::EMPTY)?.is_some() => Ok(()),
             Ok(()) => Err(Abort::Concurrent("migrate source changed")),
             Err(e) => Err(e),
         };
         if let Err(e) = emptied {
-            if self.cas_ite(dst, copy, Ite::EMPTY)? {
+            if self.cas_ite(dst, copy, Ite::EMPTY)?.is_some() {
                 self.recycle(copy);
             }
             return Err(e);

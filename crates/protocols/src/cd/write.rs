@@ -326,10 +326,10 @@ impl<E: Endpoint> CdClient<E> {
             self.release_unpublished(idx);
             return Err(e);
         }
-        if !self.cas_ite(p.slots[c], p.seen[c], new)? {
+        let Some(new) = self.cas_ite(p.slots[c], p.seen[c], new)? else {
             self.release_unpublished(idx); // never visible: reusable at once
             return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
-        }
+        };
         st.published.push(Published {
             ite: new,
             prev_written,
@@ -366,11 +366,11 @@ impl<E: Endpoint> CdClient<E> {
             if !f.key_matches {
                 continue; // 4.3
             }
-            if !self.cas_ite(p.slots[i], ite, Ite::EMPTY)? {
+            let Some(cleared) = self.cas_ite(p.slots[i], ite, Ite::EMPTY)? else {
                 return Err(Abort::Concurrent(
                     "duplicate ITE changed before it was cleared",
                 ));
-            }
+            };
             if f.meta.given_up && f.meta.prev != 0 && !f.meta.valid {
                 st.rec.push(Ite(f.meta.prev)); // its writer handed it to whoever removes it
             }
@@ -382,7 +382,7 @@ impl<E: Endpoint> CdClient<E> {
                 Removed::Stage if f.meta.valid => st.found_target(new, ite),
                 Removed::Stage => {}
             }
-            p.seen[i] = Ite::EMPTY;
+            p.seen[i] = cleared;
         }
         Ok(())
     }
@@ -404,7 +404,7 @@ impl<E: Endpoint> CdClient<E> {
             None => {
                 // DELETE: its DTE is never valid; take it out of the index again. If the CAS
                 // fails, whoever changed the ITE owns the DTE's recycling.
-                if self.cas_ite(slot, new, Ite::EMPTY)?
+                if self.cas_ite(slot, new, Ite::EMPTY)?.is_some()
                     && st.removed(new, false, true) != Removed::Stage
                 {
                     self.recycle(new);
