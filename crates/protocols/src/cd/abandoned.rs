@@ -58,6 +58,17 @@ pub(crate) enum Completion {
     Gone,
 }
 
+/// How Step 6 completes an abandoned entry.
+enum Step6 {
+    /// A DELETE's tombstone: swap it for an empty ITE.
+    Empty,
+    /// Our own entry: set it valid in place, as our attempt would have (only CASes can race
+    /// with it: a helper replacing it with a copy of the same value).
+    InPlace,
+    /// Another writer's entry: swap it for a valid copy of this value.
+    Copy(Vec<u8>),
+}
+
 impl<E: Endpoint> CdClient<E> {
     /// Whether an entry with header `m`, written by another client, is abandoned: invalid, and
     /// its writer gave up on it, or its writer's node failed (`Fence`) and its write deadline
@@ -114,13 +125,16 @@ impl<E: Endpoint> CdClient<E> {
             self.recycle(w);
             return Ok(Completion::Cleared);
         }
-        let tombstone = f.meta.tombstone;
-        let value = (theirs && !tombstone).then(|| self.value_of(&f));
+        let how = match (f.meta.tombstone, theirs) {
+            (true, _) => Step6::Empty,
+            (false, false) => Step6::InPlace,
+            (false, true) => Step6::Copy(self.value_of(&f)),
+        };
         // Steps 4 and 5, on the writer's behalf.
         let mut st = WriteState::default();
         self.clear_duplicates(&mut p, key, &mut h, c, w, &mut st)?;
         self.reverse_pass(&p.d, &p.slots, &p.seen)?;
-        let r = self.finish_step6(&p, c, w, h.filter(), key, tombstone, value);
+        let r = self.finish_step6(&p, c, w, h.filter(), key, how);
         for ite in st.take_staged() {
             self.recycle(ite); // duplicates we cleared are ours to recycle, whatever happened
         }
@@ -175,12 +189,8 @@ impl<E: Endpoint> CdClient<E> {
         Ok(None)
     }
 
-    /// Step 6 on the writer's behalf, for the entry `w` in candidate `c`: a tombstone is
-    /// swapped for an empty ITE; another writer's entry for a valid copy of `value`; our own
-    /// entry is set valid in place, as our attempt would have (only CASes can race with it:
-    /// a helper replacing it with a copy of the same value). Whoever takes `w` out of the
-    /// index recycles it.
-    #[allow(clippy::too_many_arguments)]
+    /// Step 6 on the writer's behalf, for the entry `w` in candidate `c`, as `how` says.
+    /// Whoever takes `w` out of the index recycles it.
     fn finish_step6(
         &mut self,
         p: &Pass<'_>,
@@ -188,43 +198,39 @@ impl<E: Endpoint> CdClient<E> {
         w: Ite,
         filter: u64,
         key: &[u8],
-        tombstone: bool,
-        value: Option<Vec<u8>>,
+        how: Step6,
     ) -> Attempt<()> {
-        let desired = match (tombstone, value) {
-            (true, _) => Ite::EMPTY,
-            (false, None) if !mutated!(self.cfg, complete_to_empty) => {
+        let how = if mutated!(self.cfg, complete_to_empty) {
+            Step6::Empty
+        } else {
+            how
+        };
+        let (desired, copy_slot) = match how {
+            Step6::InPlace => {
                 self.check(&p.d)?;
                 return self.set_valid(w);
             }
-            (false, None) => Ite::EMPTY,
-            (false, Some(value)) => {
+            Step6::Empty => (Ite::EMPTY, None),
+            Step6::Copy(value) => {
                 let (copy, slot) = self.write_valid_copy(filter, key, &value)?;
-                if mutated!(self.cfg, complete_to_empty) {
-                    self.release_unpublished(slot);
-                    Ite::EMPTY
-                } else if let Err(e) = self.check(&p.d) {
-                    self.release_unpublished(slot);
-                    return Err(e);
-                } else if self.cas_ite(p.slots[c], w, copy)?.is_some() {
-                    self.recycle(w);
-                    return Ok(());
-                } else {
-                    self.release_unpublished(slot); // never visible: reusable at once
-                    return Err(Abort::Concurrent(
-                        "abandoned entry changed before its completion",
-                    ));
-                }
+                (copy, Some(slot))
             }
         };
-        self.check(&p.d)?;
-        if self.cas_ite(p.slots[c], w, desired)?.is_none() {
-            return Err(Abort::Concurrent(
-                "abandoned entry changed before its completion",
-            ));
+        let swapped = match self.check(&p.d) {
+            Ok(()) => self.cas_ite(p.slots[c], w, desired),
+            Err(e) => Err(e),
+        };
+        if let Ok(Some(_)) = swapped {
+            self.recycle(w);
+            return Ok(());
         }
-        self.recycle(w);
-        Ok(())
+        if let Some(slot) = copy_slot {
+            self.release_unpublished(slot); // never visible: reusable at once
+        }
+        swapped?;
+        Err(Abort::Concurrent(
+            "abandoned entry changed before its completion",
+        ))
     }
 
     /// A write that gives up completes the entries of its own still in the index, so that it
