@@ -36,4 +36,4 @@ pub mod route;
 #[cfg(feature = "ucx")]
 pub mod rundir;
 
-pub use local::LocalCluster;
+pub use local::{LocalCluster, LocalEndpoint};

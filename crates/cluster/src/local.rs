@@ -22,7 +22,8 @@ use nessie_protocols::sd::{
     REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{
-    ClientParts, Error, Fence, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease,
+    ClientParts, Error, Fence, KvClient, Mode, ModeClient, ProtocolConfig, ReplicaSet, Replicated,
+    RpcLease,
 };
 use nessie_store::classtable::ClassTable;
 use nessie_store::{Geometry, INDEX_REGION};
@@ -54,7 +55,13 @@ pub struct LocalCluster {
     reclaimers_stop: Arc<AtomicBool>,
     /// Each node's membership view, given to its client-driven workers ([`Self::fail_node`]).
     fences: Vec<Arc<Fence>>,
+    /// Where the copies of each node's tables are (one copy unless [`Self::replicated`]).
+    set: Arc<ReplicaSet>,
 }
+
+/// The endpoint of every worker of a [`LocalCluster`]: the in-process fabric, replicated as
+/// the cluster is.
+pub type LocalEndpoint = Replicated<InProcEndpoint>;
 
 impl LocalCluster {
     /// A client-driven (Nessie) cluster: allocate every node's tables. `delay` injects random
@@ -87,7 +94,42 @@ impl LocalCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
+        Self::build(geometry, cfg, delay, mode, rpc, 1)
+    }
+
+    /// A client-driven cluster keeping `replicas` copies of every node's index and data
+    /// tables (`nessie_protocols::replica`).
+    pub fn replicated(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        replicas: u8,
+    ) -> Result<Self, Error> {
+        Self::build(
+            geometry,
+            cfg,
+            delay,
+            Mode::Cd,
+            RpcConfig::default(),
+            replicas,
+        )
+    }
+
+    fn build(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        mode: Mode,
+        rpc: RpcConfig,
+        replicas: u8,
+    ) -> Result<Self, Error> {
         cfg.validate()?;
+        if replicas != 1 && mode != Mode::Cd {
+            return Err(Error::Config(format!(
+                "replication is for the client-driven protocol; {} keeps one copy",
+                mode.name()
+            )));
+        }
         mode.validate()?;
         let view = Arc::new(match mode {
             Mode::Cd => ClusterView::new(geometry)?,
@@ -98,7 +140,12 @@ impl LocalCluster {
             Mode::Cd => None,
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
-        let mut regions = vec![g.table_regions(); g.nodes as usize];
+        let settle = cfg.expiry_ns.saturating_add(cfg.clock_margin_ns);
+        let set = Arc::new(match replicas {
+            1 => ReplicaSet::single(g.nodes as NodeId, view.index.ite),
+            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, settle)?,
+        });
+        let mut regions = vec![set.region_sizes(&g.table_regions()); g.nodes as usize];
         for r in regions.iter_mut() {
             if let Some(s) = &shared {
                 r.resize(RESPONSE_REGION as usize + 1, 0);
@@ -115,6 +162,7 @@ impl LocalCluster {
         let fences = (0..g.nodes).map(|_| Arc::new(Fence::unfenced())).collect();
         let mut c = Self {
             fabric,
+            set,
             view,
             tables,
             cfg,
@@ -134,7 +182,7 @@ impl LocalCluster {
 
     fn start_reclaimers(&mut self) -> Result<(), Error> {
         for (n, table) in self.tables.iter().enumerate() {
-            let ep = self.fabric.endpoint(n as NodeId);
+            let ep = self.endpoint(n as NodeId);
             let stop = self.reclaimers_stop.clone();
             let h = crate::reclaimer::spawn(table.clone(), ep, self.cfg.expiry_ns, stop)
                 .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
@@ -152,7 +200,7 @@ impl LocalCluster {
             for t in 0..threads {
                 let worker = self.worker_id(node)?;
                 let exec = CdClient::new(
-                    self.fabric.endpoint(node),
+                    self.endpoint(node),
                     self.view.clone(),
                     self.tables[node as usize].clone(),
                     worker,
@@ -160,7 +208,7 @@ impl LocalCluster {
                 )?;
                 servers.push(Server::new(
                     exec,
-                    self.fabric.endpoint(node),
+                    self.endpoint(node),
                     shared.clone(),
                     t,
                     threads,
@@ -214,6 +262,20 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// An endpoint of `node` onto the cluster's memory, replicated as the cluster is.
+    pub fn endpoint(&self, node: NodeId) -> LocalEndpoint {
+        Replicated::new(
+            self.fabric.endpoint(node),
+            self.set.clone(),
+            self.fences[node as usize].clone(),
+        )
+    }
+
+    /// Copies of each node's tables.
+    pub fn replicas(&self) -> u8 {
+        self.set.replicas()
+    }
+
     fn worker_id(&self, node: NodeId) -> Result<u16, Error> {
         let counter = self.next_worker.get(node as usize).ok_or_else(|| {
             Error::Config(format!(
@@ -233,7 +295,7 @@ impl LocalCluster {
     /// A new client-driven worker on `node` with the cluster's protocol configuration. In SD/HY
     /// clusters it runs the client-driven protocol over the cluster's coupled index (consistent
     /// with the servers; useful for inspection) — use [`Self::kv_client`] for the mode's client.
-    pub fn client(&self, node: NodeId) -> Result<CdClient<InProcEndpoint>, Error> {
+    pub fn client(&self, node: NodeId) -> Result<CdClient<LocalEndpoint>, Error> {
         self.client_with(node, self.cfg.clone())
     }
 
@@ -243,7 +305,7 @@ impl LocalCluster {
         &self,
         node: NodeId,
         cfg: ProtocolConfig,
-    ) -> Result<CdClient<InProcEndpoint>, Error> {
+    ) -> Result<CdClient<LocalEndpoint>, Error> {
         match self.new_client(node, Mode::Cd, cfg)? {
             ModeClient::Cd(mut c) => {
                 c.set_fence(self.fences[node as usize].clone());
@@ -265,7 +327,7 @@ impl LocalCluster {
 
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
     /// returned to the node when it is dropped.
-    pub fn sd_client(&self, node: NodeId) -> Result<SdClient<InProcEndpoint>, Error> {
+    pub fn sd_client(&self, node: NodeId) -> Result<SdClient<LocalEndpoint>, Error> {
         self.require_mode("SD", matches!(self.mode, Mode::Sd { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Sd(c) => Ok(c),
@@ -274,7 +336,7 @@ impl LocalCluster {
     }
 
     /// A new hybrid client worker on `node` (HY clusters only).
-    pub fn hy_client(&self, node: NodeId) -> Result<HyClient<InProcEndpoint>, Error> {
+    pub fn hy_client(&self, node: NodeId) -> Result<HyClient<LocalEndpoint>, Error> {
         self.require_mode("HY", matches!(self.mode, Mode::Hy { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Hy(c) => Ok(c),
@@ -283,7 +345,7 @@ impl LocalCluster {
     }
 
     /// A new client worker of the cluster's mode on `node`.
-    pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<InProcEndpoint>, Error> {
+    pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<LocalEndpoint>, Error> {
         self.new_client(node, self.mode, self.cfg.clone())
     }
 
@@ -293,14 +355,14 @@ impl LocalCluster {
         node: NodeId,
         mode: Mode,
         cfg: ProtocolConfig,
-    ) -> Result<ModeClient<InProcEndpoint>, Error> {
+    ) -> Result<ModeClient<LocalEndpoint>, Error> {
         let table = self.checked_table(node)?;
         let rpc = match mode {
             Mode::Cd => None,
             Mode::Sd { .. } | Mode::Hy { .. } => Some(self.rpc_lease(node, mode)?),
         };
         let parts = ClientParts {
-            ep: self.fabric.endpoint(node),
+            ep: self.endpoint(node),
             view: self.view.clone(),
             table,
             cfg,
@@ -417,7 +479,7 @@ impl LocalCluster {
     /// Count present ITEs across all index tables (reads memory through a fresh endpoint).
     pub fn index_occupancy(&self) -> Result<u64, Error> {
         use nessie_fabric::{Endpoint, RemoteAddr};
-        let mut ep = self.fabric.endpoint(0);
+        let mut ep = self.endpoint(0);
         let g = &self.view.geometry;
         let mut used = 0;
         for n in 0..g.nodes {

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
-use nessie_fabric::inproc::InProcEndpoint;
+use nessie_cluster::LocalEndpoint;
 use nessie_fabric::Endpoint;
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
@@ -131,7 +131,7 @@ fn park_then_stall(expiry_ns: u64) -> (Hook, Receiver<()>, Sender<()>) {
 /// restored an older value here: a lost update.) Returns what K reads afterwards.
 fn run_interleaving(
     o: Optimizations,
-    p2_op: impl FnOnce(&mut CdClient<InProcEndpoint>, &[u8]),
+    p2_op: impl FnOnce(&mut CdClient<LocalEndpoint>, &[u8]),
 ) -> Option<Vec<u8>> {
     let c = LocalCluster::new(geometry(), cfg(o, 50), None).unwrap();
     let (k, x) = colliding_keys(&c);
@@ -321,7 +321,7 @@ fn occupancy(c: &LocalCluster) -> usize {
 fn give_up_entirely(
     c: &LocalCluster,
     o: Optimizations,
-    op: impl FnOnce(&mut CdClient<InProcEndpoint>) -> Result<(), nessie_protocols::Error>,
+    op: impl FnOnce(&mut CdClient<LocalEndpoint>) -> Result<(), nessie_protocols::Error>,
 ) {
     let mut w = c.client_with(0, cfg(o, 1)).unwrap();
     let stall = Duration::from_nanos(c.config().expiry_ns + 2_000_000);
@@ -415,7 +415,7 @@ fn a_delete_given_up_on_is_completed() {
 fn crash_after_cas(
     c: &LocalCluster,
     o: Optimizations,
-    op: impl FnOnce(&mut CdClient<InProcEndpoint>) + Send + 'static,
+    op: impl FnOnce(&mut CdClient<LocalEndpoint>) + Send + 'static,
 ) {
     let mut w = c.client_with(0, cfg(o, 5)).unwrap();
     w.set_hook(Some(Box::new(|p| {

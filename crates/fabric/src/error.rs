@@ -22,6 +22,13 @@ pub enum FabricError {
     Misaligned { offset: u64, len: u64, align: u64 },
     #[error("fabric transport error: {0}")]
     Transport(String),
+    /// A replicated compare-and-swap took place at the copy that decides it, but that copy's
+    /// node failed before every other copy had it: whether it survives is unknown.
+    #[error("the outcome of a compare-and-swap is unknown: node {node}, which decided it, failed")]
+    Indeterminate { node: NodeId },
+    /// No live node holds a copy of this memory.
+    #[error("every copy of node {node}'s memory is on a failed node")]
+    NoCopy { node: NodeId },
 }
 
 /// Why an in-process fabric or a delay injection cannot be set up as configured.

@@ -79,7 +79,8 @@ impl InProcFabric {
         }
     }
 
-    /// Make `node` unreachable (simulates a crashed node): every operation on it fails.
+    /// Crash `node`: every operation on its memory fails, and so does every operation its own
+    /// workers issue (a crashed process issues nothing).
     pub fn kill_node(&self, node: NodeId) {
         self.nodes[node as usize]
             .alive
@@ -123,6 +124,21 @@ pub struct InProcEndpoint {
 }
 
 impl InProcEndpoint {
+    /// Start an operation: a crashed node's workers issue nothing.
+    fn begin(&mut self) -> Result<(), FabricError> {
+        if !self.fabric.nodes[self.node as usize]
+            .alive
+            .load(Ordering::SeqCst)
+        {
+            return Err(FabricError::Unreachable {
+                node: self.node,
+                reason: "this worker's own node was killed".into(),
+            });
+        }
+        self.maybe_delay();
+        Ok(())
+    }
+
     fn maybe_delay(&mut self) {
         if let Some(i) = self.injector.as_mut() {
             i.delay();
@@ -145,12 +161,12 @@ impl InProcEndpoint {
         len: usize,
         f: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
     ) -> Result<T, FabricError> {
-        self.maybe_delay();
+        self.begin()?;
         let mem = self.fabric.region(addr.node, addr.region)?;
         let r = f(mem).map_err(|e| e.at(addr, len, mem))?;
         self.stats
             .record(kind, self.locality(addr.node), len as u64);
-        self.maybe_delay();
+        self.begin()?;
         Ok(r)
     }
 }
@@ -192,7 +208,7 @@ impl Endpoint for InProcEndpoint {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        self.maybe_delay();
+        self.begin()?;
         let mem = self.fabric.region(self.node, region)?;
         direct_read(
             mem,
@@ -208,7 +224,7 @@ impl Endpoint for InProcEndpoint {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        self.maybe_delay();
+        self.begin()?;
         let mem = self.fabric.region(self.node, region)?;
         direct_write(
             mem,

@@ -27,6 +27,10 @@ pub struct Fence {
     lease_until_ns: AtomicU64,
     /// One bit per node: its writers are gone.
     gone: [AtomicU64; WORDS],
+    /// Per node, the monotonic time (`nessie_fabric::monotonic_ns`) at which it was declared
+    /// gone: replication lets a copy take over deciding CASes only once its predecessor has
+    /// been gone for the settle time (`crate::replica`).
+    gone_at_ns: Box<[AtomicU64]>,
 }
 
 impl Default for Fence {
@@ -41,6 +45,7 @@ impl Fence {
         Self {
             lease_until_ns: AtomicU64::new(u64::MAX),
             gone: std::array::from_fn(|_| AtomicU64::new(0)),
+            gone_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -63,7 +68,11 @@ impl Fence {
     pub fn set_gone(&self, node: NodeId, gone: bool) {
         let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
         if gone {
-            self.gone[w].fetch_or(bit, Ordering::SeqCst);
+            let was = self.gone[w].fetch_or(bit, Ordering::SeqCst);
+            if was & bit == 0 {
+                self.gone_at_ns[node as usize]
+                    .store(nessie_fabric::monotonic_ns(), Ordering::SeqCst);
+            }
         } else {
             self.gone[w].fetch_and(!bit, Ordering::SeqCst);
         }
@@ -72,6 +81,12 @@ impl Fence {
     pub fn is_gone(&self, node: NodeId) -> bool {
         let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
         self.gone[w].load(Ordering::SeqCst) & bit != 0
+    }
+
+    /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.
+    pub fn gone_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
+        self.is_gone(node)
+            .then(|| now_ns.saturating_sub(self.gone_at_ns[node as usize].load(Ordering::SeqCst)))
     }
 }
 
@@ -95,5 +110,8 @@ mod tests {
         assert!(f.is_gone(70) && f.is_gone(3) && !f.is_gone(6) && !f.is_gone(71));
         f.set_gone(70, false);
         assert!(!f.is_gone(70) && f.is_gone(3));
+        let now = nessie_fabric::monotonic_ns();
+        assert_eq!(f.gone_for_ns(70, now), None);
+        assert!(f.gone_for_ns(3, now + 5_000).unwrap() >= 5_000);
     }
 }

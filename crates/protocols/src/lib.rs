@@ -31,6 +31,7 @@ pub mod error;
 pub mod fence;
 pub mod hooks;
 pub mod hy;
+pub mod replica;
 pub mod sd;
 
 #[cfg(any(test, feature = "testing"))]
@@ -39,6 +40,7 @@ pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
 pub use fence::Fence;
 pub use hooks::HookPoint;
+pub use replica::{ReplicaSet, Replicated};
 
 /// What every protocol's client offers: the key-value API. Workloads, stress tests and
 /// benchmarks drive clients through it, whatever the protocol and fabric.

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nessie_cluster::LocalCluster;
-use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+use nessie_cluster::{LocalCluster, LocalEndpoint};
+use nessie_fabric::inproc::InProcFabric;
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
@@ -24,14 +24,14 @@ use nessie_testkit::stress::{self, StressOutcome, StressSpec};
 
 const THREADS_NODES: [u16; 4] = [0, 1, 2, 0];
 
-fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<InProcEndpoint>> {
+fn clients(c: &LocalCluster, cfg: &ProtocolConfig) -> Vec<CdClient<LocalEndpoint>> {
     THREADS_NODES
         .iter()
         .map(|&n| c.client_with(n, cfg.clone()).unwrap())
         .collect()
 }
 
-fn total(cs: &[CdClient<InProcEndpoint>]) -> ClientStats {
+fn total(cs: &[CdClient<LocalEndpoint>]) -> ClientStats {
     let mut t = ClientStats::default();
     for c in cs {
         t += c.stats();
@@ -43,7 +43,7 @@ fn run(
     c: &LocalCluster,
     cfg: &ProtocolConfig,
     spec: &StressSpec,
-) -> (StressOutcome, ClientStats, Vec<CdClient<InProcEndpoint>>) {
+) -> (StressOutcome, ClientStats, Vec<CdClient<LocalEndpoint>>) {
     let (out, cs) = stress::run(clients(c, cfg), spec);
     let st = total(&cs);
     eprintln!("{out}\n{st:?}\nfabric: {}", c.fabric().stats().total(None));

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
-use nessie_fabric::inproc::InProcEndpoint;
+use nessie_cluster::LocalEndpoint;
 use nessie_fabric::{Endpoint, Locality, OpKind};
 use nessie_protocols::sd::{RpcConfig, RpcMutations, RpcStats, ServerStatsSnapshot};
 use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
@@ -60,7 +60,7 @@ struct ClientTotals {
     get_timeouts: u64,
 }
 
-fn totals(cs: &[ModeClient<InProcEndpoint>]) -> ClientTotals {
+fn totals(cs: &[ModeClient<LocalEndpoint>]) -> ClientTotals {
     let mut t = ClientTotals::default();
     for c in cs {
         match c {
@@ -189,7 +189,7 @@ fn hy_basic_operations_across_nodes() {
 fn invalid_sizes(mode: Mode) {
     let c = small(mode);
     let mut a = c.mode_client(0).unwrap();
-    let stats = |a: &ModeClient<InProcEndpoint>| match a {
+    let stats = |a: &ModeClient<LocalEndpoint>| match a {
         ModeClient::Sd(c) => c.endpoint().stats().snapshot(),
         ModeClient::Hy(c) => c.endpoint().stats().snapshot(),
         ModeClient::Cd(c) => c.endpoint().stats().snapshot(),

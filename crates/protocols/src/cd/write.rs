@@ -15,7 +15,7 @@
 //! another key) does not migrate; it verifies with a GET-style reverse pass that the key is
 //! absent and returns.
 
-use nessie_fabric::Endpoint;
+use nessie_fabric::{Endpoint, FabricError};
 use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
@@ -326,9 +326,25 @@ impl<E: Endpoint> CdClient<E> {
             self.release_unpublished(idx);
             return Err(e);
         }
-        let Some(new) = self.cas_ite(p.slots[c], p.seen[c], new)? else {
-            self.release_unpublished(idx); // never visible: reusable at once
-            return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
+        let new = match self.cas_ite(p.slots[c], p.seen[c], new) {
+            Ok(Some(installed)) => installed,
+            Ok(None) => {
+                self.release_unpublished(idx); // never visible: reusable at once
+                return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
+            }
+            Err(Abort::Fatal(Error::Fabric(FabricError::Indeterminate { node }))) => {
+                // The copy that decided our CAS failed: the entry may be in the index. Treat it
+                // as published, so that giving up completes or clears it (never release it).
+                st.published.push(Published {
+                    ite: self.view.index.ite.successor(p.seen[c], new),
+                    prev_written,
+                    target: cand.prev,
+                });
+                return Err(Abort::Fatal(Error::Fabric(FabricError::Indeterminate {
+                    node,
+                })));
+            }
+            Err(e) => return Err(e),
         };
         st.published.push(Published {
             ite: new,

@@ -1,0 +1,235 @@
+//! Client-driven replication (`nessie_protocols::replica`) in one process: every copy holds
+//! what the primary holds, a crashed node loses no acknowledged write, and writes go on
+//! through the survivors.
+//!
+//! A crash is `InProcFabric::kill_node` (the node's memory becomes unreachable and its own
+//! workers issue nothing), then `LocalCluster::fail_node` (membership declares it failed).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nessie_cluster::LocalCluster;
+use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
+use nessie_protocols::replica::mirror_region;
+use nessie_protocols::{Error, ProtocolConfig};
+use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
+
+fn geometry(nodes: u32) -> Geometry {
+    Geometry {
+        nodes,
+        ites_per_node: 256,
+        dtes_per_node: 512,
+        key_max: 16,
+        value_max: 64,
+        hash_functions: 3,
+        filter_bits: 7,
+    }
+}
+
+fn cfg() -> ProtocolConfig {
+    ProtocolConfig {
+        expiry_ns: 5_000_000,
+        clock_margin_ns: 0,
+        ..ProtocolConfig::default()
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("k{i:05}").into_bytes()
+}
+
+fn value(i: u64, round: u64) -> Vec<u8> {
+    let mut v = format!("v{i}-{round}-").into_bytes();
+    v.resize(8 + (i % 40) as usize, b'x');
+    v
+}
+
+/// The cluster's last acknowledged state of every key.
+type Model = BTreeMap<u64, Option<Vec<u8>>>;
+
+/// PUT `keys` keys from clients on every node in `writers` in turn (`round` picks the values),
+/// and DELETE every `delete_every`-th.
+fn write_round(
+    c: &LocalCluster,
+    writers: &[NodeId],
+    keys: u64,
+    round: u64,
+    delete_every: u64,
+    model: &mut Model,
+) {
+    let mut clients: Vec<_> = writers.iter().map(|&n| c.client(n).unwrap()).collect();
+    for i in 0..keys {
+        let w = &mut clients[(i % writers.len() as u64) as usize];
+        if delete_every != 0 && i % delete_every == 0 {
+            w.delete(&key(i)).unwrap();
+            model.insert(i, None);
+        } else {
+            w.put(&key(i), &value(i, round)).unwrap();
+            model.insert(i, Some(value(i, round)));
+        }
+    }
+}
+
+/// Every key reads its modelled value through a client on each node in `readers`.
+fn assert_reads(c: &LocalCluster, readers: &[NodeId], model: &Model, when: &str) {
+    for &n in readers {
+        let mut r = c.client(n).unwrap();
+        let mut wrong = Vec::new();
+        for (&i, want) in model {
+            match r.get(&key(i)) {
+                Ok(got) if got.as_ref() == want.as_ref() => {}
+                other => wrong.push((
+                    i,
+                    other.map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())),
+                )),
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{when}: through node {n}, {} of {} keys read wrong, e.g. {:?}",
+            wrong.len(),
+            model.len(),
+            &wrong[..wrong.len().min(5)]
+        );
+    }
+}
+
+fn crash(c: &LocalCluster, node: NodeId) {
+    c.fabric().kill_node(node);
+    c.fail_node(node);
+}
+
+/// Whole-region bytes of copy `j` of `partition`'s `region`, read from the node holding it.
+fn copy_bytes(c: &LocalCluster, partition: NodeId, region: u16, j: u8) -> Vec<u8> {
+    let g = &c.view().geometry;
+    let len = match region {
+        INDEX_REGION => g.index_table_bytes(),
+        _ => g.data_table_bytes(),
+    };
+    let holder = ((partition as u32 + j as u32) % g.nodes) as NodeId;
+    let mut ep = c.fabric().endpoint(holder);
+    let mut buf = vec![0u8; len as usize];
+    ep.read(
+        RemoteAddr::new(holder, mirror_region(region, j), 0),
+        &mut buf,
+    )
+    .unwrap();
+    buf
+}
+
+#[test]
+fn replication_settings_are_checked() {
+    let err = |nodes, r| {
+        LocalCluster::replicated(geometry(nodes), cfg(), None, r)
+            .err()
+            .map(|e: Error| e.to_string())
+            .unwrap_or_default()
+    };
+    assert!(
+        err(3, 0).contains("replicas = 0 is not in 1..=3"),
+        "{}",
+        err(3, 0)
+    );
+    assert!(err(4, 4).contains("replicas = 4 is not in 1..=3"));
+    assert!(
+        err(2, 3).contains("needs at least 3 nodes"),
+        "{}",
+        err(2, 3)
+    );
+    let ok = LocalCluster::replicated(geometry(3), cfg(), None, 3).unwrap();
+    assert_eq!(ok.replicas(), 3);
+}
+
+#[test]
+fn every_copy_holds_what_the_primary_holds() {
+    for r in [2u8, 3] {
+        let c = LocalCluster::replicated(geometry(3), cfg(), None, r).unwrap();
+        let mut model = Model::new();
+        write_round(&c, &[0, 1, 2], 300, 1, 0, &mut model);
+        write_round(&c, &[2, 0, 1], 300, 2, 4, &mut model);
+        assert_reads(&c, &[0, 1, 2], &model, "before any failure");
+        for p in 0..3 {
+            for region in [INDEX_REGION, DATA_REGION] {
+                let primary = copy_bytes(&c, p, region, 0);
+                assert!(primary.iter().any(|&b| b != 0), "partition {p} is in use");
+                for j in 1..r {
+                    assert!(
+                        copy_bytes(&c, p, region, j) == primary,
+                        "R = {r}: copy {j} of node {p}'s region {region} differs from the primary"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_crashed_node_loses_no_acknowledged_write_and_writes_go_on() {
+    let c = LocalCluster::replicated(geometry(3), cfg(), None, 2).unwrap();
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2], 400, 1, 0, &mut model);
+    write_round(&c, &[1, 2, 0], 400, 2, 5, &mut model);
+    crash(&c, 1);
+    assert_reads(&c, &[0, 2], &model, "after node 1 crashed");
+    // Writes go on: the survivors take over node 1's slots and its entries' copies.
+    write_round(&c, &[0, 2], 400, 3, 3, &mut model);
+    assert_reads(&c, &[0, 2], &model, "after writing through the survivors");
+}
+
+#[test]
+fn three_copies_survive_two_crashes() {
+    let c = LocalCluster::replicated(geometry(4), cfg(), None, 3).unwrap();
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2, 3], 400, 1, 7, &mut model);
+    crash(&c, 2);
+    assert_reads(&c, &[0, 1, 3], &model, "after node 2 crashed");
+    write_round(&c, &[3, 1, 0], 400, 2, 6, &mut model);
+    crash(&c, 0);
+    assert_reads(&c, &[1, 3], &model, "after nodes 2 and 0 crashed");
+    write_round(&c, &[1, 3], 400, 3, 5, &mut model);
+    assert_reads(&c, &[1, 3], &model, "after writing through the last two");
+}
+
+/// The control: with one copy, the same crash makes keys unreadable (so the tests above can
+/// fail).
+#[test]
+fn one_copy_loses_keys_to_a_crash() {
+    let c = LocalCluster::replicated(geometry(3), cfg(), None, 1).unwrap();
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2], 300, 1, 0, &mut model);
+    crash(&c, 1);
+    let mut r = c.client(0).unwrap();
+    let lost = model
+        .iter()
+        .filter(|(&i, want)| r.get(&key(i)).ok().as_ref() != Some(*want))
+        .count();
+    assert!(
+        lost > 0,
+        "one copy and a crashed node, yet every key read back"
+    );
+}
+
+/// A crashed node that membership has not yet declared failed: operations touching it wait for
+/// the declaration, then use the other copies.
+#[test]
+fn operations_wait_for_the_failure_to_be_declared() {
+    let c = LocalCluster::replicated(geometry(3), cfg(), None, 2).unwrap();
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2], 200, 1, 0, &mut model);
+    c.fabric().kill_node(1);
+    let declared_after = Duration::from_millis(300);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(declared_after);
+            c.fail_node(1);
+        });
+        assert_reads(&c, &[0], &model, "while node 1's failure is being declared");
+    });
+    assert!(
+        started.elapsed() >= declared_after,
+        "some key needed node 1, so reading had to wait for the declaration"
+    );
+    write_round(&c, &[2], 200, 2, 3, &mut model);
+    assert_reads(&c, &[0, 2], &model, "after the declaration");
+}

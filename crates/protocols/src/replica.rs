@@ -1,0 +1,494 @@
+//! Client-driven replication (`replicas` R = 1 to 3): every node's index table and data table
+//! (its *partition*) has R copies, copy j of partition p on node (p + j) mod N, and clients keep
+//! them in step with one-sided operations alone. No server thread takes part.
+//!
+//! [`Replicated`] wraps an endpoint and is itself an [`Endpoint`]: the protocol addresses a
+//! partition as it addressed a node (`RemoteAddr::node` names the partition), and never learns
+//! that there are copies. Only the index and data regions are replicated; any other region
+//! (the page table, SD/HY request slots) is the node's own.
+//!
+//! The copies of a partition, in chain order c_0 .. c_{R-1}, skipping nodes membership has
+//! declared failed (`Fence::is_gone`):
+//! - **Reads** go to the first live copy, the *primary*.
+//! - **Writes** go to every live copy, last first.
+//! - A **CAS** is decided by the last live copy, the *decider*, then carried to the others in
+//!   reverse chain order, the primary last. So whatever the primary holds, every copy holds or
+//!   has moved past: a value a reader saw survives the loss of any R - 1 nodes.
+//!
+//! Carrying a CAS to a copy ("advance") must not undo a later one. Index entries carry a
+//! sequence number (`IteLayout::successor`), so each copy only moves forward through the
+//! decider's history: advance reads the copy and CASes it from what it holds to the new word
+//! only if that word is newer. A writer that loses at the decider helps: it carries the
+//! decider's word forward first, so a writer that died after winning the decider does not
+//! wedge the primary. A data-region CAS (marking an entry given up) is carried by the same
+//! CAS on each copy; a plain write that came after it wins, as it does at the decider.
+//!
+//! When the decider's node fails, the previous copy takes over deciding once the failure is
+//! [`ReplicaSet::settle_ns`] old, and advances stop once their decider has been gone for half
+//! of it: so no advance from the old decider's history lands on the new decider after it began
+//! deciding (the same timing assumption as the single-copy protocol's expiry). A writer whose
+//! decider failed before its CAS reached every copy gets [`FabricError::Indeterminate`]: the
+//! CAS may or may not survive, and the protocol treats its entry as possibly published.
+//!
+//! The argument, step by step, is in `docs/protocol.md` ("Replication").
+
+use std::sync::Arc;
+
+use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
+use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION};
+
+use crate::error::Error;
+use crate::fence::Fence;
+
+/// Most copies of a partition.
+pub const MAX_REPLICAS: u8 = 3;
+/// Fewest sequence-number bits replication works with: a copy may lag its decider by fewer
+/// than half as many changes of one entry (2^7 = 128) without being misordered.
+pub const MIN_SEQ_BITS: u8 = 8;
+/// First region id of the mirrors (after the index, data and page regions): copy j >= 1 of a
+/// partition's index table is region `MIRROR_BASE + 2 (j - 1)`, its data table the next one.
+pub const MIRROR_BASE: RegionId = 3;
+/// How long an operation waits for an unreachable node to be declared failed (after which it
+/// uses the other copies) before it fails.
+pub const UNREACHABLE_WAIT_NS: u64 = 15_000_000_000;
+/// Pause between tries on an unreachable node.
+const RETRY_PAUSE_NS: u64 = 1_000_000;
+/// Most rounds of advancing one copy: each round lost a CAS to another advancer, which moved
+/// the copy forward.
+const MAX_ADVANCE_ROUNDS: u32 = 10_000;
+
+/// The region holding copy `copy` of a partition's `region` (index or data).
+pub fn mirror_region(region: RegionId, copy: u8) -> RegionId {
+    debug_assert!(region == INDEX_REGION || region == DATA_REGION);
+    match copy {
+        0 => region,
+        j => MIRROR_BASE + 2 * (j as RegionId - 1) + region,
+    }
+}
+
+/// Where the copies of every partition are, and what advancing needs to know.
+#[derive(Clone, Debug)]
+pub struct ReplicaSet {
+    replicas: u8,
+    nodes: u16,
+    ite: IteLayout,
+    settle_ns: u64,
+}
+
+impl ReplicaSet {
+    /// `replicas` copies of each of `nodes` partitions; `settle_ns` is how long a failure must
+    /// be old before the previous copy decides (at least the expiry period plus the clock
+    /// margin: every attempt begun before the failure has ended by then).
+    pub fn new(replicas: u8, nodes: u16, ite: IteLayout, settle_ns: u64) -> Result<Self, Error> {
+        if replicas == 0 || replicas > MAX_REPLICAS {
+            return Err(Error::Config(format!(
+                "replicas = {replicas} is not in 1..={MAX_REPLICAS}"
+            )));
+        }
+        if replicas as u16 > nodes {
+            return Err(Error::Config(format!(
+                "replicas = {replicas} needs at least {replicas} nodes; the cluster has {nodes}"
+            )));
+        }
+        if replicas > 1 && ite.seq_bits < MIN_SEQ_BITS {
+            return Err(Error::Config(format!(
+                "replication needs {MIN_SEQ_BITS} spare ITE bits for sequence numbers; this geometry leaves {} \
+                 (use fewer filter bits or a smaller table)",
+                ite.seq_bits
+            )));
+        }
+        Ok(Self {
+            replicas,
+            nodes,
+            ite,
+            settle_ns,
+        })
+    }
+
+    /// One copy of everything: the wrapper passes every operation through.
+    pub fn single(nodes: u16, ite: IteLayout) -> Self {
+        Self {
+            replicas: 1,
+            nodes,
+            ite,
+            settle_ns: 0,
+        }
+    }
+
+    pub fn replicas(&self) -> u8 {
+        self.replicas
+    }
+
+    pub fn settle_ns(&self) -> u64 {
+        self.settle_ns
+    }
+
+    /// The region sizes every node registers: `base` (index, data, page table, ...) followed
+    /// by the mirrors of the index and data tables it holds for other partitions.
+    pub fn region_sizes(&self, base: &[u64]) -> Vec<u64> {
+        let mut r = base.to_vec();
+        if self.replicas > 1 {
+            r.resize(MIRROR_BASE as usize, 0);
+            for _ in 1..self.replicas {
+                r.push(base[INDEX_REGION as usize]);
+                r.push(base[DATA_REGION as usize]);
+            }
+        }
+        r
+    }
+
+    /// The node holding copy `copy` of `partition`.
+    pub fn holder(&self, partition: NodeId, copy: u8) -> NodeId {
+        ((partition as u32 + copy as u32) % self.nodes as u32) as NodeId
+    }
+
+    /// Whether ITE word `a` comes after `b` in one entry's history (sequence numbers compared
+    /// modulo their width).
+    fn newer(&self, a: u64, b: u64) -> bool {
+        let bits = self.ite.seq_bits as u32;
+        let (sa, sb) = (
+            self.ite.seq(nessie_store::Ite(a)),
+            self.ite.seq(nessie_store::Ite(b)),
+        );
+        let d = sa.wrapping_sub(sb) & ((1u64 << bits) - 1);
+        d != 0 && d < 1u64 << (bits - 1)
+    }
+
+    fn same_seq(&self, a: u64, b: u64) -> bool {
+        self.ite.seq(nessie_store::Ite(a)) == self.ite.seq(nessie_store::Ite(b))
+    }
+}
+
+/// One copy of a partition: the node holding it and its position in the chain.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Copy {
+    node: NodeId,
+    j: u8,
+}
+
+/// The live copies of a partition, in chain order.
+#[derive(Copy, Clone, Debug)]
+struct Copies {
+    at: [Copy; MAX_REPLICAS as usize],
+    len: usize,
+}
+
+impl Copies {
+    fn as_slice(&self) -> &[Copy] {
+        &self.at[..self.len]
+    }
+}
+
+/// What carrying a word to one copy found.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Advance {
+    /// The copy holds the word now (we put it there, or someone did).
+    Holds,
+    /// The copy has moved past the word.
+    Past,
+    /// The copy holds another word with the same sequence number: another history.
+    Diverged,
+    /// The copy's node failed.
+    Gone,
+}
+
+/// An endpoint whose index and data regions are replicated (see the module comment).
+pub struct Replicated<E: Endpoint> {
+    inner: E,
+    set: Arc<ReplicaSet>,
+    fence: Arc<Fence>,
+}
+
+impl<E: Endpoint> Replicated<E> {
+    pub fn new(inner: E, set: Arc<ReplicaSet>, fence: Arc<Fence>) -> Self {
+        Self { inner, set, fence }
+    }
+
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
+
+    fn replicated(&self, region: RegionId) -> bool {
+        self.set.replicas > 1 && (region == INDEX_REGION || region == DATA_REGION)
+    }
+
+    fn at(addr: RemoteAddr, c: Copy) -> RemoteAddr {
+        RemoteAddr::new(c.node, mirror_region(addr.region, c.j), addr.offset)
+    }
+
+    /// The copies of `partition` on nodes not declared failed.
+    fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
+        let mut c = Copies {
+            at: [Copy { node: 0, j: 0 }; MAX_REPLICAS as usize],
+            len: 0,
+        };
+        for j in 0..self.set.replicas {
+            let node = self.set.holder(partition, j);
+            if !self.fence.is_gone(node) {
+                c.at[c.len] = Copy { node, j };
+                c.len += 1;
+            }
+        }
+        if c.len == 0 {
+            return Err(FabricError::NoCopy { node: partition });
+        }
+        Ok(c)
+    }
+
+    /// The live copies, once the last of them may decide: every copy after it in the chain
+    /// has been gone for the settle time (waits if one failed more recently).
+    fn deciding(&mut self, partition: NodeId) -> Result<Copies, FabricError> {
+        loop {
+            let c = self.live(partition)?;
+            let last = c.as_slice()[c.len - 1].j;
+            let now = self.inner.mono_ns();
+            let unsettled = (last + 1..self.set.replicas).any(|j| {
+                let node = self.set.holder(partition, j);
+                self.fence
+                    .gone_for_ns(node, now)
+                    .is_some_and(|t| t < self.set.settle_ns)
+            });
+            if !unsettled {
+                return Ok(c);
+            }
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+
+    /// Whether advances from `decider`'s history must stop: it has been gone for half the
+    /// settle time, so its successor may soon decide.
+    fn stale(&self, decider: Copy) -> bool {
+        let now = self.inner.mono_ns();
+        self.fence
+            .gone_for_ns(decider.node, now)
+            .is_some_and(|t| t >= self.set.settle_ns / 2)
+    }
+
+    /// Run `op` on copy `c` until it succeeds; `None` if the copy's node is declared failed
+    /// (now or while we wait for that). A node that stays unreachable without being declared
+    /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `op` must be safe to repeat.
+    fn on_copy<T>(
+        &mut self,
+        c: Copy,
+        mut op: impl FnMut(&mut E) -> Result<T, FabricError>,
+    ) -> Result<Option<T>, FabricError> {
+        let start = self.inner.mono_ns();
+        loop {
+            if self.fence.is_gone(c.node) {
+                return Ok(None);
+            }
+            match op(&mut self.inner) {
+                Ok(v) => return Ok(Some(v)),
+                Err(e @ (FabricError::Unreachable { .. } | FabricError::Transport(_))) => {
+                    if self.inner.mono_ns().saturating_sub(start) > UNREACHABLE_WAIT_NS {
+                        return Err(e);
+                    }
+                    self.inner.sleep_ns(RETRY_PAUSE_NS);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// READ from the primary (the first live copy), moving on if it fails.
+    fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        loop {
+            let c = self.live(addr.node)?.as_slice()[0];
+            let a = Self::at(addr, c);
+            if self.on_copy(c, |e| e.read(a, buf))?.is_some() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// WRITE to every live copy, last first (`local`: copy 0 is this node's own memory).
+    fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
+        let copies = self.live(addr.node)?;
+        for &c in copies.as_slice().iter().rev() {
+            let a = Self::at(addr, c);
+            if local && c.j == 0 {
+                self.inner.local_write(addr.region, addr.offset, buf)?;
+            } else {
+                self.on_copy(c, |e| e.write(a, buf))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// CAS of an index entry: the decider, then every other copy advanced to the word it
+    /// installed, or, if it lost, to the word it found there (helping its writer).
+    fn cas_index(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        let copies = self.deciding(addr.node)?;
+        let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
+        let found = self
+            .inner
+            .compare_and_swap(Self::at(addr, decider), expected, desired)
+            .map_err(|e| match e {
+                // We cannot tell whether a CAS that failed in flight took place.
+                FabricError::Unreachable { node, .. } => FabricError::Indeterminate { node },
+                e => e,
+            })?;
+        let won = found == expected;
+        if !won && !self.set.newer(found, expected) {
+            return Ok(found);
+        }
+        let word = if won { desired } else { found };
+        let mut sure = true;
+        for &c in followers.iter().rev() {
+            match self.advance(addr, c, word, decider) {
+                Ok(Advance::Holds | Advance::Gone) => {}
+                Ok(Advance::Past) => sure &= !self.fence.is_gone(decider.node),
+                Ok(Advance::Diverged) => sure = false,
+                // Helping is best effort: the writer or the next helper carries on.
+                Err(_) if !won => return Ok(found),
+                Err(e) => return Err(e),
+            }
+        }
+        if won && !sure {
+            return Err(FabricError::Indeterminate { node: decider.node });
+        }
+        Ok(found)
+    }
+
+    /// Carry index word `word`, from `decider`'s history, to copy `c`.
+    fn advance(
+        &mut self,
+        addr: RemoteAddr,
+        c: Copy,
+        word: u64,
+        decider: Copy,
+    ) -> Result<Advance, FabricError> {
+        let a = Self::at(addr, c);
+        for _ in 0..MAX_ADVANCE_ROUNDS {
+            let Some(cur) = self.on_copy(c, |e| e.read_u64(a))? else {
+                return Ok(Advance::Gone);
+            };
+            if cur == word {
+                return Ok(Advance::Holds);
+            }
+            if self.set.newer(cur, word) {
+                return Ok(Advance::Past);
+            }
+            if self.set.same_seq(cur, word) {
+                return Ok(Advance::Diverged);
+            }
+            if self.stale(decider) {
+                return Err(FabricError::Indeterminate { node: decider.node });
+            }
+            match self.on_copy(c, |e| e.compare_and_swap(a, cur, word))? {
+                None => return Ok(Advance::Gone),
+                Some(was) if was == cur => return Ok(Advance::Holds),
+                Some(_) => {}
+            }
+        }
+        Err(FabricError::Transport(format!(
+            "copy {} of {addr} kept changing while it was advanced",
+            c.j
+        )))
+    }
+
+    /// CAS of a data-region word (a DTE header): the decider, then the same CAS on every other
+    /// copy, which fails harmlessly where a later write already replaced the word.
+    fn cas_data(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        let copies = self.deciding(addr.node)?;
+        let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
+        let found = self
+            .inner
+            .compare_and_swap(Self::at(addr, decider), expected, desired)?;
+        if found == expected {
+            for &c in followers.iter().rev() {
+                let a = Self::at(addr, c);
+                self.on_copy(c, |e| e.compare_and_swap(a, expected, desired))?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl<E: Endpoint> Endpoint for Replicated<E> {
+    fn node(&self) -> NodeId {
+        self.inner.node()
+    }
+
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+
+    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        if !self.replicated(addr.region) {
+            return self.inner.read(addr, buf);
+        }
+        self.read_primary(addr, buf)
+    }
+
+    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        if !self.replicated(addr.region) {
+            return self.inner.write(addr, buf);
+        }
+        self.write_all(addr, buf, false)
+    }
+
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        match addr.region {
+            _ if !self.replicated(addr.region) => {
+                self.inner.compare_and_swap(addr, expected, desired)
+            }
+            INDEX_REGION => self.cas_index(addr, expected, desired),
+            _ => self.cas_data(addr, expected, desired),
+        }
+    }
+
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
+        // Copy 0 of our own partition is in our memory, and it is the primary while we live.
+        self.inner.local_read(region, offset, buf)
+    }
+
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
+        if !self.replicated(region) {
+            return self.inner.local_write(region, offset, buf);
+        }
+        let addr = RemoteAddr::new(self.inner.node(), region, offset);
+        self.write_all(addr, buf, true)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.inner.mono_ns()
+    }
+
+    fn sleep_ns(&mut self, ns: u64) {
+        self.inner.sleep_ns(ns)
+    }
+
+    fn stats(&self) -> &StatsCell {
+        self.inner.stats()
+    }
+}
