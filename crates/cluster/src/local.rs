@@ -140,10 +140,9 @@ impl LocalCluster {
             Mode::Cd => None,
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
-        let settle = cfg.expiry_ns.saturating_add(cfg.clock_margin_ns);
         let set = Arc::new(match replicas {
             1 => ReplicaSet::single(g.nodes as NodeId, view.index.ite),
-            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, settle)?,
+            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?,
         });
         let mut regions = vec![set.region_sizes(&g.table_regions()); g.nodes as usize];
         for r in regions.iter_mut() {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nessie_cluster::LocalCluster;
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_protocols::replica::mirror_region;
-use nessie_protocols::{Error, ProtocolConfig};
+use nessie_protocols::{Error, Mutations, ProtocolConfig};
 use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
 
 fn geometry(nodes: u32) -> Geometry {
@@ -211,6 +211,32 @@ fn one_copy_loses_keys_to_a_crash() {
 
 /// A crashed node that membership has not yet declared failed: operations touching it wait for
 /// the declaration, then use the other copies.
+/// The mutation: with only the index replicated (DTEs written to their primary copy alone),
+/// the crash test must find lost values.
+#[test]
+fn replicating_the_index_alone_is_caught() {
+    let cfg = ProtocolConfig {
+        mutations: Mutations {
+            replicate_index_only: true,
+            ..Mutations::default()
+        },
+        ..cfg()
+    };
+    let c = LocalCluster::replicated(geometry(3), cfg, None, 2).unwrap();
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2], 300, 1, 0, &mut model);
+    crash(&c, 1);
+    let mut r = c.client(0).unwrap();
+    let lost = model
+        .iter()
+        .filter(|(&i, want)| r.get(&key(i)).ok().as_ref() != Some(*want))
+        .count();
+    assert!(
+        lost > 0,
+        "the DTEs on node 1 had no other copy, yet every key read back"
+    );
+}
+
 #[test]
 fn operations_wait_for_the_failure_to_be_declared() {
     let c = LocalCluster::replicated(geometry(3), cfg(), None, 2).unwrap();

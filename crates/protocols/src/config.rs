@@ -76,6 +76,12 @@ pub struct Mutations {
     /// An abandoned PUT is "completed" by emptying its candidate instead of installing a valid
     /// copy of its value or setting it valid (loses both the new and the old value).
     pub complete_to_empty: bool,
+    /// Replication: a writer that loses at the decider does not carry the decider's word to
+    /// the other copies (a writer that died after deciding leaves its key wedged).
+    pub replica_no_helping: bool,
+    /// Replication: plain writes (DTEs, valid flags) go to the primary copy only, so only the
+    /// index is replicated.
+    pub replicate_index_only: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -37,6 +37,9 @@ use std::sync::Arc;
 use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
 use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION};
 
+#[cfg(any(test, feature = "testing"))]
+use crate::config::Mutations;
+use crate::config::ProtocolConfig;
 use crate::error::Error;
 use crate::fence::Fence;
 
@@ -73,13 +76,20 @@ pub struct ReplicaSet {
     nodes: u16,
     ite: IteLayout,
     settle_ns: u64,
+    #[cfg(any(test, feature = "testing"))]
+    mutations: Mutations,
 }
 
 impl ReplicaSet {
-    /// `replicas` copies of each of `nodes` partitions; `settle_ns` is how long a failure must
-    /// be old before the previous copy decides (at least the expiry period plus the clock
-    /// margin: every attempt begun before the failure has ended by then).
-    pub fn new(replicas: u8, nodes: u16, ite: IteLayout, settle_ns: u64) -> Result<Self, Error> {
+    /// `replicas` copies of each of `nodes` partitions, for clients running `cfg`. A failure
+    /// must be [`Self::settle_ns`] old (the expiry period plus the clock margin: every attempt
+    /// begun before it has ended) before the previous copy decides.
+    pub fn new(
+        replicas: u8,
+        nodes: u16,
+        ite: IteLayout,
+        cfg: &ProtocolConfig,
+    ) -> Result<Self, Error> {
         if replicas == 0 || replicas > MAX_REPLICAS {
             return Err(Error::Config(format!(
                 "replicas = {replicas} is not in 1..={MAX_REPLICAS}"
@@ -101,7 +111,9 @@ impl ReplicaSet {
             replicas,
             nodes,
             ite,
-            settle_ns,
+            settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
+            #[cfg(any(test, feature = "testing"))]
+            mutations: cfg.mutations,
         })
     }
 
@@ -112,6 +124,8 @@ impl ReplicaSet {
             nodes,
             ite,
             settle_ns: 0,
+            #[cfg(any(test, feature = "testing"))]
+            mutations: Mutations::default(),
         }
     }
 
@@ -280,7 +294,11 @@ impl<E: Endpoint> Replicated<E> {
             match op(&mut self.inner) {
                 Ok(v) => return Ok(Some(v)),
                 Err(e @ (FabricError::Unreachable { .. } | FabricError::Transport(_))) => {
-                    if self.inner.mono_ns().saturating_sub(start) > UNREACHABLE_WAIT_NS {
+                    // Waiting helps only if the failure is the other node's, not ours.
+                    let me = self.inner.node();
+                    let ours = matches!(e, FabricError::Unreachable { node, .. } if node == me)
+                        || self.fence.is_gone(me);
+                    if ours || self.inner.mono_ns().saturating_sub(start) > UNREACHABLE_WAIT_NS {
                         return Err(e);
                     }
                     self.inner.sleep_ns(RETRY_PAUSE_NS);
@@ -305,6 +323,9 @@ impl<E: Endpoint> Replicated<E> {
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
         let copies = self.live(addr.node)?;
         for &c in copies.as_slice().iter().rev() {
+            if mutated!(self.set, replicate_index_only) && c != copies.as_slice()[0] {
+                continue;
+            }
             let a = Self::at(addr, c);
             if local && c.j == 0 {
                 self.inner.local_write(addr.region, addr.offset, buf)?;
@@ -334,7 +355,7 @@ impl<E: Endpoint> Replicated<E> {
                 e => e,
             })?;
         let won = found == expected;
-        if !won && !self.set.newer(found, expected) {
+        if !won && (!self.set.newer(found, expected) || mutated!(self.set, replica_no_helping)) {
             return Ok(found);
         }
         let word = if won { desired } else { found };
@@ -490,5 +511,204 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
 
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+    use nessie_store::Ite;
+
+    struct Rig {
+        fabric: Arc<InProcFabric>,
+        set: Arc<ReplicaSet>,
+        fence: Arc<Fence>,
+    }
+
+    fn layout() -> IteLayout {
+        IteLayout::new(20, 4, 7).unwrap()
+    }
+
+    fn rig(replicas: u8, mutations: Mutations) -> Rig {
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000,
+            clock_margin_ns: 0,
+            mutations,
+            ..ProtocolConfig::default()
+        };
+        let set = Arc::new(ReplicaSet::new(replicas, 3, layout(), &cfg).unwrap());
+        let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
+        Rig {
+            fabric: InProcFabric::new(&regions, None).unwrap(),
+            set,
+            fence: Arc::new(Fence::unfenced()),
+        }
+    }
+
+    impl Rig {
+        fn ep(&self, node: NodeId) -> Replicated<InProcEndpoint> {
+            Replicated::new(
+                self.fabric.endpoint(node),
+                self.set.clone(),
+                self.fence.clone(),
+            )
+        }
+
+        /// The word copy `j` of partition 0's first index entry holds.
+        fn copy(&self, j: u8) -> u64 {
+            let node = self.set.holder(0, j);
+            let at = RemoteAddr::new(node, mirror_region(INDEX_REGION, j), 0);
+            self.fabric.endpoint(node).read_u64(at).unwrap()
+        }
+    }
+
+    const ENTRY: RemoteAddr = RemoteAddr::new(0, INDEX_REGION, 0);
+
+    /// The word a CAS from `prev` to an entry naming DTE `dte` installs.
+    fn word(prev: u64, dte: u64) -> u64 {
+        let l = layout();
+        l.successor(Ite(prev), l.encode(1, 0, dte)).0
+    }
+
+    /// A writer that died after deciding (the decider holds its word, the primary does not)
+    /// would wedge the entry: every CAS expecting the primary's word fails at the decider.
+    /// The loser carries the decider's word on, and the next attempt succeeds.
+    fn died_after_deciding(mutations: Mutations) -> (bool, Rig) {
+        let r = rig(2, mutations);
+        let decider = RemoteAddr::new(1, mirror_region(INDEX_REGION, 1), 0);
+        let dead = word(0, 7);
+        assert_eq!(
+            r.fabric
+                .endpoint(2)
+                .compare_and_swap(decider, 0, dead)
+                .unwrap(),
+            0
+        );
+        let mut ep = r.ep(2);
+        let mut succeeded = false;
+        for _ in 0..3 {
+            let seen = ep.read_u64(ENTRY).unwrap();
+            let mine = word(seen, 9);
+            if ep.compare_and_swap(ENTRY, seen, mine).unwrap() == seen {
+                succeeded = true;
+                break;
+            }
+        }
+        (succeeded, r)
+    }
+
+    #[test]
+    fn a_writer_that_died_after_deciding_is_helped_along() {
+        let (ok, r) = died_after_deciding(Mutations::default());
+        assert!(ok, "the second attempt must succeed");
+        assert_eq!(r.copy(0), r.copy(1), "both copies hold the last word");
+        assert_eq!(
+            layout().seq(Ite(r.copy(0))),
+            2,
+            "the dead writer's word came first"
+        );
+    }
+
+    #[test]
+    fn without_helping_the_entry_is_wedged() {
+        let (ok, r) = died_after_deciding(Mutations {
+            replica_no_helping: true,
+            ..Mutations::default()
+        });
+        assert!(!ok, "without helping no attempt can succeed");
+        assert_eq!(r.copy(0), 0, "the primary never moved");
+    }
+
+    #[test]
+    fn advancing_never_moves_a_copy_back() {
+        let r = rig(3, Mutations::default());
+        let mut ep = r.ep(0);
+        let w1 = word(0, 1);
+        let w2 = word(w1, 2);
+        assert_eq!(ep.compare_and_swap(ENTRY, 0, w1).unwrap(), 0);
+        assert_eq!(ep.compare_and_swap(ENTRY, w1, w2).unwrap(), w1);
+        let decider = Copy { node: 2, j: 2 };
+        for j in 0..2 {
+            let c = Copy {
+                node: r.set.holder(0, j),
+                j,
+            };
+            assert_eq!(ep.advance(ENTRY, c, w1, decider).unwrap(), Advance::Past);
+            assert_eq!(ep.advance(ENTRY, c, w2, decider).unwrap(), Advance::Holds);
+            let other = word(w1, 3); // same sequence number as w2, another history
+            assert_eq!(
+                ep.advance(ENTRY, c, other, decider).unwrap(),
+                Advance::Diverged
+            );
+        }
+        assert!((0..3).all(|j| r.copy(j) == w2));
+    }
+
+    #[test]
+    fn the_next_copy_decides_only_once_the_failure_is_settled() {
+        let r = rig(2, Mutations::default());
+        let mut ep = r.ep(2);
+        r.fabric.kill_node(1);
+        let t0 = ep.mono_ns();
+        r.fence.set_gone(1, true);
+        let w = word(0, 4);
+        assert_eq!(ep.compare_and_swap(ENTRY, 0, w).unwrap(), 0);
+        assert!(
+            ep.mono_ns() - t0 >= r.set.settle_ns(),
+            "the CAS must wait out the settle time"
+        );
+        assert_eq!(r.copy(0), w);
+    }
+
+    #[test]
+    fn writes_reach_every_copy_and_reads_move_on_when_the_primary_fails() {
+        let r = rig(3, Mutations::default());
+        let mut ep = r.ep(1);
+        let at = RemoteAddr::new(0, DATA_REGION, 16);
+        ep.write(at, &[5u8; 16]).unwrap();
+        for j in 0..3 {
+            let node = r.set.holder(0, j);
+            let mut b = [0u8; 16];
+            r.fabric
+                .endpoint(node)
+                .read(
+                    RemoteAddr::new(node, mirror_region(DATA_REGION, j), 16),
+                    &mut b,
+                )
+                .unwrap();
+            assert_eq!(b, [5u8; 16], "copy {j}");
+        }
+        r.fabric.kill_node(0);
+        r.fence.set_gone(0, true);
+        let mut b = [0u8; 16];
+        ep.read(at, &mut b).unwrap();
+        assert_eq!(b, [5u8; 16]);
+        r.fabric.kill_node(1);
+        r.fence.set_gone(1, true);
+        let mut survivor = r.ep(2);
+        survivor.read(at, &mut b).unwrap();
+        assert_eq!(b, [5u8; 16], "the last copy still serves");
+        r.fabric.kill_node(2);
+        r.fence.set_gone(2, true);
+        assert!(matches!(
+            r.ep(2).read(at, &mut b),
+            Err(FabricError::NoCopy { node: 0 }) | Err(FabricError::Unreachable { .. })
+        ));
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let cfg = ProtocolConfig::default();
+        let e = |r, n, l| ReplicaSet::new(r, n, l, &cfg).unwrap_err().to_string();
+        assert!(e(0, 3, layout()).contains("replicas = 0"));
+        assert!(e(4, 5, layout()).contains("not in 1..=3"));
+        assert!(e(3, 2, layout()).contains("at least 3 nodes"));
+        let no_seq = IteLayout::new(40, 12, 11).unwrap();
+        assert!(e(2, 3, no_seq).contains("sequence numbers"));
+        assert!(
+            ReplicaSet::new(1, 1, no_seq, &cfg).is_ok(),
+            "one copy needs none"
+        );
     }
 }

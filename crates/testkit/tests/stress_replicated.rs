@@ -1,0 +1,194 @@
+//! Concurrency stress of client-driven replication: 3 nodes, R = 2 or 3, two client threads
+//! per node, delay injection, and node 1 crashing in the middle of the run. The whole history
+//! (the crashed node's clients included: their operations in flight end in errors) must be
+//! linearizable, and afterwards every key must read the same through every survivor (nothing
+//! wedged, no copy behind).
+//!
+//! Each scenario runs with a large and a small index (keys in every candidate) and with each
+//! optimisation switched off. The replication mutations (only the index replicated, no helping)
+//! are caught by deterministic tests: `crates/cluster/tests/replication.rs` and the unit tests
+//! of `nessie_protocols::replica`; a random crash rarely lands in their windows.
+
+#[allow(dead_code)]
+mod common;
+use common::{delay, geometry};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nessie_cluster::LocalCluster;
+use nessie_fabric::NodeId;
+use nessie_protocols::cd::ClientStats;
+use nessie_protocols::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
+use nessie_store::Geometry;
+use nessie_testkit::assertions::assert_clean_run;
+use nessie_testkit::stress::{self, key_bytes, StressSpec};
+
+const THREADS_NODES: [NodeId; 6] = [0, 1, 2, 0, 1, 2];
+const CRASHED: NodeId = 1;
+/// Node 1 crashes once the run has issued this many fabric operations (about a fifth of it).
+const CRASH_AFTER_FABRIC_OPS: u64 = 30_000;
+
+fn cfg(o: Optimizations) -> ProtocolConfig {
+    ProtocolConfig {
+        // Short, so that the crashed node's writes in flight are soon completed by others.
+        expiry_ns: 20_000_000,
+        clock_margin_ns: 1_000_000,
+        cache_entries: 64,
+        optimizations: o,
+        retry: RetryPolicy {
+            max_attempts: 200,
+            ..RetryPolicy::default()
+        },
+        ..ProtocolConfig::default()
+    }
+}
+
+fn spec(seed: u64) -> StressSpec {
+    StressSpec {
+        ops_per_thread: 4_000,
+        keys: 40,
+        hot_keys: 2,
+        hot_fraction: 0.5,
+        get_fraction: 0.5,
+        delete_fraction: 0.1,
+        value_size: (8, 48),
+        seed,
+        time_limit: Duration::from_secs(120),
+        preload_keys: 40,
+    }
+}
+
+fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
+    let all = Optimizations::default();
+    let small = Geometry {
+        ites_per_node: 24,
+        ..geometry()
+    };
+    let off = |f: fn(&mut Optimizations)| {
+        let mut o = all;
+        f(&mut o);
+        o
+    };
+    vec![
+        ("large index", geometry(), all),
+        ("small index", small.clone(), all),
+        (
+            "small index, no filter bits",
+            small.clone(),
+            off(|o| o.filter_bits = false),
+        ),
+        (
+            "small index, no cache",
+            small.clone(),
+            off(|o| o.cache = false),
+        ),
+        (
+            "small index, no previous versions",
+            small.clone(),
+            off(|o| o.previous_versions = false),
+        ),
+        (
+            "small index, no multi-read",
+            small.clone(),
+            off(|o| o.multi_read = false),
+        ),
+        ("small index, all off", small, Optimizations::NONE),
+    ]
+}
+
+/// One run: the workload on every node, node 1 crashing `crash_after` into it.
+fn crash_mid_run(name: &str, g: Geometry, o: Optimizations, replicas: u8, seed: u64) {
+    crash_mid_run_with(name, g, o, Mutations::default(), replicas, seed)
+}
+
+fn crash_mid_run_with(
+    name: &str,
+    g: Geometry,
+    o: Optimizations,
+    mutations: Mutations,
+    replicas: u8,
+    seed: u64,
+) {
+    let cfg = ProtocolConfig {
+        mutations,
+        ..cfg(o)
+    };
+    let c = LocalCluster::replicated(g, cfg.clone(), delay(seed), replicas).unwrap();
+    let clients: Vec<_> = THREADS_NODES
+        .iter()
+        .map(|&n| c.client(n).unwrap())
+        .collect();
+    let s = spec(seed);
+    let fabric_ops = || c.fabric().stats().total(None).total_ops();
+    let crash_at = fabric_ops() + CRASH_AFTER_FABRIC_OPS;
+    let finished = AtomicBool::new(false);
+    let (out, cs, crashed) = std::thread::scope(|scope| {
+        let crasher = scope.spawn(|| {
+            while fabric_ops() < crash_at {
+                if finished.load(Ordering::SeqCst) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            c.fabric().kill_node(CRASHED);
+            c.fail_node(CRASHED);
+            true
+        });
+        let (out, cs) = stress::run(clients, &s);
+        finished.store(true, Ordering::SeqCst);
+        (out, cs, crasher.join().unwrap())
+    });
+    assert!(
+        crashed,
+        "{name}: the run ended before node {CRASHED} crashed"
+    );
+    assert!(
+        !out.errors.is_empty(),
+        "{name}: node {CRASHED}'s clients should have failed after the crash"
+    );
+    let mut survivors = ClientStats::default();
+    for (cl, &n) in cs.iter().zip(&THREADS_NODES) {
+        if n != CRASHED {
+            survivors += cl.stats();
+        }
+    }
+    eprintln!(
+        "{name}, R = {replicas}: {out}\nsurvivors: {survivors:?}\nfabric ops: {}",
+        fabric_ops() - crash_at + CRASH_AFTER_FABRIC_OPS
+    );
+    assert_clean_run(name, &out, 6 * s.ops_per_thread / 2);
+    assert_eq!(out.corrupt_reads, 0);
+    // Nothing wedged and no copy behind: every key reads, and reads alike, through each
+    // survivor.
+    let mut readers: Vec<_> = [0, 2].iter().map(|&n| c.client(n).unwrap()).collect();
+    for k in 0..s.keys {
+        let key = key_bytes(k);
+        let a = readers[0].get(&key);
+        let b = readers[1].get(&key);
+        assert!(
+            matches!((&a, &b), (Ok(x), Ok(y)) if x == y),
+            "{name}: key {k} reads {a:?} through node 0 and {b:?} through node 2"
+        );
+    }
+    // And can still be written.
+    for k in 0..s.keys {
+        readers[k as usize % 2]
+            .put(&key_bytes(k), b"after the crash")
+            .unwrap_or_else(|e| panic!("{name}: key {k} cannot be written after the crash: {e}"));
+    }
+}
+
+#[test]
+fn a_node_crashing_mid_run_two_copies() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        crash_mid_run(name, g, o, 2, 100 + i as u64);
+    }
+}
+
+#[test]
+fn a_node_crashing_mid_run_three_copies() {
+    for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
+        crash_mid_run(name, g, o, 3, 200 + i as u64);
+    }
+}
