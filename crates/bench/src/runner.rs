@@ -461,6 +461,7 @@ fn start(
         // Membership is off the data path; a run needs no etcd and starts faster without.
         etcd: process::EtcdChoice::Off,
         lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
+        replicas: 1,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

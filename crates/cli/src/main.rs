@@ -144,6 +144,10 @@ struct UpArgs {
     /// values below its own minimum, 3 s by default).
     #[arg(long, default_value_t = nessie_cluster::membership::DEFAULT_LEASE_TTL_S)]
     lease_ttl: u64,
+    /// Copies of every node's index and data tables, on consecutive nodes (1 to 3): with 2, any
+    /// one node may fail without losing data. Needs membership (not --no-etcd) and --mode cd.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    replicas: u8,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -508,12 +512,19 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             (None, false) => process::EtcdChoice::Local,
         },
         lease_ttl_s: a.lease_ttl,
+        replicas: a.replicas,
     };
     let cfg = process::up(&dir, &opts)?;
     println!(
-        "cluster up: {} nodes over {:?} in {} (config {})",
+        "cluster up: {} nodes over {:?}, {} {} of each node's tables, in {} (config {})",
         cfg.node.len(),
         cfg.cluster.transport,
+        cfg.cluster.replicas,
+        if cfg.cluster.replicas == 1 {
+            "copy"
+        } else {
+            "copies"
+        },
         dir.display(),
         process::config_path(&dir).display()
     );
@@ -559,6 +570,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             None => "down".into(),
         }
     };
+    let partitions = replication(&cfg, &nodes, &state_of);
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
         let etcd_error = match &membership {
@@ -574,6 +586,10 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 };
                 v["state"] = state_of(n).into();
                 v["epoch"] = epoch.into();
+                let p = &partitions[n.id as usize];
+                v["replicas"] = cfg.cluster.replicas.into();
+                v["live_copies"] = p.live_copies.into();
+                v["under_replicated"] = p.under_replicated().into();
                 if let Some(e) = &etcd_error {
                     v["etcd_error"] = e.clone().into();
                 }
@@ -589,6 +605,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             cfg.cluster.transport
         );
         print_membership(&cfg, membership.as_ref(), &nodes);
+        print_replication(cfg.cluster.replicas, &partitions);
         print_node_table(&nodes, state_of);
         print_class_fill(&nodes);
     }
@@ -598,6 +615,81 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// How many copies of one node's tables (its partition) are on nodes that are up, and how
+/// many entries its index holds (read from any of those copies).
+struct Partition {
+    replicas: u8,
+    live_copies: u8,
+    present: Option<u64>,
+}
+
+impl Partition {
+    /// Entries with fewer than `replicas` copies (`None`: no copy answered).
+    fn under_replicated(&self) -> Option<u64> {
+        if self.live_copies >= self.replicas {
+            return Some(0);
+        }
+        self.present
+    }
+}
+
+fn replication(
+    cfg: &nessie_cluster::config::ClusterConfig,
+    nodes: &[process::NodeStatus],
+    state_of: &impl Fn(&process::NodeStatus) -> String,
+) -> Vec<Partition> {
+    let n = nodes.len() as u16;
+    let r = cfg.cluster.replicas;
+    (0..n)
+        .map(|p| {
+            let mut live = 0;
+            let mut present = None;
+            for j in 0..r {
+                let holder = &nodes[((p + j as u16) % n) as usize];
+                if state_of(holder) != "up" {
+                    continue;
+                }
+                let Ok(report) = &holder.report else { continue };
+                live += 1;
+                present = present.or_else(|| {
+                    report["copies"].as_array()?.iter().find_map(|c| {
+                        (c["partition"] == p && c["copy"] == j).then(|| c["present"].as_u64())?
+                    })
+                });
+            }
+            Partition {
+                replicas: r,
+                live_copies: live,
+                present,
+            }
+        })
+        .collect()
+}
+
+/// The replication line of `nessie status`.
+fn print_replication(replicas: u8, partitions: &[Partition]) {
+    let short: Vec<String> = partitions
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.live_copies < replicas)
+        .map(|(i, p)| match p.under_replicated() {
+            Some(e) => format!(
+                "node {i}'s tables: {} of {replicas} copies, {e} entries",
+                p.live_copies
+            ),
+            None => format!("node {i}'s tables: no copy answers"),
+        })
+        .collect();
+    if short.is_empty() {
+        println!("replication: {replicas} copies of every node's tables");
+    } else {
+        println!(
+            "replication: {replicas} copies wanted; under-replicated: {}",
+            short.join("; ")
+        );
+    }
 }
 
 /// The membership line of `nessie status`: epoch and etcd, or why etcd could not be read.

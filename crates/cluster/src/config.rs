@@ -97,6 +97,14 @@ pub struct ClusterSection {
     /// when there are enough) or "require" (refuse to start without them).
     #[serde(default)]
     pub huge_pages: nessie_fabric_ucx::HugePages,
+    /// Copies of every node's index and data tables, on consecutive nodes (cd only; 1 to 3).
+    /// With more than one, a node that fails loses nothing: see `nessie_protocols::replica`.
+    #[serde(default = "default_replicas")]
+    pub replicas: u8,
+}
+
+fn default_replicas() -> u8 {
+    1
 }
 
 fn default_server_poll() -> String {
@@ -287,6 +295,8 @@ pub enum InvalidConfig {
     Mode(String),
     #[error("membership.etcd: {0}")]
     Etcd(String),
+    #[error("cluster.replicas: {0}")]
+    Replicas(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
     LeaseTtl(u64),
     #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
@@ -354,7 +364,26 @@ impl ClusterConfig {
             .map_err(InvalidConfig::Protocol)?;
         self.validate_nodes()?;
         self.validate_membership()?;
+        self.replica_set()?;
         Ok(())
+    }
+
+    /// Where the copies of each node's tables are (`cluster.replicas`).
+    pub fn replica_set(&self) -> Result<nessie_protocols::ReplicaSet, InvalidConfig> {
+        let g = &self.geometry;
+        let (ite, _) = g.validate()?;
+        let r = self.cluster.replicas;
+        let set = match r {
+            1 => nessie_protocols::ReplicaSet::single(g.nodes as u16, ite),
+            r => nessie_protocols::ReplicaSet::new(r, g.nodes as u16, ite, &self.protocol_config())
+                .map_err(|e| InvalidConfig::Replicas(e.to_string()))?,
+        };
+        if r > 1 && self.membership.is_none() {
+            return Err(InvalidConfig::Replicas(format!(
+                "{r} copies need [membership] (etcd), which declares failed nodes"
+            )));
+        }
+        Ok(set)
     }
 
     /// The `[membership]` etcd URL and lease TTL.
@@ -406,6 +435,12 @@ impl ClusterConfig {
         }
         let mode = self.mode()?;
         mode.validate().map_err(InvalidConfig::Cluster)?;
+        if self.cluster.replicas != 1 && mode != nessie_protocols::Mode::Cd {
+            return Err(InvalidConfig::Replicas(format!(
+                "{} > 1 needs mode cd; the server-driven modes keep one copy",
+                self.cluster.replicas
+            )));
+        }
         if mode != nessie_protocols::Mode::Cd {
             self.rpc_config()
                 .validate()
@@ -534,6 +569,7 @@ impl ClusterConfig {
                 self.cluster.transport,
                 &self.cluster.mode,
                 self.cluster.max_clients_per_node,
+                self.cluster.replicas,
             ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
@@ -569,6 +605,7 @@ impl ClusterConfig {
                 max_clients_per_node: default_max_clients(),
                 server_poll: default_server_poll(),
                 huge_pages: Default::default(),
+                replicas: default_replicas(),
             },
             geometry: Geometry {
                 nodes: nodes as u32,

@@ -28,7 +28,7 @@ use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
 use crate::membership::{MembershipError, Monitor};
 use crate::rundir::{PidFile, RunDir};
-use nessie_protocols::Fence;
+use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -106,18 +106,29 @@ pub struct NodeContext {
     membership: Option<Monitor>,
     /// The membership view its client-driven workers obey (fed by `membership`).
     fence: Arc<Fence>,
+    /// Where the copies of every node's tables are (`cluster.replicas`).
+    replicas: Arc<ReplicaSet>,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
-pub type NodeClient = ModeClient<MaybeDelayed<UcxEndpoint>>;
+pub type NodeClient = ModeClient<NodeEndpoint>;
+
+/// The endpoint of every worker of a node process: UCX, with delays injected if asked, and
+/// replicated as the cluster is.
+pub type NodeEndpoint = Replicated<MaybeDelayed<UcxEndpoint>>;
 
 impl NodeContext {
-    fn endpoint(&self) -> Result<MaybeDelayed<UcxEndpoint>, NodeError> {
+    fn endpoint(&self) -> Result<NodeEndpoint, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
-        Ok(MaybeDelayed::new(
+        let ep = MaybeDelayed::new(
             ep,
             self.delay.clone(),
             self.next_stream.fetch_add(1, Ordering::Relaxed),
+        );
+        Ok(Replicated::new(
+            ep,
+            self.replicas.clone(),
+            self.fence.clone(),
         ))
     }
 
@@ -215,9 +226,10 @@ impl NodeContext {
         })
     }
 
-    fn status(&self) -> serde_json::Value {
-        let data_table = self.data_table_status();
-        let index = self.ucx.region(INDEX_REGION).expect("index region");
+    /// Present ITEs in one of the index tables this node holds (its own, or a copy of
+    /// another node's).
+    fn present_in(&self, region: nessie_fabric::RegionId) -> u64 {
+        let index = self.ucx.region(region).expect("index region");
         let mut present = 0u64;
         let mut w = [0u8; 8];
         for i in 0..self.cfg.geometry.ites_per_node {
@@ -228,6 +240,23 @@ impl NodeContext {
                 present += 1;
             }
         }
+        present
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let data_table = self.data_table_status();
+        let present = self.present_in(INDEX_REGION);
+        let nodes = self.cfg.geometry.nodes as u16;
+        let copies: Vec<_> = (0..self.replicas.replicas())
+            .map(|j| {
+                let partition = (self.id + nodes - j as u16) % nodes;
+                serde_json::json!({
+                    "partition": partition,
+                    "copy": j,
+                    "present": self.present_in(nessie_protocols::replica::mirror_region(INDEX_REGION, j)),
+                })
+            })
+            .collect();
         let s = self.fabric_stats();
         let mut fabric = serde_json::Map::new();
         for loc in Locality::ALL {
@@ -252,6 +281,8 @@ impl NodeContext {
             "server_requests": sv.requests,
             "workers": self.cfg.node_entry(self.id).map(|n| n.workers).unwrap_or(0),
             "index": { "entries": self.cfg.geometry.ites_per_node, "present": present },
+            "replicas": self.replicas.replicas(),
+            "copies": copies,
             "data_table": data_table,
             "fabric": fabric,
             "huge_pages": self.cfg.cluster.huge_pages.to_string(),
@@ -438,7 +469,8 @@ fn join_cluster(
         Mode::Cd => None,
         _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())?),
     };
-    let regions = region_sizes(g, rpc_shared.as_deref());
+    let replicas = Arc::new(cfg.replica_set().map_err(ConfigError::from)?);
+    let regions = replicas.region_sizes(&region_sizes(g, rpc_shared.as_deref()));
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
     let table = Arc::new(view.class_table(id, cfg.protocol_config().clock_margin_ns));
@@ -459,6 +491,7 @@ fn join_cluster(
         servers: Vec::new(),
         membership: None,
         fence: Arc::new(Fence::unfenced()),
+        replicas,
     };
     Ok((ctx, bootstrap))
 }

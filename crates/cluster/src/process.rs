@@ -131,6 +131,8 @@ pub struct UpOptions {
     pub etcd: EtcdChoice,
     /// Lease TTL of the nodes' registrations, in seconds.
     pub lease_ttl_s: u64,
+    /// Copies of every node's index and data tables (1 to 3; more than 1 needs membership).
+    pub replicas: u8,
 }
 
 /// Where a cluster's membership lives.
@@ -164,6 +166,7 @@ impl UpOptions {
             huge_pages: nessie_fabric_ucx::HugePages::Try,
             etcd: EtcdChoice::Local,
             lease_ttl_s: crate::membership::DEFAULT_LEASE_TTL_S,
+            replicas: 1,
         }
     }
 }
@@ -298,7 +301,11 @@ fn initialise_membership(cfg: &ClusterConfig) -> Result<(), ProcessError> {
 }
 
 /// The configuration `up` writes for `o` with bootstrap `ports`.
-fn local_config(o: &UpOptions, ports: &[u16]) -> Result<ClusterConfig, ProcessError> {
+fn local_config(
+    o: &UpOptions,
+    ports: &[u16],
+    membership: Option<MembershipSection>,
+) -> Result<ClusterConfig, ProcessError> {
     if ports.len() != o.nodes as usize {
         return Err(ProcessError::PortCount {
             ports: ports.len(),
@@ -318,6 +325,8 @@ fn local_config(o: &UpOptions, ports: &[u16]) -> Result<ClusterConfig, ProcessEr
     cfg.cluster.max_clients_per_node = o.max_clients_per_node;
     cfg.cluster.server_poll = o.server_poll.clone();
     cfg.cluster.huge_pages = o.huge_pages;
+    cfg.cluster.replicas = o.replicas;
+    cfg.membership = membership;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
@@ -358,8 +367,7 @@ fn up_once(
     membership: Option<MembershipSection>,
 ) -> Result<ClusterConfig, ProcessError> {
     let dir = rd.path();
-    let mut cfg = local_config(o, &ports)?;
-    cfg.membership = membership;
+    let cfg = local_config(o, &ports, membership)?;
     cfg.validate()?;
     let cpath = config_path(dir);
     rundir::write_file(&cpath, cfg.to_toml().as_bytes())?;

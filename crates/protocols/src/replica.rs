@@ -480,7 +480,12 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        // Copy 0 of our own partition is in our memory, and it is the primary while we live.
+        // Copy 0 of our own partition is in our memory, and it is the primary while we are a
+        // member. A node that failed and came back holds nothing until it is given its data
+        // again: it reads the copies the others hold.
+        if self.replicated(region) && self.fence.is_gone(self.inner.node()) {
+            return self.read_primary(RemoteAddr::new(self.inner.node(), region, offset), buf);
+        }
         self.inner.local_read(region, offset, buf)
     }
 

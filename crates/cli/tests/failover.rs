@@ -1,0 +1,136 @@
+//! Failover of a replicated cluster of real node processes (`nessie up --replicas 2`, with the
+//! local etcd): a node killed with SIGKILL loses no acknowledged write. Every key reads its last
+//! value through each survivor within the lease TTL + 2 s, and writes go on.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{stderr, Cluster};
+use nessie_cluster::process;
+
+/// What `--lease-ttl 2` becomes (etcd's minimum), and the allowance on top of it.
+const EFFECTIVE_TTL: Duration = Duration::from_secs(3);
+const WITHIN: Duration = Duration::from_secs(2);
+
+const KEYS: usize = 60;
+
+fn put(c: &Cluster, node: u16, key: &str, value: &str) {
+    let out = c.nessie(&["put", "--node", &node.to_string(), key, value]);
+    assert!(
+        out.status.success(),
+        "put {key} through node {node}: {}",
+        stderr(&out)
+    );
+}
+
+/// `Some(value)`, `None` if not found; panics on any other failure.
+fn get(c: &Cluster, node: u16, key: &str) -> Option<String> {
+    let out = c.nessie(&["get", "--node", &node.to_string(), key]);
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
+        Some(1) if stderr(&out).contains("not found") => None,
+        _ => panic!("get {key} through node {node}: {}", stderr(&out)),
+    }
+}
+
+fn assert_reads(c: &Cluster, nodes: &[u16], model: &BTreeMap<String, Option<String>>) {
+    for &n in nodes {
+        for (k, want) in model {
+            assert_eq!(&get(c, n, k), want, "key {k} through node {n}");
+        }
+    }
+}
+
+fn status(c: &Cluster) -> Vec<serde_json::Value> {
+    let out = c.nessie(&["status", "--json"]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)))
+}
+
+fn under_replicated(s: &[serde_json::Value]) -> u64 {
+    s.iter()
+        .map(|n| n["under_replicated"].as_u64().expect("a copy answers"))
+        .sum()
+}
+
+/// The scenario over `transport`: load, kill node 1, read everything through the survivors
+/// (at once, and again once the failure is declared), write on.
+fn kill_one_of_three(name: &str, transport: &str) {
+    let c = Cluster::up(name, 3, transport, &["--lease-ttl", "2", "--replicas", "2"]);
+    let mut model = BTreeMap::new();
+    for i in 0..KEYS {
+        let (k, v) = (format!("key-{i}"), format!("value-{i}-first"));
+        put(&c, (i % 3) as u16, &k, &v);
+        model.insert(k, Some(v));
+    }
+    // Overwrite some and delete some, so that the last value is not the first.
+    for i in (0..KEYS).step_by(3) {
+        let k = format!("key-{i}");
+        if i % 2 == 0 {
+            let v = format!("value-{i}-second");
+            put(&c, 1, &k, &v);
+            model.insert(k, Some(v));
+        } else {
+            assert!(c.nessie(&["del", "--node", "1", &k]).status.success());
+            model.insert(k, None);
+        }
+    }
+    let s = status(&c);
+    assert!(s.iter().all(|n| n["replicas"] == 2), "{s:#?}");
+    assert_eq!(under_replicated(&s), 0, "{s:#?}");
+
+    let pid = process::live_pid(&c.dir, 1).expect("node 1 runs");
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed = Instant::now();
+    // Reads through the survivors at once: over TCP the first that needs node 1 waits for the
+    // failure to be declared; over shared memory node 1's memory outlives its process.
+    assert_reads(&c, &[0, 2], &model);
+    let took = killed.elapsed();
+    eprintln!("{transport}: every key read through both survivors {took:?} after the kill");
+    assert!(
+        took <= EFFECTIVE_TTL + WITHIN + Duration::from_secs(KEYS as u64 / 10),
+        "reads took {took:?}"
+    );
+
+    // Once the failure is declared, the survivors use the other copies only.
+    let t0 = Instant::now();
+    let s = loop {
+        let s = status(&c);
+        if s[1]["state"] == "failed"
+            && s[0]["membership"]["epoch"] == 2
+            && s[2]["membership"]["epoch"] == 2
+        {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{s:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(under_replicated(&s) > 0, "node 1's copies are gone: {s:#?}");
+    assert_reads(&c, &[0, 2], &model);
+
+    // Writes go on, through both survivors, and read back everywhere.
+    for (i, (k, v)) in model.iter_mut().enumerate() {
+        let nv = format!("{k}-after-the-kill");
+        put(&c, [0, 2][i % 2], k, &nv);
+        *v = Some(nv);
+    }
+    assert_reads(&c, &[0, 2], &model);
+    let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
+    assert!(
+        text.contains("under-replicated: node 0's tables: 1 of 2 copies"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_killed_node_loses_no_acknowledged_write_with_two_copies_over_shm() {
+    kill_one_of_three("failover-shm", "shm");
+}
+
+#[test]
+fn a_killed_node_loses_no_acknowledged_write_with_two_copies_over_tcp() {
+    kill_one_of_three("failover-tcp", "tcp");
+}
