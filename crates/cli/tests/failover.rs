@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{stderr, Cluster};
+use std::process::{Child, Command, Stdio};
+
+use common::{stderr, Cluster, BIN};
 use nessie_cluster::process;
 
 /// What `--lease-ttl 2` becomes (etcd's minimum), and the allowance on top of it.
@@ -123,6 +125,49 @@ fn kill_one_of_three(name: &str, transport: &str) {
         text.contains("under-replicated: node 0's tables: 1 of 2 copies"),
         "{text}"
     );
+
+    // Node 1 restarted joins with empty memory: nobody may take it for a copy. It serves
+    // reads from the others' copies and is fenced for writes; the survivors write on.
+    let _node = restart(&c, 1);
+    let t0 = Instant::now();
+    loop {
+        let s = status(&c);
+        if s.iter().all(|n| n["membership"]["epoch"] == 3) && s[1]["state"] == "joining" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{s:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_reads(&c, &[0, 1, 2], &model);
+    let out = c.nessie(&["put", "--node", "1", "key-0", "x"]);
+    assert!(stderr(&out).contains("fenced"), "{}", stderr(&out));
+    put(&c, 2, "key-0", "after the restart");
+    model.insert("key-0".into(), Some("after the restart".into()));
+    assert_reads(&c, &[0, 1, 2], &model);
+}
+
+/// `nessie node --config … --id ID`, as an operator restarts a node; killed on drop.
+struct Restarted(Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn restart(c: &Cluster, id: u16) -> Restarted {
+    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
+    Restarted(
+        Command::new(BIN)
+            .args(["node", "--id", &id.to_string(), "--config"])
+            .arg(process::config_path(&c.dir))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[test]

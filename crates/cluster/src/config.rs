@@ -378,6 +378,13 @@ impl ClusterConfig {
             r => nessie_protocols::ReplicaSet::new(r, g.nodes as u16, ite, &self.protocol_config())
                 .map_err(|e| InvalidConfig::Replicas(e.to_string()))?,
         };
+        // A node's view of membership is fresh for a lease TTL (`membership::Monitor`): a copy
+        // takes over deciding only once every node has learnt of the failure or stopped writing.
+        let settle = self.membership.as_ref().map_or(0, |m| {
+            (m.lease_ttl_s * 1_000_000_000)
+                .saturating_add(self.protocol.clock_margin_ms * 1_000_000)
+        });
+        let set = set.with_settle_at_least(settle);
         if r > 1 && self.membership.is_none() {
             return Err(InvalidConfig::Replicas(format!(
                 "{r} copies need [membership] (etcd), which declares failed nodes"

@@ -251,6 +251,12 @@ struct Shared {
     /// Wall-clock ns until which the lease holds for sure (the last keep-alive's send time plus
     /// the TTL etcd answered).
     lease_clock_ns: AtomicU64,
+    /// Wall-clock ns until which this node's view of the configuration is fresh enough to act
+    /// on: the send time of the last successful read plus the TTL. Peers act on a new epoch
+    /// only a TTL after they learn it (`replica::ReplicaSet::settle_ns`), so a node that has not
+    /// read it by then stops writing rather than act on the old one.
+    view_clock_ns: AtomicU64,
+    lease_ttl_ns: u64,
     /// This node is `up` in the configuration last read (or there is none yet).
     up: AtomicBool,
     fence: Arc<Fence>,
@@ -260,7 +266,9 @@ impl Shared {
     /// What the fence must say now: writes only while up, and within the lease.
     fn refresh_fence(&self) {
         let until = if self.up.load(Ordering::SeqCst) {
-            self.lease_clock_ns.load(Ordering::SeqCst)
+            self.lease_clock_ns
+                .load(Ordering::SeqCst)
+                .min(self.view_clock_ns.load(Ordering::SeqCst))
         } else {
             0
         };
@@ -298,6 +306,8 @@ impl Monitor {
             stop: AtomicBool::new(false),
             lease: std::sync::atomic::AtomicI64::new(lease.0),
             lease_clock_ns: AtomicU64::new(sent + granted * 1_000_000_000),
+            view_clock_ns: AtomicU64::new(sent + lease_ttl_s * 1_000_000_000),
+            lease_ttl_ns: lease_ttl_s * 1_000_000_000,
             up: AtomicBool::new(true),
             fence,
         });
@@ -373,7 +383,12 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
         if ticks.is_multiple_of(3) && result.is_ok() {
+            let sent = wall_ns();
             result = step(&etcd, &keys).map(|c| {
+                shared
+                    .view_clock_ns
+                    .store(sent + shared.lease_ttl_ns, Ordering::SeqCst);
+                shared.refresh_fence();
                 if let Some(c) = c {
                     apply(&c, id, &shared.fence);
                     shared
@@ -394,11 +409,13 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     }
 }
 
-/// Feed configuration `c` into node `id`'s fence: failed nodes' writers are gone, and this node
-/// writes only while it is `up` (then until `lease_until`).
+/// Feed configuration `c` into node `id`'s fence: every node not `up` is gone (a failed node's
+/// writers are dead; a joining one is a new process whose memory holds no copy yet, and whose
+/// previous incarnation's writers are dead too), and this node writes only while it is `up`
+/// (then until `lease_until`).
 pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
     for m in &c.nodes {
-        fence.set_gone(m.id, m.state == NodeState::Failed);
+        fence.set_gone(m.id, m.state != NodeState::Up);
     }
     if c.state(id) != Some(NodeState::Up) {
         fence.set_lease_until(0);
@@ -463,7 +480,7 @@ mod tests {
     }
 
     #[test]
-    fn applying_a_configuration_marks_failed_nodes_gone_and_fences_a_node_not_up() {
+    fn applying_a_configuration_marks_nodes_not_up_gone_and_fences_a_node_not_up() {
         use NodeState::*;
         let c = Configuration {
             epoch: 3,
@@ -481,13 +498,26 @@ mod tests {
         };
         let f = Fence::unfenced();
         apply(&c, 0, &f);
-        assert!(f.is_gone(1) && !f.is_gone(0) && !f.is_gone(2));
+        assert!(f.is_gone(1) && !f.is_gone(0));
+        assert!(
+            f.is_gone(2),
+            "a joining node holds no copy, and its old writers are dead"
+        );
         assert!(f.may_act(1, 1), "node 0 is up: its lease clock rules");
         apply(&c, 2, &f);
         assert!(!f.may_act(1, 1), "a joining node does not write");
         let back = c.successor(&[0, 1, 2]).unwrap();
         apply(&back, 0, &f);
-        assert!(!f.is_gone(1), "a node that came back is not gone any more");
+        assert_eq!(back.state(1), Some(Joining));
+        assert!(
+            f.is_gone(1),
+            "a node that came back holds no copy yet: still gone"
+        );
+        let mut up = back.clone();
+        up.nodes[1].state = Up;
+        up.nodes[2].state = Up;
+        apply(&up, 0, &f);
+        assert!(!f.is_gone(1) && !f.is_gone(2), "up again");
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub enum FabricError {
     /// node failed before every other copy had it: whether it survives is unknown.
     #[error("the outcome of a compare-and-swap is unknown: node {node}, which decided it, failed")]
     Indeterminate { node: NodeId },
+    /// This node may not change replicated memory: its membership lease or its view of the
+    /// configuration may have lapsed, or it is not `up`.
+    #[error("node {node} is fenced: it may not change replicated memory")]
+    Fenced { node: NodeId },
     /// No live node holds a copy of this memory.
     #[error("every copy of node {node}'s memory is on a failed node")]
     NoCopy { node: NodeId },

@@ -43,6 +43,7 @@ impl From<FabricError> for Error {
     fn from(e: FabricError) -> Self {
         match e {
             FabricError::Unreachable { node, reason } => Error::Unreachable { node, reason },
+            FabricError::Fenced { node } => Error::Fenced { node },
             e => Error::Fabric(e),
         }
     }

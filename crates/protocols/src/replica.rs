@@ -129,6 +129,14 @@ impl ReplicaSet {
         }
     }
 
+    /// Make the settle time at least `ns`. With membership, a node learns of a new epoch
+    /// within its view's freshness (the lease TTL) or stops writing: a copy takes over deciding
+    /// only once every node has done one or the other.
+    pub fn with_settle_at_least(mut self, ns: u64) -> Self {
+        self.settle_ns = self.settle_ns.max(ns);
+        self
+    }
+
     pub fn replicas(&self) -> u8 {
         self.replicas
     }
@@ -269,6 +277,18 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
+    /// A node whose membership view may be stale (or that is not `up`) decides nothing: its
+    /// peers may already decide at another copy. Checked before every deciding CAS, since a
+    /// CAS may come long after the operation's own check (waits for unreachable nodes, settling).
+    fn check_fence(&self) -> Result<(), FabricError> {
+        if self.fence.lease_until() == u64::MAX || self.fence.may_act(self.inner.now_ns(), 0) {
+            return Ok(());
+        }
+        Err(FabricError::Fenced {
+            node: self.inner.node(),
+        })
+    }
+
     /// Whether advances from `decider`'s history must stop: it has been gone for half the
     /// settle time, so its successor may soon decide.
     fn stale(&self, decider: Copy) -> bool {
@@ -346,6 +366,7 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<u64, FabricError> {
         let copies = self.deciding(addr.node)?;
         let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
+        self.check_fence()?;
         let found = self
             .inner
             .compare_and_swap(Self::at(addr, decider), expected, desired)
@@ -423,6 +444,7 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<u64, FabricError> {
         let copies = self.deciding(addr.node)?;
         let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
+        self.check_fence()?;
         let found = self
             .inner
             .compare_and_swap(Self::at(addr, decider), expected, desired)?;
