@@ -273,6 +273,8 @@ impl Shared {
             0
         };
         self.fence.set_lease_until(until);
+        self.fence
+            .set_view_until(self.view_clock_ns.load(Ordering::SeqCst));
     }
 }
 

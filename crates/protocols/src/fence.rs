@@ -25,6 +25,9 @@ const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
 pub struct Fence {
     /// Wall-clock ns (since the Unix epoch) until which this node's lease is known to hold.
     lease_until_ns: AtomicU64,
+    /// Wall-clock ns until which this node's view of membership is fresh enough to read by
+    /// (replication: `crate::replica`).
+    view_until_ns: AtomicU64,
     /// One bit per node: its writers are gone.
     gone: [AtomicU64; WORDS],
     /// Per node, the monotonic time (`nessie_fabric::monotonic_ns`) at which it was declared
@@ -44,6 +47,7 @@ impl Fence {
     pub fn unfenced() -> Self {
         Self {
             lease_until_ns: AtomicU64::new(u64::MAX),
+            view_until_ns: AtomicU64::new(u64::MAX),
             gone: std::array::from_fn(|_| AtomicU64::new(0)),
             gone_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
         }
@@ -56,6 +60,20 @@ impl Fence {
 
     pub fn lease_until(&self) -> u64 {
         self.lease_until_ns.load(Ordering::SeqCst)
+    }
+
+    /// Record until when this node's view of membership is fresh.
+    pub fn set_view_until(&self, ns: u64) {
+        self.view_until_ns.store(ns, Ordering::SeqCst);
+    }
+
+    pub fn view_until(&self) -> u64 {
+        self.view_until_ns.load(Ordering::SeqCst)
+    }
+
+    /// Whether this node's view of membership is fresh at `now_ns` (wall clock).
+    pub fn may_read(&self, now_ns: u64) -> bool {
+        now_ns < self.view_until()
     }
 
     /// Whether an attempt of `span_ns` starting at `now_ns` (wall clock) ends before the lease

@@ -186,6 +186,10 @@ impl ReplicaSet {
 struct Copy {
     node: NodeId,
     j: u8,
+    /// Its node was declared failed less than the settle time ago: nobody reads it or decides
+    /// at it any more, but it is still written (once, errors ignored), because a node that has
+    /// not yet heard of the failure may still read it.
+    fading: bool,
 }
 
 /// The live copies of a partition, in chain order.
@@ -238,43 +242,76 @@ impl<E: Endpoint> Replicated<E> {
         RemoteAddr::new(c.node, mirror_region(addr.region, c.j), addr.offset)
     }
 
-    /// The copies of `partition` on nodes not declared failed.
-    fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
+    /// The copies of `partition` on nodes not declared failed, and (`with_fading`) those
+    /// declared failed less than the settle time ago, in chain order. Fails if no copy is on a
+    /// node that is up.
+    fn copies(&self, partition: NodeId, with_fading: bool) -> Result<Copies, FabricError> {
         let mut c = Copies {
-            at: [Copy { node: 0, j: 0 }; MAX_REPLICAS as usize],
+            at: [Copy {
+                node: 0,
+                j: 0,
+                fading: false,
+            }; MAX_REPLICAS as usize],
             len: 0,
         };
+        let now = with_fading.then(|| self.inner.mono_ns());
+        let mut full = 0;
         for j in 0..self.set.replicas {
             let node = self.set.holder(partition, j);
-            if !self.fence.is_gone(node) {
-                c.at[c.len] = Copy { node, j };
-                c.len += 1;
-            }
+            let fading = match self.fence.gone_for_ns(node, now.unwrap_or(0)) {
+                None => false,
+                Some(t) if now.is_some() && t < self.set.settle_ns => true,
+                Some(_) => continue,
+            };
+            full += !fading as usize;
+            c.at[c.len] = Copy { node, j, fading };
+            c.len += 1;
         }
-        if c.len == 0 {
+        if full == 0 {
             return Err(FabricError::NoCopy { node: partition });
         }
         Ok(c)
     }
 
-    /// The live copies, once the last of them may decide: every copy after it in the chain
-    /// has been gone for the settle time (waits if one failed more recently).
+    /// The copies of `partition` on nodes not declared failed.
+    fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
+        self.copies(partition, false)
+    }
+
+    /// The copies a change goes to, once the last copy on a node that is up may decide:
+    /// every copy after it in the chain has been gone for the settle time (waits if one
+    /// failed more recently). The decider is the last one returned.
     fn deciding(&mut self, partition: NodeId) -> Result<Copies, FabricError> {
         loop {
-            let c = self.live(partition)?;
-            let last = c.as_slice()[c.len - 1].j;
-            let now = self.inner.mono_ns();
-            let unsettled = (last + 1..self.set.replicas).any(|j| {
-                let node = self.set.holder(partition, j);
-                self.fence
-                    .gone_for_ns(node, now)
-                    .is_some_and(|t| t < self.set.settle_ns)
-            });
-            if !unsettled {
-                return Ok(c);
+            let c = self.copies(partition, true)?;
+            let last = c.as_slice()[c.len - 1];
+            if !last.fading {
+                let now = self.inner.mono_ns();
+                let unsettled = (last.j + 1..self.set.replicas).any(|j| {
+                    let node = self.set.holder(partition, j);
+                    self.fence
+                        .gone_for_ns(node, now)
+                        .is_some_and(|t| t < self.set.settle_ns)
+                });
+                if !unsettled {
+                    return Ok(c);
+                }
             }
             self.inner.sleep_ns(RETRY_PAUSE_NS);
         }
+    }
+
+    /// Reads are served only while this node's view of membership is fresh: copies on nodes
+    /// declared failed are written for the settle time after the declaration (at least a
+    /// lease TTL, how long a view stays fresh), so a node that has not yet heard of a failure
+    /// still reads what the others maintain.
+    fn check_view(&self) -> Result<(), FabricError> {
+        if self.fence.view_until() == u64::MAX || self.fence.may_read(self.inner.now_ns()) {
+            return Ok(());
+        }
+        Err(FabricError::Fenced {
+            node: self.inner.node(),
+        })
     }
 
     /// A node whose membership view may be stale (or that is not `up`) decides nothing: its
@@ -306,6 +343,13 @@ impl<E: Endpoint> Replicated<E> {
         c: Copy,
         mut op: impl FnMut(&mut E) -> Result<T, FabricError>,
     ) -> Result<Option<T>, FabricError> {
+        if c.fading {
+            return match op(&mut self.inner) {
+                Ok(v) => Ok(Some(v)),
+                Err(FabricError::Unreachable { .. } | FabricError::Transport(_)) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
         let start = self.inner.mono_ns();
         loop {
             if self.fence.is_gone(c.node) {
@@ -330,6 +374,7 @@ impl<E: Endpoint> Replicated<E> {
 
     /// READ from the primary (the first live copy), moving on if it fails.
     fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.check_view()?;
         loop {
             let c = self.live(addr.node)?.as_slice()[0];
             let a = Self::at(addr, c);
@@ -339,11 +384,13 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
-    /// WRITE to every live copy, last first (`local`: copy 0 is this node's own memory).
+    /// WRITE to every live (or fading) copy, last first (`local`: copy 0 is this node's own
+    /// memory).
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
-        let copies = self.live(addr.node)?;
+        let copies = self.copies(addr.node, true)?;
+        let primary = copies.as_slice().iter().find(|c| !c.fading).map(|c| c.j);
         for &c in copies.as_slice().iter().rev() {
-            if mutated!(self.set, replicate_index_only) && c != copies.as_slice()[0] {
+            if mutated!(self.set, replicate_index_only) && Some(c.j) != primary {
                 continue;
             }
             let a = Self::at(addr, c);
@@ -505,8 +552,11 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         // Copy 0 of our own partition is in our memory, and it is the primary while we are a
         // member. A node that failed and came back holds nothing until it is given its data
         // again: it reads the copies the others hold.
-        if self.replicated(region) && self.fence.is_gone(self.inner.node()) {
-            return self.read_primary(RemoteAddr::new(self.inner.node(), region, offset), buf);
+        if self.replicated(region) {
+            if self.fence.is_gone(self.inner.node()) {
+                return self.read_primary(RemoteAddr::new(self.inner.node(), region, offset), buf);
+            }
+            self.check_view()?;
         }
         self.inner.local_read(region, offset, buf)
     }
@@ -655,11 +705,16 @@ mod tests {
         let w2 = word(w1, 2);
         assert_eq!(ep.compare_and_swap(ENTRY, 0, w1).unwrap(), 0);
         assert_eq!(ep.compare_and_swap(ENTRY, w1, w2).unwrap(), w1);
-        let decider = Copy { node: 2, j: 2 };
+        let decider = Copy {
+            node: 2,
+            j: 2,
+            fading: false,
+        };
         for j in 0..2 {
             let c = Copy {
                 node: r.set.holder(0, j),
                 j,
+                fading: false,
             };
             assert_eq!(ep.advance(ENTRY, c, w1, decider).unwrap(), Advance::Past);
             assert_eq!(ep.advance(ENTRY, c, w2, decider).unwrap(), Advance::Holds);
