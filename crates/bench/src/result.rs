@@ -45,6 +45,13 @@ pub struct BenchParams {
     pub previous_versions: bool,
     pub multi_read: bool,
     pub seed: u64,
+    /// Copies of every node's tables (cd only; more than 1 runs a local etcd for membership).
+    #[serde(default = "one_copy")]
+    pub replicas: u8,
+}
+
+fn one_copy() -> u8 {
+    1
 }
 
 impl Default for BenchParams {
@@ -72,6 +79,7 @@ impl Default for BenchParams {
             previous_versions: true,
             multi_read: true,
             seed: 1,
+            replicas: 1,
         }
     }
 }

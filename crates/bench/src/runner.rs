@@ -458,10 +458,15 @@ fn start(
         max_clients_per_node: p.client_threads + 8,
         server_poll: opts.server_poll.clone(),
         huge_pages: Default::default(),
-        // Membership is off the data path; a run needs no etcd and starts faster without.
-        etcd: process::EtcdChoice::Off,
+        // Membership is off the data path; a run needs no etcd and starts faster without,
+        // unless it replicates (copies need failures declared).
+        etcd: if p.replicas > 1 {
+            process::EtcdChoice::Local
+        } else {
+            process::EtcdChoice::Off
+        },
         lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
-        replicas: 1,
+        replicas: p.replicas,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

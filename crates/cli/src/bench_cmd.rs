@@ -157,6 +157,10 @@ pub struct ParamArgs {
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     pub server_poll: String,
+    /// Copies of every node's tables (cd; 1 to 3): the cost of replication. More than one
+    /// starts a local etcd for membership, which replication needs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub replicas: u8,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -187,6 +191,7 @@ impl ParamArgs {
             previous_versions: !self.no_previous_versions,
             multi_read: !self.no_multi_read,
             seed: self.seed,
+            replicas: self.replicas,
         }
     }
 }

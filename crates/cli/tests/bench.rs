@@ -145,6 +145,22 @@ fn open_loop_and_background_load() {
     assert_eq!(v["params"]["background"], 1);
 }
 
+/// The cost of replication is measured the same way: R copies, their own etcd; and a
+/// server-driven mode refuses copies.
+#[test]
+fn replicated_runs_report_their_copies() {
+    let v = bench("cd", &["--replicas", "2", "--get-ratio", "0.5"]);
+    check(&v, "cd");
+    assert_eq!(v["params"]["replicas"], 2);
+    let o = Command::new(BIN)
+        .args(["bench", "--mode", "sd", "--replicas", "2", "--duration", "0.5"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("replicas") && err.contains("mode cd"), "{err}");
+}
+
 #[test]
 fn bad_parameters_are_refused_before_starting_anything() {
     let o = Command::new(BIN)

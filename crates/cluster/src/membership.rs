@@ -8,7 +8,7 @@
 //! ```
 //!
 //! A node registers under a lease of `lease_ttl_s` seconds and refreshes it every third of
-//! that. Every node runs a [`Monitor`] that reads both keys every half TTL: a node that is `up`
+//! that. Every node runs a [`Monitor`] that reads both keys every third of a TTL: a node that is `up`
 //! in the configuration and whose registration has lapsed is declared `failed`, and one that is
 //! `failed` but registered again is `joining`, each in a new epoch written with one
 //! compare-and-put on the configuration's revision, so concurrent monitors agree on one
@@ -228,7 +228,7 @@ pub struct View {
 }
 
 /// A node's registration and monitor: a thread that keeps the lease alive and runs [`step`]
-/// every half TTL, and feeds what it learns into the node's protocol [`Fence`]: the nodes that
+/// every third of a TTL, and feeds what it learns into the node's protocol [`Fence`]: the nodes that
 /// failed (their writers' in-flight writes may be completed), and until when this node may
 /// write: while the configuration says it is `up`, until its lease may lapse by its own clock
 /// (the time it sent its last successful keep-alive plus the TTL etcd granted). A node that was
@@ -375,7 +375,9 @@ fn register(
     Ok((lease, granted))
 }
 
-/// The monitor thread: refresh the lease every TTL/3, step the configuration every TTL/2.
+/// The monitor thread: refresh the lease and step the configuration every TTL/3. A view read
+/// at time t is fresh until t + TTL (`Shared::view_clock_ns`), so after each read at least two
+/// thirds of a TTL remain, more than a write attempt (validation: 2 TTL > 3 expiry).
 fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
     let mut ticks = 0u64;
@@ -384,7 +386,7 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
         if ticks.is_multiple_of(2) {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
-        if ticks.is_multiple_of(3) && result.is_ok() {
+        if ticks.is_multiple_of(2) && result.is_ok() {
             let sent = wall_ns();
             result = step(&etcd, &keys).map(|c| {
                 shared
