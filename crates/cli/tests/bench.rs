@@ -153,7 +153,15 @@ fn replicated_runs_report_their_copies() {
     check(&v, "cd");
     assert_eq!(v["params"]["replicas"], 2);
     let o = Command::new(BIN)
-        .args(["bench", "--mode", "sd", "--replicas", "2", "--duration", "0.5"])
+        .args([
+            "bench",
+            "--mode",
+            "sd",
+            "--replicas",
+            "2",
+            "--duration",
+            "0.5",
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success());

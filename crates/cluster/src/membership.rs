@@ -259,6 +259,8 @@ struct Shared {
     lease_ttl_ns: u64,
     /// This node is `up` in the configuration last read (or there is none yet).
     up: AtomicBool,
+    /// The watcher saw a change under the cluster's keys: read the configuration now.
+    changed: AtomicBool,
     fence: Arc<Fence>,
 }
 
@@ -311,19 +313,30 @@ impl Monitor {
             view_clock_ns: AtomicU64::new(sent + lease_ttl_s * 1_000_000_000),
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
             up: AtomicBool::new(true),
+            changed: AtomicBool::new(false),
             fence,
         });
         shared.refresh_fence();
+        let spawn_failed = |e: std::io::Error| MembershipError::BadRecord {
+            key: "thread".into(),
+            why: e.to_string(),
+        };
+        let prefix = keys.prefix.clone();
         let thread = {
             let (etcd, shared) = (etcd.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("membership-{id}"))
                 .spawn(move || run(etcd, keys, id, lease_ttl_s, &shared))
-                .map_err(|e| MembershipError::BadRecord {
-                    key: "thread".into(),
-                    why: e.to_string(),
-                })?
+                .map_err(spawn_failed)?
         };
+        {
+            // Not joined on drop: it ends within one watch span of `stop`.
+            let (etcd, shared, monitor) = (etcd.clone(), shared.clone(), thread.thread().clone());
+            std::thread::Builder::new()
+                .name(format!("membership-watch-{id}"))
+                .spawn(move || watch(etcd, &prefix, &shared, &monitor))
+                .map_err(spawn_failed)?;
+        }
         Ok(Monitor {
             shared,
             thread: Some(thread),
@@ -359,6 +372,32 @@ impl Drop for Monitor {
     }
 }
 
+/// How long one watch request lasts before it is made again (from the revision it reached).
+const WATCH_SPAN: Duration = Duration::from_secs(1);
+
+/// The watcher thread: watches every key of the cluster (registrations, the configuration) and
+/// wakes the monitor on any change, so that a lapsed lease is declared failed, and a new epoch
+/// learnt, at once rather than at the next poll (which stays, in case a watch misses something:
+/// its revision compacted, etcd restarted).
+fn watch(etcd: Etcd, prefix: &str, shared: &Shared, monitor: &std::thread::Thread) {
+    let mut after = 0;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let woke = |_| {
+            shared.changed.store(true, Ordering::SeqCst);
+            monitor.unpark();
+            !shared.stop.load(Ordering::Relaxed)
+        };
+        match etcd.watch_prefix(prefix, after, WATCH_SPAN, woke) {
+            Ok(rev) => after = rev,
+            Err(e) => {
+                tracing::debug!(error = %e, "membership: watch failed; polling until it works again");
+                after = 0;
+                std::thread::sleep(WATCH_SPAN);
+            }
+        }
+    }
+}
+
 /// Put node `id`'s registration under a new lease. Returns it and the TTL etcd granted (it
 /// raises TTLs below its minimum).
 fn register(
@@ -375,18 +414,21 @@ fn register(
     Ok((lease, granted))
 }
 
-/// The monitor thread: refresh the lease and step the configuration every TTL/3. A view read
+/// The monitor thread: refresh the lease and step the configuration every TTL/3, and step at
+/// once when the watcher saw a change. A view read
 /// at time t is fresh until t + TTL (`Shared::view_clock_ns`), so after each read at least two
 /// thirds of a TTL remain, more than a write attempt (validation: 2 TTL > 3 expiry).
 fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
     let mut ticks = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
+        let changed = shared.changed.swap(false, Ordering::SeqCst);
+        let due = ticks.is_multiple_of(2);
         let mut result = Ok(());
-        if ticks.is_multiple_of(2) {
+        if due {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
-        if ticks.is_multiple_of(2) && result.is_ok() {
+        if (due || changed) && result.is_ok() {
             let sent = wall_ns();
             result = step(&etcd, &keys).map(|c| {
                 shared
@@ -403,11 +445,14 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
                 }
             });
         }
-        let err = result.err().map(|e| e.to_string());
-        if let Some(e) = &err {
-            tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
+        if due || changed {
+            // Only a tick that talked to etcd knows whether it answers.
+            let err = result.err().map(|e| e.to_string());
+            if let Some(e) = &err {
+                tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
+            }
+            shared.view.lock().expect("membership view lock").etcd_error = err;
         }
-        shared.view.lock().expect("membership view lock").etcd_error = err;
         ticks += 1;
         std::thread::park_timeout(tick);
     }

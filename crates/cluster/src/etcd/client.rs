@@ -210,6 +210,71 @@ impl Etcd {
         self.range(json!({ "key": B64.encode(key), "range_end": B64.encode(end) }))
     }
 
+    /// Watch every key starting with `prefix` for at most `span` (one streaming request):
+    /// `on_change(revision)` is called for each batch of changes, with the revision of the
+    /// last, and the watch ends early when it returns false. Starts after revision `after`
+    /// (0: from now), so that watching again from the last revision seen misses nothing.
+    /// Returns the revision to resume after. A quiet watch ends with the read timeout, which
+    /// is not an error.
+    pub fn watch_prefix(
+        &self,
+        prefix: &str,
+        after: i64,
+        span: Duration,
+        mut on_change: impl FnMut(i64) -> bool,
+    ) -> Result<i64, EtcdError> {
+        let path = "/v3/watch";
+        let (key, end) = prefix_range(prefix.as_bytes());
+        let mut create = json!({ "key": B64.encode(key), "range_end": B64.encode(end) });
+        if after > 0 {
+            create["start_revision"] = json!((after + 1).to_string());
+        }
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(2))
+            .timeout_read(span)
+            .try_proxy_from_env(false)
+            .redirects(0)
+            .build();
+        let answer = agent
+            .post(&format!("{}{path}", self.url))
+            .send_json(json!({ "create_request": create }));
+        let response = match answer {
+            Ok(r) => r,
+            Err(e) => return self.read_answer(path, Err(e)).map(|_| after),
+        };
+        let mut last = after;
+        let stream = serde_json::Deserializer::from_reader(response.into_reader());
+        for message in stream.into_iter::<Value>() {
+            let message = match message {
+                Ok(m) => m,
+                // The read timeout (or the stream's end): the watch is over.
+                Err(e) if e.is_io() || e.is_eof() => return Ok(last),
+                Err(e) => return Err(self.bad(path, e.to_string())),
+            };
+            if let Some(error) = message.get("error") {
+                return Err(self.bad(
+                    path,
+                    format!("etcd reported an error: {}", truncate(&error.to_string())),
+                ));
+            }
+            let result = &message["result"];
+            let events = result["events"].as_array().map_or(0, Vec::len);
+            if events == 0 {
+                // The "created" message (or progress): a watch from now starts after its
+                // revision, where the next one must resume.
+                if last == 0 {
+                    last = int64(&result["header"]["revision"]).ok().unwrap_or(0);
+                }
+                continue;
+            }
+            last = int64(&result["header"]["revision"]).ok().unwrap_or(last);
+            if !on_change(last) {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
     /// Delete `key`; deleting a key that does not exist is not an error.
     pub fn delete(&self, key: &str) -> Result<(), EtcdError> {
         self.post::<Value>("/v3/kv/deleterange", json!({ "key": B64.encode(key) }))?;
@@ -702,6 +767,54 @@ mod tests {
             0,
             "keep_alive of an expired lease"
         );
+    }
+
+    #[test]
+    fn etcd_watch_sees_changes_under_its_prefix_only_and_resumes_without_missing_any() {
+        let etcd = start_etcd();
+        let c = etcd.client.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            c.put("/other/x", b"1", None).unwrap();
+            c.put("/w/a", b"1", None).unwrap();
+        });
+        let mut seen = Vec::new();
+        let last = etcd
+            .client
+            .watch_prefix("/w/", 0, Duration::from_secs(5), |rev| {
+                seen.push(rev);
+                false
+            })
+            .unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            seen.len(),
+            1,
+            "one change under /w/ (the other prefix is not watched)"
+        );
+        assert_eq!(last, seen[0]);
+        // Changes made between two watches are seen by the next one, from `last` on.
+        etcd.client.put("/w/b", b"2", None).unwrap();
+        let mut again = Vec::new();
+        etcd.client
+            .watch_prefix("/w/", last, Duration::from_secs(5), |rev| {
+                again.push(rev);
+                false
+            })
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert!(again[0] > last);
+        // A quiet watch ends with its span, without an error.
+        let t0 = std::time::Instant::now();
+        let quiet = etcd
+            .client
+            .watch_prefix("/quiet/", 0, Duration::from_millis(300), |_| true)
+            .unwrap();
+        assert!(
+            quiet >= again[0],
+            "a watch from now resumes after the current revision"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(3));
     }
 
     #[test]
