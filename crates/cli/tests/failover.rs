@@ -7,9 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use std::process::{Child, Command, Stdio};
-
-use common::{stderr, Cluster, BIN};
+use common::{restart, stderr, Cluster};
 use nessie_cluster::process;
 
 /// What `--lease-ttl 2` becomes (etcd's minimum), and the allowance on top of it.
@@ -144,30 +142,6 @@ fn kill_one_of_three(name: &str, transport: &str) {
     put(&c, 2, "key-0", "after the restart");
     model.insert("key-0".into(), Some("after the restart".into()));
     assert_reads(&c, &[0, 1, 2], &model);
-}
-
-/// `nessie node --config … --id ID`, as an operator restarts a node; killed on drop.
-struct Restarted(Child);
-
-impl Drop for Restarted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn restart(c: &Cluster, id: u16) -> Restarted {
-    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
-    Restarted(
-        Command::new(BIN)
-            .args(["node", "--id", &id.to_string(), "--config"])
-            .arg(process::config_path(&c.dir))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
 }
 
 #[test]

@@ -11,12 +11,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{stderr, Cluster, BIN};
+use common::{restart, stderr, Cluster};
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
 use nessie_protocols::{Error, KvClient};
@@ -87,18 +86,6 @@ fn signal(c: &Cluster, id: u16, sig: i32) {
     let pid = process::live_pid(&c.dir, id).unwrap_or_else(|| panic!("node {id} is not running"));
     // SAFETY: signalling a node process this test started.
     unsafe { libc::kill(pid, sig) };
-}
-
-fn restart(c: &Cluster, id: u16) -> Child {
-    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
-    Command::new(BIN)
-        .args(["node", "--id", &id.to_string(), "--config"])
-        .arg(process::config_path(&c.dir))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap()
 }
 
 fn states(c: &Cluster) -> Vec<String> {
@@ -195,7 +182,7 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
         restarted = Some(nemesis.join().expect("nemesis"));
         r
     });
-    let mut restarted = restarted.unwrap();
+    let restarted = restarted.unwrap();
     for l in log.lock().unwrap().iter() {
         eprintln!("nemesis: {l}");
     }
@@ -232,6 +219,5 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
             Some(&b"after the faults"[..])
         );
     }
-    let _ = restarted.kill();
-    let _ = restarted.wait();
+    drop(restarted);
 }

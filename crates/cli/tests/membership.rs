@@ -7,10 +7,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{stderr, Cluster, BIN};
+use std::process::Command;
+
+use common::{restart, stderr, Cluster, BIN};
 use nessie_cluster::etcd::server as etcd_server;
 use nessie_cluster::process;
 
@@ -51,30 +52,6 @@ fn wait_for(
 
 fn pid_of(c: &Cluster, id: u16) -> i32 {
     process::live_pid(&c.dir, id).unwrap_or_else(|| panic!("node {id} is not running"))
-}
-
-/// `nessie node --config … --id ID`, as an operator restarts a node; killed on drop.
-struct Restarted(Child);
-
-impl Drop for Restarted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn restart(c: &Cluster, id: u16) -> Restarted {
-    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
-    Restarted(
-        Command::new(BIN)
-            .args(["node", "--id", &id.to_string(), "--config"])
-            .arg(process::config_path(&c.dir))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
 }
 
 #[test]

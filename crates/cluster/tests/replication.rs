@@ -190,21 +190,26 @@ fn three_copies_survive_two_crashes() {
     assert_reads(&c, &[1, 3], &model, "after writing through the last two");
 }
 
+/// Write 300 keys through every node, crash node 1, and count the keys node 0 no longer
+/// reads right.
+fn lost_to_a_crash(c: &LocalCluster) -> usize {
+    let mut model = Model::new();
+    write_round(c, &[0, 1, 2], 300, 1, 0, &mut model);
+    crash(c, 1);
+    let mut r = c.client(0).unwrap();
+    model
+        .iter()
+        .filter(|(&i, want)| r.get(&key(i)).ok().as_ref() != Some(*want))
+        .count()
+}
+
 /// The control: with one copy, the same crash makes keys unreadable (so the tests above can
 /// fail).
 #[test]
 fn one_copy_loses_keys_to_a_crash() {
     let c = LocalCluster::replicated(geometry(3), cfg(), None, 1).unwrap();
-    let mut model = Model::new();
-    write_round(&c, &[0, 1, 2], 300, 1, 0, &mut model);
-    crash(&c, 1);
-    let mut r = c.client(0).unwrap();
-    let lost = model
-        .iter()
-        .filter(|(&i, want)| r.get(&key(i)).ok().as_ref() != Some(*want))
-        .count();
     assert!(
-        lost > 0,
+        lost_to_a_crash(&c) > 0,
         "one copy and a crashed node, yet every key read back"
     );
 }
@@ -223,16 +228,8 @@ fn replicating_the_index_alone_is_caught() {
         ..cfg()
     };
     let c = LocalCluster::replicated(geometry(3), cfg, None, 2).unwrap();
-    let mut model = Model::new();
-    write_round(&c, &[0, 1, 2], 300, 1, 0, &mut model);
-    crash(&c, 1);
-    let mut r = c.client(0).unwrap();
-    let lost = model
-        .iter()
-        .filter(|(&i, want)| r.get(&key(i)).ok().as_ref() != Some(*want))
-        .count();
     assert!(
-        lost > 0,
+        lost_to_a_crash(&c) > 0,
         "the DTEs on node 1 had no other copy, yet every key read back"
     );
 }

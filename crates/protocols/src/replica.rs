@@ -403,16 +403,17 @@ impl<E: Endpoint> Replicated<E> {
         Ok(())
     }
 
-    /// CAS of an index entry: the decider, then every other copy advanced to the word it
-    /// installed, or, if it lost, to the word it found there (helping its writer).
-    fn cas_index(
+    /// The CAS at the deciding copy (once it may decide, and if this node may change
+    /// replicated memory): the copies the change goes to (the decider last), the decider, and
+    /// the word it held.
+    fn decide(
         &mut self,
         addr: RemoteAddr,
         expected: u64,
         desired: u64,
-    ) -> Result<u64, FabricError> {
+    ) -> Result<(Copies, Copy, u64), FabricError> {
         let copies = self.deciding(addr.node)?;
-        let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
+        let decider = copies.as_slice()[copies.len - 1];
         self.check_fence()?;
         let found = self
             .inner
@@ -422,6 +423,19 @@ impl<E: Endpoint> Replicated<E> {
                 FabricError::Unreachable { node, .. } => FabricError::Indeterminate { node },
                 e => e,
             })?;
+        Ok((copies, decider, found))
+    }
+
+    /// CAS of an index entry: the decider, then every other copy advanced to the word it
+    /// installed, or, if it lost, to the word it found there (helping its writer).
+    fn cas_index(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        let (copies, decider, found) = self.decide(addr, expected, desired)?;
+        let followers = &copies.as_slice()[..copies.len - 1];
         let won = found == expected;
         if !won && (!self.set.newer(found, expected) || mutated!(self.set, replica_no_helping)) {
             return Ok(found);
@@ -489,12 +503,8 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
-        let copies = self.deciding(addr.node)?;
-        let (&decider, followers) = copies.as_slice().split_last().expect("live() is non-empty");
-        self.check_fence()?;
-        let found = self
-            .inner
-            .compare_and_swap(Self::at(addr, decider), expected, desired)?;
+        let (copies, _, found) = self.decide(addr, expected, desired)?;
+        let followers = &copies.as_slice()[..copies.len - 1];
         if found == expected {
             for &c in followers.iter().rev() {
                 let a = Self::at(addr, c);

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use nessie_cluster::process;
 
@@ -68,4 +68,29 @@ impl Drop for Cluster {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `nessie node --config … --id ID`, as an operator restarts a node; killed on drop.
+pub struct Restarted(pub Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start node `id` of `c` again, by hand, logging to `restarted-ID.log` in its directory.
+pub fn restart(c: &Cluster, id: u16) -> Restarted {
+    let log = std::fs::File::create(c.dir.join(format!("restarted-{id}.log"))).unwrap();
+    Restarted(
+        Command::new(BIN)
+            .args(["node", "--id", &id.to_string(), "--config"])
+            .arg(process::config_path(&c.dir))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
 }
