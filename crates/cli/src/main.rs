@@ -515,31 +515,36 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
     };
     let cfg = process::up(&dir, &opts)?;
+    print_up(&dir, &cfg, &opts.etcd);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `up` started: nodes, copies, membership.
+fn print_up(
+    dir: &std::path::Path,
+    cfg: &nessie_cluster::config::ClusterConfig,
+    etcd: &process::EtcdChoice,
+) {
+    let r = cfg.cluster.replicas;
     println!(
-        "cluster up: {} nodes over {:?}, {} {} of each node's tables, in {} (config {})",
+        "cluster up: {} nodes over {:?}, {r} {} of each node's tables, in {} (config {})",
         cfg.node.len(),
         cfg.cluster.transport,
-        cfg.cluster.replicas,
-        if cfg.cluster.replicas == 1 {
-            "copy"
-        } else {
-            "copies"
-        },
+        if r == 1 { "copy" } else { "copies" },
         dir.display(),
-        process::config_path(&dir).display()
+        process::config_path(dir).display()
     );
     if let Some(m) = &cfg.membership {
         println!(
             "membership: etcd {} ({}), lease TTL {} s, epoch 1",
             m.etcd,
-            match &opts.etcd {
+            match etcd {
                 process::EtcdChoice::Local => "local, stopped by `nessie down`",
                 _ => "existing",
             },
             m.lease_ttl_s
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn run_down(a: DirArg) -> Result<ExitCode, CliError> {

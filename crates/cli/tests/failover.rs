@@ -55,28 +55,51 @@ fn under_replicated(s: &[serde_json::Value]) -> u64 {
         .sum()
 }
 
-/// The scenario over `transport`: load, kill node 1, read everything through the survivors
-/// (at once, and again once the failure is declared), write on.
-fn kill_one_of_three(name: &str, transport: &str) {
-    let c = Cluster::up(name, 3, transport, &["--lease-ttl", "2", "--replicas", "2"]);
+/// Poll `status --json` until `done` holds (panics after `limit`); returns the last report.
+fn wait_until(
+    c: &Cluster,
+    limit: Duration,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let t0 = Instant::now();
+    loop {
+        let s = status(c);
+        if done(&s) {
+            return s;
+        }
+        assert!(t0.elapsed() < limit, "{s:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Put `KEYS` keys through every node, then overwrite some and delete some through node 1
+/// (so that the last value is not the first): the model of what the cluster holds.
+fn load(c: &Cluster) -> BTreeMap<String, Option<String>> {
     let mut model = BTreeMap::new();
     for i in 0..KEYS {
         let (k, v) = (format!("key-{i}"), format!("value-{i}-first"));
-        put(&c, (i % 3) as u16, &k, &v);
+        put(c, (i % 3) as u16, &k, &v);
         model.insert(k, Some(v));
     }
-    // Overwrite some and delete some, so that the last value is not the first.
     for i in (0..KEYS).step_by(3) {
         let k = format!("key-{i}");
         if i % 2 == 0 {
             let v = format!("value-{i}-second");
-            put(&c, 1, &k, &v);
+            put(c, 1, &k, &v);
             model.insert(k, Some(v));
         } else {
             assert!(c.nessie(&["del", "--node", "1", &k]).status.success());
             model.insert(k, None);
         }
     }
+    model
+}
+
+/// The scenario over `transport`: load, kill node 1, read everything through the survivors
+/// (at once, and again once the failure is declared), write on, restart node 1.
+fn kill_one_of_three(name: &str, transport: &str) {
+    let c = Cluster::up(name, 3, transport, &["--lease-ttl", "2", "--replicas", "2"]);
+    let mut model = load(&c);
     let s = status(&c);
     assert!(s.iter().all(|n| n["replicas"] == 2), "{s:#?}");
     assert_eq!(under_replicated(&s), 0, "{s:#?}");
@@ -96,18 +119,11 @@ fn kill_one_of_three(name: &str, transport: &str) {
     );
 
     // Once the failure is declared, the survivors use the other copies only.
-    let t0 = Instant::now();
-    let s = loop {
-        let s = status(&c);
-        if s[1]["state"] == "failed"
+    let s = wait_until(&c, Duration::from_secs(15), |s| {
+        s[1]["state"] == "failed"
             && s[0]["membership"]["epoch"] == 2
             && s[2]["membership"]["epoch"] == 2
-        {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "{s:#?}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
     assert!(under_replicated(&s) > 0, "node 1's copies are gone: {s:#?}");
     assert_reads(&c, &[0, 2], &model);
 
@@ -123,25 +139,22 @@ fn kill_one_of_three(name: &str, transport: &str) {
         text.contains("under-replicated: node 0's tables: 1 of 2 copies"),
         "{text}"
     );
+    restarted_node_is_no_copy(&c, &mut model);
+}
 
-    // Node 1 restarted joins with empty memory: nobody may take it for a copy. It serves
-    // reads from the others' copies and is fenced for writes; the survivors write on.
-    let _node = restart(&c, 1);
-    let t0 = Instant::now();
-    loop {
-        let s = status(&c);
-        if s.iter().all(|n| n["membership"]["epoch"] == 3) && s[1]["state"] == "joining" {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "{s:#?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_reads(&c, &[0, 1, 2], &model);
+/// Node 1 restarted joins with empty memory: nobody may take it for a copy. It serves reads
+/// from the others' copies and is fenced for writes; the survivors write on.
+fn restarted_node_is_no_copy(c: &Cluster, model: &mut BTreeMap<String, Option<String>>) {
+    let _node = restart(c, 1);
+    wait_until(c, Duration::from_secs(30), |s| {
+        s.iter().all(|n| n["membership"]["epoch"] == 3) && s[1]["state"] == "joining"
+    });
+    assert_reads(c, &[0, 1, 2], model);
     let out = c.nessie(&["put", "--node", "1", "key-0", "x"]);
     assert!(stderr(&out).contains("fenced"), "{}", stderr(&out));
-    put(&c, 2, "key-0", "after the restart");
+    put(c, 2, "key-0", "after the restart");
     model.insert("key-0".into(), Some("after the restart".into()));
-    assert_reads(&c, &[0, 1, 2], &model);
+    assert_reads(c, &[0, 1, 2], model);
 }
 
 #[test]

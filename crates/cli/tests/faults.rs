@@ -11,11 +11,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{restart, stderr, Cluster};
+use common::{restart, stderr, Cluster, Restarted};
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
 use nessie_protocols::{Error, KvClient};
@@ -116,9 +115,9 @@ fn wait_state(c: &Cluster, id: u16, state: &str, limit: Duration, log: &Mutex<Ve
     }
 }
 
-#[test]
-fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
-    let c = Cluster::up(
+/// The cluster: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd), two copies.
+fn cluster() -> Cluster {
+    Cluster::up(
         "faults",
         NODES,
         "shm",
@@ -140,7 +139,52 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
             "--key-max",
             "16",
         ],
-    );
+    )
+}
+
+/// The faults, in order, each waited for in `status`: pause node 3 until it is declared
+/// failed, resume it (it comes back joining), kill node 1, restart it. Returns the restarted
+/// node (stopped when dropped).
+fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
+    let say = |s: String| log.lock().unwrap().push(s);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(c, PAUSED, libc::SIGSTOP);
+    say(format!("SIGSTOP node {PAUSED}"));
+    wait_state(c, PAUSED, "failed", TTL * 3, log);
+    signal(c, PAUSED, libc::SIGCONT);
+    say(format!("SIGCONT node {PAUSED}"));
+    wait_state(c, PAUSED, "joining", TTL * 3, log);
+    signal(c, KILLED, libc::SIGKILL);
+    say(format!("SIGKILL node {KILLED}"));
+    wait_state(c, KILLED, "failed", TTL * 3, log);
+    let child = restart(c, KILLED);
+    say(format!("restarted node {KILLED}"));
+    wait_state(c, KILLED, "joining", TTL * 5, log);
+    child
+}
+
+/// Every key reads alike through both survivors, and is writable through them.
+fn survivors_agree(c: &Cluster, keys: u64) {
+    let mut r0 = Reconnecting::new(c, 0);
+    let mut r2 = Reconnecting::new(c, 2);
+    for k in 0..keys {
+        let key = key_bytes(k);
+        let (a, b) = (r0.get(&key), r2.get(&key));
+        assert!(
+            matches!((&a, &b), (Ok(x), Ok(y)) if x == y),
+            "key {k}: {a:?} through node 0, {b:?} through node 2"
+        );
+        r0.put(&key, b"after the faults").unwrap();
+        assert_eq!(
+            r2.get(&key).unwrap().as_deref(),
+            Some(&b"after the faults"[..])
+        );
+    }
+}
+
+#[test]
+fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
+    let c = cluster();
     let clients: Vec<Reconnecting> = [0, 1, 2, 3, 0, 2]
         .iter()
         .map(|&n| Reconnecting::new(&c, n))
@@ -158,39 +202,19 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
         preload_keys: 60,
     };
     let log = Mutex::new(Vec::new());
-    let done = AtomicBool::new(false);
-    let mut restarted = None;
-    let (out, _) = std::thread::scope(|s| {
-        let nemesis = s.spawn(|| {
-            std::thread::sleep(Duration::from_secs(2));
-            signal(&c, PAUSED, libc::SIGSTOP);
-            log.lock().unwrap().push(format!("SIGSTOP node {PAUSED}"));
-            wait_state(&c, PAUSED, "failed", TTL * 3, &log);
-            signal(&c, PAUSED, libc::SIGCONT);
-            log.lock().unwrap().push(format!("SIGCONT node {PAUSED}"));
-            wait_state(&c, PAUSED, "joining", TTL * 3, &log);
-            signal(&c, KILLED, libc::SIGKILL);
-            log.lock().unwrap().push(format!("SIGKILL node {KILLED}"));
-            wait_state(&c, KILLED, "failed", TTL * 3, &log);
-            let child = restart(&c, KILLED);
-            log.lock().unwrap().push(format!("restarted node {KILLED}"));
-            wait_state(&c, KILLED, "joining", TTL * 5, &log);
-            done.store(true, Ordering::SeqCst);
-            child
-        });
-        let r = stress::run(clients, &spec);
-        restarted = Some(nemesis.join().expect("nemesis"));
-        r
+    let (out, restarted) = std::thread::scope(|s| {
+        let faults = s.spawn(|| nemesis(&c, &log));
+        let (out, _) = stress::run(clients, &spec);
+        // The nemesis must have finished before the workload did.
+        (out, faults.is_finished().then(|| faults.join()))
     });
-    let restarted = restarted.unwrap();
     for l in log.lock().unwrap().iter() {
         eprintln!("nemesis: {l}");
     }
     eprintln!("faults: {out}");
-    assert!(
-        done.load(Ordering::SeqCst),
-        "the nemesis did not finish before the workload"
-    );
+    let _restarted = restarted
+        .expect("the nemesis did not finish before the workload")
+        .expect("nemesis");
     assert_eq!(out.corrupt_reads, 0, "reads of bytes nobody wrote");
     assert!(
         out.report.is_ok(),
@@ -202,22 +226,5 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
         !out.errors.is_empty(),
         "the faults must show in the history"
     );
-
-    // Every key reads alike through both survivors, and is writable through them.
-    let mut r0 = Reconnecting::new(&c, 0);
-    let mut r2 = Reconnecting::new(&c, 2);
-    for k in 0..spec.keys {
-        let key = key_bytes(k);
-        let (a, b) = (r0.get(&key), r2.get(&key));
-        assert!(
-            matches!((&a, &b), (Ok(x), Ok(y)) if x == y),
-            "key {k}: {a:?} through node 0, {b:?} through node 2"
-        );
-        r0.put(&key, b"after the faults").unwrap();
-        assert_eq!(
-            r2.get(&key).unwrap().as_deref(),
-            Some(&b"after the faults"[..])
-        );
-    }
-    drop(restarted);
+    survivors_agree(&c, spec.keys);
 }

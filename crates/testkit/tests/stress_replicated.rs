@@ -159,10 +159,14 @@ fn crash_mid_run_with(
     );
     assert_clean_run(name, &out, 6 * s.ops_per_thread / 2);
     assert_eq!(out.corrupt_reads, 0);
-    // Nothing wedged and no copy behind: every key reads, and reads alike, through each
-    // survivor.
+    survivors_agree(name, &c, s.keys);
+}
+
+/// Nothing wedged and no copy behind: every key reads, and reads alike, through each
+/// survivor, and can still be written.
+fn survivors_agree(name: &str, c: &LocalCluster, keys: u64) {
     let mut readers: Vec<_> = [0, 2].iter().map(|&n| c.client(n).unwrap()).collect();
-    for k in 0..s.keys {
+    for k in 0..keys {
         let key = key_bytes(k);
         let a = readers[0].get(&key);
         let b = readers[1].get(&key);
@@ -171,8 +175,7 @@ fn crash_mid_run_with(
             "{name}: key {k} reads {a:?} through node 0 and {b:?} through node 2"
         );
     }
-    // And can still be written.
-    for k in 0..s.keys {
+    for k in 0..keys {
         readers[k as usize % 2]
             .put(&key_bytes(k), b"after the crash")
             .unwrap_or_else(|e| panic!("{name}: key {k} cannot be written after the crash: {e}"));
