@@ -166,3 +166,35 @@ fn a_killed_node_loses_no_acknowledged_write_with_two_copies_over_shm() {
 fn a_killed_node_loses_no_acknowledged_write_with_two_copies_over_tcp() {
     kill_one_of_three("failover-tcp", "tcp");
 }
+
+/// With copies, a node whose view of membership has lapsed (etcd gone) refuses reads too: its
+/// peers could have declared it failed and stopped maintaining its copies.
+#[test]
+fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
+    let c = Cluster::up(
+        "failover-noetcd",
+        2,
+        "shm",
+        &["--lease-ttl", "2", "--replicas", "2"],
+    );
+    put(&c, 0, "k", "v1");
+    assert_eq!(get(&c, 1, "k").as_deref(), Some("v1"));
+    let etcd = nessie_cluster::etcd::server::running(&c.dir).expect("up started a local etcd");
+    // SAFETY: killing the etcd this test's cluster started.
+    unsafe { libc::kill(etcd, libc::SIGKILL) };
+    let t0 = Instant::now();
+    loop {
+        let out = c.nessie(&["get", "--node", "1", "k"]);
+        if !out.status.success() {
+            assert!(stderr(&out).contains("fenced"), "{}", stderr(&out));
+            break;
+        }
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "v1");
+        assert!(
+            t0.elapsed() < EFFECTIVE_TTL + WITHIN,
+            "reads still served {:?} after etcd died",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -24,9 +24,10 @@ pub enum Error {
     Contended { attempts: u32 },
     #[error("node {node} is unreachable: {reason}")]
     Unreachable { node: NodeId, reason: String },
-    /// This node's membership lease has lapsed or will before the operation could end: it may
-    /// have been declared failed, and its writes are then others' to complete.
-    #[error("node {node} is fenced: its membership lease has lapsed (it may have been declared failed), so it makes no writes until it registers again")]
+    /// This node's membership lease (or its view of the configuration) has lapsed or will
+    /// before the operation could end, or it is not `up`: it may have been declared failed, and
+    /// its writes are then others' to complete. With copies, a stale view stops reads too.
+    #[error("node {node} is fenced: its membership lease or its view of the configuration has lapsed, or it is not up (it may have been declared failed), so it makes no writes (and, with copies, no reads) until it hears from etcd again")]
     Fenced { node: NodeId },
     #[error("fabric error: {0}")]
     Fabric(FabricError),
