@@ -12,7 +12,7 @@ use nessie_cluster::LocalCluster;
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_protocols::replica::mirror_region;
 use nessie_protocols::{Error, Mutations, ProtocolConfig};
-use nessie_store::{Geometry, DATA_REGION, INDEX_REGION};
+use nessie_store::{Geometry, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 fn geometry(nodes: u32) -> Geometry {
     Geometry {
@@ -104,6 +104,7 @@ fn copy_bytes(c: &LocalCluster, partition: NodeId, region: u16, j: u8) -> Vec<u8
     let g = &c.view().geometry;
     let len = match region {
         INDEX_REGION => g.index_table_bytes(),
+        PAGE_REGION => g.page_table_bytes(),
         _ => g.data_table_bytes(),
     };
     let holder = ((partition as u32 + j as u32) % g.nodes) as NodeId;
@@ -149,7 +150,7 @@ fn every_copy_holds_what_the_primary_holds() {
         write_round(&c, &[2, 0, 1], 300, 2, 4, &mut model);
         assert_reads(&c, &[0, 1, 2], &model, "before any failure");
         for p in 0..3 {
-            for region in [INDEX_REGION, DATA_REGION] {
+            for region in [INDEX_REGION, DATA_REGION, PAGE_REGION] {
                 let primary = copy_bytes(&c, p, region, 0);
                 assert!(primary.iter().any(|&b| b != 0), "partition {p} is in use");
                 for j in 1..r {
@@ -255,4 +256,39 @@ fn operations_wait_for_the_failure_to_be_declared() {
     );
     write_round(&c, &[2], 200, 2, 3, &mut model);
     assert_reads(&c, &[0, 2], &model, "after the declaration");
+}
+
+/// PUT distinct keys with `value_max`-byte values through nodes 0 and 2 until the data tables
+/// are full; how many went in.
+fn fill_until_full(c: &LocalCluster) -> u64 {
+    let vmax = c.view().geometry.value_max as usize;
+    let mut writers = [c.client(0).unwrap(), c.client(2).unwrap()];
+    for i in 0.. {
+        match writers[(i % 2) as usize].put(&key(i), &vec![7u8; vmax]) {
+            Ok(()) => {}
+            Err(Error::DataTableFull { .. }) => return i,
+            Err(e) => panic!("key {i}: {e}"),
+        }
+    }
+    unreachable!()
+}
+
+/// Page tables are replicated too: after a crash the survivors go on claiming pages of the
+/// failed node's data table (in its copies), so nearly all the memory stays usable.
+#[test]
+fn a_crashed_nodes_memory_stays_usable_through_its_copies() {
+    let g = Geometry {
+        ites_per_node: 1024,
+        dtes_per_node: 96,
+        ..geometry(3)
+    };
+    let whole = fill_until_full(&LocalCluster::replicated(g.clone(), cfg(), None, 2).unwrap());
+    let c = LocalCluster::replicated(g, cfg(), None, 2).unwrap();
+    crash(&c, 1);
+    let after = fill_until_full(&c);
+    eprintln!("{whole} entries fit the whole cluster, {after} after node 1 crashed");
+    assert!(
+        after * 10 >= whole * 9,
+        "only {after} of {whole} entries fit once node 1 crashed: its memory was lost"
+    );
 }

@@ -4,8 +4,8 @@
 //!
 //! [`Replicated`] wraps an endpoint and is itself an [`Endpoint`]: the protocol addresses a
 //! partition as it addressed a node (`RemoteAddr::node` names the partition), and never learns
-//! that there are copies. Only the index and data regions are replicated; any other region
-//! (the page table, SD/HY request slots) is the node's own.
+//! that there are copies. The index, data and page-table regions are replicated; any other
+//! region (SD/HY request slots) is the node's own.
 //!
 //! The copies of a partition, in chain order c_0 .. c_{R-1}, skipping nodes membership has
 //! declared failed (`Fence::is_gone`):
@@ -16,9 +16,10 @@
 //!   has moved past: a value a reader saw survives the loss of any R - 1 nodes.
 //!
 //! Carrying a CAS to a copy ("advance") must not undo a later one. Index entries carry a
-//! sequence number (`IteLayout::successor`), so each copy only moves forward through the
-//! decider's history: advance reads the copy and CASes it from what it holds to the new word
-//! only if that word is newer. A writer that loses at the decider helps: it carries the
+//! sequence number (`IteLayout::successor`), and page words a generation that every claim
+//! increments (`nessie_store::pages`), so each copy only moves forward through the decider's
+//! history: advance reads the copy and CASes it from what it holds to the new word only if
+//! that word is newer. A writer that loses at the decider helps: it carries the
 //! decider's word forward first, so a writer that died after winning the decider does not
 //! wedge the primary. A data-region CAS (marking an entry given up) is carried by the same
 //! CAS on each copy; a plain write that came after it wins, as it does at the decider.
@@ -35,7 +36,8 @@
 use std::sync::Arc;
 
 use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
-use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION};
+use nessie_store::pages::PageWord;
+use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 #[cfg(any(test, feature = "testing"))]
 use crate::config::Mutations;
@@ -49,8 +51,11 @@ pub const MAX_REPLICAS: u8 = 3;
 /// than half as many changes of one entry (2^7 = 128) without being misordered.
 pub const MIN_SEQ_BITS: u8 = 8;
 /// First region id of the mirrors (after the index, data and page regions): copy j >= 1 of a
-/// partition's index table is region `MIRROR_BASE + 2 (j - 1)`, its data table the next one.
+/// partition's index table is region `MIRROR_BASE + 3 (j - 1)`, its data table and its page
+/// table the next two.
 pub const MIRROR_BASE: RegionId = 3;
+/// The regions that have copies, by region id (a copy's region is `MIRROR_BASE + ...` plus it).
+const REPLICATED: [RegionId; 3] = [INDEX_REGION, DATA_REGION, PAGE_REGION];
 /// How long an operation waits for an unreachable node to be declared failed (after which it
 /// uses the other copies) before it fails.
 pub const UNREACHABLE_WAIT_NS: u64 = 15_000_000_000;
@@ -60,12 +65,12 @@ const RETRY_PAUSE_NS: u64 = 1_000_000;
 /// the copy forward.
 const MAX_ADVANCE_ROUNDS: u32 = 10_000;
 
-/// The region holding copy `copy` of a partition's `region` (index or data).
+/// The region holding copy `copy` of a partition's `region` (index, data or page table).
 pub fn mirror_region(region: RegionId, copy: u8) -> RegionId {
-    debug_assert!(region == INDEX_REGION || region == DATA_REGION);
+    debug_assert!(REPLICATED.contains(&region));
     match copy {
         0 => region,
-        j => MIRROR_BASE + 2 * (j as RegionId - 1) + region,
+        j => MIRROR_BASE + REPLICATED.len() as RegionId * (j as RegionId - 1) + region,
     }
 }
 
@@ -146,14 +151,13 @@ impl ReplicaSet {
     }
 
     /// The region sizes every node registers: `base` (index, data, page table, ...) followed
-    /// by the mirrors of the index and data tables it holds for other partitions.
+    /// by the mirrors of the tables it holds for other partitions.
     pub fn region_sizes(&self, base: &[u64]) -> Vec<u64> {
         let mut r = base.to_vec();
         if self.replicas > 1 {
             r.resize(MIRROR_BASE as usize, 0);
             for _ in 1..self.replicas {
-                r.push(base[INDEX_REGION as usize]);
-                r.push(base[DATA_REGION as usize]);
+                r.extend(REPLICATED.iter().map(|&region| base[region as usize]));
             }
         }
         r
@@ -164,9 +168,13 @@ impl ReplicaSet {
         ((partition as u32 + copy as u32) % self.nodes as u32) as NodeId
     }
 
-    /// Whether ITE word `a` comes after `b` in one entry's history (sequence numbers compared
-    /// modulo their width).
-    fn newer(&self, a: u64, b: u64) -> bool {
+    /// Whether word `a` of `region` comes after `b` in one word's history: index entries by
+    /// their sequence numbers (compared modulo their width), page words by generation, a
+    /// claimed word after the free one of the generation before and before its release.
+    fn newer(&self, region: RegionId, a: u64, b: u64) -> bool {
+        if region == PAGE_REGION {
+            return page_order(a) > page_order(b);
+        }
         let bits = self.ite.seq_bits as u32;
         let (sa, sb) = (
             self.ite.seq(nessie_store::Ite(a)),
@@ -176,9 +184,20 @@ impl ReplicaSet {
         d != 0 && d < 1u64 << (bits - 1)
     }
 
-    fn same_seq(&self, a: u64, b: u64) -> bool {
+    /// Whether `a` and `b` are at the same point of a word's history.
+    fn same_seq(&self, region: RegionId, a: u64, b: u64) -> bool {
+        if region == PAGE_REGION {
+            return page_order(a) == page_order(b);
+        }
         self.ite.seq(nessie_store::Ite(a)) == self.ite.seq(nessie_store::Ite(b))
     }
+}
+
+/// A page word's place in its history: free at generation g, then claimed at g + 1, then
+/// free at g + 1 (a release keeps the generation).
+fn page_order(w: u64) -> u64 {
+    let w = PageWord(w);
+    2 * w.generation() + !w.is_claimed() as u64
 }
 
 /// One copy of a partition: the node holding it and its position in the chain.
@@ -218,7 +237,7 @@ enum Advance {
     Gone,
 }
 
-/// An endpoint whose index and data regions are replicated (see the module comment).
+/// An endpoint whose index, data and page-table regions are replicated (see the module comment).
 pub struct Replicated<E: Endpoint> {
     inner: E,
     set: Arc<ReplicaSet>,
@@ -235,7 +254,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     fn replicated(&self, region: RegionId) -> bool {
-        self.set.replicas > 1 && (region == INDEX_REGION || region == DATA_REGION)
+        self.set.replicas > 1 && REPLICATED.contains(&region)
     }
 
     fn at(addr: RemoteAddr, c: Copy) -> RemoteAddr {
@@ -426,9 +445,10 @@ impl<E: Endpoint> Replicated<E> {
         Ok((copies, decider, found))
     }
 
-    /// CAS of an index entry: the decider, then every other copy advanced to the word it
-    /// installed, or, if it lost, to the word it found there (helping its writer).
-    fn cas_index(
+    /// CAS of an index entry or a page word (words with an order): the decider, then every
+    /// other copy advanced to the word it installed, or, if it lost, to the word it found
+    /// there (helping its writer).
+    fn cas_ordered(
         &mut self,
         addr: RemoteAddr,
         expected: u64,
@@ -437,7 +457,10 @@ impl<E: Endpoint> Replicated<E> {
         let (copies, decider, found) = self.decide(addr, expected, desired)?;
         let followers = &copies.as_slice()[..copies.len - 1];
         let won = found == expected;
-        if !won && (!self.set.newer(found, expected) || mutated!(self.set, replica_no_helping)) {
+        if !won
+            && (!self.set.newer(addr.region, found, expected)
+                || mutated!(self.set, replica_no_helping))
+        {
             return Ok(found);
         }
         let word = if won { desired } else { found };
@@ -458,7 +481,7 @@ impl<E: Endpoint> Replicated<E> {
         Ok(found)
     }
 
-    /// Carry index word `word`, from `decider`'s history, to copy `c`.
+    /// Carry word `word` (an index entry or a page word), from `decider`'s history, to copy `c`.
     fn advance(
         &mut self,
         addr: RemoteAddr,
@@ -474,10 +497,10 @@ impl<E: Endpoint> Replicated<E> {
             if cur == word {
                 return Ok(Advance::Holds);
             }
-            if self.set.newer(cur, word) {
+            if self.set.newer(addr.region, cur, word) {
                 return Ok(Advance::Past);
             }
-            if self.set.same_seq(cur, word) {
+            if self.set.same_seq(addr.region, cur, word) {
                 return Ok(Advance::Diverged);
             }
             if self.stale(decider) {
@@ -548,7 +571,7 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             _ if !self.replicated(addr.region) => {
                 self.inner.compare_and_swap(addr, expected, desired)
             }
-            INDEX_REGION => self.cas_index(addr, expected, desired),
+            INDEX_REGION | PAGE_REGION => self.cas_ordered(addr, expected, desired),
             _ => self.cas_data(addr, expected, desired),
         }
     }
@@ -735,6 +758,47 @@ mod tests {
             );
         }
         assert!((0..3).all(|j| r.copy(j) == w2));
+    }
+
+    /// Page words are carried in generation order: a stale claim never lands on a copy that
+    /// already saw its release.
+    #[test]
+    fn page_words_advance_in_generation_order() {
+        let r = rig(2, Mutations::default());
+        let mut ep = r.ep(2);
+        let at = RemoteAddr::new(0, PAGE_REGION, 0);
+        let free0 = PageWord::free(0).0;
+        let claimed = PageWord::claimed_after(PageWord(free0), 2, 3).0;
+        let released = PageWord::free(PageWord(claimed).generation()).0;
+        assert_eq!(ep.compare_and_swap(at, free0, claimed).unwrap(), free0);
+        assert_eq!(ep.compare_and_swap(at, claimed, released).unwrap(), claimed);
+        let primary = Copy {
+            node: 0,
+            j: 0,
+            fading: false,
+        };
+        let decider = Copy {
+            node: 1,
+            j: 1,
+            fading: false,
+        };
+        assert_eq!(
+            ep.advance(at, primary, claimed, decider).unwrap(),
+            Advance::Past,
+            "the claim is older than its release"
+        );
+        let mut w = [0u8; 8];
+        for j in 0..2 {
+            let node = r.set.holder(0, j);
+            r.fabric
+                .endpoint(node)
+                .read(
+                    RemoteAddr::new(node, mirror_region(PAGE_REGION, j), 0),
+                    &mut w,
+                )
+                .unwrap();
+            assert_eq!(u64::from_le_bytes(w), released, "copy {j}");
+        }
     }
 
     #[test]
