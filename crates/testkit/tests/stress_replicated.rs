@@ -195,3 +195,19 @@ fn a_node_crashing_mid_run_three_copies() {
         crash_mid_run(name, g, o, 3, 200 + i as u64);
     }
 }
+
+/// Tiny data tables: writers claim pages on other nodes (through the replicated page tables)
+/// and release them as entries expire, while node 1 crashes.
+#[test]
+fn a_node_crashing_while_pages_are_claimed_and_released() {
+    let g = Geometry {
+        dtes_per_node: 48,
+        ..geometry()
+    };
+    for (i, o) in [Optimizations::default(), Optimizations::NONE]
+        .into_iter()
+        .enumerate()
+    {
+        crash_mid_run("tiny data tables", g.clone(), o, 2, 400 + i as u64);
+    }
+}
