@@ -144,7 +144,7 @@ struct UpArgs {
     /// values below its own minimum, 3 s by default).
     #[arg(long, default_value_t = nessie_cluster::membership::DEFAULT_LEASE_TTL_S)]
     lease_ttl: u64,
-    /// Copies of every node's index and data tables, on consecutive nodes (1 to 3): with 2, any
+    /// Copies of every node's index, data and page tables, on consecutive nodes (1 to 3): with 2, any
     /// one node may fail without losing data. Needs membership (not --no-etcd) and --mode cd.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     replicas: u8,

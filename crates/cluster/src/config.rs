@@ -97,7 +97,7 @@ pub struct ClusterSection {
     /// when there are enough) or "require" (refuse to start without them).
     #[serde(default)]
     pub huge_pages: nessie_fabric_ucx::HugePages,
-    /// Copies of every node's index and data tables, on consecutive nodes (cd only; 1 to 3).
+    /// Copies of every node's index, data and page tables, on consecutive nodes (cd only; 1 to 3).
     /// With more than one, a node that fails loses nothing: see `nessie_protocols::replica`.
     #[serde(default = "default_replicas")]
     pub replicas: u8,

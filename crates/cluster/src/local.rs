@@ -97,7 +97,7 @@ impl LocalCluster {
         Self::build(geometry, cfg, delay, mode, rpc, 1)
     }
 
-    /// A client-driven cluster keeping `replicas` copies of every node's index and data
+    /// A client-driven cluster keeping `replicas` copies of every node's index, data and page
     /// tables (`nessie_protocols::replica`).
     pub fn replicated(
         geometry: Geometry,

@@ -131,7 +131,7 @@ pub struct UpOptions {
     pub etcd: EtcdChoice,
     /// Lease TTL of the nodes' registrations, in seconds.
     pub lease_ttl_s: u64,
-    /// Copies of every node's index and data tables (1 to 3; more than 1 needs membership).
+    /// Copies of every node's index, data and page tables (1 to 3; more than 1 needs membership).
     pub replicas: u8,
 }
 
