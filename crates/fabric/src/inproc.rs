@@ -166,6 +166,7 @@ impl InProcEndpoint {
         let r = f(mem).map_err(|e| e.at(addr, len, mem))?;
         self.stats
             .record(kind, self.locality(addr.node), len as u64);
+        // A crash right after the operation: it took effect, but its worker never learns so.
         self.begin()?;
         Ok(r)
     }
