@@ -211,3 +211,24 @@ fn a_node_crashing_while_pages_are_claimed_and_released() {
         crash_mid_run("tiny data tables", g.clone(), o, 2, 400 + i as u64);
     }
 }
+
+/// Hunting the open violation (`docs/protocol.md`, Known limitations): the crash scenario with
+/// a small index and the cache off, R = 2, over 150 seeds from `$BASE` (default 9000). About
+/// one run in 160 in a debug build fails. Not part of the suite:
+/// `BASE=9000 cargo test -p nessie-testkit --test stress_replicated -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn many_seeds_small_index_no_cache() {
+    let small = Geometry {
+        ites_per_node: 24,
+        ..geometry()
+    };
+    let o = Optimizations {
+        cache: false,
+        ..Optimizations::default()
+    };
+    let base: u64 = std::env::var("BASE").map_or(9000, |b| b.parse().expect("BASE is a number"));
+    for seed in base..base + 150 {
+        crash_mid_run("many seeds", small.clone(), o, 2, seed);
+    }
+}
