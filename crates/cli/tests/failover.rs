@@ -146,6 +146,21 @@ fn kill_one_of_three(name: &str, transport: &str) {
 /// from the others' copies and is fenced for writes; the survivors write on.
 fn restarted_node_is_no_copy(c: &Cluster, model: &mut BTreeMap<String, Option<String>>) {
     let _node = restart(c, 1);
+    // From the moment it answers, it is fenced: it read the configuration before serving.
+    let t0 = Instant::now();
+    loop {
+        let out = c.nessie(&["put", "--node", "1", "key-1", "x"]);
+        let err = stderr(&out);
+        if err.contains("fenced") {
+            break;
+        }
+        assert!(
+            !out.status.success(),
+            "the restarted node wrote before it knew its state"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(30), "{err}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     wait_until(c, Duration::from_secs(30), |s| {
         s.iter().all(|n| n["membership"]["epoch"] == 3) && s[1]["state"] == "joining"
     });

@@ -312,11 +312,16 @@ impl Monitor {
             lease_clock_ns: AtomicU64::new(sent + granted * 1_000_000_000),
             view_clock_ns: AtomicU64::new(sent + lease_ttl_s * 1_000_000_000),
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
+            // Until the configuration says otherwise: a cluster starting has none yet.
             up: AtomicBool::new(true),
             changed: AtomicBool::new(false),
             fence,
         });
-        shared.refresh_fence();
+        // Fenced until the first read: a node restarted after it was declared failed must not
+        // act on its empty memory as if it were up.
+        shared.fence.set_lease_until(0);
+        shared.fence.set_view_until(0);
+        read_configuration(&etcd, &keys, id, &shared)?;
         let spawn_failed = |e: std::io::Error| MembershipError::BadRecord {
             key: "thread".into(),
             why: e.to_string(),
@@ -370,6 +375,31 @@ impl Drop for Monitor {
         self.shared.fence.set_lease_until(0);
         let _ = self.etcd.revoke(lease);
     }
+}
+
+/// Step the configuration and feed it into the fence: failed and joining nodes gone, this
+/// node writing only while `up`, its view fresh for a TTL from the read. The state is settled
+/// before the fence is opened, so a node restarted after being declared failed is never
+/// unfenced, not even between its registration and its first read.
+fn read_configuration(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u16,
+    shared: &Shared,
+) -> Result<(), MembershipError> {
+    let sent = wall_ns();
+    if let Some(c) = step(etcd, keys)? {
+        apply(&c, id, &shared.fence);
+        shared
+            .up
+            .store(c.state(id) == Some(NodeState::Up), Ordering::SeqCst);
+        shared.view.lock().expect("membership view lock").config = Some(c);
+    }
+    shared
+        .view_clock_ns
+        .store(sent + shared.lease_ttl_ns, Ordering::SeqCst);
+    shared.refresh_fence();
+    Ok(())
 }
 
 /// How long one watch request lasts before it is made again (from the revision it reached).
@@ -429,21 +459,7 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
         if (due || changed) && result.is_ok() {
-            let sent = wall_ns();
-            result = step(&etcd, &keys).map(|c| {
-                shared
-                    .view_clock_ns
-                    .store(sent + shared.lease_ttl_ns, Ordering::SeqCst);
-                shared.refresh_fence();
-                if let Some(c) = c {
-                    apply(&c, id, &shared.fence);
-                    shared
-                        .up
-                        .store(c.state(id) == Some(NodeState::Up), Ordering::SeqCst);
-                    shared.refresh_fence();
-                    shared.view.lock().expect("membership view lock").config = Some(c);
-                }
-            });
+            result = read_configuration(&etcd, &keys, id, shared);
         }
         if due || changed {
             // Only a tick that talked to etcd knows whether it answers.
