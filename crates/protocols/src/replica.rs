@@ -325,7 +325,12 @@ impl<E: Endpoint> Replicated<E> {
     /// lease TTL, how long a view stays fresh), so a node that has not yet heard of a failure
     /// still reads what the others maintain.
     fn check_view(&self) -> Result<(), FabricError> {
-        if self.fence.view_until() == u64::MAX || self.fence.may_read(self.inner.now_ns()) {
+        self.fenced_after(self.fence.view_until())
+    }
+
+    /// `Fenced` once the wall clock reaches `until` (no clock read without membership).
+    fn fenced_after(&self, until: u64) -> Result<(), FabricError> {
+        if until == u64::MAX || self.inner.now_ns() < until {
             return Ok(());
         }
         Err(FabricError::Fenced {
@@ -337,12 +342,7 @@ impl<E: Endpoint> Replicated<E> {
     /// peers may already decide at another copy. Checked before every deciding CAS, since a
     /// CAS may come long after the operation's own check (waits for unreachable nodes, settling).
     fn check_fence(&self) -> Result<(), FabricError> {
-        if self.fence.lease_until() == u64::MAX || self.fence.may_act(self.inner.now_ns(), 0) {
-            return Ok(());
-        }
-        Err(FabricError::Fenced {
-            node: self.inner.node(),
-        })
+        self.fenced_after(self.fence.lease_until())
     }
 
     /// Whether advances from `decider`'s history must stop: it has been gone for half the
@@ -355,7 +355,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Run `op` on copy `c` until it succeeds; `None` if the copy's node is declared failed
-    /// (now or while we wait for that). A node that stays unreachable without being declared
+    /// (now or while we wait for that). A fading copy is tried once, and `None` if that fails. A node that stays unreachable without being declared
     /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `op` must be safe to repeat.
     fn on_copy<T>(
         &mut self,
@@ -407,9 +407,10 @@ impl<E: Endpoint> Replicated<E> {
     /// memory).
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
         let copies = self.copies(addr.node, true)?;
-        let primary = copies.as_slice().iter().find(|c| !c.fading).map(|c| c.j);
         for &c in copies.as_slice().iter().rev() {
-            if mutated!(self.set, replicate_index_only) && Some(c.j) != primary {
+            if mutated!(self.set, replicate_index_only)
+                && Some(c) != copies.as_slice().iter().find(|c| !c.fading).copied()
+            {
                 continue;
             }
             let a = Self::at(addr, c);
