@@ -452,6 +452,18 @@ impl LocalCluster {
         }
     }
 
+    /// Stop and join the reclaimer threads (idempotent; dropping the cluster does it too), so
+    /// that nothing changes memory once the clients are done: tests compare the copies then.
+    pub fn stop_reclaimers(&mut self) {
+        self.reclaimers_stop.store(true, Ordering::Release);
+        for h in self.reclaimers.drain(..) {
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("a reclaimer thread panicked");
+            }
+        }
+    }
+
     /// Number of server threads still running.
     pub fn running_server_threads(&self) -> usize {
         self.rpc
@@ -496,12 +508,6 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop_servers();
-        self.reclaimers_stop.store(true, Ordering::Release);
-        for h in self.reclaimers.drain(..) {
-            h.thread().unpark();
-            if h.join().is_err() {
-                tracing::error!("a reclaimer thread panicked");
-            }
-        }
+        self.stop_reclaimers();
     }
 }

@@ -82,6 +82,10 @@ pub struct Mutations {
     /// Replication: plain writes (DTEs, valid flags) go to the primary copy only, so only the
     /// index is replicated.
     pub replicate_index_only: bool,
+    /// A MIGRATE's copy names the source as its previous version (as before this was found
+    /// unsafe): a GET meeting a copy that lost its source returns the value it moved, even
+    /// after a DELETE of the key committed.
+    pub migrate_copy_keeps_source: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

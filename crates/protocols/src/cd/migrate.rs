@@ -10,8 +10,11 @@
 //! so an entry sitting in its second candidate usually finds its first one still occupied and
 //! chains grow long even at a load factor of 0.4. A recursive MIGRATE empties the chosen
 //! destination when needed. Step 5 copies the entry into a new, invalid
-//! local DTE whose previous version is the source ITE (so GETs meeting the copy still find the
-//! value). Step 6 CASes the copy into the destination; Step 7 CASes the source to empty — if
+//! local DTE with no previous version, as in the paper: a GET meeting the copy retries. (A copy
+//! whose previous version was the source let a GET return a value a DELETE had removed: the
+//! DELETE can commit while a copy that lost its source is still in the key's last candidate,
+//! which its reverse pass does not re-read; see the test
+//! `a_failed_migrate_copy_does_not_resurrect_a_deleted_value`.) Step 6 CASes the copy into the destination; Step 7 CASes the source to empty — if
 //! that fails, the copy is taken out of the destination again (and recycled if we managed to).
 //! Step 8 sets the copy valid and Step 9 recycles the source's DTE.
 //!
@@ -152,11 +155,21 @@ impl<E: Endpoint> CdClient<E> {
         }
     }
 
-    /// Steps 5 and 6: an invalid local copy of the moved entry whose previous version is the
-    /// source (5), CASed into the (empty) destination (6). Returns the copy's ITE.
+    /// Steps 5 and 6: an invalid local copy of the moved entry with no previous version (5),
+    /// CASed into the (empty) destination (6). Returns the copy's ITE.
+    ///
+    /// No previous version: while the copy is invalid, the source's value is the key's latest
+    /// only as long as the source still holds it, and a copy that loses its source (Step 7)
+    /// stays in the index until we take it out again, possibly after a DELETE of the key
+    /// committed.
     fn publish_copy(&mut self, d: &Deadline, dst: Slot, moved: &Moved) -> Attempt<Ite> {
+        let prev = if mutated!(self.cfg, migrate_copy_keeps_source) {
+            moved.ite
+        } else {
+            Ite::EMPTY
+        };
         let (copy, idx, _) =
-            self.write_new_dte(moved.filter, moved.ite, &moved.key, Some(&moved.value))?;
+            self.write_new_dte(moved.filter, prev, &moved.key, Some(&moved.value))?;
         if let Err(e) = self.check(d) {
             self.release_unpublished(idx);
             return Err(e);
@@ -206,7 +219,7 @@ impl<E: Endpoint> CdClient<E> {
 
 /// The entry a MIGRATE moves, as read from its source (Step 2).
 struct Moved {
-    /// The source ITE: the copy's previous version, recycled once the move is done.
+    /// The source ITE, emptied by Step 7 and recycled once the move is done.
     ite: Ite,
     key: Vec<u8>,
     value: Vec<u8>,
@@ -217,7 +230,8 @@ struct Moved {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{fast_cfg, small_geometry, InProcCluster, NODES};
-    use crate::config::ProtocolConfig;
+    use crate::config::{Mutations, ProtocolConfig};
+    use crate::error::Error;
     use nessie_store::index::Slot;
 
     /// Keys tried when looking for a key with particular candidates.
@@ -282,6 +296,131 @@ mod tests {
             fillers.len() as u64 + 1,
             "a move, not a copy"
         );
+    }
+
+    /// A MIGRATE whose copy lands in the last candidate of the moved key after a DELETE of that
+    /// key has read it (Step 4) and before the DELETE commits must not let a GET find the
+    /// deleted value through the copy. The DELETE's reverse pass skips the last candidate, so
+    /// it commits with the copy still in the index; the copy's MIGRATE then fails to empty the
+    /// source and takes the copy out again. Until it does, the copy is an invalid DTE of the
+    /// key: readers must treat it as a write in progress (retry), not follow a previous
+    /// version to the value the DELETE removed. (Found by `many_seeds_small_index_no_crash`
+    /// with replication, which widens the window between the two CASes of a MIGRATE.)
+    #[test]
+    fn a_failed_migrate_copy_does_not_resurrect_a_deleted_value() {
+        let got = delete_racing_a_failed_migrate(Mutations::default());
+        assert!(
+            !matches!(got, Ok(Some(_))),
+            "the DELETE completed before the GET began: {got:?}"
+        );
+    }
+
+    /// The control: with the copy naming its source as previous version, the GET returns the
+    /// deleted value.
+    #[test]
+    fn a_migrate_copy_naming_its_source_resurrects_a_deleted_value() {
+        let got = delete_racing_a_failed_migrate(Mutations {
+            migrate_copy_keeps_source: true,
+            ..Mutations::default()
+        });
+        assert_eq!(got, Ok(Some(b"deleted".to_vec())));
+    }
+
+    /// The interleaving of the two tests above: K in k0 (its first candidate), a filler in k1,
+    /// k2 free; a PUT of X, whose first candidate is k0 and whose others are taken, migrates
+    /// K towards k2 (M); a DELETE of K (D) runs between M's read of the source and its copy,
+    /// and commits while M waits after publishing the copy. Returns one GET attempt of K made
+    /// then; afterwards (M done) K must read as absent.
+    fn delete_racing_a_failed_migrate(mutations: Mutations) -> Result<Option<Vec<u8>>, Error> {
+        use crate::hooks::HookPoint;
+        use std::sync::mpsc::channel;
+
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000_000,
+            mutations,
+            ..fast_cfg()
+        };
+        assert!(cfg.optimizations.previous_versions);
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let k = key_with_distinct_candidates(&c);
+        let kc = c.candidates(&k);
+        let x = (0..SEARCH)
+            .map(|i| key(b'x', i))
+            .find(|x| {
+                let xc = c.candidates(x);
+                xc[0] == kc[0] && !xc.contains(&kc[2]) && xc[1] != xc[2] && xc[1] != xc[0]
+            })
+            .unwrap();
+        let mut setup = c.client(0);
+        setup.put(&k, b"deleted").unwrap(); // into k0
+        let mut taken = vec![k.clone(), x.clone()];
+        for slot in [kc[1]].into_iter().chain(c.candidates(&x)) {
+            if c.ite(slot).is_empty() {
+                let f = key_first_in(&c, slot, &taken);
+                setup.put(&f, b"filler").unwrap();
+                taken.push(f);
+            }
+        }
+        assert!(c.ite(kc[2]).is_empty(), "K's last candidate is free");
+
+        let (m_read_src, wait_m_read_src) = channel();
+        let (d_read_all, wait_d_read_all) = channel();
+        let (m_copied, wait_m_copied) = channel();
+        let (d_done, wait_d_done) = channel();
+        let (get_done, wait_get_done) = channel::<()>();
+
+        // M: PUT X reads its three candidates, then its MIGRATE reads the source k0 (the 4th
+        // ITE read); it waits there for D's Step 4, and after publishing its copy for the GET.
+        let mut m = c.client(1);
+        let mut reads = 0;
+        m.set_hook(Some(Box::new(move |p| match p {
+            HookPoint::AfterIteRead => {
+                reads += 1;
+                if reads == 4 {
+                    m_read_src.send(()).unwrap();
+                    wait_d_read_all.recv().unwrap();
+                }
+            }
+            HookPoint::MigrateAfterDstCas => {
+                m_copied.send(()).unwrap();
+                let _ = wait_get_done.recv();
+            }
+            _ => {}
+        })));
+        // D: DELETE K once M has read the source; before its reverse pass it waits for the copy.
+        let mut d = c.client(2);
+        d.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeReversePass {
+                d_read_all.send(()).unwrap();
+                wait_m_copied.recv().unwrap();
+            }
+        })));
+        let mut g = c.client(0);
+        let (got, m) = std::thread::scope(|s| {
+            let mt = s.spawn(|| {
+                m.put(&x, b"x").unwrap();
+                m
+            });
+            let k = &k;
+            s.spawn(move || {
+                wait_m_read_src.recv().unwrap();
+                d.delete(&k).unwrap();
+                d_done.send(d.stats()).unwrap();
+            });
+            let ds = wait_d_done.recv().unwrap();
+            assert_eq!(ds.retries, 0, "the DELETE committed at its first attempt");
+            let got = g.try_get(&k);
+            get_done.send(()).unwrap();
+            (got, mt.join().unwrap())
+        });
+        let ms = m.stats();
+        assert_eq!(
+            (ms.concurrent_aborts, ms.migrations),
+            (1, 0),
+            "the MIGRATE lost its source to the DELETE, then X took k0: {ms:?}"
+        );
+        assert_eq!(g.get(&k), Ok(None), "once the MIGRATE is done, K is absent");
+        got
     }
 
     /// Filling most of a small index needs many migrations, some recursive, and loses
