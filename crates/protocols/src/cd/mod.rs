@@ -31,7 +31,7 @@ use nessie_store::{Geometry, Ite};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::config::ProtocolConfig;
+use crate::config::{ProtocolConfig, TABLE_FULL_WAIT_PERIODS};
 use crate::error::Error;
 use crate::fence::Fence;
 #[cfg(any(test, feature = "testing"))]
@@ -484,8 +484,11 @@ impl<E: Endpoint> CdClient<E> {
                             .saturating_sub(self.ep.now_ns())
                             .clamp(1, self.cfg.expiry_ns),
                         // None of ours: other writers' pages may come back when their entries
-                        // expire. Back off for up to one expiry period in all, then refuse.
-                        None if unpromised_wait < self.cfg.expiry_ns => {
+                        // expire. Back off for up to `TABLE_FULL_WAIT_PERIODS` in all, then
+                        // refuse.
+                        None if unpromised_wait
+                            < self.cfg.expiry_ns.saturating_mul(TABLE_FULL_WAIT_PERIODS) =>
+                        {
                             let w = self.rng.gen_range(1..=backoff);
                             unpromised_wait += w;
                             w
