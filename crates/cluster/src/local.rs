@@ -10,7 +10,7 @@
 //!   cluster is dropped (or by [`LocalCluster::stop_servers`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
@@ -22,8 +22,8 @@ use nessie_protocols::sd::{
     REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{
-    ClientParts, Error, Fence, KvClient, Mode, ModeClient, ProtocolConfig, ReplicaSet, Replicated,
-    RpcLease,
+    CatchUp, ClientParts, Error, Fence, KvClient, Mode, ModeClient, NodeRole, ProtocolConfig,
+    ReplicaSet, Replicated, RpcLease,
 };
 use nessie_store::classtable::ClassTable;
 use nessie_store::{Geometry, INDEX_REGION};
@@ -45,19 +45,22 @@ struct Rpc {
 pub struct LocalCluster {
     fabric: Arc<InProcFabric>,
     view: Arc<ClusterView>,
-    tables: Vec<Arc<ClassTable>>,
+    /// Each node's allocator (a restarted node gets a new one, [`Self::restart_node`]).
+    tables: Vec<RwLock<Arc<ClassTable>>>,
     cfg: ProtocolConfig,
     next_worker: Vec<AtomicU32>,
     mode: Mode,
     rpc: Option<Rpc>,
-    /// Each node's reclaimer (`crate::reclaimer`), as in node processes.
-    reclaimers: Vec<JoinHandle<()>>,
-    reclaimers_stop: Arc<AtomicBool>,
+    /// Each node's reclaimer (`crate::reclaimer`), as in node processes, with its stop flag.
+    reclaimers: Mutex<Vec<Option<Reclaimer>>>,
     /// Each node's membership view, given to its client-driven workers ([`Self::fail_node`]).
     fences: Vec<Arc<Fence>>,
     /// Where the copies of each node's tables are (one copy unless [`Self::replicated`]).
     set: Arc<ReplicaSet>,
 }
+
+/// A node's reclaimer thread and its stop flag.
+type Reclaimer = (Arc<AtomicBool>, JoinHandle<()>);
 
 /// The endpoint of every worker of a [`LocalCluster`]: the in-process fabric, replicated as
 /// the cluster is.
@@ -155,7 +158,7 @@ impl LocalCluster {
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
-            .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
+            .map(|n| RwLock::new(Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns))))
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
         let fences = (0..g.nodes).map(|_| Arc::new(Fence::unfenced())).collect();
@@ -168,26 +171,33 @@ impl LocalCluster {
             next_worker,
             mode,
             rpc: None,
-            reclaimers: Vec::new(),
-            reclaimers_stop: Arc::new(AtomicBool::new(false)),
+            reclaimers: Mutex::new(Vec::new()),
             fences,
         };
-        c.start_reclaimers()?;
+        for n in 0..c.view.geometry.nodes {
+            let r = c.start_reclaimer(n as NodeId)?;
+            c.reclaimers.lock().unwrap().push(Some(r));
+        }
         if let Some(shared) = shared {
             c.start_servers(shared, &rpc)?;
         }
         Ok(c)
     }
 
-    fn start_reclaimers(&mut self) -> Result<(), Error> {
-        for (n, table) in self.tables.iter().enumerate() {
-            let ep = self.endpoint(n as NodeId);
-            let stop = self.reclaimers_stop.clone();
-            let h = crate::reclaimer::spawn(table.clone(), ep, self.cfg.expiry_ns, stop)
-                .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
-            self.reclaimers.push(h);
+    fn start_reclaimer(&self, node: NodeId) -> Result<Reclaimer, Error> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ep = self.endpoint(node);
+        let h = crate::reclaimer::spawn(self.table(node), ep, self.cfg.expiry_ns, stop.clone())
+            .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
+        Ok((stop, h))
+    }
+
+    fn stop_reclaimer((stop, h): Reclaimer) {
+        stop.store(true, Ordering::Release);
+        h.thread().unpark();
+        if h.join().is_err() {
+            tracing::error!("a reclaimer thread panicked");
         }
-        Ok(())
     }
 
     fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
@@ -201,7 +211,7 @@ impl LocalCluster {
                 let exec = CdClient::new(
                     self.endpoint(node),
                     self.view.clone(),
-                    self.tables[node as usize].clone(),
+                    self.table(node),
                     worker,
                     server_cfg.clone(),
                 )?;
@@ -279,7 +289,7 @@ impl LocalCluster {
         let counter = self.next_worker.get(node as usize).ok_or_else(|| {
             Error::Config(format!(
                 "no node {node} in a cluster of {}",
-                self.tables.len()
+                self.next_worker.len()
             ))
         })?;
         let worker = counter.fetch_add(1, Ordering::Relaxed);
@@ -322,6 +332,56 @@ impl LocalCluster {
         for f in &self.fences {
             f.set_gone(node, true);
         }
+    }
+
+    /// Restart `node`, which crashed (`InProcFabric::kill_node`) and was declared failed
+    /// ([`Self::fail_node`]), as a node process started again: its memory comes back zeroed,
+    /// with a new allocator and reclaimer; it receives its copies (every node writes them from
+    /// now on), fills them from the primaries (`Replicated::catch_up`) and becomes a full
+    /// member again. Returns what catching up did. Waits first until the failure is settled
+    /// (`ReplicaSet::settle_ns`), as membership holds a failed node that long.
+    pub fn restart_node(&self, node: NodeId) -> Result<CatchUp, Error> {
+        self.restart_node_paced(node, 0)
+    }
+
+    /// [`Self::restart_node`], reading from the primaries at most `bytes_per_s` (0: no limit).
+    pub fn restart_node_paced(&self, node: NodeId, bytes_per_s: u64) -> Result<CatchUp, Error> {
+        let settle = self.set.settle_ns();
+        let observer = self.fences[(node as usize + 1) % self.fences.len()].clone();
+        loop {
+            let gone = observer.gone_for_ns(node, nessie_fabric::monotonic_ns());
+            match gone {
+                None => {
+                    return Err(Error::Config(format!(
+                        "node {node} was not declared failed: crash it and fail_node it first"
+                    )))
+                }
+                Some(t) if t >= settle => break,
+                Some(t) => std::thread::sleep(std::time::Duration::from_nanos(settle - t)),
+            }
+        }
+        if let Some(r) = self.reclaimers.lock().unwrap()[node as usize].take() {
+            Self::stop_reclaimer(r);
+        }
+        self.fabric.revive_node(node);
+        *self.tables[node as usize].write().unwrap() =
+            Arc::new(self.view.class_table(node, self.cfg.clock_margin_ns));
+        let joined = nessie_fabric::Endpoint::now_ns(&self.fabric.endpoint(node));
+        for f in &self.fences {
+            f.set_incarnation(node, joined);
+            f.set_role(node, NodeRole::Receiving);
+        }
+        let caught = self
+            .endpoint(node)
+            .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
+            .map_err(Error::Fabric)?;
+        for f in &self.fences {
+            f.set_role(node, NodeRole::Full);
+        }
+        self.fences[node as usize].set_lease_until(u64::MAX);
+        let r = self.start_reclaimer(node)?;
+        self.reclaimers.lock().unwrap()[node as usize] = Some(r);
+        Ok(caught)
     }
 
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
@@ -380,7 +440,11 @@ impl LocalCluster {
     }
 
     fn checked_table(&self, node: NodeId) -> Result<Arc<ClassTable>, Error> {
-        self.tables.get(node as usize).cloned().ok_or_else(|| {
+        let t = self
+            .tables
+            .get(node as usize)
+            .map(|t| t.read().unwrap().clone());
+        t.ok_or_else(|| {
             Error::Config(format!(
                 "no node {node} in a cluster of {}",
                 self.tables.len()
@@ -455,12 +519,15 @@ impl LocalCluster {
     /// Stop and join the reclaimer threads (idempotent; dropping the cluster does it too), so
     /// that nothing changes memory once the clients are done: tests compare the copies then.
     pub fn stop_reclaimers(&mut self) {
-        self.reclaimers_stop.store(true, Ordering::Release);
-        for h in self.reclaimers.drain(..) {
-            h.thread().unpark();
-            if h.join().is_err() {
-                tracing::error!("a reclaimer thread panicked");
-            }
+        let all: Vec<_> = self
+            .reclaimers
+            .lock()
+            .unwrap()
+            .drain(..)
+            .flatten()
+            .collect();
+        for r in all {
+            Self::stop_reclaimer(r);
         }
     }
 
@@ -479,8 +546,8 @@ impl LocalCluster {
         &self.view
     }
 
-    pub fn table(&self, node: NodeId) -> &Arc<ClassTable> {
-        &self.tables[node as usize]
+    pub fn table(&self, node: NodeId) -> Arc<ClassTable> {
+        self.tables[node as usize].read().unwrap().clone()
     }
 
     pub fn config(&self) -> &ProtocolConfig {

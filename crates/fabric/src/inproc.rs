@@ -17,6 +17,8 @@ use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 struct InProcNode {
     regions: Vec<WordMemory>,
     alive: AtomicBool,
+    /// Restarts so far: endpoints made before the last one belong to a dead process.
+    incarnation: AtomicU64,
 }
 
 /// N nodes in one process.
@@ -49,6 +51,7 @@ impl InProcFabric {
             .map(|sizes| InProcNode {
                 regions: sizes.iter().map(|&b| WordMemory::zeroed(b)).collect(),
                 alive: AtomicBool::new(true),
+                incarnation: AtomicU64::new(0),
             })
             .collect();
         Ok(Arc::new(Self {
@@ -74,6 +77,7 @@ impl InProcFabric {
         InProcEndpoint {
             fabric: self.clone(),
             node,
+            incarnation: self.nodes[node as usize].incarnation.load(Ordering::SeqCst),
             stats: self.stats.register(node),
             injector: self.delay.clone().map(|d| Injector::new(d, n)),
         }
@@ -85,6 +89,27 @@ impl InProcFabric {
         self.nodes[node as usize]
             .alive
             .store(false, Ordering::SeqCst);
+    }
+
+    /// Restart a crashed `node`: its memory comes back zeroed, as a new process's would.
+    /// Endpoints made from now on work; those of its earlier incarnation stay dead.
+    pub fn revive_node(&self, node: NodeId) {
+        let n = &self.nodes[node as usize];
+        assert!(
+            !n.alive.load(Ordering::SeqCst),
+            "node {node} is running; kill it first"
+        );
+        for r in &n.regions {
+            let zeros = vec![0u8; 1 << 16];
+            let mut off = 0;
+            while off < r.len_bytes() {
+                let len = (zeros.len() as u64).min(r.len_bytes() - off) as usize;
+                r.write(off, &zeros[..len]).expect("in bounds");
+                off += len as u64;
+            }
+        }
+        n.incarnation.fetch_add(1, Ordering::SeqCst);
+        n.alive.store(true, Ordering::SeqCst);
     }
 
     pub fn stats(&self) -> &FabricStats {
@@ -119,6 +144,8 @@ impl InProcFabric {
 pub struct InProcEndpoint {
     fabric: Arc<InProcFabric>,
     node: NodeId,
+    /// Its node's incarnation when it was made.
+    incarnation: u64,
     stats: Arc<StatsCell>,
     injector: Option<Injector>,
 }
@@ -126,9 +153,9 @@ pub struct InProcEndpoint {
 impl InProcEndpoint {
     /// Start an operation: a crashed node's workers issue nothing.
     fn begin(&mut self) -> Result<(), FabricError> {
-        if !self.fabric.nodes[self.node as usize]
-            .alive
-            .load(Ordering::SeqCst)
+        let n = &self.fabric.nodes[self.node as usize];
+        if !n.alive.load(Ordering::SeqCst)
+            || n.incarnation.load(Ordering::SeqCst) != self.incarnation
         {
             return Err(FabricError::Unreachable {
                 node: self.node,

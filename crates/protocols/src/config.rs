@@ -86,6 +86,9 @@ pub struct Mutations {
     /// unsafe): a GET meeting a copy that lost its source returns the value it moved, even
     /// after a DELETE of the key committed.
     pub migrate_copy_keeps_source: bool,
+    /// Replication: writes skip the copies of a node that is receiving them (rejoining), so
+    /// its catch-up misses what is written after it passed.
+    pub rejoin_skips_receiving: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -34,6 +34,30 @@ pub struct Fence {
     /// gone: replication lets a copy take over deciding CASes only once its predecessor has
     /// been gone for the settle time (`crate::replica`).
     gone_at_ns: Box<[AtomicU64]>,
+    /// One bit per node: it is receiving its copies again after a restart (`joining`): its
+    /// copies are written like any other, but not read and not decided at (`crate::replica`).
+    receiving: [AtomicU64; WORDS],
+    /// Per node, the monotonic time at which it became a full member again (after being gone
+    /// or receiving); 0 if it never stopped being one. Replication pauses the partitions whose
+    /// copies it holds for a while after that, so that no operation uses the copy in its new
+    /// role while another still uses the old roles.
+    full_at_ns: Box<[AtomicU64]>,
+    /// Per node, the wall-clock time (ns since the Unix epoch) at which its current
+    /// incarnation joined (0: the first one). Entries its earlier incarnations left in flight
+    /// are abandoned, as a failed node's are.
+    incarnation_ns: Box<[AtomicU64]>,
+}
+
+/// A node's part in the current epoch, as replication and completion see it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum NodeRole {
+    /// Up: its copies are read, written and decided at.
+    Full,
+    /// Restarted and receiving its copies (`joining`): written, not read, not decided at; its
+    /// own workers do not write.
+    Receiving,
+    /// Failed: its writers are gone, its copies are left (after the settle time).
+    Gone,
 }
 
 impl Default for Fence {
@@ -50,6 +74,9 @@ impl Fence {
             view_until_ns: AtomicU64::new(u64::MAX),
             gone: std::array::from_fn(|_| AtomicU64::new(0)),
             gone_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
+            receiving: std::array::from_fn(|_| AtomicU64::new(0)),
+            full_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
+            incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -84,16 +111,67 @@ impl Fence {
 
     /// Record whether `node`'s writers are gone (the node failed in the current epoch).
     pub fn set_gone(&self, node: NodeId, gone: bool) {
+        self.set_role(node, if gone { NodeRole::Gone } else { NodeRole::Full });
+    }
+
+    /// Record `node`'s role in the current epoch, and when it changed (see the fields).
+    pub fn set_role(&self, node: NodeId, role: NodeRole) {
         let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
-        if gone {
-            let was = self.gone[w].fetch_or(bit, Ordering::SeqCst);
-            if was & bit == 0 {
-                self.gone_at_ns[node as usize]
-                    .store(nessie_fabric::monotonic_ns(), Ordering::SeqCst);
-            }
-        } else {
-            self.gone[w].fetch_and(!bit, Ordering::SeqCst);
+        let was = self.role(node);
+        if was == role {
+            return;
         }
+        let now = nessie_fabric::monotonic_ns();
+        match role {
+            NodeRole::Gone => {
+                self.gone_at_ns[node as usize].store(now, Ordering::SeqCst);
+                self.gone[w].fetch_or(bit, Ordering::SeqCst);
+                self.receiving[w].fetch_and(!bit, Ordering::SeqCst);
+            }
+            NodeRole::Receiving => {
+                self.receiving[w].fetch_or(bit, Ordering::SeqCst);
+                self.gone[w].fetch_and(!bit, Ordering::SeqCst);
+            }
+            NodeRole::Full => {
+                self.full_at_ns[node as usize].store(now.max(1), Ordering::SeqCst);
+                self.gone[w].fetch_and(!bit, Ordering::SeqCst);
+                self.receiving[w].fetch_and(!bit, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// `node`'s role in the current epoch.
+    pub fn role(&self, node: NodeId) -> NodeRole {
+        let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
+        if self.gone[w].load(Ordering::SeqCst) & bit != 0 {
+            NodeRole::Gone
+        } else if self.receiving[w].load(Ordering::SeqCst) & bit != 0 {
+            NodeRole::Receiving
+        } else {
+            NodeRole::Full
+        }
+    }
+
+    /// How long `node` has been a full member again at monotonic time `now_ns`; `None` if it
+    /// is not one, or never stopped being one.
+    pub fn full_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
+        let at = self.full_at_ns[node as usize].load(Ordering::SeqCst);
+        (at != 0 && self.role(node) == NodeRole::Full).then(|| now_ns.saturating_sub(at))
+    }
+
+    /// Whether `node` ever became a full member again after a restart (cheap: no clock).
+    pub fn rejoined(&self, node: NodeId) -> bool {
+        self.full_at_ns[node as usize].load(Ordering::Relaxed) != 0
+    }
+
+    /// Record when `node`'s current incarnation joined (wall clock).
+    pub fn set_incarnation(&self, node: NodeId, wall_ns: u64) {
+        self.incarnation_ns[node as usize].store(wall_ns, Ordering::SeqCst);
+    }
+
+    /// When `node`'s current incarnation joined (wall clock; 0 = its first).
+    pub fn incarnation(&self, node: NodeId) -> u64 {
+        self.incarnation_ns[node as usize].load(Ordering::SeqCst)
     }
 
     pub fn is_gone(&self, node: NodeId) -> bool {
@@ -131,5 +209,26 @@ mod tests {
         let now = nessie_fabric::monotonic_ns();
         assert_eq!(f.gone_for_ns(70, now), None);
         assert!(f.gone_for_ns(3, now + 5_000).unwrap() >= 5_000);
+    }
+
+    #[test]
+    fn roles_and_when_a_node_became_full_again() {
+        let f = Fence::unfenced();
+        assert_eq!(f.role(4), NodeRole::Full);
+        assert_eq!(f.full_for_ns(4, u64::MAX), None, "never stopped being full");
+        f.set_role(4, NodeRole::Gone);
+        assert!(f.is_gone(4));
+        f.set_role(4, NodeRole::Receiving);
+        assert_eq!(f.role(4), NodeRole::Receiving);
+        assert!(
+            !f.is_gone(4),
+            "a receiving node's writers are not the failed ones"
+        );
+        assert_eq!(f.full_for_ns(4, u64::MAX), None);
+        f.set_role(4, NodeRole::Full);
+        let now = nessie_fabric::monotonic_ns();
+        assert!(f.full_for_ns(4, now + 1_000).unwrap() >= 1_000);
+        f.set_incarnation(4, 77);
+        assert_eq!((f.incarnation(4), f.incarnation(5)), (77, 0));
     }
 }

@@ -38,9 +38,9 @@ pub mod sd;
 pub use config::Mutations;
 pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
-pub use fence::Fence;
+pub use fence::{Fence, NodeRole};
 pub use hooks::HookPoint;
-pub use replica::{ReplicaSet, Replicated};
+pub use replica::{CatchUp, ReplicaSet, Replicated};
 
 /// What every protocol's client offers: the key-value API. Workloads, stress tests and
 /// benchmarks drive clients through it, whatever the protocol and fabric.

@@ -165,7 +165,11 @@ fn crash_mid_run_with(
 /// Nothing wedged and no copy behind: every key reads, and reads alike, through each
 /// survivor, and can still be written.
 fn survivors_agree(name: &str, c: &LocalCluster, keys: u64) {
-    let mut readers: Vec<_> = [0, 2].iter().map(|&n| c.client(n).unwrap()).collect();
+    survivors_agree_on(name, c, keys, [0, 2])
+}
+
+fn survivors_agree_on(name: &str, c: &LocalCluster, keys: u64, survivors: [NodeId; 2]) {
+    let mut readers: Vec<_> = survivors.iter().map(|&n| c.client(n).unwrap()).collect();
     for k in 0..keys {
         let key = key_bytes(k);
         let a = readers[0].get(&key);
@@ -242,6 +246,84 @@ fn without_failures_the_copies_agree() {
         for r in [2, 3] {
             crash_free_run(name, &g, o, r, 500 + 10 * i as u64 + r as u64);
         }
+    }
+}
+
+/// Re-replication under load: node 1 crashes in the middle of a concurrent run, restarts
+/// with empty memory and catches up while the others keep writing, then (`second_crash`)
+/// node 2 crashes too: node 2 held the only other copy of node 1's partition and of its own,
+/// so without the catch-up the run would lose keys. The whole history must be linearizable
+/// and every key read alike through nodes 0 and 1. Without the second crash, every copy must
+/// equal its primary at the end.
+fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: bool, seed: u64) {
+    let mut c = LocalCluster::replicated(g.clone(), cfg(o), delay(seed), 2).unwrap();
+    let clients: Vec<_> = THREADS_NODES
+        .iter()
+        .map(|&n| c.client(n).unwrap())
+        .collect();
+    let s = spec(seed);
+    let fabric_ops = || c.fabric().stats().total(None).total_ops();
+    let start = fabric_ops();
+    let finished = AtomicBool::new(false);
+    let wait_ops = |n: u64| {
+        while fabric_ops() < start + n {
+            if finished.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    };
+    let (out, caught) = std::thread::scope(|scope| {
+        let crasher = scope.spawn(|| {
+            if !wait_ops(CRASH_AFTER_FABRIC_OPS) {
+                return None;
+            }
+            c.fabric().kill_node(1);
+            c.fail_node(1);
+            let caught = c.restart_node(1).expect("node 1 rejoins");
+            let crashed_again =
+                second_crash && wait_ops(fabric_ops() - start + CRASH_AFTER_FABRIC_OPS);
+            if crashed_again {
+                c.fabric().kill_node(2);
+                c.fail_node(2);
+            }
+            Some((caught, crashed_again))
+        });
+        let (out, _) = stress::run(clients, &s);
+        finished.store(true, Ordering::SeqCst);
+        (out, crasher.join().unwrap())
+    });
+    let (caught, crashed_again) =
+        caught.unwrap_or_else(|| panic!("{name}: the run ended before node 1 crashed"));
+    assert_eq!(
+        crashed_again, second_crash,
+        "{name}: the run ended before node 2 crashed"
+    );
+    assert!(caught.words_changed > 0, "{name}: {caught:?}");
+    eprintln!("{name}: {out}\ncatch-up: {caught:?}");
+    assert_clean_run(name, &out, 6 * s.ops_per_thread / 3);
+    assert_eq!(out.corrupt_reads, 0);
+    if second_crash {
+        survivors_agree_on(name, &c, s.keys, [0, 1]);
+    } else {
+        c.stop_reclaimers();
+        copies_agree(name, &c, &g, 2);
+        survivors_agree_on(name, &c, s.keys, [1, 2]);
+    }
+}
+
+#[test]
+fn a_crashed_node_rejoins_under_load_and_a_second_crash_loses_nothing() {
+    for (i, (name, g, o)) in variants().into_iter().take(3).enumerate() {
+        crash_restart_crash(name, g, o, true, 700 + i as u64);
+    }
+}
+
+#[test]
+fn after_a_rejoin_under_load_every_copy_equals_its_primary() {
+    for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
+        crash_restart_crash(name, g, o, false, 710 + i as u64);
     }
 }
 
@@ -344,7 +426,7 @@ fn copies_agree(name: &str, c: &LocalCluster, g: &Geometry, r: u8) {
                     let word =
                         |b: &[u8]| u64::from_le_bytes(b[w * 8..w * 8 + 8].try_into().unwrap());
                     panic!(
-                        "{name}: partition {p}, region {region}, word {w}: primary {:#x}, copy {j} {:#x}",
+                        "{name}: partition {p}, region {region}, word {w}: primary {:#x}, copy {j} {:#x} differs",
                         word(&primary),
                         word(&copy)
                     );

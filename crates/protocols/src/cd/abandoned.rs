@@ -83,7 +83,7 @@ impl<E: Endpoint> CdClient<E> {
         }
         let grace = self.cfg.clock_margin_ns.saturating_add(self.cfg.expiry_ns);
         m.write_deadline != 0
-            && self.writer_gone(m.writer.node())
+            && self.writer_gone(m.writer.node(), m.write_deadline)
             && self.ep.now_ns() > m.write_deadline.saturating_add(grace)
     }
 

@@ -404,12 +404,12 @@ mod tests {
             let k = &k;
             s.spawn(move || {
                 wait_m_read_src.recv().unwrap();
-                d.delete(&k).unwrap();
+                d.delete(k).unwrap();
                 d_done.send(d.stats()).unwrap();
             });
             let ds = wait_d_done.recv().unwrap();
             assert_eq!(ds.retries, 0, "the DELETE committed at its first attempt");
-            let got = g.try_get(&k);
+            let got = g.try_get(k);
             get_done.send(()).unwrap();
             (got, mt.join().unwrap())
         });

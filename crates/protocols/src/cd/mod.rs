@@ -390,9 +390,13 @@ impl<E: Endpoint> CdClient<E> {
         }))
     }
 
-    /// Whether the writers of `node` are gone (it failed).
-    pub(crate) fn writer_gone(&self, node: NodeId) -> bool {
-        self.fence.is_gone(node)
+    /// Whether the writer of an entry with `write_deadline` on `node` is gone (its node
+    /// failed, or it belonged to an earlier incarnation of the node).
+    pub(crate) fn writer_gone(&self, node: NodeId, write_deadline: u64) -> bool {
+        // An entry whose attempt ended before its node's current incarnation joined was left
+        // by an earlier one, which died (it was declared failed for a while before the node
+        // could join again).
+        self.fence.is_gone(node) || write_deadline < self.fence.incarnation(node)
     }
 
     pub(crate) fn deadline(&self) -> Deadline {

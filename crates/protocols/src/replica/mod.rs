@@ -33,6 +33,9 @@
 //!
 //! The argument, step by step, is in `docs/protocol.md` ("Replication").
 
+mod catch_up;
+pub use catch_up::CatchUp;
+
 use std::sync::Arc;
 
 use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
@@ -43,7 +46,7 @@ use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION, PAGE_REGION};
 use crate::config::Mutations;
 use crate::config::ProtocolConfig;
 use crate::error::Error;
-use crate::fence::Fence;
+use crate::fence::{Fence, NodeRole};
 
 /// Most copies of a partition.
 pub const MAX_REPLICAS: u8 = 3;
@@ -81,6 +84,8 @@ pub struct ReplicaSet {
     nodes: u16,
     ite: IteLayout,
     settle_ns: u64,
+    /// The longest an operation lasts: the expiry period plus the clock margin.
+    op_ns: u64,
     #[cfg(any(test, feature = "testing"))]
     mutations: Mutations,
 }
@@ -117,6 +122,7 @@ impl ReplicaSet {
             nodes,
             ite,
             settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
+            op_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             #[cfg(any(test, feature = "testing"))]
             mutations: cfg.mutations,
         })
@@ -129,6 +135,7 @@ impl ReplicaSet {
             nodes,
             ite,
             settle_ns: 0,
+            op_ns: 0,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }
@@ -148,6 +155,13 @@ impl ReplicaSet {
 
     pub fn settle_ns(&self) -> u64 {
         self.settle_ns
+    }
+
+    /// How long the partitions a restarted node holds copies of pause once it is full again:
+    /// every node learns of it within the settle time (a lease TTL with membership) or stops,
+    /// and every operation that began with the old roles ends within one more operation.
+    pub fn join_settle_ns(&self) -> u64 {
+        self.settle_ns.saturating_add(self.op_ns)
     }
 
     /// The region sizes every node registers: `base` (index, data, page table, ...) followed
@@ -209,6 +223,16 @@ struct Copy {
     /// at it any more, but it is still written (once, errors ignored), because a node that has
     /// not yet heard of the failure may still read it.
     fading: bool,
+    /// Its node restarted and is receiving its copies (`NodeRole::Receiving`): written like a
+    /// full copy (the catch-up relies on every write reaching it), never read or decided at.
+    receiving: bool,
+}
+
+impl Copy {
+    /// Read, written and decided at.
+    fn is_full(&self) -> bool {
+        !self.fading && !self.receiving
+    }
 }
 
 /// The live copies of a partition, in chain order.
@@ -262,14 +286,15 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// The copies of `partition` on nodes not declared failed, and (`with_fading`) those
-    /// declared failed less than the settle time ago, in chain order. Fails if no copy is on a
-    /// node that is up.
+    /// declared failed less than the settle time ago and those receiving their copies, in
+    /// chain order. Fails if no copy is full (on a node that is up).
     fn copies(&self, partition: NodeId, with_fading: bool) -> Result<Copies, FabricError> {
         let mut c = Copies {
             at: [Copy {
                 node: 0,
                 j: 0,
                 fading: false,
+                receiving: false,
             }; MAX_REPLICAS as usize],
             len: 0,
         };
@@ -277,13 +302,23 @@ impl<E: Endpoint> Replicated<E> {
         let mut full = 0;
         for j in 0..self.set.replicas {
             let node = self.set.holder(partition, j);
+            let receiving = self.fence.role(node) == NodeRole::Receiving;
+            if receiving && (!with_fading || mutated!(self.set, rejoin_skips_receiving)) {
+                continue;
+            }
             let fading = match self.fence.gone_for_ns(node, now.unwrap_or(0)) {
                 None => false,
                 Some(t) if now.is_some() && t < self.set.settle_ns => true,
                 Some(_) => continue,
             };
-            full += !fading as usize;
-            c.at[c.len] = Copy { node, j, fading };
+            let copy = Copy {
+                node,
+                j,
+                fading,
+                receiving,
+            };
+            full += copy.is_full() as usize;
+            c.at[c.len] = copy;
             c.len += 1;
         }
         if full == 0 {
@@ -292,29 +327,59 @@ impl<E: Endpoint> Replicated<E> {
         Ok(c)
     }
 
-    /// The copies of `partition` on nodes not declared failed.
+    /// The full copies of `partition`: on nodes up, not receiving.
     fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
         self.copies(partition, false)
     }
 
-    /// The copies a change goes to, once the last copy on a node that is up may decide:
-    /// every copy after it in the chain has been gone for the settle time (waits if one
-    /// failed more recently). The decider is the last one returned.
-    fn deciding(&mut self, partition: NodeId) -> Result<Copies, FabricError> {
+    /// Wait while a copy of `partition` has been full again (after a restart) for less than
+    /// the join settle time: no operation may use the copy in its new role (primary, decider)
+    /// while an operation that began before every node knew of it may still use the old ones
+    /// (`ReplicaSet::join_settle_ns`).
+    fn wait_join_settled(&mut self, partition: NodeId) {
         loop {
-            let c = self.copies(partition, true)?;
-            let last = c.as_slice()[c.len - 1];
-            if !last.fading {
-                let now = self.inner.mono_ns();
-                let unsettled = (last.j + 1..self.set.replicas).any(|j| {
-                    let node = self.set.holder(partition, j);
-                    self.fence
-                        .gone_for_ns(node, now)
-                        .is_some_and(|t| t < self.set.settle_ns)
-                });
-                if !unsettled {
-                    return Ok(c);
+            let mut recent = false;
+            let mut now = None;
+            for j in 0..self.set.replicas {
+                let node = self.set.holder(partition, j);
+                if !self.fence.rejoined(node) {
+                    continue;
                 }
+                let t = *now.get_or_insert_with(|| self.inner.mono_ns());
+                recent |= self
+                    .fence
+                    .full_for_ns(node, t)
+                    .is_some_and(|f| f < self.set.join_settle_ns());
+            }
+            if !recent {
+                return;
+            }
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+
+    /// The copies a change goes to, once the last full copy may decide: every copy after it
+    /// in the chain has been gone for the settle time (waits if one failed more recently). The
+    /// decider is the last full copy; receiving copies may follow it.
+    fn deciding(&mut self, partition: NodeId) -> Result<(Copies, usize), FabricError> {
+        loop {
+            self.wait_join_settled(partition);
+            let c = self.copies(partition, true)?;
+            let d = c
+                .as_slice()
+                .iter()
+                .rposition(Copy::is_full)
+                .expect("copies() returns a full copy");
+            let last = c.as_slice()[d];
+            let now = self.inner.mono_ns();
+            let unsettled = (last.j + 1..self.set.replicas).any(|j| {
+                let node = self.set.holder(partition, j);
+                self.fence
+                    .gone_for_ns(node, now)
+                    .is_some_and(|t| t < self.set.settle_ns)
+            });
+            if !unsettled {
+                return Ok((c, d));
             }
             self.inner.sleep_ns(RETRY_PAUSE_NS);
         }
@@ -393,6 +458,7 @@ impl<E: Endpoint> Replicated<E> {
 
     /// READ from the primary (the first live copy), moving on if it fails.
     fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.wait_join_settled(addr.node);
         self.check_view()?;
         loop {
             let c = self.live(addr.node)?.as_slice()[0];
@@ -406,10 +472,11 @@ impl<E: Endpoint> Replicated<E> {
     /// WRITE to every live (or fading) copy, last first (`local`: copy 0 is this node's own
     /// memory).
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
+        self.wait_join_settled(addr.node);
         let copies = self.copies(addr.node, true)?;
         for &c in copies.as_slice().iter().rev() {
             if mutated!(self.set, replicate_index_only)
-                && Some(c) != copies.as_slice().iter().find(|c| !c.fading).copied()
+                && Some(c) != copies.as_slice().iter().find(|c| c.is_full()).copied()
             {
                 continue;
             }
@@ -432,8 +499,8 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<(Copies, Copy, u64), FabricError> {
-        let copies = self.deciding(addr.node)?;
-        let decider = copies.as_slice()[copies.len - 1];
+        let (copies, d) = self.deciding(addr.node)?;
+        let decider = copies.as_slice()[d];
         self.check_fence()?;
         let found = self
             .inner
@@ -456,7 +523,6 @@ impl<E: Endpoint> Replicated<E> {
         desired: u64,
     ) -> Result<u64, FabricError> {
         let (copies, decider, found) = self.decide(addr, expected, desired)?;
-        let followers = &copies.as_slice()[..copies.len - 1];
         let won = found == expected;
         if !won
             && (!self.set.newer(addr.region, found, expected)
@@ -466,7 +532,13 @@ impl<E: Endpoint> Replicated<E> {
         }
         let word = if won { desired } else { found };
         let mut sure = true;
-        for &c in followers.iter().rev() {
+        for &c in copies.as_slice().iter().rev().filter(|&&c| c != decider) {
+            if c.receiving {
+                // Catching up (`catch_up`) compares every word with the primary after it has
+                // seen this one there; what we carry now only shortens that.
+                let _ = self.advance(addr, c, word, decider);
+                continue;
+            }
             match self.advance(addr, c, word, decider) {
                 Ok(Advance::Holds | Advance::Gone) => {}
                 Ok(Advance::Past) => sure &= !self.fence.is_gone(decider.node),
@@ -527,10 +599,9 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
-        let (copies, _, found) = self.decide(addr, expected, desired)?;
-        let followers = &copies.as_slice()[..copies.len - 1];
+        let (copies, decider, found) = self.decide(addr, expected, desired)?;
         if found == expected {
-            for &c in followers.iter().rev() {
+            for &c in copies.as_slice().iter().rev().filter(|&&c| c != decider) {
                 let a = Self::at(addr, c);
                 self.on_copy(c, |e| e.compare_and_swap(a, expected, desired))?;
             }
@@ -587,8 +658,12 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         // member. A node that failed and came back holds nothing until it is given its data
         // again: it reads the copies the others hold.
         if self.replicated(region) {
-            if self.fence.is_gone(self.inner.node()) {
-                return self.read_primary(RemoteAddr::new(self.inner.node(), region, offset), buf);
+            let me = self.inner.node();
+            if self.fence.role(me) != NodeRole::Full {
+                return self.read_primary(RemoteAddr::new(me, region, offset), buf);
+            }
+            if self.fence.rejoined(me) {
+                self.wait_join_settled(me);
             }
             self.check_view()?;
         }
@@ -743,12 +818,14 @@ mod tests {
             node: 2,
             j: 2,
             fading: false,
+            receiving: false,
         };
         for j in 0..2 {
             let c = Copy {
                 node: r.set.holder(0, j),
                 j,
                 fading: false,
+                receiving: false,
             };
             assert_eq!(ep.advance(ENTRY, c, w1, decider).unwrap(), Advance::Past);
             assert_eq!(ep.advance(ENTRY, c, w2, decider).unwrap(), Advance::Holds);
@@ -777,11 +854,13 @@ mod tests {
             node: 0,
             j: 0,
             fading: false,
+            receiving: false,
         };
         let decider = Copy {
             node: 1,
             j: 1,
             fading: false,
+            receiving: false,
         };
         assert_eq!(
             ep.advance(at, primary, claimed, decider).unwrap(),
