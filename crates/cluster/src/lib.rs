@@ -16,6 +16,9 @@
 //! [`etcd`]: the etcd client and the local etcd process behind membership.
 //!
 //! [`reclaimer`]: the thread per node that gives back the pages of writers gone idle.
+//!
+//! `rejoin`: the thread per node process that fills a restarted node's copies while it is
+//! `joining`, then says it is ready.
 
 #[cfg(feature = "ucx")]
 pub mod admin;
@@ -31,6 +34,8 @@ pub mod node;
 #[cfg(feature = "ucx")]
 pub mod process;
 pub mod reclaimer;
+#[cfg(feature = "ucx")]
+pub mod rejoin;
 #[cfg(feature = "ucx")]
 pub mod route;
 #[cfg(feature = "ucx")]

@@ -3,16 +3,20 @@
 //! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
 //!
 //! ```text
-//! members/<id>   {"id", "pid"}        put by node <id> under its lease: present while it lives
-//! config         {"epoch", "nodes": [{"id", "state"}]}   no lease; changed only by compare-and-put
+//! members/<id>   {"id", "pid", "ready"}   put by node <id> under its lease: present while it
+//!                                          lives; "ready": it holds its copies again
+//! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns"}]}
+//!                                          no lease; changed only by compare-and-put
 //! ```
 //!
 //! A node registers under a lease of `lease_ttl_s` seconds and refreshes it every third of
 //! that. Every node runs a [`Monitor`] that reads both keys every third of a TTL: a node that is `up`
-//! in the configuration and whose registration has lapsed is declared `failed`, and one that is
-//! `failed` but registered again is `joining`, each in a new epoch written with one
-//! compare-and-put on the configuration's revision, so concurrent monitors agree on one
-//! successor of every epoch. `nessie up` writes epoch 1, all nodes `up`, once every node is
+//! in the configuration and whose registration has lapsed is declared `failed`; one that has
+//! been `failed` for the hold time (every node has learnt of the failure and acted on it) and
+//! is registered again is `joining`: it receives its copies (`nessie_protocols::replica`,
+//! catching up); one that is `joining` and whose registration says `ready` is `up` again. Each
+//! change is a new epoch written with one compare-and-put on the configuration's revision, so
+//! concurrent monitors agree on one successor of every epoch. `nessie up` writes epoch 1, all nodes `up`, once every node is
 //! ready; monitors change nothing before that. When etcd cannot be reached, nodes keep
 //! serving in the epoch they know and the configuration cannot change; the monitor records
 //! the error for `status`.
@@ -24,7 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use nessie_protocols::Fence;
+use nessie_protocols::{Fence, NodeRole};
 
 use crate::etcd::{Etcd, EtcdError, LeaseId};
 
@@ -41,8 +45,9 @@ pub const DEFAULT_LEASE_TTL_S: u64 = 3;
 pub enum NodeState {
     Up,
     Failed,
-    /// Registered again after a failure. It serves no data of its own yet: receiving slots and
-    /// data on rejoin is still to be built.
+    /// Registered again after a failure: every node writes its copies, nobody reads them or
+    /// decides at them, its own workers do not write; it fills them from the primaries and
+    /// says it is ready.
     Joining,
 }
 
@@ -60,6 +65,27 @@ impl NodeState {
 pub struct Member {
     pub id: u16,
     pub state: NodeState,
+    /// When the node entered this state (wall clock of the monitor that wrote the epoch; 0 in
+    /// epoch 1).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub since_ns: u64,
+    /// When its current incarnation joined (0: the first one). Entries whose write ended
+    /// before it were left by an earlier incarnation, which is dead.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub joined_ns: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// What the registrations say now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registrations {
+    /// Nodes whose registration (lease) is alive.
+    pub present: Vec<u16>,
+    /// Those of them that hold their copies (they caught up after joining).
+    pub ready: Vec<u16>,
 }
 
 /// The configuration of one epoch, as stored in etcd.
@@ -77,6 +103,8 @@ impl Configuration {
             .map(|id| Member {
                 id,
                 state: NodeState::Up,
+                since_ns: 0,
+                joined_ns: 0,
             })
             .collect();
         Self { epoch: 1, nodes }
@@ -86,19 +114,34 @@ impl Configuration {
         self.nodes.iter().find(|m| m.id == id).map(|m| m.state)
     }
 
-    /// The next epoch given which nodes hold a registration now, or `None` if nothing changes.
-    pub fn successor(&self, registered: &[u16]) -> Option<Configuration> {
+    /// The next epoch given the registrations at wall time `now_ns`, or `None` if nothing
+    /// changes. A failed node may join only once it has been failed for `hold_ns`.
+    pub fn successor(
+        &self,
+        reg: &Registrations,
+        now_ns: u64,
+        hold_ns: u64,
+    ) -> Option<Configuration> {
         let mut next = self.clone();
         let mut changed = false;
         for m in &mut next.nodes {
-            let present = registered.contains(&m.id);
+            let present = reg.present.contains(&m.id);
+            let ready = reg.ready.contains(&m.id);
+            let held = now_ns >= m.since_ns.saturating_add(hold_ns);
             let state = match (m.state, present) {
                 (NodeState::Up | NodeState::Joining, false) => NodeState::Failed,
-                (NodeState::Failed, true) => NodeState::Joining,
+                (NodeState::Failed, true) if held => NodeState::Joining,
+                (NodeState::Joining, true) if ready => NodeState::Up,
                 (s, _) => s,
             };
-            changed |= state != m.state;
-            m.state = state;
+            if state != m.state {
+                changed = true;
+                m.state = state;
+                m.since_ns = now_ns;
+                if state == NodeState::Joining {
+                    m.joined_ns = now_ns;
+                }
+            }
         }
         changed.then(|| {
             next.epoch += 1;
@@ -148,18 +191,27 @@ pub struct Snapshot {
     pub config: Option<Configuration>,
     /// The configuration's etcd revision (0 if absent), for compare-and-put.
     pub config_revision: i64,
-    /// Nodes whose registration (lease) is alive.
-    pub registered: Vec<u16>,
+    pub registrations: Registrations,
 }
 
 /// Read the configuration and the live registrations.
 pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
     let config = etcd.get(&keys.config())?;
-    let registered = etcd
-        .get_prefix(&keys.members())?
-        .iter()
-        .filter_map(|kv| kv.key.strip_prefix(&keys.members())?.parse().ok())
-        .collect();
+    let mut registrations = Registrations::default();
+    for kv in etcd.get_prefix(&keys.members())? {
+        let Some(id) = kv
+            .key
+            .strip_prefix(&keys.members())
+            .and_then(|k| k.parse::<u16>().ok())
+        else {
+            continue;
+        };
+        registrations.present.push(id);
+        let record: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
+        if record["ready"] == serde_json::Value::Bool(true) {
+            registrations.ready.push(id);
+        }
+    }
     let (config, config_revision) = match config {
         None => (None, 0),
         Some(kv) => {
@@ -173,7 +225,7 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
     Ok(Snapshot {
         config,
         config_revision,
-        registered,
+        registrations,
     })
 }
 
@@ -197,14 +249,19 @@ pub fn initialise(
         })
 }
 
-/// One monitoring step: move the configuration to its successor if registrations changed.
-/// Returns the configuration in force afterwards (`None` before epoch 1).
-pub fn step(etcd: &Etcd, keys: &Keys) -> Result<Option<Configuration>, MembershipError> {
+/// One monitoring step: move the configuration to its successor if registrations changed
+/// (`hold_ns`: how long a failed node stays failed at least). Returns the configuration in
+/// force afterwards (`None` before epoch 1).
+pub fn step(
+    etcd: &Etcd,
+    keys: &Keys,
+    hold_ns: u64,
+) -> Result<Option<Configuration>, MembershipError> {
     let snap = snapshot(etcd, keys)?;
     let Some(config) = snap.config else {
         return Ok(None);
     };
-    let Some(next) = config.successor(&snap.registered) else {
+    let Some(next) = config.successor(&snap.registrations, wall_ns(), hold_ns) else {
         return Ok(Some(config));
     };
     let body = serde_json::to_vec(&next).expect("serialises");
@@ -215,6 +272,11 @@ pub fn step(etcd: &Etcd, keys: &Keys) -> Result<Option<Configuration>, Membershi
     // Another monitor moved the epoch first: take what it wrote.
     Ok(snapshot(etcd, keys)?.config)
 }
+
+/// Called with every configuration read, before it is applied to the fence: a node process
+/// reconnects to peers that restarted (their new fabric addresses) here, so that it never
+/// writes a restarted node's copies through its old connection.
+pub type ConfigHook = Box<dyn Fn(&Configuration) + Send + Sync>;
 
 /// What a node knows of membership, for its status report.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -240,6 +302,7 @@ pub struct Monitor {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     etcd: Etcd,
+    keys: Keys,
 }
 
 /// What the monitor thread and its owner share.
@@ -262,6 +325,11 @@ struct Shared {
     /// The watcher saw a change under the cluster's keys: read the configuration now.
     changed: AtomicBool,
     fence: Arc<Fence>,
+    /// How long a failed node stays failed at least before it may join (`step`).
+    hold_ns: u64,
+    /// This node said it holds its copies (its registration says `ready`).
+    ready: AtomicBool,
+    on_config: Option<ConfigHook>,
 }
 
 impl Shared {
@@ -289,18 +357,22 @@ fn wall_ns() -> u64 {
 
 impl Monitor {
     /// Register node `id` under a new lease and start monitoring, feeding `fence`.
+    /// `hold_ns`: how long a failed node stays failed at least before it may join again
+    /// (every node must have learnt of the failure and acted on it).
     pub fn start(
         etcd: Etcd,
         keys: Keys,
         id: u16,
         lease_ttl_s: u64,
+        hold_ns: u64,
         fence: Arc<Fence>,
+        on_config: Option<ConfigHook>,
     ) -> Result<Monitor, MembershipError> {
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
             return Err(MembershipError::LeaseTtl(lease_ttl_s));
         }
         let sent = wall_ns();
-        let (lease, granted) = register(&etcd, &keys, id, lease_ttl_s)?;
+        let (lease, granted) = register(&etcd, &keys, id, lease_ttl_s, false)?;
         let shared = Arc::new(Shared {
             view: Mutex::new(View {
                 etcd_url: etcd.url().to_string(),
@@ -316,6 +388,9 @@ impl Monitor {
             up: AtomicBool::new(true),
             changed: AtomicBool::new(false),
             fence,
+            hold_ns,
+            ready: AtomicBool::new(false),
+            on_config,
         });
         // Fenced until the first read: a node restarted after it was declared failed must not
         // act on its empty memory as if it were up.
@@ -327,6 +402,7 @@ impl Monitor {
             why: e.to_string(),
         };
         let prefix = keys.prefix.clone();
+        let monitor_keys = keys.clone();
         let thread = {
             let (etcd, shared) = (etcd.clone(), shared.clone());
             std::thread::Builder::new()
@@ -346,6 +422,7 @@ impl Monitor {
             shared,
             thread: Some(thread),
             etcd,
+            keys: monitor_keys,
         })
     }
 
@@ -360,6 +437,24 @@ impl Monitor {
     /// Whether this node may write now (it is `up` and its lease holds).
     pub fn may_write(&self) -> bool {
         self.shared.fence.lease_until() > wall_ns()
+    }
+
+    /// This node's state in the configuration last read.
+    pub fn state(&self, id: u16) -> Option<NodeState> {
+        self.view().config.and_then(|c| c.state(id))
+    }
+
+    /// Say that this node holds its copies again (it caught up while `joining`): its
+    /// registration says `ready`, and the next monitor step makes it `up`.
+    pub fn set_ready(&self, id: u16) -> Result<(), MembershipError> {
+        self.shared.ready.store(true, Ordering::SeqCst);
+        let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
+        put_record(&self.etcd, &self.keys, id, lease, true)?;
+        self.shared.changed.store(true, Ordering::SeqCst);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+        Ok(())
     }
 }
 
@@ -388,7 +483,10 @@ fn read_configuration(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let sent = wall_ns();
-    if let Some(c) = step(etcd, keys)? {
+    if let Some(c) = step(etcd, keys, shared.hold_ns)? {
+        if let Some(hook) = &shared.on_config {
+            hook(&c);
+        }
         apply(&c, id, &shared.fence);
         shared
             .up
@@ -435,13 +533,26 @@ fn register(
     keys: &Keys,
     id: u16,
     ttl_s: u64,
+    ready: bool,
 ) -> Result<(LeaseId, u64), MembershipError> {
     let lease = etcd.grant(ttl_s)?;
-    let record = serde_json::json!({ "id": id, "pid": std::process::id() });
-    etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
+    put_record(etcd, keys, id, lease, ready)?;
     // The granted TTL is what a keep-alive right now reports.
     let granted = u64::try_from(etcd.keep_alive(lease)?).unwrap_or(0);
     Ok((lease, granted))
+}
+
+/// Put node `id`'s registration record under `lease`.
+fn put_record(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u16,
+    lease: LeaseId,
+    ready: bool,
+) -> Result<(), MembershipError> {
+    let record = serde_json::json!({ "id": id, "pid": std::process::id(), "ready": ready });
+    etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
+    Ok(())
 }
 
 /// The monitor thread: refresh the lease and step the configuration every TTL/3, and step at
@@ -474,13 +585,21 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     }
 }
 
-/// Feed configuration `c` into node `id`'s fence: every node not `up` is gone (a failed node's
-/// writers are dead; a joining one is a new process whose memory holds no copy yet, and whose
-/// previous incarnation's writers are dead too), and this node writes only while it is `up`
-/// (then until `lease_until`).
+/// Feed configuration `c` into node `id`'s fence: each node's role (a failed node is gone: its
+/// writers are dead, its copies left; a joining one receives its copies; an up one is full),
+/// when its incarnation joined (entries of earlier ones are abandoned), and this node writes
+/// only while it is `up` (then until `lease_until`).
 pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
     for m in &c.nodes {
-        fence.set_gone(m.id, m.state != NodeState::Up);
+        fence.set_incarnation(m.id, m.joined_ns);
+        fence.set_role(
+            m.id,
+            match m.state {
+                NodeState::Up => NodeRole::Full,
+                NodeState::Joining => NodeRole::Receiving,
+                NodeState::Failed => NodeRole::Gone,
+            },
+        );
     }
     if c.state(id) != Some(NodeState::Up) {
         fence.set_lease_until(0);
@@ -510,7 +629,9 @@ fn keep_registered(
     shared.lease_clock_ns.store(0, Ordering::SeqCst);
     shared.refresh_fence();
     let sent = wall_ns();
-    let (lease, granted) = register(etcd, keys, id, ttl_s)?;
+    // Declared failed by now, most likely: it must catch up again before it is ready.
+    shared.ready.store(false, Ordering::SeqCst);
+    let (lease, granted) = register(etcd, keys, id, ttl_s, false)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
     // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.
     shared
@@ -528,61 +649,90 @@ mod tests {
         c.nodes.iter().map(|m| m.state).collect()
     }
 
-    #[test]
-    fn successor_fails_lapsed_nodes_and_lets_returning_ones_join() {
-        use NodeState::*;
-        let c = Configuration::initial([0, 1, 2]);
-        assert_eq!(c.successor(&[0, 1, 2]), None, "nothing changed");
-        let c2 = c.successor(&[0, 2]).unwrap();
-        assert_eq!((c2.epoch, states(&c2)), (2, vec![Up, Failed, Up]));
-        assert_eq!(c2.successor(&[0, 2]), None);
-        let c3 = c2.successor(&[2, 1, 0]).unwrap();
-        assert_eq!((c3.epoch, states(&c3)), (3, vec![Up, Joining, Up]));
-        let c4 = c3.successor(&[0, 2]).unwrap();
-        assert_eq!((c4.epoch, states(&c4)), (4, vec![Up, Failed, Up]));
-        assert_eq!(c4.state(1), Some(Failed));
-        assert_eq!(c4.state(9), None);
+    fn reg(present: &[u16], ready: &[u16]) -> Registrations {
+        Registrations {
+            present: present.to_vec(),
+            ready: ready.to_vec(),
+        }
     }
 
     #[test]
-    fn applying_a_configuration_marks_nodes_not_up_gone_and_fences_a_node_not_up() {
+    fn successor_fails_lapsed_nodes_holds_them_then_lets_them_join_and_come_up_when_ready() {
         use NodeState::*;
+        const HOLD: u64 = 1_000;
+        let c = Configuration::initial([0, 1, 2]);
+        assert_eq!(
+            c.successor(&reg(&[0, 1, 2], &[]), 10, HOLD),
+            None,
+            "nothing changed"
+        );
+        let c2 = c.successor(&reg(&[0, 2], &[]), 10, HOLD).unwrap();
+        assert_eq!((c2.epoch, states(&c2)), (2, vec![Up, Failed, Up]));
+        assert_eq!(c2.nodes[1].since_ns, 10);
+        assert_eq!(c2.successor(&reg(&[0, 2], &[]), 20, HOLD), None);
+        assert_eq!(
+            c2.successor(&reg(&[2, 1, 0], &[]), 500, HOLD),
+            None,
+            "failed for less than the hold time: it may not join yet"
+        );
+        let c3 = c2.successor(&reg(&[2, 1, 0], &[]), 1_010, HOLD).unwrap();
+        assert_eq!((c3.epoch, states(&c3)), (3, vec![Up, Joining, Up]));
+        assert_eq!(
+            (c3.nodes[1].since_ns, c3.nodes[1].joined_ns),
+            (1_010, 1_010)
+        );
+        assert_eq!(
+            c3.successor(&reg(&[0, 1, 2], &[]), 1_020, HOLD),
+            None,
+            "not ready"
+        );
+        let c4 = c3.successor(&reg(&[0, 1, 2], &[1]), 1_030, HOLD).unwrap();
+        assert_eq!((c4.epoch, states(&c4)), (4, vec![Up, Up, Up]));
+        assert_eq!(c4.nodes[1].joined_ns, 1_010, "the incarnation is kept");
+        let c5 = c4.successor(&reg(&[0, 2], &[]), 2_000, HOLD).unwrap();
+        assert_eq!((c5.epoch, states(&c5)), (5, vec![Up, Failed, Up]));
+        assert_eq!(c5.state(1), Some(Failed));
+        assert_eq!(c5.state(9), None);
+        let c6 = c3.successor(&reg(&[0, 2], &[]), 1_040, HOLD).unwrap();
+        assert_eq!(
+            states(&c6),
+            vec![Up, Failed, Up],
+            "a joining node that lapses failed"
+        );
+    }
+
+    #[test]
+    fn applying_a_configuration_sets_roles_incarnations_and_fences_a_node_not_up() {
+        use NodeState::*;
+        let m = |id, state, joined_ns| Member {
+            id,
+            state,
+            since_ns: 5,
+            joined_ns,
+        };
         let c = Configuration {
             epoch: 3,
-            nodes: vec![
-                Member { id: 0, state: Up },
-                Member {
-                    id: 1,
-                    state: Failed,
-                },
-                Member {
-                    id: 2,
-                    state: Joining,
-                },
-            ],
+            nodes: vec![m(0, Up, 0), m(1, Failed, 0), m(2, Joining, 77)],
         };
         let f = Fence::unfenced();
         apply(&c, 0, &f);
+        assert_eq!(f.role(0), NodeRole::Full);
         assert!(f.is_gone(1) && !f.is_gone(0));
-        assert!(
-            f.is_gone(2),
-            "a joining node holds no copy, and its old writers are dead"
+        assert_eq!(
+            f.role(2),
+            NodeRole::Receiving,
+            "a joining node receives its copies"
         );
+        assert_eq!(f.incarnation(2), 77);
         assert!(f.may_act(1, 1), "node 0 is up: its lease clock rules");
         apply(&c, 2, &f);
         assert!(!f.may_act(1, 1), "a joining node does not write");
-        let back = c.successor(&[0, 1, 2]).unwrap();
-        apply(&back, 0, &f);
-        assert_eq!(back.state(1), Some(Joining));
-        assert!(
-            f.is_gone(1),
-            "a node that came back holds no copy yet: still gone"
-        );
-        let mut up = back.clone();
+        let mut up = c.clone();
         up.nodes[1].state = Up;
         up.nodes[2].state = Up;
         apply(&up, 0, &f);
-        assert!(!f.is_gone(1) && !f.is_gone(2), "up again");
+        assert!(!f.is_gone(1) && f.role(2) == NodeRole::Full, "up again");
+        assert!(f.rejoined(2));
     }
 
     #[test]
@@ -599,8 +749,8 @@ mod tests {
         let c = Configuration::initial([0, 1]);
         let s = serde_json::to_string(&c).unwrap();
         assert_eq!(
-            s,
-            r#"{"epoch":1,"nodes":[{"id":0,"state":"up"},{"id":1,"state":"up"}]}"#
+            s, r#"{"epoch":1,"nodes":[{"id":0,"state":"up"},{"id":1,"state":"up"}]}"#,
+            "epoch 1 records no times, as before they existed"
         );
         assert_eq!(serde_json::from_str::<Configuration>(&s).unwrap(), c);
     }

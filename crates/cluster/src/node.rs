@@ -26,7 +26,7 @@ use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
-use crate::membership::{MembershipError, Monitor};
+use crate::membership::{ConfigHook, MembershipError, Monitor};
 use crate::rundir::{PidFile, RunDir};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
@@ -118,7 +118,7 @@ pub type NodeClient = ModeClient<NodeEndpoint>;
 pub type NodeEndpoint = Replicated<MaybeDelayed<UcxEndpoint>>;
 
 impl NodeContext {
-    fn endpoint(&self) -> Result<NodeEndpoint, NodeError> {
+    pub(crate) fn endpoint(&self) -> Result<NodeEndpoint, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
         let ep = MaybeDelayed::new(
             ep,
@@ -164,6 +164,16 @@ impl NodeContext {
             c.set_fence(self.fence.clone());
         }
         Ok(client)
+    }
+
+    /// Where the copies of every node's tables are.
+    pub fn replica_set(&self) -> &ReplicaSet {
+        &self.replicas
+    }
+
+    /// This node's membership monitor (`None` without `[membership]`).
+    pub fn membership(&self) -> Option<&Monitor> {
+        self.membership.as_ref()
     }
 
     /// The protocol configuration of the cluster.
@@ -315,19 +325,85 @@ impl NodeContext {
 fn start_membership(
     cfg: &ClusterConfig,
     id: u16,
+    replicas: &ReplicaSet,
     fence: Arc<Fence>,
+    on_config: ConfigHook,
 ) -> Result<Option<Monitor>, NodeError> {
     let Some(m) = &cfg.membership else {
         return Ok(None);
     };
     let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
+    // A failed node joins again only once every node has learnt of the failure (within a
+    // TTL) and its copies' deciding has moved on (the settle time after that).
+    let hold_ns = (m.lease_ttl_s * 1_000_000_000).saturating_add(replicas.settle_ns());
     Ok(Some(Monitor::start(
         etcd,
         cfg.membership_keys(),
         id,
         m.lease_ttl_s,
+        hold_ns,
         fence,
+        Some(on_config),
     )?))
+}
+
+/// How long a node waits for a restarted peer's bootstrap server to answer.
+const PEER_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The membership hook of node `id`: whenever a peer's incarnation changes (it joined again
+/// after a restart), fetch its new fabric info from its bootstrap server and have every
+/// endpoint of this node reconnect to it, before the configuration that says so is applied.
+/// If the peer does not answer, operations to it fail until it does (never through the old
+/// connection, which on shared memory would reach the dead process's memory).
+fn reconnect_restarted_peers(cfg: &ClusterConfig, id: u16, ucx: Arc<UcxNode>) -> ConfigHook {
+    let cfg = cfg.clone();
+    let seen = std::sync::Mutex::new(vec![0u64; cfg.node.len()]);
+    Box::new(move |c: &crate::membership::Configuration| {
+        for m in &c.nodes {
+            let n = m.id as usize;
+            let mut seen = seen.lock().expect("peer incarnations lock");
+            if m.id == id || m.joined_ns == 0 || n >= seen.len() || seen[n] == m.joined_ns {
+                continue;
+            }
+            match fetch_peer(&cfg, id, m.id) {
+                Ok(info) => {
+                    tracing::info!(node = id, peer = m.id, "reconnecting to a restarted peer");
+                    ucx.set_peer(m.id, Some(info));
+                    seen[n] = m.joined_ns;
+                }
+                Err(e) => {
+                    tracing::warn!(node = id, peer = m.id, %e, "a restarted peer's fabric info is not available yet");
+                    ucx.set_peer(m.id, None);
+                }
+            }
+        }
+    })
+}
+
+/// Fetch node `peer`'s fabric info from its bootstrap server (checking it runs our
+/// configuration).
+fn fetch_peer(
+    cfg: &ClusterConfig,
+    id: u16,
+    peer: u16,
+) -> Result<nessie_fabric_ucx::NodeInfo, String> {
+    let entry = cfg.node_entry(peer).map_err(|e| e.to_string())?;
+    let secret = cfg.secret_bytes().map_err(|e| e.to_string())?;
+    let clock = bootstrap::clock::Clock::from_env().map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + PEER_FETCH_TIMEOUT;
+    let got = bootstrap::fetch(entry.bootstrap, &secret, id, peer, &clock, deadline)
+        .map_err(|e| e.to_string())?;
+    if got.info.config_fingerprint != cfg.fingerprint() {
+        return Err(format!("node {peer} runs another configuration"));
+    }
+    decode_fabric(&got.info).map_err(|e| e.to_string())
+}
+
+fn decode_fabric(i: &NodeInfo) -> Result<nessie_fabric_ucx::NodeInfo, NodeError> {
+    hex::decode(&i.fabric)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<nessie_fabric_ucx::NodeInfo>(&b).ok())
+        .ok_or(NodeError::UnreadableFabricInfo { node: i.node })
 }
 
 /// Handles admin requests a node does not know itself (op EXTENSION), e.g. the benchmark agent.
@@ -431,8 +507,10 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let stop = Arc::new(AtomicBool::new(false));
     let mut server_threads = start_servers(&mut ctx, &stop)?;
     server_threads.push(start_reclaimer(&ctx, &stop)?);
-    ctx.membership = start_membership(&ctx.cfg, id, ctx.fence.clone())?;
+    let hook = reconnect_restarted_peers(&ctx.cfg, id, ctx.ucx.clone());
+    ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
     let ctx = Arc::new(ctx);
+    server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
     let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
     eprintln!(
@@ -526,12 +604,7 @@ fn exchange_fabric_info(
     let infos = bootstrap::fetch_all(cfg, &own)?;
     let fabric_infos = infos
         .iter()
-        .map(|i| {
-            hex::decode(&i.fabric)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<nessie_fabric_ucx::NodeInfo>(&b).ok())
-                .ok_or(NodeError::UnreadableFabricInfo { node: i.node })
-        })
+        .map(decode_fabric)
         .collect::<Result<Vec<_>, _>>()?;
     Ok((server, fabric_infos))
 }

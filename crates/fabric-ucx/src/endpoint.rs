@@ -1,6 +1,7 @@
 //! [`UcxEndpoint`]: one worker thread's handle onto the UCX fabric.
 
 use std::os::raw::c_int;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use nessie_fabric::memory::{direct_read, direct_write, WordMemory};
@@ -15,8 +16,10 @@ use crate::sys::{ConnectedWorker, Worker};
 struct Peer {
     /// (base address in the peer's process, length) per region.
     regions: Vec<(u64, u64)>,
-    /// Why this peer is unreachable (set once; never cleared).
+    /// Why this peer is unreachable (cleared only when its restarted process is connected).
     dead: Option<String>,
+    /// The generation of the peer's entry in the node's `PeerTable` this connection is for.
+    generation: u64,
 }
 
 /// One worker thread's endpoint: its own ucp worker (thread mode SINGLE), a ucp endpoint to
@@ -24,6 +27,8 @@ struct Peer {
 /// Operations post one nbx call and busy-poll this worker until it completes.
 pub struct UcxEndpoint {
     peers: Vec<Peer>,
+    /// The `PeerTable` epoch last looked at.
+    peers_epoch: u64,
     stats: Arc<StatsCell>,
     timeout_ns: u64,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
@@ -82,6 +87,9 @@ impl UcxEndpoint {
             }
         }
         let timeout_ns = shared.config.op_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        // Peers restarted since `cluster` was fetched count as changed: they are reconnected
+        // before the first operation.
+        let peers_epoch = 0;
         let worker = Worker::new(&shared.ctx).map_err(|e| FabricError::Transport(e.to_string()))?;
         let mut conn = ConnectedWorker::new(worker, timeout_ns);
         let mut peers = Vec::with_capacity(cluster.len());
@@ -94,34 +102,71 @@ impl UcxEndpoint {
             peers.push(Peer {
                 regions: info.regions.iter().map(|r| (r.base, r.len)).collect(),
                 dead,
+                generation: 0,
             });
         }
         let mut ep = Self {
             peers,
+            peers_epoch,
             stats,
             timeout_ns,
             conn,
             shared,
         };
-        // Finish wireup with every peer now (flush waits for it), while both sides progress:
-        // the peer's node worker is driven by its progress thread, ours by this loop. An idle
-        // endpoint does not progress its worker, and UCX 1.13 aborts (assertion) when a worker
-        // is destroyed with a wireup reply still pending towards such a worker.
         for n in 0..ep.peers.len() {
-            if ep.peers[n].dead.is_some() {
+            ep.wire_up(n);
+        }
+        ep.refresh_peers();
+        Ok(ep)
+    }
+
+    /// Finish wireup with peer `n` now (flush waits for it), while both sides progress: the
+    /// peer's node worker is driven by its progress thread, ours by this call. An idle endpoint
+    /// does not progress its worker, and UCX 1.13 aborts (assertion) when a worker is destroyed
+    /// with a wireup reply still pending towards such a worker.
+    fn wire_up(&mut self, n: usize) {
+        if self.peers[n].dead.is_some() {
+            return;
+        }
+        let status = {
+            let (worker, peer) = self.conn.split(n);
+            let p = peer.expect("connected peer");
+            // SAFETY: valid worker and endpoint.
+            unsafe { ffi::nsh_ep_flush(worker.raw(), p.ep(), self.timeout_ns) }
+        };
+        if status != ffi::UCS_OK {
+            let _ = self.fail(n as NodeId, status, "connecting");
+        }
+    }
+
+    /// Reconnect to every peer whose process was restarted since we last looked
+    /// (`UcxNode::set_peer`): one atomic load when nothing changed.
+    fn refresh_peers(&mut self) {
+        let epoch = self.shared.peers.epoch.load(Ordering::SeqCst);
+        if epoch == self.peers_epoch {
+            return;
+        }
+        let table: Vec<(u64, Option<NodeInfo>)> = self.shared.peers.infos.lock().unwrap().clone();
+        self.peers_epoch = epoch;
+        for (n, (generation, info)) in table.into_iter().enumerate() {
+            if n >= self.peers.len() || generation == self.peers[n].generation {
                 continue;
             }
-            let status = {
-                let (worker, peer) = ep.conn.split(n);
-                let p = peer.expect("connected peer");
-                // SAFETY: valid worker and endpoint.
-                unsafe { ffi::nsh_ep_flush(worker.raw(), p.ep(), timeout_ns) }
+            self.peers[n].generation = generation;
+            let Some(info) = info else {
+                self.conn.disconnect(n);
+                self.peers[n].dead = Some("its restarted process is not known yet".into());
+                continue;
             };
-            if status != ffi::UCS_OK {
-                let _ = ep.fail(n as NodeId, status, "connecting");
-            }
+            let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
+            self.peers[n].regions = info.regions.iter().map(|r| (r.base, r.len)).collect();
+            self.peers[n].dead = self
+                .conn
+                .reconnect(n, &info.worker_address, &rkeys)
+                .err()
+                .map(|e| e.to_string());
+            self.wire_up(n);
         }
-        Ok(ep)
     }
 
     /// Whether `node` is known to be unreachable from this endpoint (an earlier operation
@@ -224,6 +269,7 @@ impl UcxEndpoint {
         len: usize,
         f: impl FnOnce(&mut Worker, *mut ffi::NshEp, *mut ffi::UcpRkey, u64, u64) -> c_int,
     ) -> Result<(), FabricError> {
+        self.refresh_peers();
         let raddr = self.target(addr, len)?;
         let timeout = self.timeout_ns;
         let status = {

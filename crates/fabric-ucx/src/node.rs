@@ -115,6 +115,18 @@ pub(crate) struct NodeShared {
     pub config: UcxConfig,
     pub info: NodeInfo,
     pub ctx: Arc<Context>,
+    /// Peers whose process was restarted since the endpoints connected (`UcxNode::set_peer`).
+    pub peers: PeerTable,
+}
+
+/// New connection details of restarted peers: every endpoint reconnects to a peer whose
+/// generation moved past the one it connected with.
+#[derive(Default)]
+pub(crate) struct PeerTable {
+    /// Bumped on every change: an endpoint compares it with what it saw, one load per op.
+    pub epoch: std::sync::atomic::AtomicU64,
+    /// Per node: generation (0: as at startup) and its info now (`None`: unknown, unreachable).
+    pub infos: Mutex<Vec<(u64, Option<NodeInfo>)>>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -332,6 +344,7 @@ impl UcxNode {
             config: config.clone(),
             info,
             ctx,
+            peers: PeerTable::default(),
         });
         let c = ctl.clone();
         // Drive the worker once so its interfaces are ready before anyone connects.
@@ -388,6 +401,22 @@ impl UcxNode {
             self.stats.register(self.node()),
             cluster,
         )
+    }
+
+    /// Peer `node`'s process was restarted: its worker address and rkeys are `info` now
+    /// (`None`: not known, operations to it fail until it is). Every endpoint of this node
+    /// reconnects before its next operation.
+    pub fn set_peer(&self, node: NodeId, info: Option<NodeInfo>) {
+        let mut t = self.shared.peers.infos.lock().unwrap();
+        if t.len() <= node as usize {
+            t.resize(node as usize + 1, (0, None));
+        }
+        let e = &mut t[node as usize];
+        *e = (e.0 + 1, info);
+        self.shared
+            .peers
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Stop driving the node's worker until [`Self::resume_progress`]; returns once the

@@ -346,6 +346,25 @@ impl ConnectedWorker {
         Ok(())
     }
 
+    /// Replace the connection to peer `i` (a restarted process: new address, new rkeys):
+    /// the old endpoint and rkeys are destroyed first. On failure the peer is left without one.
+    pub fn reconnect(&mut self, i: usize, address: &[u8], rkeys: &[&[u8]]) -> Result<(), UcxError> {
+        if let Some(old) = self.peers.get_mut(i).and_then(Option::take) {
+            self.destroy_peer(old);
+        }
+        let tail = self.peers.split_off(i);
+        let r = self.connect(address, rkeys);
+        self.peers.extend(tail.into_iter().skip(1));
+        r
+    }
+
+    /// Drop the connection to peer `i` (its info is unknown): operations to it fail.
+    pub fn disconnect(&mut self, i: usize) {
+        if let Some(old) = self.peers.get_mut(i).and_then(Option::take) {
+            self.destroy_peer(old);
+        }
+    }
+
     /// The worker and the peer's endpoint, borrowed together for an operation.
     pub fn split(&mut self, i: usize) -> (&mut Worker, Option<&PeerEp>) {
         (&mut self.worker, self.peers.get(i).and_then(|p| p.as_ref()))

@@ -1,0 +1,90 @@
+//! The rejoiner: one thread per node process (with replication and membership) that, while the
+//! configuration says the node is `joining`, fills the copies it holds from the primaries
+//! (`Replicated::catch_up`) and then says it is ready, so that membership makes it `up`.
+//!
+//! It starts catching up only once the node has known itself `joining` for the settle time
+//! (`ReplicaSet::settle_ns`, at least a lease TTL): by then every node writes its copies, or has
+//! stopped. A catch-up that fails (a peer died meanwhile) is tried again. A node whose lease
+//! lapsed while it ran is declared failed and joins again: its copies are caught up again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nessie_protocols::CatchUp;
+
+use crate::membership::NodeState;
+use crate::node::{NodeContext, NodeError};
+
+/// How fast a node reads from the primaries while it catches up: enough to fill a GiB of
+/// copies in seconds, without taking the whole fabric from the cluster's clients.
+pub const CATCH_UP_BYTES_PER_S: u64 = 512 << 20;
+/// How often the rejoiner looks at the node's state.
+const POLL: Duration = Duration::from_millis(100);
+/// Pause before a failed catch-up is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Start the rejoiner of `ctx` until `stop` is set (nothing to do without replication or
+/// membership: `None`).
+pub fn spawn(
+    ctx: &Arc<NodeContext>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Option<JoinHandle<()>>, NodeError> {
+    if ctx.replica_set().replicas() < 2 || ctx.membership().is_none() {
+        return Ok(None);
+    }
+    let (ctx, stop) = (ctx.clone(), stop.clone());
+    std::thread::Builder::new()
+        .name(format!("nessie-rejoin-{}", ctx.id))
+        .spawn(move || run(&ctx, &stop))
+        .map(Some)
+        .map_err(|err| NodeError::Spawn {
+            what: "the rejoin thread",
+            err,
+        })
+}
+
+fn run(ctx: &NodeContext, stop: &AtomicBool) {
+    let settle = Duration::from_nanos(ctx.replica_set().settle_ns());
+    // When this process first saw itself joining in the current incarnation, and whether it
+    // said it is ready in it.
+    let mut joining_since: Option<Instant> = None;
+    let mut ready = false;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(POLL);
+        let Some(m) = ctx.membership() else { return };
+        if m.state(ctx.id) != Some(NodeState::Joining) {
+            joining_since = None;
+            ready = false;
+            continue;
+        }
+        let since = *joining_since.get_or_insert_with(Instant::now);
+        if ready || since.elapsed() < settle {
+            continue;
+        }
+        match catch_up(ctx) {
+            Ok(c) => {
+                tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
+                eprintln!(
+                    "nessie node {}: caught up ({} copies, {} words changed, {} bytes read); ready",
+                    ctx.id, c.copies, c.words_changed, c.bytes_read
+                );
+                match m.set_ready(ctx.id) {
+                    Ok(()) => ready = true,
+                    Err(e) => tracing::warn!(%e, "could not say the node is ready"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(node = ctx.id, %e, "catching up failed; trying again");
+                std::thread::sleep(RETRY);
+            }
+        }
+    }
+}
+
+fn catch_up(ctx: &NodeContext) -> Result<CatchUp, String> {
+    let mut ep = ctx.endpoint().map_err(|e| e.to_string())?;
+    ep.catch_up(&ctx.cfg.geometry.table_regions(), CATCH_UP_BYTES_PER_S)
+        .map_err(|e| e.to_string())
+}
