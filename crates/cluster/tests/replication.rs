@@ -293,23 +293,18 @@ fn a_crashed_nodes_memory_stays_usable_through_its_copies() {
     );
 }
 
-/// Copies `j` of every partition held by `node` equal their primaries, region by region.
-fn copies_on_match_primaries(c: &LocalCluster, node: NodeId, r: u8, when: &str) {
+/// Whether every copy held by `node` equals the same region of the partition's first copy on
+/// another node (its primary), in every region.
+fn copies_on_equal_primaries(c: &LocalCluster, node: NodeId, r: u8) -> bool {
     let n = c.view().geometry.nodes as NodeId;
-    for p in 0..n {
-        for j in 0..r {
-            if (p + j as NodeId) % n != node {
-                continue;
-            }
+    (0..n).all(|p| {
+        (0..r).filter(|&j| (p + j as NodeId) % n == node).all(|j| {
             let primary = (0..r).find(|&k| (p + k as NodeId) % n != node).unwrap();
-            for region in [INDEX_REGION, DATA_REGION, PAGE_REGION] {
-                assert!(
-                    copy_bytes(c, p, region, j) == copy_bytes(c, p, region, primary),
-                    "{when}: copy {j} of node {p}'s region {region}, on node {node}, differs from copy {primary}"
-                );
-            }
-        }
-    }
+            [INDEX_REGION, DATA_REGION, PAGE_REGION]
+                .iter()
+                .all(|&region| copy_bytes(c, p, region, j) == copy_bytes(c, p, region, primary))
+        })
+    })
 }
 
 /// Re-replication by rejoining: node 1 crashes, the others write on, node 1 restarts with
@@ -329,7 +324,10 @@ fn a_restarted_node_catches_up_and_a_second_crash_loses_nothing() {
         "node 1 holds copy 0 of its own partition and copy 1 of node 0's"
     );
     assert!(caught.words_changed > 0, "{caught:?}");
-    copies_on_match_primaries(&c, 1, 2, "after the catch-up");
+    assert!(
+        copies_on_equal_primaries(&c, 1, 2),
+        "after the catch-up, a copy on node 1 differs from its primary"
+    );
     assert_reads(&c, &[0, 1, 2], &model, "after node 1 rejoined");
     write_round(&c, &[1, 0], 400, 3, 7, &mut model);
     crash(&c, 2);
@@ -411,15 +409,7 @@ fn rejoin_under_constant_writes(mutations: Mutations) -> Result<bool, Error> {
         "only {during} PUTs during the catch-up: {caught:?}"
     );
     eprintln!("{during} PUTs during the catch-up: {caught:?}");
-    let n = 3;
-    Ok((0..n).all(|p: NodeId| {
-        (0..2u8).filter(|&j| (p + j as NodeId) % n == 1).all(|j| {
-            let primary = (0..2u8).find(|&k| (p + k as NodeId) % n != 1).unwrap();
-            [INDEX_REGION, DATA_REGION, PAGE_REGION]
-                .iter()
-                .all(|&r| copy_bytes(&c, p, r, j) == copy_bytes(&c, p, r, primary))
-        })
-    }))
+    Ok(copies_on_equal_primaries(&c, 1, 2))
 }
 
 #[test]

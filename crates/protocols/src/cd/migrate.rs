@@ -326,6 +326,33 @@ mod tests {
         assert_eq!(got, Ok(Some(b"deleted".to_vec())));
     }
 
+    /// K with value "deleted" in its first candidate k0, a filler in k1, k2 free; X, whose
+    /// first candidate is k0 and whose other candidates are taken (not k2). Returns (K, X).
+    fn place_for_the_race(c: &InProcCluster) -> (Vec<u8>, Vec<u8>) {
+        assert!(c.client(0).config().optimizations.previous_versions);
+        let k = key_with_distinct_candidates(c);
+        let kc = c.candidates(&k);
+        let x = (0..SEARCH)
+            .map(|i| key(b'x', i))
+            .find(|x| {
+                let xc = c.candidates(x);
+                xc[0] == kc[0] && !xc.contains(&kc[2]) && xc[1] != xc[2] && xc[1] != xc[0]
+            })
+            .unwrap();
+        let mut setup = c.client(0);
+        setup.put(&k, b"deleted").unwrap(); // into k0
+        let mut taken = vec![k.clone(), x.clone()];
+        for slot in [kc[1]].into_iter().chain(c.candidates(&x)) {
+            if c.ite(slot).is_empty() {
+                let f = key_first_in(c, slot, &taken);
+                setup.put(&f, b"filler").unwrap();
+                taken.push(f);
+            }
+        }
+        assert!(c.ite(kc[2]).is_empty(), "K's last candidate is free");
+        (k, x)
+    }
+
     /// The interleaving of the two tests above: K in k0 (its first candidate), a filler in k1,
     /// k2 free; a PUT of X, whose first candidate is k0 and whose others are taken, migrates
     /// K towards k2 (M); a DELETE of K (D) runs between M's read of the source and its copy,
@@ -340,28 +367,8 @@ mod tests {
             mutations,
             ..fast_cfg()
         };
-        assert!(cfg.optimizations.previous_versions);
         let c = InProcCluster::new(small_geometry(), cfg);
-        let k = key_with_distinct_candidates(&c);
-        let kc = c.candidates(&k);
-        let x = (0..SEARCH)
-            .map(|i| key(b'x', i))
-            .find(|x| {
-                let xc = c.candidates(x);
-                xc[0] == kc[0] && !xc.contains(&kc[2]) && xc[1] != xc[2] && xc[1] != xc[0]
-            })
-            .unwrap();
-        let mut setup = c.client(0);
-        setup.put(&k, b"deleted").unwrap(); // into k0
-        let mut taken = vec![k.clone(), x.clone()];
-        for slot in [kc[1]].into_iter().chain(c.candidates(&x)) {
-            if c.ite(slot).is_empty() {
-                let f = key_first_in(&c, slot, &taken);
-                setup.put(&f, b"filler").unwrap();
-                taken.push(f);
-            }
-        }
-        assert!(c.ite(kc[2]).is_empty(), "K's last candidate is free");
+        let (k, x) = place_for_the_race(&c);
 
         let (m_read_src, wait_m_read_src) = channel();
         let (d_read_all, wait_d_read_all) = channel();
@@ -414,11 +421,8 @@ mod tests {
             (got, mt.join().unwrap())
         });
         let ms = m.stats();
-        assert_eq!(
-            (ms.concurrent_aborts, ms.migrations),
-            (1, 0),
-            "the MIGRATE lost its source to the DELETE, then X took k0: {ms:?}"
-        );
+        let msg = format!("the MIGRATE lost its source to the DELETE, then X took k0: {ms:?}");
+        assert_eq!((ms.concurrent_aborts, ms.migrations), (1, 0), "{msg}");
         assert_eq!(g.get(&k), Ok(None), "once the MIGRATE is done, K is absent");
         got
     }

@@ -473,33 +473,8 @@ impl<E: Endpoint> CdClient<E> {
                     self.stats.timeouts += 1;
                     self.rng.gen_range(0..=backoff)
                 }
-                Err(Abort::TableFull(e)) => {
-                    let ClassAllocError::Full { next_ready_ns, .. } = e else {
-                        return Err(self.table_full_error(e));
-                    };
-                    if last {
-                        return Err(self.table_full_error(e));
-                    }
-                    self.stats.table_full_waits += 1;
-                    match next_ready_ns {
-                        // Released entries exist: wait (at most one expiry period) until one
-                        // expires.
-                        Some(ready) => ready
-                            .saturating_sub(self.ep.now_ns())
-                            .clamp(1, self.cfg.expiry_ns),
-                        // None of ours: other writers' pages may come back when their entries
-                        // expire. Back off for up to `TABLE_FULL_WAIT_PERIODS` in all, then
-                        // refuse.
-                        None if unpromised_wait
-                            < self.cfg.expiry_ns.saturating_mul(TABLE_FULL_WAIT_PERIODS) =>
-                        {
-                            let w = self.rng.gen_range(1..=backoff);
-                            unpromised_wait += w;
-                            w
-                        }
-                        None => return Err(self.table_full_error(e)),
-                    }
-                }
+                Err(Abort::TableFull(e)) if last => return Err(self.table_full_error(e)),
+                Err(Abort::TableFull(e)) => self.room_wait(e, backoff, &mut unpromised_wait)?,
                 Err(Abort::NoDestination) => {
                     return Err(Error::IndexFull {
                         depth: self.cfg.max_migrate_depth,
@@ -515,6 +490,36 @@ impl<E: Endpoint> CdClient<E> {
 }
 
 impl<E: Endpoint> CdClient<E> {
+    /// How long to wait before the next attempt after no node had room (`e`): until the
+    /// earliest of our released entries expires (at most one expiry period), or, with none of
+    /// ours, a back-off of up to `backoff`, for up to `TABLE_FULL_WAIT_PERIODS` in all
+    /// (`unpromised_wait` adds them up: other writers' pages come back as their entries
+    /// expire); then the refusal.
+    fn room_wait(
+        &mut self,
+        e: ClassAllocError,
+        backoff: u64,
+        unpromised_wait: &mut u64,
+    ) -> Result<u64, Error> {
+        let ClassAllocError::Full { next_ready_ns, .. } = e else {
+            return Err(self.table_full_error(e));
+        };
+        self.stats.table_full_waits += 1;
+        match next_ready_ns {
+            Some(ready) => Ok(ready
+                .saturating_sub(self.ep.now_ns())
+                .clamp(1, self.cfg.expiry_ns)),
+            None if *unpromised_wait
+                < self.cfg.expiry_ns.saturating_mul(TABLE_FULL_WAIT_PERIODS) =>
+            {
+                let w = self.rng.gen_range(1..=backoff);
+                *unpromised_wait += w;
+                Ok(w)
+            }
+            None => Err(self.table_full_error(e)),
+        }
+    }
+
     fn table_full_error(&self, e: ClassAllocError) -> Error {
         match e {
             ClassAllocError::Full {
