@@ -26,7 +26,7 @@ use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
-use crate::membership::{ConfigHook, MembershipError, Monitor};
+use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState};
 use crate::rundir::{PidFile, RunDir};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
@@ -347,33 +347,45 @@ fn start_membership(
     )?))
 }
 
-/// How long a node waits for a restarted peer's bootstrap server to answer.
-const PEER_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node waits for a restarted peer's bootstrap server to answer. The fetch runs in
+/// the membership monitor's thread, which must keep its own lease alive meanwhile.
+const PEER_FETCH_TIMEOUT: Duration = Duration::from_millis(500);
+/// Least time between two fetches from a restarted peer that did not answer.
+const PEER_FETCH_RETRY: Duration = Duration::from_secs(2);
 
 /// The membership hook of node `id`: whenever a peer's incarnation changes (it joined again
 /// after a restart), fetch its new fabric info from its bootstrap server and have every
 /// endpoint of this node reconnect to it, before the configuration that says so is applied.
 /// If the peer does not answer, operations to it fail until it does (never through the old
-/// connection, which on shared memory would reach the dead process's memory).
+/// connection, which on shared memory would reach the dead process's memory). Failed peers
+/// are left alone: nobody reads or writes their memory.
 fn reconnect_restarted_peers(cfg: &ClusterConfig, id: u16, ucx: Arc<UcxNode>) -> ConfigHook {
     let cfg = cfg.clone();
-    let seen = std::sync::Mutex::new(vec![0u64; cfg.node.len()]);
+    // Per node: the incarnation connected to, and when a fetch last failed.
+    let seen = std::sync::Mutex::new(vec![(0u64, None::<Instant>); cfg.node.len()]);
     Box::new(move |c: &crate::membership::Configuration| {
+        let mut seen = seen.lock().expect("peer incarnations lock");
         for m in &c.nodes {
             let n = m.id as usize;
-            let mut seen = seen.lock().expect("peer incarnations lock");
-            if m.id == id || m.joined_ns == 0 || n >= seen.len() || seen[n] == m.joined_ns {
+            if m.id == id
+                || m.joined_ns == 0
+                || m.state == NodeState::Failed
+                || n >= seen.len()
+                || seen[n].0 == m.joined_ns
+                || seen[n].1.is_some_and(|t| t.elapsed() < PEER_FETCH_RETRY)
+            {
                 continue;
             }
             match fetch_peer(&cfg, id, m.id) {
                 Ok(info) => {
                     tracing::info!(node = id, peer = m.id, "reconnecting to a restarted peer");
                     ucx.set_peer(m.id, Some(info));
-                    seen[n] = m.joined_ns;
+                    seen[n] = (m.joined_ns, None);
                 }
                 Err(e) => {
                     tracing::warn!(node = id, peer = m.id, %e, "a restarted peer's fabric info is not available yet");
                     ucx.set_peer(m.id, None);
+                    seen[n].1 = Some(Instant::now());
                 }
             }
         }
