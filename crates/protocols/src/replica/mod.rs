@@ -31,7 +31,7 @@
 //! decider failed before its CAS reached every copy gets [`FabricError::Indeterminate`]: the
 //! CAS may or may not survive, and the protocol treats its entry as possibly published.
 //!
-//! A node started again after a failure gets its copies back ([`catch_up`]): while it is
+//! A node started again after a failure gets its copies back (`catch_up.rs`): while it is
 //! `joining` its copies are *receiving* (written and carried to like any copy, never read or
 //! decided at), it fills them from the primaries, and once it is `up` again every operation on
 //! the partitions it holds copies of waits out [`ReplicaSet::join_settle_ns`], so that no
