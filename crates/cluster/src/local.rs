@@ -337,8 +337,8 @@ impl LocalCluster {
     /// Restart `node`, which crashed (`InProcFabric::kill_node`) and was declared failed
     /// ([`Self::fail_node`]), as a node process started again: its memory comes back zeroed,
     /// with a new allocator and reclaimer; it receives its copies (every node writes them from
-    /// now on), fills them from the primaries (`Replicated::catch_up`) and becomes a full
-    /// member again. Returns what catching up did. Waits first until the failure is settled
+    /// now on), fills them from the primaries (`Replicated::catch_up`), adopts the pages its
+    /// earlier incarnation claimed (`ClassTable::adopt`) and becomes a full member again. Returns what catching up did. Waits first until the failure is settled
     /// (`ReplicaSet::settle_ns`), as membership holds a failed node that long.
     pub fn restart_node(&self, node: NodeId) -> Result<CatchUp, Error> {
         self.restart_node_paced(node, 0)
@@ -371,10 +371,11 @@ impl LocalCluster {
             f.set_incarnation(node, joined);
             f.set_role(node, NodeRole::Receiving);
         }
-        let caught = self
-            .endpoint(node)
+        let mut ep = self.endpoint(node);
+        let caught = ep
             .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
             .map_err(Error::Fabric)?;
+        self.table(node).adopt(&mut ep).map_err(Error::Fabric)?;
         for f in &self.fences {
             f.set_role(node, NodeRole::Full);
         }

@@ -166,6 +166,11 @@ impl NodeContext {
         Ok(client)
     }
 
+    /// This node's allocator.
+    pub fn table(&self) -> &Arc<ClassTable> {
+        &self.table
+    }
+
     /// Where the copies of every node's tables are.
     pub fn replica_set(&self) -> &ReplicaSet {
         &self.replicas

@@ -1,6 +1,7 @@
 //! The rejoiner: one thread per node process (with replication and membership) that, while the
 //! configuration says the node is `joining`, fills the copies it holds from the primaries
-//! (`Replicated::catch_up`) and then says it is ready, so that membership makes it `up`.
+//! (`Replicated::catch_up`), adopts the pages its earlier incarnation claimed
+//! (`ClassTable::adopt`), and then says it is ready, so that membership makes it `up`.
 //!
 //! It starts catching up only once the node has known itself `joining` for the settle time
 //! (`ReplicaSet::settle_ns`, at least a lease TTL): by then every node writes its copies, or has
@@ -83,8 +84,18 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
     }
 }
 
+/// Fill the copies, then adopt the pages the node's earlier incarnation claimed (its allocator
+/// started empty).
 fn catch_up(ctx: &NodeContext) -> Result<CatchUp, String> {
     let mut ep = ctx.endpoint().map_err(|e| e.to_string())?;
-    ep.catch_up(&ctx.cfg.geometry.table_regions(), CATCH_UP_BYTES_PER_S)
-        .map_err(|e| e.to_string())
+    let caught = ep
+        .catch_up(&ctx.cfg.geometry.table_regions(), CATCH_UP_BYTES_PER_S)
+        .map_err(|e| e.to_string())?;
+    let adopted = ctx.table().adopt(&mut ep).map_err(|e| e.to_string())?;
+    tracing::info!(
+        node = ctx.id,
+        ?adopted,
+        "adopted the pages of the earlier incarnation"
+    );
+    Ok(caught)
 }

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
 
 use crate::classes::SizeClasses;
-use crate::dte::{DteLayout, RECYCLE_OFF};
-use crate::pages::{self, Claim};
+use crate::dte::{DteLayout, HEADER_OFF, RECYCLE_OFF};
+use crate::pages::{self, Claim, PageWord, PAGE_REGION};
 use crate::DATA_REGION;
 
 /// Largest single WRITE used to clear a freshly claimed page.
@@ -140,6 +140,14 @@ struct State {
     scans: u64,
     /// When the last scan began (the endpoint's wall clock).
     last_scan_ns: u64,
+}
+
+/// What [`ClassTable::adopt`] took over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Adopted {
+    pub pages: u64,
+    pub in_use: u64,
+    pub free: u64,
 }
 
 /// Released entries found by a scan that have not expired yet.
@@ -480,10 +488,13 @@ impl ClassTable {
                     class,
                     slot: self.classes.slot(class, page, i),
                 };
-                // Clear the flag so later scans do not hand the entry out twice.
-                let at = self.addr(slot).add(RECYCLE_OFF);
+                // Clear the flag so later scans do not hand the entry out twice, and the header
+                // with it (one write: they are adjacent), so that a restarted node adopting
+                // the page tells a free entry (both zero) from a live one (`adopt`).
+                let at = self.addr(slot).add(HEADER_OFF);
+                debug_assert_eq!(RECYCLE_OFF, HEADER_OFF + 8);
                 if self
-                    .tolerate(host, write_word(ep, at, 0), &mut failed)?
+                    .tolerate(host, write_words(ep, at, &[0u8; 16]), &mut failed)?
                     .is_none()
                 {
                     break;
@@ -593,6 +604,78 @@ impl ClassTable {
         Ok(())
     }
 
+    /// Take over the pages an earlier incarnation of this node claimed. A restarted node's
+    /// allocator starts empty, but the page words (in every node's page table, read here
+    /// through `ep`) still name this node as their claimer: without this, those pages and
+    /// their entries would never be reused. Each page is adopted whole: an entry whose header
+    /// and recycle word are both zero (never written, or reclaimed: the scan clears both) is
+    /// free; any other is in use (live, awaiting expiry, which a scan then reclaims, or left
+    /// by a write the dead incarnation never published, which stays lost). Call it before this
+    /// node allocates anything.
+    pub fn adopt<E: Endpoint>(&self, ep: &mut E) -> Result<Adopted, FabricError> {
+        let mut s = self.state.lock().unwrap();
+        let mut done = Adopted::default();
+        let hosts = if self.remote {
+            (0..self.nodes as NodeId).collect()
+        } else {
+            vec![self.node]
+        };
+        let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        for host in hosts {
+            let mut words = vec![0u8; (self.pages_per_node * 8) as usize];
+            ep.read(RemoteAddr::new(host, PAGE_REGION, 0), &mut words)?;
+            for page in 0..self.pages_per_node {
+                let w = PageWord(word(&words, page as usize * 8));
+                if !w.is_claimed()
+                    || w.claimer() != self.node
+                    || s.pages.contains_key(&(host, page))
+                {
+                    continue;
+                }
+                let class = w.class();
+                let (per_page, size) =
+                    (self.classes.per_page(class), self.classes.entry_size(class));
+                let mut bytes = vec![0u8; (per_page * size) as usize];
+                let base = page * self.classes.page_bytes();
+                ep.read(RemoteAddr::new(host, DATA_REGION, base), &mut bytes)?;
+                let mut in_use = 0;
+                for i in 0..per_page {
+                    let at = (i * size) as usize;
+                    if word(&bytes, at + HEADER_OFF as usize) == 0
+                        && word(&bytes, at + RECYCLE_OFF as usize) == 0
+                    {
+                        let slot = self.classes.slot(class, page, i);
+                        s.classes[class as usize]
+                            .normal
+                            .free
+                            .push(Slot { host, class, slot });
+                    } else {
+                        in_use += 1;
+                    }
+                }
+                let claim = Claim {
+                    host,
+                    page,
+                    word: w,
+                };
+                s.pages.insert(
+                    (host, page),
+                    PageState {
+                        claim,
+                        class,
+                        handed: per_page,
+                        in_use,
+                        reserve: false,
+                    },
+                );
+                done.pages += 1;
+                done.in_use += in_use;
+                done.free += per_page - in_use;
+            }
+        }
+        Ok(done)
+    }
+
     /// Fill of every class.
     pub fn usage(&self) -> Vec<ClassUsage> {
         let s = self.state.lock().unwrap();
@@ -613,12 +696,12 @@ impl ClassTable {
     }
 }
 
-/// Write one word of a data table, directly when it is this node's own.
-fn write_word<E: Endpoint>(ep: &mut E, at: RemoteAddr, v: u64) -> Result<(), FabricError> {
+/// Write words of a data table, directly when they are this node's own.
+fn write_words<E: Endpoint>(ep: &mut E, at: RemoteAddr, bytes: &[u8]) -> Result<(), FabricError> {
     if at.node == ep.node() {
-        ep.local_write(at.region, at.offset, &v.to_le_bytes())
+        ep.local_write(at.region, at.offset, bytes)
     } else {
-        ep.write(at, &v.to_le_bytes())
+        ep.write(at, bytes)
     }
 }
 
