@@ -3,9 +3,9 @@
 //! (`Replicated::catch_up`), adopts the pages its earlier incarnation claimed
 //! (`ClassTable::adopt`), and then says it is ready, so that membership makes it `up`.
 //!
-//! It starts catching up only once the node has known itself `joining` for the settle time
-//! (`ReplicaSet::settle_ns`, at least a lease TTL): by then every node writes its copies, or has
-//! stopped. A catch-up that fails (a peer died meanwhile) is tried again. A node whose lease
+//! It starts catching up only once the node has known itself `joining` for the join settle
+//! time (`ReplicaSet::join_settle_ns`: a lease TTL and an operation): by then every node writes
+//! its copies, or has stopped, and operations that chose their copies before have ended. A catch-up that fails (a peer died meanwhile) is tried again. A node whose lease
 //! lapsed while it ran is declared failed and joins again: its copies are caught up again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +47,9 @@ pub fn spawn(
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
-    let settle = Duration::from_nanos(ctx.replica_set().settle_ns());
+    // Every node learns it is joining within the settle time (a TTL) or stops, and an
+    // operation that chose its copies before it learnt ends within one more operation.
+    let settle = Duration::from_nanos(ctx.replica_set().join_settle_ns());
     // When this process first saw itself joining in the current incarnation, and whether it
     // said it is ready in it.
     let mut joining_since: Option<Instant> = None;

@@ -259,15 +259,20 @@ fn without_failures_the_copies_agree() {
 /// with empty memory and catches up while the others keep writing, then (`second_crash`)
 /// node 2 crashes too: node 2 held the only other copy of node 1's partition and of its own,
 /// so without the catch-up the run would lose keys. The whole history must be linearizable
-/// and every key read alike through nodes 0 and 1. Without the second crash, every copy must
-/// equal its primary at the end.
+/// and every key read alike through nodes 0 and 1. Without the second crash, node 1's copies
+/// must equal the other copies of their partitions at the end.
 fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: bool, seed: u64) {
     let mut c = LocalCluster::replicated(g.clone(), cfg(o), delay(seed), 2).unwrap();
     let clients: Vec<_> = THREADS_NODES
         .iter()
         .map(|&n| c.client(n).unwrap())
         .collect();
-    let s = spec(seed);
+    // Three times the crash scenario's run: the restart (the settle wait, the catch-up) and
+    // the second crash must both come well before it ends, on a loaded machine too.
+    let s = StressSpec {
+        ops_per_thread: 3 * spec(seed).ops_per_thread,
+        ..spec(seed)
+    };
     let fabric_ops = || c.fabric().stats().total(None).total_ops();
     let start = fabric_ops();
     let finished = AtomicBool::new(false);
@@ -310,11 +315,15 @@ fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: 
     eprintln!("{name}: {out}\ncatch-up: {caught:?}");
     assert_clean_run(name, &out, 6 * s.ops_per_thread / 3);
     assert_eq!(out.corrupt_reads, 0);
+    assert_eq!(
+        c.stop_reclaimers(),
+        0,
+        "{name}: a reclaimer's invariant broke"
+    );
     if second_crash {
         survivors_agree_on(name, &c, s.keys, [0, 1]);
     } else {
-        c.stop_reclaimers();
-        copies_agree(name, &c, &g, 2);
+        copies_agree_where(name, &c, &g, 2, Some(1));
         survivors_agree_on(name, &c, s.keys, [1, 2]);
     }
 }
@@ -327,7 +336,7 @@ fn a_crashed_node_rejoins_under_load_and_a_second_crash_loses_nothing() {
 }
 
 #[test]
-fn after_a_rejoin_under_load_every_copy_equals_its_primary() {
+fn after_a_rejoin_under_load_the_rejoined_copies_equal_the_others() {
     for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
         crash_restart_crash(name, g, o, false, 710 + i as u64);
     }
@@ -391,7 +400,12 @@ fn crash_free_run_with(
         .collect();
     let (out, _) = stress::run(clients, &spec(seed));
     eprintln!("{name}, R = {r}, seed {seed}: {out}");
-    c.stop_reclaimers(); // they clear recycle words: nothing may change memory while we compare
+    // They clear recycle words: nothing may change memory while we compare.
+    assert_eq!(
+        c.stop_reclaimers(),
+        0,
+        "{name}: a reclaimer's invariant broke"
+    );
     copies_agree(name, &c, g, r);
     assert_clean_run(name, &out, 6 * spec(seed).ops_per_thread / 2);
     assert_eq!(
@@ -404,6 +418,15 @@ fn crash_free_run_with(
 /// After a run without failures every CAS has reached every copy: each partition's copies hold
 /// the same index and data tables, word for word.
 fn copies_agree(name: &str, c: &LocalCluster, g: &Geometry, r: u8) {
+    copies_agree_where(name, c, g, r, None)
+}
+
+/// [`copies_agree`] for the partitions with a copy on `node` only (all with `None`). A writer
+/// that crashes between the copies of a write, or between deciding a CAS and carrying it to
+/// the primary, leaves copies that differ for good in words nobody refers to (an entry it
+/// never published, the recycle word of an entry it had replaced) or that the next CAS on the
+/// word brings level; so after a crash only the copies filled since are compared.
+fn copies_agree_where(name: &str, c: &LocalCluster, g: &Geometry, r: u8, node: Option<NodeId>) {
     use nessie_fabric::{Endpoint, RemoteAddr};
     use nessie_protocols::replica::mirror_region;
     let regions = g.table_regions();
@@ -411,6 +434,9 @@ fn copies_agree(name: &str, c: &LocalCluster, g: &Geometry, r: u8) {
     let n = g.nodes as u16;
     let mut compared = 0u64;
     for p in 0..n {
+        if node.is_some_and(|x| (0..r as u16).all(|j| (p + j) % n != x)) {
+            continue;
+        }
         for region in [nessie_store::INDEX_REGION, nessie_store::DATA_REGION] {
             let bytes = regions[region as usize];
             let at = |j: u8| RemoteAddr::new((p + j as u16) % n, mirror_region(region, j), 0);
@@ -435,4 +461,19 @@ fn copies_agree(name: &str, c: &LocalCluster, g: &Geometry, r: u8) {
         }
     }
     assert!(compared > 0, "{name}: nothing compared");
+}
+
+/// The rejoin scenario (crash, restart under load, second crash) over `$COUNT` seeds from
+/// `$BASE`, small index and no cache. Not part of the suite:
+/// `BASE=50000 COUNT=200 cargo test --release -p nessie-testkit --test stress_replicated
+/// many_seeds_rejoin -- --ignored`.
+#[test]
+#[ignore]
+fn many_seeds_rejoin() {
+    let (small, o) = small_index_no_cache();
+    let env = |k: &str, d: u64| std::env::var(k).map_or(d, |b| b.parse().expect("a number"));
+    let (base, count) = (env("BASE", 50000), env("COUNT", 100));
+    for seed in base..base + count {
+        crash_restart_crash("many seeds, rejoin", small.clone(), o, seed % 2 == 0, seed);
+    }
 }
