@@ -1,25 +1,24 @@
 //! Catching up: a restarted node fills the copies it holds (copy j of partition p, for every p
-//! with `holder(p, j)` = this node) from each partition's primary, with one-sided operations
-//! only, while the cluster keeps writing.
+//! with `holder(p, j)` = this node) from each partition's decider (its last full copy), with
+//! one-sided operations only, while the cluster keeps writing.
 //!
 //! It runs once every node writes the restarted node's copies (`NodeRole::Receiving`: every
-//! node has learnt it, or stopped; the caller waits for that). From then on every write and
-//! every carried CAS reaches these copies too, so the copier only has to bring each word to
-//! where the primary is, without undoing a write that reached the copy first:
-//! - **Index entries and page words** have an order (sequence numbers, generations): a word is
-//!   moved forward with a CAS from what the copy holds, never back. A word still 0 (memory as
-//!   the restart left it) is taken from the primary whatever it holds.
-//! - **Data-table words** have none. A word that differs is written from the primary, and
-//!   every word written is compared again in the next pass, until a pass writes nothing: a
-//!   word the copier wrote over a newer one (a writer wrote the copy between the copier's read
-//!   of the primary and its write) differs from the primary at the next pass. A word found
-//!   equal stays right without being looked at again: every later write reaches both, and the
-//!   copier never writes it. So the passes after the first shrink to the words writes were in
-//!   flight on, and catching up ends under any load.
-//!
-//! Where a writer has carried a word to the copy before the primary (the copy comes later in
-//! the chain) the copy is ahead: index and page words stay, data words are compared again
-//! until the primary has it too.
+//! node has learnt it, or stopped, and operations that chose their copies before have ended;
+//! the caller waits for that). From then on every write and every carried CAS reaches these
+//! copies too. What the copies held before is not trusted: zeros after a restart, or, for a
+//! node that was paused and declared failed, stale words, some possibly ahead of the decider
+//! or from another history (words it decided that never went further). So each word is read
+//! here first, then at the decider (which holds every change first: its word is at or past
+//! anything a writer had carried here by then), and:
+//! - **Index entries and page words** that differ are set to the decider's by a CAS from what
+//!   was read here; if a writer carried a word here in between, the CAS fails and the word is
+//!   read again from both.
+//! - **Data-table words** have no order: a word that differs is written from the decider, and
+//!   the words written are compared again in the next pass, until a pass writes nothing. A
+//!   word the copier wrote over a newer one (a writer wrote it between the copier's reads and
+//!   its write) differs at the next pass. A word found equal stays right without being looked
+//!   at again: every later write reaches both copies and the copier never writes it again. So
+//!   the passes after the first shrink to the words writes were in flight on.
 
 use nessie_fabric::{Endpoint, FabricError, RegionId, RemoteAddr};
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
@@ -31,6 +30,8 @@ const CHUNK_BYTES: usize = 64 * 1024;
 /// Most passes over one region before catching up gives up: each pass after the first only
 /// meets words that writers changed during the previous one.
 const MAX_PASSES: u32 = 1_000;
+/// Most CAS rounds on one ordered word: each lost round lost to a writer carrying a newer word.
+const MAX_WORD_ROUNDS: u32 = 10_000;
 
 /// What catching up did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,10 +103,13 @@ impl<E: Endpoint> Replicated<E> {
                 Some(words) => words.iter().map(|&off| (off, 8)).collect(),
             };
             for (off, n) in spans {
-                self.read_primary(RemoteAddr::new(partition, region, off), &mut theirs[..n])?;
-                done.bytes_read += n as u64;
+                // Ours first: the decider's words, read after, are at or past every word a
+                // writer had carried to our copy by then.
                 self.inner.local_read(mine, off, &mut ours[..n])?;
-                self.merge(mine, region, off, &theirs[..n], &ours[..n], &mut changed)?;
+                let at = RemoteAddr::new(partition, region, off);
+                self.read_decider(at, &mut theirs[..n])?;
+                done.bytes_read += n as u64;
+                self.merge(at, mine, &theirs[..n], &ours[..n], &mut changed)?;
                 self.pace(bytes_per_s, start, done.bytes_read);
             }
             done.words_changed += changed.len() as u64;
@@ -115,17 +119,36 @@ impl<E: Endpoint> Replicated<E> {
             todo = Some(changed);
         }
         Err(FabricError::Transport(format!(
-            "copy {j} of partition {partition}, region {region}, still differs from its primary after {MAX_PASSES} passes"
+            "copy {j} of partition {partition}, region {region}, still differs from its decider after {MAX_PASSES} passes"
         )))
     }
 
-    /// Bring the words of `ours` (this node's region `mine` from `off`) that are behind
-    /// `theirs` (the primary's) forward, adding the offsets of those changed to `changed`.
+    /// READ `buf.len()` bytes of `addr` (a partition's region) from the partition's decider,
+    /// its last full copy: the first to hold every change, and the one whose history every
+    /// other copy follows.
+    fn read_decider(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.check_view()?;
+        loop {
+            let live = self.live(addr.node)?;
+            let c = live.as_slice()[live.len - 1];
+            let a = Self::at(addr, c);
+            if self.on_copy(c, |e| e.read(a, buf))?.is_some() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Make the words of `ours` (this node's region `mine`, at `at`'s offset) that differ from
+    /// `theirs` (the decider's, read after ours) equal to them, adding the offsets changed to
+    /// `changed`. Index entries and page words are set by CAS from what we read: what our copy
+    /// held before catching up may be stale, even ahead of the decider or from another
+    /// history (a paused node's memory: words it decided that never went further), so it is
+    /// replaced whatever it is; a word a writer carries here meanwhile makes the CAS fail, and
+    /// the word is read again from both.
     fn merge(
         &mut self,
+        at: RemoteAddr,
         mine: RegionId,
-        region: RegionId,
-        off: u64,
         theirs: &[u8],
         ours: &[u8],
         changed: &mut Vec<u64>,
@@ -133,28 +156,31 @@ impl<E: Endpoint> Replicated<E> {
         let me = self.inner.node();
         let word = |b: &[u8], w: usize| u64::from_le_bytes(b[w * 8..w * 8 + 8].try_into().unwrap());
         for w in 0..theirs.len() / 8 {
-            let (want, mut cur) = (word(theirs, w), word(ours, w));
+            let (mut want, mut cur) = (word(theirs, w), word(ours, w));
             if want == cur {
                 continue;
             }
-            let at = off + w as u64 * 8;
-            if region == DATA_REGION {
-                self.inner.local_write(mine, at, &want.to_le_bytes())?;
-                changed.push(at);
+            let off = at.offset + w as u64 * 8;
+            if at.region == DATA_REGION {
+                self.inner.local_write(mine, off, &want.to_le_bytes())?;
+                changed.push(off);
                 continue;
             }
-            // Ordered words: forward only, by CAS (writers carry words here concurrently).
-            let addr = RemoteAddr::new(me, mine, at);
-            loop {
-                if cur == want || (cur != 0 && !self.set.newer(region, want, cur)) {
-                    break;
-                }
+            let addr = RemoteAddr::new(me, mine, off);
+            for _ in 0..MAX_WORD_ROUNDS {
                 let was = self.inner.compare_and_swap(addr, cur, want)?;
                 if was == cur {
-                    changed.push(at);
+                    changed.push(off);
                     break;
                 }
+                // A writer carried a word here: read both again, ours first.
                 cur = was;
+                let mut b = [0u8; 8];
+                self.read_decider(RemoteAddr::new(at.node, at.region, off), &mut b)?;
+                want = u64::from_le_bytes(b);
+                if want == cur {
+                    break;
+                }
             }
         }
         Ok(())
