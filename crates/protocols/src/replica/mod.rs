@@ -309,14 +309,18 @@ impl<E: Endpoint> Replicated<E> {
         let mut full = 0;
         for j in 0..self.set.replicas {
             let node = self.set.holder(partition, j);
-            let receiving = self.fence.role(node) == NodeRole::Receiving;
+            // One look at the node's role; only a gone node's declaration time is read too.
+            let role = self.fence.role(node);
+            let receiving = role == NodeRole::Receiving;
             if receiving && (!with_fading || mutated!(self.set, rejoin_skips_receiving)) {
                 continue;
             }
-            let fading = match self.fence.gone_for_ns(node, now.unwrap_or(0)) {
-                None => false,
-                Some(t) if now.is_some() && t < self.set.settle_ns => true,
-                Some(_) => continue,
+            let fading = match role {
+                NodeRole::Gone => match (now, self.fence.gone_for_ns(node, now.unwrap_or(0))) {
+                    (Some(_), Some(t)) if t < self.set.settle_ns => true,
+                    _ => continue,
+                },
+                _ => false,
             };
             let copy = Copy {
                 node,
