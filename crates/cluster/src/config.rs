@@ -384,7 +384,17 @@ impl ClusterConfig {
             (m.lease_ttl_s * 1_000_000_000)
                 .saturating_add(self.protocol.clock_margin_ms * 1_000_000)
         });
+        // Nodes that have not heard of a failure may read the failed primary for as long as
+        // their view is fresh enough to read by (`membership::read_view_ns`).
+        let read_settle = self.membership.as_ref().map(|m| {
+            crate::membership::read_view_ns(m.lease_ttl_s)
+                .saturating_add(self.protocol.clock_margin_ms * 1_000_000)
+        });
         let set = set.with_settle_at_least(settle);
+        let set = match read_settle {
+            Some(ns) => set.with_read_settle(ns),
+            None => set,
+        };
         if r > 1 && self.membership.is_none() {
             return Err(InvalidConfig::Replicas(format!(
                 "{r} copies need [membership] (etcd), which declares failed nodes"

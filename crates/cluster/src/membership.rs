@@ -10,16 +10,19 @@
 //! ```
 //!
 //! A node registers under a lease of `lease_ttl_s` seconds and refreshes it every third of
-//! that. Every node runs a [`Monitor`] that reads both keys every third of a TTL: a node that is `up`
+//! that. Every node runs a [`Monitor`] that reads both keys every sixth of a TTL (and at once
+//! when a watch sees them change): a node that is `up`
 //! in the configuration and whose registration has lapsed is declared `failed`; one that has
 //! been `failed` for the hold time (every node has learnt of the failure and acted on it) and
 //! is registered again is `joining`: it receives its copies (`nessie_protocols::replica`,
 //! catching up); one that is `joining` and whose registration says `ready` is `up` again. Each
 //! change is a new epoch written with one compare-and-put on the configuration's revision, so
 //! concurrent monitors agree on one successor of every epoch. `nessie up` writes epoch 1, all nodes `up`, once every node is
-//! ready; monitors change nothing before that. When etcd cannot be reached, nodes keep
-//! serving in the epoch they know and the configuration cannot change; the monitor records
-//! the error for `status`.
+//! ready; monitors change nothing before that. When etcd cannot be reached, the configuration
+//! cannot change and the monitor records the error for `status`; nodes keep serving in the
+//! epoch they know while their view is fresh (reads: half a TTL after the last read that
+//! succeeded, [`read_view_ns`]; writes: while the lease holds), and with one copy reads go on
+//! after that too.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +41,18 @@ pub const MIN_LEASE_TTL_S: u64 = 1;
 /// Longest lease TTL accepted: failures must be noticed within minutes at worst.
 pub const MAX_LEASE_TTL_S: u64 = 600;
 pub const DEFAULT_LEASE_TTL_S: u64 = 3;
+/// A view of the configuration is fresh enough to read by for this part of a TTL after the
+/// read that fetched it was sent; the monitor reads three times in that window.
+const READ_VIEW_PARTS: u64 = 2;
+
+/// How long a view of the configuration read with a lease of `lease_ttl_s` stays fresh
+/// enough to read replicated memory by (`Fence::may_read`): after a failure, nodes that know
+/// wait this long (plus the clock margin) before they read the failed primary's next copy
+/// (`nessie_protocols::ReplicaSet::read_settle_ns`). Shorter than the TTL, so that reads come
+/// back soon after a failure is declared; writes keep the whole TTL (`Shared::view_clock_ns`).
+pub fn read_view_ns(lease_ttl_s: u64) -> u64 {
+    lease_ttl_s * 1_000_000_000 / READ_VIEW_PARTS
+}
 
 /// A node's state in one epoch.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,11 +334,13 @@ struct Shared {
     /// only a TTL after they learn it (`replica::ReplicaSet::settle_ns`), so a node that has not
     /// read it by then stops writing rather than act on the old one.
     view_clock_ns: AtomicU64,
+    /// Wall-clock ns until which this node's view is fresh enough to read replicated memory
+    /// by: the send time of the last successful read plus [`read_view_ns`].
+    read_clock_ns: AtomicU64,
     lease_ttl_ns: u64,
+    read_view_ns: u64,
     /// This node is `up` in the configuration last read (or there is none yet).
     up: AtomicBool,
-    /// The watcher saw a change under the cluster's keys: read the configuration now.
-    changed: AtomicBool,
     fence: Arc<Fence>,
     /// How long a failed node stays failed at least before it may join (`step`).
     hold_ns: u64,
@@ -344,7 +361,7 @@ impl Shared {
         };
         self.fence.set_lease_until(until);
         self.fence
-            .set_view_until(self.view_clock_ns.load(Ordering::SeqCst));
+            .set_view_until(self.read_clock_ns.load(Ordering::SeqCst));
     }
 }
 
@@ -383,10 +400,11 @@ impl Monitor {
             lease: std::sync::atomic::AtomicI64::new(lease.0),
             lease_clock_ns: AtomicU64::new(sent + granted * 1_000_000_000),
             view_clock_ns: AtomicU64::new(sent + lease_ttl_s * 1_000_000_000),
+            read_clock_ns: AtomicU64::new(sent + read_view_ns(lease_ttl_s)),
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
+            read_view_ns: read_view_ns(lease_ttl_s),
             // Until the configuration says otherwise: a cluster starting has none yet.
             up: AtomicBool::new(true),
-            changed: AtomicBool::new(false),
             fence,
             hold_ns,
             ready: AtomicBool::new(false),
@@ -450,7 +468,6 @@ impl Monitor {
         self.shared.ready.store(true, Ordering::SeqCst);
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
         put_record(&self.etcd, &self.keys, id, lease, true)?;
-        self.shared.changed.store(true, Ordering::SeqCst);
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -496,6 +513,9 @@ fn read_configuration(
     shared
         .view_clock_ns
         .store(sent + shared.lease_ttl_ns, Ordering::SeqCst);
+    shared
+        .read_clock_ns
+        .store(sent + shared.read_view_ns, Ordering::SeqCst);
     shared.refresh_fence();
     Ok(())
 }
@@ -511,7 +531,6 @@ fn watch(etcd: Etcd, prefix: &str, shared: &Shared, monitor: &std::thread::Threa
     let mut after = 0;
     while !shared.stop.load(Ordering::Relaxed) {
         let woke = |_| {
-            shared.changed.store(true, Ordering::SeqCst);
             monitor.unpark();
             !shared.stop.load(Ordering::Relaxed)
         };
@@ -555,31 +574,27 @@ fn put_record(
     Ok(())
 }
 
-/// The monitor thread: refresh the lease and step the configuration every TTL/3, and step at
-/// once when the watcher saw a change. A view read
-/// at time t is fresh until t + TTL (`Shared::view_clock_ns`), so after each read at least two
-/// thirds of a TTL remain, more than a write attempt (validation: 2 TTL > 3 expiry).
+/// The monitor thread: refresh the lease every TTL/3, step the configuration every TTL/6, and
+/// step at once when the watcher saw a change. A view read at time t is fresh for writing until
+/// t + TTL (`Shared::view_clock_ns`), so after each read more than two thirds of a TTL remain,
+/// more than a write attempt (validation: 2 TTL > 3 expiry), and for reading until t + TTL/2
+/// (`Shared::read_clock_ns`): three reads fall in that window.
 fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
     let mut ticks = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
-        let changed = shared.changed.swap(false, Ordering::SeqCst);
-        let due = ticks.is_multiple_of(2);
         let mut result = Ok(());
-        if due {
+        if ticks.is_multiple_of(2) {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);
         }
-        if (due || changed) && result.is_ok() {
+        if result.is_ok() {
             result = read_configuration(&etcd, &keys, id, shared);
         }
-        if due || changed {
-            // Only a tick that talked to etcd knows whether it answers.
-            let err = result.err().map(|e| e.to_string());
-            if let Some(e) = &err {
-                tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
-            }
-            shared.view.lock().expect("membership view lock").etcd_error = err;
+        let err = result.err().map(|e| e.to_string());
+        if let Some(e) = &err {
+            tracing::warn!(error = %e, "membership: etcd exchange failed; serving in the known epoch");
         }
+        shared.view.lock().expect("membership view lock").etcd_error = err;
         ticks += 1;
         std::thread::park_timeout(tick);
     }

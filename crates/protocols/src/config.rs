@@ -89,6 +89,12 @@ pub struct Mutations {
     /// Replication: writes skip the copies of a node that is receiving them (rejoining), so
     /// its catch-up misses what is written after it passed.
     pub rejoin_skips_receiving: bool,
+    /// Replication: a reader that knows the primary's node failed reads the next copy at once,
+    /// while nodes that have not heard of the failure may still read the old primary.
+    pub read_next_copy_at_once: bool,
+    /// Replication: a write that cannot reach a copy whose node just failed goes on at once,
+    /// while nodes that have not heard of the failure may still read that copy.
+    pub skip_unreached_copy_at_once: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

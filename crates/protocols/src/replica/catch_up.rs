@@ -127,12 +127,12 @@ impl<E: Endpoint> Replicated<E> {
     /// its last full copy: the first to hold every change, and the one whose history every
     /// other copy follows.
     fn read_decider(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        self.check_view()?;
+        self.wait_fresh_view()?;
         loop {
             let live = self.live(addr.node)?;
             let c = live.as_slice()[live.len - 1];
             let a = Self::at(addr, c);
-            if self.on_copy(c, |e| e.read(a, buf))?.is_some() {
+            if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());
             }
         }

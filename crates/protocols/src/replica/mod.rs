@@ -9,7 +9,10 @@
 //!
 //! The copies of a partition, in chain order c_0 .. c_{R-1}, skipping nodes membership has
 //! declared failed (`Fence::is_gone`):
-//! - **Reads** go to the first live copy, the *primary*.
+//! - **Reads** go to the first live copy, the *primary*. When the primary's node fails, nodes
+//!   that have not heard yet may still read it for [`ReplicaSet::read_settle_ns`]: nodes that
+//!   know wait that long before reading the next copy, and a write that cannot reach the failed
+//!   copy waits that long before it goes on, so that both kinds of reader see one history.
 //! - **Writes** go to every live copy, last first.
 //! - A **CAS** is decided by the last live copy, the *decider*, then carried to the others in
 //!   reverse chain order, the primary last. So whatever the primary holds, every copy holds or
@@ -41,6 +44,7 @@
 //! re-replication").
 
 mod catch_up;
+mod fading;
 pub use catch_up::CatchUp;
 
 use std::sync::Arc;
@@ -91,6 +95,9 @@ pub struct ReplicaSet {
     nodes: u16,
     ite: IteLayout,
     settle_ns: u64,
+    /// How long after learning that a copy's node failed a node still treats that copy as
+    /// possibly read by others (those that have not heard yet): no more than `settle_ns`.
+    read_settle_ns: u64,
     /// The longest an operation lasts: the expiry period plus the clock margin.
     op_ns: u64,
     #[cfg(any(test, feature = "testing"))]
@@ -129,6 +136,7 @@ impl ReplicaSet {
             nodes,
             ite,
             settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
+            read_settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             op_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             #[cfg(any(test, feature = "testing"))]
             mutations: cfg.mutations,
@@ -142,6 +150,7 @@ impl ReplicaSet {
             nodes,
             ite,
             settle_ns: 0,
+            read_settle_ns: 0,
             op_ns: 0,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
@@ -154,6 +163,20 @@ impl ReplicaSet {
     pub fn with_settle_at_least(mut self, ns: u64) -> Self {
         self.settle_ns = self.settle_ns.max(ns);
         self
+    }
+
+    /// Set how long a node that has not heard of a failure may still read the failed node's
+    /// copies: how long a view of membership stays fresh enough to read by, plus the clock
+    /// margin (`Fence::may_read`). Readers that know of the failure wait that long before they
+    /// read the next copy, and writers that cannot reach the failed copy wait that long before
+    /// they go on. Capped at the settle time, for which failed copies are still written.
+    pub fn with_read_settle(mut self, ns: u64) -> Self {
+        self.read_settle_ns = ns.min(self.settle_ns);
+        self
+    }
+
+    pub fn read_settle_ns(&self) -> u64 {
+        self.read_settle_ns
     }
 
     pub fn replicas(&self) -> u8 {
@@ -226,9 +249,10 @@ fn page_order(w: u64) -> u64 {
 struct Copy {
     node: NodeId,
     j: u8,
-    /// Its node was declared failed less than the settle time ago: nobody reads it or decides
-    /// at it any more, but it is still written (once, errors ignored), because a node that has
-    /// not yet heard of the failure may still read it.
+    /// Its node was declared failed less than the settle time ago: nobody who knows reads it
+    /// or decides at it any more, but it is still written, once: a node that has not yet heard
+    /// of the failure may still read it, so a write that fails there waits until the read
+    /// settle time is over (`wait_unread`).
     fading: bool,
     /// Its node restarted and is receiving its copies (`NodeRole::Receiving`): written like a
     /// full copy (the catch-up relies on every write reaching it), never read or decided at.
@@ -396,14 +420,6 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
-    /// Reads are served only while this node's view of membership is fresh: copies on nodes
-    /// declared failed are written for the settle time after the declaration (at least a
-    /// lease TTL, how long a view stays fresh), so a node that has not yet heard of a failure
-    /// still reads what the others maintain.
-    fn check_view(&self) -> Result<(), FabricError> {
-        self.fenced_after(self.fence.view_until())
-    }
-
     /// `Fenced` once the wall clock reaches `until` (no clock read without membership).
     fn fenced_after(&self, until: u64) -> Result<(), FabricError> {
         if until == u64::MAX || self.inner.now_ns() < until {
@@ -431,24 +447,35 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Run `op` on copy `c` until it succeeds; `None` if the copy's node is declared failed
-    /// (now or while we wait for that). A fading copy is tried once, and `None` if that fails. A node that stays unreachable without being declared
-    /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `op` must be safe to repeat.
+    /// (now or while we wait for that), once nobody reads the copy any more (`wait_unread`).
+    /// A fading copy is tried once. A node that stays unreachable without being declared
+    /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `reading`: `op` reads for
+    /// a client, which may only happen while this node's view is fresh (checked before every
+    /// try: a try may come long after the first). `op` must be safe to repeat.
     fn on_copy<T>(
         &mut self,
         c: Copy,
+        reading: bool,
         mut op: impl FnMut(&mut E) -> Result<T, FabricError>,
     ) -> Result<Option<T>, FabricError> {
         if c.fading {
             return match op(&mut self.inner) {
                 Ok(v) => Ok(Some(v)),
-                Err(FabricError::Unreachable { .. } | FabricError::Transport(_)) => Ok(None),
+                Err(FabricError::Unreachable { .. } | FabricError::Transport(_)) => {
+                    self.wait_unread(c);
+                    Ok(None)
+                }
                 Err(e) => Err(e),
             };
         }
         let start = self.inner.mono_ns();
         loop {
             if self.fence.is_gone(c.node) {
+                self.wait_unread(c);
                 return Ok(None);
+            }
+            if reading {
+                self.wait_fresh_view()?;
             }
             match op(&mut self.inner) {
                 Ok(v) => return Ok(Some(v)),
@@ -470,11 +497,10 @@ impl<E: Endpoint> Replicated<E> {
     /// READ from the primary (the first live copy), moving on if it fails.
     fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         self.wait_join_settled(addr.node);
-        self.check_view()?;
         loop {
-            let c = self.live(addr.node)?.as_slice()[0];
+            let c = self.read_copy(addr.node)?;
             let a = Self::at(addr, c);
-            if self.on_copy(c, |e| e.read(a, buf))?.is_some() {
+            if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());
             }
         }
@@ -495,7 +521,7 @@ impl<E: Endpoint> Replicated<E> {
             if local && c.j == 0 {
                 self.inner.local_write(addr.region, addr.offset, buf)?;
             } else {
-                self.on_copy(c, |e| e.write(a, buf))?;
+                self.on_copy(c, false, |e| e.write(a, buf))?;
             }
         }
         Ok(())
@@ -575,7 +601,7 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<Advance, FabricError> {
         let a = Self::at(addr, c);
         for _ in 0..MAX_ADVANCE_ROUNDS {
-            let Some(cur) = self.on_copy(c, |e| e.read_u64(a))? else {
+            let Some(cur) = self.on_copy(c, false, |e| e.read_u64(a))? else {
                 return Ok(Advance::Gone);
             };
             if cur == word {
@@ -590,7 +616,7 @@ impl<E: Endpoint> Replicated<E> {
             if self.stale(decider) {
                 return Err(FabricError::Indeterminate { node: decider.node });
             }
-            match self.on_copy(c, |e| e.compare_and_swap(a, cur, word))? {
+            match self.on_copy(c, false, |e| e.compare_and_swap(a, cur, word))? {
                 None => return Ok(Advance::Gone),
                 Some(was) if was == cur => return Ok(Advance::Holds),
                 Some(_) => {}
@@ -614,7 +640,7 @@ impl<E: Endpoint> Replicated<E> {
         if found == expected {
             for &c in copies.as_slice().iter().rev().filter(|&&c| c != decider) {
                 let a = Self::at(addr, c);
-                self.on_copy(c, |e| e.compare_and_swap(a, expected, desired))?;
+                self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired))?;
             }
         }
         Ok(found)
@@ -676,7 +702,7 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             if self.fence.rejoined(me) {
                 self.wait_join_settled(me);
             }
-            self.check_view()?;
+            self.wait_fresh_view()?;
         }
         self.inner.local_read(region, offset, buf)
     }

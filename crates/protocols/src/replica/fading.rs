@@ -1,0 +1,380 @@
+//! Copies of a failed node, and the readers that have not heard yet.
+//!
+//! When a partition's primary c_0 fails, nodes learn of it at different times: from its
+//! declaration in etcd until their view is read again. A node that has not heard still reads
+//! c_0, for as long as its view is fresh enough to read by ([`Fence::may_read`]); over shared
+//! memory a dead process's memory stays readable, and a paused process's comes back. Two rules
+//! keep every reader on one history while that lasts ([`ReplicaSet::read_settle_ns`] after a
+//! node learns of the failure, which covers every view read before the declaration):
+//!
+//! - A reader that knows does not read c_1 yet: c_1 decides first, so it may hold a word not
+//!   yet carried to c_0, and a reader that does not know could read the older word at c_0
+//!   after this one returned the newer (`read_copy`).
+//! - A write or carried CAS that cannot reach c_0 (its endpoint noticed the death, another's
+//!   did not) does not go on until nobody reads c_0 (`wait_unread`): else a reader that does
+//!   not know could read a word older than one this operation already returned.
+//!
+//! `docs/protocol.md` (Replication, rule 7) has the argument; the tests below drive both
+//! races with a reader whose view is older than the failure.
+
+use nessie_fabric::{Endpoint, FabricError, NodeId};
+
+#[cfg(doc)]
+use super::ReplicaSet;
+use super::{Copy, Replicated, RETRY_PAUSE_NS};
+#[cfg(doc)]
+use crate::fence::Fence;
+
+impl<E: Endpoint> Replicated<E> {
+    /// The copy of `partition` to read: the first full one, once no copy before it may still
+    /// be read by a node that has not heard that its node failed. Until then this waits: were
+    /// it to read the next copy, which decides first, it could see a word that has not reached
+    /// the old primary yet, and a node with an older view could then read the old word there.
+    pub(super) fn read_copy(&mut self, partition: NodeId) -> Result<Copy, FabricError> {
+        loop {
+            self.wait_fresh_view()?;
+            let copies = self.copies(partition, true)?;
+            let mut now = None;
+            let mut settled = true;
+            for &c in copies.as_slice() {
+                if c.is_full() {
+                    if settled || mutated!(self.set, read_next_copy_at_once) {
+                        return Ok(c);
+                    }
+                    break;
+                }
+                if c.fading {
+                    let t = *now.get_or_insert_with(|| self.inner.mono_ns());
+                    settled &= !self.maybe_read_by_others(c.node, t);
+                }
+            }
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+
+    /// Whether nodes that have not heard of `node`'s failure may still read its copies at
+    /// monotonic time `now_ns`: it was declared failed (here) less than the read settle time
+    /// ago.
+    fn maybe_read_by_others(&self, node: NodeId, now_ns: u64) -> bool {
+        self.fence
+            .gone_for_ns(node, now_ns)
+            .is_some_and(|t| t < self.set.read_settle_ns)
+    }
+
+    /// Wait, after skipping copy `c` (its node failed), until nobody reads it any more: a
+    /// node that has not heard of the failure may still read it, and must not read a word
+    /// older than what this operation wrote or carried elsewhere.
+    pub(super) fn wait_unread(&mut self, c: Copy) {
+        if mutated!(self.set, skip_unreached_copy_at_once) {
+            return;
+        }
+        while self.maybe_read_by_others(c.node, self.inner.mono_ns()) {
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+
+    /// Reads are served only while this node's view of membership is fresh: a node that has
+    /// not heard of a failure reads the failed node's copies, which the others maintain, and
+    /// wait for, only for the read settle time after they learn of it. A stale view is waited
+    /// on (the monitor refreshes it several times per freshness window) for up to the read
+    /// settle time; then the read fails as `Fenced`.
+    pub(super) fn wait_fresh_view(&mut self) -> Result<(), FabricError> {
+        let until = self.fence.view_until();
+        if until == u64::MAX || self.inner.now_ns() < until {
+            return Ok(());
+        }
+        let start = self.inner.mono_ns();
+        while self.inner.mono_ns().saturating_sub(start) < self.set.read_settle_ns {
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+            if self.inner.now_ns() < self.fence.view_until() {
+                return Ok(());
+            }
+        }
+        Err(FabricError::Fenced {
+            node: self.inner.node(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+    use nessie_fabric::{RegionId, RemoteAddr, StatsCell};
+    use nessie_store::{Ite, IteLayout, INDEX_REGION};
+
+    use super::super::{mirror_region, ReplicaSet};
+    use super::*;
+    use crate::config::{Mutations, ProtocolConfig};
+    use crate::fence::Fence;
+
+    /// How long after learning of a failure others may still read the failed copy (here).
+    const READ_SETTLE: Duration = Duration::from_millis(150);
+    /// Partition 0's first index entry: copy 0 on node 0 (the primary), copy 1 on node 1.
+    const ENTRY: RemoteAddr = RemoteAddr::new(0, INDEX_REGION, 0);
+
+    fn layout() -> IteLayout {
+        IteLayout::new(20, 4, 7).unwrap()
+    }
+
+    /// An endpoint whose node has noticed that `dead` died: every operation on it fails, as
+    /// over shared memory once a transport's keep-alive saw the process go, while endpoints of
+    /// other nodes still reach its memory.
+    struct Noticed {
+        inner: InProcEndpoint,
+        dead: NodeId,
+    }
+
+    impl Noticed {
+        fn check(&self, addr: RemoteAddr) -> Result<(), FabricError> {
+            if addr.node == self.dead {
+                return Err(FabricError::Unreachable {
+                    node: addr.node,
+                    reason: "peer process died".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    impl Endpoint for Noticed {
+        fn node(&self) -> NodeId {
+            self.inner.node()
+        }
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+            self.check(addr)?;
+            self.inner.read(addr, buf)
+        }
+        fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+            self.check(addr)?;
+            self.inner.write(addr, buf)
+        }
+        fn compare_and_swap(
+            &mut self,
+            addr: RemoteAddr,
+            expected: u64,
+            desired: u64,
+        ) -> Result<u64, FabricError> {
+            self.check(addr)?;
+            self.inner.compare_and_swap(addr, expected, desired)
+        }
+        fn local_read(
+            &mut self,
+            region: RegionId,
+            offset: u64,
+            buf: &mut [u8],
+        ) -> Result<(), FabricError> {
+            self.inner.local_read(region, offset, buf)
+        }
+        fn local_write(
+            &mut self,
+            region: RegionId,
+            offset: u64,
+            buf: &[u8],
+        ) -> Result<(), FabricError> {
+            self.inner.local_write(region, offset, buf)
+        }
+        fn now_ns(&self) -> u64 {
+            self.inner.now_ns()
+        }
+        fn sleep_ns(&mut self, ns: u64) {
+            self.inner.sleep_ns(ns)
+        }
+        fn stats(&self) -> &StatsCell {
+            self.inner.stats()
+        }
+    }
+
+    /// Two copies of three partitions; node 0 (partition 0's primary) is about to be declared
+    /// failed. `old` is the view of a node that has not heard: fresh to read by for the read
+    /// settle time from now, as if read just before the declaration.
+    struct Rig {
+        fabric: Arc<InProcFabric>,
+        set: Arc<ReplicaSet>,
+        old: Arc<Fence>,
+        new: Arc<Fence>,
+    }
+
+    fn rig(mutations: Mutations) -> Rig {
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000,
+            clock_margin_ns: 0,
+            mutations,
+            ..ProtocolConfig::default()
+        };
+        let set = ReplicaSet::new(2, 3, layout(), &cfg)
+            .unwrap()
+            .with_settle_at_least(2 * READ_SETTLE.as_nanos() as u64)
+            .with_read_settle(READ_SETTLE.as_nanos() as u64);
+        let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
+        let old = Fence::unfenced();
+        old.set_view_until(nessie_fabric::wall_clock_ns() + READ_SETTLE.as_nanos() as u64);
+        Rig {
+            fabric: InProcFabric::new(&regions, None).unwrap(),
+            set: Arc::new(set),
+            old: Arc::new(old),
+            new: Arc::new(Fence::unfenced()),
+        }
+    }
+
+    impl Rig {
+        /// A client on node 2 that has not heard of the failure.
+        fn old_reader(&self) -> Replicated<InProcEndpoint> {
+            Replicated::new(self.fabric.endpoint(2), self.set.clone(), self.old.clone())
+        }
+
+        /// A client on node 2 whose endpoint noticed node 0's death, with the new view.
+        fn knowing(&self) -> Replicated<Noticed> {
+            let inner = Noticed {
+                inner: self.fabric.endpoint(2),
+                dead: 0,
+            };
+            Replicated::new(inner, self.set.clone(), self.new.clone())
+        }
+
+        /// The word copy `j` of `ENTRY` holds.
+        fn copy(&self, j: u8) -> u64 {
+            let node = self.set.holder(0, j);
+            let at = RemoteAddr::new(node, mirror_region(INDEX_REGION, j), 0);
+            self.fabric.endpoint(node).read_u64(at).unwrap()
+        }
+    }
+
+    /// The word a CAS from `prev` to an entry naming DTE `dte` installs.
+    fn word(prev: u64, dte: u64) -> u64 {
+        let l = layout();
+        l.successor(Ite(prev), l.encode(1, 0, dte)).0
+    }
+
+    /// A read by a node that has not heard of the failure, after `after` returned: it must
+    /// see `after`'s word, or be refused because its view went stale meanwhile.
+    fn old_read_is_not_older(r: &Rig, after: u64) -> Result<(), String> {
+        match r.old_reader().read_u64(ENTRY) {
+            Ok(w) if w == after => Ok(()),
+            Ok(w) => Err(format!(
+                "a node that has not heard of the failure read {w:#x} at the old primary after {after:#x} was returned"
+            )),
+            Err(FabricError::Fenced { .. }) => Ok(()),
+            Err(e) => Err(format!("unexpected error: {e}")),
+        }
+    }
+
+    /// A writer whose endpoint cannot reach the failed primary any more decides at copy 1
+    /// and cannot carry the word to copy 0, where others may still read: its CAS returns only
+    /// once they no longer do.
+    fn write_missing_the_primary(mutations: Mutations) -> Result<(), String> {
+        let r = rig(mutations);
+        r.new.set_gone(0, true);
+        let w = word(0, 5);
+        let mut writer = r.knowing();
+        assert_eq!(writer.compare_and_swap(ENTRY, 0, w).unwrap(), 0);
+        assert_eq!((r.copy(0), r.copy(1)), (0, w), "only copy 1 has the word");
+        old_read_is_not_older(&r, w)
+    }
+
+    #[test]
+    fn a_write_that_misses_the_failed_primary_waits_until_nobody_reads_it() {
+        write_missing_the_primary(Mutations::default()).unwrap();
+    }
+
+    #[test]
+    fn a_write_that_goes_on_at_once_is_caught() {
+        let err = write_missing_the_primary(Mutations {
+            skip_unreached_copy_at_once: true,
+            ..Mutations::default()
+        })
+        .unwrap_err();
+        assert!(err.contains("read 0x0"), "{err}");
+    }
+
+    /// A writer decided at copy 1 and has not reached copy 0 yet (it is slow, or died). A
+    /// reader that knows of the failure reads, then one that does not: they must not see the
+    /// word go back.
+    fn read_across_views(mutations: Mutations) -> Result<(), String> {
+        let r = rig(mutations);
+        let w = word(0, 6);
+        let decider = RemoteAddr::new(1, mirror_region(INDEX_REGION, 1), 0);
+        assert_eq!(
+            r.fabric
+                .endpoint(1)
+                .compare_and_swap(decider, 0, w)
+                .unwrap(),
+            0
+        );
+        r.new.set_gone(0, true);
+        let seen = r.knowing().read_u64(ENTRY).unwrap();
+        assert_eq!(seen, w, "the next copy holds the decided word");
+        old_read_is_not_older(&r, seen)
+    }
+
+    #[test]
+    fn a_reader_that_knows_waits_before_reading_the_next_copy() {
+        let t0 = std::time::Instant::now();
+        read_across_views(Mutations::default()).unwrap();
+        assert!(t0.elapsed() >= READ_SETTLE, "the knowing read waited");
+    }
+
+    #[test]
+    fn reading_the_next_copy_at_once_is_caught() {
+        let err = read_across_views(Mutations {
+            read_next_copy_at_once: true,
+            ..Mutations::default()
+        })
+        .unwrap_err();
+        assert!(err.contains("read 0x0"), "{err}");
+    }
+
+    /// A writer that does not know yet retries the unreachable primary; once the failure is
+    /// declared it gives the copy up, and still waits until nobody reads it.
+    #[test]
+    fn a_write_that_learns_of_the_failure_while_retrying_also_waits() {
+        let r = rig(Mutations::default());
+        let inner = Noticed {
+            inner: r.fabric.endpoint(2),
+            dead: 0,
+        };
+        let mut writer = Replicated::new(inner, r.set.clone(), r.new.clone());
+        let fence = r.new.clone();
+        let declare = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            fence.set_gone(0, true);
+            std::time::Instant::now()
+        });
+        let w = word(0, 7);
+        assert_eq!(writer.compare_and_swap(ENTRY, 0, w).unwrap(), 0);
+        let returned = std::time::Instant::now();
+        let declared = declare.join().unwrap();
+        assert!(
+            returned.duration_since(declared) >= READ_SETTLE,
+            "returned {:?} after the declaration",
+            returned.duration_since(declared)
+        );
+        assert_eq!((r.copy(0), r.copy(1)), (0, w));
+    }
+
+    /// A stale view is waited on: refreshed in time, the read goes on; not, it is refused.
+    #[test]
+    fn a_read_waits_for_a_stale_view_then_is_refused() {
+        let r = rig(Mutations::default());
+        r.old.set_view_until(0);
+        let fence = r.old.clone();
+        let refresh = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            fence.set_view_until(u64::MAX - 1);
+        });
+        assert_eq!(r.old_reader().read_u64(ENTRY).unwrap(), 0);
+        refresh.join().unwrap();
+        r.old.set_view_until(0);
+        let t0 = std::time::Instant::now();
+        assert!(matches!(
+            r.old_reader().read_u64(ENTRY),
+            Err(FabricError::Fenced { node: 2 })
+        ));
+        assert!(t0.elapsed() >= READ_SETTLE, "it waited for a refresh first");
+    }
+}
