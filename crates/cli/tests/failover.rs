@@ -126,6 +126,10 @@ fn kill_one_of_three(name: &str, transport: &str) {
             && s[2]["membership"]["epoch"] == 2
     });
     assert!(under_replicated(&s) > 0, "node 1's copies are gone: {s:#?}");
+    eprintln!(
+        "{transport}: node 1 seen failed {:?} after the kill",
+        killed.elapsed()
+    );
     assert_reads(&c, &[0, 2], &model);
 
     // Writes go on, through both survivors, and read back everywhere.

@@ -337,6 +337,45 @@ impl LocalCluster {
         }
     }
 
+    /// Declare `node` failed as membership does across processes, where each node learns of
+    /// it at its own time: views read before the declaration stay fresh to read by for the
+    /// read view (the read settle time less the clock margin; `Fence::may_read`), and each
+    /// other node learns of the failure after a delay drawn from `seed`, at most half of it
+    /// (so that advances from a dead decider's history still stop, at half the settle time
+    /// after their node learnt, before anyone decides at the next copy), and reads a fresh
+    /// view from then on. Returns once every node knows. Meant for
+    /// `InProcFabric::kill_node_keeping_memory`, where nodes that have not heard still read
+    /// the dead node's memory.
+    pub fn fail_node_staggered(&self, node: NodeId, seed: u64) {
+        use rand::{Rng, SeedableRng};
+        let read_view = self
+            .set
+            .read_settle_ns()
+            .saturating_sub(self.cfg.clock_margin_ns);
+        let t0 = std::time::Instant::now();
+        let declared = nessie_fabric::wall_clock_ns();
+        // The dead node's own workers issue nothing: its view does not matter.
+        for (i, f) in self.fences.iter().enumerate() {
+            if i != node as usize {
+                f.set_view_until(declared.saturating_add(read_view));
+            }
+        }
+        self.fences[node as usize].set_lease_until(0);
+        self.fences[node as usize].set_gone(node, true);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut learners: Vec<(u64, usize)> = (0..self.fences.len())
+            .filter(|&i| i != node as usize)
+            .map(|i| (rng.gen_range(0..=read_view / 2), i))
+            .collect();
+        learners.sort_unstable();
+        for (delay, i) in learners {
+            let due = std::time::Duration::from_nanos(delay);
+            std::thread::sleep(due.saturating_sub(t0.elapsed()));
+            self.fences[i].set_gone(node, true);
+            self.fences[i].set_view_until(u64::MAX);
+        }
+    }
+
     /// Restart `node`, which crashed (`InProcFabric::kill_node`) and was declared failed
     /// ([`Self::fail_node`]), as a node process started again: its memory comes back zeroed,
     /// with a new allocator and reclaimer; it receives its copies (every node writes them from
@@ -555,6 +594,11 @@ impl LocalCluster {
 
     pub fn view(&self) -> &Arc<ClusterView> {
         &self.view
+    }
+
+    /// Where the copies of each node's tables are, and the replication timings.
+    pub fn replica_set(&self) -> &Arc<ReplicaSet> {
+        &self.set
     }
 
     pub fn table(&self, node: NodeId) -> Arc<ClassTable> {

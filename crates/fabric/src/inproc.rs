@@ -17,6 +17,14 @@ use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 struct InProcNode {
     regions: Vec<WordMemory>,
     alive: AtomicBool,
+    /// Killed, but its memory stays reachable to endpoints that have not noticed the death
+    /// yet (shared memory: a dead process's segment stays mapped), see
+    /// [`InProcFabric::kill_node_keeping_memory`].
+    kept: AtomicBool,
+    /// When it was killed with its memory kept (monotonic ns), and within how long after that
+    /// every endpoint notices.
+    killed_at_ns: AtomicU64,
+    notice_within_ns: AtomicU64,
     /// Restarts so far: endpoints made before the last one belong to a dead process.
     incarnation: AtomicU64,
 }
@@ -51,6 +59,9 @@ impl InProcFabric {
             .map(|sizes| InProcNode {
                 regions: sizes.iter().map(|&b| WordMemory::zeroed(b)).collect(),
                 alive: AtomicBool::new(true),
+                kept: AtomicBool::new(false),
+                killed_at_ns: AtomicU64::new(0),
+                notice_within_ns: AtomicU64::new(0),
                 incarnation: AtomicU64::new(0),
             })
             .collect();
@@ -80,15 +91,32 @@ impl InProcFabric {
             incarnation: self.nodes[node as usize].incarnation.load(Ordering::SeqCst),
             stats: self.stats.register(node),
             injector: self.delay.clone().map(|d| Injector::new(d, n)),
+            number: n,
         }
     }
 
     /// Crash `node`: every operation on its memory fails, and so does every operation its own
     /// workers issue (a crashed process issues nothing).
     pub fn kill_node(&self, node: NodeId) {
-        self.nodes[node as usize]
-            .alive
-            .store(false, Ordering::SeqCst);
+        let n = &self.nodes[node as usize];
+        n.alive.store(false, Ordering::SeqCst);
+        n.kept.store(false, Ordering::SeqCst);
+    }
+
+    /// Crash `node` as a process whose memory others map (shared memory): its own workers
+    /// issue nothing, but its memory stays readable and writable through every endpoint that
+    /// has not yet noticed the death. Each endpoint notices on its own, at a time drawn from
+    /// its number within `notice_within_ns` of the kill, as a transport's keep-alive would;
+    /// from then on its operations there fail. So writers may fail to reach memory that
+    /// readers still read. [`Self::kill_node`] makes it unreachable to all.
+    pub fn kill_node_keeping_memory(&self, node: NodeId, notice_within_ns: u64) {
+        let n = &self.nodes[node as usize];
+        n.killed_at_ns
+            .store(crate::monotonic_ns(), Ordering::SeqCst);
+        n.notice_within_ns
+            .store(notice_within_ns.max(1), Ordering::SeqCst);
+        n.kept.store(true, Ordering::SeqCst);
+        n.alive.store(false, Ordering::SeqCst);
     }
 
     /// Restart a crashed `node`: its memory comes back zeroed, as a new process's would.
@@ -109,6 +137,7 @@ impl InProcFabric {
             }
         }
         n.incarnation.fetch_add(1, Ordering::SeqCst);
+        n.kept.store(false, Ordering::SeqCst);
         n.alive.store(true, Ordering::SeqCst);
     }
 
@@ -128,7 +157,7 @@ impl InProcFabric {
                 node,
                 nodes: self.nodes.len(),
             })?;
-        if !n.alive.load(Ordering::SeqCst) {
+        if !n.alive.load(Ordering::SeqCst) && !n.kept.load(Ordering::SeqCst) {
             return Err(FabricError::Unreachable {
                 node,
                 reason: "node was killed".into(),
@@ -148,6 +177,8 @@ pub struct InProcEndpoint {
     incarnation: u64,
     stats: Arc<StatsCell>,
     injector: Option<Injector>,
+    /// Which endpoint of the fabric this is (it draws when it notices a death).
+    number: u64,
 }
 
 impl InProcEndpoint {
@@ -164,6 +195,31 @@ impl InProcEndpoint {
         }
         self.maybe_delay();
         Ok(())
+    }
+
+    /// Whether `node` is reachable from this endpoint: a node killed with its memory kept is,
+    /// until this endpoint notices the death.
+    fn reach(&mut self, node: NodeId) -> Result<(), FabricError> {
+        let Some(n) = self.fabric.nodes.get(node as usize) else {
+            return Ok(()); // `region` names the problem
+        };
+        if !n.kept.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // splitmix64 of (endpoint, node): each endpoint notices each death at its own time.
+        let mut z = (self.number << 16 | node as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let within = n.notice_within_ns.load(Ordering::SeqCst);
+        let notices_at = n.killed_at_ns.load(Ordering::SeqCst) + z % within;
+        if crate::monotonic_ns() < notices_at {
+            return Ok(());
+        }
+        Err(FabricError::Unreachable {
+            node,
+            reason: "its process died (noticed)".into(),
+        })
     }
 
     fn maybe_delay(&mut self) {
@@ -189,6 +245,7 @@ impl InProcEndpoint {
         f: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
     ) -> Result<T, FabricError> {
         self.begin()?;
+        self.reach(addr.node)?;
         let mem = self.fabric.region(addr.node, addr.region)?;
         let r = f(mem).map_err(|e| e.at(addr, len, mem))?;
         self.stats
@@ -384,5 +441,49 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("probability"));
+    }
+
+    /// A process killed with its memory kept: its own workers fail at once; every other
+    /// endpoint reads and writes its memory until it notices the death, each at its own time,
+    /// and then fails there for good.
+    #[test]
+    fn memory_kept_after_a_kill_until_each_endpoint_notices() {
+        let f = fabric(None);
+        let at = RemoteAddr::new(1, 0, 8);
+        let mut own = f.endpoint(1);
+        let mut others: Vec<_> = (0..6).map(|_| f.endpoint(0)).collect();
+        own.write(at, &7u64.to_le_bytes()).unwrap();
+        let within = std::time::Duration::from_millis(40);
+        let t0 = std::time::Instant::now();
+        f.kill_node_keeping_memory(1, within.as_nanos() as u64);
+        assert!(matches!(
+            own.read_u64(at),
+            Err(FabricError::Unreachable { node: 1, .. })
+        ));
+        let mut noticed_after = vec![None; others.len()];
+        while noticed_after.iter().any(Option::is_none) {
+            assert!(t0.elapsed() < 2 * within, "an endpoint never noticed");
+            for (ep, noticed) in others.iter_mut().zip(&mut noticed_after) {
+                match (ep.read_u64(at), *noticed) {
+                    (Ok(v), None) => assert_eq!(v, 7, "the memory is what the process left"),
+                    (Err(_), None) => *noticed = Some(t0.elapsed()),
+                    (r, Some(_)) => assert!(r.is_err(), "noticed for good"),
+                }
+            }
+        }
+        let (first, last) = (noticed_after.iter().min(), noticed_after.iter().max());
+        assert!(
+            last.unwrap().unwrap() > first.unwrap().unwrap() + within / 10,
+            "endpoints notice at different times: {noticed_after:?}"
+        );
+        let mut late = f.endpoint(0);
+        f.kill_node(1);
+        assert!(late.read_u64(at).is_err(), "a plain kill reaches everyone");
+        f.revive_node(1);
+        assert_eq!(
+            others[0].read_u64(at).unwrap(),
+            0,
+            "a new process, fresh memory"
+        );
     }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nessie_cluster::LocalCluster;
+use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::ClientStats;
 use nessie_protocols::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
@@ -97,9 +98,29 @@ fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
     ]
 }
 
+/// How node 1 dies.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Crash {
+    /// Its memory unreachable to all at once, every node told of the failure at once.
+    Plain,
+    /// As a process over shared memory: its memory stays reachable to each endpoint until
+    /// that endpoint notices (`InProcFabric::kill_node_keeping_memory`), and each node learns
+    /// of the failure at its own time, reading the old primary meanwhile
+    /// (`LocalCluster::fail_node_staggered`).
+    MemoryKept,
+}
+
 /// One run: the workload on every node, node 1 crashing `crash_after` into it.
 fn crash_mid_run(name: &str, g: Geometry, o: Optimizations, replicas: u8, seed: u64) {
-    crash_mid_run_with(name, g, o, Mutations::default(), replicas, seed)
+    crash_mid_run_with(
+        name,
+        g,
+        o,
+        Mutations::default(),
+        replicas,
+        seed,
+        Crash::Plain,
+    )
 }
 
 fn crash_mid_run_with(
@@ -109,12 +130,28 @@ fn crash_mid_run_with(
     mutations: Mutations,
     replicas: u8,
     seed: u64,
+    crash: Crash,
 ) {
-    let cfg = ProtocolConfig {
+    let mut cfg = ProtocolConfig {
         mutations,
         ..cfg(o)
     };
-    let c = LocalCluster::replicated(g, cfg.clone(), delay(seed), replicas).unwrap();
+    if crash == Crash::MemoryKept {
+        // A longer read settle time: more operations meet the views and endpoints that
+        // disagree about the dead node.
+        cfg.expiry_ns = 100_000_000;
+    }
+    // The memory-kept crash races readers and writers across a few milliseconds: longer
+    // delays make its windows (a word decided at one copy, not yet at the other) wider.
+    let delay = match crash {
+        Crash::Plain => delay(seed),
+        Crash::MemoryKept => Some(DelayInjection {
+            seed,
+            probability: 0.05,
+            max_delay_ns: 200_000,
+        }),
+    };
+    let c = LocalCluster::replicated(g, cfg.clone(), delay, replicas).unwrap();
     let clients: Vec<_> = THREADS_NODES
         .iter()
         .map(|&n| c.client(n).unwrap())
@@ -131,8 +168,18 @@ fn crash_mid_run_with(
                 }
                 std::thread::sleep(Duration::from_micros(100));
             }
-            c.fabric().kill_node(CRASHED);
-            c.fail_node(CRASHED);
+            match crash {
+                Crash::Plain => {
+                    c.fabric().kill_node(CRASHED);
+                    c.fail_node(CRASHED);
+                }
+                Crash::MemoryKept => {
+                    // Endpoints notice the death over the time others may still read.
+                    let notice_within = c.replica_set().read_settle_ns();
+                    c.fabric().kill_node_keeping_memory(CRASHED, notice_within);
+                    c.fail_node_staggered(CRASHED, seed);
+                }
+            }
             true
         });
         let (out, cs) = stress::run(clients, &s);
@@ -197,6 +244,69 @@ fn a_node_crashing_mid_run_two_copies() {
 fn a_node_crashing_mid_run_three_copies() {
     for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
         crash_mid_run(name, g, o, 3, 200 + i as u64);
+    }
+}
+
+/// Node 1 dies as a process over shared memory does: its memory outlives it for endpoints
+/// that have not noticed, and the others learn of the failure one by one, so for a while some
+/// read the old primary and some the next copy, and some writers reach the old primary and
+/// some do not (`docs/protocol.md`, Replication, rule 7).
+#[test]
+fn a_node_crashing_mid_run_with_its_memory_kept() {
+    for (i, (name, g, o)) in variants().into_iter().take(3).enumerate() {
+        for r in [2, 3] {
+            let seed = 600 + 10 * i as u64 + r as u64;
+            crash_mid_run_with(
+                name,
+                g.clone(),
+                o,
+                Mutations::default(),
+                r,
+                seed,
+                Crash::MemoryKept,
+            );
+        }
+    }
+}
+
+/// A hunt for the memory-kept crash, R = 2, small index, cache off, `$COUNT` seeds (default
+/// 100) from `$BASE` (default 30000); `MUT=read` or `MUT=write` runs it with the rule 7
+/// mutations (`read_next_copy_at_once`, `skip_unreached_copy_at_once`); `GEOM=tiny` gives it
+/// tiny data tables (entries written to other nodes' pages, the dead node's included).
+/// `BASE=30000 COUNT=100 cargo test --release -p nessie-testkit --test stress_replicated
+/// many_seeds_memory_kept -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn many_seeds_memory_kept() {
+    let (mut small, o) = small_index_no_cache();
+    if std::env::var("GEOM").as_deref() == Ok("tiny") {
+        // Tiny data tables too: entries are placed on other nodes, the dead one's included.
+        small.dtes_per_node = 48;
+    }
+    let env = |k: &str, d: u64| std::env::var(k).map_or(d, |v| v.parse().expect("a number"));
+    let (base, count) = (env("BASE", 30_000), env("COUNT", 100));
+    let mutations = match std::env::var("MUT").as_deref() {
+        Ok("read") => Mutations {
+            read_next_copy_at_once: true,
+            ..Mutations::default()
+        },
+        Ok("write") => Mutations {
+            skip_unreached_copy_at_once: true,
+            ..Mutations::default()
+        },
+        _ => Mutations::default(),
+    };
+    for seed in base..base + count {
+        eprintln!("seed {seed}");
+        crash_mid_run_with(
+            "memory kept",
+            small.clone(),
+            o,
+            mutations,
+            2,
+            seed,
+            Crash::MemoryKept,
+        );
     }
 }
 
@@ -369,7 +479,11 @@ fn copies_that_miss_writes_are_caught() {
 #[test]
 #[ignore]
 fn many_seeds_small_index_no_crash() {
-    let (small, o) = small_index_no_cache();
+    let (mut small, o) = small_index_no_cache();
+    if std::env::var("GEOM").as_deref() == Ok("tiny") {
+        // Tiny data tables too: entries are placed on other nodes, the dead one's included.
+        small.dtes_per_node = 48;
+    }
     let env = |k: &str, d: u64| std::env::var(k).map_or(d, |b| b.parse().expect("a number"));
     let (base, count, r) = (env("BASE", 9000), env("COUNT", 150), env("R", 2) as u8);
     for seed in base..base + count {
@@ -470,7 +584,11 @@ fn copies_agree_where(name: &str, c: &LocalCluster, g: &Geometry, r: u8, node: O
 #[test]
 #[ignore]
 fn many_seeds_rejoin() {
-    let (small, o) = small_index_no_cache();
+    let (mut small, o) = small_index_no_cache();
+    if std::env::var("GEOM").as_deref() == Ok("tiny") {
+        // Tiny data tables too: entries are placed on other nodes, the dead one's included.
+        small.dtes_per_node = 48;
+    }
     let env = |k: &str, d: u64| std::env::var(k).map_or(d, |b| b.parse().expect("a number"));
     let (base, count) = (env("BASE", 50000), env("COUNT", 100));
     for seed in base..base + count {

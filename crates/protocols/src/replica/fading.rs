@@ -75,16 +75,17 @@ impl<E: Endpoint> Replicated<E> {
 
     /// Reads are served only while this node's view of membership is fresh: a node that has
     /// not heard of a failure reads the failed node's copies, which the others maintain, and
-    /// wait for, only for the read settle time after they learn of it. A stale view is waited
-    /// on (the monitor refreshes it several times per freshness window) for up to the read
-    /// settle time; then the read fails as `Fenced`.
+    /// wait for, only for the read settle time after they learn of it. A view that went stale
+    /// less than the read settle time ago is waited on (the monitor reads it several times per
+    /// freshness window, so a refresh is probably late, not lost); one stale for longer fails
+    /// the read as `Fenced` at once, so a node cut off from membership answers quickly.
     pub(super) fn wait_fresh_view(&mut self) -> Result<(), FabricError> {
         let until = self.fence.view_until();
         if until == u64::MAX || self.inner.now_ns() < until {
             return Ok(());
         }
-        let start = self.inner.mono_ns();
-        while self.inner.mono_ns().saturating_sub(start) < self.set.read_settle_ns {
+        let give_up = until.saturating_add(self.set.read_settle_ns);
+        while self.inner.now_ns() < give_up {
             self.inner.sleep_ns(RETRY_PAUSE_NS);
             if self.inner.now_ns() < self.fence.view_until() {
                 return Ok(());
@@ -357,11 +358,12 @@ mod tests {
         assert_eq!((r.copy(0), r.copy(1)), (0, w));
     }
 
-    /// A stale view is waited on: refreshed in time, the read goes on; not, it is refused.
+    /// A view gone stale is waited on: refreshed in time, the read goes on; not, it is refused,
+    /// and once it has been stale for the read settle time, refused at once.
     #[test]
     fn a_read_waits_for_a_stale_view_then_is_refused() {
         let r = rig(Mutations::default());
-        r.old.set_view_until(0);
+        r.old.set_view_until(nessie_fabric::wall_clock_ns());
         let fence = r.old.clone();
         let refresh = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
@@ -369,12 +371,26 @@ mod tests {
         });
         assert_eq!(r.old_reader().read_u64(ENTRY).unwrap(), 0);
         refresh.join().unwrap();
-        r.old.set_view_until(0);
+        let stale_at = nessie_fabric::wall_clock_ns();
+        r.old.set_view_until(stale_at);
         let t0 = std::time::Instant::now();
         assert!(matches!(
             r.old_reader().read_u64(ENTRY),
             Err(FabricError::Fenced { node: 2 })
         ));
-        assert!(t0.elapsed() >= READ_SETTLE, "it waited for a refresh first");
+        let waited = t0.elapsed();
+        assert!(
+            waited >= READ_SETTLE - Duration::from_millis(5),
+            "it waited for a refresh first: {waited:?}"
+        );
+        let t1 = std::time::Instant::now();
+        assert!(matches!(
+            r.old_reader().read_u64(ENTRY),
+            Err(FabricError::Fenced { node: 2 })
+        ));
+        assert!(
+            t1.elapsed() < READ_SETTLE / 2,
+            "a view stale for longer is refused at once"
+        );
     }
 }
