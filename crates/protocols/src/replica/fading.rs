@@ -22,6 +22,7 @@ use nessie_fabric::{Endpoint, FabricError, NodeId};
 #[cfg(doc)]
 use super::ReplicaSet;
 use super::{Copy, Replicated, RETRY_PAUSE_NS};
+use crate::fence::NodeRole;
 #[cfg(doc)]
 use crate::fence::Fence;
 
@@ -33,20 +34,30 @@ impl<E: Endpoint> Replicated<E> {
     pub(super) fn read_copy(&mut self, partition: NodeId) -> Result<Copy, FabricError> {
         loop {
             self.wait_fresh_view()?;
-            let copies = self.copies(partition, true)?;
+            // One look at each role; the clock only if a failed node comes first.
             let mut now = None;
             let mut settled = true;
-            for &c in copies.as_slice() {
-                if c.is_full() {
-                    if settled || mutated!(self.set, read_next_copy_at_once) {
-                        return Ok(c);
+            for j in 0..self.set.replicas {
+                let node = self.set.holder(partition, j);
+                match self.fence.role(node) {
+                    NodeRole::Full if settled || mutated!(self.set, read_next_copy_at_once) => {
+                        return Ok(Copy {
+                            node,
+                            j,
+                            fading: false,
+                            receiving: false,
+                        });
                     }
-                    break;
+                    NodeRole::Full => break,
+                    NodeRole::Receiving => {}
+                    NodeRole::Gone => {
+                        let t = *now.get_or_insert_with(|| self.inner.mono_ns());
+                        settled &= !self.maybe_read_by_others(node, t);
+                    }
                 }
-                if c.fading {
-                    let t = *now.get_or_insert_with(|| self.inner.mono_ns());
-                    settled &= !self.maybe_read_by_others(c.node, t);
-                }
+            }
+            if settled {
+                return Err(FabricError::NoCopy { node: partition });
             }
             self.inner.sleep_ns(RETRY_PAUSE_NS);
         }
