@@ -117,12 +117,13 @@ fn wait_state(c: &Cluster, id: u16, state: &str, limit: Duration, log: &Mutex<Ve
     }
 }
 
-/// The cluster: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd), two copies.
-fn cluster() -> Cluster {
+/// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
+/// two copies.
+fn cluster(name: &str, transport: &str) -> Cluster {
     Cluster::up(
-        "faults",
+        name,
         NODES,
-        "shm",
+        transport,
         &[
             "--lease-ttl",
             "2",
@@ -190,9 +191,33 @@ fn nodes_agree(c: &Cluster, keys: u64) {
     }
 }
 
+/// Over shared memory a dead process's memory stays readable through endpoints that have not
+/// noticed its death, and a paused one's stays readable throughout.
 #[test]
 fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
-    let c = cluster();
+    history_across_faults("faults", "shm");
+}
+
+/// Over TCP a dead or paused node answers nobody (a paused one answers again when resumed).
+/// Not in the suite yet: in one of about fifteen runs (the one where it shared the machine
+/// with the shared-memory run) a key was left wedged afterwards: every GET of it, through
+/// every node, gave up as contended, although the history was linearizable. The suspect is a
+/// MIGRATE that fails with an error after publishing its copy and walks away from it while its
+/// writer lives (`docs/protocol.md`, Known limitations); nodes now log "a MIGRATE failed" when
+/// that happens. `NESSIE_TEST_KEEP=1 cargo test -p nessie-cli --test faults -- --ignored
+/// --nocapture` runs it and keeps the cluster directory with the node logs.
+#[test]
+#[ignore]
+fn the_same_over_tcp() {
+    history_across_faults("faults-tcp", "tcp");
+}
+
+/// The two runs take turns: each needs the machine's cores for its timings (leases, pauses).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn history_across_faults(name: &str, transport: &str) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster(name, transport);
     let clients: Vec<Reconnecting> = [0, 1, 2, 3, 0, 2]
         .iter()
         .map(|&n| Reconnecting::new(&c, n))
@@ -219,7 +244,7 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
     for l in log.lock().unwrap().iter() {
         eprintln!("nemesis: {l}");
     }
-    eprintln!("faults: {out}");
+    eprintln!("faults over {transport}: {out}");
     let _restarted = restarted
         .expect("the nemesis did not finish before the workload")
         .expect("nemesis");

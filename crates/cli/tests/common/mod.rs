@@ -62,6 +62,10 @@ impl Drop for Cluster {
             }
         }
         let _ = self.nessie(&["down"]);
+        if std::env::var_os("NESSIE_TEST_KEEP").is_some() {
+            eprintln!("NESSIE_TEST_KEEP: kept {}", self.dir.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -70,10 +70,13 @@ impl<E: Endpoint> CdClient<E> {
         let copy = self.publish_copy(&d, dst, &moved)?;
 
         // Step 7: empty the source.
-        self.empty_source(&d, src, moved.ite, dst, copy)?;
-
+        let step7 = self.empty_source(&d, src, moved.ite, dst, copy);
         // Steps 8 and 9.
-        self.set_valid(copy)?;
+        let step8 = step7.and_then(|()| self.set_valid(copy));
+        if let Err(Abort::Fatal(e)) = &step8 {
+            tracing::warn!(%e, ?copy, ?src, ?dst, "a MIGRATE failed and may have left its invalid copy in the index");
+        }
+        step8?;
         self.stats.migrations += 1;
         if depth > 0 {
             self.stats.recursive_migrations += 1;

@@ -127,8 +127,8 @@ impl<E: Endpoint> Replicated<E> {
     /// its last full copy: the first to hold every change, and the one whose history every
     /// other copy follows.
     fn read_decider(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        self.wait_fresh_view()?;
         loop {
+            self.wait_fresh_view()?;
             let live = self.live(addr.node)?;
             let c = live.as_slice()[live.len - 1];
             let a = Self::at(addr, c);

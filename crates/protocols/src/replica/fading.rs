@@ -22,9 +22,9 @@ use nessie_fabric::{Endpoint, FabricError, NodeId};
 #[cfg(doc)]
 use super::ReplicaSet;
 use super::{Copy, Replicated, RETRY_PAUSE_NS};
-use crate::fence::NodeRole;
 #[cfg(doc)]
 use crate::fence::Fence;
+use crate::fence::NodeRole;
 
 impl<E: Endpoint> Replicated<E> {
     /// The copy of `partition` to read: the first full one, once no copy before it may still

@@ -450,8 +450,9 @@ impl<E: Endpoint> Replicated<E> {
     /// (now or while we wait for that), once nobody reads the copy any more (`wait_unread`).
     /// A fading copy is tried once. A node that stays unreachable without being declared
     /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `reading`: `op` reads for
-    /// a client, which may only happen while this node's view is fresh (checked before every
-    /// try: a try may come long after the first). `op` must be safe to repeat.
+    /// a client, which may only happen while this node's view is fresh (the caller checks it
+    /// before the first try, this before every later one: a retry may come long after).
+    /// `op` must be safe to repeat.
     fn on_copy<T>(
         &mut self,
         c: Copy,
@@ -468,13 +469,15 @@ impl<E: Endpoint> Replicated<E> {
                 Err(e) => Err(e),
             };
         }
-        let start = self.inner.mono_ns();
+        // When the first try failed (no clock read on the way that almost always succeeds).
+        let mut start = None;
         loop {
             if self.fence.is_gone(c.node) {
                 self.wait_unread(c);
                 return Ok(None);
             }
-            if reading {
+            if reading && start.is_some() {
+                // The caller checked the view before the first try.
                 self.wait_fresh_view()?;
             }
             match op(&mut self.inner) {
@@ -484,7 +487,9 @@ impl<E: Endpoint> Replicated<E> {
                     let me = self.inner.node();
                     let ours = matches!(e, FabricError::Unreachable { node, .. } if node == me)
                         || self.fence.is_gone(me);
-                    if ours || self.inner.mono_ns().saturating_sub(start) > UNREACHABLE_WAIT_NS {
+                    let now = self.inner.mono_ns();
+                    let waited = now.saturating_sub(*start.get_or_insert(now));
+                    if ours || waited > UNREACHABLE_WAIT_NS {
                         return Err(e);
                     }
                     self.inner.sleep_ns(RETRY_PAUSE_NS);
