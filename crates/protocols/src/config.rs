@@ -95,6 +95,9 @@ pub struct Mutations {
     /// Replication: a write that cannot reach a copy whose node just failed goes on at once,
     /// while nodes that have not heard of the failure may still read that copy.
     pub skip_unreached_copy_at_once: bool,
+    /// A MIGRATE whose source CAS (Step 7) fails with an error returns at once, leaving its
+    /// invalid copy in the index while its writer lives (as before this was found).
+    pub migrate_walks_away: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -262,7 +262,7 @@ impl<E: Endpoint> CdClient<E> {
     /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which
     /// fails harmlessly if the entry was taken out and reused meanwhile: the word then holds
     /// another writer's tag, or is valid). Whether it was set.
-    fn mark_given_up(&mut self, ite: Ite, tombstone: bool) -> bool {
+    pub(crate) fn mark_given_up(&mut self, ite: Ite, tombstone: bool) -> bool {
         let loc = self.dte_location(ite);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
         let ours = self.view.dte.header(self.tag, false) | if tombstone { TOMBSTONE } else { 0 };

@@ -25,6 +25,9 @@ use nessie_fabric::Endpoint;
 use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::Ite;
 
+use rand::Rng;
+
+use super::abandoned::FINISH_OWN_PERIODS;
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::error::Error;
@@ -70,13 +73,15 @@ impl<E: Endpoint> CdClient<E> {
         let copy = self.publish_copy(&d, dst, &moved)?;
 
         // Step 7: empty the source.
-        let step7 = self.empty_source(&d, src, moved.ite, dst, copy);
+        self.empty_source(&d, src, moved.ite, dst, copy)?;
+
         // Steps 8 and 9.
-        let step8 = step7.and_then(|()| self.set_valid(copy));
-        if let Err(Abort::Fatal(e)) = &step8 {
-            tracing::warn!(%e, ?copy, ?src, ?dst, "a MIGRATE failed and may have left its invalid copy in the index");
+        if let Err(e) = self.set_valid(copy) {
+            // The source is gone: the copy is the key's only entry, and must become valid.
+            if !self.settle_copy(dst, copy, Settle::SetValid) {
+                return Err(e);
+            }
         }
-        step8?;
         self.stats.migrations += 1;
         if depth > 0 {
             self.stats.recursive_migrations += 1;
@@ -206,18 +211,88 @@ impl<E: Endpoint> CdClient<E> {
         copy: Ite,
     ) -> Attempt<()> {
         let emptied = match self.check(d) {
-            Ok(()) if self.cas_ite(src, src_ite, Ite::EMPTY)?.is_some() => Ok(()),
-            Ok(()) => Err(Abort::Concurrent("migrate source changed")),
+            Ok(()) => match self.cas_ite(src, src_ite, Ite::EMPTY) {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => Err(Abort::Concurrent("migrate source changed")),
+                Err(e) if mutated!(self.cfg, migrate_walks_away) => return Err(e),
+                // Refused before it was issued: the source is as it was.
+                Err(e @ Abort::Fatal(Error::Fenced { .. })) => Err(e),
+                Err(e) => {
+                    // The CAS may have taken place. The source still holding its word says
+                    // it did not: the word could come back only once its entry was taken out
+                    // by another writer and reused, an expiry period later. Otherwise we
+                    // cannot tell (`docs/protocol.md`, Known limitations).
+                    if !matches!(self.read_ite(src), Ok((w, _)) if w == src_ite) {
+                        tracing::warn!(?copy, ?src, ?dst, "a MIGRATE cannot tell whether it emptied its source; its invalid copy stays in the index");
+                        return Err(e);
+                    }
+                    Err(e)
+                }
+            },
             Err(e) => Err(e),
         };
-        if let Err(e) = emptied {
-            if self.cas_ite(dst, copy, Ite::EMPTY)?.is_some() {
-                self.recycle(copy);
+        // Not emptied: take the copy out again.
+        match self.cas_ite(dst, copy, Ite::EMPTY) {
+            Ok(Some(_)) => self.recycle(copy),
+            Ok(None) => {}
+            Err(_) => {
+                self.settle_copy(dst, copy, Settle::TakeOut);
             }
-            return Err(e);
         }
-        Ok(())
+        emptied
     }
+
+    /// A MIGRATE that failed after publishing its copy must not walk away from it while it
+    /// lives: an invalid entry whose writer lives blocks every write of the moved key, and
+    /// every read that meets it (it has no previous version), since only entries whose writer
+    /// gave up or died are completed by others (`abandoned.rs`). So it retries what is left,
+    /// with back-off, for up to [`FINISH_OWN_PERIODS`] expiry periods (a fence that refused
+    /// a step lifts once membership is read again); if that fails, a copy whose source is gone
+    /// is marked given up (others roll it forward: it holds the key's value), and a copy whose
+    /// source is still there is left, with a warning.
+    /// Whether it settled it (a copy marked given up is not: the MIGRATE failed).
+    fn settle_copy(&mut self, dst: Slot, copy: Ite, what: Settle) -> bool {
+        let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
+        let until =
+            self.ep.mono_ns() + FINISH_OWN_PERIODS * self.cfg.expiry_ns + self.cfg.clock_margin_ns;
+        while self.ep.mono_ns() < until {
+            self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
+            backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
+            let done = match what {
+                Settle::SetValid => self.set_valid(copy).is_ok(),
+                Settle::TakeOut => match self.cas_ite(dst, copy, Ite::EMPTY) {
+                    Ok(Some(_)) => {
+                        self.recycle(copy);
+                        true
+                    }
+                    Ok(None) => true, // no longer ours to take out
+                    Err(_) => false,
+                },
+            };
+            if done {
+                return true;
+            }
+        }
+        if what == Settle::SetValid && self.mark_given_up(copy, false) {
+            return false;
+        }
+        tracing::warn!(
+            ?copy,
+            ?dst,
+            ?what,
+            "a failed MIGRATE could not settle its copy; it stays invalid in the index"
+        );
+        false
+    }
+}
+
+/// What a MIGRATE that failed after publishing its copy still has to do ([`CdClient::settle_copy`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Settle {
+    /// It emptied the source: set the copy valid.
+    SetValid,
+    /// It did not: take the copy out of the destination.
+    TakeOut,
 }
 
 /// The entry a MIGRATE moves, as read from its source (Step 2).
@@ -428,6 +503,116 @@ mod tests {
         assert_eq!((ms.concurrent_aborts, ms.migrations), (1, 0), "{msg}");
         assert_eq!(g.get(&k), Ok(None), "once the MIGRATE is done, K is absent");
         got
+    }
+
+    /// K in its second candidate k1 with k0 free, and X, whose first candidate is k1 and whose
+    /// others (not k0) are taken: a PUT of X moves K to k0, before its source. Returns (K, X).
+    fn place_copy_before_source(c: &InProcCluster) -> (Vec<u8>, Vec<u8>) {
+        let k = key_with_distinct_candidates(c);
+        let kc = c.candidates(&k);
+        let mut setup = c.client(0);
+        let mut taken = vec![k.clone()];
+        let blocker = key_first_in(c, kc[0], &taken);
+        setup.put(&blocker, b"blocker").unwrap();
+        setup.put(&k, b"before").unwrap();
+        setup.delete(&blocker).unwrap();
+        assert!(c.ite(kc[0]).is_empty() && !c.ite(kc[1]).is_empty());
+        let x = (0..SEARCH)
+            .map(|i| key(b'x', i))
+            .find(|x| {
+                let xc = c.candidates(x);
+                xc[0] == kc[1] && !xc.contains(&kc[0]) && xc[1] != xc[2] && xc[1] != xc[0]
+            })
+            .unwrap();
+        taken.push(x.clone());
+        for slot in c.candidates(&x) {
+            if c.ite(slot).is_empty() {
+                let f = key_first_in(c, slot, &taken);
+                setup.put(&f, b"filler").unwrap();
+                taken.push(f);
+            }
+        }
+        assert!(c.ite(kc[0]).is_empty(), "K's first candidate is free");
+        (k, x)
+    }
+
+    /// The PUT of X, then a PUT and a GET of K through another client.
+    type Outcome = (
+        Result<(), Error>,
+        Result<(), Error>,
+        Result<Option<Vec<u8>>, Error>,
+    );
+
+    /// K before its MIGRATE (`place_copy_before_source`): a PUT of X by a client whose
+    /// operations fail as `fail` says once its MIGRATE of K has published its copy in k0. Returns the PUT's result, then what a PUT and a GET of K through another
+    /// client give afterwards.
+    fn migrate_failing_after_its_copy(
+        mutations: Mutations,
+        fail: impl Fn(&super::super::testkit::FailNext) + Send + 'static,
+    ) -> Outcome {
+        use crate::hooks::HookPoint;
+        let cfg = ProtocolConfig {
+            mutations,
+            retry: crate::config::RetryPolicy {
+                max_attempts: 50,
+                ..crate::config::RetryPolicy::default()
+            },
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let (k, x) = place_copy_before_source(&c);
+        let (mut m, switch) = c.failing_client(1);
+        let mut once = Some(fail);
+        m.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::MigrateAfterDstCas {
+                if let Some(f) = once.take() {
+                    f(&switch);
+                }
+            }
+        })));
+        let put_x = m.put(&x, b"x");
+        let mut other = c.client(2);
+        let put_k = other.put(&k, b"after");
+        (put_x, put_k, other.get(&k))
+    }
+
+    /// The fence refuses the MIGRATE's CAS on its source (Step 7): the source is as it was,
+    /// so the MIGRATE takes its copy back out, and K stays writable.
+    #[test]
+    fn a_migrate_refused_at_its_source_takes_its_copy_out() {
+        let (put_x, put_k, get_k) = migrate_failing_after_its_copy(Mutations::default(), |f| {
+            f.cas.store(1, std::sync::atomic::Ordering::SeqCst)
+        });
+        assert!(matches!(put_x, Err(Error::Fenced { .. })), "{put_x:?}");
+        assert_eq!(put_k, Ok(()), "K is not wedged by a copy left behind");
+        assert_eq!(get_k, Ok(Some(b"after".to_vec())));
+    }
+
+    /// The control: a MIGRATE that walks away from its copy wedges every write of K.
+    #[test]
+    fn a_migrate_that_walks_away_from_its_copy_wedges_the_key() {
+        let mutations = Mutations {
+            migrate_walks_away: true,
+            ..Mutations::default()
+        };
+        let (put_x, put_k, get_k) = migrate_failing_after_its_copy(mutations, |f| {
+            f.cas.store(1, std::sync::atomic::Ordering::SeqCst)
+        });
+        assert!(matches!(put_x, Err(Error::Fenced { .. })), "{put_x:?}");
+        assert!(matches!(put_k, Err(Error::Contended { .. })), "{put_k:?}");
+        assert!(matches!(get_k, Err(Error::Contended { .. })), "{get_k:?}");
+    }
+
+    /// Setting the copy valid fails once (Step 8), after the source was emptied: the MIGRATE
+    /// tries again, and the move completes.
+    #[test]
+    fn a_migrate_whose_valid_flag_fails_sets_it_again() {
+        let (put_x, put_k, get_k) = migrate_failing_after_its_copy(Mutations::default(), |f| {
+            f.writes.store(1, std::sync::atomic::Ordering::SeqCst)
+        });
+        assert_eq!(put_x, Ok(()), "the move completed and X took its place");
+        assert_eq!(put_k, Ok(()));
+        assert_eq!(get_k, Ok(Some(b"after".to_vec())));
     }
 
     /// Filling most of a small index needs many migrations, some recursive, and loses

@@ -112,3 +112,110 @@ impl InProcCluster {
         self.view.index.hashes(key).all(&self.view.index)
     }
 }
+
+/// How many of an endpoint's next operations fail, by kind (shared with the test driving it).
+#[derive(Default)]
+pub(crate) struct FailNext {
+    pub cas: std::sync::atomic::AtomicU32,
+    pub writes: std::sync::atomic::AtomicU32,
+}
+
+/// An endpoint whose next operations fail as if its node were fenced for a moment (its view
+/// of membership stale), as [`FailNext`] says.
+pub(crate) struct Failing<E> {
+    inner: E,
+    fail: Arc<FailNext>,
+}
+
+impl<E: Endpoint> Failing<E> {
+    fn take(&self, n: &std::sync::atomic::AtomicU32) -> Result<(), nessie_fabric::FabricError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match n.fetch_update(SeqCst, SeqCst, |v| v.checked_sub(1)) {
+            Ok(_) => Err(nessie_fabric::FabricError::Fenced {
+                node: self.inner.node(),
+            }),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl<E: Endpoint> Endpoint for Failing<E> {
+    fn node(&self) -> NodeId {
+        self.inner.node()
+    }
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn read(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        buf: &mut [u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.inner.read(addr, buf)
+    }
+    fn write(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        buf: &[u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.take(&self.fail.writes)?;
+        self.inner.write(addr, buf)
+    }
+    fn compare_and_swap(
+        &mut self,
+        addr: nessie_fabric::RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, nessie_fabric::FabricError> {
+        self.take(&self.fail.cas)?;
+        self.inner.compare_and_swap(addr, expected, desired)
+    }
+    fn local_read(
+        &mut self,
+        region: nessie_fabric::RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.inner.local_read(region, offset, buf)
+    }
+    fn local_write(
+        &mut self,
+        region: nessie_fabric::RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), nessie_fabric::FabricError> {
+        self.take(&self.fail.writes)?;
+        self.inner.local_write(region, offset, buf)
+    }
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+    fn mono_ns(&self) -> u64 {
+        self.inner.mono_ns()
+    }
+    fn sleep_ns(&mut self, ns: u64) {
+        self.inner.sleep_ns(ns)
+    }
+    fn stats(&self) -> &nessie_fabric::StatsCell {
+        self.inner.stats()
+    }
+}
+
+impl InProcCluster {
+    /// A client on `node` whose next operations fail as `FailNext` (returned) says.
+    pub fn failing_client(
+        &self,
+        node: NodeId,
+    ) -> (CdClient<Failing<InProcEndpoint>>, Arc<FailNext>) {
+        let worker = self.next_worker.get();
+        self.next_worker.set(worker + 1);
+        let fail = Arc::new(FailNext::default());
+        let ep = Failing {
+            inner: self.fabric.endpoint(node),
+            fail: fail.clone(),
+        };
+        let table = self.tables[node as usize].clone();
+        let c = CdClient::new(ep, self.view.clone(), table, worker, self.cfg.clone()).unwrap();
+        (c, fail)
+    }
+}
