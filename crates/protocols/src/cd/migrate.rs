@@ -189,7 +189,23 @@ impl<E: Endpoint> CdClient<E> {
             return Err(e);
         }
         let installed = match empty.is_empty() {
-            true => self.cas_ite(dst, empty, copy)?,
+            true => match self.cas_ite(dst, empty, copy) {
+                Ok(r) => r,
+                Err(e @ Abort::Fatal(Error::Fenced { .. })) => {
+                    // Refused before it was issued.
+                    self.release_unpublished(idx);
+                    return Err(e);
+                }
+                Err(e) if mutated!(self.cfg, migrate_walks_away) => return Err(e),
+                Err(e) => {
+                    // The CAS may have taken place: take the copy out if it is there. If it
+                    // is not, it may still have been seen and taken out by another: the
+                    // entry is neither released nor recycled (a leak of one entry).
+                    let maybe = self.view.index.ite.successor(empty, copy);
+                    self.settle_copy(dst, maybe, Settle::TakeOut);
+                    return Err(e);
+                }
+            },
             false => None,
         };
         let Some(copy) = installed else {
@@ -613,6 +629,60 @@ mod tests {
         assert_eq!(put_x, Ok(()), "the move completed and X took its place");
         assert_eq!(put_k, Ok(()));
         assert_eq!(get_k, Ok(Some(b"after".to_vec())));
+    }
+
+    /// The CAS that publishes the copy (Step 6) takes place but its answer is lost: the
+    /// MIGRATE cannot tell, takes the copy out if it is there (it is), and K stays usable.
+    #[test]
+    fn a_migrate_whose_copy_cas_answer_is_lost_takes_the_copy_out() {
+        let (put_x, put_k, get_k) = migrate_losing_its_copy_cas(Mutations::default());
+        assert!(matches!(put_x, Err(Error::Unreachable { .. })), "{put_x:?}");
+        assert_eq!(put_k, Ok(()), "K is not wedged by a copy left behind");
+        assert_eq!(get_k, Ok(Some(b"after".to_vec())));
+    }
+
+    /// The control: walking away leaves the copy, invalid, before its source: K is wedged.
+    #[test]
+    fn a_migrate_that_walks_away_after_a_lost_answer_wedges_the_key() {
+        let (_, put_k, get_k) = migrate_losing_its_copy_cas(Mutations {
+            migrate_walks_away: true,
+            ..Mutations::default()
+        });
+        assert!(matches!(put_k, Err(Error::Contended { .. })), "{put_k:?}");
+        assert!(matches!(get_k, Err(Error::Contended { .. })), "{get_k:?}");
+    }
+
+    fn migrate_losing_its_copy_cas(mutations: Mutations) -> Outcome {
+        use crate::hooks::HookPoint;
+        let cfg = ProtocolConfig {
+            mutations,
+            retry: crate::config::RetryPolicy {
+                max_attempts: 50,
+                ..crate::config::RetryPolicy::default()
+            },
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let (k, x) = place_copy_before_source(&c);
+        let (mut m, switch) = c.failing_client(1);
+        // X's three candidates, the MIGRATE's source, K's first alternative (free), then the
+        // destination read again just before the CAS that publishes the copy (after the copy
+        // was written, which may claim a page by CAS).
+        let mut reads = 0;
+        m.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::AfterIteRead {
+                reads += 1;
+                if reads == 6 {
+                    switch
+                        .cas_lost
+                        .store(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })));
+        let put_x = m.put(&x, b"x");
+        let mut other = c.client(2);
+        let put_k = other.put(&k, b"after");
+        (put_x, put_k, other.get(&k))
     }
 
     /// Filling most of a small index needs many migrations, some recursive, and loses

@@ -116,12 +116,16 @@ impl InProcCluster {
 /// How many of an endpoint's next operations fail, by kind (shared with the test driving it).
 #[derive(Default)]
 pub(crate) struct FailNext {
+    /// CASes refused (not issued).
     pub cas: std::sync::atomic::AtomicU32,
+    /// CASes that take place but whose answer is lost (the caller cannot tell).
+    pub cas_lost: std::sync::atomic::AtomicU32,
+    /// Writes, local or remote, refused.
     pub writes: std::sync::atomic::AtomicU32,
 }
 
-/// An endpoint whose next operations fail as if its node were fenced for a moment (its view
-/// of membership stale), as [`FailNext`] says.
+/// An endpoint whose next operations fail, as [`FailNext`] says: refused as if its node were
+/// fenced for a moment (its view of membership stale), or with their answer lost.
 pub(crate) struct Failing<E> {
     inner: E,
     fail: Arc<FailNext>,
@@ -168,7 +172,13 @@ impl<E: Endpoint> Endpoint for Failing<E> {
         desired: u64,
     ) -> Result<u64, nessie_fabric::FabricError> {
         self.take(&self.fail.cas)?;
-        self.inner.compare_and_swap(addr, expected, desired)
+        let was = self.inner.compare_and_swap(addr, expected, desired)?;
+        self.take(&self.fail.cas_lost)
+            .map_err(|_| nessie_fabric::FabricError::Unreachable {
+                node: addr.node,
+                reason: "the answer was lost".into(),
+            })?;
+        Ok(was)
     }
     fn local_read(
         &mut self,
