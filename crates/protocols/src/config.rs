@@ -123,6 +123,10 @@ pub const MAX_MIGRATE_DEPTH: u8 = 32;
 /// pages until it runs again: one period was too short for a stall of two (one refusal in
 /// 40,000 operations of the multi-process stall test, 12 ms stalls against a 5 ms expiry).
 pub const TABLE_FULL_WAIT_PERIODS: u64 = 4;
+/// And at least this long (100 ms): with a short expiry period, scheduling delays on a busy
+/// host outlast four periods (the same test failed again, once, with 2-core machines running
+/// twelve clusters at once).
+pub const TABLE_FULL_MIN_WAIT_NS: u64 = 100_000_000;
 /// Most migrations one PUT attempt may trigger before it gives up with `Error::IndexFull`.
 pub const MAX_MIGRATIONS_PER_ATTEMPT: u32 = 8;
 

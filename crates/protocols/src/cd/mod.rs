@@ -31,7 +31,7 @@ use nessie_store::{Geometry, Ite};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::config::{ProtocolConfig, TABLE_FULL_WAIT_PERIODS};
+use crate::config::{ProtocolConfig, TABLE_FULL_MIN_WAIT_NS, TABLE_FULL_WAIT_PERIODS};
 use crate::error::Error;
 use crate::fence::Fence;
 #[cfg(any(test, feature = "testing"))]
@@ -492,7 +492,8 @@ impl<E: Endpoint> CdClient<E> {
 impl<E: Endpoint> CdClient<E> {
     /// How long to wait before the next attempt after no node had room (`e`): until the
     /// earliest of our released entries expires (at most one expiry period), or, with none of
-    /// ours, a back-off of up to `backoff`, for up to `TABLE_FULL_WAIT_PERIODS` in all
+    /// ours, a back-off of up to `backoff`, for up to `TABLE_FULL_WAIT_PERIODS` (at least
+    /// `TABLE_FULL_MIN_WAIT_NS`) in all
     /// (`unpromised_wait` adds them up: other writers' pages come back as their entries
     /// expire); then the refusal.
     fn room_wait(
@@ -510,7 +511,11 @@ impl<E: Endpoint> CdClient<E> {
                 .saturating_sub(self.ep.now_ns())
                 .clamp(1, self.cfg.expiry_ns)),
             None if *unpromised_wait
-                < self.cfg.expiry_ns.saturating_mul(TABLE_FULL_WAIT_PERIODS) =>
+                < self
+                    .cfg
+                    .expiry_ns
+                    .saturating_mul(TABLE_FULL_WAIT_PERIODS)
+                    .max(TABLE_FULL_MIN_WAIT_NS) =>
             {
                 let w = self.rng.gen_range(1..=backoff);
                 *unpromised_wait += w;
