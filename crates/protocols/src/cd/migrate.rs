@@ -323,9 +323,10 @@ struct Moved {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{fast_cfg, small_geometry, InProcCluster, NODES};
+    use super::super::testkit::{fast_cfg, small_geometry, FailNext, InProcCluster, NODES};
     use crate::config::{Mutations, ProtocolConfig};
     use crate::error::Error;
+    use crate::hooks::HookPoint;
     use nessie_store::index::Slot;
 
     /// Keys tried when looking for a key with particular candidates.
@@ -453,7 +454,6 @@ mod tests {
     /// and commits while M waits after publishing the copy. Returns one GET attempt of K made
     /// then; afterwards (M done) K must read as absent.
     fn delete_racing_a_failed_migrate(mutations: Mutations) -> Result<Option<Vec<u8>>, Error> {
-        use crate::hooks::HookPoint;
         use std::sync::mpsc::channel;
 
         let cfg = ProtocolConfig {
@@ -564,9 +564,24 @@ mod tests {
     /// client give afterwards.
     fn migrate_failing_after_its_copy(
         mutations: Mutations,
-        fail: impl Fn(&super::super::testkit::FailNext) + Send + 'static,
+        fail: impl Fn(&FailNext) + Send + 'static,
     ) -> Outcome {
-        use crate::hooks::HookPoint;
+        let mut once = Some(fail);
+        migrate_with_failures(mutations, move |p, switch| {
+            if p == HookPoint::MigrateAfterDstCas {
+                if let Some(f) = once.take() {
+                    f(switch);
+                }
+            }
+        })
+    }
+
+    /// A PUT of X (`place_copy_before_source`) by a client on node 1 whose hook may make its
+    /// next operations fail (`FailNext`); then a PUT and a GET of K through another client.
+    fn migrate_with_failures(
+        mutations: Mutations,
+        mut hook: impl FnMut(HookPoint, &FailNext) + Send + 'static,
+    ) -> Outcome {
         let cfg = ProtocolConfig {
             mutations,
             retry: crate::config::RetryPolicy {
@@ -578,14 +593,7 @@ mod tests {
         let c = InProcCluster::new(small_geometry(), cfg);
         let (k, x) = place_copy_before_source(&c);
         let (mut m, switch) = c.failing_client(1);
-        let mut once = Some(fail);
-        m.set_hook(Some(Box::new(move |p| {
-            if p == HookPoint::MigrateAfterDstCas {
-                if let Some(f) = once.take() {
-                    f(&switch);
-                }
-            }
-        })));
+        m.set_hook(Some(Box::new(move |p| hook(p, &switch))));
         let put_x = m.put(&x, b"x");
         let mut other = c.client(2);
         let put_k = other.put(&k, b"after");
@@ -653,23 +661,11 @@ mod tests {
     }
 
     fn migrate_losing_its_copy_cas(mutations: Mutations) -> Outcome {
-        use crate::hooks::HookPoint;
-        let cfg = ProtocolConfig {
-            mutations,
-            retry: crate::config::RetryPolicy {
-                max_attempts: 50,
-                ..crate::config::RetryPolicy::default()
-            },
-            ..fast_cfg()
-        };
-        let c = InProcCluster::new(small_geometry(), cfg);
-        let (k, x) = place_copy_before_source(&c);
-        let (mut m, switch) = c.failing_client(1);
         // X's three candidates, the MIGRATE's source, K's first alternative (free), then the
         // destination read again just before the CAS that publishes the copy (after the copy
         // was written, which may claim a page by CAS).
         let mut reads = 0;
-        m.set_hook(Some(Box::new(move |p| {
+        migrate_with_failures(mutations, move |p, switch| {
             if p == HookPoint::AfterIteRead {
                 reads += 1;
                 if reads == 6 {
@@ -678,11 +674,7 @@ mod tests {
                         .store(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }
-        })));
-        let put_x = m.put(&x, b"x");
-        let mut other = c.client(2);
-        let put_k = other.put(&k, b"after");
-        (put_x, put_k, other.get(&k))
+        })
     }
 
     /// Filling most of a small index needs many migrations, some recursive, and loses
