@@ -19,6 +19,7 @@ pub mod addr;
 pub mod delay;
 pub mod error;
 pub mod inproc;
+pub mod interpose;
 pub mod memory;
 pub mod stats;
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use nessie_cluster::{LocalCluster, LocalEndpoint};
 use nessie_fabric::inproc::InProcFabric;
+use nessie_fabric::interpose::{Interposed, Interposer, Op};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
@@ -1057,79 +1058,23 @@ fn deletes_find_room_after_values_have_filled_every_page() {
         .expect("a delete must find room for its marker");
 }
 
-/// An endpoint that sleeps before its next read of a data table once `armed` is set.
-struct StallNextDataRead<E> {
-    inner: E,
+/// What an endpoint that sleeps before its next read of a data table once `armed` is set runs
+/// in front of its operations.
+struct StallNextDataRead {
     armed: Arc<AtomicBool>,
     stall: Duration,
 }
 
-impl<E> StallNextDataRead<E> {
-    fn stall_if_armed(&self, region: nessie_fabric::RegionId) {
-        if region == nessie_store::DATA_REGION && self.armed.swap(false, Ordering::SeqCst) {
+impl Interposer for StallNextDataRead {
+    fn before(&mut self, op: Op) -> Result<(), nessie_fabric::FabricError> {
+        let read = matches!(op, Op::Read(_) | Op::LocalRead(_));
+        if read
+            && op.addr().region == nessie_store::DATA_REGION
+            && self.armed.swap(false, Ordering::SeqCst)
+        {
             std::thread::sleep(self.stall);
         }
-    }
-}
-
-impl<E: nessie_fabric::Endpoint> nessie_fabric::Endpoint for StallNextDataRead<E> {
-    fn node(&self) -> NodeId {
-        self.inner.node()
-    }
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn read(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        buf: &mut [u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.stall_if_armed(addr.region);
-        self.inner.read(addr, buf)
-    }
-    fn write(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        buf: &[u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.inner.write(addr, buf)
-    }
-    fn compare_and_swap(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        expected: u64,
-        desired: u64,
-    ) -> Result<u64, nessie_fabric::FabricError> {
-        self.inner.compare_and_swap(addr, expected, desired)
-    }
-    fn local_read(
-        &mut self,
-        region: nessie_fabric::RegionId,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.stall_if_armed(region);
-        self.inner.local_read(region, offset, buf)
-    }
-    fn local_write(
-        &mut self,
-        region: nessie_fabric::RegionId,
-        offset: u64,
-        buf: &[u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.inner.local_write(region, offset, buf)
-    }
-    fn now_ns(&self) -> u64 {
-        self.inner.now_ns()
-    }
-    fn mono_ns(&self) -> u64 {
-        self.inner.mono_ns()
-    }
-    fn sleep_ns(&mut self, ns: u64) {
-        self.inner.sleep_ns(ns)
-    }
-    fn stats(&self) -> &nessie_fabric::StatsCell {
-        self.inner.stats()
+        Ok(())
     }
 }
 
@@ -1158,11 +1103,13 @@ fn a_completion_of_its_own_leftover_that_times_out_is_retried() {
     other.put(&key, b"before").unwrap();
 
     let armed = Arc::new(AtomicBool::new(false));
-    let ep = StallNextDataRead {
-        inner: c.fabric().endpoint(0),
-        armed: armed.clone(),
-        stall,
-    };
+    let ep = Interposed::new(
+        c.fabric().endpoint(0),
+        StallNextDataRead {
+            armed: armed.clone(),
+            stall,
+        },
+    );
     // A worker number LocalCluster never hands out.
     let mut w = CdClient::new(ep, c.view().clone(), c.table(0).clone(), 60_000, cfg).unwrap();
     let mut phase = 0;

@@ -7,7 +7,8 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
-use nessie_fabric::{Endpoint, NodeId};
+use nessie_fabric::interpose::{Interposed, Interposer, Op};
+use nessie_fabric::{Endpoint, FabricError, NodeId};
 use nessie_store::classtable::ClassTable;
 use nessie_store::index::Slot;
 use nessie_store::{Geometry, Ite};
@@ -124,90 +125,39 @@ pub(crate) struct FailNext {
     pub writes: std::sync::atomic::AtomicU32,
 }
 
-/// An endpoint whose next operations fail, as [`FailNext`] says: refused as if its node were
-/// fenced for a moment (its view of membership stale), or with their answer lost.
-pub(crate) struct Failing<E> {
-    inner: E,
-    fail: Arc<FailNext>,
+/// What makes a client's next operations fail, as [`FailNext`] says: refused as if its node
+/// were fenced for a moment (its view of membership stale), or with their answer lost.
+pub(crate) struct Failing(Arc<FailNext>);
+
+/// Take one from `n` if it is above zero.
+fn take(n: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    n.fetch_update(SeqCst, SeqCst, |v| v.checked_sub(1)).is_ok()
 }
 
-impl<E: Endpoint> Failing<E> {
-    fn take(&self, n: &std::sync::atomic::AtomicU32) -> Result<(), nessie_fabric::FabricError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        match n.fetch_update(SeqCst, SeqCst, |v| v.checked_sub(1)) {
-            Ok(_) => Err(nessie_fabric::FabricError::Fenced {
-                node: self.inner.node(),
+impl Interposer for Failing {
+    fn before(&mut self, op: Op) -> Result<(), FabricError> {
+        let n = match op {
+            Op::Cas(_) => &self.0.cas,
+            Op::Write(_) | Op::LocalWrite(_) => &self.0.writes,
+            Op::Read(_) | Op::LocalRead(_) => return Ok(()),
+        };
+        match take(n) {
+            true => Err(FabricError::Fenced {
+                node: op.addr().node,
             }),
-            Err(_) => Ok(()),
+            false => Ok(()),
         }
     }
-}
 
-impl<E: Endpoint> Endpoint for Failing<E> {
-    fn node(&self) -> NodeId {
-        self.inner.node()
-    }
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn read(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        buf: &mut [u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.inner.read(addr, buf)
-    }
-    fn write(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        buf: &[u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.take(&self.fail.writes)?;
-        self.inner.write(addr, buf)
-    }
-    fn compare_and_swap(
-        &mut self,
-        addr: nessie_fabric::RemoteAddr,
-        expected: u64,
-        desired: u64,
-    ) -> Result<u64, nessie_fabric::FabricError> {
-        self.take(&self.fail.cas)?;
-        let was = self.inner.compare_and_swap(addr, expected, desired)?;
-        self.take(&self.fail.cas_lost)
-            .map_err(|_| nessie_fabric::FabricError::Unreachable {
+    fn after_cas(&mut self, addr: nessie_fabric::RemoteAddr) -> Result<(), FabricError> {
+        match take(&self.0.cas_lost) {
+            true => Err(FabricError::Unreachable {
                 node: addr.node,
                 reason: "the answer was lost".into(),
-            })?;
-        Ok(was)
-    }
-    fn local_read(
-        &mut self,
-        region: nessie_fabric::RegionId,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.inner.local_read(region, offset, buf)
-    }
-    fn local_write(
-        &mut self,
-        region: nessie_fabric::RegionId,
-        offset: u64,
-        buf: &[u8],
-    ) -> Result<(), nessie_fabric::FabricError> {
-        self.take(&self.fail.writes)?;
-        self.inner.local_write(region, offset, buf)
-    }
-    fn now_ns(&self) -> u64 {
-        self.inner.now_ns()
-    }
-    fn mono_ns(&self) -> u64 {
-        self.inner.mono_ns()
-    }
-    fn sleep_ns(&mut self, ns: u64) {
-        self.inner.sleep_ns(ns)
-    }
-    fn stats(&self) -> &nessie_fabric::StatsCell {
-        self.inner.stats()
+            }),
+            false => Ok(()),
+        }
     }
 }
 
@@ -216,14 +166,11 @@ impl InProcCluster {
     pub fn failing_client(
         &self,
         node: NodeId,
-    ) -> (CdClient<Failing<InProcEndpoint>>, Arc<FailNext>) {
+    ) -> (CdClient<Interposed<InProcEndpoint, Failing>>, Arc<FailNext>) {
         let worker = self.next_worker.get();
         self.next_worker.set(worker + 1);
         let fail = Arc::new(FailNext::default());
-        let ep = Failing {
-            inner: self.fabric.endpoint(node),
-            fail: fail.clone(),
-        };
+        let ep = Interposed::new(self.fabric.endpoint(node), Failing(fail.clone()));
         let table = self.tables[node as usize].clone();
         let c = CdClient::new(ep, self.view.clone(), table, worker, self.cfg.clone()).unwrap();
         (c, fail)

@@ -114,7 +114,8 @@ mod tests {
     use std::time::Duration;
 
     use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
-    use nessie_fabric::{RegionId, RemoteAddr, StatsCell};
+    use nessie_fabric::interpose::{Interposed, Interposer, Op};
+    use nessie_fabric::RemoteAddr;
     use nessie_store::{Ite, IteLayout, INDEX_REGION};
 
     use super::super::{mirror_region, ReplicaSet};
@@ -131,74 +132,22 @@ mod tests {
         IteLayout::new(20, 4, 7).unwrap()
     }
 
-    /// An endpoint whose node has noticed that `dead` died: every operation on it fails, as
-    /// over shared memory once a transport's keep-alive saw the process go, while endpoints of
-    /// other nodes still reach its memory.
+    /// What an endpoint whose node has noticed that `dead` died runs in front of its
+    /// operations: every operation on `dead` fails, as over shared memory once a transport's
+    /// keep-alive saw the process go, while endpoints of other nodes still reach its memory.
     struct Noticed {
-        inner: InProcEndpoint,
         dead: NodeId,
     }
 
-    impl Noticed {
-        fn check(&self, addr: RemoteAddr) -> Result<(), FabricError> {
-            if addr.node == self.dead {
+    impl Interposer for Noticed {
+        fn before(&mut self, op: Op) -> Result<(), FabricError> {
+            if op.addr().node == self.dead {
                 return Err(FabricError::Unreachable {
-                    node: addr.node,
+                    node: self.dead,
                     reason: "peer process died".into(),
                 });
             }
             Ok(())
-        }
-    }
-
-    impl Endpoint for Noticed {
-        fn node(&self) -> NodeId {
-            self.inner.node()
-        }
-        fn node_count(&self) -> usize {
-            self.inner.node_count()
-        }
-        fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-            self.check(addr)?;
-            self.inner.read(addr, buf)
-        }
-        fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
-            self.check(addr)?;
-            self.inner.write(addr, buf)
-        }
-        fn compare_and_swap(
-            &mut self,
-            addr: RemoteAddr,
-            expected: u64,
-            desired: u64,
-        ) -> Result<u64, FabricError> {
-            self.check(addr)?;
-            self.inner.compare_and_swap(addr, expected, desired)
-        }
-        fn local_read(
-            &mut self,
-            region: RegionId,
-            offset: u64,
-            buf: &mut [u8],
-        ) -> Result<(), FabricError> {
-            self.inner.local_read(region, offset, buf)
-        }
-        fn local_write(
-            &mut self,
-            region: RegionId,
-            offset: u64,
-            buf: &[u8],
-        ) -> Result<(), FabricError> {
-            self.inner.local_write(region, offset, buf)
-        }
-        fn now_ns(&self) -> u64 {
-            self.inner.now_ns()
-        }
-        fn sleep_ns(&mut self, ns: u64) {
-            self.inner.sleep_ns(ns)
-        }
-        fn stats(&self) -> &StatsCell {
-            self.inner.stats()
         }
     }
 
@@ -241,11 +190,8 @@ mod tests {
         }
 
         /// A client on node 2 whose endpoint noticed node 0's death, with the new view.
-        fn knowing(&self) -> Replicated<Noticed> {
-            let inner = Noticed {
-                inner: self.fabric.endpoint(2),
-                dead: 0,
-            };
+        fn knowing(&self) -> Replicated<Interposed<InProcEndpoint, Noticed>> {
+            let inner = Interposed::new(self.fabric.endpoint(2), Noticed { dead: 0 });
             Replicated::new(inner, self.set.clone(), self.new.clone())
         }
 
@@ -346,10 +292,7 @@ mod tests {
     #[test]
     fn a_write_that_learns_of_the_failure_while_retrying_also_waits() {
         let r = rig(Mutations::default());
-        let inner = Noticed {
-            inner: r.fabric.endpoint(2),
-            dead: 0,
-        };
+        let inner = Interposed::new(r.fabric.endpoint(2), Noticed { dead: 0 });
         let mut writer = Replicated::new(inner, r.set.clone(), r.new.clone());
         let fence = r.new.clone();
         let declare = std::thread::spawn(move || {
