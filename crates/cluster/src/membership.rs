@@ -338,7 +338,6 @@ struct Shared {
     /// by: the send time of the last successful read plus [`read_view_ns`].
     read_clock_ns: AtomicU64,
     lease_ttl_ns: u64,
-    read_view_ns: u64,
     /// This node is `up` in the configuration last read (or there is none yet).
     up: AtomicBool,
     fence: Arc<Fence>,
@@ -402,7 +401,6 @@ impl Monitor {
             view_clock_ns: AtomicU64::new(sent + lease_ttl_s * 1_000_000_000),
             read_clock_ns: AtomicU64::new(sent + read_view_ns(lease_ttl_s)),
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
-            read_view_ns: read_view_ns(lease_ttl_s),
             // Until the configuration says otherwise: a cluster starting has none yet.
             up: AtomicBool::new(true),
             fence,
@@ -513,9 +511,10 @@ fn read_configuration(
     shared
         .view_clock_ns
         .store(sent + shared.lease_ttl_ns, Ordering::SeqCst);
-    shared
-        .read_clock_ns
-        .store(sent + shared.read_view_ns, Ordering::SeqCst);
+    shared.read_clock_ns.store(
+        sent + shared.lease_ttl_ns / READ_VIEW_PARTS,
+        Ordering::SeqCst,
+    );
     shared.refresh_fence();
     Ok(())
 }

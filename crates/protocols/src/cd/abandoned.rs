@@ -278,20 +278,38 @@ impl<E: Endpoint> CdClient<E> {
     /// [`Self::complete_write`] of our own entry, with the usual back-off between attempts,
     /// for at most [`FINISH_OWN_PERIODS`] expiry periods (plus the clock margin).
     fn finish_own_one(&mut self, key: &[u8], ite: Ite) -> Attempt<Completion> {
+        let mut r = Err(Abort::Timeout);
+        self.retry_own(|c| {
+            r = c.complete_write(key, ite, false);
+            match &r {
+                Ok(_) | Err(Abort::Fatal(_)) => true,
+                Err(Abort::Timeout) => {
+                    c.stats.timeouts += 1;
+                    false
+                }
+                Err(_) => {
+                    c.stats.concurrent_aborts += 1;
+                    false
+                }
+            }
+        });
+        r
+    }
+
+    /// Try `step` until it says it is done, backing off with jitter between tries, for at
+    /// most [`FINISH_OWN_PERIODS`] expiry periods (plus the clock margin): how long a writer
+    /// keeps at what it left in the index. Whether `step` got done.
+    pub(crate) fn retry_own(&mut self, mut step: impl FnMut(&mut Self) -> bool) -> bool {
         let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
         let until =
             self.ep.mono_ns() + FINISH_OWN_PERIODS * self.cfg.expiry_ns + self.cfg.clock_margin_ns;
-        let mut r = Err(Abort::Timeout);
         while self.ep.mono_ns() < until {
-            r = self.complete_write(key, ite, false);
-            match &r {
-                Ok(_) | Err(Abort::Fatal(_)) => break,
-                Err(Abort::Timeout) => self.stats.timeouts += 1,
-                Err(_) => self.stats.concurrent_aborts += 1,
+            if step(self) {
+                return true;
             }
             self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
             backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
         }
-        r
+        false
     }
 }

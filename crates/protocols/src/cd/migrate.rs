@@ -25,9 +25,6 @@ use nessie_fabric::Endpoint;
 use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::Ite;
 
-use rand::Rng;
-
-use super::abandoned::FINISH_OWN_PERIODS;
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::error::Error;
@@ -262,32 +259,25 @@ impl<E: Endpoint> CdClient<E> {
     /// lives: an invalid entry whose writer lives blocks every write of the moved key, and
     /// every read that meets it (it has no previous version), since only entries whose writer
     /// gave up or died are completed by others (`abandoned.rs`). So it retries what is left,
-    /// with back-off, for up to [`FINISH_OWN_PERIODS`] expiry periods (a fence that refused
-    /// a step lifts once membership is read again); if that fails, a copy whose source is gone
+    /// with back-off, for as long as a writer keeps at its leftovers (`CdClient::retry_own`: a
+    /// fence that refused a step lifts once membership is read again); if that fails, a copy whose source is gone
     /// is marked given up (others roll it forward: it holds the key's value), and a copy whose
     /// source is still there is left, with a warning.
     /// Whether it settled it (a copy marked given up is not: the MIGRATE failed).
     fn settle_copy(&mut self, dst: Slot, copy: Ite, what: Settle) -> bool {
-        let mut backoff = self.cfg.retry.initial_backoff_ns.max(1);
-        let until =
-            self.ep.mono_ns() + FINISH_OWN_PERIODS * self.cfg.expiry_ns + self.cfg.clock_margin_ns;
-        while self.ep.mono_ns() < until {
-            self.ep.sleep_ns(self.rng.gen_range(0..=backoff));
-            backoff = (backoff * 2).min(self.cfg.retry.max_backoff_ns.max(1));
-            let done = match what {
-                Settle::SetValid => self.set_valid(copy).is_ok(),
-                Settle::TakeOut => match self.cas_ite(dst, copy, Ite::EMPTY) {
-                    Ok(Some(_)) => {
-                        self.recycle(copy);
-                        true
-                    }
-                    Ok(None) => true, // no longer ours to take out
-                    Err(_) => false,
-                },
-            };
-            if done {
-                return true;
-            }
+        let settled = self.retry_own(|c| match what {
+            Settle::SetValid => c.set_valid(copy).is_ok(),
+            Settle::TakeOut => match c.cas_ite(dst, copy, Ite::EMPTY) {
+                Ok(Some(_)) => {
+                    c.recycle(copy);
+                    true
+                }
+                Ok(None) => true, // no longer ours to take out
+                Err(_) => false,
+            },
+        });
+        if settled {
+            return true;
         }
         if what == Settle::SetValid && self.mark_given_up(copy, false) {
             return false;

@@ -92,7 +92,7 @@ impl<E: Endpoint> Replicated<E> {
     /// the read as `Fenced` at once, so a node cut off from membership answers quickly.
     pub(super) fn wait_fresh_view(&mut self) -> Result<(), FabricError> {
         let until = self.fence.view_until();
-        if until == u64::MAX || self.inner.now_ns() < until {
+        if self.fenced_after(until).is_ok() {
             return Ok(());
         }
         let give_up = until.saturating_add(self.set.read_settle_ns);
