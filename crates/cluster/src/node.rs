@@ -358,27 +358,54 @@ const PEER_FETCH_TIMEOUT: Duration = Duration::from_millis(500);
 /// Least time between two fetches from a restarted peer that did not answer.
 const PEER_FETCH_RETRY: Duration = Duration::from_secs(2);
 
+/// Least time between two renewals of the connections to a peer membership says is up
+/// (`UcxNode::renew_peer`): an endpoint whose connection to it broke (this node or the peer was
+/// stopped past the operation timeout, a TCP connection reset) connects again at its next
+/// operation to it, paying at most one operation timeout per period if the peer is still
+/// unresponsive.
+const PEER_RENEW_PERIOD: Duration = Duration::from_secs(2);
+
 /// The membership hook of node `id`: whenever a peer's incarnation changes (it joined again
 /// after a restart), fetch its new fabric info from its bootstrap server and have every
 /// endpoint of this node reconnect to it, before the configuration that says so is applied.
 /// If the peer does not answer, operations to it fail until it does (never through the old
 /// connection, which on shared memory would reach the dead process's memory). Failed peers
-/// are left alone: nobody reads or writes their memory.
+/// are left alone: nobody reads or writes their memory. Peers that did not restart and are
+/// not failed, and this node itself, get their broken connections renewed every
+/// `PEER_RENEW_PERIOD`.
 fn reconnect_restarted_peers(cfg: &ClusterConfig, id: u16, ucx: Arc<UcxNode>) -> ConfigHook {
     let cfg = cfg.clone();
     // Per node: the incarnation connected to, and when a fetch last failed.
     let seen = std::sync::Mutex::new(vec![(0u64, None::<Instant>); cfg.node.len()]);
+    let renewed = std::sync::Mutex::new(Instant::now());
     Box::new(move |c: &crate::membership::Configuration| {
         let mut seen = seen.lock().expect("peer incarnations lock");
+        let renew = {
+            let mut last = renewed.lock().expect("renewal clock lock");
+            let due = last.elapsed() >= PEER_RENEW_PERIOD;
+            if due {
+                *last = Instant::now();
+            }
+            due
+        };
+        if renew {
+            // Loopback operations go through the fabric too, and time out like any other
+            // when this process was stopped.
+            ucx.renew_peer(id);
+        }
         for m in &c.nodes {
             let n = m.id as usize;
-            if m.id == id
-                || m.joined_ns == 0
-                || m.state == NodeState::Failed
-                || n >= seen.len()
-                || seen[n].0 == m.joined_ns
-                || seen[n].1.is_some_and(|t| t.elapsed() < PEER_FETCH_RETRY)
-            {
+            if m.id == id || m.state == NodeState::Failed || n >= seen.len() {
+                continue;
+            }
+            if seen[n].0 == m.joined_ns || m.joined_ns == 0 {
+                // The process we are connected to (or the one started with the cluster).
+                if renew {
+                    ucx.renew_peer(m.id);
+                }
+                continue;
+            }
+            if seen[n].1.is_some_and(|t| t.elapsed() < PEER_FETCH_RETRY) {
                 continue;
             }
             match fetch_peer(&cfg, id, m.id) {

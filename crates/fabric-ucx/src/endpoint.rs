@@ -20,6 +20,10 @@ struct Peer {
     dead: Option<String>,
     /// The generation of the peer's entry in the node's `PeerTable` this connection is for.
     generation: u64,
+    /// How to connect to it again (`None`: its restarted process is not known yet).
+    info: Option<NodeInfo>,
+    /// The renewal count (`UcxNode::renew_peer`) last acted on.
+    renewed: u64,
 }
 
 /// One worker thread's endpoint: its own ucp worker (thread mode SINGLE), a ucp endpoint to
@@ -103,6 +107,8 @@ impl UcxEndpoint {
                 regions: info.regions.iter().map(|r| (r.base, r.len)).collect(),
                 dead,
                 generation: 0,
+                info: Some(info.clone()),
+                renewed: shared.peers.renewals_of(peers.len()),
             });
         }
         let mut ep = Self {
@@ -153,20 +159,43 @@ impl UcxEndpoint {
                 continue;
             }
             self.peers[n].generation = generation;
-            let Some(info) = info else {
-                self.conn.disconnect(n);
-                self.peers[n].dead = Some("its restarted process is not known yet".into());
-                continue;
-            };
-            let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
-            self.peers[n].regions = info.regions.iter().map(|r| (r.base, r.len)).collect();
-            self.peers[n].dead = self
-                .conn
-                .reconnect(n, &info.worker_address, &rkeys)
-                .err()
-                .map(|e| e.to_string());
-            self.wire_up(n);
+            self.peers[n].info = info;
+            self.connect_again(n);
         }
+    }
+
+    /// Replace the connection to peer `n` with a new one made from its known info.
+    fn connect_again(&mut self, n: usize) {
+        let Some(info) = self.peers[n].info.take() else {
+            self.conn.disconnect(n);
+            self.peers[n].dead = Some("its restarted process is not known yet".into());
+            return;
+        };
+        let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
+        self.peers[n].regions = info.regions.iter().map(|r| (r.base, r.len)).collect();
+        self.peers[n].dead = self
+            .conn
+            .reconnect(n, &info.worker_address, &rkeys)
+            .err()
+            .map(|e| e.to_string());
+        self.peers[n].info = Some(info);
+        self.wire_up(n);
+    }
+
+    /// Peer `n`'s connection broke earlier; if it was renewed since (`UcxNode::renew_peer`),
+    /// connect again. Only on the way to an operation to `n`, so an endpoint that never talks
+    /// to a peer that is still unresponsive never waits on it.
+    fn renew_if_asked(&mut self, n: usize) {
+        let Some(p) = self.peers.get(n) else { return };
+        if p.dead.is_none() || p.info.is_none() {
+            return;
+        }
+        let renewals = self.shared.peers.renewals_of(n);
+        if renewals == p.renewed {
+            return;
+        }
+        self.peers[n].renewed = renewals;
+        self.connect_again(n);
     }
 
     /// Whether `node` is known to be unreachable from this endpoint (an earlier operation
@@ -270,6 +299,7 @@ impl UcxEndpoint {
         f: impl FnOnce(&mut Worker, *mut ffi::NshEp, *mut ffi::UcpRkey, u64, u64) -> c_int,
     ) -> Result<(), FabricError> {
         self.refresh_peers();
+        self.renew_if_asked(addr.node as usize);
         let raddr = self.target(addr, len)?;
         let timeout = self.timeout_ns;
         let status = {

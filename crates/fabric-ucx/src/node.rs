@@ -127,6 +127,17 @@ pub(crate) struct PeerTable {
     pub epoch: std::sync::atomic::AtomicU64,
     /// Per node: generation (0: as at startup) and its info now (`None`: unknown, unreachable).
     pub infos: Mutex<Vec<(u64, Option<NodeInfo>)>>,
+    /// Per node: how many times it was said to be reachable again (`UcxNode::renew_peer`).
+    /// Read only by an endpoint about to use a connection it had given up on.
+    pub renewals: Mutex<Vec<u64>>,
+}
+
+impl PeerTable {
+    /// How many times `node` was renewed.
+    pub fn renewals_of(&self, node: usize) -> u64 {
+        let r = self.renewals.lock().unwrap();
+        r.get(node).copied().unwrap_or(0)
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -417,6 +428,19 @@ impl UcxNode {
             .peers
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Peer `node` (the same process as before) should be reachable again: every endpoint of
+    /// this node that gave up on it (an operation failed or timed out) connects to it afresh
+    /// before its next operation to it. Connections that work are left alone. A connection that
+    /// broke stays broken until then, since the fabric cannot tell a peer that is gone from one
+    /// that was stopped for a while; the caller (membership) can.
+    pub fn renew_peer(&self, node: NodeId) {
+        let mut r = self.shared.peers.renewals.lock().unwrap();
+        if r.len() <= node as usize {
+            r.resize(node as usize + 1, 0);
+        }
+        r[node as usize] += 1;
     }
 
     /// Stop driving the node's worker until [`Self::resume_progress`]; returns once the

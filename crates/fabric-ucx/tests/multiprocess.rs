@@ -622,6 +622,20 @@ fn tcp_ops_time_out_while_target_progress_is_paused() {
             .unwrap(),
         0
     );
+    // The endpoint that gave up on it does not, until the node is told the peer is back ...
+    assert!(matches!(
+        c.ep.read_u64(RemoteAddr::new(1, 0, 0)),
+        Err(FabricError::Unreachable { node: 1, .. })
+    ));
+    c.node.renew_peer(1);
+    // ... and then it connects afresh, once: a renewal is not a standing order.
+    assert_eq!(c.ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap(), 1);
+    assert!(!c.ep.is_unreachable(1));
+    assert_eq!(
+        ep2.read_u64(RemoteAddr::new(1, 0, 0)).unwrap(),
+        1,
+        "a working one is left alone"
+    );
     assert_eq!(
         c.ep.read_u64(RemoteAddr::new(0, 0, 0)).unwrap(),
         0,
