@@ -17,13 +17,14 @@ use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
 use nessie_protocols::hy::HyClient;
+use nessie_protocols::replica::{CopyMap, Move};
 use nessie_protocols::sd::{
     self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
     REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{
-    CatchUp, ClientParts, Error, Fence, KvClient, Mode, ModeClient, NodeRole, ProtocolConfig,
-    ReplicaSet, Replicated, RpcLease,
+    CatchUp, ClientParts, Error, Fence, KvClient, Mode, ModeClient, MovedCopy, NodeRole,
+    ProtocolConfig, ReplicaSet, Replicated, RpcLease,
 };
 use nessie_store::classtable::ClassTable;
 use nessie_store::{Geometry, INDEX_REGION};
@@ -97,7 +98,7 @@ impl LocalCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
-        Self::build(geometry, cfg, delay, mode, rpc, 1)
+        Self::build(geometry, cfg, delay, mode, rpc, (1, 0))
     }
 
     /// A client-driven cluster keeping `replicas` copies of every node's index, data and page
@@ -108,13 +109,25 @@ impl LocalCluster {
         delay: Option<DelayInjection>,
         replicas: u8,
     ) -> Result<Self, Error> {
+        Self::replicated_with_spares(geometry, cfg, delay, replicas, 0)
+    }
+
+    /// [`Self::replicated`], every node keeping `spare` mirror slots free for the copies of a
+    /// node gone for good ([`Self::replace_node`]).
+    pub fn replicated_with_spares(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        replicas: u8,
+        spare: u8,
+    ) -> Result<Self, Error> {
         Self::build(
             geometry,
             cfg,
             delay,
             Mode::Cd,
             RpcConfig::default(),
-            replicas,
+            (replicas, spare),
         )
     }
 
@@ -124,7 +137,7 @@ impl LocalCluster {
         delay: Option<DelayInjection>,
         mode: Mode,
         rpc: RpcConfig,
-        replicas: u8,
+        (replicas, spare): (u8, u8),
     ) -> Result<Self, Error> {
         cfg.validate()?;
         if replicas != 1 && mode != Mode::Cd {
@@ -144,8 +157,9 @@ impl LocalCluster {
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
         let set = Arc::new(match replicas {
-            1 => ReplicaSet::single(g.nodes as NodeId, view.index.ite),
-            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?,
+            1 => ReplicaSet::single(g.nodes as NodeId, view.index.ite).with_spare_copies(spare)?,
+            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?
+                .with_spare_copies(spare)?,
         });
         let mut regions = vec![set.region_sizes(&g.table_regions()); g.nodes as usize];
         for r in regions.iter_mut() {
@@ -388,19 +402,13 @@ impl LocalCluster {
 
     /// [`Self::restart_node`], reading from the primaries at most `bytes_per_s` (0: no limit).
     pub fn restart_node_paced(&self, node: NodeId, bytes_per_s: u64) -> Result<CatchUp, Error> {
-        let settle = self.set.settle_ns();
-        let observer = self.fences[(node as usize + 1) % self.fences.len()].clone();
-        loop {
-            let gone = observer.gone_for_ns(node, nessie_fabric::monotonic_ns());
-            match gone {
-                None => {
-                    return Err(Error::Config(format!(
-                        "node {node} was not declared failed: crash it and fail_node it first"
-                    )))
-                }
-                Some(t) if t >= settle => break,
-                Some(t) => std::thread::sleep(std::time::Duration::from_nanos(settle - t)),
-            }
+        self.wait_failure_settled(node)?;
+        let observer = &self.fences[(node as usize + 1) % self.fences.len()];
+        if CopyMap::of(&self.set, observer).held_by(node) != CopyMap::home(&self.set).held_by(node)
+        {
+            return Err(Error::Config(format!(
+                "node {node}'s copies were moved to other nodes (replace_node): it cannot take them back"
+            )));
         }
         if let Some(r) = self.reclaimers.lock().unwrap()[node as usize].take() {
             // A crashed node's reclaimer: it may have failed on the dead memory, which says
@@ -429,6 +437,86 @@ impl LocalCluster {
         self.fences[node as usize].set_lease_until(u64::MAX);
         let r = self.start_reclaimer(node)?;
         self.reclaimers.lock().unwrap()[node as usize] = Some(r);
+        Ok(caught)
+    }
+
+    /// Wait until `node`'s failure is settled (`ReplicaSet::settle_ns`), as membership holds a
+    /// failed node that long before it may join again.
+    fn wait_failure_settled(&self, node: NodeId) -> Result<(), Error> {
+        let settle = self.set.settle_ns();
+        let observer = &self.fences[(node as usize + 1) % self.fences.len()];
+        loop {
+            match observer.gone_for_ns(node, nessie_fabric::monotonic_ns()) {
+                None => {
+                    return Err(Error::Config(format!(
+                        "node {node} was not declared failed: crash it and fail_node it first"
+                    )))
+                }
+                Some(t) if t >= settle => return Ok(()),
+                Some(t) => std::thread::sleep(std::time::Duration::from_nanos(settle - t)),
+            }
+        }
+    }
+
+    /// Re-replicate the copies of `node`, which crashed and was declared failed, as membership
+    /// does once a node has been gone too long to come back (`docs/protocol.md`, "Re-replication
+    /// onto other nodes"): each copy it held moves to a spare slot of a node that is up and
+    /// holds no copy of that partition (`CopyMap::replace`). Every node learns of the move, the
+    /// copy is receiving (written, not read or decided at) until its new holder has filled it
+    /// from the partition's decider (`Replicated::catch_up`), then full, and the partition
+    /// pauses for the join settle time as after a rejoin. Waits first until the failure is
+    /// settled. Returns what catching up did (summed over the new holders); fails, moving
+    /// nothing, if some copy has nowhere to go (no spare slot left on a node without a copy of
+    /// that partition). The pages the node had claimed stay claimed: nobody adopts them.
+    pub fn replace_node(&self, node: NodeId) -> Result<CatchUp, Error> {
+        self.replace_node_paced(node, 0)
+    }
+
+    /// [`Self::replace_node`], reading from the deciders at most `bytes_per_s` (0: no limit).
+    pub fn replace_node_paced(&self, node: NodeId, bytes_per_s: u64) -> Result<CatchUp, Error> {
+        self.wait_failure_settled(node)?;
+        let observer = &self.fences[(node as usize + 1) % self.fences.len()];
+        let (moves, stuck) = CopyMap::of(&self.set, observer)
+            .replace(&self.set, node, |n| observer.role(n) == NodeRole::Full);
+        if let Some((p, j)) = stuck.first() {
+            return Err(Error::Config(format!(
+                "copy {j} of partition {p} has nowhere to go: no node that is up and holds no copy of it has a spare slot left ({} of {} copies stuck)",
+                stuck.len(),
+                stuck.len() + moves.len()
+            )));
+        }
+        let at = |m: &Move, receiving| MovedCopy {
+            node: m.to.node,
+            slot: m.to.slot,
+            receiving,
+        };
+        for f in &self.fences {
+            for m in &moves {
+                f.move_copy(m.partition, m.j, Some(at(m, true)));
+            }
+        }
+        // Operations that chose their copies before the move may still write without the new
+        // ones: let them end before the copier passes their words.
+        std::thread::sleep(std::time::Duration::from_nanos(self.set.join_settle_ns()));
+        let mut caught = CatchUp::default();
+        let mut holders: Vec<NodeId> = moves.iter().map(|m| m.to.node).collect();
+        holders.sort_unstable();
+        holders.dedup();
+        for n in holders {
+            let c = self
+                .endpoint(n)
+                .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
+                .map_err(Error::Fabric)?;
+            caught.copies += c.copies;
+            caught.bytes_read += c.bytes_read;
+            caught.words_changed += c.words_changed;
+            caught.passes = caught.passes.max(c.passes);
+        }
+        for f in &self.fences {
+            for m in &moves {
+                f.move_copy(m.partition, m.j, Some(at(m, false)));
+            }
+        }
         Ok(caught)
     }
 
@@ -597,6 +685,11 @@ impl LocalCluster {
     }
 
     /// Where the copies of each node's tables are, and the replication timings.
+    /// Where every partition's copies are now (moves included: [`Self::replace_node`]).
+    pub fn copy_map(&self) -> CopyMap {
+        CopyMap::of(&self.set, &self.fences[0])
+    }
+
     pub fn replica_set(&self) -> &Arc<ReplicaSet> {
         &self.set
     }

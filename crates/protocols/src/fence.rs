@@ -13,12 +13,47 @@
 //! Without membership (the default), nothing is fenced and no writer is ever gone: entries of a
 //! client that dies wedge their key until a client with the same writer tag retries.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use nessie_fabric::NodeId;
 use nessie_store::limits::MAX_NODES;
 
 const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
+/// Copies per partition the copy map has room for (`replica::MAX_REPLICAS`).
+const COPIES: usize = 3;
+
+/// Where a copy that moved off its home node is (re-replication): its node and the mirror slot
+/// it fills there, and whether it is still receiving (being filled) or full.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MovedCopy {
+    pub node: NodeId,
+    /// Mirror slot on `node` (`replica::mirror_region`), never 0: slot 0 is the node's own
+    /// partition's home copy.
+    pub slot: u8,
+    pub receiving: bool,
+}
+
+impl MovedCopy {
+    // Packed in one word, so that an operation reads a copy's place and state at once:
+    // bit 31 set (moved), bit 30 receiving, slot in bits 16..24, node in bits 0..16.
+    const MOVED: u32 = 1 << 31;
+    const RECEIVING: u32 = 1 << 30;
+
+    fn pack(self) -> u32 {
+        Self::MOVED
+            | if self.receiving { Self::RECEIVING } else { 0 }
+            | (self.slot as u32) << 16
+            | self.node as u32
+    }
+
+    fn unpack(w: u32) -> Option<Self> {
+        (w & Self::MOVED != 0).then_some(Self {
+            node: w as u16,
+            slot: (w >> 16) as u8,
+            receiving: w & Self::RECEIVING != 0,
+        })
+    }
+}
 
 /// One node's view of membership, shared by its client workers.
 #[derive(Debug)]
@@ -46,6 +81,15 @@ pub struct Fence {
     /// incarnation joined (0: the first one). Entries its earlier incarnations left in flight
     /// are abandoned, as a failed node's are.
     incarnation_ns: Box<[AtomicU64]>,
+    /// The copy map's changes: per (partition, chain position), where the copy is if it moved
+    /// off its home node (0: at home, `ReplicaSet::holder`). Written by membership with each
+    /// epoch that moves copies.
+    moved: Box<[AtomicU32]>,
+    /// Per (partition, chain position), the monotonic time at which a moved copy became full
+    /// (0: it is not one): as after a rejoin, the partition pauses for a while after that.
+    moved_full_at_ns: Box<[AtomicU64]>,
+    /// Whether any copy ever moved (one relaxed load keeps the common case cheap).
+    any_moved: AtomicBool,
 }
 
 /// A node's part in the current epoch, as replication and completion see it.
@@ -77,6 +121,13 @@ impl Fence {
             receiving: std::array::from_fn(|_| AtomicU64::new(0)),
             full_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
+            moved: (0..MAX_NODES as usize * COPIES)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+            moved_full_at_ns: (0..MAX_NODES as usize * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            any_moved: AtomicBool::new(false),
         }
     }
 
@@ -179,6 +230,52 @@ impl Fence {
         self.gone[w].load(Ordering::SeqCst) & bit != 0
     }
 
+    /// Record that copy `j` of `partition` is at `at` now (`None`: back at its home). A copy
+    /// that stops receiving records when, for the pause after it (`moved_full_for_ns`).
+    pub fn move_copy(&self, partition: NodeId, j: u8, at: Option<MovedCopy>) {
+        assert!((j as usize) < COPIES, "chain position {j} out of range");
+        let i = partition as usize * COPIES + j as usize;
+        let was = MovedCopy::unpack(self.moved[i].load(Ordering::SeqCst));
+        if let Some(m) = at {
+            assert!(
+                m.slot != 0,
+                "a moved copy never takes slot 0 (the home copy's)"
+            );
+            self.any_moved.store(true, Ordering::SeqCst);
+            let full_now = !m.receiving && was.is_none_or(|w| w.receiving || w.node != m.node);
+            if full_now {
+                let now = nessie_fabric::monotonic_ns();
+                self.moved_full_at_ns[i].store(now.max(1), Ordering::SeqCst);
+            } else if m.receiving {
+                self.moved_full_at_ns[i].store(0, Ordering::SeqCst);
+            }
+        }
+        self.moved[i].store(at.map_or(0, MovedCopy::pack), Ordering::SeqCst);
+    }
+
+    /// Where copy `j` of `partition` is, if it moved off its home node.
+    pub fn moved_copy(&self, partition: NodeId, j: u8) -> Option<MovedCopy> {
+        if !self.any_moved.load(Ordering::Relaxed) {
+            return None;
+        }
+        let i = partition as usize * COPIES + j as usize;
+        MovedCopy::unpack(self.moved[i].load(Ordering::SeqCst))
+    }
+
+    /// Whether any copy ever moved (cheap: no clock).
+    pub fn any_moved(&self) -> bool {
+        self.any_moved.load(Ordering::Relaxed)
+    }
+
+    /// How long moved copy `j` of `partition` has been full at monotonic time `now_ns`; `None`
+    /// if it did not move, or is still receiving.
+    pub fn moved_full_for_ns(&self, partition: NodeId, j: u8, now_ns: u64) -> Option<u64> {
+        let m = self.moved_copy(partition, j)?;
+        let at =
+            self.moved_full_at_ns[partition as usize * COPIES + j as usize].load(Ordering::SeqCst);
+        (!m.receiving && at != 0).then(|| now_ns.saturating_sub(at))
+    }
+
     /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.
     pub fn gone_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
         self.is_gone(node)
@@ -230,5 +327,30 @@ mod tests {
         assert!(f.full_for_ns(4, now + 1_000).unwrap() >= 1_000);
         f.set_incarnation(4, 77);
         assert_eq!((f.incarnation(4), f.incarnation(5)), (77, 0));
+    }
+
+    #[test]
+    fn the_copy_map_records_moves_and_when_a_moved_copy_became_full() {
+        let f = Fence::unfenced();
+        assert_eq!(f.moved_copy(7, 1), None, "every copy at home");
+        let at = |receiving| MovedCopy {
+            node: 4095,
+            slot: 255,
+            receiving,
+        };
+        f.move_copy(7, 1, Some(at(true)));
+        assert_eq!(f.moved_copy(7, 1), Some(at(true)), "packed without loss");
+        assert_eq!((f.moved_copy(7, 0), f.moved_copy(6, 1)), (None, None));
+        let now = nessie_fabric::monotonic_ns();
+        assert_eq!(f.moved_full_for_ns(7, 1, now), None, "still receiving");
+        f.move_copy(7, 1, Some(at(false)));
+        let now = nessie_fabric::monotonic_ns();
+        assert!(f.moved_full_for_ns(7, 1, now + 1_000).unwrap() >= 1_000);
+        // Told again that it is full (every epoch repeats the map): the pause is not restarted.
+        let first = f.moved_full_for_ns(7, 1, now + 1_000).unwrap();
+        f.move_copy(7, 1, Some(at(false)));
+        assert_eq!(f.moved_full_for_ns(7, 1, now + 1_000).unwrap(), first);
+        f.move_copy(7, 1, None);
+        assert_eq!(f.moved_copy(7, 1), None);
     }
 }

@@ -38,7 +38,7 @@ pub mod sd;
 pub use config::Mutations;
 pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
-pub use fence::{Fence, NodeRole};
+pub use fence::{Fence, MovedCopy, NodeRole};
 pub use hooks::HookPoint;
 pub use replica::{CatchUp, ReplicaSet, Replicated};
 

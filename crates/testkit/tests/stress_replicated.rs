@@ -365,19 +365,40 @@ fn without_failures_the_copies_agree() {
     }
 }
 
-/// Re-replication under load: node 1 crashes in the middle of a concurrent run, restarts
-/// with empty memory and catches up while the others keep writing, then (`second_crash`)
-/// node 2 crashes too: node 2 held the only other copy of node 1's partition and of its own,
-/// so without the catch-up the run would lose keys. The whole history must be linearizable
-/// and every key read alike through nodes 0 and 1. Without the second crash, node 1's copies
-/// must equal the other copies of their partitions at the end.
-fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: bool, seed: u64) {
-    let mut c = LocalCluster::replicated(g.clone(), cfg(o), delay(seed), 2).unwrap();
+/// How the cluster gets node 1's copies back after it crashed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Recovery {
+    /// Node 1 restarts with empty memory and catches up (`LocalCluster::restart_node`).
+    Restart,
+    /// Node 1 is gone for good: its copies move to spare slots on the others, which fill them
+    /// (`LocalCluster::replace_node`). Needs a fourth node, one without a copy of each moved
+    /// partition.
+    Replace,
+}
+
+/// Re-replication under load: node 1 crashes in the middle of a concurrent run, and its copies
+/// are filled again (`recovery`: on node 1 restarted, or on other nodes) while the others keep
+/// writing; then (`second_crash`) node 2 crashes too: node 2 held the only other copy of node
+/// 1's partition and of its own, so without the catch-up the run would lose keys. The whole
+/// history must be linearizable and every key read alike through two survivors. Without the
+/// second crash, the refilled copies must equal the other copies of their partitions at the
+/// end.
+fn crash_recover_crash(
+    name: &str,
+    g: Geometry,
+    o: Optimizations,
+    recovery: Recovery,
+    second_crash: bool,
+    seed: u64,
+) {
+    let spare = (recovery == Recovery::Replace) as u8;
+    let mut c =
+        LocalCluster::replicated_with_spares(g.clone(), cfg(o), delay(seed), 2, spare).unwrap();
     let clients: Vec<_> = THREADS_NODES
         .iter()
         .map(|&n| c.client(n).unwrap())
         .collect();
-    // Three times the crash scenario's run: the restart (the settle wait, the catch-up) and
+    // Three times the crash scenario's run: the recovery (the settle wait, the catch-up) and
     // the second crash must both come well before it ends, on a loaded machine too.
     let s = StressSpec {
         ops_per_thread: 3 * spec(seed).ops_per_thread,
@@ -402,7 +423,10 @@ fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: 
             }
             c.fabric().kill_node(1);
             c.fail_node(1);
-            let caught = c.restart_node(1).expect("node 1 rejoins");
+            let caught = match recovery {
+                Recovery::Restart => c.restart_node(1).expect("node 1 rejoins"),
+                Recovery::Replace => c.replace_node(1).expect("node 1's copies move"),
+            };
             let crashed_again =
                 second_crash && wait_ops(fabric_ops() - start + CRASH_AFTER_FABRIC_OPS);
             if crashed_again {
@@ -422,7 +446,7 @@ fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: 
         "{name}: the run ended before node 2 crashed"
     );
     assert!(caught.words_changed > 0, "{name}: {caught:?}");
-    eprintln!("{name}: {out}\ncatch-up: {caught:?}");
+    eprintln!("{name}, {recovery:?}: {out}\ncatch-up: {caught:?}");
     assert_clean_run(name, &out, 6 * s.ops_per_thread / 3);
     assert_eq!(out.corrupt_reads, 0);
     assert_eq!(
@@ -430,11 +454,53 @@ fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: 
         0,
         "{name}: a reclaimer's invariant broke"
     );
-    if second_crash {
-        survivors_agree_on(name, &c, s.keys, [0, 1]);
-    } else {
-        copies_agree_where(name, &c, &g, 2, Some(1));
-        survivors_agree_on(name, &c, s.keys, [1, 2]);
+    // Node 1's partition and node 0's (whose backup it held) were refilled.
+    let refilled = Some(&[0, 1][..]);
+    match (recovery, second_crash) {
+        (Recovery::Restart, true) => survivors_agree_on(name, &c, s.keys, [0, 1]),
+        (Recovery::Restart, false) => {
+            copies_agree_where(name, &c, &g, 2, refilled);
+            survivors_agree_on(name, &c, s.keys, [1, 2]);
+        }
+        (Recovery::Replace, true) => survivors_agree_on(name, &c, s.keys, [0, 3]),
+        (Recovery::Replace, false) => {
+            copies_agree_where(name, &c, &g, 2, refilled);
+            survivors_agree_on(name, &c, s.keys, [2, 3]);
+        }
+    }
+}
+
+fn crash_restart_crash(name: &str, g: Geometry, o: Optimizations, second_crash: bool, seed: u64) {
+    crash_recover_crash(name, g, o, Recovery::Restart, second_crash, seed)
+}
+
+/// Four nodes, so that every copy of node 1 has a node to move to.
+fn four_nodes(g: Geometry) -> Geometry {
+    Geometry { nodes: 4, ..g }
+}
+
+fn crash_replace_crash(name: &str, g: Geometry, o: Optimizations, second_crash: bool, seed: u64) {
+    crash_recover_crash(
+        name,
+        four_nodes(g),
+        o,
+        Recovery::Replace,
+        second_crash,
+        seed,
+    )
+}
+
+#[test]
+fn a_crashed_node_is_replaced_under_load_and_a_second_crash_loses_nothing() {
+    for (i, (name, g, o)) in variants().into_iter().take(3).enumerate() {
+        crash_replace_crash(name, g, o, true, 720 + i as u64);
+    }
+}
+
+#[test]
+fn after_a_move_under_load_the_moved_copies_equal_the_others() {
+    for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
+        crash_replace_crash(name, g, o, false, 730 + i as u64);
     }
 }
 
@@ -535,25 +601,34 @@ fn copies_agree(name: &str, c: &LocalCluster, g: &Geometry, r: u8) {
     copies_agree_where(name, c, g, r, None)
 }
 
-/// [`copies_agree`] for the partitions with a copy on `node` only (all with `None`). A writer
+/// [`copies_agree`] for `partitions` only (all with `None`), wherever their copies are now. A writer
 /// that crashes between the copies of a write, or between deciding a CAS and carrying it to
 /// the primary, leaves copies that differ for good in words nobody refers to (an entry it
 /// never published, the recycle word of an entry it had replaced) or that the next CAS on the
 /// word brings level; so after a crash only the copies filled since are compared.
-fn copies_agree_where(name: &str, c: &LocalCluster, g: &Geometry, r: u8, node: Option<NodeId>) {
+fn copies_agree_where(
+    name: &str,
+    c: &LocalCluster,
+    g: &Geometry,
+    r: u8,
+    partitions: Option<&[NodeId]>,
+) {
     use nessie_fabric::{Endpoint, RemoteAddr};
     use nessie_protocols::replica::mirror_region;
     let regions = g.table_regions();
     let mut ep = c.fabric().endpoint(0);
-    let n = g.nodes as u16;
+    let map = c.copy_map();
     let mut compared = 0u64;
-    for p in 0..n {
-        if node.is_some_and(|x| (0..r as u16).all(|j| (p + j) % n != x)) {
+    for p in 0..g.nodes as u16 {
+        if partitions.is_some_and(|only| !only.contains(&p)) {
             continue;
         }
         for region in [nessie_store::INDEX_REGION, nessie_store::DATA_REGION] {
             let bytes = regions[region as usize];
-            let at = |j: u8| RemoteAddr::new((p + j as u16) % n, mirror_region(region, j), 0);
+            let at = |j: u8| {
+                let place = map.place(p, j);
+                RemoteAddr::new(place.node, mirror_region(region, place.slot), 0)
+            };
             let mut primary = vec![0u8; bytes as usize];
             ep.read(at(0), &mut primary).unwrap();
             for j in 1..r {
@@ -578,7 +653,8 @@ fn copies_agree_where(name: &str, c: &LocalCluster, g: &Geometry, r: u8, node: O
 }
 
 /// The rejoin scenario (crash, restart under load, second crash) over `$COUNT` seeds from
-/// `$BASE`, small index and no cache. Not part of the suite:
+/// `$BASE`, small index and no cache; with `RECOVERY=replace`, the re-replication scenario
+/// (crash, copies moved to other nodes under load, second crash). Not part of the suite:
 /// `BASE=50000 COUNT=200 cargo test --release -p nessie-testkit --test stress_replicated
 /// many_seeds_rejoin -- --ignored`.
 #[test]
@@ -591,7 +667,13 @@ fn many_seeds_rejoin() {
     }
     let env = |k: &str, d: u64| std::env::var(k).map_or(d, |b| b.parse().expect("a number"));
     let (base, count) = (env("BASE", 50000), env("COUNT", 100));
+    let replace = std::env::var("RECOVERY").as_deref() == Ok("replace");
     for seed in base..base + count {
-        crash_restart_crash("many seeds, rejoin", small.clone(), o, seed % 2 == 0, seed);
+        let second = seed % 2 == 0;
+        if replace {
+            crash_replace_crash("many seeds, replace", small.clone(), o, second, seed);
+        } else {
+            crash_restart_crash("many seeds, rejoin", small.clone(), o, second, seed);
+        }
     }
 }

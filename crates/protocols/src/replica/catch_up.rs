@@ -1,6 +1,7 @@
 //! Catching up: a restarted node fills the copies it holds (copy j of partition p, for every p
-//! with `holder(p, j)` = this node) from each partition's decider (its last full copy), with
-//! one-sided operations only, while the cluster keeps writing.
+//! with `holder(p, j)` = this node), and a node that copies were moved to fills those
+//! (re-replication, `Fence::moved_copy`), from each partition's decider (its last full copy),
+//! with one-sided operations only, while the cluster keeps writing.
 //!
 //! It runs once every node writes the restarted node's copies (`NodeRole::Receiving`: every
 //! node has learnt it, or stopped, and operations that chose their copies before have ended;
@@ -24,6 +25,7 @@ use nessie_fabric::{Endpoint, FabricError, RegionId, RemoteAddr};
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 use super::{mirror_region, Replicated};
+use crate::fence::NodeRole;
 
 /// Bytes compared (and copied) per step.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -60,12 +62,16 @@ impl<E: Endpoint> Replicated<E> {
         let start = self.inner.mono_ns();
         for p in 0..self.set.nodes {
             for j in 0..self.set.replicas {
-                if self.set.holder(p, j) != me {
+                // Every copy this node holds after a restart (its role is receiving), or only
+                // those moved here and not yet full.
+                let (node, slot, role) = self.place(p, j);
+                if node != me || role != NodeRole::Receiving {
                     continue;
                 }
                 for region in [PAGE_REGION, DATA_REGION, INDEX_REGION] {
                     let bytes = table_regions[region as usize];
-                    let passes = self.fill(p, j, region, bytes, bytes_per_s, start, &mut done)?;
+                    let to = (j, slot);
+                    let passes = self.fill(p, to, region, bytes, bytes_per_s, start, &mut done)?;
                     done.passes = done.passes.max(passes);
                 }
                 done.copies += 1;
@@ -74,21 +80,22 @@ impl<E: Endpoint> Replicated<E> {
         Ok(done)
     }
 
-    /// Bring copy `j` of `partition`'s `region` (`bytes` long) to its primary: a whole pass,
+    /// Bring copy `j` of `partition`'s `region` (`bytes` long, in mirror slot `slot` here) to
+    /// its decider: a whole pass,
     /// then passes over the words the previous pass changed, until one changes nothing (a
     /// word found equal stays equal: every later write reaches both). Returns the passes made.
     #[allow(clippy::too_many_arguments)]
     fn fill(
         &mut self,
         partition: u16,
-        j: u8,
+        (j, slot): (u8, u8),
         region: RegionId,
         bytes: u64,
         bytes_per_s: u64,
         start: u64,
         done: &mut CatchUp,
     ) -> Result<u32, FabricError> {
-        let mine = mirror_region(region, j);
+        let mine = mirror_region(region, slot);
         let mut theirs = vec![0u8; CHUNK_BYTES];
         let mut ours = vec![0u8; CHUNK_BYTES];
         // Offsets of the words the last pass changed (`None`: before the whole pass).

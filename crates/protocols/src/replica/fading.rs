@@ -38,12 +38,13 @@ impl<E: Endpoint> Replicated<E> {
             let mut now = None;
             let mut settled = true;
             for j in 0..self.set.replicas {
-                let node = self.set.holder(partition, j);
-                match self.fence.role(node) {
+                let (node, slot, role) = self.place(partition, j);
+                match role {
                     NodeRole::Full if settled || mutated!(self.set, read_next_copy_at_once) => {
                         return Ok(Copy {
                             node,
                             j,
+                            slot,
                             fading: false,
                             receiving: false,
                         });

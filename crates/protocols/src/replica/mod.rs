@@ -44,6 +44,8 @@
 //! re-replication").
 
 mod catch_up;
+mod moves;
+pub use moves::{CopyMap, Move, Placement};
 mod fading;
 pub use catch_up::CatchUp;
 
@@ -61,6 +63,8 @@ use crate::fence::{Fence, NodeRole};
 
 /// Most copies of a partition.
 pub const MAX_REPLICAS: u8 = 3;
+/// Most spare mirror slots per node (each holds the tables of one partition).
+pub const MAX_SPARE_COPIES: u8 = 8;
 /// Fewest sequence-number bits replication works with: a copy may lag its decider by fewer
 /// than half as many changes of one entry (2^7 = 128) without being misordered.
 pub const MIN_SEQ_BITS: u8 = 8;
@@ -93,6 +97,9 @@ pub fn mirror_region(region: RegionId, copy: u8) -> RegionId {
 pub struct ReplicaSet {
     replicas: u8,
     nodes: u16,
+    /// Mirror slots each node keeps free for copies moved to it (re-replication), after the
+    /// R - 1 its home copies fill.
+    spare: u8,
     ite: IteLayout,
     settle_ns: u64,
     /// How long after learning that a copy's node failed a node still treats that copy as
@@ -134,6 +141,7 @@ impl ReplicaSet {
         Ok(Self {
             replicas,
             nodes,
+            spare: 0,
             ite,
             settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             read_settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
@@ -148,6 +156,7 @@ impl ReplicaSet {
         Self {
             replicas: 1,
             nodes,
+            spare: 0,
             ite,
             settle_ns: 0,
             read_settle_ns: 0,
@@ -179,6 +188,33 @@ impl ReplicaSet {
         self.read_settle_ns
     }
 
+    /// Keep `spare` mirror slots on every node for copies moved there when a node is gone for
+    /// good (at most [`MAX_SPARE_COPIES`]; none without replication).
+    pub fn with_spare_copies(mut self, spare: u8) -> Result<Self, Error> {
+        if spare > MAX_SPARE_COPIES {
+            return Err(Error::Config(format!(
+                "spare_copies = {spare} exceeds the maximum of {MAX_SPARE_COPIES}"
+            )));
+        }
+        if spare > 0 && self.replicas < 2 {
+            return Err(Error::Config(
+                "spare_copies needs replication (replicas >= 2): with one copy there is nothing to move"
+                    .into(),
+            ));
+        }
+        self.spare = spare;
+        Ok(self)
+    }
+
+    /// The spare mirror slots of every node: `replicas()..replicas() + spare`.
+    pub fn spare_slots(&self) -> std::ops::Range<u8> {
+        self.replicas..self.replicas + self.spare
+    }
+
+    pub fn nodes(&self) -> u16 {
+        self.nodes
+    }
+
     pub fn replicas(&self) -> u8 {
         self.replicas
     }
@@ -200,14 +236,14 @@ impl ReplicaSet {
         let mut r = base.to_vec();
         if self.replicas > 1 {
             r.resize(MIRROR_BASE as usize, 0);
-            for _ in 1..self.replicas {
+            for _ in 1..self.replicas + self.spare {
                 r.extend(REPLICATED.iter().map(|&region| base[region as usize]));
             }
         }
         r
     }
 
-    /// The node holding copy `copy` of `partition`.
+    /// The node holding copy `copy` of `partition` at home (before any move: `Fence::moved_copy`).
     pub fn holder(&self, partition: NodeId, copy: u8) -> NodeId {
         ((partition as u32 + copy as u32) % self.nodes as u32) as NodeId
     }
@@ -249,6 +285,8 @@ fn page_order(w: u64) -> u64 {
 struct Copy {
     node: NodeId,
     j: u8,
+    /// The mirror slot it fills on `node` (`j` unless it moved).
+    slot: u8,
     /// Its node was declared failed less than the settle time ago: nobody who knows reads it
     /// or decides at it any more, but it is still written, once: a node that has not yet heard
     /// of the failure may still read it, so a write that fails there waits until the read
@@ -313,7 +351,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     fn at(addr: RemoteAddr, c: Copy) -> RemoteAddr {
-        RemoteAddr::new(c.node, mirror_region(addr.region, c.j), addr.offset)
+        RemoteAddr::new(c.node, mirror_region(addr.region, c.slot), addr.offset)
     }
 
     /// The copies of `partition` on nodes not declared failed, and (`with_fading`) those
@@ -324,6 +362,7 @@ impl<E: Endpoint> Replicated<E> {
             at: [Copy {
                 node: 0,
                 j: 0,
+                slot: 0,
                 fading: false,
                 receiving: false,
             }; MAX_REPLICAS as usize],
@@ -332,9 +371,9 @@ impl<E: Endpoint> Replicated<E> {
         let now = with_fading.then(|| self.inner.mono_ns());
         let mut full = 0;
         for j in 0..self.set.replicas {
-            let node = self.set.holder(partition, j);
-            // One look at the node's role; only a gone node's declaration time is read too.
-            let role = self.fence.role(node);
+            // One look at the copy's place and role; only a gone node's declaration time is
+            // read too.
+            let (node, slot, role) = self.place(partition, j);
             let receiving = role == NodeRole::Receiving;
             if receiving && (!with_fading || mutated!(self.set, rejoin_skips_receiving)) {
                 continue;
@@ -349,6 +388,7 @@ impl<E: Endpoint> Replicated<E> {
             let copy = Copy {
                 node,
                 j,
+                slot,
                 fading,
                 receiving,
             };
@@ -362,6 +402,24 @@ impl<E: Endpoint> Replicated<E> {
         Ok(c)
     }
 
+    /// Where copy `j` of `partition` is now (node, mirror slot) and its role there: its node's
+    /// role, or receiving while a copy moved there is being filled.
+    fn place(&self, partition: NodeId, j: u8) -> (NodeId, u8, NodeRole) {
+        match self.fence.moved_copy(partition, j) {
+            None => {
+                let node = self.set.holder(partition, j);
+                (node, j, self.fence.role(node))
+            }
+            Some(m) => {
+                let role = match self.fence.role(m.node) {
+                    NodeRole::Full if m.receiving => NodeRole::Receiving,
+                    r => r,
+                };
+                (m.node, m.slot, role)
+            }
+        }
+    }
+
     /// The full copies of `partition`: on nodes up, not receiving.
     fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
         self.copies(partition, false)
@@ -372,19 +430,23 @@ impl<E: Endpoint> Replicated<E> {
     /// while an operation that began before every node knew of it may still use the old ones
     /// (`ReplicaSet::join_settle_ns`).
     fn wait_join_settled(&mut self, partition: NodeId) {
+        let moved = self.fence.any_moved();
         loop {
             let mut recent = false;
             let mut now = None;
             for j in 0..self.set.replicas {
-                let node = self.set.holder(partition, j);
-                if !self.fence.rejoined(node) {
+                let node = match self.fence.moved_copy(partition, j) {
+                    Some(m) => m.node,
+                    None => self.set.holder(partition, j),
+                };
+                let rejoined = self.fence.rejoined(node);
+                if !rejoined && !moved {
                     continue;
                 }
                 let t = *now.get_or_insert_with(|| self.inner.mono_ns());
-                recent |= self
-                    .fence
-                    .full_for_ns(node, t)
-                    .is_some_and(|f| f < self.set.join_settle_ns());
+                let settling = |f: Option<u64>| f.is_some_and(|f| f < self.set.join_settle_ns());
+                recent |= rejoined && settling(self.fence.full_for_ns(node, t));
+                recent |= moved && settling(self.fence.moved_full_for_ns(partition, j, t));
             }
             if !recent {
                 return;
@@ -408,7 +470,7 @@ impl<E: Endpoint> Replicated<E> {
             let last = c.as_slice()[d];
             let now = self.inner.mono_ns();
             let unsettled = (last.j + 1..self.set.replicas).any(|j| {
-                let node = self.set.holder(partition, j);
+                let (node, _, _) = self.place(partition, j);
                 self.fence
                     .gone_for_ns(node, now)
                     .is_some_and(|t| t < self.set.settle_ns)
@@ -523,7 +585,7 @@ impl<E: Endpoint> Replicated<E> {
                 continue;
             }
             let a = Self::at(addr, c);
-            if local && c.j == 0 {
+            if local && c.slot == 0 {
                 self.inner.local_write(addr.region, addr.offset, buf)?;
             } else {
                 self.on_copy(c, false, |e| e.write(a, buf))?;
@@ -859,6 +921,7 @@ mod tests {
         let decider = Copy {
             node: 2,
             j: 2,
+            slot: 2,
             fading: false,
             receiving: false,
         };
@@ -866,6 +929,7 @@ mod tests {
             let c = Copy {
                 node: r.set.holder(0, j),
                 j,
+                slot: j,
                 fading: false,
                 receiving: false,
             };
@@ -895,12 +959,14 @@ mod tests {
         let primary = Copy {
             node: 0,
             j: 0,
+            slot: 0,
             fading: false,
             receiving: false,
         };
         let decider = Copy {
             node: 1,
             j: 1,
+            slot: 1,
             fading: false,
             receiving: false,
         };
