@@ -467,6 +467,8 @@ fn start(
         },
         lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
+        spare_copies: 0,
+        replace_after_s: nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

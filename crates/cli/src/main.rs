@@ -148,6 +148,15 @@ struct UpArgs {
     /// one node may fail without losing data. Needs membership (not --no-etcd) and --mode cd.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     replicas: u8,
+    /// Spare slots per node, each as large as one node's tables, that the copies of a node
+    /// failed for longer than --replace-after move to, so that R copies exist again without it
+    /// (needs --replicas 2 or 3, and a node without a copy of each moved partition).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
+    spare_copies: u8,
+    /// Seconds a node must have been failed before its copies move to spare slots (at least
+    /// three lease TTLs: a node restarted sooner rejoins instead).
+    #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
+    replace_after: u64,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -513,6 +522,8 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         },
         lease_ttl_s: a.lease_ttl,
         replicas: a.replicas,
+        spare_copies: a.spare_copies,
+        replace_after_s: a.replace_after,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
@@ -575,7 +586,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             None => "down".into(),
         }
     };
-    let partitions = replication(&cfg, &nodes, &state_of);
+    let config = snapshot.and_then(|s| s.config.as_ref());
+    let partitions = replication(&cfg, config, &nodes, &state_of);
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
         let etcd_error = match &membership {
@@ -640,20 +652,40 @@ impl Partition {
     }
 }
 
+/// Whether copy `j` of partition `p` moved and its new holder is still filling it.
+fn receiving(config: Option<&nessie_cluster::membership::Configuration>, p: u16, j: u8) -> bool {
+    config.is_some_and(|c| {
+        c.moves
+            .iter()
+            .any(|m| (m.partition, m.copy) == (p, j) && m.receiving)
+    })
+}
+
 fn replication(
     cfg: &nessie_cluster::config::ClusterConfig,
+    config: Option<&nessie_cluster::membership::Configuration>,
     nodes: &[process::NodeStatus],
     state_of: &impl Fn(&process::NodeStatus) -> String,
 ) -> Vec<Partition> {
     let n = nodes.len() as u16;
     let r = cfg.cluster.replicas;
+    // Where the copies are: at home, or where the configuration moved them.
+    let map = cfg.replica_set().ok().map(|set| match config {
+        Some(c) => c.copy_map(&set),
+        None => nessie_protocols::replica::CopyMap::home(&set),
+    });
     (0..n)
         .map(|p| {
             let mut live = 0;
             let mut present = None;
             for j in 0..r {
-                let holder = &nodes[((p + j as u16) % n) as usize];
-                if state_of(holder) != "up" {
+                let at = map
+                    .as_ref()
+                    .map_or((p + j as u16) % n, |m| m.place(p, j).node);
+                let Some(holder) = nodes.get(at as usize) else {
+                    continue;
+                };
+                if state_of(holder) != "up" || receiving(config, p, j) {
                     continue;
                 }
                 let Ok(report) = &holder.report else { continue };

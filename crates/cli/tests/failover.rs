@@ -240,3 +240,68 @@ fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Re-replication onto other nodes: four nodes, two copies, one spare slot each. Node 1 is
+/// killed and not restarted; after `--replace-after` its copies move to spare slots of nodes
+/// without them and are filled there (under-replicated back to 0 without node 1). Then node 2,
+/// which held the only other copy of node 1's tables, is killed too, and nothing is lost.
+#[test]
+fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
+    let c = Cluster::up(
+        "replace",
+        4,
+        "shm",
+        &[
+            "--lease-ttl",
+            "2",
+            "--replicas",
+            "2",
+            "--spare-copies",
+            "1",
+            "--replace-after",
+            "6",
+        ],
+    );
+    let mut model = load(&c);
+    let pid = process::live_pid(&c.dir, 1).expect("node 1 runs");
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed = Instant::now();
+    let s = wait_until(&c, Duration::from_secs(90), |s| {
+        let epoch = &s[0]["membership"]["epoch"];
+        s[1]["state"] == "failed"
+            && [0, 2, 3]
+                .iter()
+                .all(|&n| s[n]["membership"]["epoch"] == *epoch)
+            && s[0]["membership"]["moves"]
+                .as_array()
+                .is_some_and(|m| m.len() == 2)
+            && under_replicated(s) == 0
+    });
+    eprintln!(
+        "node 1's copies moved and filled {:?} after the kill: {}",
+        killed.elapsed(),
+        s[0]["membership"]["moves"]
+    );
+    let moved: Vec<_> = [0, 2, 3]
+        .iter()
+        .flat_map(|&n| s[n]["copies"].as_array().unwrap().clone())
+        .filter(|c| c["slot"] == 2)
+        .collect();
+    assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
+    assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
+    assert_reads(&c, &[0, 2, 3], &model);
+    for (i, (k, v)) in model.iter_mut().enumerate() {
+        let nv = format!("{k}-after-the-move");
+        put(&c, [0, 2, 3][i % 3], k, &nv);
+        *v = Some(nv);
+    }
+    let pid = process::live_pid(&c.dir, 2).expect("node 2 runs");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_until(&c, Duration::from_secs(15), |s| s[2]["state"] == "failed");
+    assert_reads(&c, &[0, 3], &model);
+    put(&c, 3, "key-2", "after the second kill");
+    model.insert("key-2".into(), Some("after the second kill".into()));
+    assert_reads(&c, &[0, 3], &model);
+}

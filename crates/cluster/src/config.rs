@@ -101,10 +101,19 @@ pub struct ClusterSection {
     /// With more than one, a node that fails loses nothing: see `nessie_protocols::replica`.
     #[serde(default = "default_replicas")]
     pub replicas: u8,
+    /// Mirror slots every node keeps free, each the size of one node's tables, for the copies
+    /// of a node gone for good (re-replication, after `membership.replace_after_s`). 0: a
+    /// failed node's copies come back only when it restarts.
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub spare_copies: u8,
 }
 
 fn default_replicas() -> u8 {
     1
+}
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
 }
 
 fn default_server_poll() -> String {
@@ -201,10 +210,19 @@ pub struct MembershipSection {
     /// A node whose lease has not been refreshed for this long is declared failed.
     #[serde(default = "default_lease_ttl_s")]
     pub lease_ttl_s: u64,
+    /// How long a node must have been failed before its copies move to spare slots on other
+    /// nodes (`cluster.spare_copies`): long enough that a node restarted quickly rejoins
+    /// instead. At least three lease TTLs.
+    #[serde(default = "default_replace_after_s")]
+    pub replace_after_s: u64,
 }
 
 fn default_lease_ttl_s() -> u64 {
     crate::membership::DEFAULT_LEASE_TTL_S
+}
+
+fn default_replace_after_s() -> u64 {
+    crate::membership::DEFAULT_REPLACE_AFTER_S
 }
 
 /// Index load factor a `memory_per_node` budget is sized for, when the data table is full.
@@ -301,6 +319,8 @@ pub enum InvalidConfig {
     LeaseTtl(u64),
     #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
     LeaseTooShort { ttl_s: u64, expiry_ms: u64 },
+    #[error("membership.replace_after_s = {after_s} is too short for lease_ttl_s = {ttl_s}: a failed node must have time to restart and rejoin before its copies move; use at least {min_s} s", min_s = crate::membership::REPLACE_AFTER_TTLS * ttl_s)]
+    ReplaceTooSoon { after_s: u64, ttl_s: u64 },
     /// The mode's or the server-driven machinery's settings in `[cluster]`.
     #[error("cluster: {0}")]
     Cluster(#[source] nessie_protocols::ConfigError),
@@ -378,6 +398,9 @@ impl ClusterConfig {
             r => nessie_protocols::ReplicaSet::new(r, g.nodes as u16, ite, &self.protocol_config())
                 .map_err(|e| InvalidConfig::Replicas(e.to_string()))?,
         };
+        let set = set
+            .with_spare_copies(self.cluster.spare_copies)
+            .map_err(|e| InvalidConfig::Replicas(e.to_string()))?;
         // A node's view of membership is fresh for a lease TTL (`membership::Monitor`): a copy
         // takes over deciding only once every node has learnt of the failure or stopped writing.
         let settle = self.membership.as_ref().map_or(0, |m| {
@@ -419,6 +442,12 @@ impl ClusterConfig {
             return Err(InvalidConfig::LeaseTooShort {
                 ttl_s: m.lease_ttl_s,
                 expiry_ms: self.protocol.expiry_ms,
+            });
+        }
+        if m.replace_after_s < crate::membership::REPLACE_AFTER_TTLS * m.lease_ttl_s {
+            return Err(InvalidConfig::ReplaceTooSoon {
+                after_s: m.replace_after_s,
+                ttl_s: m.lease_ttl_s,
             });
         }
         Ok(())
@@ -587,6 +616,7 @@ impl ClusterConfig {
                 &self.cluster.mode,
                 self.cluster.max_clients_per_node,
                 self.cluster.replicas,
+                self.cluster.spare_copies,
             ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
@@ -623,6 +653,7 @@ impl ClusterConfig {
                 server_poll: default_server_poll(),
                 huge_pages: Default::default(),
                 replicas: default_replicas(),
+                spare_copies: 0,
             },
             geometry: Geometry {
                 nodes: nodes as u32,
@@ -650,6 +681,7 @@ mod tests {
         MembershipSection {
             etcd: etcd.into(),
             lease_ttl_s,
+            replace_after_s: crate::membership::REPLACE_AFTER_TTLS * lease_ttl_s,
         }
     }
 
@@ -804,6 +836,14 @@ mod tests {
                 2_000,
                 "too short for protocol.expiry_ms = 2000",
             ),
+            (
+                MembershipSection {
+                    replace_after_s: 8,
+                    ..membership("http://e:2379", 3)
+                },
+                1_000,
+                "membership.replace_after_s = 8 is too short",
+            ),
         ];
         for (m, expiry_ms, needle) in cases {
             let mut c = cfg();
@@ -828,5 +868,25 @@ mod tests {
         let mut c = a.clone();
         c.node[0].workers = 7; // per-node setting: not shared
         assert_eq!(a.fingerprint(), c.fingerprint());
+        let mut d = a.clone();
+        d.cluster.spare_copies = 1; // every node registers the spare slots
+        assert_ne!(a.fingerprint(), d.fingerprint());
+    }
+
+    #[test]
+    fn spare_copies_need_replication_and_have_a_limit() {
+        let mut c = cfg();
+        c.cluster.spare_copies = 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("needs replication"), "{e}");
+        c.cluster.replicas = 2;
+        c.membership = Some(membership("http://127.0.0.1:2379/", 3));
+        c.validate().unwrap();
+        assert_eq!(c.replica_set().unwrap().spare_slots(), 2..3);
+        c.cluster.spare_copies = 9;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("spare_copies = 9 exceeds"), "{e}");
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back.cluster.spare_copies, 9, "[cluster] round-trips");
     }
 }

@@ -3,9 +3,12 @@
 //! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
 //!
 //! ```text
-//! members/<id>   {"id", "pid", "ready"}   put by node <id> under its lease: present while it
-//!                                          lives; "ready": it holds its copies again
-//! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns"}]}
+//! members/<id>   {"id", "pid", "ready", "filled"}
+//!                                          put by node <id> under its lease: present while it
+//!                                          lives; "ready": it holds its copies again;
+//!                                          "filled": the moved copies it has filled
+//! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns"}],
+//!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}]}
 //!                                          no lease; changed only by compare-and-put
 //! ```
 //!
@@ -23,6 +26,13 @@
 //! epoch they know while their view is fresh (reads: half a TTL after the last read that
 //! succeeded, [`read_view_ns`]; writes: while the lease holds), and with one copy reads go on
 //! after that too.
+//!
+//! **Re-replication.** With spare slots (`cluster.spare_copies`), a node failed for
+//! `replace_after_s` loses its copies: the next epoch moves each to a spare slot of an up node
+//! without a copy of that partition (`nessie_protocols::replica::CopyMap::replace`), receiving.
+//! The new holder fills it after the join settle time and lists it in its registration's
+//! "filled"; the next epoch makes it full. A node whose copies moved stays failed: it cannot
+//! take them back by registering again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,7 +41,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use nessie_protocols::{Fence, NodeRole};
+use nessie_protocols::replica::{CopyMap, Placement};
+use nessie_protocols::{Fence, MovedCopy, NodeRole, ReplicaSet};
 
 use crate::etcd::{Etcd, EtcdError, LeaseId};
 
@@ -41,6 +52,11 @@ pub const MIN_LEASE_TTL_S: u64 = 1;
 /// Longest lease TTL accepted: failures must be noticed within minutes at worst.
 pub const MAX_LEASE_TTL_S: u64 = 600;
 pub const DEFAULT_LEASE_TTL_S: u64 = 3;
+/// How long a node is failed, by default, before its copies move to spare slots.
+pub const DEFAULT_REPLACE_AFTER_S: u64 = 60;
+/// `replace_after_s` is at least this many lease TTLs: a failed node is held for a TTL and a
+/// settle time before it may join, and must then have time to register again.
+pub const REPLACE_AFTER_TTLS: u64 = 3;
 /// A view of the configuration is fresh enough to read by for this part of a TTL after the
 /// read that fetched it was sent; the monitor reads three times in that window.
 const READ_VIEW_PARTS: u64 = 2;
@@ -101,6 +117,43 @@ pub struct Registrations {
     pub present: Vec<u16>,
     /// Those of them that hold their copies (they caught up after joining).
     pub ready: Vec<u16>,
+    /// Moved copies their new holders have filled: (holder, partition, copy).
+    pub filled: Vec<(u16, u16, u8)>,
+}
+
+/// One copy moved off its home node (re-replication), as the configuration records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyMove {
+    pub partition: u16,
+    /// Its place in the partition's chain.
+    pub copy: u8,
+    /// Where it is now: node and mirror slot.
+    pub node: u16,
+    pub slot: u8,
+    /// Its new holder is still filling it: written, not read, not decided at.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub receiving: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+/// When and where a failed node's copies move (`None` in [`Policy`]: never).
+#[derive(Clone, Debug)]
+pub struct Replacing {
+    /// How long a node must have been failed first.
+    pub after_ns: u64,
+    /// Where copies are at home and which spare slots every node has.
+    pub set: ReplicaSet,
+}
+
+/// What the configuration's successor depends on besides the registrations.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    /// How long a failed node stays failed at least before it may join.
+    pub hold_ns: u64,
+    pub replacing: Option<Replacing>,
 }
 
 /// The configuration of one epoch, as stored in etcd.
@@ -108,6 +161,10 @@ pub struct Registrations {
 pub struct Configuration {
     pub epoch: u64,
     pub nodes: Vec<Member>,
+    /// Copies that moved off their home nodes, in the order they moved (a copy moved twice
+    /// appears once, at its latest place).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<CopyMove>,
 }
 
 impl Configuration {
@@ -122,7 +179,11 @@ impl Configuration {
                 joined_ns: 0,
             })
             .collect();
-        Self { epoch: 1, nodes }
+        Self {
+            epoch: 1,
+            nodes,
+            moves: Vec::new(),
+        }
     }
 
     pub fn state(&self, id: u16) -> Option<NodeState> {
@@ -130,22 +191,28 @@ impl Configuration {
     }
 
     /// The next epoch given the registrations at wall time `now_ns`, or `None` if nothing
-    /// changes. A failed node may join only once it has been failed for `hold_ns`.
+    /// changes. A failed node may join only once it has been failed for `policy.hold_ns`, and
+    /// only if none of its copies moved; one failed for `replacing.after_ns` has its copies
+    /// moved.
     pub fn successor(
         &self,
         reg: &Registrations,
         now_ns: u64,
-        hold_ns: u64,
+        policy: &Policy,
     ) -> Option<Configuration> {
         let mut next = self.clone();
         let mut changed = false;
         for m in &mut next.nodes {
             let present = reg.present.contains(&m.id);
             let ready = reg.ready.contains(&m.id);
-            let held = now_ns >= m.since_ns.saturating_add(hold_ns);
+            let held = now_ns >= m.since_ns.saturating_add(policy.hold_ns);
+            let kept = !self
+                .moves
+                .iter()
+                .any(|c| c.node != m.id && self.was_home(c, m.id));
             let state = match (m.state, present) {
                 (NodeState::Up | NodeState::Joining, false) => NodeState::Failed,
-                (NodeState::Failed, true) if held => NodeState::Joining,
+                (NodeState::Failed, true) if held && kept => NodeState::Joining,
                 (NodeState::Joining, true) if ready => NodeState::Up,
                 (s, _) => s,
             };
@@ -158,10 +225,89 @@ impl Configuration {
                 }
             }
         }
+        if let Some(r) = &policy.replacing {
+            changed |= next.fill_moves(reg);
+            changed |= next.move_copies(r, now_ns);
+        }
         changed.then(|| {
             next.epoch += 1;
             next
         })
+    }
+
+    /// Whether moved copy `c` was at home on `node` (its partition's chain places it there).
+    fn was_home(&self, c: &CopyMove, node: u16) -> bool {
+        let n = self.nodes.len() as u32;
+        n > 0 && (c.partition as u32 + c.copy as u32) % n == node as u32
+    }
+
+    /// Receiving copies whose holder is up and says it filled them become full.
+    fn fill_moves(&mut self, reg: &Registrations) -> bool {
+        let mut changed = false;
+        for c in self.moves.iter_mut().filter(|c| c.receiving) {
+            let up = self
+                .nodes
+                .iter()
+                .any(|m| m.id == c.node && m.state == NodeState::Up);
+            if up && reg.filled.contains(&(c.node, c.partition, c.copy)) {
+                c.receiving = false;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// The copy map this configuration describes.
+    pub fn copy_map(&self, set: &ReplicaSet) -> CopyMap {
+        let mut map = CopyMap::home(set);
+        for c in &self.moves {
+            map.set_place(
+                c.partition,
+                c.copy,
+                Placement {
+                    node: c.node,
+                    slot: c.slot,
+                },
+            );
+        }
+        map
+    }
+
+    /// Move the copies of every node failed for `r.after_ns` (that still holds some) to spare
+    /// slots on up nodes, receiving. Copies no node can take stay where they are.
+    fn move_copies(&mut self, r: &Replacing, now_ns: u64) -> bool {
+        let mut changed = false;
+        let due: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|m| m.state == NodeState::Failed)
+            .filter(|m| now_ns >= m.since_ns.saturating_add(r.after_ns))
+            .map(|m| m.id)
+            .collect();
+        for gone in due {
+            let map = self.copy_map(&r.set);
+            if map.held_by(gone).is_empty() {
+                continue;
+            }
+            let up = |n: u16| self.state(n) == Some(NodeState::Up);
+            let (moves, stuck) = map.replace(&r.set, gone, up);
+            if !stuck.is_empty() {
+                tracing::warn!(node = gone, ?stuck, "copies of a failed node have nowhere to go (no spare slot on a node without them)");
+            }
+            for m in moves {
+                self.moves
+                    .retain(|c| (c.partition, c.copy) != (m.partition, m.j));
+                self.moves.push(CopyMove {
+                    partition: m.partition,
+                    copy: m.j,
+                    node: m.to.node,
+                    slot: m.to.slot,
+                    receiving: true,
+                });
+                changed = true;
+            }
+        }
+        changed
     }
 }
 
@@ -226,6 +372,11 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
         if record["ready"] == serde_json::Value::Bool(true) {
             registrations.ready.push(id);
         }
+        let filled: Vec<(u16, u8)> =
+            serde_json::from_value(record["filled"].clone()).unwrap_or_default();
+        registrations
+            .filled
+            .extend(filled.into_iter().map(|(p, j)| (id, p, j)));
     }
     let (config, config_revision) = match config {
         None => (None, 0),
@@ -265,18 +416,18 @@ pub fn initialise(
 }
 
 /// One monitoring step: move the configuration to its successor if registrations changed
-/// (`hold_ns`: how long a failed node stays failed at least). Returns the configuration in
+/// or copies are due to move (`policy`). Returns the configuration in
 /// force afterwards (`None` before epoch 1).
 pub fn step(
     etcd: &Etcd,
     keys: &Keys,
-    hold_ns: u64,
+    policy: &Policy,
 ) -> Result<Option<Configuration>, MembershipError> {
     let snap = snapshot(etcd, keys)?;
     let Some(config) = snap.config else {
         return Ok(None);
     };
-    let Some(next) = config.successor(&snap.registrations, wall_ns(), hold_ns) else {
+    let Some(next) = config.successor(&snap.registrations, wall_ns(), policy) else {
         return Ok(Some(config));
     };
     let body = serde_json::to_vec(&next).expect("serialises");
@@ -341,10 +492,12 @@ struct Shared {
     /// This node is `up` in the configuration last read (or there is none yet).
     up: AtomicBool,
     fence: Arc<Fence>,
-    /// How long a failed node stays failed at least before it may join (`step`).
-    hold_ns: u64,
+    /// How long a failed node stays failed before it may join, and when copies move (`step`).
+    policy: Policy,
     /// This node said it holds its copies (its registration says `ready`).
     ready: AtomicBool,
+    /// The moved copies this node said it filled (its registration's "filled").
+    filled: Mutex<Vec<(u16, u8)>>,
     on_config: Option<ConfigHook>,
 }
 
@@ -373,14 +526,14 @@ fn wall_ns() -> u64 {
 
 impl Monitor {
     /// Register node `id` under a new lease and start monitoring, feeding `fence`.
-    /// `hold_ns`: how long a failed node stays failed at least before it may join again
+    /// `policy.hold_ns`: how long a failed node stays failed at least before it may join again
     /// (every node must have learnt of the failure and acted on it).
     pub fn start(
         etcd: Etcd,
         keys: Keys,
         id: u16,
         lease_ttl_s: u64,
-        hold_ns: u64,
+        policy: Policy,
         fence: Arc<Fence>,
         on_config: Option<ConfigHook>,
     ) -> Result<Monitor, MembershipError> {
@@ -404,8 +557,9 @@ impl Monitor {
             // Until the configuration says otherwise: a cluster starting has none yet.
             up: AtomicBool::new(true),
             fence,
-            hold_ns,
+            policy,
             ready: AtomicBool::new(false),
+            filled: Mutex::new(Vec::new()),
             on_config,
         });
         // Fenced until the first read: a node restarted after it was declared failed must not
@@ -464,8 +618,28 @@ impl Monitor {
     /// registration says `ready`, and the next monitor step makes it `up`.
     pub fn set_ready(&self, id: u16) -> Result<(), MembershipError> {
         self.shared.ready.store(true, Ordering::SeqCst);
+        self.put_own_record(id)
+    }
+
+    /// Say that this node filled the moved copies `filled` (partition, chain position) it
+    /// holds: the next monitor step makes them full.
+    pub fn set_filled(&self, id: u16, filled: &[(u16, u8)]) -> Result<(), MembershipError> {
+        {
+            let mut f = self.shared.filled.lock().expect("filled lock");
+            for c in filled {
+                if !f.contains(c) {
+                    f.push(*c);
+                }
+            }
+        }
+        self.put_own_record(id)
+    }
+
+    fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
-        put_record(&self.etcd, &self.keys, id, lease, true)?;
+        let ready = self.shared.ready.load(Ordering::SeqCst);
+        let filled = self.shared.filled.lock().expect("filled lock").clone();
+        put_record(&self.etcd, &self.keys, id, lease, ready, &filled)?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -498,7 +672,7 @@ fn read_configuration(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let sent = wall_ns();
-    if let Some(c) = step(etcd, keys, shared.hold_ns)? {
+    if let Some(c) = step(etcd, keys, &shared.policy)? {
         if let Some(hook) = &shared.on_config {
             hook(&c);
         }
@@ -554,7 +728,7 @@ fn register(
     ready: bool,
 ) -> Result<(LeaseId, u64), MembershipError> {
     let lease = etcd.grant(ttl_s)?;
-    put_record(etcd, keys, id, lease, ready)?;
+    put_record(etcd, keys, id, lease, ready, &[])?;
     // The granted TTL is what a keep-alive right now reports.
     let granted = u64::try_from(etcd.keep_alive(lease)?).unwrap_or(0);
     Ok((lease, granted))
@@ -567,8 +741,12 @@ fn put_record(
     id: u16,
     lease: LeaseId,
     ready: bool,
+    filled: &[(u16, u8)],
 ) -> Result<(), MembershipError> {
-    let record = serde_json::json!({ "id": id, "pid": std::process::id(), "ready": ready });
+    let mut record = serde_json::json!({ "id": id, "pid": std::process::id(), "ready": ready });
+    if !filled.is_empty() {
+        record["filled"] = serde_json::json!(filled);
+    }
     etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
     Ok(())
 }
@@ -601,6 +779,7 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
 
 /// Feed configuration `c` into node `id`'s fence: each node's role (a failed node is gone: its
 /// writers are dead, its copies left; a joining one receives its copies; an up one is full),
+/// where moved copies are and whether they are still receiving,
 /// when its incarnation joined (entries of earlier ones are abandoned), and this node writes
 /// only while it is `up` (then until `lease_until`).
 pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
@@ -614,6 +793,14 @@ pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
                 NodeState::Failed => NodeRole::Gone,
             },
         );
+    }
+    for m in &c.moves {
+        let at = MovedCopy {
+            node: m.node,
+            slot: m.slot,
+            receiving: m.receiving,
+        };
+        fence.move_copy(m.partition, m.copy, Some(at));
     }
     if c.state(id) != Some(NodeState::Up) {
         fence.set_lease_until(0);
@@ -645,6 +832,8 @@ fn keep_registered(
     let sent = wall_ns();
     // Declared failed by now, most likely: it must catch up again before it is ready.
     shared.ready.store(false, Ordering::SeqCst);
+    // And fill again whatever moved copies it had filled.
+    shared.filled.lock().expect("filled lock").clear();
     let (lease, granted) = register(etcd, keys, id, ttl_s, false)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
     // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.
@@ -667,13 +856,17 @@ mod tests {
         Registrations {
             present: present.to_vec(),
             ready: ready.to_vec(),
+            filled: vec![],
         }
     }
 
     #[test]
     fn successor_fails_lapsed_nodes_holds_them_then_lets_them_join_and_come_up_when_ready() {
         use NodeState::*;
-        const HOLD: u64 = 1_000;
+        const HOLD: &Policy = &Policy {
+            hold_ns: 1_000,
+            replacing: None,
+        };
         let c = Configuration::initial([0, 1, 2]);
         assert_eq!(
             c.successor(&reg(&[0, 1, 2], &[]), 10, HOLD),
@@ -727,6 +920,7 @@ mod tests {
         let c = Configuration {
             epoch: 3,
             nodes: vec![m(0, Up, 0), m(1, Failed, 0), m(2, Joining, 77)],
+            moves: vec![],
         };
         let f = Fence::unfenced();
         apply(&c, 0, &f);
@@ -747,6 +941,87 @@ mod tests {
         apply(&up, 0, &f);
         assert!(!f.is_gone(1) && f.role(2) == NodeRole::Full, "up again");
         assert!(f.rejoined(2));
+    }
+
+    #[test]
+    fn a_node_failed_long_enough_has_its_copies_moved_then_filled_and_may_not_join() {
+        use NodeState::*;
+        let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
+        let set = ReplicaSet::new(2, 4, ite, &nessie_protocols::ProtocolConfig::default())
+            .unwrap()
+            .with_spare_copies(1)
+            .unwrap();
+        let policy = Policy {
+            hold_ns: 10,
+            replacing: Some(Replacing {
+                after_ns: 100,
+                set: set.clone(),
+            }),
+        };
+        let c = Configuration::initial([0, 1, 2, 3]);
+        let failed = c.successor(&reg(&[0, 2, 3], &[]), 1_000, &policy).unwrap();
+        assert_eq!(states(&failed), vec![Up, Failed, Up, Up]);
+        assert!(failed.moves.is_empty(), "not failed for long yet");
+        assert_eq!(
+            failed.successor(&reg(&[0, 2, 3], &[]), 1_050, &policy),
+            None
+        );
+        let moved = failed
+            .successor(&reg(&[0, 2, 3], &[]), 1_100, &policy)
+            .unwrap();
+        assert_eq!(moved.epoch, failed.epoch + 1);
+        let mv = |partition, copy, node, receiving| CopyMove {
+            partition,
+            copy,
+            node,
+            slot: 2,
+            receiving,
+        };
+        assert_eq!(moved.moves, vec![mv(0, 1, 2, true), mv(1, 0, 0, true)]);
+        assert!(moved.copy_map(&set).held_by(1).is_empty());
+        // Node 1 comes back: its copies are elsewhere now, so it stays failed.
+        assert_eq!(
+            moved.successor(&reg(&[0, 1, 2, 3], &[]), 2_000, &policy),
+            None
+        );
+        // Node 2 says it filled its copy: that one is full; node 0's is still receiving.
+        let mut r = reg(&[0, 2, 3], &[]);
+        r.filled = vec![(2, 0, 1), (3, 1, 0)];
+        let filled = moved.successor(&r, 2_000, &policy).unwrap();
+        assert_eq!(filled.moves, vec![mv(0, 1, 2, false), mv(1, 0, 0, true)]);
+        // Without spare slots nothing moves.
+        let none = Policy {
+            replacing: None,
+            ..policy.clone()
+        };
+        assert_eq!(failed.successor(&reg(&[0, 2, 3], &[]), 5_000, &none), None);
+        // The record round-trips; a full move does not say "receiving".
+        let json = serde_json::to_string(&filled).unwrap();
+        assert!(
+            json.contains(r#"{"partition":0,"copy":1,"node":2,"slot":2}"#),
+            "{json}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Configuration>(&json).unwrap(),
+            filled
+        );
+    }
+
+    #[test]
+    fn applying_moves_puts_them_in_the_fence() {
+        let mut c = Configuration::initial([0, 1, 2]);
+        c.moves.push(CopyMove {
+            partition: 1,
+            copy: 0,
+            node: 2,
+            slot: 3,
+            receiving: true,
+        });
+        let f = Fence::unfenced();
+        apply(&c, 0, &f);
+        let at = f.moved_copy(1, 0).expect("moved");
+        assert_eq!((at.node, at.slot, at.receiving), (2, 3, true));
+        assert_eq!(f.moved_copy(0, 0), None);
     }
 
     #[test]

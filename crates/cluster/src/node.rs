@@ -26,7 +26,7 @@ use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
-use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState};
+use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
 use crate::rundir::{PidFile, RunDir};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
@@ -261,14 +261,28 @@ impl NodeContext {
     fn status(&self) -> serde_json::Value {
         let data_table = self.data_table_status();
         let present = self.present_in(INDEX_REGION);
-        let nodes = self.cfg.geometry.nodes as u16;
-        let copies: Vec<_> = (0..self.replicas.replicas())
-            .map(|j| {
-                let partition = (self.id + nodes - j as u16) % nodes;
+        // The copies held here, moved ones included, as the last configuration read says.
+        let config = self.membership.as_ref().and_then(|m| m.view().config);
+        let map = match &config {
+            Some(c) => c.copy_map(&self.replicas),
+            None => nessie_protocols::replica::CopyMap::home(&self.replicas),
+        };
+        let copies: Vec<_> = map
+            .held_by(self.id)
+            .into_iter()
+            .map(|(partition, j)| {
+                let slot = map.place(partition, j).slot;
+                let receiving = config.as_ref().is_some_and(|c| {
+                    c.moves
+                        .iter()
+                        .any(|m| (m.partition, m.copy) == (partition, j) && m.receiving)
+                });
                 serde_json::json!({
                     "partition": partition,
                     "copy": j,
-                    "present": self.present_in(nessie_protocols::replica::mirror_region(INDEX_REGION, j)),
+                    "slot": slot,
+                    "receiving": receiving,
+                    "present": self.present_in(nessie_protocols::replica::mirror_region(INDEX_REGION, slot)),
                 })
             })
             .collect();
@@ -322,6 +336,7 @@ impl NodeContext {
             "epoch": v.config.as_ref().map(|c| c.epoch),
             "may_write": m.may_write(),
             "nodes": v.config.as_ref().map(|c| &c.nodes),
+            "moves": v.config.as_ref().map(|c| &c.moves),
         })
     }
 }
@@ -341,12 +356,17 @@ fn start_membership(
     // A failed node joins again only once every node has learnt of the failure (within a
     // TTL) and its copies' deciding has moved on (the settle time after that).
     let hold_ns = (m.lease_ttl_s * 1_000_000_000).saturating_add(replicas.settle_ns());
+    // Copies move only where there is room for them.
+    let replacing = (!replicas.spare_slots().is_empty()).then(|| Replacing {
+        after_ns: m.replace_after_s.saturating_mul(1_000_000_000),
+        set: replicas.clone(),
+    });
     Ok(Some(Monitor::start(
         etcd,
         cfg.membership_keys(),
         id,
         m.lease_ttl_s,
-        hold_ns,
+        Policy { hold_ns, replacing },
         fence,
         Some(on_config),
     )?))

@@ -133,6 +133,10 @@ pub struct UpOptions {
     pub lease_ttl_s: u64,
     /// Copies of every node's index, data and page tables (1 to 3; more than 1 needs membership).
     pub replicas: u8,
+    /// Spare mirror slots per node for the copies of a node gone for good (`cluster.spare_copies`).
+    pub spare_copies: u8,
+    /// How long a node is failed before its copies move (`membership.replace_after_s`).
+    pub replace_after_s: u64,
 }
 
 /// Where a cluster's membership lives.
@@ -167,6 +171,8 @@ impl UpOptions {
             etcd: EtcdChoice::Local,
             lease_ttl_s: crate::membership::DEFAULT_LEASE_TTL_S,
             replicas: 1,
+            spare_copies: 0,
+            replace_after_s: crate::membership::DEFAULT_REPLACE_AFTER_S,
         }
     }
 }
@@ -287,6 +293,7 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
     Ok(Some(MembershipSection {
         etcd,
         lease_ttl_s: o.lease_ttl_s,
+        replace_after_s: o.replace_after_s,
     }))
 }
 
@@ -326,6 +333,7 @@ fn local_config(
     cfg.cluster.server_poll = o.server_poll.clone();
     cfg.cluster.huge_pages = o.huge_pages;
     cfg.cluster.replicas = o.replicas;
+    cfg.cluster.spare_copies = o.spare_copies;
     cfg.membership = membership;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms

@@ -1,7 +1,9 @@
 //! The rejoiner: one thread per node process (with replication and membership) that, while the
 //! configuration says the node is `joining`, fills the copies it holds from the primaries
 //! (`Replicated::catch_up`), adopts the pages its earlier incarnation claimed
-//! (`ClassTable::adopt`), and then says it is ready, so that membership makes it `up`.
+//! (`ClassTable::adopt`), and then says it is ready, so that membership makes it `up`; and,
+//! while it is `up`, fills the copies moved to it from a node gone for good (re-replication)
+//! and says so, so that membership makes them full.
 //!
 //! It starts catching up only once the node has known itself `joining` for the join settle
 //! time (`ReplicaSet::join_settle_ns`: a lease TTL and an operation): by then every node writes
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use nessie_protocols::CatchUp;
 
-use crate::membership::NodeState;
+use crate::membership::{Monitor, NodeState};
 use crate::node::{NodeContext, NodeError};
 
 /// How fast a node reads from the primaries while it catches up: enough to fill a GiB of
@@ -46,44 +48,114 @@ pub fn spawn(
         })
 }
 
+/// What the rejoiner remembers between looks at the node's state.
+#[derive(Default)]
+struct Progress {
+    /// When this process first saw itself joining in the current incarnation, and whether it
+    /// said it is ready in it.
+    joining_since: Option<Instant>,
+    ready: bool,
+    /// The receiving copies moved here (partition, chain position), since when this process
+    /// knows of them, and whether it said it filled them.
+    moved: Vec<(u16, u8)>,
+    moved_since: Option<Instant>,
+    filled: bool,
+}
+
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
-    // Every node learns it is joining within the settle time (a TTL) or stops, and an
-    // operation that chose its copies before it learnt ends within one more operation.
+    // Every node learns it is joining (or of a move) within the settle time (a TTL) or stops,
+    // and an operation that chose its copies before it learnt ends within one more operation.
     let settle = Duration::from_nanos(ctx.replica_set().join_settle_ns());
-    // When this process first saw itself joining in the current incarnation, and whether it
-    // said it is ready in it.
-    let mut joining_since: Option<Instant> = None;
-    let mut ready = false;
+    let mut p = Progress::default();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(POLL);
         let Some(m) = ctx.membership() else { return };
-        if m.state(ctx.id) != Some(NodeState::Joining) {
-            joining_since = None;
-            ready = false;
-            continue;
-        }
-        let since = *joining_since.get_or_insert_with(Instant::now);
-        if ready || since.elapsed() < settle {
-            continue;
-        }
-        match catch_up(ctx) {
-            Ok(c) => {
-                tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
-                eprintln!(
-                    "nessie node {}: caught up ({} copies, {} words changed, {} bytes read); ready",
-                    ctx.id, c.copies, c.words_changed, c.bytes_read
-                );
-                match m.set_ready(ctx.id) {
-                    Ok(()) => ready = true,
-                    Err(e) => tracing::warn!(%e, "could not say the node is ready"),
-                }
+        match m.state(ctx.id) {
+            Some(NodeState::Joining) => rejoin_step(ctx, m, settle, &mut p),
+            Some(NodeState::Up) => {
+                p.joining_since = None;
+                p.ready = false;
+                fill_step(ctx, m, settle, &mut p);
             }
-            Err(e) => {
-                tracing::warn!(node = ctx.id, %e, "catching up failed; trying again");
-                std::thread::sleep(RETRY);
-            }
+            _ => p = Progress::default(),
         }
     }
+}
+
+/// While joining: catch up once the join settle time is over, then say the node is ready.
+fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
+    let since = *p.joining_since.get_or_insert_with(Instant::now);
+    if p.ready || since.elapsed() < settle {
+        return;
+    }
+    match catch_up(ctx) {
+        Ok(c) => {
+            tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
+            eprintln!(
+                "nessie node {}: caught up ({} copies, {} words changed, {} bytes read); ready",
+                ctx.id, c.copies, c.words_changed, c.bytes_read
+            );
+            match m.set_ready(ctx.id) {
+                Ok(()) => p.ready = true,
+                Err(e) => tracing::warn!(%e, "could not say the node is ready"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(node = ctx.id, %e, "catching up failed; trying again");
+            std::thread::sleep(RETRY);
+        }
+    }
+}
+
+/// While up: fill the copies moved here (re-replication) once every node writes them, then
+/// say so, so that membership makes them full.
+fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
+    let moved = moved_here(m, ctx.id);
+    if moved != p.moved {
+        // New moves: every node must learn of them before the copier passes their words.
+        p.moved_since = (!moved.is_empty()).then(Instant::now);
+        p.moved = moved;
+        p.filled = false;
+    }
+    let Some(since) = p.moved_since else { return };
+    if p.filled || since.elapsed() < settle {
+        return;
+    }
+    let filled = ctx
+        .endpoint()
+        .map_err(|e| e.to_string())
+        .and_then(|mut ep| {
+            ep.catch_up(&ctx.cfg.geometry.table_regions(), CATCH_UP_BYTES_PER_S)
+                .map_err(|e| e.to_string())
+        });
+    match filled {
+        Ok(c) => {
+            eprintln!(
+                "nessie node {}: filled {} copies moved here ({} words changed, {} bytes read)",
+                ctx.id, c.copies, c.words_changed, c.bytes_read
+            );
+            match m.set_filled(ctx.id, &p.moved) {
+                Ok(()) => p.filled = true,
+                Err(e) => tracing::warn!(%e, "could not say the moved copies are filled"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(node = ctx.id, %e, "filling moved copies failed; trying again");
+            std::thread::sleep(RETRY);
+        }
+    }
+}
+
+/// The copies the configuration moved to node `id` and still has receiving.
+fn moved_here(m: &Monitor, id: u16) -> Vec<(u16, u8)> {
+    let Some(c) = m.view().config else {
+        return Vec::new();
+    };
+    c.moves
+        .iter()
+        .filter(|c| c.node == id && c.receiving)
+        .map(|c| (c.partition, c.copy))
+        .collect()
 }
 
 /// Fill the copies, then adopt the pages the node's earlier incarnation claimed (its allocator

@@ -71,6 +71,11 @@ impl CopyMap {
         self.places[partition as usize][j as usize]
     }
 
+    /// Record that copy `j` of `partition` is at `at`.
+    pub fn set_place(&mut self, partition: NodeId, j: u8, at: Placement) {
+        self.places[partition as usize][j as usize] = at;
+    }
+
     /// The copies `node` holds, as (partition, chain position).
     pub fn held_by(&self, node: NodeId) -> Vec<(NodeId, u8)> {
         let mut held = Vec::new();
