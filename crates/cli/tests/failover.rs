@@ -291,6 +291,22 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
     assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
     assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
     assert_reads(&c, &[0, 2, 3], &model);
+    // Node 1 started again cannot take back copies that moved: it says so and stays failed.
+    let _node = restart(&c, 1);
+    let log = c.dir.join("restarted-1.log");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("cannot rejoin with this id")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            std::fs::read_to_string(&log)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(status(&c)[1]["state"], "failed");
     for (i, (k, v)) in model.iter_mut().enumerate() {
         let nv = format!("{k}-after-the-move");
         put(&c, [0, 2, 3][i % 3], k, &nv);

@@ -60,6 +60,8 @@ struct Progress {
     moved: Vec<(u16, u8)>,
     moved_since: Option<Instant>,
     filled: bool,
+    /// It said that its copies moved away while it was failed.
+    told_moved: bool,
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
@@ -77,9 +79,33 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
                 p.ready = false;
                 fill_step(ctx, m, settle, &mut p);
             }
-            _ => p = Progress::default(),
+            Some(NodeState::Failed) => {
+                p = Progress {
+                    told_moved: p.told_moved,
+                    ..Progress::default()
+                };
+                if !p.told_moved && copies_moved_away(ctx, m) {
+                    // Said once: a restarted node whose copies moved waits here for good.
+                    eprintln!(
+                        "nessie node {}: its copies were moved to other nodes while it was failed; it cannot rejoin with this id",
+                        ctx.id
+                    );
+                    p.told_moved = true;
+                }
+            }
+            None => p = Progress::default(),
         }
     }
+}
+
+/// Whether a copy this node held at home moved to another node (re-replication).
+fn copies_moved_away(ctx: &NodeContext, m: &Monitor) -> bool {
+    let Some(c) = m.view().config else {
+        return false;
+    };
+    let set = ctx.replica_set();
+    let home = nessie_protocols::replica::CopyMap::home(set).held_by(ctx.id);
+    c.copy_map(set).held_by(ctx.id) != home
 }
 
 /// While joining: catch up once the join settle time is over, then say the node is ready.
