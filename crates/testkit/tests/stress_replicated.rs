@@ -1,5 +1,6 @@
 //! Concurrency stress of client-driven replication: 3 nodes, R = 2 or 3, two client threads
-//! per node, delay injection, and node 1 crashing in the middle of the run. The whole history
+//! per node, delay injection, and node 1 crashing in the middle of the run; then node 1
+//! restarting, or (4 nodes) its copies moving to the others, while the run goes on. The whole history
 //! (the crashed node's clients included: their operations in flight end in errors) must be
 //! linearizable, and afterwards every key must read the same through every survivor (nothing
 //! wedged, no copy behind).

@@ -40,6 +40,10 @@
 //! the partitions it holds copies of waits out [`ReplicaSet::join_settle_ns`], so that no
 //! operation uses its copies in their new roles while another still uses the old ones.
 //!
+//! A node gone for good has its copies moved to spare mirror slots of other nodes
+//! (`moves.rs`, [`Fence::move_copy`]): a moved copy keeps its place in the chain, is receiving
+//! while its new holder fills it (the same catch-up), then full, with the same pause.
+//!
 //! The argument, step by step, is in `docs/protocol.md` ("Replication", "Rejoin and
 //! re-replication").
 
