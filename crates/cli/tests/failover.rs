@@ -244,7 +244,8 @@ fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
 /// Re-replication onto other nodes: four nodes, two copies, one spare slot each. Node 1 is
 /// killed and not restarted; after `--replace-after` its copies move to spare slots of nodes
 /// without them and are filled there (under-replicated back to 0 without node 1). Then node 2,
-/// which held the only other copy of node 1's tables, is killed too, and nothing is lost.
+/// which held the only other copy of node 1's tables, is killed too, and nothing is lost; and
+/// node 2 restarted while node 1 is still down rejoins.
 #[test]
 fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
     let c = Cluster::up(
@@ -320,4 +321,14 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
     put(&c, 3, "key-2", "after the second kill");
     model.insert("key-2".into(), Some("after the second kill".into()));
     assert_reads(&c, &[0, 3], &model);
+    // Node 2 restarts while node 1 is down for good (no process at all now): it does not wait
+    // for node 1's bootstrap server, rejoins, and fills its copies, the moved one included.
+    drop(_node);
+    let _node2 = restart(&c, 2);
+    let t0 = Instant::now();
+    wait_until(&c, Duration::from_secs(90), |s| {
+        [0, 2, 3].iter().all(|&n| s[n]["state"] == "up") && under_replicated(s) == 0
+    });
+    eprintln!("node 2 up again {:?} after its restart", t0.elapsed());
+    assert_reads(&c, &[0, 2, 3], &model);
 }

@@ -565,6 +565,21 @@ pub fn fetch_all_with_clock(
     own: &NodeInfo,
     clock: &Clock,
 ) -> Result<Vec<NodeInfo>, BootstrapError> {
+    Ok(fetch_peers(cfg, own, clock, &[])?
+        .into_iter()
+        .map(|i| i.expect("every node fetched"))
+        .collect())
+}
+
+/// [`fetch_all_with_clock`] without asking the peers in `skip` (membership says they are
+/// down: a node restarting while another is failed must not wait for it): their places are
+/// `None`.
+pub fn fetch_peers(
+    cfg: &ClusterConfig,
+    own: &NodeInfo,
+    clock: &Clock,
+    skip: &[u16],
+) -> Result<Vec<Option<NodeInfo>>, BootstrapError> {
     let secret = cfg.secret_bytes().map_err(|e| BootstrapError::Mismatch {
         node: own.node,
         detail: e.to_string(),
@@ -572,7 +587,11 @@ pub fn fetch_all_with_clock(
     let margin_ns = cfg.protocol_config().clock_margin_ns;
     let deadline = Instant::now() + Duration::from_millis(cfg.cluster.bootstrap_timeout_ms);
     let (tx, rx) = std::sync::mpsc::channel();
-    let peers: Vec<_> = cfg.node.iter().filter(|n| n.id != own.node).collect();
+    let peers: Vec<_> = cfg
+        .node
+        .iter()
+        .filter(|n| n.id != own.node && !skip.contains(&n.id))
+        .collect();
     for n in &peers {
         let (addr, id, me) = (n.bootstrap, n.id, own.node);
         let (secret, clock, tx) = (secret.clone(), clock.clone(), tx.clone());
@@ -591,10 +610,7 @@ pub fn fetch_all_with_clock(
         let slot = got.info.node as usize;
         infos[slot] = Some(got.info);
     }
-    Ok(infos
-        .into_iter()
-        .map(|i| i.expect("every node fetched"))
-        .collect())
+    Ok(infos)
 }
 
 /// A peer's clock must be shown to be within `margin_ns` of ours.

@@ -664,13 +664,44 @@ fn exchange_fabric_info(
         pid: std::process::id(),
     };
     let server = BootstrapServer::start(entry.bootstrap, cfg.secret_bytes()?, own.clone())?;
-    tracing::info!(node = entry.id, addr = %entry.bootstrap, "waiting for peers");
-    let infos = bootstrap::fetch_all(cfg, &own)?;
+    let down = failed_peers(cfg);
+    tracing::info!(node = entry.id, addr = %entry.bootstrap, ?down, "waiting for peers");
+    let clock = bootstrap::clock::Clock::from_env().map_err(bootstrap::BootstrapError::from)?;
+    let infos = bootstrap::fetch_peers(cfg, &own, &clock, &down)?;
     let fabric_infos = infos
         .iter()
-        .map(decode_fabric)
+        .map(|i| match i {
+            Some(i) => decode_fabric(i),
+            // Unreachable until it comes back and membership says so (`reconnect_restarted_peers`).
+            None => Ok(nessie_fabric_ucx::NodeInfo::unknown()),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((server, fabric_infos))
+}
+
+/// The peers the cluster's membership says are failed now: a node started again while they
+/// are down does not wait for them. None without membership, before epoch 1 (the cluster
+/// is starting: every node must come), or if etcd cannot be read.
+fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
+    let Some(m) = &cfg.membership else {
+        return Vec::new();
+    };
+    let snapshot = Etcd::new(&m.etcd)
+        .map_err(MembershipError::from)
+        .and_then(|etcd| crate::membership::snapshot(&etcd, &cfg.membership_keys()));
+    match snapshot {
+        Ok(s) => s.config.map_or(Vec::new(), |c| {
+            c.nodes
+                .iter()
+                .filter(|m| m.state == NodeState::Failed)
+                .map(|m| m.id)
+                .collect()
+        }),
+        Err(e) => {
+            tracing::warn!(%e, "cannot read membership: waiting for every peer");
+            Vec::new()
+        }
+    }
 }
 
 /// Server threads (sd, hy): each polls its share of the request slots, executing requests with

@@ -99,15 +99,19 @@ impl UcxEndpoint {
         let mut peers = Vec::with_capacity(cluster.len());
         for info in cluster {
             let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();
-            let dead = conn
-                .connect(&info.worker_address, &rkeys)
-                .err()
-                .map(|e| e.to_string());
+            let dead = if info.is_unknown() {
+                conn.skip();
+                Some("its process is not known (it was down when this node started)".into())
+            } else {
+                conn.connect(&info.worker_address, &rkeys)
+                    .err()
+                    .map(|e| e.to_string())
+            };
             peers.push(Peer {
                 regions: info.regions.iter().map(|r| (r.base, r.len)).collect(),
                 dead,
                 generation: 0,
-                info: Some(info.clone()),
+                info: (!info.is_unknown()).then(|| info.clone()),
                 renewed: shared.peers.renewals_of(peers.len()),
             });
         }

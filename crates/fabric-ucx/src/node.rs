@@ -22,6 +22,21 @@ pub struct NodeInfo {
     pub regions: Vec<RegionInfo>,
 }
 
+impl NodeInfo {
+    /// A node whose info is not known (it was down when this one started): endpoints treat it
+    /// as unreachable until `UcxNode::set_peer` gives its info.
+    pub fn unknown() -> Self {
+        Self {
+            worker_address: Vec::new(),
+            regions: Vec::new(),
+        }
+    }
+
+    pub fn is_unknown(&self) -> bool {
+        self.worker_address.is_empty()
+    }
+}
+
 /// One registered region of a node.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RegionInfo {

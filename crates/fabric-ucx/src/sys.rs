@@ -346,6 +346,11 @@ impl ConnectedWorker {
         Ok(())
     }
 
+    /// Take the next peer's place without connecting (its address is not known).
+    pub fn skip(&mut self) {
+        self.peers.push(None);
+    }
+
     /// Replace the connection to peer `i` (a restarted process: new address, new rkeys):
     /// the old endpoint and rkeys are destroyed first. On failure the peer is left without one.
     pub fn reconnect(&mut self, i: usize, address: &[u8], rkeys: &[&[u8]]) -> Result<(), UcxError> {
