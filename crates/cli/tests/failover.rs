@@ -243,9 +243,10 @@ fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
 
 /// Re-replication onto other nodes: four nodes, two copies, one spare slot each. Node 1 is
 /// killed and not restarted; after `--replace-after` its copies move to spare slots of nodes
-/// without them and are filled there (under-replicated back to 0 without node 1). Then node 2,
-/// which held the only other copy of node 1's tables, is killed too, and nothing is lost; and
-/// node 2 restarted while node 1 is still down rejoins.
+/// without them and are filled there (under-replicated back to 0 without node 1). Node 1
+/// started again comes back without copies and serves; killed again, it takes nothing with it.
+/// Then node 2, which held the only other copy of node 1's old tables, is killed, nothing is
+/// lost, and node 2 restarted while node 1 is down rejoins without waiting for it.
 #[test]
 fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
     let c = Cluster::up(
@@ -264,9 +265,7 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
         ],
     );
     let mut model = load(&c);
-    let pid = process::live_pid(&c.dir, 1).expect("node 1 runs");
-    // SAFETY: killing a node process this test started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    kill(&c, 1);
     let killed = Instant::now();
     let s = wait_until(&c, Duration::from_secs(90), |s| {
         let epoch = &s[0]["membership"]["epoch"];
@@ -292,13 +291,56 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
     assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
     assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
     assert_reads(&c, &[0, 2, 3], &model);
-    // Node 1 started again cannot take back copies that moved: it says so and stays failed.
-    let _node = restart(&c, 1);
-    let log = c.dir.join("restarted-1.log");
+
+    // Node 1 started again joins without its old copies, and serves through the others'.
+    let node1 = restart(&c, 1);
+    wait_for_log(&c, "restarted-1.log", "it rejoins without them");
+    let s = wait_until(&c, Duration::from_secs(60), |s| {
+        s.iter().all(|n| n["state"] == "up") && under_replicated(s) == 0
+    });
+    assert!(s[1]["copies"].as_array().unwrap().is_empty(), "{s:#?}");
+    assert_reads(&c, &[0, 1, 2, 3], &model);
+    for (i, (k, v)) in model.iter_mut().enumerate() {
+        let nv = format!("{k}-after-the-move");
+        put(&c, [1, 0, 2, 3][i % 4], k, &nv);
+        *v = Some(nv);
+    }
+    assert_reads(&c, &[0, 1, 2, 3], &model);
+    // Killed again, it holds nothing: nothing is under-replicated.
+    drop(node1);
+    let s = wait_until(&c, Duration::from_secs(15), |s| s[1]["state"] == "failed");
+    assert_eq!(under_replicated(&s), 0, "{s:#?}");
+
+    kill(&c, 2);
+    wait_until(&c, Duration::from_secs(15), |s| s[2]["state"] == "failed");
+    assert_reads(&c, &[0, 3], &model);
+    put(&c, 3, "key-2", "after the second kill");
+    model.insert("key-2".into(), Some("after the second kill".into()));
+    assert_reads(&c, &[0, 3], &model);
+    // Node 2 restarts while node 1 is down (no process at all): it does not wait for node 1's
+    // bootstrap server, rejoins, and fills its copies, the moved one included.
+    let _node2 = restart(&c, 2);
+    let t0 = Instant::now();
+    wait_until(&c, Duration::from_secs(90), |s| {
+        [0, 2, 3].iter().all(|&n| s[n]["state"] == "up") && under_replicated(s) == 0
+    });
+    eprintln!("node 2 up again {:?} after its restart", t0.elapsed());
+    assert_reads(&c, &[0, 2, 3], &model);
+}
+
+fn kill(c: &Cluster, node: u16) {
+    let pid = process::live_pid(&c.dir, node).expect("the node runs");
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Wait until the log file `name` in the cluster directory says `what` (30 s at most).
+fn wait_for_log(c: &Cluster, name: &str, what: &str) {
+    let log = c.dir.join(name);
     let t0 = Instant::now();
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
-        .contains("cannot rejoin with this id")
+        .contains(what)
     {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
@@ -307,28 +349,4 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(status(&c)[1]["state"], "failed");
-    for (i, (k, v)) in model.iter_mut().enumerate() {
-        let nv = format!("{k}-after-the-move");
-        put(&c, [0, 2, 3][i % 3], k, &nv);
-        *v = Some(nv);
-    }
-    let pid = process::live_pid(&c.dir, 2).expect("node 2 runs");
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_until(&c, Duration::from_secs(15), |s| s[2]["state"] == "failed");
-    assert_reads(&c, &[0, 3], &model);
-    put(&c, 3, "key-2", "after the second kill");
-    model.insert("key-2".into(), Some("after the second kill".into()));
-    assert_reads(&c, &[0, 3], &model);
-    // Node 2 restarts while node 1 is down for good (no process at all now): it does not wait
-    // for node 1's bootstrap server, rejoins, and fills its copies, the moved one included.
-    drop(_node);
-    let _node2 = restart(&c, 2);
-    let t0 = Instant::now();
-    wait_until(&c, Duration::from_secs(90), |s| {
-        [0, 2, 3].iter().all(|&n| s[n]["state"] == "up") && under_replicated(s) == 0
-    });
-    eprintln!("node 2 up again {:?} after its restart", t0.elapsed());
-    assert_reads(&c, &[0, 2, 3], &model);
 }

@@ -394,8 +394,11 @@ impl LocalCluster {
     /// ([`Self::fail_node`]), as a node process started again: its memory comes back zeroed,
     /// with a new allocator and reclaimer; it receives its copies (every node writes them from
     /// now on), fills them from the primaries (`Replicated::catch_up`), adopts the pages its
-    /// earlier incarnation claimed (`ClassTable::adopt`) and becomes a full member again. Returns what catching up did. Waits first until the failure is settled
-    /// (`ReplicaSet::settle_ns`), as membership holds a failed node that long.
+    /// earlier incarnation claimed (`ClassTable::adopt`) and becomes a full member again.
+    /// Copies moved away while it was failed ([`Self::replace_node`]) stay where they are: it
+    /// comes back holding only what is placed on it now. Returns what catching up did. Waits
+    /// first until the failure is settled (`ReplicaSet::settle_ns`), as membership holds a
+    /// failed node that long.
     pub fn restart_node(&self, node: NodeId) -> Result<CatchUp, Error> {
         self.restart_node_paced(node, 0)
     }
@@ -403,13 +406,6 @@ impl LocalCluster {
     /// [`Self::restart_node`], reading from the primaries at most `bytes_per_s` (0: no limit).
     pub fn restart_node_paced(&self, node: NodeId, bytes_per_s: u64) -> Result<CatchUp, Error> {
         self.wait_failure_settled(node)?;
-        let observer = &self.fences[(node as usize + 1) % self.fences.len()];
-        if CopyMap::of(&self.set, observer).held_by(node) != CopyMap::home(&self.set).held_by(node)
-        {
-            return Err(Error::Config(format!(
-                "node {node}'s copies were moved to other nodes (replace_node): it cannot take them back"
-            )));
-        }
         if let Some(r) = self.reclaimers.lock().unwrap()[node as usize].take() {
             // A crashed node's reclaimer: it may have failed on the dead memory, which says
             // nothing about the allocator.

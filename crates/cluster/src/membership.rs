@@ -31,8 +31,9 @@
 //! `replace_after_s` loses its copies: the next epoch moves each to a spare slot of an up node
 //! without a copy of that partition (`nessie_protocols::replica::CopyMap::replace`), receiving.
 //! The new holder fills it after the join settle time and lists it in its registration's
-//! "filled"; the next epoch makes it full. A node whose copies moved stays failed: it cannot
-//! take them back by registering again.
+//! "filled"; the next epoch makes it full. A node whose copies moved does not take them back
+//! when it registers again: it joins holding none of them (its spare slots may take copies
+//! later).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -191,9 +192,9 @@ impl Configuration {
     }
 
     /// The next epoch given the registrations at wall time `now_ns`, or `None` if nothing
-    /// changes. A failed node may join only once it has been failed for `policy.hold_ns`, and
-    /// only if none of its copies moved; one failed for `replacing.after_ns` has its copies
-    /// moved.
+    /// changes. A failed node may join only once it has been failed for `policy.hold_ns` (if
+    /// its copies moved meanwhile, it comes back holding only what is placed on it now); one
+    /// failed for `replacing.after_ns` has its copies moved.
     pub fn successor(
         &self,
         reg: &Registrations,
@@ -206,13 +207,9 @@ impl Configuration {
             let present = reg.present.contains(&m.id);
             let ready = reg.ready.contains(&m.id);
             let held = now_ns >= m.since_ns.saturating_add(policy.hold_ns);
-            let kept = !self
-                .moves
-                .iter()
-                .any(|c| c.node != m.id && self.was_home(c, m.id));
             let state = match (m.state, present) {
                 (NodeState::Up | NodeState::Joining, false) => NodeState::Failed,
-                (NodeState::Failed, true) if held && kept => NodeState::Joining,
+                (NodeState::Failed, true) if held => NodeState::Joining,
                 (NodeState::Joining, true) if ready => NodeState::Up,
                 (s, _) => s,
             };
@@ -233,12 +230,6 @@ impl Configuration {
             next.epoch += 1;
             next
         })
-    }
-
-    /// Whether moved copy `c` was at home on `node` (its partition's chain places it there).
-    fn was_home(&self, c: &CopyMove, node: u16) -> bool {
-        let n = self.nodes.len() as u32;
-        n > 0 && (c.partition as u32 + c.copy as u32) % n == node as u32
     }
 
     /// Receiving copies whose holder is up and says it filled them become full.
@@ -979,11 +970,13 @@ mod tests {
         };
         assert_eq!(moved.moves, vec![mv(0, 1, 2, true), mv(1, 0, 0, true)]);
         assert!(moved.copy_map(&set).held_by(1).is_empty());
-        // Node 1 comes back: its copies are elsewhere now, so it stays failed.
-        assert_eq!(
-            moved.successor(&reg(&[0, 1, 2, 3], &[]), 2_000, &policy),
-            None
-        );
+        // Node 1 comes back: it joins, and its copies stay where they moved.
+        let back = moved
+            .successor(&reg(&[0, 1, 2, 3], &[]), 2_000, &policy)
+            .unwrap();
+        assert_eq!(states(&back), vec![Up, Joining, Up, Up]);
+        assert_eq!(back.moves, moved.moves);
+        assert!(back.copy_map(&set).held_by(1).is_empty());
         // Node 2 says it filled its copy: that one is full; node 0's is still receiving.
         let mut r = reg(&[0, 2, 3], &[]);
         r.filled = vec![(2, 0, 1), (3, 1, 0)];

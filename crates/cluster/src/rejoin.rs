@@ -60,7 +60,7 @@ struct Progress {
     moved: Vec<(u16, u8)>,
     moved_since: Option<Instant>,
     filled: bool,
-    /// It said that its copies moved away while it was failed.
+    /// It said that its copies moved away while it was failed (once per process).
     told_moved: bool,
 }
 
@@ -73,27 +73,27 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
         std::thread::sleep(POLL);
         let Some(m) = ctx.membership() else { return };
         match m.state(ctx.id) {
-            Some(NodeState::Joining) => rejoin_step(ctx, m, settle, &mut p),
+            Some(NodeState::Joining) => {
+                if !p.told_moved && copies_moved_away(ctx, m) {
+                    eprintln!(
+                        "nessie node {}: its copies were moved to other nodes while it was failed; it rejoins without them",
+                        ctx.id
+                    );
+                    p.told_moved = true;
+                }
+                rejoin_step(ctx, m, settle, &mut p)
+            }
             Some(NodeState::Up) => {
                 p.joining_since = None;
                 p.ready = false;
                 fill_step(ctx, m, settle, &mut p);
             }
-            Some(NodeState::Failed) => {
+            Some(NodeState::Failed) | None => {
                 p = Progress {
                     told_moved: p.told_moved,
                     ..Progress::default()
-                };
-                if !p.told_moved && copies_moved_away(ctx, m) {
-                    // Said once: a restarted node whose copies moved waits here for good.
-                    eprintln!(
-                        "nessie node {}: its copies were moved to other nodes while it was failed; it cannot rejoin with this id",
-                        ctx.id
-                    );
-                    p.told_moved = true;
                 }
             }
-            None => p = Progress::default(),
         }
     }
 }

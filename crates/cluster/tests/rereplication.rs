@@ -256,8 +256,8 @@ fn a_move_whose_copies_miss_writes_is_caught() {
     );
 }
 
-/// With no spare slot anywhere, nothing moves and the error says why; a node whose copies
-/// moved cannot take them back by restarting.
+/// With no spare slot anywhere, nothing moves and the error says why; nor before the node is
+/// declared failed, nor without replication.
 #[test]
 fn moves_are_refused_clearly() {
     let c = cluster(3, 0, Mutations::default());
@@ -271,14 +271,51 @@ fn moves_are_refused_clearly() {
     let c = cluster(3, 1, Mutations::default());
     let e = c.replace_node(1).unwrap_err().to_string();
     assert!(e.contains("was not declared failed"), "{e}");
-    crash(&c, 1);
-    c.replace_node(1).unwrap();
-    let e = c.restart_node(1).unwrap_err().to_string();
-    assert!(e.contains("cannot take them back"), "{e}");
     let e =
         LocalCluster::replicated_with_spares(geometry(3), cfg(Mutations::default()), None, 1, 1)
             .err()
             .unwrap()
             .to_string();
     assert!(e.contains("needs replication"), "{e}");
+}
+
+/// A replaced node started again comes back holding none of its old copies (they stay where
+/// they moved) and serves through the others' copies; its spare slot then takes a copy of the
+/// next node replaced, and a further crash loses nothing.
+#[test]
+fn a_replaced_node_comes_back_without_copies_and_takes_later_ones() {
+    // Two spare slots each: node 2, replaced second, holds three copies by then.
+    let c = cluster(4, 2, Mutations::default());
+    let mut model = Model::new();
+    write_round(&c, &[0, 1, 2, 3], 400, 1, 0, &mut model);
+    crash(&c, 1);
+    c.replace_node(1).unwrap();
+    let caught = c.restart_node(1).unwrap();
+    assert_eq!(caught.copies, 0, "{caught:?}");
+    assert!(c.copy_map().held_by(1).is_empty());
+    assert_eq!(
+        wrong_reads(&c, &[0, 1, 2, 3], &model),
+        0,
+        "after node 1 came back"
+    );
+    write_round(&c, &[1, 0, 2, 3], 400, 2, 6, &mut model);
+    assert_eq!(
+        wrong_reads(&c, &[0, 1, 2, 3], &model),
+        0,
+        "after writing through node 1"
+    );
+    // Node 2 goes: node 1, holding no copy, takes one of its copies first.
+    crash(&c, 2);
+    c.replace_node(2).unwrap();
+    let on_1 = c.copy_map().held_by(1);
+    assert!(
+        !on_1.is_empty(),
+        "no copy moved to node 1: {:?}",
+        c.copy_map()
+    );
+    assert!(copies_agree(&c, &[2]), "a moved copy differs");
+    write_round(&c, &[0, 1, 3], 400, 3, 4, &mut model);
+    // Then node 3 goes too: every partition still has a copy on node 0 or node 1.
+    crash(&c, 3);
+    assert_eq!(wrong_reads(&c, &[0, 1], &model), 0, "after three crashes");
 }

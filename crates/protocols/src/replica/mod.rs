@@ -764,10 +764,11 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
     ) -> Result<(), FabricError> {
         // Copy 0 of our own partition is in our memory, and it is the primary while we are a
         // member. A node that failed and came back holds nothing until it is given its data
-        // again: it reads the copies the others hold.
+        // again, and one whose copies moved away while it was failed holds none of its own
+        // partition for good: it reads the copies the others hold.
         if self.replicated(region) {
             let me = self.inner.node();
-            if self.fence.role(me) != NodeRole::Full {
+            if self.fence.role(me) != NodeRole::Full || self.fence.moved_copy(me, 0).is_some() {
                 return self.read_primary(RemoteAddr::new(me, region, offset), buf);
             }
             if self.fence.rejoined(me) {
