@@ -375,6 +375,9 @@ enum Recovery {
     /// (`LocalCluster::replace_node`). Needs a fourth node, one without a copy of each moved
     /// partition.
     Replace,
+    /// As `Replace`, then node 1 restarts and comes back without copies, reading its own
+    /// partition from the others' copies.
+    ReplaceAndReturn,
 }
 
 /// Re-replication under load: node 1 crashes in the middle of a concurrent run, and its copies
@@ -392,7 +395,7 @@ fn crash_recover_crash(
     second_crash: bool,
     seed: u64,
 ) {
-    let spare = (recovery == Recovery::Replace) as u8;
+    let spare = (recovery != Recovery::Restart) as u8;
     let mut c =
         LocalCluster::replicated_with_spares(g.clone(), cfg(o), delay(seed), 2, spare).unwrap();
     let clients: Vec<_> = THREADS_NODES
@@ -427,6 +430,12 @@ fn crash_recover_crash(
             let caught = match recovery {
                 Recovery::Restart => c.restart_node(1).expect("node 1 rejoins"),
                 Recovery::Replace => c.replace_node(1).expect("node 1's copies move"),
+                Recovery::ReplaceAndReturn => {
+                    let caught = c.replace_node(1).expect("node 1's copies move");
+                    let back = c.restart_node(1).expect("node 1 comes back");
+                    assert_eq!(back.copies, 0, "node 1 came back with copies: {back:?}");
+                    caught
+                }
             };
             let crashed_again =
                 second_crash && wait_ops(fabric_ops() - start + CRASH_AFTER_FABRIC_OPS);
@@ -464,7 +473,8 @@ fn crash_recover_crash(
             survivors_agree_on(name, &c, s.keys, [1, 2]);
         }
         (Recovery::Replace, true) => survivors_agree_on(name, &c, s.keys, [0, 3]),
-        (Recovery::Replace, false) => {
+        (Recovery::ReplaceAndReturn, true) => survivors_agree_on(name, &c, s.keys, [0, 1]),
+        (Recovery::Replace | Recovery::ReplaceAndReturn, false) => {
             copies_agree_where(name, &c, &g, 2, refilled);
             survivors_agree_on(name, &c, s.keys, [2, 3]);
         }
@@ -489,6 +499,14 @@ fn crash_replace_crash(name: &str, g: Geometry, o: Optimizations, second_crash: 
         second_crash,
         seed,
     )
+}
+
+#[test]
+fn a_replaced_node_comes_back_under_load_and_a_second_crash_loses_nothing() {
+    for (i, (name, g, o)) in variants().into_iter().take(2).enumerate() {
+        let r = Recovery::ReplaceAndReturn;
+        crash_recover_crash(name, four_nodes(g), o, r, true, 740 + i as u64);
+    }
 }
 
 #[test]
@@ -655,7 +673,8 @@ fn copies_agree_where(
 
 /// The rejoin scenario (crash, restart under load, second crash) over `$COUNT` seeds from
 /// `$BASE`, small index and no cache; with `RECOVERY=replace`, the re-replication scenario
-/// (crash, copies moved to other nodes under load, second crash). Not part of the suite:
+/// (crash, copies moved to other nodes under load, second crash), with `RECOVERY=return` the
+/// same with node 1 restarted after the move. Not part of the suite:
 /// `BASE=50000 COUNT=200 cargo test --release -p nessie-testkit --test stress_replicated
 /// many_seeds_rejoin -- --ignored`.
 #[test]
@@ -668,13 +687,18 @@ fn many_seeds_rejoin() {
     }
     let env = |k: &str, d: u64| std::env::var(k).map_or(d, |b| b.parse().expect("a number"));
     let (base, count) = (env("BASE", 50000), env("COUNT", 100));
-    let replace = std::env::var("RECOVERY").as_deref() == Ok("replace");
+    let recovery = match std::env::var("RECOVERY").as_deref() {
+        Ok("replace") => Recovery::Replace,
+        Ok("return") => Recovery::ReplaceAndReturn,
+        _ => Recovery::Restart,
+    };
+    let g = match recovery {
+        Recovery::Restart => small,
+        _ => four_nodes(small),
+    };
     for seed in base..base + count {
-        let second = seed % 2 == 0;
-        if replace {
-            crash_replace_crash("many seeds, replace", small.clone(), o, second, seed);
-        } else {
-            crash_restart_crash("many seeds, rejoin", small.clone(), o, second, seed);
-        }
+        // The return scenario is checked after the second crash only.
+        let second = seed % 2 == 0 || recovery == Recovery::ReplaceAndReturn;
+        crash_recover_crash("many seeds", g.clone(), o, recovery, second, seed);
     }
 }
