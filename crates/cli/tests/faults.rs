@@ -117,33 +117,47 @@ fn wait_state(c: &Cluster, id: u16, state: &str, limit: Duration, log: &Mutex<Ve
     }
 }
 
-/// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
-/// two copies.
-fn cluster(name: &str, transport: &str) -> Cluster {
-    Cluster::up(
-        name,
-        NODES,
-        transport,
-        &[
-            "--lease-ttl",
-            "2",
-            "--replicas",
-            "2",
-            "--expiry-ms",
-            "100",
-            "--workers",
-            "2",
-            "--ites-per-node",
-            "256",
-            "--dtes-per-node",
-            "1024",
-            "--value-max",
-            "64",
-            "--key-max",
-            "16",
-        ],
-    )
+/// Which faults the nemesis injects.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Faults {
+    /// Pause node 3 past its lease and resume it; kill node 1 and restart it.
+    PauseKillRestart,
+    /// Kill node 1 and leave it down until its copies have moved to spare slots of the others
+    /// and been filled there (`--spare-copies 1 --replace-after 6`), then restart it: it comes
+    /// back without them.
+    Replace,
 }
+
+/// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
+/// two copies (and for `Faults::Replace` one spare slot per node, copies moved 6 s after a
+/// failure).
+fn cluster(name: &str, transport: &str, faults: Faults) -> Cluster {
+    let replace: &[&str] = match faults {
+        Faults::PauseKillRestart => &[],
+        Faults::Replace => &["--spare-copies", "1", "--replace-after", "6"],
+    };
+    let args = [BASE_ARGS, replace].concat();
+    Cluster::up(name, NODES, transport, &args)
+}
+
+const BASE_ARGS: &[&str] = &[
+    "--lease-ttl",
+    "2",
+    "--replicas",
+    "2",
+    "--expiry-ms",
+    "100",
+    "--workers",
+    "2",
+    "--ites-per-node",
+    "256",
+    "--dtes-per-node",
+    "1024",
+    "--value-max",
+    "64",
+    "--key-max",
+    "16",
+];
 
 /// The faults, in order, each waited for in `status`: pause node 3 until it is declared
 /// failed, resume it (it comes back joining), kill node 1, restart it, and wait until both are
@@ -166,6 +180,38 @@ fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
     // poll can miss it), then up: membership allows no other way back.
     wait_state(c, KILLED, "up", TTL * 10, log);
     wait_state(c, PAUSED, "up", TTL * 2, log);
+    child
+}
+
+/// Kill node 1, wait until its copies have moved and been filled elsewhere (node 1 still
+/// down), restart it, and wait until it is up again (without its old copies).
+fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
+    let say = |s: String| log.lock().unwrap().push(s);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(c, KILLED, libc::SIGKILL);
+    say(format!("SIGKILL node {KILLED}"));
+    wait_state(c, KILLED, "failed", TTL * 3, log);
+    let t0 = Instant::now();
+    loop {
+        let out = c.nessie(&["status", "--json"]);
+        let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let moves = s
+            .first()
+            .and_then(|n| n["membership"]["moves"].as_array().cloned())
+            .unwrap_or_default();
+        if moves.len() == 2 && moves.iter().all(|m| m.get("receiving").is_none()) {
+            say(format!(
+                "node {KILLED}'s copies moved and filled after {:?}: {moves:?}",
+                t0.elapsed()
+            ));
+            break;
+        }
+        assert!(t0.elapsed() < TTL * 10, "copies not moved: {s:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let child = restart(c, KILLED);
+    say(format!("restarted node {KILLED}"));
+    wait_state(c, KILLED, "up", TTL * 10, log);
     child
 }
 
@@ -195,7 +241,14 @@ fn nodes_agree(c: &Cluster, keys: u64) {
 /// noticed its death, and a paused one's stays readable throughout.
 #[test]
 fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
-    history_across_faults("faults", "shm");
+    history_across_faults("faults", "shm", Faults::PauseKillRestart);
+}
+
+/// Re-replication under the same workload: a node killed and left down until its copies have
+/// moved to the others and been filled, then restarted (it comes back without them).
+#[test]
+fn a_history_across_a_node_replaced_is_linearizable() {
+    history_across_faults("faults-replace", "shm", Faults::Replace);
 }
 
 /// Over TCP a dead or paused node answers nobody (a paused one answers again when resumed),
@@ -207,15 +260,15 @@ fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
 /// directory with the node logs.
 #[test]
 fn the_same_over_tcp() {
-    history_across_faults("faults-tcp", "tcp");
+    history_across_faults("faults-tcp", "tcp", Faults::PauseKillRestart);
 }
 
 /// The two runs take turns: each needs the machine's cores for its timings (leases, pauses).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn history_across_faults(name: &str, transport: &str) {
+fn history_across_faults(name: &str, transport: &str, faults: Faults) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let c = cluster(name, transport);
+    let c = cluster(name, transport, faults);
     let clients: Vec<Reconnecting> = [0, 1, 2, 3, 0, 2]
         .iter()
         .map(|&n| Reconnecting::new(&c, n))
@@ -229,12 +282,19 @@ fn history_across_faults(name: &str, transport: &str) {
         delete_fraction: 0.1,
         value_size: (8, 64),
         seed: 11,
-        time_limit: Duration::from_secs(36),
+        // The replacement waits for the failure, then 6 s, then the fill, then the restart.
+        time_limit: Duration::from_secs(match faults {
+            Faults::PauseKillRestart => 36,
+            Faults::Replace => 45,
+        }),
         preload_keys: 60,
     };
     let log = Mutex::new(Vec::new());
     let (out, restarted) = std::thread::scope(|s| {
-        let faults = s.spawn(|| nemesis(&c, &log));
+        let faults = s.spawn(|| match faults {
+            Faults::PauseKillRestart => nemesis(&c, &log),
+            Faults::Replace => nemesis_replace(&c, &log),
+        });
         let (out, _) = stress::run(clients, &spec);
         // The nemesis must have finished before the workload did.
         (out, faults.is_finished().then(|| faults.join()))
