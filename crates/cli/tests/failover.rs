@@ -265,9 +265,31 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
         ],
     );
     let mut model = load(&c);
-    kill(&c, 1);
+    copies_move_when_a_node_is_gone(&c, &model);
+    replaced_node_comes_back(&c, &mut model);
+    kill(&c, 2);
+    wait_until(&c, Duration::from_secs(15), |s| s[2]["state"] == "failed");
+    assert_reads(&c, &[0, 3], &model);
+    put(&c, 3, "key-2", "after the second kill");
+    model.insert("key-2".into(), Some("after the second kill".into()));
+    assert_reads(&c, &[0, 3], &model);
+    // Node 2 restarts while node 1 is down (no process at all): it does not wait for node 1's
+    // bootstrap server, rejoins, and fills its copies, the moved one included.
+    let _node2 = restart(&c, 2);
+    let t0 = Instant::now();
+    wait_until(&c, Duration::from_secs(90), |s| {
+        [0, 2, 3].iter().all(|&n| s[n]["state"] == "up") && under_replicated(s) == 0
+    });
+    eprintln!("node 2 up again {:?} after its restart", t0.elapsed());
+    assert_reads(&c, &[0, 2, 3], &model);
+}
+
+/// Kill node 1 and wait until its two copies have moved to spare slots of the others and been
+/// filled; every key then reads through the survivors.
+fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<String>>) {
+    kill(c, 1);
     let killed = Instant::now();
-    let s = wait_until(&c, Duration::from_secs(90), |s| {
+    let s = wait_until(c, Duration::from_secs(90), |s| {
         let epoch = &s[0]["membership"]["epoch"];
         s[1]["state"] == "failed"
             && [0, 2, 3]
@@ -290,42 +312,29 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
         .collect();
     assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
     assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
-    assert_reads(&c, &[0, 2, 3], &model);
+    assert_reads(c, &[0, 2, 3], model);
+}
 
-    // Node 1 started again joins without its old copies, and serves through the others'.
-    let node1 = restart(&c, 1);
-    wait_for_log(&c, "restarted-1.log", "it rejoins without them");
-    let s = wait_until(&c, Duration::from_secs(60), |s| {
+/// Node 1 started again joins without its old copies, and serves through the others'; killed
+/// again, it takes nothing with it.
+fn replaced_node_comes_back(c: &Cluster, model: &mut BTreeMap<String, Option<String>>) {
+    let node1 = restart(c, 1);
+    wait_for_log(c, "restarted-1.log", "it rejoins without them");
+    let s = wait_until(c, Duration::from_secs(60), |s| {
         s.iter().all(|n| n["state"] == "up") && under_replicated(s) == 0
     });
     assert!(s[1]["copies"].as_array().unwrap().is_empty(), "{s:#?}");
-    assert_reads(&c, &[0, 1, 2, 3], &model);
+    assert_reads(c, &[0, 1, 2, 3], model);
     for (i, (k, v)) in model.iter_mut().enumerate() {
         let nv = format!("{k}-after-the-move");
-        put(&c, [1, 0, 2, 3][i % 4], k, &nv);
+        put(c, [1, 0, 2, 3][i % 4], k, &nv);
         *v = Some(nv);
     }
-    assert_reads(&c, &[0, 1, 2, 3], &model);
+    assert_reads(c, &[0, 1, 2, 3], model);
     // Killed again, it holds nothing: nothing is under-replicated.
     drop(node1);
-    let s = wait_until(&c, Duration::from_secs(15), |s| s[1]["state"] == "failed");
+    let s = wait_until(c, Duration::from_secs(15), |s| s[1]["state"] == "failed");
     assert_eq!(under_replicated(&s), 0, "{s:#?}");
-
-    kill(&c, 2);
-    wait_until(&c, Duration::from_secs(15), |s| s[2]["state"] == "failed");
-    assert_reads(&c, &[0, 3], &model);
-    put(&c, 3, "key-2", "after the second kill");
-    model.insert("key-2".into(), Some("after the second kill".into()));
-    assert_reads(&c, &[0, 3], &model);
-    // Node 2 restarts while node 1 is down (no process at all): it does not wait for node 1's
-    // bootstrap server, rejoins, and fills its copies, the moved one included.
-    let _node2 = restart(&c, 2);
-    let t0 = Instant::now();
-    wait_until(&c, Duration::from_secs(90), |s| {
-        [0, 2, 3].iter().all(|&n| s[n]["state"] == "up") && under_replicated(s) == 0
-    });
-    eprintln!("node 2 up again {:?} after its restart", t0.elapsed());
-    assert_reads(&c, &[0, 2, 3], &model);
 }
 
 fn kill(c: &Cluster, node: u16) {

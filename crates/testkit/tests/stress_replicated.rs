@@ -427,16 +427,7 @@ fn crash_recover_crash(
             }
             c.fabric().kill_node(1);
             c.fail_node(1);
-            let caught = match recovery {
-                Recovery::Restart => c.restart_node(1).expect("node 1 rejoins"),
-                Recovery::Replace => c.replace_node(1).expect("node 1's copies move"),
-                Recovery::ReplaceAndReturn => {
-                    let caught = c.replace_node(1).expect("node 1's copies move");
-                    let back = c.restart_node(1).expect("node 1 comes back");
-                    assert_eq!(back.copies, 0, "node 1 came back with copies: {back:?}");
-                    caught
-                }
-            };
+            let caught = recover(&c, recovery);
             let crashed_again =
                 second_crash && wait_ops(fabric_ops() - start + CRASH_AFTER_FABRIC_OPS);
             if crashed_again {
@@ -464,19 +455,46 @@ fn crash_recover_crash(
         0,
         "{name}: a reclaimer's invariant broke"
     );
+    agree_after_recovery(name, &c, &g, recovery, second_crash, s.keys);
+}
+
+/// Get node 1's copies back after it crashed, as `recovery` says; what catching up did.
+fn recover(c: &LocalCluster, recovery: Recovery) -> nessie_protocols::CatchUp {
+    match recovery {
+        Recovery::Restart => c.restart_node(1).expect("node 1 rejoins"),
+        Recovery::Replace => c.replace_node(1).expect("node 1's copies move"),
+        Recovery::ReplaceAndReturn => {
+            let caught = c.replace_node(1).expect("node 1's copies move");
+            let back = c.restart_node(1).expect("node 1 comes back");
+            assert_eq!(back.copies, 0, "node 1 came back with copies: {back:?}");
+            caught
+        }
+    }
+}
+
+/// After the run: the refilled copies equal the others (without a second crash), and every
+/// key reads alike through two nodes that lived (or came back).
+fn agree_after_recovery(
+    name: &str,
+    c: &LocalCluster,
+    g: &Geometry,
+    recovery: Recovery,
+    second_crash: bool,
+    keys: u64,
+) {
     // Node 1's partition and node 0's (whose backup it held) were refilled.
     let refilled = Some(&[0, 1][..]);
     match (recovery, second_crash) {
-        (Recovery::Restart, true) => survivors_agree_on(name, &c, s.keys, [0, 1]),
+        (Recovery::Restart, true) => survivors_agree_on(name, c, keys, [0, 1]),
         (Recovery::Restart, false) => {
-            copies_agree_where(name, &c, &g, 2, refilled);
-            survivors_agree_on(name, &c, s.keys, [1, 2]);
+            copies_agree_where(name, c, g, 2, refilled);
+            survivors_agree_on(name, c, keys, [1, 2]);
         }
-        (Recovery::Replace, true) => survivors_agree_on(name, &c, s.keys, [0, 3]),
-        (Recovery::ReplaceAndReturn, true) => survivors_agree_on(name, &c, s.keys, [0, 1]),
+        (Recovery::Replace, true) => survivors_agree_on(name, c, keys, [0, 3]),
+        (Recovery::ReplaceAndReturn, true) => survivors_agree_on(name, c, keys, [0, 1]),
         (Recovery::Replace | Recovery::ReplaceAndReturn, false) => {
-            copies_agree_where(name, &c, &g, 2, refilled);
-            survivors_agree_on(name, &c, s.keys, [2, 3]);
+            copies_agree_where(name, c, g, 2, refilled);
+            survivors_agree_on(name, c, keys, [2, 3]);
         }
     }
 }
