@@ -5,70 +5,17 @@
 //! A crash is `InProcFabric::kill_node` (the node's memory becomes unreachable and its own
 //! workers issue nothing), then `LocalCluster::fail_node` (membership declares it failed).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+
+#[allow(dead_code)]
+mod common;
+use common::{cfg, crash, geometry, key, value, write_round, Model};
 
 use nessie_cluster::LocalCluster;
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_protocols::replica::mirror_region;
 use nessie_protocols::{Error, Mutations, ProtocolConfig};
 use nessie_store::{Geometry, DATA_REGION, INDEX_REGION, PAGE_REGION};
-
-fn geometry(nodes: u32) -> Geometry {
-    Geometry {
-        nodes,
-        ites_per_node: 256,
-        dtes_per_node: 512,
-        key_max: 16,
-        value_max: 64,
-        hash_functions: 3,
-        filter_bits: 7,
-    }
-}
-
-fn cfg() -> ProtocolConfig {
-    ProtocolConfig {
-        expiry_ns: 5_000_000,
-        clock_margin_ns: 0,
-        ..ProtocolConfig::default()
-    }
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("k{i:05}").into_bytes()
-}
-
-fn value(i: u64, round: u64) -> Vec<u8> {
-    let mut v = format!("v{i}-{round}-").into_bytes();
-    v.resize(8 + (i % 40) as usize, b'x');
-    v
-}
-
-/// The cluster's last acknowledged state of every key.
-type Model = BTreeMap<u64, Option<Vec<u8>>>;
-
-/// PUT `keys` keys from clients on every node in `writers` in turn (`round` picks the values),
-/// and DELETE every `delete_every`-th.
-fn write_round(
-    c: &LocalCluster,
-    writers: &[NodeId],
-    keys: u64,
-    round: u64,
-    delete_every: u64,
-    model: &mut Model,
-) {
-    let mut clients: Vec<_> = writers.iter().map(|&n| c.client(n).unwrap()).collect();
-    for i in 0..keys {
-        let w = &mut clients[(i % writers.len() as u64) as usize];
-        if delete_every != 0 && i % delete_every == 0 {
-            w.delete(&key(i)).unwrap();
-            model.insert(i, None);
-        } else {
-            w.put(&key(i), &value(i, round)).unwrap();
-            model.insert(i, Some(value(i, round)));
-        }
-    }
-}
 
 /// Every key reads its modelled value through a client on each node in `readers`.
 fn assert_reads(c: &LocalCluster, readers: &[NodeId], model: &Model, when: &str) {
@@ -92,11 +39,6 @@ fn assert_reads(c: &LocalCluster, readers: &[NodeId], model: &Model, when: &str)
             &wrong[..wrong.len().min(5)]
         );
     }
-}
-
-fn crash(c: &LocalCluster, node: NodeId) {
-    c.fabric().kill_node(node);
-    c.fail_node(node);
 }
 
 /// Whole-region bytes of copy `j` of `partition`'s `region`, read from the node holding it.

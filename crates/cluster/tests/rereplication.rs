@@ -4,73 +4,25 @@
 //!
 //! A crash is `InProcFabric::kill_node` then `LocalCluster::fail_node`, as in `replication.rs`.
 
-use std::collections::BTreeMap;
+#[allow(dead_code)]
+mod common;
+use common::{cfg, crash, geometry, key, value, write_round, Model};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nessie_cluster::LocalCluster;
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 use nessie_protocols::replica::{mirror_region, Placement};
 use nessie_protocols::{Error, Mutations, ProtocolConfig};
-use nessie_store::{Geometry, DATA_REGION, INDEX_REGION, PAGE_REGION};
+use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 
-fn geometry(nodes: u32) -> Geometry {
-    Geometry {
-        nodes,
-        ites_per_node: 256,
-        dtes_per_node: 512,
-        key_max: 16,
-        value_max: 64,
-        hash_functions: 3,
-        filter_bits: 7,
-    }
-}
-
-fn cfg(mutations: Mutations) -> ProtocolConfig {
-    ProtocolConfig {
-        expiry_ns: 5_000_000,
-        clock_margin_ns: 0,
-        mutations,
-        ..ProtocolConfig::default()
-    }
+fn cfg_with(mutations: Mutations) -> ProtocolConfig {
+    ProtocolConfig { mutations, ..cfg() }
 }
 
 fn cluster(nodes: u32, spare: u8, mutations: Mutations) -> LocalCluster {
-    LocalCluster::replicated_with_spares(geometry(nodes), cfg(mutations), None, 2, spare).unwrap()
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("k{i:05}").into_bytes()
-}
-
-fn value(i: u64, round: u64) -> Vec<u8> {
-    let mut v = format!("v{i}-{round}-").into_bytes();
-    v.resize(8 + (i % 40) as usize, b'x');
-    v
-}
-
-/// The cluster's last acknowledged state of every key.
-type Model = BTreeMap<u64, Option<Vec<u8>>>;
-
-/// PUT `keys` keys through clients on `writers` in turn, DELETE every `delete_every`-th.
-fn write_round(
-    c: &LocalCluster,
-    writers: &[NodeId],
-    keys: u64,
-    round: u64,
-    delete_every: u64,
-    model: &mut Model,
-) {
-    let mut clients: Vec<_> = writers.iter().map(|&n| c.client(n).unwrap()).collect();
-    for i in 0..keys {
-        let w = &mut clients[(i % writers.len() as u64) as usize];
-        if delete_every != 0 && i % delete_every == 0 {
-            w.delete(&key(i)).unwrap();
-            model.insert(i, None);
-        } else {
-            w.put(&key(i), &value(i, round)).unwrap();
-            model.insert(i, Some(value(i, round)));
-        }
-    }
+    LocalCluster::replicated_with_spares(geometry(nodes), cfg_with(mutations), None, 2, spare)
+        .unwrap()
 }
 
 /// How many keys read other than modelled through a client on each node of `readers`.
@@ -86,11 +38,6 @@ fn wrong_reads(c: &LocalCluster, readers: &[NodeId], model: &Model) -> usize {
             .count();
     }
     wrong
-}
-
-fn crash(c: &LocalCluster, node: NodeId) {
-    c.fabric().kill_node(node);
-    c.fail_node(node);
 }
 
 /// Whole-region bytes of `partition`'s `region` in the copy at `at`.
@@ -271,11 +218,16 @@ fn moves_are_refused_clearly() {
     let c = cluster(3, 1, Mutations::default());
     let e = c.replace_node(1).unwrap_err().to_string();
     assert!(e.contains("was not declared failed"), "{e}");
-    let e =
-        LocalCluster::replicated_with_spares(geometry(3), cfg(Mutations::default()), None, 1, 1)
-            .err()
-            .unwrap()
-            .to_string();
+    let e = LocalCluster::replicated_with_spares(
+        geometry(3),
+        cfg_with(Mutations::default()),
+        None,
+        1,
+        1,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("needs replication"), "{e}");
 }
 
