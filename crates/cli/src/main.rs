@@ -744,7 +744,26 @@ fn print_membership(
     let url = cfg.membership.as_ref().map_or("", |m| m.etcd.as_str());
     match m {
         Ok(s) => match &s.config {
-            Some(c) => println!("membership: epoch {} (etcd {url})", c.epoch),
+            Some(c) => {
+                println!("membership: epoch {} (etcd {url})", c.epoch);
+                if !c.moves.is_empty() {
+                    let moves: Vec<String> = c
+                        .moves
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "node {}'s tables copy {} on node {} (spare slot {}){}",
+                                m.partition,
+                                m.copy,
+                                m.node,
+                                m.slot,
+                                if m.receiving { ", being filled" } else { "" }
+                            )
+                        })
+                        .collect();
+                    println!("moved copies: {}", moves.join("; "));
+                }
+            }
             None => println!("membership: no configuration in etcd {url} yet"),
         },
         Err(e) => {

@@ -312,6 +312,11 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
         .collect();
     assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
     assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
+    let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
+    assert!(
+        text.contains("moved copies: ") && text.contains("node 1's tables copy 0 on node"),
+        "{text}"
+    );
     assert_reads(c, &[0, 2, 3], model);
 }
 
