@@ -376,7 +376,10 @@ enum Recovery {
     /// partition.
     Replace,
     /// As `Replace`, then node 1 restarts and comes back without copies, reading its own
-    /// partition from the others' copies.
+    /// partition from the others' copies. Its clients in the run die with its first
+    /// incarnation, so the run checks the others' operations across its return; the final
+    /// reads through node 1 check its own, and `crates/cli/tests/faults.rs` (the replacement
+    /// run) checks clients on the returned node inside a whole history.
     ReplaceAndReturn,
 }
 
