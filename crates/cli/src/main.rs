@@ -488,6 +488,20 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
                 nessie_cluster::config::MEMORY_LOAD_FACTOR,
             )?;
             print_budget(bytes, &g)?;
+            let copies = a.replicas as u64
+                + if a.replicas > 1 {
+                    a.spare_copies as u64
+                } else {
+                    0
+                };
+            if copies > 1 {
+                eprintln!(
+                    "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
+                    a.replicas,
+                    a.spare_copies,
+                    (copies * bytes) as f64 / (1 << 20) as f64
+                );
+            }
             g
         }
         None => nessie_store::Geometry {
@@ -555,6 +569,14 @@ fn print_up(
             },
             m.lease_ttl_s
         );
+        let spare = cfg.cluster.spare_copies;
+        if spare > 0 {
+            println!(
+                "re-replication: {spare} spare {} per node; a node failed for {} s has its copies moved to the others",
+                if spare == 1 { "slot" } else { "slots" },
+                m.replace_after_s
+            );
+        }
     }
 }
 

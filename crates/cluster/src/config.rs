@@ -315,6 +315,8 @@ pub enum InvalidConfig {
     Etcd(String),
     #[error("cluster.replicas: {0}")]
     Replicas(String),
+    #[error("cluster.spare_copies: {0}")]
+    SpareCopies(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
     LeaseTtl(u64),
     #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
@@ -400,7 +402,7 @@ impl ClusterConfig {
         };
         let set = set
             .with_spare_copies(self.cluster.spare_copies)
-            .map_err(|e| InvalidConfig::Replicas(e.to_string()))?;
+            .map_err(|e| InvalidConfig::SpareCopies(e.to_string()))?;
         // A node's view of membership is fresh for a lease TTL (`membership::Monitor`): a copy
         // takes over deciding only once every node has learnt of the failure or stopped writing.
         let settle = self.membership.as_ref().map_or(0, |m| {
