@@ -1000,6 +1000,61 @@ mod tests {
         );
     }
 
+    /// A node that fails while it fills a copy moved to it loses that copy too: the next move
+    /// takes it elsewhere, receiving again, and the record names the new holder only.
+    #[test]
+    fn a_copy_whose_new_holder_fails_while_filling_it_moves_again() {
+        use NodeState::*;
+        let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
+        let set = ReplicaSet::new(2, 5, ite, &nessie_protocols::ProtocolConfig::default())
+            .unwrap()
+            .with_spare_copies(2)
+            .unwrap();
+        let policy = Policy {
+            hold_ns: 10,
+            replacing: Some(Replacing {
+                after_ns: 100,
+                set: set.clone(),
+            }),
+        };
+        let all = [0, 1, 2, 3, 4];
+        let c = Configuration::initial(all);
+        let c = c
+            .successor(&reg(&[0, 2, 3, 4], &[]), 1_000, &policy)
+            .unwrap();
+        let c = c
+            .successor(&reg(&[0, 2, 3, 4], &[]), 1_100, &policy)
+            .unwrap();
+        assert_eq!(c.moves.len(), 2);
+        assert!(c.moves.iter().all(|m| m.receiving));
+        // The holder of the first moved copy fails before it says it filled it.
+        let lost = c.moves[0].clone();
+        let up: Vec<u16> = all
+            .iter()
+            .copied()
+            .filter(|&n| n != 1 && n != lost.node)
+            .collect();
+        let c = c.successor(&reg(&up, &[]), 1_200, &policy).unwrap();
+        assert_eq!(c.state(lost.node), Some(Failed));
+        let c = c.successor(&reg(&up, &[]), 1_300, &policy).unwrap();
+        let again: Vec<_> = c
+            .moves
+            .iter()
+            .filter(|m| (m.partition, m.copy) == (lost.partition, lost.copy))
+            .collect();
+        assert_eq!(again.len(), 1, "one record per copy: {:?}", c.moves);
+        assert!(again[0].node != lost.node && again[0].node != 1 && again[0].receiving);
+        let map = c.copy_map(&set);
+        assert!(map.held_by(1).is_empty() && map.held_by(lost.node).is_empty());
+        for p in 0..5u16 {
+            let nodes: Vec<u16> = (0..2).map(|j| map.place(p, j).node).collect();
+            assert_ne!(
+                nodes[0], nodes[1],
+                "partition {p} has both copies on one node"
+            );
+        }
+    }
+
     #[test]
     fn applying_moves_puts_them_in_the_fence() {
         let mut c = Configuration::initial([0, 1, 2]);
