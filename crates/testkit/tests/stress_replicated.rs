@@ -146,11 +146,7 @@ fn crash_mid_run_with(
     // delays make its windows (a word decided at one copy, not yet at the other) wider.
     let delay = match crash {
         Crash::Plain => delay(seed),
-        Crash::MemoryKept => Some(DelayInjection {
-            seed,
-            probability: 0.05,
-            max_delay_ns: 200_000,
-        }),
+        Crash::MemoryKept => longer_delays(seed, 0.05, 200_000),
     };
     let c = LocalCluster::replicated(g, cfg.clone(), delay, replicas).unwrap();
     let clients: Vec<_> = THREADS_NODES
@@ -169,18 +165,7 @@ fn crash_mid_run_with(
                 }
                 std::thread::sleep(Duration::from_micros(100));
             }
-            match crash {
-                Crash::Plain => {
-                    c.fabric().kill_node(CRASHED);
-                    c.fail_node(CRASHED);
-                }
-                Crash::MemoryKept => {
-                    // Endpoints notice the death over the time others may still read.
-                    let notice_within = c.replica_set().read_settle_ns();
-                    c.fabric().kill_node_keeping_memory(CRASHED, notice_within);
-                    c.fail_node_staggered(CRASHED, seed);
-                }
-            }
+            crash_node(&c, crash, seed);
             true
         });
         let (out, cs) = stress::run(clients, &s);
@@ -208,6 +193,22 @@ fn crash_mid_run_with(
     assert_clean_run(name, &out, 6 * s.ops_per_thread / 2);
     assert_eq!(out.corrupt_reads, 0);
     survivors_agree(name, &c, s.keys);
+}
+
+/// Crash node [`CRASHED`] as `crash` says, and declare it failed.
+fn crash_node(c: &LocalCluster, crash: Crash, seed: u64) {
+    match crash {
+        Crash::Plain => {
+            c.fabric().kill_node(CRASHED);
+            c.fail_node(CRASHED);
+        }
+        Crash::MemoryKept => {
+            // Endpoints notice the death over the time others may still read.
+            let notice_within = c.replica_set().read_settle_ns();
+            c.fabric().kill_node_keeping_memory(CRASHED, notice_within);
+            c.fail_node_staggered(CRASHED, seed);
+        }
+    }
 }
 
 /// Nothing wedged and no copy behind: every key reads, and reads alike, through each
@@ -399,31 +400,16 @@ fn crash_recover_crash(
     seed: u64,
 ) {
     let spare = (recovery != Recovery::Restart) as u8;
-    // Two recoveries in a row take twice the time: longer delays stretch the run to cover
-    // them without more operations (the checker's budget bounds a hot key's history).
-    let delay = match recovery {
-        Recovery::ReplaceAndReturn => Some(DelayInjection {
-            seed,
-            probability: 0.1,
-            max_delay_ns: 100_000,
-        }),
-        _ => delay(seed),
-    };
+    let (delay, gap) = recovery_pace(recovery, seed);
     let mut c = LocalCluster::replicated_with_spares(g.clone(), cfg(o), delay, 2, spare).unwrap();
     let clients: Vec<_> = THREADS_NODES
         .iter()
         .map(|&n| c.client(n).unwrap())
         .collect();
     // Three times the crash scenario's run: the recovery (the settle waits, the catch-ups) and
-    // the second crash must both come well before it ends, on a loaded machine too. With two
-    // recoveries in a row the second crash comes sooner after them; longer runs make the
-    // histories of hot keys too long for the checker's budget (four times the run did).
-    let (times, gap) = match recovery {
-        Recovery::ReplaceAndReturn => (3, CRASH_AFTER_FABRIC_OPS / 10),
-        _ => (3, CRASH_AFTER_FABRIC_OPS),
-    };
+    // the second crash must both come well before it ends, on a loaded machine too.
     let s = StressSpec {
-        ops_per_thread: times * spec(seed).ops_per_thread,
+        ops_per_thread: 3 * spec(seed).ops_per_thread,
         ..spec(seed)
     };
     let fabric_ops = || c.fabric().stats().total(None).total_ops();
@@ -473,6 +459,30 @@ fn crash_recover_crash(
         "{name}: a reclaimer's invariant broke"
     );
     agree_after_recovery(name, &c, &g, recovery, second_crash, s.keys);
+}
+
+/// Delay injection with `probability` and `max_delay_ns`.
+fn longer_delays(seed: u64, probability: f64, max_delay_ns: u64) -> Option<DelayInjection> {
+    Some(DelayInjection {
+        seed,
+        probability,
+        max_delay_ns,
+    })
+}
+
+/// The delays of a recovery run, and how many fabric operations after the recovery the second
+/// crash comes. Two recoveries in a row take twice the time: longer delays stretch the run to
+/// cover them, and the second crash comes sooner after them, without more operations (longer
+/// runs make the histories of hot keys too long for the checker's budget: four times the
+/// crash scenario's run did, once in 70 seeds).
+fn recovery_pace(recovery: Recovery, seed: u64) -> (Option<DelayInjection>, u64) {
+    match recovery {
+        Recovery::ReplaceAndReturn => (
+            longer_delays(seed, 0.1, 100_000),
+            CRASH_AFTER_FABRIC_OPS / 10,
+        ),
+        _ => (delay(seed), CRASH_AFTER_FABRIC_OPS),
+    }
 }
 
 /// Get node 1's copies back after it crashed, as `recovery` says; what catching up did.
