@@ -934,13 +934,13 @@ mod tests {
         assert!(f.rejoined(2));
     }
 
-    #[test]
-    fn a_node_failed_long_enough_has_its_copies_moved_then_filled_and_may_not_join() {
-        use NodeState::*;
+    /// Two copies of `nodes` partitions with `spare` spare slots each; failed nodes are held
+    /// 10 ns and replaced after 100 ns.
+    fn replacing(nodes: u16, spare: u8) -> (ReplicaSet, Policy) {
         let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
-        let set = ReplicaSet::new(2, 4, ite, &nessie_protocols::ProtocolConfig::default())
+        let set = ReplicaSet::new(2, nodes, ite, &nessie_protocols::ProtocolConfig::default())
             .unwrap()
-            .with_spare_copies(1)
+            .with_spare_copies(spare)
             .unwrap();
         let policy = Policy {
             hold_ns: 10,
@@ -949,6 +949,13 @@ mod tests {
                 set: set.clone(),
             }),
         };
+        (set, policy)
+    }
+
+    #[test]
+    fn a_node_failed_long_enough_has_its_copies_moved_then_filled_and_rejoins_without_them() {
+        use NodeState::*;
+        let (set, policy) = replacing(4, 1);
         let c = Configuration::initial([0, 1, 2, 3]);
         let failed = c.successor(&reg(&[0, 2, 3], &[]), 1_000, &policy).unwrap();
         assert_eq!(states(&failed), vec![Up, Failed, Up, Up]);
@@ -1005,18 +1012,7 @@ mod tests {
     #[test]
     fn a_copy_whose_new_holder_fails_while_filling_it_moves_again() {
         use NodeState::*;
-        let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
-        let set = ReplicaSet::new(2, 5, ite, &nessie_protocols::ProtocolConfig::default())
-            .unwrap()
-            .with_spare_copies(2)
-            .unwrap();
-        let policy = Policy {
-            hold_ns: 10,
-            replacing: Some(Replacing {
-                after_ns: 100,
-                set: set.clone(),
-            }),
-        };
+        let (set, policy) = replacing(5, 2);
         let all = [0, 1, 2, 3, 4];
         let c = Configuration::initial(all);
         let c = c
