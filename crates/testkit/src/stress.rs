@@ -278,9 +278,16 @@ fn preload<C: KvClient>(client: &mut C, rec: &mut Recorder, keys: u64, value_len
 
 /// Run `clients` (one thread each) against the spec, check the history, and hand the clients
 /// back (their statistics are the caller's to inspect).
-pub fn run<C: KvClient + 'static>(
+pub fn run<C: KvClient + 'static>(clients: Vec<C>, spec: &StressSpec) -> (StressOutcome, Vec<C>) {
+    run_checked(clients, spec, &Limits::default())
+}
+
+/// [`run`], checking the history within `limits` (a larger search budget for histories with
+/// many failed writes, each of which may or may not have taken effect).
+pub fn run_checked<C: KvClient + 'static>(
     mut clients: Vec<C>,
     spec: &StressSpec,
+    limits: &Limits,
 ) -> (StressOutcome, Vec<C>) {
     assert!(!clients.is_empty() && spec.keys > 0 && spec.hot_keys <= spec.keys);
     assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
@@ -331,7 +338,7 @@ pub fn run<C: KvClient + 'static>(
         .collect();
     let elapsed = start.elapsed();
     let events = history.into_events();
-    let report = nessie_check::check(&events, |_| None, &Limits::default());
+    let report = nessie_check::check(&events, |_| None, limits);
     let outcome = StressOutcome {
         report,
         ops: tally.ops,
