@@ -454,7 +454,7 @@ fn crash_recover_crash(
         "{name}: the run ended before node 2 crashed"
     );
     assert!(caught.words_changed > 0, "{name}: {caught:?}");
-    eprintln!("{name}, {recovery:?}: {out}\ncatch-up: {caught:?}");
+    eprintln!("{name}, {recovery:?}, seed {seed}: {out}\ncatch-up: {caught:?}");
     assert_clean_run(name, &out, 2 * s.ops_per_thread);
     assert_eq!(out.corrupt_reads, 0);
     assert_eq!(
