@@ -98,6 +98,17 @@ pub struct Mutations {
     /// A MIGRATE whose source CAS (Step 7) fails with an error returns at once, leaving its
     /// invalid copy in the index while its writer lives (as before this was found).
     pub migrate_walks_away: bool,
+    /// A MIGRATE's Step 7 leaves a plain empty word in its source, not a moved word naming
+    /// its copy: whoever completes a copy its migrator abandoned cannot tell that the source
+    /// was emptied, and takes the key's only entry out.
+    pub migrate_empties_plainly: bool,
+    /// Whoever completes an abandoned MIGRATE copy rolls it forward without reading its
+    /// source (as before this was found): a write of the key that replaced the source while
+    /// the migrator was dying is cleared as a duplicate, or a DELETE undone.
+    pub complete_ignores_source: bool,
+    /// A moved word is filled without settling the copy it names first: a completer of that
+    /// copy, finding the word gone, takes the key's only entry out.
+    pub fill_over_unsettled_copy: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

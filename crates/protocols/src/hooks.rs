@@ -21,6 +21,8 @@ pub enum HookPoint {
     BeforeSetValid,
     /// A MIGRATE has swapped its copy into the destination (Step 6) and not yet cleared the source.
     MigrateAfterDstCas,
+    /// A MIGRATE has emptied its source (Step 7) and not yet set its copy valid.
+    MigrateAfterSrcCas,
 }
 
 /// A test hook: called at every [`HookPoint`] by the client that owns it.

@@ -7,6 +7,8 @@
 //! offset  size        field
 //! 0       8           header:   bit 0 = valid flag; bit 1 = tombstone (a DELETE's entry, never
 //!                               valid); bit 2 = given up (its writer will not act on it again);
+//!                               bit 3 = a MIGRATE's copy, bits 8..15 = which of its key's
+//!                               candidates the MIGRATE's source is;
 //!                               bits 32..63 = writer tag (node << 16 | worker)
 //! 8       8           recycle:  bit 63 = recycle flag; bits 0..62 = with the flag, the expiry
 //!                               timestamp (ns since the Unix epoch) after which the entry may be
@@ -45,6 +47,9 @@ pub const TOMBSTONE: u64 = 1 << 1;
 /// Header bit its writer sets (by CAS) on an invalid entry it gave up on.
 pub const GIVEN_UP: u64 = 1 << 2;
 const RECYCLE: u64 = 1 << 63;
+/// Header bit of a MIGRATE's copy (its source candidate in [`SOURCE_SHIFT`]..).
+const MIGRATED: u64 = 1 << 3;
+const SOURCE_SHIFT: u32 = 8;
 
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
@@ -78,6 +83,8 @@ pub struct Head {
     pub tombstone: bool,
     /// When the write ends (ns since the Unix epoch; 0 = not recorded).
     pub write_deadline: u64,
+    /// A MIGRATE's copy: which of the key's candidates (0-based) its source is.
+    pub source: Option<u8>,
 }
 
 /// Sizes and offsets of DTEs for one cluster.
@@ -100,6 +107,8 @@ pub struct DteMeta {
     pub tombstone: bool,
     /// Its writer gave up on it (and never acts on it again): anyone may complete it.
     pub given_up: bool,
+    /// A MIGRATE's copy, while invalid: which of the key's candidates its source is.
+    pub source: Option<u8>,
     pub writer: WriterTag,
     /// The recycle flag's expiry timestamp, if the flag is set.
     pub recycle: Option<u64>,
@@ -177,6 +186,7 @@ impl DteLayout {
             valid: false,
             tombstone: false,
             write_deadline: 0,
+            source: None,
         };
         self.encode_with(buf, head, key, value)
     }
@@ -198,7 +208,7 @@ impl DteLayout {
         let len = (value_off + pad8(value.len() as u64)) as usize;
         buf.clear();
         buf.resize(len, 0);
-        let flags = if head.tombstone { TOMBSTONE } else { 0 };
+        let flags = if head.tombstone { TOMBSTONE } else { 0 } | Self::source_bits(head.source);
         put_word(
             buf,
             HEADER_OFF,
@@ -216,6 +226,12 @@ impl DteLayout {
     #[inline]
     pub fn header(&self, writer: WriterTag, valid: bool) -> u64 {
         (writer.0 as u64) << 32 | if valid { VALID } else { 0 }
+    }
+
+    /// The header bits that mark a MIGRATE's copy whose source is the key's candidate
+    /// `source` (none for any other entry).
+    pub fn source_bits(source: Option<u8>) -> u64 {
+        source.map_or(0, |c| MIGRATED | (c as u64) << SOURCE_SHIFT)
     }
 
     /// The recycle word marking an entry reusable after `expiry_ns`.
@@ -247,6 +263,7 @@ impl DteLayout {
             valid: h & VALID != 0,
             tombstone: h & TOMBSTONE != 0,
             given_up: h & GIVEN_UP != 0,
+            source: (h & MIGRATED != 0).then_some((h >> SOURCE_SHIFT) as u8),
             writer: WriterTag((h >> 32) as u32),
             recycle: Self::recycle_expiry(r),
             write_deadline: if r & RECYCLE == 0 { r } else { 0 },
@@ -360,6 +377,7 @@ mod tests {
             valid: false,
             tombstone: true,
             write_deadline: 1_700_000_000_123_456_789,
+            source: None,
         };
         l.encode_with(&mut buf, head, b"key", b"");
         let m = l.meta(&buf).unwrap();
@@ -388,7 +406,32 @@ mod tests {
         // The plain encoder: invalid, no tombstone, no deadline.
         l.encode(&mut buf, head.writer, 0, b"k", b"v");
         let m = l.meta(&buf).unwrap();
-        assert!(!m.valid && !m.tombstone && m.write_deadline == 0);
+        assert!(!m.valid && !m.tombstone && m.write_deadline == 0 && m.source.is_none());
+        // A MIGRATE's copy says where its source is; setting it valid (a new header) or
+        // giving it up (one more bit) keeps or drops that with the rest of the header.
+        let migrated = Head {
+            source: Some(7),
+            ..copy
+        };
+        l.encode_with(
+            &mut buf,
+            Head {
+                valid: false,
+                ..migrated
+            },
+            b"key",
+            b"value",
+        );
+        let m = l.meta(&buf).unwrap();
+        assert_eq!((m.source, m.valid, m.writer), (Some(7), false, head.writer));
+        let h = u64::from_le_bytes(buf[..8].try_into().unwrap());
+        assert_eq!(
+            h,
+            l.header(head.writer, false) | DteLayout::source_bits(Some(7))
+        );
+        buf[..8].copy_from_slice(&(h | GIVEN_UP).to_le_bytes());
+        assert_eq!(l.meta(&buf).unwrap().source, Some(7));
+        assert_eq!(DteLayout::source_bits(None), 0);
     }
 
     #[test]
@@ -405,6 +448,7 @@ mod tests {
             valid: true,
             tombstone: false,
             given_up: false,
+            source: None,
             writer: WriterTag(0),
             recycle: None,
             write_deadline: 0,

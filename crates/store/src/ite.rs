@@ -3,8 +3,8 @@
 //! ```text
 //!  63   62 ..... 63-q   62-q ...... d+t+f  d+t+f-1 .. d+t   d+t-1 .. d   d-1 .. 0
 //! +----+--------------+-------------------+----------------+-------------+-----------+
-//! | P  |   sequence   |   unused (zero)   |  filter bits   |     DTI     | DTE index |
-//! +----+--------------+-------------------+----------------+-------------+-----------+
+//! | P  |   sequence   | unused (zero) | M |  filter bits   |     DTI     | DTE index |
+//! +----+--------------+---------------+---+----------------+-------------+-----------+
 //! ```
 //! - `P` (present) is the paper's *empty bit*, stored inverted so that zeroed memory is an
 //!   empty index table: an ITE is empty iff its present bit is 0.
@@ -14,6 +14,11 @@
 //!   fresh DTEs) already do not recur within an expiry period, but *empty* recurred at once: a
 //!   CAS that expected empty could succeed after the slot had been filled and emptied again,
 //!   and a replicated CAS (SNAPSHOT, issue 11) needs every written value distinct.
+//! - `M` (moved): set only in an *empty* word that a MIGRATE's Step 7 left in its source. The
+//!   filter, DTI and DTE index fields then name the MIGRATE's copy, so that whoever completes
+//!   a copy its migrator abandoned can tell whether the source was emptied (roll the copy
+//!   forward) or not (take it out), and whoever fills the slot settles that copy first
+//!   (`docs/protocol.md`, MIGRATE). Every reader treats a moved word as empty.
 //! - `filter bits` (f, default 7): the low bits of the key's filter hash; a mismatch proves the
 //!   DTE cannot hold the key, saving a DTE read.
 //! - `DTI` (t bits): data table identifier (= node id, one data table per node).
@@ -77,7 +82,7 @@ fn mask(bits: u8) -> u64 {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IteLayoutError {
     #[error(
-        "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1) but has 64"
+        "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1 + moved 1) but has 64: use fewer filter bits, nodes or DTEs per node"
     )]
     TooWide {
         used: u32,
@@ -91,7 +96,7 @@ pub enum IteLayoutError {
 
 impl IteLayout {
     pub fn new(dte_bits: u8, dti_bits: u8, filter_bits: u8) -> Result<Self, IteLayoutError> {
-        let used = dte_bits as u32 + dti_bits as u32 + filter_bits as u32 + 1;
+        let used = dte_bits as u32 + dti_bits as u32 + filter_bits as u32 + 2;
         if used > 64 {
             return Err(IteLayoutError::TooWide {
                 used,
@@ -109,6 +114,46 @@ impl IteLayout {
             filter_bits,
             seq_bits: (64 - used).min(MAX_SEQ_BITS as u32) as u8,
         })
+    }
+
+    /// Bits of the fields that name an entry (filter, DTI, DTE index).
+    #[inline]
+    fn entry_mask(&self) -> u64 {
+        mask(self.dte_bits + self.dti_bits + self.filter_bits)
+    }
+
+    /// The moved bit (`M` above), just above the filter bits.
+    #[inline]
+    fn moved_bit(&self) -> u64 {
+        1 << (self.dte_bits + self.dti_bits + self.filter_bits)
+    }
+
+    /// The empty word a MIGRATE leaves in its source (Step 7), naming its `copy`; a CAS
+    /// gives it its sequence number.
+    #[inline]
+    pub fn moved(&self, copy: Ite) -> Ite {
+        debug_assert!(!copy.is_empty());
+        Ite(copy.0 & self.entry_mask() | self.moved_bit())
+    }
+
+    /// Whether `ite` is an empty word a MIGRATE left in its source.
+    #[inline]
+    pub fn is_moved(&self, ite: Ite) -> bool {
+        ite.is_empty() && ite.0 & self.moved_bit() != 0
+    }
+
+    /// Whether the moved word `moved` names the entry `copy` refers to.
+    #[inline]
+    pub fn names(&self, moved: Ite, copy: Ite) -> bool {
+        self.is_moved(moved) && !copy.is_empty() && (moved.0 ^ copy.0) & self.entry_mask() == 0
+    }
+
+    /// A present word (sequence 0) referring to the entry the moved word `moved` names: what
+    /// locates that entry's DTE.
+    #[inline]
+    pub fn moved_entry(&self, moved: Ite) -> Ite {
+        debug_assert!(self.is_moved(moved));
+        Ite(PRESENT | moved.0 & self.entry_mask())
     }
 
     /// Where the sequence number starts.
@@ -179,14 +224,18 @@ impl IteLayout {
     }
 
     /// Does `ite` decode within this layout (unused bits zero; an empty word holds nothing
-    /// but its sequence number)?
+    /// but its sequence number, or is a moved word; a present one has no moved bit)?
     pub fn is_well_formed(&self, ite: Ite) -> bool {
         let body = ite.0 & !PRESENT & !(mask(self.seq_bits) << self.seq_shift());
-        if ite.is_empty() {
-            return body == 0;
+        let moved = body & self.moved_bit() != 0;
+        if body & !self.moved_bit() & !self.entry_mask() != 0 {
+            return false; // unused bits set
         }
-        let used = (self.dte_bits + self.dti_bits + self.filter_bits) as u32;
-        body >> used == 0
+        match (ite.is_empty(), moved) {
+            (true, false) => body == 0,
+            (true, true) => true,
+            (false, moved) => !moved,
+        }
     }
 }
 
@@ -236,7 +285,7 @@ mod tests {
         let last = Ite(PRESENT | ((1u64 << MAX_SEQ_BITS) - 1) << (63 - MAX_SEQ_BITS as u32));
         assert_eq!(l.seq(l.successor(last, a)), 0);
         // The widest layout has no room for one: words recur as in the paper.
-        let wide = IteLayout::new(40, 12, 11).unwrap();
+        let wide = IteLayout::new(40, 12, 10).unwrap();
         assert_eq!(wide.seq_bits, 0);
         assert_eq!(wide.successor(Ite::EMPTY, Ite::EMPTY), Ite::EMPTY);
     }
@@ -252,7 +301,11 @@ mod tests {
         assert!(IteLayout::new(40, 16, 16)
             .unwrap_err()
             .to_string()
-            .contains("73 bits"));
+            .contains("74 bits"));
+        assert!(
+            IteLayout::new(40, 12, 11).is_err(),
+            "63 bits of fields leave none for the moved bit"
+        );
         assert!(IteLayout::new(0, 1, 0).is_err());
     }
 
@@ -262,6 +315,31 @@ mod tests {
         assert_eq!(l.filter_of(u64::MAX), 0);
         let i = l.encode(0, 5, 1000);
         assert_eq!((l.filter(i), l.dti(i), l.dte(i)), (0, 5, 1000));
+    }
+
+    #[test]
+    fn a_moved_word_is_empty_and_names_its_copy() {
+        let l = IteLayout::new(14, 2, 7).unwrap();
+        let copy = l.successor(Ite(PRESENT | 5 << 40), l.encode(127, 3, 77));
+        let src = l.encode(9, 1, 12);
+        let moved = l.successor(src, l.moved(copy));
+        assert!(moved.is_empty() && l.is_moved(moved) && l.is_well_formed(moved));
+        assert_eq!(l.seq(moved), l.seq(src) + 1, "a CAS like any other");
+        assert!(l.names(moved, copy), "whatever the copy's sequence number");
+        assert!(!l.names(moved, l.encode(127, 3, 76)) && !l.names(moved, src));
+        let e = l.moved_entry(moved);
+        assert_eq!((l.filter(e), l.dti(e), l.dte(e)), (127, 3, 77));
+        // A plain empty word is not moved; a present word never has the bit.
+        let emptied = l.successor(src, Ite::EMPTY);
+        assert!(!l.is_moved(emptied) && !l.names(emptied, copy));
+        assert!(
+            !l.is_well_formed(Ite(copy.0 | 1 << 23)),
+            "moved bit in a present word"
+        );
+        assert!(!l.is_moved(copy));
+        // Entry 0 of table 0 with filter 0 still makes a moved word that is not plain empty.
+        let zero = l.moved(l.encode(0, 0, 0));
+        assert!(l.is_moved(zero) && zero != Ite::EMPTY);
     }
 
     proptest! {
@@ -277,6 +355,10 @@ mod tests {
             prop_assert!(l.is_well_formed(j) && !j.is_empty());
             prop_assert_eq!((l.filter(j), l.dti(j), l.dte(j)), (filter, dti, dte));
             prop_assert_eq!(l.seq(j), (l.seq(i) + 1) & mask(l.seq_bits));
+            let m = l.successor(j, l.moved(j));
+            prop_assert!(m.is_empty() && l.is_moved(m) && l.is_well_formed(m) && l.names(m, i));
+            let e = l.moved_entry(m);
+            prop_assert_eq!((l.filter(e), l.dti(e), l.dte(e)), (filter, dti, dte));
         }
     }
 }

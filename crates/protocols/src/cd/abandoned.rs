@@ -9,6 +9,12 @@
 //! fails too (a stalled node, a dead one) does it mark each entry it leaves *given up* (a CAS
 //! on the header word: only its writer sets the bit, after which it never acts on the entry).
 //!
+//! A MIGRATE's copy is completed as its source says (the copy records which of its key's
+//! candidates that is): a moved word there naming the copy means its migrator emptied the
+//! source, and the copy, the key's only entry, is rolled forward; any other word means it did
+//! not (a moved word is filled again only once its copy is settled, `migrate.rs`), and the
+//! copy is taken out: the source, or whatever write replaced it, holds the key.
+//!
 //! Anyone who meets a given-up entry (a PUT or DELETE in Step 2, a GET with no previous
 //! version to answer with, a MIGRATE whose source it is) completes it before going on
 //! (`complete_write`): the forward pass up to the entry (a valid entry of the key before it
@@ -124,6 +130,22 @@ impl<E: Endpoint> CdClient<E> {
             }
             self.recycle(w);
             return Ok(Completion::Cleared);
+        }
+        if let (true, Some(source)) = (theirs, f.meta.source) {
+            // A MIGRATE's copy: roll it forward only if its source was emptied (to the moved
+            // word naming it); if not, the source, or the write that replaced it, is the key's.
+            let src = h.slot(&index, source as usize);
+            let (word, _) = self.read_ite(src)?;
+            if !index.ite.names(word, w) && !mutated!(self.cfg, complete_ignores_source) {
+                self.check(&p.d)?;
+                if self.cas_ite(p.slots[c], w, Ite::EMPTY)?.is_none() {
+                    return Err(Abort::Concurrent(
+                        "an abandoned MIGRATE copy changed before it was taken out",
+                    ));
+                }
+                self.recycle(w);
+                return Ok(Completion::Cleared);
+            }
         }
         let how = match (f.meta.tombstone, theirs) {
             (true, _) => Step6::Empty,
@@ -250,7 +272,8 @@ impl<E: Endpoint> CdClient<E> {
                 Ok(Completion::RolledForward) => took_effect = true,
                 Ok(_) => {}
                 Err(_) => {
-                    if self.mark_given_up(ite, tombstone) && !prev.is_empty() {
+                    let kind = if tombstone { TOMBSTONE } else { 0 };
+                    if self.mark_given_up(ite, kind) && !prev.is_empty() {
                         handed.push(prev);
                     }
                 }
@@ -261,11 +284,12 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which
     /// fails harmlessly if the entry was taken out and reused meanwhile: the word then holds
-    /// another writer's tag, or is valid). Whether it was set.
-    pub(crate) fn mark_given_up(&mut self, ite: Ite, tombstone: bool) -> bool {
+    /// another writer's tag, or is valid). `kind`: the header's other bits (a tombstone, or a
+    /// MIGRATE copy's source). Whether it was set.
+    pub(crate) fn mark_given_up(&mut self, ite: Ite, kind: u64) -> bool {
         let loc = self.dte_location(ite);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
-        let ours = self.view.dte.header(self.tag, false) | if tombstone { TOMBSTONE } else { 0 };
+        let ours = self.view.dte.header(self.tag, false) | kind;
         match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
             Ok(was) => was == ours,
             Err(e) => {

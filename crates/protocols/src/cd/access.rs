@@ -106,7 +106,7 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Bytes of a DTE at `loc` that hold its header and any key it can hold.
-    fn meta_len(&self, loc: DteLoc) -> usize {
+    pub(crate) fn meta_len(&self, loc: DteLoc) -> usize {
         self.view.dte.meta_size.min(loc.size) as usize
     }
 
@@ -305,12 +305,14 @@ impl<E: Endpoint> CdClient<E> {
     /// class has room there, else in a page the node holds on another node; the WRITE is
     /// remotely complete before this returns, so the CAS that publishes it comes after. Fails
     /// with `TableFull` when no node has room.
+    /// `source`: a MIGRATE's copy, whose source is this candidate of the key.
     pub(crate) fn write_new_dte(
         &mut self,
         filter: u64,
         prev: Ite,
         key: &[u8],
         value: Option<&[u8]>,
+        source: Option<u8>,
     ) -> Attempt<(Ite, DteSlot, Ite)> {
         let prev = if self.cfg.optimizations.previous_versions {
             prev
@@ -324,6 +326,7 @@ impl<E: Endpoint> CdClient<E> {
             tombstone: value.is_none(),
             // Our attempt ends within one expiry period of its start, before this.
             write_deadline: self.ep.now_ns() + self.cfg.expiry_ns,
+            source,
         };
         let (ite, slot) = self.write_dte(filter, head, key, value)?;
         Ok((ite, slot, prev))
@@ -343,6 +346,7 @@ impl<E: Endpoint> CdClient<E> {
             valid: true,
             tombstone: false,
             write_deadline: 0,
+            source: None,
         };
         self.write_dte(filter, head, key, Some(value))
     }

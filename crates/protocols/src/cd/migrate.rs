@@ -21,9 +21,10 @@
 //! The paper always takes the first candidate as the source; when that source has no
 //! destination off the path we try the next candidate rather than fail the PUT.
 
-use nessie_fabric::Endpoint;
+use nessie_fabric::{Endpoint, RemoteAddr};
+use nessie_store::dte::{DteLayout, KEY_OFF};
 use nessie_store::index::{Index, KeyHashes, Slot};
-use nessie_store::Ite;
+use nessie_store::{Ite, DATA_REGION};
 
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
@@ -69,13 +70,14 @@ impl<E: Endpoint> CdClient<E> {
         // Steps 5 and 6: publish an invalid copy in the destination.
         let copy = self.publish_copy(&d, dst, &moved)?;
 
-        // Step 7: empty the source.
-        self.empty_source(&d, src, moved.ite, dst, copy)?;
+        // Step 7: empty the source, leaving a moved word that names the copy.
+        self.empty_source(&d, src, &moved, dst, copy)?;
+        self.hook(HookPoint::MigrateAfterSrcCas);
 
         // Steps 8 and 9.
         if let Err(e) = self.set_valid(copy) {
             // The source is gone: the copy is the key's only entry, and must become valid.
-            if !self.settle_copy(dst, copy, Settle::SetValid) {
+            if !self.settle_copy(dst, copy, Settle::SetValid, moved.source) {
                 return Err(e);
             }
         }
@@ -113,12 +115,22 @@ impl<E: Endpoint> CdClient<E> {
             }
             return Err(Abort::Concurrent("migrate source is being written")); // 2.4
         }
+        let moved_key = self.view.dte.key(&self.buf, &f.meta).to_vec();
+        let source = Self::source_candidate(index, &moved_key, src);
         Ok(Some(Moved {
             ite: src_ite,
-            key: self.view.dte.key(&self.buf, &f.meta).to_vec(),
             value: self.value_of(&f),
+            key: moved_key,
             filter: index.ite.filter(src_ite),
+            source,
         }))
+    }
+
+    /// Which of `key`'s candidates `src` is: what a MIGRATE's copy records of its source.
+    fn source_candidate(index: &Index, key: &[u8], src: Slot) -> u8 {
+        let mut h = index.hashes(key);
+        let c = (0..index.n).find(|&i| h.slot(index, i) == src);
+        c.expect("a MIGRATE's source is one of its key's candidates") as u8
     }
 
     /// Steps 3 and 4: the destination among the moved key's candidates off the migration
@@ -166,44 +178,46 @@ impl<E: Endpoint> CdClient<E> {
     /// No previous version: while the copy is invalid, the source's value is the key's latest
     /// only as long as the source still holds it, and a copy that loses its source (Step 7)
     /// stays in the index until we take it out again, possibly after a DELETE of the key
-    /// committed.
+    /// committed. The copy records which of the key's candidates its source is, for whoever
+    /// completes it should we die ([`Self::settle_moved`], `abandoned.rs`).
     fn publish_copy(&mut self, d: &Deadline, dst: Slot, moved: &Moved) -> Attempt<Ite> {
         let prev = if mutated!(self.cfg, migrate_copy_keeps_source) {
             moved.ite
         } else {
             Ite::EMPTY
         };
-        let (copy, idx, _) =
-            self.write_new_dte(moved.filter, prev, &moved.key, Some(&moved.value))?;
-        if let Err(e) = self.check(d) {
-            self.release_unpublished(idx);
-            return Err(e);
-        }
-        // The destination's empty word as it is now (a recursive MIGRATE may have emptied it).
-        let (empty, _) = self.read_ite(dst)?;
-        if let Err(e) = self.check(d) {
-            self.release_unpublished(idx);
-            return Err(e);
-        }
-        let installed = match empty.is_empty() {
-            true => match self.cas_ite(dst, empty, copy) {
-                Ok(r) => r,
-                Err(e @ Abort::Fatal(Error::Fenced { .. })) => {
-                    // Refused before it was issued.
-                    self.release_unpublished(idx);
-                    return Err(e);
-                }
-                Err(e) if mutated!(self.cfg, migrate_walks_away) => return Err(e),
-                Err(e) => {
-                    // The CAS may have taken place: take the copy out if it is there. If it
-                    // is not, it may still have been seen and taken out by another: the
-                    // entry is neither released nor recycled (a leak of one entry).
-                    let maybe = self.view.index.ite.successor(empty, copy);
-                    self.settle_copy(dst, maybe, Settle::TakeOut);
-                    return Err(e);
-                }
-            },
-            false => None,
+        let (copy, idx, _) = self.write_new_dte(
+            moved.filter,
+            prev,
+            &moved.key,
+            Some(&moved.value),
+            Some(moved.source),
+        )?;
+        // The destination's empty word as it is now (a recursive MIGRATE may have emptied
+        // it, leaving a moved word whose copy must be settled before the word goes).
+        let empty = match self.empty_destination(d, dst) {
+            Ok(w) => w,
+            Err(e) => {
+                self.release_unpublished(idx);
+                return Err(e);
+            }
+        };
+        let installed = match self.cas_ite(dst, empty, copy) {
+            Ok(r) => r,
+            Err(e @ Abort::Fatal(Error::Fenced { .. })) => {
+                // Refused before it was issued.
+                self.release_unpublished(idx);
+                return Err(e);
+            }
+            Err(e) if mutated!(self.cfg, migrate_walks_away) => return Err(e),
+            Err(e) => {
+                // The CAS may have taken place: take the copy out if it is there. If it
+                // is not, it may still have been seen and taken out by another: the
+                // entry is neither released nor recycled (a leak of one entry).
+                let maybe = self.view.index.ite.successor(empty, copy);
+                self.settle_copy(dst, maybe, Settle::TakeOut, moved.source);
+                return Err(e);
+            }
         };
         let Some(copy) = installed else {
             self.release_unpublished(idx);
@@ -213,34 +227,110 @@ impl<E: Endpoint> CdClient<E> {
         Ok(copy)
     }
 
-    /// Step 7: empty the source (`src_ite` in `src`); on failure take the copy back out of the
-    /// destination (and recycle it if we managed to).
+    /// The destination's word, which must still be empty, with the copy any moved word there
+    /// names settled.
+    fn empty_destination(&mut self, d: &Deadline, dst: Slot) -> Attempt<Ite> {
+        self.check(d)?;
+        let (empty, _) = self.read_ite(dst)?;
+        self.check(d)?;
+        if !empty.is_empty() {
+            return Err(Abort::Concurrent("migrate destination changed"));
+        }
+        self.settle_moved(d, dst, empty)?;
+        Ok(empty)
+    }
+
+    /// Before a moved word is filled (by a PUT's new entry or a MIGRATE's copy), the copy it
+    /// names must be settled: while that copy is invalid in the index it is its key's only
+    /// entry (its source was emptied), and whoever completes it tells that from the moved word
+    /// (`abandoned.rs`). A copy still in one of its key's candidates, invalid, is completed if
+    /// its migrator is gone, or waited for (`Concurrent`) while it lives. One READ of the copy's
+    /// header when it is settled, the usual case.
+    pub(crate) fn settle_moved(&mut self, d: &Deadline, slot: Slot, word: Ite) -> Attempt<()> {
+        let l = self.view.index.ite;
+        if !l.is_moved(word) || mutated!(self.cfg, fill_over_unsettled_copy) {
+            return Ok(());
+        }
+        let named = l.moved_entry(word);
+        let loc = self.dte_location(named);
+        let n = self.meta_len(loc);
+        self.buf.resize(n, 0);
+        if loc.node == self.ep.node() {
+            self.ep
+                .local_read(DATA_REGION, loc.off, &mut self.buf[..n])?;
+        } else {
+            let at = RemoteAddr::new(loc.node, DATA_REGION, loc.off);
+            self.ep.read(at, &mut self.buf[..n])?;
+        }
+        self.check(d)?;
+        // A copy named by a moved word was whole before the word was written, and stays so
+        // while it is in the index: bytes that do not decode are a later entry's.
+        let meta = match self.view.dte.meta(&self.buf) {
+            Ok(m) if !m.valid && m.recycle.is_none() && m.source.is_some() => m,
+            _ => return Ok(()),
+        };
+        let key_end = KEY_OFF as usize + meta.key_len as usize;
+        if key_end > n {
+            return Ok(());
+        }
+        let key = self.buf[KEY_OFF as usize..key_end].to_vec();
+        let index = self.view.index.clone();
+        let mut h = index.hashes(&key);
+        let source = meta.source.unwrap_or(0) as usize;
+        if source >= index.n || h.slot(&index, source) != slot {
+            return Ok(()); // not the copy of a MIGRATE from this slot
+        }
+        for i in 0..index.n {
+            let (ite, _) = self.read_ite(h.slot(&index, i))?;
+            self.check(d)?;
+            if !l.names(word, ite) {
+                continue;
+            }
+            if self.is_abandoned(&meta) {
+                self.complete_write(&key, ite, true)?;
+            }
+            return Err(Abort::Concurrent(
+                "the copy a moved word names is not settled",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Step 7: empty the source (`moved.ite` in `src`) to a moved word naming the copy; on
+    /// failure take the copy back out of the destination (and recycle it if we managed to).
     fn empty_source(
         &mut self,
         d: &Deadline,
         src: Slot,
-        src_ite: Ite,
+        moved: &Moved,
         dst: Slot,
         copy: Ite,
     ) -> Attempt<()> {
+        let l = self.view.index.ite;
+        let emptied_to = if mutated!(self.cfg, migrate_empties_plainly) {
+            Ite::EMPTY
+        } else {
+            l.moved(copy)
+        };
         let emptied = match self.check(d) {
-            Ok(()) => match self.cas_ite(src, src_ite, Ite::EMPTY) {
+            Ok(()) => match self.cas_ite(src, moved.ite, emptied_to) {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => Err(Abort::Concurrent("migrate source changed")),
                 Err(e) if mutated!(self.cfg, migrate_walks_away) => return Err(e),
                 // Refused before it was issued: the source is as it was.
                 Err(e @ Abort::Fatal(Error::Fenced { .. })) => Err(e),
-                Err(e) => {
-                    // The CAS may have taken place. The source still holding its word says
-                    // it did not: the word could come back only once its entry was taken out
-                    // by another writer and reused, an expiry period later. Otherwise we
-                    // cannot tell (`docs/protocol.md`, Known limitations).
-                    if !matches!(self.read_ite(src), Ok((w, _)) if w == src_ite) {
-                        tracing::warn!(?copy, ?src, ?dst, "a MIGRATE cannot tell whether it emptied its source; its invalid copy stays in the index");
+                Err(e) => match self.source_emptied(src, copy) {
+                    Some(true) => return Ok(()),
+                    Some(false) => Err(e),
+                    None => {
+                        // Whoever completes the copy reads the source, and can tell.
+                        let kind = DteLayout::source_bits(Some(moved.source));
+                        if !self.mark_given_up(copy, kind) {
+                            tracing::warn!(?copy, ?src, ?dst, "a MIGRATE cannot tell whether it emptied its source, nor give its copy up");
+                        }
                         return Err(e);
                     }
-                    Err(e)
-                }
+                },
             },
             Err(e) => Err(e),
         };
@@ -249,10 +339,27 @@ impl<E: Endpoint> CdClient<E> {
             Ok(Some(_)) => self.recycle(copy),
             Ok(None) => {}
             Err(_) => {
-                self.settle_copy(dst, copy, Settle::TakeOut);
+                self.settle_copy(dst, copy, Settle::TakeOut, moved.source);
             }
         }
         emptied
+    }
+
+    /// After a source CAS whose answer was lost: whether it took place, read from the source
+    /// (with back-off, while the fabric fails): our moved word there says it did; any other
+    /// word that it did not, since our moved word is filled again only once our copy is
+    /// settled, which nobody does while we live (`settle_moved`). `None`: the source could not
+    /// be read.
+    fn source_emptied(&mut self, src: Slot, copy: Ite) -> Option<bool> {
+        let mut seen = None;
+        self.retry_own(|c| match c.read_ite(src) {
+            Ok((w, _)) => {
+                seen = Some(c.view.index.ite.names(w, copy));
+                true
+            }
+            Err(_) => false,
+        });
+        seen
     }
 
     /// A MIGRATE that failed after publishing its copy must not walk away from it while it
@@ -260,11 +367,11 @@ impl<E: Endpoint> CdClient<E> {
     /// every read that meets it (it has no previous version), since only entries whose writer
     /// gave up or died are completed by others (`abandoned.rs`). So it retries what is left,
     /// with back-off, for as long as a writer keeps at its leftovers (`CdClient::retry_own`: a
-    /// fence that refused a step lifts once membership is read again); if that fails, a copy whose source is gone
-    /// is marked given up (others roll it forward: it holds the key's value), and a copy whose
-    /// source is still there is left, with a warning.
+    /// fence that refused a step lifts once membership is read again); if that fails, it marks
+    /// the copy given up, and whoever meets it then completes it as its source says: rolls it
+    /// forward if the source was emptied (to our moved word), takes it out if not.
     /// Whether it settled it (a copy marked given up is not: the MIGRATE failed).
-    fn settle_copy(&mut self, dst: Slot, copy: Ite, what: Settle) -> bool {
+    fn settle_copy(&mut self, dst: Slot, copy: Ite, what: Settle, source: u8) -> bool {
         let settled = self.retry_own(|c| match what {
             Settle::SetValid => c.set_valid(copy).is_ok(),
             Settle::TakeOut => match c.cas_ite(dst, copy, Ite::EMPTY) {
@@ -279,7 +386,9 @@ impl<E: Endpoint> CdClient<E> {
         if settled {
             return true;
         }
-        if what == Settle::SetValid && self.mark_given_up(copy, false) {
+        // Given up, the copy is completed by whoever meets it, as its source says: rolled
+        // forward if we emptied it, taken out if not.
+        if self.mark_given_up(copy, DteLayout::source_bits(Some(source))) {
             return false;
         }
         tracing::warn!(
@@ -309,15 +418,21 @@ struct Moved {
     value: Vec<u8>,
     /// The source ITE's filter bits, which the copy keeps (they derive from the key).
     filter: u64,
+    /// Which of the key's candidates the source is.
+    source: u8,
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{fast_cfg, small_geometry, FailNext, InProcCluster, NODES};
+    use super::super::CdClient;
     use crate::config::{Mutations, ProtocolConfig};
     use crate::error::Error;
+    use crate::fence::Fence;
     use crate::hooks::HookPoint;
+    use nessie_fabric::inproc::InProcEndpoint;
     use nessie_store::index::Slot;
+    use std::sync::Arc;
 
     /// Keys tried when looking for a key with particular candidates.
     const SEARCH: u32 = 100_000;
@@ -665,6 +780,195 @@ mod tests {
                 }
             }
         })
+    }
+
+    /// What a client that knows node 1 failed reads of K (`place_copy_before_source`), after
+    /// a PUT of X by a client on node 1 died in its MIGRATE of K at `die_at` (its thread
+    /// unwinds there: nothing after it runs). `meanwhile` runs through another client between
+    /// the MIGRATE's read of its source and its copy; `after`, through the client that knows,
+    /// once the dead writer's deadlines have passed, before K is read.
+    fn migrate_dying(
+        mutations: Mutations,
+        die_at: HookPoint,
+        meanwhile: Meanwhile,
+        after: impl FnOnce(&mut CdClient<InProcEndpoint>, &[u8]),
+    ) -> Result<Option<Vec<u8>>, Error> {
+        const EXPIRY_NS: u64 = 50_000_000;
+        let cfg = ProtocolConfig {
+            expiry_ns: EXPIRY_NS,
+            mutations,
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let (k, x) = place_copy_before_source(&c);
+        let z = key_first_in(&c, c.candidates(&k)[0], &[k.clone(), x.clone()]);
+        let mut other = c.client(2);
+        let mut m = c.client(1);
+        let mut reads = 0;
+        let (k2, mut meanwhile) = (k.clone(), Some(meanwhile));
+        m.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::AfterIteRead {
+                reads += 1;
+                if reads == 4 {
+                    // X's three candidates, then the MIGRATE's source.
+                    if let Some(f) = meanwhile.take() {
+                        f(&mut other, &k2, &z);
+                    }
+                }
+            }
+            if p == die_at {
+                panic!("the migrator dies at {p:?}");
+            }
+        })));
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.put(&x, b"x")));
+        let why = died.expect_err("the migrator reached its death");
+        let why = why.downcast_ref::<String>().map(String::as_str);
+        assert_eq!(why, Some(&*format!("the migrator dies at {die_at:?}")));
+        let fence = Arc::new(Fence::unfenced());
+        fence.set_gone(1, true);
+        let mut g = c.client(0);
+        g.set_fence(fence);
+        std::thread::sleep(std::time::Duration::from_nanos(3 * EXPIRY_NS));
+        after(&mut g, &x);
+        g.get(&k)
+    }
+
+    /// What runs beside a MIGRATE of K, through another client: given K and a key Z whose
+    /// first candidate is K's first (the MIGRATE's destination).
+    type Meanwhile = Box<dyn FnOnce(&mut CdClient<InProcEndpoint>, &[u8], &[u8]) + Send>;
+
+    /// A write of K that replaces the MIGRATE's source between its read and the copy: Z
+    /// holds K's first candidate while K is written, so the write goes to K's source.
+    fn write_replacing_the_source(value: Option<&'static [u8]>) -> Meanwhile {
+        Box::new(move |w, k, z| {
+            w.put(z, b"z").unwrap();
+            match value {
+                Some(v) => w.put(k, v).unwrap(),
+                None => w.delete(k).unwrap(),
+            }
+            w.delete(z).unwrap(); // K's first candidate free again for the copy
+        })
+    }
+
+    fn nothing() -> Meanwhile {
+        Box::new(|_, _, _| {})
+    }
+
+    /// A MIGRATE that dies between publishing its copy (Step 6) and emptying its source
+    /// (Step 7), while a PUT of the key replaced the source: whoever completes the copy finds
+    /// the source not emptied (no moved word naming the copy) and takes the copy out, and the
+    /// PUT's value stays.
+    #[test]
+    fn a_migrate_dying_before_emptying_its_source_is_taken_out_and_a_put_stays() {
+        let got = migrate_dying(
+            Mutations::default(),
+            HookPoint::MigrateAfterDstCas,
+            write_replacing_the_source(Some(b"after")),
+            |_, _| {},
+        );
+        assert_eq!(got, Ok(Some(b"after".to_vec())));
+    }
+
+    /// The control: rolling the copy forward without reading its source clears the PUT's
+    /// entry as a duplicate, and K reads the moved value: an acknowledged write lost.
+    #[test]
+    fn a_dead_migrate_copy_rolled_forward_blindly_loses_a_put() {
+        let mutations = Mutations {
+            complete_ignores_source: true,
+            ..Mutations::default()
+        };
+        let got = migrate_dying(
+            mutations,
+            HookPoint::MigrateAfterDstCas,
+            write_replacing_the_source(Some(b"after")),
+            |_, _| {},
+        );
+        assert_eq!(got, Ok(Some(b"before".to_vec())));
+    }
+
+    /// The same with a DELETE of K in place of the PUT: K stays deleted; rolled forward
+    /// blindly, the moved value comes back.
+    #[test]
+    fn a_migrate_dying_before_emptying_its_source_does_not_undo_a_delete() {
+        let run = |mutations| {
+            migrate_dying(
+                mutations,
+                HookPoint::MigrateAfterDstCas,
+                write_replacing_the_source(None),
+                |_, _| {},
+            )
+        };
+        assert_eq!(run(Mutations::default()), Ok(None));
+        let blind = Mutations {
+            complete_ignores_source: true,
+            ..Mutations::default()
+        };
+        assert_eq!(run(blind), Ok(Some(b"before".to_vec())), "the control");
+    }
+
+    /// A MIGRATE that dies after emptying its source (Step 7), before setting its copy valid:
+    /// the copy is the key's only entry, and whoever completes it finds the moved word naming
+    /// it and rolls it forward. Without the moved word (a plain empty source) the completer
+    /// cannot tell, and the key is lost.
+    #[test]
+    fn a_migrate_dying_after_emptying_its_source_is_rolled_forward() {
+        let run = |mutations| {
+            migrate_dying(
+                mutations,
+                HookPoint::MigrateAfterSrcCas,
+                nothing(),
+                |_, _| {},
+            )
+        };
+        assert_eq!(run(Mutations::default()), Ok(Some(b"before".to_vec())));
+        let plain = Mutations {
+            migrate_empties_plainly: true,
+            ..Mutations::default()
+        };
+        assert_eq!(run(plain), Ok(None), "the control: K lost");
+    }
+
+    /// After that death, a PUT of X fills the moved word in X's first candidate (the source):
+    /// it settles the copy first (rolls it forward), so K keeps its value. Filling the word
+    /// over the unsettled copy leaves a completer nothing to tell from, and K is lost.
+    #[test]
+    fn a_moved_word_is_filled_only_once_its_copy_is_settled() {
+        let run = |mutations| {
+            migrate_dying(
+                mutations,
+                HookPoint::MigrateAfterSrcCas,
+                nothing(),
+                |g, x| {
+                    g.put(x, b"x2").unwrap();
+                    assert_eq!(g.get(x), Ok(Some(b"x2".to_vec())));
+                },
+            )
+        };
+        assert_eq!(run(Mutations::default()), Ok(Some(b"before".to_vec())));
+        let over = Mutations {
+            fill_over_unsettled_copy: true,
+            ..Mutations::default()
+        };
+        assert_eq!(run(over), Ok(None), "the control: K lost");
+    }
+
+    /// The CAS that empties the source (Step 7) takes place but its answer is lost: the
+    /// MIGRATE reads the source, finds its moved word there, and completes the move.
+    #[test]
+    fn a_migrate_whose_source_cas_answer_is_lost_finds_out_from_the_source() {
+        let mut armed = false;
+        let (put_x, put_k, get_k) = migrate_with_failures(Mutations::default(), move |p, f| {
+            if p == HookPoint::MigrateAfterDstCas {
+                armed = true;
+                f.cas_lost.store(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            if p == HookPoint::MigrateAfterSrcCas {
+                assert!(armed);
+            }
+        });
+        assert_eq!(put_x, Ok(()), "the move completed and X took its place");
+        assert_eq!(put_k, Ok(()));
+        assert_eq!(get_k, Ok(Some(b"after".to_vec())));
     }
 
     /// Filling most of a small index needs many migrations, some recursive, and loses

@@ -1053,7 +1053,7 @@ mod tests {
         assert!(e(0, 3, layout()).contains("replicas = 0"));
         assert!(e(4, 5, layout()).contains("not in 1..=3"));
         assert!(e(3, 2, layout()).contains("at least 3 nodes"));
-        let no_seq = IteLayout::new(40, 12, 11).unwrap();
+        let no_seq = IteLayout::new(40, 12, 10).unwrap();
         assert!(e(2, 3, no_seq).contains("sequence numbers"));
         assert!(
             ReplicaSet::new(1, 1, no_seq, &cfg).is_ok(),
