@@ -710,8 +710,12 @@ fn copies_agree_where(
                 {
                     let word =
                         |b: &[u8]| u64::from_le_bytes(b[w * 8..w * 8 + 8].try_into().unwrap());
+                    let whose = match region {
+                        nessie_store::DATA_REGION => referring_ite(c, p, w as u64 * 8),
+                        _ => String::new(),
+                    };
                     panic!(
-                        "{name}: partition {p}, region {region}, word {w}: primary {:#x}, copy {j} {:#x} differs",
+                        "{name}: partition {p}, region {region}, word {w}: primary {:#x}, copy {j} {:#x} differs{whose}",
                         word(&primary),
                         word(&copy)
                     );
@@ -721,6 +725,33 @@ fn copies_agree_where(
         }
     }
     assert!(compared > 0, "{name}: nothing compared");
+}
+
+/// Which entry of node `p`'s data table holds byte `off`, as the index refers to it now: the
+/// ITE slot whose word names an entry spanning `off`, or that none does (a free or abandoned
+/// entry, which nobody reads).
+fn referring_ite(c: &LocalCluster, p: NodeId, off: u64) -> String {
+    use nessie_fabric::Endpoint;
+    let view = c.view();
+    let mut ep = c.endpoint(0);
+    for slot in 0..view.geometry.total_ites() {
+        let Ok(word) = ep.read_u64(view.index.addr(slot)) else {
+            continue;
+        };
+        let ite = nessie_store::Ite(word);
+        if ite.is_empty() || view.index.ite.dti(ite) != p as u32 {
+            continue;
+        }
+        let (class, entry) = view.field.decode(view.index.ite.dte(ite));
+        let start = view.classes.offset(class, entry);
+        if (start..start + view.classes.entry_size(class)).contains(&off) {
+            return format!(
+                " (in the entry at byte {start}, class {class}, word {} of it, that ITE slot {slot} refers to)",
+                (off - start) / 8
+            );
+        }
+    }
+    format!(" (in no entry the index refers to: byte {off} of the data table)")
 }
 
 /// The rejoin scenario (crash, restart under load, second crash) over `$COUNT` seeds from
