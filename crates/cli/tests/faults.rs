@@ -298,6 +298,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults) {
             Faults::Replace => 45,
         }),
         preload_keys: 60,
+        until: None,
     };
     let log = Mutex::new(Vec::new());
     let (out, restarted) = std::thread::scope(|s| {

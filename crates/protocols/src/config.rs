@@ -109,6 +109,9 @@ pub struct Mutations {
     /// A moved word is filled without settling the copy it names first: a completer of that
     /// copy, finding the word gone, takes the key's only entry out.
     pub fill_over_unsettled_copy: bool,
+    /// Replication: a plain write goes only to the copies it chose at its start, even if a
+    /// copy was placed (moved, or rejoining) while it wrote.
+    pub no_late_copy_writes: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

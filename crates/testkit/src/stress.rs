@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,15 @@ pub struct StressSpec {
     pub time_limit: Duration,
     /// Keys written once by thread 0 before the measured run (e.g. to fill the index).
     pub preload_keys: u64,
+    /// Threads go on past `ops_per_thread` until this is set (by a test's nemesis once its
+    /// faults are done, so that a loaded machine cannot end the run before them), up to
+    /// [`MAX_OPS_FACTOR`] times as many operations and the time limit.
+    pub until: Option<Arc<AtomicBool>>,
 }
+
+/// Most operations a thread performs while waiting for [`StressSpec::until`], in multiples
+/// of `ops_per_thread`.
+pub const MAX_OPS_FACTOR: u64 = 6;
 
 impl Default for StressSpec {
     fn default() -> Self {
@@ -57,6 +66,7 @@ impl Default for StressSpec {
             seed: 1,
             time_limit: Duration::from_secs(60),
             preload_keys: 0,
+            until: None,
         }
     }
 }
@@ -199,6 +209,7 @@ struct StressThread {
     thread: u32,
     rec: Recorder,
     ops_per_thread: u64,
+    until: Option<Arc<AtomicBool>>,
     deadline: Instant,
     ok: u64,
     corrupt: u64,
@@ -212,6 +223,7 @@ impl StressThread {
             thread,
             rec,
             ops_per_thread: spec.ops_per_thread,
+            until: spec.until.clone(),
             deadline,
             ok: 0,
             corrupt: 0,
@@ -226,7 +238,13 @@ impl<C> Observer<C> for StressThread {
 
     fn proceed(&mut self, _: &C, seq: u64) -> bool {
         if seq >= self.ops_per_thread {
-            return false;
+            let waiting = self
+                .until
+                .as_ref()
+                .is_some_and(|u| !u.load(std::sync::atomic::Ordering::SeqCst));
+            if !waiting || seq >= MAX_OPS_FACTOR * self.ops_per_thread {
+                return false;
+            }
         }
         // Reading the clock every operation would dominate in-process runs.
         if seq.is_multiple_of(64) && Instant::now() >= self.deadline {

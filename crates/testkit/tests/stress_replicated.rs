@@ -58,6 +58,7 @@ fn spec(seed: u64) -> StressSpec {
         seed,
         time_limit: Duration::from_secs(120),
         preload_keys: 40,
+        until: None,
     }
 }
 
@@ -408,8 +409,12 @@ fn crash_recover_crash(
         .collect();
     // Three times the crash scenario's run: the recovery (the settle waits, the catch-ups) and
     // the second crash must both come well before it ends, on a loaded machine too.
+    // The threads go on until the crasher is done (`StressSpec::until`): on a loaded machine the
+    // recovery once outlasted the run.
+    let crasher_done = std::sync::Arc::new(AtomicBool::new(false));
     let s = StressSpec {
         ops_per_thread: 3 * spec(seed).ops_per_thread,
+        until: Some(crasher_done.clone()),
         ..spec(seed)
     };
     let fabric_ops = || c.fabric().stats().total(None).total_ops();
@@ -426,7 +431,9 @@ fn crash_recover_crash(
     };
     let (out, caught) = std::thread::scope(|scope| {
         let crasher = scope.spawn(|| {
+            let done = || crasher_done.store(true, Ordering::SeqCst);
             if !wait_ops(CRASH_AFTER_FABRIC_OPS) {
+                done();
                 return None;
             }
             c.fabric().kill_node(1);
@@ -436,7 +443,10 @@ fn crash_recover_crash(
             if crashed_again {
                 c.fabric().kill_node(2);
                 c.fail_node(2);
+                // Some operations after the second crash too.
+                wait_ops(fabric_ops() - start + gap);
             }
+            done();
             Some((caught, crashed_again))
         });
         // Two crashes leave tens of thousands of failed writes, each of which may or may not

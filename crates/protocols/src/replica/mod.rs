@@ -83,6 +83,9 @@ const REPLICATED: [RegionId; 3] = [INDEX_REGION, DATA_REGION, PAGE_REGION];
 pub const UNREACHABLE_WAIT_NS: u64 = 15_000_000_000;
 /// Pause between tries on an unreachable node.
 const RETRY_PAUSE_NS: u64 = 1_000_000;
+/// Most times a plain write looks again for copies placed while it wrote (`write_all`): one
+/// membership change per round, and changes are seconds apart.
+const MAX_LATE_COPY_ROUNDS: u32 = 4;
 /// Most rounds of advancing one copy: each round lost a CAS to another advancer, which moved
 /// the copy forward.
 const MAX_ADVANCE_ROUNDS: u32 = 10_000;
@@ -579,21 +582,64 @@ impl<E: Endpoint> Replicated<E> {
 
     /// WRITE to every live (or fading) copy, last first (`local`: copy 0 is this node's own
     /// memory).
+    ///
+    /// A copy placed while we wrote (a move or a rejoin our choice of copies missed) gets the
+    /// write too, before we return: otherwise a write that chose its copies before the change
+    /// and landed after the copier had passed its words would be missing from the new copy
+    /// for good (the copier's settle wait covers such writes only if they end within an
+    /// operation time, which a thread descheduled that long breaks: found by the replace hunt
+    /// on a loaded machine). Writing the same bytes again is harmless: every plain write is to
+    /// an entry nobody else writes until we return (unpublished, or freed only after).
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
         self.wait_join_settled(addr.node);
-        let copies = self.copies(addr.node, true)?;
+        let mut copies = self.copies(addr.node, true)?;
+        let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         for &c in copies.as_slice().iter().rev() {
-            if mutated!(self.set, replicate_index_only)
-                && Some(c) != copies.as_slice().iter().find(|c| c.is_full()).copied()
-            {
+            if mutated!(self.set, replicate_index_only) && Some(c) != primary {
                 continue;
             }
-            let a = Self::at(addr, c);
-            if local && c.slot == 0 {
-                self.inner.local_write(addr.region, addr.offset, buf)?;
-            } else {
-                self.on_copy(c, false, |e| e.write(a, buf))?;
+            self.write_copy(addr, buf, local, c)?;
+        }
+        if mutated!(self.set, replicate_index_only) || mutated!(self.set, no_late_copy_writes) {
+            return Ok(());
+        }
+        for _ in 0..MAX_LATE_COPY_ROUNDS {
+            let now = self.copies(addr.node, true)?;
+            let placed = |c: &Copy, set: &Copies| {
+                set.as_slice()
+                    .iter()
+                    .any(|o| (o.node, o.slot) == (c.node, c.slot))
+            };
+            let late: Vec<Copy> = now
+                .as_slice()
+                .iter()
+                .filter(|c| !placed(c, &copies))
+                .copied()
+                .collect();
+            if late.is_empty() {
+                return Ok(());
             }
+            for c in late {
+                self.write_copy(addr, buf, local, c)?;
+            }
+            copies = now;
+        }
+        Ok(())
+    }
+
+    /// One copy's share of [`Self::write_all`].
+    fn write_copy(
+        &mut self,
+        addr: RemoteAddr,
+        buf: &[u8],
+        local: bool,
+        c: Copy,
+    ) -> Result<(), FabricError> {
+        if local && c.slot == 0 {
+            self.inner.local_write(addr.region, addr.offset, buf)?;
+        } else {
+            let a = Self::at(addr, c);
+            self.on_copy(c, false, |e| e.write(a, buf))?;
         }
         Ok(())
     }
@@ -1044,6 +1090,68 @@ mod tests {
             r.ep(2).read(at, &mut b),
             Err(FabricError::NoCopy { node: 0 }) | Err(FabricError::Unreachable { .. })
         ));
+    }
+
+    /// Moves partition 0's copy 1 to node 2's spare slot just before the first write it
+    /// sees: as if the writer chose its copies before the move and wrote after it.
+    struct MoveDuringWrite {
+        fence: Arc<Fence>,
+        moved: bool,
+    }
+
+    impl nessie_fabric::interpose::Interposer for MoveDuringWrite {
+        fn before(&mut self, op: nessie_fabric::interpose::Op) -> Result<(), FabricError> {
+            if matches!(op, nessie_fabric::interpose::Op::Write(_)) && !self.moved {
+                self.moved = true;
+                let to = crate::fence::MovedCopy {
+                    node: 2,
+                    slot: 2,
+                    receiving: true,
+                };
+                self.fence.move_copy(0, 1, Some(to));
+            }
+            Ok(())
+        }
+    }
+
+    /// What a write that chose partition 0's copies just before its copy 1 moved leaves in
+    /// the moved copy (node 2, spare slot 2).
+    fn write_across_a_move(mutations: Mutations) -> [u8; 16] {
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000,
+            clock_margin_ns: 0,
+            mutations,
+            ..ProtocolConfig::default()
+        };
+        let set = ReplicaSet::new(2, 3, layout(), &cfg).unwrap();
+        let set = Arc::new(set.with_spare_copies(1).unwrap());
+        let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
+        let fabric = InProcFabric::new(&regions, None).unwrap();
+        let fence = Arc::new(Fence::unfenced());
+        let hook = MoveDuringWrite {
+            fence: fence.clone(),
+            moved: false,
+        };
+        let inner = nessie_fabric::interpose::Interposed::new(fabric.endpoint(1), hook);
+        let mut ep = Replicated::new(inner, set, fence);
+        ep.write(RemoteAddr::new(0, DATA_REGION, 16), &[5u8; 16])
+            .unwrap();
+        let mut b = [0u8; 16];
+        let moved = RemoteAddr::new(2, mirror_region(DATA_REGION, 2), 16);
+        fabric.endpoint(2).read(moved, &mut b).unwrap();
+        b
+    }
+
+    /// A copy placed while a write was under way gets that write before it returns, so a
+    /// write landing after the copier passed is not missing from the new copy for good.
+    #[test]
+    fn a_write_that_chose_its_copies_before_a_move_reaches_the_moved_copy() {
+        assert_eq!(write_across_a_move(Mutations::default()), [5u8; 16]);
+        let without = Mutations {
+            no_late_copy_writes: true,
+            ..Mutations::default()
+        };
+        assert_eq!(write_across_a_move(without), [0u8; 16], "the control");
     }
 
     #[test]

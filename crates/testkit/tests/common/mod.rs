@@ -59,5 +59,6 @@ pub fn spec(seed: u64) -> StressSpec {
         seed,
         time_limit: Duration::from_secs(120),
         preload_keys: 0,
+        until: None,
     }
 }
