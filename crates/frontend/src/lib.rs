@@ -1,9 +1,12 @@
 //! Protocol front ends (issue 12): the wire formats applications already speak, translated to
 //! Nessie operations inside each node process. So far:
-//! - [`memcache`]: the memcached text protocol's requests and replies (parsing and encoding;
-//!   not yet served).
+//! - [`memcache`]: the memcached text protocol's requests and replies (parsing and encoding);
+//! - [`mc_serve`]: serving it on one connection with a store client;
+//! - [`item`]: what a front end stores as a value (the client's flags and expiry, then data).
 //!
 //! Each module is transport-free: it turns bytes into requests and replies into bytes, with an
 //! explicit limit on everything a client controls (line length, key length, value length).
 
+pub mod item;
+pub mod mc_serve;
 pub mod memcache;

@@ -402,7 +402,10 @@ fn crash_recover_crash(
 ) {
     let spare = (recovery != Recovery::Restart) as u8;
     let (delay, gap) = recovery_pace(recovery, seed);
-    let mut c = LocalCluster::replicated_with_spares(g.clone(), cfg(o), delay, 2, spare).unwrap();
+    let mut pc = cfg(o);
+    // For the hunt (`many_seeds_rejoin`): the write-path rule that closes late writes off.
+    pc.mutations.no_late_copy_writes = std::env::var("MUT").as_deref() == Ok("no_late_copy_writes");
+    let mut c = LocalCluster::replicated_with_spares(g.clone(), pc, delay, 2, spare).unwrap();
     let clients: Vec<_> = THREADS_NODES
         .iter()
         .map(|&n| c.client(n).unwrap())
