@@ -600,7 +600,10 @@ impl<E: Endpoint> Replicated<E> {
             }
             self.write_copy(addr, buf, local, c)?;
         }
-        if mutated!(self.set, replicate_index_only) || mutated!(self.set, no_late_copy_writes) {
+        if mutated!(self.set, replicate_index_only) {
+            return Ok(());
+        }
+        if mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
         for _ in 0..MAX_LATE_COPY_ROUNDS {
