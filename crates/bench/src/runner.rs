@@ -469,6 +469,7 @@ fn start(
         replicas: p.replicas,
         spare_copies: 0,
         replace_after_s: nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S,
+        frontends: None,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

@@ -157,6 +157,13 @@ struct UpArgs {
     /// three lease TTLs: a node restarted sooner rejoins instead).
     #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
     replace_after: u64,
+    /// Serve the memcached text protocol: node K listens on BASE + K (get, set, delete and the
+    /// administrative commands so far; see docs/frontends.md).
+    #[arg(long, value_name = "BASE")]
+    memcached_port: Option<u16>,
+    /// The address the front ends listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    bind: String,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -526,7 +533,8 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         ready_timeout: Duration::from_secs(a.ready_timeout),
         mode: a.mode,
         server_threads: a.server_threads,
-        max_clients_per_node: a.workers + 16,
+        // Each front end has a pool of `workers` clients of its own.
+        max_clients_per_node: a.workers * (1 + a.memcached_port.is_some() as u16) + 16,
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
         etcd: match (a.etcd, a.no_etcd) {
@@ -538,6 +546,11 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         replace_after_s: a.replace_after,
+        frontends: a.memcached_port.map(|port| nessie_cluster::config::FrontendsSection {
+            memcached_port: Some(port),
+            bind: a.bind.clone(),
+            max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
+        }),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
@@ -575,6 +588,14 @@ fn print_up(
                 "re-replication: {spare} spare {} per node; a node failed for {} s has its copies moved to the others",
                 if spare == 1 { "slot" } else { "slots" },
                 m.replace_after_s
+            );
+        }
+    }
+    if let Some(f) = &cfg.frontends {
+        if let Some(port) = f.memcached_port {
+            println!(
+                "memcached: node K on {}:{port}+K (e.g. memcached node 0 at {}:{port})",
+                f.bind, f.bind
             );
         }
     }

@@ -198,7 +198,50 @@ pub struct ClusterConfig {
     /// Membership through etcd; absent: nodes register nowhere and no failure is detected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub membership: Option<MembershipSection>,
+    /// Protocol front ends each node serves; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontends: Option<FrontendsSection>,
     pub node: Vec<NodeEntry>,
+}
+
+/// `[frontends]`: the protocols applications speak, served by every node process (issue 12).
+/// Node K listens on the base port + K.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontendsSection {
+    /// memcached text protocol: node K listens on `memcached_port + K`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcached_port: Option<u16>,
+    /// The address the front ends listen on (loopback unless you say otherwise).
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// Most client connections one node's front end serves at once; more are refused with an
+    /// error reply, as memcached does.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+}
+
+/// Most connections anybody may let one node's front end serve.
+pub const MAX_FRONTEND_CONNECTIONS: u32 = 65_536;
+
+fn default_bind() -> String {
+    "127.0.0.1".into()
+}
+
+/// Default `[frontends] max_connections`.
+pub const DEFAULT_FRONTEND_CONNECTIONS: u32 = 1024;
+
+fn default_max_connections() -> u32 {
+    DEFAULT_FRONTEND_CONNECTIONS
+}
+
+impl FrontendsSection {
+    /// Node `id`'s memcached address, if it serves memcached.
+    pub fn memcached_addr(&self, id: u16) -> Option<std::net::SocketAddr> {
+        let port = self.memcached_port?.checked_add(id)?;
+        let ip: std::net::IpAddr = self.bind.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, port))
+    }
 }
 
 /// `[membership]`: the etcd that holds the cluster's configuration and the nodes' leases.
@@ -317,6 +360,8 @@ pub enum InvalidConfig {
     Replicas(String),
     #[error("cluster.spare_copies: {0}")]
     SpareCopies(String),
+    #[error("frontends: {0}")]
+    Frontends(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
     LeaseTtl(u64),
     #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
@@ -386,7 +431,35 @@ impl ClusterConfig {
             .map_err(InvalidConfig::Protocol)?;
         self.validate_nodes()?;
         self.validate_membership()?;
+        self.validate_frontends()?;
         self.replica_set()?;
+        Ok(())
+    }
+
+    fn validate_frontends(&self) -> Result<(), InvalidConfig> {
+        let Some(f) = &self.frontends else {
+            return Ok(());
+        };
+        if f.bind.parse::<std::net::IpAddr>().is_err() {
+            return Err(InvalidConfig::Frontends(format!(
+                "bind = {:?} is not an IP address",
+                f.bind
+            )));
+        }
+        if !(1..=MAX_FRONTEND_CONNECTIONS).contains(&f.max_connections) {
+            return Err(InvalidConfig::Frontends(format!(
+                "max_connections = {} is not in 1..={MAX_FRONTEND_CONNECTIONS}",
+                f.max_connections
+            )));
+        }
+        if let Some(base) = f.memcached_port {
+            let last = base as u32 + self.geometry.nodes - 1;
+            if base == 0 || last > u16::MAX as u32 {
+                return Err(InvalidConfig::Frontends(format!(
+                    "memcached_port = {base}: ports {base}..={last} (one per node) must be in 1..=65535"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -663,6 +736,7 @@ impl ClusterConfig {
             },
             protocol: ProtocolSection::default(),
             membership: None,
+            frontends: None,
             node: (0..nodes)
                 .map(|id| NodeEntry {
                     id,

@@ -12,6 +12,7 @@
 //! - `admin`: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
+//! - `frontends`: the protocol front ends a node serves on TCP (memcached).
 //!
 //! [`etcd`]: the etcd client and the local etcd process behind membership.
 //!
@@ -27,6 +28,8 @@ pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
 pub mod etcd;
+#[cfg(feature = "ucx")]
+pub mod frontends;
 pub mod local;
 pub mod membership;
 #[cfg(feature = "ucx")]

@@ -61,6 +61,12 @@ pub enum NodeError {
         #[source]
         err: std::io::Error,
     },
+    #[error("memcached front end on {addr}: {err}")]
+    Frontend {
+        addr: std::net::SocketAddr,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// Options that are not part of the shared configuration.
@@ -576,15 +582,20 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let ctx = Arc::new(ctx);
     server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
     let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
+    let memcached = serve_memcached(&ctx, id, entry.workers)?;
+    let also = memcached
+        .as_ref()
+        .map_or(String::new(), |m| format!(", memcached on {}", m.addr()));
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
     eprintln!(
-        "nessie node {id}: ready ({} mode, admin socket {})",
+        "nessie node {id}: ready ({} mode, admin socket {}{also})",
         ctx.mode.name(),
         admin_path.display()
     );
 
     serving.store(true, Ordering::SeqCst);
     let _ = stop_signal.recv();
+    drop(memcached);
     drop(admin);
     stop.store(true, Ordering::SeqCst);
     for h in server_threads {
@@ -780,6 +791,31 @@ fn serve_admin(
         path: path.to_path_buf(),
         err,
     })
+}
+
+/// The memcached front end of node `id`, if `[frontends]` asks for one: `workers` client
+/// workers of its own behind a TCP listener.
+fn serve_memcached(
+    ctx: &Arc<NodeContext>,
+    id: u16,
+    workers: u16,
+) -> Result<Option<crate::frontends::MemcachedServer>, NodeError> {
+    let Some(f) = &ctx.cfg.frontends else {
+        return Ok(None);
+    };
+    let Some(addr) = f.memcached_addr(id) else {
+        return Ok(None);
+    };
+    let pcfg = ctx.protocol_config();
+    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
+    for _ in 0..workers {
+        clients.push(Box::new(ctx.client(&pcfg)?));
+    }
+    let limits = crate::frontends::limits(ctx.geometry());
+    let pool = Arc::new(ClientPool::new(clients));
+    crate::frontends::MemcachedServer::start(addr, pool, limits, f.max_connections)
+        .map(Some)
+        .map_err(|err| NodeError::Frontend { addr, err })
 }
 
 /// A `KvClient` that forwards operations to a node's admin socket (the CLI and multi-process

@@ -137,6 +137,8 @@ pub struct UpOptions {
     pub spare_copies: u8,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
     pub replace_after_s: u64,
+    /// The protocol front ends every node serves (`[frontends]`).
+    pub frontends: Option<crate::config::FrontendsSection>,
 }
 
 /// Where a cluster's membership lives.
@@ -173,6 +175,7 @@ impl UpOptions {
             replicas: 1,
             spare_copies: 0,
             replace_after_s: crate::membership::DEFAULT_REPLACE_AFTER_S,
+            frontends: None,
         }
     }
 }
@@ -335,6 +338,7 @@ fn local_config(
     cfg.cluster.replicas = o.replicas;
     cfg.cluster.spare_copies = o.spare_copies;
     cfg.membership = membership;
+    cfg.frontends = o.frontends.clone();
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

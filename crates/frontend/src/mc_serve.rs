@@ -58,6 +58,18 @@ pub struct Counters {
     pub started: AtomicU64,
 }
 
+/// The memcached protocol version we speak, first in the version string: clients
+/// (libmemcached among them) read the server's version to decide what it supports.
+pub const PROTOCOL_VERSION: &str = "1.6.0";
+
+/// `VERSION 1.6.0-nessie-<ours>`.
+pub fn version_line() -> String {
+    format!(
+        "VERSION {PROTOCOL_VERSION}-nessie-{}\r\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -278,8 +290,7 @@ impl Conn<'_> {
                 "needs a key scan, which the store does not offer yet",
             ),
             OwnedRequest::Version => {
-                let v = format!("VERSION {}\r\n", env!("CARGO_PKG_VERSION"));
-                self.out.extend_from_slice(v.as_bytes());
+                self.out.extend_from_slice(version_line().as_bytes());
             }
             OwnedRequest::Verbosity { noreply } => self.reply(b"OK\r\n", noreply),
             OwnedRequest::Stats { general: true, .. } => self.stats(),
@@ -371,7 +382,10 @@ impl Conn<'_> {
             ("delete_hits", get(&c.delete_hits)),
             ("delete_misses", get(&c.delete_misses)),
         ];
-        let v = format!("STAT version {}\r\n", env!("CARGO_PKG_VERSION"));
+        let v = format!(
+            "STAT version {PROTOCOL_VERSION}-nessie-{}\r\n",
+            env!("CARGO_PKG_VERSION")
+        );
         for (name, value) in lines {
             self.out
                 .extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
@@ -570,8 +584,8 @@ mod tests {
         let input = b"set a 5 0 3\r\nabc\r\nset b 0 0 0 noreply\r\n\r\nget a b c\r\n\
                       delete a\r\ndelete a\r\ndelete b noreply\r\nget a b\r\nversion\r\n";
         let want = format!(
-            "STORED\r\nVALUE a 5 3\r\nabc\r\nVALUE b 0 0\r\n\r\nEND\r\nDELETED\r\nNOT_FOUND\r\nEND\r\nVERSION {}\r\n",
-            env!("CARGO_PKG_VERSION")
+            "STORED\r\nVALUE a 5 3\r\nabc\r\nVALUE b 0 0\r\n\r\nEND\r\nDELETED\r\nNOT_FOUND\r\nEND\r\n{}",
+            version_line()
         );
         for chunk in [1, 2, 7, 4096] {
             let b = MapBackend::default();

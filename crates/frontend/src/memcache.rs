@@ -222,10 +222,14 @@ fn admin<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
         b"quit" => Ok(Request::Quit),
         b"verbosity" => {
             let (args, noreply) = noreply(args);
-            let [level] = args else {
-                return Err(ProtoError::WrongArity);
-            };
-            number::<u32>(level)?;
+            match args {
+                [level] => {
+                    number::<u32>(level)?;
+                }
+                // memcached answers a bare `verbosity noreply` with silence.
+                [] if noreply => {}
+                _ => return Err(ProtoError::WrongArity),
+            }
             Ok(Request::Verbosity { noreply })
         }
         b"stats" => match args {
