@@ -546,11 +546,13 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         replace_after_s: a.replace_after,
-        frontends: a.memcached_port.map(|port| nessie_cluster::config::FrontendsSection {
-            memcached_port: Some(port),
-            bind: a.bind.clone(),
-            max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
-        }),
+        frontends: a
+            .memcached_port
+            .map(|port| nessie_cluster::config::FrontendsSection {
+                memcached_port: Some(port),
+                bind: a.bind.clone(),
+                max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
+            }),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

@@ -62,7 +62,14 @@ impl MemcachedServer {
         let thread = std::thread::Builder::new()
             .name("nessie-memcached".into())
             .spawn(move || {
-                accept_loop(&listener, &backend, limits, max_connections, &counters, &stop2)
+                accept_loop(
+                    &listener,
+                    &backend,
+                    limits,
+                    max_connections,
+                    &counters,
+                    &stop2,
+                )
             })?;
         Ok(Self {
             addr,

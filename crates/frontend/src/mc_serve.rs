@@ -70,6 +70,9 @@ pub fn version_line() -> String {
     )
 }
 
+/// Why the conditional and read-modify-write commands are not served yet.
+const CAS_NEEDED: &str = "needs compare-and-set, which the store does not offer yet";
+
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -234,10 +237,7 @@ impl Conn<'_> {
         self.counters.cmd_set.fetch_add(1, Ordering::Relaxed);
         if op != StoreOp::Set {
             let name = format!("{op:?}").to_lowercase();
-            return self.unsupported(
-                &name,
-                "needs compare-and-set, which the store does not offer yet",
-            );
+            return self.unsupported(&name, CAS_NEEDED, noreply);
         }
         if key.len() > self.limits.max_key {
             return self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
@@ -275,19 +275,16 @@ impl Conn<'_> {
                     (false, true) => "gat",
                     _ => "gets",
                 };
-                self.unsupported(
-                    name,
-                    "needs compare-and-set, which the store does not offer yet",
-                )
+                self.unsupported(name, CAS_NEEDED, false)
             }
             OwnedRequest::Delete { key, noreply } => self.delete(&key, noreply),
-            OwnedRequest::Unsupported(name) => self.unsupported(
-                name,
-                "needs compare-and-set, which the store does not offer yet",
-            ),
-            OwnedRequest::FlushAll => self.unsupported(
+            OwnedRequest::Unsupported { name, noreply } => {
+                self.unsupported(name, CAS_NEEDED, noreply)
+            }
+            OwnedRequest::FlushAll { noreply } => self.unsupported(
                 "flush_all",
                 "needs a key scan, which the store does not offer yet",
+                noreply,
             ),
             OwnedRequest::Version => {
                 self.out.extend_from_slice(version_line().as_bytes());
@@ -406,7 +403,14 @@ impl Conn<'_> {
         }
     }
 
-    fn unsupported(&mut self, name: &str, why: &str) {
+    /// A command not served yet: a `SERVER_ERROR` naming it, unless the client asked for no
+    /// reply (a client that sent `noreply` reads nothing back, and an answer would be taken
+    /// for the next command's; memcached answers a refused `add … noreply` with silence too).
+    fn unsupported(&mut self, name: &str, why: &str, noreply: bool) {
+        if noreply {
+            tracing::debug!(command = name, "not served yet; noreply, so not answered");
+            return;
+        }
         let line = format!("SERVER_ERROR {name} {why}\r\n");
         self.out.extend_from_slice(line.as_bytes());
     }
@@ -448,8 +452,13 @@ enum OwnedRequest {
         key: Vec<u8>,
         noreply: bool,
     },
-    Unsupported(&'static str),
-    FlushAll,
+    Unsupported {
+        name: &'static str,
+        noreply: bool,
+    },
+    FlushAll {
+        noreply: bool,
+    },
     Version,
     Verbosity {
         noreply: bool,
@@ -477,10 +486,15 @@ impl From<&Request<'_>> for OwnedRequest {
                 key: key.to_vec(),
                 noreply: *noreply,
             },
-            Request::Arith { incr: true, .. } => OwnedRequest::Unsupported("incr"),
-            Request::Arith { incr: false, .. } => OwnedRequest::Unsupported("decr"),
-            Request::Touch { .. } => OwnedRequest::Unsupported("touch"),
-            Request::FlushAll { .. } => OwnedRequest::FlushAll,
+            Request::Arith { incr, noreply, .. } => OwnedRequest::Unsupported {
+                name: if *incr { "incr" } else { "decr" },
+                noreply: *noreply,
+            },
+            Request::Touch { noreply, .. } => OwnedRequest::Unsupported {
+                name: "touch",
+                noreply: *noreply,
+            },
+            Request::FlushAll { noreply, .. } => OwnedRequest::FlushAll { noreply: *noreply },
             Request::Version => OwnedRequest::Version,
             Request::Verbosity { noreply } => OwnedRequest::Verbosity { noreply: *noreply },
             Request::Stats { arg } => OwnedRequest::Stats {

@@ -112,6 +112,9 @@ pub struct Mutations {
     /// Replication: a plain write goes only to the copies it chose at its start, even if a
     /// copy was placed (moved, or rejoining) while it wrote.
     pub no_late_copy_writes: bool,
+    /// Replication: a plain write goes to the copies in chain order from the last, receiving
+    /// ones included, instead of to the receiving ones after the others.
+    pub receiving_written_first: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

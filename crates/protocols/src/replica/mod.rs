@@ -590,11 +590,22 @@ impl<E: Endpoint> Replicated<E> {
     /// operation time, which a thread descheduled that long breaks: found by the replace hunt
     /// on a loaded machine). Writing the same bytes again is harmless: every plain write is to
     /// an entry nobody else writes until we return (unpublished, or freed only after).
+    ///
+    /// Receiving copies (a rejoining node's, or moved ones being filled) are written after the
+    /// others: the copier sets a receiving copy's data words to the decider's and compares
+    /// again only the words it wrote, so a write that reached the receiving copy first and the
+    /// decider only after the copier's last comparison (its thread descheduled between the two)
+    /// would leave the copy behind for good (found by the replace hunt on a loaded machine).
+    /// Written last, the receiving copy gets the decider's word from us or from the copier.
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
         self.wait_join_settled(addr.node);
         let mut copies = self.copies(addr.node, true)?;
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
-        for &c in copies.as_slice().iter().rev() {
+        let receiving_first = mutated!(self.set, receiving_written_first);
+        let order = copies.as_slice().iter().rev();
+        let (late, early): (Vec<Copy>, Vec<Copy>) =
+            order.partition(|c| c.receiving && !receiving_first);
+        for c in early.into_iter().chain(late) {
             if mutated!(self.set, replicate_index_only) && Some(c) != primary {
                 continue;
             }
@@ -1155,6 +1166,89 @@ mod tests {
             ..Mutations::default()
         };
         assert_eq!(write_across_a_move(without), [0u8; 16], "the control");
+    }
+
+    /// Holds a writer between its first and second plain write until told to go on.
+    struct PauseBetweenWrites {
+        writes: u32,
+        first_done: std::sync::mpsc::Sender<()>,
+        go: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl nessie_fabric::interpose::Interposer for PauseBetweenWrites {
+        fn before(&mut self, op: nessie_fabric::interpose::Op) -> Result<(), FabricError> {
+            if matches!(op, nessie_fabric::interpose::Op::Write(_)) {
+                self.writes += 1;
+                if self.writes == 2 {
+                    self.first_done.send(()).unwrap();
+                    self.go.recv().unwrap();
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A writer on node 1 writes a data word of partition 0, whose copy 1 moved to node 2 and
+    /// is receiving; between its write to one copy and to the other, node 2's copier fills the
+    /// moved copy to the end. What the two copies then hold.
+    fn write_across_a_fill(mutations: Mutations) -> ([u8; 8], [u8; 8]) {
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000,
+            clock_margin_ns: 0,
+            mutations,
+            ..ProtocolConfig::default()
+        };
+        let set = ReplicaSet::new(2, 3, layout(), &cfg).unwrap();
+        let set = Arc::new(set.with_spare_copies(1).unwrap());
+        let tables = [64, 64, 8];
+        let regions = vec![set.region_sizes(&tables); 3];
+        let fabric = InProcFabric::new(&regions, None).unwrap();
+        let fence = Arc::new(Fence::unfenced());
+        let to = crate::fence::MovedCopy {
+            node: 2,
+            slot: 2,
+            receiving: true,
+        };
+        fence.move_copy(0, 1, Some(to));
+        let (first_done, wait_first) = std::sync::mpsc::channel();
+        let (go, wait_go) = std::sync::mpsc::channel();
+        let hook = PauseBetweenWrites {
+            writes: 0,
+            first_done,
+            go: wait_go,
+        };
+        let inner = nessie_fabric::interpose::Interposed::new(fabric.endpoint(1), hook);
+        let mut writer = Replicated::new(inner, set.clone(), fence.clone());
+        let mut copier = Replicated::new(fabric.endpoint(2), set, fence);
+        let at = RemoteAddr::new(0, DATA_REGION, 16);
+        std::thread::scope(|s| {
+            let w = s.spawn(move || writer.write(at, &[7u8; 8]).unwrap());
+            wait_first.recv().unwrap();
+            let filled = copier.catch_up(&tables, u64::MAX).unwrap();
+            assert_eq!(filled.copies, 1, "{filled:?}");
+            go.send(()).unwrap();
+            w.join().unwrap();
+        });
+        let read = |node: NodeId, slot: u8| {
+            let mut b = [0u8; 8];
+            let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), 16);
+            fabric.endpoint(node).read(a, &mut b).unwrap();
+            b
+        };
+        (read(0, 0), read(2, 2))
+    }
+
+    /// Written after the others, the receiving copy ends with the word the decider holds,
+    /// whenever the copier passes; written first, the copier can set it back to the decider's
+    /// older word and be done before the decider is written.
+    #[test]
+    fn a_write_the_copier_overtakes_still_reaches_the_receiving_copy() {
+        assert_eq!(write_across_a_fill(Mutations::default()), ([7; 8], [7; 8]));
+        let first = Mutations {
+            receiving_written_first: true,
+            ..Mutations::default()
+        };
+        assert_eq!(write_across_a_fill(first), ([7; 8], [0; 8]), "the control");
     }
 
     #[test]
