@@ -195,3 +195,43 @@ fn memccapable_passes_for_every_command_served() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// pymemcache (Debian python3-pymemcache, the Python client most used) against the cluster:
+/// values round-trip through different nodes, a multi-get, expiry, and a refused `add` sent
+/// with noreply does not desynchronise the connection.
+#[test]
+fn pymemcache_works_against_the_cluster() {
+    let (_c, base) = up("mc-pymemcache");
+    let script = format!(
+        r#"
+import time
+from pymemcache.client.base import Client
+# Replies waited for: noreply writes (pymemcache's default) are not ordered before another
+# connection's reads.
+a = Client(("127.0.0.1", {base}), default_noreply=False)
+b = Client(("127.0.0.1", {base} + 1), default_noreply=False)
+a.set("k", b"v" * 1000)
+assert b.get("k") == b"v" * 1000
+a.set_many({{"x": "1", "y": "2"}})
+assert b.get_many(["x", "y", "z"]) == {{"x": b"1", "y": b"2"}}
+assert b.delete("x") and b.get("x") is None
+a.set("t", "soon", expire=1)
+assert b.get("t") == b"soon"
+time.sleep(2.1)
+assert b.get("t") is None, "expired"
+a.add("y", "3", noreply=True)
+assert a.get("y") == b"2", "the refused add left the connection in step"
+print("pymemcache ok")
+"#
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("pymemcache ok"),
+        "pymemcache (Debian python3-pymemcache; scripts/setup.sh installs it):\n{text}"
+    );
+}

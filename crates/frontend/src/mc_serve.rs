@@ -656,6 +656,19 @@ mod tests {
         assert!(b.0.lock().unwrap().0.is_empty(), "nothing was stored");
     }
 
+    /// A client that sent `noreply` reads nothing back: an answer would be taken for the next
+    /// command's (pymemcache sends `add` with noreply by default).
+    #[test]
+    fn unsupported_commands_sent_with_noreply_are_not_answered() {
+        let b = MapBackend::default();
+        let out = session(
+            &b,
+            b"add k 0 0 1 noreply\r\nx\r\nincr k 1 noreply\r\nflush_all noreply\r\nget k\r\n",
+            64,
+        );
+        assert_eq!(out, "END\r\n");
+    }
+
     #[test]
     fn an_overlong_line_closes_the_connection() {
         let b = MapBackend::default();
