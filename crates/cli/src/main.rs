@@ -546,13 +546,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         replace_after_s: a.replace_after,
-        frontends: a
-            .memcached_port
-            .map(|port| nessie_cluster::config::FrontendsSection {
-                memcached_port: Some(port),
-                bind: a.bind.clone(),
-                max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
-            }),
+        frontends: frontends_of(a.memcached_port, &a.bind),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
@@ -560,6 +554,18 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 }
 
 /// What `up` started: nodes, copies, membership.
+/// `[frontends]` as `up --memcached-port --bind` ask.
+fn frontends_of(
+    memcached_port: Option<u16>,
+    bind: &str,
+) -> Option<nessie_cluster::config::FrontendsSection> {
+    memcached_port.map(|port| nessie_cluster::config::FrontendsSection {
+        memcached_port: Some(port),
+        bind: bind.to_string(),
+        max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
+    })
+}
+
 fn print_up(
     dir: &std::path::Path,
     cfg: &nessie_cluster::config::ClusterConfig,

@@ -5,7 +5,7 @@
 //! offset  size  field
 //! 0       4     magic "NIt1" (a value written by another path, e.g. `nessie put`, has none)
 //! 4       4     client flags (u32 LE; memcached's `flags`)
-//! 8       8     expires at (u64 LE, seconds since the Unix epoch; 0 = never)
+//! 8       8     expires at (u64 LE, milliseconds since the Unix epoch; 0 = never)
 //! 16      …     the client's data
 //! ```
 //! An expired item reads as absent. A value without the magic is served as it is, with flags 0
@@ -19,20 +19,20 @@ const MAGIC: &[u8; 4] = b"NIt1";
 /// time.
 pub const RELATIVE_EXPTIME_MAX: i64 = 60 * 60 * 24 * 30;
 
-/// When an item stored at `now` (Unix seconds) with memcached's `exptime` expires: `None` if it
-/// is expired already (a negative exptime, or an absolute time in the past), `Some(0)` if
-/// never.
-pub fn expires_at(exptime: i64, now: u64) -> Option<u64> {
-    match exptime {
-        0 => Some(0),
-        e if e < 0 => None,
-        e if e <= RELATIVE_EXPTIME_MAX => Some(now.saturating_add(e as u64)),
-        e if (e as u64) <= now => None,
-        e => Some(e as u64),
-    }
+/// When an item stored at `now_ms` (Unix milliseconds) with memcached's `exptime` (seconds)
+/// expires, in Unix milliseconds: `None` if it is expired already (a negative exptime, or an
+/// absolute time in the past), `Some(0)` if never.
+pub fn expires_at(exptime: i64, now_ms: u64) -> Option<u64> {
+    let at = match exptime {
+        0 => return Some(0),
+        e if e < 0 => return None,
+        e if e <= RELATIVE_EXPTIME_MAX => now_ms.saturating_add(e as u64 * 1000),
+        e => (e as u64).saturating_mul(1000),
+    };
+    (at > now_ms).then_some(at)
 }
 
-/// The stored form of `data` with `flags`, expiring at `expires` (0 = never).
+/// The stored form of `data` with `flags`, expiring at `expires` (Unix ms; 0 = never).
 pub fn encode(out: &mut Vec<u8>, flags: u32, expires: u64, data: &[u8]) {
     out.clear();
     out.reserve(HEADER_LEN + data.len());
@@ -46,13 +46,13 @@ pub fn encode(out: &mut Vec<u8>, flags: u32, expires: u64, data: &[u8]) {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Item<'a> {
     pub flags: u32,
-    /// Unix seconds; 0 = never.
+    /// Unix milliseconds; 0 = never.
     pub expires: u64,
     pub data: &'a [u8],
 }
 
-/// Decode a stored value read at `now` (Unix seconds): `None` if the item has expired.
-pub fn decode(stored: &[u8], now: u64) -> Option<Item<'_>> {
+/// Decode a stored value read at `now_ms` (Unix milliseconds): `None` if the item has expired.
+pub fn decode(stored: &[u8], now_ms: u64) -> Option<Item<'_>> {
     let Some(rest) = stored.strip_prefix(MAGIC.as_slice()) else {
         return Some(Item {
             flags: 0,
@@ -70,7 +70,7 @@ pub fn decode(stored: &[u8], now: u64) -> Option<Item<'_>> {
     }
     let flags = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
     let expires = u64::from_le_bytes(rest[4..12].try_into().expect("8 bytes"));
-    if expires != 0 && expires <= now {
+    if expires != 0 && expires <= now_ms {
         return None;
     }
     Some(Item {
@@ -85,19 +85,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const NOW: u64 = 1_800_000_000;
+    const NOW_S: u64 = 1_800_000_000;
+    const NOW: u64 = NOW_S * 1000 + 123;
 
     #[test]
     fn exptime_follows_memcached() {
         assert_eq!(expires_at(0, NOW), Some(0), "never");
         assert_eq!(expires_at(-1, NOW), None, "negative: expired at once");
-        assert_eq!(expires_at(10, NOW), Some(NOW + 10), "relative");
+        assert_eq!(expires_at(10, NOW), Some(NOW + 10_000), "relative");
         assert_eq!(
             expires_at(RELATIVE_EXPTIME_MAX, NOW),
-            Some(NOW + RELATIVE_EXPTIME_MAX as u64)
+            Some(NOW + RELATIVE_EXPTIME_MAX as u64 * 1000)
         );
-        let absolute = NOW as i64 + 100;
-        assert_eq!(expires_at(absolute, NOW), Some(NOW + 100), "absolute");
+        let absolute = NOW_S as i64 + 100;
+        assert_eq!(expires_at(absolute, NOW), Some((NOW_S + 100) * 1000), "absolute");
+        assert_eq!(expires_at(NOW_S as i64, NOW), None, "absolute, this second: past");
         assert_eq!(
             expires_at(RELATIVE_EXPTIME_MAX + 1, NOW),
             None,

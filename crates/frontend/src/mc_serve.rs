@@ -75,9 +75,14 @@ const CAS_NEEDED: &str = "needs compare-and-set, which the store does not offer 
 
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
+    unix_now_ms() / 1000
+}
+
+/// Unix milliseconds now.
+pub fn unix_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What the connection loop does after a batch of requests.
@@ -242,7 +247,7 @@ impl Conn<'_> {
         if key.len() > self.limits.max_key {
             return self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
         }
-        let now = unix_now();
+        let now = unix_now_ms();
         let r = match item::expires_at(exptime, now) {
             // Expired on arrival: memcached stores it and nobody can read it.
             None => self.with(|c| c.delete(key)),
@@ -304,7 +309,7 @@ impl Conn<'_> {
     }
 
     fn get(&mut self, keys: &[Vec<u8>]) {
-        let now = unix_now();
+        let now = unix_now_ms();
         let mut v = std::mem::take(&mut self.scratch);
         for key in keys {
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
@@ -341,7 +346,7 @@ impl Conn<'_> {
         if key.len() > self.limits.max_key {
             return self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
         }
-        let now = unix_now();
+        let now = unix_now_ms();
         let mut v = std::mem::take(&mut self.scratch);
         let found = self.with(|c| c.get_into(key, &mut v));
         let live = matches!(found, Ok(true)) && item::decode(&v, now).is_some();
@@ -621,7 +626,7 @@ mod tests {
         );
         // An item whose time has passed reads as absent.
         let mut v = Vec::new();
-        item::encode(&mut v, 0, unix_now() - 1, b"old");
+        item::encode(&mut v, 0, unix_now_ms() - 1, b"old");
         b.0.lock().unwrap().0.insert(b"o".to_vec(), v);
         assert_eq!(
             session(&b, b"get o\r\ndelete o\r\n", 64),

@@ -412,53 +412,24 @@ fn crash_recover_crash(
         .collect();
     // Three times the crash scenario's run: the recovery (the settle waits, the catch-ups) and
     // the second crash must both come well before it ends, on a loaded machine too.
-    // The threads go on until the crasher is done (`StressSpec::until`): on a loaded machine the
-    // recovery once outlasted the run.
-    let crasher_done = std::sync::Arc::new(AtomicBool::new(false));
     let s = StressSpec {
         ops_per_thread: 3 * spec(seed).ops_per_thread,
-        until: Some(crasher_done.clone()),
         ..spec(seed)
     };
-    let fabric_ops = || c.fabric().stats().total(None).total_ops();
-    let start = fabric_ops();
-    let finished = AtomicBool::new(false);
-    let wait_ops = |n: u64| {
-        while fabric_ops() < start + n {
-            if finished.load(Ordering::SeqCst) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(100));
+    let (out, caught) = run_with_crasher(&c, clients, &s, |wait_ops| {
+        if !wait_ops(CRASH_AFTER_FABRIC_OPS) {
+            return None;
         }
-        true
-    };
-    let (out, caught) = std::thread::scope(|scope| {
-        let crasher = scope.spawn(|| {
-            let done = || crasher_done.store(true, Ordering::SeqCst);
-            if !wait_ops(CRASH_AFTER_FABRIC_OPS) {
-                done();
-                return None;
-            }
-            c.fabric().kill_node(1);
-            c.fail_node(1);
-            let caught = recover(&c, recovery);
-            let crashed_again = second_crash && wait_ops(fabric_ops() - start + gap);
-            if crashed_again {
-                c.fabric().kill_node(2);
-                c.fail_node(2);
-                // Some operations after the second crash too.
-                wait_ops(fabric_ops() - start + gap);
-            }
-            done();
-            Some((caught, crashed_again))
-        });
-        // Two crashes leave tens of thousands of failed writes, each of which may or may not
-        // have taken effect: a hot key's search once ran out of the default budget in CI
-        // (UNKNOWN, not a violation), so these runs get ten times as much.
-        let limits = nessie_check::Limits::with_max_states(RECOVERY_CHECK_STATES);
-        let (out, _) = stress::run_checked(clients, &s, &limits);
-        finished.store(true, Ordering::SeqCst);
-        (out, crasher.join().unwrap())
+        c.fabric().kill_node(1);
+        c.fail_node(1);
+        let caught = recover(&c, recovery);
+        let crashed_again = second_crash && wait_ops(gap);
+        if crashed_again {
+            c.fabric().kill_node(2);
+            c.fail_node(2);
+            wait_ops(gap); // some operations after the second crash too
+        }
+        Some((caught, crashed_again))
     });
     let (caught, crashed_again) =
         caught.unwrap_or_else(|| panic!("{name}: the run ended before node 1 crashed"));
@@ -476,6 +447,49 @@ fn crash_recover_crash(
         "{name}: a reclaimer's invariant broke"
     );
     agree_after_recovery(name, &c, &g, recovery, second_crash, s.keys);
+}
+
+/// A checked stress run of `clients` on `c` beside `crasher`, which gets a way to wait until
+/// the fabric has done N more operations (false if the run ended first). The threads go on
+/// until the crasher is done (`StressSpec::until`): on a loaded machine a recovery once
+/// outlasted the run.
+fn run_with_crasher<T: Send>(
+    c: &LocalCluster,
+    clients: Vec<nessie_protocols::cd::CdClient<nessie_cluster::local::LocalEndpoint>>,
+    spec: &StressSpec,
+    crasher: impl FnOnce(&dyn Fn(u64) -> bool) -> Option<T> + Send,
+) -> (stress::StressOutcome, Option<T>) {
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let s = StressSpec {
+        until: Some(done.clone()),
+        ..spec.clone()
+    };
+    let fabric_ops = || c.fabric().stats().total(None).total_ops();
+    let finished = AtomicBool::new(false);
+    let wait_ops = |n: u64| {
+        let until = fabric_ops() + n;
+        while fabric_ops() < until {
+            if finished.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    };
+    std::thread::scope(|scope| {
+        let crasher = scope.spawn(|| {
+            let r = crasher(&wait_ops);
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        // Two crashes leave tens of thousands of failed writes, each of which may or may not
+        // have taken effect: a hot key's search once ran out of the default budget in CI
+        // (UNKNOWN, not a violation), so these runs get ten times as much.
+        let limits = nessie_check::Limits::with_max_states(RECOVERY_CHECK_STATES);
+        let (out, _) = stress::run_checked(clients, &s, &limits);
+        finished.store(true, Ordering::SeqCst);
+        (out, crasher.join().unwrap())
+    })
 }
 
 /// The linearizability checker's per-key state budget for the recovery runs.

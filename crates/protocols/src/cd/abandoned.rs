@@ -132,19 +132,8 @@ impl<E: Endpoint> CdClient<E> {
             return Ok(Completion::Cleared);
         }
         if let (true, Some(source)) = (theirs, f.meta.source) {
-            // A MIGRATE's copy: roll it forward only if its source was emptied (to the moved
-            // word naming it); if not, the source, or the write that replaced it, is the key's.
-            let src = h.slot(&index, source as usize);
-            let (word, _) = self.read_ite(src)?;
-            if !index.ite.names(word, w) && !mutated!(self.cfg, complete_ignores_source) {
-                self.check(&p.d)?;
-                if self.cas_ite(p.slots[c], w, Ite::EMPTY)?.is_none() {
-                    return Err(Abort::Concurrent(
-                        "an abandoned MIGRATE copy changed before it was taken out",
-                    ));
-                }
-                self.recycle(w);
-                return Ok(Completion::Cleared);
+            if !self.source_emptied_for(&mut h, source, w)? {
+                return self.take_out_copy(&p, c, w);
             }
         }
         let how = match (f.meta.tombstone, theirs) {
@@ -167,6 +156,32 @@ impl<E: Endpoint> CdClient<E> {
         }
         self.stats.rolled_forward += 1;
         Ok(Completion::RolledForward)
+    }
+
+    /// Whether the source (candidate `source` of the key `h` hashes) of the abandoned MIGRATE
+    /// copy `w` was emptied: it holds the moved word naming `w`. If not, the source, or the
+    /// write that replaced it, is the key's, and the copy must not be rolled forward.
+    fn source_emptied_for(
+        &mut self,
+        h: &mut nessie_store::index::KeyHashes<'_>,
+        source: u8,
+        w: Ite,
+    ) -> Attempt<bool> {
+        let index = self.view.index.clone();
+        let (word, _) = self.read_ite(h.slot(&index, source as usize))?;
+        Ok(index.ite.names(word, w) || mutated!(self.cfg, complete_ignores_source))
+    }
+
+    /// Take the abandoned MIGRATE copy `w` (in candidate `c`) out: its move did not happen.
+    fn take_out_copy(&mut self, p: &Pass<'_>, c: usize, w: Ite) -> Attempt<Completion> {
+        self.check(&p.d)?;
+        if self.cas_ite(p.slots[c], w, Ite::EMPTY)?.is_none() {
+            return Err(Abort::Concurrent(
+                "an abandoned MIGRATE copy changed before it was taken out",
+            ));
+        }
+        self.recycle(w);
+        Ok(Completion::Cleared)
     }
 
     /// The forward pass of a completion, up to `w`: its candidate position and whether an
