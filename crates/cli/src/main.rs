@@ -161,6 +161,11 @@ struct UpArgs {
     /// administrative commands so far; see docs/frontends.md).
     #[arg(long, value_name = "BASE")]
     memcached_port: Option<u16>,
+    /// Serve the Redis protocol (RESP2/RESP3): node K listens on BASE + K (GET, SET with
+    /// expiry, MGET, MSET, DEL, EXISTS, TTL and the connection commands so far; see
+    /// docs/frontends.md).
+    #[arg(long, value_name = "BASE")]
+    resp_port: Option<u16>,
     /// The address the front ends listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
@@ -534,7 +539,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         mode: a.mode,
         server_threads: a.server_threads,
         // Each front end has a pool of `workers` clients of its own.
-        max_clients_per_node: a.workers * (1 + a.memcached_port.is_some() as u16) + 16,
+        max_clients_per_node: a.workers
+            * (1 + (a.memcached_port.is_some() || a.resp_port.is_some()) as u16)
+            + 16,
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
         etcd: match (a.etcd, a.no_etcd) {
@@ -546,7 +553,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         replace_after_s: a.replace_after,
-        frontends: frontends_of(a.memcached_port, &a.bind),
+        frontends: frontends_of(a.memcached_port, a.resp_port, &a.bind),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
@@ -554,15 +561,19 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 }
 
 /// What `up` started: nodes, copies, membership.
-/// `[frontends]` as `up --memcached-port --bind` ask.
+/// `[frontends]` as `up --memcached-port --resp-port --bind` ask.
 fn frontends_of(
     memcached_port: Option<u16>,
+    resp_port: Option<u16>,
     bind: &str,
 ) -> Option<nessie_cluster::config::FrontendsSection> {
-    memcached_port.map(|port| nessie_cluster::config::FrontendsSection {
-        memcached_port: Some(port),
-        bind: bind.to_string(),
-        max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
+    (memcached_port.is_some() || resp_port.is_some()).then(|| {
+        nessie_cluster::config::FrontendsSection {
+            memcached_port,
+            resp_port,
+            bind: bind.to_string(),
+            max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
+        }
     })
 }
 
@@ -600,11 +611,13 @@ fn print_up(
         }
     }
     if let Some(f) = &cfg.frontends {
-        if let Some(port) = f.memcached_port {
-            println!(
-                "memcached: node K on {}:{port}+K (e.g. memcached node 0 at {}:{port})",
-                f.bind, f.bind
-            );
+        for (what, port) in [("memcached", f.memcached_port), ("redis", f.resp_port)] {
+            if let Some(port) = port {
+                println!(
+                    "{what}: node K on {}:{port}+K (node 0 at {}:{port})",
+                    f.bind, f.bind
+                );
+            }
         }
     }
 }

@@ -61,6 +61,29 @@ fn up(name: &str) -> (Cluster, u16) {
     (c, base)
 }
 
+/// A cluster serving the Redis protocol: node K on the returned base + K.
+fn up_resp(name: &str) -> (Cluster, u16) {
+    let base = free_port_range(NODES);
+    let c = Cluster::up(
+        name,
+        NODES,
+        "shm",
+        &["--no-etcd", "--resp-port", &base.to_string()],
+    );
+    (c, base)
+}
+
+/// `redis-cli -p PORT ARGS…`: its stdout, checked to have succeeded.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs (Debian redis-tools; scripts/setup.sh installs it)");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A memcached text connection.
 struct Mc {
     r: BufReader<TcpStream>,
@@ -233,5 +256,112 @@ print("pymemcache ok")
     assert!(
         out.status.success() && text.contains("pymemcache ok"),
         "pymemcache (Debian python3-pymemcache; scripts/setup.sh installs it):\n{text}"
+    );
+}
+
+/// redis-cli against three nodes: a key written through one reads back through the others,
+/// with its expiry; errors are Redis's own words.
+#[test]
+fn redis_cli_reaches_every_node() {
+    let (_c, base) = up_resp("resp-cli");
+    assert_eq!(
+        redis_cli(base, &["SET", "greeting", "hello", "EX", "100"]),
+        "OK\n"
+    );
+    assert_eq!(redis_cli(base + 1, &["GET", "greeting"]), "hello\n");
+    assert_eq!(redis_cli(base + 2, &["TTL", "greeting"]), "100\n");
+    assert_eq!(redis_cli(base + 2, &["MSET", "a", "1", "b", "2"]), "OK\n");
+    assert_eq!(redis_cli(base, &["MGET", "a", "b", "c"]), "1\n2\n\n");
+    assert_eq!(redis_cli(base + 1, &["DEL", "a", "c"]), "1\n");
+    assert_eq!(redis_cli(base, &["EXISTS", "a", "b"]), "1\n");
+    // redis-cli prints an error and an empty line.
+    assert_eq!(
+        redis_cli(base, &["FOO", "x"]).trim_end(),
+        "ERR unknown command 'foo', with args beginning with: 'x'"
+    );
+    assert_eq!(
+        redis_cli(base, &["GET"]).trim_end(),
+        "ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(redis_cli(base, &["PING"]), "PONG\n");
+}
+
+/// redis-benchmark's SET and GET, plain and pipelined (`-P 16`), against node 0: every
+/// request answered without an error.
+#[test]
+fn redis_benchmark_runs_set_and_get() {
+    let (_c, base) = up_resp("resp-bench");
+    for pipeline in ["1", "16"] {
+        let out = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &base.to_string()])
+            .args(["-t", "set,get", "-n", "4000", "-c", "4", "-d", "100", "-q"])
+            .args(["-P", pipeline])
+            .output()
+            .expect("redis-benchmark runs (Debian redis-tools)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "redis-benchmark -P {pipeline}: {text}"
+        );
+        for t in ["SET: ", "GET: "] {
+            assert!(
+                text.contains(t),
+                "redis-benchmark -P {pipeline}: no {t}in {text}"
+            );
+        }
+        assert!(
+            !text.contains("ERR"),
+            "redis-benchmark -P {pipeline}: {text}"
+        );
+    }
+    // Its keys are in the store: `key:__rand_int__` with -r absent is `key:__rand_int__`.
+    assert_eq!(
+        redis_cli(base + 1, &["STRLEN", "key:__rand_int__"]),
+        "100\n"
+    );
+}
+
+/// redis-py (Debian python3-redis): strings across nodes, a pipeline, expiry, and an
+/// unsupported command raising a ResponseError that leaves the connection usable.
+#[test]
+fn redis_py_works_against_the_cluster() {
+    let (_c, base) = up_resp("resp-py");
+    let script = format!(
+        r#"
+import time, redis
+a = redis.Redis(host="127.0.0.1", port={base})
+b = redis.Redis(host="127.0.0.1", port={base} + 1)
+assert a.set("k", b"v" * 1000)
+assert b.get("k") == b"v" * 1000
+p = a.pipeline(transaction=False)
+for i in range(50):
+    p.set(f"p{{i}}", i)
+assert all(p.execute())
+assert b.mget([f"p{{i}}" for i in range(50)]) == [str(i).encode() for i in range(50)]
+assert a.delete("p0", "p1", "nope") == 2
+assert a.exists("p0", "p2") == 1
+a.set("t", "soon", px=1500)
+assert 0 < b.pttl("t") <= 1500
+time.sleep(1.6)
+assert b.get("t") is None and b.ttl("t") == -2
+try:
+    a.incr("k")
+    raise SystemExit("INCR should be refused")
+except redis.ResponseError as e:
+    assert "compare-and-set" in str(e)
+assert a.get("p2") == b"2", "the connection is still in step"
+print("redis-py ok")
+"#
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("redis-py ok"),
+        "redis-py (Debian python3-redis; scripts/setup.sh installs it):\n{text}"
     );
 }

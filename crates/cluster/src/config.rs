@@ -212,6 +212,9 @@ pub struct FrontendsSection {
     /// memcached text protocol: node K listens on `memcached_port + K`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memcached_port: Option<u16>,
+    /// The Redis protocol (RESP2, RESP3): node K listens on `resp_port + K`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp_port: Option<u16>,
     /// The address the front ends listen on (loopback unless you say otherwise).
     #[serde(default = "default_bind")]
     pub bind: String,
@@ -238,9 +241,17 @@ fn default_max_connections() -> u32 {
 impl FrontendsSection {
     /// Node `id`'s memcached address, if it serves memcached.
     pub fn memcached_addr(&self, id: u16) -> Option<std::net::SocketAddr> {
-        let port = self.memcached_port?.checked_add(id)?;
+        self.addr(self.memcached_port?, id)
+    }
+
+    /// Node `id`'s Redis-protocol address, if it serves it.
+    pub fn resp_addr(&self, id: u16) -> Option<std::net::SocketAddr> {
+        self.addr(self.resp_port?, id)
+    }
+
+    fn addr(&self, base: u16, id: u16) -> Option<std::net::SocketAddr> {
         let ip: std::net::IpAddr = self.bind.parse().ok()?;
-        Some(std::net::SocketAddr::new(ip, port))
+        Some(std::net::SocketAddr::new(ip, base.checked_add(id)?))
     }
 }
 
@@ -452,11 +463,26 @@ impl ClusterConfig {
                 f.max_connections
             )));
         }
-        if let Some(base) = f.memcached_port {
-            let last = base as u32 + self.geometry.nodes - 1;
+        let n = self.geometry.nodes;
+        let ranges: Vec<(&str, u16)> = [
+            ("memcached_port", f.memcached_port),
+            ("resp_port", f.resp_port),
+        ]
+        .into_iter()
+        .filter_map(|(k, p)| p.map(|p| (k, p)))
+        .collect();
+        for &(key, base) in &ranges {
+            let last = base as u32 + n - 1;
             if base == 0 || last > u16::MAX as u32 {
                 return Err(InvalidConfig::Frontends(format!(
-                    "memcached_port = {base}: ports {base}..={last} (one per node) must be in 1..=65535"
+                    "{key} = {base}: ports {base}..={last} (one per node) must be in 1..=65535"
+                )));
+            }
+        }
+        if let [(_, a), (_, b)] = ranges[..] {
+            if (a as u32) < b as u32 + n && (b as u32) < a as u32 + n {
+                return Err(InvalidConfig::Frontends(format!(
+                    "memcached_port = {a} and resp_port = {b} overlap: each takes {n} ports (one per node)"
                 )));
             }
         }

@@ -1,10 +1,11 @@
 //! The protocol front ends a node process serves on TCP (`[frontends]`, issue 12): a listener
-//! per protocol, a thread per connection, at most `max_connections` connections at once (more
-//! are refused with the protocol's own error line), each served with the node's pool of client
-//! workers (`nessie_frontend::mc_serve`).
+//! per protocol (memcached, Redis), a thread per connection, at most `max_connections`
+//! connections at once per protocol (more are refused with the protocol's own error line),
+//! each served with the node's pool of front-end client workers (`nessie_frontend::mc_serve`,
+//! `resp_serve`).
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use nessie_frontend::item;
 use nessie_frontend::mc_serve::{self, Backend, Counters, Limits};
 use nessie_frontend::memcache::MAX_KEY_LEN;
+use nessie_frontend::resp_serve::{self, RespLimits};
 use nessie_protocols::KvClient;
 use nessie_store::Geometry;
 
@@ -26,8 +28,8 @@ impl Backend for ClientPool {
     }
 }
 
-/// The limits of a front end on a cluster of geometry `g`: memcached's key limit or the
-/// cluster's, whichever is smaller; values up to the cluster's limit less the item header.
+/// The limits of a memcached front end on a cluster of geometry `g`: memcached's key limit or
+/// the cluster's, whichever is smaller; values up to the cluster's limit less the item header.
 pub fn limits(g: &Geometry) -> Limits {
     Limits {
         max_key: MAX_KEY_LEN.min(g.key_max as usize),
@@ -35,19 +37,56 @@ pub fn limits(g: &Geometry) -> Limits {
     }
 }
 
-/// A memcached listener; stops accepting when dropped (connections being served end when their
-/// clients close them, or with the process).
-pub struct MemcachedServer {
+/// One connection's server: serves the stream with the front end's counters and the
+/// connection's id.
+type ServeFn = dyn Fn(&mut TcpStream, &Counters, u64) -> std::io::Result<()> + Send + Sync;
+
+/// A protocol listener; stops accepting when dropped (connections being served end when
+/// their clients close them, or with the process).
+pub struct FrontEnd {
+    name: &'static str,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl MemcachedServer {
-    pub fn start(
+impl FrontEnd {
+    /// memcached on `addr`.
+    pub fn memcached(
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
-        limits: Limits,
+        g: &Geometry,
+        max_connections: u32,
+    ) -> std::io::Result<Self> {
+        let l = limits(g);
+        let serve: Arc<ServeFn> =
+            Arc::new(move |s, c, _| mc_serve::serve(s, backend.as_ref(), l, c));
+        let refusal = b"SERVER_ERROR Too many open connections\r\n";
+        Self::start("memcached", addr, serve, refusal, max_connections)
+    }
+
+    /// The Redis protocol on `addr`.
+    pub fn resp(
+        addr: SocketAddr,
+        backend: Arc<dyn Backend>,
+        g: &Geometry,
+        max_connections: u32,
+    ) -> std::io::Result<Self> {
+        let l = RespLimits {
+            max_key: g.key_max as usize,
+            max_value: (g.value_max as usize).saturating_sub(item::HEADER_LEN),
+        };
+        let serve: Arc<ServeFn> =
+            Arc::new(move |s, c, id| resp_serve::serve(s, backend.as_ref(), l, c, id));
+        let refusal = b"-ERR max number of clients reached\r\n";
+        Self::start("resp", addr, serve, refusal, max_connections)
+    }
+
+    fn start(
+        name: &'static str,
+        addr: SocketAddr,
+        serve: Arc<ServeFn>,
+        refusal: &'static [u8],
         max_connections: u32,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
@@ -59,23 +98,27 @@ impl MemcachedServer {
         counters
             .started
             .store(mc_serve::unix_now(), Ordering::Relaxed);
+        let l = Listener {
+            name,
+            serve,
+            refusal,
+            max_connections,
+            counters,
+        };
         let thread = std::thread::Builder::new()
-            .name("nessie-memcached".into())
-            .spawn(move || {
-                accept_loop(
-                    &listener,
-                    &backend,
-                    limits,
-                    max_connections,
-                    &counters,
-                    &stop2,
-                )
-            })?;
+            .name(format!("nessie-{name}"))
+            .spawn(move || l.accept_loop(&listener, &stop2))?;
         Ok(Self {
+            name,
             addr,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// The protocol: `memcached` or `resp`.
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// Where it listens.
@@ -84,7 +127,7 @@ impl MemcachedServer {
     }
 }
 
-impl Drop for MemcachedServer {
+impl Drop for FrontEnd {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
@@ -93,49 +136,60 @@ impl Drop for MemcachedServer {
     }
 }
 
-fn accept_loop(
-    listener: &TcpListener,
-    backend: &Arc<dyn Backend>,
-    limits: Limits,
+/// What an accept loop needs.
+struct Listener {
+    name: &'static str,
+    serve: Arc<ServeFn>,
+    /// The line a connection over the limit gets before it is closed.
+    refusal: &'static [u8],
     max_connections: u32,
-    counters: &Arc<Counters>,
-    stop: &AtomicBool,
-) {
-    use std::os::fd::AsRawFd;
-    while !stop.load(Ordering::SeqCst) {
-        let mut p = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
-        let Ok((mut s, _)) = listener.accept() else {
-            continue;
-        };
+    counters: Arc<Counters>,
+}
+
+impl Listener {
+    fn accept_loop(&self, listener: &TcpListener, stop: &AtomicBool) {
+        use std::os::fd::AsRawFd;
+        while !stop.load(Ordering::SeqCst) {
+            let mut p = libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+            let Ok((s, _)) = listener.accept() else {
+                continue;
+            };
+            self.connection(s);
+        }
+    }
+
+    /// Serve one accepted connection on a thread of its own, if there is room for it.
+    fn connection(&self, mut s: TcpStream) {
         if s.set_nonblocking(false).is_err() {
-            continue;
+            return;
         }
         let _ = s.set_nodelay(true);
+        let counters = &self.counters;
         let active = counters.curr_connections.fetch_add(1, Ordering::SeqCst);
-        if active >= max_connections as u64 {
+        if active >= self.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::SeqCst);
-            let _ = s.write_all(b"SERVER_ERROR Too many open connections\r\n");
-            continue;
+            let _ = s.write_all(self.refusal);
+            return;
         }
-        counters.total_connections.fetch_add(1, Ordering::Relaxed);
-        let (b, c) = (backend.clone(), counters.clone());
+        let id = counters.total_connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let (serve, c, name) = (self.serve.clone(), counters.clone(), self.name);
         let spawned = std::thread::Builder::new()
-            .name("nessie-mc-conn".into())
+            .name(format!("nessie-{name}-conn"))
             .spawn(move || {
-                if let Err(e) = mc_serve::serve(&mut s, b.as_ref(), limits, &c) {
-                    tracing::debug!(%e, "memcached connection ended");
+                if let Err(e) = serve(&mut s, &c, id) {
+                    tracing::debug!(%e, front_end = name, "connection ended");
                 }
                 c.curr_connections.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             counters.curr_connections.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(%e, "could not start a thread for a memcached connection");
+            tracing::warn!(%e, front_end = name, "could not start a thread for a connection");
         }
     }
 }

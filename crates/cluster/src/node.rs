@@ -61,7 +61,7 @@ pub enum NodeError {
         #[source]
         err: std::io::Error,
     },
-    #[error("memcached front end on {addr}: {err}")]
+    #[error("front end on {addr}: {err}")]
     Frontend {
         addr: std::net::SocketAddr,
         #[source]
@@ -581,11 +581,13 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
     let ctx = Arc::new(ctx);
     server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
+    // The front ends listen before the admin socket answers, which is what `up` waits for.
+    let frontends = serve_frontends(&ctx, id, entry.workers)?;
     let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
-    let memcached = serve_memcached(&ctx, id, entry.workers)?;
-    let also = memcached
-        .as_ref()
-        .map_or(String::new(), |m| format!(", memcached on {}", m.addr()));
+    let also: String = frontends
+        .iter()
+        .map(|f| format!(", {} on {}", f.name(), f.addr()))
+        .collect();
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
     eprintln!(
         "nessie node {id}: ready ({} mode, admin socket {}{also})",
@@ -595,7 +597,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
 
     serving.store(true, Ordering::SeqCst);
     let _ = stop_signal.recv();
-    drop(memcached);
+    drop(frontends);
     drop(admin);
     stop.store(true, Ordering::SeqCst);
     for h in server_threads {
@@ -793,29 +795,38 @@ fn serve_admin(
     })
 }
 
-/// The memcached front end of node `id`, if `[frontends]` asks for one: `workers` client
-/// workers of its own behind a TCP listener.
-fn serve_memcached(
+/// The front ends of node `id` that `[frontends]` asks for, sharing `workers` client workers
+/// of their own.
+fn serve_frontends(
     ctx: &Arc<NodeContext>,
     id: u16,
     workers: u16,
-) -> Result<Option<crate::frontends::MemcachedServer>, NodeError> {
+) -> Result<Vec<crate::frontends::FrontEnd>, NodeError> {
+    use crate::frontends::FrontEnd;
     let Some(f) = &ctx.cfg.frontends else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
-    let Some(addr) = f.memcached_addr(id) else {
-        return Ok(None);
-    };
+    let (mc, resp) = (f.memcached_addr(id), f.resp_addr(id));
+    if mc.is_none() && resp.is_none() {
+        return Ok(Vec::new());
+    }
     let pcfg = ctx.protocol_config();
     let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
     for _ in 0..workers {
         clients.push(Box::new(ctx.client(&pcfg)?));
     }
-    let limits = crate::frontends::limits(ctx.geometry());
     let pool = Arc::new(ClientPool::new(clients));
-    crate::frontends::MemcachedServer::start(addr, pool, limits, f.max_connections)
-        .map(Some)
-        .map_err(|err| NodeError::Frontend { addr, err })
+    let g = ctx.geometry();
+    let mut started = Vec::new();
+    if let Some(addr) = mc {
+        let fe = FrontEnd::memcached(addr, pool.clone(), g, f.max_connections);
+        started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
+    }
+    if let Some(addr) = resp {
+        let fe = FrontEnd::resp(addr, pool, g, f.max_connections);
+        started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
+    }
+    Ok(started)
 }
 
 /// A `KvClient` that forwards operations to a node's admin socket (the CLI and multi-process

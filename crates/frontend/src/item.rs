@@ -98,8 +98,16 @@ mod tests {
             Some(NOW + RELATIVE_EXPTIME_MAX as u64 * 1000)
         );
         let absolute = NOW_S as i64 + 100;
-        assert_eq!(expires_at(absolute, NOW), Some((NOW_S + 100) * 1000), "absolute");
-        assert_eq!(expires_at(NOW_S as i64, NOW), None, "absolute, this second: past");
+        assert_eq!(
+            expires_at(absolute, NOW),
+            Some((NOW_S + 100) * 1000),
+            "absolute"
+        );
+        assert_eq!(
+            expires_at(NOW_S as i64, NOW),
+            None,
+            "absolute, this second: past"
+        );
         assert_eq!(
             expires_at(RELATIVE_EXPTIME_MAX + 1, NOW),
             None,

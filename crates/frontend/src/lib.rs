@@ -10,3 +10,7 @@
 pub mod item;
 pub mod mc_serve;
 pub mod memcache;
+pub mod resp;
+pub mod resp_serve;
+#[cfg(test)]
+mod testing;

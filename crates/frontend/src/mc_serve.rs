@@ -516,70 +516,7 @@ impl From<&Request<'_>> for OwnedRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-
-    /// A store in a map, as one client.
-    #[derive(Default)]
-    struct MapClient(HashMap<Vec<u8>, Vec<u8>>);
-
-    impl KvClient for MapClient {
-        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-            Ok(self.0.get(key).cloned())
-        }
-        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-            if value.len() > 1000 {
-                return Err(Error::DataTableFull {
-                    node: 0,
-                    entry_size: value.len() as u64,
-                    awaiting_expiry: 0,
-                });
-            }
-            self.0.insert(key.to_vec(), value.to_vec());
-            Ok(())
-        }
-        fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
-            self.0.remove(key);
-            Ok(())
-        }
-    }
-
-    #[derive(Default)]
-    struct MapBackend(Mutex<MapClient>);
-
-    impl Backend for MapBackend {
-        fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient)) {
-            f(&mut *self.0.lock().unwrap())
-        }
-    }
-
-    /// A connection's stream: the client's bytes, delivered `chunk` at a time, and what the
-    /// server wrote.
-    struct Pipe {
-        input: Vec<u8>,
-        at: usize,
-        chunk: usize,
-        output: Vec<u8>,
-    }
-
-    impl Read for Pipe {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = self.chunk.min(buf.len()).min(self.input.len() - self.at);
-            buf[..n].copy_from_slice(&self.input[self.at..self.at + n]);
-            self.at += n;
-            Ok(n)
-        }
-    }
-
-    impl Write for Pipe {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.output.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::testing::{MapBackend, Pipe};
 
     const LIMITS: Limits = Limits {
         max_key: 250,

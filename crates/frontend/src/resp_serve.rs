@@ -1,0 +1,812 @@
+//! Serving the Redis protocol on one connection, like [`crate::mc_serve`] for memcached:
+//! commands parsed from the stream ([`crate::resp`]), run with a store client the [`Backend`]
+//! lends, replies written back after each batch of whole commands (pipelining, `-P` in
+//! redis-benchmark), at most [`FLUSH_AT`] bytes of them buffered.
+//!
+//! Served: strings without conditions (GET, SET with EX/PX/EXAT/PXAT, SETEX, PSETEX, MGET,
+//! MSET, DEL, UNLINK, EXISTS, STRLEN, TTL, PTTL) and the connection and server commands
+//! clients send on their own (PING, ECHO, SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT
+//! SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET, INFO). Conditional and read-modify-write
+//! commands (SET NX/XX/GET/KEEPTTL, SETNX, GETSET, GETDEL, GETEX, INCR and its kin, APPEND,
+//! EXPIRE and its kin, PERSIST) need a compare-and-set write the store does not offer yet,
+//! and the key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) a key scan: they answer
+//! an error naming the command. Errors are Redis's own words (`ERR unknown command …`,
+//! `ERR wrong number of arguments for '…' command`, `ERR syntax error`). Differences from
+//! Redis: MSET sets its keys one by one (a reader may see some set and not others while it
+//! runs); DEL and EXISTS count keys from reads made just before.
+
+use std::io::{ErrorKind, Read, Write};
+use std::sync::atomic::Ordering;
+
+use nessie_protocols::{Error, KvClient};
+
+use crate::item;
+use crate::mc_serve::{unix_now_ms, Backend, Counters, FLUSH_AT};
+use crate::resp::{next_bulk_to_skip, parse, Encoder, Parsed};
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 64 * 1024;
+/// The Redis version we answer as (clients adapt to it); ours follows in INFO and HELLO.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+/// Limits of a Redis front end.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RespLimits {
+    /// Longest key: the cluster's key limit.
+    pub max_key: usize,
+    /// Largest value: the cluster's value limit less the item header.
+    pub max_value: usize,
+}
+
+/// Why the conditional and read-modify-write commands are not served yet.
+const CAS_NEEDED: &str = "needs compare-and-set, which this store does not offer yet";
+const SCAN_NEEDED: &str = "needs a key scan, which this store does not offer yet";
+
+/// Serve `stream` until the client quits or closes it, or an I/O error.
+pub fn serve<S: Read + Write>(
+    stream: &mut S,
+    backend: &dyn Backend,
+    limits: RespLimits,
+    counters: &Counters,
+    client_id: u64,
+) -> std::io::Result<()> {
+    let mut c = Conn {
+        backend,
+        limits,
+        counters,
+        enc: Encoder { resp3: false },
+        inbuf: Vec::with_capacity(READ_CHUNK),
+        out: Vec::new(),
+        skip: None,
+        name: None,
+        id: client_id,
+        scratch: Vec::new(),
+    };
+    let mut chunk = vec![0u8; READ_CHUNK];
+    loop {
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        c.inbuf.extend_from_slice(&chunk[..n]);
+        let close = c.serve_buffered(stream)?;
+        stream.write_all(&c.out)?;
+        c.out.clear();
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+/// An oversize command being thrown away.
+#[derive(Copy, Clone, Debug)]
+struct Skip {
+    bytes: usize,
+    args_left: usize,
+    len: usize,
+}
+
+struct Conn<'a> {
+    backend: &'a dyn Backend,
+    limits: RespLimits,
+    counters: &'a Counters,
+    enc: Encoder,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    skip: Option<Skip>,
+    name: Option<Vec<u8>>,
+    id: u64,
+    scratch: Vec<u8>,
+}
+
+/// Whether the connection goes on after a command.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Then {
+    Go,
+    Close,
+}
+
+impl Conn<'_> {
+    /// Serve every whole command in the buffer; true if the connection must close.
+    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
+        let mut at = 0;
+        let close = loop {
+            if self.out.len() >= FLUSH_AT {
+                stream.write_all(&self.out)?;
+                self.out.clear();
+            }
+            if let Some(sk) = self.skip.as_mut() {
+                let n = sk.bytes.min(self.inbuf.len() - at);
+                sk.bytes -= n;
+                at += n;
+                if sk.bytes > 0 {
+                    break false;
+                }
+                if sk.args_left > 0 {
+                    match next_bulk_to_skip(&self.inbuf[at..]) {
+                        Ok(Some(n)) => {
+                            sk.bytes = n;
+                            sk.args_left -= 1;
+                            continue;
+                        }
+                        Ok(None) => break false,
+                        Err(e) => {
+                            self.enc.error(&mut self.out, &format!("ERR {e}"));
+                            break true;
+                        }
+                    }
+                }
+                let len = sk.len;
+                self.skip = None;
+                let msg = format!(
+                    "ERR an argument of {len} bytes is larger than this cluster's limit of {} bytes",
+                    self.limits.max_value
+                );
+                self.enc.error(&mut self.out, &msg);
+                continue;
+            }
+            match parse(&self.inbuf[at..], self.limits.max_value) {
+                Ok(Parsed::Command(args, n)) => {
+                    at += n;
+                    if !args.is_empty() && self.execute(&args) == Then::Close {
+                        break true;
+                    }
+                }
+                Ok(Parsed::Incomplete) => break false,
+                Ok(Parsed::Oversize {
+                    consumed,
+                    skip,
+                    args_left,
+                    len,
+                }) => {
+                    at += consumed;
+                    self.skip = Some(Skip {
+                        bytes: skip,
+                        args_left,
+                        len,
+                    });
+                }
+                Err(e) => {
+                    self.enc.error(&mut self.out, &format!("ERR {e}"));
+                    break true;
+                }
+            }
+        };
+        self.inbuf.drain(..at);
+        Ok(close)
+    }
+
+    fn execute(&mut self, args: &[Vec<u8>]) -> Then {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        let rest = &args[1..];
+        if let Some(arity) = arity(&name) {
+            if !arity.accepts(rest.len()) {
+                let msg = format!("ERR wrong number of arguments for '{name}' command");
+                self.enc.error(&mut self.out, &msg);
+                return Then::Go;
+            }
+        }
+        match name.as_str() {
+            "quit" => {
+                self.enc.simple(&mut self.out, "OK");
+                return Then::Close;
+            }
+            "get" => self.get(&rest[0]),
+            "set" => self.set(rest),
+            "setex" | "psetex" => self.setex(&name, rest),
+            "mget" => self.mget(rest),
+            "mset" => self.mset(rest),
+            "del" | "unlink" => self.del(rest),
+            "exists" => self.exists(rest),
+            "strlen" => self.strlen(&rest[0]),
+            "ttl" | "pttl" => self.ttl(&rest[0], name == "pttl"),
+            _ => self.connection_command(&name, rest),
+        }
+        Then::Go
+    }
+
+    /// The commands that touch no key.
+    fn connection_command(&mut self, name: &str, rest: &[Vec<u8>]) {
+        let (e, out) = (self.enc, &mut self.out);
+        match name {
+            "ping" => match rest.first() {
+                None => e.simple(out, "PONG"),
+                Some(m) => e.bulk(out, m),
+            },
+            "echo" => e.bulk(out, &rest[0]),
+            "select" => match rest[0].as_slice() {
+                b"0" => e.simple(out, "OK"),
+                _ => e.error(out, "ERR DB index is out of range"),
+            },
+            "hello" => self.hello(rest),
+            "auth" => e.error(
+                out,
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            ),
+            "client" => self.client(rest),
+            "command" => match rest.first().map(|s| s.to_ascii_lowercase()) {
+                Some(s) if s == b"count" => e.integer(out, 0),
+                _ => e.array(out, 0),
+            },
+            "config" => self.config(rest),
+            "info" => {
+                let info = info_text();
+                e.bulk(out, info.as_bytes());
+            }
+            "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey" => {
+                unsupported(e, out, name, SCAN_NEEDED)
+            }
+            n if NEEDS_CAS.contains(&n) => unsupported(e, out, n, CAS_NEEDED),
+            n => {
+                let mut msg = format!("ERR unknown command '{n}', with args beginning with: ");
+                for a in rest.iter().take(16) {
+                    msg.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
+                }
+                e.error(out, &msg);
+            }
+        }
+    }
+
+    fn hello(&mut self, rest: &[Vec<u8>]) {
+        if let Some(v) = rest.first() {
+            match v.as_slice() {
+                b"2" => self.enc.resp3 = false,
+                b"3" => self.enc.resp3 = true,
+                _ => {
+                    let msg = "NOPROTO unsupported protocol version";
+                    return self.enc.error(&mut self.out, msg);
+                }
+            }
+            let opts = &rest[1..];
+            let mut i = 0;
+            while i < opts.len() {
+                match opts[i].to_ascii_lowercase().as_slice() {
+                    b"setname" if i + 1 < opts.len() => {
+                        self.name = Some(opts[i + 1].clone());
+                        i += 2;
+                    }
+                    b"auth" => {
+                        let msg = "WRONGPASS invalid username-password pair or user is disabled.";
+                        return self.enc.error(&mut self.out, msg);
+                    }
+                    _ => return self.enc.error(&mut self.out, "ERR syntax error"),
+                }
+            }
+        }
+        let (e, out) = (self.enc, &mut self.out);
+        e.map(out, 7);
+        for (k, v) in [
+            ("server", "redis"),
+            ("version", REDIS_VERSION),
+            ("mode", "standalone"),
+            ("role", "master"),
+        ] {
+            e.bulk(out, k.as_bytes());
+            e.bulk(out, v.as_bytes());
+        }
+        e.bulk(out, b"proto");
+        e.integer(out, if e.resp3 { 3 } else { 2 });
+        e.bulk(out, b"id");
+        e.integer(out, self.id as i64);
+        e.bulk(out, b"modules");
+        e.array(out, 0);
+    }
+
+    fn client(&mut self, rest: &[Vec<u8>]) {
+        let sub = rest
+            .first()
+            .map(|s| s.to_ascii_lowercase())
+            .unwrap_or_default();
+        let (e, out) = (self.enc, &mut self.out);
+        match (sub.as_slice(), rest.len()) {
+            (b"setname", 2) => {
+                self.name = Some(rest[1].clone());
+                e.simple(out, "OK");
+            }
+            (b"getname", 1) => match &self.name {
+                Some(n) => e.bulk(out, n),
+                None => e.null(out),
+            },
+            (b"id", 1) => e.integer(out, self.id as i64),
+            (b"setinfo", 3) => e.simple(out, "OK"),
+            (b"setname" | b"getname" | b"id" | b"setinfo", _) => {
+                let msg = format!(
+                    "ERR wrong number of arguments for 'client|{}' command",
+                    String::from_utf8_lossy(&sub)
+                );
+                e.error(out, &msg);
+            }
+            _ => {
+                let msg = format!(
+                    "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                    String::from_utf8_lossy(&sub)
+                );
+                e.error(out, &msg);
+            }
+        }
+    }
+
+    /// CONFIG GET, as far as clients ask on their own (redis-benchmark asks for `save` and
+    /// `appendonly`): persistence is off.
+    fn config(&mut self, rest: &[Vec<u8>]) {
+        let (e, out) = (self.enc, &mut self.out);
+        match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
+            Some(b"get") if rest.len() >= 2 => {
+                let known: Vec<(&[u8], &[u8])> = rest[1..]
+                    .iter()
+                    .filter_map(|p| match p.to_ascii_lowercase().as_slice() {
+                        b"save" => Some((&b"save"[..], &b""[..])),
+                        b"appendonly" => Some((&b"appendonly"[..], &b"no"[..])),
+                        b"databases" => Some((&b"databases"[..], &b"1"[..])),
+                        _ => None,
+                    })
+                    .collect();
+                e.map(out, known.len());
+                for (k, v) in known {
+                    e.bulk(out, k);
+                    e.bulk(out, v);
+                }
+            }
+            Some(b"resetstat") => e.simple(out, "OK"),
+            _ => e.error(out, "ERR CONFIG supports GET and RESETSTAT only"),
+        }
+    }
+
+    fn get(&mut self, key: &[u8]) {
+        self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
+        match self.read(key) {
+            Ok(Some(_)) => {
+                self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
+                let v = std::mem::take(&mut self.scratch);
+                let it = item::decode(&v, 0).map_or(&v[..], |i| i.data);
+                self.enc.bulk(&mut self.out, it);
+                self.scratch = v;
+            }
+            Ok(None) => {
+                self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
+                self.enc.null(&mut self.out);
+            }
+            Err(e) => self.store_error(&e),
+        }
+    }
+
+    /// Read `key` into `scratch`: its expiry (0 = never) if present and not expired.
+    fn read(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
+        if key.len() > self.limits.max_key {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: self.limits.max_key as u32,
+            });
+        }
+        let mut v = std::mem::take(&mut self.scratch);
+        let found = self.with(|c| c.get_into(key, &mut v));
+        let now = unix_now_ms();
+        let r = match found {
+            Ok(true) => Ok(item::decode(&v, now).map(|i| i.expires)),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
+        };
+        self.scratch = v;
+        r
+    }
+
+    fn set(&mut self, rest: &[Vec<u8>]) {
+        let now = unix_now_ms();
+        let mut expires = 0;
+        let mut i = 2;
+        while i < rest.len() {
+            let opt = rest[i].to_ascii_uppercase();
+            match opt.as_slice() {
+                b"EX" | b"PX" | b"EXAT" | b"PXAT" if i + 1 < rest.len() => {
+                    let Some(n) = positive(&rest[i + 1]) else {
+                        return self.invalid_expire("set");
+                    };
+                    expires = match opt.as_slice() {
+                        b"EX" => now.saturating_add(n.saturating_mul(1000)),
+                        b"PX" => now.saturating_add(n),
+                        b"EXAT" => n.saturating_mul(1000),
+                        _ => n,
+                    };
+                    i += 2;
+                }
+                b"NX" | b"XX" | b"GET" | b"KEEPTTL" => {
+                    let what = format!("SET {}", String::from_utf8_lossy(&opt));
+                    return unsupported(self.enc, &mut self.out, &what, CAS_NEEDED);
+                }
+                _ => return self.enc.error(&mut self.out, "ERR syntax error"),
+            }
+        }
+        self.store(&rest[0], &rest[1], expires, now);
+    }
+
+    fn setex(&mut self, name: &str, rest: &[Vec<u8>]) {
+        let now = unix_now_ms();
+        let Some(n) = positive(&rest[1]) else {
+            return self.invalid_expire(name);
+        };
+        let expires = match name {
+            "setex" => now.saturating_add(n.saturating_mul(1000)),
+            _ => now.saturating_add(n),
+        };
+        self.store(&rest[0], &rest[2], expires, now);
+    }
+
+    fn invalid_expire(&mut self, cmd: &str) {
+        let msg = format!("ERR invalid expire time in '{cmd}' command");
+        self.enc.error(&mut self.out, &msg);
+    }
+
+    /// Store `value` under `key`, expiring at `expires` (Unix ms, 0 = never); an expiry not
+    /// after `now` deletes the key, as Redis does.
+    fn store(&mut self, key: &[u8], value: &[u8], expires: u64, now: u64) {
+        match self.put(key, value, expires, now) {
+            Ok(()) => self.enc.simple(&mut self.out, "OK"),
+            Err(e) => self.store_error(&e),
+        }
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], expires: u64, now: u64) -> Result<(), Error> {
+        self.counters.cmd_set.fetch_add(1, Ordering::Relaxed);
+        if key.len() > self.limits.max_key {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: self.limits.max_key as u32,
+            });
+        }
+        if expires != 0 && expires <= now {
+            return self.with(|c| c.delete(key));
+        }
+        let mut v = std::mem::take(&mut self.scratch);
+        item::encode(&mut v, 0, expires, value);
+        let r = self.with(|c| c.put(key, &v));
+        self.scratch = v;
+        r
+    }
+
+    fn mget(&mut self, keys: &[Vec<u8>]) {
+        // Every value is read first, so that an error is the whole reply.
+        let mut values = Vec::with_capacity(keys.len());
+        for k in keys {
+            match self.read(k) {
+                Ok(Some(_)) => {
+                    let v = &self.scratch;
+                    values.push(Some(
+                        item::decode(v, 0).map_or(v.clone(), |i| i.data.to_vec()),
+                    ));
+                }
+                Ok(None) | Err(Error::KeyTooLarge { .. }) => values.push(None),
+                Err(e) => return self.store_error(&e),
+            }
+        }
+        self.enc.array(&mut self.out, values.len());
+        for v in values {
+            match v {
+                Some(v) => self.enc.bulk(&mut self.out, &v),
+                None => self.enc.null(&mut self.out),
+            }
+        }
+    }
+
+    fn mset(&mut self, rest: &[Vec<u8>]) {
+        if !rest.len().is_multiple_of(2) {
+            let msg = "ERR wrong number of arguments for 'mset' command";
+            return self.enc.error(&mut self.out, msg);
+        }
+        let now = unix_now_ms();
+        for pair in rest.chunks(2) {
+            if let Err(e) = self.put(&pair[0], &pair[1], 0, now) {
+                return self.store_error(&e);
+            }
+        }
+        self.enc.simple(&mut self.out, "OK");
+    }
+
+    fn del(&mut self, keys: &[Vec<u8>]) {
+        let mut n = 0;
+        for k in keys {
+            match self.read(k) {
+                Ok(found) => {
+                    if let Err(e) = self.with(|c| c.delete(k)) {
+                        return self.store_error(&e);
+                    }
+                    n += found.is_some() as i64;
+                }
+                Err(Error::KeyTooLarge { .. }) => {}
+                Err(e) => return self.store_error(&e),
+            }
+        }
+        self.enc.integer(&mut self.out, n);
+    }
+
+    fn exists(&mut self, keys: &[Vec<u8>]) {
+        let mut n = 0;
+        for k in keys {
+            match self.read(k) {
+                Ok(found) => n += found.is_some() as i64,
+                Err(Error::KeyTooLarge { .. }) => {}
+                Err(e) => return self.store_error(&e),
+            }
+        }
+        self.enc.integer(&mut self.out, n);
+    }
+
+    fn strlen(&mut self, key: &[u8]) {
+        match self.read(key) {
+            Ok(Some(_)) => {
+                let len =
+                    item::decode(&self.scratch, 0).map_or(self.scratch.len(), |i| i.data.len());
+                self.enc.integer(&mut self.out, len as i64);
+            }
+            Ok(None) => self.enc.integer(&mut self.out, 0),
+            Err(e) => self.store_error(&e),
+        }
+    }
+
+    fn ttl(&mut self, key: &[u8], ms: bool) {
+        let now = unix_now_ms();
+        let n = match self.read(key) {
+            Ok(None) => -2,
+            Ok(Some(0)) => -1,
+            Ok(Some(at)) if ms => at.saturating_sub(now) as i64,
+            Ok(Some(at)) => (at.saturating_sub(now) as i64 + 500) / 1000,
+            Err(e) => return self.store_error(&e),
+        };
+        self.enc.integer(&mut self.out, n);
+    }
+
+    fn with<T>(&self, mut f: impl FnMut(&mut dyn KvClient) -> T) -> T {
+        let mut r = None;
+        self.backend.with_client(&mut |c| r = Some(f(c)));
+        r.expect("the backend ran the operation")
+    }
+
+    fn store_error(&mut self, e: &Error) {
+        let msg = match e {
+            Error::DataTableFull { .. } | Error::IndexFull { .. } => {
+                "OOM command not allowed when used memory > 'maxmemory'.".to_string()
+            }
+            Error::KeyTooLarge { len, max } => {
+                format!("ERR key of {len} bytes is longer than this cluster's limit of {max} bytes")
+            }
+            e => format!("ERR {e}"),
+        };
+        self.enc.error(&mut self.out, &msg);
+    }
+}
+
+/// The commands that need a compare-and-set write.
+const NEEDS_CAS: &[&str] = &[
+    "setnx",
+    "getset",
+    "getdel",
+    "getex",
+    "incr",
+    "decr",
+    "incrby",
+    "decrby",
+    "incrbyfloat",
+    "append",
+    "setrange",
+    "expire",
+    "pexpire",
+    "expireat",
+    "pexpireat",
+    "persist",
+    "msetnx",
+];
+
+fn unsupported(e: Encoder, out: &mut Vec<u8>, name: &str, why: &str) {
+    e.error(out, &format!("ERR {} {why}", name.to_ascii_uppercase()));
+}
+
+/// A positive integer argument.
+fn positive(arg: &[u8]) -> Option<u64> {
+    std::str::from_utf8(arg)
+        .ok()?
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+}
+
+fn info_text() -> String {
+    format!(
+        "# Server\r\nredis_version:{REDIS_VERSION}\r\nnessie_version:{}\r\nredis_mode:standalone\r\n\
+         # Keyspace\r\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// How many arguments (after the name) a command takes.
+#[derive(Copy, Clone, Debug)]
+enum Arity {
+    Exactly(usize),
+    AtLeast(usize),
+    Between(usize, usize),
+}
+
+impl Arity {
+    fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exactly(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+            Arity::Between(a, b) => (a..=b).contains(&n),
+        }
+    }
+}
+
+fn arity(name: &str) -> Option<Arity> {
+    use Arity::*;
+    Some(match name {
+        "get" | "strlen" | "ttl" | "pttl" | "echo" | "select" => Exactly(1),
+        "set" => AtLeast(2),
+        "setex" | "psetex" => Exactly(3),
+        "mget" | "del" | "unlink" | "exists" | "client" | "config" => AtLeast(1),
+        "mset" => AtLeast(2),
+        "ping" => Between(0, 1),
+        "quit" => AtLeast(0),
+        "auth" => Between(1, 2),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{MapBackend, Pipe};
+
+    const LIMITS: RespLimits = RespLimits {
+        max_key: 32,
+        max_value: 2000,
+    };
+
+    fn session(b: &MapBackend, input: &[u8], chunk: usize) -> String {
+        let mut p = Pipe::new(input, chunk);
+        serve(&mut p, b, LIMITS, &Counters::default(), 7).unwrap();
+        String::from_utf8(p.output).unwrap()
+    }
+
+    fn cmd(words: &[&str]) -> Vec<u8> {
+        let mut v = format!("*{}\r\n", words.len()).into_bytes();
+        for w in words {
+            v.extend_from_slice(format!("${}\r\n{w}\r\n", w.len()).as_bytes());
+        }
+        v
+    }
+
+    fn cmds(list: &[&[&str]]) -> Vec<u8> {
+        list.iter().flat_map(|w| cmd(w)).collect()
+    }
+
+    #[test]
+    fn strings_pipelined_in_any_chunking() {
+        let input = cmds(&[
+            &["SET", "a", "1"],
+            &["get", "a"],
+            &["GET", "nope"],
+            &["MSET", "b", "2", "c", "3"],
+            &["MGET", "a", "b", "x", "c"],
+            &["EXISTS", "a", "a", "x"],
+            &["DEL", "a", "x"],
+            &["STRLEN", "b"],
+            &["TTL", "b"],
+            &["TTL", "a"],
+            &["PING"],
+            &["ECHO", "hi"],
+        ]);
+        let want = "+OK\r\n$1\r\n1\r\n$-1\r\n+OK\r\n*4\r\n$1\r\n1\r\n$1\r\n2\r\n$-1\r\n$1\r\n3\r\n\
+                    :2\r\n:1\r\n:1\r\n:-1\r\n:-2\r\n+PONG\r\n$2\r\nhi\r\n";
+        for chunk in [1, 3, 64, 4096] {
+            assert_eq!(
+                session(&MapBackend::default(), &input, chunk),
+                want,
+                "chunks of {chunk}"
+            );
+        }
+    }
+
+    #[test]
+    fn expiry_in_seconds_and_milliseconds() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["SET", "s", "v", "EX", "100"],
+            &["TTL", "s"],
+            &["SET", "p", "v", "PX", "100000"],
+            &["PTTL", "p"],
+            &["SET", "gone", "v", "PXAT", "1"],
+            &["GET", "gone"],
+            &["SETEX", "e", "0", "v"],
+            &["SET", "x", "v", "EX", "-1"],
+            &["SET", "x", "v", "EX"],
+        ]);
+        let out = session(&b, &input, 4096);
+        let lines: Vec<&str> = out.split("\r\n").collect();
+        assert_eq!(lines[0..2], ["+OK", ":100"]);
+        let pttl: i64 = lines[3][1..].parse().unwrap();
+        assert!((99_000..=100_000).contains(&pttl), "{pttl}");
+        assert_eq!(
+            lines[4..10],
+            [
+                "+OK",
+                "$-1",
+                "-ERR invalid expire time in 'setex' command",
+                "-ERR invalid expire time in 'set' command",
+                "-ERR syntax error",
+                ""
+            ]
+        );
+    }
+
+    #[test]
+    fn redis_errors_and_the_connection_stays_usable() {
+        let b = MapBackend::default();
+        let mut input = cmds(&[
+            &["GET"],
+            &["FOO", "a", "b"],
+            &["SET", "k", "v", "NX"],
+            &["INCR", "k"],
+            &["DBSIZE"],
+            &["SELECT", "1"],
+            &["AUTH", "pw"],
+            &["SET", "a-key-longer-than-thirty-two-bytes!", "v"],
+        ]);
+        // An oversize value is skipped, not buffered, and the next command is served.
+        input.extend_from_slice(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2001\r\n");
+        input.extend_from_slice(&[b'v'; 2001]);
+        input.extend_from_slice(b"\r\n");
+        input.extend_from_slice(&cmd(&["SET", "big", &"v".repeat(1500)]));
+        input.extend_from_slice(&cmd(&["GET", "k"]));
+        let out = session(&b, &input, 100);
+        let want = "-ERR wrong number of arguments for 'get' command\r\n\
+            -ERR unknown command 'foo', with args beginning with: 'a' 'b' \r\n\
+            -ERR SET NX needs compare-and-set, which this store does not offer yet\r\n\
+            -ERR INCR needs compare-and-set, which this store does not offer yet\r\n\
+            -ERR DBSIZE needs a key scan, which this store does not offer yet\r\n\
+            -ERR DB index is out of range\r\n\
+            -ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n\
+            -ERR key of 35 bytes is longer than this cluster's limit of 32 bytes\r\n\
+            -ERR an argument of 2001 bytes is larger than this cluster's limit of 2000 bytes\r\n\
+            -OOM command not allowed when used memory > 'maxmemory'.\r\n\
+            $-1\r\n";
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn hello_switches_to_resp3_and_quit_closes() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["HELLO", "3", "SETNAME", "me"],
+            &["GET", "nope"],
+            &["CLIENT", "GETNAME"],
+            &["CLIENT", "ID"],
+            &["CONFIG", "GET", "save", "appendonly"],
+            &["HELLO", "4"],
+            &["QUIT"],
+            &["PING"],
+        ]);
+        let out = session(&b, &input, 4096);
+        assert!(
+            out.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n"),
+            "{out}"
+        );
+        assert!(out.contains(":3\r\n$2\r\nid\r\n:7\r\n"), "{out}");
+        let tail = "_\r\n$2\r\nme\r\n:7\r\n%2\r\n$4\r\nsave\r\n$0\r\n\r\n$10\r\nappendonly\r\n$2\r\nno\r\n\
+                    -NOPROTO unsupported protocol version\r\n+OK\r\n";
+        assert!(out.ends_with(tail), "nothing after QUIT: {out}");
+    }
+
+    #[test]
+    fn a_framing_error_closes_the_connection() {
+        let b = MapBackend::default();
+        let out = session(&b, b"*1\r\n:5\r\n*1\r\n$4\r\nPING\r\n", 4096);
+        assert_eq!(out, "-ERR Protocol error: expected '$', got ':'\r\n");
+    }
+
+    #[test]
+    fn inline_commands_as_telnet_sends_them() {
+        let b = MapBackend::default();
+        let out = session(&b, b"set k \"a b\"\r\nget k\r\nping\n", 3);
+        assert_eq!(out, "+OK\r\n$3\r\na b\r\n+PONG\r\n");
+    }
+}
