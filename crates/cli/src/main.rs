@@ -526,6 +526,8 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         },
     };
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
+    // Each node's front ends share a pool of `workers` clients of their own.
+    let frontends = frontends_of(a.memcached_port, a.resp_port, &a.bind);
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -538,10 +540,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         ready_timeout: Duration::from_secs(a.ready_timeout),
         mode: a.mode,
         server_threads: a.server_threads,
-        // Each front end has a pool of `workers` clients of its own.
-        max_clients_per_node: a.workers
-            * (1 + (a.memcached_port.is_some() || a.resp_port.is_some()) as u16)
-            + 16,
+        max_clients_per_node: a.workers * (1 + frontends.is_some() as u16) + 16,
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
         etcd: match (a.etcd, a.no_etcd) {
@@ -553,7 +552,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         replace_after_s: a.replace_after,
-        frontends: frontends_of(a.memcached_port, a.resp_port, &a.bind),
+        frontends,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
