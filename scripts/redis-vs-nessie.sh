@@ -23,7 +23,7 @@ cleanup() {
 trap cleanup EXIT
 # Values up to 16 KiB plus the 16-byte item header.
 "$NESSIE" up --dir "$DIR" --nodes 2 --workers 4 --resp-port "$NP" --no-etcd \
-    --value-max 20000 --memory-per-node 512MiB >/dev/null
+    --value-max 20000 --memory-per-node 512MiB >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --logfile "$DIR/redis.log" --dir "$DIR" >/dev/null
 sleep 0.5
