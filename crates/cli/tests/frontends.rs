@@ -247,15 +247,10 @@ assert a.get("y") == b"2", "the refused add left the connection in step"
 print("pymemcache ok")
 "#
     );
-    let out = Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .expect("python3 runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("pymemcache ok"),
-        "pymemcache (Debian python3-pymemcache; scripts/setup.sh installs it):\n{text}"
+    run_python(
+        &script,
+        "pymemcache ok",
+        "pymemcache (Debian python3-pymemcache)",
     );
 }
 
@@ -354,14 +349,20 @@ assert a.get("p2") == b"2", "the connection is still in step"
 print("redis-py ok")
 "#
     );
+    run_python(&script, "redis-py ok", "redis-py (Debian python3-redis)");
+}
+
+/// Run a Python `script` that prints `done` when all went well; `what` names the client
+/// library in the failure message.
+fn run_python(script: &str, done: &str, what: &str) {
     let out = Command::new("python3")
-        .args(["-c", &script])
+        .args(["-c", script])
         .output()
         .expect("python3 runs");
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && text.contains("redis-py ok"),
-        "redis-py (Debian python3-redis; scripts/setup.sh installs it):\n{text}"
+        out.status.success() && text.contains(done),
+        "{what}; scripts/setup.sh installs it:\n{text}"
     );
 }

@@ -405,13 +405,7 @@ fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &Atomic
     use std::os::fd::AsRawFd;
     let active = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
-        let mut p = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+        wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
         let Ok((mut s, _)) = listener.accept() else {
             continue;
         };
@@ -433,6 +427,17 @@ fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &Atomic
                 active.fetch_sub(1, Ordering::SeqCst);
             });
     }
+}
+
+/// Wait until `fd` is readable (a connection to accept), for at most `timeout`.
+pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
 }
 
 fn serve_connection(s: &mut UnixStream, handler: &dyn Handler) {

@@ -150,13 +150,7 @@ impl Listener {
     fn accept_loop(&self, listener: &TcpListener, stop: &AtomicBool) {
         use std::os::fd::AsRawFd;
         while !stop.load(Ordering::SeqCst) {
-            let mut p = libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+            crate::admin::wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
             let Ok((s, _)) = listener.accept() else {
                 continue;
             };

@@ -12,5 +12,6 @@ pub mod mc_serve;
 pub mod memcache;
 pub mod resp;
 pub mod resp_serve;
+mod session;
 #[cfg(test)]
 mod testing;

@@ -13,7 +13,7 @@
 //! `DELETED` or `NOT_FOUND` from a read just before the delete: a racing writer can make that
 //! word wrong, never the data.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,13 +25,18 @@ use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp};
 /// Replies are written out once this many bytes are waiting (a multi-key get of large values
 /// would otherwise buffer them all).
 pub const FLUSH_AT: usize = 1 << 20;
-/// Bytes read from the socket at a time.
-const READ_CHUNK: usize = 64 * 1024;
 
 /// Where a connection gets its store client.
 pub trait Backend: Send + Sync {
     /// Run `f` with a client of the store (waiting for one to be free).
     fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient));
+}
+
+/// Run `f` with one of `backend`'s clients, and return what it returned.
+pub fn run_with<T>(backend: &dyn Backend, mut f: impl FnMut(&mut dyn KvClient) -> T) -> T {
+    let mut r = None;
+    backend.with_client(&mut |c| r = Some(f(c)));
+    r.expect("the backend ran the operation")
 }
 
 /// Limits of one front end.
@@ -121,26 +126,25 @@ pub fn serve<S: Read + Write>(
         backend,
         limits,
         counters,
-        inbuf: Vec::with_capacity(READ_CHUNK),
+        inbuf: Vec::new(),
         out: Vec::new(),
         skip: 0,
         scratch: Vec::new(),
     };
-    let mut chunk = vec![0u8; READ_CHUNK];
-    loop {
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        c.inbuf.extend_from_slice(&chunk[..n]);
-        let next = c.serve_buffered(stream)?;
-        stream.write_all(&c.out)?;
-        c.out.clear();
-        if next == Next::Close {
-            return Ok(());
-        }
+    crate::session::run(stream, &mut c)
+}
+
+impl crate::session::Session for Conn<'_> {
+    fn inbuf(&mut self) -> &mut Vec<u8> {
+        &mut self.inbuf
+    }
+
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
+        Conn::serve_buffered(self, stream).map(|n| n == Next::Close)
     }
 }
 
@@ -396,10 +400,8 @@ impl Conn<'_> {
         self.out.extend_from_slice(b"END\r\n");
     }
 
-    fn with<T>(&self, mut f: impl FnMut(&mut dyn KvClient) -> T) -> T {
-        let mut r = None;
-        self.backend.with_client(&mut |c| r = Some(f(c)));
-        r.expect("the backend ran the operation")
+    fn with<T>(&self, f: impl FnMut(&mut dyn KvClient) -> T) -> T {
+        run_with(self.backend, f)
     }
 
     fn reply(&mut self, line: &[u8], noreply: bool) {

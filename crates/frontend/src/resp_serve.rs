@@ -15,17 +15,15 @@
 //! Redis: MSET sets its keys one by one (a reader may see some set and not others while it
 //! runs); DEL and EXISTS count keys from reads made just before.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 
 use nessie_protocols::{Error, KvClient};
 
 use crate::item;
-use crate::mc_serve::{unix_now_ms, Backend, Counters, FLUSH_AT};
+use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
 use crate::resp::{next_bulk_to_skip, parse, Encoder, Parsed};
 
-/// Bytes read from the socket at a time.
-const READ_CHUNK: usize = 64 * 1024;
 /// The Redis version we answer as (clients adapt to it); ours follows in INFO and HELLO.
 pub const REDIS_VERSION: &str = "7.0.0";
 
@@ -55,28 +53,27 @@ pub fn serve<S: Read + Write>(
         limits,
         counters,
         enc: Encoder { resp3: false },
-        inbuf: Vec::with_capacity(READ_CHUNK),
+        inbuf: Vec::new(),
         out: Vec::new(),
         skip: None,
         name: None,
         id: client_id,
         scratch: Vec::new(),
     };
-    let mut chunk = vec![0u8; READ_CHUNK];
-    loop {
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        c.inbuf.extend_from_slice(&chunk[..n]);
-        let close = c.serve_buffered(stream)?;
-        stream.write_all(&c.out)?;
-        c.out.clear();
-        if close {
-            return Ok(());
-        }
+    crate::session::run(stream, &mut c)
+}
+
+impl crate::session::Session for Conn<'_> {
+    fn inbuf(&mut self) -> &mut Vec<u8> {
+        &mut self.inbuf
+    }
+
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
+        Conn::serve_buffered(self, stream)
     }
 }
 
@@ -556,10 +553,8 @@ impl Conn<'_> {
         self.enc.integer(&mut self.out, n);
     }
 
-    fn with<T>(&self, mut f: impl FnMut(&mut dyn KvClient) -> T) -> T {
-        let mut r = None;
-        self.backend.with_client(&mut |c| r = Some(f(c)));
-        r.expect("the backend ran the operation")
+    fn with<T>(&self, f: impl FnMut(&mut dyn KvClient) -> T) -> T {
+        run_with(self.backend, f)
     }
 
     fn store_error(&mut self, e: &Error) {

@@ -1106,6 +1106,24 @@ mod tests {
         ));
     }
 
+    /// Table sizes of [`spare_rig`]'s nodes.
+    const SPARE_RIG_TABLES: [u64; 3] = [64, 64, 8];
+
+    /// Three nodes, two copies and one spare slot each.
+    fn spare_rig(mutations: Mutations) -> (Arc<ReplicaSet>, Arc<InProcFabric>, Arc<Fence>) {
+        let cfg = ProtocolConfig {
+            expiry_ns: 5_000_000,
+            clock_margin_ns: 0,
+            mutations,
+            ..ProtocolConfig::default()
+        };
+        let set = ReplicaSet::new(2, 3, layout(), &cfg).unwrap();
+        let set = Arc::new(set.with_spare_copies(1).unwrap());
+        let regions = vec![set.region_sizes(&SPARE_RIG_TABLES); 3];
+        let fabric = InProcFabric::new(&regions, None).unwrap();
+        (set, fabric, Arc::new(Fence::unfenced()))
+    }
+
     /// Moves partition 0's copy 1 to node 2's spare slot just before the first write it
     /// sees: as if the writer chose its copies before the move and wrote after it.
     struct MoveDuringWrite {
@@ -1131,17 +1149,7 @@ mod tests {
     /// What a write that chose partition 0's copies just before its copy 1 moved leaves in
     /// the moved copy (node 2, spare slot 2).
     fn write_across_a_move(mutations: Mutations) -> [u8; 16] {
-        let cfg = ProtocolConfig {
-            expiry_ns: 5_000_000,
-            clock_margin_ns: 0,
-            mutations,
-            ..ProtocolConfig::default()
-        };
-        let set = ReplicaSet::new(2, 3, layout(), &cfg).unwrap();
-        let set = Arc::new(set.with_spare_copies(1).unwrap());
-        let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
-        let fabric = InProcFabric::new(&regions, None).unwrap();
-        let fence = Arc::new(Fence::unfenced());
+        let (set, fabric, fence) = spare_rig(mutations);
         let hook = MoveDuringWrite {
             fence: fence.clone(),
             moved: false,
@@ -1192,18 +1200,8 @@ mod tests {
     /// is receiving; between its write to one copy and to the other, node 2's copier fills the
     /// moved copy to the end. What the two copies then hold.
     fn write_across_a_fill(mutations: Mutations) -> ([u8; 8], [u8; 8]) {
-        let cfg = ProtocolConfig {
-            expiry_ns: 5_000_000,
-            clock_margin_ns: 0,
-            mutations,
-            ..ProtocolConfig::default()
-        };
-        let set = ReplicaSet::new(2, 3, layout(), &cfg).unwrap();
-        let set = Arc::new(set.with_spare_copies(1).unwrap());
-        let tables = [64, 64, 8];
-        let regions = vec![set.region_sizes(&tables); 3];
-        let fabric = InProcFabric::new(&regions, None).unwrap();
-        let fence = Arc::new(Fence::unfenced());
+        let (set, fabric, fence) = spare_rig(mutations);
+        let tables = SPARE_RIG_TABLES;
         let to = crate::fence::MovedCopy {
             node: 2,
             slot: 2,
