@@ -602,14 +602,18 @@ impl<E: Endpoint> Replicated<E> {
         let mut copies = self.copies(addr.node, true)?;
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         let receiving_first = mutated!(self.set, receiving_written_first);
-        let order = copies.as_slice().iter().rev();
-        let (late, early): (Vec<Copy>, Vec<Copy>) =
-            order.partition(|c| c.receiving && !receiving_first);
-        for c in early.into_iter().chain(late) {
-            if mutated!(self.set, replicate_index_only) && Some(c) != primary {
-                continue;
+        // Two passes over the copies, each last first: the others, then the receiving ones.
+        let in_pass = |c: &Copy, pass: u8| match receiving_first {
+            true => pass == 0,
+            false => c.receiving == (pass == 1),
+        };
+        for pass in 0..2 {
+            for &c in copies.as_slice().iter().rev().filter(|c| in_pass(c, pass)) {
+                if mutated!(self.set, replicate_index_only) && Some(c) != primary {
+                    continue;
+                }
+                self.write_copy(addr, buf, local, c)?;
             }
-            self.write_copy(addr, buf, local, c)?;
         }
         if mutated!(self.set, replicate_index_only) {
             return Ok(());
