@@ -424,7 +424,15 @@ pub fn run(
             progress("attaching to the running cluster");
             attach(existing, p, keys)?
         }
-        None => start(p, mode, geometry, dir, temp, opts, progress)?,
+        None => match start(p, mode, geometry, dir.clone(), temp, opts, progress) {
+            Ok(c) => c,
+            Err(e) => {
+                if temp {
+                    let _ = std::fs::remove_dir_all(&dir); // what `up` left (its etcd's log)
+                }
+                return Err(e);
+            }
+        },
     };
     bench_on(&cluster, p, keys, opts, progress)
 }

@@ -15,7 +15,10 @@ fn up_fails(name: &str, args: &[&str], needle: &str) {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    let started = dir.join("node-0.pid").exists() || dir.join("node-1.pid").exists();
+    // Neither a node nor the local etcd (its log is the first thing it leaves).
+    let started = ["node-0.pid", "node-1.pid", "etcd.log", "etcd.pid"]
+        .iter()
+        .any(|f| dir.join(f).exists());
     // Stop anything a wrongly accepted setting started before asserting.
     let _ = Command::new(BIN)
         .arg("down")
@@ -32,7 +35,18 @@ fn up_fails(name: &str, args: &[&str], needle: &str) {
         err.contains(needle),
         "{name}: {err:?} should mention {needle:?}"
     );
-    assert!(!started, "{name}: nodes were started");
+    assert!(!started, "{name}: nodes or an etcd were started");
+}
+
+/// A configuration that needs membership but cannot work is refused before the local etcd
+/// starts (it used to start, and `nessie bench` left its log behind in a temporary directory).
+#[test]
+fn up_rejects_copies_in_a_server_driven_mode_before_starting_etcd() {
+    up_fails(
+        "sd-copies",
+        &["--replicas", "2", "--mode", "sd"],
+        "needs mode cd",
+    );
 }
 
 #[test]

@@ -262,6 +262,8 @@ pub fn up_with_ports(
             running: running.iter().filter_map(|n| n.id).collect(),
         });
     }
+    // Refuse a configuration that cannot work before starting anything (an etcd among them).
+    local_config(o, &placeholder_ports(o.nodes), placeholder_membership(o))?;
     let membership = start_membership(&rd, o)?;
     let mut attempt = 1;
     let r = loop {
@@ -280,6 +282,25 @@ pub fn up_with_ports(
         etcd_server::stop(dir);
     }
     r
+}
+
+/// Distinct ports for checking a configuration before the real ones are chosen.
+fn placeholder_ports(nodes: u16) -> Vec<u16> {
+    (0..nodes).map(|i| 1 + i).collect()
+}
+
+/// The `[membership]` section `o` will have, with an etcd URL that only has to be well formed.
+fn placeholder_membership(o: &UpOptions) -> Option<MembershipSection> {
+    let etcd = match &o.etcd {
+        EtcdChoice::Off => return None,
+        EtcdChoice::Existing(url) => url.clone(),
+        EtcdChoice::Local => "http://127.0.0.1:2379".into(),
+    };
+    Some(MembershipSection {
+        etcd,
+        lease_ttl_s: o.lease_ttl_s,
+        replace_after_s: o.replace_after_s,
+    })
 }
 
 /// The `[membership]` section for `o`, starting the local etcd if that is the choice.
