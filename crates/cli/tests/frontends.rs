@@ -32,7 +32,8 @@ const SERVED: &[&str] = &[
 /// A base port with `n` free loopback ports from it (node K listens on base + K).
 fn free_port_range(n: u16) -> u16 {
     for _ in 0..200 {
-        let base: u16 = 20_000 + rand_u16() % 20_000;
+        // Below the usual ephemeral range (32768..), where bind(0) would not hand them out.
+        let base: u16 = 20_000 + rand_u16() % 12_000;
         let held: Vec<_> = (0..n)
             .map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
             .collect();
