@@ -4,17 +4,24 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::Mutex;
 
-use nessie_protocols::{Error, KvClient};
+use nessie_protocols::{Cond, CondOutcome, Error, KvClient, Version};
 
 use crate::mc_serve::Backend;
 
-/// A store in a map, as one client.
+/// A store in a map, as one client: each key's value with its version (a counter bumped by
+/// every write, as an ITE word changes with every write in the store).
 #[derive(Default)]
-pub struct MapClient(pub HashMap<Vec<u8>, Vec<u8>>);
+pub struct MapClient(pub HashMap<Vec<u8>, (Vec<u8>, Version)>, pub Version);
+
+impl MapClient {
+    fn version(&self, key: &[u8]) -> Option<Version> {
+        self.0.get(key).map(|(_, v)| *v)
+    }
+}
 
 impl KvClient for MapClient {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self.0.get(key).cloned())
+        Ok(self.0.get(key).map(|(v, _)| v.clone()))
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         if value.len() > 1000 {
@@ -24,12 +31,36 @@ impl KvClient for MapClient {
                 awaiting_expiry: 0,
             });
         }
-        self.0.insert(key.to_vec(), value.to_vec());
+        self.1 += 1;
+        self.0.insert(key.to_vec(), (value.to_vec(), self.1));
         Ok(())
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.0.remove(key);
         Ok(())
+    }
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        out.clear();
+        Ok(self.0.get(key).map(|(v, ver)| {
+            out.extend_from_slice(v);
+            *ver
+        }))
+    }
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        let current = self.version(key);
+        if !cond.holds(current) {
+            return Ok(CondOutcome::Unmet { current });
+        }
+        self.put(key, value)?;
+        Ok(CondOutcome::Stored)
+    }
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        let current = self.version(key);
+        if !cond.holds(current) {
+            return Ok(CondOutcome::Unmet { current });
+        }
+        self.delete(key)?;
+        Ok(CondOutcome::Stored)
     }
 }
 

@@ -38,6 +38,10 @@ pub enum Error {
     /// An error reported by a node that performed the operation on our behalf.
     #[error("{0}")]
     Node(String),
+    /// The cluster's mode does not offer the operation (conditional writes are the CD
+    /// protocol's).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<FabricError> for Error {

@@ -42,6 +42,52 @@ pub use fence::{Fence, MovedCopy, NodeRole};
 pub use hooks::HookPoint;
 pub use replica::{CatchUp, ReplicaSet, Replicated};
 
+/// A key's version: an opaque word, never 0, that changes with every write of the key (in the
+/// CD protocol, the ITE word of the key's entry, `docs/layout.md`). A client reads it with
+/// [`KvClient::get_versioned`] and makes a write conditional on it ([`Cond::Version`]).
+pub type Version = u64;
+
+/// The condition a conditional write ([`KvClient::put_if`], [`KvClient::delete_if`]) takes
+/// effect under, evaluated atomically with the write (`docs/protocol.md`, guarded writes).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Cond {
+    /// The key is absent (memcached `add`, Redis `SET NX`).
+    Absent,
+    /// The key is present, whatever its value (memcached `replace`, Redis `SET XX`).
+    Present,
+    /// The key is present at exactly this version (memcached `cas`, and every
+    /// read-modify-write: `incr`, `append`, `touch`, `GETDEL`, `EXPIRE`).
+    Version(Version),
+}
+
+impl Cond {
+    /// Whether a key whose current version is `current` (`None`: absent) meets the condition.
+    pub fn holds(self, current: Option<Version>) -> bool {
+        match (self, current) {
+            (Cond::Absent, c) => c.is_none(),
+            (Cond::Present, c) => c.is_some(),
+            (Cond::Version(v), c) => c == Some(v),
+        }
+    }
+}
+
+/// What a conditional write did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CondOutcome {
+    /// The condition held and the write took effect.
+    Stored,
+    /// The condition did not hold; nothing changed. `current`: the key's version when the
+    /// condition was evaluated (`None`: absent).
+    Unmet { current: Option<Version> },
+}
+
+/// The error of a conditional operation in a mode without it.
+fn unsupported(what: &str) -> Error {
+    Error::Unsupported(format!(
+        "{what} needs conditional writes, which only the client-driven (cd) mode offers"
+    ))
+}
+
 /// What every protocol's client offers: the key-value API. Workloads, stress tests and
 /// benchmarks drive clients through it, whatever the protocol and fabric.
 pub trait KvClient: Send {
@@ -62,6 +108,21 @@ pub trait KvClient: Send {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error>;
     /// Remove `key` (no-op if absent).
     fn delete(&mut self, key: &[u8]) -> Result<(), Error>;
+    /// Read `key` into `out` (its contents replaced) with its version; `None` if absent.
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        let _ = (key, out);
+        Err(unsupported("a versioned read"))
+    }
+    /// Store `value` under `key` if `cond` holds, atomically.
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        let _ = (key, value, cond);
+        Err(unsupported("a conditional write"))
+    }
+    /// Remove `key` if `cond` holds, atomically.
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        let _ = (key, cond);
+        Err(unsupported("a conditional delete"))
+    }
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
@@ -76,6 +137,15 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         (**self).delete(key)
+    }
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        (**self).get_versioned(key, out)
+    }
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        (**self).put_if(key, value, cond)
+    }
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        (**self).delete_if(key, cond)
     }
 }
 
