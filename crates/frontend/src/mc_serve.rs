@@ -566,7 +566,7 @@ mod tests {
         // An item whose time has passed reads as absent.
         let mut v = Vec::new();
         item::encode(&mut v, 0, unix_now_ms() - 1, b"old");
-        b.0.lock().unwrap().0.insert(b"o".to_vec(), v);
+        b.0.lock().unwrap().0.insert(b"o".to_vec(), (v, 1));
         assert_eq!(
             session(&b, b"get o\r\ndelete o\r\n", 64),
             "END\r\nNOT_FOUND\r\n"
