@@ -8,7 +8,9 @@
 //!
 //! Every key is an independent register whose state is `Option<ValueId>` (`None` =
 //! absent, initially `initial(key)`): `Put(v)` sets `Some(v)`, `Delete` sets `None`,
-//! `Get` must return the current state. Linearizability is *P-compositional*: a history
+//! `Get` must return the current state. `PutIf(v, c)` and `DeleteIf(c)` do the same if the
+//! condition `c` holds in the state (outcome `Ok`), and nothing if it does not (`Unmet`,
+//! which is checked like a read; see [`Cond::Is`] for the one condition it cannot judge). Linearizability is *P-compositional*: a history
 //! is linearizable iff its restriction to every key is, so each key is checked on its own
 //! (in parallel across keys).
 //!
@@ -53,14 +55,61 @@ pub enum Op {
     Put(ValueId),
     /// Remove the key.
     Delete,
+    /// Write the value if the condition holds ([`Outcome::Unmet`] if it did not).
+    PutIf(ValueId, Cond),
+    /// Remove the key if the condition holds ([`Outcome::Unmet`] if it did not).
+    DeleteIf(Cond),
+}
+
+/// The condition of a conditional write, on the register's state.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Cond {
+    /// The key is absent.
+    Absent,
+    /// The key is present.
+    Present,
+    /// The key holds this value. The store conditions on a *version*, which changes with
+    /// every write but may also change without one (a MIGRATE copies the entry): so when
+    /// values are unique, a write stored under this condition proves the state, and one
+    /// unmet proves nothing.
+    Is(ValueId),
+}
+
+impl Cond {
+    /// Whether the condition holds in `state`.
+    pub fn holds(self, state: Option<ValueId>) -> bool {
+        match self {
+            Cond::Absent => state.is_none(),
+            Cond::Present => state.is_some(),
+            Cond::Is(v) => state == Some(v),
+        }
+    }
+
+    /// Whether an unmet condition is consistent with `state` (see [`Cond::Is`]).
+    pub(crate) fn may_fail(self, state: Option<ValueId>) -> bool {
+        matches!(self, Cond::Is(_)) || !self.holds(state)
+    }
+}
+
+impl std::fmt::Display for Cond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cond::Absent => write!(f, "absent"),
+            Cond::Present => write!(f, "present"),
+            Cond::Is(v) => write!(f, "={v}"),
+        }
+    }
 }
 
 /// How an operation ended.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Outcome {
     /// Completed successfully. For Get: the value read (None = key absent). For
-    /// Put/Delete: None (a payload is ignored).
+    /// Put/Delete: None (a payload is ignored). For PutIf/DeleteIf: the condition held and
+    /// the write took effect.
     Ok(Option<ValueId>),
+    /// A conditional write whose condition did not hold: it changed nothing.
+    Unmet,
     /// Returned an error: the operation may or may not have taken effect (for Put/Delete
     /// it is treated as possibly taking effect at any time after invocation, never
     /// completing); failed Gets carry no information and are dropped.
@@ -94,6 +143,13 @@ impl std::fmt::Display for Event {
             (Op::Put(v), Outcome::Failed) => write!(f, "Put({v}) FAILED")?,
             (Op::Delete, Outcome::Ok(_)) => write!(f, "Delete ok")?,
             (Op::Delete, Outcome::Failed) => write!(f, "Delete FAILED")?,
+            (Op::PutIf(v, c), Outcome::Ok(_)) => write!(f, "PutIf({v}, {c}) stored")?,
+            (Op::PutIf(v, c), Outcome::Unmet) => write!(f, "PutIf({v}, {c}) unmet")?,
+            (Op::PutIf(v, c), Outcome::Failed) => write!(f, "PutIf({v}, {c}) FAILED")?,
+            (Op::DeleteIf(c), Outcome::Ok(_)) => write!(f, "DeleteIf({c}) stored")?,
+            (Op::DeleteIf(c), Outcome::Unmet) => write!(f, "DeleteIf({c}) unmet")?,
+            (Op::DeleteIf(c), Outcome::Failed) => write!(f, "DeleteIf({c}) FAILED")?,
+            (op, Outcome::Unmet) => write!(f, "{op:?} unmet (only conditional writes can be)")?,
         }
         write!(f, " [{}ns..{}ns]", self.invoke_ns, self.response_ns)
     }
@@ -166,7 +222,9 @@ impl Limits {
 /// original, so the verdict is unchanged. Failed Puts of unique values are thereby
 /// bounded by their last observation; a failed Delete stays open until the last Get
 /// that returned absent, which can be far away: that widens the search (the delete is a
-/// candidate all along), not the verdict.
+/// candidate all along), not the verdict. A conditional write observes the state as a Get
+/// does, so on a key with conditional writes every failed write stays open to the end of
+/// the history.
 ///
 /// *Just-in-time linearization (Wing & Gong, Lowe).* Calls and returns are sorted by time
 /// into a doubly linked list. The search repeatedly linearizes a *minimal* operation:

@@ -104,7 +104,7 @@ fn refute_read(
 fn writers_by_value(ops: &[KeyOp<'_>]) -> HashMap<State, Writers> {
     let mut by_value: HashMap<State, Writers> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
-        let Kind::Write(v) = op.kind else { continue };
+        let Some(v) = op.kind.written() else { continue };
         let w = by_value.entry(v).or_default();
         if op.optional {
             w.optional_call = Some(w.optional_call.map_or(op.call, |c| c.min(op.call)));
@@ -132,7 +132,7 @@ impl<'o, 'a> Killers<'o, 'a> {
     fn new(ops: &'o [KeyOp<'a>]) -> Self {
         let writes: Vec<u32> = (0..ops.len() as u32)
             .filter(|&i| {
-                matches!(ops[i as usize].kind, Kind::Write(_)) && !ops[i as usize].optional
+                ops[i as usize].kind.written().is_some() && !ops[i as usize].optional
             })
             .collect();
         let mut suffix: Vec<Option<u32>> = vec![None; writes.len() + 1];
@@ -161,10 +161,10 @@ impl<'o, 'a> Killers<'o, 'a> {
         });
         let k = self.suffix[pos].filter(|&k| ops[k as usize].ret < r.call)?;
         debug_assert!(
-            ops[k as usize].kind
-                != Kind::Write(match r.kind {
+            ops[k as usize].kind.written()
+                != Some(match r.kind {
                     Kind::Read(v) => v,
-                    Kind::Write(_) => unreachable!(),
+                    _ => unreachable!(),
                 })
         );
         Some(k)

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use crate::refute::{refute, Refutation};
 use crate::report::{KeyReport, Report, Verdict};
-use crate::{fmt_value, Event, KeyId, Limits, Op, Outcome, ValueId};
+use crate::{fmt_value, Cond, Event, KeyId, Limits, Op, Outcome, ValueId};
 
 /// Register state: `None` = absent.
 pub(crate) type State = Option<ValueId>;
@@ -19,6 +19,29 @@ pub(crate) enum Kind {
     Read(State),
     /// A Put (`Some`) or Delete (`None`).
     Write(State),
+    /// A conditional Put (`Some`) or Delete (`None`) that took effect (or, failed, may have).
+    Guarded(Cond, State),
+    /// A conditional write whose condition did not hold.
+    Unmet(Cond),
+}
+
+impl Kind {
+    /// The state this op leaves when it takes effect, if it writes.
+    pub(crate) fn written(self) -> Option<State> {
+        match self {
+            Kind::Write(v) | Kind::Guarded(_, v) => Some(v),
+            Kind::Read(_) | Kind::Unmet(_) => None,
+        }
+    }
+
+    /// A Get, or an unmet conditional write: an op that only observes the state.
+    fn observes(self, state: State) -> bool {
+        match self {
+            Kind::Read(v) => v == state,
+            Kind::Unmet(c) => c.may_fail(state),
+            _ => false,
+        }
+    }
 }
 
 /// One operation of a key, as searched.
@@ -36,14 +59,23 @@ pub(crate) struct KeyOp<'a> {
 fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
     let mut ops = Vec::with_capacity(events.len());
     let mut failed_writes = Vec::new();
+    // A conditional write observes the state too: a failed write can matter to one after the
+    // last Get of its value, so with them failed writes stay open to the end.
+    let conditional = events
+        .iter()
+        .any(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(_)));
+    let end = events.iter().map(|e| e.response_ns.max(e.invoke_ns)).max();
     for &ev in events {
         let call = ev.invoke_ns;
         let ret = ev.response_ns.max(call);
         let kind = match (&ev.op, &ev.outcome) {
             (Op::Get, Outcome::Ok(v)) => Kind::Read(*v),
-            (Op::Get, Outcome::Failed) => continue,
+            (Op::Get, _) => continue,
             (Op::Put(v), _) => Kind::Write(Some(*v)),
             (Op::Delete, _) => Kind::Write(None),
+            (Op::PutIf(_, c) | Op::DeleteIf(c), Outcome::Unmet) => Kind::Unmet(*c),
+            (Op::PutIf(v, c), _) => Kind::Guarded(*c, Some(*v)),
+            (Op::DeleteIf(c), _) => Kind::Guarded(*c, None),
         };
         let op = KeyOp {
             call,
@@ -68,10 +100,9 @@ fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
             }
         }
         for mut op in failed_writes {
-            let Kind::Write(v) = op.kind else {
-                unreachable!("only writes are kept as failed ops")
-            };
-            match last_read.get(&v) {
+            let v = op.kind.written().expect("only writes are kept as failed ops");
+            let bound = if conditional { end } else { last_read.get(&v).copied() };
+            match bound.as_ref() {
                 Some(&bound) if bound >= op.call => {
                     op.ret = bound;
                     op.optional = true;
@@ -351,10 +382,11 @@ impl<'s, 'a> Search<'s, 'a> {
 
     fn step(op: &KeyOp<'_>, state: State, alt: u8) -> Option<State> {
         match (op.kind, alt) {
-            (Kind::Read(v), _) => (v == state).then_some(state),
+            (k @ (Kind::Read(_) | Kind::Unmet(_)), _) => k.observes(state).then_some(state),
             (Kind::Write(v), 0) => Some(v),
+            (Kind::Guarded(c, v), 0) => c.holds(state).then_some(v),
             // Optional write that does not take effect.
-            (Kind::Write(_), _) => Some(state),
+            (Kind::Write(_) | Kind::Guarded(..), _) => Some(state),
         }
     }
 
@@ -365,7 +397,7 @@ impl<'s, 'a> Search<'s, 'a> {
         let mut x = self.next[HEAD as usize];
         while self.node_is_call[x as usize] {
             let j = self.node_op[x as usize];
-            if self.ops[j as usize].kind == Kind::Read(state) {
+            if self.ops[j as usize].kind.observes(state) {
                 return Some(j);
             }
             x = self.next[x as usize];
@@ -390,7 +422,7 @@ impl<'s, 'a> Search<'s, 'a> {
         let mut x = self.next[HEAD as usize];
         while self.node_is_call[x as usize] {
             let j = self.node_op[x as usize];
-            if self.ops[j as usize].kind == Kind::Write(v) {
+            if self.ops[j as usize].kind.written() == Some(v) {
                 return Some(j);
             }
             x = self.next[x as usize];
@@ -759,7 +791,7 @@ fn dead_end_window(s: &mut String, ops: &[KeyOp<'_>], initial: State, d: &DeadEn
         if let Kind::Read(v) = ops[c as usize].kind {
             let writers: Vec<u32> = (0..ops.len() as u32)
                 .filter(|&j| {
-                    ops[j as usize].kind == Kind::Write(v) && ops[j as usize].call <= b.ret
+                    ops[j as usize].kind.written() == Some(v) && ops[j as usize].call <= b.ret
                 })
                 .collect();
             if writers.is_empty() && v != initial {

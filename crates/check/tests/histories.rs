@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use nessie_check::{check, Event, History, Limits, Op, Outcome, Report, Verdict};
+use nessie_check::{check, Cond, Event, History, Limits, Op, Outcome, Report, Verdict};
 
 const K: u64 = 7;
 
@@ -437,5 +437,65 @@ fn failed_put_may_have_no_effect_even_if_its_value_is_read() {
         put(0, K, 2, 2, 5),
         failed_put(2, K, 1, 10, 11),
         get(0, K, Some(2), 30, 40),
+    ]);
+}
+
+// ---- conditional writes -----------------------------------------------------------
+
+fn put_if(client: u32, v: u64, c: Cond, outcome: Outcome, i: u64, r: u64) -> Event {
+    ev(client, K, Op::PutIf(v, c), outcome, i, r)
+}
+
+#[test]
+fn two_adds_of_an_absent_key_cannot_both_be_stored() {
+    // Concurrent or not: without a delete between them, the second finds the first's value.
+    assert_violation(&[
+        put_if(0, 1, Cond::Absent, Outcome::Ok(None), 0, 10),
+        put_if(1, 2, Cond::Absent, Outcome::Ok(None), 5, 20),
+    ]);
+    assert_linearizable(&[
+        put_if(0, 1, Cond::Absent, Outcome::Ok(None), 0, 10),
+        put_if(1, 2, Cond::Absent, Outcome::Unmet, 5, 20),
+        get(2, K, Some(1), 30, 40),
+    ]);
+}
+
+#[test]
+fn a_conditional_write_judged_on_a_stale_state_is_rejected() {
+    // The put completed before the add began: the add must find the key present.
+    assert_violation(&[
+        put(0, K, 1, 0, 10),
+        put_if(1, 2, Cond::Absent, Outcome::Ok(None), 20, 30),
+    ]);
+    // A compare-and-set on a value overwritten before it began.
+    assert_violation(&[
+        put(0, K, 1, 0, 10),
+        put(0, K, 3, 11, 12),
+        put_if(1, 2, Cond::Is(1), Outcome::Ok(None), 20, 30),
+    ]);
+    // An unmet "absent" on a key that is absent throughout.
+    assert_violation(&[
+        put_if(1, 2, Cond::Absent, Outcome::Unmet, 20, 30),
+        get(0, K, None, 40, 50),
+    ]);
+}
+
+#[test]
+fn a_failed_write_can_explain_an_unmet_condition() {
+    // Nothing reads 1, but the failed put may have taken effect: that explains the unmet add.
+    assert_linearizable(&[
+        failed_put(0, K, 1, 0, 10),
+        put_if(1, 2, Cond::Absent, Outcome::Unmet, 20, 30),
+    ]);
+    // An unmet version condition proves nothing (a MIGRATE changes the version).
+    assert_linearizable(&[
+        put(0, K, 1, 0, 10),
+        put_if(1, 2, Cond::Is(1), Outcome::Unmet, 20, 30),
+        get(0, K, Some(1), 40, 50),
+    ]);
+    assert_linearizable(&[
+        put(0, K, 1, 0, 10),
+        ev(1, K, Op::DeleteIf(Cond::Is(1)), Outcome::Ok(None), 20, 30),
+        get(0, K, None, 40, 50),
     ]);
 }

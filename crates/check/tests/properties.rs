@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use nessie_check::{check, Event, KeyId, Limits, Op, Outcome, ValueId, Verdict};
+use nessie_check::{check, Cond, Event, KeyId, Limits, Op, Outcome, ValueId, Verdict};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::strategy::ValueTree;
@@ -228,8 +228,51 @@ fn tiny_history() -> impl Strategy<Value = (Vec<Event>, Option<ValueId>)> {
     )
 }
 
+/// Tiny single-key histories mixing conditional writes (every condition, stored, unmet or
+/// failed) with plain ones.
+fn tiny_conditional_history() -> impl Strategy<Value = (Vec<Event>, Option<ValueId>)> {
+    let cond = prop_oneof![
+        Just(Cond::Absent),
+        Just(Cond::Present),
+        (1..4u64).prop_map(Cond::Is)
+    ];
+    let outcome = prop_oneof![
+        Just(Outcome::Ok(None)),
+        Just(Outcome::Unmet),
+        Just(Outcome::Failed)
+    ];
+    let conditional = (0..2u8, 1..4u64, cond, outcome, 0..12u64, 0..8u64, 0..3u32).prop_map(
+        |(kind, v, c, outcome, call, dur, client)| {
+            let op = if kind == 0 { Op::PutIf(v, c) } else { Op::DeleteIf(c) };
+            ev(client, 0, op, outcome, call, call + dur)
+        },
+    );
+    let plain = tiny_history().prop_map(|(events, _)| events);
+    (
+        prop::collection::vec(conditional, 1..5),
+        plain,
+        prop::option::of(Just(1u64)),
+    )
+        .prop_map(|(mut c, p, init)| {
+            c.extend(p.into_iter().take(4));
+            (c, init)
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn agrees_with_brute_force_on_tiny_conditional_histories(
+        (events, init) in tiny_conditional_history()
+    ) {
+        let expected = brute_force(&events, init);
+        for quick in [true, false] {
+            let report = check(&events, |_| init, &limits(quick));
+            prop_assert_eq!(report.is_ok(), expected, "quick_refutation {}: {}", quick, report);
+            prop_assert_eq!(report.unknown().count(), 0);
+        }
+    }
 
     #[test]
     fn agrees_with_brute_force_on_tiny_histories((events, init) in tiny_history()) {
@@ -261,6 +304,22 @@ fn brute_force_sanity() {
         &[get(1, 0, Some(1), 0, 5), failed_put(0, 0, 1, 10, 20)],
         None
     ));
+}
+
+#[test]
+fn tiny_conditional_history_mix_has_both_verdicts() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = tiny_conditional_history();
+    let (mut yes, mut no) = (0, 0);
+    for _ in 0..2000 {
+        let (events, init) = strategy.new_tree(&mut runner).unwrap().current();
+        if brute_force(&events, init) {
+            yes += 1
+        } else {
+            no += 1
+        }
+    }
+    assert!(yes > 300 && no > 300, "linearizable {yes}, not {no}");
 }
 
 #[test]

@@ -115,6 +115,12 @@ pub struct Mutations {
     /// Replication: a plain write goes to the copies in chain order from the last, receiving
     /// ones included, instead of to the receiving ones after the others.
     pub receiving_written_first: bool,
+    /// A conditional write judges the key's state from PUT Step 2's view (up to the first
+    /// empty candidate), missing a valid entry of the key in a later one.
+    pub guard_looks_to_candidate: bool,
+    /// A conditional write passes over another writer's entry in progress and clears it, as
+    /// a plain PUT's Step 4 does: that write may still take effect, unseen by the condition.
+    pub guard_passes_writes: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

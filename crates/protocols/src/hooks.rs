@@ -13,6 +13,8 @@ pub enum HookPoint {
     BeforeValueRead,
     /// A GET has read a candidate DTE and is about to inspect it.
     GetAfterDteRead,
+    /// A conditional write has looked at every candidate and not yet written (`guarded.rs`).
+    GuardedAfterLook,
     /// A PUT/DELETE has swapped its new DTE into the candidate ITE (Step 3.1).
     AfterCandidateCas,
     /// A PUT/DELETE is about to start its reverse pass (Step 5).

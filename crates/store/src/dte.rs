@@ -8,7 +8,9 @@
 //! 0       8           header:   bit 0 = valid flag; bit 1 = tombstone (a DELETE's entry, never
 //!                               valid); bit 2 = given up (its writer will not act on it again);
 //!                               bit 3 = a MIGRATE's copy, bits 8..15 = which of its key's
-//!                               candidates the MIGRATE's source is;
+//!                               candidates the MIGRATE's source is; bit 4 = guarded (a
+//!                               conditional write's: never rolled forward by others, its
+//!                               previous version is put back instead);
 //!                               bits 32..63 = writer tag (node << 16 | worker)
 //! 8       8           recycle:  bit 63 = recycle flag; bits 0..62 = with the flag, the expiry
 //!                               timestamp (ns since the Unix epoch) after which the entry may be
@@ -50,6 +52,9 @@ const RECYCLE: u64 = 1 << 63;
 /// Header bit of a MIGRATE's copy (its source candidate in [`SOURCE_SHIFT`]..).
 const MIGRATED: u64 = 1 << 3;
 const SOURCE_SHIFT: u32 = 8;
+/// Header bit of a conditional write's entry: whoever completes it for its writer puts its
+/// previous version back (its condition was evaluated by its writer alone).
+pub const GUARDED: u64 = 1 << 4;
 
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
@@ -85,6 +90,8 @@ pub struct Head {
     pub write_deadline: u64,
     /// A MIGRATE's copy: which of the key's candidates (0-based) its source is.
     pub source: Option<u8>,
+    /// A conditional write's entry (its previous version is what it replaced, always).
+    pub guarded: bool,
 }
 
 /// Sizes and offsets of DTEs for one cluster.
@@ -109,6 +116,8 @@ pub struct DteMeta {
     pub given_up: bool,
     /// A MIGRATE's copy, while invalid: which of the key's candidates its source is.
     pub source: Option<u8>,
+    /// A conditional write's entry: completed by putting `prev` back, never rolled forward.
+    pub guarded: bool,
     pub writer: WriterTag,
     /// The recycle flag's expiry timestamp, if the flag is set.
     pub recycle: Option<u64>,
@@ -187,6 +196,7 @@ impl DteLayout {
             tombstone: false,
             write_deadline: 0,
             source: None,
+            guarded: false,
         };
         self.encode_with(buf, head, key, value)
     }
@@ -208,7 +218,9 @@ impl DteLayout {
         let len = (value_off + pad8(value.len() as u64)) as usize;
         buf.clear();
         buf.resize(len, 0);
-        let flags = if head.tombstone { TOMBSTONE } else { 0 } | Self::source_bits(head.source);
+        let flags = if head.tombstone { TOMBSTONE } else { 0 }
+            | if head.guarded { GUARDED } else { 0 }
+            | Self::source_bits(head.source);
         put_word(
             buf,
             HEADER_OFF,
@@ -264,6 +276,7 @@ impl DteLayout {
             tombstone: h & TOMBSTONE != 0,
             given_up: h & GIVEN_UP != 0,
             source: (h & MIGRATED != 0).then_some((h >> SOURCE_SHIFT) as u8),
+            guarded: h & GUARDED != 0,
             writer: WriterTag((h >> 32) as u32),
             recycle: Self::recycle_expiry(r),
             write_deadline: if r & RECYCLE == 0 { r } else { 0 },

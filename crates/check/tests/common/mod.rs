@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use nessie_check::{Event, KeyId, Op, Outcome, ValueId};
+use nessie_check::{Cond, Event, KeyId, Op, Outcome, ValueId};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -190,17 +190,22 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
         ret: Option<u64>, // None = never returned
         read: bool,
         value: Option<ValueId>,
+        /// A conditional write's condition; with `unmet`, the op only observes that it failed.
+        cond: Option<Cond>,
+        unmet: bool,
     }
     let mut mandatory = Vec::new();
     let mut optional = Vec::new();
     for e in events {
-        let (read, value) = match e.op {
+        let (read, value, cond) = match e.op {
             Op::Get => match e.outcome {
-                Outcome::Ok(v) => (true, v),
-                Outcome::Failed => continue,
+                Outcome::Ok(v) => (true, v, None),
+                _ => continue,
             },
-            Op::Put(v) => (false, Some(v)),
-            Op::Delete => (false, None),
+            Op::Put(v) => (false, Some(v), None),
+            Op::Delete => (false, None, None),
+            Op::PutIf(v, c) => (false, Some(v), Some(c)),
+            Op::DeleteIf(c) => (false, None, Some(c)),
         };
         let failed = e.outcome == Outcome::Failed;
         let b = B {
@@ -208,6 +213,8 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
             ret: (!failed).then_some(e.response_ns.max(e.invoke_ns)),
             read,
             value,
+            cond,
+            unmet: e.outcome == Outcome::Unmet,
         };
         if failed {
             optional.push(b)
@@ -229,13 +236,18 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
             if must_wait {
                 continue;
             }
-            let next = if ops[o].read {
-                if ops[o].value != state {
-                    continue;
-                }
-                state
-            } else {
-                ops[o].value
+            let next = match ops[o] {
+                B { read: true, value, .. } if value != state => continue,
+                B { read: true, .. } => state,
+                // An unmet version condition proves nothing (`Cond::Is`).
+                B {
+                    unmet: true,
+                    cond: Some(c),
+                    ..
+                } if matches!(c, Cond::Is(_)) || !c.holds(state) => state,
+                B { unmet: true, .. } => continue,
+                B { cond: Some(c), .. } if !c.holds(state) => continue,
+                B { value, .. } => value,
             };
             if dfs(ops, remaining & !(1 << o), next) {
                 return true;

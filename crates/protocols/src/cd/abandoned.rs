@@ -38,7 +38,7 @@
 //! node failed are completed too, but what that writer had staged is lost with it.
 
 use nessie_fabric::{Endpoint, RemoteAddr};
-use nessie_store::dte::{DteMeta, GIVEN_UP, HEADER_OFF, TOMBSTONE};
+use nessie_store::dte::{DteMeta, GIVEN_UP, GUARDED, HEADER_OFF, TOMBSTONE};
 use nessie_store::{Ite, DATA_REGION};
 use rand::Rng;
 
@@ -62,6 +62,8 @@ pub(crate) enum Completion {
     Cleared,
     /// The entry was no longer in the index (or no longer abandoned): nothing to do.
     Gone,
+    /// A conditional write's entry: the entry it replaced is back in its place.
+    PutBack,
 }
 
 /// How Step 6 completes an abandoned entry.
@@ -131,6 +133,11 @@ impl<E: Endpoint> CdClient<E> {
             self.recycle(w);
             return Ok(Completion::Cleared);
         }
+        if f.meta.guarded {
+            // A conditional write's: its condition was its writer's to evaluate, so it never
+            // takes effect on anyone else's behalf. Its previous version goes back.
+            return self.put_back(&p, c, w, Ite(f.meta.prev));
+        }
         if let (true, Some(source)) = (theirs, f.meta.source) {
             if !self.source_emptied_for(&mut h, source, w)? {
                 return self.take_out_copy(&p, c, w);
@@ -170,6 +177,19 @@ impl<E: Endpoint> CdClient<E> {
         let index = self.view.index.clone();
         let (word, _) = self.read_ite(h.slot(&index, source as usize))?;
         Ok(index.ite.names(word, w) || mutated!(self.cfg, complete_ignores_source))
+    }
+
+    /// Put `prev` back in candidate `c` in place of the abandoned guarded entry `w` that
+    /// replaced it (its writer staged `prev`, or handed it over with `w`: it is intact).
+    fn put_back(&mut self, p: &Pass<'_>, c: usize, w: Ite, prev: Ite) -> Attempt<Completion> {
+        self.check(&p.d)?;
+        if self.cas_ite(p.slots[c], w, prev)?.is_none() {
+            return Err(Abort::Concurrent(
+                "an abandoned conditional write changed before it was withdrawn",
+            ));
+        }
+        self.recycle(w);
+        Ok(Completion::PutBack)
     }
 
     /// Take the abandoned MIGRATE copy `w` (in candidate `c`) out: its move did not happen.
@@ -285,9 +305,11 @@ impl<E: Endpoint> CdClient<E> {
         for (ite, prev) in st.published_latest_first() {
             match self.finish_own_one(key, ite) {
                 Ok(Completion::RolledForward) => took_effect = true,
+                Ok(Completion::PutBack) => st.hand_over(prev), // in the index again
                 Ok(_) => {}
                 Err(_) => {
-                    let kind = if tombstone { TOMBSTONE } else { 0 };
+                    let kind = if tombstone { TOMBSTONE } else { 0 }
+                        | if st.guarded { GUARDED } else { 0 };
                     if self.mark_given_up(ite, kind) && !prev.is_empty() {
                         handed.push(prev);
                     }

@@ -305,7 +305,9 @@ impl<E: Endpoint> CdClient<E> {
     /// class has room there, else in a page the node holds on another node; the WRITE is
     /// remotely complete before this returns, so the CAS that publishes it comes after. Fails
     /// with `TableFull` when no node has room.
-    /// `source`: a MIGRATE's copy, whose source is this candidate of the key.
+    /// `source`: a MIGRATE's copy, whose source is this candidate of the key. `guarded`: a
+    /// conditional write's, which records what it replaced whatever the optimisations (it is
+    /// what a completer puts back).
     pub(crate) fn write_new_dte(
         &mut self,
         filter: u64,
@@ -313,8 +315,9 @@ impl<E: Endpoint> CdClient<E> {
         key: &[u8],
         value: Option<&[u8]>,
         source: Option<u8>,
+        guarded: bool,
     ) -> Attempt<(Ite, DteSlot, Ite)> {
-        let prev = if self.cfg.optimizations.previous_versions {
+        let prev = if self.cfg.optimizations.previous_versions || guarded {
             prev
         } else {
             Ite::EMPTY
@@ -327,6 +330,7 @@ impl<E: Endpoint> CdClient<E> {
             // Our attempt ends within one expiry period of its start, before this.
             write_deadline: self.ep.now_ns() + self.cfg.expiry_ns,
             source,
+            guarded,
         };
         let (ite, slot) = self.write_dte(filter, head, key, value)?;
         Ok((ite, slot, prev))
@@ -347,6 +351,7 @@ impl<E: Endpoint> CdClient<E> {
             tombstone: false,
             write_deadline: 0,
             source: None,
+            guarded: false,
         };
         self.write_dte(filter, head, key, Some(value))
     }

@@ -21,8 +21,9 @@ use crate::hooks::HookPoint;
 
 impl<E: Endpoint> CdClient<E> {
     /// One attempt of GET: where the value is in the read buffer (valid until the client's
-    /// next operation), or `None` if the key is absent.
-    pub(crate) fn get_once(&mut self, key: &[u8]) -> Attempt<Option<Range<usize>>> {
+    /// next operation) and the ITE word of the entry it is in (the key's version), or `None`
+    /// if the key is absent.
+    pub(crate) fn get_once(&mut self, key: &[u8]) -> Attempt<Option<(Range<usize>, Ite)>> {
         let d = self.deadline(); // Step 0
         let index = self.view.index.clone();
         let mut h = index.hashes(key); // Step 1 (lazily)
@@ -46,7 +47,7 @@ impl<E: Endpoint> CdClient<E> {
                 continue;
             }
             if f.meta.valid || mutated!(self.cfg, skip_valid_check) {
-                return Ok(Some(Self::value_range(&f))); // 2.4
+                return Ok(Some((Self::value_range(&f), ite))); // 2.4
             }
             // 2.5: an in-progress write replaced `prev`; that DTE is still intact.
             if !self.cfg.optimizations.previous_versions || f.meta.prev == 0 {
@@ -61,7 +62,7 @@ impl<E: Endpoint> CdClient<E> {
             let p = self.fetch(prev, t, &d, key, Want::ValueIfMatch)?;
             if p.key_matches && p.meta.valid {
                 self.stats.previous_version_hits += 1;
-                return Ok(Some(Self::value_range(&p)));
+                return Ok(Some((Self::value_range(&p), prev)));
             }
             return Err(Abort::Concurrent(
                 "GET met an in-progress write without a usable previous version",

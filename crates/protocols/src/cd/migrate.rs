@@ -192,6 +192,7 @@ impl<E: Endpoint> CdClient<E> {
             &moved.key,
             Some(&moved.value),
             Some(moved.source),
+            false,
         )?;
         // The destination's empty word as it is now (a recursive MIGRATE may have emptied
         // it, leaving a moved word whose copy must be settled before the word goes).
@@ -424,45 +425,17 @@ struct Moved {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{fast_cfg, small_geometry, FailNext, InProcCluster, NODES};
+    use super::super::testkit::{
+        fast_cfg, key, key_first_in, key_with_distinct_candidates, small_geometry, FailNext,
+        InProcCluster, NODES, SEARCH,
+    };
     use super::super::CdClient;
     use crate::config::{Mutations, ProtocolConfig};
     use crate::error::Error;
     use crate::fence::Fence;
     use crate::hooks::HookPoint;
     use nessie_fabric::inproc::InProcEndpoint;
-    use nessie_store::index::Slot;
     use std::sync::Arc;
-
-    /// Keys tried when looking for a key with particular candidates.
-    const SEARCH: u32 = 100_000;
-
-    fn key(prefix: u8, i: u32) -> Vec<u8> {
-        let mut k = vec![prefix];
-        k.extend_from_slice(&i.to_le_bytes());
-        k
-    }
-
-    /// A key whose candidates are distinct slots.
-    fn key_with_distinct_candidates(c: &InProcCluster) -> Vec<u8> {
-        (0..SEARCH)
-            .map(|i| key(b'k', i))
-            .find(|k| {
-                let mut s = c.candidates(k);
-                s.sort_unstable();
-                s.windows(2).all(|w| w[0] != w[1])
-            })
-            .unwrap()
-    }
-
-    /// A key, not in `taken`, whose first candidate is `slot` (so an empty-index PUT puts it
-    /// there).
-    fn key_first_in(c: &InProcCluster, slot: Slot, taken: &[Vec<u8>]) -> Vec<u8> {
-        (0..SEARCH)
-            .map(|i| key(b'f', i))
-            .find(|k| c.candidates(k)[0] == slot && !taken.contains(k))
-            .unwrap()
-    }
 
     /// Every candidate of a key is taken by another key: its PUT must migrate one of them,
     /// and every key still reads back afterwards.

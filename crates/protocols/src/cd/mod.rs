@@ -14,6 +14,7 @@
 mod abandoned;
 mod access;
 pub mod get;
+mod guarded;
 pub mod migrate;
 #[cfg(test)]
 mod testkit;
@@ -280,18 +281,13 @@ impl<E: Endpoint> CdClient<E> {
         self.check_key(key)?;
         self.stats.gets += 1;
         let at = self.with_retry(|c| c.get_once(key))?;
-        Ok(at.map(|r| &self.buf[r]))
+        Ok(at.map(|(r, _)| &self.buf[r]))
     }
 
     /// Store `value` under `key`, replacing any previous value.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         self.check_key(key)?;
-        if value.len() > self.view.dte.value_max as usize {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: self.view.dte.value_max,
-            });
-        }
+        self.check_value(value)?;
         self.stats.puts += 1;
         self.write(key, Some(value))
     }
@@ -307,7 +303,7 @@ impl<E: Endpoint> CdClient<E> {
     pub fn try_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.check_key(key)?;
         match self.get_once(key) {
-            Ok(at) => Ok(at.map(|r| self.buf[r].to_vec())),
+            Ok(at) => Ok(at.map(|(r, _)| self.buf[r].to_vec())),
             Err(a) => Err(self.abort_to_error(a)),
         }
     }
@@ -344,6 +340,16 @@ impl<E: Endpoint> CdClient<E> {
     #[cfg(any(test, feature = "testing"))]
     pub fn set_hook(&mut self, hook: Option<Hook>) {
         self.hook = hook;
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<(), Error> {
+        if value.len() > self.view.dte.value_max as usize {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.view.dte.value_max,
+            });
+        }
+        Ok(())
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), Error> {

@@ -114,6 +114,36 @@ impl InProcCluster {
     }
 }
 
+/// Keys tried when looking for a key with particular candidates.
+pub(crate) const SEARCH: u32 = 100_000;
+
+pub(crate) fn key(prefix: u8, i: u32) -> Vec<u8> {
+    let mut k = vec![prefix];
+    k.extend_from_slice(&i.to_le_bytes());
+    k
+}
+
+/// A key whose candidates are distinct slots.
+pub(crate) fn key_with_distinct_candidates(c: &InProcCluster) -> Vec<u8> {
+    (0..SEARCH)
+        .map(|i| key(b'k', i))
+        .find(|k| {
+            let mut s = c.candidates(k);
+            s.sort_unstable();
+            s.windows(2).all(|w| w[0] != w[1])
+        })
+        .unwrap()
+}
+
+/// A key, not in `taken`, whose first candidate is `slot` (so an empty-index PUT puts it
+/// there).
+pub(crate) fn key_first_in(c: &InProcCluster, slot: Slot, taken: &[Vec<u8>]) -> Vec<u8> {
+    (0..SEARCH)
+        .map(|i| key(b'f', i))
+        .find(|k| c.candidates(k)[0] == slot && !taken.contains(k))
+        .unwrap()
+}
+
 /// How many of an endpoint's next operations fail, by kind (shared with the test driving it).
 #[derive(Default)]
 pub(crate) struct FailNext {

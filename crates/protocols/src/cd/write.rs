@@ -34,6 +34,8 @@ pub(crate) struct WriteState {
     rec: Vec<Ite>,
     /// Our invalid DTEs swapped into the index by an attempt and not taken out again by us.
     published: Vec<Published>,
+    /// A conditional write's (`guarded.rs`): its entries carry the guarded header bit.
+    pub(crate) guarded: bool,
 }
 
 /// One of our invalid DTEs in the index.
@@ -74,14 +76,14 @@ impl<'i> Pass<'i> {
 
 /// The candidate ITE Step 2 chose.
 #[derive(Copy, Clone, Debug)]
-struct Candidate {
+pub(crate) struct Candidate {
     /// Position (0-based) among the key's candidates.
-    pos: usize,
+    pub(crate) pos: usize,
     /// The new DTE's previous version and its restore target: the valid DTE of the key the
     /// candidate holds, the target inherited from our own leftover there, or `EMPTY`.
-    prev: Ite,
+    pub(crate) prev: Ite,
     /// The candidate holds a valid DTE of the key (else it is empty or our own leftover).
-    replaced_valid: bool,
+    pub(crate) replaced_valid: bool,
 }
 
 /// What the caller must do with an entry a write just took out of the index.
@@ -97,6 +99,26 @@ enum Removed {
 }
 
 impl WriteState {
+    /// The state of a conditional write.
+    pub(crate) fn guarded() -> Self {
+        Self {
+            guarded: true,
+            ..Self::default()
+        }
+    }
+
+    /// Stage `ite`, just taken out of the index, for recycling when the write ends.
+    pub(crate) fn stage(&mut self, ite: Ite) {
+        self.rec.push(ite);
+    }
+
+    /// Forget our entry `ours`, taken out of the index again, and hand `restored`, put back
+    /// in its place, back to the index (it leaves the staging list).
+    pub(crate) fn withdrawn(&mut self, ours: Ite, restored: Ite) {
+        self.published.retain(|p| p.ite != ours);
+        self.hand_over(restored);
+    }
+
     /// Record that this write removed `ite` from the index. `our_tag`: the DTE carries this
     /// client's writer tag (an ITE word alone can recur once its entry has been recycled and
     /// reused by another worker of the node).
@@ -170,7 +192,7 @@ impl<E: Endpoint> CdClient<E> {
     /// previous version it points to (readers may follow it until then): its completer
     /// recycles both. If one was rolled forward, the write took effect and succeeds. The other
     /// staged entries are ours to recycle now.
-    fn give_up(
+    pub(crate) fn give_up(
         &mut self,
         key: &[u8],
         value_is_none: bool,
@@ -232,7 +254,7 @@ impl<E: Endpoint> CdClient<E> {
 
         // Step 3: a new, invalid DTE (in local memory when there is room), then CAS it into the
         // candidate.
-        let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st)?;
+        let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st, false)?;
 
         // Step 4: clear duplicates of the key in the remaining candidates.
         self.clear_duplicates(&mut p, key, &mut h, cand.pos, new, st)?;
@@ -311,7 +333,9 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Step 3: write the new, invalid DTE (own node first, see `write_new_dte`) and CAS it into the
     /// candidate (3.1); stage the DTE it replaced for recycling (3.2). Returns the new ITE.
-    fn publish_new_dte(
+    /// `guarded`: a conditional write's entry (`guarded.rs`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn publish_new_dte(
         &mut self,
         p: &mut Pass<'_>,
         key: &[u8],
@@ -319,11 +343,13 @@ impl<E: Endpoint> CdClient<E> {
         filter: u64,
         cand: Candidate,
         st: &mut WriteState,
+        guarded: bool,
     ) -> Attempt<Ite> {
         let c = cand.pos;
         // A moved word goes only once the MIGRATE copy it names is settled.
         self.settle_moved(&p.d, p.slots[c], p.seen[c])?;
-        let (new, idx, prev_written) = self.write_new_dte(filter, cand.prev, key, value, None)?;
+        let (new, idx, prev_written) =
+            self.write_new_dte(filter, cand.prev, key, value, None, guarded)?;
         if let Err(e) = self.check(&p.d) {
             self.release_unpublished(idx);
             return Err(e);
@@ -407,7 +433,7 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Step 6: set the new DTE valid (PUT), or take it out of its candidate in `slot` again
     /// (DELETE). Nothing of ours is left in the index afterwards.
-    fn commit(
+    pub(crate) fn commit(
         &mut self,
         value: Option<&[u8]>,
         slot: Slot,

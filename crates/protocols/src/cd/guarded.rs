@@ -1,0 +1,294 @@
+//! Conditional ("guarded") writes: a PUT or DELETE that takes effect only if the key is absent,
+//! present, or at a given version, the version being the ITE word of the key's entry. It is
+//! what memcached's `add`/`replace`/`cas` and every read-modify-write (`incr`, `append`,
+//! Redis `SET NX`, `GETDEL`) need, done with the same one-sided steps as PUT (`write.rs`).
+//! The argument is in `docs/protocol.md`, "Guarded writes"; in short:
+//!
+//! 1. **Look.** A forward pass over *all* the key's candidates. Any invalid entry of the key
+//!    (a write in progress, a MIGRATE's copy) ends the attempt: its write may still take
+//!    effect, before or after ours, so the key's state is not known (an abandoned one is
+//!    completed first). The key's state is its first valid entry, or absent. The candidate is
+//!    that entry's, else the first empty one.
+//! 2. **Evaluate.** If the condition fails, the look was a read: a reverse pass confirms it and
+//!    the write answers `Unmet` having changed nothing.
+//! 3. **Write** (PUT Step 3): our invalid entry, marked guarded and recording the word it
+//!    replaces, is CASed into the candidate over the word the look saw.
+//! 4. **Confirm** (instead of PUT Step 4): every later candidate must still hold the word the
+//!    look saw. Hidden valid duplicates of the key are cleared as PUT does, but another
+//!    writer's invalid entry is never cleared: a plain PUT clears it and is ordered after it,
+//!    which a conditional write cannot be, since the condition was evaluated without it.
+//! 5. **Reverse pass, commit** (PUT Steps 5, 6).
+//!
+//! An attempt that aborts after Step 3 *withdraws*: it CASes the replaced word back (the
+//! replaced entry was only staged, never recycled), so no conditional write is ever left half
+//! done for others to roll forward. One that cannot (its node is cut off) is marked given up,
+//! and whoever completes a guarded entry puts its previous version back (`abandoned.rs`).
+
+use nessie_store::index::KeyHashes;
+use nessie_store::limits::MAX_HASH_FUNCTIONS;
+use nessie_store::Ite;
+
+use super::access::Want;
+use super::write::{Candidate, Pass, WriteState};
+use super::{Abort, Attempt, CdClient};
+use crate::config::MAX_MIGRATIONS_PER_ATTEMPT;
+use crate::error::Error;
+use crate::hooks::HookPoint;
+use crate::{Cond, CondOutcome, Version};
+use nessie_fabric::Endpoint;
+
+/// What the look (step 1) found.
+struct Look {
+    /// Every candidate's word as the look read it.
+    words: [Ite; MAX_HASH_FUNCTIONS as usize],
+    /// Where to write: the key's first valid entry, else the first empty candidate.
+    cand: Option<Candidate>,
+    /// The key's state: its first valid entry (`None`: absent).
+    current: Option<Ite>,
+    /// Candidates (a bit each) holding valid entries of the key after the first: hidden
+    /// duplicates, which Step 4 clears.
+    hidden: u32,
+}
+
+impl<E: Endpoint> CdClient<E> {
+    /// Store `value` under `key` if `cond` holds, atomically (see the module comment).
+    pub fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        self.stats.puts += 1;
+        self.write_if(key, Some(value), cond)
+    }
+
+    /// Remove `key` if `cond` holds, atomically. Removing an absent key under
+    /// [`Cond::Absent`] is a no-op that counts as stored.
+    pub fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        self.check_key(key)?;
+        self.stats.deletes += 1;
+        self.write_if(key, None, cond)
+    }
+
+    fn write_if(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        cond: Cond,
+    ) -> Result<CondOutcome, Error> {
+        let mut st = WriteState::guarded();
+        match self.with_retry(|c| c.write_if_once(key, value, cond, &mut st)) {
+            Ok(o) => Ok(o),
+            // Giving up withdraws what is left (a guarded entry is completed by putting its
+            // previous version back), so a conditional write that fails took no effect.
+            Err(e) => {
+                let r = self.give_up(key, value.is_none(), &mut st, e);
+                debug_assert!(r.is_err(), "a guarded entry is never rolled forward");
+                r.map(|()| CondOutcome::Stored)
+            }
+        }
+    }
+
+    /// One attempt of a conditional write.
+    fn write_if_once(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        cond: Cond,
+        st: &mut WriteState,
+    ) -> Attempt<CondOutcome> {
+        self.check_fence()?;
+        let index = self.view.index.clone();
+        let mut h = index.hashes(key);
+        let mut migrations = 0;
+        let (mut p, look, cand) = loop {
+            let mut p = Pass::new(self.deadline(), &index);
+            let look = self.look(&mut p, key, &mut h)?;
+            self.hook(HookPoint::GuardedAfterLook);
+            let current = look.current.map(|i| i.0);
+            let met = cond.holds(current);
+            if !met || (value.is_none() && current.is_none()) {
+                // Nothing to write: the look was a read, which the reverse pass confirms.
+                self.reverse_pass(&p.d, &p.slots, &p.seen)?;
+                for ite in st.take_staged() {
+                    self.recycle(ite); // what earlier attempts cleared
+                }
+                return Ok(if met {
+                    CondOutcome::Stored
+                } else {
+                    CondOutcome::Unmet { current }
+                });
+            }
+            if let Some(cand) = look.cand {
+                break (p, look, cand);
+            }
+            // Every candidate holds another key: make room (PUT 2.4) and look again.
+            if migrations >= MAX_MIGRATIONS_PER_ATTEMPT {
+                return Err(Abort::Fatal(Error::IndexFull {
+                    depth: self.cfg.max_migrate_depth,
+                }));
+            }
+            self.migrate_for(key, &mut h)?;
+            migrations += 1;
+        };
+        let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st, true)?;
+        match self.confirm_and_commit(&mut p, &mut h, &look, cand, value, new, st) {
+            Ok(()) => {
+                for ite in st.take_staged() {
+                    self.recycle(ite); // Step 7
+                }
+                Ok(CondOutcome::Stored)
+            }
+            Err(e @ (Abort::Concurrent(_) | Abort::Timeout)) => {
+                self.withdraw(&p, cand, new, st)?;
+                Err(e)
+            }
+            Err(e) => Err(e), // left to giving up, which withdraws it
+        }
+    }
+
+    /// Step 1: read every candidate of the key (see the module comment).
+    fn look(&mut self, p: &mut Pass<'_>, key: &[u8], h: &mut KeyHashes<'_>) -> Attempt<Look> {
+        let mut first_empty = None;
+        let mut first_valid: Option<(usize, Ite)> = None;
+        let mut hidden = 0u32;
+        for i in 0..p.index.n {
+            if first_empty.is_some() && mutated!(self.cfg, guard_looks_to_candidate) {
+                break; // the mutation: the state judged from PUT Step 2's view
+            }
+            let (ite, t) = self.read_candidate(p, h, i)?;
+            if ite.is_empty() {
+                first_empty = first_empty.or(Some(i));
+                continue;
+            }
+            if !self.filter_matches(ite, h.filter()) {
+                continue;
+            }
+            let f = self.fetch(ite, t, &p.d, key, Want::Key)?;
+            if !f.key_matches {
+                continue;
+            }
+            if !f.meta.valid && !mutated!(self.cfg, guard_passes_writes) {
+                let theirs = f.meta.writer != self.tag || f.meta.given_up;
+                if !theirs || self.is_abandoned(&f.meta) {
+                    self.complete_write(key, ite, theirs)?;
+                    return Err(Abort::Concurrent("a conditional write completed a write"));
+                }
+                return Err(Abort::Concurrent(
+                    "a conditional write met a write of the key in progress",
+                ));
+            }
+            if !f.meta.valid {
+                hidden |= 1 << i; // the mutation: cleared as a plain PUT clears it
+            } else if first_valid.is_none() {
+                first_valid = Some((i, ite));
+            } else {
+                hidden |= 1 << i;
+            }
+        }
+        let cand = match (first_valid, first_empty) {
+            (Some((pos, ite)), _) => Some(Candidate {
+                pos,
+                prev: ite,
+                replaced_valid: true,
+            }),
+            (None, Some(pos)) => Some(Candidate {
+                pos,
+                prev: Ite::EMPTY,
+                replaced_valid: false,
+            }),
+            (None, None) => None,
+        };
+        Ok(Look {
+            words: p.seen,
+            cand,
+            current: first_valid.map(|(_, i)| i),
+            hidden,
+        })
+    }
+
+    /// Steps 4 to 6 of a conditional write whose entry `new` is in the candidate `cand`.
+    #[allow(clippy::too_many_arguments)]
+    fn confirm_and_commit(
+        &mut self,
+        p: &mut Pass<'_>,
+        h: &mut KeyHashes<'_>,
+        look: &Look,
+        cand: Candidate,
+        value: Option<&[u8]>,
+        new: Ite,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
+        self.confirm(p, h, look, cand.pos, st)?;
+        self.hook(HookPoint::BeforeReversePass);
+        self.reverse_pass(&p.d, &p.slots, &p.seen)?;
+        self.commit(value, p.slots[cand.pos], new, st)
+    }
+
+    /// Step 4: every candidate after `c` still holds what the look saw; hidden valid
+    /// duplicates of the key are cleared (and staged), as PUT Step 4 clears them.
+    fn confirm(
+        &mut self,
+        p: &mut Pass<'_>,
+        h: &mut KeyHashes<'_>,
+        look: &Look,
+        c: usize,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
+        for i in c + 1..p.index.n {
+            let (ite, _) = self.read_candidate(p, h, i)?;
+            if ite != look.words[i] {
+                return Err(Abort::Concurrent(
+                    "a later candidate changed under a conditional write",
+                ));
+            }
+            if look.hidden & (1 << i) == 0 {
+                continue;
+            }
+            let Some(cleared) = self.cas_ite(p.slots[i], ite, Ite::EMPTY)? else {
+                return Err(Abort::Concurrent(
+                    "a hidden duplicate changed before it was cleared",
+                ));
+            };
+            st.stage(ite);
+            p.seen[i] = cleared;
+        }
+        Ok(())
+    }
+
+    /// Take our entry `new` out of the candidate again, putting back the word it replaced
+    /// (the replaced entry was only staged, so it is intact). If the word changed, whoever
+    /// changed it took our entry out and recycles it.
+    fn withdraw(
+        &mut self,
+        p: &Pass<'_>,
+        cand: Candidate,
+        new: Ite,
+        st: &mut WriteState,
+    ) -> Attempt<()> {
+        let restore = if cand.replaced_valid {
+            cand.prev
+        } else {
+            Ite::EMPTY
+        };
+        match self.cas_ite(p.slots[cand.pos], new, restore)? {
+            Some(_) => {
+                st.withdrawn(new, cand.prev);
+                self.recycle(new);
+            }
+            None => st.withdrawn(new, Ite::EMPTY),
+        }
+        Ok(())
+    }
+
+    /// Read `key` into `out` with its version (the ITE word of the entry whose value it is);
+    /// `None` if absent.
+    pub fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        self.check_key(key)?;
+        self.stats.gets += 1;
+        out.clear();
+        let at = self.with_retry(|c| c.get_once(key))?;
+        // The version of a value read from a previous version is that entry's word.
+        Ok(at.map(|(r, ite)| {
+            out.extend_from_slice(&self.buf[r]);
+            ite.0
+        }))
+    }
+}
