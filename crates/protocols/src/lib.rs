@@ -317,6 +317,24 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Hy(c) => c.delete(key),
         }
     }
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.get_versioned(key, out),
+            _ => Err(unsupported("a versioned read")),
+        }
+    }
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        match self {
+            ModeClient::Cd(c) => c.put_if(key, value, cond),
+            _ => Err(unsupported("a conditional write")),
+        }
+    }
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        match self {
+            ModeClient::Cd(c) => c.delete_if(key, cond),
+            _ => Err(unsupported("a conditional delete")),
+        }
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for sd::SdClient<E> {
@@ -355,5 +373,14 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         cd::CdClient::delete(self, key)
+    }
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        cd::CdClient::get_versioned(self, key, out)
+    }
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        cd::CdClient::put_if(self, key, value, cond)
+    }
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        cd::CdClient::delete_if(self, key, cond)
     }
 }

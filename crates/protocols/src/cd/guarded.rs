@@ -150,9 +150,6 @@ impl<E: Endpoint> CdClient<E> {
         let mut first_valid: Option<(usize, Ite)> = None;
         let mut hidden = 0u32;
         for i in 0..p.index.n {
-            if first_empty.is_some() && mutated!(self.cfg, guard_looks_to_candidate) {
-                break; // the mutation: the state judged from PUT Step 2's view
-            }
             let (ite, t) = self.read_candidate(p, h, i)?;
             if ite.is_empty() {
                 first_empty = first_empty.or(Some(i));
@@ -175,8 +172,11 @@ impl<E: Endpoint> CdClient<E> {
                     "a conditional write met a write of the key in progress",
                 ));
             }
-            if !f.meta.valid {
-                hidden |= 1 << i; // the mutation: cleared as a plain PUT clears it
+            // The mutations: a write in progress cleared as a plain PUT's Step 4 clears it; the
+            // state judged from PUT Step 2's view (up to the first empty candidate).
+            let past_step2 = first_empty.is_some() && mutated!(self.cfg, guard_looks_to_candidate);
+            if !f.meta.valid || past_step2 {
+                hidden |= 1 << i;
             } else if first_valid.is_none() {
                 first_valid = Some((i, ite));
             } else {
@@ -290,5 +290,210 @@ impl<E: Endpoint> CdClient<E> {
             out.extend_from_slice(&self.buf[r]);
             ite.0
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{
+        fast_cfg, key_first_in, key_with_distinct_candidates, small_geometry, InProcCluster,
+    };
+    use crate::config::{Mutations, Optimizations, ProtocolConfig};
+    use crate::fence::Fence;
+    use crate::hooks::HookPoint;
+    use crate::{Cond, CondOutcome};
+    use std::sync::Arc;
+
+    use CondOutcome::{Stored, Unmet};
+
+    #[test]
+    fn conditions_are_judged_on_the_current_version() {
+        for optimizations in [Optimizations::default(), Optimizations::NONE] {
+            let cfg = ProtocolConfig {
+                optimizations,
+                ..fast_cfg()
+            };
+            let c = InProcCluster::new(small_geometry(), cfg);
+            let (mut a, mut b) = (c.client(0), c.client(1));
+            let mut out = Vec::new();
+            let absent = Ok(Unmet { current: None });
+            assert_eq!(a.put_if(b"k", b"1", Cond::Present), absent);
+            assert_eq!(a.delete_if(b"k", Cond::Present), absent);
+            assert_eq!(a.delete_if(b"k", Cond::Absent), Ok(Stored), "a no-op");
+            assert_eq!(a.put_if(b"k", b"1", Cond::Absent), Ok(Stored));
+            let v1 = b.get_versioned(b"k", &mut out).unwrap().unwrap();
+            assert_eq!(out, b"1");
+            let at_v1 = Ok(Unmet { current: Some(v1) });
+            assert_eq!(b.put_if(b"k", b"2", Cond::Absent), at_v1);
+            assert_eq!(b.put_if(b"k", b"2", Cond::Version(v1)), Ok(Stored));
+            let v2 = a.get_versioned(b"k", &mut out).unwrap().unwrap();
+            assert_eq!((out.as_slice(), v2 != v1), (&b"2"[..], true));
+            let at_v2 = Ok(Unmet { current: Some(v2) });
+            assert_eq!(a.put_if(b"k", b"3", Cond::Version(v1)), at_v2);
+            assert_eq!(a.put_if(b"k", b"3", Cond::Present), Ok(Stored));
+            a.put(b"k", b"4").unwrap(); // a plain write changes the version too
+            let v4 = b.get_versioned(b"k", &mut out).unwrap().unwrap();
+            assert_eq!(out, b"4");
+            assert!(matches!(b.delete_if(b"k", Cond::Version(v2)), Ok(Unmet { .. })));
+            assert_eq!(b.delete_if(b"k", Cond::Version(v4)), Ok(Stored));
+            assert_eq!(a.get_versioned(b"k", &mut out), Ok(None));
+            assert_eq!(a.get(b"k"), Ok(None));
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_anything_is_written() {
+        let c = InProcCluster::small();
+        let mut a = c.client(0);
+        let long = vec![b'v'; super::super::testkit::VALUE_MAX as usize + 1];
+        assert!(matches!(
+            a.put_if(b"k", &long, Cond::Absent),
+            Err(crate::Error::ValueTooLarge { .. })
+        ));
+        assert_eq!(a.put_if(b"", b"v", Cond::Absent), Err(crate::Error::EmptyKey));
+        assert_eq!(c.occupancy(), 0);
+    }
+
+    /// K's valid entry in its second candidate, the first empty (a key that held it was
+    /// deleted). Returns what `put_if(K, Absent)` answers and what K reads afterwards.
+    fn add_over_a_later_entry(mutations: Mutations) -> (CondOutcome, Option<Vec<u8>>) {
+        let cfg = ProtocolConfig {
+            mutations,
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let k = key_with_distinct_candidates(&c);
+        let x = key_first_in(&c, c.candidates(&k)[0], &[k.clone()]);
+        let mut w = c.client(0);
+        w.put(&x, b"x").unwrap();
+        w.put(&k, b"old").unwrap(); // into K's second candidate
+        w.delete(&x).unwrap();
+        assert!(c.ite(c.candidates(&k)[0]).is_empty());
+        let mut g = c.client(1);
+        let got = g.put_if(&k, b"new", Cond::Absent).unwrap();
+        (got, g.get(&k).unwrap())
+    }
+
+    #[test]
+    fn the_state_is_judged_from_every_candidate() {
+        let (got, value) = add_over_a_later_entry(Mutations::default());
+        assert!(matches!(got, Unmet { current: Some(_) }), "{got:?}");
+        assert_eq!(value.as_deref(), Some(&b"old"[..]));
+        // Control: judged from PUT Step 2's view, the add misses the entry and succeeds.
+        let (got, value) = add_over_a_later_entry(Mutations {
+            guard_looks_to_candidate: true,
+            ..Mutations::default()
+        });
+        assert_eq!((got, value.as_deref()), (Stored, Some(&b"new"[..])));
+    }
+
+    /// A plain PUT W of K (value "w") holds its entry in K's second candidate, past its
+    /// reverse pass, while the first candidate is freed; a conditional add of K ("a") then
+    /// runs, and W sets its entry valid once the add has read every candidate (in its
+    /// second attempt, or before its reverse pass). Returns what the add answered, whether
+    /// W succeeded, and what K reads afterwards.
+    fn add_beside_a_write_in_progress(mutations: Mutations) -> (CondOutcome, bool, Vec<u8>) {
+        use std::sync::mpsc::channel;
+        let cfg = ProtocolConfig {
+            mutations,
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let k = key_with_distinct_candidates(&c);
+        let x = key_first_in(&c, c.candidates(&k)[0], &[k.clone()]);
+        let mut setup = c.client(0);
+        setup.put(&x, b"x").unwrap();
+        let (paused, wait_paused) = channel();
+        let (go, wait_go) = channel::<()>();
+        let (done, wait_done) = channel();
+        let mut w = c.client(1);
+        w.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeSetValid {
+                paused.send(()).unwrap();
+                wait_go.recv().unwrap();
+            }
+        })));
+        let mut g = c.client(2);
+        let mut reads = 0;
+        let mut release = Some((go, wait_done));
+        g.set_hook(Some(Box::new(move |p| {
+            reads += (p == HookPoint::AfterIteRead) as u32;
+            if reads >= 3 || p == HookPoint::BeforeReversePass {
+                if let Some((go, wait_done)) = release.take() {
+                    go.send(()).unwrap();
+                    wait_done.recv().unwrap();
+                }
+            }
+        })));
+        std::thread::scope(|s| {
+            let k = &k;
+            s.spawn(move || {
+                let r = w.put(k, b"w");
+                done.send(r.is_ok()).unwrap();
+            });
+            wait_paused.recv().unwrap();
+            setup.delete(&x).unwrap(); // K's first candidate is free
+            let got = g.put_if(k, b"a", Cond::Absent).unwrap();
+            let w_ok = g.get(k).map(|_| ()).is_ok();
+            let value = setup.get(k).unwrap().unwrap();
+            (got, w_ok, value)
+        })
+    }
+
+    #[test]
+    fn a_conditional_write_waits_for_a_write_in_progress() {
+        let (got, _, value) = add_beside_a_write_in_progress(Mutations::default());
+        assert!(matches!(got, Unmet { current: Some(_) }), "{got:?}");
+        assert_eq!(value, b"w", "the add found W's value");
+        // Control: passing over W's entry and clearing it, the add succeeds although W, which
+        // returned first, wrote the key: W's write is lost.
+        let (got, _, value) = add_beside_a_write_in_progress(Mutations {
+            guard_passes_writes: true,
+            ..Mutations::default()
+        });
+        assert_eq!((got, value.as_slice()), (Stored, &b"a"[..]));
+    }
+
+    /// A conditional write whose writer dies before setting its entry valid: once its node is
+    /// declared failed, whoever meets the entry puts back what it replaced.
+    #[test]
+    fn a_dead_conditional_writers_entry_is_put_back() {
+        const EXPIRY_NS: u64 = 50_000_000;
+        for optimizations in [Optimizations::default(), Optimizations::NONE] {
+            let cfg = ProtocolConfig {
+                expiry_ns: EXPIRY_NS,
+                optimizations,
+                ..fast_cfg()
+            };
+            let c = InProcCluster::new(small_geometry(), cfg);
+            let mut setup = c.client(0);
+            setup.put(b"k", b"old").unwrap();
+            let mut out = Vec::new();
+            let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
+            let mut dying = c.client(1);
+            dying.set_hook(Some(Box::new(|p| {
+                if p == HookPoint::BeforeSetValid {
+                    panic!("the conditional writer dies");
+                }
+            })));
+            let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dying.put_if(b"k", b"new", Cond::Version(v))
+            }));
+            assert!(died.is_err());
+            let fence = Arc::new(Fence::unfenced());
+            fence.set_gone(1, true);
+            let mut g = c.client(2);
+            g.set_fence(fence);
+            std::thread::sleep(std::time::Duration::from_nanos(3 * EXPIRY_NS));
+            assert_eq!(g.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+            // A plain write of another key meets nothing; a delete of K completes the entry.
+            g.delete(b"other").unwrap();
+            assert!(matches!(g.delete_if(b"k", Cond::Absent), Ok(Unmet { .. })));
+            let back = g.get_versioned(b"k", &mut out).unwrap().unwrap();
+            assert_eq!(out, b"old");
+            assert_eq!(g.put_if(b"k", b"after", Cond::Version(back)), Ok(Stored));
+            assert_eq!(g.get(b"k").unwrap().as_deref(), Some(&b"after"[..]));
+            assert_eq!(g.stats().rolled_forward, 0, "a guarded entry is never rolled forward");
+        }
     }
 }
