@@ -131,9 +131,7 @@ struct Killers<'o, 'a> {
 impl<'o, 'a> Killers<'o, 'a> {
     fn new(ops: &'o [KeyOp<'a>]) -> Self {
         let writes: Vec<u32> = (0..ops.len() as u32)
-            .filter(|&i| {
-                ops[i as usize].kind.written().is_some() && !ops[i as usize].optional
-            })
+            .filter(|&i| ops[i as usize].kind.written().is_some() && !ops[i as usize].optional)
             .collect();
         let mut suffix: Vec<Option<u32>> = vec![None; writes.len() + 1];
         for (pos, &i) in writes.iter().enumerate().rev() {

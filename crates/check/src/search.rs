@@ -100,8 +100,15 @@ fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
             }
         }
         for mut op in failed_writes {
-            let v = op.kind.written().expect("only writes are kept as failed ops");
-            let bound = if conditional { end } else { last_read.get(&v).copied() };
+            let v = op
+                .kind
+                .written()
+                .expect("only writes are kept as failed ops");
+            let bound = if conditional {
+                end
+            } else {
+                last_read.get(&v).copied()
+            };
             match bound.as_ref() {
                 Some(&bound) if bound >= op.call => {
                     op.ret = bound;

@@ -243,7 +243,11 @@ fn tiny_conditional_history() -> impl Strategy<Value = (Vec<Event>, Option<Value
     ];
     let conditional = (0..2u8, 1..4u64, cond, outcome, 0..12u64, 0..8u64, 0..3u32).prop_map(
         |(kind, v, c, outcome, call, dur, client)| {
-            let op = if kind == 0 { Op::PutIf(v, c) } else { Op::DeleteIf(c) };
+            let op = if kind == 0 {
+                Op::PutIf(v, c)
+            } else {
+                Op::DeleteIf(c)
+            };
             ev(client, 0, op, outcome, call, call + dur)
         },
     );

@@ -391,10 +391,20 @@ mod tests {
             tombstone: true,
             write_deadline: 1_700_000_000_123_456_789,
             source: None,
+            guarded: false,
         };
         l.encode_with(&mut buf, head, b"key", b"");
         let m = l.meta(&buf).unwrap();
         assert!(m.tombstone && !m.valid && !m.given_up && m.recycle.is_none());
+        assert!(!m.guarded);
+        let guarded = Head {
+            guarded: true,
+            ..head
+        };
+        l.encode_with(&mut buf, guarded, b"key", b"");
+        let m = l.meta(&buf).unwrap();
+        assert!(m.guarded && m.tombstone && m.prev == 0x77);
+        l.encode_with(&mut buf, head, b"key", b"");
         let h = u64::from_le_bytes(buf[..8].try_into().unwrap());
         buf[..8].copy_from_slice(&(h | GIVEN_UP).to_le_bytes());
         let m = l.meta(&buf).unwrap();
@@ -462,6 +472,7 @@ mod tests {
             tombstone: false,
             given_up: false,
             source: None,
+            guarded: false,
             writer: WriterTag(0),
             recycle: None,
             write_deadline: 0,

@@ -4,4 +4,5 @@
 
 pub mod assertions;
 pub mod demo;
+pub mod guarded;
 pub mod stress;

@@ -4,7 +4,7 @@
 //! Each run: 4 client threads on 3 nodes, hot keys, at least 100,000 operations.
 
 mod common;
-use common::{cfg, delay, geometry, spec, OPS_PER_THREAD};
+use common::{cfg, delay, geometry, small_index, spec, variants, OPS_PER_THREAD};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -161,42 +161,6 @@ fn recycling_setup_in(
         ..cfg_base
     };
     (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
-}
-
-/// A small index: the 40 keys of the stall and abandon scenarios in 72 slots, so that keys sit
-/// in every candidate, not just the first (the large index of the other runs puts nearly every
-/// key in its first candidate, where two lost-update bugs could not be reached).
-fn small_index() -> Geometry {
-    Geometry {
-        ites_per_node: 24,
-        ..geometry()
-    }
-}
-
-/// The race scenarios below run over each of these: every optimisation on with a large and a
-/// small index, then on the small index with each optimisation off in turn, and all off.
-fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
-    let all = Optimizations::default();
-    let mut v = vec![
-        ("large index", geometry(), all),
-        ("small index", small_index(), all),
-    ];
-    type Switch = (&'static str, fn(&mut Optimizations));
-    let off: [Switch; 5] = [
-        ("small index, no filter bits", |o| o.filter_bits = false),
-        ("small index, no cache", |o| o.cache = false),
-        ("small index, no previous versions", |o| {
-            o.previous_versions = false
-        }),
-        ("small index, no multi-read", |o| o.multi_read = false),
-        ("small index, all off", |o| *o = Optimizations::NONE),
-    ];
-    for (name, f) in off {
-        let mut o = all;
-        f(&mut o);
-        v.push((name, small_index(), o));
-    }
-    v
 }
 
 /// Operations per thread in each variant of a scenario (4 threads; 7 variants).

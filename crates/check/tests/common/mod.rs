@@ -237,7 +237,9 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
                 continue;
             }
             let next = match ops[o] {
-                B { read: true, value, .. } if value != state => continue,
+                B {
+                    read: true, value, ..
+                } if value != state => continue,
                 B { read: true, .. } => state,
                 // An unmet version condition proves nothing (`Cond::Is`).
                 B {

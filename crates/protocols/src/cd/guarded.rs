@@ -280,7 +280,11 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Read `key` into `out` with its version (the ITE word of the entry whose value it is);
     /// `None` if absent.
-    pub fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+    pub fn get_versioned(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Version>, Error> {
         self.check_key(key)?;
         self.stats.gets += 1;
         out.clear();
@@ -334,7 +338,10 @@ mod tests {
             a.put(b"k", b"4").unwrap(); // a plain write changes the version too
             let v4 = b.get_versioned(b"k", &mut out).unwrap().unwrap();
             assert_eq!(out, b"4");
-            assert!(matches!(b.delete_if(b"k", Cond::Version(v2)), Ok(Unmet { .. })));
+            assert!(matches!(
+                b.delete_if(b"k", Cond::Version(v2)),
+                Ok(Unmet { .. })
+            ));
             assert_eq!(b.delete_if(b"k", Cond::Version(v4)), Ok(Stored));
             assert_eq!(a.get_versioned(b"k", &mut out), Ok(None));
             assert_eq!(a.get(b"k"), Ok(None));
@@ -350,7 +357,10 @@ mod tests {
             a.put_if(b"k", &long, Cond::Absent),
             Err(crate::Error::ValueTooLarge { .. })
         ));
-        assert_eq!(a.put_if(b"", b"v", Cond::Absent), Err(crate::Error::EmptyKey));
+        assert_eq!(
+            a.put_if(b"", b"v", Cond::Absent),
+            Err(crate::Error::EmptyKey)
+        );
         assert_eq!(c.occupancy(), 0);
     }
 
@@ -363,7 +373,7 @@ mod tests {
         };
         let c = InProcCluster::new(small_geometry(), cfg);
         let k = key_with_distinct_candidates(&c);
-        let x = key_first_in(&c, c.candidates(&k)[0], &[k.clone()]);
+        let x = key_first_in(&c, c.candidates(&k)[0], std::slice::from_ref(&k));
         let mut w = c.client(0);
         w.put(&x, b"x").unwrap();
         w.put(&k, b"old").unwrap(); // into K's second candidate
@@ -400,7 +410,7 @@ mod tests {
         };
         let c = InProcCluster::new(small_geometry(), cfg);
         let k = key_with_distinct_candidates(&c);
-        let x = key_first_in(&c, c.candidates(&k)[0], &[k.clone()]);
+        let x = key_first_in(&c, c.candidates(&k)[0], std::slice::from_ref(&k));
         let mut setup = c.client(0);
         setup.put(&x, b"x").unwrap();
         let (paused, wait_paused) = channel();
@@ -493,7 +503,11 @@ mod tests {
             assert_eq!(out, b"old");
             assert_eq!(g.put_if(b"k", b"after", Cond::Version(back)), Ok(Stored));
             assert_eq!(g.get(b"k").unwrap().as_deref(), Some(&b"after"[..]));
-            assert_eq!(g.stats().rolled_forward, 0, "a guarded entry is never rolled forward");
+            assert_eq!(
+                g.stats().rolled_forward,
+                0,
+                "a guarded entry is never rolled forward"
+            );
         }
     }
 }
