@@ -143,3 +143,24 @@ fn mutation_clearing_a_write_in_progress_is_caught() {
         },
     );
 }
+
+/// With two copies of every partition (R = 2), without failures: conditional writes go
+/// through the same replicated CASes and writes as plain ones.
+#[test]
+fn conditional_writes_with_copies_stay_linearizable() {
+    let seed = 7;
+    let cfg = ProtocolConfig {
+        expiry_ns: EXPIRY_NS,
+        ..cfg()
+    };
+    let c = LocalCluster::replicated(small_index(), cfg, delay(seed), 2).unwrap();
+    let clients: Vec<_> = THREADS_NODES
+        .iter()
+        .map(|&n| c.client(n).unwrap())
+        .collect();
+    let (out, _) = run_guarded(clients, &spec(seed, 4_000));
+    eprintln!("R = 2: {out}");
+    assert_clean_run("R = 2", &out, 16_000);
+    assert!(out.errors.is_empty(), "no node failed: {:?}", out.errors);
+    assert_eq!(out.failed_writes_read, 0);
+}
