@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use crate::driver::{drive, Done, Observer};
 pub use crate::workload::key_bytes;
 use crate::workload::{
-    spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError,
+    spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
 };
 
 pub use crate::result::{new_hist, MAX_LATENCY_NS};
@@ -40,6 +40,9 @@ pub struct AgentSpec {
     pub value_size_min: Option<u32>,
     pub get_ratio: f64,
     pub dist: String,
+    /// A YCSB core workload (`ycsb-a` ...), which sets the mix and the distribution.
+    #[serde(default)]
+    pub workload: Option<String>,
     pub seed: u64,
     pub optimizations: Optimizations,
     /// Pin client threads to cores round robin.
@@ -584,13 +587,18 @@ fn spawn_clients(
     window: (u64, u64),
     rate: Option<f64>,
 ) -> Result<Vec<std::thread::JoinHandle<ThreadOut>>, AgentError> {
-    let dist: KeyDist = spec.dist.parse()?;
-    let keys = KeyGen::new(&dist, spec.keys)?;
     let sizes = (
         spec.value_size_min.unwrap_or(spec.value_size) as usize,
         spec.value_size as usize,
     );
-    let workload = Arc::new(Workload::new(keys, spec.get_ratio, 0.0, sizes)?);
+    let workload = match &spec.workload {
+        Some(w) => Workload::ycsb(w.parse::<Ycsb>()?, spec.keys, sizes)?,
+        None => {
+            let dist: KeyDist = spec.dist.parse()?;
+            Workload::new(KeyGen::new(&dist, spec.keys)?, spec.get_ratio, 0.0, sizes)?
+        }
+    };
+    let stride = u64::from(spec.nodes) * u64::from(spec.threads);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (0..spec.threads)
         .map(|t| {
@@ -598,7 +606,8 @@ fn spawn_clients(
             let seed =
                 spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut obs = AgentThread::new(spec, start, window, rate, seed);
-            let (workload, pin) = (workload.clone(), spec.pin);
+            let slot = u64::from(node.id) * u64::from(spec.threads) + u64::from(t);
+            let (mut workload, pin) = (workload.for_thread(slot, stride), spec.pin);
             std::thread::Builder::new()
                 .name(format!("nessie-bench-{t}"))
                 .spawn(move || {
@@ -608,7 +617,7 @@ fn spawn_clients(
                     tighten_timer_slack();
                     sleep_until_unix(start);
                     let mut rng = SmallRng::seed_from_u64(seed);
-                    drive(&mut c, &workload, &mut rng, &mut obs);
+                    drive(&mut c, &mut workload, &mut rng, &mut obs);
                     obs.finish(&c)
                 })
                 .map_err(AgentError::Spawn)

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use nessie_protocols::{Error, KvClient};
+use nessie_protocols::{Cond, CondOutcome, Error, KvClient};
 use rand::rngs::SmallRng;
 
 use crate::workload::{OpKind, Planned, Workload};
@@ -41,10 +41,37 @@ pub trait Observer<C> {
     );
 }
 
+/// Attempts of a read-modify-write before it counts as failed: each lost its conditional write
+/// to another write of the key.
+pub const MAX_RMW_ATTEMPTS: u32 = 16;
+
+/// Read `key` with its version, then write `value` back under that version (YCSB's
+/// read-modify-write, atomic here), reading again if another write came between.
+fn read_modify_write<C: KvClient>(
+    client: &mut C,
+    key: &[u8],
+    value: &[u8],
+    got: &mut Vec<u8>,
+) -> Result<(), Error> {
+    for _ in 0..MAX_RMW_ATTEMPTS {
+        let cond = match client.get_versioned(key, got)? {
+            Some(v) => Cond::Version(v),
+            None => Cond::Absent,
+        };
+        if client.put_if(key, value, cond)? == CondOutcome::Stored {
+            return Ok(());
+        }
+    }
+    Err(Error::Contended {
+        attempts: MAX_RMW_ATTEMPTS,
+    })
+}
+
 /// Run `workload` on `client` until the observer says stop; returns the operations performed.
+/// `workload` is this thread's own ([`Workload::for_thread`]).
 pub fn drive<C: KvClient, O: Observer<C>>(
     client: &mut C,
-    workload: &Workload,
+    workload: &mut Workload,
     rng: &mut SmallRng,
     observer: &mut O,
 ) -> u64 {
@@ -59,7 +86,12 @@ pub fn drive<C: KvClient, O: Observer<C>>(
                 .get_into(&key, &mut got)
                 .map(|found| Done::Got(found.then_some(&got[..]))),
             OpKind::Delete => client.delete(&key).map(|()| Done::Deleted),
-            OpKind::Put => client.put(&key, &observer.value(&op)).map(|()| Done::Put),
+            OpKind::Put | OpKind::Insert => {
+                client.put(&key, &observer.value(&op)).map(|()| Done::Put)
+            }
+            OpKind::ReadModifyWrite => {
+                read_modify_write(client, &key, &observer.value(&op), &mut got).map(|()| Done::Put)
+            }
         };
         observer.complete(client, &op, token, r);
         seq += 1;
@@ -142,7 +174,7 @@ mod tests {
 
     #[test]
     fn drives_every_operation_through_the_observer() {
-        let w = Workload::new(KeyGen::Uniform(16), 0.4, 0.2, (8, 8)).unwrap();
+        let mut w = Workload::new(KeyGen::Uniform(16), 0.4, 0.2, (8, 8)).unwrap();
         let mut obs = Shadow {
             limit: 2_000,
             model: HashMap::new(),
@@ -150,7 +182,7 @@ mod tests {
             checked_gets: 0,
         };
         let mut rng = SmallRng::seed_from_u64(9);
-        let n = drive(&mut MapClient::default(), &w, &mut rng, &mut obs);
+        let n = drive(&mut MapClient::default(), &mut w, &mut rng, &mut obs);
         assert_eq!((n, obs.invoked), (2_000, 2_000));
         assert!(obs.checked_gets > 600, "{} GETs", obs.checked_gets);
     }

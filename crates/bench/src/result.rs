@@ -48,6 +48,10 @@ pub struct BenchParams {
     /// Copies of every node's tables (cd only; more than 1 runs a local etcd for membership).
     #[serde(default = "one_copy")]
     pub replicas: u8,
+    /// A YCSB core workload (`ycsb-a`, `-b`, `-c`, `-d`, `-f`): it sets the operation mix and
+    /// the key distribution, overriding `get_ratio` and `dist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
 }
 
 fn one_copy() -> u8 {
@@ -80,6 +84,7 @@ impl Default for BenchParams {
             multi_read: true,
             seed: 1,
             replicas: 1,
+            workload: None,
         }
     }
 }

@@ -25,6 +25,10 @@ pub enum WorkloadError {
     BadMix { get: f64, delete: f64 },
     #[error("value sizes {0}..={1} are not an ordered range")]
     BadValueSizes(usize, usize),
+    #[error("YCSB workload E is made of range scans, which a hash store does not have: Nessie runs A, B, C, D and F")]
+    YcsbScans,
+    #[error("unknown workload {0:?}: use ycsb-a, ycsb-b, ycsb-c, ycsb-d or ycsb-f")]
+    UnknownWorkload(String),
 }
 
 /// How keys are drawn.
@@ -56,9 +60,13 @@ impl std::str::FromStr for KeyDist {
 }
 
 /// Draws key indices in `0..keys`.
+#[derive(Clone, Debug)]
 pub enum KeyGen {
     Uniform(u64),
     Zipf(Zipf<f64>),
+    /// YCSB's "latest": Zipf over recency. Draws a rank (0 = the newest key), which
+    /// [`Workload::draw`] turns into a key counting back from the newest insert.
+    Latest(Zipf<f64>),
     /// The first `hot` keys receive `fraction` of the draws, uniformly; the rest go uniformly to
     /// the whole key space (the stress harness's contention pattern).
     Hot {
@@ -104,7 +112,7 @@ impl KeyGen {
         match self {
             KeyGen::Uniform(n) => rng.gen_range(0..*n),
             // Zipf yields ranks 1..=n; rank 1 is the most popular.
-            KeyGen::Zipf(z) => z.sample(rng) as u64 - 1,
+            KeyGen::Zipf(z) | KeyGen::Latest(z) => z.sample(rng) as u64 - 1,
             KeyGen::Hot {
                 keys,
                 hot,
@@ -136,11 +144,77 @@ pub fn spread_value_size(k: u64, lo: u32, hi: u32) -> u32 {
 }
 
 /// Which operation a workload step performs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
     Get,
+    /// A PUT of an existing key (YCSB's update).
     Put,
     Delete,
+    /// A PUT of a new key (YCSB's insert, workload D).
+    Insert,
+    /// Read the key and write it back under the version read (YCSB's read-modify-write,
+    /// workload F): a GET and a conditional PUT, retried if another write came between.
+    ReadModifyWrite,
+}
+
+/// The YCSB core workloads a hash store can run (all but E, which scans), with YCSB's
+/// parameters: Zipf 0.99 request distribution, "latest" for D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ycsb {
+    /// 50% reads, 50% updates.
+    A,
+    /// 95% reads, 5% updates.
+    B,
+    /// Reads only.
+    C,
+    /// 95% reads of the latest keys, 5% inserts.
+    D,
+    /// 50% reads, 50% read-modify-writes.
+    F,
+}
+
+/// YCSB's Zipf constant.
+pub const YCSB_ZIPF: f64 = 0.99;
+
+impl std::str::FromStr for Ycsb {
+    type Err = WorkloadError;
+    fn from_str(s: &str) -> Result<Self, WorkloadError> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "ycsb-a" => Ycsb::A,
+            "ycsb-b" => Ycsb::B,
+            "ycsb-c" => Ycsb::C,
+            "ycsb-d" => Ycsb::D,
+            "ycsb-f" => Ycsb::F,
+            "ycsb-e" => return Err(WorkloadError::YcsbScans),
+            _ => return Err(WorkloadError::UnknownWorkload(s.into())),
+        })
+    }
+}
+
+impl Ycsb {
+    /// (reads, updates, inserts, read-modify-writes), summing to 1.
+    pub fn mix(self) -> (f64, f64, f64, f64) {
+        match self {
+            Ycsb::A => (0.5, 0.5, 0.0, 0.0),
+            Ycsb::B => (0.95, 0.05, 0.0, 0.0),
+            Ycsb::C => (1.0, 0.0, 0.0, 0.0),
+            Ycsb::D => (0.95, 0.0, 0.05, 0.0),
+            Ycsb::F => (0.5, 0.0, 0.0, 0.5),
+        }
+    }
+
+    /// Whether it needs conditional writes (the CD protocol's).
+    pub fn needs_conditional_writes(self) -> bool {
+        self.mix().3 > 0.0
+    }
+
+    /// The key distribution.
+    pub fn dist(self) -> &'static str {
+        match self {
+            Ycsb::D => "latest",
+            _ => "zipf:0.99",
+        }
+    }
 }
 
 /// One drawn operation: its sequence number in the thread, key index, kind, and (for a PUT)
@@ -153,13 +227,30 @@ pub struct Planned {
     pub value_len: usize,
 }
 
-/// Key choice plus operation mix: `get` of the operations are GETs, `delete` are DELETEs and the
-/// rest PUTs, whose value sizes are uniform in `value_size`.
+/// Key choice plus operation mix: `get` of the operations are GETs, `delete` are DELETEs,
+/// `insert` PUTs of new keys, `rmw` read-modify-writes and the rest PUTs, whose value sizes
+/// are uniform in `value_size`. Each thread draws from its own copy ([`Workload::for_thread`]),
+/// which numbers its inserts.
+#[derive(Clone, Debug)]
 pub struct Workload {
     pub keys: KeyGen,
     get: f64,
     delete: f64,
+    insert: f64,
+    rmw: f64,
     value_size: (usize, usize),
+    inserts: Inserts,
+}
+
+/// How a thread numbers the keys it inserts: thread `slot` of `stride` inserts keys
+/// `base + slot`, `base + slot + stride`, ..., so that inserts never collide; the newest key
+/// overall is estimated as if every thread had inserted as many as this one.
+#[derive(Clone, Copy, Debug, Default)]
+struct Inserts {
+    base: u64,
+    slot: u64,
+    stride: u64,
+    done: u64,
 }
 
 impl Workload {
@@ -180,24 +271,85 @@ impl Workload {
             keys,
             get,
             delete,
+            insert: 0.0,
+            rmw: 0.0,
             value_size,
+            inserts: Inserts::default(),
         })
     }
 
+    /// A YCSB core workload over `records` preloaded keys.
+    pub fn ycsb(w: Ycsb, records: u64, value_size: (usize, usize)) -> Result<Self, WorkloadError> {
+        if records == 0 {
+            return Err(WorkloadError::NoKeys);
+        }
+        let zipf = Zipf::new(records, YCSB_ZIPF).map_err(|_| WorkloadError::NoKeys)?;
+        let keys = match w {
+            Ycsb::D => KeyGen::Latest(zipf),
+            _ => KeyGen::Zipf(zipf),
+        };
+        let (get, _, insert, rmw) = w.mix();
+        let mut wl = Self::new(keys, get, 0.0, value_size)?;
+        wl.insert = insert;
+        wl.rmw = rmw;
+        wl.inserts = Inserts {
+            base: records,
+            slot: 0,
+            stride: 1,
+            done: 0,
+        };
+        Ok(wl)
+    }
+
+    /// This workload for thread `slot` of `stride` threads drawing from it together.
+    pub fn for_thread(&self, slot: u64, stride: u64) -> Self {
+        assert!(slot < stride.max(1));
+        let mut w = self.clone();
+        w.inserts.slot = slot;
+        w.inserts.stride = stride.max(1);
+        w
+    }
+
     /// Draw operation number `seq`.
-    pub fn draw<R: Rng>(&self, seq: u64, rng: &mut R) -> Planned {
-        let key = self.keys.next(rng);
+    pub fn draw<R: Rng>(&mut self, seq: u64, rng: &mut R) -> Planned {
+        let drawn = self.keys.next(rng);
+        let ins = &mut self.inserts;
+        let key = match self.keys {
+            // Count back from the newest key (as if every thread inserted as many as we did).
+            KeyGen::Latest(_) => (ins.base - 1 + ins.done * ins.stride).saturating_sub(drawn),
+            _ => drawn,
+        };
         let dice: f64 = rng.gen();
-        let (kind, value_len) = if dice < self.get {
-            (OpKind::Get, 0)
-        } else if dice < self.get + self.delete {
-            (OpKind::Delete, 0)
-        } else {
-            let (lo, hi) = self.value_size;
+        let mut at = 0.0;
+        let mut next = |x: f64| {
+            at += x;
+            dice < at
+        };
+        let (kind, key) = if next(self.get) {
+            (OpKind::Get, key)
+        } else if next(self.delete) {
+            (OpKind::Delete, key)
+        } else if next(self.insert) {
+            ins.done += 1;
             (
-                OpKind::Put,
-                if lo == hi { lo } else { rng.gen_range(lo..=hi) },
+                OpKind::Insert,
+                ins.base + ins.slot + (ins.done - 1) * ins.stride,
             )
+        } else if next(self.rmw) {
+            (OpKind::ReadModifyWrite, key)
+        } else {
+            (OpKind::Put, key)
+        };
+        let value_len = match kind {
+            OpKind::Get | OpKind::Delete => 0,
+            _ => {
+                let (lo, hi) = self.value_size;
+                if lo == hi {
+                    lo
+                } else {
+                    rng.gen_range(lo..=hi)
+                }
+            }
         };
         Planned {
             seq,
@@ -265,7 +417,7 @@ mod tests {
 
     #[test]
     fn the_mix_follows_its_fractions() {
-        let w = Workload::new(KeyGen::Uniform(100), 0.5, 0.2, (8, 64)).unwrap();
+        let mut w = Workload::new(KeyGen::Uniform(100), 0.5, 0.2, (8, 64)).unwrap();
         let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
         let mut n = [0u32; 3];
         for seq in 0..10_000 {
@@ -279,11 +431,89 @@ mod tests {
                     assert!((8..=64).contains(&p.value_len));
                     n[2] += 1
                 }
+                k => panic!("{k:?} is not in the mix"),
             }
         }
         assert!((4_700..5_300).contains(&n[0]), "{n:?}");
         assert!((1_800..2_200).contains(&n[1]), "{n:?}");
         assert!(Workload::new(KeyGen::Uniform(1), 0.7, 0.4, (8, 8)).is_err());
         assert!(Workload::new(KeyGen::Uniform(1), 0.5, 0.0, (9, 8)).is_err());
+    }
+
+    #[test]
+    fn ycsb_mixes_follow_their_definitions() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(4);
+        for (name, w) in [
+            ("ycsb-a", Ycsb::A),
+            ("YCSB-F", Ycsb::F),
+            ("ycsb-d", Ycsb::D),
+        ] {
+            assert_eq!(name.parse::<Ycsb>(), Ok(w));
+            let mut wl = Workload::ycsb(w, 1000, (100, 100))
+                .unwrap()
+                .for_thread(1, 4);
+            let mut n = std::collections::HashMap::new();
+            let mut inserts = 0u64;
+            for seq in 0..20_000 {
+                let p = wl.draw(seq, &mut rng);
+                *n.entry(p.kind).or_insert(0u32) += 1;
+                if p.kind == OpKind::Insert {
+                    assert_eq!(p.key, 1000 + 1 + 4 * inserts, "{p:?}");
+                    inserts += 1;
+                } else if w == Ycsb::D {
+                    assert!(p.key <= 999 + 4 * inserts, "{p:?}");
+                } else {
+                    assert!(p.key < 1000);
+                }
+            }
+            let (get, update, insert, rmw) = w.mix();
+            for (kind, f) in [
+                (OpKind::Get, get),
+                (OpKind::Put, update),
+                (OpKind::Insert, insert),
+                (OpKind::ReadModifyWrite, rmw),
+            ] {
+                let got = *n.get(&kind).unwrap_or(&0) as f64 / 20_000.0;
+                assert!((got - f).abs() < 0.02, "{name} {kind:?}: {got} vs {f}");
+            }
+        }
+        assert_eq!("ycsb-e".parse::<Ycsb>(), Err(WorkloadError::YcsbScans));
+        assert!("ycsb-e"
+            .parse::<Ycsb>()
+            .unwrap_err()
+            .to_string()
+            .contains("scans"));
+        assert!(matches!(
+            "tpcc".parse::<Ycsb>(),
+            Err(WorkloadError::UnknownWorkload(_))
+        ));
+    }
+
+    #[test]
+    fn latest_reads_favour_the_newest_keys() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut wl = Workload::ycsb(Ycsb::D, 1000, (8, 8))
+            .unwrap()
+            .for_thread(0, 1);
+        let mut newest = 0;
+        for seq in 0..10_000 {
+            let p = wl.draw(seq, &mut rng);
+            if p.kind == OpKind::Insert {
+                newest = p.key;
+            } else if newest > 0 {
+                assert!(p.key <= newest, "a read of a key not yet inserted: {p:?}");
+            }
+        }
+        let reads: Vec<u64> = (0..2_000)
+            .map(|s| wl.draw(s, &mut rng))
+            .filter(|p| p.kind == OpKind::Get)
+            .map(|p| p.key)
+            .collect();
+        let recent = reads.iter().filter(|&&k| k + 100 > newest).count();
+        assert!(
+            recent * 2 > reads.len(),
+            "{recent} of {} reads among the 100 newest",
+            reads.len()
+        );
     }
 }

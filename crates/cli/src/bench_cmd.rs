@@ -119,6 +119,12 @@ pub struct ParamArgs {
     /// uniform or zipf:THETA.
     #[arg(long, default_value = "uniform")]
     pub dist: String,
+    /// A YCSB core workload, with YCSB's parameters (Zipf 0.99; "latest" for D): ycsb-a
+    /// (50% reads, 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of recent
+    /// keys, 5% inserts), ycsb-f (50% reads, 50% read-modify-writes; cd only). E is made of
+    /// scans, which a hash store does not have. Sets the mix and the distribution.
+    #[arg(long, conflicts_with_all = ["get_ratio", "dist"])]
+    pub workload: Option<String>,
     /// Keys (all preloaded) [default: 128 MiB of values, 1,000..200,000 keys].
     #[arg(long)]
     pub keys: Option<u64>,
@@ -192,6 +198,7 @@ impl ParamArgs {
             multi_read: !self.no_multi_read,
             seed: self.seed,
             replicas: self.replicas,
+            workload: self.workload.clone(),
         }
     }
 }
@@ -240,16 +247,24 @@ pub fn progress_bar(label: &str) -> indicatif::ProgressBar {
 
 pub fn print_result(r: &BenchResult) {
     let p = &r.params;
+    let mix = match &p.workload {
+        // PUT latencies below are its updates, inserts and read-modify-writes.
+        Some(w) => format!("{w} (writes: updates, inserts, read-modify-writes)"),
+        None => format!("{:.0}% GET, {}", p.get_ratio * 100.0, p.dist),
+    };
     println!(
-        "{} | {} nodes x {} client threads{} | {} | {} B values, {:.0}% GET, {} | {} keys | {} background",
+        "{} | {} nodes x {} client threads{} | {} | {} B values, {} | {} keys | {} background",
         r.mode,
         p.nodes,
         p.client_threads,
-        if r.mode == "cd" { String::new() } else { format!(" + {} server threads", p.server_threads) },
+        if r.mode == "cd" {
+            String::new()
+        } else {
+            format!(" + {} server threads", p.server_threads)
+        },
         p.transport,
         p.value_size_label(),
-        p.get_ratio * 100.0,
-        p.dist,
+        mix,
         p.keys.unwrap_or(0),
         p.background
     );

@@ -211,11 +211,11 @@ fn spawn_threads(
                 get_latency: nessie_bench::result::new_hist(),
                 put_latency: nessie_bench::result::new_hist(),
             };
-            let workload = workload.clone();
+            let mut workload = workload.for_thread(t as u64, spec.threads as u64);
             let seed = spec.seed.wrapping_add(t as u64);
             Ok(std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(seed);
-                drive(&mut client, &workload, &mut rng, &mut obs);
+                drive(&mut client, &mut workload, &mut rng, &mut obs);
                 let st = client.stats();
                 ThreadResult {
                     obs,

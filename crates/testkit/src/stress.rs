@@ -179,8 +179,9 @@ pub fn put_id(thread: u32, seq: u64) -> ValueId {
 pub fn history_entry(op: &Planned, thread: u32, r: &Result<Done, Error>) -> (Op, Outcome) {
     let kind = match op.kind {
         OpKind::Get => Op::Get,
-        OpKind::Put => Op::Put(put_id(thread, op.seq)),
+        OpKind::Put | OpKind::Insert => Op::Put(put_id(thread, op.seq)),
         OpKind::Delete => Op::Delete,
+        OpKind::ReadModifyWrite => unreachable!("the stress mixes have no read-modify-write"),
     };
     let outcome = match r {
         Ok(Done::Got(v)) => Outcome::Ok(v.map(value_id)),
@@ -335,16 +336,17 @@ pub fn run_checked<C: KvClient + 'static>(
 
     let start = Instant::now();
     let deadline = start + spec.time_limit;
+    let threads_n = clients.len() as u64;
     let threads: Vec<_> = clients
         .into_iter()
         .enumerate()
         .map(|(t, mut client)| {
             let mut obs = StressThread::new(t as u32, history.recorder(t as u32), spec, deadline);
-            let workload = workload.clone();
+            let mut workload = workload.for_thread(t as u64, threads_n);
             let seed = spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(seed);
-                let ops = drive(&mut client, &workload, &mut rng, &mut obs);
+                let ops = drive(&mut client, &mut workload, &mut rng, &mut obs);
                 (client, ops, obs)
             })
         })
