@@ -49,7 +49,7 @@ pub struct BenchArgs {
 #[derive(clap::Subcommand)]
 pub enum BenchSub {
     /// Run a preset matrix, write every JSON result and render the PNG plots.
-    Sweep(SweepArgs),
+    Sweep(Box<SweepArgs>),
     /// Count the items a memory budget holds: write distinct keys until the store refuses.
     Fill(FillArgs),
 }
@@ -302,7 +302,7 @@ pub fn print_result(r: &BenchResult) {
 
 pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
     match a.sweep {
-        Some(BenchSub::Sweep(s)) => return sweep(s),
+        Some(BenchSub::Sweep(s)) => return sweep(*s),
         Some(BenchSub::Fill(f)) => return Ok(crate::fill_cmd::run(f)?),
         None => {}
     }
