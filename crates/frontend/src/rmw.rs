@@ -128,7 +128,11 @@ mod tests {
             m.put(b"n", &v).unwrap();
         });
         let mut buf = Vec::new();
-        assert_eq!(incr(&mut c, &mut buf), Some(11), "read again after the race");
+        assert_eq!(
+            incr(&mut c, &mut buf),
+            Some(11),
+            "read again after the race"
+        );
         assert_eq!(c.races_run(), 1);
     }
 
