@@ -593,10 +593,8 @@ fn store_change(
     expires: Option<u64>,
     max_data: usize,
 ) -> Change<&'static [u8]> {
-    const STORED: &[u8] = b"STORED
-";
-    const NOT_STORED: &[u8] = b"NOT_STORED
-";
+    const STORED: &[u8] = b"STORED\r\n";
+    const NOT_STORED: &[u8] = b"NOT_STORED\r\n";
     let stored = || Change::store(s.flags, expires, &[&s.data], STORED);
     match (s.op, seen.item) {
         (StoreOp::Set, _) => stored(),
@@ -903,6 +901,207 @@ mod tests {
         ));
         let out = session(&b, &input, 4096);
         assert_eq!(out, "CLIENT_ERROR line too long\r\n");
+    }
+
+    /// Store an item directly (flags, expiry in Unix ms), as if written earlier.
+    fn put_item(b: &MapBackend, key: &[u8], flags: u32, expires: u64, data: &[u8]) {
+        let mut v = Vec::new();
+        item::encode(&mut v, flags, expires, data);
+        b.0.lock().unwrap().put(key, &v).unwrap();
+    }
+
+    /// The stored item of `key`: (flags, expires, data).
+    fn stored(b: &MapBackend, key: &[u8]) -> Option<(u32, u64, Vec<u8>)> {
+        let m = b.0.lock().unwrap();
+        let (v, _) = m.0.get(key)?;
+        let it = item::decode(v, 0).unwrap();
+        Some((it.flags, it.expires, it.data.to_vec()))
+    }
+
+    #[test]
+    fn gets_and_cas() {
+        let b = MapBackend::default();
+        let input = b"set a 5 0 3\r\nabc\r\ngets a nope\r\ncas a 6 0 2 1\r\nxy\r\n\
+                      cas a 6 0 2 1\r\nzz\r\ncas a 0 0 1 0\r\nq\r\ncas nope 0 0 1 1\r\nq\r\n\
+                      cas a 7 0 1 2 noreply\r\nn\r\ncas a 7 0 1 2 noreply\r\nm\r\ngets a\r\n";
+        let want = "STORED\r\nVALUE a 5 3 1\r\nabc\r\nEND\r\nSTORED\r\nEXISTS\r\nEXISTS\r\n\
+                    NOT_FOUND\r\nVALUE a 7 1 3\r\nn\r\nEND\r\n";
+        assert_eq!(session(&b, input, 5), want);
+    }
+
+    #[test]
+    fn add_and_replace() {
+        let b = MapBackend::default();
+        let input = b"add k 1 0 1\r\na\r\nadd k 2 0 1\r\nb\r\nreplace nope 0 0 1\r\nc\r\n\
+                      replace k 3 0 1\r\nd\r\nadd k 0 0 1 noreply\r\ne\r\n\
+                      replace nope 0 0 1 noreply\r\nf\r\nget k nope\r\n";
+        let want = "STORED\r\nNOT_STORED\r\nNOT_STORED\r\nSTORED\r\nVALUE k 3 1\r\nd\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        // A negative exptime stores an item nobody can read: the key is gone.
+        assert_eq!(
+            session(&b, b"replace k 0 -1 1\r\nx\r\nget k\r\n", 64),
+            "STORED\r\nEND\r\n"
+        );
+        assert_eq!(stored(&b, b"k"), None);
+    }
+
+    #[test]
+    fn append_and_prepend_keep_flags_and_expiry() {
+        let b = MapBackend::default();
+        let at = unix_now_ms() + 100_000;
+        put_item(&b, b"k", 7, at, b"mid");
+        let input = b"append k 1 1 2\r\n>>\r\nprepend k 2 2 2\r\n<<\r\nappend nope 0 0 1\r\nx\r\n\
+                      prepend nope 0 0 1 noreply\r\nx\r\nappend k 0 0 1 noreply\r\n!\r\nget k\r\n";
+        let want = "STORED\r\nSTORED\r\nNOT_STORED\r\nVALUE k 7 8\r\n<<mid>>!\r\nEND\r\n";
+        assert_eq!(session(&b, input, 3), want);
+        assert_eq!(stored(&b, b"k"), Some((7, at, b"<<mid>>!".to_vec())));
+        // Past the data limit (2000): NOT_STORED, as memcached answers; past the store's
+        // (1000 bytes for the map): out of memory.
+        put_item(&b, b"big", 0, 0, &[b'x'; 900]);
+        let mut input = b"append big 0 0 1200\r\n".to_vec();
+        input.extend_from_slice(&[b'y'; 1200]);
+        input.extend_from_slice(b"\r\nappend big 0 0 200\r\n");
+        input.extend_from_slice(&[b'y'; 200]);
+        input.extend_from_slice(b"\r\n");
+        let want = "NOT_STORED\r\nSERVER_ERROR out of memory storing object\r\n";
+        assert_eq!(session(&b, &input, 4096), want);
+    }
+
+    #[test]
+    fn incr_and_decr() {
+        let b = MapBackend::default();
+        put_item(&b, b"n", 9, 0, b"18446744073709551614");
+        let input = b"incr n 1\r\nincr n 1\r\nincr n 5\r\ndecr n 2\r\ndecr n 100\r\n\
+                      incr n 10 noreply\r\nget n\r\nincr nope 1\r\ndecr nope 1 noreply\r\n\
+                      set t 0 0 2\r\nab\r\nincr t 1\r\nincr t 1 noreply\r\n\
+                      set p 0 0 4\r\n 99 \r\nincr p 1\r\nset q 0 0 2\r\n-1\r\nincr q 1\r\n\
+                      set big 0 0 20\r\n18446744073709551616\r\nincr big 1\r\n";
+        let non = "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+        let want = format!(
+            "18446744073709551615\r\n0\r\n5\r\n3\r\n0\r\nVALUE n 9 2\r\n10\r\nEND\r\nNOT_FOUND\r\n\
+             STORED\r\n{non}STORED\r\n100\r\nSTORED\r\n{non}STORED\r\n{non}"
+        );
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"n").unwrap().0, 9, "flags kept");
+    }
+
+    #[test]
+    fn counter_values_read_as_memcached_reads_them() {
+        assert_eq!(counter_value(b"0"), Some(0));
+        assert_eq!(counter_value(b" +12 x"), Some(12));
+        assert_eq!(counter_value(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b" ",
+            b"+",
+            b"1a",
+            b"-1",
+            b"18446744073709551616",
+            b"0x1",
+        ] {
+            assert_eq!(counter_value(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn touch_gat_and_gats() {
+        let b = MapBackend::default();
+        put_item(&b, b"k", 3, 0, b"v");
+        let input = b"touch k 100\r\ntouch nope 1\r\ntouch k 50 noreply\r\ngat 200 k nope\r\n\
+                      gats 0 k\r\ngats 0 k\r\ngets k\r\n";
+        // Each touch that changes the expiry writes, so makes a new version; gats answers it.
+        let want =
+            "TOUCHED\r\nNOT_FOUND\r\nVALUE k 3 1\r\nv\r\nEND\r\nVALUE k 3 1 5\r\nv\r\nEND\r\n\
+                    VALUE k 3 1 5\r\nv\r\nEND\r\nVALUE k 3 1 5\r\nv\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"k"), Some((3, 0, b"v".to_vec())));
+        let out = session(&b, b"gat 100 k\r\n", 64);
+        assert_eq!(out, "VALUE k 3 1\r\nv\r\nEND\r\n");
+        let at = stored(&b, b"k").unwrap().1;
+        assert!(
+            at > unix_now_ms() + 99_000 && at <= unix_now_ms() + 100_000,
+            "{at}"
+        );
+        // A negative exptime expires the item at once (gat still answers what it read).
+        let out = session(&b, b"gat -1 k\r\nget k\r\ntouch k 1\r\n", 64);
+        assert_eq!(out, "VALUE k 3 1\r\nv\r\nEND\r\nEND\r\nNOT_FOUND\r\n");
+        assert_eq!(stored(&b, b"k"), None);
+    }
+
+    /// An expired item is absent to every command, and is conditioned on by its version.
+    #[test]
+    fn expired_items_are_absent_to_conditional_commands() {
+        let b = MapBackend::default();
+        let past = unix_now_ms() - 1;
+        for k in [&b"a"[..], b"r", b"p", b"i", b"t", b"c", b"d"] {
+            put_item(&b, k, 0, past, b"1");
+        }
+        let input = b"replace r 0 0 1\r\nx\r\nappend p 0 0 1\r\nx\r\nincr i 1\r\ntouch t 0\r\n\
+                      cas c 0 0 1 6\r\nx\r\ngets a r p i t c\r\ndelete d\r\nadd a 0 0 1\r\nx\r\n\
+                      get a\r\n";
+        let want = "NOT_STORED\r\nNOT_STORED\r\nNOT_FOUND\r\nNOT_FOUND\r\nNOT_FOUND\r\nEND\r\n\
+                    NOT_FOUND\r\nSTORED\r\nVALUE a 0 1\r\nx\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"d"), None, "an expired item deleted is removed");
+    }
+
+    /// A backend whose client lets `races` writes of `race` in between a read-modify-write's
+    /// read and its conditional write.
+    fn racing(
+        races: usize,
+        race: impl FnMut(&mut MapClient) + Send + 'static,
+    ) -> OneClient<RacingClient> {
+        let c = RacingClient::new(MapClient::default(), races, race);
+        OneClient(std::sync::Mutex::new(c))
+    }
+
+    fn race_put(m: &mut MapClient, key: &[u8], data: &[u8]) {
+        let mut v = Vec::new();
+        item::encode(&mut v, 0, 0, data);
+        m.put(key, &v).unwrap();
+    }
+
+    #[test]
+    fn a_write_racing_a_read_modify_write_is_not_lost() {
+        let b = racing(1, |m| race_put(m, b"n", b"10"));
+        let out = session(&b, b"set n 0 0 1\r\n1\r\nincr n 1\r\nget n\r\n", 64);
+        assert_eq!(out, "STORED\r\n11\r\nVALUE n 0 2\r\n11\r\nEND\r\n");
+        assert_eq!(b.0.lock().unwrap().races_run(), 1);
+        let b = racing(1, |m| race_put(m, b"s", b"mid"));
+        let out = session(&b, b"append s 0 0 1\r\n!\r\nget s\r\n", 64);
+        assert_eq!(
+            out, "NOT_STORED\r\nEND\r\n",
+            "absent when read; the race is a put"
+        );
+        let b = racing(2, |m| race_put(m, b"s", b"x"));
+        let input = b"set s 0 0 1\r\na\r\nappend s 0 0 1\r\n!\r\nget s\r\n";
+        assert_eq!(
+            session(&b, input, 64),
+            "STORED\r\nSTORED\r\nVALUE s 0 2\r\nx!\r\nEND\r\n"
+        );
+        // cas sees the race as a change: EXISTS, and the racing write stays.
+        let b = racing(1, |m| race_put(m, b"c", b"theirs"));
+        let input = b"set c 0 0 1\r\na\r\ncas c 0 0 4 1\r\nmine\r\nget c\r\n";
+        let want = "STORED\r\nEXISTS\r\nVALUE c 0 6\r\ntheirs\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        // delete reads again and removes the racing write's version.
+        let b = racing(1, |m| race_put(m, b"d", b"new"));
+        let out = session(&b, b"set d 0 0 1\r\na\r\ndelete d\r\nget d\r\n", 64);
+        assert_eq!(out, "STORED\r\nDELETED\r\nEND\r\n");
+        assert_eq!(b.0.lock().unwrap().races_run(), 1);
+    }
+
+    #[test]
+    fn a_key_always_raced_is_answered_as_contended() {
+        let b = racing(usize::MAX, |m| race_put(m, b"n", b"1"));
+        let input = b"set n 0 0 1\r\n1\r\nincr n 1\r\nincr n 1 noreply\r\nget n\r\n";
+        let out = session(&b, input, 64);
+        let err = format!("SERVER_ERROR {}\r\n", rmw::contended_msg());
+        assert_eq!(
+            out,
+            format!("STORED\r\n{err}{err}VALUE n 0 1\r\n1\r\nEND\r\n")
+        );
+        assert_eq!(b.0.lock().unwrap().races_run(), 2 * MAX_RMW_ATTEMPTS);
     }
 
     #[test]
