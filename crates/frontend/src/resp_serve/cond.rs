@@ -431,3 +431,345 @@ impl Conn<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::item;
+    use crate::mc_serve::{Backend, Counters};
+    use crate::resp_serve::{serve, RespLimits};
+    use crate::testing::{MapBackend, MapClient, OneClient, Pipe, PlainClient, RacingClient};
+    use nessie_protocols::KvClient;
+
+    const LIMITS: RespLimits = RespLimits {
+        max_key: 32,
+        max_value: 100,
+    };
+
+    /// The replies to `list`, as one string.
+    fn run(b: &dyn Backend, list: &[&[&str]]) -> String {
+        let mut input = Vec::new();
+        for words in list {
+            input.extend_from_slice(format!("*{}\r\n", words.len()).as_bytes());
+            for w in *words {
+                input.extend_from_slice(format!("${}\r\n{w}\r\n", w.len()).as_bytes());
+            }
+        }
+        let mut p = Pipe::new(&input, 7);
+        serve(&mut p, b, LIMITS, &Counters::default(), 1).unwrap();
+        String::from_utf8(p.output).unwrap()
+    }
+
+    /// The stored item of `key`: (flags, expires, data).
+    fn stored(b: &MapBackend, key: &[u8]) -> Option<(u32, u64, Vec<u8>)> {
+        let m = b.0.lock().unwrap();
+        let it = item::decode(&m.0.get(key)?.0, 0).unwrap();
+        Some((it.flags, it.expires, it.data.to_vec()))
+    }
+
+    fn put_item(m: &mut MapClient, key: &[u8], flags: u32, expires: u64, data: &[u8]) {
+        let mut v = Vec::new();
+        item::encode(&mut v, flags, expires, data);
+        m.put(key, &v).unwrap();
+    }
+
+    #[test]
+    fn set_with_conditions() {
+        let b = MapBackend::default();
+        let out = run(
+            &b,
+            &[
+                &["SET", "k", "v", "NX", "GET"],
+                &["SET", "k", "w", "NX", "GET"],
+                &["SET", "k", "w", "NX"],
+                &["SET", "k", "w", "XX", "GET"],
+                &["SET", "nope", "w", "XX"],
+                &["SET", "nope", "w", "XX", "GET"],
+                &["SET", "k", "x", "GET", "GET"],
+                &["SET", "k", "w", "NX", "XX"],
+                &["SET", "k", "w", "KEEPTTL", "EX", "10"],
+                &["SET", "k", "w", "EX", "10", "PX", "10"],
+                &["SET", "k", "w", "EX", "abc"],
+                &["SET", "k", "w", "EX", "9223372036854775807"],
+                &["GET", "k"],
+            ],
+        );
+        let want = "$-1\r\n$1\r\nv\r\n$-1\r\n$1\r\nv\r\n$-1\r\n$-1\r\n$1\r\nw\r\n\
+                    -ERR syntax error\r\n-ERR syntax error\r\n-ERR syntax error\r\n\
+                    -ERR value is not an integer or out of range\r\n\
+                    -ERR invalid expire time in 'set' command\r\n$1\r\nx\r\n";
+        assert_eq!(out, want);
+        assert_eq!(stored(&b, b"nope"), None);
+    }
+
+    #[test]
+    fn set_keepttl_and_expiry_in_the_past() {
+        let b = MapBackend::default();
+        let at = unix_now_ms() + 100_000;
+        put_item(&mut b.0.lock().unwrap(), b"k", 0, at, b"v");
+        let out = run(
+            &b,
+            &[
+                &["SET", "k", "w", "KEEPTTL", "XX"],
+                &["SET", "k", "x", "PXAT", "1", "GET"],
+                &["EXISTS", "k"],
+                &["SET", "n", "x", "NX", "EXAT", "1"],
+                &["EXISTS", "n"],
+            ],
+        );
+        assert_eq!(out, "+OK\r\n$1\r\nw\r\n:0\r\n+OK\r\n:0\r\n");
+        put_item(&mut b.0.lock().unwrap(), b"k", 0, at, b"v");
+        assert_eq!(
+            run(&b, &[&["SET", "k", "w", "KEEPTTL", "GET"]]),
+            "$1\r\nv\r\n"
+        );
+        assert_eq!(stored(&b, b"k"), Some((0, at, b"w".to_vec())), "TTL kept");
+        assert_eq!(run(&b, &[&["SET", "k", "y", "GET"]]), "$1\r\nw\r\n");
+        assert_eq!(stored(&b, b"k"), Some((0, 0, b"y".to_vec())), "TTL removed");
+    }
+
+    #[test]
+    fn setnx_getset_getdel() {
+        let b = MapBackend::default();
+        let out = run(
+            &b,
+            &[
+                &["SETNX", "k", "a"],
+                &["SETNX", "k", "b"],
+                &["GETSET", "k", "c"],
+                &["GETSET", "new", "d"],
+                &["GETDEL", "k"],
+                &["GETDEL", "k"],
+                &["GET", "new"],
+                &["SETNX", "k"],
+                &["GETDEL"],
+            ],
+        );
+        let want = ":1\r\n:0\r\n$1\r\na\r\n$-1\r\n$1\r\nc\r\n$-1\r\n$1\r\nd\r\n\
+                    -ERR wrong number of arguments for 'setnx' command\r\n\
+                    -ERR wrong number of arguments for 'getdel' command\r\n";
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn getex() {
+        let b = MapBackend::default();
+        let out = run(
+            &b,
+            &[
+                &["SET", "k", "v"],
+                &["GETEX", "k"],
+                &["GETEX", "k", "EX", "100"],
+                &["TTL", "k"],
+                &["GETEX", "k", "PERSIST"],
+                &["TTL", "k"],
+                &["GETEX", "k", "EX", "0"],
+                &["GETEX", "k", "PERSIST", "EX", "10"],
+                &["GETEX", "nope", "EX", "abc"],
+                &["GETEX", "k", "PXAT", "1"],
+                &["EXISTS", "k"],
+            ],
+        );
+        let want = "+OK\r\n$1\r\nv\r\n$1\r\nv\r\n:100\r\n$1\r\nv\r\n:-1\r\n\
+                    -ERR invalid expire time in 'getex' command\r\n-ERR syntax error\r\n\
+                    $-1\r\n$1\r\nv\r\n:0\r\n";
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn counters() {
+        let b = MapBackend::default();
+        let max = i64::MAX.to_string();
+        let min = i64::MIN.to_string();
+        let out = run(
+            &b,
+            &[
+                &["INCR", "n"],
+                &["INCRBY", "n", "41"],
+                &["DECRBY", "n", "2"],
+                &["DECR", "n"],
+                &["INCRBY", "n", "1.5"],
+                &["INCRBY", "n", "01"],
+                &["DECRBY", "n", &min],
+                &["SET", "m", &max],
+                &["INCR", "m"],
+                &["SET", "m", &min],
+                &["DECR", "m"],
+                &["SET", "m", "+1"],
+                &["INCR", "m"],
+                &["DECR", "fresh"],
+                &["INCR"],
+            ],
+        );
+        let not_int = "-ERR value is not an integer or out of range\r\n";
+        let over = "-ERR increment or decrement would overflow\r\n";
+        let want = format!(
+            ":1\r\n:42\r\n:40\r\n:39\r\n{not_int}{not_int}-ERR decrement would overflow\r\n\
+             +OK\r\n{over}+OK\r\n{over}+OK\r\n{not_int}:-1\r\n\
+             -ERR wrong number of arguments for 'incr' command\r\n"
+        );
+        assert_eq!(out, want);
+        // The expiry and flags (of a memcached item) are kept.
+        let at = unix_now_ms() + 100_000;
+        put_item(&mut b.0.lock().unwrap(), b"c", 9, at, b"5");
+        assert_eq!(run(&b, &[&["INCRBY", "c", "-10"]]), ":-5\r\n");
+        assert_eq!(stored(&b, b"c"), Some((9, at, b"-5".to_vec())));
+    }
+
+    #[test]
+    fn append() {
+        let b = MapBackend::default();
+        let big = "x".repeat(98);
+        let out = run(
+            &b,
+            &[
+                &["APPEND", "k", "ab"],
+                &["APPEND", "k", "cd"],
+                &["GET", "k"],
+                &["APPEND", "k", &big],
+                &["APPEND"],
+            ],
+        );
+        let want = ":2\r\n:4\r\n$4\r\nabcd\r\n\
+                    -ERR string exceeds maximum allowed size (this cluster's limit of 100 bytes)\r\n\
+                    -ERR wrong number of arguments for 'append' command\r\n";
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn expire_and_persist() {
+        let b = MapBackend::default();
+        let out = run(
+            &b,
+            &[
+                &["SET", "k", "v"],
+                &["EXPIRE", "k", "100", "XX"],
+                &["EXPIRE", "k", "100", "GT"],
+                &["EXPIRE", "k", "100", "NX"],
+                &["EXPIRE", "k", "50", "GT"],
+                &["EXPIRE", "k", "200", "GT"],
+                &["EXPIRE", "k", "300", "LT"],
+                &["PEXPIRE", "k", "10000", "LT"],
+                &["TTL", "k"],
+                &["PERSIST", "k"],
+                &["PERSIST", "k"],
+                &["PERSIST", "nope"],
+                &["EXPIRE", "nope", "10"],
+                &["EXPIRE", "k", "-1", "GT"],
+                &["EXISTS", "k"],
+                &["EXPIREAT", "k", "1"],
+                &["EXISTS", "k"],
+            ],
+        );
+        let want = "+OK\r\n:0\r\n:0\r\n:1\r\n:0\r\n:1\r\n:0\r\n:1\r\n:10\r\n:1\r\n:0\r\n:0\r\n\
+                    :0\r\n:0\r\n:1\r\n:1\r\n:0\r\n";
+        assert_eq!(out, want);
+        let out = run(
+            &b,
+            &[
+                &["EXPIRE", "k", "20", "NX", "GT"],
+                &["EXPIRE", "k", "20", "GT", "LT"],
+                &["EXPIRE", "k", "1", "2", "3"],
+                &["EXPIRE", "k", "abc"],
+                &["EXPIRE", "k", "9223372036854775807"],
+                &["PEXPIREAT", "k"],
+            ],
+        );
+        let want = "-ERR NX and XX, GT or LT options at the same time are not compatible\r\n\
+                    -ERR GT and LT options at the same time are not compatible\r\n\
+                    -ERR Unsupported option 2\r\n\
+                    -ERR value is not an integer or out of range\r\n\
+                    -ERR invalid expire time in 'expire' command\r\n\
+                    -ERR wrong number of arguments for 'pexpireat' command\r\n";
+        assert_eq!(out, want);
+    }
+
+    /// An expired key is absent to every command, and removed or replaced by its version.
+    #[test]
+    fn expired_keys_are_absent() {
+        let b = MapBackend::default();
+        let past = unix_now_ms() - 1;
+        for k in ["a", "b", "c", "d", "e", "f", "g"] {
+            put_item(&mut b.0.lock().unwrap(), k.as_bytes(), 0, past, b"7");
+        }
+        let out = run(
+            &b,
+            &[
+                &["SET", "a", "x", "XX"],
+                &["SETNX", "b", "x"],
+                &["INCR", "c"],
+                &["APPEND", "d", "x"],
+                &["GETDEL", "e"],
+                &["EXPIRE", "f", "10"],
+                &["DEL", "g", "a"],
+                &["GETSET", "a", "y"],
+            ],
+        );
+        assert_eq!(out, "$-1\r\n:1\r\n:1\r\n:1\r\n$-1\r\n:0\r\n:0\r\n$-1\r\n");
+        assert_eq!(stored(&b, b"e"), None);
+        assert_eq!(stored(&b, b"g"), None);
+    }
+
+    #[test]
+    fn del_counts_exactly_and_races_are_not_lost() {
+        let race = |m: &mut MapClient| put_item(m, b"n", 0, 0, b"10");
+        let b = OneClient(std::sync::Mutex::new(RacingClient::new(
+            MapClient::default(),
+            1,
+            race,
+        )));
+        let out = run(&b, &[&["SET", "n", "1"], &["INCR", "n"], &["GET", "n"]]);
+        assert_eq!(
+            out, "+OK\r\n:11\r\n$2\r\n11\r\n",
+            "read again after the race"
+        );
+        let out = run(&b, &[&["SET", "a", "1"], &["DEL", "a", "a", "b"]]);
+        assert_eq!(out, "+OK\r\n:1\r\n");
+        let b = OneClient(std::sync::Mutex::new(RacingClient::new(
+            MapClient::default(),
+            usize::MAX,
+            race,
+        )));
+        let out = run(&b, &[&["SET", "n", "1"], &["APPEND", "n", "x"]]);
+        let want = format!("+OK\r\n-ERR {}\r\n", rmw::contended_msg());
+        assert_eq!(out, want);
+    }
+
+    /// In a mode without conditional writes the commands that need them answer why; DEL
+    /// still counts (from reads) and the connection stays usable.
+    #[test]
+    fn a_mode_without_conditional_writes() {
+        let b = OneClient(std::sync::Mutex::new(PlainClient::default()));
+        let out = run(
+            &b,
+            &[
+                &["SET", "k", "v", "NX"],
+                &["INCR", "k"],
+                &["SET", "k", "v"],
+                &["DEL", "k", "k"],
+                &["GET", "k"],
+            ],
+        );
+        let why = "-ERR a versioned read needs conditional writes, which only the client-driven (cd) mode offers\r\n";
+        assert_eq!(out, format!("{why}{why}+OK\r\n:1\r\n$-1\r\n"));
+    }
+
+    #[test]
+    fn integers_as_redis_reads_them() {
+        assert_eq!(redis_int(b"0"), Some(0));
+        assert_eq!(redis_int(b"-12"), Some(-12));
+        assert_eq!(redis_int(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"01",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(redis_int(bad), None, "{bad:?}");
+        }
+    }
+}
