@@ -3,17 +3,19 @@
 //! lends, replies written back after each batch of whole commands (pipelining, `-P` in
 //! redis-benchmark), at most [`FLUSH_AT`] bytes of them buffered.
 //!
-//! Served: strings without conditions (GET, SET with EX/PX/EXAT/PXAT, SETEX, PSETEX, MGET,
-//! MSET, DEL, UNLINK, EXISTS, STRLEN, TTL, PTTL) and the connection and server commands
-//! clients send on their own (PING, ECHO, SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT
-//! SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET, INFO). Conditional and read-modify-write
-//! commands (SET NX/XX/GET/KEEPTTL, SETNX, GETSET, GETDEL, GETEX, INCR and its kin, APPEND,
-//! EXPIRE and its kin, PERSIST) need a compare-and-set write the store does not offer yet,
-//! and the key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) a key scan: they answer
-//! an error naming the command. Errors are Redis's own words (`ERR unknown command …`,
-//! `ERR wrong number of arguments for '…' command`, `ERR syntax error`). Differences from
-//! Redis: MSET sets its keys one by one (a reader may see some set and not others while it
-//! runs); DEL and EXISTS count keys from reads made just before.
+//! Served: strings (GET, SET with EX/PX/EXAT/PXAT/KEEPTTL and NX/XX/GET, SETEX, PSETEX,
+//! SETNX, GETSET, GETDEL, GETEX, MGET, MSET, DEL, UNLINK, EXISTS, STRLEN, INCR, DECR, INCRBY,
+//! DECRBY, APPEND), expiry (TTL, PTTL, EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT with NX/XX/GT/LT,
+//! PERSIST) and the connection and server commands clients send on their own (PING, ECHO,
+//! SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET,
+//! INFO). The commands that depend on a key's current state are read-modify-writes over the
+//! store's conditional writes ([`crate::rmw`], module `cond`); in a mode without them they
+//! answer `-ERR <why>` and the connection stays usable (DEL then counts from reads). The
+//! key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) need a key scan and
+//! INCRBYFLOAT, SETRANGE, MSETNX are not served yet: they answer an error naming the command.
+//! Errors are Redis's own words (`ERR unknown command …`, `ERR wrong number of arguments for
+//! '…' command`, `ERR syntax error`). Differences from Redis: MSET sets its keys one by one
+//! (a reader may see some set and not others while it runs).
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
