@@ -34,12 +34,19 @@ pub fn expires_at(exptime: i64, now_ms: u64) -> Option<u64> {
 
 /// The stored form of `data` with `flags`, expiring at `expires` (Unix ms; 0 = never).
 pub fn encode(out: &mut Vec<u8>, flags: u32, expires: u64, data: &[u8]) {
+    encode_parts(out, flags, expires, &[data]);
+}
+
+/// [`encode`] of the concatenation of `parts` (`append` and `prepend` build their data so).
+pub fn encode_parts(out: &mut Vec<u8>, flags: u32, expires: u64, parts: &[&[u8]]) {
     out.clear();
-    out.reserve(HEADER_LEN + data.len());
+    out.reserve(HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&expires.to_le_bytes());
-    out.extend_from_slice(data);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
 }
 
 /// A stored item as read back.

@@ -2,7 +2,8 @@
 //! Nessie operations inside each node process. So far:
 //! - [`memcache`]: the memcached text protocol's requests and replies (parsing and encoding);
 //! - [`mc_serve`]: serving it on one connection with a store client;
-//! - [`item`]: what a front end stores as a value (the client's flags and expiry, then data).
+//! - [`item`]: what a front end stores as a value (the client's flags and expiry, then data);
+//! - [`rmw`]: read-modify-write over the store's conditional writes (both front ends).
 //!
 //! Each module is transport-free: it turns bytes into requests and replies into bytes, with an
 //! explicit limit on everything a client controls (line length, key length, value length).
@@ -12,6 +13,7 @@ pub mod mc_serve;
 pub mod memcache;
 pub mod resp;
 pub mod resp_serve;
+pub mod rmw;
 mod session;
 #[cfg(test)]
 mod testing;

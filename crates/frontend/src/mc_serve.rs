@@ -5,22 +5,26 @@
 //! most [`Limits::max_data`] (a larger one is read and thrown away, and answered as memcached
 //! does), and replies are written out whenever they pass [`FLUSH_AT`].
 //!
-//! What is served: `get` (multi-key), `set`, `delete`, `version`, `verbosity`, `stats`,
-//! `quit`. The commands that are conditional or read-modify-write (`gets`, `gat`, `gats`,
-//! `add`, `replace`, `append`, `prepend`, `cas`, `incr`, `decr`, `touch`) need a
-//! compare-and-set write the store does not offer yet, and `flush_all` a key scan: they get a
-//! `SERVER_ERROR` naming the command, and the connection stays usable. `delete` answers
-//! `DELETED` or `NOT_FOUND` from a read just before the delete: a racing writer can make that
-//! word wrong, never the data.
+//! What is served: `get`, `gets`, `gat`, `gats` (multi-key), `set`, `add`, `replace`,
+//! `append`, `prepend`, `cas`, `incr`, `decr`, `touch`, `delete`, `version`, `verbosity`,
+//! `stats`, `quit`. Every command that depends on a key's current state is a read-modify-write
+//! over the store's conditional writes ([`crate::rmw`]): it reads the key with its version and
+//! writes only if the key is still at that version, else reads again, so a concurrent write
+//! is never lost. In a mode without conditional writes they answer `SERVER_ERROR <why>` and
+//! the connection stays usable; `delete` then falls back to a read and a plain delete (its
+//! `DELETED`/`NOT_FOUND` may be wrong under a racing writer, never the data). `flush_all`
+//! needs a key scan or a per-item store time, neither of which exists yet: it answers a
+//! `SERVER_ERROR`.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use nessie_protocols::{Error, KvClient};
+use nessie_protocols::{Error, KvClient, Version};
 
 use crate::item;
 use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp};
+use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
 
 /// Replies are written out once this many bytes are waiting (a multi-key get of large values
 /// would otherwise buffer them all).
@@ -74,9 +78,6 @@ pub fn version_line() -> String {
         env!("CARGO_PKG_VERSION")
     )
 }
-
-/// Why the conditional and read-modify-write commands are not served yet.
-const CAS_NEEDED: &str = "needs compare-and-set, which the store does not offer yet";
 
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
@@ -202,8 +203,8 @@ impl Conn<'_> {
                 flags,
                 exptime,
                 len,
+                cas,
                 noreply,
-                ..
             } => {
                 if len > self.limits.max_data {
                     self.out
@@ -211,19 +212,25 @@ impl Conn<'_> {
                     self.skip = len.saturating_add(2);
                     return Step::Took(line);
                 }
-                let data = match take_data(&buf[line..], len) {
-                    Ok(Some((d, n))) => (d, n),
+                let (data, n) = match take_data(&buf[line..], len) {
+                    Ok(Some(d)) => d,
                     Ok(None) => return Step::More,
                     Err(e) => {
                         self.out.extend_from_slice(e.reply());
                         return Step::Took(line + len + 2);
                     }
                 };
-                let key = key.to_vec();
-                let value = data.0.to_vec();
-                let taken = line + data.1;
-                self.store(op, &key, flags, exptime, &value, noreply);
-                Step::Took(taken)
+                let s = StoreReq {
+                    op,
+                    key: key.to_vec(),
+                    flags,
+                    exptime,
+                    data: data.to_vec(),
+                    cas,
+                    noreply,
+                };
+                self.store(&s);
+                Step::Took(line + n)
             }
             Request::Quit => Step::Close,
             req => {
@@ -234,37 +241,45 @@ impl Conn<'_> {
         }
     }
 
-    fn store(
-        &mut self,
-        op: StoreOp,
-        key: &[u8],
-        flags: u32,
-        exptime: i64,
-        data: &[u8],
-        noreply: bool,
-    ) {
-        self.counters.cmd_set.fetch_add(1, Ordering::Relaxed);
-        if op != StoreOp::Set {
-            let name = format!("{op:?}").to_lowercase();
-            return self.unsupported(&name, CAS_NEEDED, noreply);
+    /// A key longer than the front end's limit: true if it was answered so.
+    fn key_too_long(&mut self, key: &[u8]) -> bool {
+        let long = key.len() > self.limits.max_key;
+        if long {
+            self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
         }
-        if key.len() > self.limits.max_key {
-            return self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
+        long
+    }
+
+    fn store(&mut self, s: &StoreReq) {
+        self.counters.cmd_set.fetch_add(1, Ordering::Relaxed);
+        if self.key_too_long(&s.key) {
+            return;
         }
         let now = unix_now_ms();
-        let r = match item::expires_at(exptime, now) {
+        let expires = item::expires_at(s.exptime, now);
+        if s.op == StoreOp::Set {
+            return self.set(s, expires);
+        }
+        let max = self.limits.max_data;
+        let r = self.rmw(&s.key, now, |seen| store_change(s, seen, expires, max));
+        self.answer(r, s.noreply);
+    }
+
+    /// `set`: no condition, so a plain write.
+    fn set(&mut self, s: &StoreReq, expires: Option<u64>) {
+        let r = match expires {
             // Expired on arrival: memcached stores it and nobody can read it.
-            None => self.with(|c| c.delete(key)),
+            None => self.with(|c| c.delete(&s.key)),
             Some(expires) => {
                 let mut v = std::mem::take(&mut self.scratch);
-                item::encode(&mut v, flags, expires, data);
-                let r = self.with(|c| c.put(key, &v));
+                item::encode(&mut v, s.flags, expires, &s.data);
+                let r = self.with(|c| c.put(&s.key, &v));
                 self.scratch = v;
                 r
             }
         };
         match r {
-            Ok(()) => self.reply(b"STORED\r\n", noreply),
+            Ok(()) => self.reply(b"STORED\r\n", s.noreply),
             Err(e) => self.store_error(&e),
         }
     }
@@ -277,19 +292,22 @@ impl Conn<'_> {
                 touch: None,
             } => self.get(&keys),
             OwnedRequest::Get {
-                with_cas, touch, ..
-            } => {
-                let name = match (with_cas, touch.is_some()) {
-                    (true, true) => "gats",
-                    (false, true) => "gat",
-                    _ => "gets",
-                };
-                self.unsupported(name, CAS_NEEDED, false)
-            }
+                keys,
+                with_cas,
+                touch,
+            } => self.get_versioned(&keys, with_cas, touch),
             OwnedRequest::Delete { key, noreply } => self.delete(&key, noreply),
-            OwnedRequest::Unsupported { name, noreply } => {
-                self.unsupported(name, CAS_NEEDED, noreply)
-            }
+            OwnedRequest::Arith {
+                key,
+                delta,
+                incr,
+                noreply,
+            } => self.arith(&key, delta, incr, noreply),
+            OwnedRequest::Touch {
+                key,
+                exptime,
+                noreply,
+            } => self.touch(&key, exptime, noreply),
             OwnedRequest::FlushAll { noreply } => self.unsupported(
                 "flush_all",
                 "needs a key scan, which the store does not offer yet",
@@ -317,9 +335,7 @@ impl Conn<'_> {
         let mut v = std::mem::take(&mut self.scratch);
         for key in keys {
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
-            if key.len() > self.limits.max_key {
-                self.out
-                    .extend_from_slice(b"CLIENT_ERROR bad command line format\r\n");
+            if self.key_too_long(key) {
                 self.scratch = v;
                 return;
             }
@@ -346,31 +362,148 @@ impl Conn<'_> {
         self.out.extend_from_slice(b"END\r\n");
     }
 
-    fn delete(&mut self, key: &[u8], noreply: bool) {
-        if key.len() > self.limits.max_key {
-            return self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
+    /// `gets` (`with_cas`, no `touch`), `gat` and `gats` (`touch`: the new exptime).
+    fn get_versioned(&mut self, keys: &[Vec<u8>], with_cas: bool, touch: Option<i64>) {
+        for key in keys {
+            self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
+            if self.key_too_long(key) {
+                return;
+            }
+            let now = unix_now_ms();
+            let mut buf = std::mem::take(&mut self.scratch);
+            let expires = touch.map(|t| item::expires_at(t, now));
+            let r = self.with(|c| read_or_touch(c, key, now, &mut buf, expires, with_cas));
+            self.scratch = buf;
+            let hit = match r {
+                Ok(Some(hit)) => hit,
+                Ok(None) => return self.contended(),
+                Err(e) => return self.fail(&e, false),
+            };
+            let Some(h) = hit else {
+                self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
+            let cas = with_cas.then_some(h.cas);
+            encode_value(&mut self.out, key, h.flags, &h.data, cas);
+        }
+        self.out.extend_from_slice(b"END\r\n");
+    }
+
+    /// `incr`/`decr`: the value must be a decimal u64; incr wraps at 2^64, decr stops at 0.
+    fn arith(&mut self, key: &[u8], delta: u64, incr: bool, noreply: bool) {
+        if self.key_too_long(key) {
+            return;
+        }
+        let r = self.rmw(key, unix_now_ms(), |s| {
+            let Some(it) = s.item else {
+                return Change::Keep(b"NOT_FOUND\r\n".to_vec());
+            };
+            let Some(n) = counter_value(it.data) else {
+                let e = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+                return Change::Keep(e.to_vec());
+            };
+            let n = if incr {
+                n.wrapping_add(delta)
+            } else {
+                n.saturating_sub(delta)
+            };
+            let digits = n.to_string();
+            let reply = format!("{digits}\r\n").into_bytes();
+            Change::store(it.flags, Some(it.expires), &[digits.as_bytes()], reply)
+        });
+        self.answer(r, noreply);
+    }
+
+    fn touch(&mut self, key: &[u8], exptime: i64, noreply: bool) {
+        if self.key_too_long(key) {
+            return;
         }
         let now = unix_now_ms();
+        let expires = item::expires_at(exptime, now);
+        let r = self.rmw(key, now, |s| match s.item {
+            None => Change::Keep(&b"NOT_FOUND\r\n"[..]),
+            Some(it) if Some(it.expires) == expires => Change::Keep(&b"TOUCHED\r\n"[..]),
+            Some(it) => Change::store(it.flags, expires, &[it.data], &b"TOUCHED\r\n"[..]),
+        });
+        self.answer(r, noreply);
+    }
+
+    /// `delete`: removes the version it read, so `DELETED`/`NOT_FOUND` is exact. In a mode
+    /// without conditional writes, a read and a plain delete (the word may be wrong under a
+    /// racing writer, never the data).
+    fn delete(&mut self, key: &[u8], noreply: bool) {
+        if self.key_too_long(key) {
+            return;
+        }
+        let now = unix_now_ms();
+        // An expired item is removed too (by its version), but it was not found.
+        let r = match self.rmw(key, now, |s| Change::Delete(s.item.is_some())) {
+            Err(Error::Unsupported(_)) => self.plain_delete(key, now),
+            r => r,
+        };
+        let r = r.map(|found| {
+            found.map(|found| {
+                let (counter, line) = if found {
+                    (&self.counters.delete_hits, &b"DELETED\r\n"[..])
+                } else {
+                    (&self.counters.delete_misses, &b"NOT_FOUND\r\n"[..])
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                line
+            })
+        });
+        self.answer(r, noreply);
+    }
+
+    /// A read, then a plain delete: whether a live item was there.
+    fn plain_delete(&mut self, key: &[u8], now: u64) -> Result<Option<bool>, Error> {
         let mut v = std::mem::take(&mut self.scratch);
         let found = self.with(|c| c.get_into(key, &mut v));
         let live = matches!(found, Ok(true)) && item::decode(&v, now).is_some();
         self.scratch = v;
-        if let Err(e) = found {
-            return self.server_error(&e);
-        }
-        match self.with(|c| c.delete(key)) {
-            Ok(()) if live => {
-                self.counters.delete_hits.fetch_add(1, Ordering::Relaxed);
-                self.reply(b"DELETED\r\n", noreply)
-            }
-            Ok(()) => {
-                self.counters.delete_misses.fetch_add(1, Ordering::Relaxed);
-                self.reply(b"NOT_FOUND\r\n", noreply)
-            }
-            Err(e) => self.server_error(&e),
+        found?;
+        self.with(|c| c.delete(key))?;
+        Ok(Some(live))
+    }
+
+    /// A read-modify-write of `key` ([`rmw::rmw`]) with one of the backend's clients.
+    fn rmw<T>(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        mut f: impl FnMut(Seen<'_>) -> Change<T>,
+    ) -> Result<Option<T>, Error> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        let r = self.with(|c| rmw::rmw(c, key, now, &mut buf, &mut f));
+        self.scratch = buf;
+        r
+    }
+
+    /// The reply of a read-modify-write: its line, or why there is none.
+    fn answer(&mut self, r: Result<Option<impl AsRef<[u8]>>, Error>, noreply: bool) {
+        match r {
+            Ok(Some(line)) => self.reply(line.as_ref(), noreply),
+            Ok(None) => self.contended(),
+            Err(e) => self.fail(&e, noreply),
         }
     }
 
+    fn contended(&mut self) {
+        let line = format!("SERVER_ERROR {}\r\n", rmw::contended_msg());
+        self.out.extend_from_slice(line.as_bytes());
+    }
+
+    /// A store error: a mode without conditional writes is not answered under `noreply`
+    /// (as [`Self::unsupported`]); the others are.
+    fn fail(&mut self, e: &Error, noreply: bool) {
+        match e {
+            Error::Unsupported(why) if noreply => {
+                tracing::debug!(why, "refused; noreply, so not answered");
+            }
+            e => self.store_error(e),
+        }
+    }
     fn stats(&mut self) {
         let c = self.counters;
         let now = unix_now();
@@ -439,6 +572,127 @@ impl Conn<'_> {
     }
 }
 
+/// A storage command with its data block.
+struct StoreReq {
+    op: StoreOp,
+    key: Vec<u8>,
+    flags: u32,
+    exptime: i64,
+    data: Vec<u8>,
+    /// `cas`'s unique (0 for the others).
+    cas: u64,
+    noreply: bool,
+}
+
+/// What a conditional storage command does with what it read (`expires`: the new item's
+/// expiry, `None` if already past; `max_data`: the largest data an append may make); the
+/// answer is the reply line.
+fn store_change(
+    s: &StoreReq,
+    seen: Seen<'_>,
+    expires: Option<u64>,
+    max_data: usize,
+) -> Change<&'static [u8]> {
+    const STORED: &[u8] = b"STORED\r\n";
+    const NOT_STORED: &[u8] = b"NOT_STORED\r\n";
+    let stored = || Change::store(s.flags, expires, &[&s.data], STORED);
+    match (s.op, seen.item) {
+        (StoreOp::Set, _) => stored(),
+        (StoreOp::Add, Some(_)) => Change::Keep(NOT_STORED),
+        (StoreOp::Add, None) => stored(),
+        (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => Change::Keep(NOT_STORED),
+        (StoreOp::Replace, Some(_)) => stored(),
+        (StoreOp::Cas, None) => Change::Keep(b"NOT_FOUND\r\n"),
+        (StoreOp::Cas, Some(_)) if seen.version != Some(s.cas) => Change::Keep(b"EXISTS\r\n"),
+        (StoreOp::Cas, Some(_)) => stored(),
+        // Too large to store: memcached answers so too.
+        (_, Some(it)) if it.data.len() + s.data.len() > max_data => Change::Keep(NOT_STORED),
+        // The item keeps its flags and expiry; the command's are ignored, as memcached does.
+        (StoreOp::Append, Some(it)) => {
+            Change::store(it.flags, Some(it.expires), &[it.data, &s.data], STORED)
+        }
+        (StoreOp::Prepend, Some(it)) => {
+            Change::store(it.flags, Some(it.expires), &[&s.data, it.data], STORED)
+        }
+    }
+}
+
+/// The number a value holds for `incr`/`decr`, read as memcached does (`strtoull`): optional
+/// leading whitespace and `+`, decimal digits that fit in 64 bits, then the end or whitespace.
+fn counter_value(data: &[u8]) -> Option<u64> {
+    let start = data.iter().position(|b| !b.is_ascii_whitespace())?;
+    let rest = &data[start..];
+    let rest = rest.strip_prefix(b"+").unwrap_or(rest);
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(rest.len());
+    if end == 0 || rest.get(end).is_some_and(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+/// A hit of `gets`/`gat`/`gats`.
+struct Hit {
+    flags: u32,
+    data: Vec<u8>,
+    cas: Version,
+}
+
+/// `gets` (`expires` = `None`) or `gat`/`gats` (`Some`: the new expiry, `Some(None)` if past)
+/// of one key: `Ok(None)` if contended, `Ok(Some(None))` a miss. A touch that changes the
+/// item makes a new version; for `gats` (`with_cas`) it is read back, and the touch tried
+/// again if the item read back is not the one written.
+fn read_or_touch(
+    c: &mut dyn KvClient,
+    key: &[u8],
+    now: u64,
+    buf: &mut Vec<u8>,
+    expires: Option<Option<u64>>,
+    with_cas: bool,
+) -> Result<Option<Option<Hit>>, Error> {
+    for _ in 0..MAX_RMW_ATTEMPTS {
+        let mut written = None;
+        let mut f = |s: Seen<'_>| {
+            let Some(it) = s.item else {
+                return Change::Keep(None);
+            };
+            let hit = Hit {
+                flags: it.flags,
+                data: it.data.to_vec(),
+                cas: s.version.expect("an item read has a version"),
+            };
+            match expires {
+                Some(e) if e != Some(it.expires) => {
+                    let ch = Change::store(it.flags, e, &[it.data], Some(hit));
+                    if let Change::Put(v, _) = &ch {
+                        written = Some(v.clone());
+                    }
+                    ch
+                }
+                _ => Change::Keep(Some(hit)),
+            }
+        };
+        let hit = match rmw::attempt(c, key, now, buf, &mut f)? {
+            Attempt::Done(h) => h,
+            Attempt::Lost => continue,
+        };
+        let (Some(written), true) = (written, with_cas) else {
+            return Ok(Some(hit));
+        };
+        let mut h = hit.expect("only an item read is touched");
+        match c.get_versioned(key, buf)? {
+            Some(v) if *buf == written => {
+                h.cas = v;
+                return Ok(Some(Some(h)));
+            }
+            _ => continue,
+        }
+    }
+    Ok(None)
+}
+
 /// What serving one request did with the buffer.
 enum Step {
     /// It took this many bytes.
@@ -459,8 +713,15 @@ enum OwnedRequest {
         key: Vec<u8>,
         noreply: bool,
     },
-    Unsupported {
-        name: &'static str,
+    Arith {
+        key: Vec<u8>,
+        delta: u64,
+        incr: bool,
+        noreply: bool,
+    },
+    Touch {
+        key: Vec<u8>,
+        exptime: i64,
         noreply: bool,
     },
     FlushAll {
@@ -493,12 +754,24 @@ impl From<&Request<'_>> for OwnedRequest {
                 key: key.to_vec(),
                 noreply: *noreply,
             },
-            Request::Arith { incr, noreply, .. } => OwnedRequest::Unsupported {
-                name: if *incr { "incr" } else { "decr" },
+            Request::Arith {
+                key,
+                delta,
+                incr,
+                noreply,
+            } => OwnedRequest::Arith {
+                key: key.to_vec(),
+                delta: *delta,
+                incr: *incr,
                 noreply: *noreply,
             },
-            Request::Touch { noreply, .. } => OwnedRequest::Unsupported {
-                name: "touch",
+            Request::Touch {
+                key,
+                exptime,
+                noreply,
+            } => OwnedRequest::Touch {
+                key: key.to_vec(),
+                exptime: *exptime,
                 noreply: *noreply,
             },
             Request::FlushAll { noreply, .. } => OwnedRequest::FlushAll { noreply: *noreply },
@@ -518,7 +791,7 @@ impl From<&Request<'_>> for OwnedRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{MapBackend, Pipe};
+    use crate::testing::{MapBackend, MapClient, OneClient, Pipe, PlainClient, RacingClient};
 
     const LIMITS: Limits = Limits {
         max_key: 250,
@@ -526,7 +799,7 @@ mod tests {
     };
 
     /// What the server answers to `input`, fed `chunk` bytes at a time.
-    fn session(backend: &MapBackend, input: &[u8], chunk: usize) -> String {
+    fn session(backend: &dyn Backend, input: &[u8], chunk: usize) -> String {
         let mut p = Pipe {
             input: input.to_vec(),
             at: 0,
@@ -593,24 +866,29 @@ mod tests {
                     ERROR\r\n\
                     SERVER_ERROR out of memory storing object\r\n\
                     END\r\n\
-                    SERVER_ERROR incr needs compare-and-set, which the store does not offer yet\r\n\
-                    SERVER_ERROR gets needs compare-and-set, which the store does not offer yet\r\n\
+                    NOT_FOUND\r\n\
+                    END\r\n\
                     SERVER_ERROR flush_all needs a key scan, which the store does not offer yet\r\n";
         assert_eq!(out, want, "nothing after quit is served");
         assert!(b.0.lock().unwrap().0.is_empty(), "nothing was stored");
     }
 
-    /// A client that sent `noreply` reads nothing back: an answer would be taken for the next
-    /// command's (pymemcache sends `add` with noreply by default).
+    /// In a mode without conditional writes, the commands that need them answer why (unless
+    /// sent with `noreply`: a client that sent it reads nothing back, and an answer would be
+    /// taken for the next command's; pymemcache sends `add` with noreply by default); `get`,
+    /// `set` and `delete` are served.
     #[test]
-    fn unsupported_commands_sent_with_noreply_are_not_answered() {
-        let b = MapBackend::default();
-        let out = session(
-            &b,
-            b"add k 0 0 1 noreply\r\nx\r\nincr k 1 noreply\r\nflush_all noreply\r\nget k\r\n",
-            64,
+    fn a_mode_without_conditional_writes_refuses_and_stays_usable() {
+        let b = OneClient(std::sync::Mutex::new(PlainClient::default()));
+        let input = b"add k 0 0 1 noreply\r\nx\r\nincr k 1 noreply\r\nflush_all noreply\r\n\
+                      add k 0 0 1\r\nx\r\ngets k\r\nset k 0 0 1\r\ny\r\nget k\r\n\
+                      delete k\r\ndelete k\r\n";
+        let why = "a versioned read needs conditional writes, which only the client-driven (cd) mode offers";
+        let want = format!(
+            "SERVER_ERROR {why}\r\nSERVER_ERROR {why}\r\nSTORED\r\nVALUE k 0 1\r\ny\r\nEND\r\n\
+             DELETED\r\nNOT_FOUND\r\n"
         );
-        assert_eq!(out, "END\r\n");
+        assert_eq!(session(&b, input, 64), want);
     }
 
     #[test]
@@ -623,6 +901,207 @@ mod tests {
         ));
         let out = session(&b, &input, 4096);
         assert_eq!(out, "CLIENT_ERROR line too long\r\n");
+    }
+
+    /// Store an item directly (flags, expiry in Unix ms), as if written earlier.
+    fn put_item(b: &MapBackend, key: &[u8], flags: u32, expires: u64, data: &[u8]) {
+        let mut v = Vec::new();
+        item::encode(&mut v, flags, expires, data);
+        b.0.lock().unwrap().put(key, &v).unwrap();
+    }
+
+    /// The stored item of `key`: (flags, expires, data).
+    fn stored(b: &MapBackend, key: &[u8]) -> Option<(u32, u64, Vec<u8>)> {
+        let m = b.0.lock().unwrap();
+        let (v, _) = m.0.get(key)?;
+        let it = item::decode(v, 0).unwrap();
+        Some((it.flags, it.expires, it.data.to_vec()))
+    }
+
+    #[test]
+    fn gets_and_cas() {
+        let b = MapBackend::default();
+        let input = b"set a 5 0 3\r\nabc\r\ngets a nope\r\ncas a 6 0 2 1\r\nxy\r\n\
+                      cas a 6 0 2 1\r\nzz\r\ncas a 0 0 1 0\r\nq\r\ncas nope 0 0 1 1\r\nq\r\n\
+                      cas a 7 0 1 2 noreply\r\nn\r\ncas a 7 0 1 2 noreply\r\nm\r\ngets a\r\n";
+        let want = "STORED\r\nVALUE a 5 3 1\r\nabc\r\nEND\r\nSTORED\r\nEXISTS\r\nEXISTS\r\n\
+                    NOT_FOUND\r\nVALUE a 7 1 3\r\nn\r\nEND\r\n";
+        assert_eq!(session(&b, input, 5), want);
+    }
+
+    #[test]
+    fn add_and_replace() {
+        let b = MapBackend::default();
+        let input = b"add k 1 0 1\r\na\r\nadd k 2 0 1\r\nb\r\nreplace nope 0 0 1\r\nc\r\n\
+                      replace k 3 0 1\r\nd\r\nadd k 0 0 1 noreply\r\ne\r\n\
+                      replace nope 0 0 1 noreply\r\nf\r\nget k nope\r\n";
+        let want = "STORED\r\nNOT_STORED\r\nNOT_STORED\r\nSTORED\r\nVALUE k 3 1\r\nd\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        // A negative exptime stores an item nobody can read: the key is gone.
+        assert_eq!(
+            session(&b, b"replace k 0 -1 1\r\nx\r\nget k\r\n", 64),
+            "STORED\r\nEND\r\n"
+        );
+        assert_eq!(stored(&b, b"k"), None);
+    }
+
+    #[test]
+    fn append_and_prepend_keep_flags_and_expiry() {
+        let b = MapBackend::default();
+        let at = unix_now_ms() + 100_000;
+        put_item(&b, b"k", 7, at, b"mid");
+        let input = b"append k 1 1 2\r\n>>\r\nprepend k 2 2 2\r\n<<\r\nappend nope 0 0 1\r\nx\r\n\
+                      prepend nope 0 0 1 noreply\r\nx\r\nappend k 0 0 1 noreply\r\n!\r\nget k\r\n";
+        let want = "STORED\r\nSTORED\r\nNOT_STORED\r\nVALUE k 7 8\r\n<<mid>>!\r\nEND\r\n";
+        assert_eq!(session(&b, input, 3), want);
+        assert_eq!(stored(&b, b"k"), Some((7, at, b"<<mid>>!".to_vec())));
+        // Past the data limit (2000): NOT_STORED, as memcached answers; past the store's
+        // (1000 bytes for the map): out of memory.
+        put_item(&b, b"big", 0, 0, &[b'x'; 900]);
+        let mut input = b"append big 0 0 1200\r\n".to_vec();
+        input.extend_from_slice(&[b'y'; 1200]);
+        input.extend_from_slice(b"\r\nappend big 0 0 200\r\n");
+        input.extend_from_slice(&[b'y'; 200]);
+        input.extend_from_slice(b"\r\n");
+        let want = "NOT_STORED\r\nSERVER_ERROR out of memory storing object\r\n";
+        assert_eq!(session(&b, &input, 4096), want);
+    }
+
+    #[test]
+    fn incr_and_decr() {
+        let b = MapBackend::default();
+        put_item(&b, b"n", 9, 0, b"18446744073709551614");
+        let input = b"incr n 1\r\nincr n 1\r\nincr n 5\r\ndecr n 2\r\ndecr n 100\r\n\
+                      incr n 10 noreply\r\nget n\r\nincr nope 1\r\ndecr nope 1 noreply\r\n\
+                      set t 0 0 2\r\nab\r\nincr t 1\r\nincr t 1 noreply\r\n\
+                      set p 0 0 4\r\n 99 \r\nincr p 1\r\nset q 0 0 2\r\n-1\r\nincr q 1\r\n\
+                      set big 0 0 20\r\n18446744073709551616\r\nincr big 1\r\n";
+        let non = "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+        let want = format!(
+            "18446744073709551615\r\n0\r\n5\r\n3\r\n0\r\nVALUE n 9 2\r\n10\r\nEND\r\nNOT_FOUND\r\n\
+             STORED\r\n{non}STORED\r\n100\r\nSTORED\r\n{non}STORED\r\n{non}"
+        );
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"n").unwrap().0, 9, "flags kept");
+    }
+
+    #[test]
+    fn counter_values_read_as_memcached_reads_them() {
+        assert_eq!(counter_value(b"0"), Some(0));
+        assert_eq!(counter_value(b" +12 x"), Some(12));
+        assert_eq!(counter_value(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b" ",
+            b"+",
+            b"1a",
+            b"-1",
+            b"18446744073709551616",
+            b"0x1",
+        ] {
+            assert_eq!(counter_value(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn touch_gat_and_gats() {
+        let b = MapBackend::default();
+        put_item(&b, b"k", 3, 0, b"v");
+        let input = b"touch k 100\r\ntouch nope 1\r\ntouch k 50 noreply\r\ngat 200 k nope\r\n\
+                      gats 0 k\r\ngats 0 k\r\ngets k\r\n";
+        // Each touch that changes the expiry writes, so makes a new version; gats answers it.
+        let want =
+            "TOUCHED\r\nNOT_FOUND\r\nVALUE k 3 1\r\nv\r\nEND\r\nVALUE k 3 1 5\r\nv\r\nEND\r\n\
+                    VALUE k 3 1 5\r\nv\r\nEND\r\nVALUE k 3 1 5\r\nv\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"k"), Some((3, 0, b"v".to_vec())));
+        let out = session(&b, b"gat 100 k\r\n", 64);
+        assert_eq!(out, "VALUE k 3 1\r\nv\r\nEND\r\n");
+        let at = stored(&b, b"k").unwrap().1;
+        assert!(
+            at > unix_now_ms() + 99_000 && at <= unix_now_ms() + 100_000,
+            "{at}"
+        );
+        // A negative exptime expires the item at once (gat still answers what it read).
+        let out = session(&b, b"gat -1 k\r\nget k\r\ntouch k 1\r\n", 64);
+        assert_eq!(out, "VALUE k 3 1\r\nv\r\nEND\r\nEND\r\nNOT_FOUND\r\n");
+        assert_eq!(stored(&b, b"k"), None);
+    }
+
+    /// An expired item is absent to every command, and is conditioned on by its version.
+    #[test]
+    fn expired_items_are_absent_to_conditional_commands() {
+        let b = MapBackend::default();
+        let past = unix_now_ms() - 1;
+        for k in [&b"a"[..], b"r", b"p", b"i", b"t", b"c", b"d"] {
+            put_item(&b, k, 0, past, b"1");
+        }
+        let input = b"replace r 0 0 1\r\nx\r\nappend p 0 0 1\r\nx\r\nincr i 1\r\ntouch t 0\r\n\
+                      cas c 0 0 1 6\r\nx\r\ngets a r p i t c\r\ndelete d\r\nadd a 0 0 1\r\nx\r\n\
+                      get a\r\n";
+        let want = "NOT_STORED\r\nNOT_STORED\r\nNOT_FOUND\r\nNOT_FOUND\r\nNOT_FOUND\r\nEND\r\n\
+                    NOT_FOUND\r\nSTORED\r\nVALUE a 0 1\r\nx\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        assert_eq!(stored(&b, b"d"), None, "an expired item deleted is removed");
+    }
+
+    /// A backend whose client lets `races` writes of `race` in between a read-modify-write's
+    /// read and its conditional write.
+    fn racing(
+        races: usize,
+        race: impl FnMut(&mut MapClient) + Send + 'static,
+    ) -> OneClient<RacingClient> {
+        let c = RacingClient::new(MapClient::default(), races, race);
+        OneClient(std::sync::Mutex::new(c))
+    }
+
+    fn race_put(m: &mut MapClient, key: &[u8], data: &[u8]) {
+        let mut v = Vec::new();
+        item::encode(&mut v, 0, 0, data);
+        m.put(key, &v).unwrap();
+    }
+
+    #[test]
+    fn a_write_racing_a_read_modify_write_is_not_lost() {
+        let b = racing(1, |m| race_put(m, b"n", b"10"));
+        let out = session(&b, b"set n 0 0 1\r\n1\r\nincr n 1\r\nget n\r\n", 64);
+        assert_eq!(out, "STORED\r\n11\r\nVALUE n 0 2\r\n11\r\nEND\r\n");
+        assert_eq!(b.0.lock().unwrap().races_run(), 1);
+        let b = racing(1, |m| race_put(m, b"s", b"mid"));
+        let out = session(&b, b"append s 0 0 1\r\n!\r\nget s\r\n", 64);
+        assert_eq!(
+            out, "NOT_STORED\r\nEND\r\n",
+            "absent when read; the race is a put"
+        );
+        let b = racing(2, |m| race_put(m, b"s", b"x"));
+        let input = b"set s 0 0 1\r\na\r\nappend s 0 0 1\r\n!\r\nget s\r\n";
+        assert_eq!(
+            session(&b, input, 64),
+            "STORED\r\nSTORED\r\nVALUE s 0 2\r\nx!\r\nEND\r\n"
+        );
+        // cas sees the race as a change: EXISTS, and the racing write stays.
+        let b = racing(1, |m| race_put(m, b"c", b"theirs"));
+        let input = b"set c 0 0 1\r\na\r\ncas c 0 0 4 1\r\nmine\r\nget c\r\n";
+        let want = "STORED\r\nEXISTS\r\nVALUE c 0 6\r\ntheirs\r\nEND\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        // delete reads again and removes the racing write's version.
+        let b = racing(1, |m| race_put(m, b"d", b"new"));
+        let out = session(&b, b"set d 0 0 1\r\na\r\ndelete d\r\nget d\r\n", 64);
+        assert_eq!(out, "STORED\r\nDELETED\r\nEND\r\n");
+        assert_eq!(b.0.lock().unwrap().races_run(), 1);
+    }
+
+    #[test]
+    fn a_key_always_raced_is_answered_as_contended() {
+        let b = racing(usize::MAX, |m| race_put(m, b"n", b"1"));
+        let input = b"set n 0 0 1\r\n1\r\nincr n 1\r\nincr n 1 noreply\r\nget n\r\n";
+        let out = session(&b, input, 64);
+        let err = format!("SERVER_ERROR {}\r\n", rmw::contended_msg());
+        assert_eq!(
+            out,
+            format!("STORED\r\n{err}{err}VALUE n 0 1\r\n1\r\nEND\r\n")
+        );
+        assert_eq!(b.0.lock().unwrap().races_run(), 2 * MAX_RMW_ATTEMPTS);
     }
 
     #[test]

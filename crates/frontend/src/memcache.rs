@@ -182,7 +182,8 @@ fn delete<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
 
 fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
     let (args, noreply) = noreply(args);
-    let [key, delta] = args else {
+    // memcached ignores a last word that is not `noreply`.
+    let ([key, delta] | [key, delta, _]) = args else {
         return Err(ProtoError::WrongArity);
     };
     Ok(Request::Arith {
@@ -195,7 +196,7 @@ fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
 
 fn touch<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
     let (args, noreply) = noreply(args);
-    let [key, exptime] = args else {
+    let ([key, exptime] | [key, exptime, _]) = args else {
         return Err(ProtoError::WrongArity);
     };
     Ok(Request::Touch {
@@ -492,6 +493,17 @@ mod tests {
             one("get a\r\n").unwrap(),
             "a bare \\n ends a line too"
         );
+    }
+
+    #[test]
+    fn incr_and_touch_ignore_a_last_word_that_is_not_noreply() {
+        assert_eq!(
+            one("incr n 1 x\r\n"),
+            one("incr n 1\r\n"),
+            "as memcached does"
+        );
+        assert_eq!(one("incr n 1 x y\r\n"), Err(ProtoError::WrongArity));
+        assert_eq!(one("touch k 1 x\r\n"), one("touch k 1\r\n"));
     }
 
     #[test]

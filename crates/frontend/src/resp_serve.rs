@@ -3,17 +3,19 @@
 //! lends, replies written back after each batch of whole commands (pipelining, `-P` in
 //! redis-benchmark), at most [`FLUSH_AT`] bytes of them buffered.
 //!
-//! Served: strings without conditions (GET, SET with EX/PX/EXAT/PXAT, SETEX, PSETEX, MGET,
-//! MSET, DEL, UNLINK, EXISTS, STRLEN, TTL, PTTL) and the connection and server commands
-//! clients send on their own (PING, ECHO, SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT
-//! SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET, INFO). Conditional and read-modify-write
-//! commands (SET NX/XX/GET/KEEPTTL, SETNX, GETSET, GETDEL, GETEX, INCR and its kin, APPEND,
-//! EXPIRE and its kin, PERSIST) need a compare-and-set write the store does not offer yet,
-//! and the key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) a key scan: they answer
-//! an error naming the command. Errors are Redis's own words (`ERR unknown command …`,
-//! `ERR wrong number of arguments for '…' command`, `ERR syntax error`). Differences from
-//! Redis: MSET sets its keys one by one (a reader may see some set and not others while it
-//! runs); DEL and EXISTS count keys from reads made just before.
+//! Served: strings (GET, SET with EX/PX/EXAT/PXAT/KEEPTTL and NX/XX/GET, SETEX, PSETEX,
+//! SETNX, GETSET, GETDEL, GETEX, MGET, MSET, DEL, UNLINK, EXISTS, STRLEN, INCR, DECR, INCRBY,
+//! DECRBY, APPEND), expiry (TTL, PTTL, EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT with NX/XX/GT/LT,
+//! PERSIST) and the connection and server commands clients send on their own (PING, ECHO,
+//! SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET,
+//! INFO). The commands that depend on a key's current state are read-modify-writes over the
+//! store's conditional writes ([`crate::rmw`], module `cond`); in a mode without them they
+//! answer `-ERR <why>` and the connection stays usable (DEL then counts from reads). The
+//! key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) need a key scan and
+//! INCRBYFLOAT, SETRANGE, MSETNX are not served yet: they answer an error naming the command.
+//! Errors are Redis's own words (`ERR unknown command …`, `ERR wrong number of arguments for
+//! '…' command`, `ERR syntax error`). Differences from Redis: MSET sets its keys one by one
+//! (a reader may see some set and not others while it runs).
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
@@ -23,6 +25,8 @@ use nessie_protocols::{Error, KvClient};
 use crate::item;
 use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
 use crate::resp::{next_bulk_to_skip, parse, Encoder, Parsed};
+
+mod cond;
 
 /// The Redis version we answer as (clients adapt to it); ours follows in INFO and HELLO.
 pub const REDIS_VERSION: &str = "7.0.0";
@@ -36,8 +40,8 @@ pub struct RespLimits {
     pub max_value: usize,
 }
 
-/// Why the conditional and read-modify-write commands are not served yet.
-const CAS_NEEDED: &str = "needs compare-and-set, which this store does not offer yet";
+/// Why a few string commands are answered with an error.
+const NOT_SERVED: &str = "is not served by this front end yet";
 const SCAN_NEEDED: &str = "needs a key scan, which this store does not offer yet";
 
 /// Serve `stream` until the client quits or closes it, or an I/O error.
@@ -196,6 +200,14 @@ impl Conn<'_> {
             "mget" => self.mget(rest),
             "mset" => self.mset(rest),
             "del" | "unlink" => self.del(rest),
+            "setnx" => self.setnx(rest),
+            "getset" => self.getset(rest),
+            "getdel" => self.getdel(&rest[0]),
+            "getex" => self.getex(rest),
+            "incr" | "decr" | "incrby" | "decrby" => self.incr(&name, rest),
+            "append" => self.append(rest),
+            "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(&name, rest),
+            "persist" => self.persist(&rest[0]),
             "exists" => self.exists(rest),
             "strlen" => self.strlen(&rest[0]),
             "ttl" | "pttl" => self.ttl(&rest[0], name == "pttl"),
@@ -235,7 +247,7 @@ impl Conn<'_> {
             "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey" => {
                 unsupported(e, out, name, SCAN_NEEDED)
             }
-            n if NEEDS_CAS.contains(&n) => unsupported(e, out, n, CAS_NEEDED),
+            n if NOT_YET.contains(&n) => unsupported(e, out, n, NOT_SERVED),
             n => {
                 let mut msg = format!("ERR unknown command '{n}', with args beginning with: ");
                 for a in rest.iter().take(16) {
@@ -389,50 +401,12 @@ impl Conn<'_> {
         r
     }
 
-    fn set(&mut self, rest: &[Vec<u8>]) {
-        let now = unix_now_ms();
-        let mut expires = 0;
-        let mut i = 2;
-        while i < rest.len() {
-            let opt = rest[i].to_ascii_uppercase();
-            match opt.as_slice() {
-                b"EX" | b"PX" | b"EXAT" | b"PXAT" if i + 1 < rest.len() => {
-                    let Some(n) = positive(&rest[i + 1]) else {
-                        return self.invalid_expire("set");
-                    };
-                    expires = match opt.as_slice() {
-                        b"EX" => now.saturating_add(n.saturating_mul(1000)),
-                        b"PX" => now.saturating_add(n),
-                        b"EXAT" => n.saturating_mul(1000),
-                        _ => n,
-                    };
-                    i += 2;
-                }
-                b"NX" | b"XX" | b"GET" | b"KEEPTTL" => {
-                    let what = format!("SET {}", String::from_utf8_lossy(&opt));
-                    return unsupported(self.enc, &mut self.out, &what, CAS_NEEDED);
-                }
-                _ => return self.enc.error(&mut self.out, "ERR syntax error"),
-            }
-        }
-        self.store(&rest[0], &rest[1], expires, now);
-    }
-
     fn setex(&mut self, name: &str, rest: &[Vec<u8>]) {
         let now = unix_now_ms();
-        let Some(n) = positive(&rest[1]) else {
-            return self.invalid_expire(name);
-        };
-        let expires = match name {
-            "setex" => now.saturating_add(n.saturating_mul(1000)),
-            _ => now.saturating_add(n),
-        };
-        self.store(&rest[0], &rest[2], expires, now);
-    }
-
-    fn invalid_expire(&mut self, cmd: &str) {
-        let msg = format!("ERR invalid expire time in '{cmd}' command");
-        self.enc.error(&mut self.out, &msg);
+        match cond::setex_at(name, &rest[1], now) {
+            Ok(at) => self.store(&rest[0], &rest[2], at, now),
+            Err(msg) => self.enc.error(&mut self.out, &msg),
+        }
     }
 
     /// Store `value` under `key`, expiring at `expires` (Unix ms, 0 = never); an expiry not
@@ -500,23 +474,6 @@ impl Conn<'_> {
         self.enc.simple(&mut self.out, "OK");
     }
 
-    fn del(&mut self, keys: &[Vec<u8>]) {
-        let mut n = 0;
-        for k in keys {
-            match self.read(k) {
-                Ok(found) => {
-                    if let Err(e) = self.with(|c| c.delete(k)) {
-                        return self.store_error(&e);
-                    }
-                    n += found.is_some() as i64;
-                }
-                Err(Error::KeyTooLarge { .. }) => {}
-                Err(e) => return self.store_error(&e),
-            }
-        }
-        self.enc.integer(&mut self.out, n);
-    }
-
     fn exists(&mut self, keys: &[Vec<u8>]) {
         let mut n = 0;
         for k in keys {
@@ -571,38 +528,11 @@ impl Conn<'_> {
     }
 }
 
-/// The commands that need a compare-and-set write.
-const NEEDS_CAS: &[&str] = &[
-    "setnx",
-    "getset",
-    "getdel",
-    "getex",
-    "incr",
-    "decr",
-    "incrby",
-    "decrby",
-    "incrbyfloat",
-    "append",
-    "setrange",
-    "expire",
-    "pexpire",
-    "expireat",
-    "pexpireat",
-    "persist",
-    "msetnx",
-];
+/// String commands not served yet.
+const NOT_YET: &[&str] = &["incrbyfloat", "setrange", "msetnx"];
 
 fn unsupported(e: Encoder, out: &mut Vec<u8>, name: &str, why: &str) {
     e.error(out, &format!("ERR {} {why}", name.to_ascii_uppercase()));
-}
-
-/// A positive integer argument.
-fn positive(arg: &[u8]) -> Option<u64> {
-    std::str::from_utf8(arg)
-        .ok()?
-        .parse::<u64>()
-        .ok()
-        .filter(|&n| n > 0)
 }
 
 fn info_text() -> String {
@@ -635,6 +565,10 @@ fn arity(name: &str) -> Option<Arity> {
     use Arity::*;
     Some(match name {
         "get" | "strlen" | "ttl" | "pttl" | "echo" | "select" => Exactly(1),
+        "getdel" | "incr" | "decr" | "persist" => Exactly(1),
+        "setnx" | "getset" | "incrby" | "decrby" | "append" => Exactly(2),
+        "getex" => AtLeast(1),
+        "expire" | "pexpire" | "expireat" | "pexpireat" => AtLeast(2),
         "set" => AtLeast(2),
         "setex" | "psetex" => Exactly(3),
         "mget" | "del" | "unlink" | "exists" | "client" | "config" => AtLeast(1),
@@ -755,15 +689,15 @@ mod tests {
         let out = session(&b, &input, 100);
         let want = "-ERR wrong number of arguments for 'get' command\r\n\
             -ERR unknown command 'foo', with args beginning with: 'a' 'b' \r\n\
-            -ERR SET NX needs compare-and-set, which this store does not offer yet\r\n\
-            -ERR INCR needs compare-and-set, which this store does not offer yet\r\n\
+            +OK\r\n\
+            -ERR value is not an integer or out of range\r\n\
             -ERR DBSIZE needs a key scan, which this store does not offer yet\r\n\
             -ERR DB index is out of range\r\n\
             -ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n\
             -ERR key of 35 bytes is longer than this cluster's limit of 32 bytes\r\n\
             -ERR an argument of 2001 bytes is larger than this cluster's limit of 2000 bytes\r\n\
             -OOM command not allowed when used memory > 'maxmemory'.\r\n\
-            $-1\r\n";
+            $1\r\nv\r\n";
         assert_eq!(out, want);
     }
 

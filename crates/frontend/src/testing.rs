@@ -112,3 +112,91 @@ impl Pipe {
         }
     }
 }
+
+/// A race at will: before each of its first `races` conditional writes, `race` writes to the
+/// store, as another client would between this one's read and its conditional write (so the
+/// condition no longer holds, and the command must read again).
+pub struct RacingClient {
+    pub inner: MapClient,
+    races_left: usize,
+    races_run: usize,
+    race: Box<dyn FnMut(&mut MapClient) + Send>,
+}
+
+impl RacingClient {
+    pub fn new(
+        inner: MapClient,
+        races: usize,
+        race: impl FnMut(&mut MapClient) + Send + 'static,
+    ) -> Self {
+        RacingClient {
+            inner,
+            races_left: races,
+            races_run: 0,
+            race: Box::new(race),
+        }
+    }
+
+    /// How many races were run.
+    pub fn races_run(&self) -> usize {
+        self.races_run
+    }
+
+    fn maybe_race(&mut self) {
+        if self.races_left > 0 {
+            self.races_left -= 1;
+            self.races_run += 1;
+            (self.race)(&mut self.inner);
+        }
+    }
+}
+
+impl KvClient for RacingClient {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.inner.get(key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.inner.put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        self.inner.delete(key)
+    }
+    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
+        self.inner.get_versioned(key, out)
+    }
+    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        self.maybe_race();
+        self.inner.put_if(key, value, cond)
+    }
+    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
+        self.maybe_race();
+        self.inner.delete_if(key, cond)
+    }
+}
+
+/// A backend lending one client of any kind.
+pub struct OneClient<C>(pub Mutex<C>);
+
+impl<C: KvClient> Backend for OneClient<C> {
+    fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient)) {
+        f(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A client of a mode without conditional writes (the trait's defaults answer Unsupported).
+#[derive(Default)]
+pub struct PlainClient(pub HashMap<Vec<u8>, Vec<u8>>);
+
+impl KvClient for PlainClient {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.0.get(key).cloned())
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.0.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        self.0.remove(key);
+        Ok(())
+    }
+}
