@@ -308,11 +308,7 @@ impl Conn<'_> {
                 exptime,
                 noreply,
             } => self.touch(&key, exptime, noreply),
-            OwnedRequest::FlushAll { noreply } => self.unsupported(
-                "flush_all",
-                "needs a key scan, which the store does not offer yet",
-                noreply,
-            ),
+            OwnedRequest::FlushAll { delay, noreply } => self.flush_all(delay, noreply),
             OwnedRequest::Version => {
                 self.out.extend_from_slice(version_line().as_bytes());
             }
@@ -546,6 +542,20 @@ impl Conn<'_> {
     /// A command not served yet: a `SERVER_ERROR` naming it, unless the client asked for no
     /// reply (a client that sent `noreply` reads nothing back, and an answer would be taken
     /// for the next command's; memcached answers a refused `add … noreply` with silence too).
+    /// `flush_all`: every item deleted now, over the store's scan (`keyspace`). A delay
+    /// would need a timer that outlives the connection: refused.
+    fn flush_all(&mut self, delay: i64, noreply: bool) {
+        if delay > 0 {
+            return self.unsupported(
+                "flush_all",
+                "with a delay is not served (flush_all 0 flushes at once)",
+                noreply,
+            );
+        }
+        let r = crate::keyspace::flush(self.backend).map(|_| Some(&b"OK\r\n"[..]));
+        self.answer(r, noreply);
+    }
+
     fn unsupported(&mut self, name: &str, why: &str, noreply: bool) {
         if noreply {
             tracing::debug!(command = name, "not served yet; noreply, so not answered");
@@ -725,6 +735,7 @@ enum OwnedRequest {
         noreply: bool,
     },
     FlushAll {
+        delay: i64,
         noreply: bool,
     },
     Version,
@@ -774,7 +785,10 @@ impl From<&Request<'_>> for OwnedRequest {
                 exptime: *exptime,
                 noreply: *noreply,
             },
-            Request::FlushAll { noreply, .. } => OwnedRequest::FlushAll { noreply: *noreply },
+            Request::FlushAll { delay, noreply } => OwnedRequest::FlushAll {
+                delay: *delay,
+                noreply: *noreply,
+            },
             Request::Version => OwnedRequest::Version,
             Request::Verbosity { noreply } => OwnedRequest::Verbosity { noreply: *noreply },
             Request::Stats { arg } => OwnedRequest::Stats {
@@ -808,6 +822,20 @@ mod tests {
         };
         serve(&mut p, backend, LIMITS, &Counters::default()).unwrap();
         String::from_utf8(p.output).unwrap()
+    }
+
+    #[test]
+    fn flush_all_deletes_every_item_and_refuses_a_delay() {
+        let b = MapBackend::default();
+        let input = b"set a 0 0 1\r\nx\r\nset b 5 0 1\r\ny\r\nflush_all 10\r\nget a\r\n\
+            flush_all\r\nget a b\r\nset c 0 0 1\r\nz\r\nflush_all noreply\r\nget c\r\n";
+        let out = session(&b, input, 5);
+        assert_eq!(
+            out,
+            "STORED\r\nSTORED\r\n\
+             SERVER_ERROR flush_all with a delay is not served (flush_all 0 flushes at once)\r\n\
+             VALUE a 0 1\r\nx\r\nEND\r\nOK\r\nEND\r\nSTORED\r\nEND\r\n"
+        );
     }
 
     #[test]
@@ -868,7 +896,7 @@ mod tests {
                     END\r\n\
                     NOT_FOUND\r\n\
                     END\r\n\
-                    SERVER_ERROR flush_all needs a key scan, which the store does not offer yet\r\n";
+                    OK\r\n";
         assert_eq!(out, want, "nothing after quit is served");
         assert!(b.0.lock().unwrap().0.is_empty(), "nothing was stored");
     }

@@ -10,9 +10,10 @@
 //! SELECT 0, QUIT, HELLO 2|3, AUTH, CLIENT SETNAME/GETNAME/ID/SETINFO, COMMAND, CONFIG GET,
 //! INFO). The commands that depend on a key's current state are read-modify-writes over the
 //! store's conditional writes ([`crate::rmw`], module `cond`); in a mode without them they
-//! answer `-ERR <why>` and the connection stays usable (DEL then counts from reads). The
-//! key-space commands (DBSIZE, FLUSHALL, FLUSHDB, KEYS, SCAN) need a key scan and
-//! INCRBYFLOAT, SETRANGE, MSETNX are not served yet: they answer an error naming the command.
+//! answer `-ERR <why>` and the connection stays usable (DEL then counts from reads). DBSIZE,
+//! FLUSHALL and FLUSHDB run on the store's scan of its index ([`crate::keyspace`]); KEYS, SCAN
+//! and RANDOMKEY, and INCRBYFLOAT, SETRANGE, MSETNX are not served: they answer an error naming
+//! the command.
 //! Errors are Redis's own words (`ERR unknown command …`, `ERR wrong number of arguments for
 //! '…' command`, `ERR syntax error`). Differences from Redis: MSET sets its keys one by one
 //! (a reader may see some set and not others while it runs).
@@ -42,7 +43,7 @@ pub struct RespLimits {
 
 /// Why a few string commands are answered with an error.
 const NOT_SERVED: &str = "is not served by this front end yet";
-const SCAN_NEEDED: &str = "needs a key scan, which this store does not offer yet";
+const SCAN_NEEDED: &str = "is not served: a hash store has no order to scan keys in";
 
 /// Serve `stream` until the client quits or closes it, or an I/O error.
 pub fn serve<S: Read + Write>(
@@ -244,9 +245,12 @@ impl Conn<'_> {
                 let info = info_text();
                 e.bulk(out, info.as_bytes());
             }
-            "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey" => {
-                unsupported(e, out, name, SCAN_NEEDED)
-            }
+            "dbsize" => match crate::keyspace::count(self.backend, unix_now_ms()) {
+                Ok(n) => e.integer(out, n as i64),
+                Err(err) => e.error(out, &format!("ERR {err}")),
+            },
+            "flushall" | "flushdb" => self.flush(rest),
+            "keys" | "scan" | "randomkey" => unsupported(e, out, name, SCAN_NEEDED),
             n if NOT_YET.contains(&n) => unsupported(e, out, n, NOT_SERVED),
             n => {
                 let mut msg = format!("ERR unknown command '{n}', with args beginning with: ");
@@ -255,6 +259,18 @@ impl Conn<'_> {
                 }
                 e.error(out, &msg);
             }
+        }
+    }
+
+    /// FLUSHALL / FLUSHDB [ASYNC | SYNC]: every key deleted before the reply (`keyspace`).
+    fn flush(&mut self, rest: &[Vec<u8>]) {
+        let mode = rest.first().map(|m| m.to_ascii_lowercase());
+        if !matches!(mode.as_deref(), None | Some(b"async") | Some(b"sync")) || rest.len() > 1 {
+            return self.enc.error(&mut self.out, "ERR syntax error");
+        }
+        match crate::keyspace::flush(self.backend) {
+            Ok(_) => self.enc.simple(&mut self.out, "OK"),
+            Err(err) => self.enc.error(&mut self.out, &format!("ERR {err}")),
         }
     }
 
@@ -609,6 +625,36 @@ mod tests {
     }
 
     #[test]
+    fn flushall_and_dbsize_cover_every_key() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["SET", "a", "1"],
+            &["SET", "b", "2", "PX", "1"],
+            &["DBSIZE"],
+            &["FLUSHALL", "NOW"],
+            &["FLUSHDB", "ASYNC"],
+            &["DBSIZE"],
+            &["GET", "a"],
+            &["KEYS", "*"],
+        ]);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let out = session(&b, &input, 7);
+        assert!(out.starts_with("+OK\r\n+OK\r\n"), "{out}");
+        let rest = &out["+OK\r\n+OK\r\n".len()..];
+        // b expires 1 ms after it is set: it counts or not, depending on the clock.
+        let rest = rest
+            .strip_prefix(":1\r\n")
+            .or_else(|| rest.strip_prefix(":2\r\n"))
+            .unwrap_or_else(|| panic!("{out}"));
+        assert_eq!(
+            rest,
+            "-ERR syntax error\r\n+OK\r\n:0\r\n$-1\r\n\
+             -ERR KEYS is not served: a hash store has no order to scan keys in\r\n"
+        );
+        assert!(b.0.lock().unwrap().0.is_empty(), "every key deleted");
+    }
+
+    #[test]
     fn strings_pipelined_in_any_chunking() {
         let input = cmds(&[
             &["SET", "a", "1"],
@@ -691,7 +737,7 @@ mod tests {
             -ERR unknown command 'foo', with args beginning with: 'a' 'b' \r\n\
             +OK\r\n\
             -ERR value is not an integer or out of range\r\n\
-            -ERR DBSIZE needs a key scan, which this store does not offer yet\r\n\
+            :1\r\n\
             -ERR DB index is out of range\r\n\
             -ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n\
             -ERR key of 35 bytes is longer than this cluster's limit of 32 bytes\r\n\

@@ -54,6 +54,9 @@ impl KvClient for MapClient {
         self.put(key, value)?;
         Ok(CondOutcome::Stored)
     }
+    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        Ok(self.0.keys().cloned().collect())
+    }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         let current = self.version(key);
         if !cond.holds(current) {

@@ -123,6 +123,11 @@ pub trait KvClient: Send {
         let _ = (key, cond);
         Err(unsupported("a conditional delete"))
     }
+    /// Every key in the store, by a scan of the whole index (not atomic: keys written or
+    /// deleted meanwhile may or may not be listed).
+    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        Err(unsupported("a scan of every key"))
+    }
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
@@ -146,6 +151,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         (**self).delete_if(key, cond)
+    }
+    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        (**self).scan_keys()
     }
 }
 
@@ -335,6 +343,12 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             _ => Err(unsupported("a conditional delete")),
         }
     }
+    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.scan_keys(),
+            _ => Err(unsupported("a scan of every key")),
+        }
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for sd::SdClient<E> {
@@ -382,5 +396,8 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         cd::CdClient::delete_if(self, key, cond)
+    }
+    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        cd::CdClient::scan_keys(self)
     }
 }

@@ -16,6 +16,7 @@ mod access;
 pub mod get;
 mod guarded;
 pub mod migrate;
+mod scan;
 #[cfg(test)]
 mod testkit;
 pub mod write;
