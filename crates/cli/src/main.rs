@@ -157,15 +157,19 @@ struct UpArgs {
     /// three lease TTLs: a node restarted sooner rejoins instead).
     #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
     replace_after: u64,
-    /// Serve the memcached text protocol: node K listens on BASE + K (get, set, delete and the
-    /// administrative commands so far; see docs/frontends.md).
+    /// Serve the memcached text protocol: node K listens on BASE + K (every classic command,
+    /// cas, incr and flush_all included; see docs/frontends.md).
     #[arg(long, value_name = "BASE")]
     memcached_port: Option<u16>,
-    /// Serve the Redis protocol (RESP2/RESP3): node K listens on BASE + K (GET, SET with
-    /// expiry, MGET, MSET, DEL, EXISTS, TTL and the connection commands so far; see
-    /// docs/frontends.md).
+    /// Serve the Redis protocol (RESP2/RESP3): node K listens on BASE + K (strings, counters,
+    /// expiry, conditional SET, the key-space and connection commands; see docs/frontends.md).
     #[arg(long, value_name = "BASE")]
     resp_port: Option<u16>,
+    /// Serve Prometheus metrics: node K answers http://BIND:BASE+K/metrics (operations by kind
+    /// and result, latency histograms, fabric operations and bytes, table fill, front-end
+    /// connections, membership).
+    #[arg(long, value_name = "BASE")]
+    metrics_port: Option<u16>,
     /// The address the front ends listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
@@ -527,7 +531,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     };
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     // Each node's front ends share a pool of `workers` clients of their own.
-    let frontends = frontends_of(a.memcached_port, a.resp_port, &a.bind);
+    let frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -560,16 +564,16 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 }
 
 /// What `up` started: nodes, copies, membership.
-/// `[frontends]` as `up --memcached-port --resp-port --bind` ask.
+/// `[frontends]` as `up --memcached-port --resp-port --metrics-port --bind` ask.
 fn frontends_of(
-    memcached_port: Option<u16>,
-    resp_port: Option<u16>,
+    [memcached_port, resp_port, metrics_port]: [Option<u16>; 3],
     bind: &str,
 ) -> Option<nessie_cluster::config::FrontendsSection> {
-    (memcached_port.is_some() || resp_port.is_some()).then(|| {
+    (memcached_port.is_some() || resp_port.is_some() || metrics_port.is_some()).then(|| {
         nessie_cluster::config::FrontendsSection {
             memcached_port,
             resp_port,
+            metrics_port,
             bind: bind.to_string(),
             max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
         }
@@ -610,7 +614,11 @@ fn print_up(
         }
     }
     if let Some(f) = &cfg.frontends {
-        for (what, port) in [("memcached", f.memcached_port), ("redis", f.resp_port)] {
+        for (what, port) in [
+            ("memcached", f.memcached_port),
+            ("redis", f.resp_port),
+            ("metrics (http, /metrics)", f.metrics_port),
+        ] {
             if let Some(port) = port {
                 println!(
                     "{what}: node K on {}:{port}+K (node 0 at {}:{port})",

@@ -394,3 +394,89 @@ fn run_python(script: &str, done: &str, what: &str) {
         "{what}; scripts/setup.sh installs it:\n{text}"
     );
 }
+
+/// `GET path` over HTTP/1.1 on loopback `port`: the status line and the body.
+fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n"
+    )
+    .unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let (head, body) = all.split_once("\r\n\r\n").expect("an HTTP answer");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the sample `line` (name and labels, exactly) in an exposition.
+fn sample(body: &str, line: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `--metrics-port`: each node serves Prometheus's text format; its operation counters and
+/// histograms count what its front end did, by kind and result, beside the fabric, table
+/// and connection metrics.
+#[test]
+fn metrics_count_what_each_node_did() {
+    let base = free_port_range(NODES);
+    let metrics = free_port_range(NODES);
+    let _c = Cluster::up(
+        "metrics",
+        NODES,
+        "shm",
+        &[
+            "--no-etcd",
+            "--memcached-port",
+            &base.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+        ],
+    );
+    let mut m = Mc::connect(base + 1);
+    m.send(b"set a 0 0 1\r\nx\r\nget a\r\nget nope\r\nadd a 0 0 1\r\ny\r\n");
+    for want in ["STORED", "VALUE a 0 1", "x", "END", "END", "NOT_STORED"] {
+        assert_eq!(m.line(), format!("{want}\r\n"));
+    }
+    let (status, body) = http_get(metrics + 1, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    let at = |line: &str| sample(&body, line).unwrap_or_else(|| panic!("no {line} in\n{body}"));
+    assert_eq!(
+        at(r#"nessie_operations_total{kind="put",result="ok"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"nessie_operations_total{kind="get",result="miss"}"#),
+        1.0
+    );
+    assert!(at(r#"nessie_operations_total{kind="get",result="ok"}"#) >= 2.0);
+    assert_eq!(
+        at(r#"nessie_operation_duration_seconds_count{kind="put"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"nessie_frontend_connections{protocol="memcached"}"#),
+        1.0
+    );
+    let fabric: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("nessie_fabric_operations_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        fabric >= 3.0,
+        "a PUT and two GETs took fabric operations:\n{body}"
+    );
+    assert!(
+        at("nessie_data_entries_allocated") >= 1.0,
+        "the PUT's entry"
+    );
+    assert!(at("nessie_index_entries") > 0.0);
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    // Node 0 did nothing through its front end.
+    let (_, quiet) = http_get(metrics, "/metrics");
+    assert!(!quiet.contains("nessie_operations_total{"), "{quiet}");
+    assert_eq!(http_get(metrics, "/").0, "HTTP/1.1 404 Not Found");
+}

@@ -215,6 +215,10 @@ pub struct FrontendsSection {
     /// The Redis protocol (RESP2, RESP3): node K listens on `resp_port + K`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resp_port: Option<u16>,
+    /// Prometheus metrics (`/metrics`, text exposition): node K listens on
+    /// `metrics_port + K`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_port: Option<u16>,
     /// The address the front ends listen on (loopback unless you say otherwise).
     #[serde(default = "default_bind")]
     pub bind: String,
@@ -242,6 +246,11 @@ impl FrontendsSection {
     /// Node `id`'s memcached address, if it serves memcached.
     pub fn memcached_addr(&self, id: u16) -> Option<std::net::SocketAddr> {
         self.addr(self.memcached_port?, id)
+    }
+
+    /// Node `id`'s metrics address, if it serves metrics.
+    pub fn metrics_addr(&self, id: u16) -> Option<std::net::SocketAddr> {
+        self.addr(self.metrics_port?, id)
     }
 
     /// Node `id`'s Redis-protocol address, if it serves it.
@@ -467,6 +476,7 @@ impl ClusterConfig {
         let ranges: Vec<(&str, u16)> = [
             ("memcached_port", f.memcached_port),
             ("resp_port", f.resp_port),
+            ("metrics_port", f.metrics_port),
         ]
         .into_iter()
         .filter_map(|(k, p)| p.map(|p| (k, p)))
@@ -479,11 +489,13 @@ impl ClusterConfig {
                 )));
             }
         }
-        if let [(_, a), (_, b)] = ranges[..] {
-            if (a as u32) < b as u32 + n && (b as u32) < a as u32 + n {
-                return Err(InvalidConfig::Frontends(format!(
-                    "memcached_port = {a} and resp_port = {b} overlap: each takes {n} ports (one per node)"
-                )));
+        for (i, &(ka, a)) in ranges.iter().enumerate() {
+            for &(kb, b) in &ranges[i + 1..] {
+                if (a as u32) < b as u32 + n && (b as u32) < a as u32 + n {
+                    return Err(InvalidConfig::Frontends(format!(
+                        "{ka} = {a} and {kb} = {b} overlap: each takes {n} ports (one per node)"
+                    )));
+                }
             }
         }
         Ok(())

@@ -46,6 +46,7 @@ type ServeFn = dyn Fn(&mut TcpStream, &Counters, u64) -> std::io::Result<()> + S
 pub struct FrontEnd {
     name: &'static str,
     addr: SocketAddr,
+    counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -103,7 +104,7 @@ impl FrontEnd {
             serve,
             refusal,
             max_connections,
-            counters,
+            counters: counters.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("nessie-{name}"))
@@ -111,9 +112,15 @@ impl FrontEnd {
         Ok(Self {
             name,
             addr,
+            counters,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Its connection and command counters.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     /// The protocol: `memcached` or `resp`.

@@ -32,6 +32,7 @@ pub mod etcd;
 pub mod frontends;
 pub mod local;
 pub mod membership;
+pub mod metrics;
 #[cfg(feature = "ucx")]
 pub mod node;
 #[cfg(feature = "ucx")]

@@ -247,6 +247,39 @@ impl NodeContext {
         })
     }
 
+    /// Fill of this node's index and data tables (metrics).
+    pub fn fill(&self) -> Fill {
+        let d = self.data_table_status();
+        let n = |k: &str| d[k].as_u64().unwrap_or(0);
+        Fill {
+            ites: self.cfg.geometry.ites_per_node,
+            present: self.present_in(INDEX_REGION),
+            allocated: n("allocated"),
+            pages: n("pages"),
+            pages_claimed: n("pages_claimed"),
+        }
+    }
+
+    /// The epoch, fence and node states this node last read from etcd (`None` without
+    /// membership).
+    pub fn membership_snapshot(&self) -> Option<MembershipSnapshot> {
+        let m = self.membership.as_ref()?;
+        let v = m.view();
+        let mut nodes_by_state: Vec<(String, u64)> = Vec::new();
+        for member in v.config.as_ref().map_or(&[][..], |c| &c.nodes[..]) {
+            let state = member.state.as_str().to_string();
+            match nodes_by_state.iter_mut().find(|(s, _)| *s == state) {
+                Some((_, n)) => *n += 1,
+                None => nodes_by_state.push((state, 1)),
+            }
+        }
+        Some(MembershipSnapshot {
+            epoch: v.config.as_ref().map_or(0, |c| c.epoch),
+            may_write: m.may_write(),
+            nodes_by_state,
+        })
+    }
+
     /// Present ITEs in one of the index tables this node holds (its own, or a copy of
     /// another node's).
     fn present_in(&self, region: nessie_fabric::RegionId) -> u64 {
@@ -557,6 +590,22 @@ fn watch_signals(
 }
 
 /// Run node `id` of the cluster described by `config_path` until it is told to stop.
+/// Fill of a node's tables, for its metrics.
+pub struct Fill {
+    pub ites: u64,
+    pub present: u64,
+    pub allocated: u64,
+    pub pages: u64,
+    pub pages_claimed: u64,
+}
+
+/// What a node last read of the membership, for its metrics.
+pub struct MembershipSnapshot {
+    pub epoch: u64,
+    pub may_write: bool,
+    pub nodes_by_state: Vec<(String, u64)>,
+}
+
 pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), NodeError> {
     let signals = block_signals();
     // Every file and socket the node creates is its owner's only, from the moment it exists.
@@ -581,12 +630,26 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
     let ctx = Arc::new(ctx);
     server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
-    // The front ends listen before the admin socket answers, which is what `up` waits for.
-    let frontends = serve_frontends(&ctx, id, entry.workers)?;
-    let admin = serve_admin(&ctx, entry.workers, &admin_path, opts.extension.clone())?;
+    // The front ends and the metrics listen before the admin socket answers, which is what
+    // `up` waits for.
+    let ops = Arc::new(crate::metrics::OpMetrics::default());
+    let frontends = serve_frontends(&ctx, id, entry.workers, &ops)?;
+    let metrics = serve_metrics(&ctx, id, &ops, &frontends)?;
+    let admin = serve_admin(
+        &ctx,
+        entry.workers,
+        &admin_path,
+        opts.extension.clone(),
+        &ops,
+    )?;
     let also: String = frontends
         .iter()
         .map(|f| format!(", {} on {}", f.name(), f.addr()))
+        .chain(
+            metrics
+                .iter()
+                .map(|m| format!(", metrics on http://{}/metrics", m.addr())),
+        )
         .collect();
     tracing::info!(node = id, admin = %admin_path.display(), "ready");
     eprintln!(
@@ -598,6 +661,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     serving.store(true, Ordering::SeqCst);
     let _ = stop_signal.recv();
     drop(frontends);
+    drop(metrics);
     drop(admin);
     stop.store(true, Ordering::SeqCst);
     for h in server_threads {
@@ -778,12 +842,9 @@ fn serve_admin(
     workers: u16,
     path: &Path,
     extension: Option<Arc<dyn NodeExtension>>,
+    ops: &Arc<crate::metrics::OpMetrics>,
 ) -> Result<AdminServer, NodeError> {
-    let pcfg = ctx.protocol_config();
-    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
-    for _ in 0..workers {
-        clients.push(Box::new(ctx.client(&pcfg)?));
-    }
+    let clients = metered_clients(ctx, workers, ops)?;
     let handler = Arc::new(NodeHandler {
         ctx: ctx.clone(),
         pool: ClientPool::new(clients),
@@ -801,6 +862,7 @@ fn serve_frontends(
     ctx: &Arc<NodeContext>,
     id: u16,
     workers: u16,
+    ops: &Arc<crate::metrics::OpMetrics>,
 ) -> Result<Vec<crate::frontends::FrontEnd>, NodeError> {
     use crate::frontends::FrontEnd;
     let Some(f) = &ctx.cfg.frontends else {
@@ -810,12 +872,7 @@ fn serve_frontends(
     if mc.is_none() && resp.is_none() {
         return Ok(Vec::new());
     }
-    let pcfg = ctx.protocol_config();
-    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
-    for _ in 0..workers {
-        clients.push(Box::new(ctx.client(&pcfg)?));
-    }
-    let pool = Arc::new(ClientPool::new(clients));
+    let pool = Arc::new(ClientPool::new(metered_clients(ctx, workers, ops)?));
     let g = ctx.geometry();
     let mut started = Vec::new();
     if let Some(addr) = mc {
@@ -827,6 +884,43 @@ fn serve_frontends(
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     Ok(started)
+}
+
+/// `workers` client workers of the node, each counted in `ops`.
+fn metered_clients(
+    ctx: &Arc<NodeContext>,
+    workers: u16,
+    ops: &Arc<crate::metrics::OpMetrics>,
+) -> Result<Vec<Box<dyn KvClient>>, NodeError> {
+    let pcfg = ctx.protocol_config();
+    let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
+    for _ in 0..workers {
+        clients.push(Box::new(crate::metrics::Metered {
+            inner: ctx.client(&pcfg)?,
+            metrics: ops.clone(),
+        }));
+    }
+    Ok(clients)
+}
+
+/// Node `id`'s metrics listener, if `[frontends] metrics_port` asks for one.
+fn serve_metrics(
+    ctx: &Arc<NodeContext>,
+    id: u16,
+    ops: &Arc<crate::metrics::OpMetrics>,
+    frontends: &[crate::frontends::FrontEnd],
+) -> Result<Option<crate::metrics::MetricsServer>, NodeError> {
+    let Some(addr) = ctx.cfg.frontends.as_ref().and_then(|f| f.metrics_addr(id)) else {
+        return Ok(None);
+    };
+    let collector = crate::metrics::NodeCollector {
+        node: ctx.clone(),
+        frontends: frontends.iter().map(|f| (f.name(), f.counters())).collect(),
+    };
+    let registry = crate::metrics::registry(ops, collector);
+    crate::metrics::MetricsServer::start(addr, registry)
+        .map(Some)
+        .map_err(|err| NodeError::Frontend { addr, err })
 }
 
 /// A `KvClient` that forwards operations to a node's admin socket (the CLI and multi-process
