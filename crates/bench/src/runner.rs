@@ -19,7 +19,7 @@ use crate::agent::{
     MAX_AGENT_THREADS, MIN_KEY_SIZE,
 };
 use crate::result::*;
-use crate::workload::{KeyDist, WorkloadError, Ycsb};
+use crate::workload::{KeyDist, WorkloadError, Ycsb, YCSB_INSERT_ROOM};
 
 /// Most background CPU hogs a run may start.
 pub const MAX_BACKGROUND: u16 = 64;
@@ -202,18 +202,12 @@ enum Mode3 {
     Hy,
 }
 
-/// The index and data tables of a YCSB D run hold this many times the preloaded keys: its
-/// inserts (5% of operations) only add entries, and at half a million operations per second
-/// on one core a 2.5 s run inserts three times 20,000 keys. Past the room, inserts wait for
-/// it and then fail with a full table (counted as errors).
-pub const YCSB_INSERT_ROOM: u64 = 4;
-
 /// Keys and geometry for a run.
 pub fn sizing(p: &BenchParams) -> (u64, Geometry) {
     let keys = p
         .keys
         .unwrap_or_else(|| (DEFAULT_DATA_BYTES / p.mean_value_size() as u64).clamp(1_000, 200_000));
-    // YCSB D inserts new keys: room for as many as were preloaded.
+    // YCSB D inserts new keys: room for them (`YCSB_INSERT_ROOM`).
     let inserting = p.workload.as_deref().and_then(|w| w.parse::<Ycsb>().ok()) == Some(Ycsb::D);
     let room = if inserting { YCSB_INSERT_ROOM } else { 1 };
     let per_node = (keys * room).div_ceil(p.nodes as u64);

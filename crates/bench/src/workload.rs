@@ -244,14 +244,23 @@ pub struct Workload {
 
 /// How a thread numbers the keys it inserts: thread `slot` of `stride` inserts keys
 /// `base + slot`, `base + slot + stride`, ..., so that inserts never collide; the newest key
-/// overall is estimated as if every thread had inserted as many as this one.
+/// overall is estimated as if every thread had inserted as many as this one. The threads
+/// together insert at most `(YCSB_INSERT_ROOM - 1) * base` distinct keys: past that, each
+/// thread's inserts wrap around to its oldest inserted key, so the store holds at most
+/// `YCSB_INSERT_ROOM * base` keys however long the run (an insert on shared memory takes about
+/// a microsecond: a few seconds of YCSB D would otherwise fill any table).
 #[derive(Clone, Copy, Debug, Default)]
 struct Inserts {
     base: u64,
     slot: u64,
     stride: u64,
     done: u64,
+    /// Distinct keys this thread inserts before wrapping around.
+    cap: u64,
 }
+
+/// A YCSB D store holds at most this many times its preloaded records.
+pub const YCSB_INSERT_ROOM: u64 = 2;
 
 impl Workload {
     pub fn new(
@@ -297,6 +306,7 @@ impl Workload {
             slot: 0,
             stride: 1,
             done: 0,
+            cap: records * (YCSB_INSERT_ROOM - 1),
         };
         Ok(wl)
     }
@@ -307,6 +317,7 @@ impl Workload {
         let mut w = self.clone();
         w.inserts.slot = slot;
         w.inserts.stride = stride.max(1);
+        w.inserts.cap = (w.inserts.base * (YCSB_INSERT_ROOM - 1) / w.inserts.stride).max(1);
         w
     }
 
@@ -316,7 +327,9 @@ impl Workload {
         let ins = &mut self.inserts;
         let key = match self.keys {
             // Count back from the newest key (as if every thread inserted as many as we did).
-            KeyGen::Latest(_) => (ins.base - 1 + ins.done * ins.stride).saturating_sub(drawn),
+            KeyGen::Latest(_) => {
+                (ins.base - 1 + ins.done.min(ins.cap) * ins.stride).saturating_sub(drawn)
+            }
             _ => drawn,
         };
         let dice: f64 = rng.gen();
@@ -330,11 +343,9 @@ impl Workload {
         } else if next(self.delete) {
             (OpKind::Delete, key)
         } else if next(self.insert) {
+            let i = ins.done % ins.cap.max(1);
             ins.done += 1;
-            (
-                OpKind::Insert,
-                ins.base + ins.slot + (ins.done - 1) * ins.stride,
-            )
+            (OpKind::Insert, ins.base + ins.slot + i * ins.stride)
         } else if next(self.rmw) {
             (OpKind::ReadModifyWrite, key)
         } else {
@@ -458,10 +469,11 @@ mod tests {
                 let p = wl.draw(seq, &mut rng);
                 *n.entry(p.kind).or_insert(0u32) += 1;
                 if p.kind == OpKind::Insert {
-                    assert_eq!(p.key, 1000 + 1 + 4 * inserts, "{p:?}");
+                    // Thread 1 of 4 owns 250 of the 1,000 keys of room, then wraps around.
+                    assert_eq!(p.key, 1000 + 1 + 4 * (inserts % 250), "{p:?}");
                     inserts += 1;
                 } else if w == Ycsb::D {
-                    assert!(p.key <= 999 + 4 * inserts, "{p:?}");
+                    assert!(p.key <= 999 + 4 * inserts.min(250), "{p:?}");
                 } else {
                     assert!(p.key < 1000);
                 }
