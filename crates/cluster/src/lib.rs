@@ -32,6 +32,7 @@ pub mod etcd;
 pub mod frontends;
 pub mod local;
 pub mod membership;
+#[cfg(feature = "ucx")]
 pub mod metrics;
 #[cfg(feature = "ucx")]
 pub mod node;

@@ -7,15 +7,17 @@
 //! value it returned) and the write conditional on that version, recorded as conditional on
 //! that value (values are unique, and a version names one entry, so one value).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use nessie_check::{Cond as CheckCond, Event, History, Limits, Op, Outcome, Recorder, ValueId};
+use nessie_check::{Cond as CheckCond, History, Limits, Op, Outcome, Recorder};
 use nessie_protocols::{Cond, CondOutcome, Error, KvClient};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::stress::{key_bytes, put_id, value_bytes, value_id, StressOutcome, CORRUPT_VALUE};
+use crate::stress::{
+    failed_writes_read, key_bytes, put_id, value_bytes, value_id, StressOutcome, CORRUPT_VALUE,
+};
 
 /// The workload of a conditional-write stress run.
 #[derive(Clone, Debug)]
@@ -167,25 +169,6 @@ fn plain_outcome(r: &Result<(), Error>) -> Outcome {
         Ok(()) => Outcome::Ok(None),
         Err(_) => Outcome::Failed,
     }
-}
-
-/// Reads in `events` that returned the value of a failed write: a conditional write that
-/// fails never takes effect (its entry is put back), and neither does a failed plain one of
-/// the client-driven protocol.
-fn failed_writes_read(events: &[Event]) -> u64 {
-    let failed: HashSet<ValueId> = events
-        .iter()
-        .filter_map(|e| match (&e.op, &e.outcome) {
-            (Op::Put(v) | Op::PutIf(v, _), Outcome::Failed) => Some(*v),
-            _ => None,
-        })
-        .collect();
-    events
-        .iter()
-        .filter(|e| {
-            matches!((&e.op, &e.outcome), (Op::Get, Outcome::Ok(Some(v))) if failed.contains(v))
-        })
-        .count() as u64
 }
 
 /// Run `clients` (one thread each) on the mix, check the history, and hand the clients back.

@@ -191,12 +191,13 @@ pub fn history_entry(op: &Planned, thread: u32, r: &Result<Done, Error>) -> (Op,
     (kind, outcome)
 }
 
-/// Reads in `events` that returned the value of a failed PUT (values are unique per run).
+/// Reads in `events` that returned the value of a failed PUT or conditional PUT (values are
+/// unique per run).
 pub fn failed_writes_read(events: &[Event]) -> u64 {
     let failed: HashSet<ValueId> = events
         .iter()
         .filter_map(|e| match (&e.op, &e.outcome) {
-            (Op::Put(v), Outcome::Failed) => Some(*v),
+            (Op::Put(v) | Op::PutIf(v, _), Outcome::Failed) => Some(*v),
             _ => None,
         })
         .collect();

@@ -364,9 +364,9 @@ mod tests {
         assert_eq!(c.occupancy(), 0);
     }
 
-    /// K's valid entry in its second candidate, the first empty (a key that held it was
-    /// deleted). Returns what `put_if(K, Absent)` answers and what K reads afterwards.
-    fn add_over_a_later_entry(mutations: Mutations) -> (CondOutcome, Option<Vec<u8>>) {
+    /// A cluster with `mutations`, a key K with distinct candidates, and a key X whose first
+    /// candidate is K's first.
+    fn race_cluster(mutations: Mutations) -> (InProcCluster, Vec<u8>, Vec<u8>) {
         let cfg = ProtocolConfig {
             mutations,
             ..fast_cfg()
@@ -374,6 +374,13 @@ mod tests {
         let c = InProcCluster::new(small_geometry(), cfg);
         let k = key_with_distinct_candidates(&c);
         let x = key_first_in(&c, c.candidates(&k)[0], std::slice::from_ref(&k));
+        (c, k, x)
+    }
+
+    /// K's valid entry in its second candidate, the first empty (a key that held it was
+    /// deleted). Returns what `put_if(K, Absent)` answers and what K reads afterwards.
+    fn add_over_a_later_entry(mutations: Mutations) -> (CondOutcome, Option<Vec<u8>>) {
+        let (c, k, x) = race_cluster(mutations);
         let mut w = c.client(0);
         w.put(&x, b"x").unwrap();
         w.put(&k, b"old").unwrap(); // into K's second candidate
@@ -404,13 +411,7 @@ mod tests {
     /// W succeeded, and what K reads afterwards.
     fn add_beside_a_write_in_progress(mutations: Mutations) -> (CondOutcome, bool, Vec<u8>) {
         use std::sync::mpsc::channel;
-        let cfg = ProtocolConfig {
-            mutations,
-            ..fast_cfg()
-        };
-        let c = InProcCluster::new(small_geometry(), cfg);
-        let k = key_with_distinct_candidates(&c);
-        let x = key_first_in(&c, c.candidates(&k)[0], std::slice::from_ref(&k));
+        let (c, k, x) = race_cluster(mutations);
         let mut setup = c.client(0);
         setup.put(&x, b"x").unwrap();
         let (paused, wait_paused) = channel();
@@ -426,12 +427,15 @@ mod tests {
         let mut g = c.client(2);
         let mut reads = 0;
         let mut release = Some((go, wait_done));
+        let w_ok = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w_ok2 = w_ok.clone();
         g.set_hook(Some(Box::new(move |p| {
             reads += (p == HookPoint::AfterIteRead) as u32;
             if reads >= 3 || p == HookPoint::BeforeReversePass {
                 if let Some((go, wait_done)) = release.take() {
                     go.send(()).unwrap();
-                    wait_done.recv().unwrap();
+                    let ok = wait_done.recv().unwrap();
+                    w_ok2.store(ok, std::sync::atomic::Ordering::SeqCst);
                 }
             }
         })));
@@ -444,24 +448,24 @@ mod tests {
             wait_paused.recv().unwrap();
             setup.delete(&x).unwrap(); // K's first candidate is free
             let got = g.put_if(k, b"a", Cond::Absent).unwrap();
-            let w_ok = g.get(k).map(|_| ()).is_ok();
             let value = setup.get(k).unwrap().unwrap();
-            (got, w_ok, value)
+            (got, w_ok.load(std::sync::atomic::Ordering::SeqCst), value)
         })
     }
 
     #[test]
     fn a_conditional_write_waits_for_a_write_in_progress() {
-        let (got, _, value) = add_beside_a_write_in_progress(Mutations::default());
+        let (got, w_ok, value) = add_beside_a_write_in_progress(Mutations::default());
+        assert!(w_ok, "W returned success before the add did");
         assert!(matches!(got, Unmet { current: Some(_) }), "{got:?}");
         assert_eq!(value, b"w", "the add found W's value");
         // Control: passing over W's entry and clearing it, the add succeeds although W, which
         // returned first, wrote the key: W's write is lost.
-        let (got, _, value) = add_beside_a_write_in_progress(Mutations {
+        let (got, w_ok, value) = add_beside_a_write_in_progress(Mutations {
             guard_passes_writes: true,
             ..Mutations::default()
         });
-        assert_eq!((got, value.as_slice()), (Stored, &b"a"[..]));
+        assert_eq!((got, w_ok, value.as_slice()), (Stored, true, &b"a"[..]));
     }
 
     /// A conditional write whose writer dies before setting its entry valid: once its node is
