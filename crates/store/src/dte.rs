@@ -381,6 +381,28 @@ mod tests {
     }
 
     #[test]
+    fn the_guarded_bit_round_trips_with_the_replaced_word() {
+        let l = DteLayout::new(16, 32);
+        let mut buf = Vec::new();
+        let head = Head {
+            writer: WriterTag::new(1, 2),
+            prev: 0x77,
+            valid: false,
+            tombstone: true,
+            write_deadline: 5,
+            source: None,
+            guarded: true,
+        };
+        l.encode_with(&mut buf, head, b"key", b"");
+        let m = l.meta(&buf).unwrap();
+        assert!(m.guarded && m.tombstone && !m.valid && m.prev == 0x77);
+        assert_eq!(
+            u64::from_le_bytes(buf[..8].try_into().unwrap()),
+            l.header(head.writer, false) | TOMBSTONE | GUARDED
+        );
+    }
+
+    #[test]
     fn tombstones_copies_and_write_deadlines_round_trip() {
         let l = DteLayout::new(16, 32);
         let mut buf = Vec::new();
@@ -397,14 +419,6 @@ mod tests {
         let m = l.meta(&buf).unwrap();
         assert!(m.tombstone && !m.valid && !m.given_up && m.recycle.is_none());
         assert!(!m.guarded);
-        let guarded = Head {
-            guarded: true,
-            ..head
-        };
-        l.encode_with(&mut buf, guarded, b"key", b"");
-        let m = l.meta(&buf).unwrap();
-        assert!(m.guarded && m.tombstone && m.prev == 0x77);
-        l.encode_with(&mut buf, head, b"key", b"");
         let h = u64::from_le_bytes(buf[..8].try_into().unwrap());
         buf[..8].copy_from_slice(&(h | GIVEN_UP).to_le_bytes());
         let m = l.meta(&buf).unwrap();

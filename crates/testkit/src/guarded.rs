@@ -171,6 +171,48 @@ fn plain_outcome(r: &Result<(), Error>) -> Outcome {
     }
 }
 
+/// One thread running the mix on `client` until `spec.ops_per_thread` or `deadline`; it hands
+/// back its worker and whether the deadline cut it short.
+fn spawn_worker<C: KvClient + 'static>(
+    thread: u32,
+    client: C,
+    history: &History,
+    spec: &GuardedSpec,
+    deadline: Instant,
+) -> std::thread::JoinHandle<(Worker<C>, bool)> {
+    let spec = spec.clone();
+    let mut w = Worker {
+        client,
+        thread,
+        rec: history.recorder(thread),
+        rng: SmallRng::seed_from_u64(spec.seed ^ ((thread as u64 + 1) * 0x9E37_79B9)),
+        ops: 0,
+        ok: 0,
+        corrupt: 0,
+        errors: BTreeMap::new(),
+        buf: Vec::new(),
+        value_len: spec.value_len,
+    };
+    std::thread::spawn(move || {
+        let mut truncated = false;
+        while w.ops < spec.ops_per_thread {
+            if w.ops.is_multiple_of(64) && Instant::now() >= deadline {
+                truncated = true;
+                break;
+            }
+            let k = if w.rng.gen_bool(spec.hot_fraction) {
+                w.rng.gen_range(0..spec.hot_keys)
+            } else {
+                w.rng.gen_range(0..spec.keys)
+            };
+            w.one(k);
+            w.ops += 1;
+        }
+        w.rec.flush();
+        (w, truncated)
+    })
+}
+
 /// Run `clients` (one thread each) on the mix, check the history, and hand the clients back.
 pub fn run_guarded<C: KvClient + 'static>(
     clients: Vec<C>,
@@ -183,39 +225,7 @@ pub fn run_guarded<C: KvClient + 'static>(
     let threads: Vec<_> = clients
         .into_iter()
         .enumerate()
-        .map(|(t, client)| {
-            let spec = spec.clone();
-            let mut w = Worker {
-                client,
-                thread: t as u32,
-                rec: history.recorder(t as u32),
-                rng: SmallRng::seed_from_u64(spec.seed ^ ((t as u64 + 1) * 0x9E37_79B9)),
-                ops: 0,
-                ok: 0,
-                corrupt: 0,
-                errors: BTreeMap::new(),
-                buf: Vec::new(),
-                value_len: spec.value_len,
-            };
-            std::thread::spawn(move || {
-                let mut truncated = false;
-                while w.ops < spec.ops_per_thread {
-                    if w.ops.is_multiple_of(64) && Instant::now() >= deadline {
-                        truncated = true;
-                        break;
-                    }
-                    let k = if w.rng.gen_bool(spec.hot_fraction) {
-                        w.rng.gen_range(0..spec.hot_keys)
-                    } else {
-                        w.rng.gen_range(0..spec.keys)
-                    };
-                    w.one(k);
-                    w.ops += 1;
-                }
-                w.rec.flush();
-                (w, truncated)
-            })
-        })
+        .map(|(t, client)| spawn_worker(t as u32, client, &history, spec, deadline))
         .collect();
     let (mut ops, mut ok_ops, mut corrupt_reads, mut truncated) = (0, 0, 0, false);
     let mut errors = BTreeMap::new();

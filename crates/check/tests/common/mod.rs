@@ -181,19 +181,40 @@ pub fn inject_stale_read(events: &mut [Event]) -> usize {
     g
 }
 
+#[derive(Clone, Copy)]
+/// One op of a history as the brute-force reference sees it.
+struct B {
+    call: u64,
+    ret: Option<u64>, // None = never returned
+    read: bool,
+    value: Option<ValueId>,
+    /// A conditional write's condition; with `unmet`, the op only observes that it failed.
+    cond: Option<Cond>,
+    unmet: bool,
+}
+impl B {
+    /// The state after this op in `state`, if it can be placed there.
+    fn step(&self, state: Option<ValueId>) -> Option<Option<ValueId>> {
+        match *self {
+            B {
+                read: true, value, ..
+            } => (value == state).then_some(state),
+            // An unmet version condition proves nothing (`Cond::Is`).
+            B {
+                unmet: true,
+                cond: Some(c),
+                ..
+            } => (matches!(c, Cond::Is(_)) || !c.holds(state)).then_some(state),
+            B { unmet: true, .. } => None,
+            B { cond: Some(c), .. } if !c.holds(state) => None,
+            B { value, .. } => Some(value),
+        }
+    }
+}
+
 /// Reference checker for tiny single-key histories: tries every subset of failed writes
 /// and every order consistent with real time.
 pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
-    #[derive(Clone, Copy)]
-    struct B {
-        call: u64,
-        ret: Option<u64>, // None = never returned
-        read: bool,
-        value: Option<ValueId>,
-        /// A conditional write's condition; with `unmet`, the op only observes that it failed.
-        cond: Option<Cond>,
-        unmet: bool,
-    }
     let mut mandatory = Vec::new();
     let mut optional = Vec::new();
     for e in events {
@@ -236,20 +257,8 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
             if must_wait {
                 continue;
             }
-            let next = match ops[o] {
-                B {
-                    read: true, value, ..
-                } if value != state => continue,
-                B { read: true, .. } => state,
-                // An unmet version condition proves nothing (`Cond::Is`).
-                B {
-                    unmet: true,
-                    cond: Some(c),
-                    ..
-                } if matches!(c, Cond::Is(_)) || !c.holds(state) => state,
-                B { unmet: true, .. } => continue,
-                B { cond: Some(c), .. } if !c.holds(state) => continue,
-                B { value, .. } => value,
+            let Some(next) = ops[o].step(state) else {
+                continue;
             };
             if dfs(ops, remaining & !(1 << o), next) {
                 return true;
