@@ -170,6 +170,10 @@ struct UpArgs {
     /// connections, membership).
     #[arg(long, value_name = "BASE")]
     metrics_port: Option<u16>,
+    /// The Redis front end's password, read from the first line of FILE (not from the command
+    /// line, where other users could see it): clients must AUTH with it first.
+    #[arg(long, value_name = "FILE", requires = "resp_port")]
+    resp_password_file: Option<PathBuf>,
     /// The address the front ends listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
@@ -531,7 +535,10 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     };
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     // Each node's front ends share a pool of `workers` clients of their own.
-    let frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
+    let mut frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
+    if let (Some(f), Some(path)) = (frontends.as_mut(), &a.resp_password_file) {
+        f.resp_password = Some(read_password(path)?);
+    }
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -564,6 +571,16 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 }
 
 /// What `up` started: nodes, copies, membership.
+/// The first line of `path`, without its line ending: a front-end password.
+fn read_password(path: &std::path::Path) -> Result<nessie_cluster::config::Secret, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|err| CliError::File {
+        path: path.to_path_buf(),
+        err,
+    })?;
+    let line = text.lines().next().unwrap_or("").to_string();
+    Ok(nessie_cluster::config::Secret(line))
+}
+
 /// `[frontends]` as `up --memcached-port --resp-port --metrics-port --bind` ask.
 fn frontends_of(
     [memcached_port, resp_port, metrics_port]: [Option<u16>; 3],
@@ -574,6 +591,7 @@ fn frontends_of(
             memcached_port,
             resp_port,
             metrics_port,
+            resp_password: None,
             bind: bind.to_string(),
             max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
         }

@@ -480,3 +480,54 @@ fn metrics_count_what_each_node_did() {
     assert!(!quiet.contains("nessie_operations_total{"), "{quiet}");
     assert_eq!(http_get(metrics, "/").0, "HTTP/1.1 404 Not Found");
 }
+
+/// `--resp-password-file`: the Redis front end asks for the password before any command, as
+/// Redis's `requirepass` does; redis-cli's `-a` gives it.
+#[test]
+fn a_redis_password_is_required() {
+    let base = free_port_range(NODES);
+    let file = std::env::temp_dir().join(format!("nessie-pw-{}", std::process::id()));
+    std::fs::write(&file, "s3cret phrase\n").unwrap();
+    let c = Cluster::up(
+        "resp-auth",
+        NODES,
+        "shm",
+        &[
+            "--no-etcd",
+            "--resp-port",
+            &base.to_string(),
+            "--resp-password-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    std::fs::remove_file(&file).unwrap();
+    let cfg = std::fs::read_to_string(c.dir.join("cluster.toml")).unwrap();
+    assert!(cfg.contains("resp_password"), "{cfg}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(c.dir.join("cluster.toml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the file holding the password is its owner's only"
+    );
+    let out = Command::new("redis-cli")
+        .args(["-p", &base.to_string(), "SET", "k", "v"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("NOAUTH Authentication required."), "{said}");
+    let authed = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-p", &(base + 1).to_string(), "--no-auth-warning"])
+            .args(["-a", "s3cret phrase"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(authed(&["SET", "k", "v"]), "OK\n");
+    assert_eq!(authed(&["GET", "k"]), "v\n");
+}

@@ -215,6 +215,10 @@ pub struct FrontendsSection {
     /// The Redis protocol (RESP2, RESP3): node K listens on `resp_port + K`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resp_port: Option<u16>,
+    /// The Redis front end's password (its default user's, as `requirepass`): clients must
+    /// `AUTH` first. This file is created readable by its owner only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp_password: Option<Secret>,
     /// Prometheus metrics (`/metrics`, text exposition): node K listens on
     /// `metrics_port + K`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -227,6 +231,20 @@ pub struct FrontendsSection {
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
 }
+
+/// A password: written to `cluster.toml` as it is, never printed (`Debug` hides it).
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// Longest front-end password.
+pub const MAX_PASSWORD_LEN: usize = 512;
 
 /// Most connections anybody may let one node's front end serve.
 pub const MAX_FRONTEND_CONNECTIONS: u32 = 65_536;
@@ -465,6 +483,13 @@ impl ClusterConfig {
                 "bind = {:?} is not an IP address",
                 f.bind
             )));
+        }
+        if let Some(Secret(p)) = &f.resp_password {
+            if p.is_empty() || p.len() > MAX_PASSWORD_LEN || p.chars().any(char::is_control) {
+                return Err(InvalidConfig::Frontends(format!(
+                    "resp_password must be 1 to {MAX_PASSWORD_LEN} bytes without control characters"
+                )));
+            }
         }
         if !(1..=MAX_FRONTEND_CONNECTIONS).contains(&f.max_connections) {
             return Err(InvalidConfig::Frontends(format!(

@@ -66,19 +66,22 @@ impl FrontEnd {
         Self::start("memcached", addr, serve, refusal, max_connections)
     }
 
-    /// The Redis protocol on `addr`.
+    /// The Redis protocol on `addr`; with a `password`, clients must `AUTH` first.
     pub fn resp(
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
         g: &Geometry,
         max_connections: u32,
+        password: Option<String>,
     ) -> std::io::Result<Self> {
         let l = RespLimits {
             max_key: g.key_max as usize,
             max_value: (g.value_max as usize).saturating_sub(item::HEADER_LEN),
         };
-        let serve: Arc<ServeFn> =
-            Arc::new(move |s, c, id| resp_serve::serve(s, backend.as_ref(), l, c, id));
+        let serve: Arc<ServeFn> = Arc::new(move |s, c, id| {
+            let password = password.as_deref().map(str::as_bytes);
+            resp_serve::serve_with_password(s, backend.as_ref(), l, c, id, password)
+        });
         let refusal = b"-ERR max number of clients reached\r\n";
         Self::start("resp", addr, serve, refusal, max_connections)
     }

@@ -880,7 +880,8 @@ fn serve_frontends(
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     if let Some(addr) = resp {
-        let fe = FrontEnd::resp(addr, pool, g, f.max_connections);
+        let password = f.resp_password.as_ref().map(|p| p.0.clone());
+        let fe = FrontEnd::resp(addr, pool, g, f.max_connections, password);
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     Ok(started)

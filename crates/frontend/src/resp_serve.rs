@@ -41,6 +41,13 @@ pub struct RespLimits {
     pub max_value: usize,
 }
 
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// Equal bytes, in a time that does not depend on where they first differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Why a few string commands are answered with an error.
 const NOT_SERVED: &str = "is not served by this front end yet";
 const SCAN_NEEDED: &str = "is not served: a hash store has no order to scan keys in";
@@ -53,10 +60,26 @@ pub fn serve<S: Read + Write>(
     counters: &Counters,
     client_id: u64,
 ) -> std::io::Result<()> {
+    serve_with_password(stream, backend, limits, counters, client_id, None)
+}
+
+/// [`serve`], with the default user's password if one is configured: until the client gives
+/// it (`AUTH`, `HELLO … AUTH`), every other command answers `NOAUTH`, as Redis's
+/// `requirepass` does.
+pub fn serve_with_password<S: Read + Write>(
+    stream: &mut S,
+    backend: &dyn Backend,
+    limits: RespLimits,
+    counters: &Counters,
+    client_id: u64,
+    password: Option<&[u8]>,
+) -> std::io::Result<()> {
     let mut c = Conn {
         backend,
         limits,
         counters,
+        password,
+        authed: password.is_none(),
         enc: Encoder { resp3: false },
         inbuf: Vec::new(),
         out: Vec::new(),
@@ -94,6 +117,10 @@ struct Conn<'a> {
     backend: &'a dyn Backend,
     limits: RespLimits,
     counters: &'a Counters,
+    /// The default user's password, if one is configured.
+    password: Option<&'a [u8]>,
+    /// Whether the client may run commands (no password, or it gave it).
+    authed: bool,
     enc: Encoder,
     inbuf: Vec<u8>,
     out: Vec<u8>,
@@ -190,6 +217,11 @@ impl Conn<'_> {
                 return Then::Go;
             }
         }
+        if !self.authed && !matches!(name.as_str(), "auth" | "hello" | "quit") {
+            self.enc
+                .error(&mut self.out, "NOAUTH Authentication required.");
+            return Then::Go;
+        }
         match name.as_str() {
             "quit" => {
                 self.enc.simple(&mut self.out, "OK");
@@ -231,10 +263,7 @@ impl Conn<'_> {
                 _ => e.error(out, "ERR DB index is out of range"),
             },
             "hello" => self.hello(rest),
-            "auth" => e.error(
-                out,
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            ),
+            "auth" => self.auth(rest),
             "client" => self.client(rest),
             "command" => match rest.first().map(|s| s.to_ascii_lowercase()) {
                 Some(s) if s == b"count" => e.integer(out, 0),
@@ -274,31 +303,72 @@ impl Conn<'_> {
         }
     }
 
+    /// AUTH [user] password: only the default user exists.
+    fn auth(&mut self, rest: &[Vec<u8>]) {
+        if self.password.is_none() {
+            let msg = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
+            return self.enc.error(&mut self.out, msg);
+        }
+        let (user, pass) = match rest {
+            [pass] => (&b"default"[..], pass),
+            [user, pass] => (user.as_slice(), pass),
+            _ => return self.enc.error(&mut self.out, "ERR syntax error"),
+        };
+        if self.login(user, pass) {
+            self.enc.simple(&mut self.out, "OK");
+        } else {
+            self.enc.error(&mut self.out, WRONGPASS);
+        }
+    }
+
+    /// Check a user and password, and remember that the client gave them.
+    fn login(&mut self, user: &[u8], pass: &[u8]) -> bool {
+        let ok = match self.password {
+            // Without a password the default user takes any, as Redis's `nopass` does.
+            None => user == b"default",
+            Some(want) => user == b"default" && constant_time_eq(pass, want),
+        };
+        self.authed |= ok;
+        ok
+    }
+
     fn hello(&mut self, rest: &[Vec<u8>]) {
+        let mut resp3 = self.enc.resp3;
+        let mut name = None;
         if let Some(v) = rest.first() {
-            match v.as_slice() {
-                b"2" => self.enc.resp3 = false,
-                b"3" => self.enc.resp3 = true,
+            resp3 = match v.as_slice() {
+                b"2" => false,
+                b"3" => true,
                 _ => {
                     let msg = "NOPROTO unsupported protocol version";
                     return self.enc.error(&mut self.out, msg);
                 }
-            }
+            };
             let opts = &rest[1..];
             let mut i = 0;
             while i < opts.len() {
                 match opts[i].to_ascii_lowercase().as_slice() {
                     b"setname" if i + 1 < opts.len() => {
-                        self.name = Some(opts[i + 1].clone());
+                        name = Some(opts[i + 1].clone());
                         i += 2;
                     }
-                    b"auth" => {
-                        let msg = "WRONGPASS invalid username-password pair or user is disabled.";
-                        return self.enc.error(&mut self.out, msg);
+                    b"auth" if i + 2 < opts.len() => {
+                        if !self.login(&opts[i + 1], &opts[i + 2]) {
+                            return self.enc.error(&mut self.out, WRONGPASS);
+                        }
+                        i += 3;
                     }
                     _ => return self.enc.error(&mut self.out, "ERR syntax error"),
                 }
             }
+        }
+        if !self.authed {
+            let msg = "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
+            return self.enc.error(&mut self.out, msg);
+        }
+        self.enc.resp3 = resp3;
+        if name.is_some() {
+            self.name = name;
         }
         let (e, out) = (self.enc, &mut self.out);
         e.map(out, 7);
@@ -745,6 +815,43 @@ mod tests {
             -OOM command not allowed when used memory > 'maxmemory'.\r\n\
             $1\r\nv\r\n";
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_password_is_asked_for_before_any_command() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["GET", "k"],
+            &["HELLO", "3"],
+            &["AUTH", "wrong"],
+            &["AUTH", "someone", "s3cret"],
+            &["HELLO", "3", "AUTH", "default", "nope"],
+            &["PING"],
+            &["AUTH", "s3cret"],
+            &["SET", "k", "v"],
+            &["AUTH", "default", "s3cret"],
+            &["GET", "k"],
+        ]);
+        let mut pipe = Pipe::new(&input, 5);
+        let c = Counters::default();
+        serve_with_password(&mut pipe, &b, LIMITS, &c, 7, Some(b"s3cret")).unwrap();
+        let wrong = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+        let want = format!(
+            "-NOAUTH Authentication required.\r\n\
+             -NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n\
+             {wrong}{wrong}{wrong}-NOAUTH Authentication required.\r\n\
+             +OK\r\n+OK\r\n+OK\r\n$1\r\nv\r\n"
+        );
+        assert_eq!(String::from_utf8(pipe.output).unwrap(), want);
+        // HELLO with the password authenticates and switches protocol at once.
+        let input = cmds(&[
+            &["HELLO", "3", "AUTH", "default", "s3cret"],
+            &["GET", "nope"],
+        ]);
+        let mut pipe = Pipe::new(&input, 4096);
+        serve_with_password(&mut pipe, &b, LIMITS, &c, 8, Some(b"s3cret")).unwrap();
+        let out = String::from_utf8(pipe.output).unwrap();
+        assert!(out.starts_with("%7\r\n") && out.ends_with("_\r\n"), "{out}");
     }
 
     #[test]
