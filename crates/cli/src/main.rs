@@ -177,6 +177,10 @@ struct UpArgs {
     /// The address the front ends listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
+    /// Event loops (threads) per front end per node, each serving many connections (one, as
+    /// Redis has, suits a machine with few cores).
+    #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_THREADS)]
+    frontend_threads: u16,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -539,6 +543,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     if let (Some(f), Some(path)) = (frontends.as_mut(), &a.resp_password_file) {
         f.resp_password = Some(read_password(path)?);
     }
+    if let Some(f) = frontends.as_mut() {
+        f.threads = a.frontend_threads;
+    }
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -592,6 +599,7 @@ fn frontends_of(
             resp_port,
             metrics_port,
             resp_password: None,
+            threads: nessie_cluster::config::DEFAULT_FRONTEND_THREADS,
             bind: bind.to_string(),
             max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
         }

@@ -128,6 +128,11 @@ impl Mc {
     /// `get KEYS`: each hit's key, flags and data.
     fn get(&mut self, keys: &str) -> Vec<(String, u32, Vec<u8>)> {
         self.send(format!("get {keys}\r\n").as_bytes());
+        self.get_reply()
+    }
+
+    /// The reply to a `get` sent earlier.
+    fn get_reply(&mut self) -> Vec<(String, u32, Vec<u8>)> {
         let mut hits = Vec::new();
         loop {
             let l = self.line();
@@ -530,4 +535,37 @@ fn a_redis_password_is_required() {
     };
     assert_eq!(authed(&["SET", "k", "v"]), "OK\n");
     assert_eq!(authed(&["GET", "k"]), "v\n");
+}
+
+/// One event loop serves every connection of a node's front end (`--frontend-threads 1`):
+/// many connections at once each get their own answers, and a client that pipelines more
+/// replies than the loop keeps waiting for it (16 KiB values, 3 MiB of replies sent before
+/// it reads any) gets every one of them, in order, once it reads.
+#[test]
+fn one_event_loop_serves_many_connections_and_slow_readers() {
+    let (_c, base) = up("mc-evloop");
+    let mut conns: Vec<Mc> = (0..64).map(|_| Mc::connect(base)).collect();
+    for (i, m) in conns.iter_mut().enumerate() {
+        m.send(format!("set k{i} {i} 0 2\r\n{:02}\r\nget k{i}\r\n", i % 100).as_bytes());
+    }
+    for (i, m) in conns.iter_mut().enumerate() {
+        assert_eq!(m.line(), "STORED\r\n");
+        assert_eq!(m.line(), format!("VALUE k{i} {i} 2\r\n"));
+        assert_eq!(m.line(), format!("{:02}\r\n", i % 100));
+        assert_eq!(m.line(), "END\r\n");
+    }
+    drop(conns);
+    let mut m = Mc::connect(base + 1);
+    let big = vec![b'b'; 16_000];
+    m.send(format!("set big 7 0 {}\r\n", big.len()).as_bytes());
+    m.send(&big);
+    m.send(b"\r\n");
+    assert_eq!(m.line(), "STORED\r\n");
+    let n = 200;
+    m.send("get big\r\n".repeat(n).as_bytes());
+    m.send(b"version\r\n");
+    for _ in 0..n {
+        assert_eq!(m.get_reply(), vec![("big".to_string(), 7, big.clone())]);
+    }
+    assert!(m.line().starts_with("VERSION 1.6.0-nessie"));
 }

@@ -230,6 +230,19 @@ pub struct FrontendsSection {
     /// error reply, as memcached does.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// Event loops (threads) per protocol per node, each serving many connections and running
+    /// their operations: one, as Redis has, unless the machine has cores to spare.
+    #[serde(default = "default_frontend_threads")]
+    pub threads: u16,
+}
+
+/// Default `[frontends] threads`.
+pub const DEFAULT_FRONTEND_THREADS: u16 = 1;
+/// Most `[frontends] threads`.
+pub const MAX_FRONTEND_THREADS: u16 = 64;
+
+fn default_frontend_threads() -> u16 {
+    DEFAULT_FRONTEND_THREADS
 }
 
 /// A password: written to `cluster.toml` as it is, never printed (`Debug` hides it).
@@ -490,6 +503,12 @@ impl ClusterConfig {
                     "resp_password must be 1 to {MAX_PASSWORD_LEN} bytes without control characters"
                 )));
             }
+        }
+        if !(1..=MAX_FRONTEND_THREADS).contains(&f.threads) {
+            return Err(InvalidConfig::Frontends(format!(
+                "threads = {} is not in 1..={MAX_FRONTEND_THREADS}",
+                f.threads
+            )));
         }
         if !(1..=MAX_FRONTEND_CONNECTIONS).contains(&f.max_connections) {
             return Err(InvalidConfig::Frontends(format!(

@@ -14,6 +14,9 @@ use nessie_frontend::item;
 use nessie_frontend::mc_serve::{self, Backend, Counters, Limits};
 use nessie_frontend::memcache::MAX_KEY_LEN;
 use nessie_frontend::resp_serve::{self, RespLimits};
+use nessie_frontend::session::Session;
+
+use crate::evloop::{LoopHandle, MakeSession};
 use nessie_protocols::KvClient;
 use nessie_store::Geometry;
 
@@ -37,9 +40,8 @@ pub fn limits(g: &Geometry) -> Limits {
     }
 }
 
-/// One connection's server: serves the stream with the front end's counters and the
-/// connection's id.
-type ServeFn = dyn Fn(&mut TcpStream, &Counters, u64) -> std::io::Result<()> + Send + Sync;
+/// Most event loops one front end runs.
+pub const MAX_LOOPS: u16 = crate::config::MAX_FRONTEND_THREADS;
 
 /// A protocol listener; stops accepting when dropped (connections being served end when
 /// their clients close them, or with the process).
@@ -52,47 +54,58 @@ pub struct FrontEnd {
 }
 
 impl FrontEnd {
-    /// memcached on `addr`.
+    /// memcached on `addr`, served by `loops` event loops.
     pub fn memcached(
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
         g: &Geometry,
         max_connections: u32,
+        loops: u16,
     ) -> std::io::Result<Self> {
         let l = limits(g);
-        let serve: Arc<ServeFn> =
-            Arc::new(move |s, c, _| mc_serve::serve(s, backend.as_ref(), l, c));
+        let make: Arc<MakeSession> =
+            Arc::new(move |b, c, _| Box::new(mc_serve::session(b, l, c)) as Box<dyn Session + '_>);
         let refusal = b"SERVER_ERROR Too many open connections\r\n";
-        Self::start("memcached", addr, serve, refusal, max_connections)
+        let how = Serving {
+            backend,
+            make,
+            refusal,
+            max_connections,
+            loops,
+        };
+        Self::start("memcached", addr, how)
     }
 
-    /// The Redis protocol on `addr`; with a `password`, clients must `AUTH` first.
+    /// The Redis protocol on `addr`, served by `loops` event loops; with a `password`,
+    /// clients must `AUTH` first.
     pub fn resp(
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
         g: &Geometry,
         max_connections: u32,
+        loops: u16,
         password: Option<String>,
     ) -> std::io::Result<Self> {
         let l = RespLimits {
             max_key: g.key_max as usize,
             max_value: (g.value_max as usize).saturating_sub(item::HEADER_LEN),
         };
-        let serve: Arc<ServeFn> = Arc::new(move |s, c, id| {
-            let password = password.as_deref().map(str::as_bytes);
-            resp_serve::serve_with_password(s, backend.as_ref(), l, c, id, password)
+        let password: Option<Arc<[u8]>> = password.map(|p| p.into_bytes().into());
+        let make: Arc<MakeSession> = Arc::new(move |b, c, id| {
+            Box::new(resp_serve::session(b, l, c, id, password.clone())) as Box<dyn Session + '_>
         });
         let refusal = b"-ERR max number of clients reached\r\n";
-        Self::start("resp", addr, serve, refusal, max_connections)
+        let how = Serving {
+            backend,
+            make,
+            refusal,
+            max_connections,
+            loops,
+        };
+        Self::start("resp", addr, how)
     }
 
-    fn start(
-        name: &'static str,
-        addr: SocketAddr,
-        serve: Arc<ServeFn>,
-        refusal: &'static [u8],
-        max_connections: u32,
-    ) -> std::io::Result<Self> {
+    fn start(name: &'static str, addr: SocketAddr, how: Serving) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -102,16 +115,30 @@ impl FrontEnd {
         counters
             .started
             .store(mc_serve::unix_now(), Ordering::Relaxed);
+        let loops = (0..how.loops.clamp(1, MAX_LOOPS))
+            .map(|_| {
+                LoopHandle::start(
+                    name,
+                    how.backend.clone(),
+                    counters.clone(),
+                    how.make.clone(),
+                    stop.clone(),
+                )
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
         let l = Listener {
             name,
-            serve,
-            refusal,
-            max_connections,
+            loops,
+            refusal: how.refusal,
+            max_connections: how.max_connections,
             counters: counters.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("nessie-{name}"))
-            .spawn(move || l.accept_loop(&listener, &stop2))?;
+            .spawn(move || {
+                let mut l = l;
+                l.accept_loop(&listener, &stop2)
+            })?;
         Ok(Self {
             name,
             addr,
@@ -146,10 +173,21 @@ impl Drop for FrontEnd {
     }
 }
 
+/// How a front end serves its connections.
+struct Serving {
+    backend: Arc<dyn Backend>,
+    make: Arc<MakeSession>,
+    /// The line a connection over the limit gets before it is closed.
+    refusal: &'static [u8],
+    max_connections: u32,
+    /// Event loops (threads) serving the connections.
+    loops: u16,
+}
+
 /// What an accept loop needs.
 struct Listener {
     name: &'static str,
-    serve: Arc<ServeFn>,
+    loops: Vec<LoopHandle>,
     /// The line a connection over the limit gets before it is closed.
     refusal: &'static [u8],
     max_connections: u32,
@@ -157,7 +195,7 @@ struct Listener {
 }
 
 impl Listener {
-    fn accept_loop(&self, listener: &TcpListener, stop: &AtomicBool) {
+    fn accept_loop(&mut self, listener: &TcpListener, stop: &AtomicBool) {
         use std::os::fd::AsRawFd;
         while !stop.load(Ordering::SeqCst) {
             crate::admin::wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
@@ -166,34 +204,26 @@ impl Listener {
             };
             self.connection(s);
         }
+        for l in &mut self.loops {
+            l.join();
+        }
     }
 
-    /// Serve one accepted connection on a thread of its own, if there is room for it.
+    /// Hand one accepted connection to an event loop, round robin, if there is room for it.
     fn connection(&self, mut s: TcpStream) {
-        if s.set_nonblocking(false).is_err() {
-            return;
-        }
-        let _ = s.set_nodelay(true);
         let counters = &self.counters;
         let active = counters.curr_connections.fetch_add(1, Ordering::SeqCst);
         if active >= self.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::SeqCst);
+            let _ = s.set_nonblocking(false);
             let _ = s.write_all(self.refusal);
             return;
         }
         let id = counters.total_connections.fetch_add(1, Ordering::Relaxed) + 1;
-        let (serve, c, name) = (self.serve.clone(), counters.clone(), self.name);
-        let spawned = std::thread::Builder::new()
-            .name(format!("nessie-{name}-conn"))
-            .spawn(move || {
-                if let Err(e) = serve(&mut s, &c, id) {
-                    tracing::debug!(%e, front_end = name, "connection ended");
-                }
-                c.curr_connections.fetch_sub(1, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
+        let l = &self.loops[(id % self.loops.len() as u64) as usize];
+        if let Err(e) = l.give(s, id) {
             counters.curr_connections.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(%e, front_end = name, "could not start a thread for a connection");
+            tracing::warn!(%e, front_end = self.name, "could not hand a connection to a loop");
         }
     }
 }

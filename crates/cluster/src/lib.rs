@@ -29,6 +29,8 @@ pub mod bootstrap;
 pub mod config;
 pub mod etcd;
 #[cfg(feature = "ucx")]
+pub mod evloop;
+#[cfg(feature = "ucx")]
 pub mod frontends;
 pub mod local;
 pub mod membership;

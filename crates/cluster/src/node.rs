@@ -876,12 +876,12 @@ fn serve_frontends(
     let g = ctx.geometry();
     let mut started = Vec::new();
     if let Some(addr) = mc {
-        let fe = FrontEnd::memcached(addr, pool.clone(), g, f.max_connections);
+        let fe = FrontEnd::memcached(addr, pool.clone(), g, f.max_connections, f.threads);
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     if let Some(addr) = resp {
         let password = f.resp_password.as_ref().map(|p| p.0.clone());
-        let fe = FrontEnd::resp(addr, pool, g, f.max_connections, password);
+        let fe = FrontEnd::resp(addr, pool, g, f.max_connections, f.threads, password);
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     Ok(started)

@@ -16,6 +16,6 @@ pub mod memcache;
 pub mod resp;
 pub mod resp_serve;
 pub mod rmw;
-mod session;
+pub mod session;
 #[cfg(test)]
 mod testing;

@@ -115,6 +115,23 @@ struct Conn<'a> {
     scratch: Vec<u8>,
 }
 
+/// One connection's memcached session, for an event loop to drive.
+pub fn session<'a>(
+    backend: &'a dyn Backend,
+    limits: Limits,
+    counters: &'a Counters,
+) -> impl crate::session::Session + 'a {
+    Conn {
+        backend,
+        limits,
+        counters,
+        inbuf: Vec::new(),
+        out: Vec::new(),
+        skip: 0,
+        scratch: Vec::new(),
+    }
+}
+
 /// Serve `stream` until the client quits or closes it, or an I/O error. `counters` are
 /// shared with the front end's other connections.
 pub fn serve<S: Read + Write>(
@@ -123,15 +140,7 @@ pub fn serve<S: Read + Write>(
     limits: Limits,
     counters: &Counters,
 ) -> std::io::Result<()> {
-    let mut c = Conn {
-        backend,
-        limits,
-        counters,
-        inbuf: Vec::new(),
-        out: Vec::new(),
-        skip: 0,
-        scratch: Vec::new(),
-    };
+    let mut c = session(backend, limits, counters);
     crate::session::run(stream, &mut c)
 }
 

@@ -63,6 +63,31 @@ pub fn serve<S: Read + Write>(
     serve_with_password(stream, backend, limits, counters, client_id, None)
 }
 
+/// One connection's Redis session (with the default user's `password`, if any), for an
+/// event loop to drive.
+pub fn session<'a>(
+    backend: &'a dyn Backend,
+    limits: RespLimits,
+    counters: &'a Counters,
+    client_id: u64,
+    password: Option<std::sync::Arc<[u8]>>,
+) -> impl crate::session::Session + 'a {
+    Conn {
+        backend,
+        limits,
+        counters,
+        authed: password.is_none(),
+        password,
+        enc: Encoder { resp3: false },
+        inbuf: Vec::new(),
+        out: Vec::new(),
+        skip: None,
+        name: None,
+        id: client_id,
+        scratch: Vec::new(),
+    }
+}
+
 /// [`serve`], with the default user's password if one is configured: until the client gives
 /// it (`AUTH`, `HELLO … AUTH`), every other command answers `NOAUTH`, as Redis's
 /// `requirepass` does.
@@ -74,20 +99,13 @@ pub fn serve_with_password<S: Read + Write>(
     client_id: u64,
     password: Option<&[u8]>,
 ) -> std::io::Result<()> {
-    let mut c = Conn {
+    let mut c = session(
         backend,
         limits,
         counters,
-        password,
-        authed: password.is_none(),
-        enc: Encoder { resp3: false },
-        inbuf: Vec::new(),
-        out: Vec::new(),
-        skip: None,
-        name: None,
-        id: client_id,
-        scratch: Vec::new(),
-    };
+        client_id,
+        password.map(Into::into),
+    );
     crate::session::run(stream, &mut c)
 }
 
@@ -118,7 +136,7 @@ struct Conn<'a> {
     limits: RespLimits,
     counters: &'a Counters,
     /// The default user's password, if one is configured.
-    password: Option<&'a [u8]>,
+    password: Option<std::sync::Arc<[u8]>>,
     /// Whether the client may run commands (no password, or it gave it).
     authed: bool,
     enc: Encoder,
@@ -323,7 +341,7 @@ impl Conn<'_> {
 
     /// Check a user and password, and remember that the client gave them.
     fn login(&mut self, user: &[u8], pass: &[u8]) -> bool {
-        let ok = match self.password {
+        let ok = match &self.password {
             // Without a password the default user takes any, as Redis's `nopass` does.
             None => user == b"default",
             Some(want) => user == b"default" && constant_time_eq(pass, want),

@@ -7,8 +7,9 @@ use std::io::{ErrorKind, Read, Write};
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// A protocol's side of one connection.
-pub(crate) trait Session {
+/// A protocol's side of one connection: what a read–serve–write loop ([`run`], or an event
+/// loop over many connections) drives.
+pub trait Session {
     /// Bytes received and not yet served.
     fn inbuf(&mut self) -> &mut Vec<u8>;
     /// Replies not yet written.
@@ -19,10 +20,7 @@ pub(crate) trait Session {
 }
 
 /// Run `session` on `stream` until the client closes it, a request ends it, or an I/O error.
-pub(crate) fn run<S: Read + Write>(
-    stream: &mut S,
-    session: &mut dyn Session,
-) -> std::io::Result<()> {
+pub fn run<S: Read + Write>(stream: &mut S, session: &mut dyn Session) -> std::io::Result<()> {
     let mut chunk = vec![0u8; READ_CHUNK];
     loop {
         let n = match stream.read(&mut chunk) {

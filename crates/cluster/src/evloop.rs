@@ -1,0 +1,292 @@
+//! The front ends' event loops: a few threads, each serving many connections with `mio`
+//! (epoll), instead of a thread per connection. A request costs a wake-up of the loop that
+//! owns its connection, and a loop that finds several connections ready serves them all in
+//! one turn, as Redis's and memcached's loops do; a thread per connection paid a context
+//! switch per request (40% of a node's time under `redis-benchmark`, `perf`).
+//!
+//! Each loop drives its connections' [`Session`]s: read what has arrived (a chunk at a time),
+//! serve every whole request, write the replies without blocking, and keep what the socket
+//! would not take. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
+//! not read from until the client has taken them, so a client that sends and never reads
+//! holds a bounded amount of memory.
+//!
+//! There are as many loops as the node has front-end workers (`[[node]] workers`): a store
+//! operation runs on its loop's thread, so that many may run at once, as before.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::TcpStream as MioStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use nessie_frontend::mc_serve::{Backend, Counters, FLUSH_AT};
+use nessie_frontend::session::Session;
+
+/// Bytes read from a socket at a time (then served before the next read).
+const READ_CHUNK: usize = 64 * 1024;
+/// Replies waiting for a slow client beyond which its connection is not read from.
+pub const MAX_PENDING_OUT: usize = FLUSH_AT;
+/// Events handled per poll.
+const EVENTS: usize = 256;
+/// How often a loop looks at its stop flag while idle.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// The token of a loop's waker (connections have tokens from 1).
+const WAKE: Token = Token(0);
+
+/// Makes one connection's session, borrowing the loop's backend and counters.
+pub type MakeSession =
+    dyn for<'a> Fn(&'a dyn Backend, &'a Counters, u64) -> Box<dyn Session + 'a> + Send + Sync;
+
+/// A connection handed to a loop: its socket and its id.
+type Handoff = (TcpStream, u64);
+
+/// The sending side of one event loop.
+pub struct LoopHandle {
+    tx: Sender<Handoff>,
+    waker: Arc<Waker>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LoopHandle {
+    /// Start a loop serving the connections it is given with sessions `make` makes.
+    pub fn start(
+        name: &'static str,
+        backend: Arc<dyn Backend>,
+        counters: Arc<Counters>,
+        make: Arc<MakeSession>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<Self> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("nessie-{name}-loop"))
+            .spawn(move || {
+                let mut l = EventLoop {
+                    poll,
+                    rx,
+                    conns: Vec::new(),
+                    backend: backend.as_ref(),
+                    counters: counters.as_ref(),
+                    make: make.as_ref(),
+                    chunk: vec![0; READ_CHUNK],
+                };
+                if let Err(e) = l.run(&stop) {
+                    tracing::error!(%e, front_end = name, "event loop stopped");
+                }
+            })?;
+        Ok(Self {
+            tx,
+            waker,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hand `stream` (connection `id`) to the loop.
+    pub fn give(&self, stream: TcpStream, id: u64) -> std::io::Result<()> {
+        self.tx
+            .send((stream, id))
+            .map_err(|_| std::io::Error::other("the event loop has stopped"))?;
+        self.waker.wake()
+    }
+
+    /// Wait for the loop to end (its stop flag must be set).
+    pub fn join(&mut self) {
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection of a loop.
+struct Conn<'a> {
+    stream: MioStream,
+    session: Box<dyn Session + 'a>,
+    /// Replies not yet written, from `sent`.
+    pending: Vec<u8>,
+    sent: usize,
+    /// The session asked to close once its replies are out.
+    closing: bool,
+}
+
+/// What to do with a connection after handling an event.
+#[derive(PartialEq, Eq)]
+enum After {
+    Keep,
+    Drop,
+}
+
+struct EventLoop<'a> {
+    poll: Poll,
+    rx: Receiver<Handoff>,
+    conns: Vec<Option<Conn<'a>>>,
+    backend: &'a dyn Backend,
+    counters: &'a Counters,
+    make: &'a MakeSession,
+    /// What each read goes into.
+    chunk: Vec<u8>,
+}
+
+impl<'a> EventLoop<'a> {
+    fn run(&mut self, stop: &AtomicBool) -> std::io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS);
+        while !stop.load(Ordering::SeqCst) {
+            match self.poll.poll(&mut events, Some(IDLE_POLL)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            for ev in events.iter() {
+                if ev.token() == WAKE {
+                    self.accept_handoffs();
+                    continue;
+                }
+                let i = ev.token().0 - 1;
+                if self.handle(i) == After::Drop {
+                    self.close(i);
+                }
+            }
+        }
+        for i in 0..self.conns.len() {
+            if self.conns[i].is_some() {
+                self.close(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Register the connections the acceptor handed over.
+    fn accept_handoffs(&mut self) {
+        while let Ok((stream, id)) = self.rx.try_recv() {
+            if let Err(e) = self.add(stream, id) {
+                tracing::debug!(%e, "could not serve a connection");
+                self.counters
+                    .curr_connections
+                    .fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn add(&mut self, stream: TcpStream, id: u64) -> std::io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        let mut stream = MioStream::from_std(stream);
+        let i = match self.conns.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        self.poll
+            .registry()
+            .register(&mut stream, Token(i + 1), Interest::READABLE)?;
+        self.conns[i] = Some(Conn {
+            stream,
+            session: (self.make)(self.backend, self.counters, id),
+            pending: Vec::new(),
+            sent: 0,
+            closing: false,
+        });
+        Ok(())
+    }
+
+    fn close(&mut self, i: usize) {
+        if let Some(mut c) = self.conns[i].take() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.counters
+                .curr_connections
+                .fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Serve what connection `i` has to read and write.
+    fn handle(&mut self, i: usize) -> After {
+        let Some(c) = self.conns[i].as_mut() else {
+            return After::Keep; // closed earlier in this turn
+        };
+        let chunk = &mut self.chunk;
+        let r = (|| {
+            flush(c)?;
+            if !c.closing && c.pending.len() <= MAX_PENDING_OUT {
+                if read_and_serve(c, chunk)? == After::Drop {
+                    return Ok(After::Drop);
+                }
+                flush(c)?;
+            }
+            Ok::<After, std::io::Error>(After::Keep)
+        })();
+        match r {
+            Ok(After::Keep) if c.closing && c.pending.is_empty() => After::Drop,
+            Ok(After::Keep) => {
+                let interest = if c.pending.is_empty() {
+                    Interest::READABLE
+                } else {
+                    Interest::READABLE | Interest::WRITABLE
+                };
+                let token = Token(i + 1);
+                match self
+                    .poll
+                    .registry()
+                    .reregister(&mut c.stream, token, interest)
+                {
+                    Ok(()) => After::Keep,
+                    Err(_) => After::Drop,
+                }
+            }
+            Ok(After::Drop) | Err(_) => After::Drop,
+        }
+    }
+}
+
+/// Read until the socket is empty, serving each chunk as it comes; `Drop` when the client
+/// closed the connection. Reading stops early while too many replies wait: data may then be
+/// left in the socket, which will not signal it again, so every later event of the
+/// connection (its replies going out) reads again.
+fn read_and_serve(c: &mut Conn<'_>, chunk: &mut [u8]) -> std::io::Result<After> {
+    loop {
+        if c.pending.len() > MAX_PENDING_OUT {
+            return Ok(After::Keep);
+        }
+        let n = match c.stream.read(chunk) {
+            Ok(0) => return Ok(After::Drop),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(After::Keep),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        c.session.inbuf().extend_from_slice(&chunk[..n]);
+        // Replies written early by the session go after those already waiting.
+        let close = c.session.serve_buffered(&mut c.pending)?;
+        c.pending.append(c.session.out());
+        if close {
+            c.closing = true;
+            return Ok(After::Keep);
+        }
+    }
+}
+
+/// Write what the socket takes of the waiting replies.
+fn flush(c: &mut Conn<'_>) -> std::io::Result<()> {
+    while c.sent < c.pending.len() {
+        match c.stream.write(&c.pending[c.sent..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => c.sent += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    if c.sent == c.pending.len() {
+        c.pending.clear();
+        c.sent = 0;
+    } else if c.sent > MAX_PENDING_OUT {
+        c.pending.drain(..c.sent);
+        c.sent = 0;
+    }
+    Ok(())
+}
