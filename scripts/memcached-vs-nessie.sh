@@ -30,7 +30,8 @@ USER_ARG=()
 memcached "${USER_ARG[@]}" -p "$MP" -l 127.0.0.1 -U 0 -m 1024 -d -P "$DIR/mc.pid"
 sleep 0.5
 rate() { # test port -> keys per second (a get run loads its keys first: only its own line)
-    memcslap -s "127.0.0.1:$2" -t "$1" -c 4 -e "$N" 2>&1 |
+    # -F: flush_all first, so that runs do not pile keys up until memory is full.
+    memcslap -F -s "127.0.0.1:$2" -t "$1" -c 4 -e "$N" 2>&1 |
         awk -v t="$1" '$1 == "Time" && $3 == t { printf "%.0f", $4 / $(NF - 1) }'
 }
 for rep in $(seq "$REPS"); do
