@@ -46,11 +46,27 @@ struct KindLabel {
     kind: &'static str,
 }
 
+/// The operation kinds and results counted (every pair is created up front, so that each
+/// operation only bumps a counter it already holds: no lookup, no lock).
+const KINDS: [&str; 6] = ["get", "put", "delete", "put_if", "delete_if", "scan"];
+const RESULTS: [&str; 7] = [
+    "ok",
+    "miss",
+    "unmet",
+    "refused",
+    "full",
+    "unsupported",
+    "error",
+];
+
 /// Operations of a node's clients, by kind and result, with their latencies.
 #[derive(Debug)]
 pub struct OpMetrics {
     ops: Family<OpLabels, Counter>,
     latency: Family<KindLabel, Histogram>,
+    /// `ops` and `latency`'s members, by index in `KINDS` and `RESULTS`.
+    counters: Vec<Vec<Counter>>,
+    histograms: Vec<Histogram>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -60,19 +76,42 @@ fn latency_histogram() -> Histogram {
 
 impl Default for OpMetrics {
     fn default() -> Self {
+        let ops: Family<OpLabels, Counter> = Family::default();
+        let latency: Family<KindLabel, Histogram> = Family::new_with_constructor(latency_histogram);
+        let counters = KINDS
+            .iter()
+            .map(|&kind| {
+                RESULTS
+                    .iter()
+                    .map(|&result| ops.get_or_create(&OpLabels { kind, result }).clone())
+                    .collect()
+            })
+            .collect();
+        let histograms = KINDS
+            .iter()
+            .map(|&kind| latency.get_or_create(&KindLabel { kind }).clone())
+            .collect();
         Self {
-            ops: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram),
+            ops,
+            latency,
+            counters,
+            histograms,
         }
     }
 }
 
 impl OpMetrics {
     fn record(&self, kind: &'static str, result: &'static str, started: Instant) {
-        self.ops.get_or_create(&OpLabels { kind, result }).inc();
-        self.latency
-            .get_or_create(&KindLabel { kind })
-            .observe(started.elapsed().as_secs_f64());
+        let k = KINDS
+            .iter()
+            .position(|&x| x == kind)
+            .expect("a counted kind");
+        let r = RESULTS
+            .iter()
+            .position(|&x| x == result)
+            .expect("a counted result");
+        self.counters[k][r].inc();
+        self.histograms[k].observe(started.elapsed().as_secs_f64());
     }
 }
 
