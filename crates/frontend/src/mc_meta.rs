@@ -65,6 +65,9 @@ fn ttl_secs(expires: u64, now: u64) -> i64 {
     }
 }
 
+/// A read-modify-write's answer and the encoded item it wrote, if any (`None`: contended).
+type Written<T> = Option<(T, Option<Vec<u8>>)>;
+
 /// A read-modify-write of `key` that also answers the encoded item it wrote, if any (to read
 /// its version back for `c`).
 fn rmw_written<T>(
@@ -73,7 +76,7 @@ fn rmw_written<T>(
     now: u64,
     buf: &mut Vec<u8>,
     mut f: impl FnMut(Seen<'_>) -> Change<T>,
-) -> Result<Option<(T, Option<Vec<u8>>)>, Error> {
+) -> Result<Written<T>, Error> {
     for _ in 0..MAX_RMW_ATTEMPTS {
         let mut written = None;
         let mut g = |s: Seen<'_>| {
@@ -244,12 +247,11 @@ impl Conn<'_> {
     }
 
     /// `ms` in set mode without `C`: no condition, so a plain write, as `set` is.
-    #[allow(clippy::type_complexity)]
     fn ms_plain(
         &mut self,
         m: &MetaReq,
         expires: Option<u64>,
-    ) -> Result<Option<(&'static str, Option<Vec<u8>>)>, Error> {
+    ) -> Result<Written<&'static str>, Error> {
         let Some(expires) = expires else {
             // Expired on arrival: memcached stores it and nobody can read it.
             return self.with(|c| c.delete(&m.key)).map(|()| Some(("HD", None)));
@@ -383,4 +385,201 @@ fn ma_change(o: &MetaOpts, seen: Seen<'_>, now: u64) -> Change<MaOutcome> {
     let expires = o.ttl.map_or(Some(it.expires), |t| item::expires_at(t, now));
     let done = Ok((n, expires.unwrap_or(0)));
     Change::store(it.flags, expires, &[n.to_string().as_bytes()], done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{serve, Counters, Limits};
+    use crate::testing::{MapBackend, MapClient, OneClient, Pipe, RacingClient};
+    use nessie_protocols::KvClient;
+
+    const LIMITS: Limits = Limits {
+        max_key: 250,
+        max_data: 2000,
+    };
+
+    /// What the server answers to `input`, fed `chunk` bytes at a time.
+    fn session(backend: &dyn super::super::Backend, input: &[u8], chunk: usize) -> String {
+        let mut p = Pipe::new(input, chunk);
+        serve(&mut p, backend, LIMITS, &Counters::default()).unwrap();
+        String::from_utf8(p.output).unwrap()
+    }
+
+    fn put_item(b: &MapBackend, key: &[u8], flags: u32, expires: u64, data: &[u8]) {
+        let mut v = Vec::new();
+        crate::item::encode(&mut v, flags, expires, data);
+        b.0.lock().unwrap().put(key, &v).unwrap();
+    }
+
+    #[test]
+    fn mn_and_mg_return_flags_in_request_order() {
+        let input = b"mn\r\nms k 3 F5\r\nabc\r\nmg k v f s t c k O7\r\nmg k\r\nmg k O1 v u\r\n\
+                      mg nope v\r\nmg nope k O1 c\r\nmn extra\r\n";
+        let want = "MN\r\nHD\r\nVA 3 f5 s3 t-1 c1 kk O7\r\nabc\r\nHD\r\nVA 3 O1\r\nabc\r\n\
+                    EN\r\nEN knope O1\r\nMN\r\n";
+        for chunk in [1, 3, 4096] {
+            let b = MapBackend::default();
+            assert_eq!(session(&b, input, chunk), want, "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn mg_touch_and_ttl() {
+        let b = MapBackend::default();
+        put_item(&b, b"k", 0, super::unix_now_ms() + 100_000, b"v");
+        // T touches (a write, so a new version); t reports the TTL after it.
+        let out = session(
+            &b,
+            b"mg k t\r\nmg k T50 t c v\r\nmg k t c\r\nmg k T-1\r\nmg k\r\n",
+            64,
+        );
+        assert_eq!(
+            out,
+            "HD t100\r\nVA 1 t50 c2\r\nv\r\nHD t50 c2\r\nHD\r\nEN\r\n"
+        );
+    }
+
+    /// Under `q`, the common case is not answered (mg: EN; ms: HD; md: HD and NF; ma: HD),
+    /// so a pipeline ends with `mn` to know all was served.
+    #[test]
+    fn quiet_mode_pipelines() {
+        let b = MapBackend::default();
+        let input = b"mg a v q O1\r\nms a 1 q O2\r\nx\r\nms a 1 q ME O3\r\ny\r\nmg a v q O4\r\n\
+                      ma a q\r\nma a q v\r\nmd a q C9\r\nmd a q\r\nmd a q\r\nma a q O5\r\nmn\r\n";
+        let want = "NS O3\r\nVA 1 O4\r\nx\r\nCLIENT_ERROR cannot increment or decrement \
+                    non-numeric value\r\nCLIENT_ERROR cannot increment or decrement non-numeric \
+                    value\r\nEX\r\nNF O5\r\nMN\r\n";
+        assert_eq!(session(&b, input, 5), want);
+    }
+
+    #[test]
+    fn ms_modes_cas_and_returned_cas() {
+        let b = MapBackend::default();
+        let input = b"ms k 2 c F3 T0\r\nab\r\nms k 1 C9 c\r\nx\r\nms k 1 C1 c k\r\nx\r\n\
+                      ms n 1 C1\r\nx\r\nms k 1 ME\r\ny\r\nms n 1 MR\r\ny\r\nms n 1 MA\r\ny\r\n\
+                      ms k 1 MA F9\r\n>\r\nms k 1 MP\r\n<\r\nms n 1 ME F1\r\nn\r\n\
+                      mg k v f c\r\nms k 1 MR\r\nr\r\nmg k v f\r\n";
+        let want = "HD c1\r\nEX c0\r\nHD c2 kk\r\nNF\r\nNS\r\nNS\r\nNS\r\nHD\r\nHD\r\nHD\r\n\
+                    VA 3 f0 c4\r\n<x>\r\nHD\r\nVA 1 f0\r\nr\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        // A negative TTL stores an item nobody reads: the key is gone.
+        let out = session(&b, b"ms k 1 T-1\r\nx\r\nmg k v\r\n", 64);
+        assert_eq!(out, "HD\r\nEN\r\n");
+        assert!(!b.0.lock().unwrap().0.contains_key(&b"k"[..]));
+    }
+
+    #[test]
+    fn md_with_and_without_cas() {
+        let b = MapBackend::default();
+        let input = b"ms k 1\r\nx\r\nmd k C7 O1 k\r\nmg k v\r\nmd k C1 O2 k\r\nmd k O3\r\n\
+                      ms k 1\r\nx\r\nmd k\r\n";
+        let want = "HD\r\nEX O1 kk\r\nVA 1\r\nx\r\nHD O2 kk\r\nNF O3\r\nHD\r\nHD\r\n";
+        assert_eq!(session(&b, input, 64), want);
+    }
+
+    #[test]
+    fn ma_counts_vivifies_and_compares() {
+        let b = MapBackend::default();
+        put_item(&b, b"n", 4, 0, b"10");
+        let input = b"ma n\r\nma n v\r\nma n MD D3 v t c k O1\r\nma n M- D100 v\r\n\
+                      ma n M+ D5 v\r\nma n C1 v\r\nma n Mx\r\nma nope\r\nma nope v O9\r\n\
+                      ma viv N0 J10 v t\r\nma viv v\r\nma big N0 v\r\n\
+                      ma big D18446744073709551615 v\r\nma big v\r\nmg n v f\r\n";
+        let want = "HD\r\nVA 2\r\n12\r\nVA 1 t-1 c4 kn O1\r\n9\r\nVA 1\r\n0\r\nVA 1\r\n5\r\n\
+                    EX\r\nCLIENT_ERROR invalid mode for ma M token\r\nNF\r\nNF O9\r\n\
+                    VA 2 t-1\r\n10\r\nVA 2\r\n11\r\nVA 1\r\n0\r\nVA 20\r\n18446744073709551615\r\nVA 1\r\n0\r\n\
+                    VA 1 f4\r\n5\r\n";
+        assert_eq!(session(&b, input, 64), want);
+        let out = session(&b, b"ma n T100 t v\r\nma n t\r\n", 64);
+        assert_eq!(out, "VA 1 t100\r\n6\r\nHD t100\r\n");
+    }
+
+    #[test]
+    fn base64_keys() {
+        let b = MapBackend::default();
+        // "Zm9v" is "foo"; k echoes the key as sent, with b.
+        let input = b"ms Zm9v 2 b k O1 c\r\nhi\r\nmg foo v k\r\nmg Zm9v b k v\r\nmd Zm9v b q\r\n\
+                      mg foo v\r\nmg Zm9 b v\r\nms Zm9v= 2 b\r\nhi\r\nmn\r\n";
+        let want = "HD kZm9v b O1 c1\r\nVA 2 kfoo\r\nhi\r\nVA 2 kZm9v b\r\nhi\r\nEN\r\n\
+                    CLIENT_ERROR error decoding key\r\nCLIENT_ERROR error decoding key\r\nMN\r\n";
+        assert_eq!(session(&b, input, 64), want);
+    }
+
+    /// Errors as memcached 1.6.18 answers them; an ms's data block is thrown away once its
+    /// length is known; the connection stays usable.
+    #[test]
+    fn errors_keep_the_connection_usable() {
+        let b = MapBackend::default();
+        let long = "k".repeat(251);
+        let input = format!(
+            "mg\r\nmg k zz\r\nmg k v v\r\nmg k Tx\r\nmg k F-1\r\nmg k O{o}\r\n\
+             mg k {many}\r\nmd k x\r\nma k Dx\r\nmd k {many}\r\nms k 2 Cx\r\nhi\r\n\
+             ms k 2 MX\r\nhi\r\nms k 2 M\r\nhi\r\nms k x\r\nms k\r\nmg {long} v\r\n\
+             mg k h\r\nms k 2 I\r\nhi\r\nmg k N30\r\nms k 2\r\nhello\r\nms big 2001\r\n{big}\r\nmn\r\n",
+            o = "o".repeat(32),
+            many = "c f k s t v O1 u q T5 F1 C1 D1 J1 P L M+ b",
+            big = "x".repeat(2001),
+        );
+        let want = "ERROR\r\nCLIENT_ERROR invalid flag\r\nCLIENT_ERROR duplicate flag\r\n\
+            CLIENT_ERROR bad token in command line format\r\n\
+            CLIENT_ERROR bad command line format\r\nCLIENT_ERROR opaque token too long\r\n\
+            CLIENT_ERROR options flags are too long\r\nCLIENT_ERROR invalid or duplicate flag\r\n\
+            CLIENT_ERROR invalid or duplicate flag\r\nCLIENT_ERROR options flags too long\r\n\
+            CLIENT_ERROR bad token in command line format\r\n\
+            CLIENT_ERROR invalid mode for ms M token\r\n\
+            CLIENT_ERROR incorrect length for M token\r\n\
+            CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\n\
+            CLIENT_ERROR bad command line format\r\n\
+            CLIENT_ERROR flag h (hit before) not supported\r\n\
+            CLIENT_ERROR flag I (invalidate) not supported\r\n\
+            CLIENT_ERROR flag N (vivify) not supported\r\n\
+            CLIENT_ERROR bad data chunk\r\nERROR\r\n\
+            SERVER_ERROR object too large for cache\r\nMN\r\n";
+        assert_eq!(session(&b, input.as_bytes(), 7), want);
+        assert!(b.0.lock().unwrap().0.is_empty(), "nothing was stored");
+    }
+
+    fn racing(
+        races: usize,
+        race: impl FnMut(&mut MapClient) + Send + 'static,
+    ) -> OneClient<RacingClient> {
+        OneClient(std::sync::Mutex::new(RacingClient::new(
+            MapClient::default(),
+            races,
+            race,
+        )))
+    }
+
+    fn race_put(m: &mut MapClient, key: &[u8], data: &[u8]) {
+        let mut v = Vec::new();
+        crate::item::encode(&mut v, 0, 0, data);
+        m.put(key, &v).unwrap();
+    }
+
+    /// A write between a meta command's read and its conditional write is not lost: ma reads
+    /// again; ms with C sees the change (EX).
+    #[test]
+    fn racing_writes_are_not_lost() {
+        let b = racing(1, |m| race_put(m, b"n", b"10"));
+        let out = session(&b, b"ms n 1\r\n1\r\nma n v c\r\nmg n v\r\n", 64);
+        // The incr's version is read back: 3 (set, race, incr).
+        assert_eq!(out, "HD\r\nVA 2 c3\r\n11\r\nVA 2\r\n11\r\n");
+        let b = racing(1, |m| race_put(m, b"c", b"theirs"));
+        let out = session(&b, b"ms c 1\r\na\r\nms c 4 C1 c\r\nmine\r\nmg c v\r\n", 64);
+        assert_eq!(out, "HD\r\nEX c0\r\nVA 6\r\ntheirs\r\n");
+    }
+
+    /// In a mode without conditional writes, plain mg, ms and md are served; what needs a
+    /// versioned read answers why, and the connection stays usable.
+    #[test]
+    fn a_mode_without_conditional_writes() {
+        let b = OneClient(std::sync::Mutex::new(crate::testing::PlainClient::default()));
+        let input =
+            b"ms k 1 F2\r\nx\r\nmg k v f\r\nmg k c\r\nms k 1 ME\r\ny\r\nmd k\r\nmd k q\r\nmn\r\n";
+        let why = "a versioned read needs conditional writes, which only the client-driven (cd) mode offers";
+        let want = format!(
+            "HD\r\nVA 1 f2\r\nx\r\nSERVER_ERROR {why}\r\nSERVER_ERROR {why}\r\nHD\r\nMN\r\n"
+        );
+        assert_eq!(session(&b, input, 64), want);
+    }
 }

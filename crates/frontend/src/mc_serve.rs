@@ -206,6 +206,11 @@ impl Conn<'_> {
         let len = match &req {
             Request::Store { len, .. } => *len,
             Request::Meta(m) if m.cmd == MetaCmd::Set => m.datalen,
+            Request::Meta(m) => {
+                let m = MetaReq::new(m, &[]);
+                self.meta(m);
+                return Step::Took(line);
+            }
             Request::Quit => return Step::Close,
             Request::MetaNoop => {
                 self.out.extend_from_slice(b"MN\r\n");

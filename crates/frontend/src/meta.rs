@@ -115,11 +115,14 @@ pub fn parse<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Meta<'a>, ProtoError> 
         } else {
             Cow::Borrowed(sent_key)
         };
+        check_mode(cmd, opts.mode)?;
         Ok((opts, key))
     });
     // memcached answers md and ma's flag errors alike, and throws away an ms's data.
     let (opts, key) = parsed.map_err(|line| match cmd {
-        MetaCmd::Delete | MetaCmd::Arith if line.starts_with("CLIENT_ERROR opaque") => {
+        MetaCmd::Delete | MetaCmd::Arith
+            if line.starts_with("CLIENT_ERROR opaque") || line.contains("M token") =>
+        {
             client_error(line)
         }
         MetaCmd::Delete | MetaCmd::Arith => {
@@ -181,7 +184,6 @@ fn flag_opts(cmd: MetaCmd, flags: &[&[u8]]) -> Result<MetaOpts, &'static str> {
             _ => return Err("CLIENT_ERROR invalid flag\r\n"),
         }
     }
-    check_mode(cmd, o.mode)?;
     Ok(o)
 }
 
@@ -226,7 +228,7 @@ pub fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
             _ => return None,
         } as u32)
     }
-    if s.is_empty() || s.len() % 4 != 0 {
+    if s.is_empty() || !s.len().is_multiple_of(4) {
         return None;
     }
     let pad = s.iter().rev().take_while(|&&c| c == b'=').count();
@@ -245,4 +247,58 @@ pub fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(&word.to_be_bytes()[1..4 - n_pad]);
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memcache::{parse_request, Request};
+
+    fn meta(line: &str) -> Result<Meta<'_>, ProtoError> {
+        match parse_request(line.as_bytes())?.expect("a whole line").0 {
+            Request::Meta(m) => Ok(m),
+            r => panic!("not a meta command: {r:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_parse_into_options_in_order() {
+        let m = meta("ms k 5 T30 F7 C9 MA q O1 c k\r\n").unwrap();
+        assert_eq!((m.cmd, &*m.key, m.datalen), (MetaCmd::Set, &b"k"[..], 5));
+        assert_eq!(
+            (m.opts.ttl, m.opts.client_flags, m.opts.cas, m.opts.mode),
+            (Some(30), Some(7), Some(9), Some(b'A'))
+        );
+        assert!(m.opts.quiet && !m.opts.value);
+        assert_eq!(m.opaque(), Some(&b"1"[..]));
+        assert_eq!(m.flags.len(), 8);
+        let m = meta("ma n N0 J5 D2 M-\r\n").unwrap();
+        assert_eq!(
+            (m.opts.vivify, m.opts.initial, m.opts.delta, m.opts.mode),
+            (Some(0), Some(5), Some(2), Some(b'-'))
+        );
+        assert_eq!(parse_request(b"mn\r\n"), Ok(Some((Request::MetaNoop, 4))));
+    }
+
+    #[test]
+    fn an_ms_error_after_its_length_throws_its_data_away() {
+        let e = meta("ms k 5 zz\r\n").unwrap_err();
+        assert_eq!(e.reply(), b"CLIENT_ERROR invalid flag\r\n");
+        assert_eq!(e.skip(), 7, "the data and its \\r\\n");
+        assert_eq!(meta("ms k x\r\n").unwrap_err().skip(), 0);
+        assert_eq!(meta("mg k zz\r\n").unwrap_err().skip(), 0);
+    }
+
+    #[test]
+    fn base64_is_strict() {
+        assert_eq!(base64_decode(b"Zm9v").as_deref(), Some(&b"foo"[..]));
+        assert_eq!(base64_decode(b"Zm8=").as_deref(), Some(&b"fo"[..]));
+        assert_eq!(base64_decode(b"Zg==").as_deref(), Some(&b"f"[..]));
+        assert_eq!(base64_decode(b"AP8A").as_deref(), Some(&[0, 255, 0][..]));
+        for bad in [&b""[..], b"Zm9", b"Zm9v=", b"Z===", b"Zm=v", b"Zm9#"] {
+            assert_eq!(base64_decode(bad), None, "{bad:?}");
+        }
+        let m = meta("mg Zm9v b k\r\n").unwrap();
+        assert_eq!((&*m.key, m.sent_key), (&b"foo"[..], &b"Zm9v"[..]));
+    }
 }
