@@ -487,7 +487,8 @@ mod tests {
                       ma big D18446744073709551615 v\r\nma big v\r\nmg n v f\r\n";
         let want = "HD\r\nVA 2\r\n12\r\nVA 1 t-1 c4 kn O1\r\n9\r\nVA 1\r\n0\r\nVA 1\r\n5\r\n\
                     EX\r\nCLIENT_ERROR invalid mode for ma M token\r\nNF\r\nNF O9\r\n\
-                    VA 2 t-1\r\n10\r\nVA 2\r\n11\r\nVA 1\r\n0\r\nVA 20\r\n18446744073709551615\r\nVA 1\r\n0\r\n\
+                    VA 2 t-1\r\n10\r\nVA 2\r\n11\r\n\
+                    VA 1\r\n0\r\nVA 20\r\n18446744073709551615\r\nVA 1\r\n0\r\n\
                     VA 1 f4\r\n5\r\n";
         assert_eq!(session(&b, input, 64), want);
         let out = session(&b, b"ma n T100 t v\r\nma n t\r\n", 64);
@@ -515,7 +516,8 @@ mod tests {
             "mg\r\nmg k zz\r\nmg k v v\r\nmg k Tx\r\nmg k F-1\r\nmg k O{o}\r\n\
              mg k {many}\r\nmd k x\r\nma k Dx\r\nmd k {many}\r\nms k 2 Cx\r\nhi\r\n\
              ms k 2 MX\r\nhi\r\nms k 2 M\r\nhi\r\nms k x\r\nms k\r\nmg {long} v\r\n\
-             mg k h\r\nms k 2 I\r\nhi\r\nmg k N30\r\nms k 2\r\nhello\r\nms big 2001\r\n{big}\r\nmn\r\n",
+             mg k h\r\nms k 2 I\r\nhi\r\nmg k N30\r\nms k 2\r\nhello\r\n\
+             ms big 2001\r\n{big}\r\nmn\r\n",
             o = "o".repeat(32),
             many = "c f k s t v O1 u q T5 F1 C1 D1 J1 P L M+ b",
             big = "x".repeat(2001),
