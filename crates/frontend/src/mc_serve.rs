@@ -10,8 +10,9 @@
 //! `stats`, `quit`, and the meta commands `mn`, `mg`, `ms`, `md`, `ma` (`mc_meta.rs`). Every
 //! command that depends on a key's current state is a read-modify-write over the store's
 //! conditional writes ([`crate::rmw`]): it reads the key with its version and writes only if
-//! the key is still at that version, else reads again, so a concurrent write is never lost. In a mode without conditional writes they answer `SERVER_ERROR <why>` and
-//! the connection stays usable; `delete` then falls back to a read and a plain delete (its
+//! the key is still at that version, else reads again, so a concurrent write is never lost.
+//! In a mode without conditional writes they answer `SERVER_ERROR <why>` and the connection
+//! stays usable; `delete` then falls back to a read and a plain delete (its
 //! `DELETED`/`NOT_FOUND` may be wrong under a racing writer, never the data). `flush_all`
 //! needs a key scan or a per-item store time, neither of which exists yet: it answers a
 //! `SERVER_ERROR`.
