@@ -1,6 +1,7 @@
 //! Protocol front ends (issue 12): the wire formats applications already speak, translated to
 //! Nessie operations inside each node process. So far:
 //! - [`memcache`]: the memcached text protocol's requests and replies (parsing and encoding);
+//! - [`meta`]: memcached 1.6's meta commands (`mg`, `ms`, `md`, `ma`, `mn`);
 //! - [`mc_serve`]: serving it on one connection with a store client;
 //! - [`item`]: what a front end stores as a value (the client's flags and expiry, then data);
 //! - [`rmw`]: read-modify-write over the store's conditional writes (both front ends);
@@ -13,6 +14,7 @@ pub mod item;
 pub mod keyspace;
 pub mod mc_serve;
 pub mod memcache;
+pub mod meta;
 pub mod resp;
 pub mod resp_serve;
 pub mod rmw;

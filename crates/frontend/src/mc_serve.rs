@@ -7,14 +7,15 @@
 //!
 //! What is served: `get`, `gets`, `gat`, `gats` (multi-key), `set`, `add`, `replace`,
 //! `append`, `prepend`, `cas`, `incr`, `decr`, `touch`, `delete`, `version`, `verbosity`,
-//! `stats`, `quit`. Every command that depends on a key's current state is a read-modify-write
-//! over the store's conditional writes ([`crate::rmw`]): it reads the key with its version and
-//! writes only if the key is still at that version, else reads again, so a concurrent write
-//! is never lost. In a mode without conditional writes they answer `SERVER_ERROR <why>` and
-//! the connection stays usable; `delete` then falls back to a read and a plain delete (its
+//! `stats`, `quit`, and the meta commands `mn`, `mg`, `ms`, `md`, `ma` (`mc_meta.rs`). Every
+//! command that depends on a key's current state is a read-modify-write over the store's
+//! conditional writes ([`crate::rmw`]): it reads the key with its version and writes only if
+//! the key is still at that version, else reads again, so a concurrent write is never lost.
+//! In a mode without conditional writes they answer `SERVER_ERROR <why>` and the connection
+//! stays usable; `delete` then falls back to a read and a plain delete (its
 //! `DELETED`/`NOT_FOUND` may be wrong under a racing writer, never the data). `flush_all`
-//! needs a key scan or a per-item store time, neither of which exists yet: it answers a
-//! `SERVER_ERROR`.
+//! deletes every key the store's scan of its index finds ([`crate::keyspace`]); with a delay
+//! it is refused.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +25,12 @@ use nessie_protocols::{Error, KvClient, Version};
 
 use crate::item;
 use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp};
+use crate::meta::MetaCmd;
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
+
+#[path = "mc_meta.rs"]
+mod meta_serve;
+use meta_serve::MetaReq;
 
 /// Replies are written out once this many bytes are waiting (a multi-key get of large values
 /// would otherwise buffer them all).
@@ -197,12 +203,47 @@ impl Conn<'_> {
                 if e.closes_connection() {
                     return Step::Close;
                 }
-                // The line is whole (only an overlong line is not): drop it.
+                // The line is whole (only an overlong line is not): drop it, and what
+                // follows it of the failed request (an `ms`'s data block).
                 let nl = buf
                     .iter()
                     .position(|&b| b == b'\n')
                     .map_or(buf.len(), |p| p + 1);
+                self.skip = e.skip();
                 return Step::Took(nl);
+            }
+        };
+        let len = match &req {
+            Request::Store { len, .. } => *len,
+            Request::Meta(m) if m.cmd == MetaCmd::Set => m.datalen,
+            Request::Meta(m) => {
+                let m = MetaReq::new(m, &[]);
+                self.meta(m);
+                return Step::Took(line);
+            }
+            Request::Quit => return Step::Close,
+            Request::MetaNoop => {
+                self.out.extend_from_slice(b"MN\r\n");
+                return Step::Took(line);
+            }
+            req => {
+                let owned = OwnedRequest::from(req);
+                self.execute(owned);
+                return Step::Took(line);
+            }
+        };
+        if len > self.limits.max_data {
+            self.out
+                .extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
+            self.skip = len.saturating_add(2);
+            return Step::Took(line);
+        }
+        let (data, n) = match take_data(&buf[line..], len) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Step::More,
+            Err(e) => {
+                self.out.extend_from_slice(e.reply());
+                return Step::Took(line + len + 2);
             }
         };
         match req {
@@ -211,24 +252,10 @@ impl Conn<'_> {
                 key,
                 flags,
                 exptime,
-                len,
                 cas,
                 noreply,
+                ..
             } => {
-                if len > self.limits.max_data {
-                    self.out
-                        .extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
-                    self.skip = len.saturating_add(2);
-                    return Step::Took(line);
-                }
-                let (data, n) = match take_data(&buf[line..], len) {
-                    Ok(Some(d)) => d,
-                    Ok(None) => return Step::More,
-                    Err(e) => {
-                        self.out.extend_from_slice(e.reply());
-                        return Step::Took(line + len + 2);
-                    }
-                };
                 let s = StoreReq {
                     op,
                     key: key.to_vec(),
@@ -239,15 +266,11 @@ impl Conn<'_> {
                     noreply,
                 };
                 self.store(&s);
-                Step::Took(line + n)
             }
-            Request::Quit => Step::Close,
-            req => {
-                let owned = OwnedRequest::from(&req);
-                self.execute(owned);
-                Step::Took(line)
-            }
+            Request::Meta(m) => self.meta(MetaReq::new(&m, data)),
+            _ => unreachable!("only storage commands have data"),
         }
+        Step::Took(line + n)
     }
 
     /// A key longer than the front end's limit: true if it was answered so.
@@ -655,6 +678,8 @@ fn counter_value(data: &[u8]) -> Option<u64> {
 /// A hit of `gets`/`gat`/`gats`.
 struct Hit {
     flags: u32,
+    /// Unix ms, 0 = never (after a touch, the new expiry).
+    expires: u64,
     data: Vec<u8>,
     cas: Version,
 }
@@ -677,13 +702,16 @@ fn read_or_touch(
             let Some(it) = s.item else {
                 return Change::Keep(None);
             };
-            let hit = Hit {
+            let mut hit = Hit {
                 flags: it.flags,
+                expires: it.expires,
                 data: it.data.to_vec(),
                 cas: s.version.expect("an item read has a version"),
             };
             match expires {
                 Some(e) if e != Some(it.expires) => {
+                    // Touched into the past: expires now.
+                    hit.expires = e.unwrap_or(now);
                     let ch = Change::store(it.flags, e, &[it.data], Some(hit));
                     if let Change::Put(v, _) = &ch {
                         written = Some(v.clone());
@@ -806,7 +834,9 @@ impl From<&Request<'_>> for OwnedRequest {
                     [&b"items"[..], b"slabs", b"sizes", b"settings", b"conns"].contains(&a)
                 }),
             },
-            Request::Store { .. } | Request::Quit => unreachable!("served by the caller"),
+            Request::Meta(_) | Request::MetaNoop | Request::Store { .. } | Request::Quit => {
+                unreachable!("served by the caller")
+            }
         }
     }
 }

@@ -17,6 +17,8 @@
 //! format`, a data block not ending in `\r\n` `CLIENT_ERROR bad data chunk`. Keys are split on
 //! spaces only, as memcached does.
 
+use crate::meta::{self, Meta};
+
 /// memcached's limit on key length.
 pub const MAX_KEY_LEN: usize = 250;
 /// Longest request line accepted (multi-key gets make long lines); a longer one closes the
@@ -84,6 +86,10 @@ pub enum Request<'a> {
         arg: Option<&'a [u8]>,
     },
     Quit,
+    /// `mn`: answers `MN`.
+    MetaNoop,
+    /// `mg`, `ms`, `md`, `ma` ([`crate::meta`]); an `ms`'s data block follows the line.
+    Meta(Meta<'a>),
 }
 
 /// Why a request cannot be served. [`ProtoError::reply`] is what memcached answers.
@@ -103,6 +109,10 @@ pub enum ProtoError {
     LineTooLong,
     #[error("bad data chunk")]
     BadDataChunk,
+    /// A meta command's error: its reply `line`, and how many bytes after the line to throw
+    /// away (an `ms`'s data block).
+    #[error("{}", line.trim_end())]
+    Meta { line: &'static str, skip: usize },
 }
 
 impl ProtoError {
@@ -115,6 +125,15 @@ impl ProtoError {
             ProtoError::BadDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
             ProtoError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
             ProtoError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
+            ProtoError::Meta { line, .. } => line.as_bytes(),
+        }
+    }
+
+    /// Bytes after the request line that belong to the failed request and are thrown away.
+    pub fn skip(&self) -> usize {
+        match self {
+            ProtoError::Meta { skip, .. } => *skip,
+            _ => 0,
         }
     }
 
@@ -164,6 +183,9 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
         b"delete" => delete(args),
         b"incr" | b"decr" => arith(args, cmd == b"incr"),
         b"touch" => touch(args),
+        // memcached ignores anything after `mn`.
+        b"mn" => Ok(Request::MetaNoop),
+        b"mg" | b"ms" | b"md" | b"ma" => meta::parse(cmd, args).map(Request::Meta),
         _ => admin(cmd, args),
     }
 }
