@@ -570,3 +570,32 @@ fn one_event_loop_serves_many_connections_and_slow_readers() {
     }
     assert!(m.line().starts_with("VERSION 1.6.0-nessie"));
 }
+
+/// The meta commands against node processes: a value set through one node with `ms` is read
+/// with `mg` through another (flags, cas, TTL), a compare-and-set with a stale cas is refused,
+/// `ma` counts, `md` removes, and quiet mode answers nothing until `mn`.
+#[test]
+fn meta_commands_work_across_nodes() {
+    let (_c, base) = up("mc-meta");
+    let mut a = Mc::connect(base);
+    let mut b = Mc::connect(base + 2);
+    a.send(b"ms greeting 5 F7 T100 c\r\nhello\r\n");
+    let stored = a.line();
+    assert!(stored.starts_with("HD c"), "{stored:?}");
+    let cas: u64 = stored.trim_end()[4..].parse().unwrap();
+    b.send(b"mg greeting v f t c\r\n");
+    let head = b.line();
+    assert!(head.starts_with("VA 5 f7 t"), "{head:?}");
+    assert!(head.trim_end().ends_with(&format!(" c{cas}")), "{head:?}");
+    assert_eq!(b.line(), "hello\r\n");
+    b.send(format!("ms greeting 3 C{cas}\r\nbye\r\n").as_bytes());
+    assert_eq!(b.line(), "HD\r\n");
+    a.send(format!("ms greeting 3 C{cas}\r\nold\r\n").as_bytes());
+    assert_eq!(a.line(), "EX\r\n", "a stale cas is refused");
+    a.send(b"ma n N0 J10 v\r\nma n D5 v\r\nmd greeting q\r\nmg greeting v q\r\nmn\r\n");
+    for want in ["VA 2", "10", "VA 2", "15", "MN"] {
+        assert_eq!(a.line(), format!("{want}\r\n"));
+    }
+    b.send(b"mg greeting v\r\n");
+    assert_eq!(b.line(), "EN\r\n");
+}
