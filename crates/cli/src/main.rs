@@ -539,13 +539,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     };
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     // Each node's front ends share a pool of `workers` clients of their own.
-    let mut frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
-    if let (Some(f), Some(path)) = (frontends.as_mut(), &a.resp_password_file) {
-        f.resp_password = Some(read_password(path)?);
-    }
-    if let Some(f) = frontends.as_mut() {
-        f.threads = a.frontend_threads;
-    }
+    let frontends = up_frontends(&a)?;
     let opts = process::UpOptions {
         nodes: a.nodes,
         transport: a.transport,
@@ -578,6 +572,18 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
 }
 
 /// What `up` started: nodes, copies, membership.
+/// `[frontends]` as `up`'s front-end flags ask (`None` if none is served).
+fn up_frontends(a: &UpArgs) -> Result<Option<nessie_cluster::config::FrontendsSection>, CliError> {
+    let mut frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
+    if let Some(f) = frontends.as_mut() {
+        f.threads = a.frontend_threads;
+        if let Some(path) = &a.resp_password_file {
+            f.resp_password = Some(read_password(path)?);
+        }
+    }
+    Ok(frontends)
+}
+
 /// The first line of `path`, without its line ending: a front-end password.
 fn read_password(path: &std::path::Path) -> Result<nessie_cluster::config::Secret, CliError> {
     let text = std::fs::read_to_string(path).map_err(|err| CliError::File {

@@ -198,20 +198,7 @@ impl Conn<'_> {
         let (req, line) = match parse_request(buf) {
             Ok(Some(r)) => r,
             Ok(None) => return Step::More,
-            Err(e) => {
-                self.out.extend_from_slice(e.reply());
-                if e.closes_connection() {
-                    return Step::Close;
-                }
-                // The line is whole (only an overlong line is not): drop it, and what
-                // follows it of the failed request (an `ms`'s data block).
-                let nl = buf
-                    .iter()
-                    .position(|&b| b == b'\n')
-                    .map_or(buf.len(), |p| p + 1);
-                self.skip = e.skip();
-                return Step::Took(nl);
-            }
+            Err(e) => return self.refused(at, e),
         };
         let len = match &req {
             Request::Store { len, .. } => *len,
@@ -271,6 +258,23 @@ impl Conn<'_> {
             _ => unreachable!("only storage commands have data"),
         }
         Step::Took(line + n)
+    }
+
+    /// Answer a request line that does not parse (at `at` in the input), and drop it.
+    fn refused(&mut self, at: usize, e: crate::memcache::ProtoError) -> Step {
+        self.out.extend_from_slice(e.reply());
+        if e.closes_connection() {
+            return Step::Close;
+        }
+        // The line is whole (only an overlong line is not): drop it, and what follows it of
+        // the failed request (an `ms`'s data block).
+        let buf = &self.inbuf[at..];
+        let nl = buf
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(buf.len(), |p| p + 1);
+        self.skip = e.skip();
+        Step::Took(nl)
     }
 
     /// A key longer than the front end's limit: true if it was answered so.
