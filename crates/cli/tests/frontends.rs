@@ -540,11 +540,11 @@ fn a_redis_password_is_required() {
 
 /// One event loop serves every connection of a node's front end (`--frontend-threads 1`):
 /// many connections at once each get their own answers, and a client that pipelines more
-/// replies than the loop keeps waiting for it (16 KiB values, 3 MiB of replies sent before
-/// it reads any) gets every one of them, in order, once it reads.
+/// replies than the loop keeps waiting for it (16 KiB values, 16 MB of replies sent before
+/// it reads any) gets every one of them, in order, once it reads; meanwhile the loop sleeps.
 #[test]
 fn one_event_loop_serves_many_connections_and_slow_readers() {
-    let (_c, base) = up("mc-evloop");
+    let (c, base) = up("mc-evloop");
     let mut conns: Vec<Mc> = (0..64).map(|_| Mc::connect(base)).collect();
     for (i, m) in conns.iter_mut().enumerate() {
         m.send(format!("set k{i} {i} 0 2\r\n{:02}\r\nget k{i}\r\n", i % 100).as_bytes());
@@ -562,9 +562,20 @@ fn one_event_loop_serves_many_connections_and_slow_readers() {
     m.send(&big);
     m.send(b"\r\n");
     assert_eq!(m.line(), "STORED\r\n");
-    let n = 200;
+    // 16 MB of replies: more than the socket buffers hold, so the loop keeps some waiting.
+    let n = 1000;
     m.send("get big\r\n".repeat(n).as_bytes());
     m.send(b"version\r\n");
+    // While the replies wait for us, the loop must sleep, not spin on the unread input.
+    let pid = std::fs::read_to_string(c.dir.join("node-1.pid")).unwrap();
+    let cpu = || cpu_seconds(pid.trim());
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(1));
+    let busy = cpu() - before;
+    assert!(
+        busy < 0.5,
+        "node 1 spent {busy:.2} s of CPU in 1 s waiting for a reader"
+    );
     for _ in 0..n {
         assert_eq!(m.get_reply(), vec![("big".to_string(), 7, big.clone())]);
     }
@@ -598,4 +609,15 @@ fn meta_commands_work_across_nodes() {
     }
     b.send(b"mg greeting v\r\n");
     assert_eq!(b.line(), "EN\r\n");
+}
+
+/// CPU seconds (user and system) process `pid` has used, from /proc.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (in parentheses): utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }

@@ -223,8 +223,12 @@ impl<'a> EventLoop<'a> {
         match r {
             Ok(After::Keep) if c.closing && c.pending.is_empty() => After::Drop,
             Ok(After::Keep) => {
+                // Not readable while replies pile up or the connection is closing: the
+                // socket would keep signalling input we will not read, and the loop spin.
                 let interest = if c.pending.is_empty() {
                     Interest::READABLE
+                } else if c.closing || c.pending.len() > MAX_PENDING_OUT {
+                    Interest::WRITABLE
                 } else {
                     Interest::READABLE | Interest::WRITABLE
                 };
