@@ -621,3 +621,17 @@ fn cpu_seconds(pid: &str) -> f64 {
     // SAFETY: sysconf has no preconditions.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
+
+/// A client that sends its requests and then shuts its side of the connection down (as
+/// `printf … | nc` does) still gets every reply before the front end closes.
+#[test]
+fn replies_reach_a_client_that_shut_down_its_sending_side() {
+    let (_c, base) = up("mc-halfclose");
+    let mut s = TcpStream::connect(("127.0.0.1", base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"set k 0 0 2\r\nhi\r\nget k\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    assert_eq!(all, "STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n");
+}

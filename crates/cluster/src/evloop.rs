@@ -213,16 +213,14 @@ impl<'a> EventLoop<'a> {
         let r = (|| {
             flush(c)?;
             if !c.closing && c.pending.len() <= MAX_PENDING_OUT {
-                if read_and_serve(c, chunk)? == After::Drop {
-                    return Ok(After::Drop);
-                }
+                read_and_serve(c, chunk)?;
                 flush(c)?;
             }
-            Ok::<After, std::io::Error>(After::Keep)
+            Ok::<(), std::io::Error>(())
         })();
         match r {
-            Ok(After::Keep) if c.closing && c.pending.is_empty() => After::Drop,
-            Ok(After::Keep) => {
+            Ok(()) if c.closing && c.pending.is_empty() => After::Drop,
+            Ok(()) => {
                 // Not readable while replies pile up or the connection is closing: the
                 // socket would keep signalling input we will not read, and the loop spin.
                 let interest = if c.pending.is_empty() {
@@ -242,24 +240,29 @@ impl<'a> EventLoop<'a> {
                     Err(_) => After::Drop,
                 }
             }
-            Ok(After::Drop) | Err(_) => After::Drop,
+            Err(_) => After::Drop,
         }
     }
 }
 
-/// Read until the socket is empty, serving each chunk as it comes; `Drop` when the client
-/// closed the connection. Reading stops early while too many replies wait: data may then be
+/// Read until the socket is empty, serving each chunk as it comes. Reading stops early while
+/// too many replies wait: data may then be
 /// left in the socket, which will not signal it again, so every later event of the
 /// connection (its replies going out) reads again.
-fn read_and_serve(c: &mut Conn<'_>, chunk: &mut [u8]) -> std::io::Result<After> {
+fn read_and_serve(c: &mut Conn<'_>, chunk: &mut [u8]) -> std::io::Result<()> {
     loop {
         if c.pending.len() > MAX_PENDING_OUT {
-            return Ok(After::Keep);
+            return Ok(());
         }
         let n = match c.stream.read(chunk) {
-            Ok(0) => return Ok(After::Drop),
+            // The client is done sending (it may still read: `printf … | nc` shuts its side
+            // down after the requests): close once the replies are out.
+            Ok(0) => {
+                c.closing = true;
+                return Ok(());
+            }
             Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(After::Keep),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
@@ -269,7 +272,7 @@ fn read_and_serve(c: &mut Conn<'_>, chunk: &mut [u8]) -> std::io::Result<After> 
         c.pending.append(c.session.out());
         if close {
             c.closing = true;
-            return Ok(After::Keep);
+            return Ok(());
         }
     }
 }
