@@ -15,8 +15,9 @@ NESSIE=target/release/nessie
 DIR=$(mktemp -d /tmp/nessie-mc-vs-XXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MP=$(free_port); NP=$(free_port)
+MC_PID=
 cleanup() {
-    [ -f "$DIR/mc.pid" ] && kill "$(cat "$DIR/mc.pid")" 2>/dev/null || true
+    [ -n "$MC_PID" ] && kill "$MC_PID" 2>/dev/null || true
     "$NESSIE" down --dir "$DIR" >/dev/null 2>&1 || true
     rm -rf "$DIR"
 }
@@ -27,7 +28,10 @@ trap cleanup EXIT
 # memcached refuses to run as root without a user to switch to.
 USER_ARG=()
 [ "$(id -u)" = 0 ] && USER_ARG=(-u nobody)
-memcached "${USER_ARG[@]}" -p "$MP" -l 127.0.0.1 -U 0 -m 1024 -d -P "$DIR/mc.pid"
+# In the foreground of a background job, so that its pid is known (a pid file in DIR cannot be
+# written once memcached has switched to the unprivileged user).
+memcached "${USER_ARG[@]}" -p "$MP" -l 127.0.0.1 -U 0 -m 1024 &
+MC_PID=$!
 sleep 0.5
 rate() { # test port -> keys per second (a get run loads its keys first: only its own line)
     # -F: flush_all first, so that runs do not pile keys up until memory is full.
