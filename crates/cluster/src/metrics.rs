@@ -59,6 +59,29 @@ const RESULTS: [&str; 7] = [
     "error",
 ];
 
+/// An operation kind: its index in `KINDS`.
+#[derive(Copy, Clone)]
+enum Kind {
+    Get,
+    Put,
+    Delete,
+    PutIf,
+    DeleteIf,
+    Scan,
+}
+
+/// An operation result: its index in `RESULTS`.
+#[derive(Copy, Clone)]
+enum Res {
+    Ok,
+    Miss,
+    Unmet,
+    Refused,
+    Full,
+    Unsupported,
+    Error,
+}
+
 /// Operations of a node's clients, by kind and result, with their latencies.
 #[derive(Debug)]
 pub struct OpMetrics {
@@ -101,34 +124,26 @@ impl Default for OpMetrics {
 }
 
 impl OpMetrics {
-    fn record(&self, kind: &'static str, result: &'static str, started: Instant) {
-        let k = KINDS
-            .iter()
-            .position(|&x| x == kind)
-            .expect("a counted kind");
-        let r = RESULTS
-            .iter()
-            .position(|&x| x == result)
-            .expect("a counted result");
-        self.counters[k][r].inc();
-        self.histograms[k].observe(started.elapsed().as_secs_f64());
+    fn record(&self, kind: Kind, result: Res, started: Instant) {
+        self.counters[kind as usize][result as usize].inc();
+        self.histograms[kind as usize].observe(started.elapsed().as_secs_f64());
     }
 }
 
 /// What an error counts as.
-fn error_result(e: &Error) -> &'static str {
+fn error_result(e: &Error) -> Res {
     match e {
-        Error::EmptyKey | Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. } => "refused",
-        Error::DataTableFull { .. } | Error::IndexFull { .. } => "full",
-        Error::Unsupported(_) => "unsupported",
-        _ => "error",
+        Error::EmptyKey | Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. } => Res::Refused,
+        Error::DataTableFull { .. } | Error::IndexFull { .. } => Res::Full,
+        Error::Unsupported(_) => Res::Unsupported,
+        _ => Res::Error,
     }
 }
 
-fn cond_result(r: &Result<CondOutcome, Error>) -> &'static str {
+fn cond_result(r: &Result<CondOutcome, Error>) -> Res {
     match r {
-        Ok(CondOutcome::Stored) => "ok",
-        Ok(CondOutcome::Unmet { .. }) => "unmet",
+        Ok(CondOutcome::Stored) => Res::Ok,
+        Ok(CondOutcome::Unmet { .. }) => Res::Unmet,
         Err(e) => error_result(e),
     }
 }
@@ -142,8 +157,8 @@ pub struct Metered<C> {
 impl<C: KvClient> Metered<C> {
     fn timed<T>(
         &mut self,
-        kind: &'static str,
-        result: impl Fn(&Result<T, Error>) -> &'static str,
+        kind: Kind,
+        result: impl Fn(&Result<T, Error>) -> Res,
         op: impl FnOnce(&mut C) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let started = Instant::now();
@@ -153,47 +168,47 @@ impl<C: KvClient> Metered<C> {
     }
 }
 
-fn found<T>(r: &Result<Option<T>, Error>) -> &'static str {
+fn found<T>(r: &Result<Option<T>, Error>) -> Res {
     match r {
-        Ok(Some(_)) => "ok",
-        Ok(None) => "miss",
+        Ok(Some(_)) => Res::Ok,
+        Ok(None) => Res::Miss,
         Err(e) => error_result(e),
     }
 }
 
-fn done<T>(r: &Result<T, Error>) -> &'static str {
-    r.as_ref().map_or_else(error_result, |_| "ok")
+fn done<T>(r: &Result<T, Error>) -> Res {
+    r.as_ref().map_or_else(error_result, |_| Res::Ok)
 }
 
 impl<C: KvClient> KvClient for Metered<C> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.timed("get", found, |c| c.get(key))
+        self.timed(Kind::Get, found, |c| c.get(key))
     }
     fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         let r = |r: &Result<bool, Error>| match r {
-            Ok(true) => "ok",
-            Ok(false) => "miss",
+            Ok(true) => Res::Ok,
+            Ok(false) => Res::Miss,
             Err(e) => error_result(e),
         };
-        self.timed("get", r, |c| c.get_into(key, out))
+        self.timed(Kind::Get, r, |c| c.get_into(key, out))
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-        self.timed("put", done, |c| c.put(key, value))
+        self.timed(Kind::Put, done, |c| c.put(key, value))
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
-        self.timed("delete", done, |c| c.delete(key))
+        self.timed(Kind::Delete, done, |c| c.delete(key))
     }
     fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
-        self.timed("get", found, |c| c.get_versioned(key, out))
+        self.timed(Kind::Get, found, |c| c.get_versioned(key, out))
     }
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
-        self.timed("put_if", cond_result, |c| c.put_if(key, value, cond))
+        self.timed(Kind::PutIf, cond_result, |c| c.put_if(key, value, cond))
     }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
-        self.timed("delete_if", cond_result, |c| c.delete_if(key, cond))
+        self.timed(Kind::DeleteIf, cond_result, |c| c.delete_if(key, cond))
     }
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
-        self.timed("scan", done, |c| c.scan_keys())
+        self.timed(Kind::Scan, done, |c| c.scan_keys())
     }
 }
 
