@@ -887,19 +887,30 @@ fn serve_frontends(
     Ok(started)
 }
 
-/// `workers` client workers of the node, each counted in `ops`.
+/// `workers` client workers of the node, each counted in `ops` when the node serves metrics
+/// (nobody could read them otherwise, and timing every operation costs two clock reads).
 fn metered_clients(
     ctx: &Arc<NodeContext>,
     workers: u16,
     ops: &Arc<crate::metrics::OpMetrics>,
 ) -> Result<Vec<Box<dyn KvClient>>, NodeError> {
     let pcfg = ctx.protocol_config();
+    let served = ctx
+        .cfg
+        .frontends
+        .as_ref()
+        .and_then(|f| f.metrics_addr(ctx.id))
+        .is_some();
     let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
     for _ in 0..workers {
-        clients.push(Box::new(crate::metrics::Metered {
-            inner: ctx.client(&pcfg)?,
-            metrics: ops.clone(),
-        }));
+        let inner = ctx.client(&pcfg)?;
+        clients.push(match served {
+            true => Box::new(crate::metrics::Metered {
+                inner,
+                metrics: ops.clone(),
+            }),
+            false => Box::new(inner),
+        });
     }
     Ok(clients)
 }

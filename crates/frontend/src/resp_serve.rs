@@ -495,9 +495,8 @@ impl Conn<'_> {
         }
         let mut v = std::mem::take(&mut self.scratch);
         let found = self.with(|c| c.get_into(key, &mut v));
-        let now = unix_now_ms();
         let r = match found {
-            Ok(true) => Ok(item::decode(&v, now).map(|i| i.expires)),
+            Ok(true) => Ok(item::decode_at(&v, unix_now_ms).map(|i| i.expires)),
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         };

@@ -64,15 +64,27 @@ impl<E: Endpoint> CdClient<E> {
     /// conservative "retrieval time" for expiry arithmetic (the ITE held this value at some
     /// instant after it).
     pub(crate) fn read_ite(&mut self, slot: Slot) -> Attempt<(Ite, u64)> {
-        let addr = self.view.index.addr(slot);
         let t = self.ep.mono_ns();
+        self.read_ite_after(slot, t)
+    }
+
+    /// READ the ITE in `slot`, issued at or after the monotonic time `t` (an earlier time
+    /// already taken spares a clock read: it only makes expiry arithmetic more conservative).
+    pub(crate) fn read_ite_after(&mut self, slot: Slot, t: u64) -> Attempt<(Ite, u64)> {
+        Ok((self.read_ite_word(slot)?, t))
+    }
+
+    /// READ the ITE in `slot`, for a caller that needs no retrieval time (a re-read compared
+    /// with an earlier one).
+    pub(crate) fn read_ite_word(&mut self, slot: Slot) -> Attempt<Ite> {
+        let addr = self.view.index.addr(slot);
         let v = Ite(self.ep.read_u64(addr)?);
         debug_assert!(
             self.view.index.ite.is_well_formed(v),
             "malformed ITE {v:?} at {addr}"
         );
         self.hook(HookPoint::AfterIteRead);
-        Ok((v, t))
+        Ok(v)
     }
 
     /// CAS the ITE in `slot` from `expected` to `desired`, with the sequence number after

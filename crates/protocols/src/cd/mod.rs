@@ -415,7 +415,13 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     pub(crate) fn check(&self, d: &Deadline) -> Attempt<()> {
-        if !d.ignore && self.ep.mono_ns().saturating_sub(d.start_ns) >= d.limit_ns {
+        self.check_at(d, self.ep.mono_ns())
+    }
+
+    /// `check` with the monotonic time `now` already read (the caller uses it again, as the
+    /// issue time of the READ that follows).
+    pub(crate) fn check_at(&self, d: &Deadline, now: u64) -> Attempt<()> {
+        if !d.ignore && now.saturating_sub(d.start_ns) >= d.limit_ns {
             return Err(Abort::Timeout);
         }
         Ok(())

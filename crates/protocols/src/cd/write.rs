@@ -467,9 +467,11 @@ impl<E: Endpoint> CdClient<E> {
         h: &mut KeyHashes<'_>,
         i: usize,
     ) -> Attempt<(Ite, u64)> {
-        self.check(&p.d)?;
+        // One clock read serves the timer check before the READ and as its issue time.
+        let t = self.ep.mono_ns();
+        self.check_at(&p.d, t)?;
         p.slots[i] = h.slot(p.index, i);
-        let (ite, t) = self.read_ite(p.slots[i])?;
+        let (ite, t) = self.read_ite_after(p.slots[i], t)?;
         self.check(&p.d)?;
         p.seen[i] = ite;
         Ok((ite, t))
@@ -484,8 +486,9 @@ impl<E: Endpoint> CdClient<E> {
     ) -> Attempt<()> {
         let n = self.view.index.n;
         for i in (0..n - 1).rev() {
+            // Each check also bounds the READ before it (the last by the check below).
             self.check(d)?;
-            let (ite, _) = self.read_ite(slots[i])?;
+            let ite = self.read_ite_word(slots[i])?;
             if ite != seen[i] {
                 return Err(Abort::Concurrent("reverse pass saw a changed ITE"));
             }
