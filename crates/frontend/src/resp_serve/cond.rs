@@ -214,14 +214,19 @@ impl Conn<'_> {
         let Ok(o) = parse_opts(&rest[2..], true) else {
             return self.enc.error(&mut self.out, "ERR syntax error");
         };
-        let now = unix_now_ms();
+        let plain = !(o.nx || o.xx || o.get || o.keepttl);
+        // A plain SET without an expiry needs no clock (`put` compares only an expiry).
+        let now = match plain && o.expire.is_none() {
+            true => 0,
+            false => unix_now_ms(),
+        };
         let at = match o.expire.map(|(u, a)| expire_at(u, a, now, "set")) {
             Some(Err(msg)) => return self.enc.error(&mut self.out, &msg),
             Some(Ok(at)) => at,
             None => 0,
         };
         let (key, value) = (&rest[0], &rest[1]);
-        if !(o.nx || o.xx || o.get || o.keepttl) {
+        if plain {
             return self.store(key, value, at, now);
         }
         self.counters
