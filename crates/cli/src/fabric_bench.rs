@@ -5,8 +5,10 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use nessie_fabric::RemoteAddr;
-use nessie_fabric_ucx::{bench_copy, bench_op_over, BenchOp, Transport, UcxConfig, UcxNode};
+use nessie_fabric::{Endpoint, RemoteAddr};
+use nessie_fabric_ucx::{
+    bench_copy, bench_local_over, bench_op_over, BenchOp, Transport, UcxConfig, UcxNode,
+};
 
 /// Most bytes one measured operation may move.
 pub const MAX_BENCH_SIZE: u64 = 64 << 20;
@@ -32,6 +34,10 @@ pub struct FabricBenchArgs {
     /// size beside them: the limit a READ is held against [default: --size].
     #[arg(long, value_parser = nessie_store::geometry::parse_bytes)]
     working_set: Option<u64>,
+    /// Measure the process's own memory instead (`local_read`/`local_write`, no second
+    /// process, no UCX): the path of a GET whose entry is in its own node. READ and WRITE only.
+    #[arg(long, conflicts_with = "perftest")]
+    local: bool,
     /// Also run ucx_perftest with the same transport, operation and size, in this run.
     #[arg(long)]
     perftest: bool,
@@ -59,6 +65,8 @@ pub enum FabricBenchError {
     Iters(u64),
     #[error("--working-set {0} must be a multiple of 8 from --size up to {MAX_WORKING_SET}")]
     WorkingSet(u64),
+    #[error("--local measures read and write; a CAS always goes through the fabric")]
+    LocalCas,
     #[error("--perftest supports shm and tcp, not {0}")]
     PerftestTransport(String),
     #[error(transparent)]
@@ -174,6 +182,20 @@ fn ours(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, FabricBenc
     Ok(bench_op_over(&mut ep, addr, a.op, size as usize, span, a.iters)?.into())
 }
 
+/// `--local`: one process measuring its own region, every page written first.
+fn ours_local(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, FabricBenchError> {
+    let me = UcxNode::new(0, &[span], &ucx_config(&a.transport)?)?;
+    let mut ep = me.endpoint(&[me.info().clone()])?;
+    let page = vec![0x5a_u8; 4096.min(span) as usize];
+    for off in (0..span).step_by(page.len()) {
+        let n = page.len().min((span - off) as usize);
+        ep.local_write(0, off, &page[..n])?;
+    }
+    let iters = (a.iters / 10).max(100);
+    bench_local_over(&mut ep, 0, a.op, size as usize, span, iters)?; // warm-up
+    Ok(bench_local_over(&mut ep, 0, a.op, size as usize, span, a.iters)?.into())
+}
+
 /// Run ucx_perftest (server + client) and parse its `Final:` line.
 fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
     let (tls, dev) = match a.transport.as_str() {
@@ -255,8 +277,14 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
     if span < size || !span.is_multiple_of(8) || span > MAX_WORKING_SET {
         return Err(FabricBenchError::WorkingSet(span));
     }
+    if a.local && a.op == BenchOp::Cas {
+        return Err(FabricBenchError::LocalCas);
+    }
     let r = Measured {
-        ours: ours(&a, size, span)?,
+        ours: match a.local {
+            true => ours_local(&a, size, span)?,
+            false => ours(&a, size, span)?,
+        },
         // The limit: a local copy from a working set as large, when one is asked for.
         limit: a
             .working_set
@@ -290,7 +318,7 @@ impl Measured {
     fn json(&self, a: &FabricBenchArgs) -> serde_json::Value {
         let o = &self.ours;
         let mut v = serde_json::json!({
-            "transport": a.transport, "op": op_name(a.op), "size": self.size, "iters": a.iters,
+            "transport": if a.local { "local" } else { a.transport.as_str() }, "op": op_name(a.op), "size": self.size, "iters": a.iters,
             "nessie": {"p50_us": o.p50_us, "p99_us": o.p99_us, "mean_us": o.mean_us, "ops_per_sec": o.ops_per_sec},
         });
         if let Some(p) = &self.perftest {
@@ -312,9 +340,12 @@ impl Measured {
             Some(ws) => format!(", spread over {ws} B"),
             None => String::new(),
         };
+        let (transport, whose) = match a.local {
+            true => ("local", "of the process's own memory"),
+            false => (a.transport.as_str(), "between two processes"),
+        };
         println!(
-            "{} {} of {} B between two processes, {} operations{spread}:",
-            a.transport,
+            "{transport} {} of {} B {whose}, {} operations{spread}:",
             op_name(a.op),
             self.size,
             a.iters

@@ -56,6 +56,34 @@ fn fabric_bench_json_is_only_json_on_stdout() {
     }
 }
 
+/// `--local` measures the process's own memory, beside the local copy of `--working-set`; a
+/// CAS has no local path and is refused by name.
+#[test]
+fn fabric_bench_local_reads_own_memory_and_refuses_cas() {
+    let out = run(&[
+        "fabric-bench",
+        "--local",
+        "--size",
+        "256",
+        "--working-set",
+        "64K",
+        "--iters",
+        "200",
+        "--json",
+    ]);
+    let v = stdout_json(&out);
+    assert_eq!(v["transport"], "local", "{v}");
+    assert!(v["nessie"]["p50_us"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["local_copy"]["p50_us"].as_f64().unwrap() > 0.0, "{v}");
+    let out = Command::new(BIN)
+        .args(["fabric-bench", "--local", "--op", "cas", "--iters", "100"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--local measures read and write"), "{err}");
+}
+
 /// A UCX warning (here: about an unknown `UCX_` environment variable) reaches stderr, not stdout.
 #[test]
 fn ucx_warnings_go_to_stderr() {

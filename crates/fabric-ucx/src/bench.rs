@@ -192,6 +192,34 @@ pub fn bench_op_over<E: Endpoint + ?Sized>(
     span: u64,
     iterations: u64,
 ) -> Result<LatencyStats, FabricError> {
+    measure(ep, addr, op, size, span, iterations, false)
+}
+
+/// [`bench_op_over`] of READs or WRITEs of the endpoint's own region `region` with
+/// `local_read`/`local_write`: the path of a GET whose entry is in its own node's memory. CAS
+/// has no local path (index words always go through the fabric).
+pub fn bench_local_over<E: Endpoint + ?Sized>(
+    ep: &mut E,
+    region: nessie_fabric::RegionId,
+    op: BenchOp,
+    size: usize,
+    span: u64,
+    iterations: u64,
+) -> Result<LatencyStats, FabricError> {
+    assert!(op != BenchOp::Cas, "no local CAS");
+    let addr = RemoteAddr::new(ep.node(), region, 0);
+    measure(ep, addr, op, size, span, iterations, true)
+}
+
+fn measure<E: Endpoint + ?Sized>(
+    ep: &mut E,
+    addr: RemoteAddr,
+    op: BenchOp,
+    size: usize,
+    span: u64,
+    iterations: u64,
+    local: bool,
+) -> Result<LatencyStats, FabricError> {
     let size = if op == BenchOp::Cas { 8 } else { size };
     let span = if op == BenchOp::Cas {
         8
@@ -209,6 +237,8 @@ pub fn bench_op_over<E: Endpoint + ?Sized>(
     };
     let mut one = |ep: &mut E, buf: &mut Vec<u8>, off: u64| -> Result<(), FabricError> {
         match op {
+            BenchOp::Read if local => ep.local_read(addr.region, addr.offset + off, buf),
+            BenchOp::Write if local => ep.local_write(addr.region, addr.offset + off, buf),
             BenchOp::Read => ep.read(addr.add(off), buf),
             BenchOp::Write => ep.write(addr.add(off), buf),
             BenchOp::Cas => {
