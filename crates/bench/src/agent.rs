@@ -108,6 +108,10 @@ pub struct CpuByRole {
     pub server: f64,
     pub progress: f64,
     pub other: f64,
+    /// Of `client`: what open-loop client threads spent waiting for their next arrival (the
+    /// load generator's sleep, wake-up and final spin, not the store's work).
+    #[serde(default)]
+    pub pacing: f64,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -417,6 +421,8 @@ struct ThreadOut {
     /// CPU seconds this client thread used in the measured window (measured by the thread
     /// itself: it may have exited before the agent's end-of-window snapshot of /proc).
     cpu: f64,
+    /// Of `cpu`: waiting for arrivals (open loop).
+    pacing: f64,
     gets: u64,
     puts: u64,
     errors: u64,
@@ -466,6 +472,7 @@ impl AgentThread {
             at_window: (0, 0, 0.0),
             out: ThreadOut {
                 cpu: 0.0,
+                pacing: 0.0,
                 gets: 0,
                 puts: 0,
                 errors: 0,
@@ -500,7 +507,13 @@ impl Observer<NodeClient> for AgentThread {
         self.t0 = match &mut self.arrivals {
             Some((exp, rng)) => {
                 self.next_arrival += exp.sample(rng) * 1e9;
+                // The wait is the load generator's cost: measured, to be told apart from the
+                // store's (two reads of the thread's CPU clock per operation, in the wait).
+                let before = self.in_window.then(own_cpu_seconds);
                 sleep_until_unix(self.next_arrival as u64);
+                if let Some(b) = before {
+                    self.out.pacing += own_cpu_seconds() - b;
+                }
                 self.next_arrival as u64
             }
             None => unix_ns(),
@@ -640,6 +653,7 @@ fn merge_threads(
         rep.aborts += o.aborts;
         rep.retries += o.retries;
         rep.cpu.client += o.cpu;
+        rep.cpu.pacing += o.pacing;
         gh.add(&o.gh).map_err(HistogramError::from)?;
         ph.add(&o.ph).map_err(HistogramError::from)?;
         rep.fabric_get.merge(&o.fg);
@@ -685,6 +699,7 @@ fn run(
     // Client threads measured themselves (above); the long-lived threads come from /proc.
     rep.cpu = CpuByRole {
         client: rep.cpu.client,
+        pacing: rep.cpu.pacing,
         server: (cpu1.server - cpu0.server).max(0.0),
         progress: (cpu1.progress - cpu0.progress).max(0.0),
         other: (cpu1.other - cpu0.other).max(0.0),

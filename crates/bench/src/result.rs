@@ -188,6 +188,10 @@ pub struct CpuSeconds {
     pub server: f64,
     pub progress: f64,
     pub total: f64,
+    /// Of `client` (and `total`): open-loop client threads waiting for their next arrival, the
+    /// load generator's cost (0 in a closed loop). `total - pacing` is the store's.
+    #[serde(default)]
+    pub pacing: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

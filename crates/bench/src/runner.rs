@@ -607,6 +607,7 @@ fn merge_reports(
         r.cpu_seconds.client += rep.cpu.client;
         r.cpu_seconds.server += rep.cpu.server;
         r.cpu_seconds.progress += rep.cpu.progress;
+        r.cpu_seconds.pacing += rep.cpu.pacing;
         r.cpu_seconds.total += rep.cpu.client + rep.cpu.server + rep.cpu.progress + rep.cpu.other;
     }
     r.ops.all = r.ops.get + r.ops.put;

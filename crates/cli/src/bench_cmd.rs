@@ -297,6 +297,13 @@ pub fn print_result(r: &BenchResult) {
         c.total * 1e6 / r.ops.all.max(1) as f64,
         c.total / p.duration
     );
+    if r.offered_ops_per_sec.is_some() {
+        println!(
+            "  CPU          of which waiting for arrivals (open loop) {:.2} s; the store's {:.2} µs/op",
+            c.pacing,
+            (c.total - c.pacing) * 1e6 / r.ops.all.max(1) as f64
+        );
+    }
     println!("  aborts {}  retries {}", r.aborts, r.retries);
 }
 

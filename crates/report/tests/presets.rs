@@ -219,3 +219,15 @@ fn stems_unique_and_classification_consistent() {
         }
     }
 }
+
+/// CPU per operation counts the store's work, not the open-loop clients' waits for arrivals.
+#[test]
+fn cpu_per_op_leaves_out_the_open_loop_wait() {
+    let mut p = short_base();
+    p.target_load = Some(0.2);
+    let mut r = common::fake_result(&p);
+    let whole = nessie_report::summary::cpu_seconds_per_op(&r).unwrap();
+    r.cpu_seconds.pacing = r.cpu_seconds.total / 4.0;
+    let store = nessie_report::summary::cpu_seconds_per_op(&r).unwrap();
+    assert!((store - whole * 0.75).abs() < 1e-12, "{store} vs {whole}");
+}

@@ -89,6 +89,7 @@ pub fn fake_result(p: &BenchParams) -> BenchResult {
             server: cpu_total * 0.3,
             progress: 0.0,
             total: cpu_total,
+            pacing: 0.0,
         },
         errors: 0,
         offered_ops_per_sec: p.target_load.map(|l| closed * l),
