@@ -48,7 +48,7 @@ pub struct RunnerOptions {
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("--mode {0:?} is not one of cd, sd, hy")]
+    #[error("--mode {0:?} is not one of cd, sd, hy, pilaf")]
     Mode(String),
     #[error("--{flag} {value} is not in {range}")]
     OutOfRange {
@@ -132,6 +132,7 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
         "cd" => Mode3::Cd,
         "sd" => Mode3::Sd,
         "hy" => Mode3::Hy,
+        "pilaf" => Mode3::Pilaf,
         m => return Err(BenchError::Mode(m.into())),
     };
     in_range("nodes", p.nodes, 1, process::MAX_LOCAL_NODES)?;
@@ -200,6 +201,7 @@ enum Mode3 {
     Cd,
     Sd,
     Hy,
+    Pilaf,
 }
 
 /// Keys and geometry for a run.

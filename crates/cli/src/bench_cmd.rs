@@ -93,7 +93,7 @@ pub struct SweepArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ParamArgs {
-    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid).
+    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid), pilaf (Pilaf, ATC 2013).
     #[arg(long, default_value = "cd")]
     pub mode: String,
     /// Node processes.
@@ -102,7 +102,7 @@ pub struct ParamArgs {
     /// Client worker threads per node.
     #[arg(long, default_value_t = 1)]
     pub client_threads: u16,
-    /// Server worker threads per node (sd, hy).
+    /// Server worker threads per node (sd, hy, pilaf).
     #[arg(long, default_value_t = 1)]
     pub server_threads: u16,
     /// shm or tcp.
@@ -297,7 +297,17 @@ pub fn print_result(r: &BenchResult) {
         c.total * 1e6 / r.ops.all.max(1) as f64,
         c.total / p.duration
     );
-    println!("  aborts {}  retries {}", r.aborts, r.retries);
+    if r.mode == "pilaf" {
+        // Pilaf's client counts GET passes that failed a checksum as aborts (`ModeClient::aborts_retries`).
+        println!(
+            "  checksum retries {} ({:.5} per GET)  retried GET passes {}",
+            r.aborts,
+            r.aborts as f64 / r.ops.get.max(1) as f64,
+            r.retries
+        );
+    } else {
+        println!("  aborts {}  retries {}", r.aborts, r.retries);
+    }
 }
 
 pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {

@@ -50,7 +50,7 @@ enum Command {
     FabricBench(fabric_bench::FabricBenchArgs),
     #[command(hide = true)]
     FabricBenchTarget(fabric_bench::TargetArgs),
-    /// Benchmark a local multi-process cluster (cd, sd or hy) and report throughput, latency,
+    /// Benchmark a local multi-process cluster (cd, sd, hy or pilaf) and report throughput, latency,
     /// fabric work and CPU time; `nessie bench sweep` runs the paper's experiment presets.
     Bench(bench_cmd::BenchArgs),
     /// Spin a CPU core forever (background load for contention experiments).
@@ -121,10 +121,11 @@ struct UpArgs {
     /// Seconds to wait for the nodes to become ready.
     #[arg(long, default_value_t = 60)]
     ready_timeout: u64,
-    /// Protocol: cd (Nessie, client-driven), sd (server-driven baseline), hy (hybrid baseline).
+    /// Protocol: cd (Nessie, client-driven), sd (server-driven baseline), hy (hybrid baseline),
+    /// pilaf (Pilaf, ATC 2013: client GETs verified by CRC64, server-driven writes).
     #[arg(long, default_value = "cd")]
     mode: String,
-    /// Server threads per node (sd and hy).
+    /// Server threads per node (sd, hy and pilaf).
     #[arg(long, default_value_t = 1)]
     server_threads: u16,
     /// Idle server threads: spin (dedicated cores) or yield (shared cores).

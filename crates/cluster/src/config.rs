@@ -403,7 +403,7 @@ pub enum InvalidConfig {
     Geometry(#[from] GeometryError),
     #[error("cluster.server_poll = {0:?} is not spin or yield")]
     ServerPoll(String),
-    #[error("cluster.mode = {0:?} is not one of cd, sd, hy")]
+    #[error("cluster.mode = {0:?} is not one of cd, sd, hy, pilaf")]
     Mode(String),
     #[error("membership.etcd: {0}")]
     Etcd(String),
@@ -728,6 +728,7 @@ impl ClusterConfig {
             "cd" => Ok(nessie_protocols::Mode::Cd),
             "sd" => Ok(nessie_protocols::Mode::Sd { server_threads: t }),
             "hy" => Ok(nessie_protocols::Mode::Hy { server_threads: t }),
+            "pilaf" => Ok(nessie_protocols::Mode::Pilaf { server_threads: t }),
             m => Err(InvalidConfig::Mode(m.to_string())),
         }
     }

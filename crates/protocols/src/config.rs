@@ -121,6 +121,8 @@ pub struct Mutations {
     /// A conditional write passes over another writer's entry in progress and clears it, as
     /// a plain PUT's Step 4 does: that write may still take effect, unseen by the condition.
     pub guard_passes_writes: bool,
+    /// Pilaf GETs accept entries and extents without checking their CRC64.
+    pub skip_pilaf_checksums: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]
