@@ -163,6 +163,10 @@ pub struct ParamArgs {
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     pub server_poll: String,
+    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period];
+    /// 0 reuses at once, as the paper does (only the CRC then catches a reader of a reused extent).
+    #[arg(long)]
+    pub pilaf_reuse_delay_ms: Option<u64>,
     /// Copies of every node's tables (cd; 1 to 3): the cost of replication. More than one
     /// starts a local etcd for membership, which replication needs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
@@ -211,6 +215,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         binary: std::env::current_exe().map_err(BenchCmdError::CurrentExe)?,
         dir: None,
         server_poll: p.server_poll.clone(),
+        pilaf_reuse_delay_ms: p.pilaf_reuse_delay_ms,
         cluster: None,
     })
 }

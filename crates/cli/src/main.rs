@@ -154,6 +154,10 @@ struct UpArgs {
     /// (needs --replicas 2 or 3, and a node without a copy of each moved partition).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
     spare_copies: u8,
+    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period]; 0
+    /// reuses at once, as the paper does.
+    #[arg(long)]
+    pilaf_reuse_delay_ms: Option<u64>,
     /// Seconds a node must have been failed before its copies move to spare slots (at least
     /// three lease TTLs: a node restarted sooner rejoins instead).
     #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
@@ -564,6 +568,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         lease_ttl_s: a.lease_ttl,
         replicas: a.replicas,
         spare_copies: a.spare_copies,
+        pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,
         replace_after_s: a.replace_after,
         frontends,
     };

@@ -78,10 +78,11 @@ pub struct ClusterSection {
     /// Upper bound on one fabric operation: past it the peer is declared unreachable.
     #[serde(default = "default_op_timeout_ms")]
     pub op_timeout_ms: u64,
-    /// Protocol: cd (Nessie), sd (NessieSD, server-driven) or hy (NessieHY, hybrid).
+    /// Protocol: cd (Nessie), sd (NessieSD, server-driven), hy (NessieHY, hybrid) or pilaf
+    /// (Pilaf: client GETs verified by CRC64, server-driven writes).
     #[serde(default = "default_mode")]
     pub mode: String,
-    /// Server threads per node (sd and hy).
+    /// Server threads per node (sd, hy and pilaf).
     #[serde(default = "default_server_threads")]
     pub server_threads: u16,
     /// Client workers (admin pool and benchmark threads) each node may run at once in sd and
@@ -106,6 +107,10 @@ pub struct ClusterSection {
     /// failed node's copies come back only when it restarts.
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub spare_copies: u8,
+    /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry
+    /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pilaf_reuse_delay_ms: Option<u64>,
 }
 
 fn default_replicas() -> u8 {
@@ -744,6 +749,10 @@ impl ClusterConfig {
                 Some(0)
             },
             response_timeout_ns: self.cluster.op_timeout_ms.saturating_mul(1_000_000),
+            extent_reuse_delay_ns: self
+                .cluster
+                .pilaf_reuse_delay_ms
+                .map(|ms| ms.saturating_mul(1_000_000)),
             ..Default::default()
         }
     }
@@ -812,6 +821,7 @@ impl ClusterConfig {
                 huge_pages: Default::default(),
                 replicas: default_replicas(),
                 spare_copies: 0,
+                pilaf_reuse_delay_ms: None,
             },
             geometry: Geometry {
                 nodes: nodes as u32,

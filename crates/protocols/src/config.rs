@@ -245,6 +245,8 @@ pub enum ConfigError {
     IdleBackoff,
     #[error("response timeout {0} ns is below 1 ms")]
     ResponseTimeout(u64),
+    #[error("pilaf extent reuse delay {0} ns exceeds 1 h")]
+    ReuseDelay(u64),
 }
 
 /// The client API reports every configuration problem as [`Error::Config`] with its message:

@@ -35,7 +35,7 @@ pub use server::{Server, ServerLoop, ServerOptions, ServerStats, ServerStatsSnap
 pub use slots::{SlotError, SlotLayout, MAX_CLIENTS_PER_NODE, REQUEST_REGION, RESPONSE_REGION};
 
 use crate::cd::ClusterView;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, MAX_EXPIRY_NS};
 use crate::error::Error;
 
 /// Most server threads per node.
@@ -98,6 +98,9 @@ impl RpcConfig {
         }
         if self.response_timeout_ns < 1_000_000 {
             return Err(ConfigError::ResponseTimeout(self.response_timeout_ns));
+        }
+        if let Some(d) = self.extent_reuse_delay_ns.filter(|&d| d > MAX_EXPIRY_NS) {
+            return Err(ConfigError::ReuseDelay(d));
         }
         Ok(())
     }
