@@ -139,6 +139,13 @@ impl ExtentAlloc {
         Ok(off)
     }
 
+    /// When the first block of the class for `size` waiting out its reuse delay becomes free
+    /// (`None` if none waits).
+    pub fn next_due(&self, size: u64) -> Option<u64> {
+        let class = self.class_of(size).ok()?;
+        self.quarantine.iter().find(|q| q.1 == class).map(|q| q.0)
+    }
+
     /// Give back the block at `offset` that holds an extent of `size` bytes; reusable from
     /// `now + reuse_delay_ns`.
     pub fn free(&mut self, offset: u64, size: u64, now: u64) {
@@ -220,6 +227,8 @@ mod tests {
             }),
             "a freed block waits out its delay"
         );
+        assert_eq!(a.next_due(30), Some(1_010));
+        assert_eq!(a.next_due(16), None, "no block of that class waits");
         assert_eq!(a.alloc(32, 1_010), Ok(x), "and is reused after it");
         assert_eq!(a.stats().reused, 1);
         assert_eq!(

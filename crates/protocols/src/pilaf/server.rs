@@ -52,6 +52,8 @@ pub struct StoreStats {
     pub index_full: u64,
     /// PUTs refused because the extent region had no block.
     pub region_full: u64,
+    /// PUTs that waited for a freed block's reuse delay to pass.
+    pub region_waits: u64,
     pub alloc: AllocStats,
 }
 
@@ -203,11 +205,30 @@ impl<E: Endpoint> Writer<'_, E> {
         Ok(Some(x.value.to_vec()))
     }
 
+    /// A block for an extent of `size` bytes. With none free but one of its class waiting out
+    /// its reuse delay, wait for that one (at most the delay; the node's writes wait with it,
+    /// as a server out of memory would make them), then try once more.
+    fn alloc(&mut self, size: u64) -> Result<u64, AllocError> {
+        let now = self.ep.mono_ns();
+        match self.st.alloc.alloc(size, now) {
+            Err(AllocError::Full { .. }) => {
+                let Some(due) = self.st.alloc.next_due(size) else {
+                    return self.st.alloc.alloc(size, now);
+                };
+                self.st.stats.region_waits += 1;
+                let wait = due.saturating_sub(now).min(self.params.reuse_delay_ns);
+                self.ep.sleep_ns(wait);
+                let now = self.ep.mono_ns();
+                self.st.alloc.alloc(size, now)
+            }
+            r => r,
+        }
+    }
+
     /// Allocate and write the extent of `key` and `value`: the entry that will point to it.
     fn write_extent(&mut self, key: &[u8], value: &[u8]) -> Result<Entry, Error> {
         let size = layout::extent_size(key.len(), value.len());
-        let now = self.ep.mono_ns();
-        let offset = self.st.alloc.alloc(size, now).map_err(|e| match e {
+        let offset = self.alloc(size).map_err(|e| match e {
             AllocError::Full {
                 block,
                 awaiting_reuse,

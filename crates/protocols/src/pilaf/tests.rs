@@ -220,6 +220,31 @@ fn a_full_extent_region_refuses_the_put_and_leaves_the_table_alone() {
     assert_eq!(r.stores[0].stats().region_full, 3);
 }
 
+/// A full region whose freed blocks are still in their reuse delay makes the PUT wait for the
+/// first of them rather than fail.
+#[test]
+fn a_put_waits_for_a_block_in_its_reuse_delay() {
+    let delay = 5_000_000;
+    let r = rig(512, 4, delay);
+    let keys = r.keys_of(0, 400);
+    let n = keys
+        .iter()
+        .position(|k| r.exec(OpCode::Put, k, &[3u8; 32]).is_err())
+        .expect("the region fills up");
+    assert_eq!(r.stores[0].stats().region_waits, 0, "nothing to wait for");
+    r.exec(OpCode::Delete, &keys[0], &[]).unwrap();
+    let t = std::time::Instant::now();
+    r.exec(OpCode::Put, &keys[n], &[4u8; 32]).unwrap();
+    assert!(
+        t.elapsed().as_nanos() as u64 >= delay / 2,
+        "{:?}",
+        t.elapsed()
+    );
+    let st = r.stores[0].stats();
+    assert_eq!((st.region_waits, st.alloc.reused), (1, 1), "{st:?}");
+    assert_eq!(r.client(1).get(&keys[n]).unwrap(), Some(vec![4u8; 32]));
+}
+
 #[test]
 fn freed_extents_wait_out_the_reuse_delay() {
     let r = rig(64, 64, 60_000_000_000);
