@@ -123,6 +123,9 @@ pub struct Mutations {
     pub guard_passes_writes: bool,
     /// Pilaf GETs accept entries and extents without checking their CRC64.
     pub skip_pilaf_checksums: bool,
+    /// A Pilaf GET reports a key absent after one pass that did not find it, without the
+    /// confirming pass bracketed by the move sequence.
+    pub pilaf_trust_first_miss: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -144,6 +144,9 @@ impl<E: Endpoint> PilafClient<E> {
             };
             match pass {
                 Some(Pass::Found(v)) => return Ok(Some(v)),
+                Some(Pass::Missing) if mutated!(self.cfg, pilaf_trust_first_miss) => {
+                    return Ok(None)
+                }
                 Some(Pass::Missing) if !confirming => {
                     confirming = true;
                     continue;
