@@ -64,7 +64,8 @@ const CANDIDATE_SEEDS: [u64; WAYS] = [
     0x7069_6c61_6600_0003,
 ];
 
-/// CRC-64/ECMA-182, the polynomial Pilaf's paper names (CRC64 over entries and extents).
+/// The CRC64 of entries and extents (Pilaf's checksum width): CRC-64/ECMA-182, a standard
+/// polynomial; it is part of the format.
 static CRC64: Crc<u64> = Crc::<u64>::new(&CRC_64_ECMA_182);
 
 /// CRC64 of `bytes`.
