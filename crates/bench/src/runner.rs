@@ -38,8 +38,10 @@ pub struct RunnerOptions {
     pub binary: PathBuf,
     /// Cluster directory (default: a fresh temporary one, removed afterwards).
     pub dir: Option<PathBuf>,
-    /// Idle server threads (sd, hy): "spin" or "yield".
+    /// Idle server threads (sd, hy, pilaf): "spin" or "yield".
     pub server_poll: String,
+    /// pilaf: extent reuse delay in milliseconds (default: the expiry period).
+    pub pilaf_reuse_delay_ms: Option<u64>,
     /// Benchmark this running cluster (its directory) instead of starting one; it is left
     /// running. Its mode and node count must match the parameters.
     pub cluster: Option<PathBuf>,
@@ -48,7 +50,7 @@ pub struct RunnerOptions {
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("--mode {0:?} is not one of cd, sd, hy")]
+    #[error("--mode {0:?} is not one of cd, sd, hy, pilaf")]
     Mode(String),
     #[error("--{flag} {value} is not in {range}")]
     OutOfRange {
@@ -132,6 +134,7 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
         "cd" => Mode3::Cd,
         "sd" => Mode3::Sd,
         "hy" => Mode3::Hy,
+        "pilaf" => Mode3::Pilaf,
         m => return Err(BenchError::Mode(m.into())),
     };
     in_range("nodes", p.nodes, 1, process::MAX_LOCAL_NODES)?;
@@ -200,6 +203,7 @@ enum Mode3 {
     Cd,
     Sd,
     Hy,
+    Pilaf,
 }
 
 /// Keys and geometry for a run.
@@ -487,6 +491,7 @@ fn start(
         lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
         spare_copies: 0,
+        pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S,
         frontends: None,
     };

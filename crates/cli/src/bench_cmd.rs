@@ -93,7 +93,7 @@ pub struct SweepArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ParamArgs {
-    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid).
+    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid), pilaf (Pilaf, ATC 2013).
     #[arg(long, default_value = "cd")]
     pub mode: String,
     /// Node processes.
@@ -102,7 +102,7 @@ pub struct ParamArgs {
     /// Client worker threads per node.
     #[arg(long, default_value_t = 1)]
     pub client_threads: u16,
-    /// Server worker threads per node (sd, hy).
+    /// Server worker threads per node (sd, hy, pilaf).
     #[arg(long, default_value_t = 1)]
     pub server_threads: u16,
     /// shm or tcp.
@@ -163,6 +163,10 @@ pub struct ParamArgs {
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     pub server_poll: String,
+    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period];
+    /// 0 reuses at once, as the paper does (only the CRC then catches a reader of a reused extent).
+    #[arg(long)]
+    pub pilaf_reuse_delay_ms: Option<u64>,
     /// Copies of every node's tables (cd; 1 to 3): the cost of replication. More than one
     /// starts a local etcd for membership, which replication needs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
@@ -211,6 +215,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         binary: std::env::current_exe().map_err(BenchCmdError::CurrentExe)?,
         dir: None,
         server_poll: p.server_poll.clone(),
+        pilaf_reuse_delay_ms: p.pilaf_reuse_delay_ms,
         cluster: None,
     })
 }
@@ -304,7 +309,17 @@ pub fn print_result(r: &BenchResult) {
             (c.total - c.pacing) * 1e6 / r.ops.all.max(1) as f64
         );
     }
-    println!("  aborts {}  retries {}", r.aborts, r.retries);
+    if r.mode == "pilaf" {
+        // Pilaf's client counts GET passes that failed a checksum as aborts (`ModeClient::aborts_retries`).
+        println!(
+            "  checksum retries {} ({:.5} per GET)  retried GET passes {}",
+            r.aborts,
+            r.aborts as f64 / r.ops.get.max(1) as f64,
+            r.retries
+        );
+    } else {
+        println!("  aborts {}  retries {}", r.aborts, r.retries);
+    }
 }
 
 pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {

@@ -50,7 +50,7 @@ enum Command {
     FabricBench(fabric_bench::FabricBenchArgs),
     #[command(hide = true)]
     FabricBenchTarget(fabric_bench::TargetArgs),
-    /// Benchmark a local multi-process cluster (cd, sd or hy) and report throughput, latency,
+    /// Benchmark a local multi-process cluster (cd, sd, hy or pilaf) and report throughput, latency,
     /// fabric work and CPU time; `nessie bench sweep` runs the paper's experiment presets.
     Bench(bench_cmd::BenchArgs),
     /// Spin a CPU core forever (background load for contention experiments).
@@ -121,10 +121,11 @@ struct UpArgs {
     /// Seconds to wait for the nodes to become ready.
     #[arg(long, default_value_t = 60)]
     ready_timeout: u64,
-    /// Protocol: cd (Nessie, client-driven), sd (server-driven baseline), hy (hybrid baseline).
+    /// Protocol: cd (Nessie, client-driven), sd (server-driven baseline), hy (hybrid baseline),
+    /// pilaf (Pilaf, ATC 2013: client GETs verified by CRC64, server-driven writes).
     #[arg(long, default_value = "cd")]
     mode: String,
-    /// Server threads per node (sd and hy).
+    /// Server threads per node (sd, hy and pilaf).
     #[arg(long, default_value_t = 1)]
     server_threads: u16,
     /// Idle server threads: spin (dedicated cores) or yield (shared cores).
@@ -153,6 +154,10 @@ struct UpArgs {
     /// (needs --replicas 2 or 3, and a node without a copy of each moved partition).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
     spare_copies: u8,
+    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period]; 0
+    /// reuses at once, as the paper does.
+    #[arg(long)]
+    pilaf_reuse_delay_ms: Option<u64>,
     /// Seconds a node must have been failed before its copies move to spare slots (at least
     /// three lease TTLs: a node restarted sooner rejoins instead).
     #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
@@ -563,6 +568,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         lease_ttl_s: a.lease_ttl,
         replicas: a.replicas,
         spare_copies: a.spare_copies,
+        pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,
         replace_after_s: a.replace_after,
         frontends,
     };

@@ -123,6 +123,17 @@ fn bench_cd_sd_hy_produce_complete_results() {
 }
 
 #[test]
+fn bench_pilaf_produces_complete_results() {
+    let p = bench("pilaf", &["--server-threads", "1", "--get-ratio", "0.9"]);
+    check(&p, "pilaf");
+    assert!(
+        p["cpu_seconds"]["server"].as_f64().unwrap() > 0.0,
+        "pilaf servers poll"
+    );
+    assert!(p["ops"]["get"].as_u64().unwrap() > 0 && p["ops"]["put"].as_u64().unwrap() > 0);
+}
+
+#[test]
 fn open_loop_and_background_load() {
     let v = bench(
         "cd",

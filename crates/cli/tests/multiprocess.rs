@@ -350,6 +350,17 @@ fn shm_hy_across_processes() {
     run_scenario("shm", sc);
 }
 
+/// Pilaf's node processes: GETs READ entries and extents of other processes over UCX and
+/// verify their CRC64s, writes go to the owner's server threads.
+#[test]
+fn shm_pilaf_across_processes() {
+    let mut sc = deletes(5_000, 33);
+    sc.name = "pilaf";
+    sc.up_args
+        .extend(["--mode", "pilaf", "--server-threads", "2"].map(String::from));
+    run_scenario("shm", sc);
+}
+
 /// A node whose bootstrap port is taken by another process at start-up makes `up` retry the
 /// whole cluster on fresh ports instead of failing (the CI flake this guards against: a port
 /// probed free was bound by someone else before the node bound it).

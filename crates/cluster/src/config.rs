@@ -78,10 +78,11 @@ pub struct ClusterSection {
     /// Upper bound on one fabric operation: past it the peer is declared unreachable.
     #[serde(default = "default_op_timeout_ms")]
     pub op_timeout_ms: u64,
-    /// Protocol: cd (Nessie), sd (NessieSD, server-driven) or hy (NessieHY, hybrid).
+    /// Protocol: cd (Nessie), sd (NessieSD, server-driven), hy (NessieHY, hybrid) or pilaf
+    /// (Pilaf: client GETs verified by CRC64, server-driven writes).
     #[serde(default = "default_mode")]
     pub mode: String,
-    /// Server threads per node (sd and hy).
+    /// Server threads per node (sd, hy and pilaf).
     #[serde(default = "default_server_threads")]
     pub server_threads: u16,
     /// Client workers (admin pool and benchmark threads) each node may run at once in sd and
@@ -106,6 +107,10 @@ pub struct ClusterSection {
     /// failed node's copies come back only when it restarts.
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub spare_copies: u8,
+    /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry
+    /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pilaf_reuse_delay_ms: Option<u64>,
 }
 
 fn default_replicas() -> u8 {
@@ -403,7 +408,7 @@ pub enum InvalidConfig {
     Geometry(#[from] GeometryError),
     #[error("cluster.server_poll = {0:?} is not spin or yield")]
     ServerPoll(String),
-    #[error("cluster.mode = {0:?} is not one of cd, sd, hy")]
+    #[error("cluster.mode = {0:?} is not one of cd, sd, hy, pilaf")]
     Mode(String),
     #[error("membership.etcd: {0}")]
     Etcd(String),
@@ -728,6 +733,7 @@ impl ClusterConfig {
             "cd" => Ok(nessie_protocols::Mode::Cd),
             "sd" => Ok(nessie_protocols::Mode::Sd { server_threads: t }),
             "hy" => Ok(nessie_protocols::Mode::Hy { server_threads: t }),
+            "pilaf" => Ok(nessie_protocols::Mode::Pilaf { server_threads: t }),
             m => Err(InvalidConfig::Mode(m.to_string())),
         }
     }
@@ -743,6 +749,10 @@ impl ClusterConfig {
                 Some(0)
             },
             response_timeout_ns: self.cluster.op_timeout_ms.saturating_mul(1_000_000),
+            extent_reuse_delay_ns: self
+                .cluster
+                .pilaf_reuse_delay_ms
+                .map(|ms| ms.saturating_mul(1_000_000)),
             ..Default::default()
         }
     }
@@ -811,6 +821,7 @@ impl ClusterConfig {
                 huge_pages: Default::default(),
                 replicas: default_replicas(),
                 spare_copies: 0,
+                pilaf_reuse_delay_ms: None,
             },
             geometry: Geometry {
                 nodes: nodes as u32,

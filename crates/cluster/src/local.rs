@@ -8,6 +8,9 @@
 //!   and a response region (`nessie_protocols::sd::{REQUEST_REGION, RESPONSE_REGION}`), and
 //!   `server_threads` server threads per node, started here and stopped and joined when the
 //!   cluster is dropped (or by [`LocalCluster::stop_servers`]).
+//! - `Mode::Pilaf`: SD's request and response regions and server threads, whose executor is
+//!   each node's Pilaf store (`nessie_protocols::pilaf`), in two more regions (the hash table
+//!   and the extents); regions 0..2 are one word each (unused).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,6 +20,7 @@ use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
 use nessie_protocols::hy::HyClient;
+use nessie_protocols::pilaf::{PilafClient, PilafExecutor, PilafStore, StoreStats};
 use nessie_protocols::replica::{CopyMap, Move};
 use nessie_protocols::sd::{
     self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
@@ -41,7 +45,12 @@ struct Rpc {
     /// (node, thread, counters).
     stats: Vec<(NodeId, Arc<ServerStats>)>,
     threads: Vec<JoinHandle<()>>,
+    /// Pilaf mode: each node's store.
+    pilaf: Vec<Arc<PilafStore>>,
 }
+
+/// A server thread's node, counters and loop.
+type ServerLoop = (NodeId, Arc<ServerStats>, sd::ServerLoop);
 
 pub struct LocalCluster {
     fabric: Arc<InProcFabric>,
@@ -149,7 +158,7 @@ impl LocalCluster {
         mode.validate()?;
         let view = Arc::new(match mode {
             Mode::Cd => ClusterView::new(geometry)?,
-            Mode::Sd { .. } | Mode::Hy { .. } => sd::coupled_view(geometry)?,
+            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => sd::coupled_view(geometry)?,
         });
         let g = &view.geometry;
         let shared = match mode {
@@ -167,6 +176,12 @@ impl LocalCluster {
                 r.resize(RESPONSE_REGION as usize + 1, 0);
                 r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
                 r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+                if let Mode::Pilaf { .. } = mode {
+                    *r = nessie_protocols::pilaf::region_sizes(
+                        &rpc.pilaf_params(g, &cfg)?,
+                        &s.layout,
+                    );
+                }
             }
         }
         let fabric =
@@ -188,9 +203,13 @@ impl LocalCluster {
             reclaimers: Mutex::new(Vec::new()),
             fences,
         };
+        // Pilaf's servers manage their own extents: no data tables to reclaim.
         for n in 0..c.view.geometry.nodes {
-            let r = c.start_reclaimer(n as NodeId)?;
-            c.reclaimers.lock().unwrap().push(Some(r));
+            let r = match mode {
+                Mode::Pilaf { .. } => None,
+                _ => Some(c.start_reclaimer(n as NodeId)?),
+            };
+            c.reclaimers.lock().unwrap().push(r);
         }
         if let Some(shared) = shared {
             c.start_servers(shared, &rpc)?;
@@ -217,40 +236,61 @@ impl LocalCluster {
         panicked
     }
 
-    fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
+    /// The server threads' loops of every node: SD's server with the client-driven protocol
+    /// as executor, or with each node's Pilaf store (`pilaf`, filled here).
+    fn server_loops(
+        &self,
+        shared: &Arc<RpcShared>,
+        rpc: &RpcConfig,
+        pilaf: &mut Vec<Arc<PilafStore>>,
+    ) -> Result<Vec<ServerLoop>, Error> {
         let threads = self.mode.server_threads();
         let server_cfg = self.mode.server_config(&self.cfg);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut servers = Vec::new();
+        let mut servers: Vec<ServerLoop> = Vec::new();
         for node in 0..self.view.geometry.nodes as NodeId {
+            if let Mode::Pilaf { .. } = self.mode {
+                let params = rpc.pilaf_params(&self.view.geometry, &self.cfg)?;
+                pilaf.push(PilafStore::new(node, params)?);
+            }
             for t in 0..threads {
-                let worker = self.worker_id(node)?;
-                let exec = CdClient::new(
-                    self.endpoint(node),
-                    self.view.clone(),
-                    self.table(node),
-                    worker,
-                    server_cfg.clone(),
-                )?;
-                servers.push(Server::new(
-                    exec,
-                    self.endpoint(node),
-                    shared.clone(),
-                    t,
-                    threads,
-                    rpc.server_options(),
-                )?);
+                let io = self.endpoint(node);
+                let opts = rpc.server_options();
+                let s: ServerLoop = if let Mode::Pilaf { .. } = self.mode {
+                    let exec =
+                        PilafExecutor::new(self.endpoint(node), pilaf[node as usize].clone())?;
+                    let s = Server::new(exec, io, shared.clone(), t, threads, opts)?;
+                    (node, s.stats(), s.into_loop())
+                } else {
+                    let exec = CdClient::new(
+                        self.endpoint(node),
+                        self.view.clone(),
+                        self.table(node),
+                        self.worker_id(node)?,
+                        server_cfg.clone(),
+                    )?;
+                    let s = Server::new(exec, io, shared.clone(), t, threads, opts)?;
+                    (node, s.stats(), s.into_loop())
+                };
+                servers.push(s);
             }
         }
-        let stats = servers.iter().map(|s| (s.node(), s.stats())).collect();
+        Ok(servers)
+    }
+
+    fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
+        let threads = self.mode.server_threads();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut pilaf = Vec::new();
+        let servers = self.server_loops(&shared, rpc, &mut pilaf)?;
+        let stats = servers.iter().map(|s| (s.0, s.1.clone())).collect();
         let mut handles = Vec::new();
-        for (i, mut s) in servers.into_iter().enumerate() {
+        for (i, (node, _, mut body)) in servers.into_iter().enumerate() {
             let thread_stop = stop.clone();
             let shared = shared.clone();
             let name = format!(
                 "nessie-{}-n{}-t{}",
                 self.mode.name(),
-                s.node(),
+                node,
                 i % threads as usize
             );
             let h = std::thread::Builder::new().name(name).spawn(move || {
@@ -262,7 +302,7 @@ impl LocalCluster {
                     }
                 }
                 let _guard = Stopped(shared);
-                s.run(&thread_stop);
+                body(&thread_stop);
             });
             match h {
                 Ok(h) => handles.push(h),
@@ -284,6 +324,7 @@ impl LocalCluster {
             stop,
             stats,
             threads: handles,
+            pilaf,
         });
         Ok(())
     }
@@ -332,6 +373,11 @@ impl LocalCluster {
         node: NodeId,
         cfg: ProtocolConfig,
     ) -> Result<CdClient<LocalEndpoint>, Error> {
+        if let Mode::Pilaf { .. } = self.mode {
+            return Err(Error::Config(
+                "a Pilaf cluster has no client-driven tables: use kv_client or pilaf_client".into(),
+            ));
+        }
         match self.new_client(node, Mode::Cd, cfg)? {
             ModeClient::Cd(mut c) => {
                 c.set_fence(self.fences[node as usize].clone());
@@ -535,6 +581,21 @@ impl LocalCluster {
         }
     }
 
+    /// A new Pilaf client worker on `node` (Pilaf clusters only).
+    pub fn pilaf_client(&self, node: NodeId) -> Result<PilafClient<LocalEndpoint>, Error> {
+        self.require_mode("Pilaf", matches!(self.mode, Mode::Pilaf { .. }))?;
+        match self.mode_client(node)? {
+            ModeClient::Pilaf(c) => Ok(c),
+            _ => unreachable!("a Pilaf cluster makes Pilaf clients"),
+        }
+    }
+
+    /// The counters of `node`'s Pilaf store (moves, allocator), `None` outside Pilaf mode.
+    pub fn pilaf_store_stats(&self, node: NodeId) -> Option<StoreStats> {
+        let s = self.rpc.as_ref()?.pilaf.get(node as usize)?;
+        Some(s.stats())
+    }
+
     /// A new client worker of the cluster's mode on `node`.
     pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<LocalEndpoint>, Error> {
         self.new_client(node, self.mode, self.cfg.clone())
@@ -550,7 +611,9 @@ impl LocalCluster {
         let table = self.checked_table(node)?;
         let rpc = match mode {
             Mode::Cd => None,
-            Mode::Sd { .. } | Mode::Hy { .. } => Some(self.rpc_lease(node, mode)?),
+            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => {
+                Some(self.rpc_lease(node, mode)?)
+            }
         };
         let parts = ClientParts {
             ep: self.endpoint(node),
@@ -611,6 +674,7 @@ impl LocalCluster {
             ModeClient::Cd(c) => Box::new(c),
             ModeClient::Sd(c) => Box::new(c),
             ModeClient::Hy(c) => Box::new(c),
+            ModeClient::Pilaf(c) => Box::new(c),
         })
     }
 

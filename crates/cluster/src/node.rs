@@ -14,6 +14,7 @@ use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
 use nessie_protocols::cd::{CdClient, ClusterView};
+use nessie_protocols::pilaf::{PilafExecutor, PilafStore};
 use nessie_protocols::sd::client::{RpcShared, SlotPool};
 use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
 use nessie_protocols::sd::slots::{REQUEST_REGION, RESPONSE_REGION};
@@ -114,6 +115,8 @@ pub struct NodeContext {
     fence: Arc<Fence>,
     /// Where the copies of every node's tables are (`cluster.replicas`).
     replicas: Arc<ReplicaSet>,
+    /// Pilaf mode: this node's store, which its server threads execute writes on.
+    pilaf: Option<Arc<PilafStore>>,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -625,7 +628,10 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let (mut ctx, _bootstrap) = join_cluster(cfg, &entry, opts.delay.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut server_threads = start_servers(&mut ctx, &stop)?;
-    server_threads.push(start_reclaimer(&ctx, &stop)?);
+    // Pilaf's servers manage their own extents: no data table to reclaim.
+    if ctx.pilaf.is_none() {
+        server_threads.push(start_reclaimer(&ctx, &stop)?);
+    }
     let hook = reconnect_restarted_peers(&ctx.cfg, id, ctx.ucx.clone());
     ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
     let ctx = Arc::new(ctx);
@@ -689,12 +695,30 @@ fn join_cluster(
         _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())?),
     };
     let replicas = Arc::new(cfg.replica_set().map_err(ConfigError::from)?);
-    let regions = replicas.region_sizes(&region_sizes(g, rpc_shared.as_deref()));
+    let pilaf = match (mode, &rpc_shared) {
+        (Mode::Pilaf { .. }, Some(s)) => {
+            let params = cfg.rpc_config().pilaf_params(g, &cfg.protocol_config())?;
+            Some((
+                params,
+                nessie_protocols::pilaf::region_sizes(&params, &s.layout),
+            ))
+        }
+        _ => None,
+    };
+    let regions = match &pilaf {
+        Some((_, sizes)) => sizes.clone(),
+        None => replicas.region_sizes(&region_sizes(g, rpc_shared.as_deref())),
+    };
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
     let table = Arc::new(view.class_table(id, cfg.protocol_config().clock_margin_ns));
     let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
+    let pilaf = match pilaf {
+        Some((params, _)) => Some(PilafStore::new(id, params)?),
+        None => None,
+    };
     let ctx = NodeContext {
+        pilaf,
         id,
         cfg,
         mode,
@@ -808,8 +832,15 @@ fn start_servers(
     let threads = ctx.mode.server_threads();
     let scfg = ctx.mode.server_config(&ctx.protocol_config());
     let opts = ctx.cfg.rpc_config().server_options();
-    let mut servers = Vec::new();
+    let mut servers: Vec<nessie_protocols::sd::ServerLoop> = Vec::new();
     for t in 0..threads {
+        if let Some(store) = &ctx.pilaf {
+            let exec = PilafExecutor::new(ctx.endpoint()?, store.clone())?;
+            let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, opts)?;
+            ctx.servers.push(server.stats());
+            servers.push(server.into_loop());
+            continue;
+        }
         let exec = CdClient::new(
             ctx.endpoint()?,
             ctx.view.clone(),
@@ -819,14 +850,14 @@ fn start_servers(
         )?;
         let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, opts)?;
         ctx.servers.push(server.stats());
-        servers.push(server);
+        servers.push(server.into_loop());
     }
     let mut handles = Vec::new();
     for (t, mut server) in servers.into_iter().enumerate() {
         let stop = stop.clone();
         let h = std::thread::Builder::new()
             .name(format!("nessie-server-{t}"))
-            .spawn(move || server.run(&stop))
+            .spawn(move || server(&stop))
             .map_err(|err| NodeError::Spawn {
                 what: "a server thread",
                 err,

@@ -117,7 +117,7 @@ pub struct UpOptions {
     pub node_args: Vec<String>,
     /// How long to wait for every node to become ready.
     pub ready_timeout: Duration,
-    /// cd | sd | hy
+    /// cd | sd | hy | pilaf
     pub mode: String,
     /// Server threads per node (sd, hy).
     pub server_threads: u16,
@@ -135,6 +135,8 @@ pub struct UpOptions {
     pub replicas: u8,
     /// Spare mirror slots per node for the copies of a node gone for good (`cluster.spare_copies`).
     pub spare_copies: u8,
+    /// pilaf: extent reuse delay in milliseconds (`cluster.pilaf_reuse_delay_ms`).
+    pub pilaf_reuse_delay_ms: Option<u64>,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
     pub replace_after_s: u64,
     /// The protocol front ends every node serves (`[frontends]`).
@@ -174,6 +176,7 @@ impl UpOptions {
             lease_ttl_s: crate::membership::DEFAULT_LEASE_TTL_S,
             replicas: 1,
             spare_copies: 0,
+            pilaf_reuse_delay_ms: None,
             replace_after_s: crate::membership::DEFAULT_REPLACE_AFTER_S,
             frontends: None,
         }
@@ -358,6 +361,7 @@ fn local_config(
     cfg.cluster.huge_pages = o.huge_pages;
     cfg.cluster.replicas = o.replicas;
     cfg.cluster.spare_copies = o.spare_copies;
+    cfg.cluster.pilaf_reuse_delay_ms = o.pilaf_reuse_delay_ms;
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();
     cfg.protocol.clock_margin_ms = o

@@ -121,6 +121,11 @@ pub struct Mutations {
     /// A conditional write passes over another writer's entry in progress and clears it, as
     /// a plain PUT's Step 4 does: that write may still take effect, unseen by the condition.
     pub guard_passes_writes: bool,
+    /// Pilaf GETs accept entries and extents without checking their CRC64.
+    pub skip_pilaf_checksums: bool,
+    /// A Pilaf GET reports a key absent after one pass that did not find it, without the
+    /// confirming pass bracketed by the move sequence.
+    pub pilaf_trust_first_miss: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -243,6 +248,8 @@ pub enum ConfigError {
     IdleBackoff,
     #[error("response timeout {0} ns is below 1 ms")]
     ResponseTimeout(u64),
+    #[error("pilaf extent reuse delay {0} ns exceeds 1 h")]
+    ReuseDelay(u64),
 }
 
 /// The client API reports every configuration problem as [`Error::Config`] with its message:

@@ -2,8 +2,9 @@
 //! MIGRATE done entirely with one-sided fabric operations). The paper's two baselines live
 //! beside it and share the store's layout and hashing (see `docs/baselines.md`):
 //! [`sd`] (NessieSD, server-driven, HERD-like) and [`hy`] (NessieHY, client-driven GET and
-//! server-driven PUT/DELETE, FaRM-KV-like), both over the partially coupled index. [`Mode`]
-//! selects one per cluster.
+//! server-driven PUT/DELETE, FaRM-KV-like), both over the partially coupled index, and
+//! [`pilaf`] (Pilaf, ATC 2013: client-driven GETs verified by CRC64, server-driven writes into
+//! its own checksummed hash table). [`Mode`] selects one per cluster.
 //!
 //! Every protocol is generic over `nessie_fabric::Endpoint` and never learns which fabric it
 //! runs on.
@@ -31,6 +32,7 @@ pub mod error;
 pub mod fence;
 pub mod hooks;
 pub mod hy;
+pub mod pilaf;
 pub mod replica;
 pub mod sd;
 
@@ -168,6 +170,9 @@ pub enum Mode {
     Sd { server_threads: u16 },
     /// NessieHY: client-driven GET, server-driven PUT/DELETE, coupled index.
     Hy { server_threads: u16 },
+    /// Pilaf: client-driven GET verified by CRC64, server-driven PUT/DELETE into the owner's
+    /// own hash table and extents (`pilaf`).
+    Pilaf { server_threads: u16 },
 }
 
 impl Mode {
@@ -175,7 +180,10 @@ impl Mode {
     pub fn placement(&self) -> nessie_store::index::Placement {
         match self {
             Mode::Cd => nessie_store::index::Placement::Decoupled,
-            Mode::Sd { .. } | Mode::Hy { .. } => nessie_store::index::Placement::Coupled,
+            // Pilaf uses the coupled index's owner hash to route keys to nodes.
+            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => {
+                nessie_store::index::Placement::Coupled
+            }
         }
     }
 
@@ -183,7 +191,9 @@ impl Mode {
     pub fn server_threads(&self) -> u16 {
         match *self {
             Mode::Cd => 0,
-            Mode::Sd { server_threads } | Mode::Hy { server_threads } => server_threads,
+            Mode::Sd { server_threads }
+            | Mode::Hy { server_threads }
+            | Mode::Pilaf { server_threads } => server_threads,
         }
     }
 
@@ -204,6 +214,7 @@ impl Mode {
             Mode::Cd => "cd",
             Mode::Sd { .. } => "sd",
             Mode::Hy { .. } => "hy",
+            Mode::Pilaf { .. } => "pilaf",
         }
     }
 
@@ -221,6 +232,7 @@ pub enum ModeClient<E: nessie_fabric::Endpoint> {
     Cd(cd::CdClient<E>),
     Sd(sd::SdClient<E>),
     Hy(hy::HyClient<E>),
+    Pilaf(pilaf::PilafClient<E>),
 }
 
 /// What every client worker is built from, whatever the mode.
@@ -272,6 +284,10 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
                     ep, view, table, w, &cfg, r.shared, r.slot,
                 )?)
             }
+            Mode::Pilaf { .. } => {
+                let r = rpc?;
+                ModeClient::Pilaf(pilaf::PilafClient::new(ep, view, &cfg, r.shared, r.slot)?)
+            }
         })
     }
 
@@ -281,6 +297,7 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
             ModeClient::Cd(c) => c.endpoint().stats().snapshot(),
             ModeClient::Sd(c) => c.endpoint().stats().snapshot(),
             ModeClient::Hy(c) => c.endpoint().stats().snapshot(),
+            ModeClient::Pilaf(c) => c.endpoint().stats().snapshot(),
         }
     }
 
@@ -292,6 +309,12 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
             ModeClient::Cd(c) => f(c.stats()),
             ModeClient::Sd(_) => (0, 0),
             ModeClient::Hy(c) => f(c.stats().get),
+            // Aborted: GET passes that failed a checksum; retried: those and the confirming
+            // passes that met moving keys.
+            ModeClient::Pilaf(c) => {
+                let s = c.stats();
+                (s.checksum_retries(), s.checksum_retries() + s.move_retries)
+            }
         }
     }
 }
@@ -302,6 +325,7 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Cd(c) => c.get(key),
             ModeClient::Sd(c) => c.get(key),
             ModeClient::Hy(c) => c.get(key),
+            ModeClient::Pilaf(c) => c.get(key),
         }
     }
     fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
@@ -309,6 +333,7 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Cd(c) => c.get_into(key, out),
             ModeClient::Sd(c) => KvClient::get_into(c, key, out),
             ModeClient::Hy(c) => KvClient::get_into(c, key, out),
+            ModeClient::Pilaf(c) => KvClient::get_into(c, key, out),
         }
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
@@ -316,6 +341,7 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Cd(c) => c.put(key, value),
             ModeClient::Sd(c) => c.put(key, value),
             ModeClient::Hy(c) => c.put(key, value),
+            ModeClient::Pilaf(c) => c.put(key, value),
         }
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
@@ -323,6 +349,7 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Cd(c) => c.delete(key),
             ModeClient::Sd(c) => c.delete(key),
             ModeClient::Hy(c) => c.delete(key),
+            ModeClient::Pilaf(c) => c.delete(key),
         }
     }
     fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
@@ -372,6 +399,18 @@ impl<E: nessie_fabric::Endpoint> KvClient for hy::HyClient<E> {
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         hy::HyClient::delete(self, key)
+    }
+}
+
+impl<E: nessie_fabric::Endpoint> KvClient for pilaf::PilafClient<E> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        pilaf::PilafClient::get(self, key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        pilaf::PilafClient::put(self, key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        pilaf::PilafClient::delete(self, key)
     }
 }
 

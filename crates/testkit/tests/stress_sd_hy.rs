@@ -73,6 +73,7 @@ fn totals(cs: &[ModeClient<LocalEndpoint>]) -> ClientTotals {
                 t.get_timeouts += s.get.timeouts;
             }
             ModeClient::Cd(_) => panic!("CD client in an SD/HY run"),
+            ModeClient::Pilaf(_) => panic!("Pilaf client in an SD/HY run"),
         }
     }
     t
@@ -193,6 +194,7 @@ fn invalid_sizes(mode: Mode) {
         ModeClient::Sd(c) => c.endpoint().stats().snapshot(),
         ModeClient::Hy(c) => c.endpoint().stats().snapshot(),
         ModeClient::Cd(c) => c.endpoint().stats().snapshot(),
+        ModeClient::Pilaf(c) => c.endpoint().stats().snapshot(),
     };
     let before = stats(&a);
     let served = c.server_stats(None).requests;

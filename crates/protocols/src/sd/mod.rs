@@ -31,11 +31,11 @@ use nessie_store::index::Index;
 use nessie_store::Geometry;
 
 pub use client::{ClientSlot, RpcShared, RpcStats, SdClient, SdClientStats, SlotPool};
-pub use server::{Server, ServerOptions, ServerStats, ServerStatsSnapshot};
+pub use server::{Server, ServerLoop, ServerOptions, ServerStats, ServerStatsSnapshot};
 pub use slots::{SlotError, SlotLayout, MAX_CLIENTS_PER_NODE, REQUEST_REGION, RESPONSE_REGION};
 
 use crate::cd::ClusterView;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, MAX_EXPIRY_NS};
 use crate::error::Error;
 
 /// Most server threads per node.
@@ -61,9 +61,16 @@ pub struct RpcConfig {
     pub idle_backoff_ns: Option<u64>,
     /// How long a client waits for a response before reporting the owner unreachable.
     pub response_timeout_ns: u64,
+    /// Pilaf: how long a freed extent waits before reuse; `None` = the protocol's expiry
+    /// period, `Some(0)` = at once, as in the paper (only the CRC then catches a reader of a
+    /// reused extent).
+    pub extent_reuse_delay_ns: Option<u64>,
     /// Test-only breakages.
     #[cfg(any(test, feature = "testing"))]
     pub mutations: RpcMutations,
+    /// Test-only adversarial timing of Pilaf's servers.
+    #[cfg(any(test, feature = "testing"))]
+    pub pilaf: crate::pilaf::PilafTesting,
 }
 
 impl Default for RpcConfig {
@@ -72,8 +79,11 @@ impl Default for RpcConfig {
             max_clients_per_node: 16,
             idle_backoff_ns: None,
             response_timeout_ns: 30_000_000_000,
+            extent_reuse_delay_ns: None,
             #[cfg(any(test, feature = "testing"))]
             mutations: RpcMutations::default(),
+            #[cfg(any(test, feature = "testing"))]
+            pilaf: crate::pilaf::PilafTesting::default(),
         }
     }
 }
@@ -89,7 +99,27 @@ impl RpcConfig {
         if self.response_timeout_ns < 1_000_000 {
             return Err(ConfigError::ResponseTimeout(self.response_timeout_ns));
         }
+        if let Some(d) = self.extent_reuse_delay_ns.filter(|&d| d > MAX_EXPIRY_NS) {
+            return Err(ConfigError::ReuseDelay(d));
+        }
         Ok(())
+    }
+
+    /// The Pilaf store parameters of `geometry` under this configuration (`cfg`: the cluster's
+    /// protocol configuration, whose expiry period is the default extent reuse delay).
+    pub fn pilaf_params(
+        &self,
+        geometry: &Geometry,
+        cfg: &crate::ProtocolConfig,
+    ) -> Result<crate::pilaf::PilafParams, Error> {
+        let delay = self.extent_reuse_delay_ns.unwrap_or(cfg.expiry_ns);
+        #[allow(unused_mut)]
+        let mut p = crate::pilaf::PilafParams::new(geometry, delay)?;
+        #[cfg(any(test, feature = "testing"))]
+        {
+            p.testing = self.pilaf;
+        }
+        Ok(p)
     }
 
     /// Options of the server threads.

@@ -161,10 +161,55 @@ struct Served {
     last_seq: u64,
 }
 
+/// What executes the requests a server thread receives, on the server's node: the
+/// client-driven protocol over the coupled index (SD, HY: a [`CdClient`]), or Pilaf's store
+/// (`crate::pilaf::PilafExecutor`).
+pub trait Execute: Send {
+    /// The node it executes on.
+    fn node(&self) -> NodeId;
+    /// Refuse a configuration the server cannot run with.
+    fn check(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn execute(&mut self, op: OpCode, key: &[u8], value: &[u8]) -> Reply;
+    /// Its counters, mirrored into the server's.
+    fn exec_stats(&self) -> ClientStats;
+}
+
+impl<E: Endpoint> Execute for CdClient<E> {
+    fn node(&self) -> NodeId {
+        CdClient::node(self)
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.view().index.placement != Placement::Coupled {
+            return Err(Error::Config(
+                "server threads execute with the coupled index (see sd::coupled_view)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, op: OpCode, key: &[u8], value: &[u8]) -> Reply {
+        match op {
+            OpCode::Get => self.get(key),
+            OpCode::Put => self.put(key, value).map(|()| None),
+            OpCode::Delete => self.delete(key).map(|()| None),
+        }
+    }
+
+    fn exec_stats(&self) -> ClientStats {
+        self.stats()
+    }
+}
+
+/// A server thread's loop, whatever its executor: runs until the stop flag is set.
+pub type ServerLoop = Box<dyn FnMut(&AtomicBool) + Send>;
+
 /// One server thread of a node.
-pub struct Server<E: Endpoint> {
-    /// Executes operations: the client-driven protocol on this node, coupled index.
-    exec: CdClient<E>,
+pub struct Server<E: Endpoint, X: Execute = CdClient<E>> {
+    /// Executes operations: by default the client-driven protocol on this node, coupled index.
+    exec: X,
     /// Polls request slots and writes responses (kept apart from `exec` so the protocol's
     /// fabric counters are not drowned in polls).
     io: E,
@@ -176,22 +221,18 @@ pub struct Server<E: Endpoint> {
     out: Vec<u8>,
 }
 
-impl<E: Endpoint> Server<E> {
+impl<E: Endpoint, X: Execute> Server<E, X> {
     /// Server thread `thread` of `threads` on `exec`'s node. `io` must be another endpoint of
-    /// the same node; `exec` must use the coupled index.
+    /// the same node; a `CdClient` executor must use the coupled index.
     pub fn new(
-        exec: CdClient<E>,
+        exec: X,
         io: E,
         shared: Arc<RpcShared>,
         thread: u16,
         threads: u16,
         opts: ServerOptions,
     ) -> Result<Self, Error> {
-        if exec.view().index.placement != Placement::Coupled {
-            return Err(Error::Config(
-                "server threads execute with the coupled index (see sd::coupled_view)".into(),
-            ));
-        }
+        exec.check()?;
         if io.node() != exec.node() {
             return Err(Error::Config(format!(
                 "server I/O endpoint on node {} but executor on node {}",
@@ -244,14 +285,23 @@ impl<E: Endpoint> Server<E> {
         self.io.node()
     }
 
-    /// The executing client-driven worker (its counters, its endpoint's fabric counters).
-    pub fn executor(&self) -> &CdClient<E> {
+    /// The executing worker (its counters, its endpoint's fabric counters).
+    pub fn executor(&self) -> &X {
         &self.exec
     }
 
     /// The executing worker, mutably (e.g. to install a test hook).
-    pub fn executor_mut(&mut self) -> &mut CdClient<E> {
+    pub fn executor_mut(&mut self) -> &mut X {
         &mut self.exec
+    }
+
+    /// This server as a loop to run on its thread.
+    pub fn into_loop(mut self) -> ServerLoop
+    where
+        E: 'static,
+        X: 'static,
+    {
+        Box::new(move |stop| self.run(stop))
     }
 
     /// Poll until `stop` is set.
@@ -356,24 +406,19 @@ impl<E: Endpoint> Server<E> {
         Ok(Some((op, k, v)))
     }
 
-    /// Run the operation in `self.body` with the client-driven protocol on this node.
+    /// Run the operation in `self.body` with the executor on this node.
     fn execute(&mut self, op: OpCode, k: usize, v: usize) -> Reply {
         let (key, value) = SlotLayout::split_body(&self.body, k, v);
-        let r = match op {
-            OpCode::Get => {
-                bump(&self.stats.gets, 1);
-                self.exec.get(key)
-            }
-            OpCode::Put => {
-                bump(&self.stats.puts, 1);
-                self.exec.put(key, value).map(|()| None)
-            }
-            OpCode::Delete => {
-                bump(&self.stats.deletes, 1);
-                self.exec.delete(key).map(|()| None)
-            }
-        };
-        self.stats.mirror(&self.exec.stats());
+        bump(
+            match op {
+                OpCode::Get => &self.stats.gets,
+                OpCode::Put => &self.stats.puts,
+                OpCode::Delete => &self.stats.deletes,
+            },
+            1,
+        );
+        let r = self.exec.execute(op, key, value);
+        self.stats.mirror(&self.exec.exec_stats());
         r
     }
 
