@@ -211,13 +211,14 @@ fn relative_panel(grouped: &Grouped<'_>, other: &str) -> LinePanel {
     panel
 }
 
-/// `values-relative.png`: cd's goodput relative to sd's (always drawn) and hy's (when run).
+/// `values-relative.png`: cd's goodput relative to sd's (always drawn), hy's and pilaf's (when
+/// run).
 fn values_relative(
     grouped: &Grouped<'_>,
     setup: &str,
     out_dir: &Path,
 ) -> Result<PathBuf, PlotError> {
-    let panels: Vec<LinePanel> = ["sd", "hy"]
+    let panels: Vec<LinePanel> = ["sd", "hy", "pilaf"]
         .into_iter()
         .map(|other| (other, relative_panel(grouped, other)))
         .filter(|(other, panel)| !panel.series.is_empty() || *other == "sd")

@@ -322,7 +322,8 @@ pub struct BarChart {
 const TITLE_HEIGHT: u32 = 70;
 
 /// Colour and marker of a series: the modes keep the same look in every figure (CD blue circles,
-/// SD red triangles, HY green squares); other series take palette entries in order.
+/// SD red triangles, HY green squares, Pilaf purple diamonds); other series take palette entries
+/// in order.
 fn series_look(name: &str, index: usize) -> (RGBColor, usize) {
     let first = name
         .split_whitespace()
@@ -333,14 +334,16 @@ fn series_look(name: &str, index: usize) -> (RGBColor, usize) {
         "cd" => (MODE_COLORS[0], 0),
         "sd" => (MODE_COLORS[1], 1),
         "hy" => (MODE_COLORS[2], 2),
+        "pilaf" => (MODE_COLORS[3], 4),
         _ => (PALETTE[index % PALETTE.len()], index % 5),
     }
 }
 
-const MODE_COLORS: [RGBColor; 3] = [
+const MODE_COLORS: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
 ];
 
 const PALETTE: [RGBColor; 8] = [

@@ -43,7 +43,7 @@ pub const QUICK_MAX_WARMUP: f64 = 1.0;
 /// The skewed key distribution of the presets (the paper's Zipf parameter).
 pub const ZIPF: &str = "zipf:0.99";
 
-pub(crate) const MODES_ALL: [&str; 3] = ["cd", "sd", "hy"];
+pub(crate) const MODES_ALL: [&str; 4] = ["cd", "sd", "hy", "pilaf"];
 const MODES_CD_SD: [&str; 2] = ["cd", "sd"];
 
 /// The optimisation configurations of the `optimizations` preset, cumulative, in order:
@@ -89,10 +89,10 @@ impl Preset {
     pub fn description(self) -> &'static str {
         match self {
             Preset::Contention => {
-                "goodput vs background CPU-hog processes 0..=4 (16 KiB, 90% GET, uniform; cd/sd/hy)"
+                "goodput vs background CPU-hog processes 0..=4 (16 KiB, 90% GET, uniform; cd/sd/hy/pilaf)"
             }
             Preset::Values => {
-                "goodput vs value size 256 B..128 KiB at 50/90/99% GET (cd/sd/hy) and Zipf 0.99 (cd/sd)"
+                "goodput vs value size 256 B..128 KiB at 50/90/99% GET (cd/sd/hy/pilaf) and Zipf 0.99 (cd/sd)"
             }
             Preset::Energy => "CPU time per operation vs offered load 5..100% (16 KiB, 90% GET; cd/sd)",
             Preset::Optimizations => {

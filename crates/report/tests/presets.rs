@@ -27,8 +27,8 @@ fn preset_names_parse_and_print() {
 fn contention_matrix() {
     let base = short_base();
     let runs = Preset::Contention.runs(&base);
-    assert_eq!(runs.len(), 3 * 5);
-    for mode in ["cd", "sd", "hy"] {
+    assert_eq!(runs.len(), 4 * 5);
+    for mode in ["cd", "sd", "hy", "pilaf"] {
         let bgs: Vec<u16> = runs
             .iter()
             .filter(|r| r.params.mode == mode)
@@ -48,21 +48,21 @@ fn contention_matrix() {
     assert_eq!(runs[2].stem, "contention-cd-bg2");
     assert_eq!(
         Preset::Contention.runs_with_max_background(&base, 2).len(),
-        9
+        12
     );
     assert_eq!(
         Preset::Contention.runs_with_max_background(&base, 0).len(),
-        3
+        4
     );
 }
 
 #[test]
 fn values_matrix() {
     let runs = Preset::Values.runs(&short_base());
-    assert_eq!(runs.len(), 6 * 3 * 3 + 6 * 2);
+    assert_eq!(runs.len(), 6 * 3 * 4 + 6 * 2);
     let uniform: Vec<&RunSpec> = runs.iter().filter(|r| r.params.dist == "uniform").collect();
-    assert_eq!(uniform.len(), 54);
-    for mode in ["cd", "sd", "hy"] {
+    assert_eq!(uniform.len(), 72);
+    for mode in ["cd", "sd", "hy", "pilaf"] {
         for get in [0.5, 0.9, 0.99] {
             let sizes: Vec<u32> = uniform
                 .iter()
