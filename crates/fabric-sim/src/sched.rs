@@ -1,0 +1,319 @@
+//! The hand-off scheduler: simulated threads are real OS threads, but one runs at a time, in
+//! virtual-time order.
+//!
+//! A simulated thread runs until it waits for a virtual time (`wait_until`: a fabric
+//! operation's next stage, a sleep, CPU work). Then the scheduler takes the earliest pending
+//! wake-up, sets virtual time to it and hands control to that thread. Ties are broken by a
+//! number drawn from the seeded generator when the wait was posted, then by thread number: a
+//! run is a function of the seed and the code.
+//!
+//! Protocol code takes real locks (a node's allocator is a `Mutex` held across fabric
+//! operations). A thread that blocks on a lock held by a thread waiting for its virtual time
+//! would never come back to the scheduler, so the scheduler watches running threads: one
+//! that the kernel reports asleep at [`BLOCKED_POLLS`] consecutive polls, without having come
+//! back, is *blocked*, and the next wake-up is dispatched. Blocked threads can only be woken by
+//! a running one (they wait for a lock), so before each dispatch the scheduler asks the
+//! kernel again and waits for any that woke. A woken thread's clock jumps to the virtual time
+//! at which it was released.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// A simulated thread's number (the order in which it was created).
+pub type ThreadNo = usize;
+
+/// How often the scheduler looks at a thread that has not come back.
+const POLL: Duration = Duration::from_micros(200);
+/// Consecutive polls at which a running thread must be asleep in the kernel to count as
+/// blocked on a lock (a thread briefly asleep in a system call must not count).
+pub const BLOCKED_POLLS: u32 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    /// Created, not spawned: the scheduler ignores it.
+    Idle,
+    /// Has a pending wake-up in the queue.
+    Waiting,
+    Running,
+    /// Asleep on something outside the simulator (a lock held by a waiting thread).
+    Blocked,
+    Done,
+}
+
+/// One simulated thread's shared part.
+#[derive(Debug, Default)]
+pub struct Slot {
+    cv: Condvar,
+    /// The thread's virtual time at its last dispatch.
+    clock: AtomicU64,
+    /// Kernel thread id (0 until the thread has started), for the blocked check.
+    os_tid: AtomicI32,
+}
+
+impl Slot {
+    pub fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+}
+
+struct State {
+    status: Vec<Status>,
+    slots: Vec<std::sync::Arc<Slot>>,
+    start_ns: Vec<u64>,
+    /// Times each thread has posted a wait: a blocked verdict stands only if it is unchanged.
+    posts: Vec<u64>,
+    /// Consecutive polls each running thread was seen asleep.
+    asleep: Vec<u32>,
+    heap: BinaryHeap<Reverse<(u64, u64, ThreadNo)>>,
+    running: usize,
+    blocked: usize,
+    rng: SmallRng,
+    /// FNV-1a over every dispatch (time, thread): equal for equal runs.
+    trace: u64,
+    dispatches: u64,
+}
+
+/// What a finished run did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Virtual time of the last event, ns.
+    pub end_ns: u64,
+    /// Hand-offs and in-place advances of virtual time.
+    pub dispatches: u64,
+    /// Hash of the sequence of (virtual time, thread) dispatches.
+    pub trace: u64,
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+impl State {
+    fn note(&mut self, t: u64, thread: ThreadNo) {
+        self.dispatches += 1;
+        for b in t
+            .to_le_bytes()
+            .into_iter()
+            .chain((thread as u64).to_le_bytes())
+        {
+            self.trace = (self.trace ^ b as u64).wrapping_mul(FNV_PRIME);
+        }
+    }
+
+    fn leave(&mut self, thread: ThreadNo) {
+        match self.status[thread] {
+            Status::Running => self.running -= 1,
+            Status::Blocked => self.blocked -= 1,
+            s => panic!("simulated thread {thread} acted while {s:?}: a simulated endpoint is used outside its own thread"),
+        }
+    }
+}
+
+pub struct Sched {
+    state: Mutex<State>,
+    sched_cv: Condvar,
+    now: AtomicU64,
+}
+
+impl Sched {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            state: Mutex::new(State {
+                status: Vec::new(),
+                slots: Vec::new(),
+                start_ns: Vec::new(),
+                posts: Vec::new(),
+                asleep: Vec::new(),
+                heap: BinaryHeap::new(),
+                running: 0,
+                blocked: 0,
+                rng: SmallRng::seed_from_u64(seed),
+                trace: FNV_OFFSET,
+                dispatches: 0,
+            }),
+            sched_cv: Condvar::new(),
+            now: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking simulated thread must not hide the others' results.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Current virtual time (constant while any thread runs).
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Acquire)
+    }
+
+    /// A new simulated thread that will start at a seeded time in `[0, jitter_ns)`.
+    pub fn register(&self, jitter_ns: u64) -> (ThreadNo, std::sync::Arc<Slot>) {
+        let mut st = self.lock();
+        let start = if jitter_ns == 0 {
+            0
+        } else {
+            st.rng.gen_range(0..jitter_ns)
+        };
+        let slot = std::sync::Arc::new(Slot::default());
+        st.status.push(Status::Idle);
+        st.slots.push(slot.clone());
+        st.start_ns.push(start);
+        st.posts.push(0);
+        st.asleep.push(0);
+        (st.status.len() - 1, slot)
+    }
+
+    pub fn slot(&self, thread: ThreadNo) -> std::sync::Arc<Slot> {
+        self.lock().slots[thread].clone()
+    }
+
+    /// Queue the first dispatch of `thread`, whose OS thread is about to be started.
+    pub fn spawned(&self, thread: ThreadNo) {
+        let mut st = self.lock();
+        assert_eq!(
+            st.status[thread],
+            Status::Idle,
+            "simulated thread {thread} spawned twice"
+        );
+        st.status[thread] = Status::Waiting;
+        let tie = st.rng.gen();
+        let at = st.start_ns[thread];
+        st.heap.push(Reverse((at, tie, thread)));
+    }
+
+    /// First thing a simulated OS thread does: wait for its first dispatch.
+    pub fn enter(&self, thread: ThreadNo, slot: &Slot) {
+        slot.os_tid
+            .store(crate::procstate::gettid(), Ordering::Release);
+        let mut st = self.lock();
+        while st.status[thread] != Status::Running {
+            st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        slot.clock.store(self.now(), Ordering::Release);
+    }
+
+    /// Last thing it does (also on panic).
+    pub fn exit(&self, thread: ThreadNo) {
+        let mut st = self.lock();
+        if matches!(st.status[thread], Status::Running | Status::Blocked) {
+            st.leave(thread);
+        }
+        st.status[thread] = Status::Done;
+        self.sched_cv.notify_one();
+    }
+
+    /// Block the calling simulated thread until virtual time `t` (at least now); returns the
+    /// virtual time it resumes at.
+    pub fn wait_until(&self, thread: ThreadNo, slot: &Slot, t: u64) -> u64 {
+        let mut st = self.lock();
+        let t = t.max(self.now());
+        let key = (t, st.rng.gen::<u64>(), thread);
+        let alone = st.status[thread] == Status::Running && st.running == 1 && st.blocked == 0;
+        if alone && st.heap.peek().is_none_or(|Reverse(top)| key < *top) {
+            // Nobody can act before `t`: advance in place, no hand-off.
+            self.now.store(t, Ordering::Release);
+            st.note(t, thread);
+            slot.clock.store(t, Ordering::Release);
+            return t;
+        }
+        st.leave(thread);
+        st.status[thread] = Status::Waiting;
+        st.posts[thread] += 1;
+        st.heap.push(Reverse(key));
+        self.sched_cv.notify_one();
+        while st.status[thread] != Status::Running {
+            st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let now = self.now();
+        slot.clock.store(now, Ordering::Release);
+        now
+    }
+
+    /// Dispatch until every spawned thread has finished.
+    pub fn run(&self) -> RunSummary {
+        let mut st = self.lock();
+        loop {
+            if st.running > 0 {
+                let (g, waited) = self
+                    .sched_cv
+                    .wait_timeout(st, POLL)
+                    .unwrap_or_else(|p| p.into_inner());
+                st = g;
+                if waited.timed_out() && st.running > 0 {
+                    st = self.poll(st, Status::Running);
+                }
+                continue;
+            }
+            if st.blocked > 0 {
+                st = self.poll(st, Status::Blocked);
+                if st.running > 0 {
+                    continue;
+                }
+            }
+            let Some(Reverse((t, _, thread))) = st.heap.pop() else {
+                assert!(
+                    st.blocked == 0,
+                    "deadlock: {} simulated threads are blocked outside the simulator and nothing is left to run",
+                    st.blocked
+                );
+                break;
+            };
+            debug_assert!(t >= self.now(), "virtual time went backwards");
+            self.now.store(t, Ordering::Release);
+            st.note(t, thread);
+            st.status[thread] = Status::Running;
+            st.running = 1;
+            st.slots[thread].cv.notify_one();
+        }
+        RunSummary {
+            end_ns: self.now(),
+            dispatches: st.dispatches,
+            trace: st.trace,
+        }
+    }
+
+    /// Ask the kernel about the threads in `which` state (Running: are they blocked? Blocked:
+    /// have they woken?), without holding the lock while reading `/proc`.
+    fn poll<'a>(&'a self, st: MutexGuard<'a, State>, which: Status) -> MutexGuard<'a, State> {
+        let look: Vec<(ThreadNo, i32, u64)> = (0..st.status.len())
+            .filter(|&i| st.status[i] == which)
+            .map(|i| (i, st.slots[i].os_tid.load(Ordering::Acquire), st.posts[i]))
+            .filter(|&(_, tid, _)| tid != 0)
+            .collect();
+        drop(st);
+        let asleep: Vec<bool> = look
+            .iter()
+            .map(|&(_, tid, _)| crate::procstate::asleep(tid))
+            .collect();
+        let mut st = self.lock();
+        for (&(i, _, posts), asleep) in look.iter().zip(asleep) {
+            if st.status[i] != which || st.posts[i] != posts {
+                continue; // it came back meanwhile
+            }
+            match which {
+                Status::Running if asleep => {
+                    st.asleep[i] += 1;
+                    if st.asleep[i] >= BLOCKED_POLLS {
+                        st.status[i] = Status::Blocked;
+                        st.running -= 1;
+                        st.blocked += 1;
+                        st.asleep[i] = 0;
+                    }
+                }
+                Status::Running => st.asleep[i] = 0,
+                Status::Blocked if !asleep => {
+                    st.status[i] = Status::Running;
+                    st.blocked -= 1;
+                    st.running += 1;
+                }
+                _ => {}
+            }
+        }
+        st
+    }
+}
