@@ -179,9 +179,32 @@ impl Sim {
         self.shared.sched.now()
     }
 
+    /// A reader of `thread`'s virtual time, for code around its operations (history
+    /// recorders, latency timers) that cannot reach its endpoint.
+    pub fn clock(&self, thread: SimThread) -> SimClock {
+        SimClock {
+            shared: self.shared.clone(),
+            slot: self.shared.sched.slot(thread.0),
+        }
+    }
+
     /// Direct access to a node's memory outside the simulation (setup and inspection).
     pub fn memory(&self, node: NodeId, region: RegionId) -> &WordMemory {
         &self.shared.memory[node as usize][region as usize]
+    }
+}
+
+/// A simulated thread's virtual clock ([`Sim::clock`]); read it on that thread.
+#[derive(Clone)]
+pub struct SimClock {
+    shared: Arc<Shared>,
+    slot: Arc<Slot>,
+}
+
+impl SimClock {
+    /// The thread's virtual time, ns (what its endpoint's `mono_ns` says).
+    pub fn now_ns(&self) -> u64 {
+        self.slot.clock().max(self.shared.sched.now())
     }
 }
 

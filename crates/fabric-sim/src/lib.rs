@@ -23,13 +23,14 @@
 //!
 //! [`WordMemory`]: nessie_fabric::memory::WordMemory
 
+pub mod cd;
 pub mod fabric;
 pub mod net;
 pub mod params;
 mod procstate;
 pub mod sched;
 
-pub use fabric::{Sim, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
+pub use fabric::{Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
 pub use net::WireBytes;
 pub use params::SimParams;
 pub use sched::RunSummary;
