@@ -266,6 +266,11 @@ impl SimEndpoint {
         self.slot.clock().max(self.shared.sched.now())
     }
 
+    /// First step of every operation: see [`crate::sched::Sched::checkin`].
+    fn checkin(&self) {
+        self.shared.sched.checkin(self.thread, &self.slot);
+    }
+
     /// Wait until virtual time `t`.
     fn at(&self, t: u64) -> u64 {
         self.shared.sched.wait_until(self.thread, &self.slot, t)
@@ -282,6 +287,7 @@ impl SimEndpoint {
         let shared = self.shared.clone();
         let p = &shared.p;
         let mem = shared.checked(addr, len)?;
+        self.checkin();
         let shape = Shape::of(p, kind, len as u64);
         let posted = shared.net().cpu(self.node, self.time(), p.cpu_op_ns);
         let t = self.at(posted);
@@ -355,6 +361,7 @@ impl SimEndpoint {
     ) -> Result<(RemoteAddr, &WordMemory), FabricError> {
         let addr = RemoteAddr::new(self.node, region, offset);
         let mem = self.shared.checked(addr, len)?;
+        self.checkin();
         let p = &self.shared.p;
         let cost = p.local_op_ns + p.copy_ns(len as u64);
         let done = self.shared.net().cpu(self.node, self.time(), cost);
@@ -423,6 +430,7 @@ impl Endpoint for SimEndpoint {
     }
 
     fn sleep_ns(&mut self, ns: u64) {
+        self.checkin();
         self.at(self.time().saturating_add(ns));
     }
 

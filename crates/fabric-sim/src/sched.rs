@@ -4,8 +4,9 @@
 //! A simulated thread runs until it waits for a virtual time (`wait_until`: a fabric
 //! operation's next stage, a sleep, CPU work). Then the scheduler takes the earliest pending
 //! wake-up, sets virtual time to it and hands control to that thread. Ties are broken by a
-//! number drawn from the seeded generator when the wait was posted, then by thread number: a
-//! run is a function of the seed and the code.
+//! number derived from the seed, the thread and how many waits it has posted (not from the
+//! order in which threads post), then by thread number: a run is a function of the seed and
+//! the code.
 //!
 //! Protocol code takes real locks (a node's allocator is a `Mutex` held across fabric
 //! operations). A thread that blocks on a lock held by a thread waiting for its virtual time
@@ -13,8 +14,13 @@
 //! that the kernel reports asleep at [`BLOCKED_POLLS`] consecutive polls, without having come
 //! back, is *blocked*, and the next wake-up is dispatched. Blocked threads can only be woken by
 //! a running one (they wait for a lock), so before each dispatch the scheduler asks the
-//! kernel again and waits for any that woke. A woken thread's clock jumps to the virtual time
-//! at which it was released.
+//! kernel again and waits for any that woke. A woken thread may run alongside the one that
+//! released it, but only until its next simulator call ([`Sched::checkin`]), where it queues
+//! itself at the virtual time it was released and waits for its turn like any other: what it
+//! does in between is its own work under the lock it just took. So runs stay deterministic as
+//! long as a thread that releases a lock does not take it again before its next fabric
+//! operation or sleep (true of the protocol code: every allocation is followed by a DTE
+//! write).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -43,6 +49,8 @@ enum Status {
     Running,
     /// Asleep on something outside the simulator (a lock held by a waiting thread).
     Blocked,
+    /// Was blocked, seen awake: runs until its next [`Sched::checkin`].
+    Woken,
     Done,
 }
 
@@ -71,12 +79,15 @@ struct State {
     /// Consecutive polls each running thread was seen asleep.
     asleep: Vec<u32>,
     heap: BinaryHeap<Reverse<(u64, u64, ThreadNo)>>,
+    /// Threads Running or Woken.
     running: usize,
     blocked: usize,
     rng: SmallRng,
+    seed: u64,
     /// FNV-1a over every dispatch (time, thread): equal for equal runs.
     trace: u64,
     dispatches: u64,
+    blocks: u64,
 }
 
 /// What a finished run did.
@@ -88,6 +99,8 @@ pub struct RunSummary {
     pub dispatches: u64,
     /// Hash of the sequence of (virtual time, thread) dispatches.
     pub trace: u64,
+    /// Times a thread was found blocked on a lock outside the simulator.
+    pub blocks: u64,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -105,9 +118,19 @@ impl State {
         }
     }
 
+    /// The tie-break of `thread`'s next wait: a function of the seed, the thread and its
+    /// count of waits (splitmix64), so independent of which thread posts first.
+    fn tie(&self, thread: ThreadNo) -> u64 {
+        let mut z = self.seed ^ (thread as u64) << 40 ^ self.posts[thread];
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
     fn leave(&mut self, thread: ThreadNo) {
         match self.status[thread] {
-            Status::Running => self.running -= 1,
+            Status::Running | Status::Woken => self.running -= 1,
             Status::Blocked => self.blocked -= 1,
             s => panic!("simulated thread {thread} acted while {s:?}: a simulated endpoint is used outside its own thread"),
         }
@@ -133,8 +156,10 @@ impl Sched {
                 running: 0,
                 blocked: 0,
                 rng: SmallRng::seed_from_u64(seed),
+                seed,
                 trace: FNV_OFFSET,
                 dispatches: 0,
+                blocks: 0,
             }),
             sched_cv: Condvar::new(),
             now: AtomicU64::new(0),
@@ -181,7 +206,7 @@ impl Sched {
             "simulated thread {thread} spawned twice"
         );
         st.status[thread] = Status::Waiting;
-        let tie = st.rng.gen();
+        let tie = st.tie(thread);
         let at = st.start_ns[thread];
         st.heap.push(Reverse((at, tie, thread)));
     }
@@ -200,11 +225,24 @@ impl Sched {
     /// Last thing it does (also on panic).
     pub fn exit(&self, thread: ThreadNo) {
         let mut st = self.lock();
-        if matches!(st.status[thread], Status::Running | Status::Blocked) {
+        if matches!(
+            st.status[thread],
+            Status::Running | Status::Blocked | Status::Woken
+        ) {
             st.leave(thread);
         }
         st.status[thread] = Status::Done;
         self.sched_cv.notify_one();
+    }
+
+    /// Before a simulated thread touches the model: one that was blocked on a lock and has
+    /// been woken waits for its turn at the virtual time it was released.
+    pub fn checkin(&self, thread: ThreadNo, slot: &Slot) {
+        let st = self.lock();
+        if matches!(st.status[thread], Status::Blocked | Status::Woken) {
+            let now = self.now();
+            self.park(st, thread, slot, now);
+        }
     }
 
     /// Block the calling simulated thread until virtual time `t` (at least now); returns the
@@ -212,16 +250,25 @@ impl Sched {
     pub fn wait_until(&self, thread: ThreadNo, slot: &Slot, t: u64) -> u64 {
         let mut st = self.lock();
         let t = t.max(self.now());
-        let key = (t, st.rng.gen::<u64>(), thread);
         let alone = st.status[thread] == Status::Running && st.running == 1 && st.blocked == 0;
-        if alone && st.heap.peek().is_none_or(|Reverse(top)| key < *top) {
-            // Nobody can act before `t`: advance in place, no hand-off.
-            self.now.store(t, Ordering::Release);
-            st.note(t, thread);
-            slot.clock.store(t, Ordering::Release);
-            return t;
+        if alone {
+            let key = (t, st.tie(thread), thread);
+            if st.heap.peek().is_none_or(|Reverse(top)| key < *top) {
+                // Nobody can act before `t`: advance in place, no hand-off.
+                st.posts[thread] += 1;
+                self.now.store(t, Ordering::Release);
+                st.note(t, thread);
+                slot.clock.store(t, Ordering::Release);
+                return t;
+            }
         }
+        self.park(st, thread, slot, t)
+    }
+
+    /// Queue `thread`'s wake-up at `t` and wait for it.
+    fn park(&self, mut st: MutexGuard<'_, State>, thread: ThreadNo, slot: &Slot, t: u64) -> u64 {
         st.leave(thread);
+        let key = (t, st.tie(thread), thread);
         st.status[thread] = Status::Waiting;
         st.posts[thread] += 1;
         st.heap.push(Reverse(key));
@@ -274,6 +321,7 @@ impl Sched {
             end_ns: self.now(),
             dispatches: st.dispatches,
             trace: st.trace,
+            blocks: st.blocks,
         }
     }
 
@@ -302,12 +350,13 @@ impl Sched {
                         st.status[i] = Status::Blocked;
                         st.running -= 1;
                         st.blocked += 1;
+                        st.blocks += 1;
                         st.asleep[i] = 0;
                     }
                 }
                 Status::Running => st.asleep[i] = 0,
                 Status::Blocked if !asleep => {
-                    st.status[i] = Status::Running;
+                    st.status[i] = Status::Woken;
                     st.blocked -= 1;
                     st.running += 1;
                 }

@@ -150,9 +150,10 @@ fn concurrent_mixed_workload_is_linearizable_in_virtual_time() {
         out.run.end_ns
     );
     eprintln!(
-        "{ops} ops in {} µs virtual, {} dispatches",
+        "{ops} ops in {} µs virtual, {} dispatches, {} blocked on the allocator",
         out.run.end_ns / 1000,
-        out.run.dispatches
+        out.run.dispatches,
+        out.run.blocks
     );
 }
 

@@ -241,10 +241,11 @@ fn cas_increments_are_atomic_and_runs_are_deterministic() {
     );
 }
 
-#[test]
-fn a_thread_blocked_on_a_lock_held_across_an_operation_waits_in_virtual_time() {
-    // As a node's allocator does: a real Mutex held across fabric operations.
-    let sim = two_nodes(params(), 3);
+/// Three threads on node 0 take a real Mutex around a READ and a WRITE, as a node's
+/// allocator is held across fabric operations; returns the run and when each critical
+/// section began.
+fn locked_increments(seed: u64) -> (RunSummary, Vec<u64>) {
+    let sim = two_nodes(params(), seed);
     let lock = Arc::new(Mutex::new(0u64));
     let handles: Vec<_> = (0..3)
         .map(|_| {
@@ -267,12 +268,11 @@ fn a_thread_blocked_on_a_lock_held_across_an_operation_waits_in_virtual_time() {
         })
         .collect();
     let run = sim.run();
-    let mut all: Vec<u64> = handles
+    let entered = handles
         .into_iter()
         .flat_map(|h| h.join().unwrap())
         .collect();
     assert_eq!(*lock.lock().unwrap(), 60);
-    assert_eq!(sim.memory(1, 0).len_bytes(), 1 << 20);
     let mut b = [0u8; 8];
     sim.memory(1, 0).read(0, &mut b).unwrap();
     assert_eq!(
@@ -280,9 +280,20 @@ fn a_thread_blocked_on_a_lock_held_across_an_operation_waits_in_virtual_time() {
         60,
         "the lock made each read-write atomic"
     );
+    (run, entered)
+}
+
+#[test]
+fn a_thread_blocked_on_a_lock_held_across_an_operation_waits_in_virtual_time() {
+    let (run, entered) = locked_increments(3);
+    assert!(run.blocks > 0, "threads must have blocked on the lock");
+    let mut all = entered.clone();
     all.sort();
     // Critical sections never overlap in virtual time: one READ + WRITE round trip apart.
     let min_gap = all.windows(2).map(|w| w[1] - w[0]).min().unwrap();
     assert!(min_gap >= 2 * params().one_way_latency_ns, "gap {min_gap}");
     assert!(run.end_ns >= 60 * min_gap);
+    let again = locked_increments(3);
+    assert_eq!(again.1, entered, "same seed, same virtual times");
+    assert_eq!(again.0.trace, run.trace, "same seed, same dispatches");
 }
