@@ -23,6 +23,7 @@
 //!
 //! [`WordMemory`]: nessie_fabric::memory::WordMemory
 
+pub mod bench;
 pub mod cd;
 pub mod fabric;
 pub mod net;

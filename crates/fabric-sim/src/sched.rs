@@ -207,7 +207,8 @@ impl Sched {
         );
         st.status[thread] = Status::Waiting;
         let tie = st.tie(thread);
-        let at = st.start_ns[thread];
+        // Relative to now: a thread spawned after an earlier run starts after it.
+        let at = self.now() + st.start_ns[thread];
         st.heap.push(Reverse((at, tie, thread)));
     }
 
