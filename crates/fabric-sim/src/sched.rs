@@ -233,7 +233,7 @@ impl Sched {
             st.leave(thread);
         }
         st.status[thread] = Status::Done;
-        self.sched_cv.notify_one();
+        self.hand_off(&mut st);
     }
 
     /// Before a simulated thread touches the model: one that was blocked on a lock and has
@@ -272,8 +272,9 @@ impl Sched {
         let key = (t, st.tie(thread), thread);
         st.status[thread] = Status::Waiting;
         st.posts[thread] += 1;
+        st.asleep[thread] = 0;
         st.heap.push(Reverse(key));
-        self.sched_cv.notify_one();
+        self.hand_off(&mut st);
         while st.status[thread] != Status::Running {
             st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
@@ -282,9 +283,32 @@ impl Sched {
         now
     }
 
+    /// A thread that stops running hands control straight to the earliest waiting one (one
+    /// OS wake-up per hand-off), unless some thread is blocked on a lock: then, and at the
+    /// end of the run, the scheduler thread decides.
+    fn hand_off(&self, st: &mut State) {
+        if st.running == 0 && st.blocked == 0 {
+            if let Some(Reverse((t, _, thread))) = st.heap.pop() {
+                self.dispatch(st, t, thread);
+                return;
+            }
+        }
+        self.sched_cv.notify_one();
+    }
+
+    fn dispatch(&self, st: &mut State, t: u64, thread: ThreadNo) {
+        debug_assert!(t >= self.now(), "virtual time went backwards");
+        self.now.store(t, Ordering::Release);
+        st.note(t, thread);
+        st.status[thread] = Status::Running;
+        st.running = 1;
+        st.slots[thread].cv.notify_one();
+    }
+
     /// Dispatch until every spawned thread has finished.
     pub fn run(&self) -> RunSummary {
         let mut st = self.lock();
+        let mut seen = u64::MAX;
         loop {
             if st.running > 0 {
                 let (g, waited) = self
@@ -292,8 +316,12 @@ impl Sched {
                     .wait_timeout(st, POLL)
                     .unwrap_or_else(|p| p.into_inner());
                 st = g;
+                // Ask the kernel only about a thread that has made no progress for a poll.
                 if waited.timed_out() && st.running > 0 {
-                    st = self.poll(st, Status::Running);
+                    if st.dispatches == seen {
+                        st = self.poll(st, Status::Running);
+                    }
+                    seen = st.dispatches;
                 }
                 continue;
             }
@@ -311,12 +339,7 @@ impl Sched {
                 );
                 break;
             };
-            debug_assert!(t >= self.now(), "virtual time went backwards");
-            self.now.store(t, Ordering::Release);
-            st.note(t, thread);
-            st.status[thread] = Status::Running;
-            st.running = 1;
-            st.slots[thread].cv.notify_one();
+            self.dispatch(&mut st, t, thread);
         }
         RunSummary {
             end_ns: self.now(),
