@@ -282,6 +282,42 @@ fn barrier(c: &mut CdClient<SimEndpoint>, arrived: &AtomicUsize, threads: usize)
     }
 }
 
+impl Measured {
+    fn new(ops: u64, p: &BenchParams, start_ns: u64, fabric: StatsSnapshot) -> Self {
+        Measured {
+            ops,
+            key_size: p.key_size,
+            value: vec![0xa5u8; p.value_size as usize],
+            gets: 0,
+            puts: 0,
+            errors: 0,
+            get_hist: new_hist(),
+            put_hist: new_hist(),
+            fabric: PerKind::default(),
+            window: (start_ns, 0),
+            window_fabric: fabric,
+            aborts: 0,
+            retries: 0,
+        }
+    }
+
+    /// Add another thread's measurement (the window spans both).
+    fn absorb(&mut self, o: &Measured) {
+        self.get_hist.add(&o.get_hist).expect("same bounds");
+        self.put_hist.add(&o.put_hist).expect("same bounds");
+        self.fabric.get.merge(&o.fabric.get);
+        self.fabric.put.merge(&o.fabric.put);
+        self.window = (self.window.0.min(o.window.0), self.window.1.max(o.window.1));
+        self.window_fabric += o.window_fabric;
+        (self.gets, self.puts, self.errors) = (
+            self.gets + o.gets,
+            self.puts + o.puts,
+            self.errors + o.errors,
+        );
+        (self.aborts, self.retries) = (self.aborts + o.aborts, self.retries + o.retries);
+    }
+}
+
 fn measure(
     c: &mut CdClient<SimEndpoint>,
     w: &mut Workload,
@@ -289,21 +325,8 @@ fn measure(
     p: &BenchParams,
     ops: u64,
 ) -> Measured {
-    let mut m = Measured {
-        ops,
-        key_size: p.key_size,
-        value: vec![0xa5u8; p.value_size as usize],
-        gets: 0,
-        puts: 0,
-        errors: 0,
-        get_hist: new_hist(),
-        put_hist: new_hist(),
-        fabric: PerKind::default(),
-        window: (c.endpoint().mono_ns(), 0),
-        window_fabric: c.endpoint().stats().snapshot(),
-        aborts: 0,
-        retries: 0,
-    };
+    let start = c.endpoint().mono_ns();
+    let mut m = Measured::new(ops, p, start, c.endpoint().stats().snapshot());
     let before = c.stats();
     drive(c, w, rng, &mut m);
     let after = c.stats();
@@ -340,27 +363,20 @@ fn merge(
     summary: crate::RunSummary,
     wire_bytes: Vec<WireBytes>,
 ) -> SimBenchResult {
-    let (mut gh, mut ph) = (new_hist(), new_hist());
-    let (mut fabric, mut totals) = (PerKind::<PerOp>::default(), StatsSnapshot::default());
-    let mut ops = PerKind::<u64>::default();
-    let (mut errors, mut aborts, mut retries) = (0, 0, 0);
-    let start = outs.iter().map(|o| o.window.0).min().unwrap_or(0);
-    let end = outs.iter().map(|o| o.window.1).max().unwrap_or(0);
+    let mut m = Measured::new(0, p, u64::MAX, StatsSnapshot::default());
     for o in outs {
-        gh.add(&o.get_hist).expect("same bounds");
-        ph.add(&o.put_hist).expect("same bounds");
-        fabric.get.merge(&o.fabric.get);
-        fabric.put.merge(&o.fabric.put);
-        totals += o.window_fabric;
-        (ops.get, ops.put) = (ops.get + o.gets, ops.put + o.puts);
-        (errors, aborts, retries) = (errors + o.errors, aborts + o.aborts, retries + o.retries);
+        m.absorb(o);
     }
-    ops.all = ops.get + ops.put;
-    let window_s = (end - start) as f64 / 1e9;
-    let mut all = gh.clone();
-    all.add(&ph).expect("same bounds");
-    fabric.all = fabric.get.clone();
-    fabric.all.merge(&fabric.put);
+    let ops = PerKind {
+        get: m.gets,
+        put: m.puts,
+        all: m.gets + m.puts,
+    };
+    let window_s = m.window.1.saturating_sub(m.window.0) as f64 / 1e9;
+    let mut all = m.get_hist.clone();
+    all.add(&m.put_hist).expect("same bounds");
+    let mut fabric_all = m.fabric.get.clone();
+    fabric_all.merge(&m.fabric.put);
     let ops_per_sec = ops.all as f64 / window_s.max(f64::MIN_POSITIVE);
     let params = BenchParams {
         keys: Some(keys),
@@ -374,24 +390,24 @@ fn merge(
         ops_per_sec,
         goodput_bytes_per_sec: ops_per_sec * p.mean_value_size(),
         latency_us: PerKind {
-            get: latency(&gh),
-            put: latency(&ph),
+            get: latency(&m.get_hist),
+            put: latency(&m.put_hist),
             all: latency(&all),
         },
         fabric: FabricSummary {
-            get: fabric.get.summary(ops.get),
-            put: fabric.put.summary(ops.put),
-            all: fabric.all.summary(ops.all),
-            total_ops: totals.fabric_ops(),
-            total_bytes: totals.remote_bytes(),
-            local_bytes: totals.local_bytes(),
+            get: m.fabric.get.summary(ops.get),
+            put: m.fabric.put.summary(ops.put),
+            all: fabric_all.summary(ops.all),
+            total_ops: m.window_fabric.fabric_ops(),
+            total_bytes: m.window_fabric.remote_bytes(),
+            local_bytes: m.window_fabric.local_bytes(),
         },
         ops,
-        aborts,
-        retries,
+        aborts: m.aborts,
+        retries: m.retries,
         // Simulated threads burn no measured CPU; their modelled CPU time is in the latencies.
         cpu_seconds: CpuSeconds::default(),
-        errors,
+        errors: m.errors,
         offered_ops_per_sec: None,
         params,
     };
