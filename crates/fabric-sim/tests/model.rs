@@ -297,3 +297,54 @@ fn a_thread_blocked_on_a_lock_held_across_an_operation_waits_in_virtual_time() {
     assert_eq!(again.1, entered, "same seed, same virtual times");
     assert_eq!(again.0.trace, run.trace, "same seed, same dispatches");
 }
+
+/// Virtual time four threads on node 0 take for 100 direct 4 KiB writes each, on a node with
+/// `cores` cores of which `polling` are taken by polling threads.
+fn four_copiers(cores: u32, polling: u32) -> u64 {
+    let p = SimParams {
+        cores_per_node: cores,
+        ..params()
+    };
+    let sim = two_nodes(p, 1);
+    for _ in 0..polling {
+        sim.take_polling_core(0).unwrap();
+    }
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let mut ep = sim.endpoint(0);
+            sim.spawn(ep.thread(), move || {
+                for _ in 0..100 {
+                    ep.local_write(0, t * 4096, &[7u8; 4096]).unwrap();
+                }
+            })
+        })
+        .collect();
+    let run = sim.run();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    run.end_ns
+}
+
+#[test]
+fn threads_share_their_nodes_cores() {
+    let p = params();
+    let one_write = p.local_op_ns + p.copy_ns(4096);
+    assert_eq!(four_copiers(4, 0), 100 * one_write, "a core each");
+    assert_eq!(
+        four_copiers(1, 0),
+        400 * one_write,
+        "one core for four threads"
+    );
+    assert_eq!(
+        four_copiers(4, 2),
+        200 * one_write,
+        "two cores left by polling threads"
+    );
+    let sim = two_nodes(
+        SimParams {
+            cores_per_node: 1,
+            ..p
+        },
+        1,
+    );
+    assert!(sim.take_polling_core(0).is_err(), "a node keeps a core");
+}
