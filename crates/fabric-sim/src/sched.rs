@@ -128,6 +128,17 @@ impl State {
         z ^ (z >> 31)
     }
 
+    /// The earliest wake-up of a thread still waiting (one that panicked in the middle of a
+    /// wait has left its wake-up behind).
+    fn pop(&mut self) -> Option<(u64, ThreadNo)> {
+        while let Some(Reverse((t, _, thread))) = self.heap.pop() {
+            if self.status[thread] == Status::Waiting {
+                return Some((t, thread));
+            }
+        }
+        None
+    }
+
     fn leave(&mut self, thread: ThreadNo) {
         match self.status[thread] {
             Status::Running | Status::Woken => self.running -= 1,
@@ -288,7 +299,7 @@ impl Sched {
     /// end of the run, the scheduler thread decides.
     fn hand_off(&self, st: &mut State) {
         if st.running == 0 && st.blocked == 0 {
-            if let Some(Reverse((t, _, thread))) = st.heap.pop() {
+            if let Some((t, thread)) = st.pop() {
                 self.dispatch(st, t, thread);
                 return;
             }
@@ -331,7 +342,7 @@ impl Sched {
                     continue;
                 }
             }
-            let Some(Reverse((t, _, thread))) = st.heap.pop() else {
+            let Some((t, thread)) = st.pop() else {
                 assert!(
                     st.blocked == 0,
                     "deadlock: {} simulated threads are blocked outside the simulator and nothing is left to run",

@@ -348,3 +348,22 @@ fn threads_share_their_nodes_cores() {
     );
     assert!(sim.take_polling_core(0).is_err(), "a node keeps a core");
 }
+
+#[test]
+fn a_panicking_thread_ends_and_the_others_run_on() {
+    let sim = two_nodes(params(), 1);
+    let mut a = sim.endpoint(0);
+    let mut b = sim.endpoint(1);
+    let failing = sim.spawn(a.thread(), move || {
+        a.write(RemoteAddr::new(1, 0, 0), &[1u8; 8]).unwrap();
+        panic!("a protocol thread fails");
+    });
+    let other = sim.spawn(b.thread(), move || {
+        (0..10)
+            .map(|_| b.read_u64(RemoteAddr::new(0, 0, 0)).unwrap())
+            .count()
+    });
+    sim.run();
+    assert!(failing.join().is_err());
+    assert_eq!(other.join().unwrap(), 10);
+}
