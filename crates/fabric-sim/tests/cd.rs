@@ -19,9 +19,25 @@ const NODES: u16 = 3;
 const THREADS_PER_NODE: u16 = 2;
 const OPS_PER_THREAD: u64 = 600;
 
-fn geometry() -> Geometry {
+/// A cluster and its load: `threads` client threads per node, `ops` operations each.
+#[derive(Clone, Copy)]
+struct Setup {
+    nodes: u16,
+    threads: u16,
+    ops: u64,
+    hw: fn() -> SimParams,
+}
+
+const BASE: Setup = Setup {
+    nodes: NODES,
+    threads: THREADS_PER_NODE,
+    ops: OPS_PER_THREAD,
+    hw: SimParams::default,
+};
+
+fn geometry(nodes: u16) -> Geometry {
     Geometry {
-        nodes: NODES as u32,
+        nodes: nodes as u32,
         ites_per_node: 1024,
         dtes_per_node: 4096,
         key_max: 16,
@@ -44,6 +60,7 @@ fn cfg(mutations: Mutations) -> ProtocolConfig {
 /// Records every operation with its virtual invocation and response times.
 struct Recording {
     thread: u32,
+    ops: u64,
     events: Vec<Event>,
     corrupt: u64,
 }
@@ -52,7 +69,7 @@ impl Observer<CdClient<SimEndpoint>> for Recording {
     type Token = u64;
 
     fn proceed(&mut self, _: &CdClient<SimEndpoint>, seq: u64) -> bool {
-        seq < OPS_PER_THREAD
+        seq < self.ops
     }
 
     fn key(&self, k: u64) -> Vec<u8> {
@@ -97,15 +114,20 @@ struct Outcome {
 /// Two client threads per node on 64 keys, half the operations on 4 hot keys: 50% GETs, 10%
 /// DELETEs, 40% PUTs of 8-48 bytes.
 fn run(seed: u64, mutations: Mutations) -> Outcome {
-    let mut c = SimCdCluster::new(SimParams::default(), seed, geometry(), cfg(mutations)).unwrap();
-    let clients: Vec<_> = (0..NODES * THREADS_PER_NODE)
-        .map(|i| c.client(i % NODES).unwrap())
+    run_on(BASE, seed, mutations)
+}
+
+fn run_on(s: Setup, seed: u64, mutations: Mutations) -> Outcome {
+    let mut c = SimCdCluster::new((s.hw)(), seed, geometry(s.nodes), cfg(mutations)).unwrap();
+    let clients: Vec<_> = (0..s.nodes * s.threads)
+        .map(|i| c.client(i % s.nodes).unwrap())
         .collect();
     let threads = clients.len() as u64;
     let workload = Workload::new(KeyGen::hot(64, 4, 0.5).unwrap(), 0.5, 0.1, (8, 48)).unwrap();
     let (run, recordings) = c.run(clients, move |i, mut client| {
         let mut rec = Recording {
             thread: i as u32,
+            ops: s.ops,
             events: Vec::new(),
             corrupt: 0,
         };
@@ -181,4 +203,26 @@ fn mutation_ignoring_the_valid_flag_is_caught() {
         out.report
     );
     eprintln!("{violations} keys violated, {} corrupt reads", out.corrupt);
+}
+
+/// One core per node: a node's client threads share it.
+fn one_core() -> SimParams {
+    SimParams {
+        cores_per_node: 1,
+        ..SimParams::default()
+    }
+}
+
+#[test]
+fn a_larger_cluster_with_threads_sharing_a_core_is_linearizable() {
+    let s = Setup {
+        nodes: 8,
+        threads: 3,
+        ops: 200,
+        hw: one_core,
+    };
+    let out = run_on(s, 4, Mutations::default());
+    assert_eq!(out.events.len(), 8 * 3 * 200);
+    assert_eq!(out.corrupt, 0, "reads returned bytes nobody wrote");
+    assert!(out.report.is_ok(), "not linearizable:\n{}", out.report);
 }
