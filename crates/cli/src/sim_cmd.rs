@@ -10,9 +10,12 @@ use nessie_fabric_sim::SimParams;
 
 #[derive(clap::Args)]
 pub struct SimArgs {
-    /// Protocol: cd (Nessie). sd and hy are not simulated yet.
+    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid).
     #[arg(long, default_value = "cd")]
     pub mode: String,
+    /// Server threads per node (sd, hy); each polls on a core of its own.
+    #[arg(long, default_value_t = 1)]
+    pub server_threads: u16,
     /// Simulated nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: u16,
@@ -87,7 +90,7 @@ fn simulate(a: SimArgs) -> Result<(), SimCmdError> {
         mode: a.mode.clone(),
         nodes: a.nodes,
         client_threads: a.threads,
-        server_threads: 0,
+        server_threads: a.server_threads,
         transport: "sim".into(),
         key_size: a.key_size,
         value_size: a.value_size.1,

@@ -4,7 +4,9 @@
 //! Each client thread preloads its share of the keys, waits at a virtual-time barrier for the
 //! others, then performs its operations; the measured window runs from the barrier to the
 //! last thread's last operation, in virtual time. Latencies are virtual, so throughput and
-//! latency are the model's, not this machine's.
+//! latency are the model's, not this machine's. SD and HY servers poll on cores of their own
+//! until the last client is done; their aborts and retries (counted on the servers) are not
+//! in the result.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -21,12 +23,12 @@ use nessie_bench::workload::{
     key_bytes, spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
 };
 use nessie_fabric::{Endpoint, StatsSnapshot};
-use nessie_protocols::cd::CdClient;
-use nessie_protocols::{Error, Optimizations, ProtocolConfig};
+use nessie_protocols::sd::RpcConfig;
+use nessie_protocols::{Error, KvClient, Mode, ModeClient, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
 use rand::SeedableRng;
 
-use crate::cd::SimCdCluster;
+use crate::cluster::SimCluster;
 use crate::{SimEndpoint, SimParams, WireBytes};
 
 /// Most operations one simulated client thread may be asked for.
@@ -116,6 +118,8 @@ impl PerOp {
 
 /// One thread's measured part.
 struct Measured {
+    /// Another endpoint of the thread: its virtual clock.
+    timer: Option<SimEndpoint>,
     ops: u64,
     key_size: u32,
     value: Vec<u8>,
@@ -132,10 +136,10 @@ struct Measured {
     retries: u64,
 }
 
-impl Observer<CdClient<SimEndpoint>> for Measured {
+impl Observer<Client> for Measured {
     type Token = (u64, StatsSnapshot);
 
-    fn proceed(&mut self, _: &CdClient<SimEndpoint>, seq: u64) -> bool {
+    fn proceed(&mut self, _: &Client, seq: u64) -> bool {
         seq < self.ops
     }
 
@@ -147,19 +151,19 @@ impl Observer<CdClient<SimEndpoint>> for Measured {
         Cow::Borrowed(&self.value[..op.value_len])
     }
 
-    fn invoke(&mut self, c: &CdClient<SimEndpoint>, _: &Planned) -> Self::Token {
-        (c.endpoint().mono_ns(), c.endpoint().stats().snapshot())
+    fn invoke(&mut self, c: &Client, _: &Planned) -> Self::Token {
+        (self.now(), c.fabric_stats())
     }
 
     fn complete(
         &mut self,
-        c: &CdClient<SimEndpoint>,
+        c: &Client,
         op: &Planned,
         (t0, before): Self::Token,
         r: Result<Done<'_>, Error>,
     ) {
-        let latency = c.endpoint().mono_ns().saturating_sub(t0).max(1);
-        let d = c.endpoint().stats().snapshot().saturating_sub(&before);
+        let latency = self.now().saturating_sub(t0).max(1);
+        let d = c.fabric_stats().saturating_sub(&before);
         let (fops, fbytes) = (d.fabric_ops(), d.remote_bytes());
         match (r, op.kind) {
             (Err(_), _) => self.errors += 1,
@@ -177,10 +181,21 @@ impl Observer<CdClient<SimEndpoint>> for Measured {
     }
 }
 
-fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
-    if p.mode != "cd" {
-        return Err(SimBenchError::Mode(p.mode.clone()));
+/// A simulated benchmark client and, for its clock and sleeps, another endpoint of its thread.
+type Client = ModeClient<SimEndpoint>;
+
+fn mode(p: &BenchParams) -> Result<Mode, SimBenchError> {
+    let server_threads = p.server_threads;
+    match p.mode.as_str() {
+        "cd" => Ok(Mode::Cd),
+        "sd" => Ok(Mode::Sd { server_threads }),
+        "hy" => Ok(Mode::Hy { server_threads }),
+        m => Err(SimBenchError::Mode(m.into())),
     }
+}
+
+fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
+    mode(p)?;
     let threads = p.nodes as usize * p.client_threads as usize;
     let bad = |m: String| Err(SimBenchError::Param(m));
     if p.nodes == 0 || p.client_threads == 0 || threads > MAX_THREADS {
@@ -232,22 +247,36 @@ pub fn run(
         },
         ..ProtocolConfig::default()
     };
-    let mut cluster = SimCdCluster::new(hw.clone(), p.seed, geometry, cfg)?;
+    let rpc = RpcConfig {
+        max_clients_per_node: p.client_threads,
+        ..RpcConfig::default()
+    };
+    let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
     let threads = p.nodes as usize * p.client_threads as usize;
     let clients = (0..threads)
-        .map(|i| cluster.client((i % p.nodes as usize) as u16))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|i| {
+            let (c, thread, timer) = cluster.mode_client((i % p.nodes as usize) as u16)?;
+            Ok(((c, timer), thread))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
     let workload = workload(p, keys)?;
     let arrived = Arc::new(AtomicUsize::new(0));
     let (p2, seed) = (p.clone(), p.seed);
-    let (summary, outs) = cluster.run(clients, move |i, mut client| {
+    let (summary, outs) = cluster.run(clients, move |i, (mut client, mut timer)| {
         preload(&mut client, &p2, keys, i, threads)?;
-        barrier(&mut client, &arrived, threads);
+        barrier(&mut timer, &arrived, threads);
         let mut w = workload.for_thread(i as u64, threads as u64);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(
             seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         );
-        Ok(measure(&mut client, &mut w, &mut rng, &p2, ops_per_thread))
+        Ok(measure(
+            &mut client,
+            timer,
+            &mut w,
+            &mut rng,
+            &p2,
+            ops_per_thread,
+        ))
     });
     let outs = outs
         .into_iter()
@@ -258,7 +287,7 @@ pub fn run(
 
 /// Thread `i` of `threads` writes keys `i, i + threads, ...`, as the benchmark preloads.
 fn preload(
-    c: &mut CdClient<SimEndpoint>,
+    c: &mut Client,
     p: &BenchParams,
     keys: u64,
     i: usize,
@@ -275,16 +304,17 @@ fn preload(
 }
 
 /// Wait, in virtual time, until every thread has arrived.
-fn barrier(c: &mut CdClient<SimEndpoint>, arrived: &AtomicUsize, threads: usize) {
+fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) {
     arrived.fetch_add(1, Ordering::SeqCst);
     while arrived.load(Ordering::SeqCst) < threads {
-        c.endpoint_mut().sleep_ns(BARRIER_POLL_NS);
+        timer.sleep_ns(BARRIER_POLL_NS);
     }
 }
 
 impl Measured {
     fn new(ops: u64, p: &BenchParams, start_ns: u64, fabric: StatsSnapshot) -> Self {
         Measured {
+            timer: None,
             ops,
             key_size: p.key_size,
             value: vec![0xa5u8; p.value_size as usize],
@@ -299,6 +329,10 @@ impl Measured {
             aborts: 0,
             retries: 0,
         }
+    }
+
+    fn now(&self) -> u64 {
+        self.timer.as_ref().map_or(0, |t| t.mono_ns())
     }
 
     /// Add another thread's measurement (the window spans both).
@@ -319,26 +353,21 @@ impl Measured {
 }
 
 fn measure(
-    c: &mut CdClient<SimEndpoint>,
+    c: &mut Client,
+    timer: SimEndpoint,
     w: &mut Workload,
     rng: &mut rand::rngs::SmallRng,
     p: &BenchParams,
     ops: u64,
 ) -> Measured {
-    let start = c.endpoint().mono_ns();
-    let mut m = Measured::new(ops, p, start, c.endpoint().stats().snapshot());
-    let before = c.stats();
+    let mut m = Measured::new(ops, p, timer.mono_ns(), c.fabric_stats());
+    m.timer = Some(timer);
+    let before = c.aborts_retries();
     drive(c, w, rng, &mut m);
-    let after = c.stats();
-    m.window.1 = c.endpoint().mono_ns();
-    m.window_fabric = c
-        .endpoint()
-        .stats()
-        .snapshot()
-        .saturating_sub(&m.window_fabric);
-    m.aborts =
-        (after.concurrent_aborts + after.timeouts) - (before.concurrent_aborts + before.timeouts);
-    m.retries = after.retries - before.retries;
+    let after = c.aborts_retries();
+    m.window.1 = m.now();
+    m.window_fabric = c.fabric_stats().saturating_sub(&m.window_fabric);
+    (m.aborts, m.retries) = (after.0 - before.0, after.1 - before.1);
     m
 }
 

@@ -124,12 +124,24 @@ impl Sim {
             thread,
             slot,
             stats: self.shared.stats.register(node),
+            own_core: false,
         }
     }
 
     /// Take one core of `node` for a thread that polls without pause (an SD/HY server).
     pub fn take_polling_core(&self, node: NodeId) -> Result<(), SimError> {
         Ok(self.shared.net().take_core(node)?)
+    }
+
+    /// A new simulated thread on `node` that polls without pause, on a core of its own taken
+    /// from the node's ([`Sim::take_polling_core`]): its CPU work never waits for a core, and
+    /// the node's other threads have one core fewer.
+    pub fn polling_endpoint(&self, node: NodeId) -> Result<SimEndpoint, SimError> {
+        self.take_polling_core(node)?;
+        Ok(SimEndpoint {
+            own_core: true,
+            ..self.endpoint(node)
+        })
     }
 
     /// Start `thread` (an OS thread running `f`); it runs when the scheduler dispatches it,
@@ -215,6 +227,8 @@ pub struct SimEndpoint {
     thread: ThreadNo,
     slot: Arc<Slot>,
     stats: Arc<StatsCell>,
+    /// A polling thread's: CPU work runs on its own core.
+    own_core: bool,
 }
 
 /// What an operation puts on the wire each way, and the responder NIC's extra work.
@@ -260,6 +274,28 @@ impl SimEndpoint {
         SimThread(self.thread)
     }
 
+    /// Another endpoint of the same simulated thread (its own counters), for code that uses
+    /// two endpoints on one thread (an SD server's executor and its request I/O, a benchmark
+    /// thread's clock beside its client).
+    pub fn sibling(&self) -> SimEndpoint {
+        SimEndpoint {
+            shared: self.shared.clone(),
+            node: self.node,
+            thread: self.thread,
+            slot: self.slot.clone(),
+            stats: self.shared.stats.register(self.node),
+            own_core: self.own_core,
+        }
+    }
+
+    /// CPU work of `cost` ns starting now; returns when it is done.
+    fn cpu(&self, cost: u64) -> u64 {
+        if self.own_core {
+            return self.time() + cost;
+        }
+        self.shared.net().cpu(self.node, self.time(), cost)
+    }
+
     /// The thread's virtual time: its last dispatch, or now if it has since been blocked on
     /// a lock (the scheduler went on without it).
     pub fn time(&self) -> u64 {
@@ -289,7 +325,7 @@ impl SimEndpoint {
         let mem = shared.checked(addr, len)?;
         self.checkin();
         let shape = Shape::of(p, kind, len as u64);
-        let posted = shared.net().cpu(self.node, self.time(), p.cpu_op_ns);
+        let posted = self.cpu(p.cpu_op_ns);
         let t = self.at(posted);
         let local = addr.node == self.node;
         let effective = if local {
@@ -364,7 +400,7 @@ impl SimEndpoint {
         self.checkin();
         let p = &self.shared.p;
         let cost = p.local_op_ns + p.copy_ns(len as u64);
-        let done = self.shared.net().cpu(self.node, self.time(), cost);
+        let done = self.cpu(cost);
         self.at(done);
         Ok((addr, mem))
     }

@@ -24,7 +24,7 @@
 //! [`WordMemory`]: nessie_fabric::memory::WordMemory
 
 pub mod bench;
-pub mod cd;
+pub mod cluster;
 pub mod fabric;
 pub mod net;
 pub mod params;

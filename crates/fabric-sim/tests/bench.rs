@@ -76,11 +76,52 @@ fn large_gets_are_bounded_by_the_links() {
 }
 
 #[test]
-fn modes_other_than_cd_are_refused() {
+fn unknown_modes_are_refused() {
     let p = BenchParams {
-        mode: "sd".into(),
+        mode: "xx".into(),
         ..params(64, 0.5)
     };
     let e = run(&p, KEYS, geometry(64), OPS, SimParams::default()).unwrap_err();
     assert!(matches!(e, SimBenchError::Mode(_)), "{e}");
+}
+
+/// Operations per client thread of the SD and HY runs (their servers poll: many hand-offs).
+const SERVED_OPS: u64 = 150;
+
+/// A run of `mode` with one server thread per node.
+fn served(mode: &str) -> SimBenchResult {
+    let p = BenchParams {
+        mode: mode.into(),
+        server_threads: 1,
+        ..params(64, 0.5)
+    };
+    run(&p, KEYS, geometry(64), SERVED_OPS, SimParams::default()).unwrap()
+}
+
+#[test]
+fn sd_and_hy_run_with_polling_servers() {
+    let cd = sim(64, 0.5);
+    for mode in ["sd", "hy"] {
+        let r = served(mode);
+        let b = &r.bench;
+        assert_eq!(b.ops.all + b.errors, 6 * SERVED_OPS, "{mode}");
+        assert_eq!(b.errors, 0, "{mode}");
+        // A PUT is a request to the owner's server and its response: fewer fabric operations
+        // than CD's PUT, but a server's turn in between.
+        assert!(
+            b.fabric.put.ops_mean < cd.bench.fabric.put.ops_mean,
+            "{mode}"
+        );
+        assert!(
+            b.latency_us.put.p50 >= 2.0,
+            "{mode}: {:?}",
+            b.latency_us.put
+        );
+        let again = serde_json::to_value(served(mode)).unwrap();
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            again,
+            "{mode}: same seed, same result"
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! The unchanged client-driven protocol on the simulated fabric: histories of concurrent
-//! mixed workloads are linearizable, and a known protocol mutation is caught.
+//! The unchanged protocols on the simulated fabric: histories of concurrent mixed workloads
+//! are linearizable (CD, and SD and HY with their polling servers), and a known protocol
+//! mutation is caught.
 
 use std::borrow::Cow;
 
@@ -7,10 +8,10 @@ use nessie_bench::driver::{drive, Done, Observer};
 use nessie_bench::workload::{KeyGen, Planned, Workload};
 use nessie_check::{Event, Limits, Report};
 use nessie_fabric::Endpoint;
-use nessie_fabric_sim::cd::SimCdCluster;
+use nessie_fabric_sim::cluster::SimCluster;
 use nessie_fabric_sim::{RunSummary, SimEndpoint, SimParams};
-use nessie_protocols::cd::CdClient;
-use nessie_protocols::{Error, Mutations, ProtocolConfig};
+use nessie_protocols::sd::RpcConfig;
+use nessie_protocols::{Error, Mode, Mutations, ProtocolConfig};
 use nessie_store::Geometry;
 use nessie_testkit::stress::{history_entry, key_bytes, put_id, value_bytes, CORRUPT_VALUE};
 use rand::SeedableRng;
@@ -26,6 +27,7 @@ struct Setup {
     threads: u16,
     ops: u64,
     hw: fn() -> SimParams,
+    mode: Mode,
 }
 
 const BASE: Setup = Setup {
@@ -33,6 +35,7 @@ const BASE: Setup = Setup {
     threads: THREADS_PER_NODE,
     ops: OPS_PER_THREAD,
     hw: SimParams::default,
+    mode: Mode::Cd,
 };
 
 fn geometry(nodes: u16) -> Geometry {
@@ -61,14 +64,16 @@ fn cfg(mutations: Mutations) -> ProtocolConfig {
 struct Recording {
     thread: u32,
     ops: u64,
+    /// Another endpoint of the client's thread: its clock.
+    timer: SimEndpoint,
     events: Vec<Event>,
     corrupt: u64,
 }
 
-impl Observer<CdClient<SimEndpoint>> for Recording {
+impl<C> Observer<C> for Recording {
     type Token = u64;
 
-    fn proceed(&mut self, _: &CdClient<SimEndpoint>, seq: u64) -> bool {
+    fn proceed(&mut self, _: &C, seq: u64) -> bool {
         seq < self.ops
     }
 
@@ -80,17 +85,11 @@ impl Observer<CdClient<SimEndpoint>> for Recording {
         Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
     }
 
-    fn invoke(&mut self, c: &CdClient<SimEndpoint>, _: &Planned) -> u64 {
-        c.endpoint().mono_ns()
+    fn invoke(&mut self, _: &C, _: &Planned) -> u64 {
+        self.timer.mono_ns()
     }
 
-    fn complete(
-        &mut self,
-        c: &CdClient<SimEndpoint>,
-        op: &Planned,
-        invoke_ns: u64,
-        r: Result<Done<'_>, Error>,
-    ) {
+    fn complete(&mut self, _: &C, op: &Planned, invoke_ns: u64, r: Result<Done<'_>, Error>) {
         let (kind, outcome) = history_entry(op, self.thread, &r);
         self.corrupt += (outcome == nessie_check::Outcome::Ok(Some(CORRUPT_VALUE))) as u64;
         self.events.push(Event {
@@ -99,7 +98,7 @@ impl Observer<CdClient<SimEndpoint>> for Recording {
             op: kind,
             outcome,
             invoke_ns,
-            response_ns: c.endpoint().mono_ns(),
+            response_ns: self.timer.mono_ns(),
         });
     }
 }
@@ -118,16 +117,25 @@ fn run(seed: u64, mutations: Mutations) -> Outcome {
 }
 
 fn run_on(s: Setup, seed: u64, mutations: Mutations) -> Outcome {
-    let mut c = SimCdCluster::new((s.hw)(), seed, geometry(s.nodes), cfg(mutations)).unwrap();
+    let rpc = RpcConfig {
+        max_clients_per_node: s.threads,
+        ..RpcConfig::default()
+    };
+    let (hw, g) = ((s.hw)(), geometry(s.nodes));
+    let mut c = SimCluster::with_mode(hw, seed, g, cfg(mutations), s.mode, rpc).unwrap();
     let clients: Vec<_> = (0..s.nodes * s.threads)
-        .map(|i| c.client(i % s.nodes).unwrap())
+        .map(|i| {
+            let (client, thread, timer) = c.mode_client(i % s.nodes).unwrap();
+            ((client, timer), thread)
+        })
         .collect();
     let threads = clients.len() as u64;
     let workload = Workload::new(KeyGen::hot(64, 4, 0.5).unwrap(), 0.5, 0.1, (8, 48)).unwrap();
-    let (run, recordings) = c.run(clients, move |i, mut client| {
+    let (run, recordings) = c.run(clients, move |i, (mut client, timer)| {
         let mut rec = Recording {
             thread: i as u32,
             ops: s.ops,
+            timer,
             events: Vec::new(),
             corrupt: 0,
         };
@@ -220,9 +228,33 @@ fn a_larger_cluster_with_threads_sharing_a_core_is_linearizable() {
         threads: 3,
         ops: 200,
         hw: one_core,
+        mode: Mode::Cd,
     };
     let out = run_on(s, 4, Mutations::default());
     assert_eq!(out.events.len(), 8 * 3 * 200);
     assert_eq!(out.corrupt, 0, "reads returned bytes nobody wrote");
     assert!(out.report.is_ok(), "not linearizable:\n{}", out.report);
+}
+
+#[test]
+fn sd_and_hy_with_polling_servers_are_linearizable() {
+    for mode in [
+        Mode::Sd { server_threads: 1 },
+        Mode::Hy { server_threads: 1 },
+    ] {
+        let s = Setup {
+            ops: 250,
+            mode,
+            ..BASE
+        };
+        let out = run_on(s, 6, Mutations::default());
+        let name = mode.name();
+        assert_eq!(out.events.len(), 6 * 250, "{name}");
+        assert_eq!(out.corrupt, 0, "{name}: reads returned bytes nobody wrote");
+        assert!(
+            out.report.is_ok(),
+            "{name} not linearizable:\n{}",
+            out.report
+        );
+    }
 }
