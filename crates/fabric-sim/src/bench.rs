@@ -41,9 +41,7 @@ const BARRIER_POLL_NS: u64 = 1_000;
 /// Why a simulated benchmark cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimBenchError {
-    #[error(
-        "--mode {0}: only cd is simulated so far (sd and hy need their server threads modelled)"
-    )]
+    #[error("--mode {0} is not cd, sd or hy")]
     Mode(String),
     #[error("{0}")]
     Param(String),
