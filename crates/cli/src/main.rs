@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod fabric_bench;
 mod fill_cmd;
+mod sim_cmd;
 
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,8 @@ enum Command {
     /// Spin a CPU core forever (background load for contention experiments).
     #[command(hide = true)]
     Burn,
+    /// Run the benchmark's workload on a simulated cluster in virtual time (docs/sim.md).
+    Sim(sim_cmd::SimArgs),
     /// Run a demo workload on an in-process cluster and print throughput, latencies and fabric
     /// counters (optionally checking the whole history for linearizability).
     Demo(DemoArgs),
@@ -383,6 +386,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Burn => bench_cmd::burn(),
+        Command::Sim(a) => Ok(sim_cmd::run(a)),
     }
 }
 

@@ -1,0 +1,450 @@
+//! `nessie sim`: the benchmark's closed-loop workload on a simulated cluster, reported as
+//! `nessie bench` reports (the same [`BenchResult`]) plus the simulated time.
+//!
+//! Each client thread preloads its share of the keys, waits at a virtual-time barrier for the
+//! others, then performs its operations; the measured window runs from the barrier to the
+//! last thread's last operation, in virtual time. Latencies are virtual, so throughput and
+//! latency are the model's, not this machine's. SD and HY servers poll on cores of their own
+//! until the last client is done; their aborts and retries (counted on the servers) are not
+//! in the result.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use hdrhistogram::Histogram;
+use nessie_bench::driver::{drive, Done, Observer};
+use nessie_bench::result::{
+    new_hist, BenchParams, BenchResult, CpuSeconds, FabricPerOp, FabricSummary, LatencySummary,
+    PerKind,
+};
+use nessie_bench::workload::{
+    key_bytes, spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
+};
+use nessie_fabric::{Endpoint, StatsSnapshot};
+use nessie_protocols::sd::RpcConfig;
+use nessie_protocols::{Error, KvClient, Mode, ModeClient, Optimizations, ProtocolConfig};
+use nessie_store::Geometry;
+use rand::SeedableRng;
+
+use crate::cluster::SimCluster;
+use crate::{SimEndpoint, SimParams, WireBytes};
+
+/// Most operations one simulated client thread may be asked for.
+pub const MAX_OPS_PER_THREAD: u64 = 100_000_000;
+/// Most simulated client threads (each is an OS thread).
+pub const MAX_THREADS: usize = 1024;
+/// How often a thread waiting at the barrier looks again, in virtual time.
+const BARRIER_POLL_NS: u64 = 1_000;
+
+/// Why a simulated benchmark cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimBenchError {
+    #[error("--mode {0} is not cd, sd or hy")]
+    Mode(String),
+    #[error("{0}")]
+    Param(String),
+    #[error(transparent)]
+    Protocol(#[from] Error),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("preloading key {key}: {source}")]
+    Preload { key: u64, source: Error },
+}
+
+/// A simulated run's result: `nessie bench`'s fields, then the simulation's.
+#[derive(Debug, serde::Serialize)]
+pub struct SimBenchResult {
+    #[serde(flatten)]
+    pub bench: BenchResult,
+    /// Virtual time of the measured window, seconds (also `params.duration`).
+    pub simulated_seconds: f64,
+    /// Virtual time of the whole run, preload included, seconds.
+    pub simulated_total_seconds: f64,
+    pub ops_per_thread: u64,
+    /// The simulated hardware.
+    pub hardware: SimParams,
+    /// Each node's NIC traffic on the wire over the whole run, headers included.
+    pub wire_bytes: Vec<WireBytes>,
+    /// Scheduler hand-offs (the simulation's own cost).
+    pub dispatches: u64,
+}
+
+/// Fabric work per operation of one kind.
+#[derive(Clone, Debug, Default)]
+struct PerOp {
+    ops: u64,
+    bytes: u64,
+    ops_hist: BTreeMap<u64, u64>,
+    bytes_hist: BTreeMap<u64, u64>,
+}
+
+impl PerOp {
+    fn record(&mut self, ops: u64, bytes: u64) {
+        self.ops += ops;
+        self.bytes += bytes;
+        *self.ops_hist.entry(ops).or_default() += 1;
+        let bucket = if bytes == 0 {
+            0
+        } else {
+            bytes.next_power_of_two()
+        };
+        *self.bytes_hist.entry(bucket).or_default() += 1;
+    }
+
+    fn merge(&mut self, o: &PerOp) {
+        self.ops += o.ops;
+        self.bytes += o.bytes;
+        for (k, v) in &o.ops_hist {
+            *self.ops_hist.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.bytes_hist {
+            *self.bytes_hist.entry(*k).or_default() += v;
+        }
+    }
+
+    fn summary(&self, n: u64) -> FabricPerOp {
+        FabricPerOp {
+            ops_mean: self.ops as f64 / n.max(1) as f64,
+            bytes_mean: self.bytes as f64 / n.max(1) as f64,
+            ops_hist: self.ops_hist.clone(),
+            bytes_hist: self.bytes_hist.clone(),
+        }
+    }
+}
+
+/// One thread's measured part.
+struct Measured {
+    /// Another endpoint of the thread: its virtual clock.
+    timer: Option<SimEndpoint>,
+    ops: u64,
+    key_size: u32,
+    value: Vec<u8>,
+    gets: u64,
+    puts: u64,
+    errors: u64,
+    get_hist: Histogram<u64>,
+    put_hist: Histogram<u64>,
+    fabric: PerKind<PerOp>,
+    /// Window start and end (virtual ns), fabric counters and client counters over it.
+    window: (u64, u64),
+    window_fabric: StatsSnapshot,
+    aborts: u64,
+    retries: u64,
+}
+
+impl Observer<Client> for Measured {
+    type Token = (u64, StatsSnapshot);
+
+    fn proceed(&mut self, _: &Client, seq: u64) -> bool {
+        seq < self.ops
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k, self.key_size)
+    }
+
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.value[..op.value_len])
+    }
+
+    fn invoke(&mut self, c: &Client, _: &Planned) -> Self::Token {
+        (self.now(), c.fabric_stats())
+    }
+
+    fn complete(
+        &mut self,
+        c: &Client,
+        op: &Planned,
+        (t0, before): Self::Token,
+        r: Result<Done<'_>, Error>,
+    ) {
+        let latency = self.now().saturating_sub(t0).max(1);
+        let d = c.fabric_stats().saturating_sub(&before);
+        let (fops, fbytes) = (d.fabric_ops(), d.remote_bytes());
+        match (r, op.kind) {
+            (Err(_), _) => self.errors += 1,
+            (Ok(_), OpKind::Get) => {
+                self.gets += 1;
+                self.get_hist.saturating_record(latency);
+                self.fabric.get.record(fops, fbytes);
+            }
+            (Ok(_), _) => {
+                self.puts += 1;
+                self.put_hist.saturating_record(latency);
+                self.fabric.put.record(fops, fbytes);
+            }
+        }
+    }
+}
+
+/// A simulated benchmark client and, for its clock and sleeps, another endpoint of its thread.
+type Client = ModeClient<SimEndpoint>;
+
+fn mode(p: &BenchParams) -> Result<Mode, SimBenchError> {
+    let server_threads = p.server_threads;
+    match p.mode.as_str() {
+        "cd" => Ok(Mode::Cd),
+        "sd" => Ok(Mode::Sd { server_threads }),
+        "hy" => Ok(Mode::Hy { server_threads }),
+        m => Err(SimBenchError::Mode(m.into())),
+    }
+}
+
+fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
+    mode(p)?;
+    let threads = p.nodes as usize * p.client_threads as usize;
+    let bad = |m: String| Err(SimBenchError::Param(m));
+    if p.nodes == 0 || p.client_threads == 0 || threads > MAX_THREADS {
+        return bad(format!(
+            "--nodes x --threads must be in 1..={MAX_THREADS}, not {threads}"
+        ));
+    }
+    if !(1..=MAX_OPS_PER_THREAD).contains(&ops_per_thread) {
+        return bad(format!("--ops must be in 1..={MAX_OPS_PER_THREAD}"));
+    }
+    if p.replicas != 1 {
+        return bad("the simulator keeps one copy (--replicas 1)".into());
+    }
+    if p.keys == Some(0) {
+        return bad("--keys must be positive".into());
+    }
+    Ok(())
+}
+
+/// The workload every thread draws from (as the benchmark agent builds it).
+fn workload(p: &BenchParams, keys: u64) -> Result<Workload, SimBenchError> {
+    let (lo, hi) = p.value_sizes();
+    let sizes = (lo as usize, hi as usize);
+    Ok(match &p.workload {
+        Some(w) => Workload::ycsb(w.parse::<Ycsb>()?, keys, sizes)?,
+        None => {
+            let dist: KeyDist = p.dist.parse()?;
+            Workload::new(KeyGen::new(&dist, keys)?, p.get_ratio, 0.0, sizes)?
+        }
+    })
+}
+
+/// Run `p`'s workload, `ops_per_thread` operations per client thread after preloading `keys`
+/// keys, on a simulated cluster of `geometry` with hardware `hw`.
+pub fn run(
+    p: &BenchParams,
+    keys: u64,
+    geometry: Geometry,
+    ops_per_thread: u64,
+    hw: SimParams,
+) -> Result<SimBenchResult, SimBenchError> {
+    check(p, ops_per_thread)?;
+    let cfg = ProtocolConfig {
+        optimizations: Optimizations {
+            filter_bits: p.filter_bits,
+            cache: p.cache,
+            previous_versions: p.previous_versions,
+            multi_read: p.multi_read,
+        },
+        ..ProtocolConfig::default()
+    };
+    let rpc = RpcConfig {
+        max_clients_per_node: p.client_threads,
+        ..RpcConfig::default()
+    };
+    let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
+    let threads = p.nodes as usize * p.client_threads as usize;
+    let clients = (0..threads)
+        .map(|i| {
+            let (c, thread, timer) = cluster.mode_client((i % p.nodes as usize) as u16)?;
+            Ok(((c, timer), thread))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let workload = workload(p, keys)?;
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (p2, seed) = (p.clone(), p.seed);
+    let (summary, outs) = cluster.run(clients, move |i, (mut client, mut timer)| {
+        preload(&mut client, &p2, keys, i, threads)?;
+        barrier(&mut timer, &arrived, threads);
+        let mut w = workload.for_thread(i as u64, threads as u64);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(
+            seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        Ok(measure(
+            &mut client,
+            timer,
+            &mut w,
+            &mut rng,
+            &p2,
+            ops_per_thread,
+        ))
+    });
+    let outs = outs
+        .into_iter()
+        .collect::<Result<Vec<_>, SimBenchError>>()?;
+    let wire = (0..p.nodes).map(|n| cluster.sim().wire_bytes(n)).collect();
+    Ok(merge(p, keys, ops_per_thread, hw, &outs, summary, wire))
+}
+
+/// Thread `i` of `threads` writes keys `i, i + threads, ...`, as the benchmark preloads.
+fn preload(
+    c: &mut Client,
+    p: &BenchParams,
+    keys: u64,
+    i: usize,
+    threads: usize,
+) -> Result<(), SimBenchError> {
+    let (lo, hi) = p.value_sizes();
+    let value = vec![0x5au8; hi as usize];
+    for key in (i as u64..keys).step_by(threads) {
+        let len = spread_value_size(key, lo, hi) as usize;
+        c.put(&key_bytes(key, p.key_size), &value[..len])
+            .map_err(|source| SimBenchError::Preload { key, source })?;
+    }
+    Ok(())
+}
+
+/// Wait, in virtual time, until every thread has arrived.
+fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) {
+    arrived.fetch_add(1, Ordering::SeqCst);
+    while arrived.load(Ordering::SeqCst) < threads {
+        timer.sleep_ns(BARRIER_POLL_NS);
+    }
+}
+
+impl Measured {
+    fn new(ops: u64, p: &BenchParams, start_ns: u64, fabric: StatsSnapshot) -> Self {
+        Measured {
+            timer: None,
+            ops,
+            key_size: p.key_size,
+            value: vec![0xa5u8; p.value_size as usize],
+            gets: 0,
+            puts: 0,
+            errors: 0,
+            get_hist: new_hist(),
+            put_hist: new_hist(),
+            fabric: PerKind::default(),
+            window: (start_ns, 0),
+            window_fabric: fabric,
+            aborts: 0,
+            retries: 0,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.timer.as_ref().map_or(0, |t| t.mono_ns())
+    }
+
+    /// Add another thread's measurement (the window spans both).
+    fn absorb(&mut self, o: &Measured) {
+        self.get_hist.add(&o.get_hist).expect("same bounds");
+        self.put_hist.add(&o.put_hist).expect("same bounds");
+        self.fabric.get.merge(&o.fabric.get);
+        self.fabric.put.merge(&o.fabric.put);
+        self.window = (self.window.0.min(o.window.0), self.window.1.max(o.window.1));
+        self.window_fabric += o.window_fabric;
+        (self.gets, self.puts, self.errors) = (
+            self.gets + o.gets,
+            self.puts + o.puts,
+            self.errors + o.errors,
+        );
+        (self.aborts, self.retries) = (self.aborts + o.aborts, self.retries + o.retries);
+    }
+}
+
+fn measure(
+    c: &mut Client,
+    timer: SimEndpoint,
+    w: &mut Workload,
+    rng: &mut rand::rngs::SmallRng,
+    p: &BenchParams,
+    ops: u64,
+) -> Measured {
+    let mut m = Measured::new(ops, p, timer.mono_ns(), c.fabric_stats());
+    m.timer = Some(timer);
+    let before = c.aborts_retries();
+    drive(c, w, rng, &mut m);
+    let after = c.aborts_retries();
+    m.window.1 = m.now();
+    m.window_fabric = c.fabric_stats().saturating_sub(&m.window_fabric);
+    (m.aborts, m.retries) = (after.0 - before.0, after.1 - before.1);
+    m
+}
+
+fn latency(h: &Histogram<u64>) -> LatencySummary {
+    if h.is_empty() {
+        return LatencySummary::default();
+    }
+    LatencySummary {
+        mean: h.mean() / 1e3,
+        p50: h.value_at_quantile(0.5) as f64 / 1e3,
+        p99: h.value_at_quantile(0.99) as f64 / 1e3,
+        p999: h.value_at_quantile(0.999) as f64 / 1e3,
+    }
+}
+
+fn merge(
+    p: &BenchParams,
+    keys: u64,
+    ops_per_thread: u64,
+    hw: SimParams,
+    outs: &[Measured],
+    summary: crate::RunSummary,
+    wire_bytes: Vec<WireBytes>,
+) -> SimBenchResult {
+    let mut m = Measured::new(0, p, u64::MAX, StatsSnapshot::default());
+    for o in outs {
+        m.absorb(o);
+    }
+    let ops = PerKind {
+        get: m.gets,
+        put: m.puts,
+        all: m.gets + m.puts,
+    };
+    let window_s = m.window.1.saturating_sub(m.window.0) as f64 / 1e9;
+    let mut all = m.get_hist.clone();
+    all.add(&m.put_hist).expect("same bounds");
+    let mut fabric_all = m.fabric.get.clone();
+    fabric_all.merge(&m.fabric.put);
+    let ops_per_sec = ops.all as f64 / window_s.max(f64::MIN_POSITIVE);
+    let params = BenchParams {
+        keys: Some(keys),
+        transport: "sim".into(),
+        duration: window_s,
+        warmup: 0.0,
+        ..p.clone()
+    };
+    let bench = BenchResult {
+        mode: p.mode.clone(),
+        ops_per_sec,
+        goodput_bytes_per_sec: ops_per_sec * p.mean_value_size(),
+        latency_us: PerKind {
+            get: latency(&m.get_hist),
+            put: latency(&m.put_hist),
+            all: latency(&all),
+        },
+        fabric: FabricSummary {
+            get: m.fabric.get.summary(ops.get),
+            put: m.fabric.put.summary(ops.put),
+            all: fabric_all.summary(ops.all),
+            total_ops: m.window_fabric.fabric_ops(),
+            total_bytes: m.window_fabric.remote_bytes(),
+            local_bytes: m.window_fabric.local_bytes(),
+        },
+        ops,
+        aborts: m.aborts,
+        retries: m.retries,
+        // Simulated threads burn no measured CPU; their modelled CPU time is in the latencies.
+        cpu_seconds: CpuSeconds::default(),
+        errors: m.errors,
+        offered_ops_per_sec: None,
+        params,
+    };
+    SimBenchResult {
+        bench,
+        simulated_seconds: window_s,
+        simulated_total_seconds: summary.end_ns as f64 / 1e9,
+        ops_per_thread,
+        hardware: hw,
+        wire_bytes,
+        dispatches: summary.dispatches,
+    }
+}

@@ -1,0 +1,476 @@
+//! The simulated fabric: nodes' memory (the in-process backend's [`WordMemory`]), the
+//! resource model ([`crate::net`]) and the scheduler ([`crate::sched`]), and the endpoint that
+//! times every operation in virtual time.
+//!
+//! When an operation takes effect: a remote or looped-back READ, WRITE or CAS reads or changes
+//! memory at the virtual instant the responder's NIC has finished processing its request; a
+//! direct access at the instant its copy ends. The effect is applied by the issuing thread,
+//! dispatched at exactly that instant, so every effect is totally ordered by (virtual time,
+//! tie-break) and lies strictly between the operation's call and its return.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nessie_fabric::memory::{AccessError, WordMemory};
+use nessie_fabric::{
+    Endpoint, FabricError, FabricStats, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell,
+    ALIGN,
+};
+
+use crate::net::{Net, NoCoreLeft, WireBytes};
+use crate::params::{headers, ParamsError, SimParams, MAX_NODES};
+use crate::sched::{RunSummary, Sched, Slot, ThreadNo};
+
+/// The wall clock of every simulated node at virtual time 0 (2024-01-01T00:00:00Z), so that
+/// expiry timestamps look like real ones; nodes' clocks agree exactly.
+pub const SIM_EPOCH_NS: u64 = 1_704_067_200_000_000_000;
+
+/// Why a simulation cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error("node count {0} is not in 1..={MAX_NODES}")]
+    Nodes(usize),
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    #[error(transparent)]
+    Core(#[from] NoCoreLeft),
+}
+
+struct Shared {
+    p: SimParams,
+    memory: Vec<Vec<WordMemory>>,
+    net: Mutex<Net>,
+    sched: Sched,
+    stats: FabricStats,
+}
+
+impl Shared {
+    fn net(&self) -> MutexGuard<'_, Net> {
+        self.net.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The region `addr` names, with the access checked before any virtual time passes.
+    fn checked(&self, addr: RemoteAddr, len: usize) -> Result<&WordMemory, FabricError> {
+        let node = self
+            .memory
+            .get(addr.node as usize)
+            .ok_or(FabricError::UnknownNode {
+                node: addr.node,
+                nodes: self.memory.len(),
+            })?;
+        let mem = node
+            .get(addr.region as usize)
+            .ok_or(FabricError::UnknownRegion {
+                node: addr.node,
+                region: addr.region,
+            })?;
+        if !addr.offset.is_multiple_of(ALIGN) || !(len as u64).is_multiple_of(ALIGN) {
+            return Err(AccessError::Misaligned.at(addr, len, mem));
+        }
+        if addr.offset.saturating_add(len as u64) > mem.len_bytes() {
+            return Err(AccessError::OutOfBounds.at(addr, len, mem));
+        }
+        Ok(mem)
+    }
+}
+
+/// A simulated cluster: create endpoints (one per simulated thread), spawn the threads that
+/// use them, then [`Sim::run`].
+pub struct Sim {
+    shared: Arc<Shared>,
+}
+
+/// A simulated thread's handle for [`Sim::spawn`] and [`Sim::clock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimThread(ThreadNo);
+
+impl Sim {
+    /// `regions[n]` lists the sizes in bytes of node `n`'s regions (region id = position).
+    pub fn new(params: SimParams, seed: u64, regions: &[Vec<u64>]) -> Result<Self, SimError> {
+        params.validate()?;
+        if regions.is_empty() || regions.len() > MAX_NODES {
+            return Err(SimError::Nodes(regions.len()));
+        }
+        let memory = regions
+            .iter()
+            .map(|sizes| sizes.iter().map(|&b| WordMemory::zeroed(b)).collect())
+            .collect();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                net: Mutex::new(Net::new(&params, regions.len())),
+                p: params,
+                memory,
+                sched: Sched::new(seed),
+                stats: FabricStats::default(),
+            }),
+        })
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.shared.memory.len()
+    }
+
+    pub fn params(&self) -> &SimParams {
+        &self.shared.p
+    }
+
+    /// A new simulated thread on `node` and its endpoint. Use the endpoint only in the closure
+    /// given to [`Sim::spawn`] for [`SimEndpoint::thread`].
+    pub fn endpoint(&self, node: NodeId) -> SimEndpoint {
+        assert!((node as usize) < self.node_count(), "no node {node}");
+        let (thread, slot) = self.shared.sched.register(self.shared.p.start_jitter_ns);
+        SimEndpoint {
+            shared: self.shared.clone(),
+            node,
+            thread,
+            slot,
+            stats: self.shared.stats.register(node),
+            own_core: false,
+        }
+    }
+
+    /// Take one core of `node` for a thread that polls without pause (an SD/HY server).
+    pub fn take_polling_core(&self, node: NodeId) -> Result<(), SimError> {
+        Ok(self.shared.net().take_core(node)?)
+    }
+
+    /// A new simulated thread on `node` that polls without pause, on a core of its own taken
+    /// from the node's ([`Sim::take_polling_core`]): its CPU work never waits for a core, and
+    /// the node's other threads have one core fewer.
+    pub fn polling_endpoint(&self, node: NodeId) -> Result<SimEndpoint, SimError> {
+        self.take_polling_core(node)?;
+        Ok(SimEndpoint {
+            own_core: true,
+            ..self.endpoint(node)
+        })
+    }
+
+    /// Start `thread` (an OS thread running `f`); it runs when the scheduler dispatches it,
+    /// during [`Sim::run`]. Join the handle after the run.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        thread: SimThread,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let shared = self.shared.clone();
+        shared.sched.spawned(thread.0);
+        std::thread::Builder::new()
+            .name(format!("sim-{}", thread.0))
+            .spawn(move || {
+                let slot = shared.sched.slot(thread.0);
+                shared.sched.enter(thread.0, &slot);
+                // Leave the scheduler even if `f` panics, or the run would wait forever.
+                struct Exit(Arc<Shared>, ThreadNo);
+                impl Drop for Exit {
+                    fn drop(&mut self) {
+                        self.0.sched.exit(self.1);
+                    }
+                }
+                let _exit = Exit(shared, thread.0);
+                f()
+            })
+            .expect("cannot start a simulated thread")
+    }
+
+    /// Run every spawned thread to its end in virtual time.
+    pub fn run(&self) -> RunSummary {
+        self.shared.sched.run()
+    }
+
+    /// Every endpoint's counters.
+    pub fn stats(&self) -> &FabricStats {
+        &self.shared.stats
+    }
+
+    /// Bytes `node`'s NIC port sent and received on the wire, headers included.
+    pub fn wire_bytes(&self, node: NodeId) -> WireBytes {
+        self.shared.net().wire_bytes(node)
+    }
+
+    /// Virtual time now (between runs: when the last one ended).
+    pub fn now_ns(&self) -> u64 {
+        self.shared.sched.now()
+    }
+
+    /// A reader of `thread`'s virtual time, for code around its operations (history
+    /// recorders, latency timers) that cannot reach its endpoint.
+    pub fn clock(&self, thread: SimThread) -> SimClock {
+        SimClock {
+            shared: self.shared.clone(),
+            slot: self.shared.sched.slot(thread.0),
+        }
+    }
+
+    /// Direct access to a node's memory outside the simulation (setup and inspection).
+    pub fn memory(&self, node: NodeId, region: RegionId) -> &WordMemory {
+        &self.shared.memory[node as usize][region as usize]
+    }
+}
+
+/// A simulated thread's virtual clock ([`Sim::clock`]); read it on that thread.
+#[derive(Clone)]
+pub struct SimClock {
+    shared: Arc<Shared>,
+    slot: Arc<Slot>,
+}
+
+impl SimClock {
+    /// The thread's virtual time, ns (what its endpoint's `mono_ns` says).
+    pub fn now_ns(&self) -> u64 {
+        self.slot.clock().max(self.shared.sched.now())
+    }
+}
+
+/// One simulated thread's endpoint.
+pub struct SimEndpoint {
+    shared: Arc<Shared>,
+    node: NodeId,
+    thread: ThreadNo,
+    slot: Arc<Slot>,
+    stats: Arc<StatsCell>,
+    /// A polling thread's: CPU work runs on its own core.
+    own_core: bool,
+}
+
+/// What an operation puts on the wire each way, and the responder NIC's extra work.
+struct Shape {
+    req: u64,
+    req_header: u64,
+    resp: u64,
+    resp_header: u64,
+    responder_ns: u64,
+}
+
+impl Shape {
+    fn of(p: &SimParams, kind: OpKind, len: u64) -> Self {
+        match kind {
+            OpKind::Read => Shape {
+                req: 0,
+                req_header: headers::RETH,
+                resp: len,
+                resp_header: headers::AETH,
+                responder_ns: 0,
+            },
+            OpKind::Write => Shape {
+                req: len,
+                req_header: headers::RETH,
+                resp: 0,
+                resp_header: headers::AETH,
+                responder_ns: 0,
+            },
+            OpKind::Cas => Shape {
+                req: 0,
+                req_header: headers::ATOMIC_ETH,
+                resp: 0,
+                resp_header: headers::ATOMIC_ACK,
+                responder_ns: p.nic_atomic_ns,
+            },
+        }
+    }
+}
+
+impl SimEndpoint {
+    /// This endpoint's simulated thread, for [`Sim::spawn`].
+    pub fn thread(&self) -> SimThread {
+        SimThread(self.thread)
+    }
+
+    /// Another endpoint of the same simulated thread (its own counters), for code that uses
+    /// two endpoints on one thread (an SD server's executor and its request I/O, a benchmark
+    /// thread's clock beside its client).
+    pub fn sibling(&self) -> SimEndpoint {
+        SimEndpoint {
+            shared: self.shared.clone(),
+            node: self.node,
+            thread: self.thread,
+            slot: self.slot.clone(),
+            stats: self.shared.stats.register(self.node),
+            own_core: self.own_core,
+        }
+    }
+
+    /// CPU work of `cost` ns starting now; returns when it is done.
+    fn cpu(&self, cost: u64) -> u64 {
+        if self.own_core {
+            return self.time() + cost;
+        }
+        self.shared.net().cpu(self.node, self.time(), cost)
+    }
+
+    /// The thread's virtual time: its last dispatch, or now if it has since been blocked on
+    /// a lock (the scheduler went on without it).
+    pub fn time(&self) -> u64 {
+        self.slot.clock().max(self.shared.sched.now())
+    }
+
+    /// First step of every operation: see [`crate::sched::Sched::checkin`].
+    fn checkin(&self) {
+        self.shared.sched.checkin(self.thread, &self.slot);
+    }
+
+    /// Wait until virtual time `t`.
+    fn at(&self, t: u64) -> u64 {
+        self.shared.sched.wait_until(self.thread, &self.slot, t)
+    }
+
+    /// READ, WRITE or CAS through the NIC: post, request, effect, response (module comment).
+    fn fabric_op<T>(
+        &mut self,
+        kind: OpKind,
+        addr: RemoteAddr,
+        len: usize,
+        effect: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
+    ) -> Result<T, FabricError> {
+        let shared = self.shared.clone();
+        let p = &shared.p;
+        let mem = shared.checked(addr, len)?;
+        self.checkin();
+        let shape = Shape::of(p, kind, len as u64);
+        let posted = self.cpu(p.cpu_op_ns);
+        let t = self.at(posted);
+        let local = addr.node == self.node;
+        let effective = if local {
+            self.loopback_request(t, &shape)
+        } else {
+            self.remote_request(addr.node, t, &shape)
+        };
+        let t = self.at(effective);
+        let r = effect(mem).map_err(|e| e.at(addr, len, mem));
+        let done = if local {
+            shared.net().pcie(self.node, t, shape.resp)
+        } else {
+            self.remote_response(addr.node, t, &shape)
+        };
+        self.at(done);
+        let locality = if local {
+            Locality::Loopback
+        } else {
+            Locality::Remote
+        };
+        self.stats.record(kind, locality, len as u64);
+        r
+    }
+
+    /// From posting to the responder NIC's end of processing (the effect's instant).
+    fn remote_request(&self, to: NodeId, t: u64, s: &Shape) -> u64 {
+        let p = &self.shared.p;
+        let wire = p.wire_bytes(s.req, s.req_header);
+        let arrival = {
+            let mut net = self.shared.net();
+            let processed = net.nic(self.node, t, p.nic_op_ns);
+            net.transmit(self.node, processed, wire)
+        };
+        let t = self.at(arrival);
+        let mut net = self.shared.net();
+        let received = net.deliver(to, t, wire);
+        net.nic(to, received, p.nic_op_ns + s.responder_ns)
+    }
+
+    /// From the effect to the response's arrival at the requester.
+    fn remote_response(&self, from: NodeId, t: u64, s: &Shape) -> u64 {
+        let wire = self.shared.p.wire_bytes(s.resp, s.resp_header);
+        let arrival = self.shared.net().transmit(from, t, wire);
+        let t = self.at(arrival);
+        self.shared.net().deliver(self.node, t, wire)
+    }
+
+    /// A request the NIC loops back to its own host: PCIe instead of the wire.
+    fn loopback_request(&self, t: u64, s: &Shape) -> u64 {
+        let p = &self.shared.p;
+        let arrival = {
+            let mut net = self.shared.net();
+            let processed = net.nic(self.node, t, p.nic_op_ns);
+            net.pcie(self.node, processed, s.req)
+        };
+        let t = self.at(arrival);
+        self.shared
+            .net()
+            .nic(self.node, t, p.nic_op_ns + s.responder_ns)
+    }
+
+    /// A direct access to this node's memory: a fixed cost and a copy on one of its cores;
+    /// it takes effect when the copy ends.
+    fn direct(
+        &self,
+        region: RegionId,
+        offset: u64,
+        len: usize,
+    ) -> Result<(RemoteAddr, &WordMemory), FabricError> {
+        let addr = RemoteAddr::new(self.node, region, offset);
+        let mem = self.shared.checked(addr, len)?;
+        self.checkin();
+        let p = &self.shared.p;
+        let cost = p.local_op_ns + p.copy_ns(len as u64);
+        let done = self.cpu(cost);
+        self.at(done);
+        Ok((addr, mem))
+    }
+}
+
+impl Endpoint for SimEndpoint {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+
+    fn node_count(&self) -> usize {
+        self.shared.memory.len()
+    }
+
+    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        let len = buf.len();
+        self.fabric_op(OpKind::Read, addr, len, |m| m.read(addr.offset, buf))
+    }
+
+    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        self.fabric_op(OpKind::Write, addr, buf.len(), |m| {
+            m.write(addr.offset, buf)
+        })
+    }
+
+    fn compare_and_swap(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        desired: u64,
+    ) -> Result<u64, FabricError> {
+        self.fabric_op(OpKind::Cas, addr, 8, |m| {
+            m.compare_and_swap(addr.offset, expected, desired)
+        })
+    }
+
+    fn local_read(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
+        let (addr, mem) = self.direct(region, offset, buf.len())?;
+        nessie_fabric::memory::direct_read(mem, addr, buf, &self.stats)
+    }
+
+    fn local_write(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        buf: &[u8],
+    ) -> Result<(), FabricError> {
+        let (addr, mem) = self.direct(region, offset, buf.len())?;
+        nessie_fabric::memory::direct_write(mem, addr, buf, &self.stats)
+    }
+
+    fn now_ns(&self) -> u64 {
+        SIM_EPOCH_NS + self.time()
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.time()
+    }
+
+    fn sleep_ns(&mut self, ns: u64) {
+        self.checkin();
+        self.at(self.time().saturating_add(ns));
+    }
+
+    fn stats(&self) -> &StatsCell {
+        &self.stats
+    }
+}

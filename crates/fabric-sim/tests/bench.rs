@@ -1,0 +1,127 @@
+//! `nessie sim`'s run: the benchmark workload on a simulated cluster.
+
+use nessie_bench::result::{BenchParams, BenchResult};
+use nessie_fabric_sim::bench::{run, SimBenchError, SimBenchResult};
+use nessie_fabric_sim::SimParams;
+use nessie_store::Geometry;
+
+const KEYS: u64 = 300;
+const OPS: u64 = 300;
+
+fn params(value_size: u32, get_ratio: f64) -> BenchParams {
+    BenchParams {
+        nodes: 3,
+        client_threads: 2,
+        key_size: 32,
+        value_size,
+        get_ratio,
+        keys: Some(KEYS),
+        seed: 5,
+        ..BenchParams::default()
+    }
+}
+
+fn geometry(value_max: u32) -> Geometry {
+    Geometry {
+        nodes: 3,
+        ites_per_node: 512,
+        dtes_per_node: 1024,
+        key_max: 32,
+        value_max,
+        ..Geometry::default()
+    }
+}
+
+fn sim(value_size: u32, get_ratio: f64) -> SimBenchResult {
+    let p = params(value_size, get_ratio);
+    run(&p, KEYS, geometry(value_size), OPS, SimParams::default()).unwrap()
+}
+
+#[test]
+fn a_small_mixed_run_reports_like_bench_and_is_deterministic() {
+    let r = sim(64, 0.9);
+    let b = &r.bench;
+    assert_eq!(b.ops.all + b.errors, 6 * OPS);
+    assert!(b.ops.get > b.ops.put && b.ops.put > 0);
+    assert!(r.simulated_seconds > 0.0 && r.simulated_seconds < r.simulated_total_seconds);
+    assert!((b.ops_per_sec - b.ops.all as f64 / r.simulated_seconds).abs() < 1e-6 * b.ops_per_sec);
+    // A GET is at least one small READ round trip (about 2 µs), and nowhere near a millisecond.
+    let get = b.latency_us.get;
+    assert!(get.p50 >= 1.9 && get.p99 < 1_000.0, "{get:?}");
+    assert!(b.fabric.get.ops_mean >= 1.0 && b.fabric.put.ops_mean > b.fabric.get.ops_mean);
+    assert_eq!(b.params.transport, "sim");
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["simulated_seconds"].as_f64().unwrap() > 0.0);
+    let as_bench: BenchResult = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(as_bench.ops, b.ops, "readable as a `nessie bench` result");
+    let again = serde_json::to_value(sim(64, 0.9)).unwrap();
+    assert_eq!(json, again, "same seed, same result");
+}
+
+#[test]
+fn large_gets_are_bounded_by_the_links() {
+    let r = sim(16_384, 1.0);
+    let p = SimParams::default();
+    // Every GET moves its value over some node's 10 Gb/s egress link: 3 nodes, 3.75 GB/s.
+    let links = 3.0 * p.link_mbps as f64 * 1e6 / 8.0;
+    let goodput = r.bench.goodput_bytes_per_sec;
+    assert!(
+        goodput < links,
+        "{goodput} B/s through {links} B/s of links"
+    );
+    assert!(
+        goodput > links / 10.0,
+        "6 clients keep the links busy: {goodput} B/s"
+    );
+}
+
+#[test]
+fn unknown_modes_are_refused() {
+    let p = BenchParams {
+        mode: "xx".into(),
+        ..params(64, 0.5)
+    };
+    let e = run(&p, KEYS, geometry(64), OPS, SimParams::default()).unwrap_err();
+    assert!(matches!(e, SimBenchError::Mode(_)), "{e}");
+}
+
+/// Operations per client thread of the SD and HY runs (their servers poll: many hand-offs).
+const SERVED_OPS: u64 = 150;
+
+/// A run of `mode` with one server thread per node.
+fn served(mode: &str) -> SimBenchResult {
+    let p = BenchParams {
+        mode: mode.into(),
+        server_threads: 1,
+        ..params(64, 0.5)
+    };
+    run(&p, KEYS, geometry(64), SERVED_OPS, SimParams::default()).unwrap()
+}
+
+#[test]
+fn sd_and_hy_run_with_polling_servers() {
+    let cd = sim(64, 0.5);
+    for mode in ["sd", "hy"] {
+        let r = served(mode);
+        let b = &r.bench;
+        assert_eq!(b.ops.all + b.errors, 6 * SERVED_OPS, "{mode}");
+        assert_eq!(b.errors, 0, "{mode}");
+        // A PUT is a request to the owner's server and its response: fewer fabric operations
+        // than CD's PUT, but a server's turn in between.
+        assert!(
+            b.fabric.put.ops_mean < cd.bench.fabric.put.ops_mean,
+            "{mode}"
+        );
+        assert!(
+            b.latency_us.put.p50 >= 2.0,
+            "{mode}: {:?}",
+            b.latency_us.put
+        );
+        let again = serde_json::to_value(served(mode)).unwrap();
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            again,
+            "{mode}: same seed, same result"
+        );
+    }
+}
