@@ -466,7 +466,9 @@ impl ClassTable {
         s: &mut State,
     ) -> Result<(u64, Awaiting), FabricError> {
         let now = ep.now_ns();
-        let held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
+        // In key order, not the map's (seeded at random): the simulator replays runs exactly.
+        let mut held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
+        held.sort_unstable();
         let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
         s.scans += 1;
         s.last_scan_ns = now;
@@ -581,12 +583,13 @@ impl ClassTable {
         s: &mut State,
         failed: &mut Vec<NodeId>,
     ) -> Result<(), FabricError> {
-        let empty: Vec<(NodeId, u64)> = s
+        let mut empty: Vec<(NodeId, u64)> = s
             .pages
             .iter()
             .filter(|(k, p)| p.in_use == 0 && !failed.contains(&k.0))
             .map(|(k, _)| *k)
             .collect();
+        empty.sort_unstable(); // as in `scan_all`
         for key in empty {
             let claim = s.pages[&key].claim;
             let Some(ours) = self.tolerate(key.0, pages::release_page(ep, &claim), failed)? else {
