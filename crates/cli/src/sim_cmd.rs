@@ -10,10 +10,10 @@ use nessie_fabric_sim::SimParams;
 
 #[derive(clap::Args)]
 pub struct SimArgs {
-    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid).
+    /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid), pilaf (Pilaf).
     #[arg(long, default_value = "cd")]
     pub mode: String,
-    /// Server threads per node (sd, hy); each polls on a core of its own.
+    /// Server threads per node (sd, hy, pilaf); each polls on a core of its own.
     #[arg(long, default_value_t = 1)]
     pub server_threads: u16,
     /// Simulated nodes.

@@ -41,7 +41,7 @@ const BARRIER_POLL_NS: u64 = 1_000;
 /// Why a simulated benchmark cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimBenchError {
-    #[error("--mode {0} is not cd, sd or hy")]
+    #[error("--mode {0} is not cd, sd, hy or pilaf")]
     Mode(String),
     #[error("{0}")]
     Param(String),
@@ -188,6 +188,7 @@ fn mode(p: &BenchParams) -> Result<Mode, SimBenchError> {
         "cd" => Ok(Mode::Cd),
         "sd" => Ok(Mode::Sd { server_threads }),
         "hy" => Ok(Mode::Hy { server_threads }),
+        "pilaf" => Ok(Mode::Pilaf { server_threads }),
         m => Err(SimBenchError::Mode(m.into())),
     }
 }

@@ -1,14 +1,15 @@
 //! A Nessie cluster on the simulated fabric: every node's tables and allocator, client workers
-//! each on its own simulated thread, and for SD/HY the server threads, each polling on a core
-//! of its own. The protocol code is the production code, unchanged.
+//! each on its own simulated thread, and for SD/HY/Pilaf the server threads, each polling on a
+//! core of its own. The protocol code is the production code, unchanged.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
+use nessie_protocols::pilaf::{self, PilafExecutor, PilafStore};
 use nessie_protocols::sd::{
-    self, RpcConfig, RpcShared, Server, SlotPool, REQUEST_REGION, RESPONSE_REGION,
+    self, RpcConfig, RpcShared, Server, ServerLoop, SlotPool, REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{ClientParts, Error, Mode, ModeClient, ProtocolConfig, RpcLease};
 use nessie_store::classtable::ClassTable;
@@ -19,11 +20,11 @@ use crate::{Sim, SimEndpoint, SimParams, SimThread};
 /// Client workers a node may have (their ids are 16 bits).
 pub const MAX_WORKERS_PER_NODE: usize = u16::MAX as usize;
 
-/// SD/HY: the request slots and the server threads, until they are started.
+/// SD/HY/Pilaf: the request slots and the server threads, until they are started.
 struct Rpc {
     shared: Arc<RpcShared>,
     pools: Vec<Arc<SlotPool>>,
-    servers: Vec<(Server<SimEndpoint>, SimThread)>,
+    servers: Vec<(ServerLoop, SimThread)>,
 }
 
 pub struct SimCluster {
@@ -65,7 +66,7 @@ impl SimCluster {
         mode.validate()?;
         let view = Arc::new(match mode {
             Mode::Cd => ClusterView::new(geometry)?,
-            Mode::Sd { .. } | Mode::Hy { .. } => sd::coupled_view(geometry)?,
+            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => sd::coupled_view(geometry)?,
         });
         let g = &view.geometry;
         let shared = match mode {
@@ -77,6 +78,9 @@ impl SimCluster {
             regions.resize(RESPONSE_REGION as usize + 1, 0);
             regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
             regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+            if let Mode::Pilaf { .. } = mode {
+                regions = pilaf::region_sizes(&rpc.pilaf_params(g, &cfg)?, &s.layout);
+            }
         }
         let sim = Sim::new(params, seed, &vec![regions; g.nodes as usize]).map_err(config)?;
         let tables = (0..g.nodes)
@@ -97,25 +101,37 @@ impl SimCluster {
         Ok(c)
     }
 
-    /// Each node's server threads, each on a polling core (started by [`Self::run`]).
+    /// Each node's server threads, each on a polling core (started by [`Self::run`]): SD's
+    /// server with the client-driven protocol as executor, or with the node's Pilaf store.
     fn add_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
         let threads = self.mode.server_threads();
         let server_cfg = self.mode.server_config(&self.cfg);
         let mut servers = Vec::new();
         for node in 0..self.view.geometry.nodes as NodeId {
+            let store = match self.mode {
+                Mode::Pilaf { .. } => Some(PilafStore::new(
+                    node,
+                    rpc.pilaf_params(&self.view.geometry, &self.cfg)?,
+                )?),
+                _ => None,
+            };
             for t in 0..threads {
                 let ep = self.sim.polling_endpoint(node).map_err(config)?;
                 let (io, thread) = (ep.sibling(), ep.thread());
-                let worker = self.worker_id(node)?;
-                let exec = CdClient::new(
-                    ep,
-                    self.view.clone(),
-                    self.table(node)?,
-                    worker,
-                    server_cfg.clone(),
-                )?;
-                let server =
-                    Server::new(exec, io, shared.clone(), t, threads, rpc.server_options())?;
+                let (shared, opts) = (shared.clone(), rpc.server_options());
+                let server = match &store {
+                    Some(store) => {
+                        let exec = PilafExecutor::new(ep, store.clone())?;
+                        Server::new(exec, io, shared, t, threads, opts)?.into_loop()
+                    }
+                    None => {
+                        let worker = self.worker_id(node)?;
+                        let table = self.table(node)?;
+                        let cfg = server_cfg.clone();
+                        let exec = CdClient::new(ep, self.view.clone(), table, worker, cfg)?;
+                        Server::new(exec, io, shared, t, threads, opts)?.into_loop()
+                    }
+                };
                 servers.push((server, thread));
             }
         }
@@ -228,7 +244,7 @@ impl Drop for StopOnDrop {
 
 impl SimCluster {
     /// Run `body(i, client)` for each client on its simulated thread, all to their end in
-    /// virtual time, with the server threads (SD/HY) polling until the last client is done;
+    /// virtual time, with the server threads (SD/HY/Pilaf) polling until the last client is done;
     /// returns the run and each body's result, in client order. A panic in a body is raised
     /// here once the others have finished. Servers run in the first call only.
     pub fn run<C, T, F>(
@@ -250,7 +266,7 @@ impl SimCluster {
                     let (stop, guard) = (stop.clone(), StopOnDrop(r.shared.clone()));
                     self.sim.spawn(thread, move || {
                         let _guard = guard;
-                        s.run(&stop);
+                        s(&stop);
                     })
                 })
                 .collect(),

@@ -99,9 +99,9 @@ fn served(mode: &str) -> SimBenchResult {
 }
 
 #[test]
-fn sd_and_hy_run_with_polling_servers() {
+fn sd_hy_and_pilaf_run_with_polling_servers() {
     let cd = sim(64, 0.5);
-    for mode in ["sd", "hy"] {
+    for mode in ["sd", "hy", "pilaf"] {
         let r = served(mode);
         let b = &r.bench;
         assert_eq!(b.ops.all + b.errors, 6 * SERVED_OPS, "{mode}");

@@ -237,10 +237,11 @@ fn a_larger_cluster_with_threads_sharing_a_core_is_linearizable() {
 }
 
 #[test]
-fn sd_and_hy_with_polling_servers_are_linearizable() {
+fn sd_hy_and_pilaf_with_polling_servers_are_linearizable() {
     for mode in [
         Mode::Sd { server_threads: 1 },
         Mode::Hy { server_threads: 1 },
+        Mode::Pilaf { server_threads: 1 },
     ] {
         let s = Setup {
             ops: 250,
