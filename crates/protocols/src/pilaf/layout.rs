@@ -28,7 +28,7 @@
 //! of the same bytes may see a mix of both. The two CRCs are how a client detects that, with no
 //! step on the server's side.
 
-use crc::{Crc, CRC_64_ECMA_182};
+use crc::{Crc, Table, CRC_64_ECMA_182};
 use nessie_fabric::RegionId;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -65,8 +65,9 @@ const CANDIDATE_SEEDS: [u64; WAYS] = [
 ];
 
 /// The CRC64 of entries and extents (Pilaf's checksum width): CRC-64/ECMA-182, a standard
-/// polynomial; it is part of the format.
-static CRC64: Crc<u64> = Crc::<u64>::new(&CRC_64_ECMA_182);
+/// polynomial; it is part of the format. Slice-by-16 tables: a byte-at-a-time CRC of a 16 KiB
+/// extent took about ten times as long as the READs of a GET.
+static CRC64: Crc<u64, Table<16>> = Crc::<u64, Table<16>>::new(&CRC_64_ECMA_182);
 
 /// CRC64 of `bytes`.
 pub fn crc64(bytes: &[u8]) -> u64 {
