@@ -295,20 +295,7 @@ pub fn print_result(r: &BenchResult) {
         r.fabric.get.ops_mean, r.fabric.get.bytes_mean, r.fabric.put.ops_mean, r.fabric.put.bytes_mean,
         r.fabric.total_ops, r.fabric.total_bytes, r.fabric.local_bytes
     );
-    let c = &r.cpu_seconds;
-    println!(
-        "  CPU          client {:.2} s  server {:.2} s  progress {:.2} s  total {:.2} s  = {:.2} µs/op, {:.2} busy cores",
-        c.client, c.server, c.progress, c.total,
-        c.total * 1e6 / r.ops.all.max(1) as f64,
-        c.total / p.duration
-    );
-    if r.offered_ops_per_sec.is_some() {
-        println!(
-            "  CPU          of which waiting for arrivals (open loop) {:.2} s; the store's {:.2} µs/op",
-            c.pacing,
-            (c.total - c.pacing) * 1e6 / r.ops.all.max(1) as f64
-        );
-    }
+    print_cpu(r);
     if r.mode == "pilaf" {
         // Pilaf's client counts GET passes that failed a checksum as aborts (`ModeClient::aborts_retries`).
         println!(
@@ -319,6 +306,24 @@ pub fn print_result(r: &BenchResult) {
         );
     } else {
         println!("  aborts {}  retries {}", r.aborts, r.retries);
+    }
+}
+
+/// The CPU lines of [`print_result`]: by thread role, and for an open loop the clients' waits.
+fn print_cpu(r: &BenchResult) {
+    let c = &r.cpu_seconds;
+    println!(
+        "  CPU          client {:.2} s  server {:.2} s  progress {:.2} s  total {:.2} s  = {:.2} µs/op, {:.2} busy cores",
+        c.client, c.server, c.progress, c.total,
+        c.total * 1e6 / r.ops.all.max(1) as f64,
+        c.total / r.params.duration
+    );
+    if r.offered_ops_per_sec.is_some() {
+        println!(
+            "  CPU          of which waiting for arrivals (open loop) {:.2} s; the store's {:.2} µs/op",
+            c.pacing,
+            (c.total - c.pacing) * 1e6 / r.ops.all.max(1) as f64
+        );
     }
 }
 

@@ -509,9 +509,10 @@ fn print_budget(bytes: u64, g: &nessie_store::Geometry) -> Result<(), CliError> 
     Ok(())
 }
 
-fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
-    let dir = a.dir.dir();
-    let geometry = match a.memory_per_node {
+/// The tables `up` gives each node: sized for `--memory-per-node` (printing the budget), or as
+/// `--ites-per-node`/`--dtes-per-node` say.
+fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
+    Ok(match a.memory_per_node {
         Some(bytes) => {
             let g = nessie_store::Geometry::for_memory(
                 a.nodes as u32,
@@ -529,11 +530,11 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
                 };
             if copies > 1 {
                 eprintln!(
-                    "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
-                    a.replicas,
-                    a.spare_copies,
-                    (copies * bytes) as f64 / (1 << 20) as f64
-                );
+                        "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
+                        a.replicas,
+                        a.spare_copies,
+                        (copies * bytes) as f64 / (1 << 20) as f64
+                    );
             }
             g
         }
@@ -545,7 +546,12 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             value_max: a.value_max,
             ..nessie_store::Geometry::default()
         },
-    };
+    })
+}
+
+fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
+    let dir = a.dir.dir();
+    let geometry = up_geometry(&a)?;
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
     // Each node's front ends share a pool of `workers` clients of their own.
     let frontends = up_frontends(&a)?;

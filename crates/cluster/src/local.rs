@@ -170,20 +170,8 @@ impl LocalCluster {
             r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?
                 .with_spare_copies(spare)?,
         });
-        let mut regions = vec![set.region_sizes(&g.table_regions()); g.nodes as usize];
-        for r in regions.iter_mut() {
-            if let Some(s) = &shared {
-                r.resize(RESPONSE_REGION as usize + 1, 0);
-                r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-                r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-                if let Mode::Pilaf { .. } = mode {
-                    *r = nessie_protocols::pilaf::region_sizes(
-                        &rpc.pilaf_params(g, &cfg)?,
-                        &s.layout,
-                    );
-                }
-            }
-        }
+        let regions =
+            vec![node_regions(&set, g, shared.as_deref(), mode, &rpc, &cfg)?; g.nodes as usize];
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
@@ -785,4 +773,29 @@ impl Drop for LocalCluster {
         self.stop_servers();
         self.stop_reclaimers();
     }
+}
+
+/// The sizes of the regions every node registers: its tables (with their copies' room), and
+/// for the server-driven modes the request and response slots, or Pilaf's regions.
+fn node_regions(
+    set: &ReplicaSet,
+    g: &Geometry,
+    shared: Option<&RpcShared>,
+    mode: Mode,
+    rpc: &RpcConfig,
+    cfg: &ProtocolConfig,
+) -> Result<Vec<u64>, Error> {
+    let mut r = set.region_sizes(&g.table_regions());
+    if let Some(s) = shared {
+        if let Mode::Pilaf { .. } = mode {
+            return Ok(nessie_protocols::pilaf::region_sizes(
+                &rpc.pilaf_params(g, cfg)?,
+                &s.layout,
+            ));
+        }
+        r.resize(RESPONSE_REGION as usize + 1, 0);
+        r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
+        r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+    }
+    Ok(r)
 }
