@@ -24,7 +24,6 @@ use nessie_protocols::pilaf::{PilafClient, PilafExecutor, PilafStore, StoreStats
 use nessie_protocols::replica::{CopyMap, Move};
 use nessie_protocols::sd::{
     self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
-    REQUEST_REGION, RESPONSE_REGION,
 };
 use nessie_protocols::{
     CatchUp, ClientParts, Error, Fence, KvClient, Mode, ModeClient, MovedCopy, NodeRole,
@@ -170,8 +169,9 @@ impl LocalCluster {
             r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?
                 .with_spare_copies(spare)?,
         });
-        let regions =
-            vec![node_regions(&set, g, shared.as_deref(), mode, &rpc, &cfg)?; g.nodes as usize];
+        let tables = set.region_sizes(&g.table_regions());
+        let regions = sd::node_regions(tables, shared.as_deref(), mode, &rpc, g, &cfg)?;
+        let regions = vec![regions; g.nodes as usize];
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
@@ -773,29 +773,4 @@ impl Drop for LocalCluster {
         self.stop_servers();
         self.stop_reclaimers();
     }
-}
-
-/// The sizes of the regions every node registers: its tables (with their copies' room), and
-/// for the server-driven modes the request and response slots, or Pilaf's regions.
-fn node_regions(
-    set: &ReplicaSet,
-    g: &Geometry,
-    shared: Option<&RpcShared>,
-    mode: Mode,
-    rpc: &RpcConfig,
-    cfg: &ProtocolConfig,
-) -> Result<Vec<u64>, Error> {
-    let mut r = set.region_sizes(&g.table_regions());
-    if let Some(s) = shared {
-        if let Mode::Pilaf { .. } = mode {
-            return Ok(nessie_protocols::pilaf::region_sizes(
-                &rpc.pilaf_params(g, cfg)?,
-                &s.layout,
-            ));
-        }
-        r.resize(RESPONSE_REGION as usize + 1, 0);
-        r[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-        r[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-    }
-    Ok(r)
 }

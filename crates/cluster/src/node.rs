@@ -17,7 +17,6 @@ use nessie_protocols::cd::{CdClient, ClusterView};
 use nessie_protocols::pilaf::{PilafExecutor, PilafStore};
 use nessie_protocols::sd::client::{RpcShared, SlotPool};
 use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
-use nessie_protocols::sd::slots::{REQUEST_REGION, RESPONSE_REGION};
 use nessie_protocols::{ClientParts, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
 use nessie_store::classtable::ClassTable;
 use nessie_store::pages::PageWord;
@@ -695,27 +694,22 @@ fn join_cluster(
         _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())?),
     };
     let replicas = Arc::new(cfg.replica_set().map_err(ConfigError::from)?);
-    let pilaf = match (mode, &rpc_shared) {
-        (Mode::Pilaf { .. }, Some(s)) => {
-            let params = cfg.rpc_config().pilaf_params(g, &cfg.protocol_config())?;
-            Some((
-                params,
-                nessie_protocols::pilaf::region_sizes(&params, &s.layout),
-            ))
-        }
-        _ => None,
-    };
-    let regions = match &pilaf {
-        Some((_, sizes)) => sizes.clone(),
-        None => replicas.region_sizes(&region_sizes(g, rpc_shared.as_deref())),
-    };
+    let (rpc_cfg, pcfg) = (cfg.rpc_config(), cfg.protocol_config());
+    let regions = nessie_protocols::sd::node_regions(
+        replicas.region_sizes(&g.table_regions()),
+        rpc_shared.as_deref(),
+        mode,
+        &rpc_cfg,
+        g,
+        &pcfg,
+    )?;
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
     let table = Arc::new(view.class_table(id, cfg.protocol_config().clock_margin_ns));
     let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
-    let pilaf = match pilaf {
-        Some((params, _)) => Some(PilafStore::new(id, params)?),
-        None => None,
+    let pilaf = match mode {
+        Mode::Pilaf { .. } => Some(PilafStore::new(id, rpc_cfg.pilaf_params(g, &pcfg)?)?),
+        _ => None,
     };
     let ctx = NodeContext {
         pilaf,
@@ -737,18 +731,6 @@ fn join_cluster(
         replicas,
     };
     Ok((ctx, bootstrap))
-}
-
-/// Sizes of the regions a node registers, by region id: index, data and page table, plus the
-/// request and response slots when the cluster runs a server-driven mode.
-fn region_sizes(g: &nessie_store::Geometry, rpc: Option<&RpcShared>) -> Vec<u64> {
-    let mut regions = g.table_regions();
-    if let Some(s) = rpc {
-        regions.resize(RESPONSE_REGION as usize + 1, 0);
-        regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-        regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-    }
-    regions
 }
 
 /// Publish `ucx`'s info on our bootstrap address and fetch every peer's (ours in its place).

@@ -7,10 +7,8 @@ use std::sync::Arc;
 
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::pilaf::{self, PilafExecutor, PilafStore};
-use nessie_protocols::sd::{
-    self, RpcConfig, RpcShared, Server, ServerLoop, SlotPool, REQUEST_REGION, RESPONSE_REGION,
-};
+use nessie_protocols::pilaf::{PilafExecutor, PilafStore};
+use nessie_protocols::sd::{self, RpcConfig, RpcShared, Server, ServerLoop, SlotPool};
 use nessie_protocols::{ClientParts, Error, Mode, ModeClient, ProtocolConfig, RpcLease};
 use nessie_store::classtable::ClassTable;
 use nessie_store::Geometry;
@@ -73,15 +71,7 @@ impl SimCluster {
             Mode::Cd => None,
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
-        let mut regions = g.table_regions();
-        if let Some(s) = &shared {
-            regions.resize(RESPONSE_REGION as usize + 1, 0);
-            regions[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-            regions[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-            if let Mode::Pilaf { .. } = mode {
-                regions = pilaf::region_sizes(&rpc.pilaf_params(g, &cfg)?, &s.layout);
-            }
-        }
+        let regions = sd::node_regions(g.table_regions(), shared.as_deref(), mode, &rpc, g, &cfg)?;
         let sim = Sim::new(params, seed, &vec![regions; g.nodes as usize]).map_err(config)?;
         let tables = (0..g.nodes)
             .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))

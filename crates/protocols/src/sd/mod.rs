@@ -141,6 +141,33 @@ pub fn coupled_view(geometry: Geometry) -> Result<ClusterView, Error> {
     ClusterView::with_index(geometry, index, dte)
 }
 
+/// The regions every node of a `mode` cluster registers: `tables` (the client-driven tables,
+/// as the backend sizes them), then, with server threads, the request and response slots of
+/// `shared`; a Pilaf node registers Pilaf's regions instead (`pilaf::region_sizes`). Every
+/// backend sizes its nodes' memory with this.
+pub fn node_regions(
+    mut tables: Vec<u64>,
+    shared: Option<&RpcShared>,
+    mode: crate::Mode,
+    rpc: &RpcConfig,
+    geometry: &Geometry,
+    cfg: &crate::ProtocolConfig,
+) -> Result<Vec<u64>, Error> {
+    let Some(s) = shared else {
+        return Ok(tables);
+    };
+    if let crate::Mode::Pilaf { .. } = mode {
+        return Ok(crate::pilaf::region_sizes(
+            &rpc.pilaf_params(geometry, cfg)?,
+            &s.layout,
+        ));
+    }
+    tables.resize(RESPONSE_REGION as usize + 1, 0);
+    tables[REQUEST_REGION as usize] = s.layout.request_region_bytes();
+    tables[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
+    Ok(tables)
+}
+
 /// Slot layout and shared state for a cluster's clients and servers.
 pub fn rpc_shared(geometry: &Geometry, rpc: &RpcConfig) -> Result<Arc<RpcShared>, Error> {
     rpc.validate()?;
