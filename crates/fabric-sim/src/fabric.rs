@@ -470,6 +470,10 @@ impl Endpoint for SimEndpoint {
         self.at(self.time().saturating_add(ns));
     }
 
+    fn virtual_time(&self) -> bool {
+        true
+    }
+
     fn stats(&self) -> &StatsCell {
         &self.stats
     }

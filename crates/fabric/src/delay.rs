@@ -135,6 +135,9 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn sleep_ns(&mut self, ns: u64) {
         self.inner.sleep_ns(ns)
     }
+    fn virtual_time(&self) -> bool {
+        self.inner.virtual_time()
+    }
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }
@@ -219,6 +222,9 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     }
     fn sleep_ns(&mut self, ns: u64) {
         either!(self, e => e.sleep_ns(ns))
+    }
+    fn virtual_time(&self) -> bool {
+        either!(self, e => e.virtual_time())
     }
     fn stats(&self) -> &StatsCell {
         either!(self, e => e.stats())

@@ -120,6 +120,10 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.sleep_ns(ns)
     }
 
+    fn virtual_time(&self) -> bool {
+        self.inner.virtual_time()
+    }
+
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }

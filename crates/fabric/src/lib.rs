@@ -85,6 +85,13 @@ pub trait Endpoint: Send {
     /// Block this worker for `ns` nanoseconds (virtual in the simulator).
     fn sleep_ns(&mut self, ns: u64);
 
+    /// Whether this endpoint runs in virtual time (the simulator). There a thread must never
+    /// wait in the kernel for a lock held by another simulated thread: it waits with
+    /// [`Endpoint::sleep_ns`] instead, so the scheduler sees it.
+    fn virtual_time(&self) -> bool {
+        false
+    }
+
     /// This endpoint's operation counters.
     fn stats(&self) -> &StatsCell;
 

@@ -23,7 +23,7 @@
 //! reserves are soft: two claimers racing for the last pages can both win.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
 
@@ -31,6 +31,10 @@ use crate::classes::SizeClasses;
 use crate::dte::{DteLayout, HEADER_OFF, RECYCLE_OFF};
 use crate::pages::{self, Claim, PageWord, PAGE_REGION};
 use crate::DATA_REGION;
+
+/// First and longest back-off of a thread waiting for the allocator in virtual time (ns).
+const LOCK_BACKOFF_MIN_NS: u64 = 100;
+const LOCK_BACKOFF_MAX_NS: u64 = 1_600;
 
 /// Largest single WRITE used to clear a freshly claimed page.
 pub const ZERO_CHUNK: u64 = 1 << 20;
@@ -246,7 +250,7 @@ impl ClassTable {
             self.node,
             "allocate with an endpoint of this node"
         );
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock_state(ep);
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
@@ -408,9 +412,30 @@ impl ClassTable {
         Ok(())
     }
 
+    /// The allocator's state, for a thread of `ep`. It is held across fabric operations
+    /// (claiming and zeroing pages), so in virtual time a thread that finds it taken waits with
+    /// back-off sleeps, as a spinning waiter would: a thread asleep in the kernel is invisible
+    /// to the simulator's scheduler, which can only find it by polling.
+    fn lock_state<E: Endpoint>(&self, ep: &mut E) -> MutexGuard<'_, State> {
+        if !ep.virtual_time() {
+            return self.state.lock().unwrap();
+        }
+        let mut backoff = LOCK_BACKOFF_MIN_NS;
+        loop {
+            match self.state.try_lock() {
+                Ok(s) => return s,
+                Err(TryLockError::WouldBlock) => {
+                    ep.sleep_ns(backoff);
+                    backoff = (backoff * 2).min(LOCK_BACKOFF_MAX_NS);
+                }
+                Err(TryLockError::Poisoned(p)) => panic!("allocator state poisoned: {p}"),
+            }
+        }
+    }
+
     /// Return an entry that no ITE ever referred to: reusable at once.
-    pub fn release_unpublished(&self, slot: Slot) {
-        let mut s = self.state.lock().unwrap();
+    pub fn release_unpublished<E: Endpoint>(&self, ep: &mut E, slot: Slot) {
+        let mut s = self.lock_state(ep);
         self.put_back(&mut s, slot);
     }
 
@@ -429,7 +454,7 @@ impl ClassTable {
     /// Reclaim every expired recycled entry and release every empty page now (what a
     /// background reclaimer calls). Returns the entries reclaimed.
     pub fn reclaim<E: Endpoint>(&self, ep: &mut E) -> Result<u64, FabricError> {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock_state(ep);
         Ok(self.scan_all(ep, &mut s)?.0)
     }
 
@@ -442,7 +467,7 @@ impl ClassTable {
         ep: &mut E,
         interval_ns: u64,
     ) -> Result<u64, FabricError> {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock_state(ep);
         let now = ep.now_ns();
         if s.pages.is_empty() || now.saturating_sub(s.last_scan_ns) < interval_ns {
             return Ok(0);
@@ -616,7 +641,7 @@ impl ClassTable {
     /// by a write the dead incarnation never published, which stays lost). Call it before this
     /// node allocates anything.
     pub fn adopt<E: Endpoint>(&self, ep: &mut E) -> Result<Adopted, FabricError> {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock_state(ep);
         let mut done = Adopted::default();
         let hosts = if self.remote {
             (0..self.nodes as NodeId).collect()
@@ -1040,7 +1065,7 @@ mod tests {
         let (f, t) = setup(1);
         let mut ep = f.endpoint(0);
         let a = t[0].alloc_for(&mut ep, 2, Purpose::Value).unwrap();
-        t[0].release_unpublished(a);
+        t[0].release_unpublished(&mut ep, a);
         assert_eq!(t[0].alloc_for(&mut ep, 2, Purpose::Value).unwrap(), a);
     }
 

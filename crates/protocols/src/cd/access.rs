@@ -402,7 +402,7 @@ impl<E: Endpoint> CdClient<E> {
             self.ep.write(at, &self.wbuf[..n])
         };
         if let Err(e) = written {
-            self.table.release_unpublished(slot);
+            self.table.release_unpublished(&mut self.ep, slot);
             return Err(e.into());
         }
         let field = self.view.field.encode(slot.class, slot.slot);
@@ -412,7 +412,7 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Give back an entry no ITE ever referred to.
     pub(crate) fn release_unpublished(&mut self, slot: DteSlot) {
-        self.table.release_unpublished(slot);
+        self.table.release_unpublished(&mut self.ep, slot);
     }
 
     /// Flip the valid flag of a DTE this worker wrote (PUT Step 6 / migrate Step 8), in its own

@@ -868,6 +868,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.inner.sleep_ns(ns)
     }
 
+    fn virtual_time(&self) -> bool {
+        self.inner.virtual_time()
+    }
+
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }
