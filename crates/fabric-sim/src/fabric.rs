@@ -19,6 +19,7 @@ use nessie_fabric::{
 use crate::net::{Net, NoCoreLeft, WireBytes};
 use crate::params::{headers, ParamsError, SimParams, MAX_NODES};
 use crate::sched::{RunSummary, Sched, Slot, ThreadNo};
+use crate::watch::{Watches, IDLE_POLL_MAX_NS};
 
 /// The wall clock of every simulated node at virtual time 0 (2024-01-01T00:00:00Z), so that
 /// expiry timestamps look like real ones; nodes' clocks agree exactly.
@@ -41,6 +42,8 @@ struct Shared {
     net: Mutex<Net>,
     sched: Sched,
     stats: FabricStats,
+    /// Idle pollers waiting for a write.
+    watches: Watches,
 }
 
 impl Shared {
@@ -101,6 +104,7 @@ impl Sim {
                 memory,
                 sched: Sched::new(seed),
                 stats: FabricStats::default(),
+                watches: Watches::default(),
             }),
         })
     }
@@ -335,6 +339,11 @@ impl SimEndpoint {
         };
         let t = self.at(effective);
         let r = effect(mem).map_err(|e| e.at(addr, len, mem));
+        if kind != OpKind::Read {
+            shared
+                .watches
+                .written(&shared.sched, addr.node, addr.region, t);
+        }
         let done = if local {
             shared.net().pcie(self.node, t, shape.resp)
         } else {
@@ -454,6 +463,10 @@ impl Endpoint for SimEndpoint {
         buf: &[u8],
     ) -> Result<(), FabricError> {
         let (addr, mem) = self.direct(region, offset, buf.len())?;
+        let shared = &self.shared;
+        shared
+            .watches
+            .written(&shared.sched, self.node, region, shared.sched.now());
         nessie_fabric::memory::direct_write(mem, addr, buf, &self.stats)
     }
 
@@ -472,6 +485,15 @@ impl Endpoint for SimEndpoint {
 
     fn virtual_time(&self) -> bool {
         true
+    }
+
+    fn idle_poll(&mut self, region: RegionId) {
+        self.checkin();
+        let shared = self.shared.clone();
+        let wait = shared.sched.next_wait(self.thread);
+        shared.watches.add(self.node, region, self.thread, wait);
+        self.at(self.time().saturating_add(IDLE_POLL_MAX_NS));
+        shared.watches.remove(self.thread);
     }
 
     fn stats(&self) -> &StatsCell {

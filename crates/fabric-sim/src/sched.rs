@@ -78,7 +78,9 @@ struct State {
     posts: Vec<u64>,
     /// Consecutive polls each running thread was seen asleep.
     asleep: Vec<u32>,
-    heap: BinaryHeap<Reverse<(u64, u64, ThreadNo)>>,
+    /// Wake-ups: (time, tie-break, thread, the thread's wait they end). A wake-up whose wait
+    /// is over (an earlier one ended it) is stale and skipped.
+    heap: BinaryHeap<Reverse<(u64, u64, ThreadNo, u64)>>,
     /// Threads Running or Woken.
     running: usize,
     blocked: usize,
@@ -131,12 +133,22 @@ impl State {
     /// The earliest wake-up of a thread still waiting (one that panicked in the middle of a
     /// wait has left its wake-up behind).
     fn pop(&mut self) -> Option<(u64, ThreadNo)> {
-        while let Some(Reverse((t, _, thread))) = self.heap.pop() {
-            if self.status[thread] == Status::Waiting {
+        while let Some(Reverse((t, _, thread, wait))) = self.heap.pop() {
+            if self.status[thread] == Status::Waiting && self.posts[thread] == wait {
                 return Some((t, thread));
             }
         }
         None
+    }
+
+    /// Drop wake-ups at the top of the queue whose wait is over.
+    fn drop_stale(&mut self) {
+        while let Some(Reverse((_, _, thread, wait))) = self.heap.peek() {
+            if self.status[*thread] == Status::Waiting && self.posts[*thread] == *wait {
+                break;
+            }
+            self.heap.pop();
+        }
     }
 
     fn leave(&mut self, thread: ThreadNo) {
@@ -220,7 +232,8 @@ impl Sched {
         let tie = st.tie(thread);
         // Relative to now: a thread spawned after an earlier run starts after it.
         let at = self.now() + st.start_ns[thread];
-        st.heap.push(Reverse((at, tie, thread)));
+        let wait = st.posts[thread];
+        st.heap.push(Reverse((at, tie, thread, wait)));
     }
 
     /// First thing a simulated OS thread does: wait for its first dispatch.
@@ -264,7 +277,8 @@ impl Sched {
         let t = t.max(self.now());
         let alone = st.status[thread] == Status::Running && st.running == 1 && st.blocked == 0;
         if alone {
-            let key = (t, st.tie(thread), thread);
+            st.drop_stale();
+            let key = (t, st.tie(thread), thread, u64::MAX);
             if st.heap.peek().is_none_or(|Reverse(top)| key < *top) {
                 // Nobody can act before `t`: advance in place, no hand-off.
                 st.posts[thread] += 1;
@@ -277,14 +291,31 @@ impl Sched {
         self.park(st, thread, slot, t)
     }
 
+    /// The number of `thread`'s next wait (what [`Sched::wake_at`] names).
+    pub fn next_wait(&self, thread: ThreadNo) -> u64 {
+        self.lock().posts[thread] + 1
+    }
+
+    /// End `thread`'s wait number `wait` at `t` (at least now) if it is still waiting then:
+    /// an event another thread caused (a write a poller waits for) ends a wait early.
+    pub fn wake_at(&self, thread: ThreadNo, wait: u64, t: u64) {
+        let mut st = self.lock();
+        if st.status[thread] == Status::Waiting && st.posts[thread] == wait {
+            let tie = st.tie(thread);
+            let t = t.max(self.now());
+            st.heap.push(Reverse((t, tie, thread, wait)));
+        }
+    }
+
     /// Queue `thread`'s wake-up at `t` and wait for it.
     fn park(&self, mut st: MutexGuard<'_, State>, thread: ThreadNo, slot: &Slot, t: u64) -> u64 {
         st.leave(thread);
-        let key = (t, st.tie(thread), thread);
+        let tie = st.tie(thread);
         st.status[thread] = Status::Waiting;
         st.posts[thread] += 1;
         st.asleep[thread] = 0;
-        st.heap.push(Reverse(key));
+        let wait = st.posts[thread];
+        st.heap.push(Reverse((t, tie, thread, wait)));
         self.hand_off(&mut st);
         while st.status[thread] != Status::Running {
             st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner());

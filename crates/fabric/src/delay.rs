@@ -138,6 +138,9 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn virtual_time(&self) -> bool {
         self.inner.virtual_time()
     }
+    fn idle_poll(&mut self, region: RegionId) {
+        self.inner.idle_poll(region)
+    }
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }
@@ -225,6 +228,9 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     }
     fn virtual_time(&self) -> bool {
         either!(self, e => e.virtual_time())
+    }
+    fn idle_poll(&mut self, region: RegionId) {
+        either!(self, e => e.idle_poll(region))
     }
     fn stats(&self) -> &StatsCell {
         either!(self, e => e.stats())

@@ -124,6 +124,10 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.virtual_time()
     }
 
+    fn idle_poll(&mut self, region: RegionId) {
+        self.inner.idle_poll(region)
+    }
+
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }

@@ -92,6 +92,13 @@ pub trait Endpoint: Send {
         false
     }
 
+    /// A poller found nothing new in `region` of its own node. On a real fabric it spins on;
+    /// in virtual time the thread instead waits until that region is next written (or a
+    /// bounded time passes), when a spinning poller's next read would first find something.
+    fn idle_poll(&mut self, _region: RegionId) {
+        std::hint::spin_loop()
+    }
+
     /// This endpoint's operation counters.
     fn stats(&self) -> &StatsCell;
 

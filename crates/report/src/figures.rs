@@ -10,6 +10,7 @@ use crate::group::{describe_setup, group_results, mean, series_of, Grouped};
 use crate::plot::{
     self, BarChart, BarGroup, LineFigure, LinePanel, PlotError, Series, XFormat, XScale,
 };
+use crate::paper::wire_bytes_per_op;
 use crate::preset::{classify, Preset, MEDIUM_VALUE, OPTIMIZATION_STEPS, QUICK_VALUE};
 use crate::summary::{busy_cores, cpu_seconds_per_op, goodput_mib};
 
@@ -81,6 +82,9 @@ pub fn render(
         ]),
         Preset::Energy => Ok(vec![energy(&grouped, &setup, out_dir)?]),
         Preset::Optimizations => Ok(vec![optimizations(&grouped, &setup, out_dir)?]),
+        Preset::PaperValues | Preset::PaperZipf | Preset::PaperOptimizations => {
+            Ok(vec![paper(preset, &grouped, &setup, out_dir)?])
+        }
     }
 }
 
@@ -263,6 +267,53 @@ fn energy(grouped: &Grouped<'_>, setup: &str, out_dir: &Path) -> Result<PathBuf,
             panels: vec![cpu, cores, tput],
             columns: 3,
             panel_size: ENERGY_PANEL_SIZE,
+        },
+    )?;
+    Ok(path)
+}
+
+/// `<preset>.png` of a simulator preset: goodput, average GET and PUT latency, and bytes sent
+/// on the wire per operation, each vs value size, a line per mode (or optimisation step).
+fn paper(
+    preset: Preset,
+    grouped: &Grouped<'_>,
+    setup: &str,
+    out_dir: &Path,
+) -> Result<PathBuf, PlotError> {
+    let group = &grouped[""];
+    let panel = |title: &str, y: &str, metric: &dyn Fn(&BenchResult) -> Option<f64>| {
+        let mut p = LinePanel::new(title, "value size", y);
+        p.x_scale = XScale::Log2;
+        p.x_format = XFormat::Bytes;
+        p.series = series_of(group, metric);
+        p
+    };
+    let panels = vec![
+        panel("Goodput", "goodput (MiB/s)", &goodput),
+        panel("Average GET latency", "µs", &|r| {
+            (r.ops.get > 0).then_some(r.latency_us.get.mean)
+        }),
+        panel("Average PUT latency", "µs", &|r| {
+            (r.ops.put > 0).then_some(r.latency_us.put.mean)
+        }),
+        panel("Bytes sent per operation", "KiB on the wire per op", &|r| {
+            wire_bytes_per_op(r).map(|b| b / 1024.0)
+        }),
+    ];
+    let keys = if preset == Preset::PaperValues {
+        "uniform keys"
+    } else {
+        "Zipf 0.99 keys"
+    };
+    let path = out_dir.join(format!("{}.png", preset.name()));
+    plot::line_figure(
+        &path,
+        &LineFigure {
+            title: format!("Nessie on the simulated cluster: {}", preset.name()),
+            subtitle: format!("50% GET, {keys}, closed loop, virtual time · {setup}"),
+            panels,
+            columns: 2,
+            panel_size: PANEL_SIZE,
         },
     )?;
     Ok(path)

@@ -1,10 +1,12 @@
 //! Benchmark sweeps and their figures: named presets that expand into matrices of runs
 //! ([`preset`]), running them and saving their results ([`sweep`]), the text summary
 //! ([`summary`]), one figure builder per preset ([`figures`]) over results grouped per point
-//! ([`group`]), and the PNG drawing primitives ([`plot`]).
+//! ([`group`]), the PNG drawing primitives ([`plot`]), and the simulator's presets and their
+//! table ([`paper`]).
 
 pub mod figures;
 mod group;
+pub mod paper;
 pub mod plot;
 pub mod preset;
 pub mod summary;

@@ -19,7 +19,7 @@ use std::str::FromStr;
 
 use nessie_bench::result::BenchParams;
 
-use crate::plot;
+use crate::{paper, plot};
 
 /// Value sizes of the `values` preset (bytes).
 pub const VALUE_SIZES: [u32; 6] = [256, 1024, 4096, 16384, 65536, 131072];
@@ -64,6 +64,10 @@ pub enum Preset {
     Energy,
     Optimizations,
     Quick,
+    /// The simulator's (`nessie sim sweep`, [`crate::paper`]).
+    PaperValues,
+    PaperZipf,
+    PaperOptimizations,
 }
 
 impl Preset {
@@ -74,6 +78,18 @@ impl Preset {
         Preset::Optimizations,
         Preset::Quick,
     ];
+    /// The presets of `nessie sim sweep`, run on the simulator.
+    pub const SIM: [Preset; 3] = [
+        Preset::PaperValues,
+        Preset::PaperZipf,
+        Preset::PaperOptimizations,
+    ];
+
+    /// Whether the preset runs on the simulator (`nessie sim sweep`) rather than on a local
+    /// cluster (`nessie bench sweep`).
+    pub fn is_sim(self) -> bool {
+        Preset::SIM.contains(&self)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -82,6 +98,9 @@ impl Preset {
             Preset::Energy => "energy",
             Preset::Optimizations => "optimizations",
             Preset::Quick => "quick",
+            Preset::PaperValues => "paper-values",
+            Preset::PaperZipf => "paper-zipf",
+            Preset::PaperOptimizations => "paper-optimizations",
         }
     }
 
@@ -99,6 +118,15 @@ impl Preset {
                 "goodput as cd's optimisations are switched on one by one (Zipf 0.99, 16 KiB, 50/99% GET)"
             }
             Preset::Quick => "one-minute smoke sweep: cd/sd with 0 and 1 background process (4 KiB)",
+            Preset::PaperValues => {
+                "the paper's cluster: latency, goodput and bytes sent vs value size 2..128 KiB (50% GET, uniform; cd/sd/hy)"
+            }
+            Preset::PaperZipf => {
+                "the paper's cluster: latency, goodput and bytes sent vs value size 2..128 KiB (50% GET, Zipf 0.99; cd/sd/hy)"
+            }
+            Preset::PaperOptimizations => {
+                "the paper's cluster: cd's optimisations on one by one, 2..128 KiB (50% GET, Zipf 0.99)"
+            }
         }
     }
 
@@ -120,6 +148,9 @@ impl Preset {
             Preset::Energy => energy_runs(base),
             Preset::Optimizations => optimization_runs(base),
             Preset::Quick => quick_runs(base),
+            Preset::PaperValues => paper::values_runs(*self, base, "uniform"),
+            Preset::PaperZipf => paper::values_runs(*self, base, ZIPF),
+            Preset::PaperOptimizations => paper::optimization_runs(base),
         }
     }
 }
@@ -220,7 +251,11 @@ pub struct UnknownPreset {
 }
 
 fn preset_names() -> String {
-    let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+    let names: Vec<&str> = Preset::ALL
+        .iter()
+        .chain(&Preset::SIM)
+        .map(|p| p.name())
+        .collect();
     names.join(", ")
 }
 
@@ -230,6 +265,7 @@ impl FromStr for Preset {
         let wanted = s.trim().to_ascii_lowercase();
         Preset::ALL
             .into_iter()
+            .chain(Preset::SIM)
             .find(|p| p.name() == wanted)
             .ok_or_else(|| UnknownPreset { name: s.into() })
     }
@@ -254,7 +290,7 @@ fn fixed(
     }
 }
 
-fn spec(preset: Preset, params: BenchParams, stem: String) -> RunSpec {
+pub(crate) fn spec(preset: Preset, params: BenchParams, stem: String) -> RunSpec {
     let point = classify(preset, &params)
         .unwrap_or_else(|| panic!("preset {preset} built a run it does not classify: {stem}"));
     RunSpec {
@@ -335,6 +371,9 @@ pub fn classify(preset: Preset, p: &BenchParams) -> Option<PlotPoint> {
         Preset::Values => classify_values(p),
         Preset::Energy => classify_energy(p),
         Preset::Optimizations => classify_optimizations(p),
+        Preset::PaperValues | Preset::PaperZipf | Preset::PaperOptimizations => {
+            paper::classify(preset, p)
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Running a sweep: every run of a preset through a caller-supplied runner, each result saved
-//! as `<stem>.json`, then `summary.json`, `summary.txt` and the preset's figures.
+//! as `<stem>.json`, then `summary.json`, `summary.txt` (and `table.md` for the simulator's
+//! presets) and the preset's figures.
 //!
 //! The runner is a parameter (`FnMut(&BenchParams) -> Result<BenchResult, RunError>`), so the
 //! sweep is testable without a cluster; the CLI passes the real single-run runner.
@@ -261,6 +262,14 @@ fn finish(
     match fs::write(&table_path, summary_table(&results)) {
         Ok(()) => outcome.files.push(table_path),
         Err(e) => tracing::warn!("writing {}: {e}", table_path.display()),
+    }
+
+    if preset.is_sim() {
+        let path = out_dir.join("table.md");
+        match fs::write(&path, crate::paper::paper_table(preset, &results)) {
+            Ok(()) => outcome.files.push(path),
+            Err(e) => tracing::warn!("writing {}: {e}", path.display()),
+        }
     }
 
     let rendered = match catch_unwind(AssertUnwindSafe(|| render(preset, &results, &out_dir))) {

@@ -872,6 +872,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.inner.virtual_time()
     }
 
+    fn idle_poll(&mut self, region: RegionId) {
+        self.inner.idle_poll(region)
+    }
+
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
     }

@@ -269,8 +269,8 @@ impl Channel {
                 self.stats.landing += 1;
             }
             polls += 1;
-            if polls < SPIN_POLLS {
-                std::hint::spin_loop();
+            if polls < SPIN_POLLS || ep.virtual_time() {
+                ep.idle_poll(RESPONSE_REGION);
             } else {
                 std::thread::yield_now();
             }

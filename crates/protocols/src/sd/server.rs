@@ -320,7 +320,7 @@ impl<E: Endpoint, X: Execute> Server<E, X> {
             bump(&self.stats.idle_ns, spent);
             bump(&self.stats.idle_sweeps, 1);
             match self.opts.idle_backoff_ns {
-                None => std::hint::spin_loop(),
+                None => self.io.idle_poll(REQUEST_REGION),
                 Some(0) => std::thread::yield_now(),
                 Some(ns) => self.io.sleep_ns(ns),
             }
