@@ -25,6 +25,8 @@ pub enum BenchCmdError {
     },
     #[error(transparent)]
     Preset(#[from] nessie_report::UnknownPreset),
+    #[error("preset {0} runs on the simulator: `nessie sim sweep --preset {0} --out DIR`")]
+    SimPreset(nessie_report::Preset),
     #[error(transparent)]
     Sweep(#[from] nessie_report::SweepError),
     #[error("{failed} of {total} runs failed (see summary.json)")]
@@ -221,7 +223,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
 }
 
 /// A bar over a sweep's runs, on a terminal.
-fn sweep_bar(total: usize) -> indicatif::ProgressBar {
+pub(crate) fn sweep_bar(total: usize) -> indicatif::ProgressBar {
     let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         indicatif::ProgressBar::new(total as u64)
     } else {
@@ -290,8 +292,14 @@ pub fn print_result(r: &BenchResult) {
             println!("  {name} latency  mean {:>8.1}  p50 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1} µs  ({n} ops)", l.mean, l.p50, l.p99, l.p999);
         }
     }
+    // The simulator counts the bytes its NICs sent, headers included.
+    let sent = if r.params.transport == "sim" {
+        "on the wire"
+    } else {
+        "remote"
+    };
     println!(
-        "  fabric/op    GET {:.2} ops {:.0} B   PUT {:.2} ops {:.0} B   (window: {} fabric ops, {} B remote, {} B local)",
+        "  fabric/op    GET {:.2} ops {:.0} B   PUT {:.2} ops {:.0} B   (window: {} fabric ops, {} B {sent}, {} B local)",
         r.fabric.get.ops_mean, r.fabric.get.bytes_mean, r.fabric.put.ops_mean, r.fabric.put.bytes_mean,
         r.fabric.total_ops, r.fabric.total_bytes, r.fabric.local_bytes
     );
@@ -357,6 +365,9 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
 fn sweep(s: SweepArgs) -> Result<(), BenchCmdError> {
     use nessie_report::{run_preset, summary_table, Preset, RunError, RunSpec};
     let preset: Preset = s.preset.parse()?;
+    if preset.is_sim() {
+        return Err(BenchCmdError::SimPreset(preset));
+    }
     let base = s.p.params();
     let opts = runner_options(&s.p)?;
     let specs = preset.runs(&base);

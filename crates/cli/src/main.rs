@@ -4,6 +4,7 @@ mod bench_cmd;
 mod fabric_bench;
 mod fill_cmd;
 mod sim_cmd;
+mod sim_sweep;
 
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,24 @@ use nessie_fabric_sim::bench::SimBenchError;
 use nessie_fabric_sim::SimParams;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct SimArgs {
+    #[command(subcommand)]
+    pub sub: Option<SimSub>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum SimSub {
+    /// Run one of the paper's cluster experiments on the simulator: JSON per run, table.md,
+    /// summary and PNG figures in --out (docs/sim.md).
+    Sweep(crate::sim_sweep::SimSweepArgs),
+}
+
+/// One simulated run.
+#[derive(clap::Args)]
+pub struct RunArgs {
     /// Protocol: cd (Nessie), sd (server-driven), hy (hybrid), pilaf (Pilaf).
     #[arg(long, default_value = "cd")]
     pub mode: String,
@@ -56,6 +73,21 @@ pub struct SimArgs {
     pub json: Option<PathBuf>,
 }
 
+/// The model's hardware with the command line's overrides.
+pub(crate) fn hardware(
+    cores_per_node: Option<u32>,
+    link_mbps: Option<u64>,
+) -> Result<SimParams, nessie_fabric_sim::params::ParamsError> {
+    let defaults = SimParams::default();
+    let hw = SimParams {
+        cores_per_node: cores_per_node.unwrap_or(defaults.cores_per_node),
+        link_mbps: link_mbps.unwrap_or(defaults.link_mbps),
+        ..defaults
+    };
+    hw.validate()?;
+    Ok(hw)
+}
+
 /// Why `nessie sim` failed.
 #[derive(Debug, thiserror::Error)]
 enum SimCmdError {
@@ -73,7 +105,10 @@ enum SimCmdError {
 }
 
 pub fn run(a: SimArgs) -> ExitCode {
-    match simulate(a) {
+    if let Some(SimSub::Sweep(s)) = a.sub {
+        return crate::sim_sweep::run(s);
+    }
+    match simulate(a.run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nessie: error: {e}");
@@ -82,7 +117,7 @@ pub fn run(a: SimArgs) -> ExitCode {
     }
 }
 
-fn simulate(a: SimArgs) -> Result<(), SimCmdError> {
+fn simulate(a: RunArgs) -> Result<(), SimCmdError> {
     if !(a.load_factor > 0.0 && a.load_factor < 1.0) {
         return Err(SimCmdError::LoadFactor(a.load_factor));
     }
@@ -102,14 +137,8 @@ fn simulate(a: SimArgs) -> Result<(), SimCmdError> {
         seed: a.seed,
         ..BenchParams::default()
     };
-    let defaults = SimParams::default();
-    let hw = SimParams {
-        cores_per_node: a.cores_per_node.unwrap_or(defaults.cores_per_node),
-        link_mbps: a.link_mbps.unwrap_or(defaults.link_mbps),
-        ..defaults
-    };
-    hw.validate()?;
-    let (keys, geometry) = nessie_bench::runner::sizing(&p);
+    let hw = hardware(a.cores_per_node, a.link_mbps)?;
+    let (keys, geometry) = nessie_fabric_sim::bench::sizing(&p, a.ops);
     let t = std::time::Instant::now();
     let r = nessie_fabric_sim::bench::run(&p, keys, geometry, a.ops, hw)?;
     crate::bench_cmd::print_result(&r.bench);

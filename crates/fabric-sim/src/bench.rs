@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hdrhistogram::Histogram;
@@ -37,6 +37,31 @@ pub const MAX_OPS_PER_THREAD: u64 = 100_000_000;
 pub const MAX_THREADS: usize = 1024;
 /// How often a thread waiting at the barrier looks again, in virtual time.
 const BARRIER_POLL_NS: u64 = 1_000;
+
+/// Each client thread's cache holds this fraction of the keys (the paper: 0.5 %).
+pub const CACHE_KEY_FRACTION: f64 = 0.005;
+/// Room for PUTs per node, in multiples of a node's average share of the run's PUTs: with
+/// skewed keys, the nodes holding hot keys take more (sd, hy and pilaf write where the key
+/// lives). A run is far shorter than the expiry period, so no entry is reused within it.
+const PUT_ROOM_FACTOR: u64 = 3;
+/// Room for PUTs beyond that, per node.
+const PUT_ROOM_EXTRA: u64 = 1024;
+
+/// Keys and table sizes for `p` run with `ops_per_thread` operations per client thread: the
+/// benchmark's sizing ([`nessie_bench::runner::sizing`]) plus room for every entry the run's
+/// PUTs write.
+pub fn sizing(p: &BenchParams, ops_per_thread: u64) -> (u64, Geometry) {
+    let (keys, mut g) = nessie_bench::runner::sizing(p);
+    let put_share = if p.workload.is_some() {
+        1.0
+    } else {
+        1.0 - p.get_ratio
+    };
+    let puts_per_node =
+        (ops_per_thread as f64 * f64::from(p.client_threads) * put_share).ceil() as u64;
+    g.dtes_per_node += puts_per_node * PUT_ROOM_FACTOR + PUT_ROOM_EXTRA;
+    (keys, g)
+}
 
 /// Why a simulated benchmark cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -244,6 +269,7 @@ pub fn run(
             previous_versions: p.previous_versions,
             multi_read: p.multi_read,
         },
+        cache_entries: ((keys as f64 * CACHE_KEY_FRACTION).ceil() as usize).max(1),
         ..ProtocolConfig::default()
     };
     let rpc = RpcConfig {
@@ -260,10 +286,15 @@ pub fn run(
         .collect::<Result<Vec<_>, Error>>()?;
     let workload = workload(p, keys)?;
     let arrived = Arc::new(AtomicUsize::new(0));
-    let (p2, seed) = (p.clone(), p.seed);
+    let preload_tx = Arc::new(AtomicU64::new(0));
+    let (p2, seed, sim) = (p.clone(), p.seed, cluster.sim().clone());
+    let tx_at_start = preload_tx.clone();
     let (summary, outs) = cluster.run(clients, move |i, (mut client, mut timer)| {
         preload(&mut client, &p2, keys, i, threads)?;
-        barrier(&mut timer, &arrived, threads);
+        if barrier(&mut timer, &arrived, threads) {
+            // Everyone else waits: what the wire carried so far was the preload's.
+            tx_at_start.store(wire_sent(&sim), Ordering::SeqCst);
+        }
         let mut w = workload.for_thread(i as u64, threads as u64);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(
             seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
@@ -281,7 +312,19 @@ pub fn run(
         .into_iter()
         .collect::<Result<Vec<_>, SimBenchError>>()?;
     let wire = (0..p.nodes).map(|n| cluster.sim().wire_bytes(n)).collect();
-    Ok(merge(p, keys, ops_per_thread, hw, &outs, summary, wire))
+    let sent = wire_sent(cluster.sim()) - preload_tx.load(Ordering::SeqCst);
+    let mut r = merge(p, keys, ops_per_thread, hw, &outs, summary, wire);
+    // Bytes sent are what went on the simulated wire: every NIC's egress in the window,
+    // headers and acknowledgements included.
+    r.bench.fabric.total_bytes = sent;
+    Ok(r)
+}
+
+/// Bytes every NIC has sent so far, headers included.
+fn wire_sent(sim: &crate::Sim) -> u64 {
+    (0..sim.node_count())
+        .map(|n| sim.wire_bytes(n as u16).tx)
+        .sum()
 }
 
 /// Thread `i` of `threads` writes keys `i, i + threads, ...`, as the benchmark preloads.
@@ -302,12 +345,13 @@ fn preload(
     Ok(())
 }
 
-/// Wait, in virtual time, until every thread has arrived.
-fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) {
-    arrived.fetch_add(1, Ordering::SeqCst);
+/// Wait, in virtual time, until every thread has arrived; true for the last to arrive.
+fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) -> bool {
+    let last = arrived.fetch_add(1, Ordering::SeqCst) + 1 == threads;
     while arrived.load(Ordering::SeqCst) < threads {
         timer.sleep_ns(BARRIER_POLL_NS);
     }
+    last
 }
 
 impl Measured {
@@ -427,6 +471,7 @@ fn merge(
             put: m.fabric.put.summary(ops.put),
             all: fabric_all.summary(ops.all),
             total_ops: m.window_fabric.fabric_ops(),
+            // Replaced by the bytes on the simulated wire (`run`).
             total_bytes: m.window_fabric.remote_bytes(),
             local_bytes: m.window_fabric.local_bytes(),
         },

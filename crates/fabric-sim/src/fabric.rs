@@ -77,7 +77,8 @@ impl Shared {
 }
 
 /// A simulated cluster: create endpoints (one per simulated thread), spawn the threads that
-/// use them, then [`Sim::run`].
+/// use them, then [`Sim::run`]. Clones are handles onto the same cluster.
+#[derive(Clone)]
 pub struct Sim {
     shared: Arc<Shared>,
 }

@@ -125,3 +125,34 @@ fn sd_hy_and_pilaf_run_with_polling_servers() {
         );
     }
 }
+
+/// `fabric.total_bytes` of a simulated run counts the measured window's bytes on the wire:
+/// a GET brings its value over a link unless the value is on the reader's node, a cd PUT
+/// writes its value into its own node's memory and sends only index traffic.
+#[test]
+fn bytes_sent_are_the_windows_bytes_on_the_wire() {
+    let gets = sim(16_384, 1.0);
+    let b = &gets.bench;
+    let whole_run: u64 = gets.wire_bytes.iter().map(|w| w.tx).sum();
+    assert!(b.fabric.total_bytes < whole_run, "the preload is left out");
+    // Uniform keys over 3 nodes: about 2/3 of the values are elsewhere.
+    let per_get = b.fabric.total_bytes as f64 / b.ops.get as f64;
+    assert!(
+        per_get > 0.5 * 16_384.0 && per_get < 1.2 * 16_384.0,
+        "{per_get}"
+    );
+    let puts = sim(16_384, 0.0);
+    let per_put = puts.bench.fabric.total_bytes as f64 / puts.bench.ops.put as f64;
+    assert!(per_put > 0.0 && per_put < 2_048.0, "{per_put}");
+}
+
+/// The sizing of a simulated run leaves room for every PUT it makes.
+#[test]
+fn sizing_leaves_room_for_the_runs_puts() {
+    let p = params(16_384, 0.5);
+    let (keys, short) = nessie_fabric_sim::bench::sizing(&p, 10);
+    let (_, long) = nessie_fabric_sim::bench::sizing(&p, 10_000);
+    assert_eq!(keys, KEYS);
+    // 2 threads × 10,000 ops × 50 % PUTs, at least, more than the short run.
+    assert!(long.dtes_per_node >= short.dtes_per_node + 2 * 10_000 / 2);
+}

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use nessie_bench::result::BenchResult;
 
 use crate::group::{describe_setup, group_results, mean, series_of, Grouped};
+use crate::paper::wire_bytes_per_op;
 use crate::plot::{
     self, BarChart, BarGroup, LineFigure, LinePanel, PlotError, Series, XFormat, XScale,
 };
-use crate::paper::wire_bytes_per_op;
 use crate::preset::{classify, Preset, MEDIUM_VALUE, OPTIMIZATION_STEPS, QUICK_VALUE};
 use crate::summary::{busy_cores, cpu_seconds_per_op, goodput_mib};
 

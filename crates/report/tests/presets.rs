@@ -192,7 +192,7 @@ fn quick_matrix_is_short() {
 #[test]
 fn stems_unique_and_classification_consistent() {
     let base = BenchParams::default();
-    for preset in Preset::ALL {
+    for preset in Preset::ALL.into_iter().chain(Preset::SIM) {
         let runs = preset.runs(&base);
         let mut stems: Vec<&str> = runs.iter().map(|r| r.stem.as_str()).collect();
         stems.sort();
@@ -230,4 +230,66 @@ fn cpu_per_op_leaves_out_the_open_loop_wait() {
     r.cpu_seconds.pacing = r.cpu_seconds.total / 4.0;
     let store = nessie_report::summary::cpu_seconds_per_op(&r).unwrap();
     assert!((store - whole * 0.75).abs() < 1e-12, "{store} vs {whole}");
+}
+
+/// The simulator's presets: the paper's sizes, modes, worker split and switches; bench and
+/// sim presets are told apart.
+#[test]
+fn paper_matrices() {
+    use nessie_report::paper::*;
+    let base = BenchParams {
+        client_threads: PAPER_WORKERS,
+        ..BenchParams::default()
+    };
+    for preset in Preset::SIM {
+        assert!(preset.is_sim());
+        assert_eq!(preset.name().parse::<Preset>().unwrap(), preset);
+    }
+    assert!(Preset::ALL.iter().all(|p| !p.is_sim()));
+    for (preset, dist) in [(Preset::PaperValues, "uniform"), (Preset::PaperZipf, ZIPF)] {
+        let runs = preset.runs(&base);
+        assert_eq!(runs.len(), PAPER_MODES.len() * PAPER_VALUE_SIZES.len());
+        for r in &runs {
+            let p = &r.params;
+            assert_eq!((p.dist.as_str(), p.get_ratio), (dist, PAPER_GET_RATIO));
+            assert!(PAPER_VALUE_SIZES.contains(&p.value_size));
+            assert!(p.filter_bits && p.cache && p.previous_versions && p.multi_read);
+            let servers = paper_server_threads(&p.mode, p.value_size, p.get_ratio);
+            if p.mode == "cd" {
+                assert_eq!(p.client_threads, PAPER_WORKERS);
+            } else {
+                assert_eq!(
+                    p.client_threads + p.server_threads,
+                    PAPER_WORKERS,
+                    "{}",
+                    r.stem
+                );
+                assert_eq!(p.server_threads, servers);
+            }
+        }
+        // The other distribution is not a run of this preset.
+        let mut other = runs[0].params.clone();
+        other.dist = if dist == "uniform" {
+            ZIPF.into()
+        } else {
+            "uniform".into()
+        };
+        assert!(classify(preset, &other).is_none());
+    }
+    // The paper's tuning (§4.6).
+    assert_eq!(paper_server_threads("sd", 512, 0.5), 3);
+    assert_eq!(paper_server_threads("sd", 2048, 0.5), 2);
+    assert_eq!(paper_server_threads("hy", 32768, 0.5), 3);
+    assert_eq!(paper_server_threads("hy", 65536, 0.5), 2);
+    assert_eq!(paper_server_threads("hy", 65536, 0.9), 1);
+    let opt = Preset::PaperOptimizations.runs(&base);
+    assert_eq!(
+        opt.len(),
+        OPTIMIZATION_STEPS.len() * PAPER_OPTIMIZATION_SIZES.len()
+    );
+    assert!(opt
+        .iter()
+        .all(|r| r.params.mode == "cd" && r.params.dist == ZIPF));
+    let basic = opt.iter().filter(|r| r.series == "basic").count();
+    assert_eq!(basic, PAPER_OPTIMIZATION_SIZES.len());
 }

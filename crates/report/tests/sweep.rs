@@ -13,7 +13,7 @@ use nessie_report::{render, summary_table, RenderError};
 
 #[test]
 fn run_preset_writes_results_summary_and_plots() {
-    let expected_plots: [(Preset, &[&str]); 5] = [
+    let expected_plots: [(Preset, &[&str]); 8] = [
         (Preset::Contention, &["contention.png"]),
         (
             Preset::Values,
@@ -22,6 +22,9 @@ fn run_preset_writes_results_summary_and_plots() {
         (Preset::Energy, &["energy.png"]),
         (Preset::Optimizations, &["optimizations.png"]),
         (Preset::Quick, &["quick.png"]),
+        (Preset::PaperValues, &["paper-values.png"]),
+        (Preset::PaperZipf, &["paper-zipf.png"]),
+        (Preset::PaperOptimizations, &["paper-optimizations.png"]),
     ];
     for (preset, plots) in expected_plots {
         let dir = test_dir(&format!("all-{preset}"));
@@ -74,6 +77,15 @@ fn run_preset_writes_results_summary_and_plots() {
             let path = dir.join(plot);
             assert!(outcome.plots.contains(&path));
             assert_png(&path);
+        }
+        // The simulator's presets also write their table: a header, a rule, a row per run.
+        let table = fs::read_to_string(dir.join("table.md"));
+        if preset.is_sim() {
+            let table = table.unwrap();
+            assert_eq!(table.lines().count(), specs.len() + 2, "{table}");
+            assert!(table.starts_with("| value |"), "{table}");
+        } else {
+            assert!(table.is_err());
         }
         cleanup(&dir);
     }
