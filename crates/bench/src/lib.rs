@@ -14,4 +14,5 @@ pub mod memcached;
 pub mod result;
 #[cfg(feature = "ucx")]
 pub mod runner;
+pub mod sizing;
 pub mod workload;

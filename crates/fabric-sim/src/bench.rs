@@ -48,10 +48,10 @@ const PUT_ROOM_FACTOR: u64 = 3;
 const PUT_ROOM_EXTRA: u64 = 1024;
 
 /// Keys and table sizes for `p` run with `ops_per_thread` operations per client thread: the
-/// benchmark's sizing ([`nessie_bench::runner::sizing`]) plus room for every entry the run's
+/// benchmark's sizing ([`nessie_bench::sizing::sizing`]) plus room for every entry the run's
 /// PUTs write.
 pub fn sizing(p: &BenchParams, ops_per_thread: u64) -> (u64, Geometry) {
-    let (keys, mut g) = nessie_bench::runner::sizing(p);
+    let (keys, mut g) = nessie_bench::sizing::sizing(p);
     let put_share = if p.workload.is_some() {
         1.0
     } else {

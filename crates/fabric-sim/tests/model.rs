@@ -367,3 +367,50 @@ fn a_panicking_thread_ends_and_the_others_run_on() {
     assert!(failing.join().is_err());
     assert_eq!(other.join().unwrap(), 10);
 }
+
+/// An idle poller waits for the next write to its region: it resumes at the instant a remote
+/// WRITE or a direct write to that region of its node takes effect, ignores writes to other
+/// regions and nodes, and without any write looks again after `IDLE_POLL_MAX_NS`.
+#[test]
+fn idle_pollers_resume_when_their_region_is_written() {
+    use nessie_fabric_sim::watch::IDLE_POLL_MAX_NS;
+    let p = params();
+    let regions = [vec![4096, 4096], vec![4096, 4096]];
+    let sim = Sim::new(p.clone(), 3, &regions).unwrap();
+    let mut poller = sim.endpoint(1);
+    let waits = sim.spawn(poller.thread(), move || {
+        let mut resumed = Vec::new();
+        for _ in 0..3 {
+            poller.idle_poll(1);
+            resumed.push(poller.mono_ns());
+        }
+        resumed
+    });
+    let mut writer = sim.endpoint(0);
+    let wrote = sim.spawn(writer.thread(), move || {
+        // Other node, other region: the poller sleeps on.
+        writer.write(RemoteAddr::new(0, 1, 0), &[1; 8]).unwrap();
+        writer.write(RemoteAddr::new(1, 0, 0), &[1; 8]).unwrap();
+        let before = writer.mono_ns();
+        writer.write(RemoteAddr::new(1, 1, 0), &[1; 8]).unwrap();
+        (before, writer.mono_ns())
+    });
+    let mut local = sim.endpoint(1);
+    let local_wrote = sim.spawn(local.thread(), move || {
+        local.sleep_ns(3 * IDLE_POLL_MAX_NS / 2);
+        local.local_write(1, 8, &[2; 8]).unwrap();
+        local.mono_ns()
+    });
+    sim.run();
+    let resumed = waits.join().unwrap();
+    let (before, after) = wrote.join().unwrap();
+    // The WRITE took effect at the responder NIC, before its ACK came back.
+    assert!(
+        resumed[0] > before && resumed[0] < after,
+        "{resumed:?} {before} {after}"
+    );
+    // Nothing more until the direct write at 1.5 × the longest wait...
+    let direct = local_wrote.join().unwrap();
+    assert_eq!(resumed[1], resumed[0] + IDLE_POLL_MAX_NS, "{resumed:?}");
+    assert_eq!(resumed[2], direct, "{resumed:?}");
+}
