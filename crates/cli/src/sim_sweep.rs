@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use nessie_bench::result::{BenchParams, BenchResult};
 use nessie_fabric_sim::SimParams;
-use nessie_report::paper::{PAPER_NODES, PAPER_WORKERS};
+use nessie_report::paper::{PAPER_CORES, PAPER_NODES, PAPER_WORKERS};
 use nessie_report::{run_specs, summary_table, Preset, RunError, RunSpec};
 
 /// Most keys per simulated node a sweep may preload (each is a simulated PUT).
@@ -42,9 +42,9 @@ pub struct SimSweepArgs {
     /// Seed of every run's workload and scheduler.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Cores per simulated node [default: the model's].
-    #[arg(long)]
-    pub cores_per_node: Option<u32>,
+    /// Cores per simulated node (the paper's nodes had 12).
+    #[arg(long, default_value_t = PAPER_CORES)]
+    pub cores_per_node: u32,
     /// Link bandwidth of each NIC in Mb/s [default: the model's, 10 GbE].
     #[arg(long)]
     pub link_mbps: Option<u64>,
@@ -128,7 +128,7 @@ fn simulate(p: &BenchParams, ops: u64, hw: &SimParams) -> Result<BenchResult, Ru
 
 fn sweep(a: SimSweepArgs) -> Result<(), SimSweepError> {
     let preset = check(&a)?;
-    let hw = crate::sim_cmd::hardware(a.cores_per_node, a.link_mbps)?;
+    let hw = crate::sim_cmd::hardware(Some(a.cores_per_node), a.link_mbps)?;
     let base = base(&a);
     let mut specs = preset.runs(&base);
     if let Some(only) = &a.only {

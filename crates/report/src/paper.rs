@@ -25,8 +25,10 @@ pub const PAPER_VALUE_SIZES: [u32; 7] = [2048, 4096, 8192, 16384, 32768, 65536, 
 pub const PAPER_OPTIMIZATION_SIZES: [u32; 4] = [2048, 8192, 32768, 131072];
 /// Fraction of GETs in every paper preset.
 pub const PAPER_GET_RATIO: f64 = 0.5;
-/// The paper's cluster: nodes, and worker threads per node (one per core).
+/// The paper's cluster: nodes, cores per node (two 6-core Xeon E5-2620 v2, hyperthreading
+/// off) and worker threads per node (one per core).
 pub const PAPER_NODES: u16 = 15;
+pub const PAPER_CORES: u32 = 12;
 pub const PAPER_WORKERS: u16 = 12;
 /// The protocols the paper compares.
 pub const PAPER_MODES: [&str; 3] = ["cd", "sd", "hy"];
