@@ -20,7 +20,7 @@ use crate::agent::{
 };
 use crate::result::*;
 pub use crate::sizing::sizing;
-use crate::workload::{KeyDist, WorkloadError, Ycsb, YCSB_INSERT_ROOM};
+use crate::workload::{KeyDist, WorkloadError, Ycsb};
 
 /// Most background CPU hogs a run may start.
 pub const MAX_BACKGROUND: u16 = 64;
