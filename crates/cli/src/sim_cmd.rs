@@ -59,6 +59,9 @@ pub struct RunArgs {
     /// Operations per client thread, after the preload.
     #[arg(long, default_value_t = 10_000)]
     pub ops: u64,
+    /// CPU-bound background processes per node, sharing its cores in time slices.
+    #[arg(long, default_value_t = 0)]
+    pub background: u16,
     /// Seed of the workload and the scheduler: equal seeds give equal results.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -135,6 +138,7 @@ fn simulate(a: RunArgs) -> Result<(), SimCmdError> {
         keys: a.keys,
         load_factor: a.load_factor,
         seed: a.seed,
+        background: a.background,
         ..BenchParams::default()
     };
     let hw = hardware(a.cores_per_node, a.link_mbps)?;

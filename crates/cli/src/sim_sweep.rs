@@ -10,20 +10,26 @@ use nessie_fabric_sim::SimParams;
 use nessie_report::paper::{PAPER_CORES, PAPER_NODES, PAPER_WORKERS};
 use nessie_report::{run_specs, summary_table, Preset, RunError, RunSpec};
 
+/// Operations per client thread of a run, by default.
+pub const DEFAULT_OPS: u64 = 200;
+/// ... of a `paper-contention` run: 180 threads × 1000 operations last several of the
+/// kernel's 24 ms scheduling periods.
+pub const CONTENTION_OPS: u64 = 1000;
 /// Most keys per simulated node a sweep may preload (each is a simulated PUT).
 pub const MAX_KEYS_PER_NODE: u64 = 1_000_000;
 
 #[derive(clap::Args)]
 pub struct SimSweepArgs {
-    /// paper-values | paper-zipf | paper-optimizations
+    /// paper-values | paper-zipf | paper-optimizations | paper-contention
     #[arg(long)]
     pub preset: String,
     /// Directory for the JSON results, table.md, summary and plots.
     #[arg(long)]
     pub out: PathBuf,
-    /// Operations per client thread in each run, after the preload.
-    #[arg(long, default_value_t = 200)]
-    pub ops: u64,
+    /// Operations per client thread in each run, after the preload [default: 200, and 1000
+    /// for paper-contention, whose runs must span many scheduler periods].
+    #[arg(long)]
+    pub ops: Option<u64>,
     /// Simulated nodes.
     #[arg(long, default_value_t = PAPER_NODES)]
     pub nodes: u16,
@@ -139,13 +145,21 @@ fn sweep(a: SimSweepArgs) -> Result<(), SimSweepError> {
         }
     }
     let total = specs.len();
+    let ops = a.ops.unwrap_or(match preset {
+        Preset::PaperContention => CONTENTION_OPS,
+        _ => DEFAULT_OPS,
+    });
+    if !(1..=nessie_fabric_sim::bench::MAX_OPS_PER_THREAD).contains(&ops) {
+        return Err(SimSweepError::Param(format!(
+            "--ops must be in 1..={}",
+            nessie_fabric_sim::bench::MAX_OPS_PER_THREAD
+        )));
+    }
     println!(
-        "sim sweep {preset}: {total} runs of {} ops per client thread, results in {}",
-        a.ops,
+        "sim sweep {preset}: {total} runs of {ops} ops per client thread, results in {}",
         a.out.display()
     );
     let pb = crate::bench_cmd::sweep_bar(total);
-    let ops = a.ops;
     let mut runner = |p: &BenchParams| simulate(p, ops, &hw);
     let mut progress = |i: usize, _n: usize, spec: &RunSpec| {
         pb.set_position(i.saturating_sub(1) as u64);

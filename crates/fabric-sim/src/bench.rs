@@ -35,8 +35,12 @@ use crate::{SimEndpoint, SimParams, WireBytes};
 pub const MAX_OPS_PER_THREAD: u64 = 100_000_000;
 /// Most simulated client threads (each is an OS thread).
 pub const MAX_THREADS: usize = 1024;
-/// How often a thread waiting at the barrier looks again, in virtual time.
+/// How often a thread waiting at the barrier looks again, in virtual time: first after
+/// 1 µs, then at doubling intervals up to 100 µs (a thread may start its operations up to
+/// that late; under CPU contention the preload's stragglers take tens of milliseconds, and
+/// polling them every microsecond would be millions of hand-offs).
 const BARRIER_POLL_NS: u64 = 1_000;
+const BARRIER_POLL_MAX_NS: u64 = 100_000;
 
 /// Each client thread's cache holds this fraction of the keys (the paper: 0.5 %).
 pub const CACHE_KEY_FRACTION: f64 = 0.005;
@@ -262,6 +266,13 @@ pub fn run(
     hw: SimParams,
 ) -> Result<SimBenchResult, SimBenchError> {
     check(p, ops_per_thread)?;
+    // Background processes are the run's (`--background`), on every node.
+    let hw = SimParams {
+        background_per_node: u32::from(p.background),
+        ..hw
+    };
+    hw.validate()
+        .map_err(|e| SimBenchError::Param(e.to_string()))?;
     let cfg = ProtocolConfig {
         optimizations: Optimizations {
             filter_bits: p.filter_bits,
@@ -348,8 +359,10 @@ fn preload(
 /// Wait, in virtual time, until every thread has arrived; true for the last to arrive.
 fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) -> bool {
     let last = arrived.fetch_add(1, Ordering::SeqCst) + 1 == threads;
+    let mut poll = BARRIER_POLL_NS;
     while arrived.load(Ordering::SeqCst) < threads {
-        timer.sleep_ns(BARRIER_POLL_NS);
+        timer.sleep_ns(poll);
+        poll = (poll * 2).min(BARRIER_POLL_MAX_NS);
     }
     last
 }

@@ -19,6 +19,7 @@ use nessie_fabric::{
 use crate::net::{Net, NoCoreLeft, WireBytes};
 use crate::params::{headers, ParamsError, SimParams, MAX_NODES};
 use crate::sched::{RunSummary, Sched, Slot, ThreadNo};
+use crate::slices::Slices;
 use crate::watch::{Watches, IDLE_POLL_MAX_NS};
 
 /// The wall clock of every simulated node at virtual time 0 (2024-01-01T00:00:00Z), so that
@@ -44,11 +45,30 @@ struct Shared {
     stats: FabricStats,
     /// Idle pollers waiting for a write.
     watches: Watches,
+    /// The node of every simulated thread, by thread number.
+    thread_nodes: Mutex<Vec<NodeId>>,
+    /// Time slices of threads on cores shared with background processes (set by the first
+    /// run, once every thread exists).
+    slices: std::sync::OnceLock<Slices>,
+    seed: u64,
 }
 
 impl Shared {
     fn net(&self) -> MutexGuard<'_, Net> {
         self.net.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The earliest time at or after `t` at which `thread` has its core.
+    fn on_cpu(&self, thread: ThreadNo, t: u64) -> u64 {
+        self.slices.get().map_or(t, |s| s.next_on(thread, t))
+    }
+
+    /// A write of `len` bytes at `addr` took effect at `t`: wake the idle pollers waiting
+    /// for one there, each once it has its core.
+    fn written(&self, addr: RemoteAddr, len: usize, t: u64) {
+        let bytes = addr.offset..addr.offset + len as u64;
+        self.watches
+            .written(&self.sched, addr, bytes, |thread| self.on_cpu(thread, t));
     }
 
     /// The region `addr` names, with the access checked before any virtual time passes.
@@ -106,6 +126,9 @@ impl Sim {
                 sched: Sched::new(seed),
                 stats: FabricStats::default(),
                 watches: Watches::default(),
+                thread_nodes: Mutex::new(Vec::new()),
+                slices: std::sync::OnceLock::new(),
+                seed,
             }),
         })
     }
@@ -122,7 +145,18 @@ impl Sim {
     /// given to [`Sim::spawn`] for [`SimEndpoint::thread`].
     pub fn endpoint(&self, node: NodeId) -> SimEndpoint {
         assert!((node as usize) < self.node_count(), "no node {node}");
-        let (thread, slot) = self.shared.sched.register(self.shared.p.start_jitter_ns);
+        let (thread, slot) = {
+            // Numbered in registration order: the list's index is the thread's number.
+            let mut nodes = self
+                .shared
+                .thread_nodes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (thread, slot) = self.shared.sched.register(self.shared.p.start_jitter_ns);
+            assert_eq!(thread, nodes.len(), "threads are registered in order");
+            nodes.push(node);
+            (thread, slot)
+        };
         SimEndpoint {
             shared: self.shared.clone(),
             node,
@@ -178,7 +212,12 @@ impl Sim {
 
     /// Run every spawned thread to its end in virtual time.
     pub fn run(&self) -> RunSummary {
-        self.shared.sched.run()
+        let sh = &self.shared;
+        sh.slices.get_or_init(|| {
+            let nodes = sh.thread_nodes.lock().unwrap_or_else(|p| p.into_inner());
+            Slices::new(&sh.p, sh.seed, &nodes)
+        });
+        sh.sched.run()
     }
 
     /// Every endpoint's counters.
@@ -312,8 +351,10 @@ impl SimEndpoint {
         self.shared.sched.checkin(self.thread, &self.slot);
     }
 
-    /// Wait until virtual time `t`.
+    /// Wait until virtual time `t`, and then until the thread has its core (background
+    /// processes may hold it: [`crate::slices`]).
     fn at(&self, t: u64) -> u64 {
+        let t = self.shared.on_cpu(self.thread, t);
         self.shared.sched.wait_until(self.thread, &self.slot, t)
     }
 
@@ -341,9 +382,7 @@ impl SimEndpoint {
         let t = self.at(effective);
         let r = effect(mem).map_err(|e| e.at(addr, len, mem));
         if kind != OpKind::Read {
-            shared
-                .watches
-                .written(&shared.sched, addr.node, addr.region, t);
+            shared.written(addr, len, t);
         }
         let done = if local {
             shared.net().pcie(self.node, t, shape.resp)
@@ -464,10 +503,8 @@ impl Endpoint for SimEndpoint {
         buf: &[u8],
     ) -> Result<(), FabricError> {
         let (addr, mem) = self.direct(region, offset, buf.len())?;
-        let shared = &self.shared;
-        shared
-            .watches
-            .written(&shared.sched, self.node, region, shared.sched.now());
+        self.shared
+            .written(addr, buf.len(), self.shared.sched.now());
         nessie_fabric::memory::direct_write(mem, addr, buf, &self.stats)
     }
 
@@ -488,11 +525,13 @@ impl Endpoint for SimEndpoint {
         true
     }
 
-    fn idle_poll(&mut self, region: RegionId) {
+    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
         self.checkin();
         let shared = self.shared.clone();
         let wait = shared.sched.next_wait(self.thread);
-        shared.watches.add(self.node, region, self.thread, wait);
+        shared
+            .watches
+            .add(self.node, region, watched, self.thread, wait);
         self.at(self.time().saturating_add(IDLE_POLL_MAX_NS));
         shared.watches.remove(self.thread);
     }

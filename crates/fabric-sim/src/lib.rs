@@ -30,6 +30,7 @@ pub mod net;
 pub mod params;
 mod procstate;
 pub mod sched;
+pub mod slices;
 pub mod watch;
 
 pub use fabric::{Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};

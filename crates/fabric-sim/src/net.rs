@@ -7,6 +7,12 @@
 //! and ingress links (full duplex, so one of each), its PCIe link for looped-back data, and
 //! the node's cores. The switch is non-blocking: a message only waits for the sender's egress
 //! and the receiver's ingress link.
+//!
+//! Links carry messages of many packets in FIFO order, but a message of one packet (a small
+//! READ request or response, a WRITE ACK, a CAS) does not wait behind them: NICs arbitrate
+//! between queue pairs packet by packet, so it waits only for the packet on the wire, goes
+//! next, and pushes the longer messages back by its own time. Whole-message FIFO would make
+//! every index READ or CAS wait for whole large values, which real links do not.
 
 use crate::params::SimParams;
 use nessie_fabric::NodeId;
@@ -15,14 +21,30 @@ use nessie_fabric::NodeId;
 #[derive(Clone, Copy, Debug, Default)]
 struct Server {
     free_at: u64,
+    /// When the last single-packet message interleaved into the work ends (links only).
+    packet_free_at: u64,
 }
 
 impl Server {
     /// Book `dur` ns of work arriving at `at`; returns when it ends.
     fn book(&mut self, at: u64, dur: u64) -> u64 {
-        let end = at.max(self.free_at) + dur;
+        let end = at.max(self.free_at).max(self.packet_free_at) + dur;
         self.free_at = end;
         end
+    }
+
+    /// Book a single-packet message of `dur` ns arriving at `at` on a link whose packets take
+    /// `packet_ns`: it waits for the packet on the wire (and for earlier single packets), not
+    /// for the rest of a longer message, which it pushes back by `dur`.
+    fn book_packet(&mut self, at: u64, dur: u64, packet_ns: u64) -> u64 {
+        if self.free_at <= at {
+            return self.book(at, dur);
+        }
+        let on_wire = (self.free_at - at) % packet_ns.max(1);
+        let start = (at + on_wire).max(self.packet_free_at);
+        self.packet_free_at = start + dur;
+        self.free_at += dur;
+        start + dur
     }
 }
 
@@ -108,18 +130,41 @@ impl Net {
     /// bit reaches the far end of the network (the base latency after it left), were the
     /// receiver's ingress link free.
     pub fn transmit(&mut self, from: NodeId, at: u64, wire: u64) -> u64 {
+        let (ser, packet) = self.link_ns(wire);
         let n = &mut self.nodes[from as usize];
         n.wire.tx += wire;
-        n.tx.book(at, SimParams::transfer_ns(wire, self.p.link_mbps)) + self.p.one_way_latency_ns
+        let sent = match packet {
+            Some(packet_ns) => n.tx.book_packet(at, ser, packet_ns),
+            None => n.tx.book(at, ser),
+        };
+        sent + self.p.one_way_latency_ns
+    }
+
+    /// A message's time on a link, and for a single-packet message the time of a full packet
+    /// (see the module comment).
+    fn link_ns(&self, wire: u64) -> (u64, Option<u64>) {
+        let p = &self.p;
+        let full = p.mtu_bytes + p.packet_overhead_bytes + crate::params::headers::ATOMIC_ETH;
+        let ser = SimParams::transfer_ns(wire, p.link_mbps);
+        let single = wire <= full;
+        (
+            ser,
+            single.then(|| SimParams::transfer_ns(full, p.link_mbps)),
+        )
     }
 
     /// Take a message of `wire` bytes off `to`'s ingress link; it would have been fully
     /// received at `arrival` on a free link. Returns when it is.
     pub fn deliver(&mut self, to: NodeId, arrival: u64, wire: u64) -> u64 {
-        let ser = SimParams::transfer_ns(wire, self.p.link_mbps);
+        let (ser, packet) = self.link_ns(wire);
         let n = &mut self.nodes[to as usize];
         n.wire.rx += wire;
-        n.rx.book(arrival.saturating_sub(ser), ser).max(arrival)
+        let start = arrival.saturating_sub(ser);
+        let received = match packet {
+            Some(packet_ns) => n.rx.book_packet(start, ser, packet_ns),
+            None => n.rx.book(start, ser),
+        };
+        received.max(arrival)
     }
 
     /// Move `bytes` between a node's memory and its NIC over PCIe (looped-back data) from
@@ -144,6 +189,22 @@ mod tests {
         assert_eq!(s.book(10, 5), 15);
         assert_eq!(s.book(12, 5), 20, "waits for the first");
         assert_eq!(s.book(30, 5), 35, "idle meanwhile");
+    }
+
+    #[test]
+    fn a_single_packet_waits_for_one_packet_not_a_whole_message() {
+        let mut link = Server::default();
+        // A 64-packet message of 1 µs packets from 0 to 64 µs.
+        assert_eq!(link.book(0, 64_000), 64_000);
+        // A small message at 10.3 µs waits for the packet on the wire (to 11 µs) only...
+        assert_eq!(link.book_packet(10_300, 100, 1_000), 11_100);
+        // ...a second one goes after it...
+        assert_eq!(link.book_packet(10_300, 100, 1_000), 11_200);
+        // ...and the long message ends that much later, as does what queues behind it.
+        assert_eq!(link.book(0, 1_000), 65_200);
+        // On an idle link a small message starts at once.
+        let mut idle = Server::default();
+        assert_eq!(idle.book_packet(5, 100, 1_000), 105);
     }
 
     #[test]

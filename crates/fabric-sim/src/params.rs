@@ -14,6 +14,10 @@ pub const MAX_NODES: usize = 1024;
 pub const MAX_CORES: u32 = 1024;
 /// Longest start-time jitter (1 ms): more only delays the run.
 pub const MAX_START_JITTER_NS: u64 = 1_000_000;
+/// Most background processes per simulated node.
+pub const MAX_BACKGROUND: u32 = 64;
+/// Longest scheduling period or slice (1 s).
+pub const MAX_SLICE_NS: u64 = 1_000_000_000;
 
 /// The simulated hardware. Times are nanoseconds, rates are per second.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +76,16 @@ pub struct SimParams {
     /// Each simulated thread starts at a seeded random time in `[0, start_jitter_ns)`, so
     /// that runs with different seeds interleave differently from their first operation.
     pub start_jitter_ns: u64,
+    /// CPU-bound background processes per node (the paper's shared-CPU experiment; not
+    /// hardware). They share cores with the node's threads in time slices (`crate::slices`).
+    pub background_per_node: u32,
+    /// CFS's scheduling period, shared among a core's runnable tasks: 24 ms, Linux 3.13's
+    /// `sched_latency_ns` (6 ms × (1 + log2 8) on machines of 8 or more CPUs, the paper's
+    /// kernel on 12 cores).
+    pub sched_latency_ns: u64,
+    /// CFS's shortest slice: 3 ms, Linux 3.13's `sched_min_granularity_ns` (0.75 ms, scaled as
+    /// above).
+    pub sched_min_granularity_ns: u64,
 }
 
 impl Default for SimParams {
@@ -90,6 +104,9 @@ impl Default for SimParams {
             copy_mb_per_s: 10_000,
             cores_per_node: 8,
             start_jitter_ns: 1_000,
+            background_per_node: 0,
+            sched_latency_ns: 24_000_000,
+            sched_min_granularity_ns: 3_000_000,
         }
     }
 }
@@ -115,6 +132,8 @@ impl SimParams {
             ("pcie_mbps", self.pcie_mbps),
             ("copy_mb_per_s", self.copy_mb_per_s),
             ("cores_per_node", self.cores_per_node as u64),
+            ("sched_latency_ns", self.sched_latency_ns),
+            ("sched_min_granularity_ns", self.sched_min_granularity_ns),
         ] {
             if v == 0 {
                 return Err(ParamsError::Zero { field });
@@ -127,6 +146,17 @@ impl SimParams {
                 MAX_CORES as u64,
             ),
             ("start_jitter_ns", self.start_jitter_ns, MAX_START_JITTER_NS),
+            (
+                "background_per_node",
+                self.background_per_node as u64,
+                MAX_BACKGROUND as u64,
+            ),
+            ("sched_latency_ns", self.sched_latency_ns, MAX_SLICE_NS),
+            (
+                "sched_min_granularity_ns",
+                self.sched_min_granularity_ns,
+                MAX_SLICE_NS,
+            ),
         ] {
             if value > max {
                 return Err(ParamsError::TooLarge { field, value, max });

@@ -368,11 +368,11 @@ fn a_panicking_thread_ends_and_the_others_run_on() {
     assert_eq!(other.join().unwrap(), 10);
 }
 
-/// An idle poller waits for the next write to its region: it resumes at the instant a remote
-/// WRITE or a direct write to that region of its node takes effect, ignores writes to other
-/// regions and nodes, and without any write looks again after `IDLE_POLL_MAX_NS`.
+/// An idle poller waits for the next write to the bytes it polls: it resumes at the instant a
+/// remote WRITE or a direct write there takes effect, ignores writes to other bytes, regions
+/// and nodes, and without any write looks again after `IDLE_POLL_MAX_NS`.
 #[test]
-fn idle_pollers_resume_when_their_region_is_written() {
+fn idle_pollers_resume_when_their_bytes_are_written() {
     use nessie_fabric_sim::watch::IDLE_POLL_MAX_NS;
     let p = params();
     let regions = [vec![4096, 4096], vec![4096, 4096]];
@@ -381,16 +381,17 @@ fn idle_pollers_resume_when_their_region_is_written() {
     let waits = sim.spawn(poller.thread(), move || {
         let mut resumed = Vec::new();
         for _ in 0..3 {
-            poller.idle_poll(1);
+            poller.idle_poll(1, &[0..16]);
             resumed.push(poller.mono_ns());
         }
         resumed
     });
     let mut writer = sim.endpoint(0);
     let wrote = sim.spawn(writer.thread(), move || {
-        // Other node, other region: the poller sleeps on.
+        // Other node, other region, other bytes: the poller sleeps on.
         writer.write(RemoteAddr::new(0, 1, 0), &[1; 8]).unwrap();
         writer.write(RemoteAddr::new(1, 0, 0), &[1; 8]).unwrap();
+        writer.write(RemoteAddr::new(1, 1, 16), &[1; 8]).unwrap();
         let before = writer.mono_ns();
         writer.write(RemoteAddr::new(1, 1, 0), &[1; 8]).unwrap();
         (before, writer.mono_ns())

@@ -138,8 +138,8 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn virtual_time(&self) -> bool {
         self.inner.virtual_time()
     }
-    fn idle_poll(&mut self, region: RegionId) {
-        self.inner.idle_poll(region)
+    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
+        self.inner.idle_poll(region, watched)
     }
     fn stats(&self) -> &StatsCell {
         self.inner.stats()
@@ -229,8 +229,8 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     fn virtual_time(&self) -> bool {
         either!(self, e => e.virtual_time())
     }
-    fn idle_poll(&mut self, region: RegionId) {
-        either!(self, e => e.idle_poll(region))
+    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
+        either!(self, e => e.idle_poll(region, watched))
     }
     fn stats(&self) -> &StatsCell {
         either!(self, e => e.stats())

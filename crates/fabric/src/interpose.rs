@@ -124,8 +124,8 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.virtual_time()
     }
 
-    fn idle_poll(&mut self, region: RegionId) {
-        self.inner.idle_poll(region)
+    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
+        self.inner.idle_poll(region, watched)
     }
 
     fn stats(&self) -> &StatsCell {

@@ -92,10 +92,11 @@ pub trait Endpoint: Send {
         false
     }
 
-    /// A poller found nothing new in `region` of its own node. On a real fabric it spins on;
-    /// in virtual time the thread instead waits until that region is next written (or a
-    /// bounded time passes), when a spinning poller's next read would first find something.
-    fn idle_poll(&mut self, _region: RegionId) {
+    /// A poller found nothing new in the byte ranges `watched` of `region` of its own node.
+    /// On a real fabric it spins on; in virtual time the thread instead waits until one of
+    /// those ranges is next written (or a bounded time passes), when a spinning poller's next
+    /// read would first find something.
+    fn idle_poll(&mut self, _region: RegionId, _watched: &[std::ops::Range<u64>]) {
         std::hint::spin_loop()
     }
 

@@ -85,6 +85,7 @@ pub fn render(
         Preset::PaperValues | Preset::PaperZipf | Preset::PaperOptimizations => {
             Ok(vec![paper(preset, &grouped, &setup, out_dir)?])
         }
+        Preset::PaperContention => Ok(vec![paper_contention(&grouped, &setup, out_dir)?]),
     }
 }
 
@@ -311,6 +312,51 @@ fn paper(
         &LineFigure {
             title: format!("Nessie on the simulated cluster: {}", preset.name()),
             subtitle: format!("50% GET, {keys}, closed loop, virtual time · {setup}"),
+            panels,
+            columns: 2,
+            panel_size: PANEL_SIZE,
+        },
+    )?;
+    Ok(path)
+}
+
+/// `paper-contention.png`: goodput, goodput relative to none, and average GET and PUT
+/// latency vs background processes per node, a line per mode.
+fn paper_contention(
+    grouped: &Grouped<'_>,
+    setup: &str,
+    out_dir: &Path,
+) -> Result<PathBuf, PlotError> {
+    let group = &grouped[""];
+    let x = "background processes per node";
+    let panel = |title: &str, y: &str, metric: &dyn Fn(&BenchResult) -> Option<f64>| {
+        let mut p = LinePanel::new(title, x, y);
+        p.x_format = XFormat::Integer;
+        p.series = series_of(group, metric);
+        p
+    };
+    let absolute = panel("Goodput", "goodput (MiB/s)", &goodput);
+    let mut relative = panel("Goodput relative to none", "% of goodput at 0", &goodput);
+    relative.series = relative_to_zero(&absolute.series);
+    relative.reference_y = Some(100.0);
+    let panels = vec![
+        absolute,
+        relative,
+        panel("Average GET latency", "µs", &|r| {
+            (r.ops.get > 0).then_some(r.latency_us.get.mean)
+        }),
+        panel("Average PUT latency", "µs", &|r| {
+            (r.ops.put > 0).then_some(r.latency_us.put.mean)
+        }),
+    ];
+    let path = out_dir.join("paper-contention.png");
+    plot::line_figure(
+        &path,
+        &LineFigure {
+            title: "Nessie on the simulated cluster: paper-contention".into(),
+            subtitle: format!(
+                "16 KiB values, 50% GET, uniform keys, CPU-bound processes sharing the cores in CFS slices · {setup}"
+            ),
             panels,
             columns: 2,
             panel_size: PANEL_SIZE,

@@ -7,6 +7,7 @@
 //! | `paper-values`        | 21   | value size 2..128 KiB × cd/sd/hy; 50 % GET, uniform keys        |
 //! | `paper-zipf`          | 21   | the same with Zipf 0.99 keys                                  |
 //! | `paper-optimizations` | 20   | cd, Zipf 0.99, 50 % GET, 2/8/32/128 KiB: basic → +filter bits → +cache → +previous versions → +multi-read |
+//! | `paper-contention`    | 15   | background processes per node 0/2/4/8/12 × cd/sd/hy; 16 KiB, 50 % GET, uniform |
 //!
 //! The setup is the paper's: 15 nodes, 12 workers per node (for sd and hy split between client
 //! and server threads as the paper tuned them, [`paper_server_threads`]), 128-byte keys, index
@@ -23,6 +24,10 @@ use crate::preset::{PlotPoint, Preset, RunSpec, OPTIMIZATION_STEPS, ZIPF};
 pub const PAPER_VALUE_SIZES: [u32; 7] = [2048, 4096, 8192, 16384, 32768, 65536, 131072];
 /// Value sizes of `paper-optimizations` (a subset, to keep its 5 configurations affordable).
 pub const PAPER_OPTIMIZATION_SIZES: [u32; 4] = [2048, 8192, 32768, 131072];
+/// Background CPU-bound processes per node in `paper-contention`.
+pub const PAPER_BACKGROUND: [u16; 5] = [0, 2, 4, 8, 12];
+/// Value size of `paper-contention`.
+pub const PAPER_CONTENTION_VALUE: u32 = 16 * 1024;
 /// Fraction of GETs in every paper preset.
 pub const PAPER_GET_RATIO: f64 = 0.5;
 /// The paper's cluster: nodes, cores per node (two 6-core Xeon E5-2620 v2, hyperthreading
@@ -74,6 +79,20 @@ pub(crate) fn optimization_runs(base: &BenchParams) -> Vec<RunSpec> {
     specs
 }
 
+/// `paper-contention`: every mode with 0..=12 background processes per node.
+pub(crate) fn contention_runs(base: &BenchParams) -> Vec<RunSpec> {
+    let mut specs = Vec::new();
+    for mode in PAPER_MODES {
+        for bg in PAPER_BACKGROUND {
+            let mut p = paper_params(base, mode, PAPER_CONTENTION_VALUE, "uniform");
+            p.background = bg;
+            let stem = format!("paper-contention-{mode}-bg{bg}");
+            specs.push(crate::preset::spec(Preset::PaperContention, p, stem));
+        }
+    }
+    specs
+}
+
 /// The base parameters with one run's mode, size and distribution, the workers split as the
 /// paper split them, and every cd optimisation on.
 fn paper_params(base: &BenchParams, mode: &str, value_size: u32, dist: &str) -> BenchParams {
@@ -112,10 +131,15 @@ fn close(a: f64, b: f64) -> bool {
 /// Where a run is plotted in a paper preset's figures (see [`crate::preset::classify`]).
 pub(crate) fn classify(preset: Preset, p: &BenchParams) -> Option<PlotPoint> {
     let common = close(p.get_ratio, PAPER_GET_RATIO)
-        && p.background == 0
         && p.target_load.is_none()
         && p.value_size_min.is_none();
     if !common {
+        return None;
+    }
+    if preset == Preset::PaperContention {
+        return classify_contention(p);
+    }
+    if p.background != 0 {
         return None;
     }
     let zipf = p.dist.trim() == ZIPF;
@@ -138,6 +162,23 @@ pub(crate) fn classify(preset: Preset, p: &BenchParams) -> Option<PlotPoint> {
         series,
         x: f64::from(p.value_size),
         x_label: plot::format_bytes(f64::from(p.value_size)),
+    })
+}
+
+/// `paper-contention`: x is the number of background processes per node, a line per mode.
+fn classify_contention(p: &BenchParams) -> Option<PlotPoint> {
+    let ok = p.value_size == PAPER_CONTENTION_VALUE
+        && p.dist.trim() == "uniform"
+        && PAPER_MODES.contains(&p.mode.as_str())
+        && p.filter_bits
+        && p.cache
+        && p.previous_versions
+        && p.multi_read;
+    ok.then(|| PlotPoint {
+        group: String::new(),
+        series: p.mode.clone(),
+        x: f64::from(p.background),
+        x_label: format!("{} background", p.background),
     })
 }
 
@@ -164,8 +205,13 @@ pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
     } else {
         "mode"
     };
+    let (x_name, x_text): (&str, fn(f64) -> String) = if preset == Preset::PaperContention {
+        ("background", |x| format!("{x:.0}"))
+    } else {
+        ("value", plot::format_bytes)
+    };
     let mut out = format!(
-        "| value | {label} | GET avg µs | PUT avg µs | all avg µs | ops | sent MB | sent KB/op |\n\
+        "| {x_name} | {label} | GET avg µs | PUT avg µs | all avg µs | ops | sent MB | sent KB/op |\n\
          |---|---|---:|---:|---:|---:|---:|---:|\n"
     );
     for (x, _, series, r) in rows {
@@ -178,7 +224,7 @@ pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
         };
         out.push_str(&format!(
             "| {} | {series} | {} | {} | {} | {} | {:.1} | {} |\n",
-            plot::format_bytes(x),
+            x_text(x),
             lat(r.ops.get, r.latency_us.get.mean),
             lat(r.ops.put, r.latency_us.put.mean),
             lat(r.ops.all, r.latency_us.all.mean),

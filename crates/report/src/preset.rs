@@ -68,6 +68,7 @@ pub enum Preset {
     PaperValues,
     PaperZipf,
     PaperOptimizations,
+    PaperContention,
 }
 
 impl Preset {
@@ -79,10 +80,11 @@ impl Preset {
         Preset::Quick,
     ];
     /// The presets of `nessie sim sweep`, run on the simulator.
-    pub const SIM: [Preset; 3] = [
+    pub const SIM: [Preset; 4] = [
         Preset::PaperValues,
         Preset::PaperZipf,
         Preset::PaperOptimizations,
+        Preset::PaperContention,
     ];
 
     /// Whether the preset runs on the simulator (`nessie sim sweep`) rather than on a local
@@ -101,6 +103,7 @@ impl Preset {
             Preset::PaperValues => "paper-values",
             Preset::PaperZipf => "paper-zipf",
             Preset::PaperOptimizations => "paper-optimizations",
+            Preset::PaperContention => "paper-contention",
         }
     }
 
@@ -127,6 +130,9 @@ impl Preset {
             Preset::PaperOptimizations => {
                 "the paper's cluster: cd's optimisations on one by one, 2..128 KiB (50% GET, Zipf 0.99)"
             }
+            Preset::PaperContention => {
+                "the paper's cluster: goodput and latency vs background processes per node 0..12 (16 KiB, 50% GET; cd/sd/hy)"
+            }
         }
     }
 
@@ -151,6 +157,7 @@ impl Preset {
             Preset::PaperValues => paper::values_runs(*self, base, "uniform"),
             Preset::PaperZipf => paper::values_runs(*self, base, ZIPF),
             Preset::PaperOptimizations => paper::optimization_runs(base),
+            Preset::PaperContention => paper::contention_runs(base),
         }
     }
 }
@@ -371,9 +378,10 @@ pub fn classify(preset: Preset, p: &BenchParams) -> Option<PlotPoint> {
         Preset::Values => classify_values(p),
         Preset::Energy => classify_energy(p),
         Preset::Optimizations => classify_optimizations(p),
-        Preset::PaperValues | Preset::PaperZipf | Preset::PaperOptimizations => {
-            paper::classify(preset, p)
-        }
+        Preset::PaperValues
+        | Preset::PaperZipf
+        | Preset::PaperOptimizations
+        | Preset::PaperContention => paper::classify(preset, p),
     }
 }
 

@@ -872,8 +872,8 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.inner.virtual_time()
     }
 
-    fn idle_poll(&mut self, region: RegionId) {
-        self.inner.idle_poll(region)
+    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
+        self.inner.idle_poll(region, watched)
     }
 
     fn stats(&self) -> &StatsCell {

@@ -270,7 +270,8 @@ impl Channel {
             }
             polls += 1;
             if polls < SPIN_POLLS || ep.virtual_time() {
-                ep.idle_poll(RESPONSE_REGION);
+                let slot = base..base + l.response_slot;
+                ep.idle_poll(RESPONSE_REGION, std::slice::from_ref(&slot));
             } else {
                 std::thread::yield_now();
             }

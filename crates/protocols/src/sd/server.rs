@@ -215,6 +215,8 @@ pub struct Server<E: Endpoint, X: Execute = CdClient<E>> {
     io: E,
     shared: Arc<RpcShared>,
     slots: Vec<Served>,
+    /// The byte ranges of those slots, for idle polls.
+    watched: Vec<std::ops::Range<u64>>,
     opts: ServerOptions,
     stats: Arc<ServerStats>,
     body: Vec<u8>,
@@ -263,12 +265,17 @@ impl<E: Endpoint, X: Execute> Server<E, X> {
                     last_seq: 0,
                 })
             })
+            .collect::<Vec<Served>>();
+        let watched = slots
+            .iter()
+            .map(|s| s.offset..s.offset + l.request_slot)
             .collect();
         Ok(Self {
             exec,
             io,
             shared,
             slots,
+            watched,
             opts,
             stats: Arc::default(),
             body: Vec::new(),
@@ -320,7 +327,7 @@ impl<E: Endpoint, X: Execute> Server<E, X> {
             bump(&self.stats.idle_ns, spent);
             bump(&self.stats.idle_sweeps, 1);
             match self.opts.idle_backoff_ns {
-                None => self.io.idle_poll(REQUEST_REGION),
+                None => self.io.idle_poll(REQUEST_REGION, &self.watched),
                 Some(0) => std::thread::yield_now(),
                 Some(ns) => self.io.sleep_ns(ns),
             }
