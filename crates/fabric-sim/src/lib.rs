@@ -25,13 +25,16 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod correctness;
 pub mod fabric;
+pub mod faults;
 pub mod net;
 pub mod params;
 mod procstate;
 pub mod sched;
 pub mod watch;
 
+pub use faults::SimFaults;
 pub use fabric::{Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
 pub use net::WireBytes;
 pub use params::SimParams;
