@@ -103,14 +103,23 @@ impl CheckSpec {
             ));
         }
         self.workload()?;
-        self.faults.validate().map_err(|e| CheckError::Spec(e.to_string()))?;
-        self.hw.validate().map_err(|e| CheckError::Spec(e.to_string()))?;
+        self.faults
+            .validate()
+            .map_err(|e| CheckError::Spec(e.to_string()))?;
+        self.hw
+            .validate()
+            .map_err(|e| CheckError::Spec(e.to_string()))?;
         Ok(self.cfg.validate().map_err(Error::from)?)
     }
 
     fn workload(&self) -> Result<Workload, WorkloadError> {
         let keys = KeyGen::hot(self.keys, self.hot_keys, self.hot_fraction)?;
-        Workload::new(keys, self.get_fraction, self.delete_fraction, self.value_size)
+        Workload::new(
+            keys,
+            self.get_fraction,
+            self.delete_fraction,
+            self.value_size,
+        )
     }
 }
 
@@ -263,23 +272,30 @@ fn preload(c: &mut SimCluster, spec: &CheckSpec) -> Result<Vec<Event>, CheckErro
         writers.push(((client, timer), thread));
     }
     let (keys, len) = (spec.preload_keys, spec.value_size.0);
-    let (_, events) = c.run(writers, move |n, (mut w, timer): (CdClient<_>, SimEndpoint)| {
-        let client = first + n as u32;
-        let mut events = Vec::new();
-        for (seq, key) in (n as u64..keys).step_by(nodes as usize).enumerate() {
-            let id = put_id(client, seq as u64);
-            let invoke_ns = timer.mono_ns();
-            let r = w.put(&key_bytes(key), &value_bytes(id, len));
-            events.push(Event {
-                client,
-                key,
-                op: Op::Put(id),
-                outcome: if r.is_ok() { Outcome::Ok(None) } else { Outcome::Failed },
-                invoke_ns,
-                response_ns: timer.mono_ns(),
-            });
-        }
-        events
-    });
+    let (_, events) = c.run(
+        writers,
+        move |n, (mut w, timer): (CdClient<_>, SimEndpoint)| {
+            let client = first + n as u32;
+            let mut events = Vec::new();
+            for (seq, key) in (n as u64..keys).step_by(nodes as usize).enumerate() {
+                let id = put_id(client, seq as u64);
+                let invoke_ns = timer.mono_ns();
+                let r = w.put(&key_bytes(key), &value_bytes(id, len));
+                events.push(Event {
+                    client,
+                    key,
+                    op: Op::Put(id),
+                    outcome: if r.is_ok() {
+                        Outcome::Ok(None)
+                    } else {
+                        Outcome::Failed
+                    },
+                    invoke_ns,
+                    response_ns: timer.mono_ns(),
+                });
+            }
+            events
+        },
+    );
     Ok(events.into_iter().flatten().collect())
 }

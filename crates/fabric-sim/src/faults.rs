@@ -122,14 +122,24 @@ impl SimFaults {
             }
         }
         let needs = [
-            ("delay_probability", "max_delay_ns", self.delay_probability, self.max_delay_ns),
+            (
+                "delay_probability",
+                "max_delay_ns",
+                self.delay_probability,
+                self.max_delay_ns,
+            ),
             (
                 "nic_stall_probability",
                 "max_nic_stall_ns",
                 self.nic_stall_probability,
                 self.max_nic_stall_ns,
             ),
-            ("pause_probability", "min_pause_ns", self.pause_probability, self.min_pause_ns),
+            (
+                "pause_probability",
+                "min_pause_ns",
+                self.pause_probability,
+                self.min_pause_ns,
+            ),
         ];
         for (probability, max, p, len) in needs {
             if p > 0.0 && len == 0 {
@@ -207,7 +217,11 @@ impl FaultStream {
     pub fn before(&mut self, counts: &FaultCounts) -> u64 {
         let c = &self.cfg;
         let (pp, lo, hi) = (c.pause_probability, c.min_pause_ns, c.max_pause_ns);
-        let pause = if self.pauses { self.draw(pp, lo, hi) } else { 0 };
+        let pause = if self.pauses {
+            self.draw(pp, lo, hi)
+        } else {
+            0
+        };
         if pause > 0 {
             counts.pauses.fetch_add(1, Ordering::Relaxed);
             counts.paused_ns.fetch_add(pause, Ordering::Relaxed);
@@ -225,7 +239,9 @@ impl FaultStream {
     /// When a request reaches a NIC engine: a stall it waits out first.
     pub fn nic_stall(&mut self, counts: &FaultCounts) -> u64 {
         let s = self.draw(self.cfg.nic_stall_probability, 1, self.cfg.max_nic_stall_ns);
-        counts.nic_stalls.fetch_add((s > 0) as u64, Ordering::Relaxed);
+        counts
+            .nic_stalls
+            .fetch_add((s > 0) as u64, Ordering::Relaxed);
         s
     }
 }
@@ -251,12 +267,48 @@ mod tests {
         all().validate().unwrap();
         SimFaults::NONE.validate().unwrap();
         let bad = [
-            (SimFaults { delay_probability: 1.5, ..all() }, "delay_probability = 1.5"),
-            (SimFaults { pause_probability: f64::NAN, ..all() }, "pause_probability = NaN"),
-            (SimFaults { max_delay_ns: MAX_DELAY_NS + 1, ..all() }, "max_delay_ns"),
-            (SimFaults { max_nic_stall_ns: 0, ..all() }, "needs max_nic_stall_ns"),
-            (SimFaults { min_pause_ns: 30_000, ..all() }, "exceeds max_pause_ns"),
-            (SimFaults { max_pause_ns: MAX_PAUSE_NS + 1, ..all() }, "max_pause_ns"),
+            (
+                SimFaults {
+                    delay_probability: 1.5,
+                    ..all()
+                },
+                "delay_probability = 1.5",
+            ),
+            (
+                SimFaults {
+                    pause_probability: f64::NAN,
+                    ..all()
+                },
+                "pause_probability = NaN",
+            ),
+            (
+                SimFaults {
+                    max_delay_ns: MAX_DELAY_NS + 1,
+                    ..all()
+                },
+                "max_delay_ns",
+            ),
+            (
+                SimFaults {
+                    max_nic_stall_ns: 0,
+                    ..all()
+                },
+                "needs max_nic_stall_ns",
+            ),
+            (
+                SimFaults {
+                    min_pause_ns: 30_000,
+                    ..all()
+                },
+                "exceeds max_pause_ns",
+            ),
+            (
+                SimFaults {
+                    max_pause_ns: MAX_PAUSE_NS + 1,
+                    ..all()
+                },
+                "max_pause_ns",
+            ),
         ];
         for (f, msg) in bad {
             let e = f.validate().unwrap_err().to_string();
@@ -281,6 +333,9 @@ mod tests {
         let t = counts.totals();
         assert!(t.pauses > 0 && t.delays > 0 && t.nic_stalls > 0, "{t:?}");
         let mut server = FaultStream::new(all(), 7, 1, false);
-        assert!((0..200).all(|_| server.before(&counts) <= 1_000), "no pauses");
+        assert!(
+            (0..200).all(|_| server.before(&counts) <= 1_000),
+            "no pauses"
+        );
     }
 }

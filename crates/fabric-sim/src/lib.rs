@@ -34,8 +34,8 @@ mod procstate;
 pub mod sched;
 pub mod watch;
 
-pub use faults::SimFaults;
 pub use fabric::{Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
+pub use faults::SimFaults;
 pub use net::WireBytes;
 pub use params::SimParams;
 pub use sched::RunSummary;
