@@ -2,7 +2,8 @@
 //! delays, NIC stalls, client pauses past the expiry period), every history checked for
 //! linearizability. Clean runs pass, over a large and a small index and with each optimisation
 //! off; each CD mutation the simulator can provoke is caught at a fixed seed, and the same
-//! seed without the mutation passes; a failing seed replays exactly.
+//! seed without the mutation passes; a failing seed replays exactly. One more mutation is
+//! caught by a directed interleaving at the end.
 //!
 //! The scenarios are the in-process stress tests' (`crates/testkit/tests/stress_cd.rs`), with
 //! their real sleeps replaced by virtual ones: hooks at the protocol's `HookPoint`s pause the
@@ -22,20 +23,23 @@
 //!   key's last candidate and a GET to follow the copy's previous version in that window; in
 //!   process it is driven by an exact interleaving. High-load runs with pauses after the
 //!   copy's CAS (8 seeds tried, about 900 migrations each) never met that window.
-//! - `skip_put_reverse_pass`: in process only an exact interleaving catches it (an old entry
-//!   moved behind a paused writer, `crates/cluster/tests/reverse_pass.rs`); high-load runs
-//!   with paused forward passes did not (4 seeds tried).
+//! - `skip_put_reverse_pass` is caught, but only by the exact interleaving of the in-process
+//!   test (`crates/cluster/tests/reverse_pass.rs`, an old entry moved behind a paused writer),
+//!   replayed here in virtual time; high-load runs with paused forward passes did not reach it
+//!   (4 seeds tried).
 //! - `guard_looks_to_candidate`, `guard_passes_writes`: conditional writes; the simulated
 //!   workload has plain GETs, PUTs and DELETEs only.
 //! - Replication and Pilaf mutations do not apply to unreplicated CD.
 
 use nessie_fabric::Endpoint;
+use nessie_fabric_sim::cluster::SimCluster;
 use nessie_fabric_sim::correctness::{run, CheckRun, CheckSpec};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
-use nessie_store::Geometry;
+use nessie_store::index::{Index, Slot};
+use nessie_store::{Geometry, Ite};
 
 /// A short expiry: released entries come back quickly in the tiny data tables.
 const EXPIRY_NS: u64 = 5_000_000;
@@ -410,4 +414,119 @@ fn bad_specs_are_refused_with_the_reason() {
         "pause_probability = 2",
     );
     bad(|s| s.hot_keys = 50, "hot keys");
+}
+
+// The PUT reverse pass, by the exact interleaving of `crates/cluster/tests/reverse_pass.rs`
+// in virtual time: random faults do not reach it (see the module comment), so the writer
+// pauses at a hook and another simulated thread moves the key's old entry meanwhile.
+
+/// A key whose first candidate is `slot` and whose other candidates avoid `avoid`.
+fn key_with_first(index: &Index, slot: Slot, avoid: &[Slot], prefix: &str) -> Vec<u8> {
+    (0..1_000_000u32)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .find(|k| {
+            let s = index.hashes(k).all(index);
+            s[0] == slot && s[1..].iter().all(|x| !avoid.contains(x))
+        })
+        .expect("a key with that first candidate")
+}
+
+/// The two threads of the interleaving.
+enum Role {
+    /// PUTs K, pausing 1 ms (well within its timer) after its second ITE read.
+    Writer(CdClient<SimEndpoint>),
+    /// 200 µs in: deletes Y, then moves K's old entry from its third candidate to its first,
+    /// as a MIGRATE would (copy into the empty slot, then empty the source).
+    Mover(CdClient<SimEndpoint>),
+}
+
+/// K's old value in its third candidate (Y holds the first; the second is free): a writer
+/// reads candidates 0 and 1 (its choice), pauses, and meanwhile the old entry moves to
+/// candidate 0, behind it. Returns what K reads once the PUT completed.
+fn put_while_the_old_entry_moves_back(mutations: Mutations) -> Option<Vec<u8>> {
+    let g = Geometry {
+        ites_per_node: 32,
+        dtes_per_node: 64,
+        value_max: 32,
+        ..geometry()
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: 1_000_000_000,
+        clock_margin_ns: 0,
+        mutations,
+        ..ProtocolConfig::default()
+    };
+    let hw = SimParams::default();
+    let mut c = SimCluster::with_faults(hw, SimFaults::NONE, 1, g, cfg.clone()).unwrap();
+    let index = c.view().index.clone();
+    let kc = index.hashes(b"K").all(&index);
+    assert!(kc[0] != kc[1] && kc[1] != kc[2] && kc[0] != kc[2]);
+    let y = key_with_first(&index, kc[0], &kc, "y");
+    let z = key_with_first(&index, kc[1], &kc, "z");
+    let setup = c.client(1).unwrap();
+    let (idx, y2, third) = (index.clone(), y.clone(), kc[2]);
+    let (_, old) = c.run(vec![setup], move |_, mut p| {
+        p.put(&y2, b"y").unwrap();
+        p.put(&z, b"z").unwrap();
+        p.put(b"K", b"old").unwrap();
+        p.delete(&z).unwrap();
+        p.endpoint_mut().read_u64(idx.addr(third)).unwrap()
+    });
+    assert!(!Ite(old[0]).is_empty(), "K must sit in its third candidate");
+    let (mut w, wt) = c.client_with(0, cfg).unwrap();
+    let mut ep = w.endpoint().sibling();
+    let mut reads = 0;
+    w.set_hook(Some(Box::new(move |p| {
+        reads += (p == HookPoint::AfterIteRead) as u32;
+        if p == HookPoint::AfterIteRead && reads == 2 {
+            ep.sleep_ns(1_000_000);
+        }
+    })));
+    let (m, mt) = c.client(1).unwrap();
+    let roles = vec![(Role::Writer(w), wt), (Role::Mover(m), mt)];
+    c.run(roles, move |_, role| match role {
+        Role::Writer(mut w) => w.put(b"K", b"new").unwrap(),
+        Role::Mover(mut p) => move_back(&mut p, &index, &kc, &y, old[0]),
+    });
+    let (r, rt) = c.client(2).unwrap();
+    let (_, got) = c.run(vec![(r, rt)], |_, mut r| r.get(b"K").unwrap());
+    got.into_iter().next().unwrap()
+}
+
+/// The mover's part: Y goes, and K's old entry `old` moves from candidate 2 to candidate 0.
+fn move_back(p: &mut CdClient<SimEndpoint>, index: &Index, kc: &[Slot], y: &[u8], old: u64) {
+    p.endpoint_mut().sleep_ns(200_000);
+    p.delete(y).unwrap();
+    let ep = p.endpoint_mut();
+    let empty = ep.read_u64(index.addr(kc[0])).unwrap();
+    assert!(Ite(empty).is_empty());
+    // Each CAS installs the next sequence number, as the protocol's own do.
+    let moved = index.ite.successor(Ite(empty), Ite(old));
+    let cas = ep.compare_and_swap(index.addr(kc[0]), empty, moved.0);
+    assert_eq!(cas.unwrap(), empty);
+    let emptied = index.ite.successor(Ite(old), Ite::EMPTY);
+    assert_eq!(
+        ep.compare_and_swap(index.addr(kc[2]), old, emptied.0)
+            .unwrap(),
+        old
+    );
+}
+
+#[test]
+fn put_reverse_pass_catches_an_entry_moved_behind_the_writer() {
+    let v = put_while_the_old_entry_moves_back(Mutations::default());
+    assert_eq!(v.as_deref(), Some(&b"new"[..]));
+}
+
+#[test]
+fn mutation_skipping_the_put_reverse_pass_is_caught() {
+    let v = put_while_the_old_entry_moves_back(Mutations {
+        skip_put_reverse_pass: true,
+        ..Mutations::default()
+    });
+    assert_eq!(
+        v.as_deref(),
+        Some(&b"old"[..]),
+        "without the reverse pass the moved old entry shadows the completed PUT"
+    );
 }
