@@ -15,8 +15,9 @@
 //!   membership declared failed (in process: a panicking migrator and `Fence::set_gone`).
 //!   Only given-up entries or entries of failed nodes are completed by others; a migrator that
 //!   is only paused wakes and settles its own copy. The simulator has no node failures or
-//!   membership yet, so these paths never run (the histories are identical with and without
-//!   the mutation).
+//!   membership yet, so no one completes such a copy (with `complete_ignores_source` the
+//!   histories are identical to the clean ones; the other two also change what a live
+//!   migrator writes, and high-load runs pausing after each MIGRATE CAS stayed linearizable).
 //! - `migrate_walks_away`: needs a MIGRATE's CAS to fail with an error (a fence refusal or a
 //!   lost answer); simulated fabric operations never fail.
 //! - `migrate_copy_keeps_source`: needs a DELETE to commit while a MIGRATE's copy sits in the
