@@ -6,8 +6,9 @@
 use std::process::ExitCode;
 
 use nessie_fabric_sim::correctness::{self, CheckRun, CheckSpec};
-use nessie_fabric_sim::{SimFaults, SimParams};
-use nessie_protocols::ProtocolConfig;
+use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
+use nessie_protocols::cd::CdClient;
+use nessie_protocols::{HookPoint, ProtocolConfig};
 use nessie_store::Geometry;
 
 /// Most seeds one command runs.
@@ -82,6 +83,22 @@ pub struct SimCheckArgs {
     /// `--features mutations` only): skip_valid_check, ignore_op_timer, ...
     #[arg(long)]
     pub mutation: Option<String>,
+    /// Pause client threads at a protocol hook point (builds with `--features mutations`,
+    /// which compiles the hooks in): after-ite-read, get-forward-pass, before-value-read,
+    /// get-after-dte-read, after-candidate-cas, before-reverse-pass, before-set-valid,
+    /// migrate-after-dst-cas, migrate-after-src-cas.
+    #[arg(long)]
+    pub pause_at: Option<String>,
+    /// Pause on every Nth arrival at --pause-at (pausing past the expiry at every arrival
+    /// makes every attempt time out).
+    #[arg(long, default_value_t = 50)]
+    pub pause_every: u64,
+    /// Length of a --pause-at pause [default: 3 expiry periods + 2 ms].
+    #[arg(long)]
+    pub pause_at_ns: Option<u64>,
+    /// How many client threads (the first ones) pause at --pause-at [default: all].
+    #[arg(long)]
+    pub pause_clients: Option<usize>,
     /// Print one JSON object on stdout (per-seed lines go to stderr).
     #[arg(long)]
     pub json: bool,
@@ -99,10 +116,12 @@ pub enum SimCheckError {
     #[error("--mutation {0:?} is not a CD mutation; known: {known}", known = MUTATIONS.join(", "))]
     UnknownMutation(String),
     #[cfg(not(feature = "mutations"))]
-    #[error(
-        "--mutation needs a nessie built with `cargo build -p nessie-cli --features mutations`"
-    )]
-    NoMutations,
+    #[error("{0} needs a nessie built with `cargo build -p nessie-cli --features mutations`")]
+    NoMutations(&'static str),
+    #[error("--pause-at {0:?} is not a hook point; known: {known}", known = hook_names())]
+    UnknownHook(String),
+    #[error("--pause-every must be at least 1, --pause-at-ns at most {max} and --pause-clients at least 1", max = nessie_fabric_sim::faults::MAX_PAUSE_NS)]
+    PauseAt,
     #[error(transparent)]
     Check(#[from] correctness::CheckError),
 }
@@ -139,10 +158,11 @@ pub fn run(a: SimCheckArgs) -> ExitCode {
 fn check(a: &SimCheckArgs) -> Result<bool, SimCheckError> {
     let spec = spec(a)?;
     spec.validate()?;
+    let pause = pause_at(a, spec.cfg.expiry_ns)?;
     let mut runs = Vec::new();
     let mut failed = Vec::new();
     for seed in a.start_seed..a.start_seed + a.seeds {
-        let r = correctness::run(&spec, seed, &mut |_, _| {})?;
+        let r = correctness::run(&spec, seed, &mut |i, c| install(&pause, i, c))?;
         let line = seed_line(&r);
         if a.json {
             eprintln!("{line}");
@@ -257,9 +277,90 @@ fn mutate(cfg: ProtocolConfig, name: Option<&str>) -> Result<ProtocolConfig, Sim
     match name {
         None => Ok(cfg),
         Some(n) if !MUTATIONS.contains(&n) => Err(SimCheckError::UnknownMutation(n.into())),
-        Some(_) => Err(SimCheckError::NoMutations),
+        Some(_) => Err(SimCheckError::NoMutations("--mutation")),
     }
 }
+
+/// The protocol's hook points, by their `--pause-at` names.
+const HOOK_POINTS: &[(&str, HookPoint)] = &[
+    ("after-ite-read", HookPoint::AfterIteRead),
+    ("get-forward-pass", HookPoint::GetForwardPass),
+    ("before-value-read", HookPoint::BeforeValueRead),
+    ("get-after-dte-read", HookPoint::GetAfterDteRead),
+    ("after-candidate-cas", HookPoint::AfterCandidateCas),
+    ("before-reverse-pass", HookPoint::BeforeReversePass),
+    ("before-set-valid", HookPoint::BeforeSetValid),
+    ("migrate-after-dst-cas", HookPoint::MigrateAfterDstCas),
+    ("migrate-after-src-cas", HookPoint::MigrateAfterSrcCas),
+];
+
+fn hook_names() -> String {
+    let names: Vec<&str> = HOOK_POINTS.iter().map(|(n, _)| *n).collect();
+    names.join(", ")
+}
+
+/// `--pause-at`: clients `0..clients` pause `ns` on every `every`-th arrival at `point`.
+/// Only the `mutations` feature has hooks to install it with.
+#[cfg_attr(not(feature = "mutations"), allow(dead_code))]
+struct PauseAt {
+    point: HookPoint,
+    every: u64,
+    ns: u64,
+    clients: usize,
+}
+
+fn pause_at(a: &SimCheckArgs, expiry_ns: u64) -> Result<Option<PauseAt>, SimCheckError> {
+    let Some(name) = &a.pause_at else {
+        return Ok(None);
+    };
+    let point = HOOK_POINTS
+        .iter()
+        .find(|(n, _)| n == name)
+        .ok_or_else(|| SimCheckError::UnknownHook(name.clone()))?
+        .1;
+    let ns = a.pause_at_ns.unwrap_or(3 * expiry_ns + 2_000_000);
+    let clients = a.pause_clients.unwrap_or(usize::MAX);
+    if a.pause_every == 0 || ns > nessie_fabric_sim::faults::MAX_PAUSE_NS || clients == 0 {
+        return Err(SimCheckError::PauseAt);
+    }
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = point; // validated all the same, so the error names the real problem first
+        Err(SimCheckError::NoMutations("--pause-at"))
+    }
+    #[cfg(feature = "mutations")]
+    Ok(Some(PauseAt {
+        point,
+        every: a.pause_every,
+        ns,
+        clients,
+    }))
+}
+
+/// Install `--pause-at`'s hook on client `i`: it sleeps on a sibling endpoint of the client's
+/// own simulated thread, in virtual time.
+#[cfg(feature = "mutations")]
+fn install(pause: &Option<PauseAt>, i: usize, client: &mut CdClient<SimEndpoint>) {
+    use nessie_fabric::Endpoint;
+    let Some(p) = pause.as_ref().filter(|p| i < p.clients) else {
+        return;
+    };
+    let (point, every, ns) = (p.point, p.every, p.ns);
+    let mut ep = client.endpoint().sibling();
+    let mut n = 0u64;
+    client.set_hook(Some(Box::new(move |at| {
+        if at == point {
+            n += 1;
+            if n.is_multiple_of(every) {
+                ep.sleep_ns(ns);
+            }
+        }
+    })));
+}
+
+/// Without the `mutations` feature there are no hooks (`pause_at` refused the flag).
+#[cfg(not(feature = "mutations"))]
+fn install(_: &Option<PauseAt>, _: usize, _: &mut CdClient<SimEndpoint>) {}
 
 fn seed_line(r: &CheckRun) -> String {
     let f = &r.faults;
@@ -342,6 +443,15 @@ fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
     }
     if let Some(m) = &a.mutation {
         c += &format!(" --mutation {m}");
+    }
+    if let Some(p) = &a.pause_at {
+        c += &format!(" --pause-at {p} --pause-every {}", a.pause_every);
+        if let Some(ns) = a.pause_at_ns {
+            c += &format!(" --pause-at-ns {ns}");
+        }
+        if let Some(n) = a.pause_clients {
+            c += &format!(" --pause-clients {n}");
+        }
     }
     c
 }

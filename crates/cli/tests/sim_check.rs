@@ -44,23 +44,25 @@ fn bad_arguments_are_refused() {
         (&["--threads", "0"], "client threads"),
         (&["--expiry-ms", "0"], "--expiry-ms 0"),
         (&["--mutation", "nope"], "is not a CD mutation"),
+        (&["--pause-at", "nowhere"], "is not a hook point"),
+        (
+            &["--pause-at", "after-ite-read", "--pause-every", "0"],
+            "--pause-every must",
+        ),
     ];
     for (args, msg) in cases {
         let out = nessie(&[&["sim", "check"], *args].concat());
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(stderr(&out).contains(msg), "{args:?}: {}", stderr(&out));
     }
-    let out = nessie(&[
-        "sim",
-        "check",
-        "--mutation",
-        "skip_valid_check",
-        "--seeds",
-        "1",
-    ]);
     if cfg!(feature = "mutations") {
-        assert_eq!(out.status.code(), Some(1), "caught: {}", stderr(&out));
-    } else {
+        return;
+    }
+    for flag in [
+        ["--mutation", "skip_valid_check"],
+        ["--pause-at", "after-ite-read"],
+    ] {
+        let out = nessie(&[&["sim", "check", "--seeds", "1"][..], &flag].concat());
         assert_eq!(out.status.code(), Some(2));
         assert!(
             stderr(&out).contains("--features mutations"),
@@ -102,4 +104,41 @@ fn a_failing_seed_prints_a_replay_command_that_replays_it() {
         digest(&text),
         digest(&String::from_utf8_lossy(&again.stdout))
     );
+}
+
+/// `--pause-at` installs the tests' targeted pauses: readers that ignore their timer and
+/// pause past the expiry between a DTE's header and its value are caught (the scenario and
+/// seed of `mutation_ignoring_the_operation_timer_is_caught` in `crates/fabric-sim/tests/check.rs`).
+#[cfg(feature = "mutations")]
+#[test]
+fn pauses_at_a_hook_point_catch_a_reader_ignoring_its_timer() {
+    let args = |m: &'static [&'static str]| {
+        let base = [
+            "sim",
+            "check",
+            "--seeds",
+            "1",
+            "--start-seed",
+            "2",
+            "--get-ratio",
+            "0.6",
+        ];
+        let pause = [
+            "--pause-at",
+            "before-value-read",
+            "--pause-every",
+            "11",
+            "--pause-clients",
+            "2",
+        ];
+        [&base[..], &pause, m].concat()
+    };
+    let clean = nessie(&args(&[]));
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+    let caught = nessie(&args(&["--mutation", "ignore_op_timer"]));
+    assert_eq!(caught.status.code(), Some(1));
 }
