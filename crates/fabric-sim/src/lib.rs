@@ -8,6 +8,10 @@
 //! non-blocking switch, base latency, NIC-executed atomics, PCIe loopback, and CPU costs on a
 //! node's cores. `docs/sim.md` describes the model and the source of every default.
 //!
+//! Correctness mode: [`faults`] injects delays, NIC stalls and client pauses in virtual time,
+//! drawn from the run's seed, and [`correctness`] runs CD under them and checks the history
+//! for linearizability (`nessie sim check`).
+//!
 //! ```no_run
 //! use nessie_fabric::{Endpoint, RemoteAddr};
 //! use nessie_fabric_sim::{Sim, SimParams};
