@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod fabric_bench;
 mod fill_cmd;
+mod sim_check;
 mod sim_cmd;
 mod sim_sweep;
 

@@ -22,6 +22,8 @@ pub enum SimSub {
     /// Run one of the paper's cluster experiments on the simulator: JSON per run, table.md,
     /// summary and PNG figures in --out (docs/sim.md).
     Sweep(crate::sim_sweep::SimSweepArgs),
+    /// Correctness mode: CD runs with injected faults, each history checked (docs/sim.md).
+    Check(Box<crate::sim_check::SimCheckArgs>),
 }
 
 /// One simulated run.
@@ -108,8 +110,10 @@ enum SimCmdError {
 }
 
 pub fn run(a: SimArgs) -> ExitCode {
-    if let Some(SimSub::Sweep(s)) = a.sub {
-        return crate::sim_sweep::run(s);
+    match a.sub {
+        Some(SimSub::Sweep(s)) => return crate::sim_sweep::run(s),
+        Some(SimSub::Check(c)) => return crate::sim_check::run(*c),
+        None => {}
     }
     match simulate(a.run) {
         Ok(()) => ExitCode::SUCCESS,

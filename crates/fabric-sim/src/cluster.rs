@@ -13,7 +13,7 @@ use nessie_protocols::{ClientParts, Error, Mode, ModeClient, ProtocolConfig, Rpc
 use nessie_store::classtable::ClassTable;
 use nessie_store::Geometry;
 
-use crate::{Sim, SimEndpoint, SimParams, SimThread};
+use crate::{Sim, SimEndpoint, SimFaults, SimParams, SimThread};
 
 /// Client workers a node may have (their ids are 16 bits).
 pub const MAX_WORKERS_PER_NODE: usize = u16::MAX as usize;
@@ -60,6 +60,31 @@ impl SimCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
+        let none = SimFaults::NONE;
+        Self::build(params, none, seed, geometry, cfg, mode, rpc)
+    }
+
+    /// A client-driven cluster with `faults` injected (correctness mode, `crate::faults`).
+    pub fn with_faults(
+        params: SimParams,
+        faults: SimFaults,
+        seed: u64,
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+    ) -> Result<Self, Error> {
+        let rpc = RpcConfig::default();
+        Self::build(params, faults, seed, geometry, cfg, Mode::Cd, rpc)
+    }
+
+    fn build(
+        params: SimParams,
+        faults: SimFaults,
+        seed: u64,
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        mode: Mode,
+        rpc: RpcConfig,
+    ) -> Result<Self, Error> {
         cfg.validate()?;
         mode.validate()?;
         let view = Arc::new(match mode {
@@ -72,7 +97,8 @@ impl SimCluster {
             _ => Some(sd::rpc_shared(g, &rpc)?),
         };
         let regions = sd::node_regions(g.table_regions(), shared.as_deref(), mode, &rpc, g, &cfg)?;
-        let sim = Sim::new(params, seed, &vec![regions; g.nodes as usize]).map_err(config)?;
+        let regions = vec![regions; g.nodes as usize];
+        let sim = Sim::with_faults(params, faults, seed, &regions).map_err(config)?;
         let tables = (0..g.nodes)
             .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
             .collect();

@@ -8,6 +8,7 @@
 //! dispatched at exactly that instant, so every effect is totally ordered by (virtual time,
 //! tie-break) and lies strictly between the operation's call and its return.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nessie_fabric::memory::{AccessError, WordMemory};
@@ -16,6 +17,7 @@ use nessie_fabric::{
     ALIGN,
 };
 
+use crate::faults::{FaultCounts, FaultStream, FaultTotals, FaultsError, SimFaults};
 use crate::net::{Net, NoCoreLeft, WireBytes};
 use crate::params::{headers, ParamsError, SimParams, MAX_NODES};
 use crate::sched::{RunSummary, Sched, Slot, ThreadNo};
@@ -27,7 +29,7 @@ use crate::watch::{Watches, IDLE_POLL_MAX_NS};
 pub const SIM_EPOCH_NS: u64 = 1_704_067_200_000_000_000;
 
 /// Why a simulation cannot be set up.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SimError {
     #[error("node count {0} is not in 1..={MAX_NODES}")]
     Nodes(usize),
@@ -35,6 +37,8 @@ pub enum SimError {
     Params(#[from] ParamsError),
     #[error(transparent)]
     Core(#[from] NoCoreLeft),
+    #[error(transparent)]
+    Faults(#[from] FaultsError),
 }
 
 struct Shared {
@@ -50,10 +54,21 @@ struct Shared {
     /// Time slices of threads on cores shared with background processes (set by the first
     /// run, once every thread exists).
     slices: std::sync::OnceLock<Slices>,
+    faults: SimFaults,
+    fault_counts: FaultCounts,
     seed: u64,
+    /// Endpoints made so far: each one's fault stream is numbered by its rank.
+    endpoints: AtomicU64,
 }
 
 impl Shared {
+    /// The fault stream of a new endpoint, if faults are on.
+    fn fault_stream(&self, pauses: bool) -> Option<Box<FaultStream>> {
+        let stream = self.endpoints.fetch_add(1, Ordering::Relaxed);
+        let f = self.faults.any().then(|| self.faults.clone())?;
+        Some(Box::new(FaultStream::new(f, self.seed, stream, pauses)))
+    }
+
     fn net(&self) -> MutexGuard<'_, Net> {
         self.net.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -110,7 +125,18 @@ pub struct SimThread(ThreadNo);
 impl Sim {
     /// `regions[n]` lists the sizes in bytes of node `n`'s regions (region id = position).
     pub fn new(params: SimParams, seed: u64, regions: &[Vec<u64>]) -> Result<Self, SimError> {
+        Self::with_faults(params, SimFaults::NONE, seed, regions)
+    }
+
+    /// [`Sim::new`] with `faults` injected, drawn from `seed` ([`crate::faults`]).
+    pub fn with_faults(
+        params: SimParams,
+        faults: SimFaults,
+        seed: u64,
+        regions: &[Vec<u64>],
+    ) -> Result<Self, SimError> {
         params.validate()?;
+        faults.validate()?;
         if regions.is_empty() || regions.len() > MAX_NODES {
             return Err(SimError::Nodes(regions.len()));
         }
@@ -128,7 +154,10 @@ impl Sim {
                 watches: Watches::default(),
                 thread_nodes: Mutex::new(Vec::new()),
                 slices: std::sync::OnceLock::new(),
+                faults,
+                fault_counts: FaultCounts::default(),
                 seed,
+                endpoints: AtomicU64::new(0),
             }),
         })
     }
@@ -164,6 +193,7 @@ impl Sim {
             slot,
             stats: self.shared.stats.register(node),
             own_core: false,
+            faults: self.shared.fault_stream(true),
         }
     }
 
@@ -179,6 +209,7 @@ impl Sim {
         self.take_polling_core(node)?;
         Ok(SimEndpoint {
             own_core: true,
+            faults: self.shared.fault_stream(false),
             ..self.endpoint(node)
         })
     }
@@ -223,6 +254,11 @@ impl Sim {
     /// Every endpoint's counters.
     pub fn stats(&self) -> &FabricStats {
         &self.shared.stats
+    }
+
+    /// The faults injected so far.
+    pub fn fault_totals(&self) -> FaultTotals {
+        self.shared.fault_counts.totals()
     }
 
     /// Bytes `node`'s NIC port sent and received on the wire, headers included.
@@ -273,6 +309,8 @@ pub struct SimEndpoint {
     stats: Arc<StatsCell>,
     /// A polling thread's: CPU work runs on its own core.
     own_core: bool,
+    /// Faults to inject, if any (a polling thread's never pause).
+    faults: Option<Box<FaultStream>>,
 }
 
 /// What an operation puts on the wire each way, and the responder NIC's extra work.
@@ -282,6 +320,8 @@ struct Shape {
     resp: u64,
     resp_header: u64,
     responder_ns: u64,
+    /// Extra requester-NIC time (an injected stall).
+    requester_ns: u64,
 }
 
 impl Shape {
@@ -293,6 +333,7 @@ impl Shape {
                 resp: len,
                 resp_header: headers::AETH,
                 responder_ns: 0,
+                requester_ns: 0,
             },
             OpKind::Write => Shape {
                 req: len,
@@ -300,6 +341,7 @@ impl Shape {
                 resp: 0,
                 resp_header: headers::AETH,
                 responder_ns: 0,
+                requester_ns: 0,
             },
             OpKind::Cas => Shape {
                 req: 0,
@@ -307,6 +349,7 @@ impl Shape {
                 resp: 0,
                 resp_header: headers::ATOMIC_ACK,
                 responder_ns: p.nic_atomic_ns,
+                requester_ns: 0,
             },
         }
     }
@@ -329,6 +372,7 @@ impl SimEndpoint {
             slot: self.slot.clone(),
             stats: self.shared.stats.register(self.node),
             own_core: self.own_core,
+            faults: self.shared.fault_stream(!self.own_core),
         }
     }
 
@@ -358,6 +402,24 @@ impl SimEndpoint {
         self.shared.sched.wait_until(self.thread, &self.slot, t)
     }
 
+    /// An injected fault's wait (`draw` gives its length; none without faults).
+    fn fault(&mut self, draw: fn(&mut FaultStream, &FaultCounts) -> u64) {
+        if let Some(f) = self.faults.as_mut() {
+            let ns = draw(f, &self.shared.fault_counts);
+            if ns > 0 {
+                self.at(self.time().saturating_add(ns));
+            }
+        }
+    }
+
+    /// Injected NIC stalls at the requester's and the responder's engines.
+    fn nic_stalls(&mut self, shape: &mut Shape) {
+        if let Some(f) = self.faults.as_mut() {
+            shape.requester_ns = f.nic_stall(&self.shared.fault_counts);
+            shape.responder_ns += f.nic_stall(&self.shared.fault_counts);
+        }
+    }
+
     /// READ, WRITE or CAS through the NIC: post, request, effect, response (module comment).
     fn fabric_op<T>(
         &mut self,
@@ -370,7 +432,9 @@ impl SimEndpoint {
         let p = &shared.p;
         let mem = shared.checked(addr, len)?;
         self.checkin();
-        let shape = Shape::of(p, kind, len as u64);
+        self.fault(FaultStream::before);
+        let mut shape = Shape::of(p, kind, len as u64);
+        self.nic_stalls(&mut shape);
         let posted = self.cpu(p.cpu_op_ns);
         let t = self.at(posted);
         let local = addr.node == self.node;
@@ -390,6 +454,7 @@ impl SimEndpoint {
             self.remote_response(addr.node, t, &shape)
         };
         self.at(done);
+        self.fault(FaultStream::after);
         let locality = if local {
             Locality::Loopback
         } else {
@@ -405,7 +470,7 @@ impl SimEndpoint {
         let wire = p.wire_bytes(s.req, s.req_header);
         let arrival = {
             let mut net = self.shared.net();
-            let processed = net.nic(self.node, t, p.nic_op_ns);
+            let processed = net.nic(self.node, t, p.nic_op_ns + s.requester_ns);
             net.transmit(self.node, processed, wire)
         };
         let t = self.at(arrival);
@@ -427,7 +492,7 @@ impl SimEndpoint {
         let p = &self.shared.p;
         let arrival = {
             let mut net = self.shared.net();
-            let processed = net.nic(self.node, t, p.nic_op_ns);
+            let processed = net.nic(self.node, t, p.nic_op_ns + s.requester_ns);
             net.pcie(self.node, processed, s.req)
         };
         let t = self.at(arrival);
@@ -437,21 +502,25 @@ impl SimEndpoint {
     }
 
     /// A direct access to this node's memory: a fixed cost and a copy on one of its cores;
-    /// it takes effect when the copy ends.
+    /// it takes effect (`effect`) when the copy ends.
     fn direct(
-        &self,
+        &mut self,
         region: RegionId,
         offset: u64,
         len: usize,
-    ) -> Result<(RemoteAddr, &WordMemory), FabricError> {
+        effect: impl FnOnce(&WordMemory, RemoteAddr, &StatsCell) -> Result<(), FabricError>,
+    ) -> Result<(), FabricError> {
         let addr = RemoteAddr::new(self.node, region, offset);
-        let mem = self.shared.checked(addr, len)?;
+        let shared = self.shared.clone();
+        let mem = shared.checked(addr, len)?;
         self.checkin();
-        let p = &self.shared.p;
-        let cost = p.local_op_ns + p.copy_ns(len as u64);
+        self.fault(FaultStream::before);
+        let cost = shared.p.local_op_ns + shared.p.copy_ns(len as u64);
         let done = self.cpu(cost);
         self.at(done);
-        Ok((addr, mem))
+        let r = effect(mem, addr, &self.stats);
+        self.fault(FaultStream::after);
+        r
     }
 }
 
@@ -492,8 +561,9 @@ impl Endpoint for SimEndpoint {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        let (addr, mem) = self.direct(region, offset, buf.len())?;
-        nessie_fabric::memory::direct_read(mem, addr, buf, &self.stats)
+        self.direct(region, offset, buf.len(), |mem, addr, stats| {
+            nessie_fabric::memory::direct_read(mem, addr, buf, stats)
+        })
     }
 
     fn local_write(
@@ -502,10 +572,11 @@ impl Endpoint for SimEndpoint {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        let (addr, mem) = self.direct(region, offset, buf.len())?;
-        self.shared
-            .written(addr, buf.len(), self.shared.sched.now());
-        nessie_fabric::memory::direct_write(mem, addr, buf, &self.stats)
+        let shared = self.shared.clone();
+        self.direct(region, offset, buf.len(), |mem, addr, stats| {
+            shared.written(addr, buf.len(), shared.sched.now());
+            nessie_fabric::memory::direct_write(mem, addr, buf, stats)
+        })
     }
 
     fn now_ns(&self) -> u64 {

@@ -8,6 +8,10 @@
 //! non-blocking switch, base latency, NIC-executed atomics, PCIe loopback, and CPU costs on a
 //! node's cores. `docs/sim.md` describes the model and the source of every default.
 //!
+//! Correctness mode: [`faults`] injects delays, NIC stalls and client pauses in virtual time,
+//! drawn from the run's seed, and [`correctness`] runs CD under them and checks the history
+//! for linearizability (`nessie sim check`).
+//!
 //! ```no_run
 //! use nessie_fabric::{Endpoint, RemoteAddr};
 //! use nessie_fabric_sim::{Sim, SimParams};
@@ -25,7 +29,9 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod correctness;
 pub mod fabric;
+pub mod faults;
 pub mod net;
 pub mod params;
 mod procstate;
@@ -34,6 +40,7 @@ pub mod slices;
 pub mod watch;
 
 pub use fabric::{Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
+pub use faults::SimFaults;
 pub use net::WireBytes;
 pub use params::SimParams;
 pub use sched::RunSummary;

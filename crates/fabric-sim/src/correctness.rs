@@ -1,0 +1,301 @@
+//! Correctness mode: the client-driven protocol on a simulated cluster with faults injected
+//! ([`crate::faults`]), every operation recorded with its virtual invocation and response
+//! times, and the history checked for linearizability (`nessie-check`). A run is a function of
+//! its seed: a failing seed replays exactly (`nessie sim check --start-seed S --seeds 1`).
+
+use std::borrow::Cow;
+
+use nessie_bench::driver::{drive, Done, Observer};
+use nessie_bench::workload::{KeyGen, Planned, Workload, WorkloadError};
+use nessie_check::{Event, Limits, Op, Outcome, Report};
+use nessie_fabric::{Endpoint, NodeId};
+use nessie_protocols::cd::{CdClient, ClientStats};
+use nessie_protocols::{Error, ProtocolConfig};
+use nessie_store::Geometry;
+use nessie_testkit::stress::{history_entry, key_bytes, put_id, value_bytes, CORRUPT_VALUE};
+use rand::SeedableRng;
+
+use crate::bench::{MAX_OPS_PER_THREAD, MAX_THREADS};
+use crate::cluster::SimCluster;
+use crate::faults::FaultTotals;
+use crate::{RunSummary, SimEndpoint, SimFaults, SimParams, SimThread};
+
+/// Smallest value a run writes: values carry their 8-byte id, so every read is identified.
+pub const MIN_VALUE_LEN: usize = 8;
+/// Most keys a run may use (the checker's work grows with the history, not the keys; this
+/// only bounds the preload).
+pub const MAX_KEYS: u64 = 1 << 24;
+
+/// One correctness run: the cluster, its load and its faults.
+#[derive(Clone, Debug)]
+pub struct CheckSpec {
+    /// The cluster (`geometry.nodes` nodes).
+    pub geometry: Geometry,
+    pub cfg: ProtocolConfig,
+    pub hw: SimParams,
+    pub faults: SimFaults,
+    /// Client threads on each node.
+    pub threads_per_node: u16,
+    pub ops_per_thread: u64,
+    /// Keys 0..keys; the first `hot_keys` of them get `hot_fraction` of the operations.
+    pub keys: u64,
+    pub hot_keys: u64,
+    pub hot_fraction: f64,
+    pub get_fraction: f64,
+    pub delete_fraction: f64,
+    /// Value sizes, uniform in this range (at least [`MIN_VALUE_LEN`]).
+    pub value_size: (usize, usize),
+    /// Keys 0..preload_keys written (one writer per node) before the clients start; these
+    /// writes are in the history too.
+    pub preload_keys: u64,
+}
+
+/// Why a correctness run cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("{0}")]
+    Spec(String),
+    #[error(transparent)]
+    Protocol(#[from] Error),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+}
+
+impl CheckSpec {
+    /// The client threads of the run.
+    pub fn threads(&self) -> usize {
+        self.geometry.nodes as usize * self.threads_per_node as usize
+    }
+
+    pub fn validate(&self) -> Result<(), CheckError> {
+        let bad = |m: String| Err(CheckError::Spec(m));
+        let threads = self.threads();
+        if self.threads_per_node == 0 || threads > MAX_THREADS {
+            return bad(format!(
+                "{threads} client threads ({} per node) is not in 1..={MAX_THREADS}",
+                self.threads_per_node
+            ));
+        }
+        if !(1..=MAX_OPS_PER_THREAD).contains(&self.ops_per_thread) {
+            return bad(format!(
+                "{} operations per thread is not in 1..={MAX_OPS_PER_THREAD}",
+                self.ops_per_thread
+            ));
+        }
+        if !(1..=MAX_KEYS).contains(&self.keys) || self.preload_keys > self.keys {
+            return bad(format!(
+                "{} keys ({} preloaded): keys must be in 1..={MAX_KEYS}, the preload at most that",
+                self.keys, self.preload_keys
+            ));
+        }
+        let (lo, hi) = self.value_size;
+        let max = self.geometry.value_max as usize;
+        if lo < MIN_VALUE_LEN || lo > hi || hi > max {
+            return bad(format!(
+                "value sizes {lo}..={hi} are not an ordered range within {MIN_VALUE_LEN}..={max}"
+            ));
+        }
+        let key_len = key_bytes(self.keys - 1).len();
+        if key_len > self.geometry.key_max as usize {
+            return bad(format!(
+                "keys of {key_len} bytes exceed key_max = {}",
+                self.geometry.key_max
+            ));
+        }
+        self.workload()?;
+        self.faults
+            .validate()
+            .map_err(|e| CheckError::Spec(e.to_string()))?;
+        self.hw
+            .validate()
+            .map_err(|e| CheckError::Spec(e.to_string()))?;
+        Ok(self.cfg.validate().map_err(Error::from)?)
+    }
+
+    fn workload(&self) -> Result<Workload, WorkloadError> {
+        let keys = KeyGen::hot(self.keys, self.hot_keys, self.hot_fraction)?;
+        Workload::new(
+            keys,
+            self.get_fraction,
+            self.delete_fraction,
+            self.value_size,
+        )
+    }
+}
+
+/// What a correctness run did and what the checker found.
+pub struct CheckRun {
+    pub seed: u64,
+    /// The workload's run (the preload's is not included).
+    pub summary: RunSummary,
+    /// Every operation, preload included, in invocation order.
+    pub events: Vec<Event>,
+    pub report: Report,
+    /// GETs that returned bytes nobody wrote.
+    pub corrupt: u64,
+    /// The workload clients' counters, summed.
+    pub stats: ClientStats,
+    pub faults: FaultTotals,
+}
+
+impl CheckRun {
+    /// Linearizable, and no read returned bytes nobody wrote.
+    pub fn passed(&self) -> bool {
+        self.report.is_ok() && self.corrupt == 0
+    }
+
+    /// A hash of the history (FNV-1a over every event): equal for equal runs.
+    pub fn history_digest(&self) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for e in &self.events {
+            for b in format!("{e:?}").bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+}
+
+/// Records every operation with its virtual invocation and response times.
+struct Recording {
+    thread: u32,
+    ops: u64,
+    /// Another endpoint of the client's thread: its clock.
+    timer: SimEndpoint,
+    events: Vec<Event>,
+    corrupt: u64,
+}
+
+impl<C> Observer<C> for Recording {
+    type Token = u64;
+
+    fn proceed(&mut self, _: &C, seq: u64) -> bool {
+        seq < self.ops
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k)
+    }
+
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
+    }
+
+    fn invoke(&mut self, _: &C, _: &Planned) -> u64 {
+        self.timer.mono_ns()
+    }
+
+    fn complete(&mut self, _: &C, op: &Planned, invoke_ns: u64, r: Result<Done<'_>, Error>) {
+        let (kind, outcome) = history_entry(op, self.thread, &r);
+        self.corrupt += (outcome == Outcome::Ok(Some(CORRUPT_VALUE))) as u64;
+        self.events.push(Event {
+            client: self.thread,
+            key: op.key,
+            op: kind,
+            outcome,
+            invoke_ns,
+            response_ns: self.timer.mono_ns(),
+        });
+    }
+}
+
+/// A client and its clock, ready to run.
+type Client = ((CdClient<SimEndpoint>, SimEndpoint), SimThread);
+
+/// Run `spec` with `seed` and check its history. `prepare(i, client)` is called on each
+/// workload client before the run (tests install protocol hooks there).
+pub fn run(
+    spec: &CheckSpec,
+    seed: u64,
+    prepare: &mut dyn FnMut(usize, &mut CdClient<SimEndpoint>),
+) -> Result<CheckRun, CheckError> {
+    spec.validate()?;
+    let (hw, f, g) = (spec.hw.clone(), spec.faults.clone(), spec.geometry.clone());
+    let mut c = SimCluster::with_faults(hw, f, seed, g, spec.cfg.clone())?;
+    let mut events = preload(&mut c, spec)?;
+    let nodes = spec.geometry.nodes as usize;
+    let mut clients: Vec<Client> = Vec::with_capacity(spec.threads());
+    for i in 0..spec.threads() {
+        let (mut client, thread) = c.client((i % nodes) as NodeId)?;
+        prepare(i, &mut client);
+        let timer = client.endpoint().sibling();
+        clients.push(((client, timer), thread));
+    }
+    let threads = clients.len() as u64;
+    let (ops, workload) = (spec.ops_per_thread, spec.workload()?);
+    let (summary, done) = c.run(clients, move |i, (mut client, timer)| {
+        let mut rec = Recording {
+            thread: i as u32,
+            ops,
+            timer,
+            events: Vec::new(),
+            corrupt: 0,
+        };
+        let mut w = workload.for_thread(i as u64, threads);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
+        drive(&mut client, &mut w, &mut rng, &mut rec);
+        (rec, client.stats())
+    });
+    let mut stats = ClientStats::default();
+    let mut corrupt = 0;
+    for (rec, st) in done {
+        stats += st;
+        corrupt += rec.corrupt;
+        events.extend(rec.events);
+    }
+    events.sort_by_key(|e| (e.invoke_ns, e.client, e.response_ns));
+    let report = nessie_check::check(&events, |_| None, &Limits::default());
+    let faults = c.sim().fault_totals();
+    Ok(CheckRun {
+        seed,
+        summary,
+        events,
+        report,
+        corrupt,
+        stats,
+        faults,
+    })
+}
+
+/// Write keys `0..spec.preload_keys`, one writer per node (client numbers after the
+/// workload's), recording each write.
+fn preload(c: &mut SimCluster, spec: &CheckSpec) -> Result<Vec<Event>, CheckError> {
+    if spec.preload_keys == 0 {
+        return Ok(Vec::new());
+    }
+    let nodes = spec.geometry.nodes as u64;
+    let first = spec.threads() as u32;
+    let mut writers = Vec::new();
+    for n in 0..nodes {
+        let (client, thread) = c.client(n as NodeId)?;
+        let timer = client.endpoint().sibling();
+        writers.push(((client, timer), thread));
+    }
+    let (keys, len) = (spec.preload_keys, spec.value_size.0);
+    let (_, events) = c.run(
+        writers,
+        move |n, (mut w, timer): (CdClient<_>, SimEndpoint)| {
+            let client = first + n as u32;
+            let mut events = Vec::new();
+            for (seq, key) in (n as u64..keys).step_by(nodes as usize).enumerate() {
+                let id = put_id(client, seq as u64);
+                let invoke_ns = timer.mono_ns();
+                let r = w.put(&key_bytes(key), &value_bytes(id, len));
+                events.push(Event {
+                    client,
+                    key,
+                    op: Op::Put(id),
+                    outcome: if r.is_ok() {
+                        Outcome::Ok(None)
+                    } else {
+                        Outcome::Failed
+                    },
+                    invoke_ns,
+                    response_ns: timer.mono_ns(),
+                });
+            }
+            events
+        },
+    );
+    Ok(events.into_iter().flatten().collect())
+}
