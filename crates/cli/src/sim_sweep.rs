@@ -57,6 +57,9 @@ pub struct SimSweepArgs {
     /// Only the runs whose name contains this (e.g. `-cd-` or `128k`).
     #[arg(long)]
     pub only: Option<String>,
+    /// Run nothing: redraw table.md and the figures from the results already in --out.
+    #[arg(long)]
+    pub redraw: bool,
 }
 
 /// Why `nessie sim sweep` failed.
@@ -132,8 +135,33 @@ fn simulate(p: &BenchParams, ops: u64, hw: &SimParams) -> Result<BenchResult, Ru
     Ok(r.bench)
 }
 
+/// `--redraw`: table.md and the figures again, from the results in `out`.
+fn redraw(preset: Preset, out: &std::path::Path) -> Result<(), SimSweepError> {
+    let results = nessie_report::load_results(out);
+    if results.is_empty() {
+        return Err(SimSweepError::Param(format!(
+            "no results in {} to redraw",
+            out.display()
+        )));
+    }
+    let table = nessie_report::paper::paper_table(preset, &results);
+    let path = out.join("table.md");
+    std::fs::write(&path, &table)
+        .map_err(|e| SimSweepError::Param(format!("writing {}: {e}", path.display())))?;
+    println!("{table}");
+    let plots = nessie_report::render(preset, &results, out)
+        .map_err(|e| SimSweepError::Param(e.to_string()))?;
+    for p in plots {
+        println!("plot: {}", p.display());
+    }
+    Ok(())
+}
+
 fn sweep(a: SimSweepArgs) -> Result<(), SimSweepError> {
     let preset = check(&a)?;
+    if a.redraw {
+        return redraw(preset, &a.out);
+    }
     let hw = crate::sim_cmd::hardware(Some(a.cores_per_node), a.link_mbps)?;
     let base = base(&a);
     let mut specs = preset.runs(&base);

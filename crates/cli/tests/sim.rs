@@ -66,13 +66,28 @@ fn a_small_paper_sweep_writes_results_table_and_figure() {
     let a = std::fs::read_to_string(dir.join("paper-values-sd-2k.json")).unwrap();
     let b = std::fs::read_to_string(again_dir.join("paper-values-sd-2k.json")).unwrap();
     assert_eq!(a, b);
+    // --redraw rebuilds the table and the figure from the saved results alone.
+    std::fs::remove_file(dir.join("table.md")).unwrap();
+    std::fs::remove_file(dir.join("paper-values.png")).unwrap();
+    let redrawn = sweep(&dir, &["--preset", "paper-values", "--redraw"]);
+    assert!(
+        redrawn.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redrawn.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("table.md")).unwrap(),
+        table
+    );
+    assert!(dir.join("paper-values.png").exists());
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&again_dir);
 }
 
 #[test]
 fn sim_sweep_refuses_bad_input_and_runs_nothing() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (&["--preset", "paper-zipf", "--redraw"], "no results"),
         (&["--preset", "values"], "runs on a local cluster"),
         (&["--preset", "paper-nope"], "unknown sweep preset"),
         (

@@ -256,6 +256,20 @@ fn workload(p: &BenchParams, keys: u64) -> Result<Workload, SimBenchError> {
     })
 }
 
+/// The protocol's settings for `p`: its optimisation switches, and caches of 0.5% of the keys.
+fn protocol_config(p: &BenchParams, keys: u64) -> ProtocolConfig {
+    ProtocolConfig {
+        optimizations: Optimizations {
+            filter_bits: p.filter_bits,
+            cache: p.cache,
+            previous_versions: p.previous_versions,
+            multi_read: p.multi_read,
+        },
+        cache_entries: ((keys as f64 * CACHE_KEY_FRACTION).ceil() as usize).max(1),
+        ..ProtocolConfig::default()
+    }
+}
+
 /// Run `p`'s workload, `ops_per_thread` operations per client thread after preloading `keys`
 /// keys, on a simulated cluster of `geometry` with hardware `hw`.
 pub fn run(
@@ -273,20 +287,11 @@ pub fn run(
     };
     hw.validate()
         .map_err(|e| SimBenchError::Param(e.to_string()))?;
-    let cfg = ProtocolConfig {
-        optimizations: Optimizations {
-            filter_bits: p.filter_bits,
-            cache: p.cache,
-            previous_versions: p.previous_versions,
-            multi_read: p.multi_read,
-        },
-        cache_entries: ((keys as f64 * CACHE_KEY_FRACTION).ceil() as usize).max(1),
-        ..ProtocolConfig::default()
-    };
     let rpc = RpcConfig {
         max_clients_per_node: p.client_threads,
         ..RpcConfig::default()
     };
+    let cfg = protocol_config(p, keys);
     let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
     let threads = p.nodes as usize * p.client_threads as usize;
     let clients = (0..threads)

@@ -381,7 +381,7 @@ fn idle_pollers_resume_when_their_bytes_are_written() {
     let waits = sim.spawn(poller.thread(), move || {
         let mut resumed = Vec::new();
         for _ in 0..3 {
-            poller.idle_poll(1, &[0..16]);
+            poller.idle_poll(1, std::slice::from_ref(&(0..16)));
             resumed.push(poller.mono_ns());
         }
         resumed

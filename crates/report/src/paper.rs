@@ -188,9 +188,11 @@ pub fn wire_bytes_per_op(r: &BenchResult) -> Option<f64> {
     (r.ops.all > 0).then(|| r.fabric.total_bytes as f64 / r.ops.all as f64)
 }
 
-/// The table of a paper preset (`table.md`): per value size, for each series (mode, or
-/// optimisation step), the average GET, PUT and overall latency in µs and the bytes sent in
-/// the measured window (MB, 10^6), plus bytes sent per operation (KB).
+/// The table of a paper preset (`table.md`): per value size (or background load), for each
+/// series (mode, or optimisation step), the average GET, PUT and overall latency in µs, the
+/// bytes sent in the measured window (MB, 10^6) and per operation (KB), and the client's
+/// fabric operations per GET and per PUT (an SD or HY request and its response count as the
+/// client's one WRITE; the server's own work is not in it).
 pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
     let mut rows: Vec<(f64, usize, String, &BenchResult)> = results
         .iter()
@@ -211,8 +213,8 @@ pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
         ("value", plot::format_bytes)
     };
     let mut out = format!(
-        "| {x_name} | {label} | GET avg µs | PUT avg µs | all avg µs | ops | sent MB | sent KB/op |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|\n"
+        "| {x_name} | {label} | GET avg µs | PUT avg µs | all avg µs | ops | sent MB | sent KB/op | fabric ops/GET | fabric ops/PUT |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for (x, _, series, r) in rows {
         let lat = |ops: u64, v: f64| {
@@ -223,7 +225,7 @@ pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
             }
         };
         out.push_str(&format!(
-            "| {} | {series} | {} | {} | {} | {} | {:.1} | {} |\n",
+            "| {} | {series} | {} | {} | {} | {} | {:.1} | {} | {} | {} |\n",
             x_text(x),
             lat(r.ops.get, r.latency_us.get.mean),
             lat(r.ops.put, r.latency_us.put.mean),
@@ -231,9 +233,20 @@ pub fn paper_table(preset: Preset, results: &[BenchResult]) -> String {
             r.ops.all,
             r.fabric.total_bytes as f64 / 1e6,
             wire_bytes_per_op(r).map_or("-".into(), |b| format!("{:.2}", b / 1e3)),
+            per_op(r.ops.get, r.fabric.get.ops_mean),
+            per_op(r.ops.put, r.fabric.put.ops_mean),
         ));
     }
     out
+}
+
+/// A per-operation mean, or `-` without operations.
+fn per_op(ops: u64, mean: f64) -> String {
+    if ops > 0 {
+        format!("{mean:.2}")
+    } else {
+        "-".into()
+    }
 }
 
 /// Order of series in tables: the paper's modes, then the optimisation steps in order.

@@ -292,4 +292,12 @@ fn paper_matrices() {
         .all(|r| r.params.mode == "cd" && r.params.dist == ZIPF));
     let basic = opt.iter().filter(|r| r.series == "basic").count();
     assert_eq!(basic, PAPER_OPTIMIZATION_SIZES.len());
+    let contention = Preset::PaperContention.runs(&base);
+    assert_eq!(contention.len(), PAPER_MODES.len() * PAPER_BACKGROUND.len());
+    for r in &contention {
+        assert_eq!(r.params.value_size, PAPER_CONTENTION_VALUE);
+        assert_eq!(r.x, f64::from(r.params.background));
+        // A contention run is no run of paper-values, and background load is no value run.
+        assert!(classify(Preset::PaperValues, &r.params).is_none() || r.params.background == 0);
+    }
 }

@@ -11,22 +11,42 @@ use nessie_report::preset::*;
 use nessie_report::sweep::*;
 use nessie_report::{render, summary_table, RenderError};
 
+/// The figures each preset draws.
+const EXPECTED_PLOTS: [(Preset, &[&str]); 9] = [
+    (Preset::Contention, &["contention.png"]),
+    (
+        Preset::Values,
+        &["values-goodput.png", "values-relative.png"],
+    ),
+    (Preset::Energy, &["energy.png"]),
+    (Preset::Optimizations, &["optimizations.png"]),
+    (Preset::Quick, &["quick.png"]),
+    (Preset::PaperValues, &["paper-values.png"]),
+    (Preset::PaperZipf, &["paper-zipf.png"]),
+    (Preset::PaperOptimizations, &["paper-optimizations.png"]),
+    (Preset::PaperContention, &["paper-contention.png"]),
+];
+
+/// The simulator's presets also write their table: a header, a rule, a row per run.
+fn assert_table(preset: Preset, dir: &std::path::Path, runs: usize) {
+    let table = fs::read_to_string(dir.join("table.md"));
+    if !preset.is_sim() {
+        assert!(table.is_err(), "{preset} wrote a table");
+        return;
+    }
+    let table = table.unwrap();
+    assert_eq!(table.lines().count(), runs + 2, "{table}");
+    let x = if preset == Preset::PaperContention {
+        "| background |"
+    } else {
+        "| value |"
+    };
+    assert!(table.starts_with(x), "{table}");
+}
+
 #[test]
 fn run_preset_writes_results_summary_and_plots() {
-    let expected_plots: [(Preset, &[&str]); 8] = [
-        (Preset::Contention, &["contention.png"]),
-        (
-            Preset::Values,
-            &["values-goodput.png", "values-relative.png"],
-        ),
-        (Preset::Energy, &["energy.png"]),
-        (Preset::Optimizations, &["optimizations.png"]),
-        (Preset::Quick, &["quick.png"]),
-        (Preset::PaperValues, &["paper-values.png"]),
-        (Preset::PaperZipf, &["paper-zipf.png"]),
-        (Preset::PaperOptimizations, &["paper-optimizations.png"]),
-    ];
-    for (preset, plots) in expected_plots {
+    for (preset, plots) in EXPECTED_PLOTS {
         let dir = test_dir(&format!("all-{preset}"));
         let base = short_base();
         let mut seen = Vec::new();
@@ -78,15 +98,7 @@ fn run_preset_writes_results_summary_and_plots() {
             assert!(outcome.plots.contains(&path));
             assert_png(&path);
         }
-        // The simulator's presets also write their table: a header, a rule, a row per run.
-        let table = fs::read_to_string(dir.join("table.md"));
-        if preset.is_sim() {
-            let table = table.unwrap();
-            assert_eq!(table.lines().count(), specs.len() + 2, "{table}");
-            assert!(table.starts_with("| value |"), "{table}");
-        } else {
-            assert!(table.is_err());
-        }
+        assert_table(preset, &dir, specs.len());
         cleanup(&dir);
     }
 }
