@@ -6,3 +6,5 @@ source scripts/setup.sh
 cargo test --workspace --locked "$@"
 # The in-process protocol, stress and checker tests also build and pass without UCX.
 cargo test --locked -p nessie-cluster -p nessie-bench -p nessie-testkit --no-default-features "$@"
+# `nessie sim check --mutation` exists only in builds with the mutations feature: its tests.
+cargo test --locked -p nessie-cli --features mutations --test sim_check "$@"
