@@ -156,14 +156,31 @@ impl CheckRun {
     }
 }
 
-/// Records every operation with its virtual invocation and response times.
-struct Recording {
+/// Records every operation of one client thread with its virtual invocation and response
+/// times (an [`Observer`] of the workload loop), for the checker.
+pub struct Recording {
     thread: u32,
     ops: u64,
     /// Another endpoint of the client's thread: its clock.
     timer: SimEndpoint,
-    events: Vec<Event>,
-    corrupt: u64,
+    /// The history, in the thread's order.
+    pub events: Vec<Event>,
+    /// GETs that returned a value no PUT wrote.
+    pub corrupt: u64,
+}
+
+impl Recording {
+    /// The recorder of client `thread`, which does `ops` operations; `timer` is another
+    /// endpoint of its simulated thread.
+    pub fn new(thread: u32, ops: u64, timer: SimEndpoint) -> Self {
+        Self {
+            thread,
+            ops,
+            timer,
+            events: Vec::new(),
+            corrupt: 0,
+        }
+    }
 }
 
 impl<C> Observer<C> for Recording {
@@ -224,13 +241,7 @@ pub fn run(
     let threads = clients.len() as u64;
     let (ops, workload) = (spec.ops_per_thread, spec.workload()?);
     let (summary, done) = c.run(clients, move |i, (mut client, timer)| {
-        let mut rec = Recording {
-            thread: i as u32,
-            ops,
-            timer,
-            events: Vec::new(),
-            corrupt: 0,
-        };
+        let mut rec = Recording::new(i as u32, ops, timer);
         let mut w = workload.for_thread(i as u64, threads);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
         drive(&mut client, &mut w, &mut rng, &mut rec);

@@ -2,18 +2,15 @@
 //! are linearizable (CD, and SD and HY with their polling servers), and a known protocol
 //! mutation is caught.
 
-use std::borrow::Cow;
-
-use nessie_bench::driver::{drive, Done, Observer};
-use nessie_bench::workload::{KeyGen, Planned, Workload};
+use nessie_bench::driver::drive;
+use nessie_bench::workload::{KeyGen, Workload};
 use nessie_check::{Event, Limits, Report};
-use nessie_fabric::Endpoint;
 use nessie_fabric_sim::cluster::SimCluster;
-use nessie_fabric_sim::{RunSummary, SimEndpoint, SimParams};
+use nessie_fabric_sim::correctness::Recording;
+use nessie_fabric_sim::{RunSummary, SimParams};
 use nessie_protocols::sd::RpcConfig;
-use nessie_protocols::{Error, Mode, Mutations, ProtocolConfig};
+use nessie_protocols::{Mode, Mutations, ProtocolConfig};
 use nessie_store::Geometry;
-use nessie_testkit::stress::{history_entry, key_bytes, put_id, value_bytes, CORRUPT_VALUE};
 use rand::SeedableRng;
 
 const NODES: u16 = 3;
@@ -60,49 +57,6 @@ fn cfg(mutations: Mutations) -> ProtocolConfig {
     }
 }
 
-/// Records every operation with its virtual invocation and response times.
-struct Recording {
-    thread: u32,
-    ops: u64,
-    /// Another endpoint of the client's thread: its clock.
-    timer: SimEndpoint,
-    events: Vec<Event>,
-    corrupt: u64,
-}
-
-impl<C> Observer<C> for Recording {
-    type Token = u64;
-
-    fn proceed(&mut self, _: &C, seq: u64) -> bool {
-        seq < self.ops
-    }
-
-    fn key(&self, k: u64) -> Vec<u8> {
-        key_bytes(k)
-    }
-
-    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
-        Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
-    }
-
-    fn invoke(&mut self, _: &C, _: &Planned) -> u64 {
-        self.timer.mono_ns()
-    }
-
-    fn complete(&mut self, _: &C, op: &Planned, invoke_ns: u64, r: Result<Done<'_>, Error>) {
-        let (kind, outcome) = history_entry(op, self.thread, &r);
-        self.corrupt += (outcome == nessie_check::Outcome::Ok(Some(CORRUPT_VALUE))) as u64;
-        self.events.push(Event {
-            client: self.thread,
-            key: op.key,
-            op: kind,
-            outcome,
-            invoke_ns,
-            response_ns: self.timer.mono_ns(),
-        });
-    }
-}
-
 struct Outcome {
     run: RunSummary,
     events: Vec<Event>,
@@ -132,13 +86,7 @@ fn run_on(s: Setup, seed: u64, mutations: Mutations) -> Outcome {
     let threads = clients.len() as u64;
     let workload = Workload::new(KeyGen::hot(64, 4, 0.5).unwrap(), 0.5, 0.1, (8, 48)).unwrap();
     let (run, recordings) = c.run(clients, move |i, (mut client, timer)| {
-        let mut rec = Recording {
-            thread: i as u32,
-            ops: s.ops,
-            timer,
-            events: Vec::new(),
-            corrupt: 0,
-        };
+        let mut rec = Recording::new(i as u32, s.ops, timer);
         let mut w = workload.for_thread(i as u64, threads);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
         drive(&mut client, &mut w, &mut rng, &mut rec);
