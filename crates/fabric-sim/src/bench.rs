@@ -306,11 +306,18 @@ pub fn run(
     let (p2, seed, sim) = (p.clone(), p.seed, cluster.sim().clone());
     let tx_at_start = preload_tx.clone();
     let (summary, outs) = cluster.run(clients, move |i, (mut client, mut timer)| {
-        preload(&mut client, &p2, keys, i, threads)?;
-        if barrier(&mut timer, &arrived, threads) {
+        // Arrive at the barrier even if the preload fails or panics, or the others would
+        // wait forever.
+        let mut arrival = Arrival {
+            arrived: &arrived,
+            done: false,
+        };
+        let loaded = preload(&mut client, &p2, keys, i, threads);
+        if barrier(&mut timer, &mut arrival, threads) {
             // Everyone else waits: what the wire carried so far was the preload's.
             tx_at_start.store(wire_sent(&sim), Ordering::SeqCst);
         }
+        loaded?;
         let mut w = workload.for_thread(i as u64, threads as u64);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(
             seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
@@ -361,9 +368,36 @@ fn preload(
     Ok(())
 }
 
+/// A thread's arrival at the barrier, counted when it leaves the thread's code whatever way it
+/// leaves (a panic included) if it has not arrived by then.
+struct Arrival<'a> {
+    arrived: &'a AtomicUsize,
+    done: bool,
+}
+
+impl Arrival<'_> {
+    /// Count the arrival (once); true for the last thread to arrive.
+    fn arrive(&mut self, threads: usize) -> bool {
+        if self.done {
+            return false;
+        }
+        self.done = true;
+        self.arrived.fetch_add(1, Ordering::SeqCst) + 1 == threads
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.arrived.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Wait, in virtual time, until every thread has arrived; true for the last to arrive.
-fn barrier(timer: &mut SimEndpoint, arrived: &AtomicUsize, threads: usize) -> bool {
-    let last = arrived.fetch_add(1, Ordering::SeqCst) + 1 == threads;
+fn barrier(timer: &mut SimEndpoint, arrival: &mut Arrival<'_>, threads: usize) -> bool {
+    let last = arrival.arrive(threads);
+    let arrived = arrival.arrived;
     let mut poll = BARRIER_POLL_NS;
     while arrived.load(Ordering::SeqCst) < threads {
         timer.sleep_ns(poll);

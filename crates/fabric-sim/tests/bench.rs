@@ -156,3 +156,16 @@ fn sizing_leaves_room_for_the_runs_puts() {
     // 2 threads × 10,000 ops × 50 % PUTs, at least, more than the short run.
     assert!(long.dtes_per_node >= short.dtes_per_node + 2 * 10_000 / 2);
 }
+
+/// A thread whose preload fails still arrives at the barrier: the run ends with the error
+/// instead of the other threads waiting for it forever.
+#[test]
+fn a_failed_preload_is_an_error_not_a_hang() {
+    let p = params(1024, 0.5);
+    let tiny = Geometry {
+        dtes_per_node: 16,
+        ..geometry(1024)
+    };
+    let e = run(&p, KEYS, tiny, OPS, SimParams::default()).unwrap_err();
+    assert!(matches!(e, SimBenchError::Preload { .. }), "{e}");
+}
