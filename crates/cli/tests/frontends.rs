@@ -388,7 +388,15 @@ print("redis-py ok")
 /// Run a Python `script` that prints `done` when all went well; `what` names the client
 /// library in the failure message.
 fn run_python(script: &str, done: &str, what: &str) {
-    let out = Command::new("python3")
+    // The system's Python, where apt puts the client libraries, even when another Python
+    // (pyenv, a virtualenv) comes first on PATH.
+    let debian = std::path::Path::new("/usr/bin/python3");
+    let python = if debian.exists() {
+        debian.as_os_str()
+    } else {
+        std::ffi::OsStr::new("python3")
+    };
+    let out = Command::new(python)
         .args(["-c", script])
         .output()
         .expect("python3 runs");
