@@ -34,8 +34,8 @@ fn a_small_paper_sweep_writes_results_table_and_figure() {
         "20",
         "--ops",
         "5",
-        "--only",
-        "-2k",
+        // `=`: a value starting with `-` would read as a flag.
+        "--only=-2k",
     ];
     let out = sweep(&dir, &small);
     let stderr = String::from_utf8_lossy(&out.stderr);
