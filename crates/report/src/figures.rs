@@ -311,7 +311,7 @@ fn paper(
         &path,
         &LineFigure {
             title: format!("Nessie on the simulated cluster: {}", preset.name()),
-            subtitle: format!("50% GET, {keys}, closed loop, virtual time · {setup}"),
+            subtitle: format!("50% GET, {keys}, closed loop · {setup}"),
             panels,
             columns: 2,
             panel_size: PANEL_SIZE,

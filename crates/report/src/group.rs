@@ -7,7 +7,7 @@ use std::fmt;
 use nessie_bench::result::BenchResult;
 
 use crate::plot::{self, Series};
-use crate::preset::{classify, Preset, MODES_ALL};
+use crate::preset::{classify, Preset, MODES_ALL, OPTIMIZATION_STEPS};
 
 /// Results of a preset grouped for plotting: group → series → x → values (repeated runs of one
 /// point are averaged).
@@ -69,12 +69,17 @@ pub(crate) fn series_of(
     metric: &dyn Fn(&BenchResult) -> Option<f64>,
 ) -> Vec<Series> {
     let mut names: Vec<&String> = group.keys().collect();
+    // Modes in their usual order, optimisation steps in the order they are switched on.
     names.sort_by_key(|n| {
         (
             MODES_ALL
                 .iter()
                 .position(|m| m == n)
                 .unwrap_or(MODES_ALL.len()),
+            OPTIMIZATION_STEPS
+                .iter()
+                .position(|s| s.0 == n.as_str())
+                .unwrap_or(OPTIMIZATION_STEPS.len()),
             n.to_string(),
         )
     });
