@@ -159,6 +159,21 @@ pub struct LatencySummary {
     pub p999: f64,
 }
 
+impl LatencySummary {
+    /// Mean and percentiles in µs of a histogram of nanoseconds (zeros when it is empty).
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        Self {
+            mean: h.mean() / 1e3,
+            p50: h.value_at_quantile(0.5) as f64 / 1e3,
+            p99: h.value_at_quantile(0.99) as f64 / 1e3,
+            p999: h.value_at_quantile(0.999) as f64 / 1e3,
+        }
+    }
+}
+
 /// Fabric work per operation: means and histograms (fabric ops per operation → count; bytes per
 /// operation, bucketed to the next power of two → count).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]

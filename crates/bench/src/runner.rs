@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use nessie_cluster::admin::{AdminClient, AdminError, Request, Response};
 use nessie_cluster::config::{ClusterConfig, ConfigError, Transport};
 use nessie_cluster::process::{self, ProcessError, UpOptions};
@@ -342,18 +341,6 @@ fn ask(
     }
 }
 
-fn summary(h: &Histogram<u64>) -> LatencySummary {
-    if h.is_empty() {
-        return LatencySummary::default();
-    }
-    LatencySummary {
-        mean: h.mean() / 1e3,
-        p50: h.value_at_quantile(0.5) as f64 / 1e3,
-        p99: h.value_at_quantile(0.99) as f64 / 1e3,
-        p999: h.value_at_quantile(0.999) as f64 / 1e3,
-    }
-}
-
 fn per_op(f: &PerOpFabric, n: u64) -> FabricPerOp {
     FabricPerOp {
         ops_mean: f.ops_sum as f64 / n.max(1) as f64,
@@ -591,9 +578,9 @@ fn merge_reports(
     let mut all = gh.clone();
     all.add(&ph).map_err(HistogramError::from)?;
     r.latency_us = PerKind {
-        get: summary(&gh),
-        put: summary(&ph),
-        all: summary(&all),
+        get: LatencySummary::of(&gh),
+        put: LatencySummary::of(&ph),
+        all: LatencySummary::of(&all),
     };
     let mut fa = fg.clone();
     fa.merge(&fp);

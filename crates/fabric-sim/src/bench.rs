@@ -466,18 +466,6 @@ fn measure(
     m
 }
 
-fn latency(h: &Histogram<u64>) -> LatencySummary {
-    if h.is_empty() {
-        return LatencySummary::default();
-    }
-    LatencySummary {
-        mean: h.mean() / 1e3,
-        p50: h.value_at_quantile(0.5) as f64 / 1e3,
-        p99: h.value_at_quantile(0.99) as f64 / 1e3,
-        p999: h.value_at_quantile(0.999) as f64 / 1e3,
-    }
-}
-
 fn merge(
     p: &BenchParams,
     keys: u64,
@@ -514,9 +502,9 @@ fn merge(
         ops_per_sec,
         goodput_bytes_per_sec: ops_per_sec * p.mean_value_size(),
         latency_us: PerKind {
-            get: latency(&m.get_hist),
-            put: latency(&m.put_hist),
-            all: latency(&all),
+            get: LatencySummary::of(&m.get_hist),
+            put: LatencySummary::of(&m.put_hist),
+            all: LatencySummary::of(&all),
         },
         fabric: FabricSummary {
             get: m.fabric.get.summary(ops.get),
