@@ -53,8 +53,42 @@ impl Cluster {
     }
 }
 
+/// Lines of each log kept when a test fails.
+const LOG_TAIL_LINES: usize = 40;
+
+impl Cluster {
+    /// Print which node processes are alive and the last lines of every log in the cluster
+    /// directory (node, restarted node, etcd): all a failed run on CI leaves to read.
+    pub fn dump_logs(&self) {
+        let alive: Vec<String> = (0..process::MAX_LOCAL_NODES)
+            .filter_map(|id| process::live_pid(&self.dir, id).map(|pid| format!("{id}:{pid}")))
+            .collect();
+        eprintln!("live nodes (id:pid): {alive:?}");
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut logs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for p in logs {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!("---- {} (last {} lines) ----", p.display(), tail.len());
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
         for id in 0..process::MAX_LOCAL_NODES {
             if let Some(pid) = process::live_pid(&self.dir, id) {
                 // A stopped node would act on `down`'s SIGTERM only once resumed.
