@@ -58,7 +58,8 @@ pub struct RunArgs {
     /// Index load factor.
     #[arg(long, default_value_t = 0.4)]
     pub load_factor: f64,
-    /// Operations per client thread, after the preload.
+    /// Operations per client thread, after the preload; the measured window ends when the
+    /// first thread has done them, and counts what every thread completed by then.
     #[arg(long, default_value_t = 10_000)]
     pub ops: u64,
     /// CPU-bound background processes per node, sharing its cores in time slices.

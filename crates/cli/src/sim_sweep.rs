@@ -26,8 +26,9 @@ pub struct SimSweepArgs {
     /// Directory for the JSON results, table.md, summary and plots.
     #[arg(long)]
     pub out: PathBuf,
-    /// Operations per client thread in each run, after the preload [default: 200, and 1000
-    /// for paper-contention, whose runs must span many scheduler periods].
+    /// Operations per client thread in each run, after the preload; the measured window
+    /// ends when the first thread has done them [default: 200, and 1000 for
+    /// paper-contention, whose runs must span many scheduler periods].
     #[arg(long)]
     pub ops: Option<u64>,
     /// Simulated nodes.

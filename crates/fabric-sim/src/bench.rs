@@ -3,7 +3,10 @@
 //!
 //! Each client thread preloads its share of the keys, waits at a virtual-time barrier for the
 //! others, then performs its operations; the measured window runs from the barrier to the
-//! last thread's last operation, in virtual time. Latencies are virtual, so throughput and
+//! moment the first thread has done all of its operations, in virtual time, and counts the
+//! operations every thread completed in it. (Ending it with the last thread would measure the
+//! slowest thread's pace alone: under CPU contention, a thread sliced out near the end keeps
+//! the window open while the others sit idle.) Latencies are virtual, so throughput and
 //! latency are the model's, not this machine's. SD and HY servers poll on cores of their own
 //! until the last client is done; their aborts and retries (counted on the servers) are not
 //! in the result.
@@ -161,13 +164,19 @@ struct Measured {
     window_fabric: StatsSnapshot,
     aborts: u64,
     retries: u64,
+    /// When the first thread finished its operations (virtual ns; `u64::MAX` until then):
+    /// the window's end, shared by all threads.
+    window_end: Arc<AtomicU64>,
+    /// The client's fabric and abort counters at its last operation in the window.
+    last_fabric: StatsSnapshot,
+    last_aborts: (u64, u64),
 }
 
 impl Observer<Client> for Measured {
     type Token = (u64, StatsSnapshot);
 
     fn proceed(&mut self, _: &Client, seq: u64) -> bool {
-        seq < self.ops
+        seq < self.ops && self.now() < self.window_end.load(Ordering::SeqCst)
     }
 
     fn key(&self, k: u64) -> Vec<u8> {
@@ -189,8 +198,17 @@ impl Observer<Client> for Measured {
         (t0, before): Self::Token,
         r: Result<Done<'_>, Error>,
     ) {
-        let latency = self.now().saturating_sub(t0).max(1);
-        let d = c.fabric_stats().saturating_sub(&before);
+        let now = self.now();
+        if now > self.window_end.load(Ordering::SeqCst) {
+            // Completed after the window closed: not counted.
+            return;
+        }
+        let latency = now.saturating_sub(t0).max(1);
+        let after = c.fabric_stats();
+        let d = after.saturating_sub(&before);
+        self.window.1 = now;
+        self.last_fabric = after;
+        self.last_aborts = c.aborts_retries();
         let (fops, fbytes) = (d.fabric_ops(), d.remote_bytes());
         match (r, op.kind) {
             (Err(_), _) => self.errors += 1,
@@ -303,6 +321,9 @@ pub fn run(
     let workload = workload(p, keys)?;
     let arrived = Arc::new(AtomicUsize::new(0));
     let preload_tx = Arc::new(AtomicU64::new(0));
+    let window_end = Arc::new(AtomicU64::new(u64::MAX));
+    let window_tx = Arc::new(AtomicU64::new(u64::MAX));
+    let tx_at_end = window_tx.clone();
     let (p2, seed, sim) = (p.clone(), p.seed, cluster.sim().clone());
     let tx_at_start = preload_tx.clone();
     let (summary, outs) = cluster.run(clients, move |i, (mut client, mut timer)| {
@@ -322,20 +343,32 @@ pub fn run(
         let mut rng = rand::rngs::SmallRng::seed_from_u64(
             seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         );
-        Ok(measure(
+        let m = measure(
             &mut client,
             timer,
             &mut w,
             &mut rng,
             &p2,
             ops_per_thread,
-        ))
+            window_end.clone(),
+        );
+        if m.finished() {
+            // The first to finish closes the window; what the wire carried so far is its.
+            let end = m.now();
+            if window_end.fetch_min(end, Ordering::SeqCst) > end {
+                tx_at_end.store(wire_sent(&sim), Ordering::SeqCst);
+            }
+        }
+        Ok(m)
     });
     let outs = outs
         .into_iter()
         .collect::<Result<Vec<_>, SimBenchError>>()?;
     let wire = (0..p.nodes).map(|n| cluster.sim().wire_bytes(n)).collect();
-    let sent = wire_sent(cluster.sim()) - preload_tx.load(Ordering::SeqCst);
+    let sent = window_tx
+        .load(Ordering::SeqCst)
+        .min(wire_sent(cluster.sim()))
+        .saturating_sub(preload_tx.load(Ordering::SeqCst));
     let mut r = merge(p, keys, ops_per_thread, hw, &outs, summary, wire);
     // Bytes sent are what went on the simulated wire: every NIC's egress in the window,
     // headers and acknowledgements included.
@@ -407,7 +440,13 @@ fn barrier(timer: &mut SimEndpoint, arrival: &mut Arrival<'_>, threads: usize) -
 }
 
 impl Measured {
-    fn new(ops: u64, p: &BenchParams, start_ns: u64, fabric: StatsSnapshot) -> Self {
+    fn new(
+        ops: u64,
+        p: &BenchParams,
+        start_ns: u64,
+        fabric: StatsSnapshot,
+        window_end: Arc<AtomicU64>,
+    ) -> Self {
         Measured {
             timer: None,
             ops,
@@ -419,11 +458,19 @@ impl Measured {
             get_hist: new_hist(),
             put_hist: new_hist(),
             fabric: PerKind::default(),
-            window: (start_ns, 0),
+            window: (start_ns, start_ns),
+            last_fabric: fabric,
             window_fabric: fabric,
             aborts: 0,
             retries: 0,
+            window_end,
+            last_aborts: (0, 0),
         }
+    }
+
+    /// Whether the thread did all its operations (within the window, which it then closed).
+    fn finished(&self) -> bool {
+        self.gets + self.puts + self.errors == self.ops
     }
 
     fn now(&self) -> u64 {
@@ -454,14 +501,16 @@ fn measure(
     rng: &mut rand::rngs::SmallRng,
     p: &BenchParams,
     ops: u64,
+    window_end: Arc<AtomicU64>,
 ) -> Measured {
-    let mut m = Measured::new(ops, p, timer.mono_ns(), c.fabric_stats());
+    let mut m = Measured::new(ops, p, timer.mono_ns(), c.fabric_stats(), window_end);
     m.timer = Some(timer);
     let before = c.aborts_retries();
+    m.last_aborts = before;
     drive(c, w, rng, &mut m);
-    let after = c.aborts_retries();
-    m.window.1 = m.now();
-    m.window_fabric = c.fabric_stats().saturating_sub(&m.window_fabric);
+    // Counters up to the thread's last operation in the window.
+    let after = m.last_aborts;
+    m.window_fabric = m.last_fabric.saturating_sub(&m.window_fabric);
     (m.aborts, m.retries) = (after.0 - before.0, after.1 - before.1);
     m
 }
@@ -475,9 +524,16 @@ fn merge(
     summary: crate::RunSummary,
     wire_bytes: Vec<WireBytes>,
 ) -> SimBenchResult {
-    let mut m = Measured::new(0, p, u64::MAX, StatsSnapshot::default());
+    let end = outs[0].window_end.load(Ordering::SeqCst);
+    let mut m = Measured::new(0, p, u64::MAX, StatsSnapshot::default(), Arc::default());
+    m.window = (u64::MAX, 0);
     for o in outs {
         m.absorb(o);
+    }
+    // The window closed when the first thread finished (no thread finished: the last one's
+    // last operation).
+    if end != u64::MAX {
+        m.window.1 = end;
     }
     let ops = PerKind {
         get: m.gets,
