@@ -35,7 +35,7 @@ mod refute;
 mod report;
 mod search;
 
-pub use record::{History, Invocation, Recorder};
+pub use record::{Clock, History, Invocation, Recorder};
 pub use report::{KeyReport, Report, Verdict};
 
 use serde::{Deserialize, Serialize};

@@ -61,7 +61,16 @@ impl History {
             client,
             buf: Vec::with_capacity(1024),
             inner: Arc::clone(&self.inner),
+            clock: None,
         }
+    }
+
+    /// A recorder whose events are timed by `clock` (nanoseconds) instead of the history's
+    /// own: a simulated thread's virtual clock, shared by every recorder of the history.
+    pub fn recorder_with_clock(&self, client: u32, clock: Clock) -> Recorder {
+        let mut r = self.recorder(client);
+        r.clock = Some(clock);
+        r
     }
 
     /// Nanoseconds since this history was created (the clock used for all events).
@@ -116,6 +125,9 @@ pub struct Invocation {
     pub invoke_ns: u64,
 }
 
+/// A recorder's own clock, in nanoseconds.
+pub type Clock = Box<dyn Fn() -> u64 + Send>;
+
 /// Records the events of one client thread. Not shared: each thread owns one.
 ///
 /// ```
@@ -132,6 +144,7 @@ pub struct Recorder {
     client: u32,
     buf: Vec<Event>,
     inner: Arc<Inner>,
+    clock: Option<Clock>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -152,14 +165,21 @@ impl Recorder {
     /// Takes the invocation time; call it immediately before issuing the operation.
     pub fn invoke(&self) -> Invocation {
         Invocation {
-            invoke_ns: self.inner.now_ns(),
+            invoke_ns: self.now_ns(),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        match &self.clock {
+            Some(clock) => clock(),
+            None => self.inner.now_ns(),
         }
     }
 
     /// Takes the response time and records the event; call it immediately after the
     /// operation returned.
     pub fn complete(&mut self, invocation: Invocation, key: KeyId, op: Op, outcome: Outcome) {
-        let response_ns = self.inner.now_ns();
+        let response_ns = self.now_ns();
         self.buf.push(Event {
             client: self.client,
             key,

@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use nessie_fabric_sim::correctness::{self, CheckRun, CheckSpec};
+use nessie_fabric_sim::correctness::{self, CheckRun, CheckSpec, Mix};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::{HookPoint, ProtocolConfig};
@@ -17,6 +17,8 @@ pub const MAX_SEEDS: u64 = 1_000_000;
 const VALUE_MAX: u32 = 48;
 /// Longest key a run writes (`key-NNNNNNNN`, more digits for more keys).
 const KEY_MAX: u32 = 16;
+/// Length of every value of a `--conditional` run.
+const CONDITIONAL_VALUE_LEN: usize = 16;
 
 #[derive(clap::Args, Debug)]
 pub struct SimCheckArgs {
@@ -51,6 +53,11 @@ pub struct SimCheckArgs {
     /// Fraction of DELETEs (the rest are PUTs of 8-48 bytes).
     #[arg(long, default_value_t = 0.1)]
     pub delete_ratio: f64,
+    /// Mix conditional writes in: add, replace, and writes and deletes on a version read just
+    /// before, besides GETs, PUTs and DELETEs, on values of 16 bytes (the mix is fixed:
+    /// --get-ratio and --delete-ratio do not apply).
+    #[arg(long, conflicts_with_all = ["get_ratio", "delete_ratio"])]
+    pub conditional: bool,
     /// Index slots per node (24: 40 keys sit in every candidate, not only the first).
     #[arg(long, default_value_t = 1024)]
     pub index_slots: u64,
@@ -86,7 +93,7 @@ pub struct SimCheckArgs {
     /// Pause client threads at a protocol hook point (builds with `--features mutations`,
     /// which compiles the hooks in): after-ite-read, get-forward-pass, before-value-read,
     /// get-after-dte-read, after-candidate-cas, before-reverse-pass, before-set-valid,
-    /// migrate-after-dst-cas, migrate-after-src-cas.
+    /// migrate-after-dst-cas, migrate-after-src-cas, guarded-after-look.
     #[arg(long)]
     pub pause_at: Option<String>,
     /// Pause on every Nth arrival at --pause-at (pausing past the expiry at every arrival
@@ -241,8 +248,17 @@ fn spec(a: &SimCheckArgs) -> Result<CheckSpec, SimCheckError> {
         hot_fraction: a.hot_fraction,
         get_fraction: a.get_ratio,
         delete_fraction: a.delete_ratio,
-        value_size: (correctness::MIN_VALUE_LEN, VALUE_MAX as usize),
+        value_size: if a.conditional {
+            (CONDITIONAL_VALUE_LEN, CONDITIONAL_VALUE_LEN)
+        } else {
+            (correctness::MIN_VALUE_LEN, VALUE_MAX as usize)
+        },
         preload_keys: a.preload,
+        mix: if a.conditional {
+            Mix::Conditional
+        } else {
+            Mix::Plain
+        },
     })
 }
 
@@ -292,6 +308,7 @@ const HOOK_POINTS: &[(&str, HookPoint)] = &[
     ("before-set-valid", HookPoint::BeforeSetValid),
     ("migrate-after-dst-cas", HookPoint::MigrateAfterDstCas),
     ("migrate-after-src-cas", HookPoint::MigrateAfterSrcCas),
+    ("guarded-after-look", HookPoint::GuardedAfterLook),
 ];
 
 fn hook_names() -> String {
@@ -412,8 +429,8 @@ fn seed_json(r: &CheckRun) -> serde_json::Value {
 fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
     let mut c = format!(
         "nessie sim check --start-seed {seed} --seeds 1 --nodes {} --threads {} --ops {} \
-         --keys {} --hot-keys {} --hot-fraction {} --preload {} --get-ratio {} \
-         --delete-ratio {} --index-slots {} --data-entries {} --expiry-ms {} --delay-prob {} \
+         --keys {} --hot-keys {} --hot-fraction {} --preload {} {} \
+         --index-slots {} --data-entries {} --expiry-ms {} --delay-prob {} \
          --max-delay-ns {} --nic-stall-prob {} --max-nic-stall-ns {} --pause-prob {}",
         a.nodes,
         a.threads,
@@ -422,8 +439,14 @@ fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
         a.hot_keys,
         a.hot_fraction,
         a.preload,
-        a.get_ratio,
-        a.delete_ratio,
+        if a.conditional {
+            "--conditional".to_string()
+        } else {
+            format!(
+                "--get-ratio {} --delete-ratio {}",
+                a.get_ratio, a.delete_ratio
+            )
+        },
         a.index_slots,
         a.data_entries,
         a.expiry_ms,

@@ -44,6 +44,10 @@ fn bad_arguments_are_refused() {
         (&["--threads", "0"], "client threads"),
         (&["--expiry-ms", "0"], "--expiry-ms 0"),
         (&["--mutation", "nope"], "is not a CD mutation"),
+        (
+            &["--conditional", "--get-ratio", "0.3"],
+            "cannot be used with",
+        ),
         (&["--pause-at", "nowhere"], "is not a hook point"),
         (
             &["--pause-at", "after-ite-read", "--pause-every", "0"],
@@ -82,17 +86,21 @@ fn digest(stdout: &str) -> &str {
 #[cfg(feature = "mutations")]
 #[test]
 fn a_failing_seed_prints_a_replay_command_that_replays_it() {
-    let out = nessie(&[
-        "sim",
-        "check",
-        "--mutation",
-        "skip_valid_check",
-        "--seeds",
-        "1",
-        "--ops",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
+    replays(&["--mutation", "skip_valid_check", "--ops", "300"]);
+}
+
+/// The same with conditional writes in the mix, whose replay command keeps `--conditional`.
+#[cfg(feature = "mutations")]
+#[test]
+fn a_failing_seed_of_conditional_writes_replays() {
+    replays(&["--conditional", "--mutation", "guard_passes_writes"]);
+}
+
+/// `nessie sim check --seeds 1 ARGS` fails, and the replay command it prints fails alike.
+#[cfg(feature = "mutations")]
+fn replays(args: &[&str]) {
+    let out = nessie(&[&["sim", "check", "--seeds", "1"], args].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let replay = text
         .lines()

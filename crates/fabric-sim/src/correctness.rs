@@ -7,13 +7,16 @@ use std::borrow::Cow;
 
 use nessie_bench::driver::{drive, Done, Observer};
 use nessie_bench::workload::{KeyGen, Planned, Workload, WorkloadError};
+use nessie_check::History;
 use nessie_check::{Event, Limits, Op, Outcome, Report};
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::{Error, ProtocolConfig};
 use nessie_store::Geometry;
+use nessie_testkit::guarded::{self, GuardedSpec};
 use nessie_testkit::stress::{history_entry, key_bytes, put_id, value_bytes, CORRUPT_VALUE};
 use rand::SeedableRng;
+use std::time::Duration;
 
 use crate::bench::{MAX_OPS_PER_THREAD, MAX_THREADS};
 use crate::cluster::SimCluster;
@@ -48,6 +51,21 @@ pub struct CheckSpec {
     /// Keys 0..preload_keys written (one writer per node) before the clients start; these
     /// writes are in the history too.
     pub preload_keys: u64,
+    /// The operations: plain GETs, PUTs and DELETEs, or those mixed with conditional writes.
+    pub mix: Mix,
+}
+
+/// What a correctness run's clients do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mix {
+    /// GETs, PUTs and DELETEs (`get_fraction`, `delete_fraction`), values sized in
+    /// `value_size`.
+    #[default]
+    Plain,
+    /// The conditional-write stress's mix (`nessie_testkit::guarded`): plain operations with
+    /// add, replace, and writes and deletes on a version read just before; values of
+    /// `value_size.0` bytes (`get_fraction` and `delete_fraction` do not apply).
+    Conditional,
 }
 
 /// Why a correctness run cannot be made.
@@ -238,22 +256,12 @@ pub fn run(
         let timer = client.endpoint().sibling();
         clients.push(((client, timer), thread));
     }
-    let threads = clients.len() as u64;
-    let (ops, workload) = (spec.ops_per_thread, spec.workload()?);
-    let (summary, done) = c.run(clients, move |i, (mut client, timer)| {
-        let mut rec = Recording::new(i as u32, ops, timer);
-        let mut w = workload.for_thread(i as u64, threads);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
-        drive(&mut client, &mut w, &mut rng, &mut rec);
-        (rec, client.stats())
-    });
-    let mut stats = ClientStats::default();
-    let mut corrupt = 0;
-    for (rec, st) in done {
-        stats += st;
-        corrupt += rec.corrupt;
-        events.extend(rec.events);
-    }
+    let ran = match spec.mix {
+        Mix::Plain => run_plain(&mut c, spec, seed, clients)?,
+        Mix::Conditional => run_conditional(&mut c, spec, seed, clients),
+    };
+    let (summary, stats, corrupt) = (ran.summary, ran.stats, ran.corrupt);
+    events.extend(ran.events);
     events.sort_by_key(|e| (e.invoke_ns, e.client, e.response_ns));
     let report = nessie_check::check(&events, |_| None, &Limits::default());
     let faults = c.sim().fault_totals();
@@ -266,6 +274,81 @@ pub fn run(
         stats,
         faults,
     })
+}
+
+/// What the workload's clients did: their events, reads of bytes nobody wrote, counters.
+struct Ran {
+    summary: RunSummary,
+    events: Vec<Event>,
+    corrupt: u64,
+    stats: ClientStats,
+}
+
+/// The plain workload (`Mix::Plain`) on `clients`.
+fn run_plain(
+    c: &mut SimCluster,
+    spec: &CheckSpec,
+    seed: u64,
+    clients: Vec<Client>,
+) -> Result<Ran, CheckError> {
+    let threads = clients.len() as u64;
+    let (ops, workload) = (spec.ops_per_thread, spec.workload()?);
+    let (summary, done) = c.run(clients, move |i, (mut client, timer)| {
+        let mut rec = Recording::new(i as u32, ops, timer);
+        let mut w = workload.for_thread(i as u64, threads);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
+        drive(&mut client, &mut w, &mut rng, &mut rec);
+        (rec, client.stats())
+    });
+    let mut ran = Ran {
+        summary,
+        events: Vec::new(),
+        corrupt: 0,
+        stats: ClientStats::default(),
+    };
+    for (rec, st) in done {
+        ran.stats += st;
+        ran.corrupt += rec.corrupt;
+        ran.events.extend(rec.events);
+    }
+    Ok(ran)
+}
+
+/// The conditional-write mix (`Mix::Conditional`) on `clients`, each thread's events timed by
+/// its virtual clock.
+fn run_conditional(c: &mut SimCluster, spec: &CheckSpec, seed: u64, clients: Vec<Client>) -> Ran {
+    let g = GuardedSpec {
+        ops_per_thread: spec.ops_per_thread,
+        keys: spec.keys,
+        hot_keys: spec.hot_keys,
+        hot_fraction: spec.hot_fraction,
+        value_len: spec.value_size.0,
+        seed,
+        // Virtual time: the run ends when the operations do.
+        time_limit: Duration::MAX,
+    };
+    let history = History::new();
+    let shared = history.clone();
+    let (summary, done) = c.run(clients, move |i, (client, timer)| {
+        let rec = history.recorder_with_clock(i as u32, Box::new(move || timer.mono_ns()));
+        let mut w = guarded::Worker::new(i as u32, client, rec, &g);
+        while w.ops < g.ops_per_thread {
+            w.step();
+        }
+        w.flush();
+        (w.corrupt, w.client.stats())
+    });
+    let mut ran = Ran {
+        summary,
+        events: shared.into_events(),
+        corrupt: 0,
+        stats: ClientStats::default(),
+    };
+    for (corrupt, st) in done {
+        ran.stats += st;
+        ran.corrupt += corrupt;
+    }
+    ran
 }
 
 /// Write keys `0..spec.preload_keys`, one writer per node (client numbers after the

@@ -28,13 +28,12 @@
 //!   test (`crates/cluster/tests/reverse_pass.rs`, an old entry moved behind a paused writer),
 //!   replayed here in virtual time; high-load runs with paused forward passes did not reach it
 //!   (4 seeds tried).
-//! - `guard_looks_to_candidate`, `guard_passes_writes`: conditional writes; the simulated
-//!   workload has plain GETs, PUTs and DELETEs only.
 //! - Replication and Pilaf mutations do not apply to unreplicated CD.
 
+use nessie_check::{Op, Outcome};
 use nessie_fabric::Endpoint;
 use nessie_fabric_sim::cluster::SimCluster;
-use nessie_fabric_sim::correctness::{run, CheckRun, CheckSpec};
+use nessie_fabric_sim::correctness::{run, CheckRun, CheckSpec, Mix};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
@@ -113,6 +112,7 @@ fn spec(mutations: Mutations) -> CheckSpec {
         delete_fraction: 0.1,
         value_size: (8, 48),
         preload_keys: 0,
+        mix: Mix::Plain,
     }
 }
 
@@ -282,6 +282,73 @@ fn small_indexes_with_each_optimisation_off_are_linearizable_under_faults() {
             THREADS * OPS_PER_THREAD,
         );
         assert!(r.stats.timeouts > 0, "{name}: no operation timed out");
+    }
+}
+
+/// The conditional-write mix (add, replace, writes and deletes on a version read just before,
+/// and plain operations) on 2 hot keys of 40, with every client pausing past the expiry period
+/// on every 97th arrival between a conditional write's look and its commit, or after its
+/// candidate CAS, or before its reverse pass (`stall_guarded_writes` of the in-process test).
+fn conditional_writes_with(cfg: ProtocolConfig, seed: u64, geometry: Geometry) -> CheckRun {
+    let s = CheckSpec {
+        geometry,
+        cfg,
+        mix: Mix::Conditional,
+        value_size: (16, 16),
+        hot_fraction: 0.7,
+        ..spec(Mutations::default())
+    };
+    let points = &[
+        HookPoint::GuardedAfterLook,
+        HookPoint::AfterCandidateCas,
+        HookPoint::BeforeReversePass,
+    ];
+    run(&s, seed, &mut |_, c| {
+        c.set_hook(Some(pause_every(c, 97, points, EXPIRY_NS + 2_000_000)));
+    })
+    .unwrap()
+}
+
+/// The same over the small index (the mutation tests' scenario).
+fn conditional_writes(m: Mutations, seed: u64) -> CheckRun {
+    conditional_writes_with(cfg(m), seed, small_index())
+}
+
+#[test]
+fn conditional_writes_under_faults_are_linearizable() {
+    let r = conditional_writes_with(cfg(Mutations::default()), 1, geometry());
+    // A read-modify-write records its GET and its write: more events than operations.
+    assert_clean("conditional writes", &r, THREADS * OPS_PER_THREAD);
+    assert!(r.stats.timeouts > 0, "{:?}", r.stats);
+    let conditional = r
+        .events
+        .iter()
+        .filter(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(..)))
+        .count();
+    let unmet = r
+        .events
+        .iter()
+        .filter(|e| e.outcome == Outcome::Unmet)
+        .count();
+    assert!(
+        conditional > 2_000 && unmet > 200,
+        "{conditional} conditional writes, {unmet} unmet"
+    );
+    let again = conditional_writes_with(cfg(Mutations::default()), 1, geometry());
+    assert_eq!(
+        r.history_digest(),
+        again.history_digest(),
+        "same seed, same history"
+    );
+    for (i, (name, o)) in small_index_variants().into_iter().enumerate() {
+        let mut c = cfg(Mutations::default());
+        c.optimizations = o;
+        let r = conditional_writes_with(c, 20 + i as u64, small_index());
+        assert_clean(
+            &format!("conditional writes, small index, {name}"),
+            &r,
+            THREADS * OPS_PER_THREAD,
+        );
     }
 }
 
@@ -534,4 +601,22 @@ fn mutation_skipping_the_put_reverse_pass_is_caught() {
         Some(&b"old"[..]),
         "without the reverse pass the moved old entry shadows the completed PUT"
     );
+}
+
+#[test]
+fn mutation_judging_the_state_from_step_2_is_caught() {
+    let m = Mutations {
+        guard_looks_to_candidate: true,
+        ..Mutations::default()
+    };
+    caught("guard_looks_to_candidate", m, conditional_writes);
+}
+
+#[test]
+fn mutation_clearing_a_write_in_progress_is_caught() {
+    let m = Mutations {
+        guard_passes_writes: true,
+        ..Mutations::default()
+    };
+    caught("guard_passes_writes", m, conditional_writes);
 }

@@ -43,21 +43,63 @@ const ADD_PCT: u32 = 15;
 const REPLACE_PCT: u32 = 5;
 const DELETE_IF_PCT: u32 = 10;
 
-/// One thread: its client, its part of the history and its counts.
-struct Worker<C> {
-    client: C,
+/// One thread of the mix: its client, its part of the history and its counts. The simulator
+/// runs it on simulated threads with a virtual-time recorder.
+pub struct Worker<C> {
+    pub client: C,
     thread: u32,
     rec: Recorder,
     rng: SmallRng,
-    ops: u64,
-    ok: u64,
-    corrupt: u64,
-    errors: BTreeMap<String, u64>,
+    /// Operations done, those that succeeded, and reads of bytes nobody wrote.
+    pub ops: u64,
+    pub ok: u64,
+    pub corrupt: u64,
+    /// Failed operations by error kind.
+    pub errors: BTreeMap<String, u64>,
     buf: Vec<u8>,
     value_len: usize,
+    hot_keys: u64,
+    hot_fraction: f64,
+    keys: u64,
 }
 
 impl<C: KvClient> Worker<C> {
+    /// Client `thread`'s worker, recording into `rec`, seeded from `spec.seed`.
+    pub fn new(thread: u32, client: C, rec: Recorder, spec: &GuardedSpec) -> Self {
+        assert!(spec.hot_keys >= 1 && spec.hot_keys <= spec.keys && spec.value_len >= 8);
+        Worker {
+            client,
+            thread,
+            rec,
+            rng: SmallRng::seed_from_u64(spec.seed ^ ((thread as u64 + 1) * 0x9E37_79B9)),
+            ops: 0,
+            ok: 0,
+            corrupt: 0,
+            errors: BTreeMap::new(),
+            buf: Vec::new(),
+            value_len: spec.value_len,
+            hot_keys: spec.hot_keys,
+            hot_fraction: spec.hot_fraction,
+            keys: spec.keys,
+        }
+    }
+
+    /// Perform one operation of the mix on a key drawn from the spec's distribution.
+    pub fn step(&mut self) {
+        let k = if self.rng.gen_bool(self.hot_fraction) {
+            self.rng.gen_range(0..self.hot_keys)
+        } else {
+            self.rng.gen_range(0..self.keys)
+        };
+        self.one(k);
+        self.ops += 1;
+    }
+
+    /// Hand the recorded events to the history.
+    pub fn flush(&mut self) {
+        self.rec.flush();
+    }
+
     fn record(&mut self, key: u64, op: Op, started: nessie_check::Invocation, o: Outcome) {
         if o == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;
@@ -180,35 +222,18 @@ fn spawn_worker<C: KvClient + 'static>(
     spec: &GuardedSpec,
     deadline: Instant,
 ) -> std::thread::JoinHandle<(Worker<C>, bool)> {
-    let spec = spec.clone();
-    let mut w = Worker {
-        client,
-        thread,
-        rec: history.recorder(thread),
-        rng: SmallRng::seed_from_u64(spec.seed ^ ((thread as u64 + 1) * 0x9E37_79B9)),
-        ops: 0,
-        ok: 0,
-        corrupt: 0,
-        errors: BTreeMap::new(),
-        buf: Vec::new(),
-        value_len: spec.value_len,
-    };
+    let ops = spec.ops_per_thread;
+    let mut w = Worker::new(thread, client, history.recorder(thread), spec);
     std::thread::spawn(move || {
         let mut truncated = false;
-        while w.ops < spec.ops_per_thread {
+        while w.ops < ops {
             if w.ops.is_multiple_of(64) && Instant::now() >= deadline {
                 truncated = true;
                 break;
             }
-            let k = if w.rng.gen_bool(spec.hot_fraction) {
-                w.rng.gen_range(0..spec.hot_keys)
-            } else {
-                w.rng.gen_range(0..spec.keys)
-            };
-            w.one(k);
-            w.ops += 1;
+            w.step();
         }
-        w.rec.flush();
+        w.flush();
         (w, truncated)
     })
 }
@@ -218,7 +243,6 @@ pub fn run_guarded<C: KvClient + 'static>(
     clients: Vec<C>,
     spec: &GuardedSpec,
 ) -> (StressOutcome, Vec<C>) {
-    assert!(spec.hot_keys >= 1 && spec.hot_keys <= spec.keys && spec.value_len >= 8);
     let history = History::new();
     let start = Instant::now();
     let deadline = start + spec.time_limit;
