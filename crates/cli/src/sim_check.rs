@@ -86,6 +86,13 @@ pub struct SimCheckArgs {
     /// Longest pause [default: 3 expiry periods].
     #[arg(long)]
     pub max_pause_ns: Option<u64>,
+    /// Probability that a client's remote operation is lost (half: the request, so it never
+    /// takes effect; half: the answer, after it took effect); the client gives up after
+    /// --loss-timeout-ns with an error.
+    #[arg(long, default_value_t = 0.0)]
+    pub loss_prob: f64,
+    #[arg(long, default_value_t = 200_000)]
+    pub loss_timeout_ns: u64,
     /// Break the protocol on purpose, to see the checker catch it (builds with
     /// `--features mutations` only): skip_valid_check, ignore_op_timer, ...
     #[arg(long)]
@@ -235,6 +242,8 @@ fn spec(a: &SimCheckArgs) -> Result<CheckSpec, SimCheckError> {
         pause_probability: a.pause_prob,
         min_pause_ns: a.min_pause_ns.unwrap_or(expiry_ns + 1_000_000),
         max_pause_ns: a.max_pause_ns.unwrap_or(3 * expiry_ns),
+        loss_probability: a.loss_prob,
+        loss_timeout_ns: a.loss_timeout_ns,
     };
     Ok(CheckSpec {
         geometry,
@@ -383,16 +392,26 @@ fn seed_line(r: &CheckRun) -> String {
     let f = &r.faults;
     let verdict = if r.passed() {
         "linearizable".to_string()
+    } else if r.report.is_ok() && r.corrupt == 0 {
+        format!("WEDGED: no PUT could change keys {:?}", r.wedged)
+    } else if r.report.violations().count() == 0 && r.corrupt == 0 {
+        // Not refuted, not confirmed: the checker's search ran out of budget on some key.
+        format!(
+            "UNDECIDED: {} keys beyond the checker's search budget, {} keys wedged",
+            r.report.unknown().count(),
+            r.wedged.len()
+        )
     } else {
         format!(
-            "NOT LINEARIZABLE: {} keys violated, {} corrupt reads",
+            "NOT LINEARIZABLE: {} keys violated, {} corrupt reads, {} keys wedged",
             r.report.violations().count(),
-            r.corrupt
+            r.corrupt,
+            r.wedged.len()
         )
     };
     format!(
         "seed {}: {verdict}; {} ops, {} timed out, {} rolled forward, {} migrations; \
-         faults: {} delays, {} NIC stalls, {} pauses; {:.3} ms virtual; history {:016x}",
+         faults: {} delays, {} NIC stalls, {} pauses, {} lost; {:.3} ms virtual; history {:016x}",
         r.seed,
         r.events.len(),
         r.stats.timeouts,
@@ -401,6 +420,7 @@ fn seed_line(r: &CheckRun) -> String {
         f.delays,
         f.nic_stalls,
         f.pauses,
+        f.lost_requests + f.lost_answers,
         r.summary.end_ns as f64 / 1e6,
         r.history_digest()
     )
@@ -415,6 +435,7 @@ fn seed_json(r: &CheckRun) -> serde_json::Value {
         "violated_keys": r.report.violations().count(),
         "unknown_keys": r.report.unknown().count(),
         "corrupt_reads": r.corrupt,
+        "wedged_keys": r.wedged,
         "timeouts": r.stats.timeouts,
         "rolled_forward": r.stats.rolled_forward,
         "migrations": r.stats.migrations,
@@ -431,7 +452,8 @@ fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
         "nessie sim check --start-seed {seed} --seeds 1 --nodes {} --threads {} --ops {} \
          --keys {} --hot-keys {} --hot-fraction {} --preload {} {} \
          --index-slots {} --data-entries {} --expiry-ms {} --delay-prob {} \
-         --max-delay-ns {} --nic-stall-prob {} --max-nic-stall-ns {} --pause-prob {}",
+         --max-delay-ns {} --nic-stall-prob {} --max-nic-stall-ns {} --pause-prob {} \
+         --loss-prob {} --loss-timeout-ns {}",
         a.nodes,
         a.threads,
         a.ops,
@@ -454,7 +476,9 @@ fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
         a.max_delay_ns,
         a.nic_stall_prob,
         a.max_nic_stall_ns,
-        a.pause_prob
+        a.pause_prob,
+        a.loss_prob,
+        a.loss_timeout_ns
     );
     for (flag, v) in [
         ("--min-pause-ns", a.min_pause_ns),

@@ -151,6 +151,10 @@ pub struct CheckRun {
     pub report: Report,
     /// GETs that returned bytes nobody wrote.
     pub corrupt: u64,
+    /// Keys no write could change after the workload ([`MAX_FINAL_ATTEMPTS`] PUTs failed,
+    /// none for want of room): a key left wedged (by a copy nobody settles, say) is lost to
+    /// its users even when every operation the history holds was linearizable.
+    pub wedged: Vec<u64>,
     /// The workload clients' counters, summed.
     pub stats: ClientStats,
     pub faults: FaultTotals,
@@ -159,7 +163,7 @@ pub struct CheckRun {
 impl CheckRun {
     /// Linearizable, and no read returned bytes nobody wrote.
     pub fn passed(&self) -> bool {
-        self.report.is_ok() && self.corrupt == 0
+        self.report.is_ok() && self.corrupt == 0 && self.wedged.is_empty()
     }
 
     /// A hash of the history (FNV-1a over every event): equal for equal runs.
@@ -262,15 +266,20 @@ pub fn run(
     };
     let (summary, stats, corrupt) = (ran.summary, ran.stats, ran.corrupt);
     events.extend(ran.events);
+    // Totals of the faulty part; the check after it runs without faults.
+    let faults = c.sim().fault_totals();
+    c.sim().end_faults();
+    let (last, wedged) = final_writes(&mut c, spec)?;
+    events.extend(last);
     events.sort_by_key(|e| (e.invoke_ns, e.client, e.response_ns));
     let report = nessie_check::check(&events, |_| None, &Limits::default());
-    let faults = c.sim().fault_totals();
     Ok(CheckRun {
         seed,
         summary,
         events,
         report,
         corrupt,
+        wedged,
         stats,
         faults,
     })
@@ -349,6 +358,102 @@ fn run_conditional(c: &mut SimCluster, spec: &CheckSpec, seed: u64, clients: Vec
         ran.corrupt += corrupt;
     }
     ran
+}
+
+/// Most PUTs of one key after the workload (without faults) before it counts as wedged, each
+/// attempt itself retrying contention.
+pub const MAX_FINAL_ATTEMPTS: u32 = 8;
+/// Expiry periods the final writers wait first.
+const FINAL_SETTLE_EXPIRIES: u64 = 3;
+
+/// After the workload, on clients without faults: every key written once more (one writer per
+/// node, client numbers after the preload's), then read back, all recorded; keys that no PUT
+/// could change are returned as wedged.
+fn final_writes(
+    c: &mut SimCluster,
+    spec: &CheckSpec,
+) -> Result<(Vec<Event>, Vec<u64>), CheckError> {
+    let nodes = spec.geometry.nodes as u64;
+    let first = spec.threads() as u32 + nodes as u32;
+    let mut writers = Vec::new();
+    for n in 0..nodes {
+        let (client, thread) = c.client(n as NodeId)?;
+        let timer = client.endpoint().sibling();
+        writers.push(((client, timer), thread));
+    }
+    let (keys, len) = (spec.keys, spec.value_size.0);
+    // Writes the workload left behind are everyone's to complete once they expire.
+    let settle_ns = FINAL_SETTLE_EXPIRIES * spec.cfg.expiry_ns;
+    let (_, out) = c.run(
+        writers,
+        move |n, (mut w, mut timer): (CdClient<_>, SimEndpoint)| {
+            timer.sleep_ns(settle_ns);
+            let client = first + n as u32;
+            let mut events = Vec::new();
+            let mut wedged = Vec::new();
+            let mut record = |key, op, outcome, invoke_ns| {
+                events.push(Event {
+                    client,
+                    key,
+                    op,
+                    outcome,
+                    invoke_ns,
+                    response_ns: timer.mono_ns(),
+                })
+            };
+            let mut seq = 0;
+            let mut got = Vec::new();
+            for key in (n as u64..keys).step_by(nodes as usize) {
+                let mut stored = false;
+                let mut full = false;
+                for _ in 0..MAX_FINAL_ATTEMPTS {
+                    let id = put_id(client, seq);
+                    seq += 1;
+                    let t = timer.mono_ns();
+                    let r = w.put(&key_bytes(key), &value_bytes(id, len));
+                    let outcome = if r.is_ok() {
+                        Outcome::Ok(None)
+                    } else {
+                        Outcome::Failed
+                    };
+                    record(key, Op::Put(id), outcome, t);
+                    match r {
+                        Ok(()) => {
+                            stored = true;
+                            break;
+                        }
+                        // A full table refuses a new key: not a wedge.
+                        Err(Error::IndexFull { .. } | Error::DataTableFull { .. }) => {
+                            full = true;
+                            break;
+                        }
+                        Err(_) => {}
+                    }
+                }
+                if !stored {
+                    if !full {
+                        wedged.push(key);
+                    }
+                    continue;
+                }
+                let t = timer.mono_ns();
+                let outcome = match w.get_into(&key_bytes(key), &mut got) {
+                    Ok(true) => Outcome::Ok(Some(nessie_testkit::stress::value_id(&got))),
+                    Ok(false) => Outcome::Ok(None),
+                    Err(_) => Outcome::Failed,
+                };
+                record(key, Op::Get, outcome, t);
+            }
+            (events, wedged)
+        },
+    );
+    let (mut events, mut wedged) = (Vec::new(), Vec::new());
+    for (e, w) in out {
+        events.extend(e);
+        wedged.extend(w);
+    }
+    wedged.sort_unstable();
+    Ok((events, wedged))
 }
 
 /// Write keys `0..spec.preload_keys`, one writer per node (client numbers after the

@@ -17,7 +17,7 @@ use nessie_fabric::{
     ALIGN,
 };
 
-use crate::faults::{FaultCounts, FaultStream, FaultTotals, FaultsError, SimFaults};
+use crate::faults::{FaultCounts, FaultStream, FaultTotals, FaultsError, Loss, SimFaults};
 use crate::net::{Net, NoCoreLeft, WireBytes};
 use crate::params::{headers, ParamsError, SimParams, MAX_NODES};
 use crate::sched::{RunSummary, Sched, Slot, ThreadNo};
@@ -59,13 +59,16 @@ struct Shared {
     seed: u64,
     /// Endpoints made so far: each one's fault stream is numbered by its rank.
     endpoints: AtomicU64,
+    /// Endpoints made from now on get no faults ([`Sim::end_faults`]).
+    faults_ended: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
     /// The fault stream of a new endpoint, if faults are on.
     fn fault_stream(&self, pauses: bool) -> Option<Box<FaultStream>> {
         let stream = self.endpoints.fetch_add(1, Ordering::Relaxed);
-        let f = self.faults.any().then(|| self.faults.clone())?;
+        let on = self.faults.any() && !self.faults_ended.load(Ordering::Relaxed);
+        let f = on.then(|| self.faults.clone())?;
         Some(Box::new(FaultStream::new(f, self.seed, stream, pauses)))
     }
 
@@ -158,6 +161,7 @@ impl Sim {
                 fault_counts: FaultCounts::default(),
                 seed,
                 endpoints: AtomicU64::new(0),
+                faults_ended: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -254,6 +258,12 @@ impl Sim {
     /// Every endpoint's counters.
     pub fn stats(&self) -> &FabricStats {
         &self.shared.stats
+    }
+
+    /// Endpoints made from now on get no faults (those made before keep theirs): for a
+    /// check after the faulty part of a run.
+    pub fn end_faults(&self) {
+        self.shared.faults_ended.store(true, Ordering::Relaxed);
     }
 
     /// The faults injected so far.
@@ -443,11 +453,33 @@ impl SimEndpoint {
         } else {
             self.remote_request(addr.node, t, &shape)
         };
+        let loss = match self.faults.as_mut() {
+            Some(f) if !local => f.loss(&shared.fault_counts),
+            _ => Loss::None,
+        };
         let t = self.at(effective);
-        let r = effect(mem).map_err(|e| e.at(addr, len, mem));
-        if kind != OpKind::Read {
-            shared.written(addr, len, t);
+        let r = if loss == Loss::Request {
+            Ok(None)
+        } else {
+            let r = effect(mem).map_err(|e| e.at(addr, len, mem));
+            if kind != OpKind::Read {
+                shared.written(addr, len, t);
+            }
+            r.map(Some)
+        };
+        if loss != Loss::None {
+            // The requester hears nothing and gives up at its timeout, not knowing whether
+            // the operation took effect.
+            let timeout = self.faults.as_ref().map_or(0, |f| f.loss_timeout_ns());
+            self.at(posted.saturating_add(timeout).max(t));
+            self.fault(FaultStream::after);
+            self.stats.record(kind, Locality::Remote, len as u64);
+            return Err(FabricError::Unreachable {
+                node: addr.node,
+                reason: format!("simulated loss of the {loss:?}"),
+            });
         }
+        let r = r.map(|v| v.expect("an operation that was not lost took effect"));
         let done = if local {
             shared.net().pcie(self.node, t, shape.resp)
         } else {

@@ -24,6 +24,8 @@ pub const MAX_DELAY_NS: u64 = 1_000_000_000;
 pub const MAX_NIC_STALL_NS: u64 = 1_000_000_000;
 /// Longest client pause (1 h, the longest expiry period a protocol may be configured with).
 pub const MAX_PAUSE_NS: u64 = 3_600_000_000_000;
+/// Longest wait for a lost operation (1 s).
+pub const MAX_LOSS_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// Spreads the streams of endpoints sharing one seed (the 64-bit golden ratio).
 const STREAM_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -53,6 +55,25 @@ pub struct SimFaults {
     pub min_pause_ns: u64,
     /// Longest pause, ns; each is uniform in `min_pause_ns..=max_pause_ns`.
     pub max_pause_ns: u64,
+    /// Probability in `[0, 1]` that a client thread's remote READ, WRITE or CAS is lost: half
+    /// of the losses are of the request (the operation never takes effect), half of the
+    /// answer (it took effect). Either way the requester gives up after `loss_timeout_ns`
+    /// with an error (`FabricError::Unreachable`), unable to tell which it was, as a real
+    /// fabric's operation timeout leaves it.
+    pub loss_probability: f64,
+    /// How long after posting a lost operation its requester gives up, ns.
+    pub loss_timeout_ns: u64,
+}
+
+/// What became of a remote operation ([`FaultStream::loss`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Delivered and answered.
+    None,
+    /// The request was lost: no effect.
+    Request,
+    /// The answer was lost: the effect took place.
+    Answer,
 }
 
 impl Default for SimFaults {
@@ -91,6 +112,8 @@ impl SimFaults {
         pause_probability: 0.0,
         min_pause_ns: 0,
         max_pause_ns: 0,
+        loss_probability: 0.0,
+        loss_timeout_ns: 0,
     };
 
     /// Whether any fault can happen.
@@ -98,6 +121,7 @@ impl SimFaults {
         self.delay_probability > 0.0
             || self.nic_stall_probability > 0.0
             || self.pause_probability > 0.0
+            || self.loss_probability > 0.0
     }
 
     pub fn validate(&self) -> Result<(), FaultsError> {
@@ -105,6 +129,7 @@ impl SimFaults {
             ("delay_probability", self.delay_probability),
             ("nic_stall_probability", self.nic_stall_probability),
             ("pause_probability", self.pause_probability),
+            ("loss_probability", self.loss_probability),
         ];
         for (field, value) in probabilities {
             if !(0.0..=1.0).contains(&value) {
@@ -115,6 +140,7 @@ impl SimFaults {
             ("max_delay_ns", self.max_delay_ns, MAX_DELAY_NS),
             ("max_nic_stall_ns", self.max_nic_stall_ns, MAX_NIC_STALL_NS),
             ("max_pause_ns", self.max_pause_ns, MAX_PAUSE_NS),
+            ("loss_timeout_ns", self.loss_timeout_ns, MAX_LOSS_TIMEOUT_NS),
         ];
         for (field, value, max) in lengths {
             if value > max {
@@ -140,6 +166,12 @@ impl SimFaults {
                 self.pause_probability,
                 self.min_pause_ns,
             ),
+            (
+                "loss_probability",
+                "loss_timeout_ns",
+                self.loss_probability,
+                self.loss_timeout_ns,
+            ),
         ];
         for (probability, max, p, len) in needs {
             if p > 0.0 && len == 0 {
@@ -163,6 +195,8 @@ pub struct FaultCounts {
     nic_stalls: AtomicU64,
     pauses: AtomicU64,
     paused_ns: AtomicU64,
+    lost_requests: AtomicU64,
+    lost_answers: AtomicU64,
 }
 
 /// A snapshot of [`FaultCounts`].
@@ -173,6 +207,9 @@ pub struct FaultTotals {
     pub pauses: u64,
     /// Virtual time client threads spent paused, ns.
     pub paused_ns: u64,
+    /// Remote operations whose request, or whose answer, was lost.
+    pub lost_requests: u64,
+    pub lost_answers: u64,
 }
 
 impl FaultCounts {
@@ -182,6 +219,8 @@ impl FaultCounts {
             nic_stalls: self.nic_stalls.load(Ordering::Relaxed),
             pauses: self.pauses.load(Ordering::Relaxed),
             paused_ns: self.paused_ns.load(Ordering::Relaxed),
+            lost_requests: self.lost_requests.load(Ordering::Relaxed),
+            lost_answers: self.lost_answers.load(Ordering::Relaxed),
         }
     }
 }
@@ -190,7 +229,8 @@ impl FaultCounts {
 pub struct FaultStream {
     cfg: SimFaults,
     rng: SmallRng,
-    /// Whether this endpoint's thread may pause (client threads; not polling servers).
+    /// Whether this endpoint's thread may pause and lose operations (client threads; not
+    /// polling servers).
     pauses: bool,
 }
 
@@ -236,6 +276,26 @@ impl FaultStream {
         d
     }
 
+    /// Whether a client thread's remote operation is lost, and which half.
+    pub fn loss(&mut self, counts: &FaultCounts) -> Loss {
+        let p = self.cfg.loss_probability;
+        if !self.pauses || p == 0.0 || !self.rng.gen_bool(p) {
+            return Loss::None;
+        }
+        if self.rng.gen_bool(0.5) {
+            counts.lost_requests.fetch_add(1, Ordering::Relaxed);
+            Loss::Request
+        } else {
+            counts.lost_answers.fetch_add(1, Ordering::Relaxed);
+            Loss::Answer
+        }
+    }
+
+    /// How long a requester waits for a lost operation.
+    pub fn loss_timeout_ns(&self) -> u64 {
+        self.cfg.loss_timeout_ns
+    }
+
     /// When a request reaches a NIC engine: a stall it waits out first.
     pub fn nic_stall(&mut self, counts: &FaultCounts) -> u64 {
         let s = self.draw(self.cfg.nic_stall_probability, 1, self.cfg.max_nic_stall_ns);
@@ -259,6 +319,8 @@ mod tests {
             pause_probability: 0.5,
             min_pause_ns: 10_000,
             max_pause_ns: 20_000,
+            loss_probability: 0.5,
+            loss_timeout_ns: 5_000,
         }
     }
 
@@ -308,6 +370,27 @@ mod tests {
                     ..all()
                 },
                 "max_pause_ns",
+            ),
+            (
+                SimFaults {
+                    loss_probability: -0.1,
+                    ..all()
+                },
+                "loss_probability = -0.1",
+            ),
+            (
+                SimFaults {
+                    loss_timeout_ns: 0,
+                    ..all()
+                },
+                "needs loss_timeout_ns",
+            ),
+            (
+                SimFaults {
+                    loss_timeout_ns: MAX_LOSS_TIMEOUT_NS + 1,
+                    ..all()
+                },
+                "loss_timeout_ns",
             ),
         ];
         for (f, msg) in bad {

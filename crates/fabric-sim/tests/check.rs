@@ -1,6 +1,6 @@
 //! Correctness mode: the client-driven protocol on the simulator with faults injected (random
-//! delays, NIC stalls, client pauses past the expiry period), every history checked for
-//! linearizability. Clean runs pass, over a large and a small index and with each optimisation
+//! delays, NIC stalls, client pauses past the expiry period, lost requests and answers), every
+//! history checked for linearizability and every key writable afterwards. Clean runs pass, over a large and a small index and with each optimisation
 //! off; each CD mutation the simulator can provoke is caught at one of a fixed list of seeds,
 //! and the same seed without the mutation passes; a failing seed replays exactly. One more mutation is
 //! caught by a directed interleaving at the end.
@@ -18,8 +18,6 @@
 //!   membership yet, so no one completes such a copy (with `complete_ignores_source` the
 //!   histories are identical to the clean ones; the other two also change what a live
 //!   migrator writes, and high-load runs pausing after each MIGRATE CAS stayed linearizable).
-//! - `migrate_walks_away`: needs a MIGRATE's CAS to fail with an error (a fence refusal or a
-//!   lost answer); simulated fabric operations never fail.
 //! - `migrate_copy_keeps_source`: needs a DELETE to commit while a MIGRATE's copy sits in the
 //!   key's last candidate and a GET to follow the copy's previous version in that window; in
 //!   process it is driven by an exact interleaving. High-load runs with pauses after the
@@ -92,6 +90,8 @@ fn faults() -> SimFaults {
         pause_probability: 0.002,
         min_pause_ns: EXPIRY_NS + 1_000_000,
         max_pause_ns: 3 * EXPIRY_NS,
+        loss_probability: 0.0,
+        loss_timeout_ns: 0,
     }
 }
 
@@ -118,10 +118,11 @@ fn spec(mutations: Mutations) -> CheckSpec {
 
 fn show(name: &str, r: &CheckRun) {
     eprintln!(
-        "{name} (seed {}): {} violations, {} corrupt reads, {} ms virtual, {:?}\n  {:?}",
+        "{name} (seed {}): {} violations, {} corrupt reads, {} wedged, {} ms virtual, {:?}\n  {:?}",
         r.seed,
         r.report.violations().count(),
         r.corrupt,
+        r.wedged.len(),
         r.summary.end_ns / 1_000_000,
         r.faults,
         r.stats
@@ -137,6 +138,11 @@ fn assert_clean(name: &str, r: &CheckRun, ops: u64) {
         r.events.len()
     );
     assert_eq!(r.corrupt, 0, "{name}: reads returned bytes nobody wrote");
+    assert_eq!(
+        r.wedged,
+        Vec::<u64>::new(),
+        "{name}: keys no PUT could change"
+    );
     assert!(r.report.is_ok(), "{name}: not linearizable:\n{}", r.report);
 }
 
@@ -211,12 +217,18 @@ fn abandoned_writes(m: Mutations, seed: u64) -> CheckRun {
 /// many recursively, while clients 0, 2 and 4 pause 100 µs after each ITE read of a GET's
 /// forward pass, so that MIGRATEs move keys into candidates those GETs have passed.
 fn high_load(m: Mutations, seed: u64) -> CheckRun {
+    high_load_with(m, seed, |_| {})
+}
+
+/// [`high_load`] with `change` made to its spec.
+fn high_load_with(m: Mutations, seed: u64, change: impl FnOnce(&mut CheckSpec)) -> CheckRun {
     let mut s = spec(m);
     s.geometry.ites_per_node = 128;
     s.geometry.dtes_per_node = 1024;
     s.cfg.max_migrate_depth = 12;
     (s.keys, s.preload_keys) = (450, 384);
     (s.hot_keys, s.hot_fraction) = (0, 0.0);
+    change(&mut s);
     let points = &[HookPoint::GetForwardPass];
     run(&s, seed, &mut |i, c| {
         if i % 2 == 0 {
@@ -350,6 +362,47 @@ fn conditional_writes_under_faults_are_linearizable() {
             THREADS * OPS_PER_THREAD,
         );
     }
+}
+
+/// The high-load run with 1% of the clients' remote operations lost (half the requests, half
+/// the answers: the client gives up after 200 µs not knowing whether the operation took
+/// effect), besides the other faults.
+fn lossy_high_load(m: Mutations, seed: u64) -> CheckRun {
+    high_load_with(m, seed, |s| {
+        s.faults.loss_probability = 0.01;
+        s.faults.loss_timeout_ns = 200_000;
+    })
+}
+
+/// Lost operations leave no key wedged: a PUT whose publishing CAS took place but lost its
+/// answer counts its entry as published, so giving up completes it (the simulator found
+/// keys that no write could change any more). Also with a small index and with conditional
+/// writes.
+#[test]
+fn lost_operations_leave_every_key_linearizable_and_writable() {
+    let r = lossy_high_load(Mutations::default(), 1);
+    assert_clean("lost operations, high load", &r, THREADS * OPS_PER_THREAD);
+    let f = r.faults;
+    assert!(f.lost_requests > 50 && f.lost_answers > 50, "{f:?}");
+    assert!(r.stats.rolled_forward > 10, "{:?}", r.stats);
+    let mut s = spec(Mutations::default());
+    s.geometry = small_index();
+    s.faults.loss_probability = 0.01;
+    s.faults.loss_timeout_ns = 200_000;
+    let r = run(&s, 2, &mut |_, _| {}).unwrap();
+    assert_clean("lost operations, small index", &r, THREADS * OPS_PER_THREAD);
+    // Conditional writes on fewer hot keys: lost ones are undecided operations, and the
+    // checker's search grows with them.
+    s.mix = Mix::Conditional;
+    s.value_size = (16, 16);
+    s.hot_fraction = 0.2;
+    s.faults.loss_probability = 0.005;
+    let r = run(&s, 3, &mut |_, _| {}).unwrap();
+    assert_clean(
+        "lost operations, conditional writes",
+        &r,
+        THREADS * OPS_PER_THREAD,
+    );
 }
 
 #[test]
@@ -619,4 +672,16 @@ fn mutation_clearing_a_write_in_progress_is_caught() {
         ..Mutations::default()
     };
     caught("guard_passes_writes", m, conditional_writes);
+}
+
+/// A MIGRATE whose CAS failed (a lost request or answer) walks away from its copy: the key is
+/// left with an invalid copy before its source, and no later PUT can change it (wedged, which
+/// the run's final writes find even though every operation recorded was linearizable).
+#[test]
+fn mutation_walking_away_from_a_migrate_copy_is_caught() {
+    let m = Mutations {
+        migrate_walks_away: true,
+        ..Mutations::default()
+    };
+    caught("migrate_walks_away", m, lossy_high_load);
 }

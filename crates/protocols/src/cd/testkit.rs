@@ -151,6 +151,8 @@ pub(crate) struct FailNext {
     pub cas: std::sync::atomic::AtomicU32,
     /// CASes that take place but whose answer is lost (the caller cannot tell).
     pub cas_lost: std::sync::atomic::AtomicU32,
+    /// The same, counting only CASes on index entries (not page claims, say).
+    pub index_cas_lost: std::sync::atomic::AtomicU32,
     /// Writes, local or remote, refused.
     pub writes: std::sync::atomic::AtomicU32,
 }
@@ -181,7 +183,8 @@ impl Interposer for Failing {
     }
 
     fn after_cas(&mut self, addr: nessie_fabric::RemoteAddr) -> Result<(), FabricError> {
-        match take(&self.0.cas_lost) {
+        let index = addr.region == nessie_store::INDEX_REGION && take(&self.0.index_cas_lost);
+        match index || take(&self.0.cas_lost) {
             true => Err(FabricError::Unreachable {
                 node: addr.node,
                 reason: "the answer was lost".into(),

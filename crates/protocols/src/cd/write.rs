@@ -15,7 +15,7 @@
 //! another key) does not migrate; it verifies with a GET-style reverse pass that the key is
 //! absent and returns.
 
-use nessie_fabric::{Endpoint, FabricError};
+use nessie_fabric::Endpoint;
 use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
@@ -364,19 +364,21 @@ impl<E: Endpoint> CdClient<E> {
                 self.release_unpublished(idx); // never visible: reusable at once
                 return Err(Abort::Concurrent("candidate ITE changed before the CAS"));
             }
-            Err(Abort::Fatal(Error::Fabric(FabricError::Indeterminate { node }))) => {
-                // The copy that decided our CAS failed: the entry may be in the index. Treat it
-                // as published, so that giving up completes or clears it (never release it).
+            // Refused before it was issued: the candidate is as it was.
+            Err(e @ Abort::Fatal(Error::Fenced { .. })) => return Err(e),
+            Err(e) => {
+                // The CAS may have taken place: the copy that decided it failed
+                // (`Indeterminate`), or the request or its answer was lost (`Unreachable`,
+                // a transport error). Treat the entry as published, so that giving up
+                // completes or clears it (never release it): an entry left in the index,
+                // invalid and not given up, would block every write of the key for good.
                 st.published.push(Published {
                     ite: self.view.index.ite.successor(p.seen[c], new),
                     prev_written,
                     target: cand.prev,
                 });
-                return Err(Abort::Fatal(Error::Fabric(FabricError::Indeterminate {
-                    node,
-                })));
+                return Err(e);
             }
-            Err(e) => return Err(e),
         };
         st.published.push(Published {
             ite: new,
@@ -528,6 +530,29 @@ mod tests {
         assert_eq!(b.get(b"empty").unwrap().as_deref(), Some(&b""[..]));
         assert_eq!((a.stats().puts, a.stats().deletes), (2, 1));
         assert_eq!((b.stats().puts, b.stats().deletes), (1, 1));
+    }
+
+    /// The CAS that publishes a PUT's entry takes place but its answer is lost: the attempt
+    /// fails, unable to tell, and counts the entry as published, so giving up completes it
+    /// (here the writer itself rolls it forward: the PUT took effect). Before, the entry stayed
+    /// in the index, invalid and not given up, the PUT failed, and every later write of the
+    /// key gave up as contended: the simulator's lost answers found it.
+    #[test]
+    fn a_put_whose_publishing_cas_answer_is_lost_leaves_the_key_writable() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let c = InProcCluster::new(small_geometry(), fast_cfg());
+        let (mut a, fail) = c.failing_client(0);
+        // A new key: the PUT's first CAS on the index publishes its entry.
+        fail.index_cas_lost.store(1, SeqCst);
+        assert_eq!(a.put(b"k", b"lost"), Ok(()));
+        assert_eq!(fail.index_cas_lost.load(SeqCst), 0, "an answer was lost");
+        assert_eq!(a.stats().rolled_forward, 1, "{:?}", a.stats());
+        let mut b = c.client(1);
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"lost"[..]));
+        b.put(b"k", b"after").unwrap();
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"after"[..]));
+        a.put(b"k", b"again").unwrap();
+        assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"again"[..]));
     }
 
     #[test]
