@@ -23,7 +23,13 @@ fn seeds_pass_and_json_is_only_json_on_stdout() {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
-    assert!(runs.iter().all(|r| r["passed"] == true && r["ops"] == 600));
+    // 600 operations, then each of the 40 keys written and read once more.
+    assert!(runs
+        .iter()
+        .all(|r| r["passed"] == true && r["ops"] == 600 + 2 * 40));
+    assert!(runs
+        .iter()
+        .all(|r| r["wedged_keys"] == serde_json::json!([])));
     assert_ne!(runs[0]["history_digest"], runs[1]["history_digest"]);
     assert_eq!(v["failed"].as_array().unwrap().len(), 0);
     assert!(
