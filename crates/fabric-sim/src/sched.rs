@@ -317,8 +317,24 @@ impl Sched {
         let wait = st.posts[thread];
         st.heap.push(Reverse((t, tie, thread, wait)));
         self.hand_off(&mut st);
-        while st.status[thread] != Status::Running {
-            st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        loop {
+            match st.status[thread] {
+                Status::Running => break,
+                // Dispatched, but slow to wake (a loaded machine): the scheduler's polls saw
+                // it asleep in the kernel, took it for a thread blocked on a lock and may have
+                // run others since. Queue it again at the current time, as a thread woken
+                // from a lock is (waiting on for `Running` would leave it waiting for good).
+                Status::Blocked | Status::Woken => {
+                    st.leave(thread);
+                    let (now, tie) = (self.now(), st.tie(thread));
+                    st.status[thread] = Status::Waiting;
+                    st.posts[thread] += 1;
+                    let wait = st.posts[thread];
+                    st.heap.push(Reverse((now, tie, thread, wait)));
+                    self.hand_off(&mut st);
+                }
+                _ => st = slot.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            }
         }
         let now = self.now();
         slot.clock.store(now, Ordering::Release);

@@ -268,7 +268,20 @@ impl<E: Endpoint> CdClient<E> {
         } else {
             Ite::EMPTY
         };
-        match self.cas_ite(p.slots[cand.pos], new, restore)? {
+        let restored = match self.cas_ite(p.slots[cand.pos], new, restore) {
+            Ok(r) => r,
+            // Refused before it was issued: nothing changed.
+            Err(e @ Abort::Fatal(Error::Fenced { .. })) => return Err(e),
+            Err(e) => {
+                // The CAS may have taken place (its request or answer lost): the replaced
+                // entry may be back in the index, so this write must not recycle it (at
+                // worst it leaks). Our entry stays published: giving up takes it out if it
+                // is still there, and leaves it alone if not.
+                st.hand_over(cand.prev);
+                return Err(e);
+            }
+        };
+        match restored {
             Some(_) => {
                 st.withdrawn(new, cand.prev);
                 self.recycle(new);
