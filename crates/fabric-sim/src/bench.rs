@@ -32,7 +32,7 @@ use nessie_store::Geometry;
 use rand::SeedableRng;
 
 use crate::cluster::SimCluster;
-use crate::{SimEndpoint, SimParams, WireBytes};
+use crate::{SimEndpoint, SimParams, SimThread, WireBytes};
 
 /// Most operations one simulated client thread may be asked for.
 pub const MAX_OPS_PER_THREAD: u64 = 100_000_000;
@@ -298,26 +298,8 @@ pub fn run(
     hw: SimParams,
 ) -> Result<SimBenchResult, SimBenchError> {
     check(p, ops_per_thread)?;
-    // Background processes are the run's (`--background`), on every node.
-    let hw = SimParams {
-        background_per_node: u32::from(p.background),
-        ..hw
-    };
-    hw.validate()
-        .map_err(|e| SimBenchError::Param(e.to_string()))?;
-    let rpc = RpcConfig {
-        max_clients_per_node: p.client_threads,
-        ..RpcConfig::default()
-    };
-    let cfg = protocol_config(p, keys);
-    let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
-    let threads = p.nodes as usize * p.client_threads as usize;
-    let clients = (0..threads)
-        .map(|i| {
-            let (c, thread, timer) = cluster.mode_client((i % p.nodes as usize) as u16)?;
-            Ok(((c, timer), thread))
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let (mut cluster, clients, hw) = build(p, keys, geometry, hw)?;
+    let threads = clients.len();
     let workload = workload(p, keys)?;
     let arrived = Arc::new(AtomicUsize::new(0));
     let preload_tx = Arc::new(AtomicU64::new(0));
@@ -374,6 +356,44 @@ pub fn run(
     // headers and acknowledgements included.
     r.bench.fabric.total_bytes = sent;
     Ok(r)
+}
+
+/// The simulated cluster of `p` (with its background processes) and its client threads.
+#[allow(clippy::type_complexity)]
+fn build(
+    p: &BenchParams,
+    keys: u64,
+    geometry: Geometry,
+    hw: SimParams,
+) -> Result<
+    (
+        SimCluster,
+        Vec<((Client, SimEndpoint), SimThread)>,
+        SimParams,
+    ),
+    SimBenchError,
+> {
+    // Background processes are the run's (`--background`), on every node.
+    let hw = SimParams {
+        background_per_node: u32::from(p.background),
+        ..hw
+    };
+    hw.validate()
+        .map_err(|e| SimBenchError::Param(e.to_string()))?;
+    let rpc = RpcConfig {
+        max_clients_per_node: p.client_threads,
+        ..RpcConfig::default()
+    };
+    let cfg = protocol_config(p, keys);
+    let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
+    let threads = p.nodes as usize * p.client_threads as usize;
+    let clients = (0..threads)
+        .map(|i| {
+            let (c, thread, timer) = cluster.mode_client((i % p.nodes as usize) as u16)?;
+            Ok(((c, timer), thread))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok((cluster, clients, hw))
 }
 
 /// Bytes every NIC has sent so far, headers included.
@@ -515,15 +535,8 @@ fn measure(
     m
 }
 
-fn merge(
-    p: &BenchParams,
-    keys: u64,
-    ops_per_thread: u64,
-    hw: SimParams,
-    outs: &[Measured],
-    summary: crate::RunSummary,
-    wire_bytes: Vec<WireBytes>,
-) -> SimBenchResult {
+/// Every thread's measurement in one, over the run's window.
+fn merged(p: &BenchParams, outs: &[Measured]) -> Measured {
     let end = outs[0].window_end.load(Ordering::SeqCst);
     let mut m = Measured::new(0, p, u64::MAX, StatsSnapshot::default(), Arc::default());
     m.window = (u64::MAX, 0);
@@ -535,6 +548,19 @@ fn merge(
     if end != u64::MAX {
         m.window.1 = end;
     }
+    m
+}
+
+fn merge(
+    p: &BenchParams,
+    keys: u64,
+    ops_per_thread: u64,
+    hw: SimParams,
+    outs: &[Measured],
+    summary: crate::RunSummary,
+    wire_bytes: Vec<WireBytes>,
+) -> SimBenchResult {
+    let m = merged(p, outs);
     let ops = PerKind {
         get: m.gets,
         put: m.puts,

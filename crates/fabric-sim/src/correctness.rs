@@ -388,63 +388,18 @@ fn final_writes(
         writers,
         move |n, (mut w, mut timer): (CdClient<_>, SimEndpoint)| {
             timer.sleep_ns(settle_ns);
-            let client = first + n as u32;
-            let mut events = Vec::new();
-            let mut wedged = Vec::new();
-            let mut record = |key, op, outcome, invoke_ns| {
-                events.push(Event {
-                    client,
-                    key,
-                    op,
-                    outcome,
-                    invoke_ns,
-                    response_ns: timer.mono_ns(),
-                })
+            let mut f = FinalWriter {
+                client: first + n as u32,
+                seq: 0,
+                len,
+                timer,
+                events: Vec::new(),
+                wedged: Vec::new(),
             };
-            let mut seq = 0;
-            let mut got = Vec::new();
             for key in (n as u64..keys).step_by(nodes as usize) {
-                let mut stored = false;
-                let mut full = false;
-                for _ in 0..MAX_FINAL_ATTEMPTS {
-                    let id = put_id(client, seq);
-                    seq += 1;
-                    let t = timer.mono_ns();
-                    let r = w.put(&key_bytes(key), &value_bytes(id, len));
-                    let outcome = if r.is_ok() {
-                        Outcome::Ok(None)
-                    } else {
-                        Outcome::Failed
-                    };
-                    record(key, Op::Put(id), outcome, t);
-                    match r {
-                        Ok(()) => {
-                            stored = true;
-                            break;
-                        }
-                        // A full table refuses a new key: not a wedge.
-                        Err(Error::IndexFull { .. } | Error::DataTableFull { .. }) => {
-                            full = true;
-                            break;
-                        }
-                        Err(_) => {}
-                    }
-                }
-                if !stored {
-                    if !full {
-                        wedged.push(key);
-                    }
-                    continue;
-                }
-                let t = timer.mono_ns();
-                let outcome = match w.get_into(&key_bytes(key), &mut got) {
-                    Ok(true) => Outcome::Ok(Some(nessie_testkit::stress::value_id(&got))),
-                    Ok(false) => Outcome::Ok(None),
-                    Err(_) => Outcome::Failed,
-                };
-                record(key, Op::Get, outcome, t);
+                f.write_back(&mut w, key);
             }
-            (events, wedged)
+            (f.events, f.wedged)
         },
     );
     let (mut events, mut wedged) = (Vec::new(), Vec::new());
@@ -454,6 +409,62 @@ fn final_writes(
     }
     wedged.sort_unstable();
     Ok((events, wedged))
+}
+
+/// One writer of [`final_writes`]: what it recorded, and the keys it found wedged.
+struct FinalWriter {
+    client: u32,
+    seq: u64,
+    len: usize,
+    timer: SimEndpoint,
+    events: Vec<Event>,
+    wedged: Vec<u64>,
+}
+
+impl FinalWriter {
+    fn record(&mut self, key: u64, op: Op, outcome: Outcome, invoke_ns: u64) {
+        self.events.push(Event {
+            client: self.client,
+            key,
+            op,
+            outcome,
+            invoke_ns,
+            response_ns: self.timer.mono_ns(),
+        });
+    }
+
+    /// PUT `key` (up to [`MAX_FINAL_ATTEMPTS`] times), then GET it back.
+    fn write_back(&mut self, w: &mut CdClient<SimEndpoint>, key: u64) {
+        for _ in 0..MAX_FINAL_ATTEMPTS {
+            let id = put_id(self.client, self.seq);
+            self.seq += 1;
+            let t = self.timer.mono_ns();
+            let r = w.put(&key_bytes(key), &value_bytes(id, self.len));
+            let outcome = if r.is_ok() {
+                Outcome::Ok(None)
+            } else {
+                Outcome::Failed
+            };
+            self.record(key, Op::Put(id), outcome, t);
+            match r {
+                Ok(()) => {
+                    let t = self.timer.mono_ns();
+                    let mut got = Vec::new();
+                    let outcome = match w.get_into(&key_bytes(key), &mut got) {
+                        Ok(true) => Outcome::Ok(Some(nessie_testkit::stress::value_id(&got))),
+                        Ok(false) => Outcome::Ok(None),
+                        Err(_) => Outcome::Failed,
+                    };
+                    self.record(key, Op::Get, outcome, t);
+                    return;
+                }
+                // A full table refuses a new key: not a wedge.
+                Err(Error::IndexFull { .. } | Error::DataTableFull { .. }) => return,
+                Err(_) => {}
+            }
+        }
+        self.wedged.push(key);
+    }
 }
 
 /// Write keys `0..spec.preload_keys`, one writer per node (client numbers after the
