@@ -376,8 +376,8 @@ fn lossy_high_load(m: Mutations, seed: u64) -> CheckRun {
 
 /// Lost operations leave no key wedged: a PUT whose publishing CAS took place but lost its
 /// answer counts its entry as published, so giving up completes it (the simulator found
-/// keys that no write could change any more). Also with a small index and with conditional
-/// writes.
+/// keys that no write could change any more). Also with a small index, with each optimisation
+/// off in turn and all off, and with conditional writes.
 #[test]
 fn lost_operations_leave_every_key_linearizable_and_writable() {
     let r = lossy_high_load(Mutations::default(), 1);
@@ -389,8 +389,13 @@ fn lost_operations_leave_every_key_linearizable_and_writable() {
     s.geometry = small_index();
     s.faults.loss_probability = 0.01;
     s.faults.loss_timeout_ns = 200_000;
-    let r = run(&s, 2, &mut |_, _| {}).unwrap();
-    assert_clean("lost operations, small index", &r, THREADS * OPS_PER_THREAD);
+    for (i, (name, o)) in small_index_variants().into_iter().enumerate() {
+        s.cfg.optimizations = o;
+        let r = run(&s, 30 + i as u64, &mut |_, _| {}).unwrap();
+        let name = format!("lost operations, small index, {name}");
+        assert_clean(&name, &r, THREADS * OPS_PER_THREAD);
+    }
+    s.cfg.optimizations = Optimizations::default();
     // Conditional writes on fewer hot keys: lost ones are undecided operations, and the
     // checker's search grows with them.
     s.mix = Mix::Conditional;
