@@ -48,9 +48,13 @@ fn a_small_paper_sweep_writes_results_table_and_figure() {
         let r: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         assert_eq!(r["params"]["transport"], "sim");
-        assert_eq!(
-            r["ops"]["all"].as_u64().unwrap() + r["errors"].as_u64().unwrap(),
-            2 * 5 * r["params"]["client_threads"].as_u64().unwrap()
+        // The window ends when the first of the 2 nodes' client threads has done its 5
+        // operations: those, and what the others completed by then.
+        let counted = r["ops"]["all"].as_u64().unwrap() + r["errors"].as_u64().unwrap();
+        let planned = 2 * 5 * r["params"]["client_threads"].as_u64().unwrap();
+        assert!(
+            counted >= 5 && counted <= planned,
+            "{mode}: {counted} of {planned}"
         );
         assert!(
             r["fabric"]["total_bytes"].as_u64().unwrap() > 0,
