@@ -375,12 +375,7 @@ fn final_writes(
 ) -> Result<(Vec<Event>, Vec<u64>), CheckError> {
     let nodes = spec.geometry.nodes as u64;
     let first = spec.threads() as u32 + nodes as u32;
-    let mut writers = Vec::new();
-    for n in 0..nodes {
-        let (client, thread) = c.client(n as NodeId)?;
-        let timer = client.endpoint().sibling();
-        writers.push(((client, timer), thread));
-    }
+    let writers = node_writers(c, nodes)?;
     let (keys, len) = (spec.keys, spec.value_size.0);
     // Writes the workload left behind are everyone's to complete once they expire.
     let settle_ns = FINAL_SETTLE_EXPIRIES * spec.cfg.expiry_ns;
@@ -467,6 +462,17 @@ impl FinalWriter {
     }
 }
 
+/// One client per node, with its clock: the preload's and the final writes' writers.
+fn node_writers(c: &mut SimCluster, nodes: u64) -> Result<Vec<Client>, CheckError> {
+    (0..nodes)
+        .map(|n| {
+            let (client, thread) = c.client(n as NodeId)?;
+            let timer = client.endpoint().sibling();
+            Ok(((client, timer), thread))
+        })
+        .collect()
+}
+
 /// Write keys `0..spec.preload_keys`, one writer per node (client numbers after the
 /// workload's), recording each write.
 fn preload(c: &mut SimCluster, spec: &CheckSpec) -> Result<Vec<Event>, CheckError> {
@@ -475,12 +481,7 @@ fn preload(c: &mut SimCluster, spec: &CheckSpec) -> Result<Vec<Event>, CheckErro
     }
     let nodes = spec.geometry.nodes as u64;
     let first = spec.threads() as u32;
-    let mut writers = Vec::new();
-    for n in 0..nodes {
-        let (client, thread) = c.client(n as NodeId)?;
-        let timer = client.endpoint().sibling();
-        writers.push(((client, timer), thread));
-    }
+    let writers = node_writers(c, nodes)?;
     let (keys, len) = (spec.preload_keys, spec.value_size.0);
     let (_, events) = c.run(
         writers,

@@ -458,28 +458,16 @@ impl SimEndpoint {
             _ => Loss::None,
         };
         let t = self.at(effective);
-        let r = if loss == Loss::Request {
-            Ok(None)
-        } else {
-            let r = effect(mem).map_err(|e| e.at(addr, len, mem));
-            if kind != OpKind::Read {
-                shared.written(addr, len, t);
-            }
-            r.map(Some)
-        };
-        if loss != Loss::None {
-            // The requester hears nothing and gives up at its timeout, not knowing whether
-            // the operation took effect.
-            let timeout = self.faults.as_ref().map_or(0, |f| f.loss_timeout_ns());
-            self.at(posted.saturating_add(timeout).max(t));
-            self.fault(FaultStream::after);
-            self.stats.record(kind, Locality::Remote, len as u64);
-            return Err(FabricError::Unreachable {
-                node: addr.node,
-                reason: format!("simulated loss of the {loss:?}"),
-            });
+        if loss == Loss::Request {
+            return Err(self.lost(kind, addr, len, posted, t, loss));
         }
-        let r = r.map(|v| v.expect("an operation that was not lost took effect"));
+        let r = effect(mem).map_err(|e| e.at(addr, len, mem));
+        if kind != OpKind::Read {
+            shared.written(addr, len, t);
+        }
+        if loss == Loss::Answer {
+            return Err(self.lost(kind, addr, len, posted, t, loss));
+        }
         let done = if local {
             shared.net().pcie(self.node, t, shape.resp)
         } else {
@@ -494,6 +482,28 @@ impl SimEndpoint {
         };
         self.stats.record(kind, locality, len as u64);
         r
+    }
+
+    /// A remote operation posted at `posted` whose request or answer (`loss`) was lost: the
+    /// requester hears nothing and gives up at its timeout (at least `t`), not knowing
+    /// whether the operation took effect.
+    fn lost(
+        &mut self,
+        kind: OpKind,
+        addr: RemoteAddr,
+        len: usize,
+        posted: u64,
+        t: u64,
+        loss: Loss,
+    ) -> FabricError {
+        let timeout = self.faults.as_ref().map_or(0, |f| f.loss_timeout_ns());
+        self.at(posted.saturating_add(timeout).max(t));
+        self.fault(FaultStream::after);
+        self.stats.record(kind, Locality::Remote, len as u64);
+        FabricError::Unreachable {
+            node: addr.node,
+            reason: format!("simulated loss of the {loss:?}"),
+        }
     }
 
     /// From posting to the responder NIC's end of processing (the effect's instant).
