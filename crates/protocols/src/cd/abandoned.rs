@@ -45,6 +45,7 @@ use rand::Rng;
 use super::access::Want;
 use super::write::{Pass, WriteState};
 use super::{Abort, Attempt, CdClient};
+use crate::error::Error;
 
 /// How long, in expiry periods, a writer that gives up keeps trying to complete its own
 /// leftover entry. Another write in progress before it in the key's candidates blocks it until
@@ -277,17 +278,28 @@ impl<E: Endpoint> CdClient<E> {
             Ok(()) => self.cas_ite(p.slots[c], w, desired),
             Err(e) => Err(e),
         };
-        if let Ok(Some(_)) = swapped {
-            self.recycle(w);
-            return Ok(());
-        }
-        if let Some(slot) = copy_slot {
+        let (r, never_visible) = match swapped {
+            Ok(Some(_)) => {
+                self.recycle(w);
+                return Ok(());
+            }
+            Ok(None) => (
+                Err(Abort::Concurrent(
+                    "abandoned entry changed before its completion",
+                )),
+                true,
+            ),
+            // Not issued: the timer ran out, or the fence refused it.
+            Err(e @ (Abort::Timeout | Abort::Fatal(Error::Fenced { .. }))) => (Err(e), true),
+            // The CAS may have taken place (its request or answer lost): our copy may be in
+            // the index, so it is neither released nor recycled (a leak of one entry), and
+            // neither is `w`, which another may still take out.
+            Err(e) => (Err(e), false),
+        };
+        if let (Some(slot), true) = (copy_slot, never_visible) {
             self.release_unpublished(slot); // never visible: reusable at once
         }
-        swapped?;
-        Err(Abort::Concurrent(
-            "abandoned entry changed before its completion",
-        ))
+        r
     }
 
     /// A write that gives up completes the entries of its own still in the index, so that it

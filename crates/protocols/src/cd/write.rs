@@ -555,6 +555,47 @@ mod tests {
         assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"again"[..]));
     }
 
+    /// A helper completes another writer's given-up PUT with a valid copy, and the CAS that
+    /// swaps the copy in takes place but its answer is lost. The copy may be in the index, so
+    /// the helper must not give its DTE back for reuse. Before, it did: the helper's next
+    /// write reused the DTE for another key, and the key read as absent (in the simulator, a
+    /// MIGRATE then found an index word whose entry holds a key that does not hash there).
+    #[test]
+    fn a_completion_whose_cas_answer_is_lost_keeps_its_copy() {
+        use crate::hooks::HookPoint;
+        use std::sync::atomic::Ordering::SeqCst;
+        let c = InProcCluster::new(small_geometry(), fast_cfg());
+        // Writer A fails to set its entry valid, in its attempt and when it gives up: it
+        // marks the entry given up.
+        let (mut a, fail_a) = c.failing_client(0);
+        let f = fail_a.clone();
+        a.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeSetValid {
+                f.writes.store(2, SeqCst);
+            }
+        })));
+        assert!(a.put(b"k", b"v1").is_err());
+        assert_eq!(fail_a.writes.load(SeqCst), 0, "both writes were refused");
+        // Helper B meets the given-up entry and loses the answer of its completing CAS.
+        let (mut b, fail_b) = c.failing_client(1);
+        fail_b.index_cas_lost.store(1, SeqCst);
+        assert!(matches!(b.put(b"k", b"v2"), Err(Error::Unreachable { .. })));
+        assert_eq!(fail_b.index_cas_lost.load(SeqCst), 0, "an answer was lost");
+        // B writes other keys of the same size in its node's memory.
+        for i in 0..4u8 {
+            b.put(&[b'o', i], b"xy").unwrap();
+        }
+        let mut r = c.client(2);
+        assert_eq!(
+            r.get(b"k").unwrap().as_deref(),
+            Some(&b"v1"[..]),
+            "A's value, rolled forward by B's completion"
+        );
+        for i in 0..4u8 {
+            assert_eq!(r.get(&[b'o', i]).unwrap().as_deref(), Some(&b"xy"[..]));
+        }
+    }
+
     #[test]
     fn a_write_lands_in_one_of_the_key_candidates() {
         let c = InProcCluster::small();
