@@ -53,6 +53,22 @@ use crate::error::Error;
 /// few periods are enough whatever happens.
 pub const FINISH_OWN_PERIODS: u64 = 4;
 
+/// How many times a writer issues the CAS that marks its entry given up when it gets no
+/// answer (the request or the answer lost).
+pub const MARK_GIVEN_UP_TRIES: u32 = 3;
+
+/// What [`CdClient::mark_given_up`] did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Marked {
+    /// The entry is marked given up.
+    Set,
+    /// It is not: the CAS was refused before it was issued, or the entry is no longer ours
+    /// (taken out and reused, or valid).
+    NotOurs,
+    /// No CAS got an answer: it may be marked.
+    Unknown,
+}
+
 /// What completing an abandoned entry did.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Completion {
@@ -322,7 +338,10 @@ impl<E: Endpoint> CdClient<E> {
                 Err(_) => {
                     let kind = if tombstone { TOMBSTONE } else { 0 }
                         | if st.guarded { GUARDED } else { 0 };
-                    if self.mark_given_up(ite, kind) && !prev.is_empty() {
+                    // Possibly given up is given up: whoever completes the entry may put
+                    // back or recycle `prev`, so we must not recycle it (at worst it leaks).
+                    let marked = self.mark_given_up(ite, kind) != Marked::NotOurs;
+                    if marked && !prev.is_empty() {
                         handed.push(prev);
                     }
                 }
@@ -334,18 +353,25 @@ impl<E: Endpoint> CdClient<E> {
     /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which
     /// fails harmlessly if the entry was taken out and reused meanwhile: the word then holds
     /// another writer's tag, or is valid). `kind`: the header's other bits (a tombstone, or a
-    /// MIGRATE copy's source). Whether it was set.
-    pub(crate) fn mark_given_up(&mut self, ite: Ite, kind: u64) -> bool {
+    /// MIGRATE copy's source). A CAS that fails unable to tell (its request or answer lost) is
+    /// issued again, up to [`MARK_GIVEN_UP_TRIES`] times: finding the bit already set then
+    /// means the lost one took place.
+    pub(crate) fn mark_given_up(&mut self, ite: Ite, kind: u64) -> Marked {
         let loc = self.dte_location(ite);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
         let ours = self.view.dte.header(self.tag, false) | kind;
-        match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
-            Ok(was) => was == ours,
-            Err(e) => {
-                tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up");
-                false
+        for _ in 0..MARK_GIVEN_UP_TRIES {
+            match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
+                Ok(was) if was == ours || was == ours | GIVEN_UP => return Marked::Set,
+                Ok(_) => return Marked::NotOurs,
+                Err(e @ nessie_fabric::FabricError::Fenced { .. }) => {
+                    tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up");
+                    return Marked::NotOurs; // refused before it was issued: not set
+                }
+                Err(e) => tracing::warn!(%e, ?ite, "marking a DTE given up: no answer"),
             }
         }
+        Marked::Unknown
     }
 
     /// [`Self::complete_write`] of our own entry, with the usual back-off between attempts,

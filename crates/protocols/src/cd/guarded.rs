@@ -481,6 +481,49 @@ mod tests {
         assert_eq!((got, w_ok, value.as_slice()), (Stored, true, &b"a"[..]));
     }
 
+    /// A conditional write gives up and cannot take its entry out (its CAS refused), so it
+    /// marks the entry given up, and that CAS takes place but its answer is lost. Whoever
+    /// completes the entry puts the replaced version back, so the writer must not recycle that
+    /// version. Before, it did: once it expired, new writes on its node reused its DTE, and
+    /// the key, put back to it, read as absent.
+    #[test]
+    fn a_given_up_mark_whose_answer_is_lost_hands_the_version_over() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let c = InProcCluster::new(small_geometry(), fast_cfg());
+        let mut setup = c.client(0);
+        setup.put(b"k", b"old").unwrap();
+        let mut out = Vec::new();
+        let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
+        let (mut a, fail) = c.failing_client(0);
+        let f = fail.clone();
+        a.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::BeforeSetValid {
+                f.writes.store(1, SeqCst); // its commit
+                f.cas.store(1, SeqCst); // giving up: putting the old version back
+                f.cas_lost.store(1, SeqCst); // and marking the entry given up
+            }
+        })));
+        assert!(a.put_if(b"k", b"new", Cond::Version(v)).is_err());
+        let left = (fail.writes.load(SeqCst), fail.cas.load(SeqCst));
+        assert_eq!((left, fail.cas_lost.load(SeqCst)), ((0, 0), 0));
+        // Past the expiry period, new entries on node 0 reuse whatever it recycled.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        c.reclaim(0);
+        for i in 0..32u8 {
+            setup.put(&[b'o', i], b"abc").unwrap();
+        }
+        let mut g = c.client(2);
+        assert_eq!(g.get(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+        // A write of the key completes the given-up entry (the put-back word is a new version).
+        assert!(matches!(g.delete_if(b"k", Cond::Absent), Ok(Unmet { .. })));
+        let back = g.get_versioned(b"k", &mut out).unwrap().unwrap();
+        assert_eq!(out, b"old", "the version put back");
+        assert_eq!(g.put_if(b"k", b"after", Cond::Version(back)), Ok(Stored));
+        for i in 0..32u8 {
+            assert_eq!(g.get(&[b'o', i]).unwrap().as_deref(), Some(&b"abc"[..]));
+        }
+    }
+
     /// A conditional write whose writer dies before setting its entry valid: once its node is
     /// declared failed, whoever meets the entry puts back what it replaced.
     #[test]

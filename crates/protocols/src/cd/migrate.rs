@@ -26,6 +26,7 @@ use nessie_store::dte::{DteLayout, KEY_OFF};
 use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::{Ite, DATA_REGION};
 
+use super::abandoned::Marked;
 use super::access::Want;
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::error::Error;
@@ -326,7 +327,7 @@ impl<E: Endpoint> CdClient<E> {
                     None => {
                         // Whoever completes the copy reads the source, and can tell.
                         let kind = DteLayout::source_bits(Some(moved.source));
-                        if !self.mark_given_up(copy, kind) {
+                        if self.mark_given_up(copy, kind) != Marked::Set {
                             tracing::warn!(?copy, ?src, ?dst, "a MIGRATE cannot tell whether it emptied its source, nor give its copy up");
                         }
                         return Err(e);
@@ -389,7 +390,7 @@ impl<E: Endpoint> CdClient<E> {
         }
         // Given up, the copy is completed by whoever meets it, as its source says: rolled
         // forward if we emptied it, taken out if not.
-        if self.mark_given_up(copy, DteLayout::source_bits(Some(source))) {
+        if self.mark_given_up(copy, DteLayout::source_bits(Some(source))) == Marked::Set {
             return false;
         }
         tracing::warn!(

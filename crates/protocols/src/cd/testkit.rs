@@ -195,6 +195,13 @@ impl Interposer for Failing {
 }
 
 impl InProcCluster {
+    /// Put `node`'s expired recycled entries back in reach of its writers now (what a scan
+    /// for room does). Returns how many.
+    pub fn reclaim(&self, node: NodeId) -> u64 {
+        let mut ep = self.fabric.endpoint(node);
+        self.tables[node as usize].reclaim(&mut ep).unwrap()
+    }
+
     /// A client on `node` whose next operations fail as `FailNext` (returned) says.
     pub fn failing_client(
         &self,
