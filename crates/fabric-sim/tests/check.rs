@@ -397,7 +397,8 @@ fn lost_operations_leave_every_key_linearizable_and_writable() {
     }
     s.cfg.optimizations = Optimizations::default();
     // Conditional writes on fewer hot keys: lost ones are undecided operations, and the
-    // checker's search grows with them.
+    // checker's search grows with them (at 2% loss, 1,000 operations per thread exhaust its
+    // budget on the hot keys; 300 do not).
     s.mix = Mix::Conditional;
     s.value_size = (16, 16);
     s.hot_fraction = 0.2;
@@ -408,6 +409,13 @@ fn lost_operations_leave_every_key_linearizable_and_writable() {
         &r,
         THREADS * OPS_PER_THREAD,
     );
+    s.faults.loss_probability = 0.02;
+    s.ops_per_thread = 300;
+    for seed in 4..6 {
+        let r = run(&s, seed, &mut |_, _| {}).unwrap();
+        assert_clean("2% lost operations, conditional writes", &r, THREADS * 300);
+        assert!(r.faults.lost_answers > 20, "{:?}", r.faults);
+    }
 }
 
 #[test]
