@@ -113,6 +113,18 @@ pub struct SimCheckArgs {
     /// How many client threads (the first ones) pause at --pause-at [default: all].
     #[arg(long)]
     pub pause_clients: Option<usize>,
+    /// Crash this node during the workload (builds with `--features mutations`): the first
+    /// time one of its clients reaches --crash-at (at or after --crash-after-ns), all its
+    /// clients stop for good; the others' membership declares it failed at once, and they
+    /// complete what it left in the index. Its memory stays reachable. Plain mix only.
+    #[arg(long, requires = "crash_at", conflicts_with = "conditional")]
+    pub crash_node: Option<u16>,
+    /// Where the node crashes: a hook point, named as for --pause-at.
+    #[arg(long, requires = "crash_node")]
+    pub crash_at: Option<String>,
+    /// Virtual time (ns) from which an arrival at --crash-at crashes the node.
+    #[arg(long, default_value_t = 0, requires = "crash_node")]
+    pub crash_after_ns: u64,
     /// Print one JSON object on stdout (per-seed lines go to stderr).
     #[arg(long)]
     pub json: bool,
@@ -132,7 +144,7 @@ pub enum SimCheckError {
     #[cfg(not(feature = "mutations"))]
     #[error("{0} needs a nessie built with `cargo build -p nessie-cli --features mutations`")]
     NoMutations(&'static str),
-    #[error("--pause-at {0:?} is not a hook point; known: {known}", known = hook_names())]
+    #[error("{0:?} is not a hook point; known: {known}", known = hook_names())]
     UnknownHook(String),
     #[error("--pause-every must be at least 1, --pause-at-ns at most {max} and --pause-clients at least 1", max = nessie_fabric_sim::faults::MAX_PAUSE_NS)]
     PauseAt,
@@ -176,7 +188,8 @@ fn check(a: &SimCheckArgs) -> Result<bool, SimCheckError> {
     let mut runs = Vec::new();
     let mut failed = Vec::new();
     for seed in a.start_seed..a.start_seed + a.seeds {
-        let r = correctness::run(&spec, seed, &mut |i, c| install(&pause, i, c))?;
+        let r =
+            correctness::run_with(&spec, seed, &mut |i, c, crash| install(&pause, i, c, crash))?;
         let line = seed_line(&r);
         if a.json {
             eprintln!("{line}");
@@ -268,7 +281,36 @@ fn spec(a: &SimCheckArgs) -> Result<CheckSpec, SimCheckError> {
         } else {
             Mix::Plain
         },
+        crash: crash(a)?,
     })
+}
+
+/// `--crash-node`, `--crash-at` and `--crash-after-ns`.
+fn crash(a: &SimCheckArgs) -> Result<Option<correctness::Crash>, SimCheckError> {
+    let (Some(node), Some(name)) = (a.crash_node, &a.crash_at) else {
+        return Ok(None);
+    };
+    let at = hook_point(name)?;
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = (node, at); // validated all the same, so the error names the real problem first
+        Err(SimCheckError::NoMutations("--crash-node"))
+    }
+    #[cfg(feature = "mutations")]
+    Ok(Some(correctness::Crash {
+        node,
+        at,
+        after_ns: a.crash_after_ns,
+    }))
+}
+
+/// The hook point named `name` (`--pause-at`, `--crash-at`).
+fn hook_point(name: &str) -> Result<HookPoint, SimCheckError> {
+    HOOK_POINTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, p)| *p)
+        .ok_or_else(|| SimCheckError::UnknownHook(name.into()))
 }
 
 /// `cfg` with the named mutation applied.
@@ -339,11 +381,7 @@ fn pause_at(a: &SimCheckArgs, expiry_ns: u64) -> Result<Option<PauseAt>, SimChec
     let Some(name) = &a.pause_at else {
         return Ok(None);
     };
-    let point = HOOK_POINTS
-        .iter()
-        .find(|(n, _)| n == name)
-        .ok_or_else(|| SimCheckError::UnknownHook(name.clone()))?
-        .1;
+    let point = hook_point(name)?;
     let ns = a.pause_at_ns.unwrap_or(3 * expiry_ns + 2_000_000);
     let clients = a.pause_clients.unwrap_or(usize::MAX);
     if a.pause_every == 0 || ns > nessie_fabric_sim::faults::MAX_PAUSE_NS || clients == 0 {
@@ -363,30 +401,46 @@ fn pause_at(a: &SimCheckArgs, expiry_ns: u64) -> Result<Option<PauseAt>, SimChec
     }))
 }
 
-/// Install `--pause-at`'s hook on client `i`: it sleeps on a sibling endpoint of the client's
-/// own simulated thread, in virtual time.
+/// Install client `i`'s hook: `--pause-at`'s, which sleeps on a sibling endpoint of the
+/// client's own simulated thread, in virtual time, then the crash hook of its node, if any.
 #[cfg(feature = "mutations")]
-fn install(pause: &Option<PauseAt>, i: usize, client: &mut CdClient<SimEndpoint>) {
+fn install(
+    pause: &Option<PauseAt>,
+    i: usize,
+    client: &mut CdClient<SimEndpoint>,
+    mut crash: Option<correctness::CrashHook>,
+) {
     use nessie_fabric::Endpoint;
-    let Some(p) = pause.as_ref().filter(|p| i < p.clients) else {
+    let pause = pause.as_ref().filter(|p| i < p.clients);
+    if pause.is_none() && crash.is_none() {
         return;
-    };
-    let (point, every, ns) = (p.point, p.every, p.ns);
+    }
+    let (point, every, ns) = pause.map_or((None, 1, 0), |p| (Some(p.point), p.every, p.ns));
     let mut ep = client.endpoint().sibling();
     let mut n = 0u64;
     client.set_hook(Some(Box::new(move |at| {
-        if at == point {
+        if Some(at) == point {
             n += 1;
             if n.is_multiple_of(every) {
                 ep.sleep_ns(ns);
             }
         }
+        if let Some(c) = crash.as_mut() {
+            c(at);
+        }
     })));
 }
 
-/// Without the `mutations` feature there are no hooks (`pause_at` refused the flag).
+/// Without the `mutations` feature there are no hooks (`pause_at` and `crash` refused the
+/// flags).
 #[cfg(not(feature = "mutations"))]
-fn install(_: &Option<PauseAt>, _: usize, _: &mut CdClient<SimEndpoint>) {}
+fn install(
+    _: &Option<PauseAt>,
+    _: usize,
+    _: &mut CdClient<SimEndpoint>,
+    _: Option<correctness::CrashHook>,
+) {
+}
 
 fn seed_line(r: &CheckRun) -> String {
     let f = &r.faults;
@@ -490,6 +544,12 @@ fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
     }
     if let Some(m) = &a.mutation {
         c += &format!(" --mutation {m}");
+    }
+    if let (Some(n), Some(at)) = (a.crash_node, &a.crash_at) {
+        c += &format!(" --crash-node {n} --crash-at {at}");
+        if a.crash_after_ns > 0 {
+            c += &format!(" --crash-after-ns {}", a.crash_after_ns);
+        }
     }
     if let Some(p) = &a.pause_at {
         c += &format!(" --pause-at {p} --pause-every {}", a.pause_every);

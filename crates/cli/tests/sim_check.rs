@@ -23,10 +23,10 @@ fn seeds_pass_and_json_is_only_json_on_stdout() {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
-    // 600 operations, then each of the 40 keys written and read once more.
+    // 600 operations, then each of the 40 keys read, written and read once more.
     assert!(runs
         .iter()
-        .all(|r| r["passed"] == true && r["ops"] == 600 + 2 * 40));
+        .all(|r| r["passed"] == true && r["ops"] == 600 + 3 * 40));
     assert!(runs
         .iter()
         .all(|r| r["wedged_keys"] == serde_json::json!([])));
@@ -59,6 +59,21 @@ fn bad_arguments_are_refused() {
             &["--pause-at", "after-ite-read", "--pause-every", "0"],
             "--pause-every must",
         ),
+        (
+            &["--crash-node", "1", "--crash-at", "nowhere"],
+            "is not a hook point",
+        ),
+        (&["--crash-node", "1"], "required arguments"),
+        (
+            &[
+                "--crash-node",
+                "1",
+                "--crash-at",
+                "after-ite-read",
+                "--conditional",
+            ],
+            "cannot be used with",
+        ),
     ];
     for (args, msg) in cases {
         let out = nessie(&[&["sim", "check"], *args].concat());
@@ -66,13 +81,28 @@ fn bad_arguments_are_refused() {
         assert!(stderr(&out).contains(msg), "{args:?}: {}", stderr(&out));
     }
     if cfg!(feature = "mutations") {
+        let out = nessie(&[
+            "sim",
+            "check",
+            "--crash-node",
+            "3",
+            "--crash-at",
+            "after-ite-read",
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            stderr(&out).contains("a crash of node 3"),
+            "{}",
+            stderr(&out)
+        );
         return;
     }
     for flag in [
-        ["--mutation", "skip_valid_check"],
-        ["--pause-at", "after-ite-read"],
+        &["--mutation", "skip_valid_check"][..],
+        &["--pause-at", "after-ite-read"],
+        &["--crash-node", "1", "--crash-at", "after-ite-read"],
     ] {
-        let out = nessie(&[&["sim", "check", "--seeds", "1"][..], &flag].concat());
+        let out = nessie(&[&["sim", "check", "--seeds", "1"][..], flag].concat());
         assert_eq!(out.status.code(), Some(2));
         assert!(
             stderr(&out).contains("--features mutations"),
@@ -100,6 +130,33 @@ fn a_failing_seed_prints_a_replay_command_that_replays_it() {
 #[test]
 fn a_failing_seed_of_conditional_writes_replays() {
     replays(&["--conditional", "--mutation", "guard_passes_writes"]);
+}
+
+/// The same with a node crashing in a MIGRATE that emptied its source plainly: the replay
+/// command keeps the crash.
+#[cfg(feature = "mutations")]
+#[test]
+fn a_failing_seed_with_a_crash_replays() {
+    replays(&[
+        "--preload",
+        "384",
+        "--keys",
+        "450",
+        "--index-slots",
+        "128",
+        "--data-entries",
+        "1024",
+        "--hot-keys",
+        "0",
+        "--hot-fraction",
+        "0",
+        "--crash-node",
+        "1",
+        "--crash-at",
+        "migrate-after-src-cas",
+        "--mutation",
+        "migrate_empties_plainly",
+    ]);
 }
 
 /// `nessie sim check --seeds 1 ARGS` fails, and the replay command it prints fails alike.

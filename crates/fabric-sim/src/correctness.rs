@@ -11,17 +11,19 @@ use nessie_check::History;
 use nessie_check::{Event, Limits, Op, Outcome, Report};
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_protocols::cd::{CdClient, ClientStats};
-use nessie_protocols::{Error, ProtocolConfig};
+use nessie_protocols::{Error, Fence, HookPoint, ProtocolConfig};
 use nessie_store::Geometry;
 use nessie_testkit::guarded::{self, GuardedSpec};
 use nessie_testkit::stress::{history_entry, key_bytes, put_id, value_bytes, CORRUPT_VALUE};
 use rand::SeedableRng;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bench::{MAX_OPS_PER_THREAD, MAX_THREADS};
 use crate::cluster::SimCluster;
 use crate::faults::FaultTotals;
-use crate::{RunSummary, SimEndpoint, SimFaults, SimParams, SimThread};
+use crate::{NodeCrashed, RunSummary, Sim, SimEndpoint, SimFaults, SimParams, SimThread};
 
 /// Smallest value a run writes: values carry their 8-byte id, so every read is identified.
 pub const MIN_VALUE_LEN: usize = 8;
@@ -53,7 +55,32 @@ pub struct CheckSpec {
     pub preload_keys: u64,
     /// The operations: plain GETs, PUTs and DELETEs, or those mixed with conditional writes.
     pub mix: Mix,
+    /// A node that crashes during the workload (`Mix::Plain` only).
+    pub crash: Option<Crash>,
 }
+
+/// A node crash ([`CheckSpec::crash`]). The first time one of `node`'s client threads reaches
+/// the protocol's hook point `at` at or after `after_ns` of virtual time, the node crashes
+/// there ([`Sim::crash_node`]): that thread stops at once, its node's other threads when they
+/// next try to issue an operation, and none of them acts again. The survivors' membership
+/// declares the node failed at that moment (`Fence::set_gone`), so they complete its
+/// abandoned entries once their deadlines have passed by the margin and an expiry period, as
+/// for any writer known dead (`docs/protocol.md`). Its memory stays reachable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crash {
+    pub node: NodeId,
+    pub at: HookPoint,
+    pub after_ns: u64,
+}
+
+/// What kills a client at its node's crash point: installed by the caller as (part of) the
+/// client's protocol hook, since hooks exist only in builds with the protocol's `testing`
+/// feature ([`run_with`]).
+pub type CrashHook = Box<dyn FnMut(HookPoint) + Send>;
+
+/// What [`run_with`] calls on each workload client before the run: its number, the client, and
+/// the crash hook the caller must install on it, if its node is to crash.
+pub type Prepare<'a> = dyn FnMut(usize, &mut CdClient<SimEndpoint>, Option<CrashHook>) + 'a;
 
 /// What a correctness run's clients do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,6 +148,17 @@ impl CheckSpec {
             ));
         }
         self.workload()?;
+        if let Some(c) = &self.crash {
+            if c.node as u32 >= self.geometry.nodes || self.geometry.nodes < 2 {
+                return bad(format!(
+                    "a crash of node {} needs it and another node in a cluster of {}",
+                    c.node, self.geometry.nodes
+                ));
+            }
+            if self.mix != Mix::Plain {
+                return bad("a node crash runs with the plain mix only".into());
+            }
+        }
         self.faults
             .validate()
             .map_err(|e| CheckError::Spec(e.to_string()))?;
@@ -158,6 +196,8 @@ pub struct CheckRun {
     /// The workload clients' counters, summed.
     pub stats: ClientStats,
     pub faults: FaultTotals,
+    /// Nodes that crashed ([`CheckSpec::crash`]).
+    pub crashed: Vec<NodeId>,
 }
 
 impl CheckRun {
@@ -189,6 +229,8 @@ pub struct Recording {
     pub events: Vec<Event>,
     /// GETs that returned a value no PUT wrote.
     pub corrupt: u64,
+    /// The operation invoked and not yet completed, with its invocation time.
+    pending: Option<(Planned, u64)>,
 }
 
 impl Recording {
@@ -201,6 +243,25 @@ impl Recording {
             timer,
             events: Vec::new(),
             corrupt: 0,
+            pending: None,
+        }
+    }
+
+    /// The client's node crashed: the operation in progress never returns, so it is recorded
+    /// as failed (it may take effect, as any failed operation may).
+    pub fn crashed(&mut self, node: NodeId) {
+        if let Some((op, invoke_ns)) = self.pending.take() {
+            let reason = "its node crashed".to_string();
+            let r = Err(Error::Unreachable { node, reason });
+            let (kind, outcome) = history_entry(&op, self.thread, &r);
+            self.events.push(Event {
+                client: self.thread,
+                key: op.key,
+                op: kind,
+                outcome,
+                invoke_ns,
+                response_ns: self.timer.mono_ns(),
+            });
         }
     }
 }
@@ -220,11 +281,14 @@ impl<C> Observer<C> for Recording {
         Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
     }
 
-    fn invoke(&mut self, _: &C, _: &Planned) -> u64 {
-        self.timer.mono_ns()
+    fn invoke(&mut self, _: &C, op: &Planned) -> u64 {
+        let t = self.timer.mono_ns();
+        self.pending = Some((*op, t));
+        t
     }
 
     fn complete(&mut self, _: &C, op: &Planned, invoke_ns: u64, r: Result<Done<'_>, Error>) {
+        self.pending = None;
         let (kind, outcome) = history_entry(op, self.thread, &r);
         self.corrupt += (outcome == Outcome::Ok(Some(CORRUPT_VALUE))) as u64;
         self.events.push(Event {
@@ -242,22 +306,53 @@ impl<C> Observer<C> for Recording {
 type Client = ((CdClient<SimEndpoint>, SimEndpoint), SimThread);
 
 /// Run `spec` with `seed` and check its history. `prepare(i, client)` is called on each
-/// workload client before the run (tests install protocol hooks there).
+/// workload client before the run (tests install protocol hooks there). A spec with a
+/// [`Crash`] needs [`run_with`].
 pub fn run(
     spec: &CheckSpec,
     seed: u64,
     prepare: &mut dyn FnMut(usize, &mut CdClient<SimEndpoint>),
+) -> Result<CheckRun, CheckError> {
+    if spec.crash.is_some() {
+        return Err(CheckError::Spec(
+            "a node crash needs the protocol's hooks: use correctness::run_with".into(),
+        ));
+    }
+    run_with(spec, seed, &mut |i, c, _| prepare(i, c))
+}
+
+/// [`run`], handing each client of a crashing node its [`CrashHook`], which `prepare` must
+/// install (a build without hooks cannot run a crash).
+pub fn run_with(
+    spec: &CheckSpec,
+    seed: u64,
+    prepare: &mut Prepare<'_>,
 ) -> Result<CheckRun, CheckError> {
     spec.validate()?;
     let (hw, f, g) = (spec.hw.clone(), spec.faults.clone(), spec.geometry.clone());
     let mut c = SimCluster::with_faults(hw, f, seed, g, spec.cfg.clone())?;
     let mut events = preload(&mut c, spec)?;
     let nodes = spec.geometry.nodes as usize;
+    // The survivors' view of membership.
+    let fence = Arc::new(Fence::unfenced());
     let mut clients: Vec<Client> = Vec::with_capacity(spec.threads());
     for i in 0..spec.threads() {
-        let (mut client, thread) = c.client((i % nodes) as NodeId)?;
-        prepare(i, &mut client);
+        let node = (i % nodes) as NodeId;
+        let (mut client, thread) = c.client(node)?;
         let timer = client.endpoint().sibling();
+        let crash = match spec.crash {
+            Some(k) if k.node == node => Some(crash_hook(
+                c.sim().clone(),
+                fence.clone(),
+                timer.sibling(),
+                k,
+            )),
+            _ => {
+                client.set_fence(fence.clone());
+                None
+            }
+        };
+        prepare(i, &mut client, crash);
         clients.push(((client, timer), thread));
     }
     let ran = match spec.mix {
@@ -269,7 +364,10 @@ pub fn run(
     // Totals of the faulty part; the check after it runs without faults.
     let faults = c.sim().fault_totals();
     c.sim().end_faults();
-    let (last, wedged) = final_writes(&mut c, spec)?;
+    let crashed = (0..nodes as NodeId)
+        .filter(|&n| c.sim().is_crashed(n))
+        .collect();
+    let (last, wedged) = final_writes(&mut c, spec, &fence)?;
     events.extend(last);
     events.sort_by_key(|e| (e.invoke_ns, e.client, e.response_ns));
     let report = nessie_check::check(&events, |_| None, &Limits::default());
@@ -282,6 +380,19 @@ pub fn run(
         wedged,
         stats,
         faults,
+        crashed,
+    })
+}
+
+/// The hook that crashes `k.node` when its client reaches `k.at` at or after `k.after_ns`
+/// (`timer`: another endpoint of that client's thread, for the time).
+fn crash_hook(sim: Sim, fence: Arc<Fence>, timer: SimEndpoint, k: Crash) -> CrashHook {
+    Box::new(move |p| {
+        if p == k.at && timer.mono_ns() >= k.after_ns {
+            fence.set_gone(k.node, true);
+            sim.crash_node(k.node);
+            resume_unwind(Box::new(NodeCrashed { node: k.node }));
+        }
     })
 }
 
@@ -302,11 +413,23 @@ fn run_plain(
 ) -> Result<Ran, CheckError> {
     let threads = clients.len() as u64;
     let (ops, workload) = (spec.ops_per_thread, spec.workload()?);
+    let (sim, nodes) = (c.sim().clone(), spec.geometry.nodes as usize);
     let (summary, done) = c.run(clients, move |i, (mut client, timer)| {
         let mut rec = Recording::new(i as u32, ops, timer);
         let mut w = workload.for_thread(i as u64, threads);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (i as u64) << 32);
-        drive(&mut client, &mut w, &mut rng, &mut rec);
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            drive(&mut client, &mut w, &mut rng, &mut rec)
+        }));
+        if let Err(p) = ran {
+            // Whatever a thread of a crashed node was doing ends with it (a sibling may even
+            // find the allocator lock poisoned by the thread that died holding it).
+            let node = (i % nodes) as NodeId;
+            if !p.is::<NodeCrashed>() && !sim.is_crashed(node) {
+                resume_unwind(p);
+            }
+            rec.crashed(node);
+        }
         (rec, client.stats())
     });
     let mut ran = Ran {
@@ -372,10 +495,18 @@ const FINAL_SETTLE_EXPIRIES: u64 = 3;
 fn final_writes(
     c: &mut SimCluster,
     spec: &CheckSpec,
+    fence: &Arc<Fence>,
 ) -> Result<(Vec<Event>, Vec<u64>), CheckError> {
-    let nodes = spec.geometry.nodes as u64;
-    let first = spec.threads() as u32 + nodes as u32;
-    let writers = node_writers(c, nodes)?;
+    let first = spec.threads() as u32 + spec.geometry.nodes;
+    // On the nodes that did not crash, knowing which did.
+    let alive: Vec<NodeId> = (0..spec.geometry.nodes as NodeId)
+        .filter(|&n| !c.sim().is_crashed(n))
+        .collect();
+    let nodes = alive.len() as u64;
+    let mut writers = node_writers(c, &alive)?;
+    for ((w, _), _) in &mut writers {
+        w.set_fence(fence.clone());
+    }
     let (keys, len) = (spec.keys, spec.value_size.0);
     // Writes the workload left behind are everyone's to complete once they expire.
     let settle_ns = FINAL_SETTLE_EXPIRIES * spec.cfg.expiry_ns;
@@ -428,8 +559,22 @@ impl FinalWriter {
         });
     }
 
-    /// PUT `key` (up to [`MAX_FINAL_ATTEMPTS`] times), then GET it back.
+    /// GET `key` and record what it answers.
+    fn read(&mut self, w: &mut CdClient<SimEndpoint>, key: u64) {
+        let t = self.timer.mono_ns();
+        let mut got = Vec::new();
+        let outcome = match w.get_into(&key_bytes(key), &mut got) {
+            Ok(true) => Outcome::Ok(Some(nessie_testkit::stress::value_id(&got))),
+            Ok(false) => Outcome::Ok(None),
+            Err(_) => Outcome::Failed,
+        };
+        self.record(key, Op::Get, outcome, t);
+    }
+
+    /// GET `key` (a value the workload lost shows here, before a write replaces it), PUT it
+    /// (up to [`MAX_FINAL_ATTEMPTS`] times), then GET it back.
     fn write_back(&mut self, w: &mut CdClient<SimEndpoint>, key: u64) {
+        self.read(w, key);
         for _ in 0..MAX_FINAL_ATTEMPTS {
             let id = put_id(self.client, self.seq);
             self.seq += 1;
@@ -442,17 +587,7 @@ impl FinalWriter {
             };
             self.record(key, Op::Put(id), outcome, t);
             match r {
-                Ok(()) => {
-                    let t = self.timer.mono_ns();
-                    let mut got = Vec::new();
-                    let outcome = match w.get_into(&key_bytes(key), &mut got) {
-                        Ok(true) => Outcome::Ok(Some(nessie_testkit::stress::value_id(&got))),
-                        Ok(false) => Outcome::Ok(None),
-                        Err(_) => Outcome::Failed,
-                    };
-                    self.record(key, Op::Get, outcome, t);
-                    return;
-                }
+                Ok(()) => return self.read(w, key),
                 // A full table refuses a new key: not a wedge.
                 Err(Error::IndexFull { .. } | Error::DataTableFull { .. }) => return,
                 Err(_) => {}
@@ -462,11 +597,12 @@ impl FinalWriter {
     }
 }
 
-/// One client per node, with its clock: the preload's and the final writes' writers.
-fn node_writers(c: &mut SimCluster, nodes: u64) -> Result<Vec<Client>, CheckError> {
-    (0..nodes)
-        .map(|n| {
-            let (client, thread) = c.client(n as NodeId)?;
+/// One client on each of `nodes`, with its clock: the preload's and the final writes' writers.
+fn node_writers(c: &mut SimCluster, nodes: &[NodeId]) -> Result<Vec<Client>, CheckError> {
+    nodes
+        .iter()
+        .map(|&n| {
+            let (client, thread) = c.client(n)?;
             let timer = client.endpoint().sibling();
             Ok(((client, timer), thread))
         })
@@ -481,7 +617,8 @@ fn preload(c: &mut SimCluster, spec: &CheckSpec) -> Result<Vec<Event>, CheckErro
     }
     let nodes = spec.geometry.nodes as u64;
     let first = spec.threads() as u32;
-    let writers = node_writers(c, nodes)?;
+    let all: Vec<NodeId> = (0..nodes as NodeId).collect();
+    let writers = node_writers(c, &all)?;
     let (keys, len) = (spec.preload_keys, spec.value_size.0);
     let (_, events) = c.run(
         writers,

@@ -61,6 +61,15 @@ struct Shared {
     endpoints: AtomicU64,
     /// Endpoints made from now on get no faults ([`Sim::end_faults`]).
     faults_ended: std::sync::atomic::AtomicBool,
+    /// Nodes that crashed ([`Sim::crash_node`]), a bit each.
+    crashed: AtomicU64,
+}
+
+/// The panic payload that ends a simulated thread whose node crashed ([`Sim::crash_node`]):
+/// raised, without the panic hook's message, when the thread next issues an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeCrashed {
+    pub node: NodeId,
 }
 
 impl Shared {
@@ -70,6 +79,10 @@ impl Shared {
         let on = self.faults.any() && !self.faults_ended.load(Ordering::Relaxed);
         let f = on.then(|| self.faults.clone())?;
         Some(Box::new(FaultStream::new(f, self.seed, stream, pauses)))
+    }
+
+    fn is_crashed(&self, node: NodeId) -> bool {
+        node < 64 && self.crashed.load(Ordering::SeqCst) & (1 << node) != 0
     }
 
     fn net(&self) -> MutexGuard<'_, Net> {
@@ -162,6 +175,7 @@ impl Sim {
                 seed,
                 endpoints: AtomicU64::new(0),
                 faults_ended: std::sync::atomic::AtomicBool::new(false),
+                crashed: AtomicU64::new(0),
             }),
         })
     }
@@ -253,6 +267,23 @@ impl Sim {
             Slices::new(&sh.p, sh.seed, &nodes)
         });
         sh.sched.run()
+    }
+
+    /// Crash `node` now: its threads issue nothing more. Each unwinds with [`NodeCrashed`]
+    /// when it next tries to (after any injected wait before the operation: a thread paused
+    /// at the crash never wakes to act). Its memory stays readable and writable by the other
+    /// nodes, as in the in-process tests of dead writers (its NIC answers for its memory).
+    pub fn crash_node(&self, node: NodeId) {
+        assert!(
+            (node as usize) < self.node_count() && node < 64,
+            "no node {node}"
+        );
+        self.shared.crashed.fetch_or(1 << node, Ordering::SeqCst);
+    }
+
+    /// Whether `node` crashed.
+    pub fn is_crashed(&self, node: NodeId) -> bool {
+        self.shared.is_crashed(node)
     }
 
     /// Every endpoint's counters.
@@ -422,6 +453,14 @@ impl SimEndpoint {
         }
     }
 
+    /// A thread whose node crashed issues nothing: it unwinds with [`NodeCrashed`] (with
+    /// `resume_unwind`, so no panic message is printed).
+    fn die_if_crashed(&self) {
+        if self.shared.is_crashed(self.node) {
+            std::panic::resume_unwind(Box::new(NodeCrashed { node: self.node }));
+        }
+    }
+
     /// Injected NIC stalls at the requester's and the responder's engines.
     fn nic_stalls(&mut self, shape: &mut Shape) {
         if let Some(f) = self.faults.as_mut() {
@@ -443,6 +482,7 @@ impl SimEndpoint {
         let mem = shared.checked(addr, len)?;
         self.checkin();
         self.fault(FaultStream::before);
+        self.die_if_crashed();
         let mut shape = Shape::of(p, kind, len as u64);
         self.nic_stalls(&mut shape);
         let posted = self.cpu(p.cpu_op_ns);
@@ -557,6 +597,7 @@ impl SimEndpoint {
         let mem = shared.checked(addr, len)?;
         self.checkin();
         self.fault(FaultStream::before);
+        self.die_if_crashed();
         let cost = shared.p.local_op_ns + shared.p.copy_ns(len as u64);
         let done = self.cpu(cost);
         self.at(done);

@@ -10,14 +10,12 @@
 //! client's own simulated thread ([`pause_every`], [`abandon_bursts`]).
 //!
 //! Mutations not caught here, and why (also in `docs/sim.md`):
-//! - `migrate_empties_plainly`, `complete_ignores_source`, `fill_over_unsettled_copy`: they
-//!   break the completion of a MIGRATE copy whose migrator *died* and whose node the
-//!   membership declared failed (in process: a panicking migrator and `Fence::set_gone`).
-//!   Only given-up entries or entries of failed nodes are completed by others; a migrator that
-//!   is only paused wakes and settles its own copy. The simulator has no node failures or
-//!   membership yet, so no one completes such a copy (with `complete_ignores_source` the
-//!   histories are identical to the clean ones; the other two also change what a live
-//!   migrator writes, and high-load runs pausing after each MIGRATE CAS stayed linearizable).
+//! - `complete_ignores_source`: rolling a dead migrator's copy forward without reading its
+//!   source loses a write only if the moved key was written between the MIGRATE's read of its
+//!   source and its copy's CAS (in process, a write driven from the hook); otherwise the copy
+//!   holds the source's value. Crashes at `MigrateAfterDstCas` (high load; small index, hot
+//!   keys) stayed linearizable. Its siblings `migrate_empties_plainly` and
+//!   `fill_over_unsettled_copy` are caught with a node crash ([`crashing_migrator`]).
 //! - `migrate_copy_keeps_source`: needs a DELETE to commit while a MIGRATE's copy sits in the
 //!   key's last candidate and a GET to follow the copy's previous version in that window; in
 //!   process it is driven by an exact interleaving. High-load runs with pauses after the
@@ -31,7 +29,7 @@
 use nessie_check::{Op, Outcome};
 use nessie_fabric::Endpoint;
 use nessie_fabric_sim::cluster::SimCluster;
-use nessie_fabric_sim::correctness::{run, CheckRun, CheckSpec, Mix};
+use nessie_fabric_sim::correctness::{run, run_with, CheckRun, CheckSpec, Crash, Mix};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
@@ -113,6 +111,7 @@ fn spec(mutations: Mutations) -> CheckSpec {
         value_size: (8, 48),
         preload_keys: 0,
         mix: Mix::Plain,
+        crash: None,
     }
 }
 
@@ -230,12 +229,62 @@ fn high_load_with(m: Mutations, seed: u64, change: impl FnOnce(&mut CheckSpec)) 
     (s.hot_keys, s.hot_fraction) = (0, 0.0);
     change(&mut s);
     let points = &[HookPoint::GetForwardPass];
-    run(&s, seed, &mut |i, c| {
-        if i % 2 == 0 {
-            c.set_hook(Some(pause_every(c, 1, points, 100_000)));
-        }
+    run_with(&s, seed, &mut |i, c, crash| {
+        let mut pause = (i % 2 == 0).then(|| pause_every(c, 1, points, 100_000));
+        let mut crash = crash;
+        c.set_hook(Some(Box::new(move |p| {
+            if let Some(h) = pause.as_mut() {
+                h(p);
+            }
+            if let Some(h) = crash.as_mut() {
+                h(p); // last: it never returns once it crashes the node
+            }
+        })));
     })
     .unwrap()
+}
+
+/// The high-load run in which node 1 crashes the first time one of its clients reaches `at`
+/// (in a MIGRATE, at high load there are hundreds): that MIGRATE stops between two steps for
+/// good, and the survivors, told the node failed, complete its copy as its source says.
+fn crashing_migrator(m: Mutations, seed: u64, at: HookPoint) -> CheckRun {
+    high_load_with(m, seed, |s| {
+        s.crash = Some(Crash {
+            node: 1,
+            at,
+            after_ns: 0,
+        })
+    })
+}
+
+/// Dead after emptying its source (Step 7), before setting its copy valid.
+fn migrator_dying_after_its_source(m: Mutations, seed: u64) -> CheckRun {
+    crashing_migrator(m, seed, HookPoint::MigrateAfterSrcCas)
+}
+
+/// Events at least in a crashing run: node 1's clients stop early, but the preload and the
+/// final reads and writes (3 events per key) are recorded too.
+const CRASH_RUN_MIN_EVENTS: u64 = 4 * OPS_PER_THREAD;
+
+#[test]
+fn a_crashed_migrators_copies_are_completed_as_their_sources_say() {
+    for (at, seed) in [
+        (HookPoint::MigrateAfterSrcCas, 1),
+        (HookPoint::MigrateAfterDstCas, 2),
+    ] {
+        let r = crashing_migrator(Mutations::default(), seed, at);
+        assert_clean(&format!("crash at {at:?}"), &r, CRASH_RUN_MIN_EVENTS);
+        assert_eq!(r.crashed, vec![1], "node 1 crashed at {at:?}");
+        let failed = r.events.iter().filter(|e| e.outcome == Outcome::Failed);
+        assert!(
+            failed.count() >= 1,
+            "the crashed operation is in the history"
+        );
+        if at == HookPoint::MigrateAfterSrcCas {
+            // The copy, the key's only entry, was rolled forward by a survivor.
+            assert!(r.stats.rolled_forward >= 1, "{:?}", r.stats);
+        }
+    }
 }
 
 #[test]
@@ -442,6 +491,16 @@ const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 /// `scenario` with `mutations` is caught at one of [`SEEDS`] (a key not linearizable, or a
 /// read of bytes nobody wrote), and the same scenario and seed without them is linearizable.
 fn caught(name: &str, mutations: Mutations, scenario: fn(Mutations, u64) -> CheckRun) {
+    caught_with(name, mutations, scenario, THREADS * OPS_PER_THREAD)
+}
+
+/// [`caught`], the control recording at least `ops` events.
+fn caught_with(
+    name: &str,
+    mutations: Mutations,
+    scenario: fn(Mutations, u64) -> CheckRun,
+    ops: u64,
+) {
     let seed = SEEDS
         .into_iter()
         .find(|&seed| {
@@ -451,8 +510,36 @@ fn caught(name: &str, mutations: Mutations, scenario: fn(Mutations, u64) -> Chec
         })
         .unwrap_or_else(|| panic!("{name}: the mutation went unnoticed at seeds {SEEDS:?}"));
     let clean = scenario(Mutations::default(), seed);
-    let ops = THREADS * OPS_PER_THREAD;
     assert_clean(&format!("{name}, control"), &clean, ops);
+}
+
+/// A MIGRATE that empties its source to a plain empty word, then dies: whoever completes its
+/// copy cannot tell the source was emptied for it, takes the copy out, and the key is lost.
+#[test]
+fn mutation_emptying_a_migrate_source_plainly_is_caught() {
+    let m = Mutations {
+        migrate_empties_plainly: true,
+        ..Mutations::default()
+    };
+    let scenario = migrator_dying_after_its_source;
+    caught_with("migrate_empties_plainly", m, scenario, CRASH_RUN_MIN_EVENTS);
+}
+
+/// A write that fills the dead MIGRATE's moved word without settling its copy first leaves
+/// the completer nothing to tell from: the copy is taken out and the moved key lost.
+#[test]
+fn mutation_filling_over_an_unsettled_copy_is_caught() {
+    let m = Mutations {
+        fill_over_unsettled_copy: true,
+        ..Mutations::default()
+    };
+    let scenario = migrator_dying_after_its_source;
+    caught_with(
+        "fill_over_unsettled_copy",
+        m,
+        scenario,
+        CRASH_RUN_MIN_EVENTS,
+    );
 }
 
 #[test]
