@@ -2,8 +2,8 @@
 //! delays, NIC stalls, client pauses past the expiry period, lost requests and answers), every
 //! history checked for linearizability and every key writable afterwards. Clean runs pass, over a large and a small index and with each optimisation
 //! off; each CD mutation the simulator can provoke is caught at one of a fixed list of seeds,
-//! and the same seed without the mutation passes; a failing seed replays exactly. One more mutation is
-//! caught by a directed interleaving at the end.
+//! and the same seed without the mutation passes; a failing seed replays exactly. Two more
+//! mutations are caught by directed interleavings at the end.
 //!
 //! The scenarios are the in-process stress tests' (`crates/testkit/tests/stress_cd.rs`), with
 //! their real sleeps replaced by virtual ones: hooks at the protocol's `HookPoint`s pause the
@@ -12,10 +12,11 @@
 //! Mutations not caught here, and why (also in `docs/sim.md`):
 //! - `complete_ignores_source`: rolling a dead migrator's copy forward without reading its
 //!   source loses a write only if the moved key was written between the MIGRATE's read of its
-//!   source and its copy's CAS (in process, a write driven from the hook); otherwise the copy
-//!   holds the source's value. Crashes at `MigrateAfterDstCas` (high load; small index, hot
-//!   keys) stayed linearizable. Its siblings `migrate_empties_plainly` and
-//!   `fill_over_unsettled_copy` are caught with a node crash ([`crashing_migrator`]).
+//!   source and its copy's CAS; otherwise the copy holds the source's value. Random crashes at
+//!   `MigrateAfterDstCas` (high load; small index, hot keys) stayed linearizable, so it is
+//!   caught by the exact interleaving of the in-process test, at the end. Its siblings
+//!   `migrate_empties_plainly` and `fill_over_unsettled_copy` are caught by random runs with a
+//!   node crash ([`crashing_migrator`]).
 //! - `migrate_copy_keeps_source`: needs a DELETE to commit while a MIGRATE's copy sits in the
 //!   key's last candidate and a GET to follow the copy's previous version in that window; in
 //!   process it is driven by an exact interleaving. High-load runs with pauses after the
@@ -784,4 +785,160 @@ fn mutation_walking_away_from_a_migrate_copy_is_caught() {
         ..Mutations::default()
     };
     caught("migrate_walks_away", m, lossy_high_load);
+}
+
+// A dead migrator's copy rolled forward without reading its source, by the exact interleaving
+// of `migrate_dying` (`crates/protocols/src/cd/migrate.rs`) in virtual time: random runs do not
+// reach it (see the module comment), so the migrator pauses at a hook while another simulated
+// thread writes the key it is moving, then its node crashes right after it published its copy.
+
+/// The keys of the interleaving, placed by `setup`: K in its second candidate with its first
+/// free; X, whose first candidate holds K and whose other candidates are taken, so a PUT of X
+/// migrates K to K's first candidate; Z, whose first candidate is K's first.
+struct DeadMigratorKeys {
+    k: Vec<u8>,
+    x: Vec<u8>,
+    z: Vec<u8>,
+}
+
+fn place_a_copy_before_its_source(c: &mut SimCluster, index: &Index) -> DeadMigratorKeys {
+    let k = (0..1_000_000u32)
+        .map(|i| format!("k{i}").into_bytes())
+        .find(|k| {
+            let s = index.hashes(k).all(index);
+            s[0] != s[1] && s[1] != s[2] && s[0] != s[2]
+        })
+        .unwrap();
+    let kc = index.hashes(&k).all(index);
+    let blocker = key_with_first(index, kc[0], &[], "b");
+    let x = (0..1_000_000u32)
+        .map(|i| format!("x{i}").into_bytes())
+        .find(|x| {
+            let s = index.hashes(x).all(index);
+            s[0] == kc[1] && !s.contains(&kc[0]) && s[1] != s[2] && s[1] != s[0]
+        })
+        .unwrap();
+    let xc = index.hashes(&x).all(index);
+    let z = key_with_first(index, kc[0], &[], "z");
+    let (setup, t) = c.client(0).unwrap();
+    let (k2, idx) = (k.clone(), index.clone());
+    let (_, firsts) = c.run(vec![(setup, t)], move |_, mut p| {
+        p.put(&blocker, b"blocker").unwrap();
+        p.put(&k2, b"before").unwrap();
+        p.delete(&blocker).unwrap();
+        for (i, &slot) in xc.iter().enumerate().skip(1) {
+            let filler = key_with_first(&idx, slot, &[kc[0]], &format!("f{i}-"));
+            p.put(&filler, b"filler").unwrap();
+        }
+        let ep = p.endpoint_mut();
+        [kc[0], kc[1]].map(|s| ep.read_u64(idx.addr(s)).unwrap())
+    });
+    let [first, second] = firsts[0];
+    assert!(
+        Ite(first).is_empty() && !Ite(second).is_empty(),
+        "K in its second candidate"
+    );
+    DeadMigratorKeys { k, x, z }
+}
+
+/// The two threads of the interleaving.
+enum Dying {
+    /// PUTs X, migrating K: pauses 1 ms after reading the MIGRATE's source (its 4th ITE read),
+    /// and its node crashes as soon as its copy of K is in K's first candidate.
+    Migrator(CdClient<SimEndpoint>),
+    /// Once the migrator has paused: PUTs Z (into K's first candidate), PUTs K (over the
+    /// MIGRATE's source: a new value there), DELETEs Z (K's first candidate free again).
+    Writer(CdClient<SimEndpoint>),
+}
+
+/// What K reads, through a client that knows node 1 failed, 3 expiry periods after the
+/// migrator on node 1 died with its copy of K published and K's source rewritten meanwhile.
+fn a_migrator_dies_after_the_source_was_rewritten(mutations: Mutations) -> Option<Vec<u8>> {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    const EXPIRY: u64 = 50_000_000;
+    let g = Geometry {
+        ites_per_node: 32,
+        dtes_per_node: 64,
+        value_max: 32,
+        ..geometry()
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: EXPIRY,
+        clock_margin_ns: 0,
+        mutations,
+        ..ProtocolConfig::default()
+    };
+    let hw = SimParams::default();
+    let mut c = SimCluster::with_faults(hw, SimFaults::NONE, 1, g, cfg.clone()).unwrap();
+    let index = c.view().index.clone();
+    let keys = place_a_copy_before_its_source(&mut c, &index);
+    let paused = Arc::new(AtomicBool::new(false));
+    let (mut m, mt) = c.client_with(1, cfg.clone()).unwrap();
+    let (mut ep, sim, flag) = (m.endpoint().sibling(), c.sim().clone(), paused.clone());
+    let mut reads = 0;
+    m.set_hook(Some(Box::new(move |p| {
+        reads += (p == HookPoint::AfterIteRead) as u32;
+        if p == HookPoint::AfterIteRead && reads == 4 {
+            flag.store(true, SeqCst);
+            ep.sleep_ns(1_000_000);
+        }
+        if p == HookPoint::MigrateAfterDstCas {
+            sim.crash_node(1);
+            std::panic::resume_unwind(Box::new(nessie_fabric_sim::NodeCrashed { node: 1 }));
+        }
+    })));
+    let (w, wt) = c.client(2).unwrap();
+    let roles = vec![(Dying::Migrator(m), mt), (Dying::Writer(w), wt)];
+    let (k, x, z) = (keys.k.clone(), keys.x, keys.z);
+    let (_, done) = c.run(roles, move |_, role| match role {
+        Dying::Migrator(mut m) => {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.put(&x, b"x")));
+            let why = r.expect_err("the migrator died in its MIGRATE");
+            why.is::<nessie_fabric_sim::NodeCrashed>()
+        }
+        Dying::Writer(mut w) => {
+            while !paused.load(SeqCst) {
+                w.endpoint_mut().sleep_ns(10_000);
+            }
+            w.put(&z, b"z").unwrap();
+            w.put(&k, b"after").unwrap();
+            w.delete(&z).unwrap();
+            true
+        }
+    });
+    assert_eq!(
+        done,
+        vec![true, true],
+        "the migrator crashed, the writer wrote"
+    );
+    let (mut r, rt) = c.client(0).unwrap();
+    let fence = Arc::new(nessie_protocols::Fence::unfenced());
+    fence.set_gone(1, true);
+    r.set_fence(fence);
+    let k = keys.k;
+    let (_, got) = c.run(vec![(r, rt)], move |_, mut r| {
+        r.endpoint_mut().sleep_ns(3 * EXPIRY);
+        r.get(&k).unwrap()
+    });
+    got.into_iter().next().unwrap()
+}
+
+#[test]
+fn a_dead_migrators_copy_is_taken_out_when_its_source_was_rewritten() {
+    let v = a_migrator_dies_after_the_source_was_rewritten(Mutations::default());
+    assert_eq!(v.as_deref(), Some(&b"after"[..]));
+}
+
+#[test]
+fn mutation_completing_a_copy_without_its_source_is_caught() {
+    let v = a_migrator_dies_after_the_source_was_rewritten(Mutations {
+        complete_ignores_source: true,
+        ..Mutations::default()
+    });
+    assert_eq!(
+        v.as_deref(),
+        Some(&b"before"[..]),
+        "rolled forward blindly, the copy clears the acknowledged PUT of K as a duplicate"
+    );
 }
