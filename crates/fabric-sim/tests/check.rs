@@ -1,31 +1,31 @@
 //! Correctness mode: the client-driven protocol on the simulator with faults injected (random
-//! delays, NIC stalls, client pauses past the expiry period, lost requests and answers), every
-//! history checked for linearizability and every key writable afterwards. Clean runs pass, over a large and a small index and with each optimisation
-//! off; each CD mutation the simulator can provoke is caught at one of a fixed list of seeds,
-//! and the same seed without the mutation passes; a failing seed replays exactly. Two more
-//! mutations are caught by directed interleavings at the end.
+//! delays, NIC stalls, client pauses past the expiry period, lost requests and answers, node
+//! crashes), every history checked for linearizability and every key writable afterwards.
+//! Clean runs pass, over a large and a small index and with each optimisation off; each CD
+//! mutation random runs provoke is caught at one of a fixed list of seeds, and the same seed
+//! without the mutation passes; a failing seed replays exactly. Three more mutations are
+//! caught by exact interleavings at the end, so every CD mutation is caught here. Replication
+//! and Pilaf mutations do not apply to unreplicated CD.
 //!
 //! The scenarios are the in-process stress tests' (`crates/testkit/tests/stress_cd.rs`), with
 //! their real sleeps replaced by virtual ones: hooks at the protocol's `HookPoint`s pause the
 //! client's own simulated thread ([`pause_every`], [`abandon_bursts`]).
 //!
-//! Mutations not caught here, and why (also in `docs/sim.md`):
+//! Mutations random runs do not reach, caught by exact interleavings replayed in virtual time
+//! at the end (also in `docs/sim.md`):
 //! - `complete_ignores_source`: rolling a dead migrator's copy forward without reading its
 //!   source loses a write only if the moved key was written between the MIGRATE's read of its
 //!   source and its copy's CAS; otherwise the copy holds the source's value. Random crashes at
-//!   `MigrateAfterDstCas` (high load; small index, hot keys) stayed linearizable, so it is
-//!   caught by the exact interleaving of the in-process test, at the end. Its siblings
+//!   `MigrateAfterDstCas` (high load; small index, hot keys) stayed linearizable. Its siblings
 //!   `migrate_empties_plainly` and `fill_over_unsettled_copy` are caught by random runs with a
 //!   node crash ([`crashing_migrator`]).
 //! - `migrate_copy_keeps_source`: needs a DELETE to commit while a MIGRATE's copy sits in the
-//!   key's last candidate and a GET to follow the copy's previous version in that window; in
-//!   process it is driven by an exact interleaving. High-load runs with pauses after the
-//!   copy's CAS (8 seeds tried, about 900 migrations each) never met that window.
-//! - `skip_put_reverse_pass` is caught, but only by the exact interleaving of the in-process
-//!   test (`crates/cluster/tests/reverse_pass.rs`, an old entry moved behind a paused writer),
-//!   replayed here in virtual time; high-load runs with paused forward passes did not reach it
-//!   (4 seeds tried).
-//! - Replication and Pilaf mutations do not apply to unreplicated CD.
+//!   key's last candidate and a GET to follow the copy's previous version in that window.
+//!   High-load runs with pauses after the copy's CAS (8 seeds tried, about 900 migrations
+//!   each) never met that window.
+//! - `skip_put_reverse_pass`: the interleaving of `crates/cluster/tests/reverse_pass.rs` (an
+//!   old entry moved behind a paused writer); high-load runs with paused forward passes did
+//!   not reach it (4 seeds tried).
 
 use nessie_check::{Op, Outcome};
 use nessie_fabric::Endpoint;
@@ -940,5 +940,184 @@ fn mutation_completing_a_copy_without_its_source_is_caught() {
         v.as_deref(),
         Some(&b"before"[..]),
         "rolled forward blindly, the copy clears the acknowledged PUT of K as a duplicate"
+    );
+}
+
+// A MIGRATE copy naming its source as its previous version, by the exact interleaving of
+// `delete_racing_a_failed_migrate` (`crates/protocols/src/cd/migrate.rs`) in virtual time: a
+// DELETE commits while a MIGRATE's copy of the key sits in the key's last candidate (which the
+// DELETE's reverse pass skips), and a GET meets the copy before the MIGRATE takes it out.
+
+/// Where the three threads of the race are; each waits (in virtual time) for its turn.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+enum Race {
+    Start,
+    /// M's MIGRATE read its source (K in k0): D may delete K.
+    SourceRead,
+    /// D read every candidate of K and is before its reverse pass: M may publish its copy.
+    DeleteRead,
+    /// M's copy of K is in k2: D may commit.
+    Copied,
+    /// D returned: G may read K.
+    Deleted,
+    /// G read K: M may go on (its source is gone: it takes the copy out again).
+    Read,
+}
+
+/// Wait, sleeping `ep`'s thread in virtual time, until the race is at least at `at`.
+fn race_to(ep: &mut SimEndpoint, race: &std::sync::atomic::AtomicU8, at: Race) {
+    while race.load(std::sync::atomic::Ordering::SeqCst) < at as u8 {
+        ep.sleep_ns(1_000);
+    }
+}
+
+/// The threads of the race.
+enum Racer {
+    /// PUTs X, whose first candidate is k0 and whose others are taken: migrates K to k2.
+    M(CdClient<SimEndpoint>),
+    /// DELETEs K.
+    D(CdClient<SimEndpoint>),
+    /// Reads K once, without retrying, after the DELETE returned.
+    G(CdClient<SimEndpoint>),
+}
+
+/// K ("deleted") in k0, a filler in k1, k2 free; X with k0 first and its others taken. Returns
+/// G's one GET attempt of K, made after the DELETE of K returned, and what K reads at the end.
+fn a_get_beside_a_delete_and_a_migrate_copy(
+    mutations: Mutations,
+) -> (
+    Result<Option<Vec<u8>>, nessie_protocols::Error>,
+    Option<Vec<u8>>,
+) {
+    use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+    use std::sync::Arc;
+    let g = Geometry {
+        ites_per_node: 32,
+        dtes_per_node: 64,
+        value_max: 32,
+        ..geometry()
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: 1_000_000_000,
+        clock_margin_ns: 0,
+        mutations,
+        ..ProtocolConfig::default()
+    };
+    let hw = SimParams::default();
+    let mut c = SimCluster::with_faults(hw, SimFaults::NONE, 1, g, cfg.clone()).unwrap();
+    let index = c.view().index.clone();
+    let k = (0..1_000_000u32)
+        .map(|i| format!("k{i}").into_bytes())
+        .find(|k| {
+            let s = index.hashes(k).all(&index);
+            s[0] != s[1] && s[1] != s[2] && s[0] != s[2]
+        })
+        .unwrap();
+    let kc = index.hashes(&k).all(&index);
+    let x = (0..1_000_000u32)
+        .map(|i| format!("x{i}").into_bytes())
+        .find(|x| {
+            let s = index.hashes(x).all(&index);
+            s[0] == kc[0] && !s.contains(&kc[2]) && s[1] != s[2] && s[1] != s[0]
+        })
+        .unwrap();
+    let xc = index.hashes(&x).all(&index);
+    let (setup, t) = c.client(0).unwrap();
+    let (k2, idx) = (k.clone(), index.clone());
+    let (_, last) = c.run(vec![(setup, t)], move |_, mut p| {
+        p.put(&k2, b"deleted").unwrap(); // into k0
+        for (i, slot) in [kc[1], xc[1], xc[2]].into_iter().enumerate() {
+            let w = p.endpoint_mut().read_u64(idx.addr(slot)).unwrap();
+            if Ite(w).is_empty() {
+                let f = key_with_first(&idx, slot, &[kc[2]], &format!("f{i}-"));
+                p.put(&f, b"filler").unwrap();
+            }
+        }
+        p.endpoint_mut().read_u64(idx.addr(kc[2])).unwrap()
+    });
+    assert!(Ite(last[0]).is_empty(), "K's last candidate is free");
+    let race = Arc::new(AtomicU8::new(Race::Start as u8));
+    let (mut m, mt) = c.client_with(1, cfg.clone()).unwrap();
+    let (mut ep, r) = (m.endpoint().sibling(), race.clone());
+    let mut reads = 0;
+    m.set_hook(Some(Box::new(move |p| match p {
+        HookPoint::AfterIteRead => {
+            reads += 1;
+            if reads == 4 {
+                r.store(Race::SourceRead as u8, SeqCst);
+                race_to(&mut ep, &r, Race::DeleteRead);
+            }
+        }
+        HookPoint::MigrateAfterDstCas => {
+            r.store(Race::Copied as u8, SeqCst);
+            race_to(&mut ep, &r, Race::Read);
+        }
+        _ => {}
+    })));
+    let (mut d, dt) = c.client_with(2, cfg.clone()).unwrap();
+    let (mut ep, r) = (d.endpoint().sibling(), race.clone());
+    d.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::BeforeReversePass && r.load(SeqCst) < Race::DeleteRead as u8 {
+            r.store(Race::DeleteRead as u8, SeqCst);
+            race_to(&mut ep, &r, Race::Copied);
+        }
+    })));
+    let (g, gt) = c.client(0).unwrap();
+    let racers = vec![(Racer::M(m), mt), (Racer::D(d), dt), (Racer::G(g), gt)];
+    let (k2, r) = (k.clone(), race);
+    let (_, out) = c.run(racers, move |_, racer| match racer {
+        Racer::M(mut m) => {
+            m.put(&x, b"x").unwrap();
+            let st = m.stats();
+            assert_eq!((st.concurrent_aborts, st.migrations), (1, 0), "{st:?}");
+            None
+        }
+        Racer::D(mut d) => {
+            let mut ep = d.endpoint().sibling();
+            race_to(&mut ep, &r, Race::SourceRead);
+            d.delete(&k2).unwrap();
+            assert_eq!(
+                d.stats().retries,
+                0,
+                "the DELETE committed at its first attempt"
+            );
+            r.store(Race::Deleted as u8, SeqCst);
+            None
+        }
+        Racer::G(mut g) => {
+            let mut ep = g.endpoint().sibling();
+            race_to(&mut ep, &r, Race::Deleted);
+            let got = g.try_get(&k2);
+            r.store(Race::Read as u8, SeqCst);
+            Some(got)
+        }
+    });
+    let got = out.into_iter().flatten().next().unwrap();
+    let (reader, rt) = c.client(0).unwrap();
+    let (_, after) = c.run(vec![(reader, rt)], move |_, mut r| r.get(&k).unwrap());
+    (got, after.into_iter().next().unwrap())
+}
+
+#[test]
+fn a_failed_migrate_copy_does_not_bring_back_a_deleted_value() {
+    let (got, after) = a_get_beside_a_delete_and_a_migrate_copy(Mutations::default());
+    assert!(
+        !matches!(got, Ok(Some(_))),
+        "the DELETE returned first: {got:?}"
+    );
+    assert_eq!(after, None, "once the MIGRATE is done, K is absent");
+}
+
+#[test]
+fn mutation_naming_the_source_in_a_migrate_copy_is_caught() {
+    let (got, _) = a_get_beside_a_delete_and_a_migrate_copy(Mutations {
+        migrate_copy_keeps_source: true,
+        ..Mutations::default()
+    });
+    assert_eq!(
+        got.unwrap().as_deref(),
+        Some(&b"deleted"[..]),
+        "the GET follows the copy's previous version to the deleted value"
     );
 }
