@@ -982,14 +982,15 @@ enum Racer {
     G(CdClient<SimEndpoint>),
 }
 
-/// K ("deleted") in k0, a filler in k1, k2 free; X with k0 first and its others taken. Returns
-/// G's one GET attempt of K, made after the DELETE of K returned, and what K reads at the end.
-fn a_get_beside_a_delete_and_a_migrate_copy(
-    mutations: Mutations,
-) -> (
+/// A GET attempt's answer, and what a GET gives afterwards.
+type GetThenAfter = (
     Result<Option<Vec<u8>>, nessie_protocols::Error>,
     Option<Vec<u8>>,
-) {
+);
+
+/// K ("deleted") in k0, a filler in k1, k2 free; X with k0 first and its others taken. Returns
+/// G's one GET attempt of K, made after the DELETE of K returned, and what K reads at the end.
+fn a_get_beside_a_delete_and_a_migrate_copy(mutations: Mutations) -> GetThenAfter {
     use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
     use std::sync::Arc;
     let g = Geometry {
