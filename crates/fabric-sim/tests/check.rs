@@ -792,6 +792,22 @@ fn mutation_walking_away_from_a_migrate_copy_is_caught() {
 // reach it (see the module comment), so the migrator pauses at a hook while another simulated
 // thread writes the key it is moving, then its node crashes right after it published its copy.
 
+/// The first key `{prefix}N` whose candidates satisfy `want`.
+fn key_where(index: &Index, prefix: &str, want: impl Fn(&[Slot]) -> bool) -> Vec<u8> {
+    (0..1_000_000u32)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .find(|k| want(&index.hashes(k).all(index)))
+        .expect("a key with such candidates")
+}
+
+/// A key X with distinct candidates, the first `first`, none `avoid`: with its other
+/// candidates taken, a PUT of X migrates whatever `first` holds.
+fn key_migrating(index: &Index, first: Slot, avoid: Slot) -> Vec<u8> {
+    key_where(index, "x", |s| {
+        s[0] == first && !s.contains(&avoid) && s[1] != s[2] && s[1] != s[0]
+    })
+}
+
 /// The keys of the interleaving, placed by `setup`: K in its second candidate with its first
 /// free; X, whose first candidate holds K and whose other candidates are taken, so a PUT of X
 /// migrates K to K's first candidate; Z, whose first candidate is K's first.
@@ -802,22 +818,10 @@ struct DeadMigratorKeys {
 }
 
 fn place_a_copy_before_its_source(c: &mut SimCluster, index: &Index) -> DeadMigratorKeys {
-    let k = (0..1_000_000u32)
-        .map(|i| format!("k{i}").into_bytes())
-        .find(|k| {
-            let s = index.hashes(k).all(index);
-            s[0] != s[1] && s[1] != s[2] && s[0] != s[2]
-        })
-        .unwrap();
+    let k = key_where(index, "k", |s| s[0] != s[1] && s[1] != s[2] && s[0] != s[2]);
     let kc = index.hashes(&k).all(index);
     let blocker = key_with_first(index, kc[0], &[], "b");
-    let x = (0..1_000_000u32)
-        .map(|i| format!("x{i}").into_bytes())
-        .find(|x| {
-            let s = index.hashes(x).all(index);
-            s[0] == kc[1] && !s.contains(&kc[0]) && s[1] != s[2] && s[1] != s[0]
-        })
-        .unwrap();
+    let x = key_migrating(index, kc[1], kc[0]);
     let xc = index.hashes(&x).all(index);
     let z = key_with_first(index, kc[0], &[], "z");
     let (setup, t) = c.client(0).unwrap();
@@ -972,6 +976,24 @@ fn race_to(ep: &mut SimEndpoint, race: &std::sync::atomic::AtomicU8, at: Race) {
     }
 }
 
+/// A hook on `c` that, where `turn(ITE reads so far, point)` says `(reached, wait_for)`, moves
+/// the race to `reached` and waits (in virtual time) for `wait_for`.
+fn set_race_hooks(
+    c: &mut CdClient<SimEndpoint>,
+    race: &std::sync::Arc<std::sync::atomic::AtomicU8>,
+    mut turn: impl FnMut(u32, HookPoint) -> Option<(Race, Race)> + Send + 'static,
+) {
+    let (mut ep, r) = (c.endpoint().sibling(), race.clone());
+    let mut reads = 0;
+    c.set_hook(Some(Box::new(move |p| {
+        reads += (p == HookPoint::AfterIteRead) as u32;
+        if let Some((reached, wait_for)) = turn(reads, p) {
+            r.store(reached as u8, std::sync::atomic::Ordering::SeqCst);
+            race_to(&mut ep, &r, wait_for);
+        }
+    })));
+}
+
 /// The threads of the race.
 enum Racer {
     /// PUTs X, whose first candidate is k0 and whose others are taken: migrates K to k2.
@@ -980,6 +1002,30 @@ enum Racer {
     D(CdClient<SimEndpoint>),
     /// Reads K once, without retrying, after the DELETE returned.
     G(CdClient<SimEndpoint>),
+}
+
+/// K ("deleted") in k0, a filler in k1, k2 free; X, whose first candidate is k0 and whose
+/// others are taken (not k2). Returns (K, X).
+fn place_for_the_race(c: &mut SimCluster, index: &Index) -> (Vec<u8>, Vec<u8>) {
+    let k = key_where(index, "k", |s| s[0] != s[1] && s[1] != s[2] && s[0] != s[2]);
+    let kc = index.hashes(&k).all(index);
+    let x = key_migrating(index, kc[0], kc[2]);
+    let xc = index.hashes(&x).all(index);
+    let (setup, t) = c.client(0).unwrap();
+    let (k2, idx) = (k.clone(), index.clone());
+    let (_, last) = c.run(vec![(setup, t)], move |_, mut p| {
+        p.put(&k2, b"deleted").unwrap(); // into k0
+        for (i, slot) in [kc[1], xc[1], xc[2]].into_iter().enumerate() {
+            let w = p.endpoint_mut().read_u64(idx.addr(slot)).unwrap();
+            if Ite(w).is_empty() {
+                let f = key_with_first(&idx, slot, &[kc[2]], &format!("f{i}-"));
+                p.put(&f, b"filler").unwrap();
+            }
+        }
+        p.endpoint_mut().read_u64(idx.addr(kc[2])).unwrap()
+    });
+    assert!(Ite(last[0]).is_empty(), "K's last candidate is free");
+    (k, x)
 }
 
 /// A GET attempt's answer, and what a GET gives afterwards.
@@ -1008,62 +1054,22 @@ fn a_get_beside_a_delete_and_a_migrate_copy(mutations: Mutations) -> GetThenAfte
     let hw = SimParams::default();
     let mut c = SimCluster::with_faults(hw, SimFaults::NONE, 1, g, cfg.clone()).unwrap();
     let index = c.view().index.clone();
-    let k = (0..1_000_000u32)
-        .map(|i| format!("k{i}").into_bytes())
-        .find(|k| {
-            let s = index.hashes(k).all(&index);
-            s[0] != s[1] && s[1] != s[2] && s[0] != s[2]
-        })
-        .unwrap();
-    let kc = index.hashes(&k).all(&index);
-    let x = (0..1_000_000u32)
-        .map(|i| format!("x{i}").into_bytes())
-        .find(|x| {
-            let s = index.hashes(x).all(&index);
-            s[0] == kc[0] && !s.contains(&kc[2]) && s[1] != s[2] && s[1] != s[0]
-        })
-        .unwrap();
-    let xc = index.hashes(&x).all(&index);
-    let (setup, t) = c.client(0).unwrap();
-    let (k2, idx) = (k.clone(), index.clone());
-    let (_, last) = c.run(vec![(setup, t)], move |_, mut p| {
-        p.put(&k2, b"deleted").unwrap(); // into k0
-        for (i, slot) in [kc[1], xc[1], xc[2]].into_iter().enumerate() {
-            let w = p.endpoint_mut().read_u64(idx.addr(slot)).unwrap();
-            if Ite(w).is_empty() {
-                let f = key_with_first(&idx, slot, &[kc[2]], &format!("f{i}-"));
-                p.put(&f, b"filler").unwrap();
-            }
-        }
-        p.endpoint_mut().read_u64(idx.addr(kc[2])).unwrap()
-    });
-    assert!(Ite(last[0]).is_empty(), "K's last candidate is free");
+    let (k, x) = place_for_the_race(&mut c, &index);
     let race = Arc::new(AtomicU8::new(Race::Start as u8));
     let (mut m, mt) = c.client_with(1, cfg.clone()).unwrap();
-    let (mut ep, r) = (m.endpoint().sibling(), race.clone());
-    let mut reads = 0;
-    m.set_hook(Some(Box::new(move |p| match p {
-        HookPoint::AfterIteRead => {
-            reads += 1;
-            if reads == 4 {
-                r.store(Race::SourceRead as u8, SeqCst);
-                race_to(&mut ep, &r, Race::DeleteRead);
-            }
-        }
-        HookPoint::MigrateAfterDstCas => {
-            r.store(Race::Copied as u8, SeqCst);
-            race_to(&mut ep, &r, Race::Read);
-        }
-        _ => {}
-    })));
+    set_race_hooks(&mut m, &race, |reads, p| match p {
+        HookPoint::AfterIteRead if reads == 4 => Some((Race::SourceRead, Race::DeleteRead)),
+        HookPoint::MigrateAfterDstCas => Some((Race::Copied, Race::Read)),
+        _ => None,
+    });
     let (mut d, dt) = c.client_with(2, cfg.clone()).unwrap();
-    let (mut ep, r) = (d.endpoint().sibling(), race.clone());
-    d.set_hook(Some(Box::new(move |p| {
-        if p == HookPoint::BeforeReversePass && r.load(SeqCst) < Race::DeleteRead as u8 {
-            r.store(Race::DeleteRead as u8, SeqCst);
-            race_to(&mut ep, &r, Race::Copied);
+    let mut once = true;
+    set_race_hooks(&mut d, &race, move |_, p| match p {
+        HookPoint::BeforeReversePass if std::mem::take(&mut once) => {
+            Some((Race::DeleteRead, Race::Copied))
         }
-    })));
+        _ => None,
+    });
     let (g, gt) = c.client(0).unwrap();
     let racers = vec![(Racer::M(m), mt), (Racer::D(d), dt), (Racer::G(g), gt)];
     let (k2, r) = (k.clone(), race);
