@@ -252,17 +252,22 @@ impl Recording {
     pub fn crashed(&mut self, node: NodeId) {
         if let Some((op, invoke_ns)) = self.pending.take() {
             let reason = "its node crashed".to_string();
-            let r = Err(Error::Unreachable { node, reason });
-            let (kind, outcome) = history_entry(&op, self.thread, &r);
-            self.events.push(Event {
-                client: self.thread,
-                key: op.key,
-                op: kind,
-                outcome,
-                invoke_ns,
-                response_ns: self.timer.mono_ns(),
-            });
+            self.record(&op, invoke_ns, &Err(Error::Unreachable { node, reason }));
         }
+    }
+
+    /// Record `op`, invoked at `invoke_ns`, answered `r` now; returns its outcome.
+    fn record(&mut self, op: &Planned, invoke_ns: u64, r: &Result<Done<'_>, Error>) -> Outcome {
+        let (kind, outcome) = history_entry(op, self.thread, r);
+        self.events.push(Event {
+            client: self.thread,
+            key: op.key,
+            op: kind,
+            outcome: outcome.clone(),
+            invoke_ns,
+            response_ns: self.timer.mono_ns(),
+        });
+        outcome
     }
 }
 
@@ -289,16 +294,8 @@ impl<C> Observer<C> for Recording {
 
     fn complete(&mut self, _: &C, op: &Planned, invoke_ns: u64, r: Result<Done<'_>, Error>) {
         self.pending = None;
-        let (kind, outcome) = history_entry(op, self.thread, &r);
+        let outcome = self.record(op, invoke_ns, &r);
         self.corrupt += (outcome == Outcome::Ok(Some(CORRUPT_VALUE))) as u64;
-        self.events.push(Event {
-            client: self.thread,
-            key: op.key,
-            op: kind,
-            outcome,
-            invoke_ns,
-            response_ns: self.timer.mono_ns(),
-        });
     }
 }
 
