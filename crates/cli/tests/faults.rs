@@ -107,11 +107,52 @@ fn states(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// Node processes the nemesis started again: the one it killed, and any that UCX aborted.
+type Revived = Vec<(u16, Restarted)>;
+
+/// Whether node `id`'s process is gone after UCX 1.13 (Debian's) aborted it on a failed
+/// assertion: purging a failed TCP endpoint's pending wireup messages, it met one the
+/// assertion did not expect (the assertion was removed upstream, openucx/ucx pull request
+/// 8175). A peer that dies or pauses triggers it; the node is then as good as crashed.
+fn aborted_by_ucx(c: &Cluster, id: u16) -> bool {
+    let log = std::fs::read_to_string(c.dir.join(format!("node-{id}.log"))).unwrap_or_default();
+    process::live_pid(&c.dir, id).is_none()
+        && log.contains("ucp_request.c")
+        && log.contains("Assertion")
+        && log.contains("UCP_WIREUP_MSG")
+}
+
+/// Restart every node (once) whose process UCX aborted (`aborted_by_ucx`): a crash like a
+/// SIGKILL, which the cluster must survive, though not one the nemesis chose.
+fn revive_ucx_aborts(c: &Cluster, log: &Mutex<Vec<String>>, revived: &mut Revived) {
+    for id in 0..NODES {
+        if revived.iter().all(|(r, _)| *r != id) && aborted_by_ucx(c, id) {
+            revived.push((id, restart(c, id)));
+            log.lock().unwrap().push(format!(
+                "node {id} was aborted by UCX 1.13's wireup assertion (openucx/ucx#8175): restarted"
+            ));
+        }
+    }
+}
+
 /// Wait until node `id` is in `state` (or, for "joining", past it: up again, which a slow
-/// status poll may see first); the nemesis's log says how long it took.
-fn wait_state(c: &Cluster, id: u16, state: &str, limit: Duration, log: &Mutex<Vec<String>>) {
-    let t0 = Instant::now();
+/// status poll may see first); the nemesis's log says how long it took. Nodes UCX aborted
+/// meanwhile are restarted (`revive_ucx_aborts`), and `id`'s limit starts again if it was one.
+fn wait_state(
+    c: &Cluster,
+    id: u16,
+    state: &str,
+    limit: Duration,
+    log: &Mutex<Vec<String>>,
+    revived: &mut Revived,
+) {
+    let mut t0 = Instant::now();
     loop {
+        let before = revived.len();
+        revive_ucx_aborts(c, log, revived);
+        if revived[before..].iter().any(|(r, _)| *r == id) {
+            t0 = Instant::now();
+        }
         let s = states(c);
         if s[id as usize] == state || (state == "joining" && s[id as usize] == "up") {
             log.lock()
@@ -176,37 +217,41 @@ const BASE_ARGS: &[&str] = &[
 /// The faults, in order, each waited for in `status`: pause node 3 until it is declared
 /// failed, resume it (it comes back joining), kill node 1, restart it, and wait until both are
 /// up again (caught up). Returns the restarted node (stopped when dropped).
-fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
+fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
+    let mut revived = Revived::new();
+    let r = &mut revived;
     let say = |s: String| log.lock().unwrap().push(s);
     std::thread::sleep(Duration::from_secs(2));
     signal(c, PAUSED, libc::SIGSTOP);
     say(format!("SIGSTOP node {PAUSED}"));
-    wait_state(c, PAUSED, "failed", TTL * 3, log);
+    wait_state(c, PAUSED, "failed", TTL * 3, log, r);
     signal(c, PAUSED, libc::SIGCONT);
     say(format!("SIGCONT node {PAUSED}"));
-    wait_state(c, PAUSED, "joining", TTL * 3, log);
+    wait_state(c, PAUSED, "joining", TTL * 3, log, r);
     signal(c, KILLED, libc::SIGKILL);
     say(format!("SIGKILL node {KILLED}"));
-    wait_state(c, KILLED, "failed", TTL * 3, log);
-    let child = restart(c, KILLED);
+    wait_state(c, KILLED, "failed", TTL * 3, log, r);
+    r.push((KILLED, restart(c, KILLED)));
     say(format!("restarted node {KILLED}"));
     // Failed, then joining (for about a TTL while it waits and catches up: a slow status
     // poll can miss it), then up: membership allows no other way back.
-    wait_state(c, KILLED, "up", TTL * 10, log);
+    wait_state(c, KILLED, "up", TTL * 10, log, r);
     // The paused node is up by now unless its new lease lapsed while it caught up (a loaded
     // machine): then it is failed, held, joining and catching up again, a few TTLs.
-    wait_state(c, PAUSED, "up", TTL * 4, log);
-    child
+    wait_state(c, PAUSED, "up", TTL * 4, log, r);
+    revived
 }
 
 /// Kill node 1, wait until its copies have moved and been filled elsewhere (node 1 still
 /// down), restart it, and wait until it is up again (without its old copies).
-fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
+fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
+    let mut revived = Revived::new();
+    let r = &mut revived;
     let say = |s: String| log.lock().unwrap().push(s);
     std::thread::sleep(Duration::from_secs(2));
     signal(c, KILLED, libc::SIGKILL);
     say(format!("SIGKILL node {KILLED}"));
-    wait_state(c, KILLED, "failed", TTL * 3, log);
+    wait_state(c, KILLED, "failed", TTL * 3, log, r);
     let t0 = Instant::now();
     loop {
         let out = c.nessie(&["status", "--json"]);
@@ -225,10 +270,10 @@ fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Restarted {
         assert!(t0.elapsed() < TTL * 10, "copies not moved: {s:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let child = restart(c, KILLED);
+    r.push((KILLED, restart(c, KILLED)));
     say(format!("restarted node {KILLED}"));
-    wait_state(c, KILLED, "up", TTL * 10, log);
-    child
+    wait_state(c, KILLED, "up", TTL * 10, log, r);
+    revived
 }
 
 /// Every key reads alike through all four nodes (the two that failed came back), and is
