@@ -463,9 +463,14 @@ fn seed_line(r: &CheckRun) -> String {
             r.wedged.len()
         )
     };
+    let crashed = match r.crashed.as_slice() {
+        [] => String::new(),
+        nodes => format!(", nodes {nodes:?} crashed"),
+    };
     format!(
         "seed {}: {verdict}; {} ops, {} timed out, {} rolled forward, {} migrations; \
-         faults: {} delays, {} NIC stalls, {} pauses, {} lost; {:.3} ms virtual; history {:016x}",
+         faults: {} delays, {} NIC stalls, {} pauses, {} lost{crashed}; {:.3} ms virtual; \
+         history {:016x}",
         r.seed,
         r.events.len(),
         r.stats.timeouts,
@@ -494,6 +499,7 @@ fn seed_json(r: &CheckRun) -> serde_json::Value {
         "rolled_forward": r.stats.rolled_forward,
         "migrations": r.stats.migrations,
         "faults": r.faults,
+        "crashed_nodes": r.crashed,
         "virtual_ns": r.summary.end_ns,
         "dispatches": r.summary.dispatches,
         "history_digest": format!("{:016x}", r.history_digest()),

@@ -159,6 +159,26 @@ fn a_failing_seed_with_a_crash_replays() {
     ]);
 }
 
+/// A crash the run made is reported: in the seed's line, and in `--json` as `crashed_nodes`.
+#[cfg(feature = "mutations")]
+#[test]
+fn a_crash_is_reported() {
+    let args = ["sim", "check", "--seeds", "1", "--ops", "200", "--json"];
+    let crash = ["--crash-node", "2", "--crash-at", "after-ite-read"];
+    let out = nessie(&[&args[..], &crash].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"][0]["crashed_nodes"], serde_json::json!([2]));
+    assert!(
+        stderr(&out).contains("nodes [2] crashed"),
+        "{}",
+        stderr(&out)
+    );
+    let calm = nessie(&args);
+    let v: serde_json::Value = serde_json::from_slice(&calm.stdout).unwrap();
+    assert_eq!(v["runs"][0]["crashed_nodes"], serde_json::json!([]));
+}
+
 /// `nessie sim check --seeds 1 ARGS` fails, and the replay command it prints fails alike.
 #[cfg(feature = "mutations")]
 fn replays(args: &[&str]) {
