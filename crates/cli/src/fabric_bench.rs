@@ -38,6 +38,11 @@ pub struct FabricBenchArgs {
     /// process, no UCX): the path of a GET whose entry is in its own node. READ and WRITE only.
     #[arg(long, conflicts_with = "perftest")]
     local: bool,
+    /// Measure fabric operations (READ, WRITE or CAS) from one process to its own node: the
+    /// path of a CD client's own-node ITEs and of every ITE an SD/HY server touches. Run
+    /// twice, straight to memory (the default on shm and tcp) and through UCX's loopback.
+    #[arg(long, conflicts_with_all = ["perftest", "local"])]
+    loopback: bool,
     /// Also run ucx_perftest with the same transport, operation and size, in this run.
     #[arg(long)]
     perftest: bool,
@@ -196,6 +201,23 @@ fn ours_local(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, Fabr
     Ok(bench_local_over(&mut ep, 0, a.op, size as usize, span, a.iters)?.into())
 }
 
+/// `--loopback`: fabric operations on the process's own node, direct or through UCX.
+fn ours_loopback(
+    a: &FabricBenchArgs,
+    size: u64,
+    span: u64,
+    direct: bool,
+) -> Result<Outcome, FabricBenchError> {
+    let mut config = ucx_config(&a.transport)?;
+    config.direct_loopback = direct;
+    let me = UcxNode::new(0, &[span], &config)?;
+    let mut ep = me.endpoint(&[me.info().clone()])?;
+    let addr = RemoteAddr::new(0, 0, 0);
+    let iters = (a.iters / 10).max(100);
+    bench_op_over(&mut ep, addr, a.op, size as usize, span, iters)?; // warm-up
+    Ok(bench_op_over(&mut ep, addr, a.op, size as usize, span, a.iters)?.into())
+}
+
 /// Run ucx_perftest (server + client) and parse its `Final:` line.
 fn perftest(a: &FabricBenchArgs, size: u64) -> Result<Outcome, FabricBenchError> {
     let (tls, dev) = match a.transport.as_str() {
@@ -281,9 +303,14 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
         return Err(FabricBenchError::LocalCas);
     }
     let r = Measured {
-        ours: match a.local {
-            true => ours_local(&a, size, span)?,
-            false => ours(&a, size, span)?,
+        ours: match (a.local, a.loopback) {
+            (true, _) => ours_local(&a, size, span)?,
+            (_, true) => ours_loopback(&a, size, span, true)?,
+            _ => ours(&a, size, span)?,
+        },
+        through_ucx: match a.loopback {
+            true => Some(ours_loopback(&a, size, span, false)?),
+            false => None,
         },
         // The limit: a local copy from a working set as large, when one is asked for.
         limit: a
@@ -308,6 +335,8 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
 /// One invocation's figures.
 struct Measured {
     ours: Outcome,
+    /// `--loopback`: the same operations through UCX's loopback (`ours` went direct).
+    through_ucx: Option<Outcome>,
     limit: Option<Outcome>,
     perftest: Option<Outcome>,
     size: u64,
@@ -321,6 +350,11 @@ impl Measured {
             "transport": if a.local { "local" } else { a.transport.as_str() }, "op": op_name(a.op), "size": self.size, "iters": a.iters,
             "nessie": {"p50_us": o.p50_us, "p99_us": o.p99_us, "mean_us": o.mean_us, "ops_per_sec": o.ops_per_sec},
         });
+        if let Some(u) = &self.through_ucx {
+            v["loopback"] = true.into();
+            v["through_ucx"] = serde_json::json!({"p50_us": u.p50_us, "p99_us": u.p99_us, "mean_us": u.mean_us, "ops_per_sec": u.ops_per_sec});
+            v["p50_ratio_to_ucx"] = (o.p50_us / u.p50_us).into();
+        }
         if let Some(p) = &self.perftest {
             v["ucx_perftest"] = serde_json::json!({"p50_us": p.p50_us, "mean_us": p.mean_us, "ops_per_sec": p.ops_per_sec});
             v["p50_ratio"] = (o.p50_us / p.p50_us).into();
@@ -340,9 +374,10 @@ impl Measured {
             Some(ws) => format!(", spread over {ws} B"),
             None => String::new(),
         };
-        let (transport, whose) = match a.local {
-            true => ("local", "of the process's own memory"),
-            false => (a.transport.as_str(), "between two processes"),
+        let (transport, whose) = match (a.local, a.loopback) {
+            (true, _) => ("local", "of the process's own memory"),
+            (_, true) => (a.transport.as_str(), "from a process to its own node"),
+            _ => (a.transport.as_str(), "between two processes"),
         };
         println!(
             "{transport} {} of {} B {whose}, {} operations{spread}:",
@@ -350,10 +385,21 @@ impl Measured {
             self.size,
             a.iters
         );
+        let label = if a.loopback { "direct" } else { "nessie" };
         println!(
-            "  nessie        p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
+            "  {label:<12}  p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
             o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec
         );
+        if let Some(u) = &self.through_ucx {
+            println!(
+                "  through UCX   p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
+                u.p50_us, u.p99_us, u.mean_us, u.ops_per_sec
+            );
+            println!(
+                "  p50 ratio (direct / through UCX): {:.2}",
+                o.p50_us / u.p50_us
+            );
+        }
         if let Some(p) = &self.perftest {
             println!(
                 "  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s",

@@ -41,6 +41,15 @@ impl Transport {
             Transport::Auto => None,
         }
     }
+
+    /// Whether every transport this choice allows performs atomics on a node's memory as CPU
+    /// atomics (shared-memory segments, the `self` transport, and tcp's software atomics run
+    /// by the target's worker). Then the node's own threads may use CPU atomics on its memory
+    /// beside remote peers' operations. Not so with `Auto`: verbs NICs perform atomics in the
+    /// adapter, which CPU atomics are not atomic with.
+    pub fn cpu_atomics(self) -> bool {
+        matches!(self, Transport::Shm | Transport::Tcp)
+    }
 }
 
 impl std::str::FromStr for Transport {
@@ -142,6 +151,17 @@ pub struct UcxConfig {
     pub huge_pages: HugePages,
     /// Extra `ucp_config_modify` options (name without the `UCX_` prefix, value), applied last.
     pub ucx_options: Vec<(String, String)>,
+    /// Operations on the endpoint's own node (its ITEs, for a CD client; every ITE, for an
+    /// SD/HY server) go straight to memory with CPU loads, stores and compare-exchanges instead
+    /// of through UCX's loopback, when the transport's atomics are CPU atomics
+    /// ([`Transport::cpu_atomics`]). Counted as loopback operations all the same. `false`
+    /// sends them through UCX, as on verbs.
+    #[serde(default = "direct_loopback_default")]
+    pub direct_loopback: bool,
+}
+
+fn direct_loopback_default() -> bool {
+    true
 }
 
 impl Default for UcxConfig {
@@ -154,6 +174,7 @@ impl Default for UcxConfig {
             progress_spin: Duration::ZERO,
             huge_pages: HugePages::Try,
             ucx_options: Vec::new(),
+            direct_loopback: direct_loopback_default(),
         }
     }
 }

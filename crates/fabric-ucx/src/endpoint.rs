@@ -35,6 +35,8 @@ pub struct UcxEndpoint {
     peers_epoch: u64,
     stats: Arc<StatsCell>,
     timeout_ns: u64,
+    /// Operations on this node's own memory bypass UCX (`UcxConfig::direct_loopback`).
+    direct_loopback: bool,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
     // holds the context.
     conn: ConnectedWorker,
@@ -62,6 +64,12 @@ impl UcxEndpoint {
             .get(region as usize)
             .map(|r| &r.mem)
             .ok_or(FabricError::UnknownRegion { node, region })
+    }
+
+    /// The own-node region `addr` names, when an operation at `addr` is to bypass UCX.
+    fn loopback_region(&self, addr: RemoteAddr) -> Option<Result<&WordMemory, FabricError>> {
+        (self.direct_loopback && addr.node == self.shared.node)
+            .then(|| self.own_region(addr.region))
     }
 
     pub(crate) fn connect(
@@ -115,11 +123,14 @@ impl UcxEndpoint {
                 renewed: shared.peers.renewals_of(peers.len()),
             });
         }
+        let direct_loopback =
+            shared.config.direct_loopback && shared.config.transport.cpu_atomics();
         let mut ep = Self {
             peers,
             peers_epoch,
             stats,
             timeout_ns,
+            direct_loopback,
             conn,
             shared,
         };
@@ -340,6 +351,14 @@ impl Endpoint for UcxEndpoint {
 
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         let len = buf.len();
+        if let Some(mem) = self.loopback_region(addr) {
+            let mem = mem?;
+            mem.read(addr.offset, buf)
+                .map_err(|e| e.at(addr, len, mem))?;
+            self.stats
+                .record(OpKind::Read, Locality::Loopback, len as u64);
+            return Ok(());
+        }
         let ptr = buf.as_mut_ptr();
         self.run(OpKind::Read, addr, len, |w, ep, rkey, raddr, t| {
             // SAFETY: buf is valid for len bytes until the call returns; the shim does not
@@ -350,6 +369,14 @@ impl Endpoint for UcxEndpoint {
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
         let len = buf.len();
+        if let Some(mem) = self.loopback_region(addr) {
+            let mem = mem?;
+            mem.write(addr.offset, buf)
+                .map_err(|e| e.at(addr, len, mem))?;
+            self.stats
+                .record(OpKind::Write, Locality::Loopback, len as u64);
+            return Ok(());
+        }
         let ptr = buf.as_ptr();
         self.run(OpKind::Write, addr, len, |w, ep, rkey, raddr, t| {
             // SAFETY: as for read; the put is flushed (remotely complete) before returning.
@@ -363,6 +390,14 @@ impl Endpoint for UcxEndpoint {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
+        if let Some(mem) = self.loopback_region(addr) {
+            let mem = mem?;
+            let old = mem
+                .compare_and_swap(addr.offset, expected, desired)
+                .map_err(|e| e.at(addr, 8, mem))?;
+            self.stats.record(OpKind::Cas, Locality::Loopback, 8);
+            return Ok(old);
+        }
         let mut old = 0u64;
         let out = &mut old as *mut u64;
         self.run(OpKind::Cas, addr, 8, |w, ep, rkey, raddr, t| {

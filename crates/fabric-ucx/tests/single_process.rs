@@ -7,13 +7,35 @@ use nessie_fabric::inproc::InProcFabric;
 use nessie_fabric::{Endpoint, FabricError, Locality, OpKind, RemoteAddr};
 use nessie_fabric_ucx::{bench_op, BenchOp, RegionSource, Transport, UcxConfig, UcxNode};
 
+/// These tests are about UCX, so a node's operations on itself go through UCX's loopback
+/// (`direct_loopback` off) unless a test says otherwise.
 fn config(t: Transport) -> UcxConfig {
+    let mut c = direct_config(t);
+    c.direct_loopback = false;
+    c
+}
+
+/// The default: operations on the endpoint's own node go straight to memory (shm and tcp).
+fn direct_config(t: Transport) -> UcxConfig {
     let mut c = UcxConfig::new(t);
     if t == Transport::Tcp {
         c.net_devices = Some("lo".into());
     }
     c.op_timeout = Duration::from_secs(2);
     c
+}
+
+/// CAS-increment the word at `a` `n` times, retrying lost races.
+fn increment(ep: &mut impl Endpoint, a: RemoteAddr, n: u64) {
+    for _ in 0..n {
+        let mut cur = ep.read_u64(a).unwrap();
+        loop {
+            match ep.compare_and_swap(a, cur, cur + 1).unwrap() {
+                v if v == cur => break,
+                v => cur = v,
+            }
+        }
+    }
 }
 
 fn loopback(t: Transport) {
@@ -307,16 +329,7 @@ fn endpoints_on_several_threads_share_one_node() {
                 std::thread::spawn(move || {
                     // Created on the thread that uses it (concurrently with the others).
                     let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
-                    let a = RemoteAddr::new(0, 0, 8);
-                    for _ in 0..per_thread {
-                        let mut cur = ep.read_u64(a).unwrap();
-                        while let Err(seen) = match ep.compare_and_swap(a, cur, cur + 1).unwrap() {
-                            v if v == cur => Ok(()),
-                            v => Err(v),
-                        } {
-                            cur = seen;
-                        }
-                    }
+                    increment(&mut ep, RemoteAddr::new(0, 0, 8), per_thread);
                     ep
                 })
             })
@@ -334,4 +347,72 @@ fn endpoints_on_several_threads_share_one_node() {
         );
         drop(eps);
     }
+}
+
+/// A node's own threads use CPU atomics on its memory (`direct_loopback`) while another node's
+/// endpoint reaches the same words through UCX: both kinds of CAS must be atomic with each
+/// other, or increments are lost. Over tcp the remote ones are UCX's software atomics, run by
+/// the target's progress thread.
+#[test]
+fn direct_loopback_operations_are_atomic_with_remote_ones() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        let a = std::sync::Arc::new(UcxNode::new(0, &[4096], &direct_config(t)).unwrap());
+        let b = std::sync::Arc::new(UcxNode::new(1, &[64], &direct_config(t)).unwrap());
+        let cluster = vec![a.info().clone(), b.info().clone()];
+        let n = if t == Transport::Shm { 20_000 } else { 2_000 };
+        let word = RemoteAddr::new(0, 0, 16);
+        let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
+            .into_iter()
+            .map(|node| {
+                let cluster = cluster.clone();
+                std::thread::spawn(move || {
+                    let mut ep = node.endpoint(&cluster).unwrap();
+                    increment(&mut ep, word, n);
+                    ep
+                })
+            })
+            .collect();
+        let eps: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        let mut w = [0u8; 8];
+        a.region(0).unwrap().read(16, &mut w).unwrap();
+        assert_eq!(u64::from_le_bytes(w), 4 * n, "{t}");
+        // Node 0's operations on itself are counted as loopback, node 1's as remote.
+        let s0 = eps[0].stats().snapshot();
+        assert!(s0.ops(OpKind::Cas, Locality::Loopback) >= n, "{t}");
+        assert_eq!(s0.remote_ops(), 0, "{t}");
+        assert!(eps[1].stats().snapshot().ops(OpKind::Cas, Locality::Remote) >= n);
+        drop(eps);
+    }
+}
+
+/// Direct operations need no progress thread, over tcp too, and are checked as UCX's are.
+#[test]
+fn direct_loopback_needs_no_progress_and_validates_accesses() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        let node = UcxNode::new(0, &[4096], &direct_config(t)).unwrap();
+        let mut ep = node.endpoint(&[node.info().clone()]).unwrap();
+        node.pause_progress();
+        let w = RemoteAddr::new(0, 0, 0);
+        assert_eq!(ep.compare_and_swap(w, 0, 7).unwrap(), 0);
+        ep.write(RemoteAddr::new(0, 0, 8), &[3u8; 16]).unwrap();
+        let mut back = [0u8; 24];
+        ep.read(w, &mut back).unwrap();
+        assert_eq!(back[..8], 7u64.to_le_bytes());
+        assert_eq!(back[8..], [3u8; 16]);
+        assert!(matches!(
+            ep.read(RemoteAddr::new(0, 0, 4), &mut [0u8; 8]),
+            Err(FabricError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            ep.read(RemoteAddr::new(0, 0, 4096), &mut [0u8; 8]),
+            Err(FabricError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            ep.compare_and_swap(RemoteAddr::new(0, 5, 0), 0, 1),
+            Err(FabricError::UnknownRegion { region: 5, .. })
+        ));
+        node.resume_progress();
+    }
+    // Not on `auto`: a verbs NIC's atomics are not atomic with the CPU's.
+    assert!(!Transport::Auto.cpu_atomics());
 }
