@@ -60,7 +60,11 @@ fn copy_bytes(c: &LocalCluster, at: Placement, region: u16) -> Vec<u8> {
 
 /// Whether every copy of a partition on a node other than `gone` holds the same bytes in every
 /// region, for every partition.
-fn copies_agree(c: &LocalCluster, gone: &[NodeId]) -> bool {
+/// Whether every live copy of every partition holds the same bytes. Stops the reclaimers
+/// first: a reclaimer's scan clears recycle words in every copy, one after the other, and a
+/// comparison that read a copy in between would see them differ (it did, once, under load).
+fn copies_agree(c: &mut LocalCluster, gone: &[NodeId]) -> bool {
+    assert_eq!(c.stop_reclaimers(), 0, "a reclaimer panicked");
     let map = c.copy_map();
     let set = c.replica_set();
     (0..set.nodes()).all(|p| {
@@ -84,7 +88,7 @@ fn copies_agree(c: &LocalCluster, gone: &[NodeId]) -> bool {
 /// held the only other copy of partition 1, crashes too, and nothing is lost.
 #[test]
 fn a_replaced_node_s_copies_move_and_a_second_crash_loses_nothing() {
-    let c = cluster(4, 1, Mutations::default());
+    let mut c = cluster(4, 1, Mutations::default());
     let mut model = Model::new();
     write_round(&c, &[0, 1, 2, 3], 400, 1, 0, &mut model);
     crash(&c, 1);
@@ -106,7 +110,7 @@ fn a_replaced_node_s_copies_move_and_a_second_crash_loses_nothing() {
         );
     }
     assert!(
-        copies_agree(&c, &[1]),
+        copies_agree(&mut c, &[1]),
         "a moved copy differs from the other copy"
     );
     assert_eq!(wrong_reads(&c, &[0, 2, 3], &model), 0, "after the move");
@@ -148,7 +152,7 @@ const CATCH_UP_BYTES_PER_S: u64 = 10_000_000;
 /// Replace node 1 while writers on nodes 0, 2 and 3 write without pause; afterwards, with the
 /// writers stopped, every copy agrees. Returns whether they did.
 fn replace_under_constant_writes(mutations: Mutations) -> Result<bool, Error> {
-    let c = cluster(4, 1, mutations);
+    let mut c = cluster(4, 1, mutations);
     let mut model = Model::new();
     write_round(&c, &[0, 1, 2, 3], 300, 1, 0, &mut model);
     crash(&c, 1);
@@ -176,7 +180,7 @@ fn replace_under_constant_writes(mutations: Mutations) -> Result<bool, Error> {
     })?;
     eprintln!("{during} PUTs during the move: {caught:?}");
     assert!(during >= 100, "only {during} PUTs during the move");
-    Ok(copies_agree(&c, &[1]))
+    Ok(copies_agree(&mut c, &[1]))
 }
 
 #[test]
@@ -237,7 +241,7 @@ fn moves_are_refused_clearly() {
 #[test]
 fn a_replaced_node_comes_back_without_copies_and_takes_later_ones() {
     // Two spare slots each: node 2, replaced second, holds three copies by then.
-    let c = cluster(4, 2, Mutations::default());
+    let mut c = cluster(4, 2, Mutations::default());
     let mut model = Model::new();
     write_round(&c, &[0, 1, 2, 3], 400, 1, 0, &mut model);
     crash(&c, 1);
@@ -265,7 +269,7 @@ fn a_replaced_node_comes_back_without_copies_and_takes_later_ones() {
         "no copy moved to node 1: {:?}",
         c.copy_map()
     );
-    assert!(copies_agree(&c, &[2]), "a moved copy differs");
+    assert!(copies_agree(&mut c, &[2]), "a moved copy differs");
     write_round(&c, &[0, 1, 3], 400, 3, 4, &mut model);
     // Then node 3 goes too: every partition still has a copy on node 0 or node 1.
     crash(&c, 3);
