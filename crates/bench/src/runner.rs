@@ -41,6 +41,12 @@ pub struct RunnerOptions {
     /// Benchmark this running cluster (its directory) instead of starting one; it is left
     /// running. Its mode and node count must match the parameters.
     pub cluster: Option<PathBuf>,
+    /// `[cluster] progress_spin_us` of the cluster started.
+    pub progress_spin_us: u64,
+    /// `[cluster] direct_loopback` of the cluster started.
+    pub direct_loopback: bool,
+    /// `[cluster] wait_spin_us` of the cluster started.
+    pub wait_spin_us: Option<u64>,
 }
 
 /// Why a benchmark could not run.
@@ -451,6 +457,9 @@ fn start(
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S,
         frontends: None,
+        progress_spin_us: opts.progress_spin_us,
+        direct_loopback: opts.direct_loopback,
+        wait_spin_us: opts.wait_spin_us,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

@@ -165,6 +165,8 @@ pub struct ParamArgs {
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     pub server_poll: String,
+    #[command(flatten)]
+    pub fabric: crate::fabric_tuning::FabricTuningArgs,
     /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period];
     /// 0 reuses at once, as the paper does (only the CRC then catches a reader of a reused extent).
     #[arg(long)]
@@ -219,6 +221,9 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         server_poll: p.server_poll.clone(),
         pilaf_reuse_delay_ms: p.pilaf_reuse_delay_ms,
         cluster: None,
+        progress_spin_us: p.fabric.progress_spin_us,
+        direct_loopback: !p.fabric.no_direct_loopback,
+        wait_spin_us: p.fabric.wait_spin_us,
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod fabric_bench;
+mod fabric_tuning;
 mod fill_cmd;
 mod sim_check;
 mod sim_cmd;
@@ -136,6 +137,8 @@ struct UpArgs {
     /// Idle server threads: spin (dedicated cores) or yield (shared cores).
     #[arg(long, default_value = "yield")]
     server_poll: String,
+    #[command(flatten)]
+    fabric: fabric_tuning::FabricTuningArgs,
     /// Huge pages for the nodes' tables: off, try (when enough are reserved in vm.nr_hugepages), require.
     #[arg(long, default_value = "try")]
     huge_pages: nessie_fabric_ucx::HugePages,
@@ -583,6 +586,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,
         replace_after_s: a.replace_after,
         frontends,
+        progress_spin_us: a.fabric.progress_spin_us,
+        direct_loopback: !a.fabric.no_direct_loopback,
+        wait_spin_us: a.fabric.wait_spin_us,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

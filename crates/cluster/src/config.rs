@@ -111,6 +111,40 @@ pub struct ClusterSection {
     /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pilaf_reuse_delay_ms: Option<u64>,
+    /// Microseconds each node's progress thread keeps polling after the last event before it
+    /// sleeps (0: sleep at once; an idle node then uses no CPU). Over tcp every operation a
+    /// peer sends needs this thread, and a sleeping one costs a wake-up
+    /// (`UcxConfig::progress_spin`). At most [`MAX_PROGRESS_SPIN_US`]. Peers need not agree.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub progress_spin_us: u64,
+    /// Operations on a node's own memory (its ITEs) go straight to memory on shm and tcp
+    /// (`UcxConfig::direct_loopback`); `false` sends them through UCX. Peers need not agree.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub direct_loopback: bool,
+    /// Microseconds a client worker polls for an operation's answer before it sleeps until the
+    /// answer arrives (unset: the transport's default, `Transport::default_wait_spin`: 10 on
+    /// tcp; shm polls throughout). At most [`MAX_WAIT_SPIN_US`], which polls throughout.
+    /// Peers need not agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_spin_us: Option<u64>,
+}
+
+/// Longest `progress_spin_us` accepted (a spinning progress thread holds a core that long
+/// after every event).
+pub const MAX_PROGRESS_SPIN_US: u64 = 10_000;
+/// Largest `wait_spin_us` (longer than any operation may take: polls throughout).
+pub const MAX_WAIT_SPIN_US: u64 = 600_000_000;
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_replicas() -> u8 {
@@ -404,6 +438,10 @@ pub enum InvalidConfig {
     BootstrapTimeout(u64),
     #[error("cluster.op_timeout_ms = {0} is not in 10..=600000")]
     OpTimeout(u64),
+    #[error("cluster.progress_spin_us = {0} is more than {MAX_PROGRESS_SPIN_US}")]
+    ProgressSpin(u64),
+    #[error("cluster.wait_spin_us = {0} is more than {MAX_WAIT_SPIN_US}")]
+    WaitSpin(u64),
     #[error(transparent)]
     Geometry(#[from] GeometryError),
     #[error("cluster.server_poll = {0:?} is not spin or yield")]
@@ -633,6 +671,12 @@ impl ClusterConfig {
         if c.op_timeout_ms < 10 || c.op_timeout_ms > 600_000 {
             return Err(InvalidConfig::OpTimeout(c.op_timeout_ms));
         }
+        if c.progress_spin_us > MAX_PROGRESS_SPIN_US {
+            return Err(InvalidConfig::ProgressSpin(c.progress_spin_us));
+        }
+        if let Some(us) = c.wait_spin_us.filter(|&us| us > MAX_WAIT_SPIN_US) {
+            return Err(InvalidConfig::WaitSpin(us));
+        }
         Ok(())
     }
 
@@ -822,6 +866,9 @@ impl ClusterConfig {
                 replicas: default_replicas(),
                 spare_copies: 0,
                 pilaf_reuse_delay_ms: None,
+                progress_spin_us: 0,
+                direct_loopback: true,
+                wait_spin_us: None,
             },
             geometry: Geometry {
                 nodes: nodes as u32,
@@ -886,6 +933,14 @@ mod tests {
             (Box::new(|c| c.node[0].workers = 0), "workers"),
             (Box::new(|c| c.geometry.key_max = 0), "key_max"),
             (Box::new(|c| c.protocol.expiry_ms = 0), "expiry"),
+            (
+                Box::new(|c| c.cluster.progress_spin_us = MAX_PROGRESS_SPIN_US + 1),
+                "progress_spin_us",
+            ),
+            (
+                Box::new(|c| c.cluster.wait_spin_us = Some(MAX_WAIT_SPIN_US + 1)),
+                "wait_spin_us",
+            ),
             (
                 Box::new(|c| c.cluster.mode = "xx".into()),
                 "not one of cd, sd, hy",
@@ -1040,6 +1095,29 @@ mod tests {
         let mut d = a.clone();
         d.cluster.spare_copies = 1; // every node registers the spare slots
         assert_ne!(a.fingerprint(), d.fingerprint());
+        // Fabric tuning is each node's own.
+        let mut e = a.clone();
+        (e.cluster.progress_spin_us, e.cluster.wait_spin_us) = (50, Some(0));
+        e.cluster.direct_loopback = false;
+        assert_eq!(a.fingerprint(), e.fingerprint());
+    }
+
+    /// Fabric tuning reaches the UCX configuration; unset keys keep the transport's defaults.
+    #[test]
+    fn fabric_tuning_reaches_ucx() {
+        let mut c = ClusterConfig::local("t", 2, Transport::Tcp, 7400, Geometry::default());
+        let u = crate::node::ucx_config(&c);
+        assert_eq!(u.wait_spin, Some(nessie_fabric_ucx::TCP_WAIT_SPIN));
+        assert!(u.direct_loopback && u.progress_spin.is_zero());
+        let text = c.to_toml();
+        assert!(!text.contains("wait_spin_us") && !text.contains("direct_loopback"));
+        (c.cluster.progress_spin_us, c.cluster.wait_spin_us) = (20, Some(0));
+        c.cluster.direct_loopback = false;
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        let u = crate::node::ucx_config(&back);
+        assert_eq!(u.wait_spin, Some(std::time::Duration::ZERO));
+        assert_eq!(u.progress_spin, std::time::Duration::from_micros(20));
+        assert!(!u.direct_loopback);
     }
 
     #[test]

@@ -84,11 +84,19 @@ pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
         Transport::Tcp => nessie_fabric_ucx::Transport::Tcp,
         Transport::Auto => nessie_fabric_ucx::Transport::Auto,
     };
+    let base = UcxConfig::new(transport);
+    let wait_spin = match cfg.cluster.wait_spin_us {
+        Some(us) => Some(std::time::Duration::from_micros(us)),
+        None => base.wait_spin,
+    };
     UcxConfig {
+        wait_spin,
         net_devices: cfg.cluster.net_devices.clone(),
         op_timeout: std::time::Duration::from_millis(cfg.cluster.op_timeout_ms),
         huge_pages: cfg.cluster.huge_pages,
-        ..UcxConfig::new(transport)
+        progress_spin: std::time::Duration::from_micros(cfg.cluster.progress_spin_us),
+        direct_loopback: cfg.cluster.direct_loopback,
+        ..base
     }
 }
 

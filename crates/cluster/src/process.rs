@@ -141,6 +141,12 @@ pub struct UpOptions {
     pub replace_after_s: u64,
     /// The protocol front ends every node serves (`[frontends]`).
     pub frontends: Option<crate::config::FrontendsSection>,
+    /// `[cluster] progress_spin_us`.
+    pub progress_spin_us: u64,
+    /// `[cluster] direct_loopback`.
+    pub direct_loopback: bool,
+    /// `[cluster] wait_spin_us`.
+    pub wait_spin_us: Option<u64>,
 }
 
 /// Where a cluster's membership lives.
@@ -179,6 +185,9 @@ impl UpOptions {
             pilaf_reuse_delay_ms: None,
             replace_after_s: crate::membership::DEFAULT_REPLACE_AFTER_S,
             frontends: None,
+            progress_spin_us: 0,
+            direct_loopback: true,
+            wait_spin_us: None,
         }
     }
 }
@@ -362,6 +371,9 @@ fn local_config(
     cfg.cluster.replicas = o.replicas;
     cfg.cluster.spare_copies = o.spare_copies;
     cfg.cluster.pilaf_reuse_delay_ms = o.pilaf_reuse_delay_ms;
+    cfg.cluster.progress_spin_us = o.progress_spin_us;
+    cfg.cluster.direct_loopback = o.direct_loopback;
+    cfg.cluster.wait_spin_us = o.wait_spin_us;
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();
     cfg.protocol.clock_margin_ms = o

@@ -10,6 +10,7 @@
  */
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -30,6 +31,9 @@ typedef struct nsh_ep {
     size_t req_size;
     /* Operations posted since the worker was last progressed before a post. */
     unsigned posts_since_progress;
+    /* A wait that has polled this long without completing sleeps on the worker's event fd
+     * (0: never; polling only). See nsh_wait. */
+    uint64_t block_after_ns;
 } nsh_ep_t;
 
 /* Progress the worker before every NSH_PROGRESS_EVERY-th post (operations that do not complete
@@ -216,7 +220,8 @@ static void nsh_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     ((nsh_ep_t *)arg)->status = status;
 }
 
-int nsh_ep_create(ucp_worker_h w, const void *addr, size_t req_size, nsh_ep_t **out)
+int nsh_ep_create(ucp_worker_h w, const void *addr, size_t req_size, uint64_t block_after_ns,
+                  nsh_ep_t **out)
 {
     ucp_ep_params_t params;
     ucs_status_t status;
@@ -224,6 +229,7 @@ int nsh_ep_create(ucp_worker_h w, const void *addr, size_t req_size, nsh_ep_t **
     if (e == NULL) {
         return UCS_ERR_NO_MEMORY;
     }
+    e->block_after_ns = block_after_ns;
     e->req_size = (req_size + 63) & ~(size_t)63;
     if (posix_memalign(&e->req_mem, 64, e->req_size) != 0) {
         free(e);
@@ -366,13 +372,36 @@ void nsh_rkey_destroy(ucp_rkey_h rkey)
 
 /* ---------------------------------------------------------------- blocking operations */
 
+/* Longest single sleep of a blocked wait: it wakes to check its deadline at least this often. */
+#define NSH_BLOCK_MAX_MS 10
+
+/* Sleep on `w`'s event fd until an event arrives (or NSH_BLOCK_MAX_MS pass), unless events are
+ * already pending (ucp_worker_arm says busy). Called only after a progress call found nothing. */
+static void nsh_block(ucp_worker_h w)
+{
+    struct pollfd pfd;
+    int fd;
+    if (ucp_worker_get_efd(w, &fd) != UCS_OK || ucp_worker_arm(w) != UCS_OK) {
+        return;
+    }
+    pfd.fd      = fd;
+    pfd.events  = POLLIN;
+    pfd.revents = 0;
+    (void)poll(&pfd, 1, NSH_BLOCK_MAX_MS);
+}
+
 /* Poll `w` until `req` (the result of an nbx call) completes. On deadline or endpoint failure
- * the endpoint is force-closed, which completes the request with an error. */
+ * the endpoint is force-closed, which completes the request with an error.
+ *
+ * When the endpoint has a block_after_ns, a wait that has polled that long without completing
+ * sleeps on the worker's event fd instead of polling on. Over tcp a round trip needs the
+ * target's progress thread: client threads polling through it take the cores that thread (and
+ * the other nodes' clients) need, which on a small machine lengthens every round trip. */
 static int nsh_wait(ucp_worker_h w, nsh_ep_t *e, void *req, int user_req, uint64_t timeout_ns)
 {
     ucs_status_t status;
-    uint64_t deadline;
-    unsigned spins = 0;
+    uint64_t deadline, start;
+    unsigned spins = 0, progressed;
 
     if (req == NULL) {
         return UCS_OK;
@@ -381,11 +410,13 @@ static int nsh_wait(ucp_worker_h w, nsh_ep_t *e, void *req, int user_req, uint64
         return UCS_PTR_STATUS(req);
     }
     deadline = 0;
+    start    = 0;
     while ((status = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-        ucp_worker_progress(w);
+        progressed = ucp_worker_progress(w);
         if ((++spins & 63) == 0) {
             uint64_t now = nsh_now_ns();
             if (deadline == 0) {
+                start    = now;
                 deadline = now + timeout_ns;
             } else if (now > deadline) {
                 /* Force close completes `req` (with an error): it must, since the caller's
@@ -404,6 +435,9 @@ static int nsh_wait(ucp_worker_h w, nsh_ep_t *e, void *req, int user_req, uint64
                     ucp_request_free(req);
                 }
                 return NSH_TIMED_OUT;
+            } else if (e->block_after_ns != 0 && progressed == 0 &&
+                       now - start >= e->block_after_ns) {
+                nsh_block(w);
             }
         }
     }

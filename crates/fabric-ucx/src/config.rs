@@ -14,6 +14,10 @@ pub enum ParseError {
     BenchOp(String),
 }
 
+/// How long an operation over tcp polls for its answer before it sleeps on its worker's event
+/// fd (`Transport::default_wait_spin`).
+pub const TCP_WAIT_SPIN: Duration = Duration::from_micros(10);
+
 /// Which UCX transports carry the fabric.
 #[derive(
     Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
@@ -49,6 +53,18 @@ impl Transport {
     /// adapter, which CPU atomics are not atomic with.
     pub fn cpu_atomics(self) -> bool {
         matches!(self, Transport::Shm | Transport::Tcp)
+    }
+
+    /// How long a waiting worker polls before it sleeps ([`UcxConfig::wait_spin`]). Over tcp
+    /// a round trip takes tens of microseconds and needs the target's progress thread, so
+    /// after [`TCP_WAIT_SPIN`] the waiter sleeps and leaves the core to that thread. Over shm
+    /// (and verbs) operations complete without the target's help in about a microsecond:
+    /// polling is both faster and cheap.
+    pub fn default_wait_spin(self) -> Option<Duration> {
+        match self {
+            Transport::Tcp => Some(TCP_WAIT_SPIN),
+            Transport::Shm | Transport::Auto => None,
+        }
     }
 }
 
@@ -158,6 +174,11 @@ pub struct UcxConfig {
     /// sends them through UCX, as on verbs.
     #[serde(default = "direct_loopback_default")]
     pub direct_loopback: bool,
+    /// How long a worker thread polls for its operation's completion before it sleeps on its
+    /// worker's event fd until the answer arrives (`None`: it polls until completion).
+    /// Default: [`Transport::default_wait_spin`].
+    #[serde(default)]
+    pub wait_spin: Option<Duration>,
 }
 
 fn direct_loopback_default() -> bool {
@@ -175,6 +196,7 @@ impl Default for UcxConfig {
             huge_pages: HugePages::Try,
             ucx_options: Vec::new(),
             direct_loopback: direct_loopback_default(),
+            wait_spin: Transport::Auto.default_wait_spin(),
         }
     }
 }
@@ -183,6 +205,7 @@ impl UcxConfig {
     pub fn new(transport: Transport) -> Self {
         Self {
             transport,
+            wait_spin: transport.default_wait_spin(),
             ..Self::default()
         }
     }

@@ -55,6 +55,14 @@ fn is_fatal_local(status: c_int) -> bool {
     )
 }
 
+/// The shim's `block_after_ns` for `config.wait_spin` (0: poll throughout; a zero wait spin
+/// is 1 ns, so that it still blocks).
+fn block_after_ns(config: &crate::UcxConfig) -> u64 {
+    config
+        .wait_spin
+        .map_or(0, |d| (d.as_nanos().min(u64::MAX as u128) as u64).max(1))
+}
+
 impl UcxEndpoint {
     /// Region `region` of this endpoint's own node.
     fn own_region(&self, region: RegionId) -> Result<&WordMemory, FabricError> {
@@ -103,7 +111,7 @@ impl UcxEndpoint {
         // before the first operation.
         let peers_epoch = 0;
         let worker = Worker::new(&shared.ctx).map_err(|e| FabricError::Transport(e.to_string()))?;
-        let mut conn = ConnectedWorker::new(worker, timeout_ns);
+        let mut conn = ConnectedWorker::new(worker, timeout_ns, block_after_ns(&shared.config));
         let mut peers = Vec::with_capacity(cluster.len());
         for info in cluster {
             let rkeys: Vec<&[u8]> = info.regions.iter().map(|r| r.rkey.as_slice()).collect();

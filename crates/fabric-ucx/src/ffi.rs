@@ -59,6 +59,7 @@ extern "C" {
         w: *mut UcpWorker,
         addr: *const c_void,
         req_size: usize,
+        block_after_ns: u64,
         out: *mut *mut NshEp,
     ) -> c_int;
     pub fn nsh_ep_status(e: *const NshEp) -> c_int;

@@ -130,7 +130,7 @@ mod node;
 mod sys;
 
 pub use bench::{bench_copy, bench_local_over, bench_op, bench_op_over, BenchOp, LatencyStats};
-pub use config::{HugePages, ParseError, Transport, UcxConfig};
+pub use config::{HugePages, ParseError, Transport, UcxConfig, TCP_WAIT_SPIN};
 pub use endpoint::UcxEndpoint;
 pub use node::{NodeInfo, PageBacking, RegionInfo, RegionSource, UcxNode};
 

@@ -294,14 +294,18 @@ impl PeerEp {
 pub(crate) struct ConnectedWorker {
     peers: Vec<Option<PeerEp>>,
     close_timeout_ns: u64,
+    /// An operation's wait that has polled this long sleeps on the worker's event fd (0:
+    /// never; `UcxConfig::wait_spin`).
+    block_after_ns: u64,
     worker: Worker,
 }
 
 impl ConnectedWorker {
-    pub fn new(worker: Worker, close_timeout_ns: u64) -> Self {
+    pub fn new(worker: Worker, close_timeout_ns: u64, block_after_ns: u64) -> Self {
         Self {
             peers: Vec::new(),
             close_timeout_ns,
+            block_after_ns,
             worker,
         }
     }
@@ -320,6 +324,7 @@ impl ConnectedWorker {
                 self.worker.raw,
                 address.as_ptr() as *const c_void,
                 self.worker.ctx.request_size,
+                self.block_after_ns,
                 &mut ep,
             )
         };

@@ -416,3 +416,58 @@ fn direct_loopback_needs_no_progress_and_validates_accesses() {
     // Not on `auto`: a verbs NIC's atomics are not atomic with the CPU's.
     assert!(!Transport::Auto.cpu_atomics());
 }
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Over tcp a waiting worker sleeps on its event fd after `wait_spin` (the default), and wakes
+/// for the answer: operations to another node complete, and one whose target's progress thread
+/// is stopped still fails at its deadline, having slept rather than polled through it.
+#[test]
+fn tcp_waits_sleep_until_the_answer_or_the_deadline() {
+    assert_eq!(
+        UcxConfig::new(Transport::Tcp).wait_spin,
+        Some(nessie_fabric_ucx::TCP_WAIT_SPIN)
+    );
+    assert_eq!(UcxConfig::new(Transport::Shm).wait_spin, None);
+    for spin in [Duration::ZERO, nessie_fabric_ucx::TCP_WAIT_SPIN] {
+        let mut cfg = direct_config(Transport::Tcp);
+        cfg.wait_spin = Some(spin);
+        cfg.op_timeout = Duration::from_millis(400);
+        let a = UcxNode::new(0, &[64], &cfg).unwrap();
+        let b = UcxNode::new(1, &[4096], &cfg).unwrap();
+        let cluster = [a.info().clone(), b.info().clone()];
+        let mut ep = a.endpoint(&cluster).unwrap();
+        let w = RemoteAddr::new(1, 0, 8);
+        increment(&mut ep, w, 200);
+        assert_eq!(ep.read_u64(w).unwrap(), 200, "{spin:?}");
+        let data = vec![7u8; 4096];
+        ep.write(RemoteAddr::new(1, 0, 0), &data).unwrap();
+        let mut back = vec![0u8; 4096];
+        ep.read(RemoteAddr::new(1, 0, 0), &mut back).unwrap();
+        assert!(back == data);
+
+        b.pause_progress();
+        let (t, cpu) = (Instant::now(), thread_cpu_ns());
+        let r = ep.read_u64(w);
+        let (waited, spent) = (t.elapsed(), thread_cpu_ns() - cpu);
+        assert!(
+            matches!(r, Err(FabricError::Unreachable { node: 1, .. })),
+            "{r:?}"
+        );
+        assert!(waited >= Duration::from_millis(400), "{waited:?}");
+        // Polling would have spent the whole 400 ms on the CPU.
+        assert!(
+            spent < waited.as_nanos() as u64 / 4,
+            "{spin:?}: {spent} ns of CPU in a {waited:?} wait"
+        );
+        b.resume_progress();
+    }
+}
