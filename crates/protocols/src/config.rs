@@ -58,6 +58,20 @@ impl Default for RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// The retries of SD/HY server threads, whatever the clients' policy. A server thread
+    /// serves every request slot assigned to it, so a back-off stalls them all: its waits stay
+    /// below 10 µs, which `precise_sleep_ns` spends yielding rather than asleep, as a HERD
+    /// server retries at once. The writers it races with are the node's other server threads,
+    /// all of them running, so a conflict clears within an operation or two. More attempts keep
+    /// its patience near the clients' (about 0.2 s of back-off in all).
+    pub const SERVER: RetryPolicy = RetryPolicy {
+        max_attempts: 20_000,
+        initial_backoff_ns: 100,
+        max_backoff_ns: 10_000,
+    };
+}
+
 /// Deliberate protocol breakages, for mutation tests only: each must make the concurrency
 /// checker report a violation. Only with the `testing` feature (the config file cannot set them).
 #[cfg(any(test, feature = "testing"))]

@@ -197,15 +197,20 @@ impl Mode {
         }
     }
 
-    /// The protocol configuration the server threads execute with.
+    /// The protocol configuration the server threads execute with: the mode's, with the
+    /// server's non-sleeping retries ([`RetryPolicy::SERVER`]).
     pub fn server_config(&self, cfg: &ProtocolConfig) -> ProtocolConfig {
-        match self {
+        let mode_cfg = match self {
             Mode::Hy { .. } => hy::hy_config(cfg),
             // Every DTE a server touches is local, so a cache would never be consulted.
             _ => ProtocolConfig {
                 cache_entries: 0,
                 ..cfg.clone()
             },
+        };
+        ProtocolConfig {
+            retry: RetryPolicy::SERVER,
+            ..mode_cfg
         }
     }
 
@@ -438,5 +443,29 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
         cd::CdClient::scan_keys(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Server threads never sleep long on a conflict (every slot they serve would wait), and
+    /// keep at least the clients' patience; the rest of the configuration is the mode's.
+    #[test]
+    fn server_threads_retry_without_sleeping() {
+        let cfg = ProtocolConfig::default();
+        for mode in [
+            Mode::Sd { server_threads: 2 },
+            Mode::Hy { server_threads: 2 },
+        ] {
+            let s = mode.server_config(&cfg);
+            assert!(s.retry.max_backoff_ns <= 10_000, "{mode:?}");
+            let patience = |r: RetryPolicy| r.max_attempts as u64 * r.max_backoff_ns;
+            assert!(patience(s.retry) >= patience(cfg.retry) / 10, "{mode:?}");
+            assert_eq!((s.cache_entries, s.expiry_ns), (0, cfg.expiry_ns));
+        }
+        let hy = Mode::Hy { server_threads: 1 }.server_config(&cfg);
+        assert_eq!(hy.optimizations, Optimizations::NONE);
     }
 }
