@@ -45,7 +45,8 @@ import re, sys
 t = sys.stdin.read()
 rate = float(re.search(r"throughput summary: ([0-9.]+)", t).group(1))
 lat = re.search(r"avg\s+min\s+p50\s+p95\s+p99\s+max\s*\n\s*([0-9. ]+)", t).group(1).split()
-print(f"{\"redis\":<14} {rate:>9.0f} GET/s  p50 {float(lat[2])*1000:>7.1f} us  p99 {float(lat[4])*1000:>8.1f} us")'
+name = "redis"
+print(f"{name:<14} {rate:>9.0f} GET/s  p50 {float(lat[2])*1000:>7.1f} us  p99 {float(lat[4])*1000:>8.1f} us")'
 }
 for rep in $(seq "$REPS"); do
     echo "round $rep"
