@@ -154,6 +154,16 @@ fn open_loop_and_background_load() {
         "open loop at {offered:.0} ops/s delivered {got:.0}"
     );
     assert_eq!(v["params"]["background"], 1);
+    // The waits for arrivals are measured (on a sample) and told apart from the store's CPU.
+    let cpu = &v["cpu_seconds"];
+    let (pacing, total) = (
+        cpu["pacing"].as_f64().unwrap(),
+        cpu["total"].as_f64().unwrap(),
+    );
+    assert!(
+        pacing > 0.0 && pacing < total,
+        "pacing {pacing} of {total} s"
+    );
 }
 
 /// The cost of replication is measured the same way: R copies, their own etcd; and a
