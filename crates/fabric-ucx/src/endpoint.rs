@@ -4,7 +4,7 @@ use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use nessie_fabric::memory::{direct_read, direct_write, WordMemory};
+use nessie_fabric::memory::{direct_read, direct_write, AccessError, WordMemory};
 use nessie_fabric::{
     Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN,
 };
@@ -74,10 +74,24 @@ impl UcxEndpoint {
             .ok_or(FabricError::UnknownRegion { node, region })
     }
 
-    /// The own-node region `addr` names, when an operation at `addr` is to bypass UCX.
-    fn loopback_region(&self, addr: RemoteAddr) -> Option<Result<&WordMemory, FabricError>> {
-        (self.direct_loopback && addr.node == self.shared.node)
-            .then(|| self.own_region(addr.region))
+    /// An operation of `kind` on `len` bytes at `addr` performed straight on this node's
+    /// memory by `op`, when it is to bypass UCX (`None`: it goes through UCX). Counted as a
+    /// loopback operation.
+    fn direct<T>(
+        &self,
+        kind: OpKind,
+        addr: RemoteAddr,
+        len: usize,
+        op: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
+    ) -> Option<Result<T, FabricError>> {
+        if !self.direct_loopback || addr.node != self.shared.node {
+            return None;
+        }
+        Some(self.own_region(addr.region).and_then(|mem| {
+            let v = op(mem).map_err(|e| e.at(addr, len, mem))?;
+            self.stats.record(kind, Locality::Loopback, len as u64);
+            Ok(v)
+        }))
     }
 
     pub(crate) fn connect(
@@ -359,13 +373,8 @@ impl Endpoint for UcxEndpoint {
 
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         let len = buf.len();
-        if let Some(mem) = self.loopback_region(addr) {
-            let mem = mem?;
-            mem.read(addr.offset, buf)
-                .map_err(|e| e.at(addr, len, mem))?;
-            self.stats
-                .record(OpKind::Read, Locality::Loopback, len as u64);
-            return Ok(());
+        if let Some(r) = self.direct(OpKind::Read, addr, len, |m| m.read(addr.offset, buf)) {
+            return r;
         }
         let ptr = buf.as_mut_ptr();
         self.run(OpKind::Read, addr, len, |w, ep, rkey, raddr, t| {
@@ -377,13 +386,8 @@ impl Endpoint for UcxEndpoint {
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
         let len = buf.len();
-        if let Some(mem) = self.loopback_region(addr) {
-            let mem = mem?;
-            mem.write(addr.offset, buf)
-                .map_err(|e| e.at(addr, len, mem))?;
-            self.stats
-                .record(OpKind::Write, Locality::Loopback, len as u64);
-            return Ok(());
+        if let Some(r) = self.direct(OpKind::Write, addr, len, |m| m.write(addr.offset, buf)) {
+            return r;
         }
         let ptr = buf.as_ptr();
         self.run(OpKind::Write, addr, len, |w, ep, rkey, raddr, t| {
@@ -398,13 +402,9 @@ impl Endpoint for UcxEndpoint {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
-        if let Some(mem) = self.loopback_region(addr) {
-            let mem = mem?;
-            let old = mem
-                .compare_and_swap(addr.offset, expected, desired)
-                .map_err(|e| e.at(addr, 8, mem))?;
-            self.stats.record(OpKind::Cas, Locality::Loopback, 8);
-            return Ok(old);
+        let cas = |m: &WordMemory| m.compare_and_swap(addr.offset, expected, desired);
+        if let Some(r) = self.direct(OpKind::Cas, addr, 8, cas) {
+            return r;
         }
         let mut old = 0u64;
         let out = &mut old as *mut u64;
