@@ -439,6 +439,10 @@ impl Endpoint for UcxEndpoint {
         nessie_fabric::wall_clock_ns()
     }
 
+    fn reads_are_local_copies(&self) -> bool {
+        self.shared.config.transport == crate::Transport::Shm
+    }
+
     fn sleep_ns(&mut self, ns: u64) {
         nessie_fabric::precise_sleep_ns(ns)
     }

@@ -471,3 +471,31 @@ fn tcp_waits_sleep_until_the_answer_or_the_deadline() {
         b.resume_progress();
     }
 }
+
+struct PassAll;
+impl nessie_fabric::interpose::Interposer for PassAll {
+    fn before(&mut self, _: nessie_fabric::interpose::Op) -> Result<(), FabricError> {
+        Ok(())
+    }
+}
+
+/// Over shm a READ of another node is a copy this process makes (clients then leave their
+/// DTE cache off); over tcp it is not. Every endpoint wrapper passes the answer on.
+#[test]
+fn shm_reads_are_local_copies_through_every_wrapper() {
+    use nessie_fabric::delay::{DelayInjection, Delayed, MaybeDelayed};
+    use nessie_fabric::interpose::Interposed;
+    for (t, copies) in [(Transport::Shm, true), (Transport::Tcp, false)] {
+        let node = UcxNode::new(0, &[64], &config(t)).unwrap();
+        let ep = node.endpoint(&[node.info().clone()]).unwrap();
+        assert_eq!(ep.reads_are_local_copies(), copies, "{t}");
+        let delays = DelayInjection {
+            seed: 1,
+            probability: 0.0,
+            max_delay_ns: 0,
+        };
+        let ep = MaybeDelayed::new(Delayed::new(ep, delays.clone(), 0), None, 0);
+        let ep = MaybeDelayed::new(Interposed::new(ep, PassAll), Some(delays), 1);
+        assert_eq!(ep.reads_are_local_copies(), copies, "{t} wrapped");
+    }
+}

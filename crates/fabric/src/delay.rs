@@ -138,6 +138,9 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn virtual_time(&self) -> bool {
         self.inner.virtual_time()
     }
+    fn reads_are_local_copies(&self) -> bool {
+        self.inner.reads_are_local_copies()
+    }
     fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
         self.inner.idle_poll(region, watched)
     }
@@ -228,6 +231,9 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     }
     fn virtual_time(&self) -> bool {
         either!(self, e => e.virtual_time())
+    }
+    fn reads_are_local_copies(&self) -> bool {
+        either!(self, e => e.reads_are_local_copies())
     }
     fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
         either!(self, e => e.idle_poll(region, watched))

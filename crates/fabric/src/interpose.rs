@@ -124,6 +124,10 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.virtual_time()
     }
 
+    fn reads_are_local_copies(&self) -> bool {
+        self.inner.reads_are_local_copies()
+    }
+
     fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
         self.inner.idle_poll(region, watched)
     }

@@ -92,6 +92,13 @@ pub trait Endpoint: Send {
         false
     }
 
+    /// Whether a READ of another node's memory is a copy this process's CPU makes from memory
+    /// it maps (UCX over shared memory). A cache of remote entries then saves nothing a READ
+    /// would cost and adds a copy to every miss, so clients leave it off.
+    fn reads_are_local_copies(&self) -> bool {
+        false
+    }
+
     /// A poller found nothing new in the byte ranges `watched` of `region` of its own node.
     /// On a real fabric it spins on; in virtual time the thread instead waits until one of
     /// those ranges is next written (or a bounded time passes), when a spinning poller's next

@@ -234,7 +234,9 @@ impl<E: Endpoint> CdClient<E> {
                 view.geometry.nodes
             )));
         }
-        let cache = DteCache::new(if cfg.optimizations.cache {
+        // Over shared memory a cache hit copies as much as the READ it saves (and every miss
+        // pays a copy into the cache): 16 KiB GETs ran 1.32x faster without it.
+        let cache = DteCache::new(if cfg.optimizations.cache && !ep.reads_are_local_copies() {
             cfg.cache_entries
         } else {
             0

@@ -872,6 +872,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.inner.virtual_time()
     }
 
+    fn reads_are_local_copies(&self) -> bool {
+        self.inner.reads_are_local_copies()
+    }
+
     fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
         self.inner.idle_poll(region, watched)
     }
