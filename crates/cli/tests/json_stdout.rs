@@ -84,6 +84,43 @@ fn fabric_bench_local_reads_own_memory_and_refuses_cas() {
     assert!(err.contains("--local measures read and write"), "{err}");
 }
 
+/// `--loopback` measures operations on the process's own node both straight to memory and
+/// through UCX, in one run, and refuses `--local` beside it.
+#[test]
+fn fabric_bench_loopback_measures_both_paths() {
+    for transport in ["shm", "tcp"] {
+        let out = run(&[
+            "fabric-bench",
+            "--loopback",
+            "--transport",
+            transport,
+            "--op",
+            "cas",
+            "--iters",
+            "200",
+            "--json",
+        ]);
+        let v = stdout_json(&out);
+        assert_eq!(
+            (v["loopback"].as_bool(), v["op"].as_str()),
+            (Some(true), Some("cas"))
+        );
+        assert!(v["nessie"]["p50_us"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["through_ucx"]["p50_us"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["p50_ratio_to_ucx"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    let out = Command::new(BIN)
+        .args(["fabric-bench", "--loopback", "--local", "--iters", "100"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--local") && err.contains("--loopback"),
+        "{err}"
+    );
+}
+
 /// A UCX warning (here: about an unknown `UCX_` environment variable) reaches stderr, not stdout.
 #[test]
 fn ucx_warnings_go_to_stderr() {
