@@ -571,7 +571,14 @@ impl Observer<NodeClient> for AgentThread {
     }
 
     fn invoke(&mut self, client: &NodeClient, _: &Planned) -> StatsSnapshot {
-        client.fabric_stats()
+        let before = client.fabric_stats();
+        if self.arrivals.is_none() {
+            // Closed loop: the operation starts now, after the benchmark's own bookkeeping (the
+            // key's formatting, the counters' snapshot). Open loop: at its arrival, whatever
+            // delayed it.
+            self.t0 = unix_ns();
+        }
+        before
     }
 
     fn complete(

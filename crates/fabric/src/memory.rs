@@ -243,6 +243,7 @@ mod bulk {
             unsafe {
                 std::arch::asm!(
                     "2:",
+                    "prefetcht0 [{s} + 512]",
                     "movdqa {a}, xmmword ptr [{s}]",
                     "movdqa {b}, xmmword ptr [{s} + 16]",
                     "movdqa {c}, xmmword ptr [{s} + 32]",

@@ -75,14 +75,15 @@ impl DteCache {
         Some(&e.bytes)
     }
 
-    /// Remember a valid DTE read through `ite` at `ite_read_ns`.
-    pub fn insert(&mut self, ite: u64, bytes: &[u8], ite_read_ns: u64, expiry_ns: u64) {
+    /// Remember a valid DTE read through `ite` at `ite_read_ns`: the concatenation of `parts`
+    /// (an entry whose value was read apart from its header comes in two).
+    pub fn insert(&mut self, ite: u64, parts: &[&[u8]], ite_read_ns: u64, expiry_ns: u64) {
         if let Some(lru) = self.lru.as_mut() {
             lru.put(
                 ite,
                 Entry {
                     expires_ns: ite_read_ns + expiry_ns,
-                    bytes: bytes.into(),
+                    bytes: parts.concat().into_boxed_slice(),
                 },
             );
         }
@@ -105,7 +106,7 @@ mod tests {
     #[test]
     fn hit_extends_and_expiry_evicts() {
         let mut c = DteCache::new(2);
-        c.insert(1, b"one", 100, 50); // valid until 150
+        c.insert(1, &[b"on", b"e"], 100, 50); // valid until 150
         assert_eq!(c.get(1, 120, 140, 50), Some(&b"one"[..])); // extended to 190
         assert_eq!(
             c.get(1, 180, 180, 50),
@@ -120,17 +121,17 @@ mod tests {
     #[test]
     fn lru_capacity_and_disabled() {
         let mut c = DteCache::new(2);
-        c.insert(1, b"a", 0, 1000);
-        c.insert(2, b"b", 0, 1000);
+        c.insert(1, &[b"a"], 0, 1000);
+        c.insert(2, &[b"b"], 0, 1000);
         c.get(1, 1, 1, 1000);
-        c.insert(3, b"c", 0, 1000);
+        c.insert(3, &[b"c"], 0, 1000);
         assert!(
             c.get(2, 1, 1, 1000).is_none(),
             "least recently used was evicted"
         );
         assert!(c.get(1, 1, 1, 1000).is_some());
         let mut off = DteCache::new(0);
-        off.insert(1, b"a", 0, 1000);
+        off.insert(1, &[b"a"], 0, 1000);
         assert!(!off.enabled() && off.get(1, 0, 0, 1000).is_none());
     }
 }

@@ -47,14 +47,28 @@ pub(crate) struct DteLoc {
     pub size: u64,
 }
 
-/// A DTE fetched into the client's read buffer.
+/// Where a fetched value's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ValueAt {
+    /// In the read buffer, behind the entry's header and key (one READ of the whole entry, or
+    /// a cache hit).
+    Buf(std::ops::Range<usize>),
+    /// Alone at the start of the value buffer, this many bytes (a READ of the value only,
+    /// which lands where the caller of `get_into` wants it).
+    Alone(usize),
+}
+
+/// A DTE fetched into the client's read buffer (header and key) and, when its value was read
+/// on its own, the value buffer.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct Fetched {
     pub meta: DteMeta,
     /// The DTE holds the key that was asked for.
     pub key_matches: bool,
-    /// The value bytes are in the buffer too.
+    /// The value bytes were read too.
     pub value_loaded: bool,
+    /// ... into the value buffer, not behind the header.
+    pub value_alone: bool,
     #[allow(dead_code)]
     pub source: Source,
 }
@@ -198,6 +212,7 @@ impl<E: Endpoint> CdClient<E> {
             meta,
             key_matches,
             value_loaded,
+            value_alone: value_loaded,
             source: Source::Local,
         })
     }
@@ -217,6 +232,7 @@ impl<E: Endpoint> CdClient<E> {
             meta,
             key_matches,
             value_loaded: true,
+            value_alone: false,
             source: Source::Cache,
         }))
     }
@@ -244,22 +260,28 @@ impl<E: Endpoint> CdClient<E> {
         self.ep.read(addr, &mut self.buf[..first])?;
         self.check(d)?;
         let (meta, key_matches) = self.decode_matching(key, loc.size)?;
-        let mut value_loaded = whole;
-        if !whole && self.wants_value(want, &meta, key_matches) {
+        let alone = !whole && self.wants_value(want, &meta, key_matches);
+        if alone {
             self.load_value(loc, &meta, false)?;
             self.check(d)?;
-            value_loaded = true;
         }
-        if value_loaded && meta.valid {
-            let end = DteLayout::value_offset(meta.key_len) as usize
-                + layout.value_read_len(meta.value_len) as usize;
+        let value_loaded = whole || alone;
+        if value_loaded && meta.valid && self.cache.enabled() {
+            let value_off = DteLayout::value_offset(meta.key_len) as usize;
+            let read_len = layout.value_read_len(meta.value_len) as usize;
+            let parts: [&[u8]; 2] = if alone {
+                [&self.buf[..value_off], &self.vbuf[..read_len]]
+            } else {
+                [&self.buf[..value_off + read_len], &[]]
+            };
             self.cache
-                .insert(ite.0, &self.buf[..end], ite_read_ns, self.cfg.expiry_ns);
+                .insert(ite.0, &parts, ite_read_ns, self.cfg.expiry_ns);
         }
         Ok(Fetched {
             meta,
             key_matches,
             value_loaded,
+            value_alone: alone,
             source: Source::Remote,
         })
     }
@@ -271,42 +293,55 @@ impl<E: Endpoint> CdClient<E> {
             .map_err(|e| Abort::Fatal(Error::Corrupt(e.to_string())))
     }
 
-    /// Append the value of the DTE at `loc` to the header already in `self.buf`.
+    /// Read the value of the DTE at `loc`, whose header is in `self.buf`, into the value
+    /// buffer. Only growth of that buffer is zero-filled: values of one size, the common case,
+    /// are read over the last one (during `get_into` it is the caller's buffer).
     fn load_value(&mut self, loc: DteLoc, meta: &DteMeta, local: bool) -> Attempt<()> {
         self.hook(HookPoint::BeforeValueRead);
         let value_off = DteLayout::value_offset(meta.key_len);
-        let start = value_off as usize;
         let len = self.view.dte.value_read_len(meta.value_len) as usize;
         debug_assert!(
-            start + len <= loc.size as usize,
+            value_off as usize + len <= loc.size as usize,
             "checked by decode_matching"
         );
-        self.buf.resize(start + len, 0);
+        self.vbuf.resize(len, 0);
         if len == 0 {
             return Ok(());
         }
         if local {
             self.ep
-                .local_read(DATA_REGION, loc.off + value_off, &mut self.buf[start..])?;
+                .local_read(DATA_REGION, loc.off + value_off, &mut self.vbuf)?;
         } else {
             self.ep.read(
                 RemoteAddr::new(loc.node, DATA_REGION, loc.off + value_off),
-                &mut self.buf[start..],
+                &mut self.vbuf,
             )?;
         }
         Ok(())
     }
 
-    /// Where the value of the DTE `f` is in the read buffer.
-    pub(crate) fn value_range(f: &Fetched) -> std::ops::Range<usize> {
+    /// Where the value of the DTE `f` is.
+    pub(crate) fn value_at(f: &Fetched) -> ValueAt {
         debug_assert!(f.value_loaded);
+        let len = f.meta.value_len as usize;
+        if f.value_alone {
+            return ValueAt::Alone(len);
+        }
         let start = DteLayout::value_offset(f.meta.key_len) as usize;
-        start..start + f.meta.value_len as usize
+        ValueAt::Buf(start..start + len)
     }
 
-    /// The value of the DTE in the read buffer.
+    /// The bytes of a value fetched to `at`.
+    pub(crate) fn value_bytes(&self, at: &ValueAt) -> &[u8] {
+        match at {
+            ValueAt::Buf(r) => &self.buf[r.clone()],
+            ValueAt::Alone(len) => &self.vbuf[..*len],
+        }
+    }
+
+    /// The value of the DTE `f`, copied.
     pub(crate) fn value_of(&self, f: &Fetched) -> Vec<u8> {
-        self.buf[Self::value_range(f)].to_vec()
+        self.value_bytes(&Self::value_at(f)).to_vec()
     }
 
     /// Write a new, invalid DTE of the smallest class that holds it (Step 3 / migrate Step 5)

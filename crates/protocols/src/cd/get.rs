@@ -13,17 +13,14 @@ use nessie_fabric::Endpoint;
 use nessie_store::limits::MAX_HASH_FUNCTIONS;
 use nessie_store::Ite;
 
-use std::ops::Range;
-
-use super::access::Want;
+use super::access::{ValueAt, Want};
 use super::{Abort, Attempt, CdClient};
 use crate::hooks::HookPoint;
 
 impl<E: Endpoint> CdClient<E> {
-    /// One attempt of GET: where the value is in the read buffer (valid until the client's
-    /// next operation) and the ITE word of the entry it is in (the key's version), or `None`
-    /// if the key is absent.
-    pub(crate) fn get_once(&mut self, key: &[u8]) -> Attempt<Option<(Range<usize>, Ite)>> {
+    /// One attempt of GET: where the value is (valid until the client's next operation) and
+    /// the ITE word of the entry it is in (the key's version), or `None` if the key is absent.
+    pub(crate) fn get_once(&mut self, key: &[u8]) -> Attempt<Option<(ValueAt, Ite)>> {
         let d = self.deadline(); // Step 0
         let index = self.view.index.clone();
         let mut h = index.hashes(key); // Step 1 (lazily)
@@ -50,7 +47,7 @@ impl<E: Endpoint> CdClient<E> {
                 continue;
             }
             if f.meta.valid || mutated!(self.cfg, skip_valid_check) {
-                return Ok(Some((Self::value_range(&f), ite))); // 2.4
+                return Ok(Some((Self::value_at(&f), ite))); // 2.4
             }
             // 2.5: an in-progress write replaced `prev`; that DTE is still intact.
             if !self.cfg.optimizations.previous_versions || f.meta.prev == 0 {
@@ -65,7 +62,7 @@ impl<E: Endpoint> CdClient<E> {
             let p = self.fetch(prev, t, &d, key, Want::ValueIfMatch)?;
             if p.key_matches && p.meta.valid {
                 self.stats.previous_version_hits += 1;
-                return Ok(Some((Self::value_range(&p), prev)));
+                return Ok(Some((Self::value_at(&p), prev)));
             }
             return Err(Abort::Concurrent(
                 "GET met an in-progress write without a usable previous version",
@@ -128,6 +125,53 @@ mod tests {
             let mut r = c.client(node);
             for i in 0..20u8 {
                 assert_eq!(r.get(&[b'k', i]).unwrap(), Some(vec![i; 10]), "node {node}");
+            }
+        }
+    }
+
+    /// A value READ apart from its header lands in `get_into`'s buffer: exactly its bytes,
+    /// whatever the buffer held, from the own node, from other nodes and from the cache; and
+    /// the same when whole entries are read.
+    #[test]
+    fn values_read_on_their_own_land_whole_in_the_callers_buffer() {
+        use super::super::testkit::{fast_cfg, small_geometry};
+        for optimizations in [Optimizations::default(), Optimizations::NONE] {
+            // whole_read_max 0: remote values are read on their own, as large values are.
+            let cfg = ProtocolConfig {
+                optimizations,
+                whole_read_max: 0,
+                ..fast_cfg()
+            };
+            let c = InProcCluster::new(small_geometry(), cfg);
+            let mut w = c.client(0);
+            let values: Vec<Vec<u8>> = [0usize, 1, 9, 64, 17, 64, 3]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| vec![i as u8 + 1; n])
+                .collect();
+            for (i, v) in values.iter().enumerate() {
+                w.put(&[b'v', i as u8], v).unwrap();
+            }
+            for node in 0..NODES as u16 {
+                let mut r = c.client(node);
+                let mut out = vec![0xEE; 100];
+                for round in 0..2 {
+                    for (i, v) in values.iter().enumerate() {
+                        let k = [b'v', i as u8];
+                        let at = format!("node {node}, round {round}, key {i}");
+                        assert!(r.get_into(&k, &mut out).unwrap(), "{at}");
+                        assert_eq!(&out, v, "{at}");
+                        out.resize(80, 0xDD);
+                        assert!(r.get_versioned(&k, &mut out).unwrap().is_some(), "{at}");
+                        assert_eq!(&out, v, "{at}");
+                        assert_eq!(r.get_ref(&k).unwrap(), Some(&v[..]), "{at}");
+                    }
+                    assert!(!r.get_into(b"none", &mut out).unwrap());
+                    assert!(out.is_empty());
+                    assert_eq!(r.get_versioned(b"none", &mut out).unwrap(), None);
+                }
+                let cached = node != 0 && optimizations.cache;
+                assert_eq!(r.cache_stats().hits > 0, cached, "node {node}");
             }
         }
     }

@@ -300,13 +300,8 @@ impl<E: Endpoint> CdClient<E> {
     ) -> Result<Option<Version>, Error> {
         self.check_key(key)?;
         self.stats.gets += 1;
-        out.clear();
-        let at = self.with_retry(|c| c.get_once(key))?;
         // The version of a value read from a previous version is that entry's word.
-        Ok(at.map(|(r, ite)| {
-            out.extend_from_slice(&self.buf[r]);
-            ite.0
-        }))
+        Ok(self.read_value_into(key, out)?.map(|ite| ite.0))
     }
 }
 

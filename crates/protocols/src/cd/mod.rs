@@ -39,6 +39,7 @@ use crate::fence::Fence;
 #[cfg(any(test, feature = "testing"))]
 use crate::hooks::Hook;
 use crate::hooks::HookPoint;
+use access::ValueAt;
 
 /// What every client of a cluster shares: the geometry and what is derived from it.
 #[derive(Clone, Debug)]
@@ -198,8 +199,10 @@ pub struct CdClient<E: Endpoint> {
     stats: ClientStats,
     /// Membership: whether this node may act, and whose writers are gone.
     fence: Arc<Fence>,
-    /// Scratch buffer for DTE reads.
+    /// Scratch buffer for DTE reads: headers and keys, and whole entries read at once.
     buf: Vec<u8>,
+    /// Scratch buffer a value read on its own lands in; during `get_into`, the caller's.
+    vbuf: Vec<u8>,
     /// Scratch buffer for DTE writes.
     wbuf: Vec<u8>,
 }
@@ -256,6 +259,7 @@ impl<E: Endpoint> CdClient<E> {
             stats: ClientStats::default(),
             fence: Arc::new(Fence::unfenced()),
             buf: Vec::new(),
+            vbuf: Vec::new(),
             wbuf: Vec::new(),
         })
     }
@@ -268,23 +272,43 @@ impl<E: Endpoint> CdClient<E> {
     /// Read the value of `key` into `out` (replacing its contents, reusing its allocation);
     /// false if `key` is not in the store.
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
-        out.clear();
-        match self.get_ref(key)? {
-            Some(v) => {
-                out.extend_from_slice(v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        self.check_key(key)?;
+        self.stats.gets += 1;
+        Ok(self.read_value_into(key, out)?.is_some())
     }
 
-    /// Read the value of `key` without copying it: the bytes stay in the client's read buffer
+    /// GET with retries into `out`, the value READ straight into it when it is read on its
+    /// own (a large value: no second copy); the version of what was read.
+    fn read_value_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Ite>, Error> {
+        // `out` stands in for the value buffer; its old contents are overwritten, not cleared,
+        // so that a value as long as the last one needs no zero-filling.
+        std::mem::swap(&mut self.vbuf, out);
+        let r = self.with_retry(|c| c.get_once(key));
+        std::mem::swap(&mut self.vbuf, out);
+        Ok(match r? {
+            Some((ValueAt::Alone(len), ite)) => {
+                out.truncate(len);
+                Some(ite)
+            }
+            Some((at @ ValueAt::Buf(_), ite)) => {
+                out.clear();
+                out.extend_from_slice(self.value_bytes(&at));
+                Some(ite)
+            }
+            None => {
+                out.clear();
+                None
+            }
+        })
+    }
+
+    /// Read the value of `key` without copying it: the bytes stay in the client's buffers
     /// until its next operation.
     pub fn get_ref(&mut self, key: &[u8]) -> Result<Option<&[u8]>, Error> {
         self.check_key(key)?;
         self.stats.gets += 1;
         let at = self.with_retry(|c| c.get_once(key))?;
-        Ok(at.map(|(r, _)| &self.buf[r]))
+        Ok(at.map(|(at, _)| self.value_bytes(&at)))
     }
 
     /// Store `value` under `key`, replacing any previous value.
@@ -306,7 +330,7 @@ impl<E: Endpoint> CdClient<E> {
     pub fn try_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.check_key(key)?;
         match self.get_once(key) {
-            Ok(at) => Ok(at.map(|(r, _)| self.buf[r].to_vec())),
+            Ok(at) => Ok(at.map(|(at, _)| self.value_bytes(&at).to_vec())),
             Err(a) => Err(self.abort_to_error(a)),
         }
     }
