@@ -679,5 +679,20 @@ mod tests {
             ..BenchParams::default()
         });
         assert_eq!(k, 8192, "128 MiB of 16 KiB values");
+        // Small values: room for 200 ms of over a million PUTs a second per node, in at most
+        // 128 MiB of spare entries; the simulator keeps its own bound.
+        let small = BenchParams {
+            keys: Some(10_000),
+            nodes: 2,
+            value_size: 100,
+            ..BenchParams::default()
+        };
+        let spare = |g: &nessie_store::Geometry| g.dtes_per_node - (5_000.0 * 1.3) as u64;
+        let (_, g) = sizing(&small);
+        assert_eq!(spare(&g), crate::sizing::HEADROOM_MAX_ENTRIES);
+        let entry = nessie_store::DteLayout::new(small.key_size, 100).entry_size;
+        assert!(spare(&g) * entry <= 128 << 20);
+        let (_, sim) = crate::sizing::sizing_with_headroom(&small, 8192);
+        assert_eq!(spare(&sim), 8192);
     }
 }

@@ -58,7 +58,8 @@ const PUT_ROOM_EXTRA: u64 = 1024;
 /// benchmark's sizing ([`nessie_bench::sizing::sizing`]) plus room for every entry the run's
 /// PUTs write.
 pub fn sizing(p: &BenchParams, ops_per_thread: u64) -> (u64, Geometry) {
-    let (keys, mut g) = nessie_bench::sizing::sizing(p);
+    use nessie_bench::sizing::{sizing_with_headroom, SIM_HEADROOM_MAX_ENTRIES};
+    let (keys, mut g) = sizing_with_headroom(p, SIM_HEADROOM_MAX_ENTRIES);
     let put_share = if p.workload.is_some() {
         1.0
     } else {

@@ -6,7 +6,12 @@
 //! 3. a fresh page of the node's own table (local writes are the paper's point);
 //! 4. a scan of every page the node holds, of every class, here and on other nodes: entries
 //!    whose recycle flag has expired go back on their class's free list, and pages left with no
-//!    entry in use go back to their node's pool (then a fresh local page again);
+//!    entry in use go back to their node's pool (then a fresh local page again). Released
+//!    entries not yet expired are remembered with the time they will be (a recycle word does
+//!    not change until its claimer reclaims the entry), and taken once it has come, in step 1,
+//!    without another scan: a writer scans again only when its class has none left to wait
+//!    for. (Scanning whenever the free list ran dry cost a scan of every held entry per few
+//!    entries freed under steady overwrites.);
 //! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
 //!    [`ClassTable::local_only`] turns it off, for the baselines' servers);
 //! 6. an entry of a larger class already at hand (free list or open page): it holds the value
@@ -22,7 +27,8 @@
 //! emptied). Other nodes' writers also leave a node its last [`owner_share`] pages. Both
 //! reserves are soft: two claimers racing for the last pages can both win.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
@@ -62,7 +68,7 @@ pub enum Purpose {
 }
 
 /// An entry: the node whose memory holds it, its class and its slot in that class.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot {
     pub host: NodeId,
     pub class: u8,
@@ -124,6 +130,10 @@ struct ClassState {
     /// Pages a delete claimed from the reserve: values must not use up the room that lets a
     /// full store be emptied.
     reserve: Pool,
+    /// Released entries the last scan found not yet expired, with when (clock margin included)
+    /// they may be reused; sorted so that the soonest is last. Still in use on their pages
+    /// until taken. Only a scan adds to it, so one sort per scan keeps it in order.
+    pending: Vec<(u64, Slot)>,
 }
 
 impl ClassState {
@@ -254,13 +264,28 @@ impl ClassTable {
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
+        if self.reclaim_pending(ep, &mut s, class)? > 0 {
+            if let Some(slot) = self.take_handy(&mut s, class, purpose) {
+                return Ok(slot);
+            }
+        }
         let here = self.node;
         if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
             return Ok(slot);
         }
         // Under pressure: take back every class's expired entries and give empty pages back,
-        // so memory can move to this class.
-        let (_, awaiting) = self.scan_all(ep, &mut s)?;
+        // so memory can move to this class. While this class still has released entries to
+        // wait for, a scan would find none sooner (entries released since the last scan expire
+        // after them): only what other classes have waited out is taken.
+        if s.classes[class as usize].pending.is_empty() {
+            self.scan_all(ep, &mut s)?;
+        } else {
+            for c in 0..self.classes.len() as u8 {
+                self.reclaim_pending(ep, &mut s, c)?;
+            }
+            self.release_empty_pages(ep, &mut s, &mut Vec::new())?;
+        }
+        let awaiting = Self::awaiting(&s);
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
@@ -439,6 +464,65 @@ impl ClassTable {
         self.put_back(&mut s, slot);
     }
 
+    /// Reclaim the entries of `class` the last scan found released whose time has come.
+    /// Returns how many. One whose node cannot be reached is dropped: a later scan finds it.
+    fn reclaim_pending<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        class: u8,
+    ) -> Result<u64, FabricError> {
+        let now = ep.now_ns();
+        let (mut reclaimed, mut failed) = (0, Vec::new());
+        while let Some(&(ready, slot)) = s.classes[class as usize].pending.last() {
+            if now <= ready {
+                break;
+            }
+            s.classes[class as usize].pending.pop();
+            if !failed.contains(&slot.host) && self.clear_released(ep, s, slot, &mut failed)? {
+                reclaimed += 1;
+            }
+        }
+        s.reclaimed_total += reclaimed;
+        Ok(reclaimed)
+    }
+
+    /// Clear the header and recycle word of an expired released entry and put it back on its
+    /// free list. False (nothing changed) if its node could not be reached.
+    fn clear_released<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        slot: Slot,
+        failed: &mut Vec<NodeId>,
+    ) -> Result<bool, FabricError> {
+        // Clear the flag so later scans do not hand the entry out twice, and the header with
+        // it (one write: they are adjacent), so that a restarted node adopting the page tells
+        // a free entry (both zero) from a live one (`adopt`).
+        let at = self.addr(slot).add(HEADER_OFF);
+        debug_assert_eq!(RECYCLE_OFF, HEADER_OFF + 8);
+        if self
+            .tolerate(slot.host, write_words(ep, at, &[0u8; 16]), failed)?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        self.put_back(s, slot);
+        Ok(true)
+    }
+
+    /// Released entries still awaiting expiry, of every class.
+    fn awaiting(s: &State) -> Awaiting {
+        let mut a = Awaiting::default();
+        for c in &s.classes {
+            if let Some(&(ready, _)) = c.pending.last() {
+                a.add(ready + 1);
+                a.count += c.pending.len() as u64 - 1;
+            }
+        }
+        a
+    }
+
     fn put_back(&self, s: &mut State, slot: Slot) {
         let page = self.page_of(slot);
         let ps = s
@@ -497,6 +581,11 @@ impl ClassTable {
         let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
         s.scans += 1;
         s.last_scan_ns = now;
+        // What is still pending is seen again below, with what was released since.
+        for c in &mut s.classes {
+            c.pending.clear();
+        }
+        let mut waiting = Vec::new();
         // Other nodes that failed during this scan: their pages wait for a later one.
         let mut failed: Vec<NodeId> = Vec::new();
         for (host, page) in held {
@@ -505,30 +594,30 @@ impl ClassTable {
             }
             let ps = &s.pages[&(host, page)];
             let (class, handed) = (ps.class, ps.handed);
-            let found = self.expired_entries(ep, host, page, class, handed, now, &mut awaiting);
+            waiting.clear();
+            let found = self.expired_entries(ep, host, page, class, handed, now, &mut waiting);
             let Some(expired) = self.tolerate(host, found, &mut failed)? else {
                 continue;
             };
+            let slot = |i| Slot {
+                host,
+                class,
+                slot: self.classes.slot(class, page, i),
+            };
+            for &(i, ready) in &waiting {
+                awaiting.add(ready + 1);
+                s.classes[class as usize].pending.push((ready, slot(i)));
+            }
             for i in expired {
-                let slot = Slot {
-                    host,
-                    class,
-                    slot: self.classes.slot(class, page, i),
-                };
-                // Clear the flag so later scans do not hand the entry out twice, and the header
-                // with it (one write: they are adjacent), so that a restarted node adopting
-                // the page tells a free entry (both zero) from a live one (`adopt`).
-                let at = self.addr(slot).add(HEADER_OFF);
-                debug_assert_eq!(RECYCLE_OFF, HEADER_OFF + 8);
-                if self
-                    .tolerate(host, write_words(ep, at, &[0u8; 16]), &mut failed)?
-                    .is_none()
-                {
+                if !self.clear_released(ep, s, slot(i), &mut failed)? {
                     break;
                 }
-                self.put_back(s, slot);
                 reclaimed += 1;
             }
+        }
+        for c in &mut s.classes {
+            c.pending
+                .sort_unstable_by_key(|&(ready, slot)| Reverse((ready, slot)));
         }
         s.reclaimed_total += reclaimed;
         self.release_empty_pages(ep, s, &mut failed)?;
@@ -557,7 +646,8 @@ impl ClassTable {
     }
 
     /// Entries among the first `handed` of a page whose recycle expiry (plus the clock margin)
-    /// has passed; counts the others that carry a recycle flag into `awaiting`. A local page is
+    /// has passed; the others that carry a recycle flag go into `waiting` with the time they
+    /// will be ready (index in the page, time). A local page is
     /// read word by word, a remote one with a single READ.
     #[allow(clippy::too_many_arguments)]
     fn expired_entries<E: Endpoint>(
@@ -568,7 +658,7 @@ impl ClassTable {
         class: u8,
         handed: u64,
         now: u64,
-        awaiting: &mut Awaiting,
+        waiting: &mut Vec<(u64, u64)>,
     ) -> Result<Vec<u64>, FabricError> {
         let size = self.classes.entry_size(class);
         let base = RemoteAddr::new(host, DATA_REGION, page * self.classes.page_bytes());
@@ -594,7 +684,7 @@ impl ClassTable {
             if now > ready {
                 expired.push(i);
             } else {
-                awaiting.add(ready + 1);
+                waiting.push((i, ready));
             }
         }
         Ok(expired)
@@ -615,10 +705,19 @@ impl ClassTable {
             .map(|(k, _)| *k)
             .collect();
         empty.sort_unstable(); // as in `scan_all`
+                               // Released pages by pool (class, reserve): their entries leave each free list in one
+                               // pass at the end, not one pass per page (which was quadratic in a large table).
+        let mut released: HashMap<(u8, bool), HashSet<(NodeId, u64)>> = HashMap::new();
+        let mut result = Ok(());
         for key in empty {
             let claim = s.pages[&key].claim;
-            let Some(ours) = self.tolerate(key.0, pages::release_page(ep, &claim), failed)? else {
-                continue;
+            let ours = match self.tolerate(key.0, pages::release_page(ep, &claim), failed) {
+                Ok(Some(ours)) => ours,
+                Ok(None) => continue,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             };
             assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
             let ps = s.pages.remove(&key).expect("held");
@@ -626,10 +725,18 @@ impl ClassTable {
             if pool.open == Some(key) {
                 pool.open = None;
             }
-            let per_page = self.classes.per_page(ps.class);
-            pool.free.retain(|f| (f.host, f.slot / per_page) != key);
+            released
+                .entry((ps.class, ps.reserve))
+                .or_default()
+                .insert(key);
         }
-        Ok(())
+        for ((class, reserve), pages) in released {
+            let per_page = self.classes.per_page(class);
+            let pool = s.classes[class as usize].pool(reserve);
+            pool.free
+                .retain(|f| !pages.contains(&(f.host, f.slot / per_page)));
+        }
+        result
     }
 
     /// Take over the pages an earlier incarnation of this node claimed. A restarted node's
@@ -860,6 +967,114 @@ mod tests {
         let words = pages::read_table(&mut ep, 0, PAGES).unwrap();
         let held = words.iter().filter(|w| w.is_claimed()).count();
         assert_eq!(held, 0, "every page went back: {words:?}");
+    }
+
+    /// One scan releases many pages at once, of two nodes, beside a page it keeps: the released
+    /// pages' entries leave the free list (their pages then go to another class), the kept
+    /// page's come back, and nothing is handed out twice or overlaps the entry still in use.
+    #[test]
+    fn a_scan_that_releases_many_pages_keeps_every_entry_single() {
+        let (f, t) = setup(2);
+        let mut ep = f.endpoint(0);
+        let mut all = Vec::new();
+        while let Ok(s) = t[0].alloc_for(&mut ep, 0, Purpose::Value) {
+            all.push(s);
+        }
+        let per = t[0].classes().per_page(0);
+        let page_of = |s: &Slot| (s.host, s.slot / per);
+        assert!(all.iter().any(|s| s.host == 1), "pages of both nodes");
+        let kept = all[per as usize + 1]; // in the second page
+        for s in all.iter().filter(|s| **s != kept) {
+            recycle(&f, &t[0], *s);
+        }
+        assert_eq!(t[0].reclaim(&mut ep).unwrap(), all.len() as u64 - 1);
+        assert_eq!(
+            t[0].usage()[0].pages,
+            1,
+            "only the kept entry's page is held"
+        );
+        let mut taken = vec![kept];
+        while let Ok(s) = t[0].alloc_for(&mut ep, 1, Purpose::Value) {
+            taken.push(s);
+        }
+        while let Ok(s) = t[0].alloc_for(&mut ep, 0, Purpose::Value) {
+            assert_eq!(
+                page_of(&s),
+                page_of(&kept),
+                "class 0 keeps only its held page"
+            );
+            taken.push(s);
+        }
+        assert!(taken.iter().any(|s| s.class == 1 && s.host == 1));
+        let mut ranges: Vec<(NodeId, u64, u64)> = taken
+            .iter()
+            .map(|s| {
+                let a = t[0].addr(*s).offset;
+                (s.host, a, a + t[0].classes().entry_size(s.class))
+            })
+            .collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].0 != w[1].0 || w[0].2 <= w[1].1,
+                "entries {w:?} overlap"
+            );
+        }
+    }
+
+    /// Entries a scan found released but not yet expired are taken once their time has come,
+    /// without another scan; a scan meanwhile (the reclaimer's) neither loses nor doubles them.
+    #[test]
+    fn released_entries_are_taken_when_ready_without_scanning_again() {
+        for rescan in [false, true] {
+            let (f, t) = setup(1);
+            let mut ep = f.endpoint(0);
+            let big = (t[0].classes().len() - 1) as u8;
+            let mut slots = HashSet::new();
+            while let Ok(s) = t[0].alloc_for(&mut ep, big, Purpose::Value) {
+                slots.insert(s);
+            }
+            let expires = ep.now_ns() + 40_000_000;
+            for s in &slots {
+                let at = t[0].addr(*s).add(RECYCLE_OFF);
+                ep.write(at, &DteLayout::recycle_word(expires).to_le_bytes())
+                    .unwrap();
+            }
+            let full = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
+            let ClassAllocError::Full {
+                awaiting_expiry,
+                next_ready_ns,
+                ..
+            } = full
+            else {
+                panic!("{full}")
+            };
+            assert_eq!(awaiting_expiry, slots.len() as u64);
+            assert_eq!(next_ready_ns, Some(expires + 1));
+            let scans = t[0].counters().scans;
+            assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
+            assert_eq!(t[0].counters().scans, scans, "nothing to scan for yet");
+            while ep.now_ns() <= expires {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            if rescan {
+                t[0].reclaim(&mut ep).unwrap();
+            }
+            let scans = t[0].counters().scans;
+            let mut again = HashSet::new();
+            for _ in 0..slots.len() {
+                let s = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
+                assert!(again.insert(s), "{s:?} handed out twice");
+            }
+            assert_eq!(again, slots, "the same entries, each once");
+            assert_eq!(t[0].counters().scans, scans, "taken without a scan");
+            assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
+            assert_eq!(
+                t[0].counters().scans,
+                scans + 1,
+                "none left to wait for: a scan"
+            );
+        }
     }
 
     #[test]
