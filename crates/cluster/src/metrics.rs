@@ -195,6 +195,9 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         self.timed(Kind::Put, done, |c| c.put(key, value))
     }
+    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
+        self.timed(Kind::Put, done, |c| c.put_parts(key, parts))
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.timed(Kind::Delete, done, |c| c.delete(key))
     }

@@ -32,6 +32,16 @@ pub fn expires_at(exptime: i64, now_ms: u64) -> Option<u64> {
     (at > now_ms).then_some(at)
 }
 
+/// The header of an item with `flags`, expiring at `expires` (Unix ms; 0 = never): stored
+/// before its data, as `put_parts(key, &[&header(..), data])` does without copying the data.
+pub fn header(flags: u32, expires: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..4].copy_from_slice(MAGIC);
+    h[4..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..].copy_from_slice(&expires.to_le_bytes());
+    h
+}
+
 /// The stored form of `data` with `flags`, expiring at `expires` (Unix ms; 0 = never).
 pub fn encode(out: &mut Vec<u8>, flags: u32, expires: u64, data: &[u8]) {
     encode_parts(out, flags, expires, &[data]);
@@ -41,9 +51,7 @@ pub fn encode(out: &mut Vec<u8>, flags: u32, expires: u64, data: &[u8]) {
 pub fn encode_parts(out: &mut Vec<u8>, flags: u32, expires: u64, parts: &[&[u8]]) {
     out.clear();
     out.reserve(HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&expires.to_le_bytes());
+    out.extend_from_slice(&header(flags, expires));
     for p in parts {
         out.extend_from_slice(p);
     }

@@ -307,11 +307,8 @@ impl Conn<'_> {
             // Expired on arrival: memcached stores it and nobody can read it.
             None => self.with(|c| c.delete(&s.key)),
             Some(expires) => {
-                let mut v = std::mem::take(&mut self.scratch);
-                item::encode(&mut v, s.flags, expires, &s.data);
-                let r = self.with(|c| c.put(&s.key, &v));
-                self.scratch = v;
-                r
+                let h = item::header(s.flags, expires);
+                self.with(|c| c.put_parts(&s.key, &[&h, &s.data]))
             }
         };
         match r {

@@ -532,11 +532,8 @@ impl Conn<'_> {
         if expires != 0 && expires <= now {
             return self.with(|c| c.delete(key));
         }
-        let mut v = std::mem::take(&mut self.scratch);
-        item::encode(&mut v, 0, expires, value);
-        let r = self.with(|c| c.put(key, &v));
-        self.scratch = v;
-        r
+        let h = item::header(0, expires);
+        self.with(|c| c.put_parts(key, &[&h, value]))
     }
 
     fn mget(&mut self, keys: &[Vec<u8>]) {

@@ -108,6 +108,11 @@ pub trait KvClient: Send {
     }
     /// Store `value` under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error>;
+    /// Store the concatenation of `parts` under `key`. The client-driven store writes the parts
+    /// into the entry as they are; other clients assemble them first.
+    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
+        self.put(key, &parts.concat())
+    }
     /// Remove `key` (no-op if absent).
     fn delete(&mut self, key: &[u8]) -> Result<(), Error>;
     /// Read `key` into `out` (its contents replaced) with its version; `None` if absent.
@@ -141,6 +146,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         (**self).put(key, value)
+    }
+    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
+        (**self).put_parts(key, parts)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         (**self).delete(key)
@@ -349,6 +357,12 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Pilaf(c) => c.put(key, value),
         }
     }
+    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
+        match self {
+            ModeClient::Cd(c) => c.put_parts(key, parts),
+            other => other.put(key, &parts.concat()),
+        }
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         match self {
             ModeClient::Cd(c) => c.delete(key),
@@ -428,6 +442,9 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         cd::CdClient::put(self, key, value)
+    }
+    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
+        cd::CdClient::put_parts(self, key, parts)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         cd::CdClient::delete(self, key)

@@ -146,10 +146,6 @@ fn word(buf: &[u8], off: u64) -> u64 {
     u64::from_le_bytes(buf[off as usize..off as usize + 8].try_into().unwrap())
 }
 
-fn put_word(buf: &mut [u8], off: u64, v: u64) {
-    buf[off as usize..off as usize + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 impl DteLayout {
     pub fn new(key_max: u32, value_max: u32) -> Self {
         let meta_size = KEY_OFF + pad8(key_max as u64);
@@ -204,7 +200,21 @@ impl DteLayout {
     /// Write a fresh entry with the header and recycle word `head` describes into `buf`.
     /// Returns the number of bytes to store.
     pub fn encode_with(&self, buf: &mut Vec<u8>, head: Head, key: &[u8], value: &[u8]) -> usize {
-        assert!(key.len() <= self.key_max as usize && value.len() <= self.value_max as usize);
+        self.encode_parts(buf, head, key, &[value])
+    }
+
+    /// [`DteLayout::encode_with`] of a value given as the concatenation of `parts` (a front
+    /// end's item header and data), without assembling it first. Only the padding is
+    /// zero-filled: the bytes of a large value are written once.
+    pub fn encode_parts(
+        &self,
+        buf: &mut Vec<u8>,
+        head: Head,
+        key: &[u8],
+        parts: &[&[u8]],
+    ) -> usize {
+        let value_len: usize = parts.iter().map(|p| p.len()).sum();
+        assert!(key.len() <= self.key_max as usize && value_len <= self.value_max as usize);
         assert!(
             head.write_deadline < RECYCLE,
             "write deadline {} does not fit in 63 bits",
@@ -214,23 +224,36 @@ impl DteLayout {
             !(head.valid && head.tombstone),
             "a tombstone is never valid"
         );
-        let value_off = Self::value_offset(key.len() as u32);
-        let len = (value_off + pad8(value.len() as u64)) as usize;
-        buf.clear();
-        buf.resize(len, 0);
+        let value_off = Self::value_offset(key.len() as u32) as usize;
+        let len = value_off + pad8(value_len as u64) as usize;
         let flags = if head.tombstone { TOMBSTONE } else { 0 }
             | if head.guarded { GUARDED } else { 0 }
             | Self::source_bits(head.source);
-        put_word(
-            buf,
-            HEADER_OFF,
-            self.header(head.writer, head.valid) | flags,
+        // The words below go out in this order.
+        const _: () = assert!(
+            HEADER_OFF == 0
+                && RECYCLE_OFF == 8
+                && PREV_OFF == 16
+                && LENS_OFF == 24
+                && KEY_OFF == 32
         );
-        put_word(buf, RECYCLE_OFF, head.write_deadline);
-        put_word(buf, PREV_OFF, head.prev);
-        put_word(buf, LENS_OFF, key.len() as u64 | (value.len() as u64) << 32);
-        buf[KEY_OFF as usize..KEY_OFF as usize + key.len()].copy_from_slice(key);
-        buf[value_off as usize..value_off as usize + value.len()].copy_from_slice(value);
+        buf.clear();
+        buf.reserve(len);
+        for word in [
+            self.header(head.writer, head.valid) | flags, // HEADER_OFF
+            head.write_deadline,                          // RECYCLE_OFF
+            head.prev,                                    // PREV_OFF
+            key.len() as u64 | (value_len as u64) << 32,  // LENS_OFF
+        ] {
+            buf.extend_from_slice(&word.to_le_bytes());
+        }
+        debug_assert_eq!(buf.len() as u64, KEY_OFF);
+        buf.extend_from_slice(key);
+        buf.resize(value_off, 0);
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        buf.resize(len, 0);
         len
     }
 
@@ -329,6 +352,42 @@ mod tests {
         assert_eq!(odd.offset(3), 144);
         let empty_values = DteLayout::new(8, 0);
         assert_eq!(empty_values.entry_size, 40);
+    }
+
+    /// A value in parts encodes as the whole would, and a buffer's old bytes never show
+    /// through the padding.
+    #[test]
+    fn parts_encode_as_their_concatenation_with_clean_padding() {
+        let l = DteLayout::new(16, 64);
+        let head = Head {
+            writer: WriterTag::new(2, 5),
+            prev: 0x77,
+            valid: false,
+            tombstone: false,
+            write_deadline: 123,
+            source: Some(1),
+            guarded: true,
+        };
+        for (key, parts) in [
+            (&b"abc"[..], vec![&b"0123456789abcdef"[..], &b"xyz"[..]]),
+            (&b""[..], vec![&b""[..]]),
+            (&b"k"[..], vec![&[7u8; 40][..], &[][..], &[8u8; 24][..]]),
+        ] {
+            let whole: Vec<u8> = parts.concat();
+            let mut expected = vec![0u8; 200];
+            let n = l.encode_with(&mut expected, head, key, &whole);
+            let mut got = vec![0xFFu8; 200];
+            assert_eq!(l.encode_parts(&mut got, head, key, &parts), n);
+            assert_eq!(got, expected, "key {key:?}");
+            let m = l.meta(&got).unwrap();
+            assert_eq!(l.key(&got, &m), key);
+            assert_eq!(l.value(&got, &m).unwrap(), &whole[..]);
+            let pad = DteLayout::value_offset(key.len() as u32) as usize;
+            assert!(got[KEY_OFF as usize + key.len()..pad]
+                .iter()
+                .all(|&b| b == 0));
+            assert!(got[pad + whole.len()..].iter().all(|&b| b == 0));
+        }
     }
 
     #[test]

@@ -360,7 +360,7 @@ impl<E: Endpoint> CdClient<E> {
         filter: u64,
         prev: Ite,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         source: Option<u8>,
         guarded: bool,
     ) -> Attempt<(Ite, DteSlot, Ite)> {
@@ -400,7 +400,7 @@ impl<E: Endpoint> CdClient<E> {
             source: None,
             guarded: false,
         };
-        self.write_dte(filter, head, key, Some(value))
+        self.write_dte(filter, head, key, Some(&[value]))
     }
 
     fn write_dte(
@@ -408,16 +408,17 @@ impl<E: Endpoint> CdClient<E> {
         filter: u64,
         head: Head,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
     ) -> Attempt<(Ite, DteSlot)> {
-        let (purpose, value) = match value {
+        let (purpose, parts) = match value {
             Some(v) => (Purpose::Value, v),
             None => (Purpose::Delete, &[][..]),
         };
+        let value_len: usize = parts.iter().map(|p| p.len()).sum();
         let class = self
             .view
             .classes
-            .class_for(key.len() as u32, value.len() as u32)
+            .class_for(key.len() as u32, value_len as u32)
             .expect("sizes were checked against key_max and value_max");
         let slot = self
             .table
@@ -426,7 +427,7 @@ impl<E: Endpoint> CdClient<E> {
                 ClassAllocError::Fabric(f) => Abort::from(f),
                 e => Abort::TableFull(e),
             })?;
-        let n = self.view.dte.encode_with(&mut self.wbuf, head, key, value);
+        let n = self.view.dte.encode_parts(&mut self.wbuf, head, key, parts);
         // The slot's class may be larger than `class` when that one is full everywhere.
         let at = self.table.addr(slot);
         debug_assert!(slot.class >= class);

@@ -176,6 +176,31 @@ mod tests {
         }
     }
 
+    /// A value given in parts is stored as their concatenation, and its size is checked as a
+    /// whole.
+    #[test]
+    fn put_parts_stores_the_concatenation() {
+        let c = InProcCluster::small();
+        let mut w = c.client(0);
+        w.put_parts(b"k", &[b"head-", b"", b"data"]).unwrap();
+        w.put_parts(b"e", &[]).unwrap();
+        for node in 0..NODES as u16 {
+            let mut r = c.client(node);
+            assert_eq!(r.get(b"k").unwrap().as_deref(), Some(&b"head-data"[..]));
+            assert_eq!(r.get(b"e").unwrap().as_deref(), Some(&b""[..]));
+        }
+        let max = super::super::testkit::VALUE_MAX as usize;
+        let half = vec![1u8; max / 2 + 1];
+        assert_eq!(
+            w.put_parts(b"k", &[&half, &half]),
+            Err(crate::Error::ValueTooLarge {
+                len: 2 * half.len(),
+                max: max as u32
+            })
+        );
+        assert_eq!(w.get(b"k").unwrap().as_deref(), Some(&b"head-data"[..]));
+    }
+
     #[test]
     fn remote_value_comes_from_the_cache_until_it_is_replaced() {
         let c = InProcCluster::small();

@@ -56,7 +56,7 @@ impl<E: Endpoint> CdClient<E> {
         self.check_key(key)?;
         self.check_value(value)?;
         self.stats.puts += 1;
-        self.write_if(key, Some(value), cond)
+        self.write_if(key, Some(&[value]), cond)
     }
 
     /// Remove `key` if `cond` holds, atomically. Removing an absent key under
@@ -70,7 +70,7 @@ impl<E: Endpoint> CdClient<E> {
     fn write_if(
         &mut self,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         cond: Cond,
     ) -> Result<CondOutcome, Error> {
         let mut st = WriteState::guarded();
@@ -90,7 +90,7 @@ impl<E: Endpoint> CdClient<E> {
     fn write_if_once(
         &mut self,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         cond: Cond,
         st: &mut WriteState,
     ) -> Attempt<CondOutcome> {
@@ -212,7 +212,7 @@ impl<E: Endpoint> CdClient<E> {
         h: &mut KeyHashes<'_>,
         look: &Look,
         cand: Candidate,
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         new: Ite,
         st: &mut WriteState,
     ) -> Attempt<()> {

@@ -191,7 +191,7 @@ impl<E: Endpoint> CdClient<E> {
             moved.filter,
             prev,
             &moved.key,
-            Some(&moved.value),
+            Some(&[&moved.value]),
             Some(moved.source),
             false,
         )?;

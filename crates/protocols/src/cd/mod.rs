@@ -313,10 +313,16 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Store `value` under `key`, replacing any previous value.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.put_parts(key, &[value])
+    }
+
+    /// Store the concatenation of `parts` under `key` (a front end's item header and data),
+    /// written into the entry without being assembled first.
+    pub fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         self.check_key(key)?;
-        self.check_value(value)?;
+        self.check_value_len(parts.iter().map(|p| p.len()).sum())?;
         self.stats.puts += 1;
-        self.write(key, Some(value))
+        self.write(key, Some(parts))
     }
 
     /// Remove `key` (a no-op if it is absent).
@@ -370,9 +376,13 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     fn check_value(&self, value: &[u8]) -> Result<(), Error> {
-        if value.len() > self.view.dte.value_max as usize {
+        self.check_value_len(value.len())
+    }
+
+    fn check_value_len(&self, len: usize) -> Result<(), Error> {
+        if len > self.view.dte.value_max as usize {
             return Err(Error::ValueTooLarge {
-                len: value.len(),
+                len,
                 max: self.view.dte.value_max,
             });
         }

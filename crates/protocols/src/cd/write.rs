@@ -182,7 +182,7 @@ impl WriteState {
 
 impl<E: Endpoint> CdClient<E> {
     /// PUT (`Some(value)`) or DELETE (`None`) with retries.
-    pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
+    pub(crate) fn write(&mut self, key: &[u8], value: Option<&[&[u8]]>) -> Result<(), Error> {
         let mut st = WriteState::default();
         match self.with_retry(|c| c.write_once(key, value, &mut st)) {
             Ok(()) => Ok(()),
@@ -227,7 +227,7 @@ impl<E: Endpoint> CdClient<E> {
     pub(crate) fn write_once(
         &mut self,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         st: &mut WriteState,
     ) -> Attempt<()> {
         self.check_fence()?;
@@ -343,7 +343,7 @@ impl<E: Endpoint> CdClient<E> {
         &mut self,
         p: &mut Pass<'_>,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         filter: u64,
         cand: Candidate,
         st: &mut WriteState,
@@ -441,7 +441,7 @@ impl<E: Endpoint> CdClient<E> {
     /// (DELETE). Nothing of ours is left in the index afterwards.
     pub(crate) fn commit(
         &mut self,
-        value: Option<&[u8]>,
+        value: Option<&[&[u8]]>,
         slot: Slot,
         new: Ite,
         st: &mut WriteState,
