@@ -279,19 +279,7 @@ impl ClassTable {
         if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
             return Ok(slot);
         }
-        // Under pressure: take back every class's expired entries and give empty pages back,
-        // so memory can move to this class. While this class still has released entries to
-        // wait for, a scan would find none sooner (entries released since the last scan expire
-        // after them): only what other classes have waited out is taken.
-        if s.classes[class as usize].pending.is_empty() {
-            self.scan_all(ep, &mut s)?;
-        } else {
-            for c in 0..self.classes.len() as u8 {
-                self.reclaim_pending(ep, &mut s, c)?;
-            }
-            self.release_empty_pages(ep, &mut s, &mut Vec::new())?;
-        }
-        let awaiting = Self::awaiting(&s);
+        let awaiting = self.make_room(ep, &mut s, class)?;
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
@@ -468,6 +456,27 @@ impl ClassTable {
     pub fn release_unpublished<E: Endpoint>(&self, ep: &mut E, slot: Slot) {
         let mut s = self.lock_state(ep);
         self.put_back(&mut s, slot);
+    }
+
+    /// Under pressure: take back every class's expired entries and give empty pages back, so
+    /// memory can move to `class`. While `class` still has released entries to wait for, a
+    /// scan would find none sooner (entries released since the last scan expire after them):
+    /// only what other classes have waited out is taken. Returns what still awaits expiry.
+    fn make_room<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        class: u8,
+    ) -> Result<Awaiting, FabricError> {
+        if s.classes[class as usize].pending.is_empty() {
+            self.scan_all(ep, s)?;
+        } else {
+            for c in 0..self.classes.len() as u8 {
+                self.reclaim_pending(ep, s, c)?;
+            }
+            self.release_empty_pages(ep, s, &mut Vec::new())?;
+        }
+        Ok(Self::awaiting(s))
     }
 
     /// Reclaim the entries of `class` the last scan found released whose time has come.
