@@ -282,7 +282,13 @@ fn read_and_serve(c: &mut Conn<'_>, chunk: &mut [u8], read_closed: bool) -> std:
         c.session.inbuf().extend_from_slice(&chunk[..n]);
         // Replies written early by the session go after those already waiting.
         let close = c.session.serve_buffered(&mut c.pending)?;
-        c.pending.append(c.session.out());
+        if c.pending.is_empty() {
+            // Nothing waiting (the common case): take the replies' buffer rather than copy
+            // it, and leave ours, empty, for the next ones.
+            std::mem::swap(&mut c.pending, c.session.out());
+        } else {
+            c.pending.append(c.session.out());
+        }
         if close {
             c.closing = true;
             return Ok(true);
