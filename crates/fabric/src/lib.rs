@@ -118,7 +118,49 @@ pub trait Endpoint: Send {
     }
 }
 
+/// Nanoseconds of `clock` (`CLOCK_REALTIME`: since the Unix epoch; `CLOCK_MONOTONIC`: since
+/// boot). Straight from `clock_gettime`: the operation timer reads the clock several times per
+/// operation, and `Instant`/`SystemTime` arithmetic around the same call cost a quarter again
+/// of it (2.5% of a node serving pipelined SETs).
+#[cfg(unix)]
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; both clocks exist on every Unix we build for.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    debug_assert_eq!(r, 0, "clock_gettime({clock})");
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// Wall-clock nanoseconds since the Unix epoch, for real-time backends.
+#[cfg(unix)]
+pub fn wall_clock_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// Nanoseconds on the process's monotonic clock since its first use.
+#[cfg(unix)]
+pub fn monotonic_ns() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // 0 until the first call; the clock is never 0 after boot.
+    static ORIGIN: AtomicU64 = AtomicU64::new(0);
+    let now = clock_ns(libc::CLOCK_MONOTONIC);
+    let origin = match ORIGIN.load(Ordering::Relaxed) {
+        0 => match ORIGIN.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => now,
+            Err(first) => first,
+        },
+        o => o,
+    };
+    now.saturating_sub(origin)
+}
+
+/// Wall-clock nanoseconds since the Unix epoch, for real-time backends.
+#[cfg(not(unix))]
 pub fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -127,6 +169,7 @@ pub fn wall_clock_ns() -> u64 {
 }
 
 /// Nanoseconds on the process's monotonic clock since its first use.
+#[cfg(not(unix))]
 pub fn monotonic_ns() -> u64 {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(std::time::Instant::now);
@@ -143,5 +186,35 @@ pub fn precise_sleep_ns(ns: u64) {
     let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
     while std::time::Instant::now() < until {
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    /// The clocks agree with the standard library's and the monotonic one never goes back.
+    #[test]
+    fn clocks_agree_with_std_and_move_forward() {
+        let std_wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        assert!(wall_clock_ns().abs_diff(std_wall) < 1_000_000_000);
+        let mut last = monotonic_ns();
+        for _ in 0..10_000 {
+            let now = monotonic_ns();
+            assert!(now >= last, "monotonic clock went back: {last} then {now}");
+            last = now;
+        }
+        let (before, std_before) = (monotonic_ns(), std::time::Instant::now());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let slept = monotonic_ns() - before;
+        let std_slept = std_before.elapsed().as_nanos() as u64;
+        assert!(slept >= 20_000_000, "20 ms sleep measured as {slept} ns");
+        assert!(
+            slept.abs_diff(std_slept) < 2_000_000,
+            "{slept} ns against std's {std_slept} ns"
+        );
     }
 }
