@@ -487,6 +487,9 @@ impl ClassTable {
         s: &mut State,
         class: u8,
     ) -> Result<u64, FabricError> {
+        if s.classes[class as usize].pending.is_empty() {
+            return Ok(0); // spares the clock read
+        }
         let now = ep.now_ns();
         let (mut reclaimed, mut failed) = (0, Vec::new());
         while let Some(&(ready, slot)) = s.classes[class as usize].pending.last() {
