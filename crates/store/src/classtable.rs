@@ -10,8 +10,8 @@
 //!    entries not yet expired are remembered with the time they will be (a recycle word does
 //!    not change until its claimer reclaims the entry), and taken once it has come, in step 1,
 //!    without another scan: a writer scans again only when its class has none left to wait
-//!    for. (Scanning whenever the free list ran dry cost a scan of every held entry per few
-//!    entries freed under steady overwrites.);
+//!    for (scanning whenever the free list ran dry cost a scan of every held entry per few
+//!    entries freed under steady overwrites);
 //! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
 //!    [`ClassTable::local_only`] turns it off, for the baselines' servers);
 //! 6. an entry of a larger class already at hand (free list or open page): it holds the value
@@ -557,7 +557,7 @@ impl ClassTable {
     /// background reclaimer calls). Returns the entries reclaimed.
     pub fn reclaim<E: Endpoint>(&self, ep: &mut E) -> Result<u64, FabricError> {
         let mut s = self.lock_state(ep);
-        Ok(self.scan_all(ep, &mut s)?.0)
+        self.scan_all(ep, &mut s)
     }
 
     /// Reclaim (as [`ClassTable::reclaim`]) if the node holds pages and no scan began in the
@@ -574,7 +574,7 @@ impl ClassTable {
         if s.pages.is_empty() || now.saturating_sub(s.last_scan_ns) < interval_ns {
             return Ok(0);
         }
-        Ok(self.scan_all(ep, &mut s)?.0)
+        self.scan_all(ep, &mut s)
     }
 
     pub fn counters(&self) -> TableCounters {
@@ -586,17 +586,14 @@ impl ClassTable {
     }
 
     /// Scan every held page for expired recycled entries, then release the pages left empty.
-    /// Returns the entries reclaimed and those still awaiting expiry.
-    fn scan_all<E: Endpoint>(
-        &self,
-        ep: &mut E,
-        s: &mut State,
-    ) -> Result<(u64, Awaiting), FabricError> {
+    /// Released entries not yet expired go on their class's pending list ([`Self::awaiting`]
+    /// counts them). Returns the entries reclaimed.
+    fn scan_all<E: Endpoint>(&self, ep: &mut E, s: &mut State) -> Result<u64, FabricError> {
         let now = ep.now_ns();
         // In key order, not the map's (seeded at random): the simulator replays runs exactly.
         let mut held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
         held.sort_unstable();
-        let (mut reclaimed, mut awaiting) = (0, Awaiting::default());
+        let mut reclaimed = 0;
         s.scans += 1;
         s.last_scan_ns = now;
         // What is still pending is seen again below, with what was released since.
@@ -623,7 +620,6 @@ impl ClassTable {
                 slot: self.classes.slot(class, page, i),
             };
             for &(i, ready) in &waiting {
-                awaiting.add(ready + 1);
                 s.classes[class as usize].pending.push((ready, slot(i)));
             }
             for i in expired {
@@ -639,7 +635,7 @@ impl ClassTable {
         }
         s.reclaimed_total += reclaimed;
         self.release_empty_pages(ep, s, &mut failed)?;
-        Ok((reclaimed, awaiting))
+        Ok(reclaimed)
     }
 
     /// The result of a fabric operation on `host`'s memory during a scan or a claim. A failure
