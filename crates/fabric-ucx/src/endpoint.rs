@@ -425,6 +425,12 @@ impl Endpoint for UcxEndpoint {
         direct_read(self.own_region(region)?, addr, buf, &self.stats)
     }
 
+    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
+        if let Ok(mem) = self.own_region(region) {
+            mem.prefetch(offset, len)
+        }
+    }
+
     fn local_write(
         &mut self,
         region: RegionId,

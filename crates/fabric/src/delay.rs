@@ -118,6 +118,10 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     ) -> Result<(), FabricError> {
         self.around(|e| e.local_read(region, offset, buf))
     }
+    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
+        self.inner.local_prefetch(region, offset, len)
+    }
+
     fn local_write(
         &mut self,
         region: RegionId,
@@ -211,6 +215,9 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
         either!(self, e => e.local_read(region, offset, buf))
+    }
+    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
+        either!(self, e => e.local_prefetch(region, offset, len))
     }
     fn local_write(
         &mut self,

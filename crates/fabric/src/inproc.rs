@@ -303,6 +303,12 @@ impl Endpoint for InProcEndpoint {
         )
     }
 
+    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
+        if let Ok(mem) = self.fabric.region(self.node, region) {
+            mem.prefetch(offset, len)
+        }
+    }
+
     fn local_write(
         &mut self,
         region: RegionId,

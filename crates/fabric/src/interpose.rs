@@ -97,6 +97,10 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.local_read(region, offset, buf)
     }
 
+    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
+        self.inner.local_prefetch(region, offset, len)
+    }
+
     fn local_write(
         &mut self,
         region: RegionId,

@@ -64,6 +64,12 @@ pub trait Endpoint: Send {
         buf: &mut [u8],
     ) -> Result<(), FabricError>;
 
+    /// Hint that `len` bytes of this node's own memory at `offset` will be read soon (a DTE's
+    /// value behind the header about to be read), so the cache misses overlap. Only a hint:
+    /// backends whose memory is not the process's own ignore it, and so do wrappers that may
+    /// read elsewhere.
+    fn local_prefetch(&self, _region: RegionId, _offset: u64, _len: u64) {}
+
     /// Direct (non-fabric) write of this node's own memory: how a node writes its own DTEs.
     fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8])
         -> Result<(), FabricError>;

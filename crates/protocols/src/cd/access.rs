@@ -24,6 +24,10 @@ pub(crate) enum Source {
     Remote,
 }
 
+/// Bytes from a local DTE's start whose cache lines are prefetched before its header is read,
+/// when its value may follow (the copy loop prefetches further ahead once it runs).
+const LOCAL_PREFETCH_BYTES: u64 = 1024;
+
 /// How much of a DTE to fetch.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
@@ -138,8 +142,9 @@ impl<E: Endpoint> CdClient<E> {
 
     /// Fetch the DTE `ite` refers to into `self.buf`: header and key always, the value as
     /// `want` says. `ite_read_ns` is when `ite` was read (cache deadlines derive from it).
-    /// Every read is followed by a timer check before its bytes are trusted: past the deadline
-    /// the entry may have been recycled.
+    /// A timer check follows the reads before their bytes are trusted: past the deadline the
+    /// entry may have been recycled. The header may steer the value's READ before that check
+    /// (the READ stays inside the entry), so one check after it covers both.
     pub(crate) fn fetch(
         &mut self,
         ite: Ite,
@@ -198,16 +203,21 @@ impl<E: Endpoint> CdClient<E> {
         want: Want,
     ) -> Attempt<Fetched> {
         let meta_len = self.meta_len(loc);
+        if want != Want::Key && loc.size > meta_len as u64 {
+            // The value's first lines load while the header's miss is served.
+            let ahead = loc.size.min(LOCAL_PREFETCH_BYTES);
+            self.ep.local_prefetch(DATA_REGION, loc.off, ahead);
+        }
         self.buf.resize(meta_len, 0);
         self.ep
             .local_read(DATA_REGION, loc.off, &mut self.buf[..meta_len])?;
-        self.check(d)?;
-        let (meta, key_matches) = self.decode_matching(key, loc.size)?;
+        let (meta, key_matches) = self.decode_checked(key, loc.size, d)?;
         let value_loaded = self.wants_value(want, &meta, key_matches);
         if value_loaded {
             self.load_value(loc, &meta, true)?;
-            self.check(d)?;
         }
+        // One check covers the header and the value read it steered.
+        self.check(d)?;
         Ok(Fetched {
             meta,
             key_matches,
@@ -258,13 +268,13 @@ impl<E: Endpoint> CdClient<E> {
         let first = if whole { loc.size as usize } else { meta_len };
         self.buf.resize(first, 0);
         self.ep.read(addr, &mut self.buf[..first])?;
-        self.check(d)?;
-        let (meta, key_matches) = self.decode_matching(key, loc.size)?;
+        let (meta, key_matches) = self.decode_checked(key, loc.size, d)?;
         let alone = !whole && self.wants_value(want, &meta, key_matches);
         if alone {
             self.load_value(loc, &meta, false)?;
-            self.check(d)?;
         }
+        // One check covers the header and the value read it steered.
+        self.check(d)?;
         let value_loaded = whole || alone;
         if value_loaded && meta.valid && self.cache.enabled() {
             let value_off = DteLayout::value_offset(meta.key_len) as usize;
@@ -283,6 +293,17 @@ impl<E: Endpoint> CdClient<E> {
             value_loaded,
             value_alone: alone,
             source: Source::Remote,
+        })
+    }
+
+    /// `decode_matching` on a header read before the timer was checked again. Its lengths
+    /// may only steer a value READ, which stays inside the entry (`decode_matching` bounds
+    /// them), until the caller's check after that READ; lengths that do not fit are corruption
+    /// only if the timer had not expired (past it, the entry may have been recycled).
+    fn decode_checked(&self, key: &[u8], size: u64, d: &Deadline) -> Attempt<(DteMeta, bool)> {
+        self.decode_matching(key, size).or_else(|e| {
+            self.check(d)?;
+            Err(e)
         })
     }
 

@@ -28,15 +28,13 @@ impl<E: Endpoint> CdClient<E> {
         let mut seen = [Ite::EMPTY; MAX_HASH_FUNCTIONS as usize];
         let mut slots = [0u64; MAX_HASH_FUNCTIONS as usize];
 
-        // The latest clock reading, which stands for the next READ's issue time (an earlier
-        // time only makes expiry arithmetic more conservative, and spares a clock read).
-        let mut clock = d.start_ns;
+        // Every ITE counts as read at the attempt's start: an earlier retrieval time only makes
+        // expiry arithmetic more conservative, and spares a clock read per candidate. An ITE
+        // is one word, trusted as read; the DTE it leads to is checked against the timer.
         for i in 0..n {
             slots[i] = h.slot(&index, i);
-            let (ite, t) = self.read_ite_after(slots[i], clock)?;
+            let (ite, t) = self.read_ite_after(slots[i], d.start_ns)?;
             self.hook(HookPoint::GetForwardPass);
-            clock = self.ep.mono_ns();
-            self.check_at(&d, clock)?;
             seen[i] = ite;
             if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
                 continue; // 2.1, 2.2
@@ -81,6 +79,54 @@ impl<E: Endpoint> CdClient<E> {
 mod tests {
     use super::super::testkit::{InProcCluster, NODES};
     use crate::config::{Optimizations, ProtocolConfig};
+
+    /// A GET trusts an entry's header only after the timer check that follows its reads. A
+    /// header read after the timer ran out may belong to whatever reused the entry, with
+    /// lengths that do not fit: a timeout (the GET retries), not corruption. Here the reader
+    /// pauses past the expiry period after the ITE read, while the entry's header and key are
+    /// overwritten with such lengths, and put back before the retry.
+    #[test]
+    fn a_header_read_past_the_deadline_is_a_timeout_not_corruption() {
+        use crate::hooks::HookPoint;
+        use nessie_fabric::{Endpoint, RemoteAddr};
+        use nessie_store::DATA_REGION;
+
+        for reader in [0, 1] {
+            let c = InProcCluster::small();
+            c.client(0).put(b"k", b"value").unwrap();
+            let mut r = c.client(reader);
+            let cands = c.candidates(b"k");
+            let at = cands.iter().position(|&s| !c.ite(s).is_empty()).unwrap();
+            let loc = r.dte_location(c.ite(cands[at]));
+            assert_eq!(loc.node, 0, "the writer's own node holds the entry");
+            let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off);
+            let mut orig = vec![0; r.meta_len(loc)];
+            let mut ep = c.fabric.endpoint(2);
+            ep.read(addr, &mut orig).unwrap();
+            let pause = std::time::Duration::from_nanos(2 * r.cfg.expiry_ns);
+            let mut calls = 0;
+            r.set_hook(Some(Box::new(move |p| {
+                if p != HookPoint::GetForwardPass {
+                    return;
+                }
+                calls += 1;
+                // Call `at + 1` is the key's candidate in the first attempt; the next call is
+                // the second attempt's first candidate.
+                if calls == at + 1 {
+                    ep.write(addr, &vec![0xff; orig.len()]).unwrap();
+                    std::thread::sleep(pause);
+                } else if calls == at + 2 {
+                    ep.write(addr, &orig).unwrap();
+                }
+            })));
+            assert_eq!(
+                r.get(b"k"),
+                Ok(Some(b"value".to_vec())),
+                "reader on {reader}"
+            );
+            assert_eq!(r.stats().timeouts, 1, "reader on {reader}");
+        }
+    }
 
     #[test]
     fn absent_key_is_none_on_every_node() {
