@@ -5,7 +5,8 @@
 # over UCX (half of the keys in the client's own node). Over tcp it runs twice, with waits
 # that sleep after 10 us (the default) and with waits that poll throughout. Over shm each round
 # also times one cold 16 KiB copy from a working set as large as the values
-# (`nessie fabric-bench --local --working-set`), the limit goal 1 holds the GET's p50 against.
+# (`nessie fabric-bench --local --working-set`), the limit goal 1 holds the GET's p50 against,
+# and two such copies at once (one per core): the machine's ceiling on 16 KiB GETs a second.
 # Redis: `redis-benchmark -c CLIENTS -d 16384 -t get -r KEYS` against a redis-server without
 # persistence, loaded with the same number of keys.
 # Usage: bash scripts/get-vs-redis.sh [REPS] [KEYS] [TRANSPORT: tcp|shm] [CLIENTS: even]
@@ -56,6 +57,22 @@ import json, sys
 c = json.load(open(sys.argv[1]))["local_copy"]
 print("0 %.3f %.3f" % (c["p50_us"], c["p99_us"]))' "$DIR/copy.json")
 }
+# Two cold copies at once, one per core: the most 16 KiB copies a second this machine makes,
+# the ceiling of any store's GET rate here (rate: the sum of both threads' 1/mean).
+copy_pair_run() {
+    local i
+    for i in 1 2; do
+        "$NESSIE" fabric-bench --local --size 16384 --working-set $((KEYS * 16384)) \
+            --iters 100000 --json >"$DIR/copy$i.json" &
+    done
+    wait
+    record "copy-pair" $(python3 -c '
+import json, sys
+c = [json.load(open(f))["local_copy"] for f in sys.argv[1:]]
+print("%.0f %.3f %.3f" % (sum(1e6 / x["mean_us"] for x in c),
+                          sum(x["p50_us"] for x in c) / 2, max(x["p99_us"] for x in c)))' \
+        "$DIR/copy1.json" "$DIR/copy2.json")
+}
 redis_run() {
     local out
     out=$(redis-benchmark -p "$RP" -t get -n $((30000 * CLIENTS)) -r "$KEYS" -d 16384 -c "$CLIENTS" 2>/dev/null | tr '\r' '\n')
@@ -76,6 +93,7 @@ for rep in $(seq "$REPS"); do
         nessie_run "nessie-poll" --wait-spin-us 600000000
     else
         copy_run
+        copy_pair_run
     fi
 done
 python3 - "$RESULTS" "$CLIENTS" <<'EOF'
@@ -91,5 +109,9 @@ for w, (rate, p50, p99) in med.items():
 n, r = med["nessie"], med["redis"]
 print(f"  nessie / redis: rate {n[0] / r[0]:.2f}x, p50 {n[1] / r[1]:.2f}x, p99 {n[2] / r[2]:.2f}x")
 if "cold-copy" in med and sys.argv[2] == "2":  # goal 1's setting: one client thread per node
-    print(f"  nessie GET p50 / cold copy p50: {n[1] / med['cold-copy'][1]:.2f}x")
+    print(f"  nessie GET p50 / cold copy p50: {n[1] / med['cold-copy'][1]:.2f}x"
+          f" (/ two copies at once: {n[1] / med['copy-pair'][1]:.2f}x)")
+if "copy-pair" in med:
+    c = med["copy-pair"][0]
+    print(f"  two cores copying 16 KiB: {c:.0f}/s = {c / r[0]:.1f}x redis; nessie = {n[0] / c:.2f}x that")
 EOF

@@ -566,6 +566,10 @@ impl Observer<NodeClient> for AgentThread {
         key_bytes(k, self.key_size)
     }
 
+    fn key_into(&self, k: u64, out: &mut Vec<u8>) {
+        crate::workload::key_into(k, self.key_size, out)
+    }
+
     fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
         Cow::Borrowed(&self.value[..op.value_len])
     }

@@ -27,6 +27,11 @@ pub trait Observer<C> {
     fn proceed(&mut self, client: &C, seq: u64) -> bool;
     /// The bytes of key index `k`.
     fn key(&self, k: u64) -> Vec<u8>;
+    /// The bytes of key index `k` into `out`, replacing its contents (observers on a hot path
+    /// override it to spare the allocation).
+    fn key_into(&self, k: u64, out: &mut Vec<u8>) {
+        *out = self.key(k);
+    }
     /// The value a PUT writes (may borrow a buffer the observer keeps).
     fn value(&self, op: &Planned) -> Cow<'_, [u8]>;
     /// Just before the operation is issued.
@@ -76,10 +81,10 @@ pub fn drive<C: KvClient, O: Observer<C>>(
     observer: &mut O,
 ) -> u64 {
     let mut seq = 0;
-    let mut got = Vec::new();
+    let (mut got, mut key) = (Vec::new(), Vec::new());
     while observer.proceed(client, seq) {
         let op = workload.draw(seq, rng);
-        let key = observer.key(op.key);
+        observer.key_into(op.key, &mut key);
         let token = observer.invoke(client, &op);
         let r = match op.kind {
             OpKind::Get => client

@@ -131,9 +131,26 @@ impl KeyGen {
 /// The key of index `k` for the benchmark, its agent and the fill test: `key-` and 16 digits,
 /// padded with `.` to `key_size` bytes (never shorter than those 20).
 pub fn key_bytes(k: u64, key_size: u32) -> Vec<u8> {
-    let mut key = format!("key-{k:016}").into_bytes();
-    key.resize((key_size as usize).max(key.len()), b'.');
+    let mut key = Vec::new();
+    key_into(k, key_size, &mut key);
     key
+}
+
+/// [`key_bytes`] into `out` (its old contents replaced), without allocating once `out` is
+/// large enough: the benchmark makes one key per operation.
+pub fn key_into(k: u64, key_size: u32, out: &mut Vec<u8>) {
+    const MIN_DIGITS: usize = 16;
+    let mut digits = [b'0'; 20]; // u64::MAX has 20
+    let (mut v, mut start) = (k, digits.len());
+    while v > 0 {
+        start -= 1;
+        digits[start] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    out.clear();
+    out.extend_from_slice(b"key-");
+    out.extend_from_slice(&digits[start.min(digits.len() - MIN_DIGITS)..]);
+    out.resize((key_size as usize).max(out.len()), b'.');
 }
 
 /// A value size for key `k` spread evenly over `lo..=hi`, the same on every run and for every
@@ -375,6 +392,30 @@ impl Workload {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    /// Keys are `key-`, the index with at least 16 digits, and dots up to the key size; the
+    /// reused buffer is overwritten whatever it held.
+    #[test]
+    fn keys_are_the_zero_padded_index() {
+        let mut out = b"left over from a longer key, much longer than any".to_vec();
+        for k in [
+            0,
+            7,
+            99,
+            10u64.pow(15),
+            10u64.pow(16) - 1,
+            10u64.pow(16),
+            u64::MAX,
+        ] {
+            for size in [8, 20, 24, 128] {
+                let want = format!("key-{k:016}");
+                let want = format!("{want:.<width$}", width = size.max(want.len()));
+                key_into(k, size as u32, &mut out);
+                assert_eq!(String::from_utf8_lossy(&out), want, "key {k}, size {size}");
+                assert_eq!(key_bytes(k, size as u32), out);
+            }
+        }
+    }
 
     #[test]
     fn parse() {
