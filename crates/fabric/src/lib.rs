@@ -65,9 +65,9 @@ pub trait Endpoint: Send {
     ) -> Result<(), FabricError>;
 
     /// Hint that `len` bytes of this node's own memory at `offset` will be read soon (a DTE's
-    /// value behind the header about to be read), so the cache misses overlap. Only a hint:
-    /// backends whose memory is not the process's own ignore it, and so do wrappers that may
-    /// read elsewhere.
+    /// value behind the header about to be read), so the cache misses overlap. Only a hint,
+    /// never an error: backends whose memory is not the process's own ignore it, and a wrapper
+    /// that ends up reading elsewhere (a replica) has only warmed a cache line or two.
     fn local_prefetch(&self, _region: RegionId, _offset: u64, _len: u64) {}
 
     /// Direct (non-fabric) write of this node's own memory: how a node writes its own DTEs.
