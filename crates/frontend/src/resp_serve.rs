@@ -25,7 +25,7 @@ use nessie_protocols::{Error, KvClient};
 
 use crate::item;
 use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
-use crate::resp::{next_bulk_to_skip, parse, Encoder, Parsed};
+use crate::resp::{next_bulk_to_skip, parse, Args, Encoder, Parsed};
 
 mod cond;
 
@@ -85,6 +85,7 @@ pub fn session<'a>(
         name: None,
         id: client_id,
         scratch: Vec::new(),
+        args: Args::default(),
     }
 }
 
@@ -146,6 +147,8 @@ struct Conn<'a> {
     name: Option<Vec<u8>>,
     id: u64,
     scratch: Vec<u8>,
+    /// The arguments of the command being served, their buffers kept for the next.
+    args: Args,
 }
 
 /// Whether the connection goes on after a command.
@@ -194,10 +197,17 @@ impl Conn<'_> {
                 self.enc.error(&mut self.out, &msg);
                 continue;
             }
-            match parse(&self.inbuf[at..], self.limits.max_value) {
-                Ok(Parsed::Command(args, n)) => {
+            match parse(&self.inbuf[at..], self.limits.max_value, &mut self.args) {
+                Ok(Parsed::Command(n)) => {
                     at += n;
-                    if !args.is_empty() && self.execute(&args) == Then::Close {
+                    // Lent out while the command runs (which needs `self`), then kept.
+                    let args = std::mem::take(&mut self.args);
+                    let then = match args.get() {
+                        [] => Then::Go,
+                        a => self.execute(a),
+                    };
+                    self.args = args;
+                    if then == Then::Close {
                         break true;
                     }
                 }
@@ -226,7 +236,17 @@ impl Conn<'_> {
     }
 
     fn execute(&mut self, args: &[Vec<u8>]) -> Then {
-        let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        // Every command we know is short ASCII: lowercase it on the stack (a String per
+        // command was an allocation per pipelined SET); others keep their bytes for the reply.
+        let mut small = [0u8; NAME_MAX];
+        let long;
+        let name: &str = match lowercase_name(&args[0], &mut small) {
+            Some(n) => n,
+            None => {
+                long = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                &long
+            }
+        };
         let rest = &args[1..];
         if let Some(arity) = arity(&name) {
             if !arity.accepts(rest.len()) {
@@ -235,12 +255,12 @@ impl Conn<'_> {
                 return Then::Go;
             }
         }
-        if !self.authed && !matches!(name.as_str(), "auth" | "hello" | "quit") {
+        if !self.authed && !matches!(name, "auth" | "hello" | "quit") {
             self.enc
                 .error(&mut self.out, "NOAUTH Authentication required.");
             return Then::Go;
         }
-        match name.as_str() {
+        match name {
             "quit" => {
                 self.enc.simple(&mut self.out, "OK");
                 return Then::Close;
@@ -661,6 +681,21 @@ impl Arity {
     }
 }
 
+/// Longest command name lowercased on the stack.
+const NAME_MAX: usize = 16;
+
+/// `name` in lowercase, in `buf`, if it is ASCII and fits.
+fn lowercase_name<'b>(name: &[u8], buf: &'b mut [u8; NAME_MAX]) -> Option<&'b str> {
+    let out = buf.get_mut(..name.len())?;
+    if !name.is_ascii() {
+        return None;
+    }
+    for (o, c) in out.iter_mut().zip(name) {
+        *o = c.to_ascii_lowercase();
+    }
+    std::str::from_utf8(out).ok()
+}
+
 fn arity(name: &str) -> Option<Arity> {
     use Arity::*;
     Some(match name {
@@ -829,6 +864,33 @@ mod tests {
             -OOM command not allowed when used memory > 'maxmemory'.\r\n\
             $1\r\nv\r\n";
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn command_names_are_lowercased_on_the_stack_when_they_fit() {
+        let mut buf = [0u8; NAME_MAX];
+        assert_eq!(lowercase_name(b"SeT", &mut buf), Some("set"));
+        assert_eq!(lowercase_name(b"", &mut buf), Some(""));
+        let fits = "A".repeat(NAME_MAX);
+        assert_eq!(
+            lowercase_name(fits.as_bytes(), &mut buf),
+            Some(&*fits.to_lowercase())
+        );
+        let long = "A".repeat(NAME_MAX + 1);
+        assert_eq!(lowercase_name(long.as_bytes(), &mut buf), None);
+        assert_eq!(lowercase_name("gét".as_bytes(), &mut buf), None);
+        // Names that do not fit are served all the same.
+        let b = MapBackend::default();
+        let out = session(&b, &cmd(&[&long, "x"]), 7);
+        let want = format!(
+            "-ERR unknown command '{}', with args beginning with: 'x' \r\n",
+            long.to_lowercase()
+        );
+        assert_eq!(out, want);
+        assert_eq!(
+            session(&b, &cmd(&["GÉT", "x"]), 7),
+            "-ERR unknown command 'gÉt', with args beginning with: 'x' \r\n"
+        );
     }
 
     #[test]
