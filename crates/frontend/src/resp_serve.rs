@@ -248,7 +248,7 @@ impl Conn<'_> {
             }
         };
         let rest = &args[1..];
-        if let Some(arity) = arity(&name) {
+        if let Some(arity) = arity(name) {
             if !arity.accepts(rest.len()) {
                 let msg = format!("ERR wrong number of arguments for '{name}' command");
                 self.enc.error(&mut self.out, &msg);
@@ -267,7 +267,7 @@ impl Conn<'_> {
             }
             "get" => self.get(&rest[0]),
             "set" => self.set(rest),
-            "setex" | "psetex" => self.setex(&name, rest),
+            "setex" | "psetex" => self.setex(name, rest),
             "mget" => self.mget(rest),
             "mset" => self.mset(rest),
             "del" | "unlink" => self.del(rest),
@@ -275,14 +275,14 @@ impl Conn<'_> {
             "getset" => self.getset(rest),
             "getdel" => self.getdel(&rest[0]),
             "getex" => self.getex(rest),
-            "incr" | "decr" | "incrby" | "decrby" => self.incr(&name, rest),
+            "incr" | "decr" | "incrby" | "decrby" => self.incr(name, rest),
             "append" => self.append(rest),
-            "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(&name, rest),
+            "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(name, rest),
             "persist" => self.persist(&rest[0]),
             "exists" => self.exists(rest),
             "strlen" => self.strlen(&rest[0]),
             "ttl" | "pttl" => self.ttl(&rest[0], name == "pttl"),
-            _ => self.connection_command(&name, rest),
+            _ => self.connection_command(name, rest),
         }
         Then::Go
     }
