@@ -223,6 +223,13 @@ pub const BULK_MIN_BYTES: usize = 128;
 /// 0.97–1.03× with `rep movsq` (a C loop over 20,000 random offsets of 160 MiB).
 pub const REP_MIN_BYTES: usize = 4096;
 
+/// Writes at least this long stream their 64-byte blocks past the cache (`movntdq`, then
+/// `sfence`). An entry is written into memory recycled an expiry period ago, long evicted: a
+/// cached store first reads every line it fills. A cold 16 KiB write took 1.46 µs with cached
+/// stores and 0.70 µs streamed (a C loop over 20,000 random offsets of 160 MiB). The writer
+/// rarely reads its own entry back; readers on other cores find it in memory either way.
+pub const STREAM_MIN_BYTES: usize = 4096;
+
 /// Bytes per CPU cache line, the step of `WordMemory::prefetch`.
 const CACHE_LINE: u64 = 64;
 
@@ -247,7 +254,7 @@ fn write_words(words: &[AtomicU64], buf: &[u8]) {
 /// of [`REP_MIN_BYTES`] or more with one `rep movsq`.
 #[cfg(target_arch = "x86_64")]
 mod bulk {
-    use super::{read_words, write_words, REP_MIN_BYTES};
+    use super::{read_words, write_words, REP_MIN_BYTES, STREAM_MIN_BYTES};
     use std::sync::atomic::AtomicU64;
 
     /// Whether the CPU makes aligned 16-byte accesses atomic.
@@ -323,7 +330,36 @@ mod bulk {
         let (head, steps, _) = split(words);
         write_words(&words[..head], &buf[..head * 8]);
         let mid = head + steps * 8;
-        if steps > 0 {
+        if steps > 0 && buf.len() >= STREAM_MIN_BYTES {
+            // SAFETY: as below. The `sfence` makes the streamed stores visible before any later
+            // store (the tail words here, the CAS that publishes the entry after).
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "movdqu {a}, xmmword ptr [{s}]",
+                    "movdqu {b}, xmmword ptr [{s} + 16]",
+                    "movdqu {c}, xmmword ptr [{s} + 32]",
+                    "movdqu {e}, xmmword ptr [{s} + 48]",
+                    "movntdq xmmword ptr [{d}], {a}",
+                    "movntdq xmmword ptr [{d} + 16], {b}",
+                    "movntdq xmmword ptr [{d} + 32], {c}",
+                    "movntdq xmmword ptr [{d} + 48], {e}",
+                    "add {s}, 64",
+                    "add {d}, 64",
+                    "dec {n}",
+                    "jnz 2b",
+                    "sfence",
+                    s = inout(reg) buf[head * 8..].as_ptr() => _,
+                    d = inout(reg) words[head..].as_ptr() => _,
+                    n = inout(reg) steps => _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    e = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+        } else if steps > 0 {
             // SAFETY: `steps` 64-byte blocks from `buf` to a 16-byte aligned word of `words`.
             unsafe {
                 std::arch::asm!(
@@ -433,23 +469,31 @@ mod tests {
     /// mix of two (every byte of a value is the same, so a torn word shows).
     #[test]
     fn words_are_never_torn_by_concurrent_bulk_copies() {
-        // Reads with the SSE loop and with `rep movsq`.
-        for len in [REP_MIN_BYTES - 8, REP_MIN_BYTES + 8] {
-            never_torn(len);
+        // Reads with the SSE loop and with `rep movsq`, against writes with cached and with
+        // streamed stores.
+        for write_len in [
+            STREAM_MIN_BYTES - 64,
+            2 * STREAM_MIN_BYTES.max(REP_MIN_BYTES),
+        ] {
+            for len in [REP_MIN_BYTES - 8, REP_MIN_BYTES + 8] {
+                never_torn(len, write_len);
+            }
         }
     }
 
-    fn never_torn(len: usize) {
-        const LEN: usize = 2 * REP_MIN_BYTES;
-        let m = std::sync::Arc::new(WordMemory::zeroed(LEN as u64 + 8));
+    fn never_torn(len: usize, write_len: usize) {
+        let size = write_len.max(len);
+        let m = std::sync::Arc::new(WordMemory::zeroed(size as u64 + 8));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = {
             let (m, stop) = (m.clone(), stop.clone());
             std::thread::spawn(move || {
-                let mut k = 0u8;
+                let (mut k, mut src) = (0u8, vec![0u8; write_len]);
                 while !stop.load(Ordering::Relaxed) {
                     k = k.wrapping_add(1);
-                    m.write(8, &[k; LEN]).unwrap(); // a head word, then 16-byte aligned
+                    src.fill(k);
+                    // A head word, then 16-byte aligned; beyond it, the words stay zero.
+                    m.write(8, &src).unwrap();
                 }
             })
         };
