@@ -214,6 +214,26 @@ impl DteLayout {
         parts: &[&[u8]],
     ) -> usize {
         let value_len: usize = parts.iter().map(|p| p.len()).sum();
+        let value_off = self.encode_head(buf, head, key, value_len);
+        let len = value_off + pad8(value_len as u64) as usize;
+        buf.reserve(len - value_off);
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        buf.resize(len, 0);
+        len
+    }
+
+    /// The first part of [`DteLayout::encode_parts`]: the entry's metadata and key, padded to
+    /// the value's offset, which it returns, for a value of `value_len` bytes that the caller
+    /// writes after it (padded to a word with zeros).
+    pub fn encode_head(
+        &self,
+        buf: &mut Vec<u8>,
+        head: Head,
+        key: &[u8],
+        value_len: usize,
+    ) -> usize {
         assert!(key.len() <= self.key_max as usize && value_len <= self.value_max as usize);
         assert!(
             head.write_deadline < RECYCLE,
@@ -225,7 +245,6 @@ impl DteLayout {
             "a tombstone is never valid"
         );
         let value_off = Self::value_offset(key.len() as u32) as usize;
-        let len = value_off + pad8(value_len as u64) as usize;
         let flags = if head.tombstone { TOMBSTONE } else { 0 }
             | if head.guarded { GUARDED } else { 0 }
             | Self::source_bits(head.source);
@@ -238,7 +257,7 @@ impl DteLayout {
                 && KEY_OFF == 32
         );
         buf.clear();
-        buf.reserve(len);
+        buf.reserve(value_off);
         for word in [
             self.header(head.writer, head.valid) | flags, // HEADER_OFF
             head.write_deadline,                          // RECYCLE_OFF
@@ -250,11 +269,7 @@ impl DteLayout {
         debug_assert_eq!(buf.len() as u64, KEY_OFF);
         buf.extend_from_slice(key);
         buf.resize(value_off, 0);
-        for p in parts {
-            buf.extend_from_slice(p);
-        }
-        buf.resize(len, 0);
-        len
+        value_off
     }
 
     /// The header word for `writer` with the given valid flag.

@@ -247,6 +247,56 @@ mod tests {
         assert_eq!(w.get(b"k").unwrap().as_deref(), Some(&b"head-data"[..]));
     }
 
+    /// Parts long enough to be written straight into a local entry (`write_parts_direct`) are
+    /// stored as their concatenation too, whatever their lengths and order, for readers on
+    /// every node.
+    #[test]
+    fn long_parts_are_written_straight_and_read_back_whole() {
+        use super::super::access::DIRECT_PART_MIN as D;
+        use super::super::testkit::{fast_cfg, small_geometry};
+        use nessie_fabric::stats::{Locality, OpKind};
+        let g = nessie_store::Geometry {
+            value_max: (3 * D + 64) as u32,
+            ..small_geometry()
+        };
+        let c = InProcCluster::new(g, fast_cfg());
+        let mut w = c.client(0);
+        let bytes = |n: usize, seed: u8| -> Vec<u8> {
+            (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+        };
+        let cases = [
+            vec![bytes(D, 1)],
+            vec![bytes(16, 2), bytes(D + 5, 3)],
+            vec![
+                bytes(3, 4),
+                bytes(D + 1, 5),
+                bytes(7, 6),
+                bytes(D - 1, 7),
+                bytes(D + 8, 8),
+            ],
+            vec![bytes(D + 3, 9), bytes(0, 0), bytes(D + 13, 10)],
+        ];
+        let direct_writes = || {
+            c.fabric
+                .stats()
+                .total(None)
+                .ops(OpKind::Write, Locality::Direct)
+        };
+        for (i, parts) in cases.iter().enumerate() {
+            let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            let key = format!("k{i}");
+            let before = direct_writes();
+            w.put_parts(key.as_bytes(), &refs).unwrap();
+            // The entry in stretches (two at least), then its valid flag.
+            assert!(direct_writes() - before >= 3, "case {i} was written whole");
+            let want = parts.concat();
+            for node in 0..NODES as u16 {
+                let got = c.client(node).get(key.as_bytes()).unwrap();
+                assert_eq!(got.as_deref(), Some(&want[..]), "case {i}, node {node}");
+            }
+        }
+    }
+
     #[test]
     fn remote_value_comes_from_the_cache_until_it_is_replaced() {
         let c = InProcCluster::small();
