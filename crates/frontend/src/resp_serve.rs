@@ -147,7 +147,7 @@ struct Conn<'a> {
     name: Option<Vec<u8>>,
     id: u64,
     scratch: Vec<u8>,
-    /// The arguments of the command being served, their buffers kept for the next.
+    /// Where the arguments of the command being served lie in `inbuf`.
     args: Args,
 }
 
@@ -161,6 +161,22 @@ enum Then {
 impl Conn<'_> {
     /// Serve every whole command in the buffer; true if the connection must close.
     fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
+        // Lent out while its commands run (which need `self`) on the bytes where they lie.
+        let inbuf = std::mem::take(&mut self.inbuf);
+        let served = self.serve_from(&inbuf, stream);
+        self.inbuf = inbuf;
+        let (at, close) = served?;
+        self.inbuf.drain(..at);
+        Ok(close)
+    }
+
+    /// Serve the whole commands at the start of `inbuf`: how many bytes they took, and whether
+    /// the connection must close.
+    fn serve_from(
+        &mut self,
+        inbuf: &[u8],
+        stream: &mut dyn Write,
+    ) -> std::io::Result<(usize, bool)> {
         let mut at = 0;
         let close = loop {
             if self.out.len() >= FLUSH_AT {
@@ -168,14 +184,14 @@ impl Conn<'_> {
                 self.out.clear();
             }
             if let Some(sk) = self.skip.as_mut() {
-                let n = sk.bytes.min(self.inbuf.len() - at);
+                let n = sk.bytes.min(inbuf.len() - at);
                 sk.bytes -= n;
                 at += n;
                 if sk.bytes > 0 {
                     break false;
                 }
                 if sk.args_left > 0 {
-                    match next_bulk_to_skip(&self.inbuf[at..]) {
+                    match next_bulk_to_skip(&inbuf[at..]) {
                         Ok(Some(n)) => {
                             sk.bytes = n;
                             sk.args_left -= 1;
@@ -197,16 +213,16 @@ impl Conn<'_> {
                 self.enc.error(&mut self.out, &msg);
                 continue;
             }
-            match parse(&self.inbuf[at..], self.limits.max_value, &mut self.args) {
+            match parse(&inbuf[at..], self.limits.max_value, &mut self.args) {
                 Ok(Parsed::Command(n)) => {
-                    at += n;
                     // Lent out while the command runs (which needs `self`), then kept.
                     let args = std::mem::take(&mut self.args);
-                    let then = match args.get() {
+                    let then = args.with(&inbuf[at..], |a| match a {
                         [] => Then::Go,
                         a => self.execute(a),
-                    };
+                    });
                     self.args = args;
+                    at += n;
                     if then == Then::Close {
                         break true;
                     }
@@ -231,11 +247,10 @@ impl Conn<'_> {
                 }
             }
         };
-        self.inbuf.drain(..at);
-        Ok(close)
+        Ok((at, close))
     }
 
-    fn execute(&mut self, args: &[Vec<u8>]) -> Then {
+    fn execute(&mut self, args: &[&[u8]]) -> Then {
         // Every command we know is short ASCII: lowercase it on the stack (a String per
         // command was an allocation per pipelined SET); others keep their bytes for the reply.
         let mut small = [0u8; NAME_MAX];
@@ -288,7 +303,7 @@ impl Conn<'_> {
     }
 
     /// The commands that touch no key.
-    fn connection_command(&mut self, name: &str, rest: &[Vec<u8>]) {
+    fn connection_command(&mut self, name: &str, rest: &[&[u8]]) {
         let (e, out) = (self.enc, &mut self.out);
         match name {
             "ping" => match rest.first() {
@@ -296,7 +311,7 @@ impl Conn<'_> {
                 Some(m) => e.bulk(out, m),
             },
             "echo" => e.bulk(out, &rest[0]),
-            "select" => match rest[0].as_slice() {
+            "select" => match rest[0] {
                 b"0" => e.simple(out, "OK"),
                 _ => e.error(out, "ERR DB index is out of range"),
             },
@@ -330,7 +345,7 @@ impl Conn<'_> {
     }
 
     /// FLUSHALL / FLUSHDB [ASYNC | SYNC]: every key deleted before the reply (`keyspace`).
-    fn flush(&mut self, rest: &[Vec<u8>]) {
+    fn flush(&mut self, rest: &[&[u8]]) {
         let mode = rest.first().map(|m| m.to_ascii_lowercase());
         if !matches!(mode.as_deref(), None | Some(b"async") | Some(b"sync")) || rest.len() > 1 {
             return self.enc.error(&mut self.out, "ERR syntax error");
@@ -342,14 +357,14 @@ impl Conn<'_> {
     }
 
     /// AUTH [user] password: only the default user exists.
-    fn auth(&mut self, rest: &[Vec<u8>]) {
+    fn auth(&mut self, rest: &[&[u8]]) {
         if self.password.is_none() {
             let msg = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
             return self.enc.error(&mut self.out, msg);
         }
         let (user, pass) = match rest {
             [pass] => (&b"default"[..], pass),
-            [user, pass] => (user.as_slice(), pass),
+            [user, pass] => (*user, pass),
             _ => return self.enc.error(&mut self.out, "ERR syntax error"),
         };
         if self.login(user, pass) {
@@ -370,11 +385,11 @@ impl Conn<'_> {
         ok
     }
 
-    fn hello(&mut self, rest: &[Vec<u8>]) {
+    fn hello(&mut self, rest: &[&[u8]]) {
         let mut resp3 = self.enc.resp3;
         let mut name = None;
         if let Some(v) = rest.first() {
-            resp3 = match v.as_slice() {
+            resp3 = match *v {
                 b"2" => false,
                 b"3" => true,
                 _ => {
@@ -387,7 +402,7 @@ impl Conn<'_> {
             while i < opts.len() {
                 match opts[i].to_ascii_lowercase().as_slice() {
                     b"setname" if i + 1 < opts.len() => {
-                        name = Some(opts[i + 1].clone());
+                        name = Some(opts[i + 1].to_vec());
                         i += 2;
                     }
                     b"auth" if i + 2 < opts.len() => {
@@ -427,7 +442,7 @@ impl Conn<'_> {
         e.array(out, 0);
     }
 
-    fn client(&mut self, rest: &[Vec<u8>]) {
+    fn client(&mut self, rest: &[&[u8]]) {
         let sub = rest
             .first()
             .map(|s| s.to_ascii_lowercase())
@@ -435,7 +450,7 @@ impl Conn<'_> {
         let (e, out) = (self.enc, &mut self.out);
         match (sub.as_slice(), rest.len()) {
             (b"setname", 2) => {
-                self.name = Some(rest[1].clone());
+                self.name = Some(rest[1].to_vec());
                 e.simple(out, "OK");
             }
             (b"getname", 1) => match &self.name {
@@ -463,7 +478,7 @@ impl Conn<'_> {
 
     /// CONFIG GET, as far as clients ask on their own (redis-benchmark asks for `save` and
     /// `appendonly`): persistence is off.
-    fn config(&mut self, rest: &[Vec<u8>]) {
+    fn config(&mut self, rest: &[&[u8]]) {
         let (e, out) = (self.enc, &mut self.out);
         match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
             Some(b"get") if rest.len() >= 2 => {
@@ -524,7 +539,7 @@ impl Conn<'_> {
         r
     }
 
-    fn setex(&mut self, name: &str, rest: &[Vec<u8>]) {
+    fn setex(&mut self, name: &str, rest: &[&[u8]]) {
         let now = unix_now_ms();
         match cond::setex_at(name, &rest[1], now) {
             Ok(at) => self.store(&rest[0], &rest[2], at, now),
@@ -556,7 +571,7 @@ impl Conn<'_> {
         self.with(|c| c.put_parts(key, &[&h, value]))
     }
 
-    fn mget(&mut self, keys: &[Vec<u8>]) {
+    fn mget(&mut self, keys: &[&[u8]]) {
         // Every value is read first, so that an error is the whole reply.
         let mut values = Vec::with_capacity(keys.len());
         for k in keys {
@@ -580,7 +595,7 @@ impl Conn<'_> {
         }
     }
 
-    fn mset(&mut self, rest: &[Vec<u8>]) {
+    fn mset(&mut self, rest: &[&[u8]]) {
         if !rest.len().is_multiple_of(2) {
             let msg = "ERR wrong number of arguments for 'mset' command";
             return self.enc.error(&mut self.out, msg);
@@ -594,7 +609,7 @@ impl Conn<'_> {
         self.enc.simple(&mut self.out, "OK");
     }
 
-    fn exists(&mut self, keys: &[Vec<u8>]) {
+    fn exists(&mut self, keys: &[&[u8]]) {
         let mut n = 0;
         for k in keys {
             match self.read(k) {

@@ -49,7 +49,7 @@ struct Opts<'a> {
 }
 
 /// `Err(())`: Redis's syntax error.
-fn parse_opts(args: &[Vec<u8>], set: bool) -> Result<Opts<'_>, ()> {
+fn parse_opts<'a>(args: &[&'a [u8]], set: bool) -> Result<Opts<'a>, ()> {
     let mut o = Opts::default();
     let mut i = 0;
     while i < args.len() {
@@ -134,7 +134,7 @@ struct ExpireOpts {
 }
 
 /// EXPIRE's options, checked as Redis 7 checks them (each known, then compatible).
-fn parse_expire_opts(args: &[Vec<u8>]) -> Result<ExpireOpts, String> {
+fn parse_expire_opts(args: &[&[u8]]) -> Result<ExpireOpts, String> {
     let mut o = ExpireOpts::default();
     for a in args {
         match a.to_ascii_uppercase().as_slice() {
@@ -184,7 +184,7 @@ fn expire_refused(o: ExpireOpts, current: u64, when: i64) -> bool {
 impl Conn<'_> {
     /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT: 1 if the expiry was set (a time not in the
     /// future removes the key), 0 if the key is absent or an option refused.
-    pub(super) fn expire(&mut self, name: &str, rest: &[Vec<u8>]) {
+    pub(super) fn expire(&mut self, name: &str, rest: &[&[u8]]) {
         let o = match parse_expire_opts(&rest[2..]) {
             Ok(o) => o,
             Err(msg) => return self.enc.error(&mut self.out, &msg),
@@ -210,7 +210,7 @@ impl Conn<'_> {
 
 impl Conn<'_> {
     /// SET with options; a SET without NX, XX, GET or KEEPTTL is a plain write.
-    pub(super) fn set(&mut self, rest: &[Vec<u8>]) {
+    pub(super) fn set(&mut self, rest: &[&[u8]]) {
         let Ok(o) = parse_opts(&rest[2..], true) else {
             return self.enc.error(&mut self.out, "ERR syntax error");
         };
@@ -252,7 +252,7 @@ impl Conn<'_> {
         self.answer(r);
     }
 
-    pub(super) fn setnx(&mut self, rest: &[Vec<u8>]) {
+    pub(super) fn setnx(&mut self, rest: &[&[u8]]) {
         let now = unix_now_ms();
         let r = self.rmw(&rest[0], now, |s| match s.item {
             Some(_) => Change::Keep(Reply::Int(0)),
@@ -262,7 +262,7 @@ impl Conn<'_> {
     }
 
     /// GETSET: the old value; the new one has no expiry, as after a SET.
-    pub(super) fn getset(&mut self, rest: &[Vec<u8>]) {
+    pub(super) fn getset(&mut self, rest: &[&[u8]]) {
         let r = self.rmw(&rest[0], unix_now_ms(), |s| {
             let old = s.item.map_or(Reply::Null, |i| Reply::Bulk(i.data.to_vec()));
             Change::store(0, Some(0), &[&rest[1]], old)
@@ -280,7 +280,7 @@ impl Conn<'_> {
 
     /// GETEX: the value, its expiry changed (EX, PX, EXAT, PXAT) or removed (PERSIST). As in
     /// Redis, an absent key is nil before the expiry argument is looked at.
-    pub(super) fn getex(&mut self, rest: &[Vec<u8>]) {
+    pub(super) fn getex(&mut self, rest: &[&[u8]]) {
         let Ok(o) = parse_opts(&rest[1..], false) else {
             return self.enc.error(&mut self.out, "ERR syntax error");
         };
@@ -306,7 +306,7 @@ impl Conn<'_> {
 
     /// INCR, DECR, INCRBY, DECRBY: the value (0 if absent) must be a 64-bit integer; its
     /// expiry is kept.
-    pub(super) fn incr(&mut self, name: &str, rest: &[Vec<u8>]) {
+    pub(super) fn incr(&mut self, name: &str, rest: &[&[u8]]) {
         let delta = match (name, rest.get(1)) {
             ("incr", _) => Some(1),
             ("decr", _) => Some(-1),
@@ -341,7 +341,7 @@ impl Conn<'_> {
     }
 
     /// APPEND: the new length; the expiry is kept.
-    pub(super) fn append(&mut self, rest: &[Vec<u8>]) {
+    pub(super) fn append(&mut self, rest: &[&[u8]]) {
         let max = self.limits.max_value;
         let r = self.rmw(&rest[0], unix_now_ms(), |s| {
             let (flags, at, old) = s
@@ -372,7 +372,7 @@ impl Conn<'_> {
     /// DEL and UNLINK: each key removed by the version read, so the count is exact. In a
     /// mode without conditional writes, a read and a plain delete per key (the count may be
     /// wrong under a racing writer, never the data).
-    pub(super) fn del(&mut self, keys: &[Vec<u8>]) {
+    pub(super) fn del(&mut self, keys: &[&[u8]]) {
         let now = unix_now_ms();
         let mut n = 0;
         for k in keys {
