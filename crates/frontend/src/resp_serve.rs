@@ -255,10 +255,10 @@ impl Conn<'_> {
         // command was an allocation per pipelined SET); others keep their bytes for the reply.
         let mut small = [0u8; NAME_MAX];
         let long;
-        let name: &str = match lowercase_name(&args[0], &mut small) {
+        let name: &str = match lowercase_name(args[0], &mut small) {
             Some(n) => n,
             None => {
-                long = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                long = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
                 &long
             }
         };
@@ -280,7 +280,7 @@ impl Conn<'_> {
                 self.enc.simple(&mut self.out, "OK");
                 return Then::Close;
             }
-            "get" => self.get(&rest[0]),
+            "get" => self.get(rest[0]),
             "set" => self.set(rest),
             "setex" | "psetex" => self.setex(name, rest),
             "mget" => self.mget(rest),
@@ -288,15 +288,15 @@ impl Conn<'_> {
             "del" | "unlink" => self.del(rest),
             "setnx" => self.setnx(rest),
             "getset" => self.getset(rest),
-            "getdel" => self.getdel(&rest[0]),
+            "getdel" => self.getdel(rest[0]),
             "getex" => self.getex(rest),
             "incr" | "decr" | "incrby" | "decrby" => self.incr(name, rest),
             "append" => self.append(rest),
             "expire" | "pexpire" | "expireat" | "pexpireat" => self.expire(name, rest),
-            "persist" => self.persist(&rest[0]),
+            "persist" => self.persist(rest[0]),
             "exists" => self.exists(rest),
-            "strlen" => self.strlen(&rest[0]),
-            "ttl" | "pttl" => self.ttl(&rest[0], name == "pttl"),
+            "strlen" => self.strlen(rest[0]),
+            "ttl" | "pttl" => self.ttl(rest[0], name == "pttl"),
             _ => self.connection_command(name, rest),
         }
         Then::Go
@@ -310,7 +310,7 @@ impl Conn<'_> {
                 None => e.simple(out, "PONG"),
                 Some(m) => e.bulk(out, m),
             },
-            "echo" => e.bulk(out, &rest[0]),
+            "echo" => e.bulk(out, rest[0]),
             "select" => match rest[0] {
                 b"0" => e.simple(out, "OK"),
                 _ => e.error(out, "ERR DB index is out of range"),
@@ -406,7 +406,7 @@ impl Conn<'_> {
                         i += 2;
                     }
                     b"auth" if i + 2 < opts.len() => {
-                        if !self.login(&opts[i + 1], &opts[i + 2]) {
+                        if !self.login(opts[i + 1], opts[i + 2]) {
                             return self.enc.error(&mut self.out, WRONGPASS);
                         }
                         i += 3;
@@ -541,8 +541,8 @@ impl Conn<'_> {
 
     fn setex(&mut self, name: &str, rest: &[&[u8]]) {
         let now = unix_now_ms();
-        match cond::setex_at(name, &rest[1], now) {
-            Ok(at) => self.store(&rest[0], &rest[2], at, now),
+        match cond::setex_at(name, rest[1], now) {
+            Ok(at) => self.store(rest[0], rest[2], at, now),
             Err(msg) => self.enc.error(&mut self.out, &msg),
         }
     }
@@ -602,7 +602,7 @@ impl Conn<'_> {
         }
         let now = unix_now_ms();
         for pair in rest.chunks(2) {
-            if let Err(e) = self.put(&pair[0], &pair[1], 0, now) {
+            if let Err(e) = self.put(pair[0], pair[1], 0, now) {
                 return self.store_error(&e);
             }
         }

@@ -189,7 +189,7 @@ impl Conn<'_> {
             Ok(o) => o,
             Err(msg) => return self.enc.error(&mut self.out, &msg),
         };
-        let Some(n) = redis_int(&rest[1]) else {
+        let Some(n) = redis_int(rest[1]) else {
             return self.enc.error(&mut self.out, NOT_INTEGER);
         };
         let now = unix_now_ms();
@@ -197,7 +197,7 @@ impl Conn<'_> {
             let msg = format!("ERR invalid expire time in '{name}' command");
             return self.enc.error(&mut self.out, &msg);
         };
-        let r = self.rmw(&rest[0], now, |s| match s.item {
+        let r = self.rmw(rest[0], now, |s| match s.item {
             None => Change::Keep(Reply::Int(0)),
             Some(it) if expire_refused(o, it.expires, when) => Change::Keep(Reply::Int(0)),
             Some(_) if when <= now as i64 => Change::Delete(Reply::Int(1)),
@@ -254,18 +254,18 @@ impl Conn<'_> {
 
     pub(super) fn setnx(&mut self, rest: &[&[u8]]) {
         let now = unix_now_ms();
-        let r = self.rmw(&rest[0], now, |s| match s.item {
+        let r = self.rmw(rest[0], now, |s| match s.item {
             Some(_) => Change::Keep(Reply::Int(0)),
-            None => Change::store(0, Some(0), &[&rest[1]], Reply::Int(1)),
+            None => Change::store(0, Some(0), &[rest[1]], Reply::Int(1)),
         });
         self.answer(r);
     }
 
     /// GETSET: the old value; the new one has no expiry, as after a SET.
     pub(super) fn getset(&mut self, rest: &[&[u8]]) {
-        let r = self.rmw(&rest[0], unix_now_ms(), |s| {
+        let r = self.rmw(rest[0], unix_now_ms(), |s| {
             let old = s.item.map_or(Reply::Null, |i| Reply::Bulk(i.data.to_vec()));
-            Change::store(0, Some(0), &[&rest[1]], old)
+            Change::store(0, Some(0), &[rest[1]], old)
         });
         self.answer(r);
     }
@@ -285,7 +285,7 @@ impl Conn<'_> {
             return self.enc.error(&mut self.out, "ERR syntax error");
         };
         let now = unix_now_ms();
-        let r = self.rmw(&rest[0], now, |s| {
+        let r = self.rmw(rest[0], now, |s| {
             let Some(it) = s.item else {
                 return Change::Keep(Reply::Null);
             };
@@ -324,7 +324,7 @@ impl Conn<'_> {
         let Some(delta) = delta else {
             return self.enc.error(&mut self.out, NOT_INTEGER);
         };
-        let r = self.rmw(&rest[0], unix_now_ms(), |s| {
+        let r = self.rmw(rest[0], unix_now_ms(), |s| {
             let (flags, at, old) = match s.item {
                 None => (0, 0, Some(0)),
                 Some(it) => (it.flags, it.expires, redis_int(it.data)),
@@ -343,7 +343,7 @@ impl Conn<'_> {
     /// APPEND: the new length; the expiry is kept.
     pub(super) fn append(&mut self, rest: &[&[u8]]) {
         let max = self.limits.max_value;
-        let r = self.rmw(&rest[0], unix_now_ms(), |s| {
+        let r = self.rmw(rest[0], unix_now_ms(), |s| {
             let (flags, at, old) = s
                 .item
                 .map_or((0, 0, &[][..]), |i| (i.flags, i.expires, i.data));
@@ -354,7 +354,7 @@ impl Conn<'_> {
                 );
                 return Change::Keep(Reply::Err(msg));
             }
-            Change::store(flags, Some(at), &[old, &rest[1]], Reply::Int(len as i64))
+            Change::store(flags, Some(at), &[old, rest[1]], Reply::Int(len as i64))
         });
         self.answer(r);
     }
