@@ -85,6 +85,7 @@ pub fn session<'a>(
         name: None,
         id: client_id,
         scratch: Vec::new(),
+        consumed: 0,
         args: Args::default(),
     }
 }
@@ -124,6 +125,10 @@ impl crate::session::Session for Conn<'_> {
     }
 }
 
+/// Served bytes at the start of the input buffer beyond which what is left is moved to its
+/// front.
+const COMPACT_AT: usize = 256 * 1024;
+
 /// An oversize command being thrown away.
 #[derive(Copy, Clone, Debug)]
 struct Skip {
@@ -147,6 +152,8 @@ struct Conn<'a> {
     name: Option<Vec<u8>>,
     id: u64,
     scratch: Vec<u8>,
+    /// Bytes at the start of `inbuf` already served.
+    consumed: usize,
     /// Where the arguments of the command being served lie in `inbuf`.
     args: Args,
 }
@@ -163,10 +170,20 @@ impl Conn<'_> {
     fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
         // Lent out while its commands run (which need `self`) on the bytes where they lie.
         let inbuf = std::mem::take(&mut self.inbuf);
-        let served = self.serve_from(&inbuf, stream);
+        let served = self.serve_from(&inbuf[self.consumed..], stream);
         self.inbuf = inbuf;
         let (at, close) = served?;
-        self.inbuf.drain(..at);
+        self.consumed += at;
+        // What is left (a command still arriving) stays where it is until enough has been
+        // consumed before it: moving it to the front after every read cost 5% of a node
+        // serving pipelined 16 KiB SETs (`perf`).
+        if self.consumed == self.inbuf.len() {
+            self.inbuf.clear();
+            self.consumed = 0;
+        } else if self.consumed >= COMPACT_AT {
+            self.inbuf.drain(..self.consumed);
+            self.consumed = 0;
+        }
         Ok(close)
     }
 
@@ -756,6 +773,37 @@ mod tests {
 
     fn cmds(list: &[&[&str]]) -> Vec<u8> {
         list.iter().flat_map(|w| cmd(w)).collect()
+    }
+
+    /// Commands cut anywhere by the reads, over more input than the buffer keeps before it
+    /// moves what is left to its front (`COMPACT_AT`): each served once, whole.
+    #[test]
+    fn a_long_pipeline_in_odd_pieces_is_served_whole() {
+        let b = MapBackend::default();
+        // 900-byte values: `MapBackend` refuses values over 1000 bytes.
+        let n = 2 * COMPACT_AT / 900 + 3;
+        let value = |i: usize| format!("{i:04}").repeat(225);
+        let mut input = Vec::new();
+        for i in 0..n {
+            input.extend_from_slice(&cmd(&["SET", &format!("k{}", i % 7), &value(i)]));
+        }
+        for k in 0..7 {
+            input.extend_from_slice(&cmd(&["GET", &format!("k{k}")]));
+        }
+        for chunk in [777, 4096, 65536] {
+            let out = session(&b, &input, chunk);
+            let mut want = "+OK\r\n".repeat(n);
+            for k in 0..7 {
+                let last = (0..n).filter(|i| i % 7 == k).max().unwrap();
+                want.push_str(&format!("$900\r\n{}\r\n", value(last)));
+            }
+            assert!(
+                out == want,
+                "chunk {chunk}: {} bytes of replies: {}",
+                out.len(),
+                &out[..300.min(out.len())]
+            );
+        }
     }
 
     #[test]

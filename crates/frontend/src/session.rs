@@ -10,7 +10,8 @@ const READ_CHUNK: usize = 64 * 1024;
 /// A protocol's side of one connection: what a read–serve–write loop ([`run`], or an event
 /// loop over many connections) drives.
 pub trait Session {
-    /// Bytes received and not yet served.
+    /// Bytes received, for the caller to append to (served bytes may stay at its start until
+    /// the session moves what is left to its front).
     fn inbuf(&mut self) -> &mut Vec<u8>;
     /// Replies not yet written.
     fn out(&mut self) -> &mut Vec<u8>;
