@@ -158,6 +158,17 @@ struct Conn<'a> {
     args: Args,
 }
 
+/// Where skipping an oversize command got to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Skipping {
+    /// All of it is gone and its error answered.
+    Done,
+    /// More of it has yet to arrive.
+    NeedMore,
+    /// What followed it cannot be framed: the error is answered, the connection must close.
+    Close,
+}
+
 /// Whether the connection goes on after a command.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Then {
@@ -200,35 +211,12 @@ impl Conn<'_> {
                 stream.write_all(&self.out)?;
                 self.out.clear();
             }
-            if let Some(sk) = self.skip.as_mut() {
-                let n = sk.bytes.min(inbuf.len() - at);
-                sk.bytes -= n;
-                at += n;
-                if sk.bytes > 0 {
-                    break false;
+            if self.skip.is_some() {
+                match self.skip_oversize(inbuf, &mut at) {
+                    Skipping::Done => continue,
+                    Skipping::NeedMore => break false,
+                    Skipping::Close => break true,
                 }
-                if sk.args_left > 0 {
-                    match next_bulk_to_skip(&inbuf[at..]) {
-                        Ok(Some(n)) => {
-                            sk.bytes = n;
-                            sk.args_left -= 1;
-                            continue;
-                        }
-                        Ok(None) => break false,
-                        Err(e) => {
-                            self.enc.error(&mut self.out, &format!("ERR {e}"));
-                            break true;
-                        }
-                    }
-                }
-                let len = sk.len;
-                self.skip = None;
-                let msg = format!(
-                    "ERR an argument of {len} bytes is larger than this cluster's limit of {} bytes",
-                    self.limits.max_value
-                );
-                self.enc.error(&mut self.out, &msg);
-                continue;
             }
             match parse(&inbuf[at..], self.limits.max_value, &mut self.args) {
                 Ok(Parsed::Command(n)) => {
@@ -265,6 +253,44 @@ impl Conn<'_> {
             }
         };
         Ok((at, close))
+    }
+
+    /// Go on throwing away the oversize command being skipped, from `inbuf[*at..]`; once it is
+    /// all gone, answer its error.
+    fn skip_oversize(&mut self, inbuf: &[u8], at: &mut usize) -> Skipping {
+        let Some(sk) = self.skip.as_mut() else {
+            return Skipping::Done;
+        };
+        loop {
+            let n = sk.bytes.min(inbuf.len() - *at);
+            sk.bytes -= n;
+            *at += n;
+            if sk.bytes > 0 {
+                return Skipping::NeedMore;
+            }
+            if sk.args_left == 0 {
+                break;
+            }
+            match next_bulk_to_skip(&inbuf[*at..]) {
+                Ok(Some(n)) => {
+                    sk.bytes = n;
+                    sk.args_left -= 1;
+                }
+                Ok(None) => return Skipping::NeedMore,
+                Err(e) => {
+                    self.enc.error(&mut self.out, &format!("ERR {e}"));
+                    return Skipping::Close;
+                }
+            }
+        }
+        let len = sk.len;
+        self.skip = None;
+        let msg = format!(
+            "ERR an argument of {len} bytes is larger than this cluster's limit of {} bytes",
+            self.limits.max_value
+        );
+        self.enc.error(&mut self.out, &msg);
+        Skipping::Done
     }
 
     fn execute(&mut self, args: &[&[u8]]) -> Then {
