@@ -330,62 +330,44 @@ mod bulk {
         let (head, steps, _) = split(words);
         write_words(&words[..head], &buf[..head * 8]);
         let mid = head + steps * 8;
+        // `steps` 64-byte blocks from `buf` to a 16-byte aligned word of `words`, with the
+        // given store instruction, then the given fence.
+        macro_rules! store_blocks {
+            ($store:literal, $fence:literal) => {
+                std::arch::asm!(
+                    "2:",
+                    "movdqu {a}, xmmword ptr [{s}]",
+                    "movdqu {b}, xmmword ptr [{s} + 16]",
+                    "movdqu {c}, xmmword ptr [{s} + 32]",
+                    "movdqu {e}, xmmword ptr [{s} + 48]",
+                    concat!($store, " xmmword ptr [{d}], {a}"),
+                    concat!($store, " xmmword ptr [{d} + 16], {b}"),
+                    concat!($store, " xmmword ptr [{d} + 32], {c}"),
+                    concat!($store, " xmmword ptr [{d} + 48], {e}"),
+                    "add {s}, 64",
+                    "add {d}, 64",
+                    "dec {n}",
+                    "jnz 2b",
+                    $fence,
+                    s = inout(reg) buf[head * 8..].as_ptr() => _,
+                    d = inout(reg) words[head..].as_ptr() => _,
+                    n = inout(reg) steps => _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    e = out(xmm_reg) _,
+                    options(nostack),
+                )
+            };
+        }
         if steps > 0 && buf.len() >= STREAM_MIN_BYTES {
-            // SAFETY: as below. The `sfence` makes the streamed stores visible before any later
-            // store (the tail words here, the CAS that publishes the entry after).
-            unsafe {
-                std::arch::asm!(
-                    "2:",
-                    "movdqu {a}, xmmword ptr [{s}]",
-                    "movdqu {b}, xmmword ptr [{s} + 16]",
-                    "movdqu {c}, xmmword ptr [{s} + 32]",
-                    "movdqu {e}, xmmword ptr [{s} + 48]",
-                    "movntdq xmmword ptr [{d}], {a}",
-                    "movntdq xmmword ptr [{d} + 16], {b}",
-                    "movntdq xmmword ptr [{d} + 32], {c}",
-                    "movntdq xmmword ptr [{d} + 48], {e}",
-                    "add {s}, 64",
-                    "add {d}, 64",
-                    "dec {n}",
-                    "jnz 2b",
-                    "sfence",
-                    s = inout(reg) buf[head * 8..].as_ptr() => _,
-                    d = inout(reg) words[head..].as_ptr() => _,
-                    n = inout(reg) steps => _,
-                    a = out(xmm_reg) _,
-                    b = out(xmm_reg) _,
-                    c = out(xmm_reg) _,
-                    e = out(xmm_reg) _,
-                    options(nostack),
-                );
-            }
+            // SAFETY: `steps` whole blocks lie in both. The `sfence` makes the streamed stores
+            // visible before any later store (the tail words here, the CAS that publishes the
+            // entry after).
+            unsafe { store_blocks!("movntdq", "sfence") }
         } else if steps > 0 {
-            // SAFETY: `steps` 64-byte blocks from `buf` to a 16-byte aligned word of `words`.
-            unsafe {
-                std::arch::asm!(
-                    "2:",
-                    "movdqu {a}, xmmword ptr [{s}]",
-                    "movdqu {b}, xmmword ptr [{s} + 16]",
-                    "movdqu {c}, xmmword ptr [{s} + 32]",
-                    "movdqu {e}, xmmword ptr [{s} + 48]",
-                    "movdqa xmmword ptr [{d}], {a}",
-                    "movdqa xmmword ptr [{d} + 16], {b}",
-                    "movdqa xmmword ptr [{d} + 32], {c}",
-                    "movdqa xmmword ptr [{d} + 48], {e}",
-                    "add {s}, 64",
-                    "add {d}, 64",
-                    "dec {n}",
-                    "jnz 2b",
-                    s = inout(reg) buf[head * 8..].as_ptr() => _,
-                    d = inout(reg) words[head..].as_ptr() => _,
-                    n = inout(reg) steps => _,
-                    a = out(xmm_reg) _,
-                    b = out(xmm_reg) _,
-                    c = out(xmm_reg) _,
-                    e = out(xmm_reg) _,
-                    options(nostack),
-                );
-            }
+            // SAFETY: as above; aligned stores are ordered like any other.
+            unsafe { store_blocks!("movdqa", "") }
         }
         write_words(&words[mid..], &buf[mid * 8..]);
     }
