@@ -455,11 +455,8 @@ impl<E: Endpoint> CdClient<E> {
         // The slot's class may be larger than `class` when that one is full everywhere.
         let at = self.table.addr(slot);
         debug_assert!(slot.class >= class);
-        let written = if slot.host != self.ep.node() {
-            let n = self.view.dte.encode_parts(&mut self.wbuf, head, key, parts);
-            debug_assert!(n as u64 <= self.view.classes.entry_size(slot.class));
-            self.ep.write(at, &self.wbuf[..n])
-        } else if parts.iter().any(|p| p.len() >= DIRECT_PART_MIN) {
+        let local = slot.host == self.ep.node();
+        let written = if local && parts.iter().any(|p| p.len() >= DIRECT_PART_MIN) {
             let n = self
                 .view
                 .dte
@@ -468,7 +465,11 @@ impl<E: Endpoint> CdClient<E> {
         } else {
             let n = self.view.dte.encode_parts(&mut self.wbuf, head, key, parts);
             debug_assert!(n as u64 <= self.view.classes.entry_size(slot.class));
-            self.ep.local_write(DATA_REGION, at.offset, &self.wbuf[..n])
+            if local {
+                self.ep.local_write(DATA_REGION, at.offset, &self.wbuf[..n])
+            } else {
+                self.ep.write(at, &self.wbuf[..n])
+            }
         };
         if let Err(e) = written {
             self.table.release_unpublished(&mut self.ep, slot);
