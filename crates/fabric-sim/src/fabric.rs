@@ -28,6 +28,11 @@ use crate::watch::{Watches, IDLE_POLL_MAX_NS};
 /// expiry timestamps look like real ones; nodes' clocks agree exactly.
 pub const SIM_EPOCH_NS: u64 = 1_704_067_200_000_000_000;
 
+/// The tick of the simulated coarse clocks ([`nessie_fabric::Endpoint::mono_coarse_ns`]): they
+/// read virtual time rounded down to it, so that checked runs exercise timers started early
+/// (with the checks' 5 ms expiry, 100 µs is under the 1/32 of it a timer may start early by).
+pub const SIM_COARSE_TICK_NS: u64 = 100_000;
+
 /// Why a simulation cannot be set up.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SimError {
@@ -668,6 +673,19 @@ impl Endpoint for SimEndpoint {
 
     fn mono_ns(&self) -> u64 {
         self.time()
+    }
+
+    fn mono_coarse_ns(&self) -> u64 {
+        let t = self.time();
+        t - t % SIM_COARSE_TICK_NS
+    }
+
+    fn now_coarse_ns(&self) -> u64 {
+        SIM_EPOCH_NS + self.mono_coarse_ns()
+    }
+
+    fn coarse_lag_ns(&self) -> u64 {
+        SIM_COARSE_TICK_NS
     }
 
     fn sleep_ns(&mut self, ns: u64) {

@@ -445,6 +445,18 @@ impl Endpoint for UcxEndpoint {
         nessie_fabric::wall_clock_ns()
     }
 
+    fn mono_coarse_ns(&self) -> u64 {
+        nessie_fabric::monotonic_coarse_ns()
+    }
+
+    fn now_coarse_ns(&self) -> u64 {
+        nessie_fabric::wall_clock_coarse_ns()
+    }
+
+    fn coarse_lag_ns(&self) -> u64 {
+        nessie_fabric::coarse_clock_lag_ns()
+    }
+
     fn reads_are_local_copies(&self) -> bool {
         self.shared.config.transport == crate::Transport::Shm
     }

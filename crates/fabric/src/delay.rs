@@ -136,6 +136,15 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn mono_ns(&self) -> u64 {
         self.inner.mono_ns()
     }
+    fn mono_coarse_ns(&self) -> u64 {
+        self.inner.mono_coarse_ns()
+    }
+    fn now_coarse_ns(&self) -> u64 {
+        self.inner.now_coarse_ns()
+    }
+    fn coarse_lag_ns(&self) -> u64 {
+        self.inner.coarse_lag_ns()
+    }
     fn sleep_ns(&mut self, ns: u64) {
         self.inner.sleep_ns(ns)
     }
@@ -232,6 +241,15 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     }
     fn mono_ns(&self) -> u64 {
         either!(self, e => e.mono_ns())
+    }
+    fn mono_coarse_ns(&self) -> u64 {
+        either!(self, e => e.mono_coarse_ns())
+    }
+    fn now_coarse_ns(&self) -> u64 {
+        either!(self, e => e.now_coarse_ns())
+    }
+    fn coarse_lag_ns(&self) -> u64 {
+        either!(self, e => e.coarse_lag_ns())
     }
     fn sleep_ns(&mut self, ns: u64) {
         either!(self, e => e.sleep_ns(ns))

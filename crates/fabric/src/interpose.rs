@@ -120,6 +120,18 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.mono_ns()
     }
 
+    fn mono_coarse_ns(&self) -> u64 {
+        self.inner.mono_coarse_ns()
+    }
+
+    fn now_coarse_ns(&self) -> u64 {
+        self.inner.now_coarse_ns()
+    }
+
+    fn coarse_lag_ns(&self) -> u64 {
+        self.inner.coarse_lag_ns()
+    }
+
     fn sleep_ns(&mut self, ns: u64) {
         self.inner.sleep_ns(ns)
     }

@@ -380,6 +380,7 @@ impl<E: Endpoint> CdClient<E> {
         let mut r = Err(Abort::Timeout);
         self.retry_own(|c| {
             r = c.complete_write(key, ite, false);
+            c.timed_out = matches!(r, Err(Abort::Timeout));
             match &r {
                 Ok(_) | Err(Abort::Fatal(_)) => true,
                 Err(Abort::Timeout) => {

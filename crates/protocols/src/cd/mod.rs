@@ -205,7 +205,17 @@ pub struct CdClient<E: Endpoint> {
     vbuf: Vec<u8>,
     /// Scratch buffer for DTE writes.
     wbuf: Vec<u8>,
+    /// Whether operation timers start on the coarse clock: the expiry period is at least
+    /// [`COARSE_START_MIN_LAGS`] of its normal lag, so starting early costs little of it.
+    coarse_start: bool,
+    /// The last attempt timed out: the next timer starts on the precise clock, so that a
+    /// coarse clock far behind (ticks held up) cannot time out every attempt.
+    timed_out: bool,
 }
+
+/// How many coarse-clock lags (ticks) an expiry period must span before operation timers start
+/// on the coarse clock: 32 ticks of 4 ms is 128 ms, of which a timer loses at most 3%.
+pub const COARSE_START_MIN_LAGS: u64 = 32;
 
 impl<E: Endpoint> CdClient<E> {
     /// A client worker on `ep`'s node. `table` must be that node's allocator and `worker` must
@@ -246,6 +256,7 @@ impl<E: Endpoint> CdClient<E> {
         });
         let tag = WriterTag::new(ep.node(), worker);
         let seed = (ep.node() as u64) << 32 | worker as u64 | ep.now_ns() << 1;
+        let coarse_start = cfg.expiry_ns / COARSE_START_MIN_LAGS >= ep.coarse_lag_ns();
         Ok(Self {
             ep,
             view,
@@ -261,6 +272,8 @@ impl<E: Endpoint> CdClient<E> {
             buf: Vec::new(),
             vbuf: Vec::new(),
             wbuf: Vec::new(),
+            coarse_start,
+            timed_out: false,
         })
     }
 
@@ -442,9 +455,15 @@ impl<E: Endpoint> CdClient<E> {
         self.fence.is_gone(node) || write_deadline < self.fence.incarnation(node)
     }
 
+    /// Start the operation timer. It may start early (on the coarse clock): that only ends the
+    /// attempt sooner, and every check after it reads the precise clock.
     pub(crate) fn deadline(&self) -> Deadline {
+        let start_ns = match self.coarse_start && !self.timed_out {
+            true => self.ep.mono_coarse_ns(),
+            false => self.ep.mono_ns(),
+        };
         Deadline {
-            start_ns: self.ep.mono_ns(),
+            start_ns,
             limit_ns: self.cfg.expiry_ns,
             ignore: mutated!(self.cfg, ignore_op_timer),
         }
@@ -501,7 +520,9 @@ impl<E: Endpoint> CdClient<E> {
         loop {
             attempts += 1;
             let last = attempts >= policy.max_attempts;
-            let wait = match attempt(self) {
+            let outcome = attempt(self);
+            self.timed_out = matches!(outcome, Err(Abort::Timeout));
+            let wait = match outcome {
                 Ok(v) => return Ok(v),
                 Err(Abort::Timeout) if last => {
                     self.stats.timeouts += 1;

@@ -291,7 +291,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &WriteState,
     ) -> Attempt<Option<Candidate>> {
         for i in 0..p.index.n {
-            let (ite, t) = self.read_candidate(p, h, i)?;
+            let (ite, t) = self.read_candidate_unchecked(p, h, i)?;
             if ite.is_empty() {
                 return Ok(Some(Candidate {
                     pos: i,
@@ -408,7 +408,7 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
     ) -> Attempt<()> {
         for i in c + 1..p.index.n {
-            let (ite, t) = self.read_candidate(p, h, i)?;
+            let (ite, t) = self.read_candidate_unchecked(p, h, i)?;
             if ite.is_empty() || !self.filter_matches(ite, h.filter()) {
                 continue; // 4.1, 4.2
             }
@@ -416,6 +416,9 @@ impl<E: Endpoint> CdClient<E> {
             if !f.key_matches {
                 continue; // 4.3
             }
+            // The timer bounds a CAS on a word read earlier (no ABA), and a cache hit checked
+            // nothing since the unchecked READ of `ite`. Rare: a duplicate to clear.
+            self.check(&p.d)?;
             let Some(cleared) = self.cas_ite(p.slots[i], ite, Ite::EMPTY)? else {
                 return Err(Abort::Concurrent(
                     "duplicate ITE changed before it was cleared",
@@ -465,11 +468,36 @@ impl<E: Endpoint> CdClient<E> {
         Ok(())
     }
 
-    /// Step 2 and 4's read of candidate `i` of the pass: its ITE (recorded in `p.seen`) and
-    /// a time before it was read (the pass's latest clock reading), followed by a timer check.
-    /// No check before the READ: one past the deadline is harmless, as the check after it
-    /// rejects what it read.
+    /// The read of candidate `i` of the pass: its ITE (recorded in `p.seen`) and a time before
+    /// it was read (the pass's latest clock reading), followed by a timer check. No check
+    /// before the READ: one past the deadline is harmless, as the check after it rejects what
+    /// it read.
     pub(crate) fn read_candidate(
+        &mut self,
+        p: &mut Pass<'_>,
+        h: &mut KeyHashes<'_>,
+        i: usize,
+    ) -> Attempt<(Ite, u64)> {
+        let (ite, t) = self.read_candidate_unchecked(p, h, i)?;
+        p.clock_ns = self.ep.mono_ns();
+        self.check_at(&p.d, p.clock_ns)?;
+        Ok((ite, t))
+    }
+
+    /// Step 2 and 4's read of candidate `i` of a plain write: [`Self::read_candidate`] without
+    /// the timer check after it, which cost a clock read per candidate (a clock read is a
+    /// sizeable share of a PUT's CPU here). The check it leaves out comes later, before
+    /// anything is done with what was read, as a GET's candidates are checked: every path on
+    /// from Steps 2 and 4 checks the timer after this READ before it acts on it or answers.
+    /// A matching ITE's entry is fetched (`fetch` checks after its READ, unless the cache
+    /// answers); a candidate to publish into is checked before the CAS (`publish_new_dte`,
+    /// and `settle_moved` for a moved word); a duplicate is checked before the CAS that
+    /// clears it; a key found nowhere and Step 4's skipped candidates are confirmed by the
+    /// reverse pass, which checks after its re-reads; a full set of candidates leads to
+    /// MIGRATE, which reads them again under its own timer. The ITE counts as read at the
+    /// pass's last clock reading, earlier than it was: that only makes the expiry arithmetic
+    /// of the entry it names more conservative.
+    pub(crate) fn read_candidate_unchecked(
         &mut self,
         p: &mut Pass<'_>,
         h: &mut KeyHashes<'_>,
@@ -477,8 +505,6 @@ impl<E: Endpoint> CdClient<E> {
     ) -> Attempt<(Ite, u64)> {
         p.slots[i] = h.slot(p.index, i);
         let (ite, t) = self.read_ite_after(p.slots[i], p.clock_ns)?;
-        p.clock_ns = self.ep.mono_ns();
-        self.check_at(&p.d, p.clock_ns)?;
         p.seen[i] = ite;
         Ok((ite, t))
     }
@@ -530,6 +556,85 @@ mod tests {
         assert_eq!(b.get(b"empty").unwrap().as_deref(), Some(&b""[..]));
         assert_eq!((a.stats().puts, a.stats().deletes), (2, 1));
         assert_eq!((b.stats().puts, b.stats().deletes), (1, 1));
+    }
+
+    /// Step 2 and 4 read candidates without a timer check after each READ: a PUT that stalls
+    /// past the expiry period right after any of its candidate READs still times out before
+    /// it publishes or commits on what it read, and its retry writes the value.
+    #[test]
+    fn a_put_stalled_after_a_candidate_read_times_out_before_acting_on_it() {
+        use crate::hooks::HookPoint;
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        use std::sync::Arc;
+        let c = InProcCluster::small();
+        let expiry = fast_cfg().expiry_ns;
+        let key = super::super::testkit::key_with_distinct_candidates(&c);
+        // The n-th ITE READ of the first attempt: 1 is Step 2's first candidate (a new key:
+        // empty, published into next; an existing key: fetched next), 2 and 3 Step 4's.
+        for (existing, nth) in [(false, 1), (true, 1), (true, 2), (true, 3)] {
+            let mut w = c.client(0);
+            if existing {
+                w.put(&key, b"before").unwrap();
+            } else {
+                w.delete(&key).unwrap();
+            }
+            let reads = Arc::new(AtomicU32::new(0));
+            let r = reads.clone();
+            w.set_hook(Some(Box::new(move |p| {
+                if p == HookPoint::AfterIteRead && r.fetch_add(1, SeqCst) + 1 == nth {
+                    std::thread::sleep(std::time::Duration::from_nanos(expiry + 1_000_000));
+                }
+            })));
+            let timeouts = w.stats().timeouts;
+            w.put(&key, b"after").unwrap();
+            assert_eq!(
+                w.stats().timeouts,
+                timeouts + 1,
+                "existing {existing}, stall after ITE READ {nth}: {:?}",
+                w.stats()
+            );
+            assert_eq!(
+                c.client(1).get(&key).unwrap().as_deref(),
+                Some(&b"after"[..])
+            );
+        }
+    }
+
+    /// Operation timers start on the coarse clock when the expiry period spans enough of its
+    /// ticks. When the ticks are held up, the attempt times out at its first check (starting
+    /// early is safe: it only ends sooner) and the retry starts on the precise clock.
+    #[test]
+    fn a_coarse_clock_held_up_costs_one_attempt_and_no_more() {
+        use crate::config::ProtocolConfig;
+        use nessie_fabric::Endpoint;
+        assert!(
+            !InProcCluster::small().client(0).coarse_start,
+            "a 2 ms expiry is too short for a timer that may start a tick early"
+        );
+        // The shortest expiry whose timers start on the coarse clock (128 ms at 250 Hz).
+        let lag = InProcCluster::small().fabric.endpoint(0).coarse_lag_ns();
+        let cfg = ProtocolConfig {
+            expiry_ns: super::super::COARSE_START_MIN_LAGS * lag,
+            ..fast_cfg()
+        };
+        let expiry = cfg.expiry_ns;
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let mut w = c.client(0);
+        assert!(w.coarse_start);
+        w.put(b"k", b"v1").unwrap();
+        assert_eq!(w.stats().timeouts, 0, "{:?}", w.stats());
+        c.fabric.freeze_coarse_clocks(true);
+        std::thread::sleep(std::time::Duration::from_nanos(expiry + 10_000_000));
+        w.put(b"k", b"v2").unwrap();
+        assert_eq!(w.stats().timeouts, 1, "{:?}", w.stats());
+        assert_eq!(w.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+        assert_eq!(w.stats().timeouts, 2, "the GET's first attempt too");
+        w.delete(b"k").unwrap();
+        assert_eq!(w.stats().timeouts, 3, "each operation starts coarse again");
+        c.fabric.freeze_coarse_clocks(false);
+        w.put(b"k", b"v4").unwrap();
+        assert_eq!(w.get(b"k").unwrap().as_deref(), Some(&b"v4"[..]));
+        assert_eq!(w.stats().timeouts, 3);
     }
 
     /// The CAS that publishes a PUT's entry takes place but its answer is lost: the attempt
