@@ -205,6 +205,8 @@ pub struct CdClient<E: Endpoint> {
     vbuf: Vec<u8>,
     /// Scratch buffer for DTE writes.
     wbuf: Vec<u8>,
+    /// A plain write's state, kept empty between writes so that its buffers are reused.
+    spare_write_state: write::WriteState,
     /// Whether operation timers start on the coarse clock: the expiry period is at least
     /// [`COARSE_START_MIN_LAGS`] of its normal lag, so starting early costs little of it.
     coarse_start: bool,
@@ -272,6 +274,7 @@ impl<E: Endpoint> CdClient<E> {
             buf: Vec::new(),
             vbuf: Vec::new(),
             wbuf: Vec::new(),
+            spare_write_state: write::WriteState::default(),
             coarse_start,
             timed_out: false,
         })

@@ -183,11 +183,19 @@ impl WriteState {
 impl<E: Endpoint> CdClient<E> {
     /// PUT (`Some(value)`) or DELETE (`None`) with retries.
     pub(crate) fn write(&mut self, key: &[u8], value: Option<&[&[u8]]>) -> Result<(), Error> {
-        let mut st = WriteState::default();
-        match self.with_retry(|c| c.write_once(key, value, &mut st)) {
+        // The last write's buffers, empty: a write allocated two vectors before (2% of a
+        // node serving pipelined 100-byte SETs went to malloc and free).
+        let mut st = std::mem::take(&mut self.spare_write_state);
+        let r = match self.with_retry(|c| c.write_once(key, value, &mut st)) {
             Ok(()) => Ok(()),
             Err(e) => self.give_up(key, value.is_none(), &mut st, e),
-        }
+        };
+        // A write ends with nothing staged or published: Step 7 or giving up disposed of it.
+        debug_assert!(st.rec.is_empty() && st.published.is_empty(), "{st:?}");
+        st.rec.clear();
+        st.published.clear();
+        self.spare_write_state = st;
+        r
     }
 
     /// The write's attempts ran out. An invalid DTE of ours left in the index would block every
@@ -272,10 +280,11 @@ impl<E: Endpoint> CdClient<E> {
         // Step 6: commit.
         self.commit(value, p.slots[cand.pos], new, st)?;
 
-        // Step 7: recycle what this write replaced.
-        for ite in std::mem::take(&mut st.rec) {
-            self.recycle(ite);
+        // Step 7: recycle what this write replaced (keeping the buffer for the next write).
+        for i in 0..st.rec.len() {
+            self.recycle(st.rec[i]);
         }
+        st.rec.clear();
         Ok(())
     }
 
