@@ -596,9 +596,9 @@ mod tests {
             })));
             let timeouts = w.stats().timeouts;
             w.put(&key, b"after").unwrap();
-            assert_eq!(
-                w.stats().timeouts,
-                timeouts + 1,
+            // At least the stalled attempt (a loaded machine may stall a 2 ms attempt too).
+            assert!(
+                w.stats().timeouts > timeouts,
                 "existing {existing}, stall after ITE READ {nth}: {:?}",
                 w.stats()
             );
