@@ -375,8 +375,12 @@ mod tests {
     /// A cluster with `mutations`, a key K with distinct candidates, and a key X whose first
     /// candidate is K's first.
     fn race_cluster(mutations: Mutations) -> (InProcCluster, Vec<u8>, Vec<u8>) {
+        // A long expiry: the races are staged with hooks that wait for each other, which on a
+        // loaded machine outlasted a 2 ms timer now and then and raced differently (1 run in
+        // 5 under two busy loops). Nothing here waits for an expiry.
         let cfg = ProtocolConfig {
             mutations,
+            expiry_ns: 1_000_000_000,
             ..fast_cfg()
         };
         let c = InProcCluster::new(small_geometry(), cfg);
