@@ -680,10 +680,6 @@ impl Endpoint for SimEndpoint {
         t - t % SIM_COARSE_TICK_NS
     }
 
-    fn now_coarse_ns(&self) -> u64 {
-        SIM_EPOCH_NS + self.mono_coarse_ns()
-    }
-
     fn coarse_lag_ns(&self) -> u64 {
         SIM_COARSE_TICK_NS
     }

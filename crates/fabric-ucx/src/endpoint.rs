@@ -449,10 +449,6 @@ impl Endpoint for UcxEndpoint {
         nessie_fabric::monotonic_coarse_ns()
     }
 
-    fn now_coarse_ns(&self) -> u64 {
-        nessie_fabric::wall_clock_coarse_ns()
-    }
-
     fn coarse_lag_ns(&self) -> u64 {
         nessie_fabric::coarse_clock_lag_ns()
     }

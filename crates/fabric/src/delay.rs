@@ -139,9 +139,6 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     fn mono_coarse_ns(&self) -> u64 {
         self.inner.mono_coarse_ns()
     }
-    fn now_coarse_ns(&self) -> u64 {
-        self.inner.now_coarse_ns()
-    }
     fn coarse_lag_ns(&self) -> u64 {
         self.inner.coarse_lag_ns()
     }
@@ -244,9 +241,6 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     }
     fn mono_coarse_ns(&self) -> u64 {
         either!(self, e => e.mono_coarse_ns())
-    }
-    fn now_coarse_ns(&self) -> u64 {
-        either!(self, e => e.now_coarse_ns())
     }
     fn coarse_lag_ns(&self) -> u64 {
         either!(self, e => e.coarse_lag_ns())

@@ -37,9 +37,9 @@ pub struct InProcFabric {
     endpoints_made: AtomicU64,
     /// Added to the wall clock of every endpoint (tests step it to mimic NTP or a VM resume).
     wall_clock_step_ns: std::sync::atomic::AtomicI64,
-    /// While not 0, what every coarse monotonic and wall clock reads: tests hold the clock
-    /// ticks up with it.
-    coarse_frozen_at: [AtomicU64; 2],
+    /// While not 0, what every coarse monotonic clock reads: tests hold the clock ticks up
+    /// with it.
+    coarse_frozen_at: AtomicU64,
 }
 
 impl InProcFabric {
@@ -74,7 +74,7 @@ impl InProcFabric {
             delay,
             endpoints_made: AtomicU64::new(0),
             wall_clock_step_ns: std::sync::atomic::AtomicI64::new(0),
-            coarse_frozen_at: [AtomicU64::new(0), AtomicU64::new(0)],
+            coarse_frozen_at: AtomicU64::new(0),
         }))
     }
 
@@ -85,18 +85,14 @@ impl InProcFabric {
             .fetch_add(delta_ns, Ordering::Relaxed);
     }
 
-    /// Stop (`true`) or restart every endpoint's coarse clocks, as when clock ticks are held
+    /// Stop (`true`) or restart every endpoint's coarse clock, as when clock ticks are held
     /// up (a descheduled VM): coarse readings then lag the precise ones by any amount.
     pub fn freeze_coarse_clocks(&self, frozen: bool) {
-        let (mono, wall) = match frozen {
-            true => (
-                crate::monotonic_coarse_ns().max(1),
-                crate::wall_clock_coarse_ns(),
-            ),
-            false => (0, 0),
+        let at = match frozen {
+            true => crate::monotonic_coarse_ns().max(1),
+            false => 0,
         };
-        self.coarse_frozen_at[0].store(mono, Ordering::Relaxed);
-        self.coarse_frozen_at[1].store(wall, Ordering::Relaxed);
+        self.coarse_frozen_at.store(at, Ordering::Relaxed);
     }
 
     /// A new endpoint (one per worker thread) on `node`.
@@ -349,19 +345,10 @@ impl Endpoint for InProcEndpoint {
     }
 
     fn mono_coarse_ns(&self) -> u64 {
-        match self.fabric.coarse_frozen_at[0].load(Ordering::Relaxed) {
+        match self.fabric.coarse_frozen_at.load(Ordering::Relaxed) {
             0 => crate::monotonic_coarse_ns(),
             frozen => frozen,
         }
-    }
-
-    fn now_coarse_ns(&self) -> u64 {
-        let step = self.fabric.wall_clock_step_ns.load(Ordering::Relaxed);
-        match self.fabric.coarse_frozen_at[0].load(Ordering::Relaxed) {
-            0 => crate::wall_clock_coarse_ns(),
-            _ => self.fabric.coarse_frozen_at[1].load(Ordering::Relaxed),
-        }
-        .saturating_add_signed(step)
     }
 
     fn coarse_lag_ns(&self) -> u64 {

@@ -124,10 +124,6 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.mono_coarse_ns()
     }
 
-    fn now_coarse_ns(&self) -> u64 {
-        self.inner.now_coarse_ns()
-    }
-
     fn coarse_lag_ns(&self) -> u64 {
         self.inner.coarse_lag_ns()
     }

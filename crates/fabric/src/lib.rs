@@ -96,12 +96,6 @@ pub trait Endpoint: Send {
         self.mono_ns()
     }
 
-    /// [`Endpoint::now_ns`] read cheaply, with the guarantees of [`Endpoint::mono_coarse_ns`]:
-    /// only where an early time is safe (when reclaiming may start).
-    fn now_coarse_ns(&self) -> u64 {
-        self.now_ns()
-    }
-
     /// How far a coarse reading normally lags a precise one (0: they are the same clock).
     fn coarse_lag_ns(&self) -> u64 {
         0
@@ -156,6 +150,11 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     // SAFETY: `ts` is a valid timespec to write; both clocks exist on every Unix we build for.
     let r = unsafe { libc::clock_gettime(clock, &mut ts) };
     debug_assert_eq!(r, 0, "clock_gettime({clock})");
+    timespec_ns(&ts)
+}
+
+#[cfg(unix)]
+fn timespec_ns(ts: &libc::timespec) -> u64 {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
@@ -181,14 +180,7 @@ pub fn monotonic_coarse_ns() -> u64 {
     since_origin(clock_ns(libc::CLOCK_MONOTONIC_COARSE))
 }
 
-/// [`wall_clock_ns`] at the last clock tick (`CLOCK_REALTIME_COARSE`), as
-/// [`monotonic_coarse_ns`] is to [`monotonic_ns`].
-#[cfg(unix)]
-pub fn wall_clock_coarse_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME_COARSE)
-}
-
-/// How far the coarse clocks normally lag the precise ones: their resolution, one tick.
+/// How far the coarse clock normally lags the precise one: its resolution, one tick.
 #[cfg(unix)]
 pub fn coarse_clock_lag_ns() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,13 +194,11 @@ pub fn coarse_clock_lag_ns() -> u64 {
             // SAFETY: `ts` is a valid timespec to write.
             let r = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
             let lag = match r {
-                0 => (ts.tv_sec as u64)
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(ts.tv_nsec as u64),
+                0 => timespec_ns(&ts).max(1),
                 _ => u64::MAX, // unknown: callers then keep to the precise clock
             };
-            LAG.store(lag.max(1), Ordering::Relaxed);
-            lag.max(1)
+            LAG.store(lag, Ordering::Relaxed);
+            lag
         }
         lag => lag,
     }
@@ -251,12 +241,6 @@ pub fn monotonic_ns() -> u64 {
 #[cfg(not(unix))]
 pub fn monotonic_coarse_ns() -> u64 {
     monotonic_ns()
-}
-
-/// No coarse clock without Unix: the precise one.
-#[cfg(not(unix))]
-pub fn wall_clock_coarse_ns() -> u64 {
-    wall_clock_ns()
 }
 
 /// No coarse clock without Unix: no lag.
