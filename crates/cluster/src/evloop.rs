@@ -8,7 +8,10 @@
 //! serve every whole request, write the replies without blocking, and keep what the socket
 //! would not take. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
 //! not read from until the client has taken them, so a client that sends and never reads
-//! holds a bounded amount of memory.
+//! holds a bounded amount of memory. When several connections are ready in one turn, each gets
+//! at most [`WRITE_SHARE`] bytes of its replies written before the loop serves the next, and the
+//! rest after all of them: a client pipelining large GETs sees the start of its replies while
+//! the others' batches are served, not after their whole replies were written.
 //!
 //! There are as many loops as the node has front-end workers (`[[node]] workers`): a store
 //! operation runs on its loop's thread, so that many may run at once, as before.
@@ -31,6 +34,9 @@ const READ_CHUNK: usize = 64 * 1024;
 const READ_MIN: usize = 16 * 1024;
 /// Replies waiting for a slow client beyond which its connection is not read from.
 pub const MAX_PENDING_OUT: usize = FLUSH_AT;
+/// Most bytes of replies written to one connection before the loop turns to the other
+/// connections ready in the same turn (the rest follows after them).
+const WRITE_SHARE: usize = 64 * 1024;
 /// Events handled per poll.
 const EVENTS: usize = 256;
 /// How often a loop looks at its stop flag while idle.
@@ -74,6 +80,7 @@ impl LoopHandle {
                     backend: backend.as_ref(),
                     counters: counters.as_ref(),
                     make: make.as_ref(),
+                    backlog: Vec::new(),
                 };
                 if let Err(e) = l.run(&stop) {
                     tracing::error!(%e, front_end = name, "event loop stopped");
@@ -131,6 +138,9 @@ struct EventLoop<'a> {
     backend: &'a dyn Backend,
     counters: &'a Counters,
     make: &'a MakeSession,
+    /// Connections whose replies were written only up to their share in this turn, and
+    /// whether their input was read until the socket was empty.
+    backlog: Vec<(usize, bool)>,
 }
 
 impl<'a> EventLoop<'a> {
@@ -142,16 +152,20 @@ impl<'a> EventLoop<'a> {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+            let ready = events.iter().filter(|ev| ev.token() != WAKE).count();
+            // With one connection ready there is nobody to take turns with.
+            let share = if ready > 1 { WRITE_SHARE } else { usize::MAX };
             for ev in events.iter() {
                 if ev.token() == WAKE {
                     self.accept_handoffs();
                     continue;
                 }
                 let i = ev.token().0 - 1;
-                if self.handle(i, ev.is_read_closed()) == After::Drop {
+                if self.handle(i, ev.is_read_closed(), share) == After::Drop {
                     self.close(i);
                 }
             }
+            self.write_backlog();
         }
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {
@@ -210,47 +224,85 @@ impl<'a> EventLoop<'a> {
     /// Serve what connection `i` has to read and write.
     /// `read_closed`: the event says the peer shut its sending side down (its end of file is
     /// then read even after a short read).
-    fn handle(&mut self, i: usize, read_closed: bool) -> After {
+    /// `share`: at most this many bytes of replies are written now; the rest waits in
+    /// `pending`, and the connection goes on the backlog ([`Self::write_backlog`]).
+    fn handle(&mut self, i: usize, read_closed: bool, share: usize) -> After {
         let Some(c) = self.conns[i].as_mut() else {
             return After::Keep; // closed earlier in this turn
         };
         let r = (|| {
-            flush(c)?;
+            flush(c, usize::MAX)?;
             let mut emptied = false;
+            let mut held = false;
             if !c.closing && c.pending.len() <= MAX_PENDING_OUT {
                 emptied = read_and_serve(c, read_closed)?;
-                flush(c)?;
+                held = flush(c, share)?;
             }
-            Ok::<bool, std::io::Error>(emptied)
+            Ok::<(bool, bool), std::io::Error>((emptied, held))
         })();
         match r {
-            Ok(_) if c.closing && c.pending.is_empty() => After::Drop,
-            Ok(emptied) => {
-                // Not readable while replies pile up or the connection is closing: the
-                // socket would keep signalling input we will not read, and the loop spin.
-                let interest = if c.pending.is_empty() {
-                    Interest::READABLE
-                } else if c.closing || c.pending.len() > MAX_PENDING_OUT {
-                    Interest::WRITABLE
-                } else {
-                    Interest::READABLE | Interest::WRITABLE
-                };
-                // Unchanged, the registration stands when the input was read until the
-                // socket was empty (more is a new edge) or only WRITABLE is wanted (a flush
-                // met a full socket). Input left unread needs the re-arm of `reregister`.
-                if interest == c.interest && (emptied || interest == Interest::WRITABLE) {
-                    return After::Keep;
-                }
-                c.interest = interest;
-                match self
-                    .poll
-                    .registry()
-                    .reregister(&mut c.stream, Token(i + 1), interest)
-                {
-                    Ok(()) => After::Keep,
-                    Err(_) => After::Drop,
-                }
+            Ok((emptied, true)) => {
+                self.backlog.push((i, emptied));
+                After::Keep
             }
+            Ok((emptied, false)) => self.settle(i, emptied),
+            Err(_) => After::Drop,
+        }
+    }
+
+    /// Write the rest of the replies held back by [`Self::handle`]'s share, once every
+    /// connection ready in this turn got its first share: a loop serving several pipelining
+    /// clients sends each the start of its replies before the bulk of any (as Redis does,
+    /// `NET_MAX_WRITES_PER_EVENT`), so one with large replies does not hold the others up.
+    fn write_backlog(&mut self) {
+        #[cfg(test)]
+        tests::BACKLOG_WRITES.fetch_add(self.backlog.len() as u64, Ordering::Relaxed);
+        for (i, emptied) in std::mem::take(&mut self.backlog) {
+            let Some(c) = self.conns[i].as_mut() else {
+                continue;
+            };
+            let after = match flush(c, usize::MAX) {
+                Ok(_) => self.settle(i, emptied),
+                Err(_) => After::Drop,
+            };
+            if after == After::Drop {
+                self.close(i);
+            }
+        }
+    }
+
+    /// After connection `i` was served and its replies written as far as the socket took
+    /// them: close it, or register the interest its state calls for.
+    /// `emptied`: its input was read until the socket had no more.
+    fn settle(&mut self, i: usize, emptied: bool) -> After {
+        let Some(c) = self.conns[i].as_mut() else {
+            return After::Keep;
+        };
+        if c.closing && c.pending.is_empty() {
+            return After::Drop;
+        }
+        // Not readable while replies pile up or the connection is closing: the socket would
+        // keep signalling input we will not read, and the loop spin.
+        let interest = if c.pending.is_empty() {
+            Interest::READABLE
+        } else if c.closing || c.pending.len() > MAX_PENDING_OUT {
+            Interest::WRITABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        // Unchanged, the registration stands when the input was read until the socket was
+        // empty (more is a new edge) or only WRITABLE is wanted (a flush met a full socket).
+        // Input left unread needs the re-arm of `reregister`.
+        if interest == c.interest && (emptied || interest == Interest::WRITABLE) {
+            return After::Keep;
+        }
+        c.interest = interest;
+        match self
+            .poll
+            .registry()
+            .reregister(&mut c.stream, Token(i + 1), interest)
+        {
+            Ok(()) => After::Keep,
             Err(_) => After::Drop,
         }
     }
@@ -318,10 +370,18 @@ fn read_into(stream: &MioStream, buf: &mut Vec<u8>) -> std::io::Result<(usize, u
     Ok((n, asked))
 }
 
-/// Write what the socket takes of the waiting replies.
-fn flush(c: &mut Conn<'_>) -> std::io::Result<()> {
+/// Write what the socket takes of the waiting replies, up to `share` bytes; true if replies
+/// are left that the socket might have taken (the share ran out).
+fn flush(c: &mut Conn<'_>, share: usize) -> std::io::Result<bool> {
+    let start = c.sent;
+    let mut held = false;
     while c.sent < c.pending.len() {
-        match c.stream.write(&c.pending[c.sent..]) {
+        let n = (c.pending.len() - c.sent).min(share.saturating_sub(c.sent - start));
+        if n == 0 {
+            held = true;
+            break;
+        }
+        match c.stream.write(&c.pending[c.sent..c.sent + n]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => c.sent += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -336,5 +396,121 @@ fn flush(c: &mut Conn<'_>) -> std::io::Result<()> {
         c.pending.drain(..c.sent);
         c.sent = 0;
     }
-    Ok(())
+    Ok(held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufReader, Read};
+    use std::sync::atomic::AtomicU64;
+
+    /// Replies written after the other ready connections' shares, over all loops in this test
+    /// binary.
+    pub(super) static BACKLOG_WRITES: AtomicU64 = AtomicU64::new(0);
+
+    /// The sessions below use no store.
+    struct NoStore;
+    impl Backend for NoStore {
+        fn with_client(&self, _: &mut dyn FnMut(&mut dyn nessie_protocols::KvClient)) {
+            unreachable!("the test sessions use no store")
+        }
+    }
+
+    /// Each request is a line holding a number; its reply is [`REPLY`] bytes made from it.
+    struct Large {
+        inbuf: Vec<u8>,
+        out: Vec<u8>,
+    }
+    const REPLY: usize = 40_000;
+
+    fn reply(n: u32) -> Vec<u8> {
+        (0..REPLY as u32)
+            .map(|i| (n.wrapping_mul(31) ^ i) as u8)
+            .collect()
+    }
+
+    impl Session for Large {
+        fn inbuf(&mut self) -> &mut Vec<u8> {
+            &mut self.inbuf
+        }
+        fn out(&mut self) -> &mut Vec<u8> {
+            &mut self.out
+        }
+        fn serve_buffered(&mut self, _: &mut dyn Write) -> std::io::Result<bool> {
+            while let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') {
+                let n: u32 = std::str::from_utf8(&self.inbuf[..end])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                self.out.extend_from_slice(&reply(n));
+                self.inbuf.drain(..=end);
+            }
+            Ok(false)
+        }
+    }
+
+    /// Connections pipelining requests with large replies at the same time, on one loop: the
+    /// loop writes each its share and the rest after the others' (the backlog), and every
+    /// client still gets all its replies, whole and in order.
+    #[test]
+    fn clients_served_in_turns_get_all_their_large_replies_in_order() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
+            Box::new(Large {
+                inbuf: Vec::new(),
+                out: Vec::new(),
+            })
+        });
+        let mut lp = LoopHandle::start(
+            "test",
+            Arc::new(NoStore),
+            Arc::new(Counters::default()),
+            make,
+            stop.clone(),
+        )
+        .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        const CLIENTS: u32 = 4;
+        const BATCHES: u32 = 40;
+        const DEPTH: u32 = 8;
+        let before = BACKLOG_WRITES.load(Ordering::Relaxed);
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let s = TcpStream::connect(addr).unwrap();
+                    // Replies held back and never sent fail the test instead of hanging it.
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    let mut got = vec![0u8; REPLY];
+                    for b in 0..BATCHES {
+                        let ids: Vec<u32> =
+                            (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
+                        let req: String = ids.iter().map(|n| format!("{n}\n")).collect();
+                        w.write_all(req.as_bytes()).unwrap();
+                        for &n in &ids {
+                            r.read_exact(&mut got)
+                                .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
+                            assert!(got == reply(n), "client {c}: reply {n} wrong");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for id in 0..u64::from(CLIENTS) {
+            let (s, _) = listener.accept().unwrap();
+            lp.give(s, id).unwrap();
+        }
+        for c in clients {
+            c.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+        lp.join();
+        assert!(
+            BACKLOG_WRITES.load(Ordering::Relaxed) > before,
+            "no turn had two connections with large replies ready: the backlog went untested"
+        );
+    }
 }
