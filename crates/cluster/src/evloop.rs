@@ -9,7 +9,7 @@
 //! would not take. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
 //! not read from until the client has taken them, so a client that sends and never reads
 //! holds a bounded amount of memory. When several connections are ready in one turn, each gets
-//! at most [`WRITE_SHARE`] bytes of its replies written before the loop serves the next, and the
+//! at most `WRITE_SHARE` bytes of its replies written before the loop serves the next, and the
 //! rest after all of them: a client pipelining large GETs sees the start of its replies while
 //! the others' batches are served, not after their whole replies were written.
 //!
