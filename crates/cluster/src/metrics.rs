@@ -192,6 +192,14 @@ impl<C: KvClient> KvClient for Metered<C> {
         };
         self.timed(Kind::Get, r, |c| c.get_into(key, out))
     }
+    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        let r = |r: &Result<bool, Error>| match r {
+            Ok(true) => Res::Ok,
+            Ok(false) => Res::Miss,
+            Err(e) => error_result(e),
+        };
+        self.timed(Kind::Get, r, |c| c.get_into_at(key, out, at))
+    }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         self.timed(Kind::Put, done, |c| c.put(key, value))
     }

@@ -277,6 +277,26 @@ pub struct Encoder {
     pub resp3: bool,
 }
 
+/// Length of a bulk string's header (`$<len>\r\n`) for `len` bytes.
+pub fn bulk_header_len(len: usize) -> usize {
+    3 + len.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Write the header of a bulk string of `len` bytes into `dst`, exactly
+/// [`bulk_header_len`]`(len)` bytes long.
+pub fn write_bulk_header(dst: &mut [u8], len: usize) {
+    assert_eq!(dst.len(), bulk_header_len(len), "room for the header");
+    let last = dst.len() - 1;
+    dst[0] = b'$';
+    dst[last - 1] = b'\r';
+    dst[last] = b'\n';
+    let mut n = len;
+    for d in dst[1..last - 1].iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
 impl Encoder {
     pub fn simple(&self, out: &mut Vec<u8>, s: &str) {
         out.push(b'+');
@@ -296,7 +316,9 @@ impl Encoder {
     }
 
     pub fn bulk(&self, out: &mut Vec<u8>, b: &[u8]) {
-        out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+        let at = out.len();
+        out.resize(at + bulk_header_len(b.len()), 0);
+        write_bulk_header(&mut out[at..], b.len());
         out.extend_from_slice(b);
         out.extend_from_slice(b"\r\n");
     }

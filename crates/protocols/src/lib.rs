@@ -106,6 +106,23 @@ pub trait KvClient: Send {
             None => false,
         })
     }
+    /// Read `key` into `out` from `at` on: `out[..at]` is kept and `out` ends with the value
+    /// (bytes from `at` on are overwritten; `at` at most `out.len()`); false if absent, `out`
+    /// then `at` long. A front end reads a value straight into its reply buffer with it.
+    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        assert!(
+            at <= out.len(),
+            "get_into_at: {at} is past the buffer's end"
+        );
+        out.truncate(at);
+        Ok(match self.get(key)? {
+            Some(v) => {
+                out.extend_from_slice(&v);
+                true
+            }
+            None => false,
+        })
+    }
     /// Store `value` under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error>;
     /// Store the concatenation of `parts` under `key`. The client-driven store writes the parts
@@ -143,6 +160,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     }
     fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         (**self).get_into(key, out)
+    }
+    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        (**self).get_into_at(key, out, at)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         (**self).put(key, value)
@@ -349,6 +369,14 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             ModeClient::Pilaf(c) => KvClient::get_into(c, key, out),
         }
     }
+    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        match self {
+            ModeClient::Cd(c) => c.get_into_at(key, out, at),
+            ModeClient::Sd(c) => KvClient::get_into_at(c, key, out, at),
+            ModeClient::Hy(c) => KvClient::get_into_at(c, key, out, at),
+            ModeClient::Pilaf(c) => KvClient::get_into_at(c, key, out, at),
+        }
+    }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         match self {
             ModeClient::Cd(c) => c.put(key, value),
@@ -439,6 +467,9 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
         cd::CdClient::get_into(self, key, out)
+    }
+    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        cd::CdClient::get_into_at(self, key, out, at)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         cd::CdClient::put(self, key, value)

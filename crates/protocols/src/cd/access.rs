@@ -61,7 +61,7 @@ pub(crate) enum ValueAt {
     /// In the read buffer, behind the entry's header and key (one READ of the whole entry, or
     /// a cache hit).
     Buf(std::ops::Range<usize>),
-    /// Alone at the start of the value buffer, this many bytes (a READ of the value only,
+    /// Alone in the value buffer from `vbase` on, this many bytes (a READ of the value only,
     /// which lands where the caller of `get_into` wants it).
     Alone(usize),
 }
@@ -284,7 +284,10 @@ impl<E: Endpoint> CdClient<E> {
             let value_off = DteLayout::value_offset(meta.key_len) as usize;
             let read_len = layout.value_read_len(meta.value_len) as usize;
             let parts: [&[u8]; 2] = if alone {
-                [&self.buf[..value_off], &self.vbuf[..read_len]]
+                [
+                    &self.buf[..value_off],
+                    &self.vbuf[self.vbase..self.vbase + read_len],
+                ]
             } else {
                 [&self.buf[..value_off + read_len], &[]]
             };
@@ -329,17 +332,18 @@ impl<E: Endpoint> CdClient<E> {
             value_off as usize + len <= loc.size as usize,
             "checked by decode_matching"
         );
-        self.vbuf.resize(len, 0);
+        let base = self.vbase;
+        self.vbuf.resize(base + len, 0);
         if len == 0 {
             return Ok(());
         }
+        let dst = &mut self.vbuf[base..];
         if local {
-            self.ep
-                .local_read(DATA_REGION, loc.off + value_off, &mut self.vbuf)?;
+            self.ep.local_read(DATA_REGION, loc.off + value_off, dst)?;
         } else {
             self.ep.read(
                 RemoteAddr::new(loc.node, DATA_REGION, loc.off + value_off),
-                &mut self.vbuf,
+                dst,
             )?;
         }
         Ok(())
@@ -360,7 +364,7 @@ impl<E: Endpoint> CdClient<E> {
     pub(crate) fn value_bytes(&self, at: &ValueAt) -> &[u8] {
         match at {
             ValueAt::Buf(r) => &self.buf[r.clone()],
-            ValueAt::Alone(len) => &self.vbuf[..*len],
+            ValueAt::Alone(len) => &self.vbuf[self.vbase..self.vbase + *len],
         }
     }
 

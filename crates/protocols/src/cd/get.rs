@@ -175,17 +175,21 @@ mod tests {
         }
     }
 
-    /// A value READ apart from its header lands in `get_into`'s buffer: exactly its bytes,
-    /// whatever the buffer held, from the own node, from other nodes and from the cache; and
-    /// the same when whole entries are read.
+    /// A value READ apart from its header lands in `get_into`'s buffer (or behind the prefix
+    /// `get_into_at` keeps): exactly its bytes, whatever the buffer held, from the own node,
+    /// from other nodes and from the cache; and the same when whole entries are read.
     #[test]
     fn values_read_on_their_own_land_whole_in_the_callers_buffer() {
         use super::super::testkit::{fast_cfg, small_geometry};
-        for optimizations in [Optimizations::default(), Optimizations::NONE] {
-            // whole_read_max 0: remote values are read on their own, as large values are.
+        let modes = [Optimizations::default(), Optimizations::NONE];
+        for (optimizations, whole_read_max) in
+            modes.into_iter().flat_map(|o| [(o, 0), (o, 1 << 20)])
+        {
+            // whole_read_max 0: remote values are read on their own, as large values are; a
+            // large one: whole entries are read, the value copied from behind the key.
             let cfg = ProtocolConfig {
                 optimizations,
-                whole_read_max: 0,
+                whole_read_max,
                 ..fast_cfg()
             };
             let c = InProcCluster::new(small_geometry(), cfg);
@@ -211,10 +215,22 @@ mod tests {
                         assert!(r.get_versioned(&k, &mut out).unwrap().is_some(), "{at}");
                         assert_eq!(&out, v, "{at}");
                         assert_eq!(r.get_ref(&k).unwrap(), Some(&v[..]), "{at}");
+                        // Behind a prefix that is kept, reaching back into it or not.
+                        for (len, from) in [(30, 30), (30, 22), (30, 0), (0, 0)] {
+                            let mut buf: Vec<u8> = (0..len as u8).collect();
+                            let before = buf[..from].to_vec();
+                            assert!(r.get_into_at(&k, &mut buf, from).unwrap(), "{at}");
+                            assert_eq!(&buf[..from], &before[..], "{at}: prefix kept");
+                            assert_eq!(&buf[from..], &v[..], "{at}: value behind it");
+                        }
                     }
                     assert!(!r.get_into(b"none", &mut out).unwrap());
                     assert!(out.is_empty());
                     assert_eq!(r.get_versioned(b"none", &mut out).unwrap(), None);
+                    out.extend_from_slice(b"abc");
+                    assert!(!r.get_into_at(b"none", &mut out, 2).unwrap());
+                    assert_eq!(out, b"ab", "absent: cut at `at`");
+                    out.clear();
                 }
                 let cached = node != 0 && optimizations.cache;
                 assert_eq!(r.cache_stats().hits > 0, cached, "node {node}");

@@ -301,7 +301,7 @@ impl<E: Endpoint> CdClient<E> {
         self.check_key(key)?;
         self.stats.gets += 1;
         // The version of a value read from a previous version is that entry's word.
-        Ok(self.read_value_into(key, out)?.map(|ite| ite.0))
+        Ok(self.read_value_into(key, out, 0)?.map(|ite| ite.0))
     }
 }
 

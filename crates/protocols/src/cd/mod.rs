@@ -201,8 +201,11 @@ pub struct CdClient<E: Endpoint> {
     fence: Arc<Fence>,
     /// Scratch buffer for DTE reads: headers and keys, and whole entries read at once.
     buf: Vec<u8>,
-    /// Scratch buffer a value read on its own lands in; during `get_into`, the caller's.
+    /// Scratch buffer a value read on its own lands in, from `vbase` on; during `get_into`,
+    /// the caller's.
     vbuf: Vec<u8>,
+    /// Where in `vbuf` a value read on its own starts (0 but during `get_into_at`).
+    vbase: usize,
     /// Scratch buffer for DTE writes.
     wbuf: Vec<u8>,
     /// A plain write's state, kept empty between writes so that its buffers are reused.
@@ -273,6 +276,7 @@ impl<E: Endpoint> CdClient<E> {
             fence: Arc::new(Fence::unfenced()),
             buf: Vec::new(),
             vbuf: Vec::new(),
+            vbase: 0,
             wbuf: Vec::new(),
             spare_write_state: write::WriteState::default(),
             coarse_start,
@@ -288,31 +292,50 @@ impl<E: Endpoint> CdClient<E> {
     /// Read the value of `key` into `out` (replacing its contents, reusing its allocation);
     /// false if `key` is not in the store.
     pub fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
-        self.check_key(key)?;
-        self.stats.gets += 1;
-        Ok(self.read_value_into(key, out)?.is_some())
+        self.get_into_at(key, out, 0)
     }
 
-    /// GET with retries into `out`, the value READ straight into it when it is read on its
-    /// own (a large value: no second copy); the version of what was read.
-    fn read_value_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Ite>, Error> {
+    /// Read the value of `key` into `out` from `at` on (`out[..at]` kept, `out` ending with
+    /// the value; bytes from `at` on overwritten): a front end reads a value straight into
+    /// its reply, behind what it already holds. False if `key` is not in the store (`out` is
+    /// then `at` long).
+    pub fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
+        assert!(
+            at <= out.len(),
+            "get_into_at: {at} is past the buffer's end"
+        );
+        self.check_key(key)?;
+        self.stats.gets += 1;
+        Ok(self.read_value_into(key, out, at)?.is_some())
+    }
+
+    /// GET with retries into `out` from `at`, the value READ straight into it when it is read
+    /// on its own (a large value: no second copy); the version of what was read.
+    fn read_value_into(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        at: usize,
+    ) -> Result<Option<Ite>, Error> {
         // `out` stands in for the value buffer; its old contents are overwritten, not cleared,
         // so that a value as long as the last one needs no zero-filling.
         std::mem::swap(&mut self.vbuf, out);
+        self.vbase = at;
         let r = self.with_retry(|c| c.get_once(key));
+        self.vbase = 0;
         std::mem::swap(&mut self.vbuf, out);
         Ok(match r? {
             Some((ValueAt::Alone(len), ite)) => {
-                out.truncate(len);
+                out.truncate(at + len);
                 Some(ite)
             }
-            Some((at @ ValueAt::Buf(_), ite)) => {
-                out.clear();
-                out.extend_from_slice(self.value_bytes(&at));
+            Some((v @ ValueAt::Buf(_), ite)) => {
+                out.truncate(at);
+                out.extend_from_slice(self.value_bytes(&v));
                 Some(ite)
             }
             None => {
-                out.clear();
+                out.truncate(at);
                 None
             }
         })
