@@ -23,10 +23,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use nessie_protocols::{Error, KvClient, Version};
 
-use crate::item;
-use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp};
+use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp, ValueHead};
 use crate::meta::MetaCmd;
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
+use crate::{inplace, item};
 
 #[path = "mc_meta.rs"]
 mod meta_serve;
@@ -119,6 +119,9 @@ struct Conn<'a> {
     skip: usize,
     /// Scratch space for a value read from or written to the store.
     scratch: Vec<u8>,
+    /// What the last get's `VALUE` line held besides `VALUE ` and the key: where the next
+    /// get's value is READ for its data to land right behind its line ([`inplace`]).
+    value_line_tail: usize,
 }
 
 /// One connection's memcached session, for an event loop to drive.
@@ -135,6 +138,7 @@ pub fn session<'a>(
         out: Vec::new(),
         skip: 0,
         scratch: Vec::new(),
+        value_line_tail: 0,
     }
 }
 
@@ -360,34 +364,30 @@ impl Conn<'_> {
     }
 
     fn get(&mut self, keys: &[Vec<u8>]) {
-        let now = unix_now_ms();
-        let mut v = std::mem::take(&mut self.scratch);
         for key in keys {
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
             if self.key_too_long(key) {
-                self.scratch = v;
                 return;
             }
-            match self.with(|c| c.get_into(key, &mut v)) {
-                Ok(true) => match item::decode(&v, now) {
-                    Some(it) => {
-                        self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
-                        encode_value(&mut self.out, key, it.flags, it.data, None);
-                    }
-                    None => {
-                        self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
-                Ok(false) => {
+            // The value is READ straight into the reply (`inplace`), its `VALUE` line guessed
+            // as long as the last one but for the key.
+            let head = ValueHead(key);
+            let guess = b"VALUE ".len() + key.len() + self.value_line_tail;
+            let mut out = std::mem::take(&mut self.out);
+            let r =
+                self.with(|c| inplace::reply_in_place(c, key, &mut out, guess, unix_now_ms, &head));
+            self.out = out;
+            match r {
+                Ok(Some(placed)) => {
+                    self.value_line_tail = placed.head_len - b"VALUE ".len() - key.len();
+                    self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None) => {
                     self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) => {
-                    self.scratch = v;
-                    return self.server_error(&e);
-                }
+                Err(e) => return self.server_error(&e),
             }
         }
-        self.scratch = v;
         self.out.extend_from_slice(b"END\r\n");
     }
 

@@ -349,15 +349,46 @@ pub fn take_data(buf: &[u8], len: usize) -> Result<Option<(&[u8], usize)>, Proto
 
 /// Append one `VALUE` line and its data (a get's hit) to `out`; `cas` for gets/gats.
 pub fn encode_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
+    use std::io::Write;
     out.extend_from_slice(b"VALUE ");
     out.extend_from_slice(key);
-    let head = match cas {
-        Some(c) => format!(" {flags} {} {c}\r\n", data.len()),
-        None => format!(" {flags} {}\r\n", data.len()),
+    // Formatted straight into `out`: `format!` allocated a string per hit.
+    let _ = match cas {
+        Some(c) => write!(out, " {flags} {} {c}\r\n", data.len()),
+        None => write!(out, " {flags} {}\r\n", data.len()),
     };
-    out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
+}
+
+/// The `VALUE <key> <flags> <bytes>` line of a get's hit (without cas), for a reply built
+/// around a value read in place ([`crate::inplace`]).
+pub struct ValueHead<'k>(pub &'k [u8]);
+
+impl crate::inplace::ReplyHead for ValueHead<'_> {
+    fn len(&self, flags: u32, len: usize) -> usize {
+        use crate::inplace::decimal_len;
+        b"VALUE ".len()
+            + self.0.len()
+            + 1
+            + decimal_len(flags.into())
+            + 1
+            + decimal_len(len as u64)
+            + 2
+    }
+    fn write(&self, dst: &mut [u8], flags: u32, len: usize) {
+        use crate::inplace::{decimal_len, write_decimal};
+        assert_eq!(dst.len(), self.len(flags, len), "room for the line");
+        let (f, l) = (decimal_len(flags.into()), decimal_len(len as u64));
+        let k = b"VALUE ".len() + self.0.len();
+        dst[..k - self.0.len()].copy_from_slice(b"VALUE ");
+        dst[k - self.0.len()..k].copy_from_slice(self.0);
+        dst[k] = b' ';
+        write_decimal(&mut dst[k + 1..k + 1 + f], flags.into());
+        dst[k + 1 + f] = b' ';
+        write_decimal(&mut dst[k + 2 + f..k + 2 + f + l], len as u64);
+        dst[k + 2 + f + l..].copy_from_slice(b"\r\n");
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! length ([`MAX_INLINE_LEN`]), and a bulk argument's length: one longer than the caller's
 //! limit is not buffered but skipped ([`Parsed::Oversize`]), so the connection stays usable.
 
+use crate::inplace::{decimal_len, write_decimal};
+
 /// Most arguments one command may have (MSET and MGET of many keys).
 pub const MAX_ARGS: usize = 64 * 1024;
 /// Longest inline command.
@@ -279,7 +281,7 @@ pub struct Encoder {
 
 /// Length of a bulk string's header (`$<len>\r\n`) for `len` bytes.
 pub fn bulk_header_len(len: usize) -> usize {
-    3 + len.checked_ilog10().map_or(1, |d| d as usize + 1)
+    3 + decimal_len(len as u64)
 }
 
 /// Write the header of a bulk string of `len` bytes into `dst`, exactly
@@ -288,12 +290,20 @@ pub fn write_bulk_header(dst: &mut [u8], len: usize) {
     assert_eq!(dst.len(), bulk_header_len(len), "room for the header");
     let last = dst.len() - 1;
     dst[0] = b'$';
-    dst[last - 1] = b'\r';
-    dst[last] = b'\n';
-    let mut n = len;
-    for d in dst[1..last - 1].iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
+    write_decimal(&mut dst[1..last - 1], len as u64);
+    dst[last - 1..].copy_from_slice(b"\r\n");
+}
+
+/// The bulk string header as a reply's header line: GET's reply around a value read in place
+/// ([`crate::inplace`]).
+pub struct BulkHead;
+
+impl crate::inplace::ReplyHead for BulkHead {
+    fn len(&self, _: u32, len: usize) -> usize {
+        bulk_header_len(len)
+    }
+    fn write(&self, dst: &mut [u8], _: u32, len: usize) {
+        write_bulk_header(dst, len)
     }
 }
 

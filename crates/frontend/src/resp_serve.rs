@@ -23,9 +23,9 @@ use std::sync::atomic::Ordering;
 
 use nessie_protocols::{Error, KvClient};
 
-use crate::item;
 use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
-use crate::resp::{self, next_bulk_to_skip, parse, Args, Encoder, Parsed};
+use crate::resp::{next_bulk_to_skip, parse, Args, BulkHead, Encoder, Parsed};
+use crate::{inplace, item};
 
 mod cond;
 
@@ -157,8 +157,8 @@ struct Conn<'a> {
     consumed: usize,
     /// Where the arguments of the command being served lie in `inbuf`.
     args: Args,
-    /// The length of the last GET reply's bulk header, where the next GET's value is READ
-    /// so that its data lands right behind its own header ([`bulk_in_place`]).
+    /// The length of the last GET reply's bulk header: where the next GET's value is READ
+    /// for its data to land right behind its own header ([`inplace`]).
     bulk_guess: usize,
 }
 
@@ -559,15 +559,16 @@ impl Conn<'_> {
             return self.store_error(&e);
         }
         let mut out = std::mem::take(&mut self.out);
-        let mut guess = self.bulk_guess;
-        let r = self.with(|c| bulk_in_place(c, key, &mut out, &mut guess, unix_now_ms));
+        let guess = self.bulk_guess;
+        let r =
+            self.with(|c| inplace::reply_in_place(c, key, &mut out, guess, unix_now_ms, &BulkHead));
         self.out = out;
-        self.bulk_guess = guess;
         match r {
-            Ok(true) => {
+            Ok(Some(placed)) => {
+                self.bulk_guess = placed.head_len;
                 self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(false) => {
+            Ok(None) => {
                 self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
                 self.enc.null(&mut self.out);
             }
@@ -785,65 +786,6 @@ fn arity(name: &str) -> Option<Arity> {
     })
 }
 
-/// Append GET's reply to `out`: the value of `key` as a bulk string, or false (nothing
-/// appended) if it is absent or expired at `now` (Unix ms, read only for an item with an
-/// expiry).
-///
-/// The value is READ straight into `out`, not into a buffer and then copied: a stored item is
-/// its header (`item::HEADER_LEN` bytes) then its data, and the reply wants the bulk header
-/// (`$<len>\r\n`, shorter) right before the data. So the item is read to start `HEADER_LEN -
-/// guess` bytes before the end of `out` (`guess`: the bulk header's length for the data, as for
-/// the last GET), over the end of the replies already there, which are kept aside and put back;
-/// its data then starts where the bulk header ends. When the guess misses (a value whose
-/// length has more or fewer digits, one without an item header, or too few bytes in `out` to
-/// reach back over), the data is moved into place within `out`.
-fn bulk_in_place(
-    c: &mut dyn KvClient,
-    key: &[u8],
-    out: &mut Vec<u8>,
-    guess: &mut usize,
-    now: impl FnOnce() -> u64,
-) -> Result<bool, Error> {
-    let start = out.len();
-    let back = item::HEADER_LEN.saturating_sub(*guess);
-    let at = start.checked_sub(back).unwrap_or(start);
-    let mut kept = [0u8; item::HEADER_LEN];
-    let kept = &mut kept[..start - at];
-    kept.copy_from_slice(&out[at..start]);
-    let put_back = |out: &mut Vec<u8>| {
-        out.truncate(at);
-        out.extend_from_slice(kept);
-    };
-    let found = c.get_into_at(key, out, at);
-    let (off, len) = match found.map(|f| f.then(|| item::decode_at(&out[at..], now)).flatten()) {
-        Ok(Some(it)) => (
-            it.data.as_ptr() as usize - out[at..].as_ptr() as usize,
-            it.data.len(),
-        ),
-        Ok(None) => {
-            put_back(out);
-            return Ok(false);
-        }
-        Err(e) => {
-            put_back(out);
-            return Err(e);
-        }
-    };
-    let h = resp::bulk_header_len(len);
-    *guess = h;
-    let (src, dst) = (at + off, start + h);
-    if src != dst {
-        out.resize(out.len().max(dst + len), 0);
-        out.copy_within(src..src + len, dst);
-        out.truncate(dst + len);
-    }
-    // The data now lies behind `start + h`: what was kept aside goes back before `start`.
-    out[at..start].copy_from_slice(kept);
-    resp::write_bulk_header(&mut out[start..dst], len);
-    out.extend_from_slice(b"\r\n");
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -870,52 +812,6 @@ mod tests {
 
     fn cmds(list: &[&[&str]]) -> Vec<u8> {
         list.iter().flat_map(|w| cmd(w)).collect()
-    }
-
-    proptest::proptest! {
-        /// A GET's value read in place (`bulk_in_place`) makes the reply `Encoder::bulk` makes
-        /// of its data, behind the replies already in the buffer (which stay as they were),
-        /// whatever the guess of where the data will land: items with an item header, values
-        /// without one, and, absent or expired, nothing.
-        #[test]
-        fn a_value_read_in_place_is_its_bulk_reply_behind_what_was_there(
-            prior in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
-            guess in 0usize..40,
-            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..984),
-            kind in 0u8..4,
-        ) {
-            const NOW: u64 = 1_800_000_000_000;
-            let mut c = crate::testing::MapClient::default();
-            let mut stored = Vec::new();
-            match kind {
-                0 => item::encode(&mut stored, 3, NOW + 1, &data),
-                1 => item::encode(&mut stored, 3, NOW, &data),
-                2 => stored = [b"x".as_slice(), &data].concat(), // no item header
-                _ => {}
-            }
-            if kind != 3 {
-                c.put(b"k", &stored).unwrap();
-            }
-            let mut out = prior.clone();
-            let mut g = guess;
-            let hit = bulk_in_place(&mut c, b"k", &mut out, &mut g, || NOW).unwrap();
-            let mut want = prior.clone();
-            let bulk = |want: &mut Vec<u8>, d: &[u8]| {
-                want.extend_from_slice(format!("${}\r\n", d.len()).as_bytes());
-                want.extend_from_slice(d);
-                want.extend_from_slice(b"\r\n");
-            };
-            match kind {
-                0 => bulk(&mut want, &data),
-                2 => bulk(&mut want, &stored),
-                _ => {}
-            }
-            proptest::prop_assert_eq!(hit, kind == 0 || kind == 2);
-            proptest::prop_assert_eq!(out, want);
-            if hit {
-                proptest::prop_assert_eq!(g, resp::bulk_header_len(stored.len() - if kind == 0 { item::HEADER_LEN } else { 0 }));
-            }
-        }
     }
 
     /// Commands cut anywhere by the reads, over more input than the buffer keeps before it
