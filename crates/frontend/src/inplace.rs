@@ -41,8 +41,6 @@ pub trait ReplyHead {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Placed {
     pub flags: u32,
-    /// Unix milliseconds; 0 = never.
-    pub expires: u64,
     /// The length of the reply's header line (the next guess).
     pub head_len: usize,
 }
@@ -77,22 +75,21 @@ pub fn reply_in_place(
         out.extend_from_slice(kept);
     };
     let found = c.get_into_at(key, out, at);
-    let (it, off, len) = match found.map(|f| f.then(|| item::decode_at(&out[at..], now)).flatten())
-    {
-        Ok(Some(it)) => {
-            let off = it.data.as_ptr() as usize - out[at..].as_ptr() as usize;
-            ((it.flags, it.expires), off, it.data.len())
-        }
-        Ok(None) => {
-            put_back(out);
-            return Ok(None);
-        }
-        Err(e) => {
-            put_back(out);
-            return Err(e);
-        }
-    };
-    let (flags, expires) = it;
+    let (flags, off, len) =
+        match found.map(|f| f.then(|| item::decode_at(&out[at..], now)).flatten()) {
+            Ok(Some(it)) => {
+                let off = it.data.as_ptr() as usize - out[at..].as_ptr() as usize;
+                (it.flags, off, it.data.len())
+            }
+            Ok(None) => {
+                put_back(out);
+                return Ok(None);
+            }
+            Err(e) => {
+                put_back(out);
+                return Err(e);
+            }
+        };
     let h = head.len(flags, len);
     let (src, dst) = (at + off, start + h);
     if src != dst {
@@ -104,11 +101,7 @@ pub fn reply_in_place(
     out[kept_from..start].copy_from_slice(kept);
     head.write(&mut out[start..dst], flags, len);
     out.extend_from_slice(b"\r\n");
-    Ok(Some(Placed {
-        flags,
-        expires,
-        head_len: h,
-    }))
+    Ok(Some(Placed { flags, head_len: h }))
 }
 
 #[cfg(test)]
