@@ -216,6 +216,126 @@ fn oversize_keys_and_values_get_memcacheds_errors_and_the_connection_stays_usabl
     assert_eq!(m.get("ok"), vec![("ok".to_string(), 0, b"hi".to_vec())]);
 }
 
+/// Every reply to `input` on a fresh connection to `port`, until the `version` appended to it
+/// is answered.
+fn replies_until_version(port: u16, input: &[u8]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(input).unwrap();
+    s.write_all(b"version\r\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("a reply line");
+        if line.starts_with("VERSION ") {
+            return out;
+        }
+        out.push_str(&line);
+    }
+}
+
+/// Under `noreply` a classic command's errors are not answered, as memcached 1.6 answers
+/// none (its client reads nothing back, so an answer would be taken for the next command's:
+/// pymemcache sets with `noreply` by default). Each case goes to a real `memcached` and to the
+/// front end, which must answer alike: values too large, bad data chunks, malformed numbers,
+/// overlong keys, and a failed store; without `noreply` the same errors are answered.
+#[test]
+fn errors_under_noreply_are_answered_as_memcached_answers_them() {
+    let (c, base) = up("mc-noreply");
+    let cfg =
+        nessie_cluster::config::ClusterConfig::load(&nessie_cluster::process::config_path(&c.dir))
+            .unwrap();
+    let port = free_port_range(1);
+    let mut mc = Command::new("memcached");
+    mc.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
+    if unsafe { libc::geteuid() } == 0 {
+        mc.args(["-u", "root"]);
+    }
+    let mut mc = mc
+        .spawn()
+        .expect("memcached runs (Debian memcached; scripts/setup.sh installs it)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memcached did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Over both servers' value limits (memcached's is 1 MiB).
+    let big = vec![b'x'; (1 << 20).max(cfg.geometry.value_max as usize) + 1000];
+    let too_large = |noreply: &str| {
+        let mut v = format!("set big 0 0 {}{noreply}\r\n", big.len()).into_bytes();
+        v.extend_from_slice(&big);
+        v.extend_from_slice(b"\r\n");
+        v
+    };
+    let long_key = "k".repeat(251);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("too large", too_large(" noreply")),
+        ("too large, answered", too_large("")),
+        (
+            "bad data chunk",
+            b"set k 0 0 3 noreply\r\nabcde\r\n".to_vec(),
+        ),
+        (
+            "bad data chunk, answered",
+            b"set k 0 0 3\r\nabcde\r\n".to_vec(),
+        ),
+        ("bad length", b"set k 0 0 xx noreply\r\n".to_vec()),
+        ("bad length, answered", b"set k 0 0 xx\r\n".to_vec()),
+        ("negative length", b"set k 0 0 -1 noreply\r\n".to_vec()),
+        ("bad flags", b"set k abc 0 1 noreply\r\nx\r\n".to_vec()),
+        ("bad exptime", b"touch k abc noreply\r\n".to_vec()),
+        (
+            "bad delta",
+            b"set n 0 0 1\r\n1\r\nincr n abc noreply\r\n".to_vec(),
+        ),
+        (
+            "non-numeric incr",
+            b"set q 0 0 1\r\nx\r\nincr q 1 noreply\r\n".to_vec(),
+        ),
+        (
+            "long key",
+            format!("set {long_key} 0 0 1 noreply\r\nx\r\n").into_bytes(),
+        ),
+        (
+            "long key, answered",
+            format!("set {long_key} 0 0 1\r\nx\r\n").into_bytes(),
+        ),
+        ("unknown command", b"bogus noreply\r\n".to_vec()),
+        (
+            "misses",
+            b"delete zz noreply\r\nincr zz 1 noreply\r\ntouch zz 1 noreply\r\n".to_vec(),
+        ),
+    ];
+    let mut differ = Vec::new();
+    for (name, input) in &cases {
+        let theirs = replies_until_version(port, input);
+        let ours = replies_until_version(base, input);
+        if ours != theirs {
+            differ.push(format!("{name}: memcached {theirs:?}, Nessie {ours:?}"));
+        }
+    }
+    let _ = mc.kill();
+    let _ = mc.wait();
+    assert!(
+        differ.is_empty(),
+        "answered unlike memcached:\n{}",
+        differ.join("\n")
+    );
+    // A store that fails (a value over Nessie's limit but within memcached's) is silent too,
+    // and the next command's reply is its own.
+    if cfg.geometry.value_max < 1 << 19 {
+        let mid = vec![b'y'; cfg.geometry.value_max as usize + 1];
+        let mut input = format!("set mid 0 0 {} noreply\r\n", mid.len()).into_bytes();
+        input.extend_from_slice(&mid);
+        input.extend_from_slice(b"\r\nget mid\r\n");
+        assert_eq!(replies_until_version(base, &input), "END\r\n");
+    }
+}
+
 /// The whole ascii suite runs (`-T` alone is not reliable: some tests depend on what earlier
 /// ones learnt of the server, and real memcached fails `-T "ascii quit"` alone too); every
 /// test of a served command must pass. memccapable prints `NAME` padded to 40 columns, then

@@ -106,7 +106,7 @@ fn version_after(c: &mut dyn KvClient, key: &[u8], written: Option<&[u8]>) -> Ve
 
 impl Conn<'_> {
     pub(super) fn meta(&mut self, m: MetaReq) {
-        if self.key_too_long(&m.key) {
+        if self.key_too_long(&m.key, false) {
             return;
         }
         match m.cmd {

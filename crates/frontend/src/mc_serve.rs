@@ -223,9 +223,12 @@ impl Conn<'_> {
                 return Step::Took(line);
             }
         };
+        // memcached answers a classic storage command's errors with silence under `noreply`
+        // (its client reads nothing back: an answer would be taken for the next command's);
+        // a meta command's errors are answered whatever its flags.
+        let silent = matches!(req, Request::Store { noreply: true, .. });
         if len > self.limits.max_data {
-            self.out
-                .extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
+            self.reply(b"SERVER_ERROR object too large for cache\r\n", silent);
             self.skip = len.saturating_add(2);
             return Step::Took(line);
         }
@@ -233,7 +236,7 @@ impl Conn<'_> {
             Ok(Some(d)) => d,
             Ok(None) => return Step::More,
             Err(e) => {
-                self.out.extend_from_slice(e.reply());
+                self.reply(e.reply(), silent);
                 return Step::Took(line + len + 2);
             }
         };
@@ -266,8 +269,8 @@ impl Conn<'_> {
 
     /// Answer a request line that does not parse (at `at` in the input), and drop it.
     fn refused(&mut self, at: usize, e: crate::memcache::ProtoError) -> Step {
-        self.out.extend_from_slice(e.reply());
         if e.closes_connection() {
+            self.out.extend_from_slice(e.reply());
             return Step::Close;
         }
         // The line is whole (only an overlong line is not): drop it, and what follows it of
@@ -277,22 +280,27 @@ impl Conn<'_> {
             .iter()
             .position(|&b| b == b'\n')
             .map_or(buf.len(), |p| p + 1);
+        // As memcached: a known classic command's malformed line that ends in `noreply` gets
+        // no `CLIENT_ERROR`; `ERROR` (unknown command, wrong arity) and meta errors are answered.
+        let silent = e.is_client_error() && crate::memcache::classic_noreply_line(&buf[..nl]);
+        self.reply(e.reply(), silent);
         self.skip = e.skip();
         Step::Took(nl)
     }
 
-    /// A key longer than the front end's limit: true if it was answered so.
-    fn key_too_long(&mut self, key: &[u8]) -> bool {
+    /// A key longer than the front end's limit: true if it was refused (answered so unless
+    /// `noreply`).
+    fn key_too_long(&mut self, key: &[u8], noreply: bool) -> bool {
         let long = key.len() > self.limits.max_key;
         if long {
-            self.reply(b"CLIENT_ERROR bad command line format\r\n", false);
+            self.reply(b"CLIENT_ERROR bad command line format\r\n", noreply);
         }
         long
     }
 
     fn store(&mut self, s: &StoreReq) {
         self.counters.cmd_set.fetch_add(1, Ordering::Relaxed);
-        if self.key_too_long(&s.key) {
+        if self.key_too_long(&s.key, s.noreply) {
             return;
         }
         let now = unix_now_ms();
@@ -317,7 +325,7 @@ impl Conn<'_> {
         };
         match r {
             Ok(()) => self.reply(b"STORED\r\n", s.noreply),
-            Err(e) => self.store_error(&e),
+            Err(e) => self.fail(&e, s.noreply),
         }
     }
 
@@ -366,7 +374,7 @@ impl Conn<'_> {
     fn get(&mut self, keys: &[Vec<u8>]) {
         for key in keys {
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
-            if self.key_too_long(key) {
+            if self.key_too_long(key, false) {
                 return;
             }
             // The value is READ straight into the reply (`inplace`), its `VALUE` line guessed
@@ -395,7 +403,7 @@ impl Conn<'_> {
     fn get_versioned(&mut self, keys: &[Vec<u8>], with_cas: bool, touch: Option<i64>) {
         for key in keys {
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
-            if self.key_too_long(key) {
+            if self.key_too_long(key, false) {
                 return;
             }
             let now = unix_now_ms();
@@ -421,7 +429,7 @@ impl Conn<'_> {
 
     /// `incr`/`decr`: the value must be a decimal u64; incr wraps at 2^64, decr stops at 0.
     fn arith(&mut self, key: &[u8], delta: u64, incr: bool, noreply: bool) {
-        if self.key_too_long(key) {
+        if self.key_too_long(key, noreply) {
             return;
         }
         let r = self.rmw(key, unix_now_ms(), |s| {
@@ -445,7 +453,7 @@ impl Conn<'_> {
     }
 
     fn touch(&mut self, key: &[u8], exptime: i64, noreply: bool) {
-        if self.key_too_long(key) {
+        if self.key_too_long(key, noreply) {
             return;
         }
         let now = unix_now_ms();
@@ -462,7 +470,7 @@ impl Conn<'_> {
     /// without conditional writes, a read and a plain delete (the word may be wrong under a
     /// racing writer, never the data).
     fn delete(&mut self, key: &[u8], noreply: bool) {
-        if self.key_too_long(key) {
+        if self.key_too_long(key, noreply) {
             return;
         }
         let now = unix_now_ms();
@@ -513,6 +521,7 @@ impl Conn<'_> {
     fn answer(&mut self, r: Result<Option<impl AsRef<[u8]>>, Error>, noreply: bool) {
         match r {
             Ok(Some(line)) => self.reply(line.as_ref(), noreply),
+            Ok(None) if noreply => tracing::debug!("contended; noreply, so not answered"),
             Ok(None) => self.contended(),
             Err(e) => self.fail(&e, noreply),
         }
@@ -523,14 +532,13 @@ impl Conn<'_> {
         self.out.extend_from_slice(line.as_bytes());
     }
 
-    /// A store error: a mode without conditional writes is not answered under `noreply`
-    /// (as [`Self::unsupported`]); the others are.
+    /// A store error, not answered under `noreply`, as memcached answers none then (its
+    /// client reads nothing back: an answer would be taken for the next command's).
     fn fail(&mut self, e: &Error, noreply: bool) {
-        match e {
-            Error::Unsupported(why) if noreply => {
-                tracing::debug!(why, "refused; noreply, so not answered");
-            }
-            e => self.store_error(e),
+        if noreply {
+            tracing::debug!(%e, "failed; noreply, so not answered");
+        } else {
+            self.store_error(e);
         }
     }
     fn stats(&mut self) {
@@ -864,6 +872,37 @@ mod tests {
         String::from_utf8(p.output).unwrap()
     }
 
+    /// A store that fails and a key over the cluster's limit (below memcached's 250) are not
+    /// answered under `noreply`, as memcached answers nothing then; without it, they are.
+    #[test]
+    fn failures_under_noreply_are_not_answered() {
+        let b = MapBackend::default();
+        let long = "k".repeat(9);
+        // `MapClient` refuses values over 1000 bytes as a full data table would.
+        let v = "v".repeat(1200);
+        let input = format!(
+            "set {long} 0 0 1 noreply\r\nx\r\ndelete {long} noreply\r\n\
+             set f 0 0 1200 noreply\r\n{v}\r\nadd f 0 0 1200 noreply\r\n{v}\r\n\
+             set {long} 0 0 1\r\nx\r\nset f 0 0 1200\r\n{v}\r\nget f\r\n"
+        );
+        let mut p = Pipe {
+            input: input.into_bytes(),
+            at: 0,
+            chunk: 64,
+            output: Vec::new(),
+        };
+        let limits = Limits {
+            max_key: 8,
+            ..LIMITS
+        };
+        serve(&mut p, &b, limits, &Counters::default()).unwrap();
+        assert_eq!(
+            String::from_utf8(p.output).unwrap(),
+            "CLIENT_ERROR bad command line format\r\n\
+             SERVER_ERROR out of memory storing object\r\nEND\r\n"
+        );
+    }
+
     #[test]
     fn flush_all_deletes_every_item_and_refuses_a_delay() {
         let b = MapBackend::default();
@@ -1164,11 +1203,9 @@ mod tests {
         let b = racing(usize::MAX, |m| race_put(m, b"n", b"1"));
         let input = b"set n 0 0 1\r\n1\r\nincr n 1\r\nincr n 1 noreply\r\nget n\r\n";
         let out = session(&b, input, 64);
+        // Under `noreply` the refusal is not answered: memcached answers nothing then.
         let err = format!("SERVER_ERROR {}\r\n", rmw::contended_msg());
-        assert_eq!(
-            out,
-            format!("STORED\r\n{err}{err}VALUE n 0 1\r\n1\r\nEND\r\n")
-        );
+        assert_eq!(out, format!("STORED\r\n{err}VALUE n 0 1\r\n1\r\nEND\r\n"));
         assert_eq!(b.0.lock().unwrap().races_run(), 2 * MAX_RMW_ATTEMPTS);
     }
 

@@ -129,6 +129,12 @@ impl ProtoError {
         }
     }
 
+    /// Whether the reply is a `CLIENT_ERROR` (a known command with a malformed argument),
+    /// which memcached leaves out under `noreply`.
+    pub fn is_client_error(&self) -> bool {
+        self.reply().starts_with(b"CLIENT_ERROR")
+    }
+
     /// Bytes after the request line that belong to the failed request and are thrown away.
     pub fn skip(&self) -> usize {
         match self {
@@ -306,6 +312,16 @@ fn store<'a>(op: StoreOp, args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> 
         cas,
         noreply,
     })
+}
+
+/// Whether a request `line` (with its line end) is a classic command, not a meta one, whose
+/// last word is `noreply`: memcached answers such a line's errors with silence.
+pub fn classic_noreply_line(line: &[u8]) -> bool {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let meta = matches!(words.next(), Some([b'm', _]));
+    !meta && words.next_back() == Some(b"noreply".as_slice())
 }
 
 /// Split a trailing `noreply` off the arguments.
