@@ -305,6 +305,12 @@ fn errors_under_noreply_are_answered_as_memcached_answers_them() {
             format!("set {long_key} 0 0 1\r\nx\r\n").into_bytes(),
         ),
         ("unknown command", b"bogus noreply\r\n".to_vec()),
+        ("incr short", b"incr k noreply\r\n".to_vec()),
+        ("touch short", b"touch k noreply\r\n".to_vec()),
+        ("set short", b"set k 0 0 noreply\r\n".to_vec()),
+        ("cas short", b"cas k 0 0 1 noreply\r\n".to_vec()),
+        ("incr shorter", b"incr noreply\r\n".to_vec()),
+        ("set shorter", b"set k 0 noreply\r\n".to_vec()),
         (
             "misses",
             b"delete zz noreply\r\nincr zz 1 noreply\r\ntouch zz 1 noreply\r\n".to_vec(),

@@ -212,7 +212,12 @@ fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
     let (args, noreply) = noreply(args);
     // memcached ignores a last word that is not `noreply`.
     let ([key, delta] | [key, delta, _]) = args else {
-        return Err(ProtoError::WrongArity);
+        return Err(short_by_noreply(
+            noreply,
+            args.len(),
+            2,
+            ProtoError::BadDelta,
+        ));
     };
     Ok(Request::Arith {
         key: valid_key(key)?,
@@ -225,7 +230,12 @@ fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
 fn touch<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
     let (args, noreply) = noreply(args);
     let ([key, exptime] | [key, exptime, _]) = args else {
-        return Err(ProtoError::WrongArity);
+        return Err(short_by_noreply(
+            noreply,
+            args.len(),
+            2,
+            ProtoError::BadExptime,
+        ));
     };
     Ok(Request::Touch {
         key: valid_key(key)?,
@@ -298,9 +308,23 @@ fn store<'a>(op: StoreOp, args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> 
         (StoreOp::Cas, [key, flags, exptime, len, cas]) => {
             ([*key, *flags, *exptime, *len], number(cas)?)
         }
-        (StoreOp::Cas, _) => return Err(ProtoError::WrongArity),
+        (StoreOp::Cas, _) => {
+            return Err(short_by_noreply(
+                noreply,
+                args.len(),
+                5,
+                ProtoError::BadFormat,
+            ))
+        }
         (_, [key, flags, exptime, len]) => ([*key, *flags, *exptime, *len], 0),
-        _ => return Err(ProtoError::WrongArity),
+        _ => {
+            return Err(short_by_noreply(
+                noreply,
+                args.len(),
+                4,
+                ProtoError::BadFormat,
+            ))
+        }
     };
     let [key, flags, exptime, len] = fixed;
     Ok(Request::Store {
@@ -322,6 +346,18 @@ pub fn classic_noreply_line(line: &[u8]) -> bool {
     let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
     let meta = matches!(words.next(), Some([b'm', _]));
     !meta && words.next_back() == Some(b"noreply".as_slice())
+}
+
+/// The error for `got` arguments where `need` are wanted, a trailing `noreply` taken off.
+/// memcached does not take it off when that leaves one too few: it reads `noreply` as the
+/// last argument, which does not parse (`as_arg`, a `CLIENT_ERROR`, which `noreply` then
+/// silences); other counts are the wrong arity (`ERROR`).
+fn short_by_noreply(noreply: bool, got: usize, need: usize, as_arg: ProtoError) -> ProtoError {
+    if noreply && got + 1 == need {
+        as_arg
+    } else {
+        ProtoError::WrongArity
+    }
 }
 
 /// Split a trailing `noreply` off the arguments.
