@@ -342,6 +342,177 @@ fn errors_under_noreply_are_answered_as_memcached_answers_them() {
     }
 }
 
+/// Every reply to `cmds` (after a FLUSHALL) on a fresh RESP connection to `port`, up to the
+/// answer to a final PING.
+fn resp_replies(port: u16, cmds: &[&[&str]]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut input = Vec::new();
+    for c in [&["FLUSHALL"][..]]
+        .iter()
+        .chain(cmds)
+        .chain([&["PING"][..]].iter())
+    {
+        input.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
+        for a in *c {
+            input.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+    }
+    s.write_all(&input).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.ends_with(b"+PONG\r\n") {
+        let n = s.read(&mut buf).expect("replies");
+        assert!(
+            n > 0,
+            "connection closed after {:?}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The Redis front end answers as a real `redis-server` does, byte for byte, over commands
+/// and their errors: arity, options and their conflicts, numbers that do not parse or
+/// overflow, expiry edge cases, multi-key commands, connection commands, unknown commands and
+/// subcommands (named as typed), and client names.
+#[test]
+fn the_redis_front_end_answers_as_redis_server() {
+    let (_c, base) = up_resp("resp-vs-redis");
+    let port = free_port_range(1);
+    let mut rs = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "no", "--logfile", "/dev/null"])
+        .spawn()
+        .expect("redis-server runs (Debian redis-server; scripts/setup.sh installs it)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cases: &[&[&[&str]]] = &[
+        &[&["GET"]],
+        &[&["GET", "a", "b"]],
+        &[&["SET", "a"]],
+        &[&["SET", "a", "1", "FOO"]],
+        &[&["SET", "a", "1", "EX", "0"]],
+        &[&["SET", "a", "1", "EX", "-5"]],
+        &[&["SET", "a", "1", "EX", "x"]],
+        &[&["SET", "a", "1", "EX", "99999999999999999"]],
+        &[&["SET", "a", "1", "NX", "XX"]],
+        &[&["SET", "a", "1", "EX", "10", "PX", "100"]],
+        &[&["SET", "a", "1", "KEEPTTL", "EX", "10"]],
+        &[&["SET", "a", "1", "GET"]],
+        &[&["SET", "a", "0"], &["SET", "a", "1", "GET"], &["GET", "a"]],
+        &[&["SET", "a", "0"], &["SET", "a", "1", "NX", "GET"]],
+        &[&["SET", "a", "x"], &["INCR", "a"]],
+        &[&["SET", "a", "9223372036854775807"], &["INCR", "a"]],
+        &[&["INCRBY", "a", "x"]],
+        &[&["DECRBY", "a", "-9223372036854775808"]],
+        &[&["SET", "a", " 1"], &["INCR", "a"]],
+        &[
+            &["INCR", "a"],
+            &["INCRBY", "a", "41"],
+            &["DECR", "a"],
+            &["DECRBY", "a", "2"],
+        ],
+        &[
+            &["APPEND", "a", "xy"],
+            &["APPEND", "a", "z"],
+            &["GET", "a"],
+            &["STRLEN", "a"],
+        ],
+        &[&["STRLEN", "a"]],
+        &[&["EXPIRE", "a", "10"]],
+        &[&["SET", "a", "1"], &["EXPIRE", "a", "x"]],
+        &[&["SET", "a", "1"], &["EXPIRE", "a", "-1"], &["EXISTS", "a"]],
+        &[
+            &["SET", "a", "1"],
+            &["EXPIRE", "a", "10", "NX"],
+            &["EXPIRE", "a", "20", "NX"],
+        ],
+        &[&["SET", "a", "1"], &["EXPIRE", "a", "10", "GT", "LT"]],
+        &[
+            &["SET", "a", "1"],
+            &["TTL", "a"],
+            &["PTTL", "a"],
+            &["TTL", "b"],
+        ],
+        &[
+            &["SET", "a", "1", "EX", "100"],
+            &["PERSIST", "a"],
+            &["PERSIST", "a"],
+            &["TTL", "a"],
+        ],
+        &[
+            &["SET", "a", "1"],
+            &["EXPIREAT", "a", "1"],
+            &["EXISTS", "a"],
+        ],
+        &[&["MSET", "a", "1", "b"]],
+        &[&["MSET", "a", "1", "b", "2"], &["MGET", "a", "x", "b"]],
+        &[
+            &["MSET", "a", "1", "b", "2"],
+            &["DEL", "a", "b", "c"],
+            &["DBSIZE"],
+        ],
+        &[&["SET", "a", "1"], &["EXISTS", "a", "a", "b"]],
+        &[&["SET", "a", "1"], &["GETDEL", "a"], &["GETDEL", "a"]],
+        &[
+            &["SET", "a", "1", "EX", "100"],
+            &["GETEX", "a", "PERSIST"],
+            &["TTL", "a"],
+        ],
+        &[&["SET", "a", "1"], &["GETEX", "a", "EX"]],
+        &[&["SETEX", "a", "0", "v"]],
+        &[&["SETNX", "a", "1"], &["SETNX", "a", "2"], &["GET", "a"]],
+        &[&["GETSET", "a", "1"], &["GETSET", "a", "2"]],
+        &[&["FOO", "bar"]],
+        &[&["set", "a", "1"], &["get", "a"]],
+        &[&["SELECT", "0"], &["SELECT", "x"], &["SELECT", "99"]],
+        &[
+            &["PING", "hello"],
+            &["PING", "a", "b"],
+            &["ECHO"],
+            &["ECHO", "e"],
+        ],
+        &[
+            &["CLIENT", "GETNAME"],
+            &["CLIENT", "SETNAME", "a b"],
+            &["CLIENT", "SETNAME", "n1"],
+        ],
+        &[&["CLIENT", "GETNAME"], &["CLIENT", "Foo"]],
+    ];
+    let mut differ = Vec::new();
+    for cmds in cases {
+        let theirs = resp_replies(port, cmds);
+        let ours = resp_replies(base, cmds);
+        if ours != theirs {
+            differ.push(format!(
+                "{cmds:?}:\n  redis-server {theirs:?}\n  Nessie       {ours:?}"
+            ));
+        }
+    }
+    let _ = rs.kill();
+    let _ = rs.wait();
+    assert!(
+        differ.is_empty(),
+        "answered unlike redis-server:\n{}",
+        differ.join("\n")
+    );
+}
+
 /// The whole ascii suite runs (`-T` alone is not reliable: some tests depend on what earlier
 /// ones learnt of the server, and real memcached fails `-T "ascii quit"` alone too); every
 /// test of a served command must pass. memccapable prints `NAME` padded to 40 columns, then
@@ -424,7 +595,7 @@ fn redis_cli_reaches_every_node() {
     // redis-cli prints an error and an empty line.
     assert_eq!(
         redis_cli(base, &["FOO", "x"]).trim_end(),
-        "ERR unknown command 'foo', with args beginning with: 'x'"
+        "ERR unknown command 'FOO', with args beginning with: 'x'"
     );
     assert_eq!(
         redis_cli(base, &["GET"]).trim_end(),

@@ -344,13 +344,13 @@ impl Conn<'_> {
             "exists" => self.exists(rest),
             "strlen" => self.strlen(rest[0]),
             "ttl" | "pttl" => self.ttl(rest[0], name == "pttl"),
-            _ => self.connection_command(name, rest),
+            _ => self.connection_command(name, args[0], rest),
         }
         Then::Go
     }
 
-    /// The commands that touch no key.
-    fn connection_command(&mut self, name: &str, rest: &[&[u8]]) {
+    /// The commands that touch no key (`name` lowercased; `typed`, as the client sent it).
+    fn connection_command(&mut self, name: &str, typed: &[u8], rest: &[&[u8]]) {
         let (e, out) = (self.enc, &mut self.out);
         match name {
             "ping" => match rest.first() {
@@ -358,9 +358,11 @@ impl Conn<'_> {
                 Some(m) => e.bulk(out, m),
             },
             "echo" => e.bulk(out, rest[0]),
-            "select" => match rest[0] {
-                b"0" => e.simple(out, "OK"),
-                _ => e.error(out, "ERR DB index is out of range"),
+            // Only database 0 is served; Redis's other fifteen are out of range here.
+            "select" => match std::str::from_utf8(rest[0]).map(str::parse::<i64>) {
+                Ok(Ok(0)) => e.simple(out, "OK"),
+                Ok(Ok(_)) => e.error(out, "ERR DB index is out of range"),
+                _ => e.error(out, "ERR value is not an integer or out of range"),
             },
             "hello" => self.hello(rest),
             "auth" => self.auth(rest),
@@ -381,7 +383,9 @@ impl Conn<'_> {
             "flushall" | "flushdb" => self.flush(rest),
             "keys" | "scan" | "randomkey" => unsupported(e, out, name, SCAN_NEEDED),
             n if NOT_YET.contains(&n) => unsupported(e, out, n, NOT_SERVED),
-            n => {
+            _ => {
+                // As Redis: the name as it was typed.
+                let n = String::from_utf8_lossy(typed);
                 let mut msg = format!("ERR unknown command '{n}', with args beginning with: ");
                 for a in rest.iter().take(16) {
                     msg.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
@@ -449,6 +453,9 @@ impl Conn<'_> {
             while i < opts.len() {
                 match opts[i].to_ascii_lowercase().as_slice() {
                     b"setname" if i + 1 < opts.len() => {
+                        if !valid_client_name(opts[i + 1]) {
+                            return self.enc.error(&mut self.out, BAD_CLIENT_NAME);
+                        }
                         name = Some(opts[i + 1].to_vec());
                         i += 2;
                     }
@@ -496,6 +503,7 @@ impl Conn<'_> {
             .unwrap_or_default();
         let (e, out) = (self.enc, &mut self.out);
         match (sub.as_slice(), rest.len()) {
+            (b"setname", 2) if !valid_client_name(rest[1]) => e.error(out, BAD_CLIENT_NAME),
             (b"setname", 2) => {
                 self.name = Some(rest[1].to_vec());
                 e.simple(out, "OK");
@@ -514,9 +522,11 @@ impl Conn<'_> {
                 e.error(out, &msg);
             }
             _ => {
+                // As Redis: the subcommand as it was typed.
+                let typed = rest.first().copied().unwrap_or_default();
                 let msg = format!(
                     "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                    String::from_utf8_lossy(&sub)
+                    String::from_utf8_lossy(typed)
                 );
                 e.error(out, &msg);
             }
@@ -786,6 +796,15 @@ fn arity(name: &str) -> Option<Arity> {
     })
 }
 
+/// Redis's refusal of a client name with characters outside `!`..`~`.
+const BAD_CLIENT_NAME: &str =
+    "ERR Client names cannot contain spaces, newlines or special characters.";
+
+/// A client name Redis accepts: printable ASCII without spaces (or empty, which clears it).
+fn valid_client_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -955,7 +974,7 @@ mod tests {
         input.extend_from_slice(&cmd(&["GET", "k"]));
         let out = session(&b, &input, 100);
         let want = "-ERR wrong number of arguments for 'get' command\r\n\
-            -ERR unknown command 'foo', with args beginning with: 'a' 'b' \r\n\
+            -ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n\
             +OK\r\n\
             -ERR value is not an integer or out of range\r\n\
             :1\r\n\
@@ -984,14 +1003,11 @@ mod tests {
         // Names that do not fit are served all the same.
         let b = MapBackend::default();
         let out = session(&b, &cmd(&[&long, "x"]), 7);
-        let want = format!(
-            "-ERR unknown command '{}', with args beginning with: 'x' \r\n",
-            long.to_lowercase()
-        );
+        let want = format!("-ERR unknown command '{long}', with args beginning with: 'x' \r\n");
         assert_eq!(out, want);
         assert_eq!(
             session(&b, &cmd(&["GÉT", "x"]), 7),
-            "-ERR unknown command 'gÉt', with args beginning with: 'x' \r\n"
+            "-ERR unknown command 'GÉT', with args beginning with: 'x' \r\n"
         );
     }
 
