@@ -216,6 +216,33 @@ fn oversize_keys_and_values_get_memcacheds_errors_and_the_connection_stays_usabl
     assert_eq!(m.get("ok"), vec![("ok".to_string(), 0, b"hi".to_vec())]);
 }
 
+/// A reference server (memcached, redis-server) started by a test, stopped when dropped, also
+/// when the test fails.
+struct Peer(std::process::Child);
+
+impl Peer {
+    /// Start `cmd` and wait until it accepts connections on loopback `port`.
+    fn start(cmd: &mut Command, port: u16, what: &str) -> Peer {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what} runs (scripts/setup.sh installs it): {e}"));
+        let peer = Peer(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "{what} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peer
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Every reply to `input` on a fresh connection to `port`, until the `version` appended to it
 /// is answered.
 fn replies_until_version(port: u16, input: &[u8]) -> String {
@@ -252,17 +279,7 @@ fn errors_under_noreply_are_answered_as_memcached_answers_them() {
     if unsafe { libc::geteuid() } == 0 {
         mc.args(["-u", "root"]);
     }
-    let mut mc = mc
-        .spawn()
-        .expect("memcached runs (Debian memcached; scripts/setup.sh installs it)");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "memcached did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _mc = Peer::start(&mut mc, port, "memcached (Debian memcached)");
     // Over both servers' value limits (memcached's is 1 MiB).
     let big = vec![b'x'; (1 << 20).max(cfg.geometry.value_max as usize) + 1000];
     let too_large = |noreply: &str| {
@@ -324,8 +341,6 @@ fn errors_under_noreply_are_answered_as_memcached_answers_them() {
             differ.push(format!("{name}: memcached {theirs:?}, Nessie {ours:?}"));
         }
     }
-    let _ = mc.kill();
-    let _ = mc.wait();
     assert!(
         differ.is_empty(),
         "answered unlike memcached:\n{}",
@@ -381,26 +396,17 @@ fn resp_replies(port: u16, cmds: &[&[&str]]) -> String {
 fn the_redis_front_end_answers_as_redis_server() {
     let (_c, base) = up_resp("resp-vs-redis");
     let port = free_port_range(1);
-    let mut rs = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "no", "--logfile", "/dev/null"])
-        .spawn()
-        .expect("redis-server runs (Debian redis-server; scripts/setup.sh installs it)");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut rs = Command::new("redis-server");
+    rs.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .args(["--appendonly", "no", "--logfile", "/dev/null"]);
+    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
     let cases: &[&[&[&str]]] = &[
         &[&["GET"]],
         &[&["GET", "a", "b"]],
@@ -504,8 +510,6 @@ fn the_redis_front_end_answers_as_redis_server() {
             ));
         }
     }
-    let _ = rs.kill();
-    let _ = rs.wait();
     assert!(
         differ.is_empty(),
         "answered unlike redis-server:\n{}",
