@@ -23,7 +23,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use nessie_protocols::{Error, KvClient, Version};
 
-use crate::memcache::{encode_value, parse_request, take_data, Request, StoreOp, ValueHead};
+use crate::memcache::{
+    encode_value, parse_request, take_data, Request, StoreOp, ValueHead, VALUE_PREFIX,
+};
 use crate::meta::MetaCmd;
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
 use crate::{inplace, item};
@@ -380,14 +382,14 @@ impl Conn<'_> {
             // The value is READ straight into the reply (`inplace`), its `VALUE` line guessed
             // as long as the last one but for the key.
             let head = ValueHead(key);
-            let guess = b"VALUE ".len() + key.len() + self.value_line_tail;
+            let guess = VALUE_PREFIX.len() + key.len() + self.value_line_tail;
             let mut out = std::mem::take(&mut self.out);
             let r =
                 self.with(|c| inplace::reply_in_place(c, key, &mut out, guess, unix_now_ms, &head));
             self.out = out;
             match r {
                 Ok(Some(placed)) => {
-                    self.value_line_tail = placed.head_len - b"VALUE ".len() - key.len();
+                    self.value_line_tail = placed.head_len - VALUE_PREFIX.len() - key.len();
                     self.counters.get_hits.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(None) => {

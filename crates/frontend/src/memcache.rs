@@ -399,10 +399,13 @@ pub fn take_data(buf: &[u8], len: usize) -> Result<Option<(&[u8], usize)>, Proto
     Ok(Some((&buf[..len], need)))
 }
 
+/// How a get's hit begins: `VALUE <key> <flags> <bytes>[ <cas>]\r\n`.
+pub const VALUE_PREFIX: &[u8] = b"VALUE ";
+
 /// Append one `VALUE` line and its data (a get's hit) to `out`; `cas` for gets/gats.
 pub fn encode_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
     use std::io::Write;
-    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(VALUE_PREFIX);
     out.extend_from_slice(key);
     // Formatted straight into `out`: `format!` allocated a string per hit.
     let _ = match cas {
@@ -420,26 +423,22 @@ pub struct ValueHead<'k>(pub &'k [u8]);
 impl crate::inplace::ReplyHead for ValueHead<'_> {
     fn len(&self, flags: u32, len: usize) -> usize {
         use crate::inplace::decimal_len;
-        b"VALUE ".len()
-            + self.0.len()
-            + 1
-            + decimal_len(flags.into())
-            + 1
-            + decimal_len(len as u64)
-            + 2
+        let numbers = decimal_len(flags.into()) + decimal_len(len as u64);
+        VALUE_PREFIX.len() + self.0.len() + 1 + numbers + 1 + 2
     }
     fn write(&self, dst: &mut [u8], flags: u32, len: usize) {
         use crate::inplace::{decimal_len, write_decimal};
         assert_eq!(dst.len(), self.len(flags, len), "room for the line");
         let (f, l) = (decimal_len(flags.into()), decimal_len(len as u64));
-        let k = b"VALUE ".len() + self.0.len();
-        dst[..k - self.0.len()].copy_from_slice(b"VALUE ");
-        dst[k - self.0.len()..k].copy_from_slice(self.0);
-        dst[k] = b' ';
-        write_decimal(&mut dst[k + 1..k + 1 + f], flags.into());
-        dst[k + 1 + f] = b' ';
-        write_decimal(&mut dst[k + 2 + f..k + 2 + f + l], len as u64);
-        dst[k + 2 + f + l..].copy_from_slice(b"\r\n");
+        let (prefix, rest) = dst.split_at_mut(VALUE_PREFIX.len());
+        prefix.copy_from_slice(VALUE_PREFIX);
+        let (key, rest) = rest.split_at_mut(self.0.len());
+        key.copy_from_slice(self.0);
+        rest[0] = b' ';
+        write_decimal(&mut rest[1..1 + f], flags.into());
+        rest[1 + f] = b' ';
+        write_decimal(&mut rest[2 + f..2 + f + l], len as u64);
+        rest[2 + f + l..].copy_from_slice(b"\r\n");
     }
 }
 

@@ -561,11 +561,7 @@ impl Conn<'_> {
 
     fn get(&mut self, key: &[u8]) {
         self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
-        if key.len() > self.limits.max_key {
-            let e = Error::KeyTooLarge {
-                len: key.len(),
-                max: self.limits.max_key as u32,
-            };
+        if let Err(e) = self.check_key(key) {
             return self.store_error(&e);
         }
         let mut out = std::mem::take(&mut self.out);
@@ -586,14 +582,20 @@ impl Conn<'_> {
         }
     }
 
-    /// Read `key` into `scratch`: its expiry (0 = never) if present and not expired.
-    fn read(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
-        if key.len() > self.limits.max_key {
-            return Err(Error::KeyTooLarge {
+    /// A key over the cluster's limit, refused before the store is asked.
+    fn check_key(&self, key: &[u8]) -> Result<(), Error> {
+        match key.len() > self.limits.max_key {
+            true => Err(Error::KeyTooLarge {
                 len: key.len(),
                 max: self.limits.max_key as u32,
-            });
+            }),
+            false => Ok(()),
         }
+    }
+
+    /// Read `key` into `scratch`: its expiry (0 = never) if present and not expired.
+    fn read(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
+        self.check_key(key)?;
         let mut v = std::mem::take(&mut self.scratch);
         let found = self.with(|c| c.get_into(key, &mut v));
         let r = match found {
