@@ -45,6 +45,8 @@ pub struct RunnerOptions {
     pub progress_spin_us: u64,
     /// `[cluster] direct_loopback` of the cluster started.
     pub direct_loopback: bool,
+    /// `[cluster] direct_peers` of the cluster started.
+    pub direct_peers: bool,
     /// `[cluster] wait_spin_us` of the cluster started.
     pub wait_spin_us: Option<u64>,
 }
@@ -459,6 +461,7 @@ fn start(
         frontends: None,
         progress_spin_us: opts.progress_spin_us,
         direct_loopback: opts.direct_loopback,
+        direct_peers: opts.direct_peers,
         wait_spin_us: opts.wait_spin_us,
     };
     let cfg = process::up(&dir, &up)?;

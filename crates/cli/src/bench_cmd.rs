@@ -223,6 +223,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         cluster: None,
         progress_spin_us: p.fabric.progress_spin_us,
         direct_loopback: !p.fabric.no_direct_loopback,
+        direct_peers: !p.fabric.no_direct_peers,
         wait_spin_us: p.fabric.wait_spin_us,
     })
 }

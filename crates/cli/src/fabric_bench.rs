@@ -147,7 +147,14 @@ impl From<nessie_fabric_ucx::LatencyStats> for Outcome {
     }
 }
 
-fn ours(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, FabricBenchError> {
+/// Operations from this process to a target process's memory: over shm straight to it, mapped
+/// into this process (`direct`, the default of a node), or through UCX.
+fn ours(
+    a: &FabricBenchArgs,
+    size: u64,
+    span: u64,
+    direct: bool,
+) -> Result<Outcome, FabricBenchError> {
     let exe = std::env::current_exe().map_err(FabricBenchError::Io)?;
     let mut child = Child(
         Command::new(exe)
@@ -172,7 +179,9 @@ fn ours(a: &FabricBenchArgs, size: u64, span: u64) -> Result<Outcome, FabricBenc
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or_else(|| FabricBenchError::NoTargetInfo(line.clone()))?;
-    let me = UcxNode::new(0, &[8], &ucx_config(&a.transport)?)?;
+    let mut config = ucx_config(&a.transport)?;
+    config.direct_peers = direct;
+    let me = UcxNode::new(0, &[8], &config)?;
     let mut ep = me.endpoint(&[me.info().clone(), target])?;
     let addr = RemoteAddr::new(1, 0, 0);
     // Warm-up, then the measured run.
@@ -302,15 +311,20 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
     if a.local && a.op == BenchOp::Cas {
         return Err(FabricBenchError::LocalCas);
     }
+    // Over shm operations on another process's memory go straight to it by default, as a
+    // node's do (`direct_peers`): measured both ways, as loopback is.
+    let peers_direct =
+        !a.local && !a.loopback && ucx_config(&a.transport)?.transport == Transport::Shm;
     let r = Measured {
         ours: match (a.local, a.loopback) {
             (true, _) => ours_local(&a, size, span)?,
             (_, true) => ours_loopback(&a, size, span, true)?,
-            _ => ours(&a, size, span)?,
+            _ => ours(&a, size, span, true)?,
         },
-        through_ucx: match a.loopback {
-            true => Some(ours_loopback(&a, size, span, false)?),
-            false => None,
+        through_ucx: match (a.loopback, peers_direct) {
+            (true, _) => Some(ours_loopback(&a, size, span, false)?),
+            (_, true) => Some(ours(&a, size, span, false)?),
+            _ => None,
         },
         // The limit: a local copy from a working set as large, when one is asked for.
         limit: a
@@ -335,7 +349,8 @@ pub fn run(a: FabricBenchArgs) -> Result<(), FabricBenchError> {
 /// One invocation's figures.
 struct Measured {
     ours: Outcome,
-    /// `--loopback`: the same operations through UCX's loopback (`ours` went direct).
+    /// `--loopback`, or another process over shm: the same operations through UCX (`ours`
+    /// went straight to memory).
     through_ucx: Option<Outcome>,
     limit: Option<Outcome>,
     perftest: Option<Outcome>,
@@ -344,6 +359,11 @@ struct Measured {
 }
 
 impl Measured {
+    /// The figures of operations through UCX, which ucx_perftest is compared with.
+    fn ucx_path(&self) -> &Outcome {
+        self.through_ucx.as_ref().unwrap_or(&self.ours)
+    }
+
     fn json(&self, a: &FabricBenchArgs) -> serde_json::Value {
         let o = &self.ours;
         let mut v = serde_json::json!({
@@ -351,13 +371,13 @@ impl Measured {
             "nessie": {"p50_us": o.p50_us, "p99_us": o.p99_us, "mean_us": o.mean_us, "ops_per_sec": o.ops_per_sec},
         });
         if let Some(u) = &self.through_ucx {
-            v["loopback"] = true.into();
+            v["loopback"] = a.loopback.into();
             v["through_ucx"] = serde_json::json!({"p50_us": u.p50_us, "p99_us": u.p99_us, "mean_us": u.mean_us, "ops_per_sec": u.ops_per_sec});
             v["p50_ratio_to_ucx"] = (o.p50_us / u.p50_us).into();
         }
         if let Some(p) = &self.perftest {
             v["ucx_perftest"] = serde_json::json!({"p50_us": p.p50_us, "mean_us": p.mean_us, "ops_per_sec": p.ops_per_sec});
-            v["p50_ratio"] = (o.p50_us / p.p50_us).into();
+            v["p50_ratio"] = (self.ucx_path().p50_us / p.p50_us).into();
         }
         if let Some(l) = &self.limit {
             v["working_set"] = self.span.into();
@@ -385,7 +405,11 @@ impl Measured {
             self.size,
             a.iters
         );
-        let label = if a.loopback { "direct" } else { "nessie" };
+        let label = if self.through_ucx.is_some() {
+            "direct"
+        } else {
+            "nessie"
+        };
         println!(
             "  {label:<12}  p50 {:>9.3} µs  p99 {:>9.3} µs  mean {:>9.3} µs  {:>12.0} ops/s",
             o.p50_us, o.p99_us, o.mean_us, o.ops_per_sec
@@ -405,9 +429,14 @@ impl Measured {
                 "  ucx_perftest  p50 {:>9.3} µs                  mean {:>9.3} µs  {:>12.0} ops/s",
                 p.p50_us, p.mean_us, p.ops_per_sec
             );
+            let whose = if self.through_ucx.is_some() {
+                "through UCX"
+            } else {
+                "nessie"
+            };
             println!(
-                "  p50 ratio (nessie / ucx_perftest): {:.2}",
-                o.p50_us / p.p50_us
+                "  p50 ratio ({whose} / ucx_perftest): {:.2}",
+                self.ucx_path().p50_us / p.p50_us
             );
         }
         if let Some(l) = &self.limit {

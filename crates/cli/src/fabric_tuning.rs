@@ -18,4 +18,8 @@ pub struct FabricTuningArgs {
     /// memory (shm and tcp do the latter by default).
     #[arg(long)]
     pub no_direct_loopback: bool,
+    /// Send operations on other nodes' memory through UCX instead of straight to the memory
+    /// UCX maps into each process (shm does the latter by default).
+    #[arg(long)]
+    pub no_direct_peers: bool,
 }

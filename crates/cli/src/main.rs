@@ -588,6 +588,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         frontends,
         progress_spin_us: a.fabric.progress_spin_us,
         direct_loopback: !a.fabric.no_direct_loopback,
+        direct_peers: !a.fabric.no_direct_peers,
         wait_spin_us: a.fabric.wait_spin_us,
     };
     let cfg = process::up(&dir, &opts)?;

@@ -121,6 +121,11 @@ pub struct ClusterSection {
     /// (`UcxConfig::direct_loopback`); `false` sends them through UCX. Peers need not agree.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub direct_loopback: bool,
+    /// Operations on other nodes' memory go straight to it over shm, where UCX maps it into
+    /// each process (`UcxConfig::direct_peers`); `false` sends them through UCX. Peers need
+    /// not agree.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub direct_peers: bool,
     /// Microseconds a client worker polls for an operation's answer before it sleeps until the
     /// answer arrives (unset: the transport's default, `Transport::default_wait_spin`: 10 on
     /// tcp; shm polls throughout). At most [`MAX_WAIT_SPIN_US`], which polls throughout.
@@ -868,6 +873,7 @@ impl ClusterConfig {
                 pilaf_reuse_delay_ms: None,
                 progress_spin_us: 0,
                 direct_loopback: true,
+                direct_peers: true,
                 wait_spin_us: None,
             },
             geometry: Geometry {
@@ -1099,6 +1105,7 @@ mod tests {
         let mut e = a.clone();
         (e.cluster.progress_spin_us, e.cluster.wait_spin_us) = (50, Some(0));
         e.cluster.direct_loopback = false;
+        e.cluster.direct_peers = false;
         assert_eq!(a.fingerprint(), e.fingerprint());
     }
 
@@ -1108,16 +1115,17 @@ mod tests {
         let mut c = ClusterConfig::local("t", 2, Transport::Tcp, 7400, Geometry::default());
         let u = crate::node::ucx_config(&c);
         assert_eq!(u.wait_spin, Some(nessie_fabric_ucx::TCP_WAIT_SPIN));
-        assert!(u.direct_loopback && u.progress_spin.is_zero());
+        assert!(u.direct_loopback && u.direct_peers && u.progress_spin.is_zero());
         let text = c.to_toml();
-        assert!(!text.contains("wait_spin_us") && !text.contains("direct_loopback"));
+        assert!(!text.contains("wait_spin_us") && !text.contains("direct_"));
         (c.cluster.progress_spin_us, c.cluster.wait_spin_us) = (20, Some(0));
         c.cluster.direct_loopback = false;
+        c.cluster.direct_peers = false;
         let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
         let u = crate::node::ucx_config(&back);
         assert_eq!(u.wait_spin, Some(std::time::Duration::ZERO));
         assert_eq!(u.progress_spin, std::time::Duration::from_micros(20));
-        assert!(!u.direct_loopback);
+        assert!(!u.direct_loopback && !u.direct_peers);
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
         huge_pages: cfg.cluster.huge_pages,
         progress_spin: std::time::Duration::from_micros(cfg.cluster.progress_spin_us),
         direct_loopback: cfg.cluster.direct_loopback,
+        direct_peers: cfg.cluster.direct_peers,
         ..base
     }
 }

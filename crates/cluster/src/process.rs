@@ -145,6 +145,8 @@ pub struct UpOptions {
     pub progress_spin_us: u64,
     /// `[cluster] direct_loopback`.
     pub direct_loopback: bool,
+    /// `[cluster] direct_peers`.
+    pub direct_peers: bool,
     /// `[cluster] wait_spin_us`.
     pub wait_spin_us: Option<u64>,
 }
@@ -187,6 +189,7 @@ impl UpOptions {
             frontends: None,
             progress_spin_us: 0,
             direct_loopback: true,
+            direct_peers: true,
             wait_spin_us: None,
         }
     }
@@ -373,6 +376,7 @@ fn local_config(
     cfg.cluster.pilaf_reuse_delay_ms = o.pilaf_reuse_delay_ms;
     cfg.cluster.progress_spin_us = o.progress_spin_us;
     cfg.cluster.direct_loopback = o.direct_loopback;
+    cfg.cluster.direct_peers = o.direct_peers;
     cfg.cluster.wait_spin_us = o.wait_spin_us;
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();

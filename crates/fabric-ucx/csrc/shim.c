@@ -370,6 +370,14 @@ void nsh_rkey_destroy(ucp_rkey_h rkey)
     ucp_rkey_destroy(rkey);
 }
 
+/* Where the peer's address raddr is mapped in this process (shared-memory transports map the
+ * peer's segment when its rkey is unpacked); UCS_ERR_UNREACHABLE when it is not. Valid while
+ * the rkey lives. */
+int nsh_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, void **ptr)
+{
+    return ucp_rkey_ptr(rkey, raddr, ptr);
+}
+
 /* ---------------------------------------------------------------- blocking operations */
 
 /* Longest single sleep of a blocked wait: it wakes to check its deadline at least this often. */
@@ -455,6 +463,14 @@ static int nsh_check_ep(ucp_worker_h w, nsh_ep_t *e)
         ucp_worker_progress(w);
     }
     return nsh_ep_status(e);
+}
+
+/* What an operation performed straight on a peer's mapped memory checks first, as a posted one
+ * does: pending failure events (keepalive) are let through every NSH_PROGRESS_EVERY-th time,
+ * and the endpoint's status is returned. */
+int nsh_ep_check(ucp_worker_h w, nsh_ep_t *e)
+{
+    return nsh_check_ep(w, e);
 }
 
 int nsh_get(ucp_worker_h w, nsh_ep_t *e, void *buf, size_t len, uint64_t raddr,

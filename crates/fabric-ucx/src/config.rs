@@ -174,6 +174,13 @@ pub struct UcxConfig {
     /// sends them through UCX, as on verbs.
     #[serde(default = "direct_loopback_default")]
     pub direct_loopback: bool,
+    /// Operations on other nodes' memory go straight to it with CPU loads, stores and
+    /// compare-exchanges where UCX maps it into this process (`ucp_rkey_ptr`), which it does
+    /// for shared-memory transports; only with [`Transport::Shm`], where every node's atomics
+    /// are CPU atomics. Checked as operations through UCX are (dead and restarted peers), and
+    /// counted as remote operations. `false` sends them through UCX.
+    #[serde(default = "direct_loopback_default")]
+    pub direct_peers: bool,
     /// How long a worker thread polls for its operation's completion before it sleeps on its
     /// worker's event fd until the answer arrives (`None`: it polls until completion).
     /// Default: [`Transport::default_wait_spin`].
@@ -196,6 +203,7 @@ impl Default for UcxConfig {
             huge_pages: HugePages::Try,
             ucx_options: Vec::new(),
             direct_loopback: direct_loopback_default(),
+            direct_peers: direct_loopback_default(),
             wait_spin: Transport::Auto.default_wait_spin(),
         }
     }

@@ -9,6 +9,7 @@ use nessie_fabric::{
     Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN,
 };
 
+use crate::config::Transport;
 use crate::ffi;
 use crate::node::{NodeInfo, NodeShared};
 use crate::sys::{ConnectedWorker, Worker};
@@ -37,10 +38,21 @@ pub struct UcxEndpoint {
     timeout_ns: u64,
     /// Operations on this node's own memory bypass UCX (`UcxConfig::direct_loopback`).
     direct_loopback: bool,
+    /// Operations on peers' memory mapped into this process bypass UCX
+    /// (`UcxConfig::direct_peers`).
+    direct_peers: bool,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
     // holds the context.
     conn: ConnectedWorker,
     shared: Arc<NodeShared>,
+}
+
+fn op_name(kind: OpKind) -> &'static str {
+    match kind {
+        OpKind::Read => "READ",
+        OpKind::Write => "WRITE",
+        OpKind::Cas => "CAS",
+    }
 }
 
 fn is_fatal_local(status: c_int) -> bool {
@@ -74,17 +86,21 @@ impl UcxEndpoint {
             .ok_or(FabricError::UnknownRegion { node, region })
     }
 
-    /// An operation of `kind` on `len` bytes at `addr` performed straight on this node's
-    /// memory by `op`, when it is to bypass UCX (`None`: it goes through UCX). Counted as a
-    /// loopback operation.
+    /// An operation of `kind` on `len` bytes at `addr` performed straight on memory by `op`,
+    /// when it is to bypass UCX (`None`: it goes through UCX): this node's own memory
+    /// (counted as a loopback operation), or a peer's that its transport maps into this
+    /// process (a remote one).
     fn direct<T>(
-        &self,
+        &mut self,
         kind: OpKind,
         addr: RemoteAddr,
         len: usize,
         op: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
     ) -> Option<Result<T, FabricError>> {
-        if !self.direct_loopback || addr.node != self.shared.node {
+        if addr.node != self.shared.node {
+            return self.direct_peer(kind, addr, len, op);
+        }
+        if !self.direct_loopback {
             return None;
         }
         Some(self.own_region(addr.region).and_then(|mem| {
@@ -92,6 +108,51 @@ impl UcxEndpoint {
             self.stats.record(kind, Locality::Loopback, len as u64);
             Ok(v)
         }))
+    }
+
+    /// [`Self::direct`] on a peer's memory mapped into this process (shm). It is checked as an
+    /// operation through UCX is: a restarted peer is reconnected first, a dead one refused, and
+    /// the worker is progressed every few operations so that keepalive still fails the
+    /// endpoint of a peer that died (its segment stays mapped, so without that its orphaned
+    /// memory would be read and written for ever). `None` for a peer without mapped memory
+    /// or already known to be unreachable: the UCX path reports it.
+    fn direct_peer<T>(
+        &mut self,
+        kind: OpKind,
+        addr: RemoteAddr,
+        len: usize,
+        op: impl FnOnce(&WordMemory) -> Result<T, AccessError>,
+    ) -> Option<Result<T, FabricError>> {
+        if !self.direct_peers {
+            return None;
+        }
+        let n = addr.node as usize;
+        self.refresh_peers();
+        self.renew_if_asked(n);
+        if self.peers.get(n)?.dead.is_some() {
+            return None;
+        }
+        self.conn.split(n).1?.direct(addr.region as usize)?;
+        let status = self.conn.check_direct(n);
+        if status != ffi::UCS_OK {
+            return Some(Err(self.fail(addr.node, status, op_name(kind))));
+        }
+        let mem = self.conn.split(n).1?.direct(addr.region as usize)?;
+        Some(match op(mem) {
+            Ok(v) => {
+                self.stats.record(kind, Locality::Remote, len as u64);
+                Ok(v)
+            }
+            Err(e) => Err(e.at(addr, len, mem)),
+        })
+    }
+
+    /// Map peer `n`'s regions into this process for [`Self::direct_peer`], if asked for.
+    fn map_peer(&mut self, n: usize) {
+        if self.direct_peers && self.peers[n].dead.is_none() {
+            let regions = self.peers[n].regions.clone();
+            self.conn.map_direct(n, &regions);
+        }
     }
 
     pub(crate) fn connect(
@@ -147,17 +208,24 @@ impl UcxEndpoint {
         }
         let direct_loopback =
             shared.config.direct_loopback && shared.config.transport.cpu_atomics();
+        // Only where every peer's atomics are CPU atomics on the same memory: over shm (sm
+        // transports map peers' segments; `ucx_info -d`: their atomics are the CPU's).
+        let direct_peers = shared.config.direct_peers && shared.config.transport == Transport::Shm;
         let mut ep = Self {
             peers,
             peers_epoch,
             stats,
             timeout_ns,
             direct_loopback,
+            direct_peers,
             conn,
             shared,
         };
         for n in 0..ep.peers.len() {
             ep.wire_up(n);
+            if n != me {
+                ep.map_peer(n);
+            }
         }
         ep.refresh_peers();
         Ok(ep)
@@ -217,6 +285,9 @@ impl UcxEndpoint {
             .map(|e| e.to_string());
         self.peers[n].info = Some(info);
         self.wire_up(n);
+        if n != self.shared.node as usize {
+            self.map_peer(n);
+        }
     }
 
     /// Peer `n`'s connection broke earlier; if it was renewed since (`UcxNode::renew_peer`),
@@ -241,6 +312,22 @@ impl UcxEndpoint {
         self.peers
             .get(node as usize)
             .is_some_and(|p| p.dead.is_some())
+    }
+
+    /// Whether operations on `node`'s memory go straight to it, mapped into this process
+    /// (`UcxConfig::direct_peers`), rather than through UCX.
+    pub fn maps_memory_of(&mut self, node: NodeId) -> bool {
+        self.direct_peers
+            && node != self.shared.node
+            && self
+                .peers
+                .get(node as usize)
+                .is_some_and(|p| p.dead.is_none())
+            && self
+                .conn
+                .split(node as usize)
+                .1
+                .is_some_and(|p| p.direct(0).is_some())
     }
 
     /// Drive this endpoint's worker once (normally only done inside operations). An idle
@@ -349,12 +436,7 @@ impl UcxEndpoint {
             }
         };
         if status != ffi::UCS_OK {
-            let op = match kind {
-                OpKind::Read => "READ",
-                OpKind::Write => "WRITE",
-                OpKind::Cas => "CAS",
-            };
-            return Err(self.fail(addr.node, status, op));
+            return Err(self.fail(addr.node, status, op_name(kind)));
         }
         self.stats
             .record(kind, self.locality(addr.node), len as u64);

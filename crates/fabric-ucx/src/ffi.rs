@@ -86,6 +86,8 @@ extern "C" {
     pub fn nsh_rkey_buffer_release(buf: *mut c_void);
     pub fn nsh_rkey_unpack(e: *mut NshEp, buf: *const c_void, rkey: *mut *mut UcpRkey) -> c_int;
     pub fn nsh_rkey_destroy(rkey: *mut UcpRkey);
+    pub fn nsh_rkey_ptr(rkey: *mut UcpRkey, raddr: u64, ptr: *mut *mut c_void) -> c_int;
+    pub fn nsh_ep_check(w: *mut UcpWorker, e: *mut NshEp) -> c_int;
 
     pub fn nsh_get(
         w: *mut UcpWorker,

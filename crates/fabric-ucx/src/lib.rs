@@ -94,7 +94,9 @@
 //!   "succeeding" on the orphaned memory until UCX's keepalive (which checks the peer process)
 //!   fails the endpoint, about one keepalive interval later (~1 s). Keepalive only runs while
 //!   the endpoint's worker is progressed, i.e. during operations ([`UcxEndpoint::progress`]
-//!   lets an idle thread drive it).
+//!   lets an idle thread drive it). Operations performed straight on a peer's mapped segment
+//!   ([`UcxConfig::direct_peers`]) progress the worker as often as posted ones do (every 32nd
+//!   operation) and check the endpoint's status first, so they find a dead peer as soon.
 //!
 //! An operation that timed out may still take effect at the target later (its request was
 //! already on the wire): Unreachable does not mean "did not happen". UCX does not validate

@@ -9,6 +9,9 @@ use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_void};
 use std::sync::Arc;
 
+use nessie_fabric::memory::WordMemory;
+use nessie_fabric::ALIGN;
+
 use crate::ffi;
 
 /// A UCX error: the ucs_status_t plus what was being done.
@@ -258,6 +261,10 @@ impl Drop for Mapping {
 pub(crate) struct PeerEp {
     ep: *mut ffi::NshEp,
     rkeys: Vec<*mut ffi::UcpRkey>,
+    /// Each region as mapped into this process (`ucp_rkey_ptr`), where the transport maps the
+    /// peer's memory and direct access was asked for (`ConnectedWorker::map_direct`). Lives
+    /// no longer than the rkeys it came from: both go with this value.
+    direct: Vec<Option<WordMemory>>,
 }
 
 // SAFETY: owned by a ConnectedWorker and only used together with its worker, by one thread at
@@ -287,6 +294,35 @@ impl PeerEp {
     pub fn status(&self) -> c_int {
         // SAFETY: valid shim endpoint.
         unsafe { ffi::nsh_ep_status(self.ep) }
+    }
+
+    /// Region `i` of the peer as mapped into this process, if it is.
+    pub fn direct(&self, i: usize) -> Option<&WordMemory> {
+        self.direct.get(i).and_then(Option::as_ref)
+    }
+
+    /// Where region `i`, `len` bytes at the peer's address `base`, is mapped in this process:
+    /// `None` unless the rkey maps it (shared-memory transports do) whole and contiguously.
+    fn map_region(&self, i: usize, base: u64, len: u64) -> Option<WordMemory> {
+        let ptr = |raddr: u64| {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: valid rkey; the shim only writes `p`.
+            let s = unsafe { ffi::nsh_rkey_ptr(*self.rkeys.get(i)?, raddr, &mut p) };
+            (s == ffi::UCS_OK && !p.is_null()).then_some(p as *mut u8)
+        };
+        if len < ALIGN || !len.is_multiple_of(ALIGN) {
+            return None;
+        }
+        let first = ptr(base)?;
+        let last = ptr(base + len - ALIGN)?;
+        let contiguous = (last as usize).wrapping_sub(first as usize) == (len - ALIGN) as usize;
+        if !contiguous || !(first as usize).is_multiple_of(ALIGN as usize) {
+            return None;
+        }
+        // SAFETY: aligned, mapped for `len` bytes while the rkey lives, which outlives this
+        // value (both are owned by this `PeerEp`, the mapping dropped first); every access to
+        // a region, in every process, is word-atomic (CPU atomics on shm).
+        Some(unsafe { WordMemory::from_raw(first, len) })
     }
 }
 
@@ -335,6 +371,7 @@ impl ConnectedWorker {
         let mut peer = PeerEp {
             ep,
             rkeys: Vec::with_capacity(rkeys.len()),
+            direct: Vec::new(),
         };
         for (i, rk) in rkeys.iter().enumerate() {
             let mut h = std::ptr::null_mut();
@@ -375,6 +412,31 @@ impl ConnectedWorker {
         }
     }
 
+    /// Map peer `i`'s regions, `(base, len)` each, into this process where its transport allows
+    /// (shared memory), for operations performed straight on them; returns how many are mapped.
+    pub fn map_direct(&mut self, i: usize, regions: &[(u64, u64)]) -> usize {
+        let Some(p) = self.peers.get_mut(i).and_then(Option::as_mut) else {
+            return 0;
+        };
+        p.direct = regions
+            .iter()
+            .enumerate()
+            .map(|(r, &(base, len))| p.map_region(r, base, len))
+            .collect();
+        p.direct.iter().flatten().count()
+    }
+
+    /// Check peer `i`'s endpoint before an operation performed straight on its memory, as a
+    /// posted operation is checked: every few calls the worker is progressed so that failure
+    /// events (keepalive) reach the endpoint. Returns the endpoint's status.
+    pub fn check_direct(&mut self, i: usize) -> c_int {
+        match self.peers.get(i).and_then(|p| p.as_ref()) {
+            // SAFETY: valid worker and endpoint, used by this thread only.
+            Some(p) => unsafe { ffi::nsh_ep_check(self.worker.raw, p.ep) },
+            None => ffi::UCS_ERR_NOT_CONNECTED,
+        }
+    }
+
     /// The worker and the peer's endpoint, borrowed together for an operation.
     pub fn split(&mut self, i: usize) -> (&mut Worker, Option<&PeerEp>) {
         (&mut self.worker, self.peers.get(i).and_then(|p| p.as_ref()))
@@ -382,8 +444,9 @@ impl ConnectedWorker {
 
     /// Force-close a failed peer's endpoint (its rkeys first); later ops see it as gone.
     pub fn fail_peer(&mut self, i: usize, status: c_int) {
-        if let Some(p) = self.peers.get_mut(i).and_then(Option::take) {
-            // SAFETY: valid endpoint; force close is bounded.
+        if let Some(mut p) = self.peers.get_mut(i).and_then(Option::take) {
+            p.direct.clear(); // the mappings before the rkeys that keep them
+                              // SAFETY: valid endpoint; force close is bounded.
             unsafe {
                 for r in &p.rkeys {
                     ffi::nsh_rkey_destroy(*r);
@@ -394,8 +457,9 @@ impl ConnectedWorker {
         }
     }
 
-    fn destroy_peer(&mut self, p: PeerEp) {
-        // SAFETY: rkeys before their endpoint; each destroyed exactly once (p is consumed).
+    fn destroy_peer(&mut self, mut p: PeerEp) {
+        p.direct.clear(); // the mappings before the rkeys that keep them
+                          // SAFETY: rkeys before their endpoint; each destroyed exactly once (p is consumed).
         unsafe {
             for r in &p.rkeys {
                 ffi::nsh_rkey_destroy(*r);

@@ -45,6 +45,13 @@ fn config(t: Transport) -> UcxConfig {
     c
 }
 
+/// `cfg` with operations on peers sent through UCX (over shm they go straight to the peers'
+/// memory mapped into the process by default: `UcxConfig::direct_peers`).
+fn via_ucx(mut cfg: UcxConfig) -> UcxConfig {
+    cfg.direct_peers = false;
+    cfg
+}
+
 fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
@@ -99,10 +106,24 @@ fn child_process_entry() {
 }
 
 fn child_main(role: &str) -> Result<(), String> {
-    // role = "<node id>:<transport>"
-    let (id, t) = role.split_once(':').ok_or("bad role")?;
-    let id: NodeId = id.parse().map_err(|e| format!("{e}"))?;
-    let t: Transport = t.parse().map_err(|e| format!("{e}"))?;
+    // role = "<node id>:<transport>[:ucx]" (ucx: operations on peers through UCX, not
+    // straight to their mapped memory)
+    let mut parts = role.split(':');
+    let id: NodeId = parts
+        .next()
+        .unwrap_or("")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let t: Transport = parts
+        .next()
+        .ok_or("bad role")?
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let cfg = match parts.next() {
+        Some("ucx") => via_ucx(config(t)),
+        None => config(t),
+        Some(x) => return Err(format!("bad role suffix {x:?}")),
+    };
     // Never outlive the parent test process, even if it was SIGKILLed mid-command.
     let parent = unsafe { libc::getppid() };
     std::thread::spawn(move || loop {
@@ -111,7 +132,7 @@ fn child_main(role: &str) -> Result<(), String> {
             std::process::exit(3);
         }
     });
-    let node = UcxNode::new(id, &REGIONS, &config(t)).map_err(|e| e.to_string())?;
+    let node = UcxNode::new(id, &REGIONS, &cfg).map_err(|e| e.to_string())?;
     let out = std::io::stdout();
     let reply = |s: String| {
         let mut o = out.lock();
@@ -211,6 +232,16 @@ struct ChildNode {
 
 impl ChildNode {
     fn spawn(id: NodeId, t: Transport) -> ChildNode {
+        Self::spawn_as(id, t, true)
+    }
+
+    /// A child whose operations on peers go straight to their mapped memory (`direct`) or
+    /// through UCX.
+    fn spawn_as(id: NodeId, t: Transport, direct: bool) -> ChildNode {
+        let role = match direct {
+            true => format!("{id}:{t}"),
+            false => format!("{id}:{t}:ucx"),
+        };
         let mut proc = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -218,7 +249,7 @@ impl ChildNode {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(ROLE_ENV, format!("{id}:{t}"))
+            .env(ROLE_ENV, role)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -316,8 +347,15 @@ fn cluster(t: Transport, children: usize) -> Cluster {
 }
 
 fn cluster_with(t: Transport, children: usize, cfg: UcxConfig) -> Cluster {
-    let mut kids: Vec<ChildNode> = (1..=children)
-        .map(|i| ChildNode::spawn(i as NodeId, t))
+    let direct = cfg.direct_peers;
+    cluster_mixed(t, cfg, &vec![direct; children])
+}
+
+/// Parent node 0 with `cfg` plus one child per entry of `direct`, whose operations on peers go
+/// straight to their mapped memory or through UCX.
+fn cluster_mixed(t: Transport, cfg: UcxConfig, direct: &[bool]) -> Cluster {
+    let mut kids: Vec<ChildNode> = (1..=direct.len())
+        .map(|i| ChildNode::spawn_as(i as NodeId, t, direct[i - 1]))
         .collect();
     let node = UcxNode::new(0, &REGIONS, &cfg).unwrap();
     let mut infos = vec![node.info().clone()];
@@ -353,9 +391,18 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 const SIZES: [usize; 9] = [8, 16, 64, 256, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
 
-fn read_write_cas_errors_and_counters(t: Transport) {
+fn read_write_cas_errors_and_counters(t: Transport, direct: bool) {
     let _s = serial();
-    let mut c = cluster(t, 1);
+    let cfg = if direct {
+        config(t)
+    } else {
+        via_ucx(config(t))
+    };
+    let mut c = cluster_with(t, 1, cfg);
+    // Over shm the peer's memory is mapped into this process and used straight, unless
+    // switched off; over tcp it is not mapped.
+    assert_eq!(c.ep.maps_memory_of(1), direct && t == Transport::Shm, "{t}");
+    assert!(!c.ep.maps_memory_of(0), "the own node is not a peer");
     let before = c.ep.stats().snapshot();
 
     // WRITE to node 1, verified by node 1's own direct read; READ back exactly.
@@ -508,17 +555,25 @@ fn read_write_cas_errors_and_counters(t: Transport) {
 
 #[test]
 fn shm_read_write_cas_errors_and_counters() {
-    read_write_cas_errors_and_counters(Transport::Shm);
+    read_write_cas_errors_and_counters(Transport::Shm, true);
+}
+
+#[test]
+fn shm_read_write_cas_errors_and_counters_through_ucx() {
+    read_write_cas_errors_and_counters(Transport::Shm, false);
 }
 
 #[test]
 fn tcp_read_write_cas_errors_and_counters() {
-    read_write_cas_errors_and_counters(Transport::Tcp);
+    read_write_cas_errors_and_counters(Transport::Tcp, true);
 }
 
 fn concurrent_cas_increments(t: Transport, per_process: u64) {
     let _s = serial();
-    let mut c = cluster(t, 2);
+    // Node 2 sends its operations through UCX, the parent (over shm) straight to node 1's
+    // mapped memory: the two kinds of CAS must be atomic with each other.
+    let mut c = cluster_mixed(t, config(t), &[true, false]);
+    assert_eq!(c.ep.maps_memory_of(1), t == Transport::Shm);
     // Target: a word in node 1's memory. Node 1 increments it through loopback, node 2 and the
     // parent (node 0) remotely, all at once.
     let target = RemoteAddr::new(1, 0, 64);
@@ -555,10 +610,24 @@ fn tcp_concurrent_cas_increments_from_three_processes_sum_exactly() {
     concurrent_cas_increments(Transport::Tcp, 1_500);
 }
 
+/// Over shm READ, WRITE and CAS need no help from the target, through UCX (the sm
+/// transports) and straight on its mapped memory alike.
 #[test]
 fn shm_read_write_cas_complete_while_target_progress_is_paused() {
+    for direct in [false, true] {
+        target_progress_paused(direct);
+    }
+}
+
+fn target_progress_paused(direct: bool) {
     let _s = serial();
-    let mut c = cluster(Transport::Shm, 1);
+    let cfg = if direct {
+        config(Transport::Shm)
+    } else {
+        via_ucx(config(Transport::Shm))
+    };
+    let mut c = cluster_with(Transport::Shm, 1, cfg);
+    assert_eq!(c.ep.maps_memory_of(1), direct);
     // Warm up (wireup finished) while the target is still progressing.
     c.ep.read_u64(RemoteAddr::new(1, 0, 0)).unwrap();
     c.children[0].ok("pause");
@@ -643,9 +712,15 @@ fn tcp_ops_time_out_while_target_progress_is_paused() {
     );
 }
 
-fn killed_peer_becomes_unreachable(t: Transport) {
+fn killed_peer_becomes_unreachable(t: Transport, direct: bool) {
     let _s = serial();
-    let mut c = cluster(t, 2);
+    let cfg = if direct {
+        config(t)
+    } else {
+        via_ucx(config(t))
+    };
+    let mut c = cluster_with(t, 2, cfg);
+    assert_eq!(c.ep.maps_memory_of(1), direct && t == Transport::Shm);
     for n in 0..3 {
         c.ep.write(RemoteAddr::new(n, 0, 0), &[1u8; 64]).unwrap();
     }
@@ -720,12 +795,18 @@ fn killed_peer_becomes_unreachable(t: Transport) {
 
 #[test]
 fn shm_killed_peer_becomes_unreachable_and_survivors_work() {
-    killed_peer_becomes_unreachable(Transport::Shm);
+    killed_peer_becomes_unreachable(Transport::Shm, true);
+}
+
+/// As above, with operations on peers through UCX rather than straight to mapped memory.
+#[test]
+fn shm_killed_peer_becomes_unreachable_through_ucx() {
+    killed_peer_becomes_unreachable(Transport::Shm, false);
 }
 
 #[test]
 fn tcp_killed_peer_becomes_unreachable_and_survivors_work() {
-    killed_peer_becomes_unreachable(Transport::Tcp);
+    killed_peer_becomes_unreachable(Transport::Tcp, true);
 }
 
 /// Latency numbers (printed; run with --nocapture to see them). Asserts only sanity.

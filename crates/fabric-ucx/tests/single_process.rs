@@ -8,10 +8,12 @@ use nessie_fabric::{Endpoint, FabricError, Locality, OpKind, RemoteAddr};
 use nessie_fabric_ucx::{bench_op, BenchOp, RegionSource, Transport, UcxConfig, UcxNode};
 
 /// These tests are about UCX, so a node's operations on itself go through UCX's loopback
-/// (`direct_loopback` off) unless a test says otherwise.
+/// (`direct_loopback` off), and on other nodes through UCX too (`direct_peers` off), unless a
+/// test says otherwise.
 fn config(t: Transport) -> UcxConfig {
     let mut c = direct_config(t);
     c.direct_loopback = false;
+    c.direct_peers = false;
     c
 }
 
@@ -415,6 +417,118 @@ fn direct_loopback_needs_no_progress_and_validates_accesses() {
     }
     // Not on `auto`: a verbs NIC's atomics are not atomic with the CPU's.
     assert!(!Transport::Auto.cpu_atomics());
+}
+
+/// Over shm a node's threads reach other nodes' memory straight, mapped into the process
+/// (`direct_peers`), while another node's endpoints reach the same words through UCX: the two
+/// kinds of CAS must be atomic with each other, or increments are lost. Not over tcp, which
+/// maps nothing.
+#[test]
+fn direct_peer_operations_are_atomic_with_ucx_ones() {
+    let t = Transport::Shm;
+    let a = std::sync::Arc::new(UcxNode::new(0, &[64], &direct_config(t)).unwrap());
+    let b = std::sync::Arc::new(UcxNode::new(1, &[64], &config(t)).unwrap());
+    let target = UcxNode::new(2, &[4096], &config(t)).unwrap();
+    let cluster = vec![a.info().clone(), b.info().clone(), target.info().clone()];
+    let n = 20_000;
+    let word = RemoteAddr::new(2, 0, 24);
+    let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
+        .into_iter()
+        .map(|node| {
+            let cluster = cluster.clone();
+            std::thread::spawn(move || {
+                let mut ep = node.endpoint(&cluster).unwrap();
+                increment(&mut ep, word, n);
+                ep
+            })
+        })
+        .collect();
+    let mut eps: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(eps[0].read_u64(word).unwrap(), 4 * n);
+    assert!(eps[0].maps_memory_of(2) && eps[2].maps_memory_of(1));
+    assert!(!eps[1].maps_memory_of(2) && !eps[3].maps_memory_of(0));
+    // Both kinds count as remote operations.
+    for ep in &eps {
+        assert!(ep.stats().snapshot().ops(OpKind::Cas, Locality::Remote) >= n);
+    }
+    drop(eps);
+    let tcp = UcxNode::new(0, &[64], &direct_config(Transport::Tcp)).unwrap();
+    let peer = UcxNode::new(1, &[64], &direct_config(Transport::Tcp)).unwrap();
+    let mut ep = tcp
+        .endpoint(&[tcp.info().clone(), peer.info().clone()])
+        .unwrap();
+    assert!(!ep.maps_memory_of(1), "tcp maps no peer memory");
+}
+
+/// Operations straight on a peer's mapped memory need no progress at the target and are
+/// checked as UCX's are: misaligned, out of bounds, unknown regions and nodes.
+#[test]
+fn direct_peer_operations_need_no_progress_and_validate_accesses() {
+    let t = Transport::Shm;
+    let a = UcxNode::new(0, &[64], &direct_config(t)).unwrap();
+    let b = UcxNode::new(1, &[4096, 256], &direct_config(t)).unwrap();
+    let mut ep = a.endpoint(&[a.info().clone(), b.info().clone()]).unwrap();
+    assert!(ep.maps_memory_of(1));
+    b.pause_progress();
+    let w = RemoteAddr::new(1, 0, 0);
+    assert_eq!(ep.compare_and_swap(w, 0, 7).unwrap(), 0);
+    assert_eq!(
+        ep.compare_and_swap(w, 0, 9).unwrap(),
+        7,
+        "a failed CAS leaves the word"
+    );
+    ep.write(RemoteAddr::new(1, 0, 8), &[3u8; 16]).unwrap();
+    ep.write(RemoteAddr::new(1, 1, 248), &[5u8; 8]).unwrap();
+    let mut back = [0u8; 24];
+    ep.read(w, &mut back).unwrap();
+    assert_eq!(back[..8], 7u64.to_le_bytes());
+    assert_eq!(back[8..], [3u8; 16]);
+    // The target sees them in its own memory.
+    let mut own = [0u8; 8];
+    b.region(1).unwrap().read(248, &mut own).unwrap();
+    assert_eq!(own, [5u8; 8]);
+    assert!(matches!(
+        ep.read(RemoteAddr::new(1, 0, 4), &mut [0u8; 8]),
+        Err(FabricError::Misaligned { .. })
+    ));
+    assert!(matches!(
+        ep.write(RemoteAddr::new(1, 0, 0), &[0u8; 12]),
+        Err(FabricError::Misaligned { len: 12, .. })
+    ));
+    assert!(matches!(
+        ep.read(RemoteAddr::new(1, 0, 4088), &mut [0u8; 16]),
+        Err(FabricError::OutOfBounds {
+            node: 1,
+            region: 0,
+            size: 4096,
+            ..
+        })
+    ));
+    assert!(matches!(
+        ep.compare_and_swap(RemoteAddr::new(1, 1, 256), 0, 1),
+        Err(FabricError::OutOfBounds {
+            node: 1,
+            region: 1,
+            size: 256,
+            ..
+        })
+    ));
+    assert!(matches!(
+        ep.read(RemoteAddr::new(1, 0, u64::MAX - 7), &mut [0u8; 8]),
+        Err(FabricError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        ep.compare_and_swap(RemoteAddr::new(1, 5, 0), 0, 1),
+        Err(FabricError::UnknownRegion { node: 1, region: 5 })
+    ));
+    assert!(matches!(
+        ep.read(RemoteAddr::new(4, 0, 0), &mut [0u8; 8]),
+        Err(FabricError::UnknownNode { node: 4, nodes: 2 })
+    ));
+    // Errors were not counted; the 5 operations that worked were, as remote.
+    let s = ep.stats().snapshot();
+    assert_eq!(s.remote_ops(), 5);
+    b.resume_progress();
 }
 
 fn thread_cpu_ns() -> u64 {
