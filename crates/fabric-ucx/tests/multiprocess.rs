@@ -231,13 +231,9 @@ struct ChildNode {
 }
 
 impl ChildNode {
-    fn spawn(id: NodeId, t: Transport) -> ChildNode {
-        Self::spawn_as(id, t, true)
-    }
-
     /// A child whose operations on peers go straight to their mapped memory (`direct`) or
     /// through UCX.
-    fn spawn_as(id: NodeId, t: Transport, direct: bool) -> ChildNode {
+    fn spawn(id: NodeId, t: Transport, direct: bool) -> ChildNode {
         let role = match direct {
             true => format!("{id}:{t}"),
             false => format!("{id}:{t}:ucx"),
@@ -355,7 +351,7 @@ fn cluster_with(t: Transport, children: usize, cfg: UcxConfig) -> Cluster {
 /// straight to their mapped memory or through UCX.
 fn cluster_mixed(t: Transport, cfg: UcxConfig, direct: &[bool]) -> Cluster {
     let mut kids: Vec<ChildNode> = (1..=direct.len())
-        .map(|i| ChildNode::spawn_as(i as NodeId, t, direct[i - 1]))
+        .map(|i| ChildNode::spawn(i as NodeId, t, direct[i - 1]))
         .collect();
     let node = UcxNode::new(0, &REGIONS, &cfg).unwrap();
     let mut infos = vec![node.info().clone()];
