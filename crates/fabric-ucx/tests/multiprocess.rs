@@ -800,6 +800,58 @@ fn shm_killed_peer_becomes_unreachable_through_ucx() {
     killed_peer_becomes_unreachable(Transport::Shm, false);
 }
 
+/// A peer whose process was restarted (a new process, a new shared segment) is reached at its
+/// new memory once the node is told (`UcxNode::set_peer`): the mapping of the old segment goes
+/// with the old connection, so nothing is written into the dead process's orphaned memory.
+#[test]
+fn shm_restarted_peer_is_reached_at_its_new_memory() {
+    for direct in [true, false] {
+        let _s = serial();
+        let t = Transport::Shm;
+        let cfg = if direct {
+            config(t)
+        } else {
+            via_ucx(config(t))
+        };
+        let mut c = cluster_with(t, 1, cfg);
+        let a = RemoteAddr::new(1, 1, 4096);
+        c.ep.write(a, &pattern(1, 256)).unwrap();
+        assert_eq!(c.ep.maps_memory_of(1), direct);
+        c.children[0].kill();
+        let mut fresh = ChildNode::spawn(1, t, direct);
+        let infos = vec![c.infos[0].clone(), fresh.info.clone()];
+        fresh.ok(&format!(
+            "cluster {}",
+            serde_json::to_string(&infos).unwrap()
+        ));
+        c.node.set_peer(1, Some(fresh.info.clone()));
+        // The new process's memory starts zeroed: nothing of the old one shows through.
+        let mut back = vec![0u8; 256];
+        c.ep.read(a, &mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "direct {direct}: old memory read"
+        );
+        assert_eq!(c.ep.maps_memory_of(1), direct);
+        c.ep.write(a, &pattern(2, 256)).unwrap();
+        assert_eq!(
+            c.ep.compare_and_swap(RemoteAddr::new(1, 0, 8), 0, 5)
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            sum_reply(fresh.cmd("local_sum 1 4096 256")),
+            fnv(&pattern(2, 256)),
+            "direct {direct}: the restarted node does not see the write"
+        );
+        assert_eq!(
+            sum_reply(fresh.cmd("local_sum 0 8 8")),
+            fnv(&5u64.to_le_bytes())
+        );
+        c.children[0] = fresh;
+    }
+}
+
 #[test]
 fn tcp_killed_peer_becomes_unreachable_and_survivors_work() {
     killed_peer_becomes_unreachable(Transport::Tcp, true);
