@@ -186,12 +186,12 @@ enum Faults {
 /// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
 /// two copies (and for `Faults::Replace` one spare slot per node, copies moved 6 s after a
 /// failure).
-fn cluster(name: &str, transport: &str, faults: Faults) -> Cluster {
+fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Cluster {
     let replace: &[&str] = match faults {
         Faults::PauseKillRestart => &[],
         Faults::Replace => &["--spare-copies", "1", "--replace-after", "6"],
     };
-    let args = [BASE_ARGS, replace].concat();
+    let args = [BASE_ARGS, replace, extra].concat();
     Cluster::up(name, NODES, transport, &args)
 }
 
@@ -302,14 +302,27 @@ fn nodes_agree(c: &Cluster, keys: u64) {
 /// noticed its death, and a paused one's stays readable throughout.
 #[test]
 fn a_history_across_pauses_kills_and_restarts_is_linearizable() {
-    history_across_faults("faults", "shm", Faults::PauseKillRestart);
+    history_across_faults("faults", "shm", Faults::PauseKillRestart, &[]);
+}
+
+/// The same with operations on other nodes' memory sent through UCX instead of straight to the
+/// memory UCX maps into each process (`--no-direct-peers`): a dead peer is found, and a
+/// restarted one reached, on both paths.
+#[test]
+fn the_same_over_shm_through_ucx() {
+    history_across_faults(
+        "faults-ucx",
+        "shm",
+        Faults::PauseKillRestart,
+        &["--no-direct-peers"],
+    );
 }
 
 /// Re-replication under the same workload: a node killed and left down until its copies have
 /// moved to the others and been filled, then restarted (it comes back without them).
 #[test]
 fn a_history_across_a_node_replaced_is_linearizable() {
-    history_across_faults("faults-replace", "shm", Faults::Replace);
+    history_across_faults("faults-replace", "shm", Faults::Replace, &[]);
 }
 
 /// Over TCP a dead or paused node answers nobody (a paused one answers again when resumed),
@@ -321,15 +334,15 @@ fn a_history_across_a_node_replaced_is_linearizable() {
 /// directory with the node logs.
 #[test]
 fn the_same_over_tcp() {
-    history_across_faults("faults-tcp", "tcp", Faults::PauseKillRestart);
+    history_across_faults("faults-tcp", "tcp", Faults::PauseKillRestart, &[]);
 }
 
 /// The two runs take turns: each needs the machine's cores for its timings (leases, pauses).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn history_across_faults(name: &str, transport: &str, faults: Faults) {
+fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&str]) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let c = cluster(name, transport, faults);
+    let c = cluster(name, transport, faults, extra);
     let clients: Vec<Reconnecting> = [0, 1, 2, 3, 0, 2]
         .iter()
         .map(|&n| Reconnecting::new(&c, n))
