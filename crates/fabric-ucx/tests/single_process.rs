@@ -27,6 +27,28 @@ fn direct_config(t: Transport) -> UcxConfig {
     c
 }
 
+/// One thread per entry of `nodes`, each CAS-incrementing the word at `a` `n` times through an
+/// endpoint of that node, all at once; returns their endpoints.
+fn increment_at_once(
+    nodes: &[std::sync::Arc<UcxNode>],
+    cluster: &[nessie_fabric_ucx::NodeInfo],
+    a: RemoteAddr,
+    n: u64,
+) -> Vec<nessie_fabric_ucx::UcxEndpoint> {
+    let threads: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (node, cluster) = (node.clone(), cluster.to_vec());
+            std::thread::spawn(move || {
+                let mut ep = node.endpoint(&cluster).unwrap();
+                increment(&mut ep, a, n);
+                ep
+            })
+        })
+        .collect();
+    threads.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// CAS-increment the word at `a` `n` times, retrying lost races.
 fn increment(ep: &mut impl Endpoint, a: RemoteAddr, n: u64) {
     for _ in 0..n {
@@ -363,18 +385,12 @@ fn direct_loopback_operations_are_atomic_with_remote_ones() {
         let cluster = vec![a.info().clone(), b.info().clone()];
         let n = if t == Transport::Shm { 20_000 } else { 2_000 };
         let word = RemoteAddr::new(0, 0, 16);
-        let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
-            .into_iter()
-            .map(|node| {
-                let cluster = cluster.clone();
-                std::thread::spawn(move || {
-                    let mut ep = node.endpoint(&cluster).unwrap();
-                    increment(&mut ep, word, n);
-                    ep
-                })
-            })
-            .collect();
-        let eps: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        let eps = increment_at_once(
+            &[a.clone(), b.clone(), a.clone(), b.clone()],
+            &cluster,
+            word,
+            n,
+        );
         let mut w = [0u8; 8];
         a.region(0).unwrap().read(16, &mut w).unwrap();
         assert_eq!(u64::from_le_bytes(w), 4 * n, "{t}");
@@ -432,18 +448,12 @@ fn direct_peer_operations_are_atomic_with_ucx_ones() {
     let cluster = vec![a.info().clone(), b.info().clone(), target.info().clone()];
     let n = 20_000;
     let word = RemoteAddr::new(2, 0, 24);
-    let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
-        .into_iter()
-        .map(|node| {
-            let cluster = cluster.clone();
-            std::thread::spawn(move || {
-                let mut ep = node.endpoint(&cluster).unwrap();
-                increment(&mut ep, word, n);
-                ep
-            })
-        })
-        .collect();
-    let mut eps: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut eps = increment_at_once(
+        &[a.clone(), b.clone(), a.clone(), b.clone()],
+        &cluster,
+        word,
+        n,
+    );
     assert_eq!(eps[0].read_u64(word).unwrap(), 4 * n);
     assert!(eps[0].maps_memory_of(2) && eps[2].maps_memory_of(1));
     assert!(!eps[1].maps_memory_of(2) && !eps[3].maps_memory_of(0));
