@@ -115,7 +115,7 @@ impl UcxEndpoint {
     /// the worker is progressed every few operations so that keepalive still fails the
     /// endpoint of a peer that died (its segment stays mapped, so without that its orphaned
     /// memory would be read and written for ever). `None` for a peer without mapped memory
-    /// or already known to be unreachable: the UCX path reports it.
+    /// or already known to be unreachable: the UCX path serves or reports it.
     fn direct_peer<T>(
         &mut self,
         kind: OpKind,
@@ -132,7 +132,6 @@ impl UcxEndpoint {
         if self.peers.get(n)?.dead.is_some() {
             return None;
         }
-        self.conn.split(n).1?.direct(addr.region as usize)?;
         let status = self.conn.check_direct(n);
         if status != ffi::UCS_OK {
             return Some(Err(self.fail(addr.node, status, op_name(kind))));

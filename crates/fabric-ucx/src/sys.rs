@@ -445,8 +445,9 @@ impl ConnectedWorker {
     /// Force-close a failed peer's endpoint (its rkeys first); later ops see it as gone.
     pub fn fail_peer(&mut self, i: usize, status: c_int) {
         if let Some(mut p) = self.peers.get_mut(i).and_then(Option::take) {
-            p.direct.clear(); // the mappings before the rkeys that keep them
-                              // SAFETY: valid endpoint; force close is bounded.
+            // The mappings before the rkeys that keep them.
+            p.direct.clear();
+            // SAFETY: valid endpoint; force close is bounded.
             unsafe {
                 for r in &p.rkeys {
                     ffi::nsh_rkey_destroy(*r);
