@@ -6,7 +6,11 @@
 //!
 //! Each loop drives its connections' [`Session`]s: read what has arrived (up to a chunk at a time),
 //! serve every whole request, write the replies without blocking, and keep what the socket
-//! would not take. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
+//! would not take. A connection is read one chunk per turn: its first chunk's replies go out at
+//! once, and input left beyond it (a batch of large requests) is served a chunk at a time, the
+//! connections in turn, with new events looked for between rounds, its replies written once it
+//! is read out. So a batch's first answers do not wait for the whole batch, nor a client's
+//! batch behind another's; Redis reads 16 KiB per client per turn for the same reason. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
 //! not read from until the client has taken them, so a client that sends and never reads
 //! holds a bounded amount of memory. When several connections are ready in one turn, each gets
 //! at most `WRITE_SHARE` bytes of its replies written before the loop serves the next, and the
@@ -81,6 +85,7 @@ impl LoopHandle {
                     counters: counters.as_ref(),
                     make: make.as_ref(),
                     backlog: Vec::new(),
+                    more: Vec::new(),
                 };
                 if let Err(e) = l.run(&stop) {
                     tracing::error!(%e, front_end = name, "event loop stopped");
@@ -122,6 +127,8 @@ struct Conn<'a> {
     /// What the connection is registered for: changed only when it must be (an `epoll_ctl`
     /// per request batch was a measurable share of a pipelining loop's time).
     interest: Interest,
+    /// It is on the loop's list of connections with input left (`EventLoop::more`).
+    more: bool,
 }
 
 /// What to do with a connection after handling an event.
@@ -141,13 +148,33 @@ struct EventLoop<'a> {
     /// Connections whose replies were written only up to their share in this turn, and
     /// whether their input was read until the socket was empty.
     backlog: Vec<(usize, bool)>,
+    /// Connections with input left after the chunk served in this turn (and whether their
+    /// peer shut its side down): served a chunk at a time, in turn ([`Self::serve_rest`]).
+    more: Vec<(usize, bool)>,
+}
+
+/// How far [`read_and_serve`] got.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Input {
+    /// The socket was read until it was empty (or the peer closed).
+    Emptied,
+    /// It read the chunks it was allowed and the last one was full: more input may wait.
+    More,
+    /// It stopped because too many replies wait: input may be left that no new edge signals.
+    Held,
 }
 
 impl<'a> EventLoop<'a> {
     fn run(&mut self, stop: &AtomicBool) -> std::io::Result<()> {
         let mut events = Events::with_capacity(EVENTS);
         while !stop.load(Ordering::SeqCst) {
-            match self.poll.poll(&mut events, Some(IDLE_POLL)) {
+            // With input left to serve, only look for new events between rounds.
+            let wait = if self.more.is_empty() {
+                IDLE_POLL
+            } else {
+                Duration::ZERO
+            };
+            match self.poll.poll(&mut events, Some(wait)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
@@ -165,6 +192,7 @@ impl<'a> EventLoop<'a> {
                     self.close(i);
                 }
             }
+            self.serve_round(share);
             self.write_backlog();
         }
         for i in 0..self.conns.len() {
@@ -208,6 +236,7 @@ impl<'a> EventLoop<'a> {
             sent: 0,
             closing: false,
             interest: Interest::READABLE,
+            more: false,
         });
         Ok(())
     }
@@ -230,23 +259,69 @@ impl<'a> EventLoop<'a> {
         let Some(c) = self.conns[i].as_mut() else {
             return After::Keep; // closed earlier in this turn
         };
+        if c.more {
+            return After::Keep; // it is served in the round, read until empty
+        }
         let r = (|| {
             flush(c, usize::MAX)?;
-            let mut emptied = false;
+            let mut input = Input::Held;
             let mut held = false;
             if !c.closing && c.pending.len() <= MAX_PENDING_OUT {
-                emptied = read_and_serve(c, read_closed)?;
+                // One chunk now, and its replies out at once: a client pipelining large
+                // requests has its first answers while the rest of its batch is served.
+                input = read_and_serve(c, read_closed, 1)?;
                 held = flush(c, share)?;
             }
-            Ok::<(bool, bool), std::io::Error>((emptied, held))
+            Ok::<(Input, bool), std::io::Error>((input, held))
         })();
         match r {
-            Ok((emptied, true)) => {
-                self.backlog.push((i, emptied));
+            Ok((Input::More, _)) => {
+                c.more = true;
+                self.more.push((i, read_closed));
                 After::Keep
             }
-            Ok((emptied, false)) => self.settle(i, emptied),
+            Ok((input, true)) => {
+                self.backlog.push((i, input == Input::Emptied));
+                After::Keep
+            }
+            Ok((input, false)) => self.settle(i, input == Input::Emptied),
             Err(_) => After::Drop,
+        }
+    }
+
+    /// One round over the connections that had more input than the chunk [`Self::handle`]
+    /// served: a chunk each, so that none waits behind another's whole batch, and a client
+    /// whose new batch arrives meanwhile is answered from the next turn's events on, not after
+    /// every batch before it. A connection read out has its replies written (up to `share`,
+    /// the rest in the backlog); the others stay for the next round.
+    fn serve_round(&mut self, share: usize) {
+        #[cfg(test)]
+        tests::ROUND_CHUNKS.fetch_add(self.more.len() as u64, Ordering::Relaxed);
+        for (i, read_closed) in std::mem::take(&mut self.more) {
+            let Some(c) = self.conns[i].as_mut() else {
+                continue;
+            };
+            let after = match read_and_serve(c, read_closed, 1) {
+                Ok(Input::More) => {
+                    self.more.push((i, read_closed));
+                    continue;
+                }
+                Ok(input) => {
+                    c.more = false;
+                    match flush(c, share) {
+                        Ok(true) => {
+                            self.backlog.push((i, input == Input::Emptied));
+                            After::Keep
+                        }
+                        Ok(false) => self.settle(i, input == Input::Emptied),
+                        Err(_) => After::Drop,
+                    }
+                }
+                Err(_) => After::Drop,
+            };
+            if after == After::Drop {
+                self.close(i);
+            }
         }
     }
 
@@ -308,24 +383,32 @@ impl<'a> EventLoop<'a> {
     }
 }
 
-/// Read until the socket is empty, serving each chunk as it comes; whether it was emptied.
-/// Reading stops early while too many replies wait: data may then be left in the socket,
-/// which will not signal it again, so every later event of the connection (its replies going
-/// out) reads again.
-fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<bool> {
+/// Read until the socket is empty, or `chunks` reads have been made, serving each chunk as it
+/// comes. Reading stops early while too many replies wait: data may then be left in the
+/// socket, which will not signal it again, so every later event of the connection (its replies
+/// going out) reads again.
+fn read_and_serve(
+    c: &mut Conn<'_>,
+    read_closed: bool,
+    mut chunks: usize,
+) -> std::io::Result<Input> {
     loop {
         if c.pending.len() > MAX_PENDING_OUT {
-            return Ok(false);
+            return Ok(Input::Held);
         }
+        if chunks == 0 {
+            return Ok(Input::More);
+        }
+        chunks -= 1;
         let (n, asked) = match read_into(&c.stream, c.session.inbuf()) {
             // The client is done sending (it may still read: `printf … | nc` shuts its side
             // down after the requests): close once the replies are out.
             Ok((0, _)) => {
                 c.closing = true;
-                return Ok(true);
+                return Ok(Input::Emptied);
             }
             Ok(r) => r,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Input::Emptied),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
@@ -340,13 +423,13 @@ fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<bool> 
         }
         if close {
             c.closing = true;
-            return Ok(true);
+            return Ok(Input::Emptied);
         }
         // A short read of a stream socket emptied it (epoll(7)): more input is a new edge.
         // Spares the read that would only answer "would block", one per request batch. An end
         // of file that came with the input raised no edge of its own: read on to it.
         if n < asked && !read_closed {
-            return Ok(true);
+            return Ok(Input::Emptied);
         }
     }
 }
@@ -408,6 +491,9 @@ mod tests {
     /// Replies written after the other ready connections' shares, over all loops in this test
     /// binary.
     pub(super) static BACKLOG_WRITES: AtomicU64 = AtomicU64::new(0);
+    /// Chunks served in rounds (input left after a connection's first chunk of a turn), over
+    /// all loops in this test binary.
+    pub(super) static ROUND_CHUNKS: AtomicU64 = AtomicU64::new(0);
 
     /// The sessions below use no store.
     struct NoStore;
@@ -511,6 +597,103 @@ mod tests {
         assert!(
             BACKLOG_WRITES.load(Ordering::Relaxed) > before,
             "no turn had two connections with large replies ready: the backlog went untested"
+        );
+    }
+
+    /// Each request is a line of [`LONG`] bytes ending in a number; its reply is the number.
+    struct Long {
+        inbuf: Vec<u8>,
+        out: Vec<u8>,
+    }
+    const LONG: usize = 16 * 1024;
+
+    fn long_request(n: u32) -> String {
+        let id = n.to_string();
+        format!("{}{id}\n", "x".repeat(LONG - id.len() - 1))
+    }
+
+    impl Session for Long {
+        fn inbuf(&mut self) -> &mut Vec<u8> {
+            &mut self.inbuf
+        }
+        fn out(&mut self) -> &mut Vec<u8> {
+            &mut self.out
+        }
+        fn serve_buffered(&mut self, _: &mut dyn Write) -> std::io::Result<bool> {
+            let mut at = 0;
+            while let Some(len) = self.inbuf[at..].iter().position(|&b| b == b'\n') {
+                let line = &self.inbuf[at..at + len];
+                let digits = line.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+                self.out.extend_from_slice(&line[len - digits..]);
+                self.out.push(b'\n');
+                at += len + 1;
+            }
+            self.inbuf.drain(..at);
+            Ok(false)
+        }
+    }
+
+    /// Connections pipelining batches of large requests at the same time, on one loop: a batch
+    /// larger than a read is served a chunk at a time, the connections in turn (and the first
+    /// chunk's replies written at once), and every client still gets every reply, in order.
+    #[test]
+    fn batches_of_large_requests_are_served_in_turns_and_answered_in_order() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
+            Box::new(Long {
+                inbuf: Vec::new(),
+                out: Vec::new(),
+            })
+        });
+        let mut lp = LoopHandle::start(
+            "test",
+            Arc::new(NoStore),
+            Arc::new(Counters::default()),
+            make,
+            stop.clone(),
+        )
+        .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        const CLIENTS: u32 = 4;
+        const BATCHES: u32 = 30;
+        // 16 requests of 16 KiB: four reads' worth per batch.
+        const DEPTH: u32 = 16;
+        let before = ROUND_CHUNKS.load(Ordering::Relaxed);
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let s = TcpStream::connect(addr).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    for b in 0..BATCHES {
+                        let ids: Vec<u32> =
+                            (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
+                        let req: String = ids.iter().map(|&n| long_request(n)).collect();
+                        w.write_all(req.as_bytes()).unwrap();
+                        for &n in &ids {
+                            let mut line = String::new();
+                            std::io::BufRead::read_line(&mut r, &mut line)
+                                .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
+                            assert_eq!(line, format!("{n}\n"), "client {c}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for id in 0..u64::from(CLIENTS) {
+            let (s, _) = listener.accept().unwrap();
+            lp.give(s, id).unwrap();
+        }
+        for c in clients {
+            c.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+        lp.join();
+        assert!(
+            ROUND_CHUNKS.load(Ordering::Relaxed) > before,
+            "no batch outlasted its first read: the rounds went untested"
         );
     }
 }
