@@ -242,6 +242,8 @@ impl<'a> EventLoop<'a> {
     }
 
     fn close(&mut self, i: usize) {
+        // Its slot may be given to a new connection before the next round.
+        self.more.retain(|&(j, _)| j != i);
         if let Some(mut c) = self.conns[i].take() {
             let _ = self.poll.registry().deregister(&mut c.stream);
             self.counters
