@@ -10,7 +10,8 @@
 //! once, and input left beyond it (a batch of large requests) is served a chunk at a time, the
 //! connections in turn, with new events looked for between rounds, its replies written once it
 //! is read out. So a batch's first answers do not wait for the whole batch, nor a client's
-//! batch behind another's; Redis reads 16 KiB per client per turn for the same reason. A connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
+//! batch behind another's; Redis reads 16 KiB per client per turn for the same reason. A
+//! connection with more than [`MAX_PENDING_OUT`] bytes of replies waiting is
 //! not read from until the client has taken them, so a client that sends and never reads
 //! holds a bounded amount of memory. When several connections are ready in one turn, each gets
 //! at most `WRITE_SHARE` bytes of its replies written before the loop serves the next, and the
@@ -149,7 +150,7 @@ struct EventLoop<'a> {
     /// whether their input was read until the socket was empty.
     backlog: Vec<(usize, bool)>,
     /// Connections with input left after the chunk served in this turn (and whether their
-    /// peer shut its side down): served a chunk at a time, in turn ([`Self::serve_rest`]).
+    /// peer shut its side down): served a chunk at a time, in turn ([`Self::serve_round`]).
     more: Vec<(usize, bool)>,
 }
 
