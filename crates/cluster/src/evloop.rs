@@ -539,18 +539,11 @@ mod tests {
         }
     }
 
-    /// Connections pipelining requests with large replies at the same time, on one loop: the
-    /// loop writes each its share and the rest after the others' (the backlog), and every
-    /// client still gets all its replies, whole and in order.
-    #[test]
-    fn clients_served_in_turns_get_all_their_large_replies_in_order() {
+    /// Start one loop serving sessions `make` makes, connect `clients` clients to it, run
+    /// `client(c, stream)` for each in a thread of its own, wait for all of them and stop the
+    /// loop.
+    fn serve_clients(make: Arc<MakeSession>, clients: u32, client: fn(u32, TcpStream)) {
         let stop = Arc::new(AtomicBool::new(false));
-        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
-            Box::new(Large {
-                inbuf: Vec::new(),
-                out: Vec::new(),
-            })
-        });
         let mut lp = LoopHandle::start(
             "test",
             Arc::new(NoStore),
@@ -561,42 +554,56 @@ mod tests {
         .unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        const CLIENTS: u32 = 4;
-        const BATCHES: u32 = 40;
-        const DEPTH: u32 = 8;
-        let before = BACKLOG_WRITES.load(Ordering::Relaxed);
-        let clients: Vec<_> = (0..CLIENTS)
+        let threads: Vec<_> = (0..clients)
             .map(|c| {
                 std::thread::spawn(move || {
                     let s = TcpStream::connect(addr).unwrap();
                     // Replies held back and never sent fail the test instead of hanging it.
                     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                    let mut w = s.try_clone().unwrap();
-                    let mut r = BufReader::new(s);
-                    let mut got = vec![0u8; REPLY];
-                    for b in 0..BATCHES {
-                        let ids: Vec<u32> =
-                            (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
-                        let req: String = ids.iter().map(|n| format!("{n}\n")).collect();
-                        w.write_all(req.as_bytes()).unwrap();
-                        for &n in &ids {
-                            r.read_exact(&mut got)
-                                .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
-                            assert!(got == reply(n), "client {c}: reply {n} wrong");
-                        }
-                    }
+                    client(c, s)
                 })
             })
             .collect();
-        for id in 0..u64::from(CLIENTS) {
+        for id in 0..u64::from(clients) {
             let (s, _) = listener.accept().unwrap();
             lp.give(s, id).unwrap();
         }
-        for c in clients {
-            c.join().unwrap();
+        for t in threads {
+            t.join().unwrap();
         }
         stop.store(true, Ordering::SeqCst);
         lp.join();
+    }
+
+    /// Connections pipelining requests with large replies at the same time, on one loop: the
+    /// loop writes each its share and the rest after the others' (the backlog), and every
+    /// client still gets all its replies, whole and in order.
+    #[test]
+    fn clients_served_in_turns_get_all_their_large_replies_in_order() {
+        const BATCHES: u32 = 40;
+        const DEPTH: u32 = 8;
+        let before = BACKLOG_WRITES.load(Ordering::Relaxed);
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
+            Box::new(Large {
+                inbuf: Vec::new(),
+                out: Vec::new(),
+            })
+        });
+        serve_clients(make, 4, |c, s| {
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            let mut got = vec![0u8; REPLY];
+            for b in 0..BATCHES {
+                let ids: Vec<u32> = (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
+                let req: String = ids.iter().map(|n| format!("{n}\n")).collect();
+                w.write_all(req.as_bytes()).unwrap();
+                for &n in &ids {
+                    r.read_exact(&mut got)
+                        .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
+                    assert!(got == reply(n), "client {c}: reply {n} wrong");
+                }
+            }
+        });
         assert!(
             BACKLOG_WRITES.load(Ordering::Relaxed) > before,
             "no turn had two connections with large replies ready: the backlog went untested"
@@ -641,59 +648,31 @@ mod tests {
     /// chunk's replies written at once), and every client still gets every reply, in order.
     #[test]
     fn batches_of_large_requests_are_served_in_turns_and_answered_in_order() {
-        let stop = Arc::new(AtomicBool::new(false));
+        const BATCHES: u32 = 30;
+        // 16 requests of 16 KiB: four reads' worth per batch.
+        const DEPTH: u32 = 16;
+        let before = ROUND_CHUNKS.load(Ordering::Relaxed);
         let make: Arc<MakeSession> = Arc::new(|_, _, _| {
             Box::new(Long {
                 inbuf: Vec::new(),
                 out: Vec::new(),
             })
         });
-        let mut lp = LoopHandle::start(
-            "test",
-            Arc::new(NoStore),
-            Arc::new(Counters::default()),
-            make,
-            stop.clone(),
-        )
-        .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        const CLIENTS: u32 = 4;
-        const BATCHES: u32 = 30;
-        // 16 requests of 16 KiB: four reads' worth per batch.
-        const DEPTH: u32 = 16;
-        let before = ROUND_CHUNKS.load(Ordering::Relaxed);
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|c| {
-                std::thread::spawn(move || {
-                    let s = TcpStream::connect(addr).unwrap();
-                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                    let mut w = s.try_clone().unwrap();
-                    let mut r = BufReader::new(s);
-                    for b in 0..BATCHES {
-                        let ids: Vec<u32> =
-                            (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
-                        let req: String = ids.iter().map(|&n| long_request(n)).collect();
-                        w.write_all(req.as_bytes()).unwrap();
-                        for &n in &ids {
-                            let mut line = String::new();
-                            std::io::BufRead::read_line(&mut r, &mut line)
-                                .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
-                            assert_eq!(line, format!("{n}\n"), "client {c}");
-                        }
-                    }
-                })
-            })
-            .collect();
-        for id in 0..u64::from(CLIENTS) {
-            let (s, _) = listener.accept().unwrap();
-            lp.give(s, id).unwrap();
-        }
-        for c in clients {
-            c.join().unwrap();
-        }
-        stop.store(true, Ordering::SeqCst);
-        lp.join();
+        serve_clients(make, 4, |c, s| {
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            for b in 0..BATCHES {
+                let ids: Vec<u32> = (0..DEPTH).map(|k| (c * BATCHES + b) * DEPTH + k).collect();
+                let req: String = ids.iter().map(|&n| long_request(n)).collect();
+                w.write_all(req.as_bytes()).unwrap();
+                for &n in &ids {
+                    let mut line = String::new();
+                    std::io::BufRead::read_line(&mut r, &mut line)
+                        .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
+                    assert_eq!(line, format!("{n}\n"), "client {c}");
+                }
+            }
+        });
         assert!(
             ROUND_CHUNKS.load(Ordering::Relaxed) > before,
             "no batch outlasted its first read: the rounds went untested"
