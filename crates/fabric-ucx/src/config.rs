@@ -172,14 +172,14 @@ pub struct UcxConfig {
     /// of through UCX's loopback, when the transport's atomics are CPU atomics
     /// ([`Transport::cpu_atomics`]). Counted as loopback operations all the same. `false`
     /// sends them through UCX, as on verbs.
-    #[serde(default = "direct_loopback_default")]
+    #[serde(default = "direct_by_default")]
     pub direct_loopback: bool,
     /// Operations on other nodes' memory go straight to it with CPU loads, stores and
     /// compare-exchanges where UCX maps it into this process (`ucp_rkey_ptr`), which it does
     /// for shared-memory transports; only with [`Transport::Shm`], where every node's atomics
     /// are CPU atomics. Checked as operations through UCX are (dead and restarted peers), and
     /// counted as remote operations. `false` sends them through UCX.
-    #[serde(default = "direct_loopback_default")]
+    #[serde(default = "direct_by_default")]
     pub direct_peers: bool,
     /// How long a worker thread polls for its operation's completion before it sleeps on its
     /// worker's event fd until the answer arrives (`None`: it polls until completion).
@@ -188,7 +188,8 @@ pub struct UcxConfig {
     pub wait_spin: Option<Duration>,
 }
 
-fn direct_loopback_default() -> bool {
+/// Both direct paths (own node, mapped peers) are on unless switched off.
+fn direct_by_default() -> bool {
     true
 }
 
@@ -202,8 +203,8 @@ impl Default for UcxConfig {
             progress_spin: Duration::ZERO,
             huge_pages: HugePages::Try,
             ucx_options: Vec::new(),
-            direct_loopback: direct_loopback_default(),
-            direct_peers: direct_loopback_default(),
+            direct_loopback: direct_by_default(),
+            direct_peers: direct_by_default(),
             wait_spin: Transport::Auto.default_wait_spin(),
         }
     }
