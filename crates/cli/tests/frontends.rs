@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use common::Cluster;
+use common::{free_port_range, Cluster, Peer};
 
 const NODES: u16 = 3;
 
@@ -44,28 +44,6 @@ const SERVED: &[&str] = &[
     "ascii prepend noreply",
     "ascii stat",
 ];
-
-/// A base port with `n` free loopback ports from it (node K listens on base + K).
-fn free_port_range(n: u16) -> u16 {
-    for _ in 0..200 {
-        // Below the usual ephemeral range (32768..), where bind(0) would not hand them out.
-        let base: u16 = 20_000 + rand_u16() % 12_000;
-        let held: Vec<_> = (0..n)
-            .map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
-            .collect();
-        if held.len() == n as usize {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free loopback ports");
-}
-
-fn rand_u16() -> u16 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    (t.subsec_nanos() ^ std::process::id().wrapping_mul(2_654_435_761)) as u16
-}
 
 fn up(name: &str) -> (Cluster, u16) {
     let base = free_port_range(NODES);
@@ -214,33 +192,6 @@ fn oversize_keys_and_values_get_memcacheds_errors_and_the_connection_stays_usabl
     assert_eq!(m.line(), "ERROR\r\n");
     assert_eq!(m.line(), "NOT_STORED\r\n", "add of a present key");
     assert_eq!(m.get("ok"), vec![("ok".to_string(), 0, b"hi".to_vec())]);
-}
-
-/// A reference server (memcached, redis-server) started by a test, stopped when dropped, also
-/// when the test fails.
-struct Peer(std::process::Child);
-
-impl Peer {
-    /// Start `cmd` and wait until it accepts connections on loopback `port`.
-    fn start(cmd: &mut Command, port: u16, what: &str) -> Peer {
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("{what} runs (scripts/setup.sh installs it): {e}"));
-        let peer = Peer(child);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "{what} did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        peer
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Every reply to `input` on a fresh connection to `port`, until the `version` appended to it

@@ -792,6 +792,7 @@ fn arity(name: &str) -> Option<Arity> {
         "mget" | "del" | "unlink" | "exists" | "client" | "config" => AtLeast(1),
         "mset" => AtLeast(2),
         "ping" => Between(0, 1),
+        "dbsize" => Exactly(0),
         "quit" => AtLeast(0),
         "auth" => Between(1, 2),
         _ => return None,
@@ -964,6 +965,7 @@ mod tests {
             &["SET", "k", "v", "NX"],
             &["INCR", "k"],
             &["DBSIZE"],
+            &["DBSIZE", "x"],
             &["SELECT", "1"],
             &["AUTH", "pw"],
             &["SET", "a-key-longer-than-thirty-two-bytes!", "v"],
@@ -980,6 +982,7 @@ mod tests {
             +OK\r\n\
             -ERR value is not an integer or out of range\r\n\
             :1\r\n\
+            -ERR wrong number of arguments for 'dbsize' command\r\n\
             -ERR DB index is out of range\r\n\
             -ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n\
             -ERR key of 35 bytes is longer than this cluster's limit of 32 bytes\r\n\

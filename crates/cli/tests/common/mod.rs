@@ -2,8 +2,10 @@
 //! is stopped (`nessie down`) and removed on drop, even when the test fails.
 #![allow(dead_code)] // each test binary uses its own part
 
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use nessie_cluster::process;
 
@@ -131,4 +133,53 @@ pub fn restart(c: &Cluster, id: u16) -> Restarted {
             .spawn()
             .unwrap(),
     )
+}
+
+/// A base port with `n` free loopback ports from it (node K listens on base + K).
+pub fn free_port_range(n: u16) -> u16 {
+    for _ in 0..200 {
+        // Below the usual ephemeral range (32768..), where bind(0) would not hand them out.
+        let base: u16 = 20_000 + rand_u16() % 12_000;
+        let held: Vec<_> = (0..n)
+            .map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free loopback ports");
+}
+
+fn rand_u16() -> u16 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    (t.subsec_nanos() ^ std::process::id().wrapping_mul(2_654_435_761)) as u16
+}
+
+/// A reference server (memcached, redis-server) started by a test, stopped when dropped, also
+/// when the test fails.
+pub struct Peer(std::process::Child);
+
+impl Peer {
+    /// Start `cmd` and wait until it accepts connections on loopback `port`.
+    pub fn start(cmd: &mut Command, port: u16, what: &str) -> Peer {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what} runs (scripts/setup.sh installs it): {e}"));
+        let peer = Peer(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "{what} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peer
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

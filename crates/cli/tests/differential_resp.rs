@@ -1,0 +1,400 @@
+//! The Redis front end against a real `redis-server` (Debian redis-server), on loopback:
+//! generated sequences of the key commands Nessie serves, with their options, edge-case
+//! numbers and wrong argument counts, sent to both; every reply must be the same bytes.
+//! `the_redis_front_end_answers_as_redis_server` (frontends.rs) pins chosen cases; this one
+//! explores their combinations, and proptest shrinks a difference to a shortest sequence.
+//!
+//! Nessie's commands go to its three nodes in turn (chosen per command), so a key written
+//! through one node is read back through another; redis-server has one connection.
+//! Replies that depend on the moment they are computed are compared in a coarser form:
+//! a positive TTL or PTTL (the one time-dependent reply; every expiry generated is either
+//! long past or at least 1000 s away) only as being positive.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{free_port_range, Cluster, Peer};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+const NODES: u16 = 3;
+/// Generated sequences run per test (each starts with FLUSHALL); `PROPTEST_CASES` overrides it
+/// for a longer search.
+const CASES: u32 = 160;
+/// Most commands in a sequence.
+const MAX_COMMANDS: usize = 10;
+/// How long a reply may take before the test fails.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of replies one command may get (every generated reply is far shorter).
+const MAX_REPLY: usize = 1 << 16;
+
+/// The keys: few, so that commands meet each other's keys.
+const KEYS: &[&str] = &["a", "b", "c"];
+/// Values: integers at and past the 64-bit limits, and strings INCR refuses.
+const VALUES: &[&str] = &[
+    "1",
+    "0",
+    "-3",
+    "41",
+    "x",
+    "",
+    " 1",
+    "1 ",
+    "3.0",
+    "10abc",
+    "007",
+    "+5",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+];
+/// INCRBY/DECRBY amounts.
+const AMOUNTS: &[&str] = &[
+    "5",
+    "-5",
+    "0",
+    "x",
+    "",
+    "1.5",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+];
+
+/// A generated command: its arguments and the node (of Nessie) it is sent to.
+#[derive(Clone, Debug)]
+struct Cmd {
+    args: Vec<String>,
+    node: u16,
+}
+
+/// Arguments for an expiry option: long past, far ahead (relative or absolute), or invalid.
+fn expiry(now_s: u64) -> impl Strategy<Value = Vec<String>> {
+    let past_s = "1".to_string();
+    let ahead_s = (now_s + 100_000).to_string();
+    let ahead_ms = ((now_s + 100_000) * 1000).to_string();
+    prop_oneof![
+        Just(vec!["EX".into(), "1000".into()]),
+        Just(vec!["PX".into(), "1000000".into()]),
+        Just(vec!["EXAT".into(), ahead_s]),
+        Just(vec!["PXAT".into(), ahead_ms]),
+        Just(vec!["EXAT".into(), past_s]),
+        Just(vec!["PXAT".into(), "1".into()]),
+        Just(vec!["EX".into(), "0".into()]),
+        Just(vec!["PX".into(), "-5".into()]),
+        Just(vec!["EX".into(), "x".into()]),
+        Just(vec!["EX".into(), "99999999999999999".into()]),
+        Just(vec!["EX".into()]),
+    ]
+}
+
+fn pick(of: &'static [&'static str]) -> impl Strategy<Value = String> + Clone {
+    proptest::sample::select(of).prop_map(str::to_string)
+}
+
+fn keys(max: usize) -> impl Strategy<Value = Vec<String>> {
+    proptest::collection::vec(pick(KEYS), 1..=max)
+}
+
+/// The arguments of one command (name first), well-formed or close to it.
+fn command(now_s: u64) -> impl Strategy<Value = Vec<String>> {
+    let k = || pick(KEYS);
+    let v = || pick(VALUES);
+    let set_opts = proptest::collection::vec(
+        prop_oneof![
+            Just(vec!["NX".to_string()]),
+            Just(vec!["XX".to_string()]),
+            Just(vec!["GET".to_string()]),
+            Just(vec!["KEEPTTL".to_string()]),
+            expiry(now_s),
+        ],
+        0..3,
+    );
+    let expire_opts = || proptest::collection::vec(pick(&["NX", "XX", "GT", "LT", "FOO"]), 0..2);
+    let secs = pick(&["1000", "2000", "-1", "0", "x", "9223372036854775807"]);
+    let getex_opt = prop_oneof![
+        Just(vec![]),
+        Just(vec!["PERSIST".to_string()]),
+        expiry(now_s),
+    ];
+    let simple = |name: &'static str| Just(vec![name.to_string()]);
+    prop_oneof![
+        (k(), v(), set_opts).prop_map(|(k, v, o)| {
+            let mut a = vec!["SET".into(), k, v];
+            a.extend(o.into_iter().flatten());
+            a
+        }),
+        k().prop_map(|k| vec!["GET".into(), k]),
+        (k(), v()).prop_map(|(k, v)| vec!["SETNX".into(), k, v]),
+        (k(), v()).prop_map(|(k, v)| vec!["GETSET".into(), k, v]),
+        (
+            pick(&["SETEX", "PSETEX"]),
+            k(),
+            pick(&["1000", "1000000", "0", "-1", "x"]),
+            v()
+        )
+            .prop_map(|(c, k, t, v)| vec![c, k, t, v]),
+        k().prop_map(|k| vec!["GETDEL".into(), k]),
+        (k(), getex_opt).prop_map(|(k, o)| {
+            let mut a = vec!["GETEX".into(), k];
+            a.extend(o);
+            a
+        }),
+        keys(4).prop_map(|ks| [vec!["MGET".into()], ks].concat()),
+        proptest::collection::vec((k(), v()), 1..3).prop_map(|kv| {
+            let mut a = vec!["MSET".to_string()];
+            for (k, v) in kv {
+                a.push(k);
+                a.push(v);
+            }
+            a
+        }),
+        (pick(&["DEL", "UNLINK", "EXISTS"]), keys(4)).prop_map(|(c, ks)| [vec![c], ks].concat()),
+        (pick(&["INCR", "DECR"]), k()).prop_map(|(c, k)| vec![c, k]),
+        (pick(&["INCRBY", "DECRBY"]), k(), pick(AMOUNTS)).prop_map(|(c, k, n)| vec![c, k, n]),
+        (k(), v()).prop_map(|(k, v)| vec!["APPEND".into(), k, v]),
+        k().prop_map(|k| vec!["STRLEN".into(), k]),
+        (pick(&["EXPIRE", "PEXPIRE"]), k(), secs, expire_opts()).prop_map(|(c, k, s, o)| [
+            vec![c, k, s],
+            o
+        ]
+        .concat()),
+        (
+            pick(&["EXPIREAT", "PEXPIREAT"]),
+            k(),
+            Just(now_s),
+            expire_opts()
+        )
+            .prop_map(|(c, k, now, o)| {
+                // Long past, or far ahead, in the command's unit.
+                let ahead = now + 100_000;
+                let at = match (c.as_str(), k.len() % 2) {
+                    (_, 0) => "1".to_string(),
+                    ("EXPIREAT", _) => ahead.to_string(),
+                    _ => (ahead * 1000).to_string(),
+                };
+                [vec![c, k, at], o].concat()
+            }),
+        k().prop_map(|k| vec!["PERSIST".into(), k]),
+        (pick(&["TTL", "PTTL"]), k()).prop_map(|(c, k)| vec![c, k]),
+        simple("DBSIZE"),
+        simple("PING"),
+        (pick(&["ECHO", "PING"]), v()).prop_map(|(c, v)| vec![c, v]),
+        // Only database 0 is served (docs/frontends.md): redis-server's 1 to 15 are left out.
+        pick(&["0", "16", "x", "-1"]).prop_map(|d| vec!["SELECT".into(), d]),
+    ]
+}
+
+/// A command as generated, or spoiled: an argument dropped or one added (wrong arity, a stray
+/// option), its name in lower case.
+fn cmd(now_s: u64) -> impl Strategy<Value = Cmd> {
+    (command(now_s), 0u8..10, 0..NODES).prop_map(|(mut args, how, node)| {
+        match how {
+            0 if args.len() > 1 => {
+                args.pop();
+            }
+            1 => args.push("x".into()),
+            2 => args[0] = args[0].to_lowercase(),
+            _ => {}
+        }
+        Cmd { args, node }
+    })
+}
+
+fn encode(args: &[String]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    b
+}
+
+/// The length of the first complete RESP2 reply in `b`, if it is all there.
+fn reply_len(b: &[u8]) -> Option<usize> {
+    let line_end = b.windows(2).position(|w| w == b"\r\n")? + 2;
+    let number = || -> i64 {
+        std::str::from_utf8(&b[1..line_end - 2])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad reply header {:?}", String::from_utf8_lossy(b)))
+    };
+    match b[0] {
+        b'+' | b'-' | b':' => Some(line_end),
+        b'$' => match number() {
+            -1 => Some(line_end),
+            n => {
+                let end = line_end + n as usize + 2;
+                (b.len() >= end).then_some(end)
+            }
+        },
+        b'*' => {
+            let mut at = line_end;
+            for _ in 0..number().max(0) {
+                at += reply_len(&b[at..])?;
+            }
+            Some(at)
+        }
+        other => panic!("not a RESP2 reply: {:?}", other as char),
+    }
+}
+
+/// A connection that reads one reply per command.
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn connect(port: u16) -> Conn {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(REPLY_TIMEOUT)).unwrap();
+        s.set_nodelay(true).unwrap();
+        Conn { s, buf: Vec::new() }
+    }
+
+    fn call(&mut self, args: &[String]) -> Result<Vec<u8>, String> {
+        self.s.write_all(&encode(args)).map_err(|e| e.to_string())?;
+        let mut chunk = [0u8; 4096];
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(n) = reply_len(&self.buf) {
+                    return Ok(self.buf.drain(..n).collect());
+                }
+            }
+            if self.buf.len() > MAX_REPLY {
+                return Err(format!("a reply over {MAX_REPLY} bytes"));
+            }
+            match self.s.read(&mut chunk) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(format!("no reply: {e}")),
+            }
+        }
+    }
+}
+
+/// Whether `args` set an expiry time long past (EXAT 1, PXAT 1): redis-server keeps such a key
+/// until it reclaims it, and its DBSIZE counts it meanwhile; Nessie's counts live keys only
+/// (docs/frontends.md).
+fn sets_past_expiry(args: &[String]) -> bool {
+    args.windows(2)
+        .any(|w| ["EXAT", "PXAT"].contains(&w[0].to_uppercase().as_str()) && w[1] == "1")
+}
+
+/// The reply as compared: a positive TTL or PTTL only as positive; after a past expiry was
+/// set, a DBSIZE only as a count.
+fn normalized(args: &[String], reply: Vec<u8>, past_expiry: bool) -> String {
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let name = args[0].to_lowercase();
+    let timed = ["ttl", "pttl"].contains(&name.as_str()) && args.len() == 2;
+    let counted = name == "dbsize" && args.len() == 1 && past_expiry;
+    match text
+        .strip_prefix(':')
+        .and_then(|r| r.trim_end().parse::<i64>().ok())
+    {
+        Some(n) if timed && n > 0 => ":<positive>\r\n".into(),
+        Some(_) if counted => ":<count>\r\n".into(),
+        _ => text,
+    }
+}
+
+struct Servers {
+    redis: Conn,
+    nessie: Vec<Conn>,
+}
+
+impl Servers {
+    /// Run `cmds` on both from empty stores; the first command whose replies differ.
+    fn differ(&mut self, cmds: &[Cmd]) -> Result<(), TestCaseError> {
+        let flush = vec!["FLUSHALL".to_string()];
+        for r in [self.redis.call(&flush), self.nessie[0].call(&flush)] {
+            prop_assert_eq!(r.as_deref(), Ok(&b"+OK\r\n"[..]));
+        }
+        let mut transcript = String::new();
+        let mut past = false;
+        for c in cmds {
+            past |= sets_past_expiry(&c.args);
+            let theirs = self
+                .redis
+                .call(&c.args)
+                .map(|r| normalized(&c.args, r, past));
+            let ours = self.nessie[c.node as usize]
+                .call(&c.args)
+                .map(|r| normalized(&c.args, r, past));
+            transcript.push_str(&format!("  node {} {:?} -> {:?}\n", c.node, c.args, ours));
+            prop_assert_eq!(
+                &ours,
+                &theirs,
+                "Nessie (left) answered unlike redis-server (right); the sequence:\n{}",
+                transcript
+            );
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
+    let base = free_port_range(NODES);
+    let _c = Cluster::up(
+        "resp-differential",
+        NODES,
+        "shm",
+        &["--no-etcd", "--resp-port", &base.to_string()],
+    );
+    let port = free_port_range(1);
+    let mut rs = Command::new("redis-server");
+    rs.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--logfile", "/dev/null"]);
+    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let servers = std::cell::RefCell::new(Servers {
+        redis: Conn::connect(port),
+        nessie: (0..NODES).map(|k| Conn::connect(base + k)).collect(),
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(CASES),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = proptest::collection::vec(cmd(now_s), 1..=MAX_COMMANDS);
+    let result = runner.run(&strategy, |cmds| servers.borrow_mut().differ(&cmds));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The comparison catches a difference. Both "servers" here are one redis-server, so a
+/// command is run twice: idempotent ones agree, a positive TTL is compared by sign, but INCR
+/// answers 1 to the first connection and 2 to the second, and that fails.
+#[test]
+fn a_different_reply_fails_the_comparison() {
+    let port = free_port_range(1);
+    let mut rs = Command::new("redis-server");
+    rs.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--logfile", "/dev/null"]);
+    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
+    let mut s = Servers {
+        redis: Conn::connect(port),
+        nessie: vec![Conn::connect(port)],
+    };
+    let c = |args: &[&str]| Cmd {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        node: 0,
+    };
+    assert!(s.differ(&[c(&["SET", "a", "1"]), c(&["GET", "a"])]).is_ok());
+    let ttl = [c(&["SET", "a", "1", "EX", "1000"]), c(&["PTTL", "a"])];
+    assert!(s.differ(&ttl).is_ok(), "PTTL compared by sign");
+    let e = s.differ(&[c(&["INCR", "a"])]).expect_err("1 and 2 differ");
+    assert!(e.to_string().contains(r#"["INCR", "a"]"#), "{e}");
+}
