@@ -213,7 +213,7 @@ fn encode(args: &[String]) -> Vec<u8> {
     b
 }
 
-/// The length of the first complete RESP2 reply in `b`, if it is all there.
+/// The length of the first complete RESP2 or RESP3 reply in `b`, if it is all there.
 fn reply_len(b: &[u8]) -> Option<usize> {
     let line_end = b.windows(2).position(|w| w == b"\r\n")? + 2;
     let number = || -> i64 {
@@ -222,23 +222,31 @@ fn reply_len(b: &[u8]) -> Option<usize> {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("bad reply header {:?}", String::from_utf8_lossy(b)))
     };
+    // Aggregates of `n` elements (maps and attributes: n pairs).
+    let elements = |n: i64| -> Option<usize> {
+        let mut at = line_end;
+        for _ in 0..n.max(0) {
+            at += reply_len(&b[at..])?;
+        }
+        Some(at)
+    };
     match b[0] {
-        b'+' | b'-' | b':' => Some(line_end),
-        b'$' => match number() {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Some(line_end),
+        b'$' | b'=' | b'!' => match number() {
             -1 => Some(line_end),
             n => {
                 let end = line_end + n as usize + 2;
                 (b.len() >= end).then_some(end)
             }
         },
-        b'*' => {
-            let mut at = line_end;
-            for _ in 0..number().max(0) {
-                at += reply_len(&b[at..])?;
-            }
-            Some(at)
+        b'*' | b'~' | b'>' => elements(number()),
+        b'%' => elements(2 * number()),
+        b'|' => {
+            // An attribute map, then the reply it annotates.
+            let at = elements(2 * number())?;
+            Some(at + reply_len(&b[at..])?)
         }
-        other => panic!("not a RESP2 reply: {:?}", other as char),
+        other => panic!("not a RESP reply: {:?}", other as char),
     }
 }
 
@@ -257,7 +265,16 @@ impl Conn {
     }
 
     fn call(&mut self, args: &[String]) -> Result<Vec<u8>, String> {
-        self.s.write_all(&encode(args)).map_err(|e| e.to_string())?;
+        self.send(&encode(args))?;
+        self.reply()
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.s.write_all(bytes).map_err(|e| e.to_string())
+    }
+
+    /// The next whole reply.
+    fn reply(&mut self) -> Result<Vec<u8>, String> {
         let mut chunk = [0u8; 4096];
         loop {
             if !self.buf.is_empty() {
@@ -308,24 +325,46 @@ struct Servers {
 }
 
 impl Servers {
-    /// Run `cmds` on both from empty stores; the first command whose replies differ.
-    fn differ(&mut self, cmds: &[Cmd]) -> Result<(), TestCaseError> {
+    /// Run `cmds` on both from empty stores, in RESP3 if `resp3` (else RESP2), all sent at
+    /// once if `pipelined` (else each after the last reply); the first command whose replies
+    /// differ. HELLO's own reply (the server's name, version and connection id) is not
+    /// compared.
+    fn differ(&mut self, cmds: &[Cmd], resp3: bool, pipelined: bool) -> Result<(), TestCaseError> {
+        let hello = vec![
+            "HELLO".to_string(),
+            if resp3 { "3" } else { "2" }.to_string(),
+        ];
+        for c in std::iter::once(&mut self.redis).chain(self.nessie.iter_mut()) {
+            let r = c.call(&hello).map_err(TestCaseError::fail)?;
+            prop_assert!(
+                r.starts_with(if resp3 { b"%" } else { b"*" }),
+                "HELLO: {:?}",
+                r
+            );
+        }
         let flush = vec!["FLUSHALL".to_string()];
         for r in [self.redis.call(&flush), self.nessie[0].call(&flush)] {
             prop_assert_eq!(r.as_deref(), Ok(&b"+OK\r\n"[..]));
         }
-        let mut transcript = String::new();
+        let mut transcript = format!("  (RESP{})\n", if resp3 { 3 } else { 2 });
         let mut past = false;
+        if pipelined {
+            // Every command at once, to node 0: served from one buffer, in rounds.
+            let all: Vec<u8> = cmds.iter().flat_map(|c| encode(&c.args)).collect();
+            self.redis.send(&all).map_err(TestCaseError::fail)?;
+            self.nessie[0].send(&all).map_err(TestCaseError::fail)?;
+            transcript.push_str("  (pipelined, node 0)\n");
+        }
         for c in cmds {
             past |= sets_past_expiry(&c.args);
-            let theirs = self
-                .redis
-                .call(&c.args)
-                .map(|r| normalized(&c.args, r, past));
-            let ours = self.nessie[c.node as usize]
-                .call(&c.args)
-                .map(|r| normalized(&c.args, r, past));
-            transcript.push_str(&format!("  node {} {:?} -> {:?}\n", c.node, c.args, ours));
+            let node = if pipelined { 0 } else { c.node as usize };
+            let (theirs, ours) = match pipelined {
+                true => (self.redis.reply(), self.nessie[0].reply()),
+                false => (self.redis.call(&c.args), self.nessie[node].call(&c.args)),
+            };
+            let theirs = theirs.map(|r| normalized(&c.args, r, past));
+            let ours = ours.map(|r| normalized(&c.args, r, past));
+            transcript.push_str(&format!("  node {node} {:?} -> {:?}\n", c.args, ours));
             prop_assert_eq!(
                 &ours,
                 &theirs,
@@ -367,8 +406,14 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
         failure_persistence: None,
         ..Config::default()
     });
-    let strategy = proptest::collection::vec(cmd(now_s), 1..=MAX_COMMANDS);
-    let result = runner.run(&strategy, |cmds| servers.borrow_mut().differ(&cmds));
+    let strategy = (
+        proptest::collection::vec(cmd(now_s), 1..=MAX_COMMANDS),
+        any::<bool>(),
+        any::<bool>(),
+    );
+    let result = runner.run(&strategy, |(cmds, resp3, pipelined)| {
+        servers.borrow_mut().differ(&cmds, resp3, pipelined)
+    });
     if let Err(e) = result {
         panic!("{e}");
     }
@@ -392,9 +437,16 @@ fn a_different_reply_fails_the_comparison() {
         args: args.iter().map(|a| a.to_string()).collect(),
         node: 0,
     };
-    assert!(s.differ(&[c(&["SET", "a", "1"]), c(&["GET", "a"])]).is_ok());
-    let ttl = [c(&["SET", "a", "1", "EX", "1000"]), c(&["PTTL", "a"])];
-    assert!(s.differ(&ttl).is_ok(), "PTTL compared by sign");
-    let e = s.differ(&[c(&["INCR", "a"])]).expect_err("1 and 2 differ");
+    for resp3 in [false, true] {
+        let set_get = [c(&["SET", "a", "1"]), c(&["GET", "a"])];
+        assert!(s.differ(&set_get, resp3, false).is_ok());
+        let ttl = [c(&["SET", "a", "1", "EX", "1000"]), c(&["PTTL", "a"])];
+        assert!(
+            s.differ(&ttl, resp3, false).is_ok(),
+            "PTTL compared by sign"
+        );
+    }
+    let e = s.differ(&[c(&["INCR", "a"])], true, false);
+    let e = e.expect_err("1 and 2 differ");
     assert!(e.to_string().contains(r#"["INCR", "a"]"#), "{e}");
 }
