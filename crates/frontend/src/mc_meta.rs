@@ -292,18 +292,24 @@ impl Conn<'_> {
         }
     }
 
-    /// `ma`: `HD` (nothing under `q`) or, with `v`, `VA` and the new value; `NF` a miss
-    /// without `N`, `EX` a `C` mismatch.
+    /// `ma`: `HD` or, with `v`, `VA` and the new value (either, nothing under `q`, as
+    /// memcached does); `NF` a miss without `N`, `EX` a `C` mismatch.
     fn ma(&mut self, m: &MetaReq) {
         let now = unix_now_ms();
         let key = &m.key;
         let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.with(|c| rmw_written(c, key, now, &mut buf, |s| ma_change(&m.opts, s, now)));
+        let r = self.with(|c| {
+            rmw_written(c, key, now, &mut buf, |s| {
+                ma_change(&m.opts, vivify_ttl(m), s, now)
+            })
+        });
         self.scratch = buf;
         let Some((outcome, written)) = self.settle(r) else {
             return;
         };
         let (n, expires) = match outcome {
+            // memcached's noreply semantics: a success is not answered, value or not.
+            Ok(_) if m.opts.quiet => return,
             Ok(done) => done,
             Err(line) if line.starts_with("CLIENT_ERROR") => {
                 return self.out.extend_from_slice(line.as_bytes());
@@ -321,7 +327,7 @@ impl Conn<'_> {
             let digits = n.to_string();
             let code = format!("VA {}", digits.len());
             self.meta_reply(m, &code, &e, Some(digits.as_bytes()));
-        } else if !m.opts.quiet {
+        } else {
             self.meta_reply(m, "HD", &e, None);
         }
     }
@@ -337,10 +343,16 @@ fn ms_change(
 ) -> Change<&'static str> {
     let flags = m.opts.client_flags.unwrap_or(0);
     let stored = || Change::store(flags, expires, &[&m.data], "HD");
-    let cas = m.opts.cas;
-    match (m.opts.mode.unwrap_or(b'S'), seen.item) {
+    let mode = m.opts.mode.unwrap_or(b'S');
+    // As memcached: append and prepend take `C0` for no `C`, and a miss is `NS`, `C` or not.
+    let cas = match mode {
+        b'A' | b'P' => m.opts.cas.filter(|&c| c != 0),
+        _ => m.opts.cas,
+    };
+    match (mode, seen.item) {
         (b'E', Some(_)) => Change::Keep("NS"),
         (b'E', None) => stored(),
+        (b'A' | b'P', None) => Change::Keep("NS"),
         (_, None) if cas.is_some() => Change::Keep("NF"),
         (b'S', None) => stored(),
         (_, None) => Change::Keep("NS"),
@@ -358,11 +370,23 @@ fn ms_change(
 /// or error line.
 type MaOutcome = Result<(u64, u64), &'static str>;
 
+/// The TTL of an item `ma` creates on a miss (`None`: without `N` it creates none): `N`'s,
+/// or `T`'s when `T` comes after it, as memcached applies them in request order.
+fn vivify_ttl(m: &MetaReq) -> Option<i64> {
+    m.opts.vivify?;
+    m.flags.iter().rev().find_map(|f| match f[0] {
+        b'N' => m.opts.vivify,
+        b'T' => m.opts.ttl,
+        _ => None,
+    })
+}
+
 /// What `ma` writes given what it read: incr wraps at 2^64, decr stops at 0 (as `incr` and
-/// `decr`); a miss with `N` creates the item holding `J` (no delta applied, as memcached).
-fn ma_change(o: &MetaOpts, seen: Seen<'_>, now: u64) -> Change<MaOutcome> {
+/// `decr`); a miss with `N` creates the item holding `J` (no delta applied, as memcached),
+/// with TTL `vivify` ([`vivify_ttl`]).
+fn ma_change(o: &MetaOpts, vivify: Option<i64>, seen: Seen<'_>, now: u64) -> Change<MaOutcome> {
     let Some(it) = seen.item else {
-        let Some(ttl) = o.vivify else {
+        let Some(ttl) = vivify else {
             return Change::Keep(Err("NF"));
         };
         let n = o.initial.unwrap_or(0);
@@ -370,7 +394,8 @@ fn ma_change(o: &MetaOpts, seen: Seen<'_>, now: u64) -> Change<MaOutcome> {
         let done = Ok((n, expires.unwrap_or(0)));
         return Change::store(0, expires, &[n.to_string().as_bytes()], done);
     };
-    if o.cas.is_some_and(|c| seen.version != Some(c)) {
+    // As memcached: `C0` is no `C`, and an empty value is refused before `C` is compared.
+    if !it.data.is_empty() && o.cas.is_some_and(|c| c != 0 && seen.version != Some(c)) {
         return Change::Keep(Err("EX"));
     }
     let Some(n) = counter_value(it.data) else {
@@ -450,6 +475,35 @@ mod tests {
                     non-numeric value\r\nCLIENT_ERROR cannot increment or decrement non-numeric \
                     value\r\nEX\r\nNF O5\r\nMN\r\n";
         assert_eq!(session(&b, input, 5), want);
+    }
+
+    /// As memcached 1.6.18: `q` leaves out `ma`'s success, with `v` too (a created item too,
+    /// as later memcached does); append and prepend take `C0` for no `C` and answer `NS` on a
+    /// miss whatever their `C`; `ma` takes `C0` for no `C`, and refuses an empty value before
+    /// it compares `C`.
+    #[test]
+    fn quiet_arithmetic_and_cas_zero() {
+        let b = MapBackend::default();
+        let input = b"ma n N0 J5 q v\r\nma n q v\r\nma n v\r\nms s 1 MA C99\r\nx\r\n\
+                      ms s 1 MP C0\r\nx\r\nms s 1\r\nm\r\nms s 1 MA C0\r\n>\r\n\
+                      ms s 1 MP C0\r\n<\r\nms s 1 MA C99\r\n!\r\nma n C0 v\r\nmg s v\r\n\
+                      ms e 0\r\n\r\nma e C99\r\nmn\r\n";
+        let want = "VA 1\r\n7\r\nNS\r\nNS\r\nHD\r\nHD\r\nHD\r\nEX\r\nVA 1\r\n8\r\n\
+                    VA 3\r\n<m>\r\nHD\r\n\
+                    CLIENT_ERROR cannot increment or decrement non-numeric value\r\nMN\r\n";
+        assert_eq!(session(&b, input, 64), want);
+    }
+
+    /// An item `ma` creates gets the TTL of `N`, or of `T` when `T` comes after `N`, as
+    /// memcached applies them in request order.
+    #[test]
+    fn ma_creates_with_the_last_of_n_and_t() {
+        let b = MapBackend::default();
+        let input = b"ma a N0 T-1\r\nma a v\r\nma b T-1 N0\r\nma b v\r\nma c N-1 T0\r\nma c v\r\n\
+                      ma d T0 N-1\r\nma d v\r\nma e N100 J4 T0 t v\r\nmn\r\n";
+        let want = "HD\r\nNF\r\nHD\r\nVA 1\r\n1\r\nHD\r\nVA 1\r\n1\r\nHD\r\nNF\r\n\
+                    VA 1 t-1\r\n4\r\nMN\r\n";
+        assert_eq!(session(&b, input, 64), want);
     }
 
     #[test]

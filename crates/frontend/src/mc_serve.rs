@@ -905,6 +905,20 @@ mod tests {
         );
     }
 
+    /// Word counts memcached reads in its own way (checked against 1.6.18): a `gat` naming no
+    /// key, `delete`'s usage error (silent under noreply), a lone `noreply` as a key, and a
+    /// second word of `verbosity` and `flush_all` ignored.
+    #[test]
+    fn odd_word_counts_are_answered_as_memcached_answers_them() {
+        let b = MapBackend::default();
+        let input = b"set a 0 0 1\r\nx\r\ngat 0\r\ngats 0 noreply\r\ndelete a b\r\n\
+                      delete a b noreply\r\ndelete noreply\r\nverbosity 1 2\r\n\
+                      verbosity x noreply\r\nflush_all 0 x\r\nget a\r\n";
+        let usage = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
+        let want = format!("STORED\r\nEND\r\nEND\r\n{usage}NOT_FOUND\r\nOK\r\nOK\r\nEND\r\n");
+        assert_eq!(session(&b, input, 64), want);
+    }
+
     #[test]
     fn flush_all_deletes_every_item_and_refuses_a_delay() {
         let b = MapBackend::default();

@@ -103,6 +103,9 @@ pub enum ProtoError {
     BadExptime,
     #[error("bad command line format")]
     BadFormat,
+    /// `delete` with words after its key other than `0` and `noreply`.
+    #[error("bad command line format; usage: delete <key> [noreply]")]
+    DeleteUsage,
     #[error("invalid numeric delta argument")]
     BadDelta,
     #[error("line too long")]
@@ -122,6 +125,9 @@ impl ProtoError {
             ProtoError::UnknownCommand | ProtoError::WrongArity => b"ERROR\r\n",
             ProtoError::BadExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
             ProtoError::BadFormat => b"CLIENT_ERROR bad command line format\r\n",
+            ProtoError::DeleteUsage => {
+                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
+            }
             ProtoError::BadDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
             ProtoError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
             ProtoError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
@@ -178,7 +184,16 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
         b"gets" => get(args, true, None),
         b"gat" | b"gats" => {
             let (&exptime, keys) = args.split_first().ok_or(ProtoError::WrongArity)?;
-            get(keys, cmd == b"gats", Some(exptime_arg(exptime)?))
+            let touch = Some(exptime_arg(exptime)?);
+            if keys.is_empty() {
+                // memcached answers a `gat` that names no key with no hits: `END`.
+                return Ok(Request::Get {
+                    keys: Vec::new(),
+                    with_cas: cmd == b"gats",
+                    touch,
+                });
+            }
+            get(keys, cmd == b"gats", touch)
         }
         b"set" => store(StoreOp::Set),
         b"add" => store(StoreOp::Add),
@@ -197,15 +212,19 @@ fn request<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError>
 }
 
 fn delete<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
-    let (args, noreply) = noreply(args);
-    // memcached still accepts a legacy `delete <key> 0`.
-    match args {
-        [key] | [key, b"0"] => Ok(Request::Delete {
-            key: valid_key(key)?,
-            noreply,
-        }),
-        _ => Err(ProtoError::WrongArity),
-    }
+    // As memcached: one to three words; after the key only a legacy hold time of `0` and
+    // `noreply`, else a usage error (which a last word `noreply` silences). A lone
+    // `noreply` is the key.
+    let (key, noreply) = match args {
+        [key] | [key, b"0"] => (key, false),
+        [key, b"noreply"] | [key, b"0", b"noreply"] => (key, true),
+        [_, _] | [_, _, _] => return Err(ProtoError::DeleteUsage),
+        _ => return Err(ProtoError::WrongArity),
+    };
+    Ok(Request::Delete {
+        key: valid_key(key)?,
+        noreply,
+    })
 }
 
 fn arith<'a>(args: &[&'a [u8]], incr: bool) -> Result<Request<'a>, ProtoError> {
@@ -248,11 +267,16 @@ fn touch<'a>(args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
 fn admin<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
     match cmd {
         b"flush_all" => {
-            let (args, noreply) = noreply(args);
-            let delay = match args {
-                [] => 0,
-                [d] => exptime_arg(d)?,
-                _ => return Err(ProtoError::WrongArity),
+            // As memcached: up to two words, a last `noreply` silences; a delay is read from
+            // the first word whenever there is one besides `noreply` (anything after it is
+            // ignored).
+            if args.len() > 2 {
+                return Err(ProtoError::WrongArity);
+            }
+            let noreply = args.last() == Some(&&b"noreply"[..]);
+            let delay = match args.len() == usize::from(noreply) {
+                true => 0,
+                false => exptime_arg(args[0])?,
             };
             Ok(Request::FlushAll { delay, noreply })
         }
@@ -260,16 +284,16 @@ fn admin<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<Request<'a>, ProtoError> {
         b"version" => Ok(Request::Version),
         b"quit" => Ok(Request::Quit),
         b"verbosity" => {
-            let (args, noreply) = noreply(args);
-            match args {
-                [level] => {
-                    number::<u32>(level)?;
-                }
-                // memcached answers a bare `verbosity noreply` with silence.
-                [] if noreply => {}
-                _ => return Err(ProtoError::WrongArity),
-            }
-            Ok(Request::Verbosity { noreply })
+            // As memcached: the level, then one more word that is ignored unless it is
+            // `noreply`; a bad level (`verbosity noreply` too) is a `CLIENT_ERROR`, which a
+            // last word `noreply` silences.
+            let ([level] | [level, _]) = args else {
+                return Err(ProtoError::WrongArity);
+            };
+            number::<u32>(level)?;
+            Ok(Request::Verbosity {
+                noreply: args.last() == Some(&&b"noreply"[..]),
+            })
         }
         b"stats" => match args {
             [] => Ok(Request::Stats { arg: None }),
@@ -597,6 +621,74 @@ mod tests {
             one("get a\r\n").unwrap(),
             "a bare \\n ends a line too"
         );
+    }
+
+    /// Word counts memcached 1.6.18 reads in its own way, checked against it.
+    #[test]
+    fn word_counts_as_memcached_reads_them() {
+        // delete: after the key only `0` and `noreply`, else a usage error.
+        assert_eq!(
+            one("delete noreply\r\n").unwrap(),
+            Request::Delete {
+                key: b"noreply",
+                noreply: false
+            },
+            "a lone noreply is the key"
+        );
+        assert_eq!(
+            one("delete k 0 noreply\r\n").unwrap(),
+            Request::Delete {
+                key: b"k",
+                noreply: true
+            }
+        );
+        for bad in [
+            "delete k x\r\n",
+            "delete k 0 x\r\n",
+            "delete k x noreply\r\n",
+        ] {
+            assert_eq!(one(bad), Err(ProtoError::DeleteUsage), "{bad}");
+        }
+        assert_eq!(
+            ProtoError::DeleteUsage.reply(),
+            b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
+        );
+        assert!(
+            ProtoError::DeleteUsage.is_client_error(),
+            "silenced under noreply"
+        );
+        assert_eq!(one("delete k 0 noreply x\r\n"), Err(ProtoError::WrongArity));
+        // gat/gats naming no key: no hits.
+        assert_eq!(
+            one("gats 10\r\n").unwrap(),
+            Request::Get {
+                keys: vec![],
+                with_cas: true,
+                touch: Some(10)
+            }
+        );
+        assert_eq!(one("gat\r\n"), Err(ProtoError::WrongArity));
+        // verbosity: a second word is ignored unless it is noreply.
+        assert_eq!(
+            one("verbosity 1 2\r\n").unwrap(),
+            Request::Verbosity { noreply: false }
+        );
+        assert_eq!(
+            one("verbosity 1 noreply\r\n").unwrap(),
+            Request::Verbosity { noreply: true }
+        );
+        assert_eq!(one("verbosity noreply\r\n"), Err(ProtoError::BadFormat));
+        assert_eq!(one("verbosity 1 2 3\r\n"), Err(ProtoError::WrongArity));
+        // flush_all: the delay is the first word besides noreply.
+        assert_eq!(
+            one("flush_all 0 x\r\n").unwrap(),
+            Request::FlushAll {
+                delay: 0,
+                noreply: false
+            }
+        );
+        assert_eq!(one("flush_all x noreply\r\n"), Err(ProtoError::BadExptime));
+        assert_eq!(one("flush_all 0 1 2\r\n"), Err(ProtoError::WrongArity));
     }
 
     #[test]
