@@ -463,6 +463,8 @@ fn start(
         direct_loopback: opts.direct_loopback,
         direct_peers: opts.direct_peers,
         wait_spin_us: opts.wait_spin_us,
+        // The agents' clients take theirs from the spec; the nodes' own (admin) the same.
+        optimizations: optimizations(p),
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {
@@ -485,13 +487,17 @@ fn agent_spec(p: &BenchParams, keys: u64) -> AgentSpec {
         dist: p.dist.clone(),
         workload: p.workload.clone(),
         seed: p.seed,
-        optimizations: Optimizations {
-            filter_bits: p.filter_bits,
-            cache: p.cache,
-            previous_versions: p.previous_versions,
-            multi_read: p.multi_read,
-        },
+        optimizations: optimizations(p),
         pin: p.pin,
+    }
+}
+
+fn optimizations(p: &BenchParams) -> Optimizations {
+    Optimizations {
+        filter_bits: p.filter_bits,
+        cache: p.cache,
+        previous_versions: p.previous_versions,
+        multi_read: p.multi_read,
     }
 }
 

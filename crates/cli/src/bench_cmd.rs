@@ -148,18 +148,8 @@ pub struct ParamArgs {
     /// Pin client threads to cores.
     #[arg(long)]
     pub pin: bool,
-    /// Turn off filter bits.
-    #[arg(long)]
-    pub no_filter_bits: bool,
-    /// Turn off the cache.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Turn off previous versions.
-    #[arg(long)]
-    pub no_previous_versions: bool,
-    /// Turn off multi-read.
-    #[arg(long)]
-    pub no_multi_read: bool,
+    #[command(flatten)]
+    pub optimizations: crate::optim_args::OptimizationArgs,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
@@ -200,10 +190,10 @@ impl ParamArgs {
             background: self.background,
             target_load: self.target_load,
             pin: self.pin,
-            filter_bits: !self.no_filter_bits,
-            cache: !self.no_cache,
-            previous_versions: !self.no_previous_versions,
-            multi_read: !self.no_multi_read,
+            filter_bits: !self.optimizations.no_filter_bits,
+            cache: !self.optimizations.no_cache,
+            previous_versions: !self.optimizations.no_previous_versions,
+            multi_read: !self.optimizations.no_multi_read,
             seed: self.seed,
             replicas: self.replicas,
             workload: self.workload.clone(),

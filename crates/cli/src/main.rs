@@ -4,6 +4,7 @@ mod bench_cmd;
 mod fabric_bench;
 mod fabric_tuning;
 mod fill_cmd;
+mod optim_args;
 mod sim_check;
 mod sim_cmd;
 mod sim_sweep;
@@ -197,6 +198,8 @@ struct UpArgs {
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
+    #[command(flatten)]
+    optimizations: optim_args::OptimizationArgs,
 }
 
 #[derive(clap::Args)]
@@ -590,6 +593,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         direct_loopback: !a.fabric.no_direct_loopback,
         direct_peers: !a.fabric.no_direct_peers,
         wait_spin_us: a.fabric.wait_spin_us,
+        optimizations: a.optimizations.optimizations(),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

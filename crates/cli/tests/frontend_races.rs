@@ -147,6 +147,28 @@ fn the_same_through_ucx() {
     races("frontend-races-ucx", &["--no-direct-peers"]);
 }
 
+/// The same with each of the protocol's optimisations off in turn (each changes how the
+/// versioned read of a read-modify-write finds the key).
+#[test]
+fn the_same_without_filter_bits() {
+    races("frontend-races-nofilter", &["--no-filter-bits"]);
+}
+
+#[test]
+fn the_same_without_the_cache() {
+    races("frontend-races-nocache", &["--no-cache"]);
+}
+
+#[test]
+fn the_same_without_previous_versions() {
+    races("frontend-races-noprev", &["--no-previous-versions"]);
+}
+
+#[test]
+fn the_same_without_multi_read() {
+    races("frontend-races-nomulti", &["--no-multi-read"]);
+}
+
 fn races(name: &str, extra: &[&str]) {
     let (mc, resp, metrics) = (
         free_port_range(NODES),

@@ -149,6 +149,8 @@ pub struct UpOptions {
     pub direct_peers: bool,
     /// `[cluster] wait_spin_us`.
     pub wait_spin_us: Option<u64>,
+    /// The protocol's optimisations (`[protocol.optimizations]`).
+    pub optimizations: nessie_protocols::Optimizations,
 }
 
 /// Where a cluster's membership lives.
@@ -191,6 +193,7 @@ impl UpOptions {
             direct_loopback: true,
             direct_peers: true,
             wait_spin_us: None,
+            optimizations: nessie_protocols::Optimizations::default(),
         }
     }
 }
@@ -366,6 +369,7 @@ fn local_config(
     if let Some(e) = o.expiry_ms {
         cfg.protocol.expiry_ms = e;
     }
+    cfg.protocol.optimizations = o.optimizations;
     cfg.cluster.mode = o.mode.clone();
     cfg.cluster.server_threads = o.server_threads;
     cfg.cluster.max_clients_per_node = o.max_clients_per_node;
