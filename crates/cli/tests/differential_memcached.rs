@@ -28,7 +28,6 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{free_port_range, Cluster, Peer};
@@ -858,24 +857,7 @@ impl Servers {
             "shm",
             &["--no-etcd", "--memcached-port", &nessie.to_string()],
         );
-        let port = free_port_range(1);
-        let mut mc = Command::new("memcached");
-        mc.args([
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-l",
-            "127.0.0.1",
-            "-m",
-            "64",
-        ]);
-        if unsafe { libc::geteuid() } == 0 {
-            mc.args(["-u", "root"]);
-        }
-        // `verbosity` makes memcached log every command.
-        mc.stdout(Stdio::null()).stderr(Stdio::null());
-        let peer = Peer::start(&mut mc, port, "memcached (Debian memcached)");
+        let (peer, port) = Peer::memcached();
         // Move memcached's cas counter past the bogus uniques (its first write gets 1).
         let mut c = Conn::connect(port);
         for _ in 0..4 {
@@ -993,14 +975,7 @@ fn the_memcached_front_end_answers_as_memcached() {
 /// on an `add`, stored the first time and not the second.
 #[test]
 fn a_different_reply_fails_the_comparison() {
-    let port = free_port_range(1);
-    let mut mc = Command::new("memcached");
-    mc.args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1"]);
-    if unsafe { libc::geteuid() } == 0 {
-        mc.args(["-u", "root"]);
-    }
-    mc.stdout(Stdio::null()).stderr(Stdio::null());
-    let _mc = Peer::start(&mut mc, port, "memcached (Debian memcached)");
+    let (_mc, port) = Peer::memcached();
     let step = |line: &str| Step {
         node: 0,
         cmd: Cmd::Odd(line.to_string()),

@@ -14,7 +14,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{free_port_range, Cluster, Peer};
@@ -431,11 +430,7 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
             "256MiB",
         ],
     );
-    let port = free_port_range(1);
-    let mut rs = Command::new("redis-server");
-    rs.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--logfile", "/dev/null"]);
-    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
+    let (_rs, port) = Peer::redis_server();
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -470,11 +465,7 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
 /// answers 1 to the first connection and 2 to the second, and that fails.
 #[test]
 fn a_different_reply_fails_the_comparison() {
-    let port = free_port_range(1);
-    let mut rs = Command::new("redis-server");
-    rs.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--logfile", "/dev/null"]);
-    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
+    let (_rs, port) = Peer::redis_server();
     let mut s = Servers {
         redis: Conn::connect(port),
         nessie: vec![Conn::connect(port)],

@@ -224,13 +224,7 @@ fn errors_under_noreply_are_answered_as_memcached_answers_them() {
     let cfg =
         nessie_cluster::config::ClusterConfig::load(&nessie_cluster::process::config_path(&c.dir))
             .unwrap();
-    let port = free_port_range(1);
-    let mut mc = Command::new("memcached");
-    mc.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
-    if unsafe { libc::geteuid() } == 0 {
-        mc.args(["-u", "root"]);
-    }
-    let _mc = Peer::start(&mut mc, port, "memcached (Debian memcached)");
+    let (_mc, port) = Peer::memcached();
     // Over both servers' value limits (memcached's is 1 MiB).
     let big = vec![b'x'; (1 << 20).max(cfg.geometry.value_max as usize) + 1000];
     let too_large = |noreply: &str| {
@@ -346,18 +340,7 @@ fn resp_replies(port: u16, cmds: &[&[&str]]) -> String {
 #[test]
 fn the_redis_front_end_answers_as_redis_server() {
     let (_c, base) = up_resp("resp-vs-redis");
-    let port = free_port_range(1);
-    let mut rs = Command::new("redis-server");
-    rs.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-    ])
-    .args(["--appendonly", "no", "--logfile", "/dev/null"]);
-    let _rs = Peer::start(&mut rs, port, "redis-server (Debian redis-server)");
+    let (_rs, port) = Peer::redis_server();
     let cases: &[&[&[&str]]] = &[
         &[&["GET"]],
         &[&["GET", "a", "b"]],

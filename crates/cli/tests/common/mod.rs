@@ -162,6 +162,35 @@ fn rand_u16() -> u16 {
 pub struct Peer(std::process::Child);
 
 impl Peer {
+    /// A `redis-server` on a free loopback port, without persistence: it and its port.
+    pub fn redis_server() -> (Peer, u16) {
+        let port = free_port_range(1);
+        let mut rs = Command::new("redis-server");
+        rs.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--logfile", "/dev/null"]);
+        (
+            Peer::start(&mut rs, port, "redis-server (Debian redis-server)"),
+            port,
+        )
+    }
+
+    /// A `memcached` on a free loopback port (TCP only, its output discarded: `verbosity`
+    /// makes it log every command): it and its port.
+    pub fn memcached() -> (Peer, u16) {
+        let port = free_port_range(1);
+        let mut mc = Command::new("memcached");
+        mc.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"]);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            mc.args(["-u", "root"]);
+        }
+        mc.stdout(Stdio::null()).stderr(Stdio::null());
+        (
+            Peer::start(&mut mc, port, "memcached (Debian memcached)"),
+            port,
+        )
+    }
+
     /// Start `cmd` and wait until it accepts connections on loopback `port`.
     pub fn start(cmd: &mut Command, port: u16, what: &str) -> Peer {
         let child = cmd
