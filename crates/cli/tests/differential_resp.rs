@@ -65,6 +65,17 @@ fn expand(v: String) -> String {
     }
 }
 
+/// HELLOs both servers refuse: a version out of range or not an integer, a bad option.
+const HELLO_REFUSED: &[&[&str]] = &[
+    &["HELLO", "4"],
+    &["HELLO", "1"],
+    &["HELLO", "x"],
+    &["HELLO", "03"],
+    &["HELLO", "3", "FOO"],
+    &["HELLO", "2", "SETNAME"],
+    &["HELLO", "2", "setname", "a b"],
+    &["HELLO", "3", "AUTH", "default"],
+];
 /// INCRBY/DECRBY amounts.
 const AMOUNTS: &[&str] = &[
     "5",
@@ -198,7 +209,19 @@ fn command(now_s: u64) -> impl Strategy<Value = Vec<String>> {
         simple("PING"),
         (pick(&["ECHO", "PING"]), v()).prop_map(|(c, v)| vec![c, v]),
         // Only database 0 is served (docs/frontends.md): redis-server's 1 to 15 are left out.
-        pick(&["0", "16", "x", "-1"]).prop_map(|d| vec!["SELECT".into(), d]),
+        pick(&["0", "16", "x", "-1", "00", "+0", " 0"]).prop_map(|d| vec!["SELECT".into(), d]),
+        // HELLO's refusals (its answer to a valid one names the server, so none is made).
+        proptest::sample::select(HELLO_REFUSED)
+            .prop_map(|a| a.iter().map(|w| w.to_string()).collect()),
+        // Connection names: each connection has its own, so these go to node 0 (see `cmd`).
+        prop_oneof![
+            Just(vec!["CLIENT".to_string(), "GETNAME".to_string()]),
+            pick(&["n1", "a b", "", "x\u{7f}"]).prop_map(|n| vec![
+                "CLIENT".into(),
+                "SETNAME".into(),
+                n
+            ]),
+        ],
     ]
 }
 
@@ -206,7 +229,11 @@ fn command(now_s: u64) -> impl Strategy<Value = Vec<String>> {
 /// option), its name in lower case.
 fn cmd(now_s: u64) -> impl Strategy<Value = Cmd> {
     (command(now_s), 0u8..10, 0..NODES).prop_map(|(mut args, how, node)| {
+        // A connection's name is its own: CLIENT goes to one connection on each side.
+        let node = if args[0] == "CLIENT" { 0 } else { node };
         match how {
+            // A HELLO spoiled could be a valid one, whose answer is not compared.
+            _ if args[0] == "HELLO" => {}
             0 if args.len() > 1 => {
                 args.pop();
             }
@@ -344,7 +371,14 @@ fn normalized(args: &[String], reply: Vec<u8>, past_expiry: bool) -> String {
     }
 }
 
+/// The servers' ports: redis-server's, and one per Nessie node.
 struct Servers {
+    redis: u16,
+    nessie: Vec<u16>,
+}
+
+/// A case's connections, fresh for each (a case that fails leaves replies unread).
+struct Conns {
     redis: Conn,
     nessie: Vec<Conn>,
 }
@@ -354,6 +388,16 @@ impl Servers {
     /// once if `pipelined` (else each after the last reply); the first command whose replies
     /// differ. HELLO's own reply (the server's name, version and connection id) is not
     /// compared.
+    fn differ(&self, cmds: &[Cmd], resp3: bool, pipelined: bool) -> Result<(), TestCaseError> {
+        let mut c = Conns {
+            redis: Conn::connect(self.redis),
+            nessie: self.nessie.iter().map(|&p| Conn::connect(p)).collect(),
+        };
+        c.differ(cmds, resp3, pipelined)
+    }
+}
+
+impl Conns {
     fn differ(&mut self, cmds: &[Cmd], resp3: bool, pipelined: bool) -> Result<(), TestCaseError> {
         let hello = vec![
             "HELLO".to_string(),
@@ -435,10 +479,10 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let servers = std::cell::RefCell::new(Servers {
-        redis: Conn::connect(port),
-        nessie: (0..NODES).map(|k| Conn::connect(base + k)).collect(),
-    });
+    let servers = Servers {
+        redis: port,
+        nessie: (0..NODES).map(|k| base + k).collect(),
+    };
     let mut runner = TestRunner::new(Config {
         cases: std::env::var("PROPTEST_CASES")
             .ok()
@@ -453,7 +497,7 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
         any::<bool>(),
     );
     let result = runner.run(&strategy, |(cmds, resp3, pipelined)| {
-        servers.borrow_mut().differ(&cmds, resp3, pipelined)
+        servers.differ(&cmds, resp3, pipelined)
     });
     if let Err(e) = result {
         panic!("{e}");
@@ -466,9 +510,9 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
 #[test]
 fn a_different_reply_fails_the_comparison() {
     let (_rs, port) = Peer::redis_server();
-    let mut s = Servers {
-        redis: Conn::connect(port),
-        nessie: vec![Conn::connect(port)],
+    let s = Servers {
+        redis: port,
+        nessie: vec![port],
     };
     let c = |args: &[&str]| Cmd {
         args: args.iter().map(|a| a.to_string()).collect(),

@@ -359,10 +359,10 @@ impl Conn<'_> {
             },
             "echo" => e.bulk(out, rest[0]),
             // Only database 0 is served; Redis's other fifteen are out of range here.
-            "select" => match std::str::from_utf8(rest[0]).map(str::parse::<i64>) {
-                Ok(Ok(0)) => e.simple(out, "OK"),
-                Ok(Ok(_)) => e.error(out, "ERR DB index is out of range"),
-                _ => e.error(out, "ERR value is not an integer or out of range"),
+            "select" => match cond::redis_int(rest[0]) {
+                Some(0) => e.simple(out, "OK"),
+                Some(_) => e.error(out, "ERR DB index is out of range"),
+                None => e.error(out, "ERR value is not an integer or out of range"),
             },
             "hello" => self.hello(rest),
             "auth" => self.auth(rest),
@@ -440,11 +440,15 @@ impl Conn<'_> {
         let mut resp3 = self.enc.resp3;
         let mut name = None;
         if let Some(v) = rest.first() {
-            resp3 = match *v {
-                b"2" => false,
-                b"3" => true,
-                _ => {
+            resp3 = match cond::redis_int(v) {
+                Some(2) => false,
+                Some(3) => true,
+                Some(_) => {
                     let msg = "NOPROTO unsupported protocol version";
+                    return self.enc.error(&mut self.out, msg);
+                }
+                None => {
+                    let msg = "ERR Protocol version is not an integer or out of range";
                     return self.enc.error(&mut self.out, msg);
                 }
             };
@@ -465,7 +469,12 @@ impl Conn<'_> {
                         }
                         i += 3;
                     }
-                    _ => return self.enc.error(&mut self.out, "ERR syntax error"),
+                    _ => {
+                        // As Redis: the option as typed.
+                        let opt = String::from_utf8_lossy(opts[i]);
+                        let msg = format!("ERR Syntax error in HELLO option '{opt}'");
+                        return self.enc.error(&mut self.out, &msg);
+                    }
                 }
             }
         }
@@ -474,8 +483,8 @@ impl Conn<'_> {
             return self.enc.error(&mut self.out, msg);
         }
         self.enc.resp3 = resp3;
-        if name.is_some() {
-            self.name = name;
+        if let Some(n) = name {
+            self.name = Some(n).filter(|n| !n.is_empty());
         }
         let (e, out) = (self.enc, &mut self.out);
         e.map(out, 7);
@@ -505,7 +514,8 @@ impl Conn<'_> {
         match (sub.as_slice(), rest.len()) {
             (b"setname", 2) if !valid_client_name(rest[1]) => e.error(out, BAD_CLIENT_NAME),
             (b"setname", 2) => {
-                self.name = Some(rest[1].to_vec());
+                // As Redis: an empty name clears it.
+                self.name = Some(rest[1].to_vec()).filter(|n| !n.is_empty());
                 e.simple(out, "OK");
             }
             (b"getname", 1) => match &self.name {
@@ -1075,6 +1085,34 @@ mod tests {
         let tail = "_\r\n$2\r\nme\r\n:7\r\n%2\r\n$4\r\nsave\r\n$0\r\n\r\n$10\r\nappendonly\r\n$2\r\nno\r\n\
                     -NOPROTO unsupported protocol version\r\n+OK\r\n";
         assert!(out.ends_with(tail), "nothing after QUIT: {out}");
+    }
+
+    /// As redis-server 7.0 answers (found by `differential_resp.rs`): HELLO's version must be
+    /// an integer and its options are named when wrong; SELECT takes integers as Redis reads
+    /// them; an empty client name clears the name.
+    #[test]
+    fn hello_select_and_client_names_as_redis() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["HELLO", "x"],
+            &["HELLO", "03"],
+            &["HELLO", "1"],
+            &["HELLO", "3", "Foo"],
+            &["SELECT", "00"],
+            &["SELECT", "+0"],
+            &["CLIENT", "SETNAME", "n1"],
+            &["CLIENT", "SETNAME", ""],
+            &["CLIENT", "GETNAME"],
+        ]);
+        let not_int = "-ERR Protocol version is not an integer or out of range\r\n";
+        let want = format!(
+            "{not_int}{not_int}-NOPROTO unsupported protocol version\r\n\
+             -ERR Syntax error in HELLO option 'Foo'\r\n\
+             -ERR value is not an integer or out of range\r\n\
+             -ERR value is not an integer or out of range\r\n\
+             +OK\r\n+OK\r\n$-1\r\n"
+        );
+        assert_eq!(session(&b, &input, 4096), want);
     }
 
     #[test]
