@@ -94,6 +94,26 @@ const AMOUNTS: &[&str] = &[
 struct Cmd {
     args: Vec<String>,
     node: u16,
+    /// Sent as an inline command (words on one line, as telnet sends them) where its
+    /// arguments allow (see [`Cmd::request`]).
+    inline: bool,
+}
+
+impl Cmd {
+    /// The request bytes: inline when asked and every argument is a plain word (not empty,
+    /// nothing an inline line would quote or split), else a multibulk.
+    fn request(&self) -> Vec<u8> {
+        let plain = |a: &String| {
+            !a.is_empty()
+                && a.len() < 100
+                && a.bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"\"'\\".contains(&b))
+        };
+        match self.inline && self.args.iter().all(plain) {
+            true => format!("{}\r\n", self.args.join(" ")).into_bytes(),
+            false => encode(&self.args),
+        }
+    }
 }
 
 /// Arguments for an expiry option: long past, far ahead (relative or absolute), or invalid.
@@ -228,21 +248,27 @@ fn command(now_s: u64) -> impl Strategy<Value = Vec<String>> {
 /// A command as generated, or spoiled: an argument dropped or one added (wrong arity, a stray
 /// option), its name in lower case.
 fn cmd(now_s: u64) -> impl Strategy<Value = Cmd> {
-    (command(now_s), 0u8..10, 0..NODES).prop_map(|(mut args, how, node)| {
-        // A connection's name is its own: CLIENT goes to one connection on each side.
-        let node = if args[0] == "CLIENT" { 0 } else { node };
-        match how {
-            // A HELLO spoiled could be a valid one, whose answer is not compared.
-            _ if args[0] == "HELLO" => {}
-            0 if args.len() > 1 => {
-                args.pop();
+    (
+        command(now_s),
+        0u8..10,
+        0..NODES,
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(mut args, how, node, inline)| {
+            // A connection's name is its own: CLIENT goes to one connection on each side.
+            let node = if args[0] == "CLIENT" { 0 } else { node };
+            match how {
+                // A HELLO spoiled could be a valid one, whose answer is not compared.
+                _ if args[0] == "HELLO" => {}
+                0 if args.len() > 1 => {
+                    args.pop();
+                }
+                1 => args.push("x".into()),
+                2 => args[0] = args[0].to_lowercase(),
+                _ => {}
             }
-            1 => args.push("x".into()),
-            2 => args[0] = args[0].to_lowercase(),
-            _ => {}
-        }
-        Cmd { args, node }
-    })
+            Cmd { args, node, inline }
+        })
 }
 
 fn encode(args: &[String]) -> Vec<u8> {
@@ -306,6 +332,11 @@ impl Conn {
 
     fn call(&mut self, args: &[String]) -> Result<Vec<u8>, String> {
         self.send(&encode(args))?;
+        self.reply()
+    }
+
+    fn run(&mut self, c: &Cmd) -> Result<Vec<u8>, String> {
+        self.send(&c.request())?;
         self.reply()
     }
 
@@ -419,7 +450,7 @@ impl Conns {
         let mut past = false;
         if pipelined {
             // Every command at once, to node 0: served from one buffer, in rounds.
-            let all: Vec<u8> = cmds.iter().flat_map(|c| encode(&c.args)).collect();
+            let all: Vec<u8> = cmds.iter().flat_map(Cmd::request).collect();
             self.redis.send(&all).map_err(TestCaseError::fail)?;
             self.nessie[0].send(&all).map_err(TestCaseError::fail)?;
             transcript.push_str("  (pipelined, node 0)\n");
@@ -429,7 +460,7 @@ impl Conns {
             let node = if pipelined { 0 } else { c.node as usize };
             let (theirs, ours) = match pipelined {
                 true => (self.redis.reply(), self.nessie[0].reply()),
-                false => (self.redis.call(&c.args), self.nessie[node].call(&c.args)),
+                false => (self.redis.run(c), self.nessie[node].run(c)),
             };
             let theirs = theirs.map(|r| normalized(&c.args, r, past));
             let ours = ours.map(|r| normalized(&c.args, r, past));
@@ -440,9 +471,11 @@ impl Conns {
                     None => r,
                 }
             };
+            let inline = c.request().first() != Some(&b'*');
             transcript.push_str(&format!(
-                "  node {node} {} -> {}\n",
+                "  node {node} {}{} -> {}\n",
                 shown(&c.args),
+                if inline { " (inline)" } else { "" },
                 cut(&ours)
             ));
             if ours != theirs {
@@ -517,6 +550,7 @@ fn a_different_reply_fails_the_comparison() {
     let c = |args: &[&str]| Cmd {
         args: args.iter().map(|a| a.to_string()).collect(),
         node: 0,
+        inline: false,
     };
     for resp3 in [false, true] {
         let set_get = [c(&["SET", "a", "1"]), c(&["GET", "a"])];
