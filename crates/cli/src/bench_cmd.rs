@@ -172,6 +172,7 @@ pub struct ParamArgs {
 
 impl ParamArgs {
     pub fn params(&self) -> BenchParams {
+        let o = self.optimizations.optimizations();
         BenchParams {
             mode: self.mode.clone(),
             nodes: self.nodes,
@@ -190,10 +191,10 @@ impl ParamArgs {
             background: self.background,
             target_load: self.target_load,
             pin: self.pin,
-            filter_bits: !self.optimizations.no_filter_bits,
-            cache: !self.optimizations.no_cache,
-            previous_versions: !self.optimizations.no_previous_versions,
-            multi_read: !self.optimizations.no_multi_read,
+            filter_bits: o.filter_bits,
+            cache: o.cache,
+            previous_versions: o.previous_versions,
+            multi_read: o.multi_read,
             seed: self.seed,
             replicas: self.replicas,
             workload: self.workload.clone(),

@@ -159,7 +159,7 @@ struct EventLoop<'a> {
 enum Input {
     /// The socket was read until it was empty (or the peer closed).
     Emptied,
-    /// It read the chunks it was allowed and the last one was full: more input may wait.
+    /// It read a full chunk: more input may wait.
     More,
     /// It stopped because too many replies wait: input may be left that no new edge signals.
     Held,
@@ -272,7 +272,7 @@ impl<'a> EventLoop<'a> {
             if !c.closing && c.pending.len() <= MAX_PENDING_OUT {
                 // One chunk now, and its replies out at once: a client pipelining large
                 // requests has its first answers while the rest of its batch is served.
-                input = read_and_serve(c, read_closed, 1)?;
+                input = read_and_serve(c, read_closed)?;
                 held = flush(c, share)?;
             }
             Ok::<(Input, bool), std::io::Error>((input, held))
@@ -304,7 +304,7 @@ impl<'a> EventLoop<'a> {
             let Some(c) = self.conns[i].as_mut() else {
                 continue;
             };
-            let after = match read_and_serve(c, read_closed, 1) {
+            let after = match read_and_serve(c, read_closed) {
                 Ok(Input::More) => {
                     self.more.push((i, read_closed));
                     continue;
@@ -386,55 +386,50 @@ impl<'a> EventLoop<'a> {
     }
 }
 
-/// Read until the socket is empty, or `chunks` reads have been made, serving each chunk as it
-/// comes. Reading stops early while too many replies wait: data may then be left in the
-/// socket, which will not signal it again, so every later event of the connection (its replies
-/// going out) reads again.
-fn read_and_serve(
-    c: &mut Conn<'_>,
-    read_closed: bool,
-    mut chunks: usize,
-) -> std::io::Result<Input> {
-    loop {
-        if c.pending.len() > MAX_PENDING_OUT {
-            return Ok(Input::Held);
-        }
-        if chunks == 0 {
-            return Ok(Input::More);
-        }
-        chunks -= 1;
-        let (n, asked) = match read_into(&c.stream, c.session.inbuf()) {
+/// Read one chunk (or find the socket empty) and serve it. Nothing is read while too many
+/// replies wait: data may then be left in the socket, which will not signal it again, so
+/// every later event of the connection (its replies going out) reads again.
+fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<Input> {
+    if c.pending.len() > MAX_PENDING_OUT {
+        return Ok(Input::Held);
+    }
+    let (n, asked) = loop {
+        match read_into(&c.stream, c.session.inbuf()) {
             // The client is done sending (it may still read: `printf … | nc` shuts its side
             // down after the requests): close once the replies are out.
             Ok((0, _)) => {
                 c.closing = true;
                 return Ok(Input::Emptied);
             }
-            Ok(r) => r,
+            Ok(r) => break r,
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Input::Emptied),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
-        };
-        // Replies written early by the session go after those already waiting.
-        let close = c.session.serve_buffered(&mut c.pending)?;
-        if c.pending.is_empty() {
-            // Nothing waiting (the common case): take the replies' buffer rather than copy
-            // it, and leave ours, empty, for the next ones.
-            std::mem::swap(&mut c.pending, c.session.out());
-        } else {
-            c.pending.append(c.session.out());
         }
-        if close {
-            c.closing = true;
-            return Ok(Input::Emptied);
-        }
-        // A short read of a stream socket emptied it (epoll(7)): more input is a new edge.
-        // Spares the read that would only answer "would block", one per request batch. An end
-        // of file that came with the input raised no edge of its own: read on to it.
-        if n < asked && !read_closed {
-            return Ok(Input::Emptied);
-        }
+    };
+    // Replies written early by the session go after those already waiting.
+    let close = c.session.serve_buffered(&mut c.pending)?;
+    if c.pending.is_empty() {
+        // Nothing waiting (the common case): take the replies' buffer rather than copy it,
+        // and leave ours, empty, for the next ones.
+        std::mem::swap(&mut c.pending, c.session.out());
+    } else {
+        c.pending.append(c.session.out());
     }
+    if close {
+        c.closing = true;
+        return Ok(Input::Emptied);
+    }
+    // A short read of a stream socket emptied it (epoll(7)): more input is a new edge. Spares
+    // the read that would only answer "would block", one per request batch. An end of file
+    // that came with the input raised no edge of its own: read on to it.
+    if n < asked && !read_closed {
+        return Ok(Input::Emptied);
+    }
+    Ok(match c.pending.len() > MAX_PENDING_OUT {
+        true => Input::Held,
+        false => Input::More,
+    })
 }
 
 /// Read from `stream` onto the end of `buf`, straight into its spare room (at least
