@@ -358,8 +358,13 @@ fn file(path: &Path) -> impl FnOnce(io::Error) -> CliError + '_ {
 }
 
 fn main() -> ExitCode {
+    // Warnings and errors by default (a node's go to its log file); `RUST_LOG` says otherwise.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse().command) {

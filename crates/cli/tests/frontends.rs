@@ -878,3 +878,69 @@ fn replies_reach_a_client_that_shut_down_its_sending_side() {
     s.read_to_string(&mut all).unwrap();
     assert_eq!(all, "STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n");
 }
+
+/// A node out of file descriptors refuses the connections it cannot serve with memcached's
+/// own error line, and neither spins (a listener with connections waiting stays readable)
+/// nor leaves them waiting; once connections close it serves new ones again.
+#[test]
+fn connections_past_the_open_file_limit_are_refused_not_left_waiting() {
+    let base = free_port_range(1);
+    let c = Cluster::up(
+        "mc-emfile",
+        1,
+        "shm",
+        &["--no-etcd", "--memcached-port", &base.to_string()],
+    );
+    let pid: libc::pid_t = std::fs::read_to_string(c.dir.join("node-0.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Room for 20 more descriptors than the node holds now.
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64;
+    let limit = libc::rlimit {
+        rlim_cur: open + 20,
+        rlim_max: open + 20,
+    };
+    // SAFETY: a valid rlimit; lowering another process of ours' limit needs no privilege.
+    let r = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &limit, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+
+    let mut conns: Vec<Mc> = (0..40).map(|_| Mc::connect(base)).collect();
+    let (mut served, mut refused) = (0, 0);
+    for m in &mut conns {
+        m.r.get_mut()
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _ = m.r.get_mut().write_all(b"version\r\n");
+        let mut l = String::new();
+        let got = m.r.read_line(&mut l);
+        match l.as_str() {
+            l if l.starts_with("VERSION ") => served += 1,
+            "SERVER_ERROR Too many open connections\r\n" => refused += 1,
+            other => panic!("connection got {other:?} ({got:?}): neither served nor refused"),
+        }
+    }
+    assert!(
+        served > 0 && refused > 0,
+        "served {served}, refused {refused}"
+    );
+    let pid = pid.to_string();
+    let before = cpu_seconds(&pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let busy = cpu_seconds(&pid) - before;
+    assert!(
+        busy < 0.5,
+        "node spent {busy:.2} s of CPU in 1 s at its fd limit"
+    );
+    drop(conns);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut m = Mc::connect(base);
+    m.send(b"version\r\n");
+    assert!(
+        m.line().starts_with("VERSION "),
+        "served again once fds are free"
+    );
+}

@@ -422,10 +422,20 @@ impl AdminServer {
 fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &AtomicBool) {
     use std::os::fd::AsRawFd;
     let active = Arc::new(AtomicUsize::new(0));
+    let mut shedder = crate::accept::Shedder::new("admin");
     while !stop.load(Ordering::SeqCst) {
         wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
-        let Ok((mut s, _)) = listener.accept() else {
-            continue;
+        let mut s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                let refuse = |(mut s, _): (UnixStream, _)| {
+                    let _ = s.set_nonblocking(false);
+                    let busy = Response::Error("node busy: out of file descriptors".into());
+                    let _ = s.write_all(&busy.encode());
+                };
+                shedder.failed(&e, || listener.accept(), refuse);
+                continue;
+            }
         };
         if s.set_nonblocking(false).is_err() {
             continue;

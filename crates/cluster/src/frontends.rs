@@ -1,6 +1,7 @@
 //! The protocol front ends a node process serves on TCP (`[frontends]`, issue 12): a listener
-//! per protocol (memcached, Redis), a thread per connection, at most `max_connections`
-//! connections at once per protocol (more are refused with the protocol's own error line),
+//! per protocol (memcached, Redis) whose connections are served by `[frontends] threads` event
+//! loops (`evloop`), at most `max_connections` connections at once per protocol (more, and any
+//! the process has no file descriptor for, are refused with the protocol's own error line),
 //! each served with the node's pool of front-end client workers (`nessie_frontend::mc_serve`,
 //! `resp_serve`).
 
@@ -197,26 +198,32 @@ struct Listener {
 impl Listener {
     fn accept_loop(&mut self, listener: &TcpListener, stop: &AtomicBool) {
         use std::os::fd::AsRawFd;
+        let mut shedder = crate::accept::Shedder::new(self.name);
         while !stop.load(Ordering::SeqCst) {
             crate::admin::wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
-            let Ok((s, _)) = listener.accept() else {
-                continue;
-            };
-            self.connection(s);
+            match listener.accept() {
+                Ok((s, _)) => self.connection(s),
+                Err(e) => shedder.failed(&e, || listener.accept(), |(s, _)| self.refuse(s)),
+            }
         }
         for l in &mut self.loops {
             l.join();
         }
     }
 
+    /// Give a connection there is no room for the protocol's refusal, and close it.
+    fn refuse(&self, mut s: TcpStream) {
+        let _ = s.set_nonblocking(false);
+        let _ = s.write_all(self.refusal);
+    }
+
     /// Hand one accepted connection to an event loop, round robin, if there is room for it.
-    fn connection(&self, mut s: TcpStream) {
+    fn connection(&self, s: TcpStream) {
         let counters = &self.counters;
         let active = counters.curr_connections.fetch_add(1, Ordering::SeqCst);
         if active >= self.max_connections as u64 {
             counters.curr_connections.fetch_sub(1, Ordering::SeqCst);
-            let _ = s.set_nonblocking(false);
-            let _ = s.write_all(self.refusal);
+            self.refuse(s);
             return;
         }
         let id = counters.total_connections.fetch_add(1, Ordering::Relaxed) + 1;

@@ -12,7 +12,8 @@
 //! - `admin`: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
-//! - `frontends`: the protocol front ends a node serves on TCP (memcached).
+//! - `frontends`: the protocol front ends a node serves on TCP (memcached, Redis); `accept`:
+//!   accepting connections when file descriptors run out, and the limit raised at start.
 //!
 //! [`etcd`]: the etcd client and the local etcd process behind membership.
 //!
@@ -21,6 +22,8 @@
 //! `rejoin`: the thread per node process that fills a restarted node's copies while it is
 //! `joining`, then says it is ready.
 
+#[cfg(feature = "ucx")]
+pub mod accept;
 #[cfg(feature = "ucx")]
 pub mod admin;
 #[cfg(feature = "ucx")]

@@ -407,6 +407,7 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("nessie-metrics".into())
             .spawn(move || {
+                let mut shedder = crate::accept::Shedder::new("metrics");
                 while !flag.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((s, _)) => {
@@ -417,7 +418,8 @@ impl MetricsServer {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(ACCEPT_POLL)
                         }
-                        Err(e) => tracing::warn!(%e, "metrics listener"),
+                        // Out of descriptors: the scrape is closed unanswered.
+                        Err(e) => shedder.failed(&e, || listener.accept(), drop),
                     }
                 }
             })?;

@@ -895,6 +895,7 @@ fn serve_frontends(
         return Ok(Vec::new());
     }
     let pool = Arc::new(ClientPool::new(metered_clients(ctx, workers, ops)?));
+    check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
     let g = ctx.geometry();
     let mut started = Vec::new();
     if let Some(addr) = mc {
@@ -907,6 +908,25 @@ fn serve_frontends(
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     Ok(started)
+}
+
+/// Descriptors a node holds besides its front-end connections (fabric, etcd, admin, files),
+/// with room to spare.
+const FDS_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raise the open-file limit for `listeners` front ends of `max_connections` each, and say so
+/// if it still falls short: connections beyond it are refused (`accept`), not served.
+fn check_fd_limit(f: &crate::config::FrontendsSection, listeners: u64) {
+    let want = listeners * f.max_connections as u64 + FDS_BESIDES_CONNECTIONS;
+    match crate::accept::raise_fd_limit() {
+        Some(have) if have < want => tracing::warn!(
+            open_files = have,
+            needed = want,
+            "the open-file limit is below what [frontends] max_connections needs: connections \
+             past it are refused (raise the hard limit, `ulimit -Hn`, or lower max_connections)"
+        ),
+        _ => {}
+    }
 }
 
 /// `workers` client workers of the node, each counted in `ops` when the node serves metrics
