@@ -110,6 +110,7 @@ pub fn raise_fd_limit() -> Option<u64> {
             l.rlim_cur = l.rlim_max;
         }
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
     Some(l.rlim_cur as u64)
 }
 
@@ -180,7 +181,9 @@ mod tests {
         };
         // SAFETY: valid rlimit to write.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
-        assert_eq!(soft, l.rlim_cur as u64);
+        #[allow(clippy::unnecessary_cast)]
+        let cur = l.rlim_cur as u64;
+        assert_eq!(soft, cur);
         assert_eq!(l.rlim_cur, l.rlim_max);
     }
 }
