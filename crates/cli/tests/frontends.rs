@@ -944,3 +944,103 @@ fn connections_past_the_open_file_limit_are_refused_not_left_waiting() {
         "served again once fds are free"
     );
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn rss_bytes(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb * 1024
+}
+
+/// How much more memory than this a client that does not read its replies may make a node
+/// hold: the session's limit (1 MiB), the loop's (1 MiB), a value, the socket buffers and
+/// the allocator's slack.
+const UNREAD_REPLIES_MAX_GROWTH: u64 = 48 << 20;
+
+/// Multi-key reads whose replies are far larger than the front ends keep (hundreds of MB),
+/// sent by clients that do not read them for a while: the node's memory stays bounded (they
+/// are answered a part at a time, as the client takes them), and every reply still arrives
+/// whole, in order.
+#[test]
+fn huge_multi_key_replies_to_clients_that_do_not_read_take_bounded_memory() {
+    let (mb, rb) = (free_port_range(1), free_port_range(1));
+    let c = Cluster::up(
+        "fe-bounded",
+        1,
+        "shm",
+        &[
+            "--no-etcd",
+            "--memcached-port",
+            &mb.to_string(),
+            "--resp-port",
+            &rb.to_string(),
+        ],
+    );
+    let pid = std::fs::read_to_string(c.dir.join("node-0.pid")).unwrap();
+    let pid = pid.trim();
+    let big = vec![b'v'; 16_000];
+
+    // memcached: 16 gets of the same 16 KB value a thousand times (256 MB of replies).
+    let mut m = Mc::connect(mb);
+    m.send(format!("set big 3 0 {}\r\n", big.len()).as_bytes());
+    m.send(&big);
+    m.send(b"\r\n");
+    assert_eq!(m.line(), "STORED\r\n");
+    let before = rss_bytes(pid);
+    let line = format!("get{}\r\n", " big".repeat(1000));
+    m.send(line.repeat(16).as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    let grew = rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grew < UNREAD_REPLIES_MAX_GROWTH,
+        "memcached: the node grew {grew} bytes for a client not reading its replies"
+    );
+    for g in 0..16 {
+        let hits = m.get_reply();
+        assert_eq!(hits.len(), 1000, "get {g}");
+        assert!(hits
+            .iter()
+            .all(|(k, f, d)| k == "big" && *f == 3 && *d == big));
+    }
+
+    // Redis: one MGET of the same key 20,000 times (320 MB of reply).
+    let mut s = TcpStream::connect(("127.0.0.1", rb)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${}\r\n", big.len()).into_bytes();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n");
+    s.write_all(&req).unwrap();
+    let mut ok = [0u8; 5];
+    s.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"+OK\r\n");
+    let before = rss_bytes(pid);
+    const KEYS: usize = 20_000;
+    let mut mget = format!("*{}\r\n$4\r\nMGET\r\n", KEYS + 1);
+    mget.push_str(&"$3\r\nbig\r\n".repeat(KEYS));
+    mget.push_str("*1\r\n$4\r\nPING\r\n");
+    s.write_all(mget.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let grew = rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grew < UNREAD_REPLIES_MAX_GROWTH,
+        "resp: the node grew {grew} bytes for a client not reading its reply"
+    );
+    let mut r = BufReader::new(s);
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    assert_eq!(l, format!("*{KEYS}\r\n"));
+    let element = format!("${}\r\n{}\r\n", big.len(), String::from_utf8(big).unwrap());
+    let mut got = vec![0u8; element.len()];
+    for k in 0..KEYS {
+        r.read_exact(&mut got).unwrap();
+        assert!(got == element.as_bytes(), "element {k}");
+    }
+    l.clear();
+    r.read_line(&mut l).unwrap();
+    assert_eq!(l, "+PONG\r\n", "the connection goes on after the MGET");
+}

@@ -31,7 +31,7 @@ use std::time::Duration;
 use mio::net::TcpStream as MioStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use nessie_frontend::mc_serve::{Backend, Counters, FLUSH_AT};
-use nessie_frontend::session::Session;
+use nessie_frontend::session::{Served, Session};
 
 /// Most bytes read from a socket at a time (then served before the next read).
 const READ_CHUNK: usize = 64 * 1024;
@@ -130,6 +130,9 @@ struct Conn<'a> {
     interest: Interest,
     /// It is on the loop's list of connections with input left (`EventLoop::more`).
     more: bool,
+    /// Its session holds requests it has read and not served: their replies reached the
+    /// session's limit ([`Served::Held`]). They are served once the replies waiting are written.
+    held: bool,
 }
 
 /// What to do with a connection after handling an event.
@@ -238,6 +241,7 @@ impl<'a> EventLoop<'a> {
             closing: false,
             interest: Interest::READABLE,
             more: false,
+            held: false,
         });
         Ok(())
     }
@@ -359,6 +363,15 @@ impl<'a> EventLoop<'a> {
         if c.closing && c.pending.is_empty() {
             return After::Drop;
         }
+        // Requests read and held while replies waited, and the replies now written: serve
+        // them in the next round (no event will come for input already read).
+        if c.held && !c.closing && c.pending.len() <= MAX_PENDING_OUT {
+            if !c.more {
+                c.more = true;
+                self.more.push((i, false));
+            }
+            return After::Keep;
+        }
         // Not readable while replies pile up or the connection is closing: the socket would
         // keep signalling input we will not read, and the loop spin.
         let interest = if c.pending.is_empty() {
@@ -388,10 +401,19 @@ impl<'a> EventLoop<'a> {
 
 /// Read one chunk (or find the socket empty) and serve it. Nothing is read while too many
 /// replies wait: data may then be left in the socket, which will not signal it again, so
-/// every later event of the connection (its replies going out) reads again.
+/// every later event of the connection (its replies going out) reads again. Requests the
+/// session holds, read but not served (their replies reached its limit), are served first.
 fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<Input> {
     if c.pending.len() > MAX_PENDING_OUT {
         return Ok(Input::Held);
+    }
+    if c.held {
+        // The socket may hold more that no edge will signal: the next round reads it.
+        return Ok(match serve(c) {
+            Served::Held => Input::Held,
+            Served::Close => Input::Emptied,
+            Served::Read => Input::More,
+        });
     }
     let (n, asked) = loop {
         match read_into(&c.stream, c.session.inbuf()) {
@@ -407,18 +429,10 @@ fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<Input>
             Err(e) => return Err(e),
         }
     };
-    // Replies written early by the session go after those already waiting.
-    let close = c.session.serve_buffered(&mut c.pending)?;
-    if c.pending.is_empty() {
-        // Nothing waiting (the common case): take the replies' buffer rather than copy it,
-        // and leave ours, empty, for the next ones.
-        std::mem::swap(&mut c.pending, c.session.out());
-    } else {
-        c.pending.append(c.session.out());
-    }
-    if close {
-        c.closing = true;
-        return Ok(Input::Emptied);
+    match serve(c) {
+        Served::Close => return Ok(Input::Emptied),
+        Served::Held => return Ok(Input::Held),
+        Served::Read => {}
     }
     // A short read of a stream socket emptied it (epoll(7)): more input is a new edge. Spares
     // the read that would only answer "would block", one per request batch. An end of file
@@ -430,6 +444,23 @@ fn read_and_serve(c: &mut Conn<'_>, read_closed: bool) -> std::io::Result<Input>
         true => Input::Held,
         false => Input::More,
     })
+}
+
+/// Serve the requests the session has read, its replies joining those waiting.
+fn serve(c: &mut Conn<'_>) -> Served {
+    let served = c.session.serve_buffered();
+    c.held = served == Served::Held;
+    if c.pending.is_empty() {
+        // Nothing waiting (the common case): take the replies' buffer rather than copy it,
+        // and leave ours, empty, for the next ones.
+        std::mem::swap(&mut c.pending, c.session.out());
+    } else {
+        c.pending.append(c.session.out());
+    }
+    if served == Served::Close {
+        c.closing = true;
+    }
+    served
 }
 
 /// Read from `stream` onto the end of `buf`, straight into its spare room (at least
@@ -521,7 +552,7 @@ mod tests {
         fn out(&mut self) -> &mut Vec<u8> {
             &mut self.out
         }
-        fn serve_buffered(&mut self, _: &mut dyn Write) -> std::io::Result<bool> {
+        fn serve_buffered(&mut self) -> Served {
             while let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') {
                 let n: u32 = std::str::from_utf8(&self.inbuf[..end])
                     .unwrap()
@@ -530,7 +561,7 @@ mod tests {
                 self.out.extend_from_slice(&reply(n));
                 self.inbuf.drain(..=end);
             }
-            Ok(false)
+            Served::Read
         }
     }
 
@@ -624,7 +655,7 @@ mod tests {
         fn out(&mut self) -> &mut Vec<u8> {
             &mut self.out
         }
-        fn serve_buffered(&mut self, _: &mut dyn Write) -> std::io::Result<bool> {
+        fn serve_buffered(&mut self) -> Served {
             let mut at = 0;
             while let Some(len) = self.inbuf[at..].iter().position(|&b| b == b'\n') {
                 let line = &self.inbuf[at..at + len];
@@ -634,7 +665,7 @@ mod tests {
                 at += len + 1;
             }
             self.inbuf.drain(..at);
-            Ok(false)
+            Served::Read
         }
     }
 
@@ -671,6 +702,75 @@ mod tests {
         assert!(
             ROUND_CHUNKS.load(Ordering::Relaxed) > before,
             "no batch outlasted its first read: the rounds went untested"
+        );
+    }
+
+    /// Like [`Large`], but it stops serving once [`CAP`] bytes of replies wait
+    /// ([`Served::Held`]), as the protocol sessions do at `FLUSH_AT`.
+    struct Capped {
+        inbuf: Vec<u8>,
+        out: Vec<u8>,
+    }
+    const CAP: usize = 100_000;
+    /// The most reply bytes a `Capped` session held at once, over this test binary.
+    static CAPPED_MOST: AtomicU64 = AtomicU64::new(0);
+
+    impl Session for Capped {
+        fn inbuf(&mut self) -> &mut Vec<u8> {
+            &mut self.inbuf
+        }
+        fn out(&mut self) -> &mut Vec<u8> {
+            &mut self.out
+        }
+        fn serve_buffered(&mut self) -> Served {
+            while let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') {
+                if self.out.len() >= CAP {
+                    return Served::Held;
+                }
+                let n: u32 = std::str::from_utf8(&self.inbuf[..end])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                self.out.extend_from_slice(&reply(n));
+                CAPPED_MOST.fetch_max(self.out.len() as u64, Ordering::Relaxed);
+                self.inbuf.drain(..=end);
+            }
+            Served::Read
+        }
+    }
+
+    /// A session that stops at its reply limit keeps the requests it read; the loop serves
+    /// them once the replies are written, with no new input to wake it (the requests all came
+    /// in one read), and every reply arrives, in order, while the session never held more
+    /// than its limit and one reply.
+    #[test]
+    fn requests_held_at_the_reply_limit_are_served_once_the_replies_are_written() {
+        const REQUESTS: u32 = 60; // 2.4 MB of replies from a few hundred bytes of requests
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
+            Box::new(Capped {
+                inbuf: Vec::new(),
+                out: Vec::new(),
+            })
+        });
+        serve_clients(make, 2, |c, s| {
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            let ids: Vec<u32> = (0..REQUESTS).map(|k| c * REQUESTS + k).collect();
+            let req: String = ids.iter().map(|n| format!("{n}\n")).collect();
+            w.write_all(req.as_bytes()).unwrap();
+            // Replies pile up unread for a while first.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut got = vec![0u8; REPLY];
+            for &n in &ids {
+                r.read_exact(&mut got)
+                    .unwrap_or_else(|e| panic!("client {c}: reply {n}: {e}"));
+                assert!(got == reply(n), "client {c}: reply {n} wrong");
+            }
+        });
+        let most = CAPPED_MOST.load(Ordering::Relaxed) as usize;
+        assert!(
+            most >= CAP && most < CAP + REPLY,
+            "held {most} bytes of replies"
         );
     }
 }

@@ -3,7 +3,8 @@
 //! back. Pipelined: every whole request in the buffer is served before the replies are
 //! written, in one write. Bounded: a request line is at most `MAX_LINE_LEN`, a data block at
 //! most [`Limits::max_data`] (a larger one is read and thrown away, and answered as memcached
-//! does), and replies are written out whenever they pass [`FLUSH_AT`].
+//! does), and at most about [`FLUSH_AT`] bytes of replies are held (serving stops there, even
+//! part way through a multi-key get, until they are written).
 //!
 //! What is served: `get`, `gets`, `gat`, `gats` (multi-key), `set`, `add`, `replace`,
 //! `append`, `prepend`, `cas`, `incr`, `decr`, `touch`, `delete`, `version`, `verbosity`,
@@ -18,6 +19,8 @@
 //! it is refused.
 
 use std::io::{Read, Write};
+
+use crate::session::Served;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -34,8 +37,9 @@ use crate::{inplace, item};
 mod meta_serve;
 use meta_serve::MetaReq;
 
-/// Replies are written out once this many bytes are waiting (a multi-key get of large values
-/// would otherwise buffer them all).
+/// Replies a session holds before it stops serving, until they are written (a multi-key get
+/// of large values, or a client pipelining requests and not reading, would otherwise make it
+/// hold all of theirs): a multi-key read stops between two keys and goes on from the next.
 pub const FLUSH_AT: usize = 1 << 20;
 
 /// Where a connection gets its store client.
@@ -99,13 +103,26 @@ pub fn unix_now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// What the connection loop does after a batch of requests.
+/// What serving one request came to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Next {
-    /// Read more bytes.
-    Read,
-    /// Write what is pending and close (`quit`, or a stream that cannot be framed).
+enum Step {
+    /// It took this many bytes of input.
+    Took(usize),
+    /// It is not all here yet.
+    More,
+    /// Its replies reached [`FLUSH_AT`] part way (a multi-key get): it stays in the input,
+    /// to go on from where it stopped ([`Conn::resume`]) once they are written.
+    Paused,
+    /// Close the connection once the replies are written.
     Close,
+}
+
+/// Whether a request without a data block was served to its end.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Done {
+    Yes,
+    /// A multi-key get stopped part way ([`Step::Paused`]).
+    Paused,
 }
 
 /// One connection's state between reads.
@@ -124,6 +141,9 @@ struct Conn<'a> {
     /// What the last get's `VALUE` line held besides `VALUE ` and the key: where the next
     /// get's value is READ for its data to land right behind its line ([`inplace`]).
     value_line_tail: usize,
+    /// Keys of the multi-key get at the head of the input already answered: it paused there,
+    /// its replies at [`FLUSH_AT`], and goes on from the next.
+    resume: usize,
 }
 
 /// One connection's memcached session, for an event loop to drive.
@@ -141,6 +161,7 @@ pub fn session<'a>(
         skip: 0,
         scratch: Vec::new(),
         value_line_tail: 0,
+        resume: 0,
     }
 }
 
@@ -165,37 +186,36 @@ impl crate::session::Session for Conn<'_> {
         &mut self.out
     }
 
-    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
-        Conn::serve_buffered(self, stream).map(|n| n == Next::Close)
+    fn serve_buffered(&mut self) -> Served {
+        Conn::serve_buffered(self)
     }
 }
 
 impl Conn<'_> {
-    /// Serve every whole request in the buffer; replies go to `out`, written to `stream` when
-    /// they pass [`FLUSH_AT`].
-    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<Next> {
+    /// Serve the whole requests in the buffer until the replies reach [`FLUSH_AT`].
+    fn serve_buffered(&mut self) -> Served {
         let mut at = 0;
         let next = loop {
             if self.out.len() >= FLUSH_AT {
-                stream.write_all(&self.out)?;
-                self.out.clear();
+                break Served::Held;
             }
             if self.skip > 0 {
                 let n = self.skip.min(self.inbuf.len() - at);
                 self.skip -= n;
                 at += n;
                 if self.skip > 0 {
-                    break Next::Read;
+                    break Served::Read;
                 }
             }
             match self.one(at) {
                 Step::Took(n) => at += n,
-                Step::More => break Next::Read,
-                Step::Close => break Next::Close,
+                Step::More => break Served::Read,
+                Step::Paused => break Served::Held,
+                Step::Close => break Served::Close,
             }
         };
         self.inbuf.drain(..at);
-        Ok(next)
+        next
     }
 
     /// Serve the request at `inbuf[at..]`.
@@ -221,8 +241,10 @@ impl Conn<'_> {
             }
             req => {
                 let owned = OwnedRequest::from(req);
-                self.execute(owned);
-                return Step::Took(line);
+                return match self.execute(owned) {
+                    Done::Yes => Step::Took(line),
+                    Done::Paused => Step::Paused,
+                };
             }
         };
         // memcached answers a classic storage command's errors with silence under `noreply`
@@ -331,18 +353,19 @@ impl Conn<'_> {
         }
     }
 
-    fn execute(&mut self, req: OwnedRequest) {
+    /// Run a request without a data block. Only a multi-key get can pause.
+    fn execute(&mut self, req: OwnedRequest) -> Done {
         match req {
             OwnedRequest::Get {
                 keys,
                 with_cas: false,
                 touch: None,
-            } => self.get(&keys),
+            } => return self.get(&keys),
             OwnedRequest::Get {
                 keys,
                 with_cas,
                 touch,
-            } => self.get_versioned(&keys, with_cas, touch),
+            } => return self.get_versioned(&keys, with_cas, touch),
             OwnedRequest::Delete { key, noreply } => self.delete(&key, noreply),
             OwnedRequest::Arith {
                 key,
@@ -371,13 +394,29 @@ impl Conn<'_> {
                 known: false,
             } => self.out.extend_from_slice(b"ERROR\r\n"),
         }
+        Done::Yes
     }
 
-    fn get(&mut self, keys: &[Vec<u8>]) {
-        for key in keys {
+    /// Whether a multi-key get must pause before its key `i`: its replies reached
+    /// [`FLUSH_AT`] after it answered a key in this turn. It goes on from `i` once they are
+    /// written (`resume`).
+    fn pause_before(&mut self, i: usize, first: usize) -> bool {
+        let pause = i > first && self.out.len() >= FLUSH_AT;
+        if pause {
+            self.resume = i;
+        }
+        pause
+    }
+
+    fn get(&mut self, keys: &[Vec<u8>]) -> Done {
+        let first = std::mem::take(&mut self.resume);
+        for (i, key) in keys.iter().enumerate().skip(first) {
+            if self.pause_before(i, first) {
+                return Done::Paused;
+            }
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
             if self.key_too_long(key, false) {
-                return;
+                return Done::Yes;
             }
             // The value is READ straight into the reply (`inplace`), its `VALUE` line guessed
             // as long as the last one but for the key.
@@ -395,18 +434,26 @@ impl Conn<'_> {
                 Ok(None) => {
                     self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) => return self.server_error(&e),
+                Err(e) => {
+                    self.server_error(&e);
+                    return Done::Yes;
+                }
             }
         }
         self.out.extend_from_slice(b"END\r\n");
+        Done::Yes
     }
 
     /// `gets` (`with_cas`, no `touch`), `gat` and `gats` (`touch`: the new exptime).
-    fn get_versioned(&mut self, keys: &[Vec<u8>], with_cas: bool, touch: Option<i64>) {
-        for key in keys {
+    fn get_versioned(&mut self, keys: &[Vec<u8>], with_cas: bool, touch: Option<i64>) -> Done {
+        let first = std::mem::take(&mut self.resume);
+        for (i, key) in keys.iter().enumerate().skip(first) {
+            if self.pause_before(i, first) {
+                return Done::Paused;
+            }
             self.counters.cmd_get.fetch_add(1, Ordering::Relaxed);
             if self.key_too_long(key, false) {
-                return;
+                return Done::Yes;
             }
             let now = unix_now_ms();
             let mut buf = std::mem::take(&mut self.scratch);
@@ -415,8 +462,14 @@ impl Conn<'_> {
             self.scratch = buf;
             let hit = match r {
                 Ok(Some(hit)) => hit,
-                Ok(None) => return self.contended(),
-                Err(e) => return self.fail(&e, false),
+                Ok(None) => {
+                    self.contended();
+                    return Done::Yes;
+                }
+                Err(e) => {
+                    self.fail(&e, false);
+                    return Done::Yes;
+                }
             };
             let Some(h) = hit else {
                 self.counters.get_misses.fetch_add(1, Ordering::Relaxed);
@@ -427,6 +480,7 @@ impl Conn<'_> {
             encode_value(&mut self.out, key, h.flags, &h.data, cas);
         }
         self.out.extend_from_slice(b"END\r\n");
+        Done::Yes
     }
 
     /// `incr`/`decr`: the value must be a decimal u64; incr wraps at 2^64, decr stops at 0.
@@ -751,15 +805,6 @@ fn read_or_touch(
     Ok(None)
 }
 
-/// What serving one request did with the buffer.
-enum Step {
-    /// It took this many bytes.
-    Took(usize),
-    /// It needs more bytes.
-    More,
-    Close,
-}
-
 /// A request that owns its keys (the parsed one borrows the input buffer).
 enum OwnedRequest {
     Get {
@@ -864,14 +909,55 @@ mod tests {
 
     /// What the server answers to `input`, fed `chunk` bytes at a time.
     fn session(backend: &dyn Backend, input: &[u8], chunk: usize) -> String {
-        let mut p = Pipe {
-            input: input.to_vec(),
-            at: 0,
-            chunk,
-            output: Vec::new(),
-        };
+        let mut p = Pipe::new(input, chunk);
         serve(&mut p, backend, LIMITS, &Counters::default()).unwrap();
         String::from_utf8(p.output).unwrap()
+    }
+
+    /// A multi-key get whose reply passes the session's limit is answered in parts, the
+    /// session never holding much more than the limit, whole and in order, and the connection
+    /// goes on after it; so do `gets` and `gat`.
+    #[test]
+    fn a_get_larger_than_the_reply_limit_is_answered_in_parts() {
+        let b = MapBackend::default();
+        let value = |k: usize| format!("{k}").repeat(900);
+        let mut input = String::new();
+        for k in 0..10 {
+            input.push_str(&format!("set k{k} {k} 0 900 noreply\r\n{}\r\n", value(k)));
+        }
+        let keys = 1000; // the most a get may name
+        let names: Vec<String> = (0..keys).map(|i| format!("k{}", i % 10)).collect();
+        let line = names.join(" ");
+        let gets = 2 * FLUSH_AT / (900 * keys) + 1;
+        for _ in 0..gets {
+            input.push_str(&format!("get {line} nope\r\n"));
+        }
+        input.push_str(&format!("gets {line}\r\ngat 0 {line}\r\nversion\r\n"));
+        let mut p = Pipe::new(input.as_bytes(), 65536);
+        serve(&mut p, &b, LIMITS, &Counters::default()).unwrap();
+        let out = String::from_utf8(p.output).unwrap();
+        let mut want = String::new();
+        for _ in 0..gets {
+            for i in 0..keys {
+                let k = i % 10;
+                want.push_str(&format!("VALUE k{k} {k} 900\r\n{}\r\n", value(k)));
+            }
+            want.push_str("END\r\n");
+        }
+        assert!(out.starts_with(&want), "get replies differ");
+        let rest = &out[want.len()..];
+        assert_eq!(rest.matches("VALUE ").count(), 2 * keys, "gets and gat");
+        assert_eq!(rest.matches("END\r\n").count(), 2);
+        assert!(
+            rest.ends_with(&version_line()),
+            "{}",
+            &rest[rest.len() - 40..]
+        );
+        assert!(
+            p.largest_write < FLUSH_AT + 1000,
+            "the session held {} bytes of replies",
+            p.largest_write
+        );
     }
 
     /// A store that fails and a key over the cluster's limit (below memcached's 250) are not
@@ -887,12 +973,7 @@ mod tests {
              set f 0 0 1200 noreply\r\n{v}\r\nadd f 0 0 1200 noreply\r\n{v}\r\n\
              set {long} 0 0 1\r\nx\r\nset f 0 0 1200\r\n{v}\r\nget f\r\n"
         );
-        let mut p = Pipe {
-            input: input.into_bytes(),
-            at: 0,
-            chunk: 64,
-            output: Vec::new(),
-        };
+        let mut p = Pipe::new(input.as_bytes(), 64);
         let limits = Limits {
             max_key: 8,
             ..LIMITS

@@ -15,6 +15,15 @@ use crate::inplace::{decimal_len, write_decimal};
 
 /// Most arguments one command may have (MSET and MGET of many keys).
 pub const MAX_ARGS: usize = 64 * 1024;
+/// Longest bulk string a request may announce, as Redis's default `proto-max-bulk-len`: a
+/// longer one cannot be framed (`invalid bulk length`, and the connection closes). Shorter ones
+/// over the value limit are skipped, the connection kept.
+pub const MAX_BULK_LEN: usize = 512 << 20;
+/// A command being received is held whole until it has arrived (its arguments are served
+/// where they lie). It may hold at most this much, or four times the longest key and value,
+/// whichever is more; past that it is refused and the connection closed, as Redis does past
+/// its `client-query-buffer-limit`.
+pub const MAX_REQUEST_FLOOR: usize = 64 << 20;
 /// Longest inline command.
 pub const MAX_INLINE_LEN: usize = 64 * 1024;
 /// Longest `*<n>` or `$<len>` header line.
@@ -96,6 +105,10 @@ pub enum ProtoError {
     InlineTooLong,
     #[error("Protocol error: unbalanced quotes in request")]
     UnbalancedQuotes,
+    /// Not Redis's words (it closes such a client without a reply): the command would be
+    /// held whole past the front end's limit ([`MAX_REQUEST_FLOOR`]).
+    #[error("Protocol error: a command of more than {0} bytes")]
+    TooLarge(usize),
 }
 
 /// Parse the next command in `buf` into `args`; a bulk argument longer than `max_bulk` gives
@@ -164,7 +177,7 @@ fn parse_multibulk(buf: &[u8], max_bulk: usize, args: &mut Args) -> Result<Parse
             None => return Err(ProtoError::ExpectedBulk(' ')),
         }
         let len = number(&line[1..])
-            .filter(|&l| l >= 0)
+            .filter(|&l| l >= 0 && l <= MAX_BULK_LEN as i64)
             .ok_or(ProtoError::BulkLength)? as usize;
         if len > max_bulk {
             return Ok(Parsed::Oversize {

@@ -24,7 +24,8 @@ use std::sync::atomic::Ordering;
 use nessie_protocols::{Error, KvClient};
 
 use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
-use crate::resp::{next_bulk_to_skip, parse, Args, BulkHead, Encoder, Parsed};
+use crate::resp::{next_bulk_to_skip, parse, Args, BulkHead, Encoder, Parsed, MAX_REQUEST_FLOOR};
+use crate::session::Served;
 use crate::{inplace, item};
 
 mod cond;
@@ -88,6 +89,7 @@ pub fn session<'a>(
         consumed: 0,
         args: Args::default(),
         bulk_guess: 0,
+        resume: 0,
     }
 }
 
@@ -121,8 +123,8 @@ impl crate::session::Session for Conn<'_> {
         &mut self.out
     }
 
-    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
-        Conn::serve_buffered(self, stream)
+    fn serve_buffered(&mut self) -> Served {
+        Conn::serve_buffered(self)
     }
 }
 
@@ -160,6 +162,9 @@ struct Conn<'a> {
     /// The length of the last GET reply's bulk header: where the next GET's value is READ
     /// for its data to land right behind its own header ([`inplace`]).
     bulk_guess: usize,
+    /// Keys of the MGET at the head of the input already answered: it paused there, its
+    /// replies at [`FLUSH_AT`], and goes on from the next.
+    resume: usize,
 }
 
 /// Where skipping an oversize command got to.
@@ -178,16 +183,17 @@ enum Skipping {
 enum Then {
     Go,
     Close,
+    /// An MGET stopped part way, its replies at [`FLUSH_AT`] ([`Conn::resume`]).
+    Paused,
 }
 
 impl Conn<'_> {
-    /// Serve every whole command in the buffer; true if the connection must close.
-    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool> {
+    /// Serve the whole commands in the buffer until the replies reach [`FLUSH_AT`].
+    fn serve_buffered(&mut self) -> Served {
         // Lent out while its commands run (which need `self`) on the bytes where they lie.
         let inbuf = std::mem::take(&mut self.inbuf);
-        let served = self.serve_from(&inbuf[self.consumed..], stream);
+        let (at, served) = self.serve_from(&inbuf[self.consumed..]);
         self.inbuf = inbuf;
-        let (at, close) = served?;
         self.consumed += at;
         // What is left (a command still arriving) stays where it is until enough has been
         // consumed before it: moving it to the front after every read cost 5% of a node
@@ -199,27 +205,22 @@ impl Conn<'_> {
             self.inbuf.drain(..self.consumed);
             self.consumed = 0;
         }
-        Ok(close)
+        served
     }
 
-    /// Serve the whole commands at the start of `inbuf`: how many bytes they took, and whether
-    /// the connection must close.
-    fn serve_from(
-        &mut self,
-        inbuf: &[u8],
-        stream: &mut dyn Write,
-    ) -> std::io::Result<(usize, bool)> {
+    /// Serve the whole commands at the start of `inbuf` until the replies reach [`FLUSH_AT`]:
+    /// how many bytes they took, and how far it got.
+    fn serve_from(&mut self, inbuf: &[u8]) -> (usize, Served) {
         let mut at = 0;
-        let close = loop {
+        let served = loop {
             if self.out.len() >= FLUSH_AT {
-                stream.write_all(&self.out)?;
-                self.out.clear();
+                break Served::Held;
             }
             if self.skip.is_some() {
                 match self.skip_oversize(inbuf, &mut at) {
                     Skipping::Done => continue,
-                    Skipping::NeedMore => break false,
-                    Skipping::Close => break true,
+                    Skipping::NeedMore => break Served::Read,
+                    Skipping::Close => break Served::Close,
                 }
             }
             match parse(&inbuf[at..], self.limits.max_value, &mut self.args) {
@@ -231,12 +232,25 @@ impl Conn<'_> {
                         a => self.execute(a),
                     });
                     self.args = args;
-                    at += n;
-                    if then == Then::Close {
-                        break true;
+                    match then {
+                        Then::Go => at += n,
+                        Then::Close => {
+                            at += n;
+                            break Served::Close;
+                        }
+                        // It stays in the input, to go on where it stopped.
+                        Then::Paused => break Served::Held,
                     }
                 }
-                Ok(Parsed::Incomplete) => break false,
+                Ok(Parsed::Incomplete) => {
+                    let max = self.max_request();
+                    if inbuf.len() - at > max {
+                        let e = crate::resp::ProtoError::TooLarge(max);
+                        self.enc.error(&mut self.out, &format!("ERR {e}"));
+                        break Served::Close;
+                    }
+                    break Served::Read;
+                }
                 Ok(Parsed::Oversize {
                     consumed,
                     skip,
@@ -252,11 +266,11 @@ impl Conn<'_> {
                 }
                 Err(e) => {
                     self.enc.error(&mut self.out, &format!("ERR {e}"));
-                    break true;
+                    break Served::Close;
                 }
             }
         };
-        Ok((at, close))
+        (at, served)
     }
 
     /// Go on throwing away the oversize command being skipped, from `inbuf[*at..]`; once it is
@@ -330,7 +344,7 @@ impl Conn<'_> {
             "get" => self.get(rest[0]),
             "set" => self.set(rest),
             "setex" | "psetex" => self.setex(name, rest),
-            "mget" => self.mget(rest),
+            "mget" => return self.mget(rest),
             "mset" => self.mset(rest),
             "del" | "unlink" => self.del(rest),
             "setnx" => self.setnx(rest),
@@ -649,28 +663,52 @@ impl Conn<'_> {
         self.with(|c| c.put_parts(key, &[&h, value]))
     }
 
-    fn mget(&mut self, keys: &[&[u8]]) {
-        // Every value is read first, so that an error is the whole reply.
-        let mut values = Vec::with_capacity(keys.len());
-        for k in keys {
+    /// MGET, answered key by key. A reply that reaches [`FLUSH_AT`] pauses before the next
+    /// key, and goes on from it once the replies so far are written (`resume`). A key that
+    /// cannot be read (the store failed) makes the whole reply an error while none of it has
+    /// left, else that key's element.
+    fn mget(&mut self, keys: &[&[u8]]) -> Then {
+        let first = std::mem::take(&mut self.resume);
+        let start = self.out.len();
+        if first == 0 {
+            self.enc.array(&mut self.out, keys.len());
+        }
+        for (i, k) in keys.iter().enumerate().skip(first) {
+            if i > first && self.out.len() >= FLUSH_AT {
+                self.resume = i;
+                return Then::Paused;
+            }
+            if self.cannot_exist(k) {
+                self.enc.null(&mut self.out);
+                continue;
+            }
             match self.read(k) {
                 Ok(Some(_)) => {
                     let v = &self.scratch;
-                    values.push(Some(
-                        item::decode(v, 0).map_or(v.clone(), |i| i.data.to_vec()),
-                    ));
+                    let data = item::decode(v, 0).map_or(&v[..], |i| i.data);
+                    self.enc.bulk(&mut self.out, data);
                 }
-                Ok(None) | Err(Error::KeyTooLarge { .. }) => values.push(None),
-                Err(e) => return self.store_error(&e),
+                Ok(None) => self.enc.null(&mut self.out),
+                Err(e) if first == 0 => {
+                    self.out.truncate(start);
+                    self.store_error(&e);
+                    return Then::Go;
+                }
+                Err(e) => self.store_error(&e),
             }
         }
-        self.enc.array(&mut self.out, values.len());
-        for v in values {
-            match v {
-                Some(v) => self.enc.bulk(&mut self.out, &v),
-                None => self.enc.null(&mut self.out),
-            }
-        }
+        Then::Go
+    }
+
+    /// The most bytes a command may hold while it arrives ([`MAX_REQUEST_FLOOR`]).
+    fn max_request(&self) -> usize {
+        MAX_REQUEST_FLOOR.max(4 * (self.limits.max_key + self.limits.max_value))
+    }
+
+    /// A key no item can have (empty, or over the key limit): reads of several keys take it
+    /// as absent, as they would any other missing key.
+    fn cannot_exist(&self, key: &[u8]) -> bool {
+        key.is_empty() || key.len() > self.limits.max_key
     }
 
     fn mset(&mut self, rest: &[&[u8]]) {
@@ -690,9 +728,11 @@ impl Conn<'_> {
     fn exists(&mut self, keys: &[&[u8]]) {
         let mut n = 0;
         for k in keys {
+            if self.cannot_exist(k) {
+                continue;
+            }
             match self.read(k) {
                 Ok(found) => n += found.is_some() as i64,
-                Err(Error::KeyTooLarge { .. }) => {}
                 Err(e) => return self.store_error(&e),
             }
         }
@@ -821,6 +861,7 @@ fn valid_client_name(name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resp::MAX_BULK_LEN;
     use crate::testing::{MapBackend, Pipe};
 
     const LIMITS: RespLimits = RespLimits {
@@ -844,6 +885,95 @@ mod tests {
 
     fn cmds(list: &[&[&str]]) -> Vec<u8> {
         list.iter().flat_map(|w| cmd(w)).collect()
+    }
+
+    /// An MGET whose reply passes the session's limit is answered in parts, the session never
+    /// holding much more than the limit; the reply is whole and in order, keys no item can
+    /// have (empty, too long) are nils, and the connection goes on after it.
+    #[test]
+    fn an_mget_larger_than_the_reply_limit_is_answered_in_parts() {
+        let b = MapBackend::default();
+        let value = |k: usize| format!("{k}").repeat(900);
+        let mut input = Vec::new();
+        for k in 0..10 {
+            input.extend_from_slice(&cmd(&["SET", &format!("k{k}"), &value(k)]));
+        }
+        let long = "x".repeat(LIMITS.max_key + 1);
+        let mut mget: Vec<String> = vec!["MGET".into()];
+        let mut want = "+OK\r\n".repeat(10);
+        let keys = 3 * FLUSH_AT / 900;
+        want.push_str(&format!("*{}\r\n", keys + 3));
+        for i in 0..keys {
+            mget.push(format!("k{}", i % 10));
+            want.push_str(&format!("$900\r\n{}\r\n", value(i % 10)));
+        }
+        for k in ["missing", "", &long] {
+            mget.push(k.to_string());
+            want.push_str("$-1\r\n");
+        }
+        let words: Vec<&str> = mget.iter().map(String::as_str).collect();
+        input.extend_from_slice(&cmd(&words));
+        input.extend_from_slice(&cmd(&["PING"]));
+        want.push_str("+PONG\r\n");
+        for chunk in [4096, 65536] {
+            let mut p = Pipe::new(&input, chunk);
+            serve(&mut p, &b, LIMITS, &Counters::default(), 7).unwrap();
+            assert!(p.output == want.as_bytes(), "chunk {chunk}: reply differs");
+            assert!(
+                p.largest_write < FLUSH_AT + 1000,
+                "the session held {} bytes of replies",
+                p.largest_write
+            );
+        }
+    }
+
+    /// A bulk longer than Redis's `proto-max-bulk-len` cannot be framed (Redis's error, and
+    /// the connection closes, nothing after it served); one over the value limit only is
+    /// skipped and the connection goes on.
+    #[test]
+    fn bulk_lengths_past_the_protocol_limit_close_the_connection() {
+        let b = MapBackend::default();
+        let over = format!("*3\r\n$3\r\nSET\r\n$1\r\na\r\n${}\r\n", MAX_BULK_LEN + 1);
+        let mut input = over.into_bytes();
+        input.extend_from_slice(&cmd(&["PING"]));
+        assert_eq!(
+            session(&b, &input, 4096),
+            "-ERR Protocol error: invalid bulk length\r\n"
+        );
+        let mut input = cmd(&["SET", "a", &"v".repeat(LIMITS.max_value + 1)]);
+        input.extend_from_slice(&cmd(&["PING"]));
+        let out = session(&b, &input, 4096);
+        assert!(
+            out.starts_with("-ERR ") && out.ends_with("+PONG\r\n"),
+            "{out}"
+        );
+    }
+
+    /// A command that would be held past the front end's request limit while it arrives is
+    /// refused and the connection closed; one just under it is served.
+    #[test]
+    fn a_command_larger_than_the_request_limit_is_refused() {
+        let b = MapBackend::default();
+        let arg = "v".repeat(LIMITS.max_value);
+        let max = MAX_REQUEST_FLOOR.max(4 * (LIMITS.max_key + LIMITS.max_value));
+        let per_arg = arg.len() + 8;
+        let n = max / per_arg + 2; // more than the limit, still arriving
+        let mut input = format!("*{}\r\n$4\r\nECHO\r\n", n + 10).into_bytes();
+        for _ in 0..n {
+            input.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+        }
+        assert_eq!(
+            session(&b, &input, 65536),
+            format!("-ERR Protocol error: a command of more than {max} bytes\r\n")
+        );
+        // Just under: DEL of many keys (too long to exist), served.
+        let key = "k".repeat(LIMITS.max_value);
+        let keys = (max - 1024) / (key.len() + 8);
+        let mut input = format!("*{}\r\n$3\r\nDEL\r\n", keys + 1).into_bytes();
+        for _ in 0..keys {
+            input.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
+        }
+        assert_eq!(session(&b, &input, 65536), ":0\r\n");
     }
 
     /// Commands cut anywhere by the reads, over more input than the buffer keeps before it

@@ -1,11 +1,30 @@
 //! The read–serve–write loop every front end's connection runs: read what has arrived, serve
-//! every whole request in it (replies buffered, so a pipeline's replies go out in one write),
+//! the whole requests in it (replies buffered, so a pipeline's replies go out in one write),
 //! write the replies, until the client closes the connection or a request ends it.
+//!
+//! A session holds at most about [`FLUSH_AT`] bytes of replies (plus the one value being
+//! added): past that it stops serving, even in the middle of a multi-key read, and goes on
+//! once its replies are written. A client that pipelines requests and does not read their
+//! replies therefore holds a bounded amount of the node's memory.
 
 use std::io::{ErrorKind, Read, Write};
 
+pub use crate::mc_serve::FLUSH_AT;
+
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// How far [`Session::serve_buffered`] got.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Every whole request was served: read more.
+    Read,
+    /// The replies reached [`FLUSH_AT`]: write them, then serve the rest of the input before
+    /// reading more.
+    Held,
+    /// Write the replies and close the connection (`quit`, or input that cannot be framed).
+    Close,
+}
 
 /// A protocol's side of one connection: what a read–serve–write loop ([`run`], or an event
 /// loop over many connections) drives.
@@ -15,9 +34,8 @@ pub trait Session {
     fn inbuf(&mut self) -> &mut Vec<u8>;
     /// Replies not yet written.
     fn out(&mut self) -> &mut Vec<u8>;
-    /// Serve every whole request in the input (writing replies out early to `stream` when
-    /// many are waiting); true if the connection must close once the replies are written.
-    fn serve_buffered(&mut self, stream: &mut dyn Write) -> std::io::Result<bool>;
+    /// Serve the whole requests in the input until the replies reach [`FLUSH_AT`].
+    fn serve_buffered(&mut self) -> Served;
 }
 
 /// Run `session` on `stream` until the client closes it, a request ends it, or an I/O error.
@@ -31,12 +49,16 @@ pub fn run<S: Read + Write>(stream: &mut S, session: &mut dyn Session) -> std::i
             Err(e) => return Err(e),
         };
         session.inbuf().extend_from_slice(&chunk[..n]);
-        let close = session.serve_buffered(stream)?;
-        let out = session.out();
-        stream.write_all(out)?;
-        out.clear();
-        if close {
-            return Ok(());
+        loop {
+            let served = session.serve_buffered();
+            let out = session.out();
+            stream.write_all(out)?;
+            out.clear();
+            match served {
+                Served::Read => break,
+                Served::Held => continue,
+                Served::Close => return Ok(()),
+            }
         }
     }
 }

@@ -83,6 +83,8 @@ pub struct Pipe {
     pub at: usize,
     pub chunk: usize,
     pub output: Vec<u8>,
+    /// The most bytes written at once: what the session held.
+    pub largest_write: usize,
 }
 
 impl Read for Pipe {
@@ -96,6 +98,7 @@ impl Read for Pipe {
 
 impl Write for Pipe {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.largest_write = self.largest_write.max(buf.len());
         self.output.extend_from_slice(buf);
         Ok(buf.len())
     }
@@ -112,6 +115,7 @@ impl Pipe {
             at: 0,
             chunk,
             output: Vec::new(),
+            largest_write: 0,
         }
     }
 }

@@ -376,7 +376,7 @@ impl Conn<'_> {
         let now = unix_now_ms();
         let mut n = 0;
         for k in keys {
-            if k.len() > self.limits.max_key {
+            if self.cannot_exist(k) {
                 continue;
             }
             let r = match self.rmw(k, now, |s| Change::Delete(s.item.is_some())) {
