@@ -769,7 +769,7 @@ mod tests {
         });
         let most = CAPPED_MOST.load(Ordering::Relaxed) as usize;
         assert!(
-            most >= CAP && most < CAP + REPLY,
+            (CAP..CAP + REPLY).contains(&most),
             "held {most} bytes of replies"
         );
     }
