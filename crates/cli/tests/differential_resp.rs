@@ -76,6 +76,15 @@ const HELLO_REFUSED: &[&[&str]] = &[
     &["HELLO", "2", "setname", "a b"],
     &["HELLO", "3", "AUTH", "default"],
 ];
+/// AUTH on servers without a password: the default user takes any password, the one-argument
+/// form and other users are refused.
+const AUTHS: &[&[&str]] = &[
+    &["AUTH", "x"],
+    &["AUTH", "default", "x"],
+    &["AUTH", "other", "x"],
+    &["AUTH", "default", "x", "y"],
+    &["HELLO", "2", "AUTH", "other", "x"],
+];
 /// INCRBY/DECRBY amounts.
 const AMOUNTS: &[&str] = &[
     "5",
@@ -233,6 +242,7 @@ fn command(now_s: u64) -> impl Strategy<Value = Vec<String>> {
         // HELLO's refusals (its answer to a valid one names the server, so none is made).
         proptest::sample::select(HELLO_REFUSED)
             .prop_map(|a| a.iter().map(|w| w.to_string()).collect()),
+        proptest::sample::select(AUTHS).prop_map(|a| a.iter().map(|w| w.to_string()).collect()),
         // Connection names: each connection has its own, so these go to node 0 (see `cmd`).
         prop_oneof![
             Just(vec!["CLIENT".to_string(), "GETNAME".to_string()]),

@@ -19,14 +19,43 @@ pub fn flush(backend: &dyn Backend) -> Result<u64, Error> {
     })
 }
 
-/// How many live (unexpired) items the store holds: the scan's keys, each read back.
-pub fn count(backend: &dyn Backend, now_ms: u64) -> Result<u64, Error> {
+/// The live items of the store, counted (`DBSIZE`, `INFO keyspace`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Live (unexpired) items.
+    pub keys: u64,
+    /// Of them, those with an expiry time.
+    pub expires: u64,
+    /// The sum of their expiry times (Unix ms).
+    expiry_sum: u128,
+}
+
+impl Census {
+    /// The mean time to live of the items with an expiry, in ms at `now_ms` (0 if none).
+    pub fn avg_ttl_ms(&self, now_ms: u64) -> u64 {
+        match self.expires {
+            0 => 0,
+            n => (self.expiry_sum / n as u128).saturating_sub(now_ms as u128) as u64,
+        }
+    }
+}
+
+/// Count the live (unexpired) items the store holds: the scan's keys, each read back.
+pub fn census(backend: &dyn Backend, now_ms: u64) -> Result<Census, Error> {
     run_with(backend, |c| {
-        let mut n = 0;
+        let mut n = Census::default();
         let mut buf = Vec::new();
         for k in c.scan_keys()? {
-            if c.get_into(&k, &mut buf)? && item::decode(&buf, now_ms).is_some() {
-                n += 1;
+            if !c.get_into(&k, &mut buf)? {
+                continue;
+            }
+            let Some(it) = item::decode(&buf, now_ms) else {
+                continue;
+            };
+            n.keys += 1;
+            if it.expires != 0 {
+                n.expires += 1;
+                n.expiry_sum += it.expires as u128;
             }
         }
         Ok(n)

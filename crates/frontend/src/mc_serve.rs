@@ -27,7 +27,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use nessie_protocols::{Error, KvClient, Version};
 
 use crate::memcache::{
-    encode_value, parse_request, take_data, Request, StoreOp, ValueHead, VALUE_PREFIX,
+    binary_refusal, encode_value, parse_request, take_data, Request, StoreOp, ValueHead,
+    BINARY_HEADER_LEN, BINARY_REQUEST_MAGIC, VALUE_PREFIX,
 };
 use crate::meta::MetaCmd;
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
@@ -221,6 +222,14 @@ impl Conn<'_> {
     /// Serve the request at `inbuf[at..]`.
     fn one(&mut self, at: usize) -> Step {
         let buf = &self.inbuf[at..];
+        if buf.first() == Some(&BINARY_REQUEST_MAGIC) {
+            if buf.len() < BINARY_HEADER_LEN {
+                return Step::More;
+            }
+            let refusal = binary_refusal(&buf[..BINARY_HEADER_LEN]);
+            self.out.extend_from_slice(&refusal);
+            return Step::Close;
+        }
         let (req, line) = match parse_request(buf) {
             Ok(Some(r)) => r,
             Ok(None) => return Step::More,
@@ -912,6 +921,33 @@ mod tests {
         let mut p = Pipe::new(input, chunk);
         serve(&mut p, backend, LIMITS, &Counters::default()).unwrap();
         String::from_utf8(p.output).unwrap()
+    }
+
+    /// A request in the binary protocol gets a binary "Not supported" response carrying its
+    /// opcode and opaque, and the connection closes; text before it is served.
+    #[test]
+    fn binary_requests_are_refused_in_the_binary_protocol() {
+        let b = MapBackend::default();
+        let mut input = b"version\r\n".to_vec();
+        // A binary GET of "k": magic, opcode 0, key length 1, opaque 0xdeadbeef.
+        let mut get = vec![0x80, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 1];
+        get.extend_from_slice(&0xdead_beef_u32.to_be_bytes());
+        get.extend_from_slice(&[0; 8]);
+        get.push(b'k');
+        input.extend_from_slice(&get);
+        input.extend_from_slice(b"version\r\n");
+        for chunk in [1, 5, 4096] {
+            let mut p = Pipe::new(&input, chunk);
+            serve(&mut p, &b, LIMITS, &Counters::default()).unwrap();
+            let v = version_line();
+            assert!(p.output.starts_with(v.as_bytes()));
+            let r = &p.output[v.len()..];
+            assert_eq!(r[..2], [0x81, 0x00], "response magic, the request's opcode");
+            assert_eq!(u16::from_be_bytes([r[6], r[7]]), 0x0083, "Not supported");
+            let body = u32::from_be_bytes(r[8..12].try_into().unwrap()) as usize;
+            assert_eq!(r[12..16], 0xdead_beef_u32.to_be_bytes(), "opaque");
+            assert_eq!(r.len(), 24 + body, "nothing after it: chunk {chunk}");
+        }
     }
 
     /// A multi-key get whose reply passes the session's limit is answered in parts, the

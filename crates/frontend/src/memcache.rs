@@ -155,6 +155,32 @@ impl ProtoError {
     }
 }
 
+/// The first byte of a request in memcached's binary protocol (no text command starts with it).
+pub const BINARY_REQUEST_MAGIC: u8 = 0x80;
+/// Bytes of a binary request's header.
+pub const BINARY_HEADER_LEN: usize = 24;
+/// The binary protocol's status "Not supported".
+const BINARY_NOT_SUPPORTED: u16 = 0x0083;
+
+/// The answer to a request in the binary protocol, which is not served: a binary response
+/// with status "Not supported" and why, for the opcode and opaque of `header` (the request's
+/// first [`BINARY_HEADER_LEN`] bytes), so a binary client fails at once instead of waiting
+/// for an answer the text parser would never give. The connection closes after it.
+pub fn binary_refusal(header: &[u8]) -> Vec<u8> {
+    assert!(header.len() >= BINARY_HEADER_LEN && header[0] == BINARY_REQUEST_MAGIC);
+    let msg = b"Not supported: this server speaks memcached's text protocol only";
+    let mut r = Vec::with_capacity(BINARY_HEADER_LEN + msg.len());
+    r.push(0x81); // response magic
+    r.push(header[1]); // opcode
+    r.extend_from_slice(&[0, 0, 0, 0]); // key length, extras length, data type
+    r.extend_from_slice(&BINARY_NOT_SUPPORTED.to_be_bytes());
+    r.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    r.extend_from_slice(&header[12..16]); // opaque
+    r.extend_from_slice(&[0; 8]); // cas
+    r.extend_from_slice(msg);
+    r
+}
+
 /// The next request line in `buf`: `Ok(None)` if no whole line has arrived yet, else the
 /// request and the bytes the line took (the data block of a storage command is not included).
 pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ProtoError> {

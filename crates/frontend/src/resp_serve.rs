@@ -386,12 +386,9 @@ impl Conn<'_> {
                 _ => e.array(out, 0),
             },
             "config" => self.config(rest),
-            "info" => {
-                let info = info_text();
-                e.bulk(out, info.as_bytes());
-            }
-            "dbsize" => match crate::keyspace::count(self.backend, unix_now_ms()) {
-                Ok(n) => e.integer(out, n as i64),
+            "info" => return self.info(rest),
+            "dbsize" => match crate::keyspace::census(self.backend, unix_now_ms()) {
+                Ok(c) => e.integer(out, c.keys as i64),
                 Err(err) => e.error(out, &format!("ERR {err}")),
             },
             "flushall" | "flushdb" => self.flush(rest),
@@ -409,6 +406,59 @@ impl Conn<'_> {
         }
     }
 
+    /// INFO [section ...]: the sections we have (`server`, `clients`, `keyspace`; `default`,
+    /// `all` and `everything` are all of them), in Redis's format; others are empty, as in
+    /// Redis. The keyspace line counts on the store's scan of its index, as DBSIZE does.
+    fn info(&mut self, rest: &[&[u8]]) {
+        const SECTIONS: [&str; 3] = ["server", "clients", "keyspace"];
+        let asked: Vec<String> = rest
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+            .collect();
+        let all = asked.is_empty()
+            || asked
+                .iter()
+                .any(|s| matches!(s.as_str(), "default" | "all" | "everything"));
+        let mut text = String::new();
+        for name in SECTIONS {
+            if !all && !asked.iter().any(|s| s == name) {
+                continue;
+            }
+            if !text.is_empty() {
+                text.push_str("\r\n");
+            }
+            match name {
+                "server" => text.push_str(&format!(
+                    "# Server\r\nredis_version:{REDIS_VERSION}\r\nnessie_version:{}\r\n\
+                     redis_mode:standalone\r\nprocess_id:{}\r\n",
+                    env!("CARGO_PKG_VERSION"),
+                    std::process::id()
+                )),
+                "clients" => text.push_str(&format!(
+                    "# Clients\r\nconnected_clients:{}\r\n",
+                    self.counters.curr_connections.load(Ordering::Relaxed)
+                )),
+                _ => {
+                    let now = unix_now_ms();
+                    let c = match crate::keyspace::census(self.backend, now) {
+                        Ok(c) => c,
+                        Err(err) => return self.enc.error(&mut self.out, &format!("ERR {err}")),
+                    };
+                    text.push_str("# Keyspace\r\n");
+                    if c.keys > 0 {
+                        text.push_str(&format!(
+                            "db0:keys={},expires={},avg_ttl={}\r\n",
+                            c.keys,
+                            c.expires,
+                            c.avg_ttl_ms(now)
+                        ));
+                    }
+                }
+            }
+        }
+        self.enc.bulk(&mut self.out, text.as_bytes());
+    }
+
     /// FLUSHALL / FLUSHDB [ASYNC | SYNC]: every key deleted before the reply (`keyspace`).
     fn flush(&mut self, rest: &[&[u8]]) {
         let mode = rest.first().map(|m| m.to_ascii_lowercase());
@@ -421,13 +471,15 @@ impl Conn<'_> {
         }
     }
 
-    /// AUTH [user] password: only the default user exists.
+    /// AUTH [user] password: only the default user exists. Without a configured password, as
+    /// Redis's `nopass` default user: the one-argument form is refused (it can only be a
+    /// mistake), the default user with any password accepted.
     fn auth(&mut self, rest: &[&[u8]]) {
-        if self.password.is_none() {
-            let msg = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
-            return self.enc.error(&mut self.out, msg);
-        }
         let (user, pass) = match rest {
+            [_] if self.password.is_none() => {
+                let msg = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
+                return self.enc.error(&mut self.out, msg);
+            }
             [pass] => (&b"default"[..], pass),
             [user, pass] => (*user, pass),
             _ => return self.enc.error(&mut self.out, "ERR syntax error"),
@@ -500,14 +552,10 @@ impl Conn<'_> {
         if let Some(n) = name {
             self.name = Some(n).filter(|n| !n.is_empty());
         }
+        // Redis's fields, in its order.
         let (e, out) = (self.enc, &mut self.out);
         e.map(out, 7);
-        for (k, v) in [
-            ("server", "redis"),
-            ("version", REDIS_VERSION),
-            ("mode", "standalone"),
-            ("role", "master"),
-        ] {
+        for (k, v) in [("server", "redis"), ("version", REDIS_VERSION)] {
             e.bulk(out, k.as_bytes());
             e.bulk(out, v.as_bytes());
         }
@@ -515,6 +563,10 @@ impl Conn<'_> {
         e.integer(out, if e.resp3 { 3 } else { 2 });
         e.bulk(out, b"id");
         e.integer(out, self.id as i64);
+        for (k, v) in [("mode", "standalone"), ("role", "master")] {
+            e.bulk(out, k.as_bytes());
+            e.bulk(out, v.as_bytes());
+        }
         e.bulk(out, b"modules");
         e.array(out, 0);
     }
@@ -788,14 +840,6 @@ fn unsupported(e: Encoder, out: &mut Vec<u8>, name: &str, why: &str) {
     e.error(out, &format!("ERR {} {why}", name.to_ascii_uppercase()));
 }
 
-fn info_text() -> String {
-    format!(
-        "# Server\r\nredis_version:{REDIS_VERSION}\r\nnessie_version:{}\r\nredis_mode:standalone\r\n\
-         # Keyspace\r\n",
-        env!("CARGO_PKG_VERSION")
-    )
-}
-
 /// How many arguments (after the name) a command takes.
 #[derive(Copy, Clone, Debug)]
 enum Arity {
@@ -844,7 +888,7 @@ fn arity(name: &str) -> Option<Arity> {
         "ping" => Between(0, 1),
         "dbsize" => Exactly(0),
         "quit" => AtLeast(0),
-        "auth" => Between(1, 2),
+        "auth" => AtLeast(1),
         _ => return None,
     })
 }
