@@ -386,7 +386,7 @@ impl Conn<'_> {
                 _ => e.array(out, 0),
             },
             "config" => self.config(rest),
-            "info" => return self.info(rest),
+            "info" => self.info(rest),
             "dbsize" => match crate::keyspace::census(self.backend, unix_now_ms()) {
                 Ok(c) => e.integer(out, c.keys as i64),
                 Err(err) => e.error(out, &format!("ERR {err}")),
