@@ -164,7 +164,10 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
             range: "[0, 1]".into(),
         });
     }
-    p.dist.parse::<KeyDist>()?;
+    // A YCSB workload's distribution is its own ("latest" for D).
+    if p.workload.is_none() {
+        p.dist.parse::<KeyDist>()?;
+    }
     if let Some(w) = &p.workload {
         let w: Ycsb = w.parse()?;
         if w.needs_conditional_writes() && p.mode != "cd" {

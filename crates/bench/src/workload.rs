@@ -220,6 +220,22 @@ impl Ycsb {
         }
     }
 
+    /// Its mix in words, e.g. "50% reads, 50% updates" (PUT latencies are its writes).
+    pub fn describe(self) -> String {
+        let (r, u, i, m) = self.mix();
+        [
+            (r, "reads"),
+            (u, "updates"),
+            (i, "inserts"),
+            (m, "read-modify-writes"),
+        ]
+        .iter()
+        .filter(|(f, _)| *f > 0.0)
+        .map(|(f, what)| format!("{:.0}% {what}", f * 100.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+
     /// Whether it needs conditional writes (the CD protocol's).
     pub fn needs_conditional_writes(self) -> bool {
         self.mix().3 > 0.0

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use nessie_bench::result::{parse_value_size, BenchParams, BenchResult};
 use nessie_bench::runner::{self, BenchError, RunnerOptions};
+use nessie_bench::workload::Ycsb;
 use nessie_store::geometry::parse_bytes;
 
 /// Why `nessie bench` failed.
@@ -173,6 +174,11 @@ pub struct ParamArgs {
 impl ParamArgs {
     pub fn params(&self) -> BenchParams {
         let o = self.optimizations.optimizations();
+        // A YCSB workload sets both: the result records what ran.
+        let (get_ratio, dist) = match self.workload.as_deref().map(str::parse::<Ycsb>) {
+            Some(Ok(w)) => (w.mix().0, w.dist().to_string()),
+            _ => (self.get_ratio, self.dist.clone()),
+        };
         BenchParams {
             mode: self.mode.clone(),
             nodes: self.nodes,
@@ -182,8 +188,8 @@ impl ParamArgs {
             key_size: self.key_size,
             value_size: self.value_size.1,
             value_size_min: self.value_size.0,
-            get_ratio: self.get_ratio,
-            dist: self.dist.clone(),
+            get_ratio,
+            dist,
             keys: self.keys,
             load_factor: self.load_factor,
             duration: self.duration,
@@ -253,7 +259,10 @@ pub fn print_result(r: &BenchResult) {
     let p = &r.params;
     let mix = match &p.workload {
         // PUT latencies below are its updates, inserts and read-modify-writes.
-        Some(w) => format!("{w} (writes: updates, inserts, read-modify-writes)"),
+        Some(w) => match w.parse::<Ycsb>() {
+            Ok(y) => format!("{w} ({}, {})", y.describe(), p.dist),
+            Err(_) => w.clone(),
+        },
         None => format!("{:.0}% GET, {}", p.get_ratio * 100.0, p.dist),
     };
     println!(

@@ -251,3 +251,32 @@ fn quick_sweep_writes_results_and_plot() {
     assert!(summary.is_object());
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// YCSB core workloads end to end: each runs with YCSB's mix (C reads only, D inserts new
+/// keys, F's writes are read-modify-writes), and the JSON records what ran: the workload, its
+/// read fraction and its distribution, not the flags' defaults.
+#[test]
+fn ycsb_workloads_run_and_record_their_mix() {
+    for (w, reads, dist) in [
+        ("ycsb-c", 1.0, "zipf:0.99"),
+        ("ycsb-d", 0.95, "latest"),
+        ("ycsb-f", 0.5, "zipf:0.99"),
+    ] {
+        let v = bench("cd", &["--workload", w, "--nodes", "2"]);
+        let p = &v["params"];
+        assert_eq!(p["workload"], w);
+        assert_eq!(p["dist"], dist, "{w}");
+        assert_eq!(p["get_ratio"].as_f64(), Some(reads), "{w}");
+        assert_eq!(v["errors"].as_u64(), Some(0), "{w}: {v}");
+        let (gets, puts) = (
+            v["ops"]["get"].as_u64().unwrap(),
+            v["ops"]["put"].as_u64().unwrap(),
+        );
+        assert!(gets > 100, "{w}: {gets} reads");
+        let share = gets as f64 / (gets + puts) as f64;
+        assert!(
+            (share - reads).abs() < 0.05,
+            "{w}: {share} of operations read"
+        );
+    }
+}
