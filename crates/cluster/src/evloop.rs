@@ -533,9 +533,22 @@ mod tests {
     }
 
     /// Each request is a line holding a number; its reply is [`REPLY`] bytes made from it.
+    /// Serving stops once `cap` bytes of replies wait ([`Served::Held`]), as the protocol
+    /// sessions stop at `FLUSH_AT`.
     struct Large {
         inbuf: Vec<u8>,
         out: Vec<u8>,
+        cap: usize,
+    }
+    /// The most reply bytes a capped `Large` session held at once, over this test binary.
+    static CAPPED_MOST: AtomicU64 = AtomicU64::new(0);
+
+    fn large(cap: usize) -> Box<dyn Session + 'static> {
+        Box::new(Large {
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            cap,
+        })
     }
     const REPLY: usize = 40_000;
 
@@ -554,11 +567,17 @@ mod tests {
         }
         fn serve_buffered(&mut self) -> Served {
             while let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') {
+                if self.out.len() >= self.cap {
+                    return Served::Held;
+                }
                 let n: u32 = std::str::from_utf8(&self.inbuf[..end])
                     .unwrap()
                     .parse()
                     .unwrap();
                 self.out.extend_from_slice(&reply(n));
+                if self.cap < usize::MAX {
+                    CAPPED_MOST.fetch_max(self.out.len() as u64, Ordering::Relaxed);
+                }
                 self.inbuf.drain(..=end);
             }
             Served::Read
@@ -609,12 +628,7 @@ mod tests {
         const BATCHES: u32 = 40;
         const DEPTH: u32 = 8;
         let before = BACKLOG_WRITES.load(Ordering::Relaxed);
-        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
-            Box::new(Large {
-                inbuf: Vec::new(),
-                out: Vec::new(),
-            })
-        });
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| large(usize::MAX));
         serve_clients(make, 4, |c, s| {
             let mut w = s.try_clone().unwrap();
             let mut r = BufReader::new(s);
@@ -705,39 +719,8 @@ mod tests {
         );
     }
 
-    /// Like [`Large`], but it stops serving once [`CAP`] bytes of replies wait
-    /// ([`Served::Held`]), as the protocol sessions do at `FLUSH_AT`.
-    struct Capped {
-        inbuf: Vec<u8>,
-        out: Vec<u8>,
-    }
+    /// A `Large` session's reply limit in the test of held requests.
     const CAP: usize = 100_000;
-    /// The most reply bytes a `Capped` session held at once, over this test binary.
-    static CAPPED_MOST: AtomicU64 = AtomicU64::new(0);
-
-    impl Session for Capped {
-        fn inbuf(&mut self) -> &mut Vec<u8> {
-            &mut self.inbuf
-        }
-        fn out(&mut self) -> &mut Vec<u8> {
-            &mut self.out
-        }
-        fn serve_buffered(&mut self) -> Served {
-            while let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') {
-                if self.out.len() >= CAP {
-                    return Served::Held;
-                }
-                let n: u32 = std::str::from_utf8(&self.inbuf[..end])
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                self.out.extend_from_slice(&reply(n));
-                CAPPED_MOST.fetch_max(self.out.len() as u64, Ordering::Relaxed);
-                self.inbuf.drain(..=end);
-            }
-            Served::Read
-        }
-    }
 
     /// A session that stops at its reply limit keeps the requests it read; the loop serves
     /// them once the replies are written, with no new input to wake it (the requests all came
@@ -746,12 +729,7 @@ mod tests {
     #[test]
     fn requests_held_at_the_reply_limit_are_served_once_the_replies_are_written() {
         const REQUESTS: u32 = 60; // 2.4 MB of replies from a few hundred bytes of requests
-        let make: Arc<MakeSession> = Arc::new(|_, _, _| {
-            Box::new(Capped {
-                inbuf: Vec::new(),
-                out: Vec::new(),
-            })
-        });
+        let make: Arc<MakeSession> = Arc::new(|_, _, _| large(CAP));
         serve_clients(make, 2, |c, s| {
             let mut w = s.try_clone().unwrap();
             let mut r = BufReader::new(s);
