@@ -154,21 +154,34 @@ mod tests {
         let mut s = Shedder::new("test");
         let t = Instant::now();
         let other = io::Error::from_raw_os_error(libc::ENOBUFS);
-        s.failed(&other, || Err::<(), _>(other_error()), |_| unreachable!());
+        s.failed(
+            &other,
+            || Err::<(), _>(nothing_to_accept()),
+            |_| unreachable!(),
+        );
         assert!(t.elapsed() >= ACCEPT_ERROR_PAUSE);
         let t = Instant::now();
         let wb = io::Error::from(io::ErrorKind::WouldBlock);
-        s.failed(&wb, || Err::<(), _>(other_error()), |_| unreachable!());
+        s.failed(
+            &wb,
+            || Err::<(), _>(nothing_to_accept()),
+            |_| unreachable!(),
+        );
         assert!(t.elapsed() < ACCEPT_ERROR_PAUSE);
         // Out of descriptors with nothing left to accept: a pause too.
         let t = Instant::now();
         let emfile = io::Error::from_raw_os_error(libc::EMFILE);
-        s.failed(&emfile, || Err::<(), _>(other_error()), |_| unreachable!());
+        s.failed(
+            &emfile,
+            || Err::<(), _>(nothing_to_accept()),
+            |_| unreachable!(),
+        );
         assert!(t.elapsed() >= ACCEPT_ERROR_PAUSE);
         assert!(s.spare.is_some());
     }
 
-    fn other_error() -> io::Error {
+    /// What `accept` answers when no connection waits.
+    fn nothing_to_accept() -> io::Error {
         io::Error::from(io::ErrorKind::WouldBlock)
     }
 
