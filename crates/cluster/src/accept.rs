@@ -92,14 +92,7 @@ impl Shedder {
 /// start): front ends hold a descriptor per connection. Returns the soft limit now in force
 /// (`None` if it could not be read).
 pub fn raise_fd_limit() -> Option<u64> {
-    let mut l = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `l` is a valid rlimit to write.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
-        return None;
-    }
+    let mut l = open_file_limit()?;
     if l.rlim_cur < l.rlim_max {
         let raised = libc::rlimit {
             rlim_cur: l.rlim_max,
@@ -112,6 +105,16 @@ pub fn raise_fd_limit() -> Option<u64> {
     }
     #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
     Some(l.rlim_cur as u64)
+}
+
+/// This process's limit on open files (soft and hard).
+fn open_file_limit() -> Option<libc::rlimit> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid rlimit to write.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0).then_some(l)
 }
 
 #[cfg(test)]
@@ -188,12 +191,7 @@ mod tests {
     #[test]
     fn the_soft_fd_limit_is_raised_to_the_hard_one() {
         let soft = raise_fd_limit().expect("getrlimit");
-        let mut l = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: valid rlimit to write.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+        let l = open_file_limit().expect("getrlimit");
         #[allow(clippy::unnecessary_cast)]
         let cur = l.rlim_cur as u64;
         assert_eq!(soft, cur);

@@ -406,15 +406,9 @@ impl Conn<'_> {
         Done::Yes
     }
 
-    /// Whether a multi-key get must pause before its key `i`: its replies reached
-    /// [`FLUSH_AT`] after it answered a key in this turn. It goes on from `i` once they are
-    /// written (`resume`).
+    /// [`crate::session::pause_before`], with this connection's replies and resume point.
     fn pause_before(&mut self, i: usize, first: usize) -> bool {
-        let pause = i > first && self.out.len() >= FLUSH_AT;
-        if pause {
-            self.resume = i;
-        }
-        pause
+        crate::session::pause_before(&self.out, i, first, &mut self.resume)
     }
 
     fn get(&mut self, keys: &[Vec<u8>]) -> Done {

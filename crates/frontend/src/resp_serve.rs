@@ -726,8 +726,7 @@ impl Conn<'_> {
             self.enc.array(&mut self.out, keys.len());
         }
         for (i, k) in keys.iter().enumerate().skip(first) {
-            if i > first && self.out.len() >= FLUSH_AT {
-                self.resume = i;
+            if crate::session::pause_before(&self.out, i, first, &mut self.resume) {
                 return Then::Paused;
             }
             if self.cannot_exist(k) {

@@ -26,6 +26,17 @@ pub enum Served {
     Close,
 }
 
+/// Whether a multi-key read must stop before its key `i`, having started (or gone on) at key
+/// `first` in this turn: its replies `out` reached [`FLUSH_AT`] after it answered a key. Then
+/// `resume` is set to `i`, where it goes on once the replies are written.
+pub fn pause_before(out: &[u8], i: usize, first: usize, resume: &mut usize) -> bool {
+    let pause = i > first && out.len() >= FLUSH_AT;
+    if pause {
+        *resume = i;
+    }
+    pause
+}
+
 /// A protocol's side of one connection: what a read–serve–write loop ([`run`], or an event
 /// loop over many connections) drives.
 pub trait Session {
