@@ -129,6 +129,28 @@ pub struct Mutations {
     /// Replication: a plain write goes to the copies in chain order from the last, receiving
     /// ones included, instead of to the receiving ones after the others.
     pub receiving_written_first: bool,
+    /// Replication: advance decides whether a copy is behind the word it carries by comparing
+    /// sequence numbers modulo their width (as before this was found), with no fresh read of
+    /// the decider: a carrier descheduled across half a sequence's worth of changes moves the
+    /// copy back.
+    pub advance_by_sequence: bool,
+    /// Replication: a CAS is carried only to the copies it chose before deciding, even if a
+    /// copy was placed (moved, or rejoining) meanwhile.
+    pub no_late_copy_cas: bool,
+    /// Replication: carrying a CAS to a receiving copy ignores what it finds (errors, a copy
+    /// it could not reach), as before this was found.
+    pub receiving_cas_best_effort: bool,
+    /// Replication: receiving copies are carried to in chain order with the full ones, and
+    /// catching up fills them from the decider (as before this was found): a receiving copy
+    /// may get a word that dies with its decider.
+    pub catch_up_from_decider: bool,
+    /// Replication: a copy counts as already written by a write or CAS that looked at its
+    /// node and slot before, even if the node restarted in between (as before this was found).
+    pub late_copy_by_place: bool,
+    /// Replication: the pause after a node is full again runs only on nodes whose fence saw
+    /// the node change role (as before this was found), not on every node whose configuration
+    /// says it came back recently.
+    pub join_pause_on_transitions: bool,
     /// A conditional write judges the key's state from PUT Step 2's view (up to the first
     /// empty candidate), missing a valid entry of the key in a later one.
     pub guard_looks_to_candidate: bool,

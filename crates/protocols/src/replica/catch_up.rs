@@ -114,7 +114,7 @@ impl<E: Endpoint> Replicated<E> {
                 // writer had carried to our copy by then.
                 self.inner.local_read(mine, off, &mut ours[..n])?;
                 let at = RemoteAddr::new(partition, region, off);
-                self.read_decider(at, &mut theirs[..n])?;
+                self.read_source(at, &mut theirs[..n])?;
                 done.bytes_read += n as u64;
                 self.merge(at, mine, &theirs[..n], &ours[..n], &mut changed)?;
                 self.pace(bytes_per_s, start, done.bytes_read);
@@ -130,14 +130,21 @@ impl<E: Endpoint> Replicated<E> {
         )))
     }
 
-    /// READ `buf.len()` bytes of `addr` (a partition's region) from the partition's decider,
-    /// its last full copy: the first to hold every change, and the one whose history every
-    /// other copy follows.
-    fn read_decider(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+    /// READ `buf.len()` bytes of `addr` (a partition's region) from the partition's primary,
+    /// its first full copy: every word carried or written to a receiving copy reached the
+    /// primary first (receiving copies come after every full one), so the primary's word,
+    /// read after ours, is at or past it; and every word the primary holds is on every full
+    /// copy, so none dies with its decider (a word read from the decider could: decided there,
+    /// never carried on, and then the next copy decides another).
+    fn read_source(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         loop {
             self.wait_fresh_view()?;
             let live = self.live(addr.node)?;
-            let c = live.as_slice()[live.len - 1];
+            let c = if mutated!(self.set, catch_up_from_decider) {
+                live.as_slice()[live.len - 1]
+            } else {
+                live.as_slice()[0]
+            };
             let a = Self::at(addr, c);
             if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());
@@ -183,7 +190,7 @@ impl<E: Endpoint> Replicated<E> {
                 // A writer carried a word here: read both again, ours first.
                 cur = was;
                 let mut b = [0u8; 8];
-                self.read_decider(RemoteAddr::new(at.node, at.region, off), &mut b)?;
+                self.read_source(RemoteAddr::new(at.node, at.region, off), &mut b)?;
                 want = u64::from_le_bytes(b);
                 if want == cur {
                     break;

@@ -47,6 +47,7 @@ impl<E: Endpoint> Replicated<E> {
                             slot,
                             fading: false,
                             receiving: false,
+                            incarnation: self.fence.incarnation(node),
                         });
                     }
                     NodeRole::Full => break,

@@ -52,6 +52,8 @@ mod moves;
 pub use moves::{CopyMap, Move, Placement};
 mod fading;
 pub use catch_up::CatchUp;
+#[cfg(test)]
+mod races;
 
 use std::sync::Arc;
 
@@ -114,6 +116,9 @@ pub struct ReplicaSet {
     read_settle_ns: u64,
     /// The longest an operation lasts: the expiry period plus the clock margin.
     op_ns: u64,
+    /// How long an operation waits for an unreachable node to be declared failed
+    /// ([`UNREACHABLE_WAIT_NS`]; tests shorten it).
+    unreachable_wait_ns: u64,
     #[cfg(any(test, feature = "testing"))]
     mutations: Mutations,
 }
@@ -153,6 +158,7 @@ impl ReplicaSet {
             settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             read_settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             op_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
+            unreachable_wait_ns: UNREACHABLE_WAIT_NS,
             #[cfg(any(test, feature = "testing"))]
             mutations: cfg.mutations,
         })
@@ -168,6 +174,7 @@ impl ReplicaSet {
             settle_ns: 0,
             read_settle_ns: 0,
             op_ns: 0,
+            unreachable_wait_ns: UNREACHABLE_WAIT_NS,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }
@@ -188,6 +195,13 @@ impl ReplicaSet {
     /// they go on. Capped at the settle time, for which failed copies are still written.
     pub fn with_read_settle(mut self, ns: u64) -> Self {
         self.read_settle_ns = ns.min(self.settle_ns);
+        self
+    }
+
+    /// Make operations wait `ns` (instead of [`UNREACHABLE_WAIT_NS`]) for a node that does not
+    /// answer to be declared failed before they fail.
+    pub fn with_unreachable_wait(mut self, ns: u64) -> Self {
+        self.unreachable_wait_ns = ns;
         self
     }
 
@@ -302,9 +316,33 @@ struct Copy {
     /// Its node restarted and is receiving its copies (`NodeRole::Receiving`): written like a
     /// full copy (the catch-up relies on every write reaching it), never read or decided at.
     receiving: bool,
+    /// When its node's incarnation joined (`Fence::incarnation`): a copy at the same node and
+    /// slot after a restart is another copy, filled from the others and missing what reached
+    /// the dead incarnation.
+    incarnation: u64,
 }
 
 impl Copy {
+    /// A full copy of its node's first incarnation (tests).
+    #[cfg(test)]
+    fn full(node: NodeId, j: u8, slot: u8) -> Self {
+        Copy {
+            node,
+            j,
+            slot,
+            fading: false,
+            receiving: false,
+            incarnation: 0,
+        }
+    }
+
+    /// Whether `self` is the copy `other` was: the same place, and the same incarnation of
+    /// its node (rule 17).
+    fn same(&self, other: &Copy, by_place_only: bool) -> bool {
+        (self.node, self.slot) == (other.node, other.slot)
+            && (by_place_only || self.incarnation == other.incarnation)
+    }
+
     /// Read, written and decided at.
     fn is_full(&self) -> bool {
         !self.fading && !self.receiving
@@ -372,6 +410,7 @@ impl<E: Endpoint> Replicated<E> {
                 slot: 0,
                 fading: false,
                 receiving: false,
+                incarnation: 0,
             }; MAX_REPLICAS as usize],
             len: 0,
         };
@@ -398,6 +437,7 @@ impl<E: Endpoint> Replicated<E> {
                 slot,
                 fading,
                 receiving,
+                incarnation: self.fence.incarnation(node),
             };
             full += copy.is_full() as usize;
             c.at[c.len] = copy;
@@ -518,7 +558,7 @@ impl<E: Endpoint> Replicated<E> {
     /// Run `op` on copy `c` until it succeeds; `None` if the copy's node is declared failed
     /// (now or while we wait for that), once nobody reads the copy any more (`wait_unread`).
     /// A fading copy is tried once. A node that stays unreachable without being declared
-    /// failed fails the operation after [`UNREACHABLE_WAIT_NS`]. `reading`: `op` reads for
+    /// failed fails the operation after the unreachable wait ([`UNREACHABLE_WAIT_NS`]). `reading`: `op` reads for
     /// a client, which may only happen while this node's view is fresh (the caller checks it
     /// before the first try, this before every later one: a retry may come long after).
     /// `op` must be safe to repeat.
@@ -558,7 +598,7 @@ impl<E: Endpoint> Replicated<E> {
                         || self.fence.is_gone(me);
                     let now = self.inner.mono_ns();
                     let waited = now.saturating_sub(*start.get_or_insert(now));
-                    if ours || waited > UNREACHABLE_WAIT_NS {
+                    if ours || waited > self.set.unreachable_wait_ns {
                         return Err(e);
                     }
                     self.inner.sleep_ns(RETRY_PAUSE_NS);
@@ -622,18 +662,7 @@ impl<E: Endpoint> Replicated<E> {
             return Ok(());
         }
         for _ in 0..MAX_LATE_COPY_ROUNDS {
-            let now = self.copies(addr.node, true)?;
-            let placed = |c: &Copy, set: &Copies| {
-                set.as_slice()
-                    .iter()
-                    .any(|o| (o.node, o.slot) == (c.node, c.slot))
-            };
-            let late: Vec<Copy> = now
-                .as_slice()
-                .iter()
-                .filter(|c| !placed(c, &copies))
-                .copied()
-                .collect();
+            let (now, late) = self.late_copies(addr.node, &copies)?;
             if late.is_empty() {
                 return Ok(());
             }
@@ -643,6 +672,26 @@ impl<E: Endpoint> Replicated<E> {
             copies = now;
         }
         Ok(())
+    }
+
+    /// The copies of `partition` now (fading and receiving ones included), and those of them
+    /// that are not among `chosen` (rule 17): placed since (a move, a rejoin), or at the same
+    /// node and slot but of another incarnation of its node (a restart in between: that copy
+    /// was filled from the others, and lacks whatever reached the one before).
+    fn late_copies(
+        &self,
+        partition: NodeId,
+        chosen: &Copies,
+    ) -> Result<(Copies, Vec<Copy>), FabricError> {
+        let now = self.copies(partition, true)?;
+        let by_place = mutated!(self.set, late_copy_by_place);
+        let late = now
+            .as_slice()
+            .iter()
+            .filter(|c| !chosen.as_slice().iter().any(|o| c.same(o, by_place)))
+            .copied()
+            .collect();
+        Ok((now, late))
     }
 
     /// One copy's share of [`Self::write_all`].
@@ -685,9 +734,36 @@ impl<E: Endpoint> Replicated<E> {
         Ok((copies, decider, found))
     }
 
+    /// The copies a CAS decided at `decider` is carried to, in order: the full (and fading)
+    /// ones last first, then the receiving ones last first. Receiving copies come after every
+    /// full one, the primary included, so that they only ever get words every full copy has:
+    /// a word that dies with its decider (decided, never carried further) never reaches a copy
+    /// that is about to become full (catching up fills them from the primary, for the same
+    /// reason: rule 9).
+    fn carry_order(
+        &self,
+        copies: &Copies,
+        decider: Copy,
+    ) -> ([Copy; MAX_REPLICAS as usize], usize) {
+        let mut order = [decider; MAX_REPLICAS as usize];
+        let mut n = 0;
+        let chain_order = mutated!(self.set, catch_up_from_decider);
+        for pass in 0..2 {
+            for &c in copies.as_slice().iter().rev() {
+                let in_pass =
+                    chain_order && pass == 0 || !chain_order && c.receiving == (pass == 1);
+                if c != decider && in_pass {
+                    order[n] = c;
+                    n += 1;
+                }
+            }
+        }
+        (order, n)
+    }
+
     /// CAS of an index entry or a page word (words with an order): the decider, then every
     /// other copy advanced to the word it installed, or, if it lost, to the word it found
-    /// there (helping its writer).
+    /// there (helping its writer); then any copy placed meanwhile (rule 17).
     fn cas_ordered(
         &mut self,
         addr: RemoteAddr,
@@ -703,15 +779,21 @@ impl<E: Endpoint> Replicated<E> {
             return Ok(found);
         }
         let word = if won { desired } else { found };
+        let (order, n) = self.carry_order(&copies, decider);
         let mut sure = true;
-        for &c in copies.as_slice().iter().rev().filter(|&&c| c != decider) {
-            if c.receiving {
-                // Catching up (`catch_up`) compares every word with the primary after it has
-                // seen this one there; what we carry now only shortens that.
-                let _ = self.advance(addr, c, word, decider);
-                continue;
+        // The first full copy that holds the word: what receiving copies are carried up to.
+        let mut primary = None;
+        for &c in &order[..n] {
+            let anchor = if c.receiving {
+                primary.unwrap_or(decider)
+            } else {
+                decider
+            };
+            let advanced = self.carry(addr, c, word, anchor, decider);
+            if c.is_full() && matches!(advanced, Ok(Advance::Holds | Advance::Past)) {
+                primary = Some(c);
             }
-            match self.advance(addr, c, word, decider) {
+            match advanced {
                 Ok(Advance::Holds | Advance::Gone) => {}
                 Ok(Advance::Past) => sure &= !self.fence.is_gone(decider.node),
                 Ok(Advance::Diverged) => sure = false,
@@ -720,14 +802,118 @@ impl<E: Endpoint> Replicated<E> {
                 Err(e) => return Err(e),
             }
         }
+        if !mutated!(self.set, no_late_copy_cas) {
+            let mut seen = copies;
+            for _ in 0..MAX_LATE_COPY_ROUNDS {
+                let (now, late) = self.late_copies(addr.node, &seen)?;
+                if late.is_empty() {
+                    break;
+                }
+                for c in late {
+                    if c.is_full() && c.j > decider.j {
+                        // A copy after ours in the chain that is full decides now: we decided
+                        // at a copy that no longer does, and cannot tell whether our word
+                        // stands (only a carrier held up past the join pause gets here).
+                        sure = false;
+                        continue;
+                    }
+                    let anchor = primary.filter(|_| c.receiving).unwrap_or(decider);
+                    match self.carry(addr, c, word, anchor, decider) {
+                        Ok(Advance::Holds | Advance::Past | Advance::Gone) => {}
+                        Ok(Advance::Diverged) => sure = false,
+                        Err(_) if !won => return Ok(found),
+                        Err(e) => return Err(e),
+                    }
+                }
+                seen = now;
+            }
+        }
         if won && !sure {
             return Err(FabricError::Indeterminate { node: decider.node });
         }
         Ok(found)
     }
 
-    /// Carry word `word` (an index entry or a page word), from `decider`'s history, to copy `c`.
+    /// [`Self::advance`], or with the mutation `receiving_cas_best_effort`, what it did before
+    /// rule 8 was kept for CASes: a receiving copy's outcome ignored.
+    fn carry(
+        &mut self,
+        addr: RemoteAddr,
+        c: Copy,
+        word: u64,
+        anchor: Copy,
+        decider: Copy,
+    ) -> Result<Advance, FabricError> {
+        if c.receiving && mutated!(self.set, receiving_cas_best_effort) {
+            let _ = self.advance(addr, c, word, anchor, decider);
+            return Ok(Advance::Gone);
+        }
+        self.advance(addr, c, word, anchor, decider)
+    }
+
+    /// Carry `word` (an index entry or a page word, which `decider` took) to copy `c`: leave
+    /// `c` holding `word` or a later word of the decider's history.
+    ///
+    /// Never by comparing `word` with what `c` holds: sequence numbers are compared modulo
+    /// their width, so a carrier held up across half a sequence's worth of changes (a hot key
+    /// makes them within a scheduler quantum) would take `c`'s word for an older one and move
+    /// `c` back. Instead each round reads `c`, then the word `anchor` holds now: `anchor` is
+    /// the decider, or for a receiving copy the first full copy already carried to, so its
+    /// word, read after `c`'s, is at or past both `word` (taken before) and `c`'s (every copy
+    /// follows the anchor). `c` is moved from its word to the anchor's by a CAS, which fails,
+    /// and is tried again, if another carrier moved `c` in between.
     fn advance(
+        &mut self,
+        addr: RemoteAddr,
+        c: Copy,
+        word: u64,
+        anchor: Copy,
+        decider: Copy,
+    ) -> Result<Advance, FabricError> {
+        if mutated!(self.set, advance_by_sequence) {
+            return self.advance_by_sequence(addr, c, word, decider);
+        }
+        let a = Self::at(addr, c);
+        let from = Self::at(addr, anchor);
+        for _ in 0..MAX_ADVANCE_ROUNDS {
+            let Some(cur) = self.on_copy(c, false, |e| e.read_u64(a))? else {
+                return Ok(Advance::Gone);
+            };
+            if cur == word {
+                return Ok(Advance::Holds);
+            }
+            if self.stale(decider) || self.fence.is_gone(anchor.node) {
+                return Err(FabricError::Indeterminate { node: decider.node });
+            }
+            let Some(to) = self.on_copy(anchor, false, |e| e.read_u64(from))? else {
+                return Err(FabricError::Indeterminate { node: decider.node });
+            };
+            if to == cur {
+                // Level with the anchor, which has moved past `word`.
+                return Ok(Advance::Past);
+            }
+            // What a receiving copy held is not trusted (catching up replaces it whatever
+            // it is); a full copy with the anchor's sequence number but another word holds a
+            // word of another history.
+            if !c.receiving && self.set.same_seq(addr.region, cur, to) {
+                return Ok(Advance::Diverged);
+            }
+            match self.on_copy(c, false, |e| e.compare_and_swap(a, cur, to))? {
+                None => return Ok(Advance::Gone),
+                Some(was) if was == cur && to == word => return Ok(Advance::Holds),
+                Some(was) if was == cur => return Ok(Advance::Past),
+                Some(_) => {}
+            }
+        }
+        Err(FabricError::Transport(format!(
+            "copy {} of {addr} kept changing while it was advanced",
+            c.j
+        )))
+    }
+
+    /// Advance as it was before the anchor (mutation `advance_by_sequence`): `word` carried
+    /// unless `c`'s sequence number looks later, modulo its width.
+    fn advance_by_sequence(
         &mut self,
         addr: RemoteAddr,
         c: Copy,
@@ -764,7 +950,8 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// CAS of a data-region word (a DTE header): the decider, then the same CAS on every other
-    /// copy, which fails harmlessly where a later write already replaced the word.
+    /// copy (receiving ones last, any placed meanwhile too), which fails harmlessly where a
+    /// later write already replaced the word.
     fn cas_data(
         &mut self,
         addr: RemoteAddr,
@@ -772,13 +959,44 @@ impl<E: Endpoint> Replicated<E> {
         desired: u64,
     ) -> Result<u64, FabricError> {
         let (copies, decider, found) = self.decide(addr, expected, desired)?;
-        if found == expected {
-            for &c in copies.as_slice().iter().rev().filter(|&&c| c != decider) {
-                let a = Self::at(addr, c);
-                self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired))?;
+        if found != expected {
+            return Ok(found);
+        }
+        let (order, n) = self.carry_order(&copies, decider);
+        for &c in &order[..n] {
+            self.cas_copy(addr, c, expected, desired)?;
+        }
+        if !mutated!(self.set, no_late_copy_cas) {
+            let mut seen = copies;
+            for _ in 0..MAX_LATE_COPY_ROUNDS {
+                let (now, late) = self.late_copies(addr.node, &seen)?;
+                if late.is_empty() {
+                    break;
+                }
+                for c in late {
+                    self.cas_copy(addr, c, expected, desired)?;
+                }
+                seen = now;
             }
         }
         Ok(found)
+    }
+
+    /// One copy's share of [`Self::cas_data`].
+    fn cas_copy(
+        &mut self,
+        addr: RemoteAddr,
+        c: Copy,
+        expected: u64,
+        desired: u64,
+    ) -> Result<(), FabricError> {
+        let a = Self::at(addr, c);
+        if c.receiving && mutated!(self.set, receiving_cas_best_effort) {
+            let _ = self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired));
+            return Ok(());
+        }
+        self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired))?;
+        Ok(())
     }
 }
 
@@ -1011,30 +1229,33 @@ mod tests {
         let w2 = word(w1, 2);
         assert_eq!(ep.compare_and_swap(ENTRY, 0, w1).unwrap(), 0);
         assert_eq!(ep.compare_and_swap(ENTRY, w1, w2).unwrap(), w1);
-        let decider = Copy {
-            node: 2,
-            j: 2,
-            slot: 2,
-            fading: false,
-            receiving: false,
-        };
+        let decider = Copy::full(2, 2, 2);
         for j in 0..2 {
-            let c = Copy {
-                node: r.set.holder(0, j),
-                j,
-                slot: j,
-                fading: false,
-                receiving: false,
-            };
-            assert_eq!(ep.advance(ENTRY, c, w1, decider).unwrap(), Advance::Past);
-            assert_eq!(ep.advance(ENTRY, c, w2, decider).unwrap(), Advance::Holds);
-            let other = word(w1, 3); // same sequence number as w2, another history
+            let c = Copy::full(r.set.holder(0, j), j, j);
             assert_eq!(
-                ep.advance(ENTRY, c, other, decider).unwrap(),
-                Advance::Diverged
+                ep.advance(ENTRY, c, w1, decider, decider).unwrap(),
+                Advance::Past
+            );
+            assert_eq!(
+                ep.advance(ENTRY, c, w2, decider, decider).unwrap(),
+                Advance::Holds
             );
         }
         assert!((0..3).all(|j| r.copy(j) == w2));
+        // A copy holding a word with the decider's sequence number but another entry holds
+        // another history: it is left alone.
+        let other = word(w1, 3);
+        let copy0 = RemoteAddr::new(0, INDEX_REGION, 0);
+        r.fabric
+            .endpoint(0)
+            .write(copy0, &other.to_le_bytes())
+            .unwrap();
+        let c = Copy::full(0, 0, 0);
+        assert_eq!(
+            ep.advance(ENTRY, c, w2, decider, decider).unwrap(),
+            Advance::Diverged
+        );
+        assert_eq!(r.copy(0), other);
     }
 
     /// Page words are carried in generation order: a stale claim never lands on a copy that
@@ -1049,22 +1270,10 @@ mod tests {
         let released = PageWord::free(PageWord(claimed).generation()).0;
         assert_eq!(ep.compare_and_swap(at, free0, claimed).unwrap(), free0);
         assert_eq!(ep.compare_and_swap(at, claimed, released).unwrap(), claimed);
-        let primary = Copy {
-            node: 0,
-            j: 0,
-            slot: 0,
-            fading: false,
-            receiving: false,
-        };
-        let decider = Copy {
-            node: 1,
-            j: 1,
-            slot: 1,
-            fading: false,
-            receiving: false,
-        };
+        let primary = Copy::full(0, 0, 0);
+        let decider = Copy::full(1, 1, 1);
         assert_eq!(
-            ep.advance(at, primary, claimed, decider).unwrap(),
+            ep.advance(at, primary, claimed, decider, decider).unwrap(),
             Advance::Past,
             "the claim is older than its release"
         );

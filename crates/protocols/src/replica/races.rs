@@ -1,0 +1,373 @@
+//! The interleavings review 39 forced on replication, each driven deterministically with an
+//! interposer in front of one endpoint, each with the mutation that brings the old behaviour
+//! back as its control. Numbered as in `docs/protocol.md` ("Found by review and fixed").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+use nessie_fabric::interpose::{Interposed, Interposer, Op};
+use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
+use nessie_store::{Ite, IteLayout, DATA_REGION, INDEX_REGION};
+
+use super::{mirror_region, ReplicaSet, Replicated};
+use crate::config::{Mutations, ProtocolConfig};
+use crate::fence::{Fence, MovedCopy, NodeRole};
+
+/// Index, data and page table bytes of every node.
+const TABLES: [u64; 3] = [64, 64, 8];
+/// The expiry period of the rigs: the settle time, and an operation's length.
+const EXPIRY: Duration = Duration::from_millis(5);
+/// Partition 0's first index entry.
+const ENTRY: RemoteAddr = RemoteAddr::new(0, INDEX_REGION, 0);
+
+fn layout() -> IteLayout {
+    IteLayout::new(20, 4, 7).unwrap()
+}
+
+struct Rig {
+    fabric: Arc<InProcFabric>,
+    set: Arc<ReplicaSet>,
+    fence: Arc<Fence>,
+    ite: IteLayout,
+}
+
+/// Three nodes, `replicas` copies of each partition, `spare` spare slots each.
+fn rig(replicas: u8, spare: u8, ite: IteLayout, mutations: Mutations) -> Rig {
+    let cfg = ProtocolConfig {
+        expiry_ns: EXPIRY.as_nanos() as u64,
+        clock_margin_ns: 0,
+        mutations,
+        ..ProtocolConfig::default()
+    };
+    let set = ReplicaSet::new(replicas, 3, ite, &cfg)
+        .unwrap()
+        .with_spare_copies(spare)
+        .unwrap()
+        .with_unreachable_wait(20_000_000);
+    let regions = vec![set.region_sizes(&TABLES); 3];
+    Rig {
+        fabric: InProcFabric::new(&regions, None).unwrap(),
+        set: Arc::new(set),
+        fence: Arc::new(Fence::unfenced()),
+        ite,
+    }
+}
+
+impl Rig {
+    fn ep(&self, node: NodeId) -> Replicated<InProcEndpoint> {
+        Replicated::new(
+            self.fabric.endpoint(node),
+            self.set.clone(),
+            self.fence.clone(),
+        )
+    }
+
+    fn hooked<I: Interposer>(
+        &self,
+        node: NodeId,
+        hook: I,
+    ) -> Replicated<Interposed<InProcEndpoint, I>> {
+        let inner = Interposed::new(self.fabric.endpoint(node), hook);
+        Replicated::new(inner, self.set.clone(), self.fence.clone())
+    }
+
+    /// The word at `offset` of `region` in mirror slot `slot` of `node`, read raw.
+    fn word(&self, node: NodeId, slot: u8, region: RegionId, offset: u64) -> u64 {
+        let at = RemoteAddr::new(node, mirror_region(region, slot), offset);
+        self.fabric.endpoint(node).read_u64(at).unwrap()
+    }
+
+    /// The index word a CAS from `prev` to an entry naming DTE `dte` installs.
+    fn next(&self, prev: u64, dte: u64) -> u64 {
+        self.ite.successor(Ite(prev), self.ite.encode(1, 0, dte)).0
+    }
+
+    /// Change partition 0's first entry through `ep` (helping as it goes) until the change
+    /// takes place: an acknowledged write.
+    fn change<E: Endpoint>(&self, ep: &mut E, dte: u64) -> u64 {
+        for _ in 0..10 {
+            let seen = ep.read_u64(ENTRY).unwrap();
+            let w = self.next(seen, dte);
+            if ep.compare_and_swap(ENTRY, seen, w).unwrap() == seen {
+                return w;
+            }
+        }
+        panic!("partition 0's first entry is wedged");
+    }
+}
+
+/// Runs `run` once, in front of the first operation `when` picks.
+struct Trigger {
+    when: Box<dyn FnMut(Op) -> bool + Send>,
+    run: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Trigger {
+    fn new(
+        when: impl FnMut(Op) -> bool + Send + 'static,
+        run: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Self {
+            when: Box::new(when),
+            run: Some(Box::new(run)),
+        }
+    }
+}
+
+impl Interposer for Trigger {
+    fn before(&mut self, op: Op) -> Result<(), FabricError> {
+        if self.run.is_some() && (self.when)(op) {
+            (self.run.take().unwrap())();
+        }
+        Ok(())
+    }
+}
+
+/// The first operation after the first CAS that reads from `node`.
+fn first_read_after_a_cas(node: NodeId) -> impl FnMut(Op) -> bool + Send {
+    let mut cas_seen = false;
+    move |op| match op {
+        Op::Cas(_) => {
+            cas_seen = true;
+            false
+        }
+        Op::Read(a) => cas_seen && a.node == node,
+        _ => false,
+    }
+}
+
+fn settle() {
+    std::thread::sleep(4 * EXPIRY);
+}
+
+/// 1. A helper that lost at the decider (to w1, which its writer never carried on) is held
+///    just before it reads the primary, while others help w1 along and make half a sequence
+///    and one more acknowledged changes. What the primary and the decider then hold, and
+///    whether a CAS can still take place.
+fn a_helper_held_across_a_wrap(mutations: Mutations) -> (u64, u64, bool) {
+    // Eight sequence bits: half a sequence is 128 changes.
+    let ite = IteLayout::new(20, 4, 30).unwrap();
+    assert_eq!(ite.seq_bits, 8);
+    let r = Arc::new(rig(2, 0, ite, mutations));
+    let decider = RemoteAddr::new(1, mirror_region(INDEX_REGION, 1), 0);
+    let w1 = r.next(0, 1);
+    assert_eq!(
+        r.fabric
+            .endpoint(1)
+            .compare_and_swap(decider, 0, w1)
+            .unwrap(),
+        0
+    );
+    let changes = (1u64 << (ite.seq_bits - 1)) + 1;
+    let others = r.clone();
+    let hook = Trigger::new(first_read_after_a_cas(0), move || {
+        let mut ep = others.ep(2);
+        for k in 0..changes {
+            others.change(&mut ep, 2 + k % 64);
+        }
+    });
+    let mut helper = r.hooked(2, hook);
+    let lost = helper.compare_and_swap(ENTRY, 0, r.next(0, 99)).unwrap();
+    assert_eq!(lost, w1, "the helper lost to w1");
+    let (primary, at_decider) = (r.word(0, 0, INDEX_REGION, 0), r.word(1, 1, INDEX_REGION, 0));
+    let mut ep = r.ep(0);
+    let seen = ep.read_u64(ENTRY).unwrap();
+    let free = (0..3).any(|_| {
+        let seen2 = ep.read_u64(ENTRY).unwrap();
+        ep.compare_and_swap(ENTRY, seen2, r.next(seen2, 7)).unwrap() == seen2
+    });
+    assert_eq!(seen, primary);
+    (primary, at_decider, free)
+}
+
+#[test]
+fn r1_a_helper_held_across_a_sequence_wrap_never_moves_the_primary_back() {
+    let (primary, decider, free) = a_helper_held_across_a_wrap(Mutations::default());
+    assert_eq!(primary, decider, "the primary is level with the decider");
+    assert!(free, "the entry takes changes");
+    let old = Mutations {
+        advance_by_sequence: true,
+        ..Mutations::default()
+    };
+    let (primary, decider, free) = a_helper_held_across_a_wrap(old);
+    assert_ne!(primary, decider, "the control: the primary was moved back");
+    assert!(!free, "the control: the entry is wedged");
+}
+
+/// 3. A CAS that chose its copies (partition 0, whose copy 0's node failed long ago: only the
+///    copy on node 1) before copy 0 moved to node 2's spare slot and the copier there ran to
+///    the end. Returns the word the CAS installed and what the moved copy holds.
+fn a_cas_across_a_move(mutations: Mutations) -> (u64, u64) {
+    let r = rig(2, 1, layout(), mutations);
+    r.fence.set_gone(0, true);
+    settle();
+    let fence = r.fence.clone();
+    let mut copier = r.ep(2);
+    let hook = Trigger::new(
+        |op| matches!(op, Op::Cas(_)),
+        move || {
+            let to = MovedCopy {
+                node: 2,
+                slot: 2,
+                receiving: true,
+            };
+            fence.move_copy(0, 0, Some(to));
+            let filled = copier.catch_up(&TABLES, 0).unwrap();
+            assert_eq!(filled.copies, 1);
+        },
+    );
+    let mut writer = r.hooked(1, hook);
+    let word = r.next(0, 5);
+    assert_eq!(writer.compare_and_swap(ENTRY, 0, word).unwrap(), 0);
+    (word, r.word(2, 2, INDEX_REGION, 0))
+}
+
+#[test]
+fn r3_a_cas_reaches_a_copy_placed_while_it_was_under_way() {
+    let (word, moved) = a_cas_across_a_move(Mutations::default());
+    assert_eq!(moved, word);
+    let old = Mutations {
+        no_late_copy_cas: true,
+        ..Mutations::default()
+    };
+    let (word, moved) = a_cas_across_a_move(old);
+    assert_ne!(moved, word, "the control: the moved copy lacks the CAS");
+}
+
+/// Refuses every operation on one node, as a network partition between two nodes that
+/// membership does not see.
+struct CutOff(NodeId);
+
+impl Interposer for CutOff {
+    fn before(&mut self, op: Op) -> Result<(), FabricError> {
+        if op.addr().node == self.0 {
+            return Err(FabricError::Unreachable {
+                node: self.0,
+                reason: "cut off".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// 4. A CAS whose writer cannot reach the receiving copy (node 0 rejoining). Returns whether
+///    the CAS was acknowledged, and whether the receiving copy holds its word.
+fn a_cas_that_cannot_reach_the_receiving_copy(mutations: Mutations) -> (bool, bool) {
+    let r = rig(2, 0, layout(), mutations);
+    r.fence.set_role(0, NodeRole::Receiving);
+    let mut writer = r.hooked(2, CutOff(0));
+    let word = r.next(0, 3);
+    let acked = writer.compare_and_swap(ENTRY, 0, word) == Ok(0);
+    (acked, r.word(0, 0, INDEX_REGION, 0) == word)
+}
+
+#[test]
+fn r4_a_cas_is_not_acknowledged_before_it_reaches_the_receiving_copy() {
+    assert_eq!(
+        a_cas_that_cannot_reach_the_receiving_copy(Mutations::default()),
+        (false, false),
+        "the writer waits for the copy, then fails (its write is indeterminate)"
+    );
+    let old = Mutations {
+        receiving_cas_best_effort: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        a_cas_that_cannot_reach_the_receiving_copy(old),
+        (true, false),
+        "the control: acknowledged, and the copy misses it"
+    );
+}
+
+/// 6. R = 3, node 0 rejoining. A writer decides w at the decider (node 2) and dies before it
+///    carries w on; node 0's copier runs; node 2 crashes and copy 1 decides; node 0 comes up.
+///    Returns what node 0 then serves, what copy 1 holds, and whether the entry takes changes.
+fn a_decider_dies_after_the_copier(mutations: Mutations) -> (u64, u64, bool) {
+    let r = rig(3, 0, layout(), mutations);
+    r.fence.set_role(0, NodeRole::Receiving);
+    let w = r.next(0, 4);
+    let at_decider = RemoteAddr::new(2, mirror_region(INDEX_REGION, 2), 0);
+    assert_eq!(
+        r.fabric
+            .endpoint(2)
+            .compare_and_swap(at_decider, 0, w)
+            .unwrap(),
+        0
+    );
+    r.ep(0).catch_up(&TABLES, 0).unwrap();
+    r.fabric.kill_node(2);
+    r.fence.set_gone(2, true);
+    settle();
+    r.fence.set_role(0, NodeRole::Full);
+    let mut ep = r.ep(1);
+    let served = ep.read_u64(ENTRY).unwrap();
+    let copy1 = r.word(1, 1, INDEX_REGION, 0);
+    let free = (0..3).any(|_| {
+        let seen = ep.read_u64(ENTRY).unwrap();
+        ep.compare_and_swap(ENTRY, seen, r.next(seen, 8)).unwrap() == seen
+    });
+    (served, copy1, free)
+}
+
+#[test]
+fn r6_catching_up_never_takes_a_word_that_dies_with_its_decider() {
+    let (served, copy1, free) = a_decider_dies_after_the_copier(Mutations::default());
+    assert_eq!(served, copy1, "the rejoined primary serves what survived");
+    assert_eq!(
+        served, 0,
+        "w was never acknowledged and died with its decider"
+    );
+    assert!(free);
+    let old = Mutations {
+        catch_up_from_decider: true,
+        ..Mutations::default()
+    };
+    let (served, copy1, free) = a_decider_dies_after_the_copier(old);
+    assert_ne!(
+        served, copy1,
+        "the control: the rejoined primary serves the dead word"
+    );
+    assert!(!free, "the control: the entry is wedged");
+}
+
+/// 7. A plain write reaches copy 1 (node 1); node 1 crashes, restarts and fills its copies
+///    from node 0 before the write reaches node 0. What node 1's copy holds afterwards.
+fn a_write_across_a_restart(mutations: Mutations) -> [u8; 8] {
+    let r = Arc::new(rig(2, 0, layout(), mutations));
+    let at = RemoteAddr::new(0, DATA_REGION, 16);
+    let restart = r.clone();
+    let mut writes = 0;
+    let second_write = move |op| {
+        writes += matches!(op, Op::Write(_)) as u32;
+        writes == 2
+    };
+    let hook = Trigger::new(second_write, move || {
+        let r = restart;
+        r.fabric.kill_node(1);
+        r.fence.set_gone(1, true);
+        r.fabric.revive_node(1);
+        r.fence.set_incarnation(1, 42);
+        r.fence.set_role(1, NodeRole::Receiving);
+        let filled = r.ep(1).catch_up(&TABLES, 0).unwrap();
+        assert!(filled.copies >= 1);
+        r.fence.set_role(1, NodeRole::Full);
+    });
+    let mut writer = r.hooked(2, hook);
+    writer.write(at, &[7u8; 8]).unwrap();
+    r.word(1, 1, DATA_REGION, 16).to_le_bytes()
+}
+
+#[test]
+fn r7_a_copy_restarted_in_place_is_written_again() {
+    assert_eq!(a_write_across_a_restart(Mutations::default()), [7u8; 8]);
+    let old = Mutations {
+        late_copy_by_place: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        a_write_across_a_restart(old),
+        [0u8; 8],
+        "the control: the restarted copy lacks the write"
+    );
+}
