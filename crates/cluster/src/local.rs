@@ -401,7 +401,7 @@ impl LocalCluster {
             .read_settle_ns()
             .saturating_sub(self.cfg.clock_margin_ns);
         let t0 = std::time::Instant::now();
-        let declared = nessie_fabric::wall_clock_ns();
+        let declared = nessie_fabric::monotonic_ns();
         // The dead node's own workers issue nothing: its view does not matter.
         for (i, f) in self.fences.iter().enumerate() {
             if i != node as usize {

@@ -149,11 +149,15 @@ pub struct Replacing {
     pub set: ReplicaSet,
 }
 
-/// What the configuration's successor depends on besides the registrations.
+/// What the configuration's successor depends on besides the registrations, and how its times
+/// are read.
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
     /// How long a failed node stays failed at least before it may join.
     pub hold_ns: u64,
+    /// How far apart two nodes' wall clocks may be (`ProtocolConfig::clock_margin_ns`): a time
+    /// another node wrote into the configuration is taken to be that much later than it reads.
+    pub clock_margin_ns: u64,
     pub replacing: Option<Replacing>,
 }
 
@@ -468,15 +472,15 @@ struct Shared {
     stop: AtomicBool,
     /// The lease the registration lives under now (it changes when it lapsed and was renewed).
     lease: std::sync::atomic::AtomicI64,
-    /// Wall-clock ns until which the lease holds for sure (the last keep-alive's send time plus
+    /// Monotonic ns until which the lease holds for sure (the last keep-alive's send time plus
     /// the TTL etcd answered).
     lease_clock_ns: AtomicU64,
-    /// Wall-clock ns until which this node's view of the configuration is fresh enough to act
+    /// Monotonic ns until which this node's view of the configuration is fresh enough to act
     /// on: the send time of the last successful read plus the TTL. Peers act on a new epoch
     /// only a TTL after they learn it (`replica::ReplicaSet::settle_ns`), so a node that has not
     /// read it by then stops writing rather than act on the old one.
     view_clock_ns: AtomicU64,
-    /// Wall-clock ns until which this node's view is fresh enough to read replicated memory
+    /// Monotonic ns until which this node's view is fresh enough to read replicated memory
     /// by: the send time of the last successful read plus [`read_view_ns`].
     read_clock_ns: AtomicU64,
     lease_ttl_ns: u64,
@@ -508,7 +512,15 @@ impl Shared {
     }
 }
 
-/// Wall-clock ns since the Unix epoch.
+/// This process's monotonic clock (`nessie_fabric::monotonic_ns`): for the deadlines a node
+/// sets and checks itself (its lease, its view's freshness), which a step of the wall clock
+/// must not move.
+fn mono_ns() -> u64 {
+    nessie_fabric::monotonic_ns()
+}
+
+/// Wall-clock ns since the Unix epoch: only for times written into the configuration, which
+/// other nodes read.
 fn wall_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -531,7 +543,7 @@ impl Monitor {
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
             return Err(MembershipError::LeaseTtl(lease_ttl_s));
         }
-        let sent = wall_ns();
+        let sent = mono_ns();
         let (lease, granted) = register(&etcd, &keys, id, lease_ttl_s, false)?;
         let shared = Arc::new(Shared {
             view: Mutex::new(View {
@@ -597,7 +609,7 @@ impl Monitor {
 
     /// Whether this node may write now (it is `up` and its lease holds).
     pub fn may_write(&self) -> bool {
-        self.shared.fence.lease_until() > wall_ns()
+        self.shared.fence.lease_until() > mono_ns()
     }
 
     /// This node's state in the configuration last read.
@@ -662,12 +674,18 @@ fn read_configuration(
     id: u16,
     shared: &Shared,
 ) -> Result<(), MembershipError> {
-    let sent = wall_ns();
+    let sent = mono_ns();
     if let Some(c) = step(etcd, keys, &shared.policy)? {
         if let Some(hook) = &shared.on_config {
             hook(&c);
         }
-        apply(&c, id, &shared.fence);
+        apply(
+            &c,
+            id,
+            &shared.fence,
+            wall_ns(),
+            shared.policy.clock_margin_ns,
+        );
         shared
             .up
             .store(c.state(id) == Some(NodeState::Up), Ordering::SeqCst);
@@ -770,10 +788,13 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
 
 /// Feed configuration `c` into node `id`'s fence: each node's role (a failed node is gone: its
 /// writers are dead, its copies left; a joining one receives its copies; an up one is full),
+/// when a node that came back became full (every node pauses the partitions it holds copies of
+/// for a while after that, whether or not it saw the change: `Fence::set_full_since`; the
+/// epoch's time is read at `now_wall_ns` on this node's wall clock, with the clock margin),
 /// where moved copies are and whether they are still receiving,
 /// when its incarnation joined (entries of earlier ones are abandoned), and this node writes
 /// only while it is `up` (then until `lease_until`).
-pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
+pub fn apply(c: &Configuration, id: u16, fence: &Fence, now_wall_ns: u64, clock_margin_ns: u64) {
     for m in &c.nodes {
         fence.set_incarnation(m.id, m.joined_ns);
         fence.set_role(
@@ -784,6 +805,12 @@ pub fn apply(c: &Configuration, id: u16, fence: &Fence) {
                 NodeState::Failed => NodeRole::Gone,
             },
         );
+        if m.state == NodeState::Up && m.joined_ns != 0 {
+            // Up since `since_ns` by the writer's clock, which may be ahead of ours by the
+            // margin: count from that much later.
+            let ago = now_wall_ns.saturating_sub(m.since_ns.saturating_add(clock_margin_ns));
+            fence.set_full_since(m.id, ago);
+        }
     }
     for m in &c.moves {
         let at = MovedCopy {
@@ -809,7 +836,7 @@ fn keep_registered(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let lease = LeaseId(shared.lease.load(Ordering::Relaxed));
-    let sent = wall_ns();
+    let sent = mono_ns();
     let left = etcd.keep_alive(lease)?;
     if left > 0 {
         shared
@@ -820,7 +847,7 @@ fn keep_registered(
     }
     shared.lease_clock_ns.store(0, Ordering::SeqCst);
     shared.refresh_fence();
-    let sent = wall_ns();
+    let sent = mono_ns();
     // Declared failed by now, most likely: it must catch up again before it is ready.
     shared.ready.store(false, Ordering::SeqCst);
     // And fill again whatever moved copies it had filled.
@@ -856,6 +883,7 @@ mod tests {
         use NodeState::*;
         const HOLD: &Policy = &Policy {
             hold_ns: 1_000,
+            clock_margin_ns: 0,
             replacing: None,
         };
         let c = Configuration::initial([0, 1, 2]);
@@ -914,7 +942,7 @@ mod tests {
             moves: vec![],
         };
         let f = Fence::unfenced();
-        apply(&c, 0, &f);
+        apply(&c, 0, &f, 10, 0);
         assert_eq!(f.role(0), NodeRole::Full);
         assert!(f.is_gone(1) && !f.is_gone(0));
         assert_eq!(
@@ -924,14 +952,58 @@ mod tests {
         );
         assert_eq!(f.incarnation(2), 77);
         assert!(f.may_act(1, 1), "node 0 is up: its lease clock rules");
-        apply(&c, 2, &f);
+        apply(&c, 2, &f, 10, 0);
         assert!(!f.may_act(1, 1), "a joining node does not write");
         let mut up = c.clone();
         up.nodes[1].state = Up;
         up.nodes[2].state = Up;
-        apply(&up, 0, &f);
+        apply(&up, 0, &f, 10, 0);
         assert!(!f.is_gone(1) && f.role(2) == NodeRole::Full, "up again");
         assert!(f.rejoined(2));
+    }
+
+    /// A node that came back is paused after on every node by what the configuration says, not
+    /// only on those whose fence saw it change role: a fence made after the epoch that made it
+    /// up (a process started meanwhile) pauses too, counting from the epoch's time less the
+    /// clock margin; an epoch long past pauses nothing.
+    #[test]
+    fn a_fence_that_missed_the_rejoin_pauses_by_the_configuration() {
+        use NodeState::*;
+        const S: u64 = 1_000_000_000;
+        let now = wall_ns();
+        let m = |id, state, since_ns, joined_ns| Member {
+            id,
+            state,
+            since_ns,
+            joined_ns,
+        };
+        let rejoined = |since_ns| Configuration {
+            epoch: 4,
+            nodes: vec![
+                m(0, Up, 0, 0),
+                m(1, Up, since_ns, since_ns - S),
+                m(2, Up, 0, 0),
+            ],
+            moves: vec![],
+        };
+        let fresh = Fence::unfenced();
+        apply(&rejoined(now - S), 2, &fresh, now, S / 2);
+        let mono = nessie_fabric::monotonic_ns();
+        let paused_for = fresh.full_for_ns(1, mono).expect("node 1 came back");
+        assert!(
+            paused_for < S,
+            "up 1 s ago by a clock up to 0.5 s ahead: full for at most 0.5 s here, not {paused_for}"
+        );
+        assert_eq!(fresh.full_for_ns(0, mono), None, "never left");
+        let long_ago = Fence::unfenced();
+        apply(&rejoined(now - 3600 * S), 2, &long_ago, now, S / 2);
+        let full_for = long_ago
+            .full_for_ns(1, nessie_fabric::monotonic_ns())
+            .unwrap();
+        assert!(
+            full_for > 3000 * S,
+            "an old rejoin pauses nothing: {full_for}"
+        );
     }
 
     /// Two copies of `nodes` partitions with `spare` spare slots each; failed nodes are held
@@ -944,6 +1016,7 @@ mod tests {
             .unwrap();
         let policy = Policy {
             hold_ns: 10,
+            clock_margin_ns: 0,
             replacing: Some(Replacing {
                 after_ns: 100,
                 set: set.clone(),
@@ -1062,7 +1135,7 @@ mod tests {
             receiving: true,
         });
         let f = Fence::unfenced();
-        apply(&c, 0, &f);
+        apply(&c, 0, &f, 10, 0);
         let at = f.moved_copy(1, 0).expect("moved");
         assert_eq!((at.node, at.slot, at.receiving), (2, 3, true));
         assert_eq!(f.moved_copy(0, 0), None);

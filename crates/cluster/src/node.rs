@@ -416,7 +416,11 @@ fn start_membership(
         cfg.membership_keys(),
         id,
         m.lease_ttl_s,
-        Policy { hold_ns, replacing },
+        Policy {
+            hold_ns,
+            clock_margin_ns: cfg.protocol_config().clock_margin_ns,
+            replacing,
+        },
         fence,
         Some(on_config),
     )?))

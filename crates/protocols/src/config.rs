@@ -147,10 +147,9 @@ pub struct Mutations {
     /// Replication: a copy counts as already written by a write or CAS that looked at its
     /// node and slot before, even if the node restarted in between (as before this was found).
     pub late_copy_by_place: bool,
-    /// Replication: the pause after a node is full again runs only on nodes whose fence saw
-    /// the node change role (as before this was found), not on every node whose configuration
-    /// says it came back recently.
-    pub join_pause_on_transitions: bool,
+    /// Replication: the fence's deadlines (lease, view freshness) are checked against the wall
+    /// clock (as before this was found), so a backward step makes a stale view fresh again.
+    pub fence_on_wall_clock: bool,
     /// A conditional write judges the key's state from PUT Step 2's view (up to the first
     /// empty candidate), missing a valid entry of the key in a later one.
     pub guard_looks_to_candidate: bool,

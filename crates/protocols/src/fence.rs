@@ -19,6 +19,10 @@ use nessie_fabric::NodeId;
 use nessie_store::limits::MAX_NODES;
 
 const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
+/// Added to the monotonic instants `full_at_ns` holds, so that one before this process's
+/// clock origin (a node that came up again before this process started) is kept as it is
+/// rather than clamped to the origin (which would pause its partitions again at our start).
+const BEFORE_ORIGIN_NS: u64 = 1 << 62;
 /// Copies per partition the copy map has room for (`replica::MAX_REPLICAS`).
 const COPIES: usize = 3;
 
@@ -58,9 +62,11 @@ impl MovedCopy {
 /// One node's view of membership, shared by its client workers.
 #[derive(Debug)]
 pub struct Fence {
-    /// Wall-clock ns (since the Unix epoch) until which this node's lease is known to hold.
+    /// Monotonic ns (`nessie_fabric::monotonic_ns`, this process's clock) until which this
+    /// node's lease is known to hold. Never the wall clock: the node sets and checks it itself,
+    /// and a backward step of its wall clock must not stretch it.
     lease_until_ns: AtomicU64,
-    /// Wall-clock ns until which this node's view of membership is fresh enough to read by
+    /// Monotonic ns until which this node's view of membership is fresh enough to read by
     /// (replication: `crate::replica`).
     view_until_ns: AtomicU64,
     /// One bit per node: its writers are gone.
@@ -72,10 +78,12 @@ pub struct Fence {
     /// One bit per node: it is receiving its copies again after a restart (`joining`): its
     /// copies are written like any other, but not read and not decided at (`crate::replica`).
     receiving: [AtomicU64; WORDS],
-    /// Per node, the monotonic time at which it became a full member again (after being gone
-    /// or receiving); 0 if it never stopped being one. Replication pauses the partitions whose
-    /// copies it holds for a while after that, so that no operation uses the copy in its new
-    /// role while another still uses the old roles.
+    /// Per node, the monotonic time (plus [`BEFORE_ORIGIN_NS`]) at which it became a full
+    /// member again (after being gone or receiving); 0 if it never stopped being one.
+    /// Replication pauses the partitions whose copies it holds for a while after that, so that
+    /// no operation uses the copy in its new role while another still uses the old roles. Set
+    /// from the configuration ([`Self::set_full_since`]), on every node, and when this fence
+    /// sees the change, whichever is later.
     full_at_ns: Box<[AtomicU64]>,
     /// Per node, the wall-clock time (ns since the Unix epoch) at which its current
     /// incarnation joined (0: the first one). Entries its earlier incarnations left in flight
@@ -131,7 +139,7 @@ impl Fence {
         }
     }
 
-    /// Record until when this node's lease is known to hold.
+    /// Record until when (monotonic ns) this node's lease is known to hold.
     pub fn set_lease_until(&self, ns: u64) {
         self.lease_until_ns.store(ns, Ordering::SeqCst);
     }
@@ -140,7 +148,7 @@ impl Fence {
         self.lease_until_ns.load(Ordering::SeqCst)
     }
 
-    /// Record until when this node's view of membership is fresh.
+    /// Record until when (monotonic ns) this node's view of membership is fresh.
     pub fn set_view_until(&self, ns: u64) {
         self.view_until_ns.store(ns, Ordering::SeqCst);
     }
@@ -149,12 +157,12 @@ impl Fence {
         self.view_until_ns.load(Ordering::SeqCst)
     }
 
-    /// Whether this node's view of membership is fresh at `now_ns` (wall clock).
+    /// Whether this node's view of membership is fresh at `now_ns` (monotonic).
     pub fn may_read(&self, now_ns: u64) -> bool {
         now_ns < self.view_until()
     }
 
-    /// Whether an attempt of `span_ns` starting at `now_ns` (wall clock) ends before the lease
+    /// Whether an attempt of `span_ns` starting at `now_ns` (monotonic) ends before the lease
     /// may lapse.
     pub fn may_act(&self, now_ns: u64, span_ns: u64) -> bool {
         now_ns.saturating_add(span_ns) < self.lease_until()
@@ -184,7 +192,7 @@ impl Fence {
                 self.gone[w].fetch_and(!bit, Ordering::SeqCst);
             }
             NodeRole::Full => {
-                self.full_at_ns[node as usize].store(now.max(1), Ordering::SeqCst);
+                self.full_at_ns[node as usize].fetch_max(now + BEFORE_ORIGIN_NS, Ordering::SeqCst);
                 self.gone[w].fetch_and(!bit, Ordering::SeqCst);
                 self.receiving[w].fetch_and(!bit, Ordering::SeqCst);
             }
@@ -203,11 +211,27 @@ impl Fence {
         }
     }
 
+    /// Record what the configuration says: `node`, a full member, came back (a later
+    /// incarnation joined and caught up) `ago_ns` ago. Every node pauses after that, not only
+    /// those whose fence saw the node change role: a fence made after the change (a process
+    /// started meanwhile, a monitor started after the epoch) sees no change, and would
+    /// otherwise use the node's copies in their new roles at once, while nodes that learnt of
+    /// the change late may still use the old ones (`replica::Replicated::wait_join_settled`).
+    /// Keeps the later of this and a change seen here.
+    pub fn set_full_since(&self, node: NodeId, ago_ns: u64) {
+        if self.role(node) != NodeRole::Full {
+            return;
+        }
+        let at = (nessie_fabric::monotonic_ns() + BEFORE_ORIGIN_NS).saturating_sub(ago_ns);
+        self.full_at_ns[node as usize].fetch_max(at.max(1), Ordering::SeqCst);
+    }
+
     /// How long `node` has been a full member again at monotonic time `now_ns`; `None` if it
     /// is not one, or never stopped being one.
     pub fn full_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
         let at = self.full_at_ns[node as usize].load(Ordering::SeqCst);
-        (at != 0 && self.role(node) == NodeRole::Full).then(|| now_ns.saturating_sub(at))
+        (at != 0 && self.role(node) == NodeRole::Full)
+            .then(|| (now_ns + BEFORE_ORIGIN_NS).saturating_sub(at))
     }
 
     /// Whether `node` ever became a full member again after a restart (cheap: no clock).

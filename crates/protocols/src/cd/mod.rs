@@ -463,7 +463,7 @@ impl<E: Endpoint> CdClient<E> {
     pub(crate) fn check_fence(&self) -> Attempt<()> {
         // Without membership nothing is fenced: spare the write path a clock read.
         if self.fence.lease_until() == u64::MAX
-            || self.fence.may_act(self.ep.now_ns(), self.cfg.expiry_ns)
+            || self.fence.may_act(self.ep.mono_ns(), self.cfg.expiry_ns)
         {
             return Ok(());
         }

@@ -98,9 +98,9 @@ impl<E: Endpoint> Replicated<E> {
             return Ok(());
         }
         let give_up = until.saturating_add(self.set.read_settle_ns);
-        while self.inner.now_ns() < give_up {
+        while self.fence_now() < give_up {
             self.inner.sleep_ns(RETRY_PAUSE_NS);
-            if self.inner.now_ns() < self.fence.view_until() {
+            if self.fence_now() < self.fence.view_until() {
                 return Ok(());
             }
         }
@@ -176,7 +176,7 @@ mod tests {
             .with_read_settle(READ_SETTLE.as_nanos() as u64);
         let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
         let old = Fence::unfenced();
-        old.set_view_until(nessie_fabric::wall_clock_ns() + READ_SETTLE.as_nanos() as u64);
+        old.set_view_until(nessie_fabric::monotonic_ns() + READ_SETTLE.as_nanos() as u64);
         Rig {
             fabric: InProcFabric::new(&regions, None).unwrap(),
             set: Arc::new(set),
@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn a_read_waits_for_a_stale_view_then_is_refused() {
         let r = rig(Mutations::default());
-        r.old.set_view_until(nessie_fabric::wall_clock_ns());
+        r.old.set_view_until(nessie_fabric::monotonic_ns());
         let fence = r.old.clone();
         let refresh = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
@@ -327,7 +327,7 @@ mod tests {
         });
         assert_eq!(r.old_reader().read_u64(ENTRY).unwrap(), 0);
         refresh.join().unwrap();
-        let stale_at = nessie_fabric::wall_clock_ns();
+        let stale_at = nessie_fabric::monotonic_ns();
         r.old.set_view_until(stale_at);
         let t0 = std::time::Instant::now();
         assert!(matches!(

@@ -529,14 +529,25 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
-    /// `Fenced` once the wall clock reaches `until` (no clock read without membership).
+    /// `Fenced` once the monotonic clock reaches `until` (no clock read without membership).
+    /// Never the wall clock: a node sets and checks these deadlines itself, and a backward
+    /// step of its wall clock (NTP, a VM resume) must not make a stale view fresh again.
     fn fenced_after(&self, until: u64) -> Result<(), FabricError> {
-        if until == u64::MAX || self.inner.now_ns() < until {
+        if until == u64::MAX || self.fence_now() < until {
             return Ok(());
         }
         Err(FabricError::Fenced {
             node: self.inner.node(),
         })
+    }
+
+    /// The clock the fence's deadlines are on: monotonic (with the mutation
+    /// `fence_on_wall_clock`, the wall clock, as before it was found).
+    fn fence_now(&self) -> u64 {
+        match mutated!(self.set, fence_on_wall_clock) {
+            true => self.inner.now_ns(),
+            false => self.inner.mono_ns(),
+        }
     }
 
     /// A node whose membership view may be stale (or that is not `up`) decides nothing: its

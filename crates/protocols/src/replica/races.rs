@@ -371,3 +371,124 @@ fn r7_a_copy_restarted_in_place_is_written_again() {
         "the control: the restarted copy lacks the write"
     );
 }
+
+/// 2. Node 1, partition 1's primary, is declared failed while its memory still answers, and
+///    node 0 overwrites w1 with w2 once the failure settled. Node 2 has not heard: its view
+///    went stale, and its read is refused. Then its wall clock steps back 10 s. What the same
+///    read gives then.
+fn a_read_after_a_backward_wall_clock_step(mutations: Mutations) -> Result<u64, FabricError> {
+    let on_wall = mutations.fence_on_wall_clock;
+    let r = rig(2, 0, layout(), mutations);
+    let knows = Arc::new(Fence::unfenced());
+    let entry = RemoteAddr::new(1, INDEX_REGION, 0);
+    let mut writer = Replicated::new(r.fabric.endpoint(0), r.set.clone(), knows.clone());
+    let w1 = r.next(0, 1);
+    assert_eq!(writer.compare_and_swap(entry, 0, w1).unwrap(), 0);
+    knows.set_gone(1, true);
+    settle();
+    let w2 = r.next(w1, 2);
+    assert_eq!(writer.compare_and_swap(entry, w1, w2).unwrap(), w1);
+    assert_eq!(
+        r.word(1, 0, INDEX_REGION, 0),
+        w1,
+        "the failed copy keeps w1"
+    );
+    // Node 2's view, read before the failure, went stale a read settle time ago.
+    let stale_since = match on_wall {
+        true => nessie_fabric::wall_clock_ns(),
+        false => nessie_fabric::monotonic_ns(),
+    };
+    r.fence
+        .set_view_until(stale_since - r.set.read_settle_ns() - 1);
+    let mut reader = r.ep(2);
+    assert!(matches!(
+        reader.read_u64(entry),
+        Err(FabricError::Fenced { node: 2 })
+    ));
+    r.fabric.step_wall_clock(-10_000_000_000);
+    reader.read_u64(entry)
+}
+
+#[test]
+fn r2_a_backward_wall_clock_step_does_not_make_a_stale_view_fresh() {
+    assert!(matches!(
+        a_read_after_a_backward_wall_clock_step(Mutations::default()),
+        Err(FabricError::Fenced { node: 2 })
+    ));
+    let old = Mutations {
+        fence_on_wall_clock: true,
+        ..Mutations::default()
+    };
+    let r = rig(2, 0, layout(), Mutations::default());
+    let w1 = r.next(0, 1);
+    assert_eq!(
+        a_read_after_a_backward_wall_clock_step(old),
+        Ok(w1),
+        "the control: the overwritten w1, served from the failed copy"
+    );
+}
+
+/// 5. R = 2, node 0 came back and is up again. A writer whose fence has not heard yet decides
+///    w2 at copy 1 (the decider while node 0 receives) and is held before it carries w2 on; a
+///    reader that has not heard either reads w2 at copy 1. Then a node whose fence never saw
+///    node 0 change role (a process started meanwhile) reads partition 0: at copy 0, its
+///    primary now. `configured`: its fence was told what the configuration says
+///    (`Fence::set_full_since`), as `membership::apply` does. What that read returns.
+fn a_read_by_a_fence_that_missed_the_rejoin(configured: bool) -> (u64, u64) {
+    let expiry = Duration::from_millis(100);
+    let cfg = ProtocolConfig {
+        expiry_ns: expiry.as_nanos() as u64,
+        clock_margin_ns: 0,
+        ..ProtocolConfig::default()
+    };
+    let set = Arc::new(ReplicaSet::new(2, 3, layout(), &cfg).unwrap());
+    let fabric = InProcFabric::new(&vec![set.region_sizes(&TABLES); 3], None).unwrap();
+    let ite = layout();
+    let w1 = ite.successor(Ite(0), ite.encode(1, 0, 1)).0;
+    let w2 = ite.successor(Ite(w1), ite.encode(1, 0, 2)).0;
+    for (node, slot) in [(0, 0), (1, 1)] {
+        let at = RemoteAddr::new(node, mirror_region(INDEX_REGION, slot), 0);
+        fabric.endpoint(node).write(at, &w1.to_le_bytes()).unwrap();
+    }
+    let old = Arc::new(Fence::unfenced());
+    old.set_role(0, NodeRole::Receiving);
+    let (held, wait_held) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let hook = Trigger::new(first_read_after_a_cas(0), move || {
+        held.send(()).unwrap();
+        wait_go.recv().unwrap();
+    });
+    let inner = Interposed::new(fabric.endpoint(1), hook);
+    let mut writer = Replicated::new(inner, set.clone(), old.clone());
+    let mut old_reader = Replicated::new(fabric.endpoint(1), set.clone(), old);
+    let fresh = Arc::new(Fence::unfenced());
+    if configured {
+        fresh.set_full_since(0, 0);
+    }
+    let mut new_reader = Replicated::new(fabric.endpoint(2), set.clone(), fresh);
+    std::thread::scope(|s| {
+        let w = s.spawn(move || writer.compare_and_swap(ENTRY, w1, w2).unwrap());
+        wait_held.recv().unwrap();
+        let first = old_reader.read_u64(ENTRY).unwrap();
+        let release = s.spawn(move || {
+            std::thread::sleep(expiry / 2);
+            go.send(()).unwrap();
+        });
+        let then = new_reader.read_u64(ENTRY).unwrap();
+        release.join().unwrap();
+        assert_eq!(w.join().unwrap(), w1);
+        (first, then)
+    })
+}
+
+#[test]
+fn r5_a_node_whose_fence_missed_a_rejoin_still_waits_out_the_join_pause() {
+    let w = |prev, dte| layout().successor(Ite(prev), layout().encode(1, 0, dte)).0;
+    let (w1, w2) = (w(0, 1), w(w(0, 1), 2));
+    assert_eq!(a_read_by_a_fence_that_missed_the_rejoin(true), (w2, w2));
+    assert_eq!(
+        a_read_by_a_fence_that_missed_the_rejoin(false),
+        (w2, w1),
+        "the control: new, then old"
+    );
+}
