@@ -3,11 +3,12 @@
 //! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
 //!
 //! ```text
-//! members/<id>   {"id", "pid", "ready", "filled"}
+//! members/<id>   {"id", "pid", "incarnation", "ready", "filled"}
 //!                                          put by node <id> under its lease: present while it
-//!                                          lives; "ready": it holds its copies again;
+//!                                          lives; "incarnation": a number the process drew at
+//!                                          start; "ready": it holds its copies again;
 //!                                          "filled": the moved copies it has filled
-//! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns"}],
+//! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns", "incarnation"}],
 //!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}]}
 //!                                          no lease; changed only by compare-and-put
 //! ```
@@ -15,7 +16,10 @@
 //! A node registers under a lease of `lease_ttl_s` seconds and refreshes it every third of
 //! that. Every node runs a [`Monitor`] that reads both keys every sixth of a TTL (and at once
 //! when a watch sees them change): a node that is `up`
-//! in the configuration and whose registration has lapsed is declared `failed`; one that has
+//! in the configuration and whose registration has lapsed, or is another process's (a node
+//! restarted within its lease TTL, whose registration replaced the dead one's before that
+//! lapsed: the registration's incarnation is not the one the configuration names), is declared
+//! `failed`; one that has
 //! been `failed` for the hold time (every node has learnt of the failure and acted on it) and
 //! is registered again is `joining`: it receives its copies (`nessie_protocols::replica`,
 //! catching up); one that is `joining` and whose registration says `ready` is `up` again. Each
@@ -105,6 +109,11 @@ pub struct Member {
     /// before it were left by an earlier incarnation, which is dead.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub joined_ns: u64,
+    /// The incarnation number of the process that is this member (its registration's; 0:
+    /// not known yet). A registration with another number is a process started since: the
+    /// one this member was is dead, though its lease may not have lapsed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -120,6 +129,18 @@ pub struct Registrations {
     pub ready: Vec<u16>,
     /// Moved copies their new holders have filled: (holder, partition, copy).
     pub filled: Vec<(u16, u16, u8)>,
+    /// The incarnation number each registration names: (node, incarnation).
+    pub incarnations: Vec<(u16, u64)>,
+}
+
+impl Registrations {
+    /// The incarnation node `id`'s registration names, if it is present and names one.
+    pub fn incarnation(&self, id: u16) -> Option<u64> {
+        self.incarnations
+            .iter()
+            .find(|(n, _)| *n == id)
+            .map(|&(_, i)| i)
+    }
 }
 
 /// One copy moved off its home node (re-replication), as the configuration records it.
@@ -173,8 +194,8 @@ pub struct Configuration {
 }
 
 impl Configuration {
-    /// Epoch 1: every node up.
-    pub fn initial(ids: impl IntoIterator<Item = u16>) -> Self {
+    /// Epoch 1: every node up (as the incarnation `reg` names, where it names one).
+    pub fn initial(ids: impl IntoIterator<Item = u16>, reg: &Registrations) -> Self {
         let nodes = ids
             .into_iter()
             .map(|id| Member {
@@ -182,6 +203,7 @@ impl Configuration {
                 state: NodeState::Up,
                 since_ns: 0,
                 joined_ns: 0,
+                incarnation: reg.incarnation(id).unwrap_or(0),
             })
             .collect();
         Self {
@@ -193,6 +215,17 @@ impl Configuration {
 
     pub fn state(&self, id: u16) -> Option<NodeState> {
         self.nodes.iter().find(|m| m.id == id).map(|m| m.state)
+    }
+
+    /// Node `id`'s state as the process with incarnation number `incarnation` sees its own:
+    /// `failed` if the configuration names another process (the one it names is dead).
+    pub fn own_state(&self, id: u16, incarnation: u64) -> Option<NodeState> {
+        let m = self.nodes.iter().find(|m| m.id == id)?;
+        match m.incarnation {
+            0 => Some(m.state),
+            i if i == incarnation => Some(m.state),
+            _ => Some(NodeState::Failed),
+        }
     }
 
     /// The next epoch given the registrations at wall time `now_ns`, or `None` if nothing
@@ -208,11 +241,16 @@ impl Configuration {
         let mut next = self.clone();
         let mut changed = false;
         for m in &mut next.nodes {
+            let registered = reg.incarnation(m.id);
             let present = reg.present.contains(&m.id);
             let ready = reg.ready.contains(&m.id);
             let held = now_ns >= m.since_ns.saturating_add(policy.hold_ns);
+            // The registration is another process's than the one this member is: that one
+            // died, and this one restarted before its lease lapsed.
+            let replaced = m.incarnation != 0 && registered.is_some_and(|i| i != m.incarnation);
             let state = match (m.state, present) {
                 (NodeState::Up | NodeState::Joining, false) => NodeState::Failed,
+                (NodeState::Up | NodeState::Joining, true) if replaced => NodeState::Failed,
                 (NodeState::Failed, true) if held => NodeState::Joining,
                 (NodeState::Joining, true) if ready => NodeState::Up,
                 (s, _) => s,
@@ -223,7 +261,13 @@ impl Configuration {
                 m.since_ns = now_ns;
                 if state == NodeState::Joining {
                     m.joined_ns = now_ns;
+                    m.incarnation = registered.unwrap_or(0);
                 }
+            } else if m.state == NodeState::Up && m.incarnation == 0 && registered.is_some() {
+                // A member recorded before incarnations were: the process registered now is
+                // taken for it (nothing tells otherwise), and told apart from later ones.
+                changed = true;
+                m.incarnation = registered.unwrap_or(0);
             }
         }
         if let Some(r) = &policy.replacing {
@@ -364,6 +408,9 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
         };
         registrations.present.push(id);
         let record: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
+        if let Some(i) = record["incarnation"].as_u64().filter(|&i| i != 0) {
+            registrations.incarnations.push((id, i));
+        }
         if record["ready"] == serde_json::Value::Bool(true) {
             registrations.ready.push(id);
         }
@@ -390,14 +437,14 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
     })
 }
 
-/// Write epoch 1 with every node of `ids` up, unless a configuration exists already. Returns
-/// the configuration in force.
+/// Write epoch 1 with every node of `ids` up (as the processes registered now), unless a
+/// configuration exists already. Returns the configuration in force.
 pub fn initialise(
     etcd: &Etcd,
     keys: &Keys,
     ids: impl IntoIterator<Item = u16>,
 ) -> Result<Configuration, MembershipError> {
-    let first = Configuration::initial(ids);
+    let first = Configuration::initial(ids, &snapshot(etcd, keys)?.registrations);
     let body = serde_json::to_vec(&first).expect("serialises");
     if etcd.put_if_mod_revision(&keys.config(), 0, &body)? {
         return Ok(first);
@@ -484,7 +531,10 @@ struct Shared {
     /// by: the send time of the last successful read plus [`read_view_ns`].
     read_clock_ns: AtomicU64,
     lease_ttl_ns: u64,
-    /// This node is `up` in the configuration last read (or there is none yet).
+    /// This process's incarnation number (its registration's).
+    incarnation: u64,
+    /// This node is `up` in the configuration last read (or there is none yet), as this
+    /// process: not if the configuration names an earlier one.
     up: AtomicBool,
     fence: Arc<Fence>,
     /// How long a failed node stays failed before it may join, and when copies move (`step`).
@@ -543,9 +593,13 @@ impl Monitor {
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&lease_ttl_s) {
             return Err(MembershipError::LeaseTtl(lease_ttl_s));
         }
+        // Drawn anew by every process: a registration naming another number than the
+        // configuration's member is a process started since (`Configuration::successor`).
+        let incarnation = rand::random::<u64>().max(1);
         let sent = mono_ns();
-        let (lease, granted) = register(&etcd, &keys, id, lease_ttl_s, false)?;
+        let (lease, granted) = register(&etcd, &keys, id, incarnation, lease_ttl_s, false)?;
         let shared = Arc::new(Shared {
+            incarnation,
             view: Mutex::new(View {
                 etcd_url: etcd.url().to_string(),
                 lease_ttl_s,
@@ -612,9 +666,11 @@ impl Monitor {
         self.shared.fence.lease_until() > mono_ns()
     }
 
-    /// This node's state in the configuration last read.
+    /// This node's state in the configuration last read, as this process: `failed` while the
+    /// configuration still names an earlier process of this node.
     pub fn state(&self, id: u16) -> Option<NodeState> {
-        self.view().config.and_then(|c| c.state(id))
+        let me = self.shared.incarnation;
+        self.view().config.and_then(|c| c.own_state(id, me))
     }
 
     /// Say that this node holds its copies again (it caught up while `joining`): its
@@ -642,7 +698,16 @@ impl Monitor {
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
         let ready = self.shared.ready.load(Ordering::SeqCst);
         let filled = self.shared.filled.lock().expect("filled lock").clone();
-        put_record(&self.etcd, &self.keys, id, lease, ready, &filled)?;
+        let incarnation = self.shared.incarnation;
+        put_record(
+            &self.etcd,
+            &self.keys,
+            id,
+            incarnation,
+            lease,
+            ready,
+            &filled,
+        )?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -679,16 +744,17 @@ fn read_configuration(
         if let Some(hook) = &shared.on_config {
             hook(&c);
         }
+        let me = shared.incarnation;
         apply(
             &c,
-            id,
+            (id, me),
             &shared.fence,
             wall_ns(),
             shared.policy.clock_margin_ns,
         );
         shared
             .up
-            .store(c.state(id) == Some(NodeState::Up), Ordering::SeqCst);
+            .store(c.own_state(id, me) == Some(NodeState::Up), Ordering::SeqCst);
         shared.view.lock().expect("membership view lock").config = Some(c);
     }
     shared
@@ -733,26 +799,33 @@ fn register(
     etcd: &Etcd,
     keys: &Keys,
     id: u16,
+    incarnation: u64,
     ttl_s: u64,
     ready: bool,
 ) -> Result<(LeaseId, u64), MembershipError> {
     let lease = etcd.grant(ttl_s)?;
-    put_record(etcd, keys, id, lease, ready, &[])?;
+    put_record(etcd, keys, id, incarnation, lease, ready, &[])?;
     // The granted TTL is what a keep-alive right now reports.
     let granted = u64::try_from(etcd.keep_alive(lease)?).unwrap_or(0);
     Ok((lease, granted))
 }
 
-/// Put node `id`'s registration record under `lease`.
+/// Put node `id`'s registration record (process `incarnation`) under `lease`.
 fn put_record(
     etcd: &Etcd,
     keys: &Keys,
     id: u16,
+    incarnation: u64,
     lease: LeaseId,
     ready: bool,
     filled: &[(u16, u8)],
 ) -> Result<(), MembershipError> {
-    let mut record = serde_json::json!({ "id": id, "pid": std::process::id(), "ready": ready });
+    let mut record = serde_json::json!({
+        "id": id,
+        "pid": std::process::id(),
+        "incarnation": incarnation,
+        "ready": ready,
+    });
     if !filled.is_empty() {
         record["filled"] = serde_json::json!(filled);
     }
@@ -793,13 +866,25 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
 /// epoch's time is read at `now_wall_ns` on this node's wall clock, with the clock margin),
 /// where moved copies are and whether they are still receiving,
 /// when its incarnation joined (entries of earlier ones are abandoned), and this node writes
-/// only while it is `up` (then until `lease_until`).
-pub fn apply(c: &Configuration, id: u16, fence: &Fence, now_wall_ns: u64, clock_margin_ns: u64) {
+/// only while it is `up` (then until `lease_until`). `(id, incarnation)`: this node and this
+/// process's incarnation number; a configuration that names an earlier process of this node
+/// says this one is not a member yet: it is failed here (its memory is not the member's).
+pub fn apply(
+    c: &Configuration,
+    (id, incarnation): (u16, u64),
+    fence: &Fence,
+    now_wall_ns: u64,
+    clock_margin_ns: u64,
+) {
     for m in &c.nodes {
+        let state = match m.id == id {
+            true => c.own_state(id, incarnation).unwrap_or(m.state),
+            false => m.state,
+        };
         fence.set_incarnation(m.id, m.joined_ns);
         fence.set_role(
             m.id,
-            match m.state {
+            match state {
                 NodeState::Up => NodeRole::Full,
                 NodeState::Joining => NodeRole::Receiving,
                 NodeState::Failed => NodeRole::Gone,
@@ -820,7 +905,7 @@ pub fn apply(c: &Configuration, id: u16, fence: &Fence, now_wall_ns: u64, clock_
         };
         fence.move_copy(m.partition, m.copy, Some(at));
     }
-    if c.state(id) != Some(NodeState::Up) {
+    if c.own_state(id, incarnation) != Some(NodeState::Up) {
         fence.set_lease_until(0);
     }
 }
@@ -852,7 +937,7 @@ fn keep_registered(
     shared.ready.store(false, Ordering::SeqCst);
     // And fill again whatever moved copies it had filled.
     shared.filled.lock().expect("filled lock").clear();
-    let (lease, granted) = register(etcd, keys, id, ttl_s, false)?;
+    let (lease, granted) = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
     // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.
     shared
@@ -875,6 +960,7 @@ mod tests {
             present: present.to_vec(),
             ready: ready.to_vec(),
             filled: vec![],
+            incarnations: vec![],
         }
     }
 
@@ -886,7 +972,7 @@ mod tests {
             clock_margin_ns: 0,
             replacing: None,
         };
-        let c = Configuration::initial([0, 1, 2]);
+        let c = Configuration::initial([0, 1, 2], &Registrations::default());
         assert_eq!(
             c.successor(&reg(&[0, 1, 2], &[]), 10, HOLD),
             None,
@@ -935,6 +1021,7 @@ mod tests {
             state,
             since_ns: 5,
             joined_ns,
+            incarnation: 0,
         };
         let c = Configuration {
             epoch: 3,
@@ -942,7 +1029,7 @@ mod tests {
             moves: vec![],
         };
         let f = Fence::unfenced();
-        apply(&c, 0, &f, 10, 0);
+        apply(&c, (0, 0), &f, 10, 0);
         assert_eq!(f.role(0), NodeRole::Full);
         assert!(f.is_gone(1) && !f.is_gone(0));
         assert_eq!(
@@ -952,14 +1039,87 @@ mod tests {
         );
         assert_eq!(f.incarnation(2), 77);
         assert!(f.may_act(1, 1), "node 0 is up: its lease clock rules");
-        apply(&c, 2, &f, 10, 0);
+        apply(&c, (2, 0), &f, 10, 0);
         assert!(!f.may_act(1, 1), "a joining node does not write");
         let mut up = c.clone();
         up.nodes[1].state = Up;
         up.nodes[2].state = Up;
-        apply(&up, 0, &f, 10, 0);
+        apply(&up, (0, 0), &f, 10, 0);
         assert!(!f.is_gone(1) && f.role(2) == NodeRole::Full, "up again");
         assert!(f.rejoined(2));
+    }
+
+    /// Bug 8 of review 39: a process restarted within its lease TTL puts its registration under
+    /// a new lease before the old one lapsed, so the key never disappears. Its incarnation
+    /// number does change: the member is declared failed, held, and joins as the new process.
+    #[test]
+    fn a_node_restarted_within_its_lease_is_failed_then_joins_as_the_new_process() {
+        use NodeState::*;
+        const HOLD: &Policy = &Policy {
+            hold_ns: 1_000,
+            clock_margin_ns: 0,
+            replacing: None,
+        };
+        let reg = |incarnations: &[(u16, u64)], ready: &[u16]| Registrations {
+            present: incarnations.iter().map(|&(n, _)| n).collect(),
+            ready: ready.to_vec(),
+            filled: vec![],
+            incarnations: incarnations.to_vec(),
+        };
+        let first = reg(&[(0, 10), (1, 11), (2, 12)], &[]);
+        let c = Configuration::initial([0, 1, 2], &first);
+        assert_eq!(
+            c.nodes[1].incarnation, 11,
+            "epoch 1 names the processes registered"
+        );
+        assert_eq!(
+            c.successor(&first, 5, HOLD),
+            None,
+            "the same processes: no change"
+        );
+        let restarted = reg(&[(0, 10), (1, 99), (2, 12)], &[]);
+        let failed = c.successor(&restarted, 10, HOLD).unwrap();
+        assert_eq!(states(&failed), vec![Up, Failed, Up]);
+        assert_eq!(failed.own_state(1, 99), Some(Failed));
+        assert_eq!(failed.successor(&restarted, 500, HOLD), None, "held");
+        let joining = failed.successor(&restarted, 1_010, HOLD).unwrap();
+        assert_eq!(states(&joining), vec![Up, Joining, Up]);
+        assert_eq!(joining.nodes[1].incarnation, 99);
+        assert_eq!(joining.nodes[1].joined_ns, 1_010);
+        assert_eq!(joining.own_state(1, 99), Some(Joining));
+        assert_eq!(
+            joining.own_state(1, 11),
+            Some(Failed),
+            "the dead process is no member"
+        );
+        // Restarted again while joining: failed again.
+        let again = reg(&[(0, 10), (1, 100), (2, 12)], &[1]);
+        assert_eq!(
+            states(&joining.successor(&again, 1_020, HOLD).unwrap()),
+            vec![Up, Failed, Up]
+        );
+        let up = joining
+            .successor(&reg(&[(0, 10), (1, 99), (2, 12)], &[1]), 1_030, HOLD)
+            .unwrap();
+        assert_eq!(states(&up), vec![Up, Up, Up]);
+        // A configuration written before incarnations were takes the process registered now.
+        let legacy = Configuration::initial([0, 1, 2], &Registrations::default());
+        let adopted = legacy.successor(&first, 5, HOLD).unwrap();
+        assert_eq!(states(&adopted), vec![Up, Up, Up]);
+        assert_eq!(adopted.nodes[1].incarnation, 11);
+        // Applied by the new process, the epoch that still names the old one fences it and
+        // says its own copies are not the member's.
+        let f = Fence::unfenced();
+        apply(&c, (1, 99), &f, 10, 0);
+        assert_eq!(f.role(1), NodeRole::Gone);
+        assert!(!f.may_act(1, 1));
+        let f = Fence::unfenced();
+        apply(&c, (1, 11), &f, 10, 0);
+        assert_eq!(
+            f.role(1),
+            NodeRole::Full,
+            "the process the epoch names is up"
+        );
     }
 
     /// A node that came back is paused after on every node by what the configuration says, not
@@ -976,6 +1136,7 @@ mod tests {
             state,
             since_ns,
             joined_ns,
+            incarnation: 0,
         };
         let rejoined = |since_ns| Configuration {
             epoch: 4,
@@ -987,7 +1148,7 @@ mod tests {
             moves: vec![],
         };
         let fresh = Fence::unfenced();
-        apply(&rejoined(now - S), 2, &fresh, now, S / 2);
+        apply(&rejoined(now - S), (2, 0), &fresh, now, S / 2);
         let mono = nessie_fabric::monotonic_ns();
         let paused_for = fresh.full_for_ns(1, mono).expect("node 1 came back");
         assert!(
@@ -996,7 +1157,7 @@ mod tests {
         );
         assert_eq!(fresh.full_for_ns(0, mono), None, "never left");
         let long_ago = Fence::unfenced();
-        apply(&rejoined(now - 3600 * S), 2, &long_ago, now, S / 2);
+        apply(&rejoined(now - 3600 * S), (2, 0), &long_ago, now, S / 2);
         let full_for = long_ago
             .full_for_ns(1, nessie_fabric::monotonic_ns())
             .unwrap();
@@ -1029,7 +1190,7 @@ mod tests {
     fn a_node_failed_long_enough_has_its_copies_moved_then_filled_and_rejoins_without_them() {
         use NodeState::*;
         let (set, policy) = replacing(4, 1);
-        let c = Configuration::initial([0, 1, 2, 3]);
+        let c = Configuration::initial([0, 1, 2, 3], &Registrations::default());
         let failed = c.successor(&reg(&[0, 2, 3], &[]), 1_000, &policy).unwrap();
         assert_eq!(states(&failed), vec![Up, Failed, Up, Up]);
         assert!(failed.moves.is_empty(), "not failed for long yet");
@@ -1087,7 +1248,7 @@ mod tests {
         use NodeState::*;
         let (set, policy) = replacing(5, 2);
         let all = [0, 1, 2, 3, 4];
-        let c = Configuration::initial(all);
+        let c = Configuration::initial(all, &Registrations::default());
         let c = c
             .successor(&reg(&[0, 2, 3, 4], &[]), 1_000, &policy)
             .unwrap();
@@ -1126,7 +1287,7 @@ mod tests {
 
     #[test]
     fn applying_moves_puts_them_in_the_fence() {
-        let mut c = Configuration::initial([0, 1, 2]);
+        let mut c = Configuration::initial([0, 1, 2], &Registrations::default());
         c.moves.push(CopyMove {
             partition: 1,
             copy: 0,
@@ -1135,7 +1296,7 @@ mod tests {
             receiving: true,
         });
         let f = Fence::unfenced();
-        apply(&c, 0, &f, 10, 0);
+        apply(&c, (0, 0), &f, 10, 0);
         let at = f.moved_copy(1, 0).expect("moved");
         assert_eq!((at.node, at.slot, at.receiving), (2, 3, true));
         assert_eq!(f.moved_copy(0, 0), None);
@@ -1152,7 +1313,7 @@ mod tests {
 
     #[test]
     fn configuration_record_is_stable_json() {
-        let c = Configuration::initial([0, 1]);
+        let c = Configuration::initial([0, 1], &Registrations::default());
         let s = serde_json::to_string(&c).unwrap();
         assert_eq!(
             s, r#"{"epoch":1,"nodes":[{"id":0,"state":"up"},{"id":1,"state":"up"}]}"#,

@@ -117,10 +117,7 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
     match catch_up(ctx) {
         Ok(c) => {
             tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
-            eprintln!(
-                "nessie node {}: caught up ({} copies, {} words changed, {} bytes read); ready",
-                ctx.id, c.copies, c.words_changed, c.bytes_read
-            );
+            eprintln!("nessie node {}: caught up ({c}); ready", ctx.id);
             match m.set_ready(ctx.id) {
                 Ok(()) => p.ready = true,
                 Err(e) => tracing::warn!(%e, "could not say the node is ready"),
@@ -156,10 +153,7 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
         });
     match filled {
         Ok(c) => {
-            eprintln!(
-                "nessie node {}: filled {} copies moved here ({} words changed, {} bytes read)",
-                ctx.id, c.copies, c.words_changed, c.bytes_read
-            );
+            eprintln!("nessie node {}: filled the copies moved here ({c})", ctx.id);
             match m.set_filled(ctx.id, &p.moved) {
                 Ok(()) => p.filled = true,
                 Err(e) => tracing::warn!(%e, "could not say the moved copies are filled"),
