@@ -2,8 +2,10 @@
 //! copies of every node's tables (`--replicas 2`, local etcd), while a nemesis pauses one node
 //! past its lease (SIGSTOP, then SIGCONT: it was declared failed and must come back fenced,
 //! then catch up its stale copies and come up again), kills another (SIGKILL) and restarts it
-//! (it joins fenced, catches up its empty copies and comes up again), all while the workload
-//! runs. The whole history, recorded by the test process through the nodes' admin sockets,
+//! (it joins fenced, catches up its empty copies and comes up again), then kills it again and
+//! restarts it 0.3 s later, within its lease TTL (its new incarnation is declared failed at
+//! once, and joins), while a third node's system wall clock steps back 10 s, all while the
+//! workload runs. The whole history, recorded by the test process through the nodes' admin sockets,
 //! must be linearizable key by key: so no acknowledged write was lost and no read went back in
 //! time. Afterwards every key reads the same through all four nodes.
 //!
@@ -24,6 +26,10 @@ use nessie_testkit::stress::{self, key_bytes, StressSpec};
 const NODES: u16 = 4;
 const PAUSED: u16 = 3;
 const KILLED: u16 = 1;
+/// The node whose system wall clock steps back (`NESSIE_TEST_WALL_STEP`), ten seconds after it
+/// started, by ten seconds.
+const STEPPED: u16 = 2;
+const WALL_STEP: &str = "2:10000:-10000";
 /// etcd's minimum TTL, what `--lease-ttl 2` becomes.
 const TTL: Duration = Duration::from_secs(3);
 
@@ -192,7 +198,11 @@ fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Clust
         Faults::Replace => &["--spare-copies", "1", "--replace-after", "6"],
     };
     let args = [BASE_ARGS, replace, extra].concat();
-    Cluster::up(name, NODES, transport, &args)
+    let env: &[(&str, &str)] = match faults {
+        Faults::PauseKillRestart => &[("NESSIE_TEST_WALL_STEP", WALL_STEP)],
+        Faults::Replace => &[],
+    };
+    Cluster::up_with_env(name, NODES, transport, &args, env)
 }
 
 const BASE_ARGS: &[&str] = &[
@@ -239,6 +249,15 @@ fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     // The paused node is up by now unless its new lease lapsed while it caught up (a loaded
     // machine): then it is failed, held, joining and catching up again, a few TTLs.
     wait_state(c, PAUSED, "up", TTL * 4, log, r);
+    // Killed again and restarted 0.3 s later, as a supervisor restarts a crashed process:
+    // well within its lease, so its registration never lapses. Its new incarnation fails it.
+    signal(c, KILLED, libc::SIGKILL);
+    say(format!("SIGKILL node {KILLED} again"));
+    std::thread::sleep(Duration::from_millis(300));
+    r.push((KILLED, restart(c, KILLED)));
+    say(format!("restarted node {KILLED} 0.3 s after the kill"));
+    wait_state(c, KILLED, "failed", TTL * 3, log, r);
+    wait_state(c, KILLED, "up", TTL * 10, log, r);
     revived
 }
 
@@ -358,7 +377,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         seed: 11,
         // The replacement waits for the failure, then 6 s, then the fill, then the restart.
         time_limit: Duration::from_secs(match faults {
-            Faults::PauseKillRestart => 36,
+            Faults::PauseKillRestart => 50,
             Faults::Replace => 45,
         }),
         preload_keys: 60,
@@ -393,4 +412,11 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         "the faults must show in the history"
     );
     nodes_agree(&c, spec.keys);
+    if faults == Faults::PauseKillRestart {
+        let log = std::fs::read_to_string(c.dir.join(format!("node-{STEPPED}.log"))).unwrap();
+        assert!(
+            log.contains("system wall clock stepped by -10000 ms") && log.contains("stepped back"),
+            "node {STEPPED}'s clock stepped back, and it said so:\n{log}"
+        );
+    }
 }

@@ -572,9 +572,7 @@ fn mono_ns() -> u64 {
 /// Wall-clock ns since the Unix epoch: only for times written into the configuration, which
 /// other nodes read.
 fn wall_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    nessie_fabric::wall_clock_ns()
 }
 
 impl Monitor {
@@ -841,7 +839,19 @@ fn put_record(
 fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
     let tick = Duration::from_millis(ttl_s * 1000 / 6).max(Duration::from_millis(100));
     let mut ticks = 0u64;
+    let mut steps_told = 0;
     while !shared.stop.load(Ordering::Relaxed) {
+        let (steps, lag) = nessie_fabric::wall_clock_steps();
+        if steps > steps_told {
+            steps_told = steps;
+            tracing::warn!(
+                id,
+                behind_ms = lag / 1_000_000,
+                "the system wall clock stepped back; this node keeps its own time (expiry stamps, \
+                 epoch times) {} ms ahead of it until it restarts",
+                lag / 1_000_000
+            );
+        }
         let mut result = Ok(());
         if ticks.is_multiple_of(2) {
             result = keep_registered(&etcd, &keys, id, ttl_s, shared);

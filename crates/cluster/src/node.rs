@@ -621,6 +621,26 @@ pub struct MembershipSnapshot {
     pub nodes_by_state: Vec<(String, u64)>,
 }
 
+/// Step the system wall clock as this process reads it, when a test asks
+/// (`bootstrap::clock::TEST_WALL_STEP_ENV`), and say so in the log.
+fn step_wall_clock_for_tests(id: u16) -> Result<(), NodeError> {
+    let step = bootstrap::clock::test_wall_step(id).map_err(bootstrap::BootstrapError::from)?;
+    if let Some((after_ms, step_ms)) = step {
+        std::thread::Builder::new()
+            .name("test-wall-step".into())
+            .spawn(move || {
+                std::thread::sleep(Duration::from_millis(after_ms));
+                nessie_fabric::step_system_clock_for_tests(step_ms.saturating_mul(1_000_000));
+                eprintln!("nessie node {id}: test: system wall clock stepped by {step_ms} ms");
+            })
+            .map_err(|err| NodeError::Spawn {
+                what: "the test wall-clock step",
+                err,
+            })?;
+    }
+    Ok(())
+}
+
 pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), NodeError> {
     let signals = block_signals();
     // Every file and socket the node creates is its owner's only, from the moment it exists.
@@ -635,6 +655,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let serving = Arc::new(AtomicBool::new(false));
     let stop_signal = watch_signals(signals, id, serving.clone(), pid_path)?;
     let admin_path = cfg.admin_path(id, base)?;
+    step_wall_clock_for_tests(id)?;
 
     // Serves our fabric info for as long as the node runs.
     let (mut ctx, _bootstrap) = join_cluster(cfg, &entry, opts.delay.clone())?;

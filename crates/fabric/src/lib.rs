@@ -160,10 +160,102 @@ fn timespec_ns(ts: &libc::timespec) -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Wall-clock nanoseconds since the Unix epoch, for real-time backends.
+/// How often [`wall_clock_ns`] looks at the system's wall clock again (it runs on the
+/// monotonic clock in between): a forward step is followed within this.
+#[cfg(unix)]
+const WALL_CHECK_NS: u64 = 1_000_000;
+
+/// Wall-clock nanoseconds since the Unix epoch, for real-time backends, as this process keeps
+/// them: its monotonic clock plus the largest offset yet seen from it to the system's wall
+/// clock ([`system_wall_clock_ns`], looked at every millisecond). The two run at one rate (NTP
+/// slews both), so the offset changes only when the system clock is stepped:
+/// - **a backward step is ignored.** The wall clock is what crosses nodes: the expiry stamp a
+///   releaser writes into another node's entry, a writer's deadline, an epoch's time. A stamp
+///   that jumped back by more than the clock margin would let the entry's node recycle it
+///   while readers may still read it (`docs/protocol.md`, "Clocks"). So this clock never goes
+///   back. It stays ahead by the step until the process restarts; [`wall_clock_steps`] counts
+///   the steps, and a node logs them.
+/// - **a forward step is followed** (a VM resumed after its monotonic clock stood still).
+///
+/// Deadlines a node sets and checks itself run on [`monotonic_ns`] instead, never on this.
 #[cfg(unix)]
 pub fn wall_clock_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
+    use std::sync::atomic::Ordering::Relaxed;
+    let mono = clock_ns(libc::CLOCK_MONOTONIC);
+    // Until the first look (offset 0), every caller looks.
+    let first = WALL.offset.load(Relaxed) == 0;
+    if first || mono.saturating_sub(WALL.checked.load(Relaxed)) >= WALL_CHECK_NS {
+        WALL.checked.store(mono, Relaxed);
+        // A lower bound of the offset: the system clock read before the second monotonic
+        // reading (a thread descheduled between the two reads overstates nothing).
+        let sys = system_wall_clock_ns();
+        let after = clock_ns(libc::CLOCK_MONOTONIC);
+        let seen = sys.saturating_sub(after);
+        let offset = WALL.offset.load(Relaxed);
+        if seen > offset {
+            WALL.offset.fetch_max(seen, Relaxed);
+        } else if offset - seen > STEP_LOGGED_NS {
+            WALL.stepped_back.fetch_add(1, Relaxed);
+            WALL.offset_seen.store(seen, Relaxed);
+        }
+    }
+    mono + WALL.offset.load(Relaxed)
+}
+
+/// A system clock this far behind the process's wall clock counts as a backward step.
+#[cfg(unix)]
+const STEP_LOGGED_NS: u64 = 50_000_000;
+
+#[cfg(unix)]
+struct WallClock {
+    /// Largest (system wall clock - monotonic clock) seen.
+    offset: std::sync::atomic::AtomicU64,
+    /// Monotonic time of the last look at the system clock.
+    checked: std::sync::atomic::AtomicU64,
+    /// Looks that found the system clock stepped back (by more than `STEP_LOGGED_NS`).
+    stepped_back: std::sync::atomic::AtomicU64,
+    /// The offset the last of them saw.
+    offset_seen: std::sync::atomic::AtomicU64,
+    /// Added to the system clock by tests (`step_system_clock_for_tests`).
+    test_step_ns: std::sync::atomic::AtomicI64,
+}
+
+#[cfg(unix)]
+static WALL: WallClock = WallClock {
+    offset: std::sync::atomic::AtomicU64::new(0),
+    checked: std::sync::atomic::AtomicU64::new(0),
+    stepped_back: std::sync::atomic::AtomicU64::new(0),
+    offset_seen: std::sync::atomic::AtomicU64::new(0),
+    test_step_ns: std::sync::atomic::AtomicI64::new(0),
+};
+
+/// The system's wall clock (`CLOCK_REALTIME`) as it reads now, steps and all (plus what a
+/// test stepped it by).
+#[cfg(unix)]
+pub fn system_wall_clock_ns() -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    clock_ns(libc::CLOCK_REALTIME).saturating_add_signed(WALL.test_step_ns.load(Relaxed))
+}
+
+/// Whether the system clock has been seen stepped back behind this process's wall clock, and
+/// by how much (ns) the last time: (steps seen, lag).
+#[cfg(unix)]
+pub fn wall_clock_steps() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let steps = WALL.stepped_back.load(Relaxed);
+    let lag = WALL
+        .offset
+        .load(Relaxed)
+        .saturating_sub(WALL.offset_seen.load(Relaxed));
+    (steps, if steps == 0 { 0 } else { lag })
+}
+
+/// **Tests only.** Step what this process reads as the system's wall clock by `delta_ns`, as
+/// NTP or a VM resume steps the real one.
+#[cfg(unix)]
+pub fn step_system_clock_for_tests(delta_ns: i64) {
+    WALL.test_step_ns
+        .fetch_add(delta_ns, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Nanoseconds on the process's monotonic clock since its first use.
@@ -227,6 +319,18 @@ pub fn wall_clock_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// The system's wall clock (no steps are told apart without Unix).
+#[cfg(not(unix))]
+pub fn system_wall_clock_ns() -> u64 {
+    wall_clock_ns()
+}
+
+/// No steps are told apart without Unix.
+#[cfg(not(unix))]
+pub fn wall_clock_steps() -> (u64, u64) {
+    (0, 0)
 }
 
 /// Nanoseconds on the process's monotonic clock since its first use.

@@ -26,8 +26,20 @@ impl Cluster {
 
     /// `nessie up --nodes N --transport T --dir DIR EXTRA…`; panics with its stderr on failure.
     pub fn up(name: &str, nodes: u16, transport: &str, extra: &[&str]) -> Cluster {
+        Self::up_with_env(name, nodes, transport, extra, &[])
+    }
+
+    /// [`Cluster::up`] with `env` set for `up` and the node processes it starts.
+    pub fn up_with_env(
+        name: &str,
+        nodes: u16,
+        transport: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Cluster {
         let c = Cluster::at(name);
         let out = Command::new(BIN)
+            .envs(env.iter().copied())
             .args([
                 "up",
                 "--nodes",

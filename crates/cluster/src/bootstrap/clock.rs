@@ -3,13 +3,32 @@
 //! during the authenticated bootstrap exchange (one NTP-style round trip) and refuses to start
 //! when it cannot show the offset is within the margin.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 /// **Tests only.** Milliseconds (may be negative) added to this process's bootstrap wall clock,
 /// so a test can start a node whose clock is off. Read only by [`Clock::from_env`]; a node
 /// with a skewed clock does not claim to share its host's clock, so peers on the same host
 /// measure it like a remote one.
 pub const TEST_SKEW_ENV: &str = "NESSIE_TEST_CLOCK_SKEW_MS";
+
+/// **Tests only.** `ID:AFTER_MS:STEP_MS`: that many milliseconds after it starts, node `ID`
+/// steps what it reads as the system's wall clock by `STEP_MS` (negative: back), as NTP or a
+/// VM resume steps the real one (`nessie_fabric::step_system_clock_for_tests`). Other nodes
+/// ignore it.
+pub const TEST_WALL_STEP_ENV: &str = "NESSIE_TEST_WALL_STEP";
+
+/// Read [`TEST_WALL_STEP_ENV`] for node `id`: (after, step) in ms, `None` if unset or another
+/// node's.
+pub fn test_wall_step(id: u16) -> Result<Option<(u64, i64)>, SkewError> {
+    let Ok(v) = std::env::var(TEST_WALL_STEP_ENV) else {
+        return Ok(None);
+    };
+    let bad = || SkewError { value: v.clone() };
+    let mut parts = v.trim().splitn(3, ':');
+    let mut next = || parts.next().ok_or_else(bad);
+    let node = next()?.parse::<u16>().map_err(|_| bad())?;
+    let after = next()?.parse::<u64>().map_err(|_| bad())?;
+    let step = next()?.parse::<i64>().map_err(|_| bad())?;
+    Ok((node == id).then_some((after, step)))
+}
 
 /// Where the kernel publishes an id that changes at every boot: nodes reporting the same id
 /// read the same `CLOCK_REALTIME`, so their offset is zero by construction.
@@ -19,7 +38,7 @@ pub const MAX_CLOCK_ID_BYTES: usize = 64;
 
 /// [`TEST_SKEW_ENV`] holds something other than a whole number of milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{TEST_SKEW_ENV}={value:?} is not a number of milliseconds")]
+#[error("{TEST_SKEW_ENV} or {TEST_WALL_STEP_ENV} holds {value:?}: not a number of milliseconds (or ID:AFTER_MS:STEP_MS)")]
 pub struct SkewError {
     pub value: String,
 }
@@ -64,16 +83,20 @@ impl Clock {
         }
     }
 
-    /// Nanoseconds since the Unix epoch by this clock.
+    /// Nanoseconds since the Unix epoch by this clock: the process's wall clock
+    /// (`nessie_fabric::wall_clock_ns`, which ignores backward steps of the system's), the one
+    /// its expiry stamps are on.
     pub fn now_ns(&self) -> i64 {
-        let d = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        (d.as_nanos() as i64).saturating_add(self.skew_ns)
+        (nessie_fabric::wall_clock_ns() as i64).saturating_add(self.skew_ns)
     }
 
-    /// The clock source's id, if it is this host's unskewed system clock.
+    /// The clock source's id, if it is this host's unskewed system clock, as read by every
+    /// process on it: not once this process saw the system clock step back (it kept its own
+    /// time, which processes started since do not share).
     pub fn id(&self) -> Option<&str> {
+        if nessie_fabric::wall_clock_steps().0 > 0 {
+            return None;
+        }
         self.id.as_deref()
     }
 }
