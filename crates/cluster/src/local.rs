@@ -537,10 +537,7 @@ impl LocalCluster {
                 .endpoint(n)
                 .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
                 .map_err(Error::Fabric)?;
-            caught.copies += c.copies;
-            caught.bytes_read += c.bytes_read;
-            caught.words_changed += c.words_changed;
-            caught.passes = caught.passes.max(c.passes);
+            caught += c;
         }
         for f in &self.fences {
             for m in &moves {

@@ -85,6 +85,10 @@ pub struct Fence {
     /// from the configuration ([`Self::set_full_since`]), on every node, and when this fence
     /// sees the change, whichever is later.
     full_at_ns: Box<[AtomicU64]>,
+    /// Per node, the incarnation (`incarnation_ns`) whose coming back [`Self::set_full_since`]
+    /// last recorded: each is recorded once (every epoch repeats it, and a reading taken late
+    /// would only move the pause later).
+    full_since_of: Box<[AtomicU64]>,
     /// Per node, the wall-clock time (ns since the Unix epoch) at which its current
     /// incarnation joined (0: the first one). Entries its earlier incarnations left in flight
     /// are abandoned, as a failed node's are.
@@ -128,6 +132,7 @@ impl Fence {
             gone_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             receiving: std::array::from_fn(|_| AtomicU64::new(0)),
             full_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
+            full_since_of: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             moved: (0..MAX_NODES as usize * COPIES)
                 .map(|_| AtomicU32::new(0))
@@ -217,9 +222,14 @@ impl Fence {
     /// started meanwhile, a monitor started after the epoch) sees no change, and would
     /// otherwise use the node's copies in their new roles at once, while nodes that learnt of
     /// the change late may still use the old ones (`replica::Replicated::wait_join_settled`).
-    /// Keeps the later of this and a change seen here.
+    /// Keeps the later of this and a change seen here; recorded once per incarnation of
+    /// `node` (`Self::incarnation`, set first).
     pub fn set_full_since(&self, node: NodeId, ago_ns: u64) {
-        if self.role(node) != NodeRole::Full {
+        let incarnation = self.incarnation(node);
+        if self.role(node) != NodeRole::Full
+            || self.full_since_of[node as usize].swap(incarnation, Ordering::SeqCst) == incarnation
+                && incarnation != 0
+        {
             return;
         }
         let at = (nessie_fabric::monotonic_ns() + BEFORE_ORIGIN_NS).saturating_sub(ago_ns);

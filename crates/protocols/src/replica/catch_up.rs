@@ -1,6 +1,6 @@
 //! Catching up: a restarted node fills the copies it holds (copy j of partition p, for every p
 //! with `holder(p, j)` = this node), and a node that copies were moved to fills those
-//! (re-replication, `Fence::moved_copy`), from each partition's decider (its last full copy),
+//! (re-replication, `Fence::moved_copy`), from each partition's primary (its first full copy),
 //! with one-sided operations only, while the cluster keeps writing.
 //!
 //! It runs once every node writes the restarted node's copies (`NodeRole::Receiving`: every
@@ -9,17 +9,24 @@
 //! copies too. What the copies held before is not trusted: zeros after a restart, or, for a
 //! node that was paused and declared failed, stale words, some possibly ahead of the decider
 //! or from another history (words it decided that never went further). So each word is read
-//! here first, then at the decider (which holds every change first: its word is at or past
-//! anything a writer had carried here by then), and:
-//! - **Index entries and page words** that differ are set to the decider's by a CAS from what
+//! here first, then at the primary, and:
+//! - **Index entries and page words** that differ are set to the primary's by a CAS from what
 //!   was read here; if a writer carried a word here in between, the CAS fails and the word is
 //!   read again from both.
-//! - **Data-table words** have no order: a word that differs is written from the decider, and
+//! - **Data-table words** have no order: a word that differs is written from the primary, and
 //!   the words written are compared again in the next pass, until a pass writes nothing. A
 //!   word the copier wrote over a newer one (a writer wrote it between the copier's reads and
 //!   its write) differs at the next pass. A word found equal stays right without being looked
 //!   at again: every later write reaches both copies and the copier never writes it again. So
-//!   the passes after the first shrink to the words writes were in flight on.
+//!   the passes after the first shrink to the words writes were in flight on, and are read in
+//!   spans (changed words near each other share one READ).
+//!
+//! Why the primary: writers reach receiving copies after every full copy, the primary
+//! included, so the primary's word, read after ours, is at or past anything a writer carried
+//! here; and every word the primary holds is on every full copy, so none of them dies with its
+//! decider. The decider, read instead, could hand us a word it decided and then died with,
+//! before carrying it on: the next copy decides another in its place, and this copy, once up,
+//! would serve a word nobody acknowledged and wedge the entry (review 39, bug 6).
 
 use nessie_fabric::{Endpoint, FabricError, RegionId, RemoteAddr};
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
@@ -56,6 +63,18 @@ pub struct CatchUp {
     pub reads: u64,
     /// How long it took, in nanoseconds.
     pub ns: u64,
+}
+
+/// Two catch-ups one after the other: counts and times add up, passes are the most either made.
+impl std::ops::AddAssign for CatchUp {
+    fn add_assign(&mut self, o: CatchUp) {
+        self.copies += o.copies;
+        self.bytes_read += o.bytes_read;
+        self.words_changed += o.words_changed;
+        self.passes = self.passes.max(o.passes);
+        self.reads += o.reads;
+        self.ns += o.ns;
+    }
 }
 
 impl std::fmt::Display for CatchUp {
@@ -110,7 +129,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Bring copy `j` of `partition`'s `region` (`bytes` long, in mirror slot `slot` here) to
-    /// its decider: a whole pass,
+    /// its primary: a whole pass,
     /// then passes over the words the previous pass changed, until one changes nothing (a
     /// word found equal stays equal: every later write reaches both). Returns the passes made.
     #[allow(clippy::too_many_arguments)]
@@ -139,7 +158,7 @@ impl<E: Endpoint> Replicated<E> {
                 Some(words) => spans_of(words),
             };
             for (off, n) in spans {
-                // Ours first: the decider's words, read after, are at or past every word a
+                // Ours first: the primary's words, read after, are at or past every word a
                 // writer had carried to our copy by then.
                 self.inner.local_read(mine, off, &mut ours[..n])?;
                 let at = RemoteAddr::new(partition, region, off);
@@ -158,7 +177,7 @@ impl<E: Endpoint> Replicated<E> {
             todo = Some(changed);
         }
         Err(FabricError::Transport(format!(
-            "copy {j} of partition {partition}, region {region}, still differs from its decider after {MAX_PASSES} passes"
+            "copy {j} of partition {partition}, region {region}, still differs from its primary after {MAX_PASSES} passes"
         )))
     }
 
@@ -185,7 +204,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Make the words of `ours` (this node's region `mine`, at `at`'s offset) that differ from
-    /// `theirs` (the decider's, read after ours) equal to them, adding the offsets changed to
+    /// `theirs` (the primary's, read after ours) equal to them, adding the offsets changed to
     /// `changed`. Index entries and page words are set by CAS from what we read: what our copy
     /// held before catching up may be stale, even ahead of the decider or from another
     /// history (a paused node's memory: words it decided that never went further), so it is

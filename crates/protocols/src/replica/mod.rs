@@ -18,13 +18,15 @@
 //!   reverse chain order, the primary last. So whatever the primary holds, every copy holds or
 //!   has moved past: a value a reader saw survives the loss of any R - 1 nodes.
 //!
-//! Carrying a CAS to a copy ("advance") must not undo a later one. Index entries carry a
-//! sequence number (`IteLayout::successor`), and page words a generation that every claim
-//! increments (`nessie_store::pages`), so each copy only moves forward through the decider's
-//! history: advance reads the copy and CASes it from what it holds to the new word only if
-//! that word is newer. A writer that loses at the decider helps: it carries the
-//! decider's word forward first, so a writer that died after winning the decider does not
-//! wedge the primary. A data-region CAS (marking an entry given up) is carried by the same
+//! Carrying a CAS to a copy ("advance") must not undo a later one. Each copy only moves
+//! forward through the decider's history: advance reads the copy, then the decider (whose
+//! word, read after, is at or past the copy's and the one being carried), and CASes the copy
+//! from what it held to the decider's word. Never by comparing the carried word with the
+//! copy's: index entries carry a sequence number (`IteLayout::successor`) and page words a
+//! generation, but compared modulo their width they misorder words once a carrier has been
+//! held up across half a sequence's worth of changes. A writer that loses at the decider
+//! helps: it carries the decider's word forward first, so a writer that died after winning
+//! the decider does not wedge the primary. A data-region CAS (marking an entry given up) is carried by the same
 //! CAS on each copy; a plain write that came after it wins, as it does at the decider.
 //!
 //! When the decider's node fails, the previous copy takes over deciding once the failure is
@@ -35,10 +37,13 @@
 //! CAS may or may not survive, and the protocol treats its entry as possibly published.
 //!
 //! A node started again after a failure gets its copies back (`catch_up.rs`): while it is
-//! `joining` its copies are *receiving* (written and carried to like any copy, never read or
-//! decided at), it fills them from the primaries, and once it is `up` again every operation on
-//! the partitions it holds copies of waits out [`ReplicaSet::join_settle_ns`], so that no
-//! operation uses its copies in their new roles while another still uses the old ones.
+//! `joining` its copies are *receiving* (written and carried to after every full copy, errors
+//! waited on, never read or decided at), it fills them from the primaries, and once it is `up`
+//! again every operation on the partitions it holds copies of waits out
+//! [`ReplicaSet::join_settle_ns`] (on every node, from when the configuration says it came
+//! back), so that no operation uses its copies in their new roles while another still uses the
+//! old ones. A write or CAS looks at the copies again once done, and reaches any copy placed
+//! meanwhile, a copy restarted in place included (another incarnation of its node).
 //!
 //! A node gone for good has its copies moved to spare mirror slots of other nodes
 //! (`moves.rs`, [`Fence::move_copy`]): a moved copy keeps its place in the chain, is receiving
@@ -71,8 +76,11 @@ use crate::fence::{Fence, NodeRole};
 pub const MAX_REPLICAS: u8 = 3;
 /// Most spare mirror slots per node (each holds the tables of one partition).
 pub const MAX_SPARE_COPIES: u8 = 8;
-/// Fewest sequence-number bits replication works with: a copy may lag its decider by fewer
-/// than half as many changes of one entry (2^7 = 128) without being misordered.
+/// Fewest sequence-number bits replication works with. They keep a word's successive values
+/// distinct, and tell a copy holding a word of another history (same sequence number, another
+/// word: `Advance::Diverged`). They never order two words: compared modulo their width, a
+/// carrier held up across half a sequence's worth of changes would misorder them, so advance
+/// anchors on a fresh read of the decider instead (`Replicated::advance`).
 pub const MIN_SEQ_BITS: u8 = 8;
 /// First region id of the mirrors (after the index, data and page regions): copy j >= 1 of a
 /// partition's index table is region `MIRROR_BASE + 3 (j - 1)`, its data table and its page
@@ -881,9 +889,13 @@ impl<E: Endpoint> Replicated<E> {
         anchor: Copy,
         decider: Copy,
     ) -> Result<Advance, FabricError> {
-        if mutated!(self.set, advance_by_sequence) {
-            return self.advance_by_sequence(addr, c, word, decider);
-        }
+        let by_sequence = mutated!(self.set, advance_by_sequence);
+        // A receiving copy's anchor, the primary, failed since it was carried to: the decider
+        // is at or past it.
+        let anchor = match anchor != decider && self.fence.is_gone(anchor.node) {
+            true => decider,
+            false => anchor,
+        };
         let a = Self::at(addr, c);
         let from = Self::at(addr, anchor);
         for _ in 0..MAX_ADVANCE_ROUNDS {
@@ -893,64 +905,41 @@ impl<E: Endpoint> Replicated<E> {
             if cur == word {
                 return Ok(Advance::Holds);
             }
-            if self.stale(decider) || self.fence.is_gone(anchor.node) {
+            if by_sequence {
+                // As before the anchor: `word` unless `cur`'s sequence number looks later.
+                if self.set.newer(addr.region, cur, word) {
+                    return Ok(Advance::Past);
+                }
+                if self.set.same_seq(addr.region, cur, word) {
+                    return Ok(Advance::Diverged);
+                }
+            }
+            if self.stale(decider) || !by_sequence && self.fence.is_gone(anchor.node) {
                 return Err(FabricError::Indeterminate { node: decider.node });
             }
-            let Some(to) = self.on_copy(anchor, false, |e| e.read_u64(from))? else {
-                return Err(FabricError::Indeterminate { node: decider.node });
+            let to = match by_sequence {
+                true => word,
+                false => {
+                    let Some(to) = self.on_copy(anchor, false, |e| e.read_u64(from))? else {
+                        return Err(FabricError::Indeterminate { node: decider.node });
+                    };
+                    if to == cur {
+                        // Level with the anchor, which has moved past `word`.
+                        return Ok(Advance::Past);
+                    }
+                    // What a receiving copy held is not trusted (catching up replaces it
+                    // whatever it is); a full copy with the anchor's sequence number but
+                    // another word holds a word of another history.
+                    if !c.receiving && self.set.same_seq(addr.region, cur, to) {
+                        return Ok(Advance::Diverged);
+                    }
+                    to
+                }
             };
-            if to == cur {
-                // Level with the anchor, which has moved past `word`.
-                return Ok(Advance::Past);
-            }
-            // What a receiving copy held is not trusted (catching up replaces it whatever
-            // it is); a full copy with the anchor's sequence number but another word holds a
-            // word of another history.
-            if !c.receiving && self.set.same_seq(addr.region, cur, to) {
-                return Ok(Advance::Diverged);
-            }
             match self.on_copy(c, false, |e| e.compare_and_swap(a, cur, to))? {
                 None => return Ok(Advance::Gone),
                 Some(was) if was == cur && to == word => return Ok(Advance::Holds),
                 Some(was) if was == cur => return Ok(Advance::Past),
-                Some(_) => {}
-            }
-        }
-        Err(FabricError::Transport(format!(
-            "copy {} of {addr} kept changing while it was advanced",
-            c.j
-        )))
-    }
-
-    /// Advance as it was before the anchor (mutation `advance_by_sequence`): `word` carried
-    /// unless `c`'s sequence number looks later, modulo its width.
-    fn advance_by_sequence(
-        &mut self,
-        addr: RemoteAddr,
-        c: Copy,
-        word: u64,
-        decider: Copy,
-    ) -> Result<Advance, FabricError> {
-        let a = Self::at(addr, c);
-        for _ in 0..MAX_ADVANCE_ROUNDS {
-            let Some(cur) = self.on_copy(c, false, |e| e.read_u64(a))? else {
-                return Ok(Advance::Gone);
-            };
-            if cur == word {
-                return Ok(Advance::Holds);
-            }
-            if self.set.newer(addr.region, cur, word) {
-                return Ok(Advance::Past);
-            }
-            if self.set.same_seq(addr.region, cur, word) {
-                return Ok(Advance::Diverged);
-            }
-            if self.stale(decider) {
-                return Err(FabricError::Indeterminate { node: decider.node });
-            }
-            match self.on_copy(c, false, |e| e.compare_and_swap(a, cur, word))? {
-                None => return Ok(Advance::Gone),
-                Some(was) if was == cur => return Ok(Advance::Holds),
                 Some(_) => {}
             }
         }
