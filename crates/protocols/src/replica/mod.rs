@@ -658,7 +658,7 @@ impl<E: Endpoint> Replicated<E> {
     /// Written last, the receiving copy gets the decider's word from us or from the copier.
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
         self.wait_join_settled(addr.node);
-        let mut copies = self.copies(addr.node, true)?;
+        let copies = self.copies(addr.node, true)?;
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         let receiving_first = mutated!(self.set, receiving_written_first);
         // Two passes over the copies, each last first: the others, then the receiving ones.
@@ -680,15 +680,27 @@ impl<E: Endpoint> Replicated<E> {
         if mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
+        self.on_late_copies(addr.node, copies, |s, c| s.write_copy(addr, buf, local, c))
+    }
+
+    /// Run `each` on every copy of `partition` placed since `chosen` were (rule 17), looking
+    /// again after each round, at most [`MAX_LATE_COPY_ROUNDS`] rounds.
+    fn on_late_copies(
+        &mut self,
+        partition: NodeId,
+        chosen: Copies,
+        mut each: impl FnMut(&mut Self, Copy) -> Result<(), FabricError>,
+    ) -> Result<(), FabricError> {
+        let mut seen = chosen;
         for _ in 0..MAX_LATE_COPY_ROUNDS {
-            let (now, late) = self.late_copies(addr.node, &copies)?;
+            let (now, late) = self.late_copies(partition, &seen)?;
             if late.is_empty() {
-                return Ok(());
+                break;
             }
             for c in late {
-                self.write_copy(addr, buf, local, c)?;
+                each(self, c)?;
             }
-            copies = now;
+            seen = now;
         }
         Ok(())
     }
@@ -822,29 +834,22 @@ impl<E: Endpoint> Replicated<E> {
             }
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            let mut seen = copies;
-            for _ in 0..MAX_LATE_COPY_ROUNDS {
-                let (now, late) = self.late_copies(addr.node, &seen)?;
-                if late.is_empty() {
-                    break;
+            let carried = self.on_late_copies(addr.node, copies, |s, c| {
+                if c.is_full() && c.j > decider.j {
+                    // A copy after ours in the chain that is full decides now: we decided at a
+                    // copy that no longer does, and cannot tell whether our word stands (only
+                    // a carrier held up past the join pause gets here).
+                    sure = false;
+                    return Ok(());
                 }
-                for c in late {
-                    if c.is_full() && c.j > decider.j {
-                        // A copy after ours in the chain that is full decides now: we decided
-                        // at a copy that no longer does, and cannot tell whether our word
-                        // stands (only a carrier held up past the join pause gets here).
-                        sure = false;
-                        continue;
-                    }
-                    let anchor = primary.filter(|_| c.receiving).unwrap_or(decider);
-                    match self.carry(addr, c, word, anchor, decider) {
-                        Ok(Advance::Holds | Advance::Past | Advance::Gone) => {}
-                        Ok(Advance::Diverged) => sure = false,
-                        Err(_) if !won => return Ok(found),
-                        Err(e) => return Err(e),
-                    }
-                }
-                seen = now;
+                let anchor = primary.filter(|_| c.receiving).unwrap_or(decider);
+                sure &= s.carry(addr, c, word, anchor, decider)? != Advance::Diverged;
+                Ok(())
+            });
+            match carried {
+                Ok(()) => {}
+                Err(_) if !won => return Ok(found),
+                Err(e) => return Err(e),
             }
         }
         if won && !sure {
@@ -967,17 +972,9 @@ impl<E: Endpoint> Replicated<E> {
             self.cas_copy(addr, c, expected, desired)?;
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            let mut seen = copies;
-            for _ in 0..MAX_LATE_COPY_ROUNDS {
-                let (now, late) = self.late_copies(addr.node, &seen)?;
-                if late.is_empty() {
-                    break;
-                }
-                for c in late {
-                    self.cas_copy(addr, c, expected, desired)?;
-                }
-                seen = now;
-            }
+            self.on_late_copies(addr.node, copies, |s, c| {
+                s.cas_copy(addr, c, expected, desired)
+            })?;
         }
         Ok(found)
     }
