@@ -1,14 +1,14 @@
 //! `nessie sim check`: correctness mode. Runs the client-driven protocol on simulated clusters
 //! with faults injected (delays, NIC stalls, client pauses past the expiry period), one run per
 //! seed, checks every history for linearizability, and on a failure prints the seed and the
-//! command that replays it exactly (`nessie_fabric_sim::correctness`, docs/sim.md).
+//! command that replays it exactly (`nessie_sim::correctness`, docs/sim.md).
 
 use std::process::ExitCode;
 
-use nessie_fabric_sim::correctness::{self, CheckRun, CheckSpec, Mix};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::{HookPoint, ProtocolConfig};
+use nessie_sim::correctness::{self, CheckRun, CheckSpec, Mix};
 use nessie_store::Geometry;
 
 /// Most seeds one command runs.

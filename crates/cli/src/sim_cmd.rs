@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nessie_bench::result::{parse_value_size, BenchParams};
-use nessie_fabric_sim::bench::SimBenchError;
 use nessie_fabric_sim::SimParams;
+use nessie_sim::bench::SimBenchError;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -147,9 +147,9 @@ fn simulate(a: RunArgs) -> Result<(), SimCmdError> {
         ..BenchParams::default()
     };
     let hw = hardware(a.cores_per_node, a.link_mbps)?;
-    let (keys, geometry) = nessie_fabric_sim::bench::sizing(&p, a.ops);
+    let (keys, geometry) = nessie_sim::bench::sizing(&p, a.ops);
     let t = std::time::Instant::now();
-    let r = nessie_fabric_sim::bench::run(&p, keys, geometry, a.ops, hw)?;
+    let r = nessie_sim::bench::run(&p, keys, geometry, a.ops, hw)?;
     crate::bench_cmd::print_result(&r.bench);
     println!(
         "  simulated    {:>12.6} s measured, {:.6} s with the preload",

@@ -137,8 +137,8 @@ fn base(a: &SimSweepArgs) -> BenchParams {
 
 /// One simulated run of `p`.
 fn simulate(p: &BenchParams, ops: u64, hw: &SimParams) -> Result<BenchResult, RunError> {
-    let (keys, geometry) = nessie_fabric_sim::bench::sizing(p, ops);
-    let r = nessie_fabric_sim::bench::run(p, keys, geometry, ops, hw.clone())?;
+    let (keys, geometry) = nessie_sim::bench::sizing(p, ops);
+    let r = nessie_sim::bench::run(p, keys, geometry, ops, hw.clone())?;
     Ok(r.bench)
 }
 
@@ -185,10 +185,10 @@ fn sweep(a: SimSweepArgs) -> Result<(), SimSweepError> {
         Preset::PaperZipf | Preset::PaperOptimizations => SKEWED_OPS,
         _ => DEFAULT_OPS,
     });
-    if !(1..=nessie_fabric_sim::bench::MAX_OPS_PER_THREAD).contains(&ops) {
+    if !(1..=nessie_sim::bench::MAX_OPS_PER_THREAD).contains(&ops) {
         return Err(SimSweepError::Param(format!(
             "--ops must be in 1..={}",
-            nessie_fabric_sim::bench::MAX_OPS_PER_THREAD
+            nessie_sim::bench::MAX_OPS_PER_THREAD
         )));
     }
     println!(

@@ -662,7 +662,7 @@ pub fn check_peer(own: &NodeInfo, peer: &NodeInfo) -> Result<(), BootstrapError>
     if peer.config_fingerprint != own.config_fingerprint {
         return Err(BootstrapError::Mismatch {
             node: peer.node,
-            detail: "its configuration (cluster name, transport, protocol expiry/margin or node list) differs from ours".into(),
+            detail: format!("its configuration (cluster name, transport, protocol expiry/margin or node list) or its memory layout version (ours: {}) differs from ours", nessie_store::LAYOUT_VERSION),
         });
     }
     Ok(())

@@ -692,13 +692,13 @@ impl ClusterConfig {
         }
         let mode = self.mode()?;
         mode.validate().map_err(InvalidConfig::Cluster)?;
-        if self.cluster.replicas != 1 && mode != nessie_protocols::Mode::Cd {
+        if self.cluster.replicas != 1 && mode != nessie_deploy::Mode::Cd {
             return Err(InvalidConfig::Replicas(format!(
                 "{} > 1 needs mode cd; the server-driven modes keep one copy",
                 self.cluster.replicas
             )));
         }
-        if mode != nessie_protocols::Mode::Cd {
+        if mode != nessie_deploy::Mode::Cd {
             self.rpc_config()
                 .validate()
                 .map_err(InvalidConfig::Cluster)?;
@@ -776,21 +776,21 @@ impl ClusterConfig {
     }
 
     /// The protocol the cluster runs.
-    pub fn mode(&self) -> Result<nessie_protocols::Mode, InvalidConfig> {
+    pub fn mode(&self) -> Result<nessie_deploy::Mode, InvalidConfig> {
         let t = self.cluster.server_threads;
         match self.cluster.mode.as_str() {
-            "cd" => Ok(nessie_protocols::Mode::Cd),
-            "sd" => Ok(nessie_protocols::Mode::Sd { server_threads: t }),
-            "hy" => Ok(nessie_protocols::Mode::Hy { server_threads: t }),
-            "pilaf" => Ok(nessie_protocols::Mode::Pilaf { server_threads: t }),
+            "cd" => Ok(nessie_deploy::Mode::Cd),
+            "sd" => Ok(nessie_deploy::Mode::Sd { server_threads: t }),
+            "hy" => Ok(nessie_deploy::Mode::Hy { server_threads: t }),
+            "pilaf" => Ok(nessie_deploy::Mode::Pilaf { server_threads: t }),
             m => Err(InvalidConfig::Mode(m.to_string())),
         }
     }
 
     // The defaults fill the test-only `mutations` when the `testing` feature is on.
     #[allow(clippy::needless_update)]
-    pub fn rpc_config(&self) -> nessie_protocols::sd::RpcConfig {
-        nessie_protocols::sd::RpcConfig {
+    pub fn rpc_config(&self) -> nessie_baselines::sd::RpcConfig {
+        nessie_baselines::sd::RpcConfig {
             max_clients_per_node: self.cluster.max_clients_per_node,
             idle_backoff_ns: if self.cluster.server_poll == "spin" {
                 None
@@ -826,6 +826,7 @@ impl ClusterConfig {
     /// transport, node list).
     pub fn fingerprint(&self) -> u64 {
         let shared = (
+            nessie_store::LAYOUT_VERSION,
             &self.cluster.name,
             (
                 self.cluster.transport,

@@ -5,29 +5,32 @@
 //! - `Mode::Cd` (Nessie): regions 0 (index), 1 (data) and 2 (page table) per node, decoupled
 //!   index, no threads.
 //! - `Mode::Sd` / `Mode::Hy` (the baselines): the coupled index, plus per node a request region
-//!   and a response region (`nessie_protocols::sd::{REQUEST_REGION, RESPONSE_REGION}`), and
+//!   and a response region (`nessie_baselines::sd::{REQUEST_REGION, RESPONSE_REGION}`), and
 //!   `server_threads` server threads per node, started here and stopped and joined when the
 //!   cluster is dropped (or by [`LocalCluster::stop_servers`]).
 //! - `Mode::Pilaf`: SD's request and response regions and server threads, whose executor is
-//!   each node's Pilaf store (`nessie_protocols::pilaf`), in two more regions (the hash table
+//!   each node's Pilaf store (`nessie_baselines::pilaf`), in two more regions (the hash table
 //!   and the extents); regions 0..2 are one word each (unused).
+//!
+//! The regions, view and shared state come from the cluster's [`Plan`], as in the node process
+//! and the simulator; this module only runs the threads and keeps the per-node state.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use nessie_baselines::hy::HyClient;
+use nessie_baselines::pilaf::{PilafClient, PilafStore, StoreStats};
+use nessie_baselines::sd::{
+    self, RpcConfig, RpcShared, SdClient, ServerStats, ServerStatsSnapshot, SlotPool,
+};
+use nessie_deploy::{Mode, ModeClient, NodeServer, Plan};
 use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::hy::HyClient;
-use nessie_protocols::pilaf::{PilafClient, PilafExecutor, PilafStore, StoreStats};
 use nessie_protocols::replica::{CopyMap, Move};
-use nessie_protocols::sd::{
-    self, RpcConfig, RpcShared, SdClient, Server, ServerStats, ServerStatsSnapshot, SlotPool,
-};
 use nessie_protocols::{
-    CatchUp, ClientParts, Error, Fence, KvClient, Mode, ModeClient, MovedCopy, NodeRole,
-    ProtocolConfig, ReplicaSet, Replicated, RpcLease,
+    CatchUp, Error, Fence, KvClient, MovedCopy, NodeRole, ProtocolConfig, ReplicaSet, Replicated,
 };
 use nessie_store::classtable::ClassTable;
 use nessie_store::{Geometry, INDEX_REGION};
@@ -53,12 +56,11 @@ type ServerLoop = (NodeId, Arc<ServerStats>, sd::ServerLoop);
 
 pub struct LocalCluster {
     fabric: Arc<InProcFabric>,
-    view: Arc<ClusterView>,
+    /// The mode, view, protocol configuration and shared request slots.
+    plan: Plan,
     /// Each node's allocator (a restarted node gets a new one, [`Self::restart_node`]).
     tables: Vec<RwLock<Arc<ClassTable>>>,
-    cfg: ProtocolConfig,
     next_worker: Vec<AtomicU32>,
-    mode: Mode,
     rpc: Option<Rpc>,
     /// Each node's reclaimer (`crate::reclaimer`), as in node processes, with its stop flag.
     reclaimers: Mutex<Vec<Option<Reclaimer>>>,
@@ -147,69 +149,54 @@ impl LocalCluster {
         rpc: RpcConfig,
         (replicas, spare): (u8, u8),
     ) -> Result<Self, Error> {
-        cfg.validate()?;
         if replicas != 1 && mode != Mode::Cd {
             return Err(Error::Config(format!(
                 "replication is for the client-driven protocol; {} keeps one copy",
                 mode.name()
             )));
         }
-        mode.validate()?;
-        let view = Arc::new(match mode {
-            Mode::Cd => ClusterView::new(geometry)?,
-            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => sd::coupled_view(geometry)?,
-        });
-        let g = &view.geometry;
-        let shared = match mode {
-            Mode::Cd => None,
-            _ => Some(sd::rpc_shared(g, &rpc)?),
-        };
+        let plan = Plan::new(mode, geometry, cfg, rpc)?;
+        let (g, ite) = (plan.geometry(), plan.view.index.ite);
         let set = Arc::new(match replicas {
-            1 => ReplicaSet::single(g.nodes as NodeId, view.index.ite).with_spare_copies(spare)?,
-            r => ReplicaSet::new(r, g.nodes as NodeId, view.index.ite, &cfg)?
-                .with_spare_copies(spare)?,
+            1 => ReplicaSet::single(g.nodes as NodeId, ite).with_spare_copies(spare)?,
+            r => ReplicaSet::new(r, g.nodes as NodeId, ite, &plan.cfg)?.with_spare_copies(spare)?,
         });
-        let tables = set.region_sizes(&g.table_regions());
-        let regions = sd::node_regions(tables, shared.as_deref(), mode, &rpc, g, &cfg)?;
-        let regions = vec![regions; g.nodes as usize];
+        let regions = vec![plan.node_regions(&set)?; g.nodes as usize];
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
         let tables = (0..g.nodes)
-            .map(|n| RwLock::new(Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns))))
+            .map(|n| RwLock::new(Arc::new(plan.class_table(n as NodeId))))
             .collect();
         let next_worker = (0..g.nodes).map(|_| AtomicU32::new(0)).collect();
         let fences = (0..g.nodes).map(|_| Arc::new(Fence::unfenced())).collect();
         let mut c = Self {
             fabric,
             set,
-            view,
+            plan,
             tables,
-            cfg,
             next_worker,
-            mode,
             rpc: None,
             reclaimers: Mutex::new(Vec::new()),
             fences,
         };
         // Pilaf's servers manage their own extents: no data tables to reclaim.
-        for n in 0..c.view.geometry.nodes {
+        for n in 0..c.plan.geometry().nodes {
             let r = match mode {
                 Mode::Pilaf { .. } => None,
                 _ => Some(c.start_reclaimer(n as NodeId)?),
             };
             c.reclaimers.lock().unwrap().push(r);
         }
-        if let Some(shared) = shared {
-            c.start_servers(shared, &rpc)?;
-        }
+        c.start_servers()?;
         Ok(c)
     }
 
     fn start_reclaimer(&self, node: NodeId) -> Result<Reclaimer, Error> {
         let stop = Arc::new(AtomicBool::new(false));
         let ep = self.endpoint(node);
-        let h = crate::reclaimer::spawn(self.table(node), ep, self.cfg.expiry_ns, stop.clone())
-            .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
+        let h =
+            crate::reclaimer::spawn(self.table(node), ep, self.plan.cfg.expiry_ns, stop.clone())
+                .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
         Ok((stop, h))
     }
 
@@ -224,52 +211,37 @@ impl LocalCluster {
         panicked
     }
 
-    /// The server threads' loops of every node: SD's server with the client-driven protocol
-    /// as executor, or with each node's Pilaf store (`pilaf`, filled here).
-    fn server_loops(
-        &self,
-        shared: &Arc<RpcShared>,
-        rpc: &RpcConfig,
-        pilaf: &mut Vec<Arc<PilafStore>>,
-    ) -> Result<Vec<ServerLoop>, Error> {
-        let threads = self.mode.server_threads();
-        let server_cfg = self.mode.server_config(&self.cfg);
+    /// The server threads' loops of every node, from the plan; each node's Pilaf store (Pilaf
+    /// mode) is kept in `pilaf`.
+    fn server_loops(&self, pilaf: &mut Vec<Arc<PilafStore>>) -> Result<Vec<ServerLoop>, Error> {
         let mut servers: Vec<ServerLoop> = Vec::new();
-        for node in 0..self.view.geometry.nodes as NodeId {
-            if let Mode::Pilaf { .. } = self.mode {
-                let params = rpc.pilaf_params(&self.view.geometry, &self.cfg)?;
-                pilaf.push(PilafStore::new(node, params)?);
-            }
-            for t in 0..threads {
-                let io = self.endpoint(node);
-                let opts = rpc.server_options();
-                let s: ServerLoop = if let Mode::Pilaf { .. } = self.mode {
-                    let exec =
-                        PilafExecutor::new(self.endpoint(node), pilaf[node as usize].clone())?;
-                    let s = Server::new(exec, io, shared.clone(), t, threads, opts)?;
-                    (node, s.stats(), s.into_loop())
-                } else {
-                    let exec = CdClient::new(
-                        self.endpoint(node),
-                        self.view.clone(),
-                        self.table(node),
-                        self.worker_id(node)?,
-                        server_cfg.clone(),
-                    )?;
-                    let s = Server::new(exec, io, shared.clone(), t, threads, opts)?;
-                    (node, s.stats(), s.into_loop())
+        for node in 0..self.plan.geometry().nodes as NodeId {
+            let store = self.plan.pilaf_store(node)?;
+            for t in 0..self.plan.mode.server_threads() {
+                let part = NodeServer {
+                    table: self.table(node),
+                    pilaf: store.as_ref(),
                 };
-                servers.push(s);
+                let (exec, io) = (self.endpoint(node), self.endpoint(node));
+                let (body, stats) = self
+                    .plan
+                    .server(t, exec, io, part, || self.worker_id(node))?;
+                servers.push((node, stats, body));
             }
+            pilaf.extend(store);
         }
         Ok(servers)
     }
 
-    fn start_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
-        let threads = self.mode.server_threads();
+    /// Start every node's server threads (none in CD).
+    fn start_servers(&mut self) -> Result<(), Error> {
+        let Some(shared) = self.plan.rpc.clone() else {
+            return Ok(());
+        };
+        let threads = self.plan.mode.server_threads();
         let stop = Arc::new(AtomicBool::new(false));
         let mut pilaf = Vec::new();
-        let servers = self.server_loops(&shared, rpc, &mut pilaf)?;
+        let servers = self.server_loops(&mut pilaf)?;
         let stats = servers.iter().map(|s| (s.0, s.1.clone())).collect();
         let mut handles = Vec::new();
         for (i, (node, _, mut body)) in servers.into_iter().enumerate() {
@@ -277,7 +249,7 @@ impl LocalCluster {
             let shared = shared.clone();
             let name = format!(
                 "nessie-{}-n{}-t{}",
-                self.mode.name(),
+                self.plan.mode.name(),
                 node,
                 i % threads as usize
             );
@@ -303,8 +275,12 @@ impl LocalCluster {
                 }
             }
         }
-        let pools = (0..self.view.geometry.nodes)
-            .map(|_| SlotPool::new(shared.layout.max_clients_per_node))
+        let pools = (0..self.plan.geometry().nodes)
+            .map(|_| {
+                self.plan
+                    .slot_pool()
+                    .expect("a plan with servers has slots")
+            })
             .collect();
         self.rpc = Some(Rpc {
             shared,
@@ -351,7 +327,7 @@ impl LocalCluster {
     /// clusters it runs the client-driven protocol over the cluster's coupled index (consistent
     /// with the servers; useful for inspection) — use [`Self::kv_client`] for the mode's client.
     pub fn client(&self, node: NodeId) -> Result<CdClient<LocalEndpoint>, Error> {
-        self.client_with(node, self.cfg.clone())
+        self.client_with(node, self.plan.cfg.clone())
     }
 
     /// A new client-driven worker on `node` with its own protocol configuration (tests use
@@ -361,7 +337,7 @@ impl LocalCluster {
         node: NodeId,
         cfg: ProtocolConfig,
     ) -> Result<CdClient<LocalEndpoint>, Error> {
-        if let Mode::Pilaf { .. } = self.mode {
+        if let Mode::Pilaf { .. } = self.plan.mode {
             return Err(Error::Config(
                 "a Pilaf cluster has no client-driven tables: use kv_client or pilaf_client".into(),
             ));
@@ -399,7 +375,7 @@ impl LocalCluster {
         let read_view = self
             .set
             .read_settle_ns()
-            .saturating_sub(self.cfg.clock_margin_ns);
+            .saturating_sub(self.plan.cfg.clock_margin_ns);
         let t0 = std::time::Instant::now();
         let declared = nessie_fabric::monotonic_ns();
         // The dead node's own workers issue nothing: its view does not matter.
@@ -446,8 +422,11 @@ impl LocalCluster {
             let _ = Self::stop_reclaimer(r);
         }
         self.fabric.revive_node(node);
-        *self.tables[node as usize].write().unwrap() =
-            Arc::new(self.view.class_table(node, self.cfg.clock_margin_ns));
+        *self.tables[node as usize].write().unwrap() = Arc::new(
+            self.plan
+                .view
+                .class_table(node, self.plan.cfg.clock_margin_ns),
+        );
         let joined = nessie_fabric::Endpoint::now_ns(&self.fabric.endpoint(node));
         for f in &self.fences {
             f.set_incarnation(node, joined);
@@ -458,7 +437,7 @@ impl LocalCluster {
         std::thread::sleep(std::time::Duration::from_nanos(self.set.join_settle_ns()));
         let mut ep = self.endpoint(node);
         let caught = ep
-            .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
+            .catch_up(&self.plan.view.geometry.table_regions(), bytes_per_s)
             .map_err(Error::Fabric)?;
         self.table(node).adopt(&mut ep).map_err(Error::Fabric)?;
         for f in &self.fences {
@@ -535,7 +514,7 @@ impl LocalCluster {
         for n in holders {
             let c = self
                 .endpoint(n)
-                .catch_up(&self.view.geometry.table_regions(), bytes_per_s)
+                .catch_up(&self.plan.view.geometry.table_regions(), bytes_per_s)
                 .map_err(Error::Fabric)?;
             caught += c;
         }
@@ -550,7 +529,7 @@ impl LocalCluster {
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is
     /// returned to the node when it is dropped.
     pub fn sd_client(&self, node: NodeId) -> Result<SdClient<LocalEndpoint>, Error> {
-        self.require_mode("SD", matches!(self.mode, Mode::Sd { .. }))?;
+        self.require_mode("SD", matches!(self.plan.mode, Mode::Sd { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Sd(c) => Ok(c),
             _ => unreachable!("an SD cluster makes SD clients"),
@@ -559,7 +538,7 @@ impl LocalCluster {
 
     /// A new hybrid client worker on `node` (HY clusters only).
     pub fn hy_client(&self, node: NodeId) -> Result<HyClient<LocalEndpoint>, Error> {
-        self.require_mode("HY", matches!(self.mode, Mode::Hy { .. }))?;
+        self.require_mode("HY", matches!(self.plan.mode, Mode::Hy { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Hy(c) => Ok(c),
             _ => unreachable!("an HY cluster makes HY clients"),
@@ -568,7 +547,7 @@ impl LocalCluster {
 
     /// A new Pilaf client worker on `node` (Pilaf clusters only).
     pub fn pilaf_client(&self, node: NodeId) -> Result<PilafClient<LocalEndpoint>, Error> {
-        self.require_mode("Pilaf", matches!(self.mode, Mode::Pilaf { .. }))?;
+        self.require_mode("Pilaf", matches!(self.plan.mode, Mode::Pilaf { .. }))?;
         match self.mode_client(node)? {
             ModeClient::Pilaf(c) => Ok(c),
             _ => unreachable!("a Pilaf cluster makes Pilaf clients"),
@@ -583,7 +562,7 @@ impl LocalCluster {
 
     /// A new client worker of the cluster's mode on `node`.
     pub fn mode_client(&self, node: NodeId) -> Result<ModeClient<LocalEndpoint>, Error> {
-        self.new_client(node, self.mode, self.cfg.clone())
+        self.new_client(node, self.plan.mode, self.plan.cfg.clone())
     }
 
     /// Every client worker of the cluster is made here, through [`ModeClient::new`].
@@ -594,19 +573,15 @@ impl LocalCluster {
         cfg: ProtocolConfig,
     ) -> Result<ModeClient<LocalEndpoint>, Error> {
         let table = self.checked_table(node)?;
-        let rpc = match mode {
+        let slot = match mode {
             Mode::Cd => None,
             Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => {
-                Some(self.rpc_lease(node, mode)?)
+                Some(self.rpc_slot(node, mode)?)
             }
         };
-        let parts = ClientParts {
-            ep: self.endpoint(node),
-            view: self.view.clone(),
-            table,
-            cfg,
-        };
-        ModeClient::new(mode, parts, || self.worker_id(node), rpc)
+        let ep = self.endpoint(node);
+        self.plan
+            .client_of(mode, ep, table, cfg, || self.worker_id(node), slot)
     }
 
     fn require_mode(&self, want: &str, ok: bool) -> Result<(), Error> {
@@ -615,7 +590,7 @@ impl LocalCluster {
         }
         Err(Error::Config(format!(
             "{want} clients need an {want} cluster; this one runs {}",
-            self.mode.name()
+            self.plan.mode.name()
         )))
     }
 
@@ -633,23 +608,19 @@ impl LocalCluster {
     }
 
     /// A request slot on `node` for a client of `mode` (SD/HY clusters only).
-    fn rpc_lease(&self, node: NodeId, mode: Mode) -> Result<RpcLease, Error> {
+    fn rpc_slot(&self, node: NodeId, mode: Mode) -> Result<sd::ClientSlot, Error> {
         let rpc = self.rpc.as_ref().ok_or_else(|| {
             Error::Config(format!(
                 "{} clients need an SD/HY cluster; this one runs {}",
                 mode.name().to_uppercase(),
-                self.mode.name()
+                self.plan.mode.name()
             ))
         })?;
-        let slot = rpc.pools[node as usize].take().ok_or_else(|| {
+        rpc.pools[node as usize].take().ok_or_else(|| {
             Error::Config(format!(
                 "node {node} has no free client slot (max_clients_per_node = {})",
                 rpc.shared.layout.max_clients_per_node
             ))
-        })?;
-        Ok(RpcLease {
-            shared: rpc.shared.clone(),
-            slot,
         })
     }
 
@@ -664,7 +635,7 @@ impl LocalCluster {
     }
 
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.plan.mode
     }
 
     /// Server counters summed over `node`'s server threads (all nodes if `None`); zero for CD.
@@ -726,7 +697,7 @@ impl LocalCluster {
     }
 
     pub fn view(&self) -> &Arc<ClusterView> {
-        &self.view
+        &self.plan.view
     }
 
     /// Where the copies of each node's tables are, and the replication timings.
@@ -744,14 +715,14 @@ impl LocalCluster {
     }
 
     pub fn config(&self) -> &ProtocolConfig {
-        &self.cfg
+        &self.plan.cfg
     }
 
     /// Count present ITEs across all index tables (reads memory through a fresh endpoint).
     pub fn index_occupancy(&self) -> Result<u64, Error> {
         use nessie_fabric::{Endpoint, RemoteAddr};
         let mut ep = self.endpoint(0);
-        let g = &self.view.geometry;
+        let g = &self.plan.view.geometry;
         let mut used = 0;
         for n in 0..g.nodes {
             for i in 0..g.ites_per_node {

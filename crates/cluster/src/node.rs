@@ -9,15 +9,14 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nessie_baselines::pilaf::PilafStore;
+use nessie_baselines::sd::{ServerLoop, ServerStats, ServerStatsSnapshot, SlotPool};
+use nessie_deploy::{Mode, ModeClient, NodeServer, Plan};
 use nessie_fabric::delay::MaybeDelayed;
 use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
-use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::pilaf::{PilafExecutor, PilafStore};
-use nessie_protocols::sd::client::{RpcShared, SlotPool};
-use nessie_protocols::sd::server::{Server, ServerStats, ServerStatsSnapshot};
-use nessie_protocols::{ClientParts, KvClient, Mode, ModeClient, ProtocolConfig, RpcLease};
+use nessie_protocols::{KvClient, ProtocolConfig};
 use nessie_store::classtable::ClassTable;
 use nessie_store::pages::PageWord;
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
@@ -110,9 +109,11 @@ pub struct NodeContext {
     pub started: Instant,
     ucx: Arc<UcxNode>,
     fabric_infos: Vec<nessie_fabric_ucx::NodeInfo>,
-    view: Arc<ClusterView>,
+    /// The cluster's plan: the view, the protocol configuration, the shared request slots.
+    plan: Plan,
     table: Arc<ClassTable>,
-    rpc: Option<(Arc<RpcShared>, Arc<SlotPool>)>,
+    /// SD/HY/Pilaf: the request slots this node leases to its clients.
+    slots: Option<Arc<SlotPool>>,
     next_worker: AtomicU32,
     next_stream: AtomicU64,
     delay: Option<DelayInjection>,
@@ -160,23 +161,17 @@ impl NodeContext {
     /// (e.g. with some optimisations switched off).
     pub fn client(&self, pcfg: &ProtocolConfig) -> Result<NodeClient, NodeError> {
         let ep = self.endpoint()?;
-        let rpc = match &self.rpc {
+        let slot = match &self.slots {
             None => None,
-            Some((shared, pool)) => Some(RpcLease {
-                shared: shared.clone(),
-                slot: pool.take().ok_or(NodeError::SlotsInUse {
-                    node: self.id,
-                    max: self.cfg.cluster.max_clients_per_node,
-                })?,
-            }),
+            Some(pool) => Some(pool.take().ok_or(NodeError::SlotsInUse {
+                node: self.id,
+                max: self.cfg.cluster.max_clients_per_node,
+            })?),
         };
-        let parts = ClientParts {
-            ep,
-            view: self.view.clone(),
-            table: self.table.clone(),
-            cfg: pcfg.clone(),
-        };
-        let mut client = ModeClient::new(self.mode, parts, || self.worker_id(), rpc)?;
+        let (table, cfg) = (self.table.clone(), pcfg.clone());
+        let mut client = self
+            .plan
+            .client(ep, table, cfg, || self.worker_id(), slot)?;
         if let ModeClient::Cd(c) = &mut client {
             c.set_fence(self.fence.clone());
         }
@@ -718,33 +713,19 @@ fn join_cluster(
 ) -> Result<(NodeContext, BootstrapServer), NodeError> {
     let id = entry.id;
     let mode = cfg.mode().map_err(ConfigError::from)?;
-    let g = &cfg.geometry;
-    let view = Arc::new(match mode {
-        Mode::Cd => ClusterView::new(g.clone())?,
-        _ => nessie_protocols::sd::coupled_view(g.clone())?,
-    });
-    let rpc_shared = match mode {
-        Mode::Cd => None,
-        _ => Some(nessie_protocols::sd::rpc_shared(g, &cfg.rpc_config())?),
-    };
-    let replicas = Arc::new(cfg.replica_set().map_err(ConfigError::from)?);
-    let (rpc_cfg, pcfg) = (cfg.rpc_config(), cfg.protocol_config());
-    let regions = nessie_protocols::sd::node_regions(
-        replicas.region_sizes(&g.table_regions()),
-        rpc_shared.as_deref(),
+    let plan = Plan::new(
         mode,
-        &rpc_cfg,
-        g,
-        &pcfg,
+        cfg.geometry.clone(),
+        cfg.protocol_config(),
+        cfg.rpc_config(),
     )?;
+    let replicas = Arc::new(cfg.replica_set().map_err(ConfigError::from)?);
+    let regions = plan.node_regions(&replicas)?;
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
-    let table = Arc::new(view.class_table(id, cfg.protocol_config().clock_margin_ns));
-    let rpc = rpc_shared.map(|s| (s, SlotPool::new(cfg.cluster.max_clients_per_node)));
-    let pilaf = match mode {
-        Mode::Pilaf { .. } => Some(PilafStore::new(id, rpc_cfg.pilaf_params(g, &pcfg)?)?),
-        _ => None,
-    };
+    let table = Arc::new(plan.class_table(id));
+    let slots = plan.slot_pool();
+    let pilaf = plan.pilaf_store(id)?;
     let ctx = NodeContext {
         pilaf,
         id,
@@ -753,9 +734,9 @@ fn join_cluster(
         started: Instant::now(),
         ucx,
         fabric_infos,
-        view,
+        plan,
         table,
-        rpc,
+        slots,
         next_worker: AtomicU32::new(0),
         next_stream: AtomicU64::new(0),
         delay,
@@ -841,32 +822,16 @@ fn start_servers(
     ctx: &mut NodeContext,
     stop: &Arc<AtomicBool>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, NodeError> {
-    let Some((shared, _)) = &ctx.rpc else {
-        return Ok(Vec::new());
-    };
-    let shared = shared.clone();
-    let threads = ctx.mode.server_threads();
-    let scfg = ctx.mode.server_config(&ctx.protocol_config());
-    let opts = ctx.cfg.rpc_config().server_options();
-    let mut servers: Vec<nessie_protocols::sd::ServerLoop> = Vec::new();
-    for t in 0..threads {
-        if let Some(store) = &ctx.pilaf {
-            let exec = PilafExecutor::new(ctx.endpoint()?, store.clone())?;
-            let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, opts)?;
-            ctx.servers.push(server.stats());
-            servers.push(server.into_loop());
-            continue;
-        }
-        let exec = CdClient::new(
-            ctx.endpoint()?,
-            ctx.view.clone(),
-            ctx.table.clone(),
-            ctx.worker_id()?,
-            scfg.clone(),
-        )?;
-        let server = Server::new(exec, ctx.endpoint()?, shared.clone(), t, threads, opts)?;
-        ctx.servers.push(server.stats());
-        servers.push(server.into_loop());
+    let mut servers: Vec<ServerLoop> = Vec::new();
+    for t in 0..ctx.mode.server_threads() {
+        let (exec, io) = (ctx.endpoint()?, ctx.endpoint()?);
+        let part = NodeServer {
+            table: ctx.table.clone(),
+            pilaf: ctx.pilaf.as_ref(),
+        };
+        let (server, stats) = ctx.plan.server(t, exec, io, part, || ctx.worker_id())?;
+        ctx.servers.push(stats);
+        servers.push(server);
     }
     let mut handles = Vec::new();
     for (t, mut server) in servers.into_iter().enumerate() {

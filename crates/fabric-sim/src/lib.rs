@@ -1,4 +1,6 @@
-//! A simulated RDMA cluster in virtual time: the fabric backend of issue 13.
+//! A simulated RDMA cluster in virtual time: a fabric backend, the peer of `nessie-fabric-ucx`
+//! and of the in-process fabric. It depends on `nessie-fabric` alone; the harness that runs
+//! Nessie's clusters on it (benchmarks, correctness runs) is `nessie-sim`.
 //!
 //! The protocols run unchanged on [`SimEndpoint`]s: every simulated thread is a real OS
 //! thread, but the hand-off scheduler ([`sched`]) lets one run at a time, in virtual-time
@@ -9,8 +11,8 @@
 //! node's cores. `docs/sim.md` describes the model and the source of every default.
 //!
 //! Correctness mode: [`faults`] injects delays, NIC stalls and client pauses in virtual time,
-//! drawn from the run's seed, and [`correctness`] runs CD under them and checks the history
-//! for linearizability (`nessie sim check`).
+//! drawn from the run's seed; `nessie_sim::correctness` runs CD under them and checks the
+//! history for linearizability (`nessie sim check`).
 //!
 //! ```no_run
 //! use nessie_fabric::{Endpoint, RemoteAddr};
@@ -27,9 +29,6 @@
 //!
 //! [`WordMemory`]: nessie_fabric::memory::WordMemory
 
-pub mod bench;
-pub mod cluster;
-pub mod correctness;
 pub mod fabric;
 pub mod faults;
 pub mod net;

@@ -275,10 +275,10 @@ pub enum ConfigError {
     BackoffOrder,
     #[error("retry.max_backoff_ns exceeds 10 s")]
     BackoffTooLong,
-    #[error("server_threads = {0} is not in 1..={max}", max = crate::sd::MAX_SERVER_THREADS)]
-    ServerThreads(u16),
-    #[error("max_clients_per_node = {0} is not in 1..={max}", max = crate::sd::MAX_CLIENTS_PER_NODE)]
-    ClientsPerNode(u16),
+    #[error("server_threads = {got} is not in 1..={max}")]
+    ServerThreads { got: u16, max: u16 },
+    #[error("max_clients_per_node = {got} is not in 1..={max}")]
+    ClientsPerNode { got: u16, max: u16 },
     #[error("idle_backoff_ns exceeds 1 s")]
     IdleBackoff,
     #[error("response timeout {0} ns is below 1 ms")]

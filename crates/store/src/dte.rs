@@ -56,6 +56,25 @@ const SOURCE_SHIFT: u32 = 8;
 /// previous version back (its condition was evaluated by its writer alone).
 pub const GUARDED: u64 = 1 << 4;
 
+// The header's flag bits are distinct, below the migrate source's byte, and clear of the
+// writer tag (the upper 32 bits); the recycle word's flag is its top bit. A change to any of
+// these is a change of `crate::LAYOUT_VERSION`.
+const _: () = {
+    let flags = [VALID, TOMBSTONE, GIVEN_UP, MIGRATED, GUARDED];
+    let mut all = 0u64;
+    let mut i = 0;
+    while i < flags.len() {
+        assert!(flags[i].count_ones() == 1 && all & flags[i] == 0);
+        all |= flags[i];
+        i += 1;
+    }
+    assert!(all < 1 << SOURCE_SHIFT && SOURCE_SHIFT + 8 <= 32);
+    assert!(RECYCLE == 1 << 63);
+    // Every word of the fixed part is 8-aligned, in order, and the key follows them.
+    assert!(HEADER_OFF < RECYCLE_OFF && RECYCLE_OFF < PREV_OFF && PREV_OFF < LENS_OFF);
+    assert!(LENS_OFF + 8 == KEY_OFF && KEY_OFF % 8 == 0);
+};
+
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
 }

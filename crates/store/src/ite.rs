@@ -47,6 +47,10 @@ pub const MAX_SEQ_BITS: u8 = 24;
 /// The present flag (inverse of the paper's empty bit).
 pub const PRESENT: u64 = 1 << 63;
 
+// The present flag is the word's top bit, and the sequence number leaves room for an entry
+// (a change to either is a change of `crate::LAYOUT_VERSION`).
+const _: () = assert!(PRESENT == 1 << 63 && MAX_SEQ_BITS < 63);
+
 /// An index table entry as read from or written to memory.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ite(pub u64);

@@ -26,6 +26,12 @@ pub use geometry::{Geometry, GeometryError, GeometryProblem};
 pub use ite::{Ite, IteLayout, IteLayoutError};
 pub use pages::PAGE_REGION;
 
+/// The version of the remote-memory layout every node of a cluster shares: the ITE and DTE
+/// formats, size classes and pages, page words and region order (`docs/layout.md`). Nodes
+/// whose versions differ refuse each other at bootstrap (it is part of the configuration's
+/// fingerprint). Bump it with any change a reader on another node would misread.
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;
 /// Region holding a node's data table.

@@ -14,11 +14,12 @@ use common::{cfg, delay, geometry, spec};
 
 use std::sync::Mutex;
 
+use nessie_baselines::pilaf::{PilafClientStats, PilafTesting, StoreStats};
+use nessie_baselines::sd::RpcConfig;
 use nessie_cluster::LocalCluster;
+use nessie_deploy::{Mode, ModeClient};
 use nessie_fabric::{Endpoint, Locality, OpKind};
-use nessie_protocols::pilaf::{PilafClientStats, PilafTesting, StoreStats};
-use nessie_protocols::sd::RpcConfig;
-use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
+use nessie_protocols::{Error, KvClient, ProtocolConfig};
 use nessie_store::Geometry;
 use nessie_testkit::assertions::{assert_clean_run, assert_violation};
 use nessie_testkit::stress::{self, StressOutcome, StressSpec};

@@ -16,11 +16,12 @@ use common::{cfg, delay, geometry, spec};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use nessie_baselines::sd::{RpcConfig, RpcMutations, RpcStats, ServerStatsSnapshot};
 use nessie_cluster::LocalCluster;
 use nessie_cluster::LocalEndpoint;
+use nessie_deploy::{Mode, ModeClient};
 use nessie_fabric::{Endpoint, Locality, OpKind};
-use nessie_protocols::sd::{RpcConfig, RpcMutations, RpcStats, ServerStatsSnapshot};
-use nessie_protocols::{Error, KvClient, Mode, ModeClient, ProtocolConfig};
+use nessie_protocols::{Error, KvClient, ProtocolConfig};
 use nessie_store::Geometry;
 use nessie_testkit::assertions::assert_clean;
 use nessie_testkit::stress::{self, StressOutcome, StressSpec};

@@ -118,7 +118,19 @@ impl<E: Endpoint> CdClient<E> {
         desired: Ite,
     ) -> Attempt<Option<Ite>> {
         let addr = self.view.index.addr(slot);
-        let installed = self.view.index.ite.successor(expected, desired);
+        let layout = &self.view.index.ite;
+        let installed = layout.successor(expected, desired);
+        // An ITE crosses to shared memory here: it must decode within the cluster's layout,
+        // and a present one must name a DTE slot that exists (a bad word would send every
+        // reader of the key to someone else's memory).
+        assert!(
+            layout.is_well_formed(expected) && layout.is_well_formed(installed),
+            "malformed ITE before a CAS at {addr}: {expected:?} -> {installed:?}"
+        );
+        assert!(
+            installed.is_empty() || self.view.names_a_dte(installed),
+            "ITE {installed:?} names no DTE, before a CAS at {addr}"
+        );
         let was = self.ep.compare_and_swap(addr, expected.0, installed.0)?;
         Ok((was == expected.0).then_some(installed))
     }
@@ -465,10 +477,16 @@ impl<E: Endpoint> CdClient<E> {
                 .view
                 .dte
                 .encode_head(&mut self.wbuf, head, key, value_len);
+            self.assert_dte_head(&head, key, value_len);
             self.write_parts_direct(at.offset, n, parts)
         } else {
             let n = self.view.dte.encode_parts(&mut self.wbuf, head, key, parts);
-            debug_assert!(n as u64 <= self.view.classes.entry_size(slot.class));
+            self.assert_dte_head(&head, key, value_len);
+            assert!(
+                n as u64 <= self.view.classes.entry_size(slot.class),
+                "a {n}-byte DTE in a class {} slot",
+                slot.class
+            );
             if local {
                 self.ep.local_write(DATA_REGION, at.offset, &self.wbuf[..n])
             } else {
@@ -482,6 +500,29 @@ impl<E: Endpoint> CdClient<E> {
         let field = self.view.field.encode(slot.class, slot.slot);
         let ite = self.view.index.ite.encode(filter, slot.host as u32, field);
         Ok((ite, slot))
+    }
+
+    /// The DTE header just encoded into `wbuf`, checked before it crosses to memory: it decodes
+    /// within the layout's limits to what was meant (writer, lengths, previous version, flags).
+    /// A few words, beside a WRITE.
+    fn assert_dte_head(&self, head: &Head, key: &[u8], value_len: usize) {
+        let m =
+            self.view.dte.meta(&self.wbuf).unwrap_or_else(|e| {
+                panic!("a DTE header that does not decode before its WRITE: {e}")
+            });
+        assert!(
+            (m.writer, m.prev, m.valid, m.tombstone, m.guarded)
+                == (
+                    head.writer,
+                    head.prev,
+                    head.valid,
+                    head.tombstone,
+                    head.guarded
+                )
+                && (m.key_len as usize, m.value_len as usize) == (key.len(), value_len)
+                && self.view.dte.key(&self.wbuf, &m) == key,
+            "the DTE header encoded is not the one meant: {m:?} for {head:?}"
+        );
     }
 
     /// Write a local entry at `offset` whose first `head` bytes are in `wbuf` (metadata and
@@ -573,5 +614,60 @@ impl<E: Endpoint> CdClient<E> {
                 tracing::warn!(%e, ?ite, "could not mark a DTE for recycling");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The assertions where an ITE crosses to shared memory have teeth: a word that does not
+    //! decode, or that names no DTE, is refused before the CAS, and memory is left as it was.
+
+    use super::super::testkit::InProcCluster;
+    use nessie_store::Ite;
+
+    fn refused(ite: impl Fn(&InProcCluster) -> Ite) -> String {
+        let c = InProcCluster::small();
+        let slot = c.candidates(b"k")[0];
+        let bad = ite(&c);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut w = c.client(0);
+            let _ = w.cas_ite(slot, Ite::EMPTY, bad);
+        }));
+        assert_eq!(c.ite(slot), Ite::EMPTY, "the refused CAS changed memory");
+        let p = r.expect_err("a bad ITE was CASed");
+        p.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn an_ite_naming_a_slot_past_the_data_table_is_refused_before_its_cas() {
+        let why = refused(|c| {
+            let v = &c.view;
+            let last = v.classes.len() as u8 - 1;
+            let past = v.data_table_bytes / v.classes.entry_size(last) + 1;
+            v.index.ite.encode(0, 0, v.field.encode(last, past))
+        });
+        assert!(why.contains("names no DTE"), "{why}");
+    }
+
+    #[test]
+    fn an_ite_naming_no_node_of_the_cluster_is_refused_before_its_cas() {
+        let why = refused(|c| {
+            let v = &c.view;
+            v.index
+                .ite
+                .encode(0, v.geometry.nodes, v.field.encode(0, 0))
+        });
+        assert!(why.contains("names no DTE"), "{why}");
+    }
+
+    #[test]
+    fn a_malformed_ite_is_refused_before_its_cas() {
+        // A present word with the moved bit set decodes in no layout.
+        let why = refused(|c| {
+            let l = &c.view.index.ite;
+            let present = l.encode(0, 0, 0);
+            Ite(present.0 | l.moved(present).0)
+        });
+        assert!(why.contains("malformed ITE"), "{why}");
     }
 }

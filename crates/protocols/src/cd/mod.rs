@@ -25,11 +25,9 @@ use std::sync::Arc;
 
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_store::cache::{CacheStats, DteCache};
-use nessie_store::classes::{DteField, SizeClasses};
 use nessie_store::classtable::{ClassAllocError, ClassTable};
-use nessie_store::dte::{DteLayout, WriterTag};
-use nessie_store::index::Index;
-use nessie_store::{Geometry, Ite};
+use nessie_store::dte::WriterTag;
+use nessie_store::Ite;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -41,55 +39,7 @@ use crate::hooks::Hook;
 use crate::hooks::HookPoint;
 use access::ValueAt;
 
-/// What every client of a cluster shares: the geometry and what is derived from it.
-#[derive(Clone, Debug)]
-pub struct ClusterView {
-    pub geometry: Geometry,
-    pub index: Index,
-    pub dte: DteLayout,
-    pub classes: Arc<SizeClasses>,
-    /// How an ITE's DTE field names a class and slot.
-    pub field: DteField,
-}
-
-impl ClusterView {
-    /// The view with the decoupled index (Nessie's).
-    pub fn new(geometry: Geometry) -> Result<Self, Error> {
-        let (ite, dte) = geometry
-            .validate()
-            .map_err(|e| Error::Config(e.to_string()))?;
-        let index = Index::new(&geometry, ite);
-        Self::with_index(geometry, index, dte)
-    }
-
-    /// The view of `geometry` with the given index placement.
-    pub fn with_index(geometry: Geometry, index: Index, dte: DteLayout) -> Result<Self, Error> {
-        let config = |e: nessie_store::GeometryError| Error::Config(e.to_string());
-        Ok(Self {
-            classes: Arc::new(geometry.classes().map_err(config)?),
-            field: geometry.dte_field().map_err(config)?,
-            index,
-            geometry,
-            dte,
-        })
-    }
-
-    /// The data table allocator of `node`, shared by the node's client workers. With the
-    /// coupled index (SD, HY) the owner's server writes every DTE, and keeps it on its node.
-    pub fn class_table(&self, node: NodeId, clock_margin_ns: u64) -> ClassTable {
-        let t = ClassTable::new(
-            node,
-            self.geometry.nodes as usize,
-            self.classes.clone(),
-            self.geometry.data_pages_per_node(),
-            clock_margin_ns,
-        );
-        match self.index.placement {
-            nessie_store::index::Placement::Decoupled => t,
-            nessie_store::index::Placement::Coupled => t.local_only(),
-        }
-    }
-}
+pub use crate::view::ClusterView;
 
 /// Why one attempt of an operation stopped early.
 #[derive(Debug)]

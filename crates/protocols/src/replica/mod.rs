@@ -792,6 +792,43 @@ impl<E: Endpoint> Replicated<E> {
         (order, n)
     }
 
+    /// The decider's invariants, checked where a CAS crosses from deciding to carrying (a
+    /// handful of copies: cheap beside the remote CAS just made). The decider is a full copy
+    /// of the partition, the last full one in chain order (rule 3: the chain's end decides);
+    /// every other live copy is carried to exactly once, never the decider; and, unless the
+    /// mutation restores the old order, no receiving copy comes before a full one (rule 9).
+    fn assert_carry_order(copies: &Copies, decider: Copy, order: &[Copy], chain_order: bool) {
+        let all = copies.as_slice();
+        assert!(
+            decider.is_full(),
+            "decided at a copy that is not full: {decider:?}"
+        );
+        assert!(
+            all.iter().rposition(Copy::is_full).map(|d| all[d]) == Some(decider),
+            "the decider {decider:?} is not the last full copy of {all:?}"
+        );
+        assert_eq!(
+            order.len() + 1,
+            all.len(),
+            "carried to {order:?}, copies {all:?}"
+        );
+        for (i, c) in order.iter().enumerate() {
+            assert!(*c != decider, "the decider is carried to: {order:?}");
+            assert!(all.contains(c), "carried to a copy not in the chain: {c:?}");
+            assert!(!order[..i].contains(c), "carried to {c:?} twice: {order:?}");
+        }
+        if !chain_order {
+            let first_receiving = order
+                .iter()
+                .position(|c| c.receiving)
+                .unwrap_or(order.len());
+            assert!(
+                order[first_receiving..].iter().all(|c| c.receiving),
+                "a receiving copy carried before a full one: {order:?}"
+            );
+        }
+    }
+
     /// CAS of an index entry or a page word (words with an order): the decider, then every
     /// other copy advanced to the word it installed, or, if it lost, to the word it found
     /// there (helping its writer); then any copy placed meanwhile (rule 17).
@@ -811,6 +848,12 @@ impl<E: Endpoint> Replicated<E> {
         }
         let word = if won { desired } else { found };
         let (order, n) = self.carry_order(&copies, decider);
+        Self::assert_carry_order(
+            &copies,
+            decider,
+            &order[..n],
+            mutated!(self.set, catch_up_from_decider),
+        );
         let mut sure = true;
         // The first full copy that holds the word: what receiving copies are carried up to.
         let mut primary = None;

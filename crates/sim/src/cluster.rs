@@ -1,19 +1,19 @@
 //! A Nessie cluster on the simulated fabric: every node's tables and allocator, client workers
 //! each on its own simulated thread, and for SD/HY/Pilaf the server threads, each polling on a
-//! core of its own. The protocol code is the production code, unchanged.
+//! core of its own. The protocol code is the production code, unchanged, assembled by
+//! [`Plan`] as in every other backend.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use nessie_baselines::sd::{RpcConfig, RpcShared, ServerLoop, SlotPool};
+use nessie_deploy::{Mode, ModeClient, NodeServer, Plan};
 use nessie_fabric::NodeId;
+use nessie_fabric_sim::{RunSummary, Sim, SimEndpoint, SimFaults, SimParams, SimThread};
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::pilaf::{PilafExecutor, PilafStore};
-use nessie_protocols::sd::{self, RpcConfig, RpcShared, Server, ServerLoop, SlotPool};
-use nessie_protocols::{ClientParts, Error, Mode, ModeClient, ProtocolConfig, RpcLease};
+use nessie_protocols::{Error, ProtocolConfig, ReplicaSet};
 use nessie_store::classtable::ClassTable;
 use nessie_store::Geometry;
-
-use crate::{Sim, SimEndpoint, SimFaults, SimParams, SimThread};
 
 /// Client workers a node may have (their ids are 16 bits).
 pub const MAX_WORKERS_PER_NODE: usize = u16::MAX as usize;
@@ -27,10 +27,8 @@ struct Rpc {
 
 pub struct SimCluster {
     sim: Sim,
-    view: Arc<ClusterView>,
+    plan: Plan,
     tables: Vec<Arc<ClassTable>>,
-    cfg: ProtocolConfig,
-    mode: Mode,
     workers: Vec<usize>,
     rpc: Option<Rpc>,
 }
@@ -64,7 +62,7 @@ impl SimCluster {
         Self::build(params, none, seed, geometry, cfg, mode, rpc)
     }
 
-    /// A client-driven cluster with `faults` injected (correctness mode, `crate::faults`).
+    /// A client-driven cluster with `faults` injected (correctness mode, `nessie_fabric_sim::faults`).
     pub fn with_faults(
         params: SimParams,
         faults: SimFaults,
@@ -85,75 +83,53 @@ impl SimCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
-        cfg.validate()?;
-        mode.validate()?;
-        let view = Arc::new(match mode {
-            Mode::Cd => ClusterView::new(geometry)?,
-            Mode::Sd { .. } | Mode::Hy { .. } | Mode::Pilaf { .. } => sd::coupled_view(geometry)?,
-        });
-        let g = &view.geometry;
-        let shared = match mode {
-            Mode::Cd => None,
-            _ => Some(sd::rpc_shared(g, &rpc)?),
-        };
-        let regions = sd::node_regions(g.table_regions(), shared.as_deref(), mode, &rpc, g, &cfg)?;
-        let regions = vec![regions; g.nodes as usize];
+        let plan = Plan::new(mode, geometry, cfg, rpc)?;
+        let g = plan.geometry();
+        let single = ReplicaSet::single(g.nodes as NodeId, plan.view.index.ite);
+        let regions = vec![plan.node_regions(&single)?; g.nodes as usize];
         let sim = Sim::with_faults(params, faults, seed, &regions).map_err(config)?;
         let tables = (0..g.nodes)
-            .map(|n| Arc::new(view.class_table(n as NodeId, cfg.clock_margin_ns)))
+            .map(|n| Arc::new(plan.class_table(n as NodeId)))
             .collect();
         let mut c = Self {
             workers: vec![0; g.nodes as usize],
             sim,
-            view,
+            plan,
             tables,
-            cfg,
-            mode,
             rpc: None,
         };
-        if let Some(shared) = shared {
-            c.add_servers(shared, &rpc)?;
-        }
+        c.add_servers()?;
         Ok(c)
     }
 
-    /// Each node's server threads, each on a polling core (started by [`Self::run`]): SD's
-    /// server with the client-driven protocol as executor, or with the node's Pilaf store.
-    fn add_servers(&mut self, shared: Arc<RpcShared>, rpc: &RpcConfig) -> Result<(), Error> {
-        let threads = self.mode.server_threads();
-        let server_cfg = self.mode.server_config(&self.cfg);
+    /// Each node's server threads, each on a polling core (started by [`Self::run`]); none in
+    /// CD.
+    fn add_servers(&mut self) -> Result<(), Error> {
+        let Some(shared) = self.plan.rpc.clone() else {
+            return Ok(());
+        };
         let mut servers = Vec::new();
-        for node in 0..self.view.geometry.nodes as NodeId {
-            let store = match self.mode {
-                Mode::Pilaf { .. } => Some(PilafStore::new(
-                    node,
-                    rpc.pilaf_params(&self.view.geometry, &self.cfg)?,
-                )?),
-                _ => None,
-            };
-            for t in 0..threads {
+        let mut pools = Vec::new();
+        for node in 0..self.plan.geometry().nodes as NodeId {
+            let store = self.plan.pilaf_store(node)?;
+            for t in 0..self.plan.mode.server_threads() {
                 let ep = self.sim.polling_endpoint(node).map_err(config)?;
                 let (io, thread) = (ep.sibling(), ep.thread());
-                let (shared, opts) = (shared.clone(), rpc.server_options());
-                let server = match &store {
-                    Some(store) => {
-                        let exec = PilafExecutor::new(ep, store.clone())?;
-                        Server::new(exec, io, shared, t, threads, opts)?.into_loop()
-                    }
-                    None => {
-                        let worker = self.worker_id(node)?;
-                        let table = self.table(node)?;
-                        let cfg = server_cfg.clone();
-                        let exec = CdClient::new(ep, self.view.clone(), table, worker, cfg)?;
-                        Server::new(exec, io, shared, t, threads, opts)?.into_loop()
-                    }
+                let part = NodeServer {
+                    table: self.table(node)?,
+                    pilaf: store.as_ref(),
                 };
+                let workers = &mut self.workers;
+                let worker = || next_worker(workers, node);
+                let (server, _) = self.plan.server(t, ep, io, part, worker)?;
                 servers.push((server, thread));
             }
+            pools.push(
+                self.plan
+                    .slot_pool()
+                    .expect("a plan with servers has slots"),
+            );
         }
-        let pools = (0..self.view.geometry.nodes)
-            .map(|_| SlotPool::new(shared.layout.max_clients_per_node))
-            .collect();
         self.rpc = Some(Rpc {
             shared,
             pools,
@@ -169,39 +145,35 @@ impl SimCluster {
             .ok_or_else(|| Error::Config(format!("no node {node}")))
     }
 
-    fn worker_id(&mut self, node: NodeId) -> Result<u16, Error> {
-        let w = &mut self.workers[node as usize];
-        if *w >= MAX_WORKERS_PER_NODE {
-            return Err(Error::Config(format!("node {node} has no worker id left")));
-        }
-        *w += 1;
-        Ok((*w - 1) as u16)
-    }
-
-    /// A new client-driven worker on `node` with its own configuration, and the simulated
-    /// thread it must run on ([`Self::run`]). CD clusters only.
+    /// A client-driven worker on `node` running `cfg`, and the simulated thread it must run
+    /// on ([`Self::run`]). CD clusters only.
     pub fn client_with(
         &mut self,
         node: NodeId,
         cfg: ProtocolConfig,
     ) -> Result<(CdClient<SimEndpoint>, SimThread), Error> {
-        if self.mode != Mode::Cd {
+        if self.plan.mode != Mode::Cd {
             return Err(Error::Config(format!(
                 "this cluster runs {}",
-                self.mode.name()
+                self.plan.mode.name()
             )));
         }
         let table = self.table(node)?;
-        let worker = self.worker_id(node)?;
         let ep = self.sim.endpoint(node);
         let thread = ep.thread();
-        let client = CdClient::new(ep, self.view.clone(), table, worker, cfg)?;
-        Ok((client, thread))
+        let workers = &mut self.workers;
+        match self
+            .plan
+            .client(ep, table, cfg, || next_worker(workers, node), None)?
+        {
+            ModeClient::Cd(c) => Ok((c, thread)),
+            _ => unreachable!("a CD plan makes CD clients"),
+        }
     }
 
     /// [`Self::client_with`] the cluster's configuration.
     pub fn client(&mut self, node: NodeId) -> Result<(CdClient<SimEndpoint>, SimThread), Error> {
-        self.client_with(node, self.cfg.clone())
+        self.client_with(node, self.plan.cfg.clone())
     }
 
     /// A new worker of the cluster's mode on `node`, its thread, and another endpoint of that
@@ -211,24 +183,19 @@ impl SimCluster {
         node: NodeId,
     ) -> Result<(ModeClient<SimEndpoint>, SimThread, SimEndpoint), Error> {
         let table = self.table(node)?;
-        let rpc = match &self.rpc {
-            None => None,
-            Some(r) => Some(RpcLease {
-                shared: r.shared.clone(),
-                slot: r.pools[node as usize]
-                    .take()
-                    .ok_or_else(|| Error::Config(format!("node {node} has no free client slot")))?,
-            }),
-        };
+        let slot =
+            match &self.rpc {
+                None => None,
+                Some(r) => Some(r.pools[node as usize].take().ok_or_else(|| {
+                    Error::Config(format!("node {node} has no free client slot"))
+                })?),
+            };
         let ep = self.sim.endpoint(node);
         let (thread, timer) = (ep.thread(), ep.sibling());
-        let parts = ClientParts {
-            ep,
-            view: self.view.clone(),
-            table,
-            cfg: self.cfg.clone(),
-        };
-        let client = ModeClient::new(self.mode, parts, || self.worker_id(node), rpc)?;
+        let (workers, cfg) = (&mut self.workers, self.plan.cfg.clone());
+        let client = self
+            .plan
+            .client(ep, table, cfg, || next_worker(workers, node), slot)?;
         Ok((client, thread, timer))
     }
 
@@ -237,16 +204,28 @@ impl SimCluster {
     }
 
     pub fn view(&self) -> &Arc<ClusterView> {
-        &self.view
+        &self.plan.view
     }
 
     pub fn config(&self) -> &ProtocolConfig {
-        &self.cfg
+        &self.plan.cfg
     }
 
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.plan.mode
     }
+}
+
+/// The next worker id of `node` (ids are 16 bits, never reused).
+fn next_worker(workers: &mut [usize], node: NodeId) -> Result<u16, Error> {
+    let w = workers
+        .get_mut(node as usize)
+        .ok_or_else(|| Error::Config(format!("no node {node}")))?;
+    if *w >= MAX_WORKERS_PER_NODE {
+        return Err(Error::Config(format!("node {node} has no worker id left")));
+    }
+    *w += 1;
+    Ok((*w - 1) as u16)
 }
 
 /// Tells waiting SD/HY clients that the servers are gone, however a server thread ends.
@@ -263,11 +242,7 @@ impl SimCluster {
     /// virtual time, with the server threads (SD/HY/Pilaf) polling until the last client is done;
     /// returns the run and each body's result, in client order. A panic in a body is raised
     /// here once the others have finished. Servers run in the first call only.
-    pub fn run<C, T, F>(
-        &mut self,
-        clients: Vec<(C, SimThread)>,
-        body: F,
-    ) -> (crate::RunSummary, Vec<T>)
+    pub fn run<C, T, F>(&mut self, clients: Vec<(C, SimThread)>, body: F) -> (RunSummary, Vec<T>)
     where
         C: Send + 'static,
         T: Send + 'static,

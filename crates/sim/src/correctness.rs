@@ -22,8 +22,10 @@ use std::time::Duration;
 
 use crate::bench::{MAX_OPS_PER_THREAD, MAX_THREADS};
 use crate::cluster::SimCluster;
-use crate::faults::FaultTotals;
-use crate::{NodeCrashed, RunSummary, Sim, SimEndpoint, SimFaults, SimParams, SimThread};
+use nessie_fabric_sim::faults::FaultTotals;
+use nessie_fabric_sim::{
+    NodeCrashed, RunSummary, Sim, SimEndpoint, SimFaults, SimParams, SimThread,
+};
 
 /// Smallest value a run writes: values carry their 8-byte id, so every read is identified.
 pub const MIN_VALUE_LEN: usize = 8;

@@ -24,7 +24,7 @@ pub use server::{PilafExecutor, PilafStore, StoreStats};
 
 use nessie_store::Geometry;
 
-use crate::error::Error;
+use nessie_protocols::Error;
 
 /// Test-only server behaviour that is allowed but adversarial (not a breakage).
 #[cfg(any(test, feature = "testing"))]

@@ -49,7 +49,7 @@
 use nessie_fabric::{FabricError, NodeId, RegionId};
 use nessie_store::Geometry;
 
-use crate::error::Error;
+use nessie_protocols::Error;
 
 /// A request or response slot that holds something no well-behaved peer writes. Servers answer
 /// such a request with `Error::Corrupt` carrying this message.

@@ -1,5 +1,5 @@
 //! The hybrid baseline, NessieHY (FaRM-KV-like; reference section 4.5): GET is client-driven —
-//! the client-driven GET of `crate::cd`, run by the client over the *coupled* index with filter
+//! the client-driven GET of `nessie_protocols::cd`, run by the client over the *coupled* index with filter
 //! bits, cache, previous versions and multi-read all off, as in the paper — while PUT and
 //! DELETE are server-driven exactly as in NessieSD (`crate::sd`): requests to the key's owner,
 //! executed there by server threads (which also run with those optimisations off).
@@ -13,12 +13,12 @@ use std::sync::Arc;
 use nessie_fabric::{Endpoint, NodeId};
 use nessie_store::classtable::ClassTable;
 
-use crate::cd::{CdClient, ClientStats, ClusterView};
-use crate::config::{Optimizations, ProtocolConfig};
-use crate::error::Error;
 use crate::sd::client::{check_sizes, owner, require_coupled, Channel};
 use crate::sd::slots::OpCode;
 use crate::sd::{ClientSlot, RpcShared, RpcStats};
+use nessie_protocols::cd::{CdClient, ClientStats, ClusterView};
+use nessie_protocols::config::{Optimizations, ProtocolConfig};
+use nessie_protocols::Error;
 
 /// The protocol configuration HY runs with (client GETs and server threads alike): `cfg` with
 /// every optimisation of the paper off.

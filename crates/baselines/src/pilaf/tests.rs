@@ -9,10 +9,10 @@ use nessie_store::Geometry;
 
 use super::layout::{self, candidates, entry_offset, key_hash, Entry, Slot, ENTRY_BYTES};
 use super::*;
-use crate::cd::ClusterView;
 use crate::sd::slots::OpCode;
 use crate::sd::{self, RpcConfig, RpcShared, Server, ServerOptions, SlotPool};
-use crate::{Error, ProtocolConfig};
+use nessie_protocols::cd::ClusterView;
+use nessie_protocols::{Error, ProtocolConfig};
 
 struct Rig {
     fabric: Arc<InProcFabric>,
@@ -35,7 +35,7 @@ fn rig(entries: u64, dtes: u64, reuse_delay_ns: u64) -> Rig {
         hash_functions: 2,
         ..Geometry::default()
     };
-    let view = Arc::new(sd::coupled_view(g.clone()).unwrap());
+    let view = Arc::new(ClusterView::coupled(g.clone()).unwrap());
     let rpc = RpcConfig {
         max_clients_per_node: 2,
         ..RpcConfig::default()
@@ -54,7 +54,7 @@ fn rig(entries: u64, dtes: u64, reuse_delay_ns: u64) -> Rig {
         stores,
         pools: (0..2).map(|_| SlotPool::new(2)).collect(),
         cfg: ProtocolConfig {
-            retry: crate::RetryPolicy {
+            retry: nessie_protocols::RetryPolicy {
                 max_attempts: 20,
                 ..Default::default()
             },

@@ -24,12 +24,12 @@ use super::layout::{
     EXTENT_HEADER, EXTENT_REGION, MOVE_SEQ_OFFSET, TABLE_REGION, WAYS,
 };
 use super::PilafParams;
-use crate::cd::ClusterView;
-use crate::config::ProtocolConfig;
-use crate::error::Error;
 use crate::sd::client::{check_sizes, owner, require_coupled, Channel};
 use crate::sd::slots::OpCode;
 use crate::sd::{ClientSlot, RpcShared, RpcStats};
+use nessie_protocols::cd::ClusterView;
+use nessie_protocols::config::ProtocolConfig;
+use nessie_protocols::Error;
 
 /// Counters of one Pilaf client worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
 
 use super::slots::{OpCode, Reply, SlotLayout, MAX_SEQ, REQUEST_REGION, RESPONSE_REGION};
-use crate::cd::ClusterView;
-use crate::error::Error;
+use nessie_protocols::cd::ClusterView;
+use nessie_protocols::Error;
 use nessie_store::index::Placement;
 
 /// Polls that spin (with a CPU pause hint) before a waiting client starts yielding its core.
@@ -341,7 +341,7 @@ pub(crate) fn owner(view: &ClusterView, key: &[u8]) -> NodeId {
 pub(crate) fn require_coupled(view: &ClusterView) -> Result<(), Error> {
     if view.index.placement != Placement::Coupled {
         return Err(Error::Config(
-            "SD and HY need the coupled index (see sd::coupled_view)".into(),
+            "SD and HY need the coupled index (see ClusterView::coupled)".into(),
         ));
     }
     Ok(())

@@ -2,14 +2,15 @@
 //! are linearizable (CD, and SD and HY with their polling servers), and a known protocol
 //! mutation is caught.
 
+use nessie_baselines::sd::RpcConfig;
 use nessie_bench::driver::drive;
 use nessie_bench::workload::{KeyGen, Workload};
 use nessie_check::{Event, Limits, Report};
-use nessie_fabric_sim::cluster::SimCluster;
-use nessie_fabric_sim::correctness::Recording;
+use nessie_deploy::Mode;
 use nessie_fabric_sim::{RunSummary, SimParams};
-use nessie_protocols::sd::RpcConfig;
-use nessie_protocols::{Mode, Mutations, ProtocolConfig};
+use nessie_protocols::{Mutations, ProtocolConfig};
+use nessie_sim::cluster::SimCluster;
+use nessie_sim::correctness::Recording;
 use nessie_store::Geometry;
 use rand::SeedableRng;
 

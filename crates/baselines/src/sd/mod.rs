@@ -27,16 +27,14 @@ pub mod slots;
 
 use std::sync::Arc;
 
-use nessie_store::index::Index;
 use nessie_store::Geometry;
 
 pub use client::{ClientSlot, RpcShared, RpcStats, SdClient, SdClientStats, SlotPool};
 pub use server::{Server, ServerLoop, ServerOptions, ServerStats, ServerStatsSnapshot};
 pub use slots::{SlotError, SlotLayout, MAX_CLIENTS_PER_NODE, REQUEST_REGION, RESPONSE_REGION};
 
-use crate::cd::ClusterView;
-use crate::config::{ConfigError, MAX_EXPIRY_NS};
-use crate::error::Error;
+use nessie_protocols::config::{ConfigError, MAX_EXPIRY_NS};
+use nessie_protocols::Error;
 
 /// Most server threads per node.
 pub const MAX_SERVER_THREADS: u16 = 64;
@@ -91,7 +89,10 @@ impl Default for RpcConfig {
 impl RpcConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_clients_per_node == 0 || self.max_clients_per_node > MAX_CLIENTS_PER_NODE {
-            return Err(ConfigError::ClientsPerNode(self.max_clients_per_node));
+            return Err(ConfigError::ClientsPerNode {
+                got: self.max_clients_per_node,
+                max: MAX_CLIENTS_PER_NODE,
+            });
         }
         if self.idle_backoff_ns.is_some_and(|ns| ns > 1_000_000_000) {
             return Err(ConfigError::IdleBackoff);
@@ -110,7 +111,7 @@ impl RpcConfig {
     pub fn pilaf_params(
         &self,
         geometry: &Geometry,
-        cfg: &crate::ProtocolConfig,
+        cfg: &nessie_protocols::ProtocolConfig,
     ) -> Result<crate::pilaf::PilafParams, Error> {
         let delay = self.extent_reuse_delay_ns.unwrap_or(cfg.expiry_ns);
         #[allow(unused_mut)]
@@ -130,42 +131,6 @@ impl RpcConfig {
             mutations: self.mutations,
         }
     }
-}
-
-/// The cluster view of SD and HY: the geometry with the coupled index.
-pub fn coupled_view(geometry: Geometry) -> Result<ClusterView, Error> {
-    let (ite, dte) = geometry
-        .validate()
-        .map_err(|e| Error::Config(e.to_string()))?;
-    let index = Index::new_coupled(&geometry, ite).map_err(|e| Error::Config(e.to_string()))?;
-    ClusterView::with_index(geometry, index, dte)
-}
-
-/// The regions every node of a `mode` cluster registers: `tables` (the client-driven tables,
-/// as the backend sizes them), then, with server threads, the request and response slots of
-/// `shared`; a Pilaf node registers Pilaf's regions instead (`pilaf::region_sizes`). Every
-/// backend sizes its nodes' memory with this.
-pub fn node_regions(
-    mut tables: Vec<u64>,
-    shared: Option<&RpcShared>,
-    mode: crate::Mode,
-    rpc: &RpcConfig,
-    geometry: &Geometry,
-    cfg: &crate::ProtocolConfig,
-) -> Result<Vec<u64>, Error> {
-    let Some(s) = shared else {
-        return Ok(tables);
-    };
-    if let crate::Mode::Pilaf { .. } = mode {
-        return Ok(crate::pilaf::region_sizes(
-            &rpc.pilaf_params(geometry, cfg)?,
-            &s.layout,
-        ));
-    }
-    tables.resize(RESPONSE_REGION as usize + 1, 0);
-    tables[REQUEST_REGION as usize] = s.layout.request_region_bytes();
-    tables[RESPONSE_REGION as usize] = s.layout.response_region_bytes();
-    Ok(tables)
 }
 
 /// Slot layout and shared state for a cluster's clients and servers.
@@ -190,8 +155,9 @@ mod tests {
 
     use super::slots::OpCode;
     use super::*;
-    use crate::cd::CdClient;
-    use crate::ProtocolConfig;
+    use nessie_protocols::cd::CdClient;
+    use nessie_protocols::ClusterView;
+    use nessie_protocols::ProtocolConfig;
 
     struct Rig {
         fabric: Arc<InProcFabric>,
@@ -211,7 +177,7 @@ mod tests {
             value_max: 32,
             ..Geometry::default()
         };
-        let view = Arc::new(coupled_view(g.clone()).unwrap());
+        let view = Arc::new(ClusterView::coupled(g.clone()).unwrap());
         let rpc = RpcConfig {
             max_clients_per_node: 2,
             response_timeout_ns: timeout_ns,

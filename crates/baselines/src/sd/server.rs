@@ -26,8 +26,8 @@ use super::client::RpcShared;
 use super::slots::{OpCode, Reply, SlotError, SlotLayout, REQUEST_REGION, RESPONSE_REGION};
 #[cfg(any(test, feature = "testing"))]
 use super::RpcMutations;
-use crate::cd::{CdClient, ClientStats};
-use crate::error::Error;
+use nessie_protocols::cd::{CdClient, ClientStats};
+use nessie_protocols::Error;
 
 /// How a server thread behaves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -184,7 +184,7 @@ impl<E: Endpoint> Execute for CdClient<E> {
     fn check(&self) -> Result<(), Error> {
         if self.view().index.placement != Placement::Coupled {
             return Err(Error::Config(
-                "server threads execute with the coupled index (see sd::coupled_view)".into(),
+                "server threads execute with the coupled index (see ClusterView::coupled)".into(),
             ));
         }
         Ok(())

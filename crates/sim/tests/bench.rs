@@ -1,8 +1,8 @@
 //! `nessie sim`'s run: the benchmark workload on a simulated cluster.
 
 use nessie_bench::result::{BenchParams, BenchResult};
-use nessie_fabric_sim::bench::{run, SimBenchError, SimBenchResult};
 use nessie_fabric_sim::SimParams;
+use nessie_sim::bench::{run, SimBenchError, SimBenchResult};
 use nessie_store::Geometry;
 
 const KEYS: u64 = 300;
@@ -160,8 +160,8 @@ fn bytes_sent_are_the_windows_bytes_on_the_wire() {
 #[test]
 fn sizing_leaves_room_for_the_runs_puts() {
     let p = params(16_384, 0.5);
-    let (keys, short) = nessie_fabric_sim::bench::sizing(&p, 10);
-    let (_, long) = nessie_fabric_sim::bench::sizing(&p, 10_000);
+    let (keys, short) = nessie_sim::bench::sizing(&p, 10);
+    let (_, long) = nessie_sim::bench::sizing(&p, 10_000);
     assert_eq!(keys, KEYS);
     // 2 threads × 10,000 ops × 50 % PUTs, at least, more than the short run.
     assert!(long.dtes_per_node >= short.dtes_per_node + 2 * 10_000 / 2);

@@ -29,12 +29,12 @@
 
 use nessie_check::{Op, Outcome};
 use nessie_fabric::Endpoint;
-use nessie_fabric_sim::cluster::SimCluster;
-use nessie_fabric_sim::correctness::{run, run_with, CheckRun, CheckSpec, Crash, Mix};
 use nessie_fabric_sim::{SimEndpoint, SimFaults, SimParams};
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
+use nessie_sim::cluster::SimCluster;
+use nessie_sim::correctness::{run, run_with, CheckRun, CheckSpec, Crash, Mix};
 use nessie_store::index::{Index, Slot};
 use nessie_store::{Geometry, Ite};
 

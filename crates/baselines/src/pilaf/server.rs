@@ -28,10 +28,10 @@ use super::layout::{
     ENTRY_BYTES, EXTENT_REGION, MOVE_SEQ_OFFSET, TABLE_REGION, WAYS,
 };
 use super::PilafParams;
-use crate::cd::ClientStats;
-use crate::error::Error;
 use crate::sd::server::Execute;
 use crate::sd::slots::{OpCode, Reply};
+use nessie_protocols::cd::ClientStats;
+use nessie_protocols::Error;
 
 /// Longest chain of cuckoo moves one insert may make.
 pub const MAX_CUCKOO_PATH: usize = 16;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hdrhistogram::Histogram;
+use nessie_baselines::sd::RpcConfig;
 use nessie_bench::driver::{drive, Done, Observer};
 use nessie_bench::result::{
     new_hist, BenchParams, BenchResult, CpuSeconds, FabricPerOp, FabricSummary, LatencySummary,
@@ -25,14 +26,14 @@ use nessie_bench::result::{
 use nessie_bench::workload::{
     key_bytes, spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
 };
+use nessie_deploy::{Mode, ModeClient};
 use nessie_fabric::{Endpoint, StatsSnapshot};
-use nessie_protocols::sd::RpcConfig;
-use nessie_protocols::{Error, KvClient, Mode, ModeClient, Optimizations, ProtocolConfig};
+use nessie_protocols::{Error, KvClient, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
 use rand::SeedableRng;
 
 use crate::cluster::SimCluster;
-use crate::{SimEndpoint, SimParams, SimThread, WireBytes};
+use nessie_fabric_sim::{SimEndpoint, SimParams, SimThread, WireBytes};
 
 /// Most operations one simulated client thread may be asked for.
 pub const MAX_OPS_PER_THREAD: u64 = 100_000_000;
@@ -398,7 +399,7 @@ fn build(
 }
 
 /// Bytes every NIC has sent so far, headers included.
-fn wire_sent(sim: &crate::Sim) -> u64 {
+fn wire_sent(sim: &nessie_fabric_sim::Sim) -> u64 {
     (0..sim.node_count())
         .map(|n| sim.wire_bytes(n as u16).tx)
         .sum()
@@ -558,7 +559,7 @@ fn merge(
     ops_per_thread: u64,
     hw: SimParams,
     outs: &[Measured],
-    summary: crate::RunSummary,
+    summary: nessie_fabric_sim::RunSummary,
     wire_bytes: Vec<WireBytes>,
 ) -> SimBenchResult {
     let m = merged(p, outs);
