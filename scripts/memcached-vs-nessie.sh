@@ -23,7 +23,7 @@ cleanup() {
 }
 trap cleanup EXIT
 # The 200 ms expiry of `nessie bench` (see scripts/redis-vs-nessie.sh).
-"$NESSIE" up --dir "$DIR" --nodes 2 --workers 4 --memcached-port "$NP" --no-etcd \
+"$NESSIE" up --dir "$DIR" --nodes 2 --client-threads 4 --memcached-port "$NP" --no-etcd \
     --memory-per-node 512MiB --expiry-ms 200 >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
 # memcached refuses to run as root without a user to switch to.
 USER_ARG=()

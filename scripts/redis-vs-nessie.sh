@@ -30,7 +30,7 @@ trap cleanup EXIT
 # node holds what 200k 16 KiB SETs a second leave awaiting expiry (about 650 MB) on the node
 # that writes them. With 512 MiB, entries spilled to the other node's memory (374,023 remote
 # WRITEs for 300,000 SETs) and the node spent 3.0 us of user CPU per SET, not 2.27.
-"$NESSIE" up --dir "$DIR" --nodes 2 --workers 4 --resp-port "$NP" --no-etcd \
+"$NESSIE" up --dir "$DIR" --nodes 2 --client-threads 4 --resp-port "$NP" --no-etcd \
     --value-max 20000 --memory-per-node 1GiB --expiry-ms 200 >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --logfile "$DIR/redis.log" --dir "$DIR" >/dev/null

@@ -116,21 +116,20 @@ impl BenchParams {
 /// Why a `--value-size` does not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ValueSizeError {
-    #[error("{part:?} in {spec:?} is not a byte count")]
-    NotANumber { part: String, spec: String },
+    #[error("{0}")]
+    Bytes(#[from] nessie_store::geometry::ByteCountError),
+    #[error("{0}: more than 4 GiB - 1")]
+    TooLarge(String),
     #[error("{0:?}: the smallest size exceeds the largest")]
     Reversed(String),
 }
 
-/// Parse `--value-size`: `N` bytes, or `MIN..MAX` for sizes uniform in that range (inclusive).
+/// Parse `--value-size`: `N` bytes, or `MIN..MAX` for sizes uniform in that range (inclusive);
+/// each a byte count with an optional unit ([`nessie_store::geometry::parse_bytes`]: `4K`).
 pub fn parse_value_size(s: &str) -> Result<(Option<u32>, u32), ValueSizeError> {
     let num = |t: &str| {
-        t.trim()
-            .parse::<u32>()
-            .map_err(|_| ValueSizeError::NotANumber {
-                part: t.into(),
-                spec: s.into(),
-            })
+        let n = nessie_store::geometry::parse_bytes(t)?;
+        u32::try_from(n).map_err(|_| ValueSizeError::TooLarge(t.trim().into()))
     };
     match s.split_once("..") {
         None => Ok((None, num(s)?)),
@@ -261,6 +260,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("byte count"));
+        assert_eq!(parse_value_size("64..4K"), Ok((Some(64), 4096)));
+        assert_eq!(parse_value_size("1KiB"), Ok((None, 1024)));
+        assert!(parse_value_size("4G")
+            .unwrap_err()
+            .to_string()
+            .contains("more than 4 GiB"));
+        assert!(parse_value_size("12Q")
+            .unwrap_err()
+            .to_string()
+            .starts_with("12Q: unknown unit"));
         assert!(parse_value_size("").is_err());
         let p = BenchParams {
             value_size_min: Some(64),

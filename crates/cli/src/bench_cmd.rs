@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use nessie_bench::result::{parse_value_size, BenchParams, BenchResult};
 use nessie_bench::runner::{self, BenchError, RunnerOptions};
 use nessie_bench::workload::Ycsb;
-use nessie_store::geometry::parse_bytes;
 
 /// Why `nessie bench` failed.
 #[derive(Debug, thiserror::Error)]
@@ -62,13 +61,14 @@ pub struct FillArgs {
     /// Nodes of the (in-process) Nessie cluster.
     #[arg(long, default_value_t = 2)]
     pub nodes: u32,
-    /// Memory for one node's index, data and page tables: bytes, or with K/M/G (KiB/MiB/GiB).
-    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    /// Memory for one node's index, data and page tables: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "128MiB", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u64>)]
     pub memory_per_node: u64,
-    #[arg(long, default_value_t = 32)]
+    /// Key size: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "32", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u32>)]
     pub key_size: u32,
-    /// Value size in bytes, or MIN..MAX: sizes spread evenly over the range.
-    #[arg(long, default_value = "64..4096", value_parser = parse_value_size)]
+    /// Value size (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024), or MIN..MAX: sizes spread evenly over the range.
+    #[arg(long, default_value = "64..4096", value_name = "BYTES|MIN..MAX", value_parser = parse_value_size)]
     pub value_size: (Option<u32>, u32),
     /// Index load factor when the data tables are full.
     #[arg(long, default_value_t = 0.5)]
@@ -84,7 +84,7 @@ pub struct FillArgs {
 
 #[derive(clap::Args)]
 pub struct SweepArgs {
-    /// contention | values | energy | optimizations | quick
+    /// Preset: contention, values, energy, optimizations or quick.
     #[arg(long)]
     pub preset: String,
     /// Directory for the JSON results and plots.
@@ -108,18 +108,19 @@ pub struct ParamArgs {
     /// Server worker threads per node (sd, hy, pilaf).
     #[arg(long, default_value_t = 1)]
     pub server_threads: u16,
-    /// shm or tcp.
+    /// Transport: shm or tcp.
     #[arg(long, default_value = "shm")]
     pub transport: String,
-    #[arg(long, default_value_t = 128)]
+    /// Key size: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "128", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u32>)]
     pub key_size: u32,
-    /// Value size in bytes, or MIN..MAX for sizes uniform in that range.
-    #[arg(long, default_value = "16384", value_parser = parse_value_size)]
+    /// Value size (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024), or MIN..MAX for sizes uniform in that range.
+    #[arg(long, default_value = "16384", value_name = "BYTES|MIN..MAX", value_parser = parse_value_size)]
     pub value_size: (Option<u32>, u32),
     /// Fraction of GETs (the rest are PUTs).
     #[arg(long, default_value_t = 0.9)]
     pub get_ratio: f64,
-    /// uniform or zipf:THETA.
+    /// Key distribution: uniform or zipf:THETA.
     #[arg(long, default_value = "uniform")]
     pub dist: String,
     /// A YCSB core workload, with YCSB's parameters (Zipf 0.99; "latest" for D): ycsb-a
@@ -151,6 +152,7 @@ pub struct ParamArgs {
     pub pin: bool,
     #[command(flatten)]
     pub optimizations: crate::optim_args::OptimizationArgs,
+    /// Seed of the workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Idle server threads (sd, hy): spin (the paper's dedicated cores) or yield (shared cores).
@@ -158,7 +160,7 @@ pub struct ParamArgs {
     pub server_poll: String,
     #[command(flatten)]
     pub fabric: crate::fabric_tuning::FabricTuningArgs,
-    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period];
+    /// Milliseconds a freed extent (pilaf) waits before reuse [default: the expiry period];
     /// 0 reuses at once, as the paper does (only the CRC then catches a reader of a reused extent).
     #[arg(long)]
     pub pilaf_reuse_delay_ms: Option<u64>,

@@ -23,16 +23,16 @@ pub struct FabricBenchArgs {
     /// Operation: read, write or cas.
     #[arg(long, default_value = "read")]
     op: BenchOp,
-    /// Bytes per operation (a multiple of 8; cas is always 8).
-    #[arg(long, default_value_t = 8)]
+    /// Bytes per operation, a multiple of 8 (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024; cas is always 8).
+    #[arg(long, default_value = "8", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u64>)]
     size: u64,
     /// Measured operations.
     #[arg(long, default_value_t = 100_000)]
     iters: u64,
-    /// Spread READs and WRITEs over this many bytes of the target (bytes, or with K/M/G), so
+    /// Spread READs and WRITEs over this many bytes of the target (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024), so
     /// that each one is cold, and measure a plain local copy from a working set of the same
     /// size beside them: the limit a READ is held against [default: --size].
-    #[arg(long, value_parser = nessie_store::geometry::parse_bytes)]
+    #[arg(long, value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u64>)]
     working_set: Option<u64>,
     /// Measure the process's own memory instead (`local_read`/`local_write`, no second
     /// process, no UCX): the path of a GET whose entry is in its own node. READ and WRITE only.

@@ -1,6 +1,7 @@
 //! `nessie`: the command-line tool.
 
 mod bench_cmd;
+mod byte_size;
 mod fabric_bench;
 mod fabric_tuning;
 mod fill_cmd;
@@ -98,11 +99,11 @@ struct UpArgs {
     /// Transport between the processes: shm (shared memory), tcp (loopback), auto (UCX's choice).
     #[arg(long, default_value = "shm")]
     transport: Transport,
-    /// Largest key in bytes.
-    #[arg(long, default_value_t = 128)]
+    /// Largest key: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "128", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u32>)]
     key_max: u32,
-    /// Largest value in bytes.
-    #[arg(long, default_value_t = 16384)]
+    /// Largest value: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "16384", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u32>)]
     value_max: u32,
     /// Index table entries per node.
     #[arg(long, default_value_t = 1 << 16)]
@@ -111,14 +112,14 @@ struct UpArgs {
     /// bytes); smaller values fit more.
     #[arg(long, default_value_t = 1 << 14)]
     dtes_per_node: u64,
-    /// Memory for one node's index, data and page tables (bytes, or with K/M/G): sizes them
-    /// from one budget instead of --ites-per-node and --dtes-per-node, the index for items of
-    /// half the largest size at load factor 0.5, and says what each size class gets.
-    #[arg(long, value_parser = nessie_store::geometry::parse_bytes, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
+    /// Memory for one node's index, data and page tables (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024): sizes
+    /// them from one budget instead of --ites-per-node and --dtes-per-node, the index for
+    /// items of half the largest size at load factor 0.5, and says what each size class gets.
+    #[arg(long, value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
     memory_per_node: Option<u64>,
-    /// Client workers per node process.
-    #[arg(long, default_value_t = 2)]
-    workers: u16,
+    /// Client threads (workers) per node process, shared by its front ends and admin socket.
+    #[arg(long, visible_alias = "workers", value_name = "N", default_value_t = 2)]
+    client_threads: u16,
     /// Expiry period in milliseconds [default: 1000].
     #[arg(long)]
     expiry_ms: Option<u64>,
@@ -163,7 +164,7 @@ struct UpArgs {
     /// (needs --replicas 2 or 3, and a node without a copy of each moved partition).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
     spare_copies: u8,
-    /// pilaf: milliseconds a freed extent waits before reuse [default: the expiry period]; 0
+    /// Milliseconds a freed extent (pilaf) waits before reuse [default: the expiry period]; 0
     /// reuses at once, as the paper does.
     #[arg(long)]
     pilaf_reuse_delay_ms: Option<u64>,
@@ -219,6 +220,7 @@ struct KeyArgs {
     /// (xxh3 hash of the key modulo the node count), then the next ones if it is down or busy].
     #[arg(long)]
     node: Option<u16>,
+    /// The key (any UTF-8 text up to the cluster's key_max bytes).
     key: String,
 }
 
@@ -268,14 +270,14 @@ struct DemoArgs {
     /// Nodes in the cluster.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
     nodes: u32,
-    /// Client worker threads (spread over the nodes).
-    #[arg(long, default_value_t = 4)]
-    threads: usize,
+    /// Client threads in all (spread over the nodes).
+    #[arg(long, visible_alias = "threads", value_name = "N", default_value_t = 4)]
+    client_threads: usize,
     /// Keys in the key space (all preloaded).
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
-    /// Value size in bytes.
-    #[arg(long, default_value_t = 1024)]
+    /// Value size: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "1024", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<usize>)]
     value_size: usize,
     /// Fraction of GETs (the rest are PUTs).
     #[arg(long, default_value_t = 0.9)]
@@ -409,7 +411,7 @@ fn run_demo(a: DemoArgs) -> Result<ExitCode, CliError> {
     }
     let spec = DemoSpec {
         nodes: a.nodes,
-        threads: a.threads,
+        threads: a.client_threads,
         keys: a.keys,
         value_size: a.value_size,
         get_ratio: a.get_ratio,
@@ -572,7 +574,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         nodes: a.nodes,
         transport: a.transport,
         geometry,
-        workers: a.workers,
+        workers: a.client_threads,
         expiry_ms: a.expiry_ms,
         clock_margin_ms: a.clock_margin_ms,
         binary,
@@ -580,7 +582,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         ready_timeout: Duration::from_secs(a.ready_timeout),
         mode: a.mode,
         server_threads: a.server_threads,
-        max_clients_per_node: a.workers * (1 + frontends.is_some() as u16) + 16,
+        max_clients_per_node: a.client_threads * (1 + frontends.is_some() as u16) + 16,
         server_poll: a.server_poll,
         huge_pages: a.huge_pages,
         etcd: match (a.etcd, a.no_etcd) {

@@ -32,16 +32,18 @@ pub struct SimCheckArgs {
     #[arg(long, default_value_t = 3)]
     pub nodes: u16,
     /// Client threads per node.
-    #[arg(long, default_value_t = 2)]
-    pub threads: u16,
+    #[arg(long, visible_alias = "threads", value_name = "N", default_value_t = 2)]
+    pub client_threads: u16,
     /// Operations per client thread.
     #[arg(long, default_value_t = 1_000)]
     pub ops: u64,
     /// Keys; the first --hot-keys get --hot-fraction of the operations.
     #[arg(long, default_value_t = 40)]
     pub keys: u64,
+    /// Hot keys: the first keys, which get --hot-fraction of the operations.
     #[arg(long, default_value_t = 2)]
     pub hot_keys: u64,
+    /// Fraction of the operations on the --hot-keys.
     #[arg(long, default_value_t = 0.5)]
     pub hot_fraction: f64,
     /// Keys written before the clients start (in the history too).
@@ -70,11 +72,13 @@ pub struct SimCheckArgs {
     /// Probability of an extra delay before, and again after, each operation.
     #[arg(long, default_value_t = 0.05)]
     pub delay_prob: f64,
+    /// Longest such delay, in ns of virtual time.
     #[arg(long, default_value_t = 20_000)]
     pub max_delay_ns: u64,
     /// Probability that a NIC engine stalls when a request reaches it.
     #[arg(long, default_value_t = 0.01)]
     pub nic_stall_prob: f64,
+    /// Longest NIC stall, in ns of virtual time.
     #[arg(long, default_value_t = 50_000)]
     pub max_nic_stall_ns: u64,
     /// Probability that a client thread pauses before an operation.
@@ -91,6 +95,7 @@ pub struct SimCheckArgs {
     /// --loss-timeout-ns with an error.
     #[arg(long, default_value_t = 0.0)]
     pub loss_prob: f64,
+    /// How long a client waits for a lost operation before it gives up, in ns of virtual time.
     #[arg(long, default_value_t = 200_000)]
     pub loss_timeout_ns: u64,
     /// Break the protocol on purpose, to see the checker catch it (builds with
@@ -263,7 +268,7 @@ fn spec(a: &SimCheckArgs) -> Result<CheckSpec, SimCheckError> {
         cfg: mutate(cfg, a.mutation.as_deref())?,
         hw: SimParams::default(),
         faults,
-        threads_per_node: a.threads,
+        threads_per_node: a.client_threads,
         ops_per_thread: a.ops,
         keys: a.keys,
         hot_keys: a.hot_keys,
@@ -509,13 +514,13 @@ fn seed_json(r: &CheckRun) -> serde_json::Value {
 /// The command that runs `seed` alone with every other setting of `a`.
 fn replay_command(a: &SimCheckArgs, seed: u64) -> String {
     let mut c = format!(
-        "nessie sim check --start-seed {seed} --seeds 1 --nodes {} --threads {} --ops {} \
+        "nessie sim check --start-seed {seed} --seeds 1 --nodes {} --client-threads {} --ops {} \
          --keys {} --hot-keys {} --hot-fraction {} --preload {} {} \
          --index-slots {} --data-entries {} --expiry-ms {} --delay-prob {} \
          --max-delay-ns {} --nic-stall-prob {} --max-nic-stall-ns {} --pause-prob {} \
          --loss-prob {} --loss-timeout-ns {}",
         a.nodes,
-        a.threads,
+        a.client_threads,
         a.ops,
         a.keys,
         a.hot_keys,

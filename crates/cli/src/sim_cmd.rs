@@ -39,17 +39,18 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3)]
     pub nodes: u16,
     /// Client threads per node.
-    #[arg(long, default_value_t = 2)]
-    pub threads: u16,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, visible_alias = "threads", value_name = "N", default_value_t = 2)]
+    pub client_threads: u16,
+    /// Key size: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "128", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u32>)]
     pub key_size: u32,
-    /// Value size in bytes, or MIN..MAX for sizes uniform in that range.
-    #[arg(long, default_value = "16384", value_parser = parse_value_size)]
+    /// Value size (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024), or MIN..MAX for sizes uniform in that range.
+    #[arg(long, default_value = "16384", value_name = "BYTES|MIN..MAX", value_parser = parse_value_size)]
     pub value_size: (Option<u32>, u32),
     /// Fraction of GETs (the rest are PUTs).
     #[arg(long, default_value_t = 0.9)]
     pub get_ratio: f64,
-    /// uniform or zipf:THETA.
+    /// Key distribution: uniform or zipf:THETA.
     #[arg(long, default_value = "uniform")]
     pub dist: String,
     /// Keys (all preloaded) [default: as `nessie bench`].
@@ -132,7 +133,7 @@ fn simulate(a: RunArgs) -> Result<(), SimCmdError> {
     let p = BenchParams {
         mode: a.mode.clone(),
         nodes: a.nodes,
-        client_threads: a.threads,
+        client_threads: a.client_threads,
         server_threads: a.server_threads,
         transport: "sim".into(),
         key_size: a.key_size,

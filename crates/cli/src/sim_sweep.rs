@@ -25,7 +25,7 @@ pub const MAX_KEYS_PER_NODE: u64 = 1_000_000;
 
 #[derive(clap::Args)]
 pub struct SimSweepArgs {
-    /// paper-values | paper-zipf | paper-optimizations | paper-contention
+    /// Experiment: paper-values, paper-zipf, paper-optimizations or paper-contention.
     #[arg(long)]
     pub preset: String,
     /// Directory for the JSON results, table.md, summary and plots.
@@ -47,7 +47,8 @@ pub struct SimSweepArgs {
     /// Keys per node, all preloaded (the paper held 20 GB per node; scaled down).
     #[arg(long, default_value_t = 1000)]
     pub keys_per_node: u64,
-    #[arg(long, default_value_t = 128)]
+    /// Key size: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    #[arg(long, default_value = "128", value_name = crate::byte_size::VALUE_NAME, value_parser = crate::byte_size::byte_size::<u32>)]
     pub key_size: u32,
     /// Index load factor.
     #[arg(long, default_value_t = 0.4)]

@@ -15,11 +15,12 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use nessie_protocols::KvClient;
 use nessie_store::limits::{MAX_KEY_SIZE, MAX_VALUE_SIZE};
+
+use crate::pool::ClientPool;
 
 const MAGIC: &[u8; 4] = b"NSA1";
 /// Concurrent admin connections a node serves; more are refused with an error reply.
@@ -224,66 +225,7 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
 }
 
-/// A node's client workers, lent out one request at a time.
-pub struct ClientPool {
-    clients: Mutex<Idle>,
-    available: Condvar,
-}
-
-/// The clients not lent out, and how many callers wait for one: a client coming back wakes
-/// a waiter only if there is one (a futex wake is a system call, and with one event loop
-/// nobody ever waits: it was a fifth of a pipelining front end's time).
-struct Idle {
-    clients: Vec<Box<dyn KvClient>>,
-    waiting: usize,
-}
-
 impl ClientPool {
-    pub fn new(clients: Vec<Box<dyn KvClient>>) -> Self {
-        assert!(
-            !clients.is_empty(),
-            "a client pool needs at least one client"
-        );
-        Self {
-            clients: Mutex::new(Idle {
-                clients,
-                waiting: 0,
-            }),
-            available: Condvar::new(),
-        }
-    }
-
-    /// Run `f` with a client, waiting for one to be free. The client goes back to the pool
-    /// even if `f` panics, so later callers are not left waiting for it.
-    pub fn with<T>(&self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
-        let c = {
-            let mut g = self.lock();
-            loop {
-                if let Some(c) = g.clients.pop() {
-                    break c;
-                }
-                g.waiting += 1;
-                g = self
-                    .available
-                    .wait(g)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                g.waiting -= 1;
-            }
-        };
-        let mut lent = Lent {
-            pool: self,
-            client: Some(c),
-        };
-        f(lent.client.as_mut().expect("lent client").as_mut())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
-        // The list is consistent whenever the lock is released, so a poisoned lock is usable.
-        self.clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Serve a data request with a pooled client (PING and STATUS are the caller's).
     pub fn serve(&self, req: Request) -> Response {
         self.with(|c| match req {
@@ -303,26 +245,6 @@ impl ClientPool {
                 Response::Error("not served by the client pool".into())
             }
         })
-    }
-}
-
-/// A client lent out by [`ClientPool::with`]; returned to the pool on drop, unwinding included.
-struct Lent<'a> {
-    pool: &'a ClientPool,
-    client: Option<Box<dyn KvClient>>,
-}
-
-impl Drop for Lent<'_> {
-    fn drop(&mut self) {
-        if let Some(c) = self.client.take() {
-            let mut g = self.pool.lock();
-            g.clients.push(c);
-            let wake = g.waiting > 0;
-            drop(g);
-            if wake {
-                self.pool.available.notify_one();
-            }
-        }
     }
 }
 
@@ -535,6 +457,7 @@ impl AdminClient {
 mod tests {
     use super::*;
     use crate::LocalCluster;
+    use nessie_protocols::KvClient;
     use nessie_protocols::ProtocolConfig;
     use nessie_store::Geometry;
 
@@ -646,34 +569,6 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("is the node running"), "{err}");
-    }
-
-    /// A client that panics on every operation.
-    struct Panicky;
-    impl KvClient for Panicky {
-        fn get(&mut self, _: &[u8]) -> Result<Option<Vec<u8>>, nessie_protocols::Error> {
-            panic!("client failure")
-        }
-        fn put(&mut self, _: &[u8], _: &[u8]) -> Result<(), nessie_protocols::Error> {
-            Ok(())
-        }
-        fn delete(&mut self, _: &[u8]) -> Result<(), nessie_protocols::Error> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn client_pool_gets_its_client_back_when_the_closure_panics() {
-        let pool = Arc::new(ClientPool::new(vec![Box::new(Panicky)]));
-        let p = pool.clone();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            p.with(|c| c.get(b"k").map(|_| ()))
-        }));
-        assert!(r.is_err(), "the closure panicked");
-        // The only client must be back: a later caller gets it instead of waiting forever.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || tx.send(pool.with(|c| c.put(b"k", b"v").is_ok())));
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use mio::net::TcpStream as MioStream;
 use mio::{Events, Interest, Poll, Token, Waker};
-use nessie_frontend::mc_serve::{Backend, Counters, FLUSH_AT};
+use nessie_frontend::serve::{Backend, Counters, FLUSH_AT};
 use nessie_frontend::session::{Served, Session};
 
 /// Most bytes read from a socket at a time (then served before the next read).
@@ -527,7 +527,7 @@ mod tests {
     /// The sessions below use no store.
     struct NoStore;
     impl Backend for NoStore {
-        fn with_client(&self, _: &mut dyn FnMut(&mut dyn nessie_protocols::KvClient)) {
+        fn lease(&self) -> Box<dyn nessie_frontend::serve::Lease + '_> {
             unreachable!("the test sessions use no store")
         }
     }

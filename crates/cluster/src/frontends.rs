@@ -2,8 +2,8 @@
 //! per protocol (memcached, Redis) whose connections are served by `[frontends] threads` event
 //! loops (`evloop`), at most `max_connections` connections at once per protocol (more, and any
 //! the process has no file descriptor for, are refused with the protocol's own error line),
-//! each served with the node's pool of front-end client workers (`nessie_frontend::mc_serve`,
-//! `resp_serve`).
+//! each served with the node's pool of front-end client workers ([`crate::pool`]; sessions from
+//! `nessie_frontend::memcached::serve` and `nessie_frontend::redis::serve`).
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,25 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nessie_frontend::item;
-use nessie_frontend::mc_serve::{self, Backend, Counters, Limits};
-use nessie_frontend::memcache::MAX_KEY_LEN;
-use nessie_frontend::resp_serve::{self, RespLimits};
+use nessie_frontend::memcached::proto::MAX_KEY_LEN;
+use nessie_frontend::memcached::serve::{self as mc_serve, Limits};
+use nessie_frontend::redis::serve::{self as resp_serve, RespLimits};
+use nessie_frontend::serve::{unix_now, Backend, Counters};
 use nessie_frontend::session::Session;
-
-use crate::evloop::{LoopHandle, MakeSession};
-use nessie_protocols::KvClient;
 use nessie_store::Geometry;
 
-use crate::admin::ClientPool;
+use crate::evloop::{LoopHandle, MakeSession};
 
 /// How often an accept loop looks at its stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
-
-impl Backend for ClientPool {
-    fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient)) {
-        self.with(|c| f(c))
-    }
-}
 
 /// The limits of a memcached front end on a cluster of geometry `g`: memcached's key limit or
 /// the cluster's, whichever is smaller; values up to the cluster's limit less the item header.
@@ -42,7 +34,7 @@ pub fn limits(g: &Geometry) -> Limits {
 }
 
 /// Most event loops one front end runs.
-pub const MAX_LOOPS: u16 = crate::config::MAX_FRONTEND_THREADS;
+pub const MAX_LOOPS: u16 = 64;
 
 /// A protocol listener; stops accepting when dropped (connections being served end when
 /// their clients close them, or with the process).
@@ -113,9 +105,7 @@ impl FrontEnd {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let counters = Arc::new(Counters::default());
-        counters
-            .started
-            .store(mc_serve::unix_now(), Ordering::Relaxed);
+        counters.started.store(unix_now(), Ordering::Relaxed);
         let loops = (0..how.loops.clamp(1, MAX_LOOPS))
             .map(|_| {
                 LoopHandle::start(

@@ -3,17 +3,24 @@
 //! - [`local::LocalCluster`]: every node inside one process on the in-process fabric (tests,
 //!   demos, property and stress tests).
 //!
+//! Built with or without UCX:
+//!
+//! - [`pool`]: a node's store clients, leased by its front ends and its admin socket.
+//! - [`admin`]: the local admin socket through which short-lived CLI processes ask a node to
+//!   run operations.
+//! - [`frontends`]: the protocol front ends a node serves on TCP (memcached, Redis), on
+//!   [`evloop`] event loops; [`accept`]: accepting connections when file descriptors run out,
+//!   and the limit raised at start.
+//! - [`rundir`]: a cluster directory's files.
+//!
 //! With the default `ucx` feature, node processes over UCX as well:
 //!
 //! - `config`: the cluster configuration file shared by node processes.
 //! - `bootstrap`: the authenticated rendezvous through which node processes exchange their
 //!   fabric addresses and keys.
-//! - `node`, `process`, `rundir`: a node process, and starting and stopping them.
-//! - `admin`: the local admin socket through which short-lived CLI processes ask a node to
-//!   run operations.
+//! - `node`, `process`: a node process, and starting and stopping them.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
-//! - `frontends`: the protocol front ends a node serves on TCP (memcached, Redis); `accept`:
-//!   accepting connections when file descriptors run out, and the limit raised at start.
+//! - `metrics`: a node's Prometheus metrics (its clients' operations, a snapshot of the node).
 //!
 //! [`etcd`]: the etcd client and the local etcd process behind membership.
 //!
@@ -22,18 +29,14 @@
 //! `rejoin`: the thread per node process that fills a restarted node's copies while it is
 //! `joining`, then says it is ready.
 
-#[cfg(feature = "ucx")]
 pub mod accept;
-#[cfg(feature = "ucx")]
 pub mod admin;
 #[cfg(feature = "ucx")]
 pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
 pub mod etcd;
-#[cfg(feature = "ucx")]
 pub mod evloop;
-#[cfg(feature = "ucx")]
 pub mod frontends;
 pub mod local;
 pub mod membership;
@@ -41,6 +44,7 @@ pub mod membership;
 pub mod metrics;
 #[cfg(feature = "ucx")]
 pub mod node;
+pub mod pool;
 #[cfg(feature = "ucx")]
 pub mod process;
 pub mod reclaimer;
@@ -48,7 +52,6 @@ pub mod reclaimer;
 pub mod rejoin;
 #[cfg(feature = "ucx")]
 pub mod route;
-#[cfg(feature = "ucx")]
 pub mod rundir;
 
 pub use local::{LocalCluster, LocalEndpoint};

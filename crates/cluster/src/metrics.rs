@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nessie_fabric::{Locality, OpKind};
-use nessie_frontend::mc_serve::Counters;
+use nessie_frontend::serve::Counters;
 use nessie_protocols::{Cond, CondOutcome, Error, KvClient, Version};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

@@ -21,11 +21,12 @@ use nessie_store::classtable::ClassTable;
 use nessie_store::pages::PageWord;
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 
-use crate::admin::{AdminServer, ClientPool, Handler, Request, Response};
+use crate::admin::{AdminServer, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::etcd::Etcd;
 use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
+use crate::pool::ClientPool;
 use crate::rundir::{PidFile, RunDir};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 

@@ -107,8 +107,8 @@ pub fn reply_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memcache::{encode_value, ValueHead};
-    use crate::resp::BulkHead;
+    use crate::memcached::proto::{encode_value, ValueHead};
+    use crate::redis::resp::BulkHead;
     use crate::testing::MapClient;
     use proptest::prelude::*;
 

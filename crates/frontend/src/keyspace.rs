@@ -3,20 +3,17 @@
 //! (`KvClient::scan_keys`), which is not atomic: a key written while a flush runs may survive
 //! it or not, as with memcached, whose flush also races with concurrent sets.
 
-use nessie_protocols::Error;
+use nessie_protocols::{Error, KvClient};
 
 use crate::item;
-use crate::mc_serve::{run_with, Backend};
 
-/// Delete every key in the store. Returns how many were deleted.
-pub fn flush(backend: &dyn Backend) -> Result<u64, Error> {
-    run_with(backend, |c| {
-        let keys = c.scan_keys()?;
-        for k in &keys {
-            c.delete(k)?;
-        }
-        Ok(keys.len() as u64)
-    })
+/// Delete every key in the store with client `c`. Returns how many were deleted.
+pub fn flush(c: &mut dyn KvClient) -> Result<u64, Error> {
+    let keys = c.scan_keys()?;
+    for k in &keys {
+        c.delete(k)?;
+    }
+    Ok(keys.len() as u64)
 }
 
 /// The live items of the store, counted (`DBSIZE`, `INFO keyspace`).
@@ -40,24 +37,23 @@ impl Census {
     }
 }
 
-/// Count the live (unexpired) items the store holds: the scan's keys, each read back.
-pub fn census(backend: &dyn Backend, now_ms: u64) -> Result<Census, Error> {
-    run_with(backend, |c| {
-        let mut n = Census::default();
-        let mut buf = Vec::new();
-        for k in c.scan_keys()? {
-            if !c.get_into(&k, &mut buf)? {
-                continue;
-            }
-            let Some(it) = item::decode(&buf, now_ms) else {
-                continue;
-            };
-            n.keys += 1;
-            if it.expires != 0 {
-                n.expires += 1;
-                n.expiry_sum += it.expires as u128;
-            }
+/// Count the live (unexpired) items the store holds, with client `c`: the scan's keys, each
+/// read back.
+pub fn census(c: &mut dyn KvClient, now_ms: u64) -> Result<Census, Error> {
+    let mut n = Census::default();
+    let mut buf = Vec::new();
+    for k in c.scan_keys()? {
+        if !c.get_into(&k, &mut buf)? {
+            continue;
         }
-        Ok(n)
-    })
+        let Some(it) = item::decode(&buf, now_ms) else {
+            continue;
+        };
+        n.keys += 1;
+        if it.expires != 0 {
+            n.expires += 1;
+            n.expiry_sum += it.expires as u128;
+        }
+    }
+    Ok(n)
 }

@@ -1,8 +1,12 @@
 //! Protocol front ends (issue 12): the wire formats applications already speak, translated to
-//! Nessie operations inside each node process. So far:
-//! - [`memcache`]: the memcached text protocol's requests and replies (parsing and encoding);
-//! - [`meta`]: memcached 1.6's meta commands (`mg`, `ms`, `md`, `ma`, `mn`);
-//! - [`mc_serve`]: serving it on one connection with a store client;
+//! Nessie operations inside each node process.
+//!
+//! - [`memcached`]: the memcached text protocol and its meta commands (parsing, encoding, and
+//!   serving a connection);
+//! - [`redis`]: the Redis protocol, RESP2 and RESP3 (the same);
+//! - [`serve`]: what serving a connection needs from both: the store client a [`serve::Backend`]
+//!   leases for each batch of requests, the counters, the clock;
+//! - [`session`]: the read–serve–write loop of one connection;
 //! - [`item`]: what a front end stores as a value (the client's flags and expiry, then data);
 //! - [`inplace`]: a GET's reply built around its value, READ straight into the reply buffer;
 //! - [`rmw`]: read-modify-write over the store's conditional writes (both front ends);
@@ -14,12 +18,10 @@
 pub mod inplace;
 pub mod item;
 pub mod keyspace;
-pub mod mc_serve;
-pub mod memcache;
-pub mod meta;
-pub mod resp;
-pub mod resp_serve;
+pub mod memcached;
+pub mod redis;
 pub mod rmw;
+pub mod serve;
 pub mod session;
 #[cfg(test)]
 mod testing;

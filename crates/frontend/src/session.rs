@@ -9,7 +9,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 
-pub use crate::mc_serve::FLUSH_AT;
+pub use crate::serve::FLUSH_AT;
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 * 1024;

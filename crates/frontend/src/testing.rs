@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use nessie_protocols::{Cond, CondOutcome, Error, KvClient, Version};
 
-use crate::mc_serve::Backend;
+use crate::serve::{Backend, Lease};
 
 /// A store in a map, as one client: each key's value with its version (a counter bumped by
 /// every write, as an ITE word changes with every write in the store).
@@ -71,8 +71,23 @@ impl KvClient for MapClient {
 pub struct MapBackend(pub Mutex<MapClient>);
 
 impl Backend for MapBackend {
-    fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient)) {
-        f(&mut *self.0.lock().unwrap())
+    fn lease(&self) -> Box<dyn Lease + '_> {
+        Box::new(self.0.lock().unwrap())
+    }
+}
+
+/// A [`MapBackend`] that counts the clients it lent.
+#[derive(Default)]
+pub struct CountingBackend {
+    pub map: MapBackend,
+    pub leases: std::sync::atomic::AtomicUsize,
+}
+
+impl Backend for CountingBackend {
+    fn lease(&self) -> Box<dyn Lease + '_> {
+        self.leases
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.map.lease()
     }
 }
 
@@ -184,9 +199,9 @@ impl KvClient for RacingClient {
 /// A backend lending one client of any kind.
 pub struct OneClient<C>(pub Mutex<C>);
 
-impl<C: KvClient> Backend for OneClient<C> {
-    fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient)) {
-        f(&mut *self.0.lock().unwrap())
+impl<C: KvClient + Send> Backend for OneClient<C> {
+    fn lease(&self) -> Box<dyn Lease + '_> {
+        Box::new(self.0.lock().unwrap())
     }
 }
 

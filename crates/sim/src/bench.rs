@@ -248,7 +248,7 @@ fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
     let bad = |m: String| Err(SimBenchError::Param(m));
     if p.nodes == 0 || p.client_threads == 0 || threads > MAX_THREADS {
         return bad(format!(
-            "--nodes x --threads must be in 1..={MAX_THREADS}, not {threads}"
+            "--nodes x --client-threads must be in 1..={MAX_THREADS}, not {threads}"
         ));
     }
     if !(1..=MAX_OPS_PER_THREAD).contains(&ops_per_thread) {

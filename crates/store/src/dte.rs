@@ -72,7 +72,7 @@ const _: () = {
     assert!(RECYCLE == 1 << 63);
     // Every word of the fixed part is 8-aligned, in order, and the key follows them.
     assert!(HEADER_OFF < RECYCLE_OFF && RECYCLE_OFF < PREV_OFF && PREV_OFF < LENS_OFF);
-    assert!(LENS_OFF + 8 == KEY_OFF && KEY_OFF % 8 == 0);
+    assert!(LENS_OFF + 8 == KEY_OFF && KEY_OFF.is_multiple_of(8));
 };
 
 fn pad8(n: u64) -> u64 {

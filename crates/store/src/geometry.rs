@@ -290,39 +290,53 @@ impl Geometry {
     }
 }
 
-/// Why a byte count does not parse.
+/// Why a byte count does not parse. Each message starts with what was given.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ByteCountError {
-    #[error("{0:?} is not a byte count (e.g. 134217728 or 128MiB)")]
+    #[error("empty: give a byte count, e.g. 4096, 64K or 128MiB")]
+    Empty,
+    #[error("{0}: negative (a byte count is 0 or more)")]
+    Negative(String),
+    #[error("{0}: not a byte count (e.g. 4096, 64K or 128MiB)")]
     NotANumber(String),
-    #[error("unknown unit {unit:?} in {spec:?}: use K, M or G")]
+    #[error("{spec}: unknown unit {unit:?} (K, M, G or KiB, MiB, GiB: powers of 1024)")]
     Unit { unit: String, spec: String },
-    #[error("{0:?} is too large")]
+    #[error("{0}: too large")]
     TooLarge(String),
 }
 
-/// Parse a byte count: `N`, or `N` with K, M, G (or KiB, MiB, GiB; powers of 1024).
+/// Parse a byte count: `N` bytes, or `N` with a unit K, M, G (or KiB, MiB, GiB, KB, MB, GB,
+/// any case; all powers of 1024, as memory is counted), with or without a space between.
 pub fn parse_bytes(s: &str) -> Result<u64, ByteCountError> {
     let t = s.trim();
+    if t.is_empty() {
+        return Err(ByteCountError::Empty);
+    }
+    if t.starts_with('-') {
+        return Err(ByteCountError::Negative(t.into()));
+    }
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(digits);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| ByteCountError::NotANumber(s.into()))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+    if n.is_empty() {
+        return Err(ByteCountError::NotANumber(t.into()));
+    }
+    let unit = unit.trim();
+    let shift = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" | "kb" => 10,
         "m" | "mib" | "mb" => 20,
         "g" | "gib" | "gb" => 30,
-        u => {
+        _ => {
             return Err(ByteCountError::Unit {
-                unit: u.into(),
-                spec: s.into(),
+                unit: unit.into(),
+                spec: t.into(),
             })
         }
     };
+    // Only digits: the one way to fail is overflow.
+    let n: u64 = n.parse().map_err(|_| ByteCountError::TooLarge(t.into()))?;
     n.checked_mul(1 << shift)
-        .ok_or_else(|| ByteCountError::TooLarge(s.into()))
+        .ok_or_else(|| ByteCountError::TooLarge(t.into()))
 }
 
 #[cfg(test)]
@@ -461,17 +475,34 @@ mod tests {
         assert_eq!(parse_bytes("128M"), Ok(128 << 20));
         assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
         assert_eq!(parse_bytes("64k"), Ok(64 << 10));
-        assert!(parse_bytes("12XB")
-            .unwrap_err()
-            .to_string()
-            .contains("unit"));
-        assert!(parse_bytes("MiB")
-            .unwrap_err()
-            .to_string()
-            .contains("byte count"));
-        assert!(parse_bytes("99999999999999999G")
-            .unwrap_err()
-            .to_string()
-            .contains("too large"));
+        assert_eq!(parse_bytes("64KB"), Ok(64 << 10));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes(" 7b "), Ok(7));
+    }
+
+    #[test]
+    fn a_bad_byte_count_says_what_is_wrong() {
+        let e = |s: &str| parse_bytes(s).unwrap_err().to_string();
+        assert!(
+            e("12Q").starts_with("12Q: unknown unit \"Q\""),
+            "{}",
+            e("12Q")
+        );
+        assert!(e("12XB").contains("unknown unit"));
+        assert!(e("MiB").starts_with("MiB: not a byte count"));
+        assert!(
+            e("1.5G").contains("unknown unit"),
+            "no fractions: {}",
+            e("1.5G")
+        );
+        assert_eq!(e("99999999999999999G"), "99999999999999999G: too large");
+        assert_eq!(
+            e("99999999999999999999999"),
+            "99999999999999999999999: too large"
+        );
+        assert!(e("").starts_with("empty"));
+        assert!(e("  ").starts_with("empty"));
+        assert!(e("-5").starts_with("-5: negative"));
+        assert!(e("-5K").starts_with("-5K: negative"));
     }
 }

@@ -17,7 +17,7 @@
 //! format`, a data block not ending in `\r\n` `CLIENT_ERROR bad data chunk`. Keys are split on
 //! spaces only, as memcached does.
 
-use crate::meta::{self, Meta};
+use crate::memcached::meta::{self, Meta};
 
 /// memcached's limit on key length.
 pub const MAX_KEY_LEN: usize = 250;
@@ -88,7 +88,7 @@ pub enum Request<'a> {
     Quit,
     /// `mn`: answers `MN`.
     MetaNoop,
-    /// `mg`, `ms`, `md`, `ma` ([`crate::meta`]); an `ms`'s data block follows the line.
+    /// `mg`, `ms`, `md`, `ma` ([`crate::memcached::meta`]); an `ms`'s data block follows the line.
     Meta(Meta<'a>),
 }
 

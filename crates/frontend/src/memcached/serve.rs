@@ -1,5 +1,5 @@
 //! Serving the memcached text protocol on one connection: requests parsed from the stream
-//! ([`crate::memcache`]), executed with a store client the [`Backend`] lends, replies written
+//! ([`crate::memcached::proto`]), executed with a store client the [`Backend`] lends, replies written
 //! back. Pipelined: every whole request in the buffer is served before the replies are
 //! written, in one write. Bounded: a request line is at most `MAX_LINE_LEN`, a data block at
 //! most [`Limits::max_data`] (a larger one is read and thrown away, and answered as memcached
@@ -8,7 +8,7 @@
 //!
 //! What is served: `get`, `gets`, `gat`, `gats` (multi-key), `set`, `add`, `replace`,
 //! `append`, `prepend`, `cas`, `incr`, `decr`, `touch`, `delete`, `version`, `verbosity`,
-//! `stats`, `quit`, and the meta commands `mn`, `mg`, `ms`, `md`, `ma` (`mc_meta.rs`). Every
+//! `stats`, `quit`, and the meta commands `mn`, `mg`, `ms`, `md`, `ma` (module `meta`). Every
 //! command that depends on a key's current state is a read-modify-write over the store's
 //! conditional writes ([`crate::rmw`]): it reads the key with its version and writes only if
 //! the key is still at that version, else reads again, so a concurrent write is never lost.
@@ -20,41 +20,22 @@
 
 use std::io::{Read, Write};
 
-use crate::session::Served;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use nessie_protocols::{Error, KvClient, Version};
 
-use crate::memcache::{
+use super::meta::MetaCmd;
+use super::proto::{
     binary_refusal, encode_value, parse_request, take_data, Request, StoreOp, ValueHead,
     BINARY_HEADER_LEN, BINARY_REQUEST_MAGIC, VALUE_PREFIX,
 };
-use crate::meta::MetaCmd;
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
+use crate::serve::{unix_now, unix_now_ms, Backend, BatchClient, Counters, FLUSH_AT};
+use crate::session::Served;
 use crate::{inplace, item};
 
-#[path = "mc_meta.rs"]
-mod meta_serve;
-use meta_serve::MetaReq;
-
-/// Replies a session holds before it stops serving, until they are written (a multi-key get
-/// of large values, or a client pipelining requests and not reading, would otherwise make it
-/// hold all of theirs): a multi-key read stops between two keys and goes on from the next.
-pub const FLUSH_AT: usize = 1 << 20;
-
-/// Where a connection gets its store client.
-pub trait Backend: Send + Sync {
-    /// Run `f` with a client of the store (waiting for one to be free).
-    fn with_client(&self, f: &mut dyn FnMut(&mut dyn KvClient));
-}
-
-/// Run `f` with one of `backend`'s clients, and return what it returned.
-pub fn run_with<T>(backend: &dyn Backend, mut f: impl FnMut(&mut dyn KvClient) -> T) -> T {
-    let mut r = None;
-    backend.with_client(&mut |c| r = Some(f(c)));
-    r.expect("the backend ran the operation")
-}
+mod meta;
+use meta::MetaReq;
 
 /// Limits of one front end.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -63,21 +44,6 @@ pub struct Limits {
     pub max_key: usize,
     /// Largest data block: the cluster's value limit less the item header.
     pub max_data: usize,
-}
-
-/// Counters shared by a front end's connections (`stats`).
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub cmd_get: AtomicU64,
-    pub cmd_set: AtomicU64,
-    pub get_hits: AtomicU64,
-    pub get_misses: AtomicU64,
-    pub delete_hits: AtomicU64,
-    pub delete_misses: AtomicU64,
-    /// When the front end started (Unix seconds).
-    pub started: AtomicU64,
 }
 
 /// The memcached protocol version we speak, first in the version string: clients
@@ -90,18 +56,6 @@ pub fn version_line() -> String {
         "VERSION {PROTOCOL_VERSION}-nessie-{}\r\n",
         env!("CARGO_PKG_VERSION")
     )
-}
-
-/// Unix seconds now.
-pub fn unix_now() -> u64 {
-    unix_now_ms() / 1000
-}
-
-/// Unix milliseconds now.
-pub fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What serving one request came to.
@@ -128,7 +82,8 @@ enum Done {
 
 /// One connection's state between reads.
 struct Conn<'a> {
-    backend: &'a dyn Backend,
+    /// The store client of the batch being served, leased at its first use.
+    store: BatchClient<'a>,
     limits: Limits,
     counters: &'a Counters,
     /// Bytes received and not yet consumed.
@@ -154,7 +109,7 @@ pub fn session<'a>(
     counters: &'a Counters,
 ) -> impl crate::session::Session + 'a {
     Conn {
-        backend,
+        store: BatchClient::new(backend),
         limits,
         counters,
         inbuf: Vec::new(),
@@ -188,7 +143,10 @@ impl crate::session::Session for Conn<'_> {
     }
 
     fn serve_buffered(&mut self) -> Served {
-        Conn::serve_buffered(self)
+        let served = Conn::serve_buffered(self);
+        // One client served the whole batch: it goes back until the next one.
+        self.store.end();
+        served
     }
 }
 
@@ -301,7 +259,7 @@ impl Conn<'_> {
     }
 
     /// Answer a request line that does not parse (at `at` in the input), and drop it.
-    fn refused(&mut self, at: usize, e: crate::memcache::ProtoError) -> Step {
+    fn refused(&mut self, at: usize, e: crate::memcached::proto::ProtoError) -> Step {
         if e.closes_connection() {
             self.out.extend_from_slice(e.reply());
             return Step::Close;
@@ -315,7 +273,8 @@ impl Conn<'_> {
             .map_or(buf.len(), |p| p + 1);
         // As memcached: a known classic command's malformed line that ends in `noreply` gets
         // no `CLIENT_ERROR`; `ERROR` (unknown command, wrong arity) and meta errors are answered.
-        let silent = e.is_client_error() && crate::memcache::classic_noreply_line(&buf[..nl]);
+        let silent =
+            e.is_client_error() && crate::memcached::proto::classic_noreply_line(&buf[..nl]);
         self.reply(e.reply(), silent);
         self.skip = e.skip();
         Step::Took(nl)
@@ -629,8 +588,9 @@ impl Conn<'_> {
         self.out.extend_from_slice(b"END\r\n");
     }
 
-    fn with<T>(&self, f: impl FnMut(&mut dyn KvClient) -> T) -> T {
-        run_with(self.backend, f)
+    /// Run `f` with this batch's store client.
+    fn with<T>(&mut self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
+        self.store.with(f)
     }
 
     fn reply(&mut self, line: &[u8], noreply: bool) {
@@ -652,7 +612,9 @@ impl Conn<'_> {
                 noreply,
             );
         }
-        let r = crate::keyspace::flush(self.backend).map(|_| Some(&b"OK\r\n"[..]));
+        let r = self
+            .with(crate::keyspace::flush)
+            .map(|_| Some(&b"OK\r\n"[..]));
         self.answer(r, noreply);
     }
 
@@ -1131,7 +1093,7 @@ mod tests {
         let mut input = b"get ".to_vec();
         input.extend(std::iter::repeat_n(
             b'k',
-            crate::memcache::MAX_LINE_LEN + 10,
+            crate::memcached::proto::MAX_LINE_LEN + 10,
         ));
         let out = session(&b, &input, 4096);
         assert_eq!(out, "CLIENT_ERROR line too long\r\n");

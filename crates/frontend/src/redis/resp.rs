@@ -1,5 +1,5 @@
 //! The Redis protocol (RESP2, and RESP3 after `HELLO 3`): commands parsed from a connection's
-//! buffer and replies encoded. Transport-free, like [`crate::memcache`].
+//! buffer and replies encoded. Transport-free, like [`crate::memcached::proto`].
 //!
 //! ```text
 //! request:  *<argc>\r\n  then argc × ( $<len>\r\n <len bytes> \r\n )

@@ -7,8 +7,8 @@
 use nessie_protocols::Error;
 
 use super::Conn;
-use crate::mc_serve::unix_now_ms;
 use crate::rmw::{self, Change, Seen};
+use crate::serve::unix_now_ms;
 
 const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 const OVERFLOW: &str = "ERR increment or decrement would overflow";
@@ -441,8 +441,8 @@ impl Conn<'_> {
 mod tests {
     use super::*;
     use crate::item;
-    use crate::mc_serve::{Backend, Counters};
-    use crate::resp_serve::{serve, RespLimits};
+    use crate::redis::serve::{serve, RespLimits};
+    use crate::serve::{Backend, Counters};
     use crate::testing::{MapBackend, MapClient, OneClient, Pipe, PlainClient, RacingClient};
     use nessie_protocols::KvClient;
 

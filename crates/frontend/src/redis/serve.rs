@@ -1,5 +1,5 @@
-//! Serving the Redis protocol on one connection, like [`crate::mc_serve`] for memcached:
-//! commands parsed from the stream ([`crate::resp`]), run with a store client the [`Backend`]
+//! Serving the Redis protocol on one connection, like [`crate::memcached::serve`] for memcached:
+//! commands parsed from the stream ([`crate::redis::resp`]), run with a store client the [`Backend`]
 //! lends, replies written back after each batch of whole commands (pipelining, `-P` in
 //! redis-benchmark), at most [`FLUSH_AT`] bytes of them buffered.
 //!
@@ -23,8 +23,10 @@ use std::sync::atomic::Ordering;
 
 use nessie_protocols::{Error, KvClient};
 
-use crate::mc_serve::{run_with, unix_now_ms, Backend, Counters, FLUSH_AT};
-use crate::resp::{next_bulk_to_skip, parse, Args, BulkHead, Encoder, Parsed, MAX_REQUEST_FLOOR};
+use crate::redis::resp::{
+    next_bulk_to_skip, parse, Args, BulkHead, Encoder, Parsed, MAX_REQUEST_FLOOR,
+};
+use crate::serve::{unix_now_ms, Backend, BatchClient, Counters, FLUSH_AT};
 use crate::session::Served;
 use crate::{inplace, item};
 
@@ -74,7 +76,7 @@ pub fn session<'a>(
     password: Option<std::sync::Arc<[u8]>>,
 ) -> impl crate::session::Session + 'a {
     Conn {
-        backend,
+        store: BatchClient::new(backend),
         limits,
         counters,
         authed: password.is_none(),
@@ -124,7 +126,10 @@ impl crate::session::Session for Conn<'_> {
     }
 
     fn serve_buffered(&mut self) -> Served {
-        Conn::serve_buffered(self)
+        let served = Conn::serve_buffered(self);
+        // One client served the whole batch: it goes back until the next one.
+        self.store.end();
+        served
     }
 }
 
@@ -141,7 +146,8 @@ struct Skip {
 }
 
 struct Conn<'a> {
-    backend: &'a dyn Backend,
+    /// The store client of the batch being served, leased at its first use.
+    store: BatchClient<'a>,
     limits: RespLimits,
     counters: &'a Counters,
     /// The default user's password, if one is configured.
@@ -245,7 +251,7 @@ impl Conn<'_> {
                 Ok(Parsed::Incomplete) => {
                     let max = self.max_request();
                     if inbuf.len() - at > max {
-                        let e = crate::resp::ProtoError::TooLarge(max);
+                        let e = crate::redis::resp::ProtoError::TooLarge(max);
                         self.enc.error(&mut self.out, &format!("ERR {e}"));
                         break Served::Close;
                     }
@@ -387,7 +393,10 @@ impl Conn<'_> {
             },
             "config" => self.config(rest),
             "info" => self.info(rest),
-            "dbsize" => match crate::keyspace::census(self.backend, unix_now_ms()) {
+            "dbsize" => match self
+                .store
+                .with(|c| crate::keyspace::census(c, unix_now_ms()))
+            {
                 Ok(c) => e.integer(out, c.keys as i64),
                 Err(err) => e.error(out, &format!("ERR {err}")),
             },
@@ -440,7 +449,7 @@ impl Conn<'_> {
                 )),
                 _ => {
                     let now = unix_now_ms();
-                    let c = match crate::keyspace::census(self.backend, now) {
+                    let c = match self.with(|c| crate::keyspace::census(c, now)) {
                         Ok(c) => c,
                         Err(err) => return self.enc.error(&mut self.out, &format!("ERR {err}")),
                     };
@@ -465,7 +474,7 @@ impl Conn<'_> {
         if !matches!(mode.as_deref(), None | Some(b"async") | Some(b"sync")) || rest.len() > 1 {
             return self.enc.error(&mut self.out, "ERR syntax error");
         }
-        match crate::keyspace::flush(self.backend) {
+        match self.with(crate::keyspace::flush) {
             Ok(_) => self.enc.simple(&mut self.out, "OK"),
             Err(err) => self.enc.error(&mut self.out, &format!("ERR {err}")),
         }
@@ -814,8 +823,9 @@ impl Conn<'_> {
         self.enc.integer(&mut self.out, n);
     }
 
-    fn with<T>(&self, f: impl FnMut(&mut dyn KvClient) -> T) -> T {
-        run_with(self.backend, f)
+    /// Run `f` with this batch's store client.
+    fn with<T>(&mut self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
+        self.store.with(f)
     }
 
     fn store_error(&mut self, e: &Error) {
@@ -904,7 +914,7 @@ fn valid_client_name(name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resp::MAX_BULK_LEN;
+    use crate::redis::resp::MAX_BULK_LEN;
     use crate::testing::{MapBackend, Pipe};
 
     const LIMITS: RespLimits = RespLimits {

@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 
-use crate::memcache::{ProtoError, MAX_KEY_LEN};
+use crate::memcached::proto::{ProtoError, MAX_KEY_LEN};
 
 /// memcached refuses a meta line of more than 19 words (its `MFLAG_MAX_OPT_LENGTH` of 20
 /// tokens counts a terminal one).
@@ -54,7 +54,7 @@ pub struct MetaOpts {
     pub delta: Option<u64>,
 }
 
-/// A parsed meta command (`mn` is [`crate::memcache::Request::MetaNoop`]).
+/// A parsed meta command (`mn` is [`crate::memcached::proto::Request::MetaNoop`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta<'a> {
     pub cmd: MetaCmd,
@@ -252,7 +252,7 @@ pub fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memcache::{parse_request, Request};
+    use crate::memcached::proto::{parse_request, Request};
 
     fn meta(line: &str) -> Result<Meta<'_>, ProtoError> {
         match parse_request(line.as_bytes())?.expect("a whole line").0 {

@@ -1,4 +1,4 @@
-//! Serving memcached's meta commands (`mg`, `ms`, `md`, `ma`; parsed by [`crate::meta`]) on a
+//! Serving memcached's meta commands (`mg`, `ms`, `md`, `ma`; parsed by [`crate::memcached::meta`]) on a
 //! connection. Every one that depends on a key's state is a read-modify-write over the store's
 //! conditional writes ([`rmw`]), as the classic commands are; `mg` without `c` or `T` and `ms`
 //! in set mode without `C` are a plain read and a plain write.
@@ -14,7 +14,7 @@ use nessie_protocols::{Error, KvClient, Version};
 
 use super::{counter_value, read_or_touch, unix_now_ms, Conn, Hit};
 use crate::item;
-use crate::meta::{Meta, MetaCmd, MetaOpts};
+use crate::memcached::meta::{Meta, MetaCmd, MetaOpts};
 use crate::rmw::{self, Attempt, Change, Seen, MAX_RMW_ATTEMPTS};
 
 /// A meta command that owns its words (the parsed one borrows the input buffer).

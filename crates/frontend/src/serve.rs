@@ -1,0 +1,146 @@
+//! What the front ends share to serve a connection: where its store client comes from
+//! ([`Backend`], one client leased per batch of requests with [`BatchClient`]), the counters
+//! `stats` and `INFO` report ([`Counters`]), the most replies a session holds ([`FLUSH_AT`]),
+//! and the clock expiry times are read on.
+
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nessie_protocols::KvClient;
+
+/// Replies a session holds before it stops serving, until they are written (a multi-key get
+/// of large values, or a client pipelining requests and not reading, would otherwise make it
+/// hold all of theirs): a multi-key read stops between two keys and goes on from the next.
+pub const FLUSH_AT: usize = 1 << 20;
+
+/// A store client lent by a [`Backend`]: it goes back when the lease is dropped (unwinding
+/// included).
+pub trait Lease {
+    /// The client.
+    fn client(&mut self) -> &mut dyn KvClient;
+}
+
+/// A client behind a lock is leased for as long as the lock is held.
+impl<C: KvClient> Lease for std::sync::MutexGuard<'_, C> {
+    fn client(&mut self) -> &mut dyn KvClient {
+        &mut **self
+    }
+}
+
+/// Where a connection gets its store client.
+pub trait Backend: Send + Sync {
+    /// A client of the store, waiting for one to be free.
+    fn lease(&self) -> Box<dyn Lease + '_>;
+}
+
+/// A connection's client for one batch of requests (everything served from one read): leased
+/// from the [`Backend`] at the batch's first store operation, and given back by
+/// [`BatchClient::end`] when the batch ends, so that a pipeline of N commands takes the pool's
+/// lock once, not N times. A batch that needs no store (`PING`, `version`) leases nothing.
+pub struct BatchClient<'a> {
+    backend: &'a dyn Backend,
+    lease: Option<Box<dyn Lease + 'a>>,
+}
+
+impl<'a> BatchClient<'a> {
+    pub fn new(backend: &'a dyn Backend) -> Self {
+        Self {
+            backend,
+            lease: None,
+        }
+    }
+
+    /// Run `f` with this batch's client (leased now if it is the batch's first use).
+    pub fn with<T>(&mut self, f: impl FnOnce(&mut dyn KvClient) -> T) -> T {
+        let backend = self.backend;
+        f(self.lease.get_or_insert_with(|| backend.lease()).client())
+    }
+
+    /// The batch is served: give the client back.
+    pub fn end(&mut self) {
+        self.lease = None;
+    }
+}
+
+/// Counters shared by a front end's connections (`stats`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub cmd_get: AtomicU64,
+    pub cmd_set: AtomicU64,
+    pub get_hits: AtomicU64,
+    pub get_misses: AtomicU64,
+    pub delete_hits: AtomicU64,
+    pub delete_misses: AtomicU64,
+    /// When the front end started (Unix seconds).
+    pub started: AtomicU64,
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    unix_now_ms() / 1000
+}
+
+/// Unix milliseconds now.
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::memcached::serve::{self as mc, Limits};
+    use crate::redis::serve::{self as redis, RespLimits};
+    use crate::testing::{CountingBackend, Pipe};
+
+    /// The clients a connection leased to serve `input`, delivered `chunk` bytes per read,
+    /// and its replies.
+    fn leases(redis: bool, input: &[u8], chunk: usize) -> (usize, String) {
+        let b = CountingBackend::default();
+        let mut p = Pipe::new(input, chunk);
+        let counters = Counters::default();
+        if redis {
+            let l = RespLimits {
+                max_key: 32,
+                max_value: 2000,
+            };
+            redis::serve(&mut p, &b, l, &counters, 1).unwrap();
+        } else {
+            let l = Limits {
+                max_key: 250,
+                max_data: 2000,
+            };
+            mc::serve(&mut p, &b, l, &counters).unwrap();
+        }
+        let out = String::from_utf8(p.output).unwrap();
+        (b.leases.load(Ordering::Relaxed), out)
+    }
+
+    #[test]
+    fn a_batch_of_requests_leases_one_client() {
+        let mc = b"set a 0 0 1\r\nx\r\nget a\r\nget a b\r\ndelete a\r\nflush_all\r\n";
+        let (n, out) = leases(false, mc, 1 << 16);
+        assert_eq!(n, 1, "{out}");
+        assert_eq!(
+            out,
+            "STORED\r\nVALUE a 0 1\r\nx\r\nEND\r\nVALUE a 0 1\r\nx\r\nEND\r\nDELETED\r\nOK\r\n"
+        );
+        // A read per byte: a batch per read that completes a request.
+        let (n, _) = leases(false, b"get a\r\nget b\r\n", 1);
+        assert_eq!(n, 2);
+        // No store, no lease.
+        let (n, _) = leases(false, b"version\r\nmn\r\n", 1 << 16);
+        assert_eq!(n, 0);
+        let resp = b"SET a x\r\nGET a\r\nDBSIZE\r\nFLUSHALL\r\nPING\r\n";
+        let (n, out) = leases(true, resp, 1 << 16);
+        assert_eq!(n, 1, "{out}");
+        assert_eq!(out, "+OK\r\n$1\r\nx\r\n:1\r\n+OK\r\n+PONG\r\n");
+        let (n, _) = leases(true, b"PING\r\nECHO e\r\n", 1 << 16);
+        assert_eq!(n, 0);
+    }
+}
