@@ -49,6 +49,31 @@ pub trait Session {
     fn serve_buffered(&mut self) -> Served;
 }
 
+/// `impl Session for $conn<'_>`, for a front end's connection type with buffers `inbuf` and
+/// `out`, a batch client `store` and an inherent `serve_buffered`: one client serves the whole
+/// batch and goes back when it ends (memcached's and Redis's connections alike).
+macro_rules! connection_session {
+    ($conn:ident) => {
+        impl $crate::session::Session for $conn<'_> {
+            fn inbuf(&mut self) -> &mut Vec<u8> {
+                &mut self.inbuf
+            }
+
+            fn out(&mut self) -> &mut Vec<u8> {
+                &mut self.out
+            }
+
+            fn serve_buffered(&mut self) -> $crate::session::Served {
+                let served = $conn::serve_buffered(self);
+                // One client served the whole batch: it goes back until the next one.
+                self.store.end();
+                served
+            }
+        }
+    };
+}
+pub(crate) use connection_session;
+
 /// Run `session` on `stream` until the client closes it, a request ends it, or an I/O error.
 pub fn run<S: Read + Write>(stream: &mut S, session: &mut dyn Session) -> std::io::Result<()> {
     let mut chunk = vec![0u8; READ_CHUNK];

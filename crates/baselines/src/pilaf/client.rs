@@ -24,9 +24,8 @@ use super::layout::{
     EXTENT_HEADER, EXTENT_REGION, MOVE_SEQ_OFFSET, TABLE_REGION, WAYS,
 };
 use super::PilafParams;
-use crate::sd::client::{check_sizes, owner, require_coupled, Channel};
-use crate::sd::slots::OpCode;
-use crate::sd::{ClientSlot, RpcShared, RpcStats};
+use crate::sd::client::{check_sizes, owner};
+use crate::sd::{ClientSlot, RpcShared, RpcStats, SdClient};
 use nessie_protocols::cd::ClusterView;
 use nessie_protocols::config::ProtocolConfig;
 use nessie_protocols::Error;
@@ -69,11 +68,11 @@ enum Pass {
 
 /// One client worker of the Pilaf mode.
 pub struct PilafClient<E: Endpoint> {
-    ep: E,
-    view: Arc<ClusterView>,
+    /// Its endpoint, view and request channel: PUT and DELETE are SD's requests, unchanged.
+    sd: SdClient<E>,
     params: PilafParams,
     cfg: ProtocolConfig,
-    chan: Channel,
+    /// GET counters (the SD client counts the writes).
     stats: PilafClientStats,
     buf: Vec<u8>,
 }
@@ -88,15 +87,11 @@ impl<E: Endpoint> PilafClient<E> {
         shared: Arc<RpcShared>,
         slot: ClientSlot,
     ) -> Result<Self, Error> {
-        require_coupled(&view)?;
         let params = PilafParams::new(&view.geometry, 0)?;
-        let chan = Channel::new(shared, ep.node(), ep.node_count(), slot)?;
         Ok(Self {
-            ep,
-            view,
+            sd: SdClient::new(ep, view, shared, slot)?,
             params,
             cfg: cfg.clone(),
-            chan,
             stats: PilafClientStats::default(),
             buf: Vec::new(),
         })
@@ -105,10 +100,11 @@ impl<E: Endpoint> PilafClient<E> {
     /// Read `len` bytes at `off` of `region` on `owner` into `self.buf` (directly if local).
     fn read(&mut self, owner: NodeId, region: RegionId, off: u64, len: usize) -> Result<(), Error> {
         self.buf.resize(len, 0);
-        if owner == self.ep.node() {
-            self.ep.local_read(region, off, &mut self.buf)?;
+        if owner == self.sd.ep.node() {
+            self.sd.ep.local_read(region, off, &mut self.buf)?;
         } else {
-            self.ep
+            self.sd
+                .ep
                 .read(RemoteAddr::new(owner, region, off), &mut self.buf)?;
         }
         Ok(())
@@ -123,9 +119,9 @@ impl<E: Endpoint> PilafClient<E> {
 
     /// Read the value of `key`; `Ok(None)` if it is not in the store.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        check_sizes(&self.view, key, None)?;
+        check_sizes(&self.sd.view, key, None)?;
         self.stats.gets += 1;
-        let owner = owner(&self.view, key);
+        let owner = owner(&self.sd.view, key);
         let h = key_hash(key);
         let cands = candidates(h, self.params.entries);
         let attempts = self.cfg.retry.max_attempts;
@@ -169,7 +165,7 @@ impl<E: Endpoint> PilafClient<E> {
             .saturating_mul(1 << retries.min(20))
             .min(r.max_backoff_ns);
         if retries > 1 {
-            self.ep.sleep_ns(ns);
+            self.sd.ep.sleep_ns(ns);
         }
     }
 
@@ -237,47 +233,33 @@ impl<E: Endpoint> PilafClient<E> {
         }
     }
 
-    /// Store `value` under `key` (executed by the owner's server).
+    /// Store `value` under `key` (SD's request, executed by the owner's server).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-        check_sizes(&self.view, key, Some(value))?;
-        self.stats.puts += 1;
-        let owner = owner(&self.view, key);
-        self.chan
-            .call(&mut self.ep, owner, OpCode::Put, key, value)
-            .map(|_| ())
+        self.sd.put(key, value)
     }
 
-    /// Remove `key` (a no-op if absent; executed by the owner's server).
+    /// Remove `key` (a no-op if absent; SD's request, executed by the owner's server).
     pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
-        check_sizes(&self.view, key, None)?;
-        self.stats.deletes += 1;
-        let owner = owner(&self.view, key);
-        self.chan
-            .call(&mut self.ep, owner, OpCode::Delete, key, &[])
-            .map(|_| ())
+        self.sd.delete(key)
     }
 
     pub fn stats(&self) -> PilafClientStats {
+        let sd = self.sd.stats();
         PilafClientStats {
-            rpc: self.chan.stats,
+            puts: sd.puts,
+            deletes: sd.deletes,
+            rpc: sd.rpc,
             ..self.stats
         }
     }
 
-    pub fn node(&self) -> NodeId {
-        self.ep.node()
-    }
-
-    /// This client's slot number on its node.
-    pub fn slot(&self) -> u16 {
-        self.chan.local()
+    /// The SD client that carries this client's endpoint, view and writes (its node, slot,
+    /// endpoint and view are this client's).
+    pub fn requests(&self) -> &SdClient<E> {
+        &self.sd
     }
 
     pub fn endpoint(&self) -> &E {
-        &self.ep
-    }
-
-    pub fn view(&self) -> &Arc<ClusterView> {
-        &self.view
+        self.sd.endpoint()
     }
 }

@@ -359,8 +359,8 @@ pub struct SdClientStats {
 /// One client worker of the server-driven protocol (NessieSD): every operation is a request to
 /// the key's owner node, executed there by a server thread.
 pub struct SdClient<E: Endpoint> {
-    ep: E,
-    view: Arc<ClusterView>,
+    pub(crate) ep: E,
+    pub(crate) view: Arc<ClusterView>,
     chan: Channel,
     stats: SdClientStats,
 }

@@ -116,22 +116,7 @@ pub fn serve_with_password<S: Read + Write>(
     crate::session::run(stream, &mut c)
 }
 
-impl crate::session::Session for Conn<'_> {
-    fn inbuf(&mut self) -> &mut Vec<u8> {
-        &mut self.inbuf
-    }
-
-    fn out(&mut self) -> &mut Vec<u8> {
-        &mut self.out
-    }
-
-    fn serve_buffered(&mut self) -> Served {
-        let served = Conn::serve_buffered(self);
-        // One client served the whole batch: it goes back until the next one.
-        self.store.end();
-        served
-    }
-}
+crate::session::connection_session!(Conn);
 
 /// Served bytes at the start of the input buffer beyond which what is left is moved to its
 /// front.
