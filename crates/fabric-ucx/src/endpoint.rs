@@ -640,11 +640,17 @@ impl Endpoint for UcxEndpoint {
         debug_assert!(batch.is_complete());
     }
 
-    /// Over the network (tcp, verbs) a wave's READs share a round trip. Over shared memory a
-    /// READ is a copy the CPU makes (`reads_are_local_copies`), mapped or through UCX's sm
-    /// transports, so batching saves nothing there.
+    /// Whether callers should batch READs they may not need (a GET's candidates). Only with
+    /// `Transport::Auto`, i.e. RDMA verbs where the host has them: there the NIC serves a
+    /// READ without the target's CPU, so the extra READs are nearly free and the batch saves
+    /// a round trip whenever the pass would have gone past the first candidate. Not over tcp:
+    /// each READ is emulated by the target's progress thread, and measured on a shared
+    /// 2-core host (docs/fabric.md, "Batches") the extra READs (3.4 fabric operations per
+    /// GET against 1.8) cost more than the round trips saved (GET throughput down by a
+    /// quarter). Not over shm, where a READ is a CPU copy with nothing to overlap.
+    /// `run_batch` itself is native on every transport.
     fn overlaps_batches(&self, _region: RegionId) -> bool {
-        !self.reads_are_local_copies()
+        self.shared.config.transport == crate::Transport::Auto
     }
 
     fn local_read(
