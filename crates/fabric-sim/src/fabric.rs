@@ -643,6 +643,17 @@ impl Endpoint for SimEndpoint {
         })
     }
 
+    /// Op by op, as the default runs batches. Overlapping a batch's operations in virtual
+    /// time is not straightforward in this model: an operation advances its thread's clock
+    /// step by step (`at` on the request's arrival, at its effect, on the response), letting
+    /// other threads run in between, so posting several before any completes would need the
+    /// NIC and wire model to carry one requester's operations as concurrent events.
+    /// `overlaps_batches` stays `false`, so callers do not batch READs they may not need and
+    /// simulated runs are what they were.
+    fn run_batch(&mut self, batch: &mut nessie_fabric::Batch<'_>) {
+        batch.run_sequentially(self)
+    }
+
     fn local_read(
         &mut self,
         region: RegionId,

@@ -562,3 +562,213 @@ int nsh_ep_flush(ucp_worker_h w, nsh_ep_t *e, uint64_t timeout_ns)
     status = nsh_wait(w, e, ucp_ep_flush_nbx(e->ep, &p), 0, timeout_ns);
     return (status == UCS_OK) ? e->status : status;
 }
+
+/* ---------------------------------------------------------------- batches */
+
+/* Most operations one nsh_batch call takes (the Rust side's MAX_BATCH_OPS is at most this). */
+#define NSH_BATCH_MAX 64
+
+enum { NSH_OP_READ = 0, NSH_OP_WRITE = 1, NSH_OP_CAS = 2 };
+
+/* One operation of a batch; the layout is mirrored by `ffi::NshBatchOp`. */
+typedef struct nsh_batch_op {
+    nsh_ep_t *ep;
+    ucp_rkey_h rkey;
+    uint64_t raddr;
+    void *buf;          /* READ: destination; WRITE: source; CAS: unused */
+    size_t len;
+    uint64_t expected;  /* CAS */
+    uint64_t result;    /* CAS in: the value to swap in; out: the value found */
+    int kind;           /* NSH_OP_* */
+    int status;         /* out */
+} nsh_batch_op_t;
+
+/* A request in flight: an operation's or a flush's. */
+typedef struct nsh_pending {
+    void *req;          /* NULL once complete */
+    void *user_mem;     /* user request memory to free (CAS), or NULL: UCX's pool */
+    nsh_ep_t *ep;
+    int status;
+} nsh_pending_t;
+
+/* Record a posted request's immediate outcome. */
+static void nsh_pending_set(nsh_pending_t *q, nsh_ep_t *e, void *req, void *user_mem)
+{
+    q->ep       = e;
+    q->user_mem = user_mem;
+    q->req      = NULL;
+    if (req == NULL) {
+        q->status = UCS_OK;
+    } else if (UCS_PTR_IS_ERR(req)) {
+        q->status = UCS_PTR_STATUS(req);
+    } else {
+        q->req    = req;
+        q->status = UCS_INPROGRESS;
+    }
+}
+
+static void nsh_pending_release(nsh_pending_t *q)
+{
+    if (q->user_mem != NULL) {
+        free(q->user_mem);
+        q->user_mem = NULL;
+    } else if (q->req != NULL) {
+        ucp_request_free(q->req);
+    }
+    q->req = NULL;
+}
+
+/* Poll `w` until every request of `q` completes: one progress loop for all of them, as
+ * nsh_wait does for one (deadline, blocking after block_after_ns). On the deadline the
+ * endpoints of the requests still in flight are force-closed, which completes them with an
+ * error (their buffers are the caller's, about to be released). */
+static void nsh_wait_all(ucp_worker_h w, nsh_pending_t *q, size_t n, uint64_t block_after_ns,
+                         uint64_t timeout_ns)
+{
+    uint64_t deadline = 0, start = 0;
+    unsigned spins = 0, progressed;
+    size_t i, pending = 0;
+    int timed_out = 0;
+
+    for (i = 0; i < n; i++) {
+        pending += (q[i].req != NULL);
+    }
+    while (pending > 0) {
+        progressed = ucp_worker_progress(w);
+        for (i = 0; i < n; i++) {
+            ucs_status_t st;
+            if (q[i].req == NULL) {
+                continue;
+            }
+            st = ucp_request_check_status(q[i].req);
+            if (st == UCS_INPROGRESS) {
+                continue;
+            }
+            q[i].status = timed_out ? NSH_TIMED_OUT : st;
+            nsh_pending_release(&q[i]);
+            pending--;
+        }
+        if (pending == 0 || (++spins & 63) != 0) {
+            continue;
+        }
+        {
+            uint64_t now = nsh_now_ns();
+            if (deadline == 0) {
+                start    = now;
+                deadline = now + timeout_ns;
+            } else if (now > deadline && !timed_out) {
+                timed_out = 1;
+                for (i = 0; i < n; i++) {
+                    if (q[i].req != NULL) {
+                        nsh_ep_fail(w, q[i].ep, NSH_TIMED_OUT, timeout_ns);
+                    }
+                }
+                deadline = nsh_now_ns() + timeout_ns;
+            } else if (now > deadline) {
+                fprintf(stderr, "nessie-fabric-ucx: a request survived a forced endpoint "
+                        "close; aborting rather than letting UCX write into freed memory\n");
+                abort();
+            } else if (block_after_ns != 0 && progressed == 0 && !timed_out &&
+                       now - start >= block_after_ns) {
+                nsh_block(w);
+            }
+        }
+    }
+}
+
+/* Post every operation of `ops` (ucp_get_nbx / ucp_put_nbx / ucp_atomic_op_nbx), then
+ * progress the worker until all complete; then flush, once per endpoint, the endpoints that
+ * took a WRITE (put completion is local only). Each operation gets its own status. The caller
+ * guarantees that no two operations conflict (overlapping bytes, one of them a change): they
+ * may take effect in any order. Returns UCS_ERR_INVALID_PARAM (touching nothing) when n
+ * exceeds NSH_BATCH_MAX. */
+int nsh_batch(ucp_worker_h w, nsh_batch_op_t *ops, size_t n, uint64_t timeout_ns)
+{
+    nsh_pending_t q[NSH_BATCH_MAX];
+    nsh_pending_t flush[NSH_BATCH_MAX];
+    nsh_ep_t *flushed[NSH_BATCH_MAX];
+    size_t i, j, nflush = 0;
+    uint64_t block_after_ns = 0;
+
+    if (n > NSH_BATCH_MAX) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    for (i = 0; i < n; i++) {
+        nsh_batch_op_t *op = &ops[i];
+        ucp_request_param_t p;
+        void *req, *mem = NULL;
+        int status = nsh_check_ep(w, op->ep);
+        q[i].req      = NULL;
+        q[i].user_mem = NULL;
+        q[i].ep       = op->ep;
+        if (status != UCS_OK) {
+            q[i].status = status;
+            continue;
+        }
+        block_after_ns = op->ep->block_after_ns;
+        memset(&p, 0, sizeof(p));
+        switch (op->kind) {
+        case NSH_OP_READ:
+            req = ucp_get_nbx(op->ep->ep, op->buf, op->len, op->raddr, op->rkey, &p);
+            break;
+        case NSH_OP_WRITE:
+            req = ucp_put_nbx(op->ep->ep, op->buf, op->len, op->raddr, op->rkey, &p);
+            break;
+        case NSH_OP_CAS:
+            /* Zeroed user request memory, as nsh_req_prepare gives a single CAS (one per
+             * operation: several may be in flight on one endpoint). */
+            if (posix_memalign(&mem, 64, op->ep->req_size) != 0) {
+                q[i].status = UCS_ERR_NO_MEMORY;
+                continue;
+            }
+            memset(mem, 0, op->ep->req_size);
+            p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER |
+                             UCP_OP_ATTR_FIELD_REQUEST;
+            p.datatype     = ucp_dt_make_contig(8);
+            p.reply_buffer = &op->result;
+            p.request      = (char *)mem + op->ep->req_size;
+            req = ucp_atomic_op_nbx(op->ep->ep, UCP_ATOMIC_OP_CSWAP, &op->expected, 1,
+                                    op->raddr, op->rkey, &p);
+            break;
+        default:
+            req = UCS_STATUS_PTR(UCS_ERR_INVALID_PARAM);
+            break;
+        }
+        nsh_pending_set(&q[i], op->ep, req, mem);
+        if (q[i].req == NULL && mem != NULL) {
+            free(mem);
+            q[i].user_mem = NULL;
+        }
+    }
+    nsh_wait_all(w, q, n, block_after_ns, timeout_ns);
+    for (i = 0; i < n; i++) {
+        /* A request that completed on an endpoint that failed meanwhile is not trusted. */
+        ops[i].status = (q[i].status == UCS_OK) ? ops[i].ep->status : q[i].status;
+        if (ops[i].status != UCS_OK || ops[i].kind != NSH_OP_WRITE) {
+            continue;
+        }
+        for (j = 0; j < nflush && flushed[j] != ops[i].ep; j++) {
+        }
+        if (j == nflush) {
+            ucp_request_param_t p;
+            memset(&p, 0, sizeof(p));
+            flushed[nflush] = ops[i].ep;
+            nsh_pending_set(&flush[nflush], ops[i].ep, ucp_ep_flush_nbx(ops[i].ep->ep, &p),
+                            NULL);
+            nflush++;
+        }
+    }
+    if (nflush == 0) {
+        return UCS_OK;
+    }
+    nsh_wait_all(w, flush, nflush, block_after_ns, timeout_ns);
+    for (i = 0; i < n; i++) {
+        if (ops[i].status != UCS_OK || ops[i].kind != NSH_OP_WRITE) {
+            continue;
+        }
+        for (j = 0; flushed[j] != ops[i].ep; j++) {
+        }
+        ops[i].status = (flush[j].status == UCS_OK) ? ops[i].ep->status : flush[j].status;
+    }
+    return UCS_OK;
+}

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use nessie_fabric::memory::{direct_read, direct_write, AccessError, WordMemory};
 use nessie_fabric::{
-    Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr, StatsCell, ALIGN,
+    Batch, BatchOp, Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr,
+    StatsCell, ALIGN, MAX_BATCH_OPS,
 };
 
 use crate::config::Transport;
@@ -46,6 +47,9 @@ pub struct UcxEndpoint {
     conn: ConnectedWorker,
     shared: Arc<NodeShared>,
 }
+
+// A batch's operations fit in one call of the shim.
+const _: () = assert!(MAX_BATCH_OPS <= ffi::NSH_BATCH_MAX);
 
 fn op_name(kind: OpKind) -> &'static str {
     match kind {
@@ -443,6 +447,131 @@ impl UcxEndpoint {
     }
 }
 
+impl UcxEndpoint {
+    /// Operation `op` of a batch performed straight on memory, when it bypasses UCX
+    /// ([`Self::direct`]); `None`: it goes through UCX.
+    fn direct_batch_op(&mut self, op: &mut BatchOp<'_>) -> Option<Result<u64, FabricError>> {
+        let (kind, len) = (op.kind(), op.len());
+        match op {
+            BatchOp::Read { addr, buf } => {
+                let at = addr.offset;
+                self.direct(kind, *addr, len, |m| m.read(at, buf).map(|()| 0))
+            }
+            BatchOp::Write { addr, buf } => {
+                let at = addr.offset;
+                self.direct(kind, *addr, len, |m| m.write(at, buf).map(|()| 0))
+            }
+            BatchOp::Cas {
+                addr,
+                expected,
+                desired,
+            } => {
+                let (at, e, d) = (addr.offset, *expected, *desired);
+                self.direct(kind, *addr, len, |m| m.compare_and_swap(at, e, d))
+            }
+        }
+    }
+
+    /// One wave of a batch (`Batch::wave_end`: no two of its operations conflict): the
+    /// operations that bypass UCX are performed here, the others posted together with one
+    /// `nsh_batch` call (one progress loop until all complete). Each operation gets its own
+    /// result; a failure marks its peer unreachable as a single operation's does.
+    fn run_wave(&mut self, batch: &mut Batch<'_>, wave: std::ops::Range<usize>) {
+        assert!(
+            wave.len() <= MAX_BATCH_OPS,
+            "a wave of {} operations",
+            wave.len()
+        );
+        self.refresh_peers();
+        let mut posted = [ffi::NshBatchOp::EMPTY; MAX_BATCH_OPS];
+        let mut which = [0usize; MAX_BATCH_OPS];
+        let mut n = 0;
+        for i in wave {
+            let op = batch.op_mut(i);
+            if let Some(r) = self.direct_batch_op(op) {
+                batch.complete(i, r);
+                continue;
+            }
+            let (kind, addr, len) = (op.kind(), op.addr(), op.len());
+            self.renew_if_asked(addr.node as usize);
+            let raddr = match self.target(addr, len) {
+                Ok(raddr) => raddr,
+                Err(e) => {
+                    batch.complete(i, Err(e));
+                    continue;
+                }
+            };
+            let (ep, rkey) = match self.conn.split(addr.node as usize).1 {
+                None => (Err(ffi::UCS_ERR_NOT_CONNECTED), std::ptr::null_mut()),
+                Some(p) if p.status() != ffi::UCS_OK => (Err(p.status()), std::ptr::null_mut()),
+                Some(p) => (Ok(p.ep()), p.rkey(addr.region as usize)),
+            };
+            let ep = match ep {
+                Err(status) => {
+                    let e = self.fail(addr.node, status, op_name(kind));
+                    batch.complete(i, Err(e));
+                    continue;
+                }
+                Ok(_) if len == 0 => {
+                    self.stats.record(kind, self.locality(addr.node), 0);
+                    batch.complete(i, Ok(0));
+                    continue;
+                }
+                Ok(ep) => ep,
+            };
+            let mut p = ffi::NshBatchOp {
+                ep,
+                rkey,
+                raddr,
+                len,
+                ..ffi::NshBatchOp::EMPTY
+            };
+            match op {
+                BatchOp::Read { buf, .. } => {
+                    p.kind = ffi::NSH_OP_READ;
+                    p.buf = buf.as_mut_ptr().cast();
+                }
+                BatchOp::Write { buf, .. } => {
+                    p.kind = ffi::NSH_OP_WRITE;
+                    p.buf = buf.as_ptr() as *mut _;
+                }
+                BatchOp::Cas {
+                    expected, desired, ..
+                } => {
+                    p.kind = ffi::NSH_OP_CAS;
+                    p.expected = *expected;
+                    p.result = *desired;
+                }
+            }
+            posted[n] = p;
+            which[n] = i;
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let worker = self.conn.worker().raw();
+        // SAFETY: every posted operation's endpoint and rkey are live (held by `self.conn`,
+        // not changed until the call returns) and its buffer is the batch's, valid for `len`
+        // bytes and not otherwise accessed until the call returns; the shim does not return
+        // while UCX may still touch a buffer (a deadline force-closes the endpoints).
+        let status = unsafe { ffi::nsh_batch(worker, posted.as_mut_ptr(), n, self.timeout_ns) };
+        assert_eq!(status, ffi::UCS_OK, "nsh_batch refused {n} operations");
+        for (p, &i) in posted[..n].iter().zip(&which[..n]) {
+            let op = batch.op_mut(i);
+            let (kind, addr, len) = (op.kind(), op.addr(), op.len());
+            let r = if p.status == ffi::UCS_OK {
+                self.stats
+                    .record(kind, self.locality(addr.node), len as u64);
+                Ok(if kind == OpKind::Cas { p.result } else { 0 })
+            } else {
+                Err(self.fail(addr.node, p.status, op_name(kind)))
+            };
+            batch.complete(i, r);
+        }
+    }
+}
+
 impl Endpoint for UcxEndpoint {
     fn node(&self) -> NodeId {
         self.shared.node
@@ -494,6 +623,34 @@ impl Endpoint for UcxEndpoint {
             unsafe { ffi::nsh_cswap64(w.raw(), ep, expected, desired, raddr, rkey, t, out) }
         })?;
         Ok(old)
+    }
+
+    /// Natively: the batch runs in waves of operations that do not conflict (overlapping
+    /// ones stay in batch order, `Batch::wave_end`); a wave's operations through UCX are all
+    /// posted (`ucp_get_nbx`, `ucp_put_nbx`, `ucp_atomic_op_nbx`) before one progress loop
+    /// waits for them together, so they share round trips. Operations that bypass UCX (own
+    /// memory, mapped peers) are performed when their turn comes in the wave.
+    fn run_batch(&mut self, batch: &mut Batch<'_>) {
+        let mut start = 0;
+        while start < batch.len() {
+            let end = batch.wave_end(start);
+            self.run_wave(batch, start..end);
+            start = end;
+        }
+        debug_assert!(batch.is_complete());
+    }
+
+    /// Whether callers should batch READs they may not need (a GET's candidates). Only with
+    /// `Transport::Auto`, i.e. RDMA verbs where the host has them: there the NIC serves a
+    /// READ without the target's CPU, so the extra READs are nearly free and the batch saves
+    /// a round trip whenever the pass would have gone past the first candidate. Not over tcp:
+    /// each READ is emulated by the target's progress thread, and measured on a shared
+    /// 2-core host (docs/fabric.md, "Batches") the extra READs (3.4 fabric operations per
+    /// GET against 1.8) cost more than the round trips saved (GET throughput down by a
+    /// quarter). Not over shm, where a READ is a CPU copy with nothing to overlap.
+    /// `run_batch` itself is native on every transport.
+    fn overlaps_batches(&self, _region: RegionId) -> bool {
+        self.shared.config.transport == crate::Transport::Auto
     }
 
     fn local_read(

@@ -26,6 +26,46 @@ pub struct NshEp {
     _p: [u8; 0],
 }
 
+/// One operation of `nsh_batch` (`nsh_batch_op_t` in the shim; same layout).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct NshBatchOp {
+    pub ep: *mut NshEp,
+    pub rkey: *mut UcpRkey,
+    pub raddr: u64,
+    /// READ: destination; WRITE: source; CAS: unused.
+    pub buf: *mut c_void,
+    pub len: usize,
+    /// CAS: the value expected.
+    pub expected: u64,
+    /// CAS: in, the value to swap in; out, the value found.
+    pub result: u64,
+    /// `NSH_OP_*`.
+    pub kind: c_int,
+    /// Out: the operation's `ucs_status_t`.
+    pub status: c_int,
+}
+
+pub const NSH_OP_READ: c_int = 0;
+pub const NSH_OP_WRITE: c_int = 1;
+pub const NSH_OP_CAS: c_int = 2;
+/// Most operations one `nsh_batch` call takes (`NSH_BATCH_MAX` in the shim).
+pub const NSH_BATCH_MAX: usize = 64;
+
+impl NshBatchOp {
+    pub const EMPTY: NshBatchOp = NshBatchOp {
+        ep: std::ptr::null_mut(),
+        rkey: std::ptr::null_mut(),
+        raddr: 0,
+        buf: std::ptr::null_mut(),
+        len: 0,
+        expected: 0,
+        result: 0,
+        kind: NSH_OP_READ,
+        status: 0,
+    };
+}
+
 pub const UCS_OK: c_int = 0;
 pub const UCS_ERR_TIMED_OUT: c_int = -20;
 pub const UCS_ERR_NOT_CONNECTED: c_int = -24;
@@ -117,6 +157,9 @@ extern "C" {
         timeout_ns: u64,
         old: *mut u64,
     ) -> c_int;
+    /// Post every operation of `ops[..n]` (which must not conflict), progress `w` until all
+    /// complete, flush the endpoints that took a WRITE; each operation's `status` is set.
+    pub fn nsh_batch(w: *mut UcpWorker, ops: *mut NshBatchOp, n: usize, timeout_ns: u64) -> c_int;
 }
 
 /// Human-readable name of a `ucs_status_t`.

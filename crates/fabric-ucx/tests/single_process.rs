@@ -623,3 +623,54 @@ fn shm_reads_are_local_copies_through_every_wrapper() {
         assert_eq!(ep.reads_are_local_copies(), copies, "{t} wrapped");
     }
 }
+
+/// Batches meet their semantics (`nessie_fabric::batch::check_semantics`: every operation
+/// attempted, an error reported for its operation only, overlapping operations in batch order)
+/// over shm and tcp, with every operation through UCX (`ucp_*_nbx` posted together) and with
+/// the default direct paths (own memory, mapped peers), on a batch that mixes two nodes.
+#[test]
+fn batches_meet_their_semantics_over_shm_and_tcp() {
+    for t in [Transport::Shm, Transport::Tcp] {
+        for (cfg, how) in [(config(t), "through UCX"), (direct_config(t), "direct")] {
+            let a = UcxNode::new(0, &[256, 64], &cfg).unwrap();
+            let b = UcxNode::new(1, &[256, 64], &cfg).unwrap();
+            let cluster = [a.info().clone(), b.info().clone()];
+            let mut ep = a.endpoint(&cluster).unwrap();
+            nessie_fabric::batch::check_semantics(&mut ep, &[0, 1], 0, 256);
+            nessie_fabric::batch::check_semantics(&mut ep, &[1, 0], 0, 256);
+            // What another endpoint reads afterwards: the batches' effects are complete.
+            let mut other = b.endpoint(&cluster).unwrap();
+            assert_eq!(
+                other.read_u64(RemoteAddr::new(0, 0, 128)).unwrap(),
+                u64::from_le_bytes([0x33; 8]),
+                "{t} {how}"
+            );
+            assert!(
+                !ep.overlaps_batches(0),
+                "{t} {how}: speculative READs do not pay over shm or tcp"
+            );
+        }
+    }
+}
+
+/// An operation of a batch to a peer that is gone fails alone (that peer is unreachable),
+/// the others complete.
+#[test]
+fn a_batch_survives_an_unreachable_peer() {
+    let a = UcxNode::new(0, &[64], &config(Transport::Shm)).unwrap();
+    let b = UcxNode::new(1, &[64], &config(Transport::Tcp)).unwrap();
+    let mut ep = a.endpoint(&[a.info().clone(), b.info().clone()]).unwrap();
+    let mut x = [0u8; 8];
+    let mut batch = nessie_fabric::Batch::new();
+    let w = batch.write(RemoteAddr::new(0, 0, 8), &[5; 8]);
+    let gone = batch.read(RemoteAddr::new(1, 0, 0), &mut x);
+    let c = batch.cas(RemoteAddr::new(0, 0, 16), 0, 9);
+    ep.run_batch(&mut batch);
+    assert_eq!(batch.result(w), Ok(0));
+    assert!(matches!(
+        batch.result(gone),
+        Err(FabricError::Unreachable { node: 1, .. })
+    ));
+    assert_eq!(batch.result(c), Ok(0));
+    assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 16)).unwrap(), 9);
+}

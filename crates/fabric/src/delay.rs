@@ -6,7 +6,7 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
+use crate::{Batch, ConfigError, Endpoint, FabricError, RegionId, RemoteAddr};
 
 /// Spreads the streams of endpoints that share one seed (the 64-bit golden ratio).
 const STREAM_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -90,12 +90,6 @@ impl<E: Endpoint> Delayed<E> {
 }
 
 impl<E: Endpoint> Endpoint for Delayed<E> {
-    fn node(&self) -> NodeId {
-        self.inner.node()
-    }
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         self.around(|e| e.read(addr, buf))
     }
@@ -118,10 +112,6 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     ) -> Result<(), FabricError> {
         self.around(|e| e.local_read(region, offset, buf))
     }
-    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
-        self.inner.local_prefetch(region, offset, len)
-    }
-
     fn local_write(
         &mut self,
         region: RegionId,
@@ -130,33 +120,13 @@ impl<E: Endpoint> Endpoint for Delayed<E> {
     ) -> Result<(), FabricError> {
         self.around(|e| e.local_write(region, offset, buf))
     }
-    fn now_ns(&self) -> u64 {
-        self.inner.now_ns()
+    /// The delays around the whole batch, which the wrapped endpoint runs as it runs any
+    /// (natively where it can): a batch is one injection point, as one operation is.
+    fn run_batch(&mut self, batch: &mut Batch<'_>) {
+        self.around(|e| e.run_batch(batch))
     }
-    fn mono_ns(&self) -> u64 {
-        self.inner.mono_ns()
-    }
-    fn mono_coarse_ns(&self) -> u64 {
-        self.inner.mono_coarse_ns()
-    }
-    fn coarse_lag_ns(&self) -> u64 {
-        self.inner.coarse_lag_ns()
-    }
-    fn sleep_ns(&mut self, ns: u64) {
-        self.inner.sleep_ns(ns)
-    }
-    fn virtual_time(&self) -> bool {
-        self.inner.virtual_time()
-    }
-    fn reads_are_local_copies(&self) -> bool {
-        self.inner.reads_are_local_copies()
-    }
-    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
-        self.inner.idle_poll(region, watched)
-    }
-    fn stats(&self) -> &StatsCell {
-        self.inner.stats()
-    }
+    crate::forward_endpoint!(field inner: overlaps_batches);
+    crate::forward_endpoint!(field inner);
 }
 
 /// An endpoint that is wrapped in [`Delayed`] only when delay injection is asked for, so runs
@@ -183,83 +153,10 @@ impl<E: Endpoint> MaybeDelayed<E> {
     }
 }
 
-/// `$body` with `$e` bound to whichever endpoint `$self` holds.
-macro_rules! either {
-    ($self:expr, $e:ident => $body:expr) => {
-        match $self {
-            MaybeDelayed::Direct($e) => $body,
-            MaybeDelayed::Delayed($e) => $body,
-        }
-    };
-}
-
 impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
-    fn node(&self) -> NodeId {
-        either!(self, e => e.node())
-    }
-    fn node_count(&self) -> usize {
-        either!(self, e => e.node_count())
-    }
-    fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        either!(self, e => e.read(addr, buf))
-    }
-    fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
-        either!(self, e => e.write(addr, buf))
-    }
-    fn compare_and_swap(
-        &mut self,
-        addr: RemoteAddr,
-        expected: u64,
-        desired: u64,
-    ) -> Result<u64, FabricError> {
-        either!(self, e => e.compare_and_swap(addr, expected, desired))
-    }
-    fn local_read(
-        &mut self,
-        region: RegionId,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<(), FabricError> {
-        either!(self, e => e.local_read(region, offset, buf))
-    }
-    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
-        either!(self, e => e.local_prefetch(region, offset, len))
-    }
-    fn local_write(
-        &mut self,
-        region: RegionId,
-        offset: u64,
-        buf: &[u8],
-    ) -> Result<(), FabricError> {
-        either!(self, e => e.local_write(region, offset, buf))
-    }
-    fn now_ns(&self) -> u64 {
-        either!(self, e => e.now_ns())
-    }
-    fn mono_ns(&self) -> u64 {
-        either!(self, e => e.mono_ns())
-    }
-    fn mono_coarse_ns(&self) -> u64 {
-        either!(self, e => e.mono_coarse_ns())
-    }
-    fn coarse_lag_ns(&self) -> u64 {
-        either!(self, e => e.coarse_lag_ns())
-    }
-    fn sleep_ns(&mut self, ns: u64) {
-        either!(self, e => e.sleep_ns(ns))
-    }
-    fn virtual_time(&self) -> bool {
-        either!(self, e => e.virtual_time())
-    }
-    fn reads_are_local_copies(&self) -> bool {
-        either!(self, e => e.reads_are_local_copies())
-    }
-    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
-        either!(self, e => e.idle_poll(region, watched))
-    }
-    fn stats(&self) -> &StatsCell {
-        either!(self, e => e.stats())
-    }
+    crate::forward_endpoint!(match MaybeDelayed { Direct, Delayed }:
+        read, write, compare_and_swap, local_read, local_write, run_batch, overlaps_batches);
+    crate::forward_endpoint!(match MaybeDelayed { Direct, Delayed });
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ pub use crate::delay::DelayInjection;
 use crate::delay::Injector;
 use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
-use crate::{ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
+use crate::{Batch, ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 
 struct InProcNode {
     regions: Vec<WordMemory>,
@@ -40,6 +40,9 @@ pub struct InProcFabric {
     /// While not 0, what every coarse monotonic clock reads: tests hold the clock ticks up
     /// with it.
     coarse_frozen_at: AtomicU64,
+    /// What endpoints answer to `Endpoint::overlaps_batches` (tests turn it on to drive
+    /// callers' batched paths; the batches themselves still run op by op).
+    batches_overlap: AtomicBool,
 }
 
 impl InProcFabric {
@@ -75,6 +78,7 @@ impl InProcFabric {
             endpoints_made: AtomicU64::new(0),
             wall_clock_step_ns: std::sync::atomic::AtomicI64::new(0),
             coarse_frozen_at: AtomicU64::new(0),
+            batches_overlap: AtomicBool::new(false),
         }))
     }
 
@@ -93,6 +97,14 @@ impl InProcFabric {
             false => 0,
         };
         self.coarse_frozen_at.store(at, Ordering::Relaxed);
+    }
+
+    /// Make every endpoint claim (`true`) that it overlaps batches
+    /// (`Endpoint::overlaps_batches`), as a UCX endpoint over a network does, so that callers
+    /// take the paths they take there (batching READs they may not need). The batches still run
+    /// one operation after another: results are the same, only the claim changes.
+    pub fn set_batches_overlap(&self, on: bool) {
+        self.batches_overlap.store(on, Ordering::Relaxed);
     }
 
     /// A new endpoint (one per worker thread) on `node`.
@@ -299,6 +311,18 @@ impl Endpoint for InProcEndpoint {
         self.op(OpKind::Cas, addr, 8, |m| {
             m.compare_and_swap(addr.offset, expected, desired)
         })
+    }
+
+    /// In process every operation has completed when its call returns, so nothing is gained
+    /// by keeping several in flight: the batch runs op by op, in batch order (which also keeps
+    /// overlapping operations in order), each with the same checks, counters, crash points
+    /// and delay injection as a single operation.
+    fn run_batch(&mut self, batch: &mut Batch<'_>) {
+        batch.run_sequentially(self)
+    }
+
+    fn overlaps_batches(&self, _region: RegionId) -> bool {
+        self.fabric.batches_overlap.load(Ordering::Relaxed)
     }
 
     fn local_read(
@@ -516,5 +540,50 @@ mod tests {
             0,
             "a new process, fresh memory"
         );
+    }
+
+    /// The batch semantics (`batch::check_semantics`) hold in process, plain, with delays
+    /// injected, and through the `Delayed` and `Interposed` wrappers.
+    #[test]
+    fn batches_meet_their_semantics() {
+        use crate::batch::check_semantics;
+        use crate::delay::Delayed;
+        use crate::interpose::{Interposed, Interposer, Op};
+        let regions = [vec![256], vec![256], vec![256]];
+        let f = InProcFabric::new(&regions, None).unwrap();
+        check_semantics(&mut f.endpoint(0), &[0, 1, 2], 0, 256);
+        let delays = DelayInjection {
+            seed: 3,
+            probability: 0.5,
+            max_delay_ns: 10_000,
+        };
+        let f = InProcFabric::new(&regions, Some(delays.clone())).unwrap();
+        check_semantics(&mut f.endpoint(1), &[2, 0], 0, 256);
+        let f = InProcFabric::new(&regions, None).unwrap();
+        let mut d = Delayed::new(f.endpoint(0), delays, 7);
+        check_semantics(&mut d, &[1, 2], 0, 256);
+        struct Pass;
+        impl Interposer for Pass {
+            fn before(&mut self, _: Op) -> Result<(), FabricError> {
+                Ok(())
+            }
+        }
+        let f = InProcFabric::new(&regions, None).unwrap();
+        check_semantics(
+            &mut Interposed::new(f.endpoint(2), Pass),
+            &[0, 1, 2],
+            0,
+            256,
+        );
+    }
+
+    /// Batches are claimed to overlap only when asked (tests drive callers' batched paths so).
+    #[test]
+    fn batches_overlap_only_when_asked() {
+        let f = fabric(None);
+        let ep = f.endpoint(0);
+        assert!(!ep.overlaps_batches(0));
+        f.set_batches_overlap(true);
+        assert!(ep.overlaps_batches(0));
     }
 }

@@ -4,8 +4,7 @@
 //! issued and may refuse it; for a CAS it also sees the answer and may lose it (the CAS took
 //! place, the caller gets an error), the case a caller cannot tell from a CAS never issued.
 
-use crate::stats::StatsCell;
-use crate::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
+use crate::{Endpoint, FabricError, RegionId, RemoteAddr};
 
 /// One operation, as an [`Interposer`] sees it before it is issued. Local operations name this
 /// endpoint's node.
@@ -55,15 +54,9 @@ impl<E: Endpoint, I: Interposer> Interposed<E, I> {
     }
 }
 
+/// Batches run one operation after another (the default `run_batch`), each through the hook
+/// as a single operation is: the hook decides per operation.
 impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
-    fn node(&self) -> NodeId {
-        self.inner.node()
-    }
-
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         self.hook.before(Op::Read(addr))?;
         self.inner.read(addr, buf)
@@ -97,10 +90,6 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.local_read(region, offset, buf)
     }
 
-    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
-        self.inner.local_prefetch(region, offset, len)
-    }
-
     fn local_write(
         &mut self,
         region: RegionId,
@@ -112,41 +101,7 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         self.inner.local_write(region, offset, buf)
     }
 
-    fn now_ns(&self) -> u64 {
-        self.inner.now_ns()
-    }
-
-    fn mono_ns(&self) -> u64 {
-        self.inner.mono_ns()
-    }
-
-    fn mono_coarse_ns(&self) -> u64 {
-        self.inner.mono_coarse_ns()
-    }
-
-    fn coarse_lag_ns(&self) -> u64 {
-        self.inner.coarse_lag_ns()
-    }
-
-    fn sleep_ns(&mut self, ns: u64) {
-        self.inner.sleep_ns(ns)
-    }
-
-    fn virtual_time(&self) -> bool {
-        self.inner.virtual_time()
-    }
-
-    fn reads_are_local_copies(&self) -> bool {
-        self.inner.reads_are_local_copies()
-    }
-
-    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
-        self.inner.idle_poll(region, watched)
-    }
-
-    fn stats(&self) -> &StatsCell {
-        self.inner.stats()
-    }
+    crate::forward_endpoint!(field inner);
 }
 
 #[cfg(test)]
@@ -186,5 +141,27 @@ mod tests {
         ep.write(a0, &[1; 8]).unwrap();
         assert!(ep.compare_and_swap(a1, 0, 5).is_err());
         assert_eq!(f.endpoint(1).read_u64(a1).unwrap(), 5, "the CAS took place");
+    }
+
+    /// A batch goes through the hook op by op: a refused operation fails alone.
+    #[test]
+    fn batches_are_hooked_per_operation() {
+        let f = InProcFabric::new(&[vec![64], vec![64]], None).unwrap();
+        let mut ep = Interposed::new(f.endpoint(0), Hook);
+        let (a0, a1) = (RemoteAddr::new(0, 0, 8), RemoteAddr::new(1, 0, 8));
+        let mut back = [0u8; 8];
+        let mut b = crate::Batch::new();
+        let refused = b.write(a1, &[7; 8]);
+        let written = b.write(a0, &[9; 8]);
+        let read = b.read(a0, &mut back);
+        ep.run_batch(&mut b);
+        assert_eq!(b.result(refused), Err(FabricError::Fenced { node: 0 }));
+        assert_eq!((b.result(written), b.result(read)), (Ok(0), Ok(0)));
+        assert_eq!(back, [9; 8]);
+        assert_eq!(
+            f.endpoint(1).read_u64(a1).unwrap(),
+            0,
+            "refused: not written"
+        );
     }
 }

@@ -12,18 +12,23 @@
 //!
 //! Completion model: every call blocks the calling worker thread until the operation has
 //! completed at the target (one outstanding operation per client worker, as in the paper).
+//! A [`Batch`] of operations is the one exception: [`Endpoint::run_batch`] may keep all of
+//! them in flight at once, and blocks until the last completes (see [`batch`]).
 //! Time is part of the endpoint (`now_ns` for the wall clock, `mono_ns` for durations,
 //! `sleep_ns`) so that a simulated backend can run the same protocol code in virtual time.
 
 pub mod addr;
+pub mod batch;
 pub mod delay;
 pub mod error;
+pub mod forward;
 pub mod inproc;
 pub mod interpose;
 pub mod memory;
 pub mod stats;
 
 pub use addr::{NodeId, RegionId, RemoteAddr, ALIGN};
+pub use batch::{Batch, BatchOp, OpId, MAX_BATCH_OPS};
 pub use error::{ConfigError, FabricError};
 pub use stats::{FabricStats, Locality, OpKind, StatsCell, StatsSnapshot};
 
@@ -55,6 +60,23 @@ pub trait Endpoint: Send {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError>;
+
+    /// Run every operation of `batch`, each with its own result, and return when all have
+    /// completed or failed (semantics in [`batch`]: every operation is attempted, overlapping
+    /// ones take effect in batch order). The default runs them one after another with the
+    /// blocking calls above, so every endpoint supports batches; a backend that can keep
+    /// operations in flight together overrides it.
+    fn run_batch(&mut self, batch: &mut Batch<'_>) {
+        batch.run_sequentially(self)
+    }
+
+    /// Whether [`Endpoint::run_batch`] keeps a batch's READs of `region` in flight together,
+    /// so that a caller saves round trips by batching READs it would otherwise issue one
+    /// after another — even READs it may turn out not to need. `false` (the default) where a
+    /// batch runs one operation after another: batching would only add those READs.
+    fn overlaps_batches(&self, _region: RegionId) -> bool {
+        false
+    }
 
     /// Direct (non-fabric) read of this node's own memory: how a node reads its own data table.
     fn local_read(

@@ -6,7 +6,7 @@
 //! is and how large it is without reading anything else. A writer's DTE goes into its own
 //! node's memory when the class has room there, else into a page it holds on another node.
 
-use nessie_fabric::{Endpoint, NodeId, RemoteAddr};
+use nessie_fabric::{Batch, Endpoint, FabricError, NodeId, OpId, RemoteAddr, MAX_BATCH_OPS};
 use nessie_store::classtable::{ClassAllocError, Purpose, Slot as DteSlot};
 use nessie_store::dte::{DteLayout, DteMeta, Head, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
@@ -107,6 +107,64 @@ impl<E: Endpoint> CdClient<E> {
         );
         self.hook(HookPoint::AfterIteRead);
         Ok(v)
+    }
+
+    /// Whether a GET's forward pass may read its candidates' ITEs in one batch
+    /// ([`Self::read_ites_batched`]) rather than one after another: only where a batch's READs
+    /// are in flight together (`Endpoint::overlaps_batches`: over a network, not over shared
+    /// memory, in process or in the simulator), so that the batch saves round trips (it may
+    /// read candidates the pass would not have reached). Never with a test hook installed:
+    /// hooks stop the pass between two ITE READs, an interleaving a batch does not have.
+    pub(crate) fn batches_ite_reads(&self) -> bool {
+        #[cfg(any(test, feature = "testing"))]
+        if self.hook.is_some() {
+            return false;
+        }
+        self.ep.overlaps_batches(nessie_store::INDEX_REGION)
+    }
+
+    /// READ the ITEs in `slots` in one batch into `out`, each with its own outcome as
+    /// [`Self::read_ite_word`] would have returned it (an error counts only if the pass
+    /// reaches that candidate). Nothing is read (`out` stays empty) when every candidate is
+    /// on one node: a batch saves nothing there.
+    pub(crate) fn read_ites_batched(
+        &mut self,
+        slots: &[Slot],
+        out: &mut [Option<Result<Ite, FabricError>>],
+    ) {
+        const MAX: usize = nessie_store::limits::MAX_HASH_FUNCTIONS as usize;
+        assert!(slots.len() <= out.len() && slots.len() <= MAX.min(MAX_BATCH_OPS));
+        let index = &self.view.index;
+        let Some(&first) = slots.first() else { return };
+        if slots
+            .iter()
+            .all(|&s| index.addr(s).node == index.addr(first).node)
+        {
+            return;
+        }
+        let mut words = [[0u8; 8]; MAX];
+        let mut results: [Option<Result<u64, FabricError>>; MAX] = [const { None }; MAX];
+        let mut batch = Batch::new();
+        for (&slot, w) in slots.iter().zip(words.iter_mut()) {
+            batch.read(index.addr(slot), w);
+        }
+        self.ep.run_batch(&mut batch);
+        for (i, r) in results[..slots.len()].iter_mut().enumerate() {
+            *r = Some(batch.result(OpId(i)));
+        }
+        for (i, r) in results[..slots.len()].iter_mut().enumerate() {
+            out[i] = r.take().map(|r| {
+                r.map(|_| {
+                    let v = Ite(u64::from_le_bytes(words[i]));
+                    debug_assert!(
+                        self.view.index.ite.is_well_formed(v),
+                        "malformed ITE {v:?} at {}",
+                        self.view.index.addr(slots[i])
+                    );
+                    v
+                })
+            });
+        }
     }
 
     /// CAS the ITE in `slot` from `expected` to `desired`, with the sequence number after

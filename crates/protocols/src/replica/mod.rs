@@ -62,7 +62,7 @@ mod races;
 
 use std::sync::Arc;
 
-use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr, StatsCell};
+use nessie_fabric::{Batch, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 use nessie_store::pages::PageWord;
 use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
@@ -1041,14 +1041,6 @@ impl<E: Endpoint> Replicated<E> {
 }
 
 impl<E: Endpoint> Endpoint for Replicated<E> {
-    fn node(&self) -> NodeId {
-        self.inner.node()
-    }
-
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         if !self.replicated(addr.region) {
             return self.inner.read(addr, buf);
@@ -1101,10 +1093,6 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.inner.local_read(region, offset, buf)
     }
 
-    fn local_prefetch(&self, region: RegionId, offset: u64, len: u64) {
-        self.inner.local_prefetch(region, offset, len)
-    }
-
     fn local_write(
         &mut self,
         region: RegionId,
@@ -1118,41 +1106,22 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         self.write_all(addr, buf, true)
     }
 
-    fn now_ns(&self) -> u64 {
-        self.inner.now_ns()
+    /// Straight to the wrapped endpoint (natively batched where it can) when no operation
+    /// touches replicated memory; otherwise op by op (the default), each through the copy
+    /// logic above, which needs its own sequence of operations per write.
+    fn run_batch(&mut self, batch: &mut Batch<'_>) {
+        if batch.ops().any(|op| self.replicated(op.addr().region)) {
+            batch.run_sequentially(self)
+        } else {
+            self.inner.run_batch(batch)
+        }
     }
 
-    fn mono_ns(&self) -> u64 {
-        self.inner.mono_ns()
+    fn overlaps_batches(&self, region: RegionId) -> bool {
+        !self.replicated(region) && self.inner.overlaps_batches(region)
     }
 
-    fn mono_coarse_ns(&self) -> u64 {
-        self.inner.mono_coarse_ns()
-    }
-
-    fn coarse_lag_ns(&self) -> u64 {
-        self.inner.coarse_lag_ns()
-    }
-
-    fn sleep_ns(&mut self, ns: u64) {
-        self.inner.sleep_ns(ns)
-    }
-
-    fn virtual_time(&self) -> bool {
-        self.inner.virtual_time()
-    }
-
-    fn reads_are_local_copies(&self) -> bool {
-        self.inner.reads_are_local_copies()
-    }
-
-    fn idle_poll(&mut self, region: RegionId, watched: &[std::ops::Range<u64>]) {
-        self.inner.idle_poll(region, watched)
-    }
-
-    fn stats(&self) -> &StatsCell {
-        self.inner.stats()
-    }
+    nessie_fabric::forward_endpoint!(field inner);
 }
 
 #[cfg(test)]
