@@ -5,10 +5,9 @@
 //! The protocol crates are generic over [`Endpoint`] and never learn which backend they run on
 //! (see `docs/fabric.md`):
 //! - [`inproc`]: the in-process backend, N nodes inside one process (unit, property and concurrency tests; delay injection),
-//! - UCX (separate processes over shared memory, TCP or RDMA verbs), in `nessie-fabric-ucx`.
-//!
-//! A virtual-time simulated RDMA network is planned as a third backend (issue 13); time is
-//! already part of the endpoint so that it can run the same protocol code.
+//! - UCX (separate processes over shared memory, TCP or RDMA verbs), in `nessie-fabric-ucx`,
+//! - a simulated RDMA network in virtual time, in `nessie-fabric-sim` (its cluster harness,
+//!   `nessie sim`, is `nessie-sim`).
 //!
 //! Completion model: every call blocks the calling worker thread until the operation has
 //! completed at the target (one outstanding operation per client worker, as in the paper).
