@@ -156,6 +156,10 @@ pub struct Mutations {
     /// A conditional write passes over another writer's entry in progress and clears it, as
     /// a plain PUT's Step 4 does: that write may still take effect, unseen by the condition.
     pub guard_passes_writes: bool,
+    /// A GET whose candidate ITEs were read in one batch takes a candidate whose READ failed
+    /// for an empty one (as a pass that only looked at the words the batch returned would):
+    /// a key on a node that cannot be reached is reported absent instead of the GET failing.
+    pub batched_get_error_as_empty: bool,
     /// Pilaf GETs accept entries and extents without checking their CRC64.
     pub skip_pilaf_checksums: bool,
     /// A Pilaf GET reports a key absent after one pass that did not find it, without the

@@ -47,6 +47,11 @@ impl<E: Endpoint> CdClient<E> {
         for i in 0..n {
             slots[i] = h.slot(&index, i);
             let (ite, t) = match batched[i].take() {
+                // A candidate the batch could not read fails the pass once it reaches it,
+                // exactly as its own READ would have.
+                Some(Err(_)) if mutated!(self.cfg, batched_get_error_as_empty) => {
+                    (Ite::EMPTY, d.start_ns)
+                }
                 Some(read) => (read?, d.start_ns),
                 None => self.read_ite_after(slots[i], d.start_ns)?,
             };
@@ -438,5 +443,45 @@ mod tests {
         );
         assert!(plain[0].iter().any(|a| a.starts_with("error")));
         assert!(plain[0].iter().any(|a| !a.starts_with("error")));
+    }
+
+    /// The mutation `batched_get_error_as_empty` (a candidate the batch could not read taken
+    /// for an empty one) is caught: in a well-filled index some keys sit in their last
+    /// candidate, which the reverse pass does not re-read; once that candidate's node is dead,
+    /// the pass fails on it, but the mutated one reports the key absent.
+    #[test]
+    fn mutation_taking_an_unread_batched_candidate_for_empty_is_caught() {
+        let c = InProcCluster::small();
+        c.fabric.set_batches_overlap(true);
+        let mut w = c.client(0);
+        // Filled until a key finds no room (its GETs are then left out).
+        let keys: Vec<Vec<u8>> = (0..140u32)
+            .map(|i| format!("m{i}").into_bytes())
+            .filter(|k| match w.put(k, b"v") {
+                Ok(()) => true,
+                Err(crate::Error::IndexFull { .. }) => false,
+                Err(e) => panic!("{e}"),
+            })
+            .collect();
+        assert!(keys.len() > 100, "{} keys stored", keys.len());
+        c.fabric.kill_node(2);
+        let mut cfg = w.config().clone();
+        let mut plain = c.client_with(0, cfg.clone());
+        cfg.mutations.batched_get_error_as_empty = true;
+        let mut mutated = c.client_with(0, cfg);
+        let (mut failed, mut lost) = (0, 0);
+        for k in &keys {
+            if plain.try_get(k).is_err() {
+                failed += 1;
+                lost += usize::from(mutated.try_get(k) == Ok(None));
+            }
+        }
+        assert!(failed > 0, "no GET reached the dead node");
+        assert!(
+            lost > 0,
+            "the mutation lost none of the {failed} keys behind the dead node"
+        );
+        // Without the mutation every key is found or fails: none is reported absent.
+        assert!(keys.iter().all(|k| plain.try_get(k) != Ok(None)));
     }
 }
