@@ -22,7 +22,8 @@
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
 //! - `metrics`: a node's Prometheus metrics (its clients' operations, a snapshot of the node).
 //!
-//! [`etcd`]: the etcd client and the local etcd process behind membership.
+//! Membership (epochs in etcd, the monitor, the etcd client) is `nessie_membership`; the
+//! local etcd that `nessie up` starts is `process::etcd_server`.
 //!
 //! [`reclaimer`]: the thread per node that gives back the pages of writers gone idle.
 //!
@@ -35,11 +36,9 @@ pub mod admin;
 pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
-pub mod etcd;
 pub mod evloop;
 pub mod frontends;
 pub mod local;
-pub mod membership;
 #[cfg(feature = "ucx")]
 pub mod metrics;
 #[cfg(feature = "ucx")]

@@ -24,10 +24,10 @@ use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 use crate::admin::{AdminServer, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
-use crate::etcd::Etcd;
-use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
 use crate::pool::ClientPool;
 use crate::rundir::{PidFile, RunDir};
+use nessie_membership::etcd::Etcd;
+use nessie_membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
 #[derive(Debug, thiserror::Error)]
@@ -448,7 +448,7 @@ fn reconnect_restarted_peers(cfg: &ClusterConfig, id: u16, ucx: Arc<UcxNode>) ->
     // Per node: the incarnation connected to, and when a fetch last failed.
     let seen = std::sync::Mutex::new(vec![(0u64, None::<Instant>); cfg.node.len()]);
     let renewed = std::sync::Mutex::new(Instant::now());
-    Box::new(move |c: &crate::membership::Configuration| {
+    Box::new(move |c: &nessie_membership::Configuration| {
         let mut seen = seen.lock().expect("peer incarnations lock");
         let renew = {
             let mut last = renewed.lock().expect("renewal clock lock");
@@ -787,7 +787,7 @@ fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
     };
     let snapshot = Etcd::new(&m.etcd)
         .map_err(MembershipError::from)
-        .and_then(|etcd| crate::membership::snapshot(&etcd, &cfg.membership_keys()));
+        .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys()));
     match snapshot {
         Ok(s) => s.config.map_or(Vec::new(), |c| {
             c.nodes
