@@ -283,7 +283,7 @@ pub struct FrontendsSection {
 /// Default `[frontends] threads`.
 pub const DEFAULT_FRONTEND_THREADS: u16 = 1;
 /// Most `[frontends] threads`.
-pub const MAX_FRONTEND_THREADS: u16 = crate::frontends::MAX_LOOPS;
+pub const MAX_FRONTEND_THREADS: u16 = nessie_serve::frontends::MAX_LOOPS;
 
 fn default_frontend_threads() -> u16 {
     DEFAULT_FRONTEND_THREADS

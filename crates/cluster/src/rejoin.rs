@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nessie_membership::{Monitor, NodeState};
 use nessie_protocols::CatchUp;
 
 use crate::node::{NodeContext, NodeError};
-use nessie_membership::{Monitor, NodeState};
 
 /// How fast a node reads from the primaries while it catches up: enough to fill a GiB of
 /// copies in seconds, without taking the whole fabric from the cluster's clients.
