@@ -456,11 +456,11 @@ fn start(
         } else {
             process::EtcdChoice::Off
         },
-        lease_ttl_s: nessie_cluster::membership::DEFAULT_LEASE_TTL_S,
+        lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
         spare_copies: 0,
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
-        replace_after_s: nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S,
+        replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
         frontends: None,
         progress_spin_us: opts.progress_spin_us,
         direct_loopback: opts.direct_loopback,

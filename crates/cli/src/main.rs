@@ -153,7 +153,7 @@ struct UpArgs {
     no_etcd: bool,
     /// Seconds without a lease refresh after which a node is declared failed (etcd raises
     /// values below its own minimum, 3 s by default).
-    #[arg(long, default_value_t = nessie_cluster::membership::DEFAULT_LEASE_TTL_S)]
+    #[arg(long, default_value_t = nessie_membership::DEFAULT_LEASE_TTL_S)]
     lease_ttl: u64,
     /// Copies of every node's index, data and page tables, on consecutive nodes (1 to 3): with 2, any
     /// one node may fail without losing data. Needs membership (not --no-etcd) and --mode cd.
@@ -170,7 +170,7 @@ struct UpArgs {
     pilaf_reuse_delay_ms: Option<u64>,
     /// Seconds a node must have been failed before its copies move to spare slots (at least
     /// three lease TTLs: a node restarted sooner rejoins instead).
-    #[arg(long, value_name = "SECONDS", default_value_t = nessie_cluster::membership::DEFAULT_REPLACE_AFTER_S)]
+    #[arg(long, value_name = "SECONDS", default_value_t = nessie_membership::DEFAULT_REPLACE_AFTER_S)]
     replace_after: u64,
     /// Serve the memcached text protocol: node K listens on BASE + K (every classic command,
     /// cas, incr and flush_all included; see docs/frontends.md).
@@ -792,7 +792,7 @@ impl Partition {
 }
 
 /// Whether copy `j` of partition `p` moved and its new holder is still filling it.
-fn receiving(config: Option<&nessie_cluster::membership::Configuration>, p: u16, j: u8) -> bool {
+fn receiving(config: Option<&nessie_membership::Configuration>, p: u16, j: u8) -> bool {
     config.is_some_and(|c| {
         c.moves
             .iter()
@@ -802,7 +802,7 @@ fn receiving(config: Option<&nessie_cluster::membership::Configuration>, p: u16,
 
 fn replication(
     cfg: &nessie_cluster::config::ClusterConfig,
-    config: Option<&nessie_cluster::membership::Configuration>,
+    config: Option<&nessie_membership::Configuration>,
     nodes: &[process::NodeStatus],
     state_of: &impl Fn(&process::NodeStatus) -> String,
 ) -> Vec<Partition> {
@@ -871,9 +871,7 @@ fn print_replication(replicas: u8, partitions: &[Partition]) {
 /// The membership line of `nessie status`: epoch and etcd, or why etcd could not be read.
 fn print_membership(
     cfg: &nessie_cluster::config::ClusterConfig,
-    membership: Option<
-        &Result<nessie_cluster::membership::Snapshot, nessie_cluster::membership::MembershipError>,
-    >,
+    membership: Option<&Result<nessie_membership::Snapshot, nessie_membership::MembershipError>>,
     nodes: &[process::NodeStatus],
 ) {
     let Some(m) = membership else {

@@ -310,7 +310,8 @@ fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
     );
     put(&c, 0, "k", "v1");
     assert_eq!(get(&c, 1, "k").as_deref(), Some("v1"));
-    let etcd = nessie_cluster::etcd::server::running(&c.dir).expect("up started a local etcd");
+    let etcd =
+        nessie_cluster::process::etcd_server::running(&c.dir).expect("up started a local etcd");
     // SAFETY: killing the etcd this test's cluster started.
     unsafe { libc::kill(etcd, libc::SIGKILL) };
     let t0 = Instant::now();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use std::process::Command;
 
 use common::{restart, stderr, Cluster, BIN};
-use nessie_cluster::etcd::server as etcd_server;
 use nessie_cluster::process;
+use nessie_cluster::process::etcd_server;
 
 /// What `--lease-ttl 2` becomes: etcd raises TTLs below its minimum (3 s with its default
 /// election timeout) to that minimum.

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nessie_serve::accept::{wait_readable, Shedder};
+use nessie_serve::pool::ClientPool;
 use nessie_store::limits::{MAX_KEY_SIZE, MAX_VALUE_SIZE};
-
-use crate::pool::ClientPool;
 
 const MAGIC: &[u8; 4] = b"NSA1";
 /// Concurrent admin connections a node serves; more are refused with an error reply.
@@ -225,27 +225,25 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
 }
 
-impl ClientPool {
-    /// Serve a data request with a pooled client (PING and STATUS are the caller's).
-    pub fn serve(&self, req: Request) -> Response {
-        self.with(|c| match req {
-            Request::Get(k) => match c.get(&k) {
-                Ok(Some(v)) => Response::Value(v),
-                Ok(None) => Response::NotFound,
-                Err(e) => Response::Error(encode_error(&e)),
-            },
-            Request::Put(k, v) => c
-                .put(&k, &v)
-                .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
-            Request::Delete(k) => c
-                .delete(&k)
-                .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
-            Request::Ping => Response::Ok,
-            Request::Status | Request::Extension(_) => {
-                Response::Error("not served by the client pool".into())
-            }
-        })
-    }
+/// Serve a data request with a client of `pool` (PING and STATUS are the caller's).
+pub fn serve_pooled(pool: &ClientPool, req: Request) -> Response {
+    pool.with(|c| match req {
+        Request::Get(k) => match c.get(&k) {
+            Ok(Some(v)) => Response::Value(v),
+            Ok(None) => Response::NotFound,
+            Err(e) => Response::Error(encode_error(&e)),
+        },
+        Request::Put(k, v) => c
+            .put(&k, &v)
+            .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+        Request::Delete(k) => c
+            .delete(&k)
+            .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+        Request::Ping => Response::Ok,
+        Request::Status | Request::Extension(_) => {
+            Response::Error("not served by the client pool".into())
+        }
+    })
 }
 
 /// Listens on a Unix socket until dropped.
@@ -344,7 +342,7 @@ impl AdminServer {
 fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &AtomicBool) {
     use std::os::fd::AsRawFd;
     let active = Arc::new(AtomicUsize::new(0));
-    let mut shedder = crate::accept::Shedder::new("admin");
+    let mut shedder = Shedder::new("admin");
     while !stop.load(Ordering::SeqCst) {
         wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
         let mut s = match listener.accept() {
@@ -377,17 +375,6 @@ fn accept_loop(listener: &UnixListener, handler: Arc<dyn Handler>, stop: &Atomic
                 active.fetch_sub(1, Ordering::SeqCst);
             });
     }
-}
-
-/// Wait until `fd` is readable (a connection to accept), for at most `timeout`.
-pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
 }
 
 fn serve_connection(s: &mut UnixStream, handler: &dyn Handler) {
@@ -471,7 +458,7 @@ mod tests {
             match req {
                 Request::Ping => Response::Ok,
                 Request::Status => Response::Status("{\"ok\":true}".into()),
-                r => self.pool.serve(r),
+                r => serve_pooled(&self.pool, r),
             }
         }
     }

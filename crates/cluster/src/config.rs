@@ -283,7 +283,7 @@ pub struct FrontendsSection {
 /// Default `[frontends] threads`.
 pub const DEFAULT_FRONTEND_THREADS: u16 = 1;
 /// Most `[frontends] threads`.
-pub const MAX_FRONTEND_THREADS: u16 = crate::frontends::MAX_LOOPS;
+pub const MAX_FRONTEND_THREADS: u16 = nessie_serve::frontends::MAX_LOOPS;
 
 fn default_frontend_threads() -> u16 {
     DEFAULT_FRONTEND_THREADS
@@ -356,11 +356,11 @@ pub struct MembershipSection {
 }
 
 fn default_lease_ttl_s() -> u64 {
-    crate::membership::DEFAULT_LEASE_TTL_S
+    nessie_membership::DEFAULT_LEASE_TTL_S
 }
 
 fn default_replace_after_s() -> u64 {
-    crate::membership::DEFAULT_REPLACE_AFTER_S
+    nessie_membership::DEFAULT_REPLACE_AFTER_S
 }
 
 /// Index load factor a `memory_per_node` budget is sized for, when the data table is full.
@@ -461,11 +461,11 @@ pub enum InvalidConfig {
     SpareCopies(String),
     #[error("frontends: {0}")]
     Frontends(String),
-    #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = crate::membership::MIN_LEASE_TTL_S, hi = crate::membership::MAX_LEASE_TTL_S)]
+    #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = nessie_membership::MIN_LEASE_TTL_S, hi = nessie_membership::MAX_LEASE_TTL_S)]
     LeaseTtl(u64),
     #[error("membership.lease_ttl_s = {ttl_s} is too short for protocol.expiry_ms = {expiry_ms}: two thirds of the lease must outlast a write attempt (one expiry period); use a lease TTL above {min_s} s or a shorter expiry", min_s = 3 * expiry_ms / 2000)]
     LeaseTooShort { ttl_s: u64, expiry_ms: u64 },
-    #[error("membership.replace_after_s = {after_s} is too short for lease_ttl_s = {ttl_s}: a failed node must have time to restart and rejoin before its copies move; use at least {min_s} s", min_s = crate::membership::REPLACE_AFTER_TTLS * ttl_s)]
+    #[error("membership.replace_after_s = {after_s} is too short for lease_ttl_s = {ttl_s}: a failed node must have time to restart and rejoin before its copies move; use at least {min_s} s", min_s = nessie_membership::REPLACE_AFTER_TTLS * ttl_s)]
     ReplaceTooSoon { after_s: u64, ttl_s: u64 },
     /// The mode's or the server-driven machinery's settings in `[cluster]`.
     #[error("cluster: {0}")]
@@ -606,16 +606,16 @@ impl ClusterConfig {
         let set = set
             .with_spare_copies(self.cluster.spare_copies)
             .map_err(|e| InvalidConfig::SpareCopies(e.to_string()))?;
-        // A node's view of membership is fresh for a lease TTL (`membership::Monitor`): a copy
+        // A node's view of membership is fresh for a lease TTL (`nessie_membership::Monitor`): a copy
         // takes over deciding only once every node has learnt of the failure or stopped writing.
         let settle = self.membership.as_ref().map_or(0, |m| {
             (m.lease_ttl_s * 1_000_000_000)
                 .saturating_add(self.protocol.clock_margin_ms * 1_000_000)
         });
         // Nodes that have not heard of a failure may read the failed primary for as long as
-        // their view is fresh enough to read by (`membership::read_view_ns`).
+        // their view is fresh enough to read by (`nessie_membership::read_view_ns`).
         let read_settle = self.membership.as_ref().map(|m| {
-            crate::membership::read_view_ns(m.lease_ttl_s)
+            nessie_membership::read_view_ns(m.lease_ttl_s)
                 .saturating_add(self.protocol.clock_margin_ms * 1_000_000)
         });
         let set = set.with_settle_at_least(settle);
@@ -633,11 +633,12 @@ impl ClusterConfig {
 
     /// The `[membership]` etcd URL and lease TTL.
     fn validate_membership(&self) -> Result<(), InvalidConfig> {
-        use crate::membership::{MAX_LEASE_TTL_S, MIN_LEASE_TTL_S};
+        use nessie_membership::{MAX_LEASE_TTL_S, MIN_LEASE_TTL_S};
         let Some(m) = &self.membership else {
             return Ok(());
         };
-        crate::etcd::Etcd::new(&m.etcd).map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
+        nessie_membership::etcd::Etcd::new(&m.etcd)
+            .map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
             return Err(InvalidConfig::LeaseTtl(m.lease_ttl_s));
         }
@@ -649,7 +650,7 @@ impl ClusterConfig {
                 expiry_ms: self.protocol.expiry_ms,
             });
         }
-        if m.replace_after_s < crate::membership::REPLACE_AFTER_TTLS * m.lease_ttl_s {
+        if m.replace_after_s < nessie_membership::REPLACE_AFTER_TTLS * m.lease_ttl_s {
             return Err(InvalidConfig::ReplaceTooSoon {
                 after_s: m.replace_after_s,
                 ttl_s: m.lease_ttl_s,
@@ -659,8 +660,8 @@ impl ClusterConfig {
     }
 
     /// Where this cluster's records live in its etcd.
-    pub fn membership_keys(&self) -> crate::membership::Keys {
-        crate::membership::Keys::new(&self.cluster.name, self.fingerprint())
+    pub fn membership_keys(&self) -> nessie_membership::Keys {
+        nessie_membership::Keys::new(&self.cluster.name, self.fingerprint())
     }
 
     /// The `[cluster]` secret and time limits.
@@ -904,7 +905,7 @@ mod tests {
         MembershipSection {
             etcd: etcd.into(),
             lease_ttl_s,
-            replace_after_s: crate::membership::REPLACE_AFTER_TTLS * lease_ttl_s,
+            replace_after_s: nessie_membership::REPLACE_AFTER_TTLS * lease_ttl_s,
         }
     }
 

@@ -5,12 +5,8 @@
 //!
 //! Built with or without UCX:
 //!
-//! - [`pool`]: a node's store clients, leased by its front ends and its admin socket.
 //! - [`admin`]: the local admin socket through which short-lived CLI processes ask a node to
 //!   run operations.
-//! - [`frontends`]: the protocol front ends a node serves on TCP (memcached, Redis), on
-//!   [`evloop`] event loops; [`accept`]: accepting connections when file descriptors run out,
-//!   and the limit raised at start.
 //! - [`rundir`]: a cluster directory's files.
 //!
 //! With the default `ucx` feature, node processes over UCX as well:
@@ -22,29 +18,26 @@
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
 //! - `metrics`: a node's Prometheus metrics (its clients' operations, a snapshot of the node).
 //!
-//! [`etcd`]: the etcd client and the local etcd process behind membership.
+//! Membership (epochs in etcd, the monitor, the etcd client) is `nessie_membership`; the
+//! local etcd that `nessie up` starts is `process::etcd_server`. What a node serves its
+//! clients with (the front ends on their event loops, the client pool, the per-operation
+//! counters) is `nessie_serve`.
 //!
 //! [`reclaimer`]: the thread per node that gives back the pages of writers gone idle.
 //!
 //! `rejoin`: the thread per node process that fills a restarted node's copies while it is
 //! `joining`, then says it is ready.
 
-pub mod accept;
 pub mod admin;
 #[cfg(feature = "ucx")]
 pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
-pub mod etcd;
-pub mod evloop;
-pub mod frontends;
 pub mod local;
-pub mod membership;
 #[cfg(feature = "ucx")]
 pub mod metrics;
 #[cfg(feature = "ucx")]
 pub mod node;
-pub mod pool;
 #[cfg(feature = "ucx")]
 pub mod process;
 pub mod reclaimer;

@@ -2,7 +2,8 @@
 //! text exposition format at `http://BIND:BASE+K/metrics`). Two sources:
 //!
 //! - the operations of the node's own clients (its front ends and its admin socket): every
-//!   call through a [`Metered`] client counts by kind and result and times into a histogram;
+//!   call through a `nessie_serve::metered::Metered` client counts by kind and result and
+//!   times into a histogram;
 //! - a snapshot taken at each scrape ([`NodeCollector`]): fabric operations and bytes by kind
 //!   and locality, index and data table fill, front-end connections, and the epoch and
 //!   membership this node last read from etcd.
@@ -11,17 +12,15 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nessie_fabric::{Locality, OpKind};
 use nessie_frontend::serve::Counters;
-use nessie_protocols::{Cond, CondOutcome, Error, KvClient, Version};
+use nessie_serve::metered::OpMetrics;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::node::NodeContext;
@@ -32,196 +31,6 @@ const MAX_REQUEST_BYTES: u64 = 8 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
-/// Latency buckets: 1 µs doubling to about 0.5 s (20 buckets).
-const LATENCY_BUCKETS: (f64, f64, u16) = (1e-6, 2.0, 20);
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabels {
-    kind: &'static str,
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: &'static str,
-}
-
-/// The operation kinds and results counted (every pair is created up front, so that each
-/// operation only bumps a counter it already holds: no lookup, no lock).
-const KINDS: [&str; 6] = ["get", "put", "delete", "put_if", "delete_if", "scan"];
-const RESULTS: [&str; 7] = [
-    "ok",
-    "miss",
-    "unmet",
-    "refused",
-    "full",
-    "unsupported",
-    "error",
-];
-
-/// An operation kind: its index in `KINDS`.
-#[derive(Copy, Clone)]
-enum Kind {
-    Get,
-    Put,
-    Delete,
-    PutIf,
-    DeleteIf,
-    Scan,
-}
-
-/// An operation result: its index in `RESULTS`.
-#[derive(Copy, Clone)]
-enum Res {
-    Ok,
-    Miss,
-    Unmet,
-    Refused,
-    Full,
-    Unsupported,
-    Error,
-}
-
-/// Operations of a node's clients, by kind and result, with their latencies.
-#[derive(Debug)]
-pub struct OpMetrics {
-    ops: Family<OpLabels, Counter>,
-    latency: Family<KindLabel, Histogram>,
-    /// `ops` and `latency`'s members, by index in `KINDS` and `RESULTS`.
-    counters: Vec<Vec<Counter>>,
-    histograms: Vec<Histogram>,
-}
-
-fn latency_histogram() -> Histogram {
-    let (start, factor, n) = LATENCY_BUCKETS;
-    Histogram::new(exponential_buckets(start, factor, n))
-}
-
-impl Default for OpMetrics {
-    fn default() -> Self {
-        let ops: Family<OpLabels, Counter> = Family::default();
-        let latency: Family<KindLabel, Histogram> = Family::new_with_constructor(latency_histogram);
-        let counters = KINDS
-            .iter()
-            .map(|&kind| {
-                RESULTS
-                    .iter()
-                    .map(|&result| ops.get_or_create(&OpLabels { kind, result }).clone())
-                    .collect()
-            })
-            .collect();
-        let histograms = KINDS
-            .iter()
-            .map(|&kind| latency.get_or_create(&KindLabel { kind }).clone())
-            .collect();
-        Self {
-            ops,
-            latency,
-            counters,
-            histograms,
-        }
-    }
-}
-
-impl OpMetrics {
-    fn record(&self, kind: Kind, result: Res, started: Instant) {
-        self.counters[kind as usize][result as usize].inc();
-        self.histograms[kind as usize].observe(started.elapsed().as_secs_f64());
-    }
-}
-
-/// What an error counts as.
-fn error_result(e: &Error) -> Res {
-    match e {
-        Error::EmptyKey | Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. } => Res::Refused,
-        Error::DataTableFull { .. } | Error::IndexFull { .. } => Res::Full,
-        Error::Unsupported(_) => Res::Unsupported,
-        _ => Res::Error,
-    }
-}
-
-fn cond_result(r: &Result<CondOutcome, Error>) -> Res {
-    match r {
-        Ok(CondOutcome::Stored) => Res::Ok,
-        Ok(CondOutcome::Unmet { .. }) => Res::Unmet,
-        Err(e) => error_result(e),
-    }
-}
-
-/// A client whose every operation is counted and timed in an [`OpMetrics`].
-pub struct Metered<C> {
-    pub inner: C,
-    pub metrics: Arc<OpMetrics>,
-}
-
-impl<C: KvClient> Metered<C> {
-    fn timed<T>(
-        &mut self,
-        kind: Kind,
-        result: impl Fn(&Result<T, Error>) -> Res,
-        op: impl FnOnce(&mut C) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let started = Instant::now();
-        let r = op(&mut self.inner);
-        self.metrics.record(kind, result(&r), started);
-        r
-    }
-}
-
-fn found<T>(r: &Result<Option<T>, Error>) -> Res {
-    match r {
-        Ok(Some(_)) => Res::Ok,
-        Ok(None) => Res::Miss,
-        Err(e) => error_result(e),
-    }
-}
-
-fn done<T>(r: &Result<T, Error>) -> Res {
-    r.as_ref().map_or_else(error_result, |_| Res::Ok)
-}
-
-impl<C: KvClient> KvClient for Metered<C> {
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.timed(Kind::Get, found, |c| c.get(key))
-    }
-    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
-        let r = |r: &Result<bool, Error>| match r {
-            Ok(true) => Res::Ok,
-            Ok(false) => Res::Miss,
-            Err(e) => error_result(e),
-        };
-        self.timed(Kind::Get, r, |c| c.get_into(key, out))
-    }
-    fn get_into_at(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<bool, Error> {
-        let r = |r: &Result<bool, Error>| match r {
-            Ok(true) => Res::Ok,
-            Ok(false) => Res::Miss,
-            Err(e) => error_result(e),
-        };
-        self.timed(Kind::Get, r, |c| c.get_into_at(key, out, at))
-    }
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-        self.timed(Kind::Put, done, |c| c.put(key, value))
-    }
-    fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
-        self.timed(Kind::Put, done, |c| c.put_parts(key, parts))
-    }
-    fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
-        self.timed(Kind::Delete, done, |c| c.delete(key))
-    }
-    fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
-        self.timed(Kind::Get, found, |c| c.get_versioned(key, out))
-    }
-    fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
-        self.timed(Kind::PutIf, cond_result, |c| c.put_if(key, value, cond))
-    }
-    fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
-        self.timed(Kind::DeleteIf, cond_result, |c| c.delete_if(key, cond))
-    }
-    fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
-        self.timed(Kind::Scan, done, |c| c.scan_keys())
-    }
-}
 
 /// The snapshot metrics of one node, taken at each scrape.
 pub struct NodeCollector {
@@ -377,15 +186,7 @@ impl Collector for NodeCollector {
 /// The registry of one node: its operations and its snapshot collector.
 pub fn registry(ops: &Arc<OpMetrics>, collector: NodeCollector) -> Registry {
     let mut r = Registry::with_prefix("nessie");
-    let help = "Operations of this node's clients (front ends, admin socket), by kind and result";
-    r.register("operations", help, ops.ops.clone());
-    let help = "Latency of this node's client operations, by kind";
-    r.register_with_unit(
-        "operation_duration",
-        help,
-        prometheus_client::registry::Unit::Seconds,
-        ops.latency.clone(),
-    );
+    ops.register(&mut r);
     r.register_collector(Box::new(collector));
     r
 }
@@ -407,7 +208,7 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("nessie-metrics".into())
             .spawn(move || {
-                let mut shedder = crate::accept::Shedder::new("metrics");
+                let mut shedder = nessie_serve::accept::Shedder::new("metrics");
                 while !flag.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((s, _)) => {

@@ -16,7 +16,10 @@ use nessie_fabric::delay::MaybeDelayed;
 use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
+use nessie_membership::etcd::Etcd;
+use nessie_membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
 use nessie_protocols::{KvClient, ProtocolConfig};
+use nessie_serve::pool::ClientPool;
 use nessie_store::classtable::ClassTable;
 use nessie_store::pages::PageWord;
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
@@ -24,9 +27,6 @@ use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 use crate::admin::{AdminServer, Handler, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
-use crate::etcd::Etcd;
-use crate::membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
-use crate::pool::ClientPool;
 use crate::rundir::{PidFile, RunDir};
 use nessie_protocols::{Fence, ReplicaSet, Replicated};
 
@@ -448,7 +448,7 @@ fn reconnect_restarted_peers(cfg: &ClusterConfig, id: u16, ucx: Arc<UcxNode>) ->
     // Per node: the incarnation connected to, and when a fetch last failed.
     let seen = std::sync::Mutex::new(vec![(0u64, None::<Instant>); cfg.node.len()]);
     let renewed = std::sync::Mutex::new(Instant::now());
-    Box::new(move |c: &crate::membership::Configuration| {
+    Box::new(move |c: &nessie_membership::Configuration| {
         let mut seen = seen.lock().expect("peer incarnations lock");
         let renew = {
             let mut last = renewed.lock().expect("renewal clock lock");
@@ -540,7 +540,7 @@ impl Handler for NodeHandler {
                 Some(x) => x.handle(&self.ctx, &body),
                 None => Response::Error("this node runs no extension".into()),
             },
-            r => self.pool.serve(r),
+            r => crate::admin::serve_pooled(&self.pool, r),
         }
     }
 }
@@ -667,7 +667,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
     // The front ends and the metrics listen before the admin socket answers, which is what
     // `up` waits for.
-    let ops = Arc::new(crate::metrics::OpMetrics::default());
+    let ops = Arc::new(nessie_serve::metered::OpMetrics::default());
     let frontends = serve_frontends(&ctx, id, entry.workers, &ops)?;
     let metrics = serve_metrics(&ctx, id, &ops, &frontends)?;
     let admin = serve_admin(
@@ -787,7 +787,7 @@ fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
     };
     let snapshot = Etcd::new(&m.etcd)
         .map_err(MembershipError::from)
-        .and_then(|etcd| crate::membership::snapshot(&etcd, &cfg.membership_keys()));
+        .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys()));
     match snapshot {
         Ok(s) => s.config.map_or(Vec::new(), |c| {
             c.nodes
@@ -855,7 +855,7 @@ fn serve_admin(
     workers: u16,
     path: &Path,
     extension: Option<Arc<dyn NodeExtension>>,
-    ops: &Arc<crate::metrics::OpMetrics>,
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
 ) -> Result<AdminServer, NodeError> {
     let clients = metered_clients(ctx, workers, ops)?;
     let handler = Arc::new(NodeHandler {
@@ -875,9 +875,9 @@ fn serve_frontends(
     ctx: &Arc<NodeContext>,
     id: u16,
     workers: u16,
-    ops: &Arc<crate::metrics::OpMetrics>,
-) -> Result<Vec<crate::frontends::FrontEnd>, NodeError> {
-    use crate::frontends::FrontEnd;
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
+) -> Result<Vec<nessie_serve::frontends::FrontEnd>, NodeError> {
+    use nessie_serve::frontends::FrontEnd;
     let Some(f) = &ctx.cfg.frontends else {
         return Ok(Vec::new());
     };
@@ -909,7 +909,7 @@ const FDS_BESIDES_CONNECTIONS: u64 = 256;
 /// if it still falls short: connections beyond it are refused (`accept`), not served.
 fn check_fd_limit(f: &crate::config::FrontendsSection, listeners: u64) {
     let want = listeners * f.max_connections as u64 + FDS_BESIDES_CONNECTIONS;
-    match crate::accept::raise_fd_limit() {
+    match nessie_serve::accept::raise_fd_limit() {
         Some(have) if have < want => tracing::warn!(
             open_files = have,
             needed = want,
@@ -925,7 +925,7 @@ fn check_fd_limit(f: &crate::config::FrontendsSection, listeners: u64) {
 fn metered_clients(
     ctx: &Arc<NodeContext>,
     workers: u16,
-    ops: &Arc<crate::metrics::OpMetrics>,
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
 ) -> Result<Vec<Box<dyn KvClient>>, NodeError> {
     let pcfg = ctx.protocol_config();
     let served = ctx
@@ -938,7 +938,7 @@ fn metered_clients(
     for _ in 0..workers {
         let inner = ctx.client(&pcfg)?;
         clients.push(match served {
-            true => Box::new(crate::metrics::Metered {
+            true => Box::new(nessie_serve::metered::Metered {
                 inner,
                 metrics: ops.clone(),
             }),
@@ -952,8 +952,8 @@ fn metered_clients(
 fn serve_metrics(
     ctx: &Arc<NodeContext>,
     id: u16,
-    ops: &Arc<crate::metrics::OpMetrics>,
-    frontends: &[crate::frontends::FrontEnd],
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
+    frontends: &[nessie_serve::frontends::FrontEnd],
 ) -> Result<Option<crate::metrics::MetricsServer>, NodeError> {
     let Some(addr) = ctx.cfg.frontends.as_ref().and_then(|f| f.metrics_addr(id)) else {
         return Ok(None);

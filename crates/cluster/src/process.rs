@@ -1,6 +1,9 @@
 //! Local clusters of node processes: `nessie up` starts N node processes on this machine in the
 //! background (configuration, logs, pid files and admin sockets in one directory), `nessie
-//! status` asks each for its state, `nessie down` stops them and cleans up.
+//! status` asks each for its state, `nessie down` stops them and cleans up; [`etcd_server`]:
+//! the local etcd started and stopped with them.
+
+pub mod etcd_server;
 
 use std::fs::File;
 use std::os::unix::fs::FileTypeExt;
@@ -8,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nessie_membership::etcd::Etcd;
+use nessie_membership::MembershipError;
 use nessie_store::Geometry;
 
 use crate::admin::{AdminClient, Request, Response};
 use crate::config::{ClusterConfig, MembershipSection, Transport};
-use crate::etcd::{server as etcd_server, Etcd};
-use crate::membership::MembershipError;
 use crate::rundir::{self, RunDir};
 
 /// Most nodes `nessie up` starts on one machine.
@@ -183,11 +186,11 @@ impl UpOptions {
             server_poll: "yield".into(),
             huge_pages: nessie_fabric_ucx::HugePages::Try,
             etcd: EtcdChoice::Local,
-            lease_ttl_s: crate::membership::DEFAULT_LEASE_TTL_S,
+            lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
             replicas: 1,
             spare_copies: 0,
             pilaf_reuse_delay_ms: None,
-            replace_after_s: crate::membership::DEFAULT_REPLACE_AFTER_S,
+            replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
             frontends: None,
             progress_spin_us: 0,
             direct_loopback: true,
@@ -345,7 +348,7 @@ fn initialise_membership(cfg: &ClusterConfig) -> Result<(), ProcessError> {
         return Ok(());
     };
     let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
-    crate::membership::initialise(&etcd, &cfg.membership_keys(), cfg.node.iter().map(|n| n.id))?;
+    nessie_membership::initialise(&etcd, &cfg.membership_keys(), cfg.node.iter().map(|n| n.id))?;
     Ok(())
 }
 
@@ -675,12 +678,12 @@ pub fn status(dir: &Path) -> Result<(ClusterConfig, Vec<NodeStatus>), ProcessErr
 /// be read (the nodes then keep serving in the epoch they know).
 pub fn membership_status(
     cfg: &ClusterConfig,
-) -> Option<Result<crate::membership::Snapshot, MembershipError>> {
+) -> Option<Result<nessie_membership::Snapshot, MembershipError>> {
     let m = cfg.membership.as_ref()?;
     Some(
         Etcd::with_timeout(&m.etcd, Duration::from_secs(2))
             .map_err(MembershipError::from)
-            .and_then(|etcd| crate::membership::snapshot(&etcd, &cfg.membership_keys())),
+            .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys())),
     )
 }
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nessie_membership::{Monitor, NodeState};
 use nessie_protocols::CatchUp;
 
-use crate::membership::{Monitor, NodeState};
 use crate::node::{NodeContext, NodeError};
 
 /// How fast a node reads from the primaries while it catches up: enough to fill a GiB of

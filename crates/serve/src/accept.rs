@@ -19,7 +19,7 @@ pub(crate) const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A listener's spare descriptor and its warning clock.
-pub(crate) struct Shedder {
+pub struct Shedder {
     what: &'static str,
     spare: Option<File>,
     last_warning: Option<Instant>,
@@ -29,7 +29,7 @@ pub(crate) struct Shedder {
 
 impl Shedder {
     /// `what`: the listener, for the log.
-    pub(crate) fn new(what: &'static str) -> Self {
+    pub fn new(what: &'static str) -> Self {
         Self {
             what,
             spare: File::open("/dev/null").ok(),
@@ -43,7 +43,7 @@ impl Shedder {
     /// take the spare again. Transient errors (a connection reset before it was accepted, a
     /// signal, nothing to accept): nothing. Anything else, or no spare: pause, so the loop does
     /// not spin on a listener that stays readable.
-    pub(crate) fn failed<S>(
+    pub fn failed<S>(
         &mut self,
         err: &io::Error,
         accept_one: impl FnOnce() -> io::Result<S>,
@@ -115,6 +115,17 @@ fn open_file_limit() -> Option<libc::rlimit> {
     };
     // SAFETY: `l` is a valid rlimit to write.
     (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0).then_some(l)
+}
+
+/// Wait until `fd` is readable (a connection to accept), for at most `timeout`.
+pub fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
 }
 
 #[cfg(test)]

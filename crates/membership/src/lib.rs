@@ -38,6 +38,13 @@
 //! "filled"; the next epoch makes it full. A node whose copies moved does not take them back
 //! when it registers again: it joins holding none of them (its spare slots may take copies
 //! later).
+//!
+//! [`etcd`] is the coordination engine behind membership (as ZooKeeper is for FaRM), reached
+//! through a small blocking client for its v3 HTTP/JSON gateway. The single-member etcd that
+//! `nessie up` runs by default is started and stopped with the node processes
+//! (`nessie_cluster::process::etcd_server`).
+
+pub mod etcd;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

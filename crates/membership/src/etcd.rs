@@ -1,6 +1,6 @@
 //! A small blocking client for etcd's v3 HTTP/JSON gateway.
 //!
-//! We talk to the gateway rather than to gRPC so that the cluster crate needs no protobuf or
+//! We talk to the gateway rather than to gRPC so that membership needs no protobuf or
 //! async stack: a handful of unary calls is all the cluster uses etcd for (leases, puts, gets,
 //! prefix listings and a compare-and-swap).
 //!

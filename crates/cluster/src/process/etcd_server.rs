@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::client::Etcd;
+use nessie_membership::etcd::Etcd;
 
 /// The etcd binary: `$NESSIE_ETCD`, else `etcd` on the `PATH` (Debian's `etcd-server`).
 pub fn binary() -> PathBuf {
@@ -103,7 +103,7 @@ pub fn start(
     let failed = |reason: String| EtcdServerError::StartFailed {
         reason,
         log: log_path.clone(),
-        tail: crate::process::tail(&log_path, 15),
+        tail: super::tail(&log_path, 15),
     };
     let pid_path = dir.join(PID_FILE);
     let written = crate::rundir::create_file(&pid_path)

@@ -190,7 +190,7 @@ impl Listener {
         use std::os::fd::AsRawFd;
         let mut shedder = crate::accept::Shedder::new(self.name);
         while !stop.load(Ordering::SeqCst) {
-            crate::admin::wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
+            crate::accept::wait_readable(listener.as_raw_fd(), ACCEPT_POLL);
             match listener.accept() {
                 Ok((s, _)) => self.connection(s),
                 Err(e) => shedder.failed(&e, || listener.accept(), |(s, _)| self.refuse(s)),
