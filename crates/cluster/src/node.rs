@@ -668,7 +668,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     // The front ends and the metrics listen before the admin socket answers, which is what
     // `up` waits for.
     let ops = Arc::new(nessie_serve::metered::OpMetrics::default());
-    let frontends = serve_frontends(&ctx, id, entry.workers, &ops)?;
+    let (frontends, expire) = serve_frontends(&ctx, id, entry.workers, &ops)?;
     let metrics = serve_metrics(&ctx, id, &ops, &frontends)?;
     let admin = serve_admin(
         &ctx,
@@ -695,6 +695,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
 
     serving.store(true, Ordering::SeqCst);
     let _ = stop_signal.recv();
+    drop(expire);
     drop(frontends);
     drop(metrics);
     drop(admin);
@@ -869,21 +870,29 @@ fn serve_admin(
     })
 }
 
+/// A node's front ends, and the reclaimer of the expired items they store.
+type Frontends = (
+    Vec<nessie_serve::frontends::FrontEnd>,
+    Option<nessie_serve::expire::ExpiryReclaimer>,
+);
+
 /// The front ends of node `id` that `[frontends]` asks for, sharing `workers` client workers
-/// of their own.
+/// of their own, and (client-driven mode) the reclaimer of expired items over the node's
+/// share of the index, on the same clients.
 fn serve_frontends(
     ctx: &Arc<NodeContext>,
     id: u16,
     workers: u16,
     ops: &Arc<nessie_serve::metered::OpMetrics>,
-) -> Result<Vec<nessie_serve::frontends::FrontEnd>, NodeError> {
+) -> Result<Frontends, NodeError> {
+    use nessie_serve::expire::{ExpiryReclaimer, CYCLE, WINDOW_SLOTS};
     use nessie_serve::frontends::FrontEnd;
     let Some(f) = &ctx.cfg.frontends else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let (mc, resp) = (f.memcached_addr(id), f.resp_addr(id));
     if mc.is_none() && resp.is_none() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     let pool = Arc::new(ClientPool::new(metered_clients(ctx, workers, ops)?));
     check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
@@ -895,10 +904,33 @@ fn serve_frontends(
     }
     if let Some(addr) = resp {
         let password = f.resp_password.as_ref().map(|p| p.0.clone());
-        let fe = FrontEnd::resp(addr, pool, g, f.max_connections, f.threads, password);
+        let fe = FrontEnd::resp(
+            addr,
+            pool.clone(),
+            g,
+            f.max_connections,
+            f.threads,
+            password,
+        );
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
-    Ok(started)
+    // Only the client-driven store scans its index (the baselines answer Unsupported).
+    let expire = match ctx.mode {
+        Mode::Cd => {
+            let per_node = g.ites_per_node;
+            let share = id as u64 * per_node..(id as u64 + 1) * per_node;
+            let counters = started.iter().map(FrontEnd::counters).collect();
+            let r = ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(
+                |err| NodeError::Spawn {
+                    what: "the reclaimer of expired items",
+                    err,
+                },
+            )?;
+            Some(r)
+        }
+        _ => None,
+    };
+    Ok((started, expire))
 }
 
 /// Descriptors a node holds besides its front-end connections (fabric, etcd, admin, files),

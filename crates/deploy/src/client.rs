@@ -171,4 +171,10 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             _ => Err(unsupported("a scan of every key")),
         }
     }
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.scan_keys_in(slots),
+            _ => Err(unsupported("a scan of index slots")),
+        }
+    }
 }

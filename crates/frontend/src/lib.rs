@@ -23,5 +23,7 @@ pub mod redis;
 pub mod rmw;
 pub mod serve;
 pub mod session;
-#[cfg(test)]
-mod testing;
+/// Test doubles (a store in a map, a client that races): the unit tests' and, with the
+/// `testing` feature, other crates' tests'.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -73,6 +73,9 @@ pub struct Counters {
     pub get_misses: AtomicU64,
     pub delete_hits: AtomicU64,
     pub delete_misses: AtomicU64,
+    /// Expired items deleted in the background by the node's reclaimer (memcached `stats`
+    /// `reclaimed`, Redis `INFO stats` `expired_keys`).
+    pub reclaimed: AtomicU64,
     /// When the front end started (Unix seconds).
     pub started: AtomicU64,
 }

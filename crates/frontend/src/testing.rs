@@ -57,6 +57,13 @@ impl KvClient for MapClient {
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
         Ok(self.0.keys().cloned().collect())
     }
+    /// The map's "index": its keys in order, key `i` in slot `i`.
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        let mut keys: Vec<Vec<u8>> = self.0.keys().cloned().collect();
+        keys.sort();
+        let end = (slots.end as usize).min(keys.len());
+        Ok(keys.drain(..end).skip(slots.start as usize).collect())
+    }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         let current = self.version(key);
         if !cond.holds(current) {
@@ -193,6 +200,9 @@ impl KvClient for RacingClient {
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         self.maybe_race();
         self.inner.delete_if(key, cond)
+    }
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        self.inner.scan_keys_in(slots)
     }
 }
 

@@ -150,6 +150,13 @@ pub trait KvClient: Send {
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
         Err(unsupported("a scan of every key"))
     }
+    /// The keys with a valid entry in index slots `slots`, a window of the whole index
+    /// (`0..Geometry::total_ites()`), by the same scan as [`Self::scan_keys`]: background work
+    /// walks the index a window at a time.
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        let _ = slots;
+        Err(unsupported("a scan of index slots"))
+    }
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
@@ -183,6 +190,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
         (**self).scan_keys()
     }
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        (**self).scan_keys_in(slots)
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
@@ -215,5 +225,8 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
         cd::CdClient::scan_keys(self)
+    }
+    fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
+        cd::CdClient::scan_keys_in(self, slots)
     }
 }

@@ -7,10 +7,13 @@
 //!   start;
 //! - [`pool`]: a node's store clients, leased by its front ends and its admin socket;
 //! - [`metered`]: the per-operation counters and latencies of those clients, for the node's
-//!   Prometheus metrics.
+//!   Prometheus metrics;
+//! - [`expire`]: expired items reclaimed in the background, a window of the node's index at a
+//!   time.
 
 pub mod accept;
 pub mod evloop;
+pub mod expire;
 pub mod frontends;
 pub mod metered;
 pub mod pool;

@@ -560,6 +560,7 @@ impl Conn<'_> {
             ("get_misses", get(&c.get_misses)),
             ("delete_hits", get(&c.delete_hits)),
             ("delete_misses", get(&c.delete_misses)),
+            ("reclaimed", get(&c.reclaimed)),
         ];
         let v = format!(
             "STAT version {PROTOCOL_VERSION}-nessie-{}\r\n",

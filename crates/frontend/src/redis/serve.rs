@@ -404,7 +404,7 @@ impl Conn<'_> {
     /// `all` and `everything` are all of them), in Redis's format; others are empty, as in
     /// Redis. The keyspace line counts on the store's scan of its index, as DBSIZE does.
     fn info(&mut self, rest: &[&[u8]]) {
-        const SECTIONS: [&str; 3] = ["server", "clients", "keyspace"];
+        const SECTIONS: [&str; 4] = ["server", "clients", "stats", "keyspace"];
         let asked: Vec<String> = rest
             .iter()
             .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
@@ -431,6 +431,10 @@ impl Conn<'_> {
                 "clients" => text.push_str(&format!(
                     "# Clients\r\nconnected_clients:{}\r\n",
                     self.counters.curr_connections.load(Ordering::Relaxed)
+                )),
+                "stats" => text.push_str(&format!(
+                    "# Stats\r\nexpired_keys:{}\r\n",
+                    self.counters.reclaimed.load(Ordering::Relaxed)
                 )),
                 _ => {
                     let now = unix_now_ms();

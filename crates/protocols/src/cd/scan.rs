@@ -18,11 +18,24 @@ impl<E: Endpoint> CdClient<E> {
     /// Every key whose entry is valid when the scan reads it, each once per entry (a key
     /// being rewritten may appear twice), in index order.
     pub fn scan_keys(&mut self) -> Result<Vec<Vec<u8>>, Error> {
-        self.check_fence().map_err(|a| self.scan_error(a))?;
+        self.scan_keys_in(0..self.view.geometry.total_ites())
+    }
+
+    /// [`Self::scan_keys`] of index slots `slots` only (a window of `0..total_ites()`): what
+    /// background work that walks the index a window at a time reads (the front ends'
+    /// reclaiming of expired items).
+    pub fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
         let total = self.view.geometry.total_ites();
+        if slots.start > slots.end || slots.end > total {
+            return Err(Error::Config(format!(
+                "index slots {}..{} are not within the index's 0..{total}",
+                slots.start, slots.end
+            )));
+        }
+        self.check_fence().map_err(|a| self.scan_error(a))?;
         let mut keys = Vec::new();
         let mut buf = Vec::new();
-        for slot in 0..total {
+        for slot in slots {
             let (ite, _) = self.read_ite(slot).map_err(|a| self.scan_error(a))?;
             if ite.is_empty() {
                 continue;
@@ -78,6 +91,16 @@ mod tests {
             .map(|i| vec![b'k', i])
             .collect();
         assert_eq!(keys, want);
+        // Windows of the index list the same keys, each in its window.
+        let total = c.view.geometry.total_ites();
+        let mut windowed = Vec::new();
+        for from in (0..total).step_by(37) {
+            windowed.extend(w.scan_keys_in(from..(from + 37).min(total)).unwrap());
+        }
+        windowed.sort();
+        assert_eq!(windowed, keys);
+        let e = w.scan_keys_in(0..total + 1).unwrap_err().to_string();
+        assert!(e.contains("not within the index"), "{e}");
         for k in keys {
             w.delete(&k).unwrap();
         }
