@@ -9,7 +9,10 @@
 
 /// `mutated!(cfg, name)`: whether the test-only mutation `name` is on in `cfg` (a
 /// `ProtocolConfig` or an `sd` server's options). Without the `testing` feature it is the
-/// constant `false`, so production code carries no trace of them.
+/// constant `false`, so production code carries no trace of them. The same as
+/// `nessie_protocols`' own, defined again on purpose: its `cfg` must be this crate's `testing`
+/// feature (which gates `RpcMutations`), not the protocols crate's, which another crate of the
+/// build may turn on alone.
 #[cfg(any(test, feature = "testing"))]
 macro_rules! mutated {
     ($cfg:expr, $name:ident) => {
