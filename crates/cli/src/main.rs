@@ -114,7 +114,7 @@ struct UpArgs {
     dtes_per_node: u64,
     /// Memory for one node's index, data and page tables (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024): sizes
     /// them from one budget instead of --ites-per-node and --dtes-per-node, the index for
-    /// items of half the largest size at load factor 0.5, and says what each size class gets.
+    /// items of up to 512 B at load factor 0.5, and says what each size class gets.
     #[arg(long, value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
     memory_per_node: Option<u64>,
     /// Client threads (workers) per node process, shared by its front ends and admin socket.

@@ -250,6 +250,7 @@ impl NodeContext {
             "allocated": usage.iter().map(|u| u.in_use).sum::<u64>(),
             "reclaimed_total": counters.reclaimed_total,
             "scans": counters.scans,
+            "room_scans": counters.room_scans,
             "classes": classes,
         })
     }

@@ -4,14 +4,17 @@
 //! 1. an entry of the class that came back (unpublished, or recycled and expired);
 //! 2. the next never-used entry of the class's open page;
 //! 3. a fresh page of the node's own table (local writes are the paper's point);
-//! 4. a scan of every page the node holds, of every class, here and on other nodes: entries
-//!    whose recycle flag has expired go back on their class's free list, and pages left with no
-//!    entry in use go back to their node's pool (then a fresh local page again). Released
-//!    entries not yet expired are remembered with the time they will be (a recycle word does
-//!    not change until its claimer reclaims the entry), and taken once it has come, in step 1,
-//!    without another scan: a writer scans again only when its class has none left to wait
-//!    for (scanning whenever the free list ran dry cost a scan of every held entry per few
-//!    entries freed under steady overwrites);
+//! 4. a scan of the next [`ROOM_SCAN_PAGES`] pages the node holds, of every class, here and on
+//!    other nodes, going on from where the last such scan stopped: entries whose recycle flag
+//!    has expired go back on their class's free list, and pages left with no entry in use go
+//!    back to their node's pool (then a fresh local page again). Released entries not yet
+//!    expired are remembered with the time they will be (a recycle word does not change until
+//!    its claimer reclaims the entry), and taken once it has come, in step 1, without another
+//!    scan: a writer scans again only when its class has none left to wait for (scanning
+//!    whenever the free list ran dry cost a scan of every held entry per few entries freed
+//!    under steady overwrites). The scan is bounded so that a write near full costs a bounded
+//!    number of fabric operations; the node's reclaimer scans every page once per expiry
+//!    period ([`ClassTable::reclaim_if_due`]);
 //! 5. a fresh page of another node's table, claimed with one CAS (placement across nodes;
 //!    [`ClassTable::local_only`] turns it off, for the baselines' servers);
 //! 6. an entry of a larger class already at hand (free list or open page): it holds the value
@@ -28,7 +31,8 @@
 //! reserves are soft: two claimers racing for the last pages can both win.
 
 use std::cmp::Reverse;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
@@ -47,6 +51,13 @@ const LOCK_BACKOFF_MAX_NS: u64 = 1_600;
 /// READ is a copy, so for large entries reading the values too would cost more than the READs
 /// it saves (a scan of 16 KiB entries copied every byte of them).
 pub const WORD_READS_FROM: u64 = 2048;
+
+/// Most held pages a writer that ran out of room scans before it claims a page of another node
+/// (step 4). The scan goes on from where the last one stopped, so successive writers cover
+/// every page in turn, and the node's reclaimer scans them all once per expiry period: a write
+/// near full costs a bounded number of fabric operations however much memory the node holds
+/// (a full scan per write made a nearly full store crawl: millions of READs per write).
+pub const ROOM_SCAN_PAGES: usize = 16;
 
 /// Largest single WRITE used to clear a freshly claimed page.
 pub const ZERO_CHUNK: u64 = 1 << 20;
@@ -161,8 +172,18 @@ struct State {
     /// Looked up twice per entry taken or returned: hashed with foldhash, not SipHash (keys
     /// are page numbers, not attacker-chosen), which made up most of the allocator's time.
     pages: HashMap<(NodeId, u64), PageState, PageHasher>,
+    /// The keys of `pages`, in order: where a bounded scan goes on from `scan_cursor`.
+    held: BTreeSet<(NodeId, u64)>,
+    /// The last page a bounded scan ([`ClassTable::scan_some`]) looked at.
+    scan_cursor: Option<(NodeId, u64)>,
+    /// Every entry on a `pending` list. A bounded scan meets again entries an earlier scan
+    /// found released: one already pending must not be listed twice (it would be handed out
+    /// twice). Its ready time cannot have changed: a recycle word changes only when its claimer
+    /// reclaims the entry.
+    pending_slots: HashSet<Slot, PageHasher>,
     reclaimed_total: u64,
     scans: u64,
+    room_scans: u64,
     /// When the last scan began (the endpoint's wall clock).
     last_scan_ns: u64,
 }
@@ -193,7 +214,10 @@ impl Awaiting {
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableCounters {
     pub reclaimed_total: u64,
+    /// Scans of every held page (the reclaimer's, or [`ClassTable::reclaim`]).
     pub scans: u64,
+    /// Bounded scans by writers that ran out of room (step 4).
+    pub room_scans: u64,
 }
 
 /// One node's allocator of class entries.
@@ -228,8 +252,12 @@ impl ClassTable {
             state: Mutex::new(State {
                 classes: per_class,
                 pages: HashMap::with_hasher(PageHasher::default()),
+                held: BTreeSet::new(),
+                scan_cursor: None,
+                pending_slots: HashSet::with_hasher(PageHasher::default()),
                 reclaimed_total: 0,
                 scans: 0,
+                room_scans: 0,
                 last_scan_ns: 0,
             }),
         }
@@ -398,6 +426,7 @@ impl ClassTable {
             reserve,
         };
         let old = s.pages.insert((host, claim.page), state);
+        s.held.insert((host, claim.page));
         assert!(
             old.is_none(),
             "page {} of node {host} claimed twice",
@@ -463,10 +492,11 @@ impl ClassTable {
         self.put_back(&mut s, slot);
     }
 
-    /// Under pressure: take back every class's expired entries and give empty pages back, so
-    /// memory can move to `class`. While `class` still has released entries to wait for, a
-    /// scan would find none sooner (entries released since the last scan expire after them):
-    /// only what other classes have waited out is taken. Returns what still awaits expiry.
+    /// Under pressure: take back expired entries and give empty pages back, so memory can move
+    /// to `class`. While `class` still has released entries to wait for, a scan would find
+    /// none sooner (entries released since the last scan expire after them): only what other
+    /// classes have waited out is taken. Otherwise the next [`ROOM_SCAN_PAGES`] held pages are
+    /// scanned ([`Self::scan_some`]). Returns what still awaits expiry.
     fn make_room<E: Endpoint>(
         &self,
         ep: &mut E,
@@ -474,12 +504,12 @@ impl ClassTable {
         class: u8,
     ) -> Result<Awaiting, FabricError> {
         if s.classes[class as usize].pending.is_empty() {
-            self.scan_all(ep, s)?;
+            self.scan_some(ep, s, class)?;
         } else {
             for c in 0..self.classes.len() as u8 {
                 self.reclaim_pending(ep, s, c)?;
             }
-            self.release_empty_pages(ep, s, &mut Vec::new())?;
+            self.release_empty_pages(ep, s, None, &mut Vec::new())?;
         }
         Ok(Self::awaiting(s))
     }
@@ -502,6 +532,7 @@ impl ClassTable {
                 break;
             }
             s.classes[class as usize].pending.pop();
+            s.pending_slots.remove(&slot);
             if !failed.contains(&slot.host) && self.clear_released(ep, s, slot, &mut failed)? {
                 reclaimed += 1;
             }
@@ -587,6 +618,7 @@ impl ClassTable {
         TableCounters {
             reclaimed_total: s.reclaimed_total,
             scans: s.scans,
+            room_scans: s.room_scans,
         }
     }
 
@@ -596,51 +628,119 @@ impl ClassTable {
     fn scan_all<E: Endpoint>(&self, ep: &mut E, s: &mut State) -> Result<u64, FabricError> {
         let now = ep.now_ns();
         // In key order, not the map's (seeded at random): the simulator replays runs exactly.
-        let mut held: Vec<(NodeId, u64)> = s.pages.keys().copied().collect();
-        held.sort_unstable();
-        let mut reclaimed = 0;
+        let held: Vec<(NodeId, u64)> = s.held.iter().copied().collect();
         s.scans += 1;
         s.last_scan_ns = now;
         // What is still pending is seen again below, with what was released since.
         for c in &mut s.classes {
             c.pending.clear();
         }
-        let mut waiting = Vec::new();
+        s.pending_slots.clear();
         // Other nodes that failed during this scan: their pages wait for a later one.
         let mut failed: Vec<NodeId> = Vec::new();
-        for (host, page) in held {
-            if failed.contains(&host) {
-                continue;
-            }
-            let ps = &s.pages[&(host, page)];
-            let (class, handed) = (ps.class, ps.handed);
-            waiting.clear();
-            let found = self.expired_entries(ep, host, page, class, handed, now, &mut waiting);
-            let Some(expired) = self.tolerate(host, found, &mut failed)? else {
-                continue;
-            };
-            let slot = |i| Slot {
-                host,
-                class,
-                slot: self.classes.slot(class, page, i),
-            };
-            for &(i, ready) in &waiting {
-                s.classes[class as usize].pending.push((ready, slot(i)));
-            }
-            for i in expired {
-                if !self.clear_released(ep, s, slot(i), &mut failed)? {
-                    break;
-                }
-                reclaimed += 1;
+        let mut reclaimed = 0;
+        for key in held {
+            if !failed.contains(&key.0) {
+                reclaimed += self.scan_page(ep, s, key, now, &mut failed)?;
             }
         }
+        Self::sort_pending(s);
+        s.reclaimed_total += reclaimed;
+        self.release_empty_pages(ep, s, None, &mut failed)?;
+        Ok(reclaimed)
+    }
+
+    /// A writer's bounded scan: the held pages after the last one scanned (wrapping around),
+    /// at most [`ROOM_SCAN_PAGES`], stopping early once `class` has a free entry or a page is
+    /// left empty (memory that can move to it). Returns the entries reclaimed.
+    fn scan_some<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        class: u8,
+    ) -> Result<u64, FabricError> {
+        let now = ep.now_ns();
+        s.room_scans += 1;
+        let budget = ROOM_SCAN_PAGES.min(s.held.len());
+        let mut scanned: Vec<(NodeId, u64)> = Vec::with_capacity(budget);
+        let mut failed: Vec<NodeId> = Vec::new();
+        let mut reclaimed = 0;
+        while scanned.len() < budget {
+            let after = s.scan_cursor.and_then(|c| {
+                s.held
+                    .range((Bound::Excluded(c), Bound::Unbounded))
+                    .next()
+                    .copied()
+            });
+            let Some(key) = after.or_else(|| s.held.first().copied()) else {
+                break;
+            };
+            s.scan_cursor = Some(key);
+            scanned.push(key);
+            if failed.contains(&key.0) {
+                continue;
+            }
+            reclaimed += self.scan_page(ep, s, key, now, &mut failed)?;
+            let emptied = s.pages.get(&key).is_some_and(|p| p.in_use == 0);
+            if emptied || !s.classes[class as usize].normal.free.is_empty() {
+                break;
+            }
+        }
+        Self::sort_pending(s);
+        s.reclaimed_total += reclaimed;
+        self.release_empty_pages(ep, s, Some(&scanned), &mut failed)?;
+        Ok(reclaimed)
+    }
+
+    /// Scan one held page (`key`): its expired released entries go back on their free list,
+    /// the others released go on their class's pending list unless already there. Returns the
+    /// entries reclaimed; a failure of another node is remembered in `failed`.
+    fn scan_page<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        s: &mut State,
+        (host, page): (NodeId, u64),
+        now: u64,
+        failed: &mut Vec<NodeId>,
+    ) -> Result<u64, FabricError> {
+        let ps = &s.pages[&(host, page)];
+        let (class, handed) = (ps.class, ps.handed);
+        let mut waiting = Vec::new();
+        let found = self.expired_entries(ep, host, page, class, handed, now, &mut waiting);
+        let Some(expired) = self.tolerate(host, found, failed)? else {
+            return Ok(0);
+        };
+        let slot = |i| Slot {
+            host,
+            class,
+            slot: self.classes.slot(class, page, i),
+        };
+        for &(i, ready) in &waiting {
+            if s.pending_slots.insert(slot(i)) {
+                s.classes[class as usize].pending.push((ready, slot(i)));
+            }
+        }
+        let mut reclaimed = 0;
+        for i in expired {
+            // An expired entry still pending (listed by an earlier bounded scan) is reclaimed
+            // from the list, when its class next needs it: not twice.
+            if s.pending_slots.contains(&slot(i)) {
+                continue;
+            }
+            if !self.clear_released(ep, s, slot(i), failed)? {
+                break;
+            }
+            reclaimed += 1;
+        }
+        Ok(reclaimed)
+    }
+
+    /// Pending lists in order, the soonest ready last.
+    fn sort_pending(s: &mut State) {
         for c in &mut s.classes {
             c.pending
                 .sort_unstable_by_key(|&(ready, slot)| Reverse((ready, slot)));
         }
-        s.reclaimed_total += reclaimed;
-        self.release_empty_pages(ep, s, &mut failed)?;
-        Ok(reclaimed)
     }
 
     /// The result of a fabric operation on `host`'s memory during a scan or a claim. A failure
@@ -721,17 +821,19 @@ impl ClassTable {
         &self,
         ep: &mut E,
         s: &mut State,
+        only: Option<&[(NodeId, u64)]>,
         failed: &mut Vec<NodeId>,
     ) -> Result<(), FabricError> {
-        let mut empty: Vec<(NodeId, u64)> = s
-            .pages
-            .iter()
-            .filter(|(k, p)| p.in_use == 0 && !failed.contains(&k.0))
-            .map(|(k, _)| *k)
-            .collect();
-        empty.sort_unstable(); // as in `scan_all`
-                               // Released pages by pool (class, reserve): their entries leave each free list in one
-                               // pass at the end, not one pass per page (which was quadratic in a large table).
+        let empty = |k: &(NodeId, u64)| {
+            s.pages.get(k).is_some_and(|p| p.in_use == 0) && !failed.contains(&k.0)
+        };
+        // In key order (`held` is sorted), not the map's: the simulator replays runs exactly.
+        let empty: Vec<(NodeId, u64)> = match only {
+            Some(keys) => keys.iter().copied().filter(empty).collect(),
+            None => s.held.iter().copied().filter(empty).collect(),
+        };
+        // Released pages by pool (class, reserve): their entries leave each free list in one
+        // pass at the end, not one pass per page (which was quadratic in a large table).
         let mut released: HashMap<(u8, bool), HashSet<(NodeId, u64)>> = HashMap::new();
         let mut result = Ok(());
         for key in empty {
@@ -746,6 +848,7 @@ impl ClassTable {
             };
             assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
             let ps = s.pages.remove(&key).expect("held");
+            s.held.remove(&key);
             let pool = s.classes[ps.class as usize].pool(ps.reserve);
             if pool.open == Some(key) {
                 pool.open = None;
@@ -818,6 +921,7 @@ impl ClassTable {
                     page,
                     word: w,
                 };
+                s.held.insert((host, page));
                 s.pages.insert(
                     (host, page),
                     PageState {
@@ -1047,6 +1151,107 @@ mod tests {
         }
     }
 
+    /// Two nodes of `pages` pages each, with small classes (a page holds many small entries).
+    fn setup_many(pages: u64) -> (Arc<InProcFabric>, Vec<ClassTable>) {
+        let classes = Arc::new(SizeClasses::new(32, 4000).unwrap());
+        let regions = vec![8, pages * classes.page_bytes(), pages * 8];
+        let f = InProcFabric::new(&vec![regions; 2], None).unwrap();
+        let tables = (0..2)
+            .map(|n| ClassTable::new(n as NodeId, 2, classes.clone(), pages, 0))
+            .collect();
+        (f, tables)
+    }
+
+    fn fabric_ops_of(f: &InProcFabric, node: NodeId) -> u64 {
+        f.stats().total(Some(node)).fabric_ops()
+    }
+
+    /// A write that finds no room does a bounded amount of fabric work however many pages the
+    /// node holds: a scan of every held page per write made a nearly full store crawl.
+    #[test]
+    fn a_write_near_full_costs_bounded_fabric_work() {
+        let mut per_attempt = Vec::new();
+        for pages in [64u64, 256] {
+            let (f, t) = setup_many(pages);
+            let mut ep = f.endpoint(0);
+            let mut held = 0;
+            while t[0].alloc_for(&mut ep, 0, Purpose::Value).is_ok() {
+                held += 1;
+            }
+            assert!(held > 0);
+            let remote_pages = t[0].usage().iter().map(|u| u.remote_pages).sum::<u64>();
+            assert!(
+                remote_pages > 2 * ROOM_SCAN_PAGES as u64,
+                "the test needs more held remote pages ({remote_pages}) than a bounded scan reads"
+            );
+            let before = fabric_ops_of(&f, 0);
+            for _ in 0..10 {
+                assert!(t[0].alloc_for(&mut ep, 0, Purpose::Value).is_err());
+            }
+            per_attempt.push((fabric_ops_of(&f, 0) - before) / 10);
+        }
+        // Each attempt: at most ROOM_SCAN_PAGES page READs, and a READ of the page table per
+        // claim tried (PAGE_SCAN_CHUNK words each).
+        let bound = ROOM_SCAN_PAGES as u64 + 8;
+        assert!(
+            per_attempt.iter().all(|&n| n <= bound),
+            "fabric operations per refused write at 64 and 256 pages: {per_attempt:?} (bound {bound})"
+        );
+    }
+
+    /// Bounded scans go round every held page: an expired entry on any page is found within a
+    /// lap, and entries met again by later scans (of another class's writer) are handed out
+    /// once each.
+    #[test]
+    fn bounded_scans_cover_every_page_and_hand_out_each_entry_once() {
+        let pages = 96;
+        let (f, t) = setup_many(pages);
+        let mut ep = f.endpoint(0);
+        let big = (t[0].classes().len() - 1) as u8;
+        let mut bigs = Vec::new();
+        while let Ok(s) = t[0].alloc_for(&mut ep, big, Purpose::Value) {
+            if s.class != big {
+                t[0].release_unpublished(&mut ep, s);
+                break;
+            }
+            bigs.push(s);
+        }
+        let held = t[0].usage().iter().map(|u| u.pages).sum::<u64>();
+        assert!(held > 3 * ROOM_SCAN_PAGES as u64, "{held} pages held");
+        // Every entry released, to expire in 40 ms.
+        let expires = ep.now_ns() + 40_000_000;
+        for s in &bigs {
+            let at = t[0].addr(*s).add(RECYCLE_OFF);
+            ep.write(at, &DteLayout::recycle_word(expires).to_le_bytes())
+                .unwrap();
+        }
+        // Writers of a small class scan lap after lap, meeting the released entries again.
+        let laps = 3 * held as usize / ROOM_SCAN_PAGES + 1;
+        for _ in 0..laps {
+            assert!(t[0].alloc_for(&mut ep, 0, Purpose::Value).is_err());
+        }
+        while ep.now_ns() <= expires {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut again = HashSet::new();
+        let mut refused = 0;
+        while again.len() < bigs.len() {
+            match t[0].alloc_for(&mut ep, big, Purpose::Value) {
+                Ok(s) => assert!(again.insert(s), "{s:?} handed out twice"),
+                Err(_) => {
+                    refused += 1;
+                    assert!(refused <= laps, "entries not found within {laps} scans");
+                }
+            }
+        }
+        let want: HashSet<Slot> = bigs.iter().copied().collect();
+        assert_eq!(again, want, "the same entries, each once");
+        assert!(
+            t[0].alloc_for(&mut ep, big, Purpose::Value).is_err(),
+            "no entry handed out twice"
+        );
+    }
+
     /// Entries a scan found released but not yet expired are taken once their time has come,
     /// without another scan; a scan meanwhile (the reclaimer's) neither loses nor doubles them.
     #[test]
@@ -1076,26 +1281,26 @@ mod tests {
             };
             assert_eq!(awaiting_expiry, slots.len() as u64);
             assert_eq!(next_ready_ns, Some(expires + 1));
-            let scans = t[0].counters().scans;
+            let scans = t[0].counters().room_scans;
             assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
-            assert_eq!(t[0].counters().scans, scans, "nothing to scan for yet");
+            assert_eq!(t[0].counters().room_scans, scans, "nothing to scan for yet");
             while ep.now_ns() <= expires {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             if rescan {
                 t[0].reclaim(&mut ep).unwrap();
             }
-            let scans = t[0].counters().scans;
+            let scans = t[0].counters().room_scans;
             let mut again = HashSet::new();
             for _ in 0..slots.len() {
                 let s = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
                 assert!(again.insert(s), "{s:?} handed out twice");
             }
             assert_eq!(again, slots, "the same entries, each once");
-            assert_eq!(t[0].counters().scans, scans, "taken without a scan");
+            assert_eq!(t[0].counters().room_scans, scans, "taken without a scan");
             assert!(t[0].alloc_for(&mut ep, big, Purpose::Value).is_err());
             assert_eq!(
-                t[0].counters().scans,
+                t[0].counters().room_scans,
                 scans + 1,
                 "none left to wait for: a scan"
             );
