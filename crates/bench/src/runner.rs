@@ -468,6 +468,7 @@ fn start(
         wait_spin_us: opts.wait_spin_us,
         // The agents' clients take theirs from the spec; the nodes' own (admin) the same.
         optimizations: optimizations(p),
+        eviction: nessie_protocols::Eviction::NoEviction,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

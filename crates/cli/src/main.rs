@@ -192,6 +192,11 @@ struct UpArgs {
     /// The address the front ends listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
+    /// What a full store does, by Redis's maxmemory-policy names: noeviction refuses writes
+    /// (as Redis's default; memcached -M); allkeys-random deletes items at random among those
+    /// in the writer's way (mode cd). Written to [cache] eviction in cluster.toml.
+    #[arg(long, value_name = "POLICY", default_value = "noeviction")]
+    eviction: nessie_protocols::Eviction,
     /// Event loops (threads) per front end per node, each serving many connections (one, as
     /// Redis has, suits a machine with few cores).
     #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_THREADS)]
@@ -601,6 +606,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         direct_peers: !a.fabric.no_direct_peers,
         wait_spin_us: a.fabric.wait_spin_us,
         optimizations: a.optimizations.optimizations(),
+        eviction: a.eviction,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

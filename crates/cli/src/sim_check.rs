@@ -365,6 +365,7 @@ const HOOK_POINTS: &[(&str, HookPoint)] = &[
     ("migrate-after-dst-cas", HookPoint::MigrateAfterDstCas),
     ("migrate-after-src-cas", HookPoint::MigrateAfterSrcCas),
     ("guarded-after-look", HookPoint::GuardedAfterLook),
+    ("evict-before-delete", HookPoint::EvictBeforeDelete),
 ];
 
 fn hook_names() -> String {

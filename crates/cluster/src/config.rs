@@ -245,7 +245,27 @@ pub struct ClusterConfig {
     /// Protocol front ends each node serves; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frontends: Option<FrontendsSection>,
+    /// What the store does when full.
+    #[serde(default)]
+    pub cache: CacheSection,
     pub node: Vec<NodeEntry>,
+}
+
+/// `[cache]`: what the store does when it is full (issue 41).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheSection {
+    /// Eviction policy, by Redis's `maxmemory-policy` names: `noeviction` (refuse writes when
+    /// full, the default) or `allkeys-random`.
+    pub eviction: String,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        Self {
+            eviction: nessie_protocols::Eviction::NoEviction.name().to_string(),
+        }
+    }
 }
 
 /// `[frontends]`: the protocols applications speak, served by every node process (issue 12).
@@ -435,6 +455,8 @@ pub enum ConfigError {
 pub enum InvalidConfig {
     #[error("unknown transport {0:?}: use shm, tcp or auto")]
     Transport(String),
+    #[error("[cache] eviction: {0}")]
+    Eviction(String),
     #[error("cluster.secret is not hex: {0}")]
     SecretNotHex(#[source] hex::FromHexError),
     #[error("cluster.secret has {0} bytes; at least {MIN_SECRET_BYTES} are required")]
@@ -525,6 +547,7 @@ impl ClusterConfig {
         self.validate_cluster()?;
         self.geometry.validate().map_err(InvalidConfig::from)?;
         self.validate_mode()?;
+        self.eviction()?;
         self.protocol_config()
             .validate()
             .map_err(InvalidConfig::Protocol)?;
@@ -819,8 +842,26 @@ impl ClusterConfig {
             optimizations: p.optimizations,
             whole_read_max: p.whole_read_max,
             retry: p.retry,
+            // Checked by `validate`; a config not validated evicts nothing.
+            eviction: self.eviction().unwrap_or_default(),
             ..ProtocolConfig::default()
         }
+    }
+
+    /// The `[cache] eviction` policy. Only the client-driven mode evicts.
+    pub fn eviction(&self) -> Result<nessie_protocols::Eviction, InvalidConfig> {
+        let e: nessie_protocols::Eviction = self
+            .cache
+            .eviction
+            .parse()
+            .map_err(InvalidConfig::Eviction)?;
+        if e != nessie_protocols::Eviction::NoEviction && self.cluster.mode != "cd" {
+            return Err(InvalidConfig::Eviction(format!(
+                "{e} needs the client-driven mode (cd), not {}",
+                self.cluster.mode
+            )));
+        }
+        Ok(e)
     }
 
     /// Digest of everything peers must agree on (geometry, cluster-wide protocol parameters,
@@ -839,6 +880,7 @@ impl ClusterConfig {
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
             self.protocol.clock_margin_ms,
+            &self.cache.eviction,
             self.node
                 .iter()
                 .map(|n| (n.id, n.bootstrap.to_string()))
@@ -885,6 +927,7 @@ impl ClusterConfig {
             protocol: ProtocolSection::default(),
             membership: None,
             frontends: None,
+            cache: CacheSection::default(),
             node: (0..nodes)
                 .map(|id| NodeEntry {
                     id,

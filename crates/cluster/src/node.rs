@@ -251,6 +251,7 @@ impl NodeContext {
             "reclaimed_total": counters.reclaimed_total,
             "scans": counters.scans,
             "room_scans": counters.room_scans,
+            "evictions": self.table.evictions(),
             "classes": classes,
         })
     }

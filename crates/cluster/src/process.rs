@@ -154,6 +154,8 @@ pub struct UpOptions {
     pub wait_spin_us: Option<u64>,
     /// The protocol's optimisations (`[protocol.optimizations]`).
     pub optimizations: nessie_protocols::Optimizations,
+    /// What the store does when full (`[cache] eviction`).
+    pub eviction: nessie_protocols::Eviction,
 }
 
 /// Where a cluster's membership lives.
@@ -197,6 +199,7 @@ impl UpOptions {
             direct_peers: true,
             wait_spin_us: None,
             optimizations: nessie_protocols::Optimizations::default(),
+            eviction: nessie_protocols::Eviction::NoEviction,
         }
     }
 }
@@ -387,6 +390,7 @@ fn local_config(
     cfg.cluster.wait_spin_us = o.wait_spin_us;
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();
+    cfg.cache.eviction = o.eviction.name().to_string();
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

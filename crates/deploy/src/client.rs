@@ -177,4 +177,10 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             _ => Err(unsupported("a scan of index slots")),
         }
     }
+    fn evicted(&self) -> &[Vec<u8>] {
+        match self {
+            ModeClient::Cd(c) => c.evicted(),
+            _ => &[],
+        }
+    }
 }

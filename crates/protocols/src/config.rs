@@ -109,6 +109,9 @@ pub struct Mutations {
     /// Replication: a write that cannot reach a copy whose node just failed goes on at once,
     /// while nodes that have not heard of the failure may still read that copy.
     pub skip_unreached_copy_at_once: bool,
+    /// An eviction deletes its victim whatever the victim's version now, not only the version
+    /// it sampled: a key rewritten in between loses its new value.
+    pub evict_unconditionally: bool,
     /// A MIGRATE whose source CAS (Step 7) fails with an error returns at once, leaving its
     /// invalid copy in the index while its writer lives (as before this was found).
     pub migrate_walks_away: bool,
@@ -197,6 +200,63 @@ pub const TABLE_FULL_MIN_WAIT_NS: u64 = 100_000_000;
 /// Most migrations one PUT attempt may trigger before it gives up with `Error::IndexFull`.
 pub const MAX_MIGRATIONS_PER_ATTEMPT: u32 = 8;
 
+/// What a writer that finds no room does (`nessie up --eviction`, `[cache] eviction`), with
+/// Redis's `maxmemory-policy` names (`cd/evict.rs`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Eviction {
+    /// Refuse the write (`Error::DataTableFull`, `Error::IndexFull`): Redis's default.
+    #[default]
+    NoEviction,
+    /// Delete items picked at random among those in the writer's way: entries of the size
+    /// class it needs that its own node allocated, or the key's candidate index entries.
+    AllkeysRandom,
+}
+
+/// Redis's policies that need access metadata in the entry (`maxmemory-policy`), not built yet.
+pub const EVICTION_NOT_YET: [&str; 6] = [
+    "allkeys-lru",
+    "allkeys-lfu",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+];
+
+impl Eviction {
+    /// Redis's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Eviction::NoEviction => "noeviction",
+            Eviction::AllkeysRandom => "allkeys-random",
+        }
+    }
+}
+
+impl std::fmt::Display for Eviction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Eviction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "noeviction" => Ok(Eviction::NoEviction),
+            "allkeys-random" => Ok(Eviction::AllkeysRandom),
+            s if EVICTION_NOT_YET.contains(&s) => Err(format!(
+                "eviction policy {s} is not built yet: it needs access times and expiry times in \
+                 the data entries (issue 41); use noeviction or allkeys-random"
+            )),
+            s => Err(format!(
+                "unknown eviction policy {s:?}: noeviction or allkeys-random (Redis's names; \
+                 {} are not built yet)",
+                EVICTION_NOT_YET.join(", ")
+            )),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProtocolConfig {
     /// Expiry period: how long a released DTE stays untouched, and the limit on any operation.
@@ -214,6 +274,8 @@ pub struct ProtocolConfig {
     /// is exact. 0 splits every read, as the paper's multi-read does.
     pub whole_read_max: u64,
     pub retry: RetryPolicy,
+    /// What a writer that finds no room does.
+    pub eviction: Eviction,
     /// Test-only breakages (read through `mutated!`).
     #[cfg(any(test, feature = "testing"))]
     pub mutations: Mutations,
@@ -229,6 +291,7 @@ impl Default for ProtocolConfig {
             optimizations: Optimizations::default(),
             whole_read_max: WHOLE_READ_MAX,
             retry: RetryPolicy::default(),
+            eviction: Eviction::NoEviction,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }

@@ -25,6 +25,8 @@ pub enum HookPoint {
     MigrateAfterDstCas,
     /// A MIGRATE has emptied its source (Step 7) and not yet set its copy valid.
     MigrateAfterSrcCas,
+    /// An eviction has picked its victim and read its version, and not yet deleted it.
+    EvictBeforeDelete,
 }
 
 /// A test hook: called at every [`HookPoint`] by the client that owns it.

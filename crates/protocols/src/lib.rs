@@ -34,7 +34,7 @@ pub mod view;
 
 #[cfg(any(test, feature = "testing"))]
 pub use config::Mutations;
-pub use config::{ConfigError, Optimizations, ProtocolConfig, RetryPolicy};
+pub use config::{ConfigError, Eviction, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
 pub use fence::{Fence, MovedCopy, NodeRole};
 pub use hooks::HookPoint;
@@ -157,6 +157,12 @@ pub trait KvClient: Send {
         let _ = slots;
         Err(unsupported("a scan of index slots"))
     }
+    /// The keys this client's last write evicted to make room (`ProtocolConfig::eviction`):
+    /// each was deleted, conditionally on the version sampled, during that write. A history
+    /// records them as DELETEs within the write's interval.
+    fn evicted(&self) -> &[Vec<u8>] {
+        &[]
+    }
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
@@ -193,6 +199,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
         (**self).scan_keys_in(slots)
     }
+    fn evicted(&self) -> &[Vec<u8>] {
+        (**self).evicted()
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
@@ -228,5 +237,8 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
         cd::CdClient::scan_keys_in(self, slots)
+    }
+    fn evicted(&self) -> &[Vec<u8>] {
+        cd::CdClient::evicted(self)
     }
 }

@@ -219,4 +219,7 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
         self.timed(Kind::Scan, done, |c| c.scan_keys_in(slots))
     }
+    fn evicted(&self) -> &[Vec<u8>] {
+        self.inner.evicted()
+    }
 }

@@ -184,6 +184,9 @@ struct State {
     reclaimed_total: u64,
     scans: u64,
     room_scans: u64,
+    /// The last attempt to claim a page for a value found none on any node: the memory is
+    /// all claimed, and only reclaimed entries (or an eviction) make room.
+    exhausted: bool,
     /// When the last scan began (the endpoint's wall clock).
     last_scan_ns: u64,
 }
@@ -210,6 +213,9 @@ impl Awaiting {
     }
 }
 
+/// Most entries [`ClassTable::sample_in_use`] returns.
+pub const MAX_SAMPLE: usize = 16;
+
 /// Counters of a whole table, for `nessie status`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableCounters {
@@ -231,6 +237,8 @@ pub struct ClassTable {
     /// Whether pages of other nodes may be claimed.
     remote: bool,
     state: Mutex<State>,
+    /// Items this node's writers evicted (`nessie status`, the front ends' counters).
+    evictions: std::sync::atomic::AtomicU64,
 }
 
 impl ClassTable {
@@ -249,6 +257,7 @@ impl ClassTable {
             pages_per_node,
             clock_margin_ns,
             remote: true,
+            evictions: Default::default(),
             state: Mutex::new(State {
                 classes: per_class,
                 pages: HashMap::with_hasher(PageHasher::default()),
@@ -258,6 +267,7 @@ impl ClassTable {
                 reclaimed_total: 0,
                 scans: 0,
                 room_scans: 0,
+                exhausted: false,
                 last_scan_ns: 0,
             }),
         }
@@ -327,6 +337,9 @@ impl ClassTable {
             if let Some(Some(slot)) = self.tolerate(host, opened, &mut failed)? {
                 return Ok(slot);
             }
+        }
+        if purpose == Purpose::Value {
+            s.exhausted = true;
         }
         for larger in class + 1..self.classes.len() as u8 {
             if let Some(slot) = self.take_handy(&mut s, larger, purpose) {
@@ -433,6 +446,7 @@ impl ClassTable {
             claim.page
         );
         s.classes[class as usize].pool(reserve).open = Some((host, claim.page));
+        s.exhausted = false;
         Ok(Some(
             self.take_from(s, class, reserve).expect("a fresh page"),
         ))
@@ -611,6 +625,95 @@ impl ClassTable {
             return Ok(0);
         }
         self.scan_all(ep, &mut s)
+    }
+
+    /// Whether a writer of `class` should make room by evicting before it runs out: every page
+    /// is claimed (the last claim found none) and the entries of `class` at hand or awaiting
+    /// expiry are fewer than `headroom`. An evicted entry is reusable only an expiry period
+    /// after its DELETE (readers may still be reading it), so a writer that evicted only once
+    /// it had no room would wait that long for every write.
+    pub fn short_of_room(&self, class: u8, headroom: usize) -> bool {
+        let s = self.state.lock().unwrap();
+        let c = &s.classes[class as usize];
+        let open_left = c.normal.open.map_or(0, |k| {
+            let handed = s.pages.get(&k).map_or(0, |p| p.handed);
+            self.classes.per_page(class).saturating_sub(handed) as usize
+        });
+        s.exhausted && c.normal.free.len() + c.pending.len() + open_left < headroom
+    }
+
+    /// Up to `n` (at most [`MAX_SAMPLE`]) entries of `class` in ordinary pages this table
+    /// holds, picked at random (`seed`) among those handed out: eviction's candidates. Some
+    /// may be free or released by now; the caller reads each to tell.
+    pub fn sample_in_use(&self, class: u8, n: usize, seed: u64) -> Vec<Slot> {
+        let s = self.state.lock().unwrap();
+        let pages: Vec<(NodeId, u64, u64)> = s
+            .pages
+            .iter()
+            .filter(|(_, p)| p.class == class && !p.reserve && p.in_use > 0)
+            .map(|(k, p)| (k.0, k.1, p.handed))
+            .collect();
+        let mut out = Vec::new();
+        if pages.is_empty() {
+            return out;
+        }
+        let mut x = seed | 1;
+        for _ in 0..n.min(MAX_SAMPLE) {
+            // xorshift64: cheap, and the choice need not be unpredictable.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (host, page, handed) = pages[(x % pages.len() as u64) as usize];
+            let i = (x >> 32) % handed.max(1);
+            let slot = Slot {
+                host,
+                class,
+                slot: self.classes.slot(class, page, i),
+            };
+            if !out.contains(&slot) {
+                out.push(slot);
+            }
+        }
+        out.sort_unstable(); // deterministic order for the simulator
+        out
+    }
+
+    /// Look at the recycle word of `slot`, an entry this table holds that its holder has just
+    /// released (an eviction's DELETE): list it as pending until its expiry, so that writers
+    /// take it then without a scan. Nothing happens if it carries no recycle flag (its
+    /// releaser failed to set it: a scan finds it later) or is already listed.
+    pub fn note_released<E: Endpoint>(&self, ep: &mut E, slot: Slot) -> Result<(), FabricError> {
+        let mut w = [0u8; 8];
+        let at = self.addr(slot).add(RECYCLE_OFF);
+        if slot.host == ep.node() {
+            ep.local_read(DATA_REGION, at.offset, &mut w)?;
+        } else {
+            ep.read(at, &mut w)?;
+        }
+        let Some(expiry) = DteLayout::recycle_expiry(u64::from_le_bytes(w)) else {
+            return Ok(());
+        };
+        let mut s = self.lock_state(ep);
+        let page = self.page_of(slot);
+        if !s.pages.contains_key(&(slot.host, page)) || !s.pending_slots.insert(slot) {
+            return Ok(());
+        }
+        let ready = expiry.saturating_add(self.clock_margin_ns);
+        let pending = &mut s.classes[slot.class as usize].pending;
+        let at = pending.partition_point(|&(r, sl)| Reverse((r, sl)) < Reverse((ready, slot)));
+        pending.insert(at, (ready, slot));
+        Ok(())
+    }
+
+    /// Count an item one of this node's writers evicted.
+    pub fn count_eviction(&self) {
+        self.evictions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Items this node's writers have evicted.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn counters(&self) -> TableCounters {

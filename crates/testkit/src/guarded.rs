@@ -276,6 +276,7 @@ pub fn run_guarded<C: KvClient + 'static>(
         corrupt_reads,
         elapsed,
         truncated,
+        evictions: 0, // guarded workers run without eviction
     };
     (out, clients)
 }

@@ -93,6 +93,8 @@ pub struct StressOutcome {
     pub elapsed: Duration,
     /// True if the time limit cut the run short.
     pub truncated: bool,
+    /// Keys the writes evicted (`KvClient::evicted`), each in the history as a DELETE.
+    pub evictions: u64,
 }
 
 /// The threads' counts, summed.
@@ -103,6 +105,7 @@ struct Tally {
     corrupt: u64,
     errors: BTreeMap<String, u64>,
     truncated: bool,
+    evictions: u64,
 }
 
 impl Tally {
@@ -112,6 +115,7 @@ impl Tally {
         self.ok += t.ok;
         self.corrupt += t.corrupt;
         self.truncated |= t.truncated;
+        self.evictions += t.evictions;
         for (kind, n) in t.errors {
             *self.errors.entry(kind).or_default() += n;
         }
@@ -141,6 +145,14 @@ impl std::fmt::Display for StressOutcome {
 
 pub fn key_bytes(k: KeyId) -> Vec<u8> {
     format!("key-{k:08}").into_bytes()
+}
+
+/// The key id of [`key_bytes`]'s bytes.
+pub fn key_id(bytes: &[u8]) -> Option<KeyId> {
+    std::str::from_utf8(bytes.strip_prefix(b"key-")?)
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// The bytes of value `id`, `len` bytes long (len ≥ 8).
@@ -221,6 +233,7 @@ struct StressThread {
     corrupt: u64,
     errors: BTreeMap<String, u64>,
     truncated: bool,
+    evictions: u64,
 }
 
 impl StressThread {
@@ -235,11 +248,12 @@ impl StressThread {
             corrupt: 0,
             errors: BTreeMap::new(),
             truncated: false,
+            evictions: 0,
         }
     }
 }
 
-impl<C> Observer<C> for StressThread {
+impl<C: KvClient> Observer<C> for StressThread {
     type Token = Invocation;
 
     fn proceed(&mut self, _: &C, seq: u64) -> bool {
@@ -273,12 +287,21 @@ impl<C> Observer<C> for StressThread {
         self.rec.invoke()
     }
 
-    fn complete(&mut self, _: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
+    fn complete(&mut self, c: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
         let (kind, outcome) = history_entry(op, self.thread, &r);
         if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;
         }
+        let write = kind != Op::Get;
         self.rec.complete(inv, op.key, kind, outcome);
+        if write {
+            // Keys the write evicted: DELETEs that took effect within its interval.
+            for key in c.evicted() {
+                let k = key_id(key).expect("an evicted key is one of the run's");
+                self.rec.complete(inv, k, Op::Delete, Outcome::Ok(None));
+                self.evictions += 1;
+            }
+        }
         match r {
             Ok(_) => self.ok += 1,
             Err(e) => *self.errors.entry(error_kind(&e)).or_default() += 1,
@@ -374,6 +397,7 @@ pub fn run_checked<C: KvClient + 'static>(
         failed_writes_read: failed_writes_read(&events),
         elapsed,
         truncated: tally.truncated,
+        evictions: tally.evictions,
     };
     (outcome, clients)
 }

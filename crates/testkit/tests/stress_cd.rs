@@ -1148,3 +1148,68 @@ fn a_completion_of_its_own_leftover_that_times_out_is_retried() {
         .unwrap_or_else(|e| panic!("the key is wedged: {e}; abandoned writer {st:?}"));
     assert_eq!(st.leaked, 0, "{st:?}");
 }
+
+/// An eviction run: mixed sizes on three times the keys the data tables hold, allkeys-random,
+/// readers paused mid-entry now and then and evictions paused between their sampling and
+/// their DELETE. Every eviction is in the history as a DELETE within its write's interval.
+fn eviction_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> StressOutcome {
+    let (c, cfg) = mixed_setup(seed, g, MIXED_PAGES, o, MIXED_EXPIRY_MS);
+    let cfg = ProtocolConfig {
+        eviction: nessie_protocols::Eviction::AllkeysRandom,
+        ..cfg
+    };
+    let pause = cfg.expiry_ns / 4;
+    let mut cs = clients(&c, &cfg);
+    for (i, client) in cs.iter_mut().enumerate() {
+        let mut n = 0u64;
+        client.set_hook(Some(Box::new(move |p| {
+            let wide = match p {
+                HookPoint::BeforeValueRead => i < 2,
+                HookPoint::EvictBeforeDelete => true,
+                _ => false,
+            };
+            if wide {
+                n += 1;
+                if n.is_multiple_of(5) {
+                    std::thread::sleep(Duration::from_nanos(pause));
+                }
+            }
+        })));
+    }
+    let s = StressSpec {
+        get_fraction: 0.5,
+        delete_fraction: 0.0,
+        hot_keys: 8,
+        ..mixed_spec(seed, 600, ops)
+    };
+    let (out, cs) = stress::run(cs, &s);
+    eprintln!(
+        "{out}\nevictions recorded: {}\n{:?}",
+        out.evictions,
+        total(&cs)
+    );
+    out
+}
+
+/// Writers make room by evicting; the history, with the evictions as DELETEs, is
+/// linearizable, no value is corrupt, and nothing is refused for want of room.
+#[test]
+fn evictions_make_room_and_the_history_stays_linearizable() {
+    let out = eviction_run(90, geometry(), Optimizations::default(), OPS_PER_THREAD / 4);
+    assert_clean_run("eviction", &out, OPS_PER_THREAD);
+    assert!(out.evictions > 0, "nothing was evicted: {out}");
+    assert!(
+        !out.errors.contains_key("DataTableFull") && !out.errors.contains_key("IndexFull"),
+        "refused for want of room: {out}"
+    );
+}
+
+#[test]
+fn evictions_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        eprintln!("--- {name}");
+        let out = eviction_run(100 + i as u64, g, o, MIXED_VARIANT_OPS_PER_THREAD / 2);
+        assert_clean_run(name, &out, 2 * MIXED_VARIANT_OPS_PER_THREAD);
+        assert!(out.evictions > 0, "{name}: nothing was evicted: {out}");
+    }
+}

@@ -73,6 +73,9 @@ impl<E: Endpoint> CdClient<E> {
         value: Option<&[&[u8]]>,
         cond: Cond,
     ) -> Result<CondOutcome, Error> {
+        if !self.evicting {
+            self.evicted.clear(); // a write of its own, not an eviction's DELETE
+        }
         let mut st = WriteState::guarded();
         match self.with_retry(|c| c.write_if_once(key, value, cond, &mut st)) {
             Ok(o) => Ok(o),

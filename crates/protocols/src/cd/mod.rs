@@ -13,6 +13,7 @@
 
 mod abandoned;
 mod access;
+pub mod evict;
 pub mod get;
 mod guarded;
 pub mod migrate;
@@ -91,6 +92,8 @@ pub struct ClientStats {
     pub rolled_forward: u64,
     /// Waits because no data table had room for a write's DTE.
     pub table_full_waits: u64,
+    /// Items this client evicted (`evict.rs`).
+    pub evictions: u64,
 }
 
 impl std::ops::AddAssign for ClientStats {
@@ -109,6 +112,7 @@ impl std::ops::AddAssign for ClientStats {
             leaked,
             rolled_forward,
             table_full_waits,
+            evictions,
         } = o;
         self.gets += gets;
         self.puts += puts;
@@ -123,6 +127,7 @@ impl std::ops::AddAssign for ClientStats {
         self.leaked += leaked;
         self.rolled_forward += rolled_forward;
         self.table_full_waits += table_full_waits;
+        self.evictions += evictions;
     }
 }
 
@@ -166,6 +171,15 @@ pub struct CdClient<E: Endpoint> {
     /// The last attempt timed out: the next timer starts on the precise clock, so that a
     /// coarse clock far behind (ticks held up) cannot time out every attempt.
     timed_out: bool,
+    /// An eviction is running (its DELETEs must not evict in turn: `evict.rs`).
+    evicting: bool,
+    /// Pages of a class's entries this client keeps at hand or in flight while evicting
+    /// ahead; doubled whenever a write still had to wait for room.
+    headroom_pages: usize,
+    /// Scratch buffer for the values an eviction reads with their versions.
+    evict_buf: Vec<u8>,
+    /// Keys the last write evicted (`KvClient::evicted`: histories record them as DELETEs).
+    evicted: Vec<Vec<u8>>,
 }
 
 /// How many coarse-clock lags (ticks) an expiry period must span before operation timers start
@@ -231,6 +245,10 @@ impl<E: Endpoint> CdClient<E> {
             spare_write_state: write::WriteState::default(),
             coarse_start,
             timed_out: false,
+            evicting: false,
+            headroom_pages: 1,
+            evict_buf: Vec::new(),
+            evicted: Vec::new(),
         })
     }
 
@@ -309,14 +327,40 @@ impl<E: Endpoint> CdClient<E> {
     /// written into the entry without being assembled first.
     pub fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         self.check_key(key)?;
-        self.check_value_len(parts.iter().map(|p| p.len()).sum())?;
+        let value_len = parts.iter().map(|p| p.len()).sum();
+        self.check_value_len(value_len)?;
         self.stats.puts += 1;
-        self.write(key, Some(parts))
+        self.evicted.clear();
+        let mut evictions = 0;
+        loop {
+            match self.write(key, Some(parts)) {
+                Err(Error::IndexFull { .. })
+                    if self.evicts() && evictions < evict::INDEX_EVICTION_RETRIES =>
+                {
+                    evictions += 1;
+                    if !self.evict_for_index(key)? {
+                        evictions = evict::INDEX_EVICTION_RETRIES; // nothing to evict: last try
+                    }
+                }
+                Err(e) => return Err(e),
+                Ok(()) => break,
+            }
+        }
+        if self.evicts() {
+            let class = self
+                .view
+                .classes
+                .class_for(key.len() as u32, value_len as u32)
+                .expect("sizes were checked");
+            self.evict_ahead(class);
+        }
+        Ok(())
     }
 
     /// Remove `key` (a no-op if it is absent).
     pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.check_key(key)?;
+        self.evicted.clear();
         self.stats.deletes += 1;
         self.write(key, None)
     }
@@ -552,6 +596,9 @@ impl<E: Endpoint> CdClient<E> {
             return Err(self.table_full_error(e));
         };
         self.stats.table_full_waits += 1;
+        if let ClassAllocError::Full { class, .. } = e {
+            self.evict_on_full(class);
+        }
         match next_ready_ns {
             Some(ready) => Ok(ready
                 .saturating_sub(self.ep.now_ns())

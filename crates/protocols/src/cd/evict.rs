@@ -1,0 +1,395 @@
+//! Eviction (issue 41): with a policy other than `noeviction` (`ProtocolConfig::eviction`), a
+//! writer that finds no room deletes items to make some, as a cache must. Client-driven, as
+//! every other step: no server thread takes part.
+//!
+//! - **Data tables.** A value needs an entry of its size class. The writer picks victims among
+//!   the entries of that class its own node allocated (`ClassTable::sample_in_use`), so the
+//!   entries it frees come back to its own allocator, of the class it needs (memcached evicts
+//!   within a slab class for the same reason). An evicted entry is reusable only an expiry
+//!   period after its DELETE, like any released entry (a reader may still be reading it), so
+//!   a writer also evicts *ahead*: while every page is claimed and its class has fewer than
+//!   `headroom` entries at hand or awaiting expiry (`ClassTable::short_of_room`), each PUT
+//!   evicts [`EVICT_AHEAD`] more. A writer that still had to wait for room doubles its
+//!   headroom (up to [`MAX_HEADROOM_PAGES`] pages of the class).
+//! - **Index.** A PUT whose key's candidate index entries all hold other keys, with no room to
+//!   migrate them (`Error::IndexFull`), evicts one of those keys and tries again.
+//!
+//! A victim is deleted with the protocol's own DELETE, *conditional on the version sampled*
+//! (`Cond::Version`): a key rewritten since keeps its new value, and an eviction is as
+//! linearizable and as replicated as any client's DELETE. The sampling reads the entry's
+//! header and key, then the key's current version, which must still name the sampled entry
+//! (an entry holding a previous version is already on its way back).
+
+use nessie_fabric::{Endpoint, RemoteAddr};
+use nessie_store::classtable::Slot as DteSlot;
+use nessie_store::dte::{DteMeta, KEY_OFF};
+use nessie_store::{Ite, DATA_REGION};
+
+use super::CdClient;
+use crate::config::Eviction;
+use crate::error::Error;
+use crate::hooks::HookPoint;
+use crate::{Cond, CondOutcome};
+
+/// Entries sampled per victim (Redis samples 5 keys per eviction, `maxmemory-samples`).
+pub const EVICTION_SAMPLES: usize = 5;
+/// Victims a writer that found no room evicts before it waits for room.
+pub const EVICT_ON_FULL: usize = 4;
+/// Victims a PUT evicts while its class is short of room.
+pub const EVICT_AHEAD: usize = 2;
+/// Rounds of sampling one eviction may take (each sample may find nothing live).
+pub const EVICT_ROUNDS: usize = 4;
+/// Times a PUT that met a full index evicts one of its key's candidates and tries again.
+pub const INDEX_EVICTION_RETRIES: u32 = 4;
+/// Largest headroom, in pages of the class, a writer keeps in flight.
+pub const MAX_HEADROOM_PAGES: usize = 16;
+/// And, over all classes, at most this fraction of a node's pages (1/16): headroom is memory
+/// not holding items (16 MiB nodes held 29% of their items with a page per class).
+pub const HEADROOM_SHARE: u64 = 16;
+/// Headroom is counted in quarters of a page: the least a class keeps is a quarter page.
+const HEADROOM_QUARTERS: usize = 4;
+
+impl<E: Endpoint> CdClient<E> {
+    /// The keys the last write (PUT, DELETE or conditional write) evicted to make room.
+    pub fn evicted(&self) -> &[Vec<u8>] {
+        &self.evicted
+    }
+
+    /// Whether this client evicts (a policy is set, and it is not already evicting: the
+    /// DELETE an eviction makes must not evict in turn).
+    pub(crate) fn evicts(&self) -> bool {
+        self.cfg.eviction != Eviction::NoEviction && !self.evicting
+    }
+
+    /// After a successful PUT of an entry of `class`: evict ahead if the class is short of
+    /// room. Errors are logged, not returned: the PUT took effect.
+    pub(crate) fn evict_ahead(&mut self, class: u8) {
+        if !self.evicts() {
+            return;
+        }
+        let classes = self.view.classes.len() as u64;
+        let cap = self.view.geometry.data_pages_per_node() / (HEADROOM_SHARE * classes);
+        let pages = self.headroom_pages.min(cap.max(1) as usize);
+        let headroom = self.view.classes.per_page(class) as usize * pages / HEADROOM_QUARTERS;
+        if self.table.short_of_room(class, headroom) {
+            if let Err(e) = self.evict_class(class, EVICT_AHEAD) {
+                tracing::debug!(%e, class, "eviction ahead failed");
+            }
+        }
+    }
+
+    /// A write found no entry of `class` anywhere: evict some before waiting for room, and
+    /// keep more in flight from now on.
+    pub(crate) fn evict_on_full(&mut self, class: u8) {
+        if !self.evicts() {
+            return;
+        }
+        self.headroom_pages = (self.headroom_pages * 2).min(MAX_HEADROOM_PAGES);
+        if let Err(e) = self.evict_class(class, EVICT_ON_FULL) {
+            tracing::debug!(%e, class, "eviction failed");
+        }
+    }
+
+    /// Evict up to `n` items whose entries are of `class` and were allocated by this node.
+    /// Returns how many were evicted.
+    pub(crate) fn evict_class(&mut self, class: u8, n: usize) -> Result<usize, Error> {
+        self.evicting = true;
+        let r = self.evict_class_inner(class, n);
+        self.evicting = false;
+        r
+    }
+
+    /// Entries of `class` first; with none of them held here, of the next larger classes (a
+    /// full class borrows a larger entry at hand), then of smaller ones (their pages go back
+    /// to the pool once empty).
+    fn evict_class_inner(&mut self, class: u8, n: usize) -> Result<usize, Error> {
+        let classes = self.view.classes.len() as u8;
+        let order = (class..classes).chain((0..class).rev());
+        let mut evicted = 0;
+        for c in order {
+            evicted += self.evict_of(c, n - evicted)?;
+            if evicted == n {
+                break;
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Evict up to `n` items whose entries are of `class` and were allocated here.
+    fn evict_of(&mut self, class: u8, n: usize) -> Result<usize, Error> {
+        let mut evicted = 0;
+        for _ in 0..n * EVICT_ROUNDS {
+            if evicted == n {
+                break;
+            }
+            let seed = rand::Rng::gen::<u64>(&mut self.rng);
+            let sample = self.table.sample_in_use(class, EVICTION_SAMPLES, seed);
+            if sample.is_empty() {
+                break; // nothing of this class to evict
+            }
+            // allkeys-random: the first live item of the sample.
+            for slot in sample {
+                if self.evict_entry(slot)? {
+                    evicted += 1;
+                    break;
+                }
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Evict the item whose current value is in `slot`, if it is live and still current.
+    fn evict_entry(&mut self, slot: DteSlot) -> Result<bool, Error> {
+        let Some((meta, key)) = self.read_entry_head(slot)? else {
+            return Ok(false);
+        };
+        if !meta.valid || meta.tombstone || meta.recycle.is_some() {
+            return Ok(false); // being written, a delete's marker, or already released
+        }
+        let mut buf = std::mem::take(&mut self.evict_buf);
+        let version = self.get_versioned(&key, &mut buf);
+        self.evict_buf = buf;
+        let Some(version) = version? else {
+            return Ok(false);
+        };
+        if self.names(Ite(version)) != Some(slot) {
+            return Ok(false); // the key has moved on: this entry holds a previous version
+        }
+        if !self.delete_victim(&key, version)? {
+            return Ok(false);
+        }
+        // Listed to come back to our allocator once it has expired, without a scan.
+        self.table.note_released(&mut self.ep, slot)?;
+        Ok(true)
+    }
+
+    /// A PUT of `key` found its candidates full of other keys: evict one of them (the first
+    /// live one from a random candidate on). Returns whether one was evicted.
+    pub(crate) fn evict_for_index(&mut self, key: &[u8]) -> Result<bool, Error> {
+        self.evicting = true;
+        let r = self.evict_for_index_inner(key);
+        self.evicting = false;
+        r
+    }
+
+    fn evict_for_index_inner(&mut self, key: &[u8]) -> Result<bool, Error> {
+        let index = self.view.index.clone();
+        let candidates = index.hashes(key).all(&index);
+        let start = rand::Rng::gen_range(&mut self.rng, 0..candidates.len());
+        for i in 0..candidates.len() {
+            let c = candidates[(start + i) % candidates.len()];
+            let ite = self
+                .read_ite_word(c)
+                .map_err(|_| Error::Contended { attempts: 1 })?;
+            let Some(slot) = self.names(ite) else {
+                continue;
+            };
+            let Some((meta, victim)) = self.read_entry_head(slot)? else {
+                continue;
+            };
+            if !meta.valid || meta.tombstone || victim == key {
+                continue;
+            }
+            let mut buf = std::mem::take(&mut self.evict_buf);
+            let version = self.get_versioned(&victim, &mut buf);
+            self.evict_buf = buf;
+            if version? != Some(ite.0) {
+                continue; // not the victim's current entry (a duplicate, or rewritten)
+            }
+            if self.delete_victim(&victim, ite.0)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// DELETE `key` if it is still at `version`; count it if it was.
+    fn delete_victim(&mut self, key: &[u8], version: u64) -> Result<bool, Error> {
+        self.hook(HookPoint::EvictBeforeDelete);
+        let cond = if mutated!(self.cfg, evict_unconditionally) {
+            Cond::Present
+        } else {
+            Cond::Version(version)
+        };
+        if self.delete_if(key, cond)? != CondOutcome::Stored {
+            return Ok(false);
+        }
+        self.stats.evictions += 1;
+        self.table.count_eviction();
+        self.evicted.push(key.to_vec());
+        Ok(true)
+    }
+
+    /// The data table entry a present ITE names (`None` for an empty word).
+    fn names(&self, ite: Ite) -> Option<DteSlot> {
+        if ite.is_empty() {
+            return None;
+        }
+        let ite_layout = &self.view.index.ite;
+        let (class, slot) = self.view.field.decode(ite_layout.dte(ite));
+        Some(DteSlot {
+            host: ite_layout.dti(ite) as nessie_fabric::NodeId,
+            class,
+            slot,
+        })
+    }
+
+    /// READ an entry's header and key. `None` if the bytes do not decode as an entry (free,
+    /// or torn by a concurrent reuse: the caller skips it).
+    fn read_entry_head(&mut self, slot: DteSlot) -> Result<Option<(DteMeta, Vec<u8>)>, Error> {
+        let n = (KEY_OFF + self.view.dte.key_max as u64) as usize;
+        let mut b = vec![0u8; n];
+        let at = RemoteAddr::new(
+            slot.host,
+            DATA_REGION,
+            self.view.classes.offset(slot.class, slot.slot),
+        );
+        if slot.host == self.ep.node() {
+            self.ep.local_read(DATA_REGION, at.offset, &mut b)?;
+        } else {
+            self.ep.read(at, &mut b)?;
+        }
+        let Ok(meta) = self.view.dte.meta(&b) else {
+            return Ok(None);
+        };
+        let key = self.view.dte.key(&b, &meta).to_vec();
+        Ok(Some((meta, key)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{fast_cfg, small_geometry, InProcCluster};
+    use super::*;
+    use crate::config::{Mutations, ProtocolConfig};
+    use std::sync::{Arc, Mutex};
+
+    fn cfg(eviction: Eviction) -> ProtocolConfig {
+        ProtocolConfig {
+            eviction,
+            ..fast_cfg()
+        }
+    }
+
+    /// Many more keys than the store holds: with allkeys-random every PUT succeeds and every
+    /// key reads back as its value or absent; with noeviction the store refuses.
+    #[test]
+    fn a_full_store_evicts_instead_of_refusing() {
+        let keys = 3_000u32;
+        for eviction in [Eviction::AllkeysRandom, Eviction::NoEviction] {
+            let c = InProcCluster::new(small_geometry(), cfg(eviction));
+            let mut a = c.client(0);
+            let mut refused = None;
+            for i in 0..keys {
+                let v = format!("value-{i}");
+                if let Err(e) = a.put(format!("k{i}").as_bytes(), v.as_bytes()) {
+                    refused = Some((i, e));
+                    break;
+                }
+            }
+            match eviction {
+                Eviction::NoEviction => {
+                    let (i, e) = refused.expect("noeviction refuses once full");
+                    assert!(
+                        matches!(e, Error::IndexFull { .. } | Error::DataTableFull { .. }),
+                        "{i}: {e}"
+                    );
+                    assert_eq!(a.stats().evictions, 0);
+                }
+                _ => {
+                    assert!(refused.is_none(), "{refused:?}");
+                    assert!(a.stats().evictions > 0);
+                    let mut present = 0;
+                    for i in 0..keys {
+                        if let Some(v) = a.get(format!("k{i}").as_bytes()).unwrap() {
+                            assert_eq!(v, format!("value-{i}").as_bytes());
+                            present += 1;
+                        }
+                    }
+                    assert!(present > 0 && present < keys, "{present} of {keys} present");
+                }
+            }
+        }
+    }
+
+    /// A key rewritten between an eviction's sampling and its DELETE keeps its new value: the
+    /// DELETE is conditional on the version sampled. The mutation (an unconditional delete)
+    /// loses it.
+    #[test]
+    fn an_eviction_spares_a_key_rewritten_since_it_was_sampled() {
+        for mutate in [false, true] {
+            let cfg = ProtocolConfig {
+                mutations: Mutations {
+                    evict_unconditionally: mutate,
+                    ..Mutations::default()
+                },
+                ..cfg(Eviction::AllkeysRandom)
+            };
+            let c = InProcCluster::new(small_geometry(), cfg);
+            let mut a = c.client(0);
+            a.put(b"victim", b"old").unwrap();
+            let class = c.view.classes.class_for(b"victim".len() as u32, 3).unwrap();
+            // Node 1's writer rewrites the key in the window: its entry is in node 1's table,
+            // which node 0's eviction does not sample.
+            let b = Arc::new(Mutex::new(c.client(1)));
+            let b2 = b.clone();
+            let mut fired = false;
+            a.set_hook(Some(Box::new(move |p| {
+                if p == HookPoint::EvictBeforeDelete && !fired {
+                    fired = true;
+                    b2.lock().unwrap().put(b"victim", b"new").unwrap();
+                }
+            })));
+            let evicted = a.evict_class(class, 1).unwrap();
+            a.set_hook(None);
+            let now = b.lock().unwrap().get(b"victim").unwrap();
+            if mutate {
+                assert_eq!(now, None, "the mutation deletes the rewritten key");
+                assert_eq!(evicted, 1);
+            } else {
+                assert_eq!(now.as_deref(), Some(&b"new"[..]), "the new value survives");
+                assert_eq!(evicted, 0, "nothing else of the class to evict");
+            }
+        }
+    }
+
+    /// Data tables full long before the index: writers evict entries of their class, and a
+    /// steady stream of PUTs goes on with no refusal.
+    #[test]
+    fn full_data_tables_evict_entries_of_the_class() {
+        let g = nessie_store::Geometry {
+            ites_per_node: 4096,
+            dtes_per_node: 16,
+            ..small_geometry()
+        };
+        let c = InProcCluster::new(g, cfg(Eviction::AllkeysRandom));
+        let (mut a, mut b) = (c.client(0), c.client(2));
+        let v = [7u8; 60];
+        for i in 0..2_000 {
+            let w = if i % 2 == 0 { &mut a } else { &mut b };
+            w.put(format!("d{i}").as_bytes(), &v).unwrap();
+        }
+        let evicted = a.stats().evictions + b.stats().evictions;
+        assert!(evicted > 0, "no eviction");
+        assert!(c.occupancy() < 2_000, "{} keys held", c.occupancy());
+        for i in 0..2_000 {
+            if let Some(got) = a.get(format!("d{i}").as_bytes()).unwrap() {
+                assert_eq!(got, v);
+            }
+        }
+    }
+
+    /// A full index: the PUT evicts one of its key's candidates (keys of one-byte values fill
+    /// the index long before the data tables).
+    #[test]
+    fn a_full_index_evicts_a_candidate() {
+        let c = InProcCluster::new(small_geometry(), cfg(Eviction::AllkeysRandom));
+        let mut a = c.client(1);
+        let total = c.view.geometry.total_ites();
+        for i in 0..total * 2 {
+            a.put(format!("i{i}").as_bytes(), b"v").unwrap();
+        }
+        assert!(a.stats().evictions > 0);
+        assert!(c.occupancy() <= total);
+    }
+}
