@@ -684,12 +684,7 @@ impl ClassTable {
     /// releaser failed to set it: a scan finds it later) or is already listed.
     pub fn note_released<E: Endpoint>(&self, ep: &mut E, slot: Slot) -> Result<(), FabricError> {
         let mut w = [0u8; 8];
-        let at = self.addr(slot).add(RECYCLE_OFF);
-        if slot.host == ep.node() {
-            ep.local_read(DATA_REGION, at.offset, &mut w)?;
-        } else {
-            ep.read(at, &mut w)?;
-        }
+        read_words(ep, self.addr(slot).add(RECYCLE_OFF), &mut w)?;
         let Some(expiry) = DteLayout::recycle_expiry(u64::from_le_bytes(w)) else {
             return Ok(());
         };
@@ -898,11 +893,7 @@ impl ClassTable {
                 u64::from_le_bytes(whole[at as usize..at as usize + 8].try_into().unwrap())
             } else {
                 let mut w = [0u8; 8];
-                if remote {
-                    ep.read(base.add(at), &mut w)?;
-                } else {
-                    ep.local_read(DATA_REGION, base.offset + at, &mut w)?;
-                }
+                read_words(ep, base.add(at), &mut w)?;
                 u64::from_le_bytes(w)
             };
             let Some(expiry) = DteLayout::recycle_expiry(word) else {
@@ -1060,6 +1051,19 @@ impl ClassTable {
             c.in_use += p.in_use;
         }
         u
+    }
+}
+
+/// Read words of a data table, directly when they are this node's own.
+pub fn read_words<E: Endpoint>(
+    ep: &mut E,
+    at: RemoteAddr,
+    buf: &mut [u8],
+) -> Result<(), FabricError> {
+    if at.node == ep.node() {
+        ep.local_read(at.region, at.offset, buf)
+    } else {
+        ep.read(at, buf)
     }
 }
 

@@ -21,7 +21,7 @@
 //! (an entry holding a previous version is already on its way back).
 
 use nessie_fabric::{Endpoint, RemoteAddr};
-use nessie_store::classtable::Slot as DteSlot;
+use nessie_store::classtable::{read_words, Slot as DteSlot};
 use nessie_store::dte::{DteMeta, KEY_OFF};
 use nessie_store::{Ite, DATA_REGION};
 
@@ -61,12 +61,40 @@ impl<E: Endpoint> CdClient<E> {
         self.cfg.eviction != Eviction::NoEviction && !self.evicting
     }
 
+    /// A PUT with eviction on: a full index makes it evict one of its key's candidates and
+    /// try again (up to [`INDEX_EVICTION_RETRIES`] times; once more after finding none to
+    /// evict); a PUT that succeeds evicts ahead if its class is short of room.
+    pub(crate) fn write_evicting(
+        &mut self,
+        key: &[u8],
+        parts: &[&[u8]],
+        value_len: usize,
+    ) -> Result<(), Error> {
+        let mut tries = 0;
+        loop {
+            match self.write(key, Some(parts)) {
+                Err(Error::IndexFull { .. }) if tries < INDEX_EVICTION_RETRIES => {
+                    tries += 1;
+                    if !self.evict_for_index(key)? {
+                        tries = INDEX_EVICTION_RETRIES; // nothing to evict: one last try
+                    }
+                }
+                Err(e) => return Err(e),
+                Ok(()) => break,
+            }
+        }
+        let class = self
+            .view
+            .classes
+            .class_for(key.len() as u32, value_len as u32)
+            .expect("sizes were checked");
+        self.evict_ahead(class);
+        Ok(())
+    }
+
     /// After a successful PUT of an entry of `class`: evict ahead if the class is short of
     /// room. Errors are logged, not returned: the PUT took effect.
-    pub(crate) fn evict_ahead(&mut self, class: u8) {
-        if !self.evicts() {
-            return;
-        }
+    fn evict_ahead(&mut self, class: u8) {
         let classes = self.view.classes.len() as u64;
         let cap = self.view.geometry.data_pages_per_node() / (HEADROOM_SHARE * classes);
         let pages = self.headroom_pages.min(cap.max(1) as usize);
@@ -244,11 +272,7 @@ impl<E: Endpoint> CdClient<E> {
             DATA_REGION,
             self.view.classes.offset(slot.class, slot.slot),
         );
-        if slot.host == self.ep.node() {
-            self.ep.local_read(DATA_REGION, at.offset, &mut b)?;
-        } else {
-            self.ep.read(at, &mut b)?;
-        }
+        read_words(&mut self.ep, at, &mut b)?;
         let Ok(meta) = self.view.dte.meta(&b) else {
             return Ok(None);
         };

@@ -331,30 +331,10 @@ impl<E: Endpoint> CdClient<E> {
         self.check_value_len(value_len)?;
         self.stats.puts += 1;
         self.evicted.clear();
-        let mut evictions = 0;
-        loop {
-            match self.write(key, Some(parts)) {
-                Err(Error::IndexFull { .. })
-                    if self.evicts() && evictions < evict::INDEX_EVICTION_RETRIES =>
-                {
-                    evictions += 1;
-                    if !self.evict_for_index(key)? {
-                        evictions = evict::INDEX_EVICTION_RETRIES; // nothing to evict: last try
-                    }
-                }
-                Err(e) => return Err(e),
-                Ok(()) => break,
-            }
+        if !self.evicts() {
+            return self.write(key, Some(parts));
         }
-        if self.evicts() {
-            let class = self
-                .view
-                .classes
-                .class_for(key.len() as u32, value_len as u32)
-                .expect("sizes were checked");
-            self.evict_ahead(class);
-        }
-        Ok(())
+        self.write_evicting(key, parts, value_len)
     }
 
     /// Remove `key` (a no-op if it is absent).
