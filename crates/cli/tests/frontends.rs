@@ -537,6 +537,73 @@ fn expired_items_are_reclaimed_in_the_background() {
     );
 }
 
+/// With `--eviction allkeys-random`, a store written to three times what it holds takes
+/// every write, and the evictions show in memcached `stats`, Redis `INFO`, `CONFIG GET
+/// maxmemory-policy` and Prometheus; recent keys read back whole or not at all.
+#[test]
+fn a_full_store_evicts_with_allkeys_random() {
+    let base = free_port_range(6);
+    let (mcp, resp, metrics) = (base, base + 2, base + 4);
+    let c = Cluster::up(
+        "evict",
+        2,
+        "shm",
+        &[
+            "--no-etcd",
+            "--value-max",
+            "4KiB",
+            "--memory-per-node",
+            "2MiB",
+            "--eviction",
+            "allkeys-random",
+            // Evicted entries come back an expiry period after their DELETE: a short one
+            // keeps writers at full from waiting long.
+            "--expiry-ms",
+            "50",
+            "--memcached-port",
+            &mcp.to_string(),
+            "--resp-port",
+            &resp.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+        ],
+    );
+    let mut mc = Mc::connect(mcp);
+    const SIZE: usize = 2000;
+    // 2 × 2 MiB hold about 2,000 items of 2000 B: write three times that.
+    const WRITES: u32 = 6_000;
+    for i in 0..WRITES {
+        mc.send(format!("set k{i} 0 0 {SIZE}\r\n{}\r\n", "v".repeat(SIZE)).as_bytes());
+        assert_eq!(mc.line(), "STORED\r\n", "set k{i}");
+    }
+    let evicted = stat(&mut mc, "evictions").unwrap();
+    assert!(evicted > 0, "nothing evicted");
+    let mut present = 0;
+    for i in WRITES - 200..WRITES {
+        let got = mc.get(&format!("k{i}"));
+        if let Some(v) = got.first() {
+            assert_eq!(v.2.len(), SIZE, "k{i} read back whole");
+            present += 1;
+        }
+    }
+    assert!(present > 0, "none of the last 200 keys is held");
+    let info = redis_cli(resp, &["INFO", "memory", "stats"]);
+    assert!(info.contains("maxmemory_policy:allkeys-random"), "{info}");
+    assert!(
+        info.contains(&format!("evicted_keys:{evicted}")),
+        "node 0's count: {info}"
+    );
+    let policy = redis_cli(resp, &["CONFIG", "GET", "maxmemory-policy"]);
+    assert_eq!(policy, "maxmemory-policy\nallkeys-random\n");
+    let (_, body) = http_get(metrics, "/metrics");
+    assert_eq!(
+        sample(&body, "nessie_evictions_total"),
+        Some(evicted as f64),
+        "{body}"
+    );
+    drop(c);
+}
+
 /// The whole ascii suite runs (`-T` alone is not reliable: some tests depend on what earlier
 /// ones learnt of the server, and real memcached fails `-T "ascii quit"` alone too); every
 /// test of a served command must pass. memccapable prints `NAME` padded to 40 columns, then

@@ -128,7 +128,17 @@ impl NodeCollector {
             g(f.pages),
         )?;
         let help = "Data table pages of this node claimed by a size class";
-        single(enc, "data_pages_claimed", help, g(f.pages_claimed))
+        single(enc, "data_pages_claimed", help, g(f.pages_claimed))?;
+        let help = "Items this node's writers evicted to make room ([cache] eviction)";
+        let n = self.node.table().evictions();
+        single(enc, "evictions", help, ConstCounter::new(n))?;
+        // Every front end of a node counts the node's reclaimer's deletions: one will do.
+        if let Some((_, c)) = self.frontends.first() {
+            let help = "Expired front-end items this node's reclaimer deleted";
+            let n = c.reclaimed.load(Ordering::Relaxed);
+            single(enc, "expired_reclaimed", help, ConstCounter::new(n))?;
+        }
+        Ok(())
     }
 
     fn frontends(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {

@@ -916,6 +916,14 @@ fn serve_frontends(
         );
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
+    let gauges: Arc<dyn nessie_frontend::serve::StoreGauges> = Arc::new(NodeGauges {
+        table: ctx.table.clone(),
+        policy: ctx.cfg.protocol_config().eviction,
+    });
+    for fe in &started {
+        // Set once, on a fresh front end: it cannot have been set before.
+        let _ = fe.counters().store.set(gauges.clone());
+    }
     // Only the client-driven store scans its index (the baselines answer Unsupported).
     let expire = match ctx.mode {
         Mode::Cd => {
@@ -933,6 +941,22 @@ fn serve_frontends(
         _ => None,
     };
     Ok((started, expire))
+}
+
+/// The node's figures its front ends report (`stats`, `INFO`): read from its allocator.
+#[derive(Debug)]
+struct NodeGauges {
+    table: Arc<ClassTable>,
+    policy: nessie_protocols::Eviction,
+}
+
+impl nessie_frontend::serve::StoreGauges for NodeGauges {
+    fn evictions(&self) -> u64 {
+        self.table.evictions()
+    }
+    fn eviction_policy(&self) -> &'static str {
+        self.policy.name()
+    }
 }
 
 /// Descriptors a node holds besides its front-end connections (fabric, etcd, admin, files),

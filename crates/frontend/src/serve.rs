@@ -4,6 +4,7 @@
 //! and the clock expiry times are read on.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nessie_protocols::KvClient;
@@ -62,6 +63,15 @@ impl<'a> BatchClient<'a> {
     }
 }
 
+/// What the store behind a front end says about itself, for `stats` and `INFO`: node-wide
+/// figures the front end does not count itself.
+pub trait StoreGauges: Send + Sync + std::fmt::Debug {
+    /// Items the node's writers have evicted (memcached `evictions`, Redis `evicted_keys`).
+    fn evictions(&self) -> u64;
+    /// The eviction policy, by Redis's name (`maxmemory-policy`).
+    fn eviction_policy(&self) -> &'static str;
+}
+
 /// Counters shared by a front end's connections (`stats`).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -78,6 +88,23 @@ pub struct Counters {
     pub reclaimed: AtomicU64,
     /// When the front end started (Unix seconds).
     pub started: AtomicU64,
+    /// The store's own figures, set once by the node that serves the front end (unset: a
+    /// store that evicts nothing, as in tests).
+    pub store: std::sync::OnceLock<Arc<dyn StoreGauges>>,
+}
+
+impl Counters {
+    /// Items the store's writers evicted (0 without a store's gauges).
+    pub fn evictions(&self) -> u64 {
+        self.store.get().map_or(0, |s| s.evictions())
+    }
+
+    /// The store's eviction policy (`noeviction` without a store's gauges).
+    pub fn eviction_policy(&self) -> &'static str {
+        self.store
+            .get()
+            .map_or("noeviction", |s| s.eviction_policy())
+    }
 }
 
 /// Unix seconds now.

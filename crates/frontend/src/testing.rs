@@ -232,3 +232,28 @@ impl KvClient for PlainClient {
         Ok(())
     }
 }
+
+/// A store's gauges fixed at `evictions` and `policy`, for tests of `stats` and `INFO`.
+#[derive(Debug)]
+pub struct FixedGauges {
+    pub evictions: u64,
+    pub policy: &'static str,
+}
+
+impl crate::serve::StoreGauges for FixedGauges {
+    fn evictions(&self) -> u64 {
+        self.evictions
+    }
+    fn eviction_policy(&self) -> &'static str {
+        self.policy
+    }
+}
+
+/// Counters whose store reports `evictions` evicted items under `policy`.
+pub fn counters_with_gauges(evictions: u64, policy: &'static str) -> crate::serve::Counters {
+    let c = crate::serve::Counters::default();
+    c.store
+        .set(std::sync::Arc::new(FixedGauges { evictions, policy }))
+        .expect("fresh counters");
+    c
+}

@@ -561,6 +561,7 @@ impl Conn<'_> {
             ("delete_hits", get(&c.delete_hits)),
             ("delete_misses", get(&c.delete_misses)),
             ("reclaimed", get(&c.reclaimed)),
+            ("evictions", c.evictions()),
         ];
         let v = format!(
             "STAT version {PROTOCOL_VERSION}-nessie-{}\r\n",
@@ -1301,5 +1302,17 @@ mod tests {
             assert!(out.contains(line), "{line:?} in {out}");
         }
         assert!(out.ends_with("END\r\nEND\r\nERROR\r\n"), "{out}");
+        assert!(out.contains("STAT evictions 0\r\n"), "{out}");
+    }
+
+    /// `stats` reports the evictions the store counted.
+    #[test]
+    fn stats_report_the_stores_evictions() {
+        let b = MapBackend::default();
+        let c = crate::testing::counters_with_gauges(42, "allkeys-random");
+        let mut p = Pipe::new(b"stats\r\n", 64);
+        serve(&mut p, &b, LIMITS, &c).unwrap();
+        let out = String::from_utf8(p.output).unwrap();
+        assert!(out.contains("STAT evictions 42\r\n"), "{out}");
     }
 }

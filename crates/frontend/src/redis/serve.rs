@@ -404,7 +404,7 @@ impl Conn<'_> {
     /// `all` and `everything` are all of them), in Redis's format; others are empty, as in
     /// Redis. The keyspace line counts on the store's scan of its index, as DBSIZE does.
     fn info(&mut self, rest: &[&[u8]]) {
-        const SECTIONS: [&str; 4] = ["server", "clients", "stats", "keyspace"];
+        const SECTIONS: [&str; 5] = ["server", "clients", "memory", "stats", "keyspace"];
         let asked: Vec<String> = rest
             .iter()
             .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
@@ -433,8 +433,13 @@ impl Conn<'_> {
                     self.counters.curr_connections.load(Ordering::Relaxed)
                 )),
                 "stats" => text.push_str(&format!(
-                    "# Stats\r\nexpired_keys:{}\r\n",
-                    self.counters.reclaimed.load(Ordering::Relaxed)
+                    "# Stats\r\nexpired_keys:{}\r\nevicted_keys:{}\r\n",
+                    self.counters.reclaimed.load(Ordering::Relaxed),
+                    self.counters.evictions()
+                )),
+                "memory" => text.push_str(&format!(
+                    "# Memory\r\nmaxmemory_policy:{}\r\n",
+                    self.counters.eviction_policy()
                 )),
                 _ => {
                     let now = unix_now_ms();
@@ -610,6 +615,7 @@ impl Conn<'_> {
     /// CONFIG GET, as far as clients ask on their own (redis-benchmark asks for `save` and
     /// `appendonly`): persistence is off.
     fn config(&mut self, rest: &[&[u8]]) {
+        let policy = self.counters.eviction_policy().as_bytes();
         let (e, out) = (self.enc, &mut self.out);
         match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
             Some(b"get") if rest.len() >= 2 => {
@@ -619,6 +625,7 @@ impl Conn<'_> {
                         b"save" => Some((&b"save"[..], &b""[..])),
                         b"appendonly" => Some((&b"appendonly"[..], &b"no"[..])),
                         b"databases" => Some((&b"databases"[..], &b"1"[..])),
+                        b"maxmemory-policy" => Some((&b"maxmemory-policy"[..], policy)),
                         _ => None,
                     })
                     .collect();
@@ -915,6 +922,31 @@ mod tests {
         let mut p = Pipe::new(input, chunk);
         serve(&mut p, b, LIMITS, &Counters::default(), 7).unwrap();
         String::from_utf8(p.output).unwrap()
+    }
+
+    /// `INFO` and `CONFIG GET maxmemory-policy` report the store's policy and evictions, and
+    /// without a store's gauges, Redis's defaults.
+    #[test]
+    fn info_and_config_report_eviction() {
+        let b = MapBackend::default();
+        let input = cmds(&[
+            &["INFO", "memory", "stats"],
+            &["CONFIG", "GET", "maxmemory-policy"],
+        ]);
+        let c = crate::testing::counters_with_gauges(7, "allkeys-random");
+        let mut p = Pipe::new(&input, 4096);
+        serve(&mut p, &b, LIMITS, &c, 7).unwrap();
+        let out = String::from_utf8(p.output).unwrap();
+        for want in [
+            "maxmemory_policy:allkeys-random\r\n",
+            "evicted_keys:7\r\n",
+            "$16\r\nmaxmemory-policy\r\n$14\r\nallkeys-random\r\n",
+        ] {
+            assert!(out.contains(want), "{want:?} in {out}");
+        }
+        let out = session(&b, &input, 4096);
+        assert!(out.contains("maxmemory_policy:noeviction\r\n"), "{out}");
+        assert!(out.contains("evicted_keys:0\r\n"), "{out}");
     }
 
     fn cmd(words: &[&str]) -> Vec<u8> {
