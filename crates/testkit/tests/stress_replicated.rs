@@ -24,7 +24,7 @@ use nessie_protocols::cd::ClientStats;
 use nessie_protocols::{Mutations, Optimizations, ProtocolConfig, RetryPolicy};
 use nessie_store::Geometry;
 use nessie_testkit::assertions::assert_clean_run;
-use nessie_testkit::stress::{self, key_bytes, StressSpec};
+use nessie_testkit::stress::{self, key_bytes, StressOutcome, StressSpec};
 
 const THREADS_NODES: [NodeId; 6] = [0, 1, 2, 0, 1, 2];
 const CRASHED: NodeId = 1;
@@ -114,30 +114,22 @@ enum Crash {
 
 /// One run: the workload on every node, node 1 crashing `crash_after` into it.
 fn crash_mid_run(name: &str, g: Geometry, o: Optimizations, replicas: u8, seed: u64) {
-    crash_mid_run_with(
-        name,
-        g,
-        o,
-        Mutations::default(),
-        replicas,
-        seed,
-        Crash::Plain,
-    )
+    crash_mid_run_with(name, g, o, |_, _| {}, replicas, seed, Crash::Plain);
 }
 
+/// [`crash_mid_run`], with `tweak` changing the configuration and the workload first.
 fn crash_mid_run_with(
     name: &str,
     g: Geometry,
     o: Optimizations,
-    mutations: Mutations,
+    tweak: impl FnOnce(&mut ProtocolConfig, &mut StressSpec),
     replicas: u8,
     seed: u64,
     crash: Crash,
-) {
-    let mut cfg = ProtocolConfig {
-        mutations,
-        ..cfg(o)
-    };
+) -> StressOutcome {
+    let mut cfg = cfg(o);
+    let mut s = spec(seed);
+    tweak(&mut cfg, &mut s);
     if crash == Crash::MemoryKept {
         // A longer read settle time: more operations meet the views and endpoints that
         // disagree about the dead node.
@@ -154,7 +146,6 @@ fn crash_mid_run_with(
         .iter()
         .map(|&n| c.client(n).unwrap())
         .collect();
-    let s = spec(seed);
     let fabric_ops = || c.fabric().stats().total(None).total_ops();
     let crash_at = fabric_ops() + CRASH_AFTER_FABRIC_OPS;
     let finished = AtomicBool::new(false);
@@ -194,6 +185,7 @@ fn crash_mid_run_with(
     assert_clean_run(name, &out, 6 * s.ops_per_thread / 2);
     assert_eq!(out.corrupt_reads, 0);
     survivors_agree(name, &c, s.keys);
+    out
 }
 
 /// Crash node [`CRASHED`] as `crash` says, and declare it failed.
@@ -259,15 +251,7 @@ fn a_node_crashing_mid_run_with_its_memory_kept() {
     for (i, (name, g, o)) in variants().into_iter().take(3).enumerate() {
         for r in [2, 3] {
             let seed = 600 + 10 * i as u64 + r as u64;
-            crash_mid_run_with(
-                name,
-                g.clone(),
-                o,
-                Mutations::default(),
-                r,
-                seed,
-                Crash::MemoryKept,
-            );
+            crash_mid_run_with(name, g.clone(), o, |_, _| {}, r, seed, Crash::MemoryKept);
         }
     }
 }
@@ -305,7 +289,7 @@ fn many_seeds_memory_kept() {
             "memory kept",
             small.clone(),
             o,
-            mutations,
+            |c, _| c.mutations = mutations,
             2,
             seed,
             Crash::MemoryKept,
@@ -326,6 +310,38 @@ fn a_node_crashing_while_pages_are_claimed_and_released() {
         .enumerate()
     {
         crash_mid_run("tiny data tables", g.clone(), o, 2, 400 + i as u64);
+    }
+}
+
+/// Writers evicting (allkeys-random) from tiny data tables, on five times the keys they hold,
+/// when node 1 crashes: every eviction is a DELETE in the history, which stays linearizable,
+/// and the survivors agree on every key (evicted ones read absent through both).
+#[test]
+fn a_node_crashing_while_writers_evict() {
+    let g = Geometry {
+        dtes_per_node: 24,
+        ..geometry()
+    };
+    for (i, o) in [Optimizations::default(), Optimizations::NONE]
+        .into_iter()
+        .enumerate()
+    {
+        let out = crash_mid_run_with(
+            "evicting",
+            g.clone(),
+            o,
+            |c, s| {
+                c.eviction = nessie_protocols::Eviction::AllkeysRandom;
+                s.keys = 200;
+                s.preload_keys = 0;
+                s.delete_fraction = 0.0;
+                s.value_size = (40, 48);
+            },
+            2,
+            700 + i as u64,
+            Crash::Plain,
+        );
+        assert!(out.evictions > 0, "nothing was evicted: {out}");
     }
 }
 
