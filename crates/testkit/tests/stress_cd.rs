@@ -1153,12 +1153,25 @@ fn a_completion_of_its_own_leftover_that_times_out_is_retried() {
 /// readers paused mid-entry now and then and evictions paused between their sampling and
 /// their DELETE. Every eviction is in the history as a DELETE within its write's interval.
 fn eviction_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> StressOutcome {
+    eviction_run_paused(seed, g, o, ops, 4, 5)
+}
+
+/// [`eviction_run`], the pauses `sixteenths` sixteenths of the expiry period long, at every
+/// `every`-th hook.
+fn eviction_run_paused(
+    seed: u64,
+    g: Geometry,
+    o: Optimizations,
+    ops: u64,
+    sixteenths: u64,
+    every: u64,
+) -> StressOutcome {
     let (c, cfg) = mixed_setup(seed, g, MIXED_PAGES, o, MIXED_EXPIRY_MS);
     let cfg = ProtocolConfig {
         eviction: nessie_protocols::Eviction::AllkeysRandom,
         ..cfg
     };
-    let pause = cfg.expiry_ns / 4;
+    let pause = cfg.expiry_ns * sixteenths / 16;
     let mut cs = clients(&c, &cfg);
     for (i, client) in cs.iter_mut().enumerate() {
         let mut n = 0u64;
@@ -1170,7 +1183,7 @@ fn eviction_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> StressOut
             };
             if wide {
                 n += 1;
-                if n.is_multiple_of(5) {
+                if n.is_multiple_of(every) {
                     std::thread::sleep(Duration::from_nanos(pause));
                 }
             }
@@ -1212,4 +1225,22 @@ fn evictions_with_small_indexes_and_each_optimisation_off() {
         assert_clean_run(name, &out, 2 * MIXED_VARIANT_OPS_PER_THREAD);
         assert!(out.evictions > 0, "{name}: nothing was evicted: {out}");
     }
+}
+
+/// Writers stalled in the middle of an eviction for two expiry periods (as a paused process
+/// would be), between reading the victim's version and deleting it, and readers stalled as long
+/// mid-entry: the stalled DELETE is still judged on the version sampled, and the history stays
+/// linearizable.
+#[test]
+fn evictions_stalled_past_the_expiry_period() {
+    let out = eviction_run_paused(
+        96,
+        geometry(),
+        Optimizations::default(),
+        MIXED_VARIANT_OPS_PER_THREAD,
+        32,
+        40,
+    );
+    assert_clean_run("stalled evictions", &out, 4 * MIXED_VARIANT_OPS_PER_THREAD);
+    assert!(out.evictions > 0, "nothing was evicted: {out}");
 }
