@@ -176,11 +176,6 @@ struct State {
     held: BTreeSet<(NodeId, u64)>,
     /// The last page a bounded scan ([`ClassTable::scan_some`]) looked at.
     scan_cursor: Option<(NodeId, u64)>,
-    /// Every entry on a `pending` list. A bounded scan meets again entries an earlier scan
-    /// found released: one already pending must not be listed twice (it would be handed out
-    /// twice). Its ready time cannot have changed: a recycle word changes only when its claimer
-    /// reclaims the entry.
-    pending_slots: HashSet<Slot, PageHasher>,
     reclaimed_total: u64,
     scans: u64,
     room_scans: u64,
@@ -263,7 +258,6 @@ impl ClassTable {
                 pages: HashMap::with_hasher(PageHasher::default()),
                 held: BTreeSet::new(),
                 scan_cursor: None,
-                pending_slots: HashSet::with_hasher(PageHasher::default()),
                 reclaimed_total: 0,
                 scans: 0,
                 room_scans: 0,
@@ -518,7 +512,7 @@ impl ClassTable {
         class: u8,
     ) -> Result<Awaiting, FabricError> {
         if s.classes[class as usize].pending.is_empty() {
-            self.scan_some(ep, s, class)?;
+            self.scan_some(ep, s)?;
         } else {
             for c in 0..self.classes.len() as u8 {
                 self.reclaim_pending(ep, s, c)?;
@@ -546,7 +540,6 @@ impl ClassTable {
                 break;
             }
             s.classes[class as usize].pending.pop();
-            s.pending_slots.remove(&slot);
             if !failed.contains(&slot.host) && self.clear_released(ep, s, slot, &mut failed)? {
                 reclaimed += 1;
             }
@@ -690,13 +683,15 @@ impl ClassTable {
         };
         let mut s = self.lock_state(ep);
         let page = self.page_of(slot);
-        if !s.pages.contains_key(&(slot.host, page)) || !s.pending_slots.insert(slot) {
+        if !s.pages.contains_key(&(slot.host, page)) {
             return Ok(());
         }
         let ready = expiry.saturating_add(self.clock_margin_ns);
         let pending = &mut s.classes[slot.class as usize].pending;
         let at = pending.partition_point(|&(r, sl)| Reverse((r, sl)) < Reverse((ready, slot)));
-        pending.insert(at, (ready, slot));
+        if pending.get(at) != Some(&(ready, slot)) {
+            pending.insert(at, (ready, slot)); // not listed yet
+        }
         Ok(())
     }
 
@@ -733,13 +728,12 @@ impl ClassTable {
         for c in &mut s.classes {
             c.pending.clear();
         }
-        s.pending_slots.clear();
         // Other nodes that failed during this scan: their pages wait for a later one.
         let mut failed: Vec<NodeId> = Vec::new();
         let mut reclaimed = 0;
         for key in held {
             if !failed.contains(&key.0) {
-                reclaimed += self.scan_page(ep, s, key, now, &mut failed)?;
+                reclaimed += self.scan_page(ep, s, key, now, &mut failed, false)?;
             }
         }
         Self::sort_pending(s);
@@ -749,20 +743,20 @@ impl ClassTable {
     }
 
     /// A writer's bounded scan: the held pages after the last one scanned (wrapping around),
-    /// at most [`ROOM_SCAN_PAGES`], stopping early once `class` has a free entry or a page is
-    /// left empty (memory that can move to it). Returns the entries reclaimed.
-    fn scan_some<E: Endpoint>(
-        &self,
-        ep: &mut E,
-        s: &mut State,
-        class: u8,
-    ) -> Result<u64, FabricError> {
+    /// at most [`ROOM_SCAN_PAGES`]. What it finds released goes on the pending lists, expired
+    /// or not, and the lists it added to are sorted and rid of entries listed twice (a bounded
+    /// scan meets again entries an earlier one listed; their ready time cannot have changed,
+    /// since a recycle word changes only when its claimer reclaims the entry, so a duplicate is
+    /// the same pair, next to its twin once sorted). Then what has expired is reclaimed.
+    fn scan_some<E: Endpoint>(&self, ep: &mut E, s: &mut State) -> Result<(), FabricError> {
         let now = ep.now_ns();
         s.room_scans += 1;
         let budget = ROOM_SCAN_PAGES.min(s.held.len());
         let mut scanned: Vec<(NodeId, u64)> = Vec::with_capacity(budget);
         let mut failed: Vec<NodeId> = Vec::new();
-        let mut reclaimed = 0;
+        // Classes whose pending list this scan added to: only they need sorting again (every
+        // class's, sorted on every writer's scan, cost 3% of a PUT-heavy run).
+        let mut touched: Vec<u8> = Vec::new();
         while scanned.len() < budget {
             let after = s.scan_cursor.and_then(|c| {
                 s.held
@@ -778,20 +772,25 @@ impl ClassTable {
             if failed.contains(&key.0) {
                 continue;
             }
-            reclaimed += self.scan_page(ep, s, key, now, &mut failed)?;
-            let emptied = s.pages.get(&key).is_some_and(|p| p.in_use == 0);
-            if emptied || !s.classes[class as usize].normal.free.is_empty() {
-                break;
+            let c = s.pages[&key].class;
+            let pending = s.classes[c as usize].pending.len();
+            self.scan_page(ep, s, key, now, &mut failed, true)?;
+            if s.classes[c as usize].pending.len() > pending && !touched.contains(&c) {
+                touched.push(c);
             }
         }
-        Self::sort_pending(s);
-        s.reclaimed_total += reclaimed;
-        self.release_empty_pages(ep, s, Some(&scanned), &mut failed)?;
-        Ok(reclaimed)
+        for &c in &touched {
+            let pending = &mut s.classes[c as usize].pending;
+            pending.sort_unstable_by_key(|&(ready, slot)| Reverse((ready, slot)));
+            pending.dedup();
+            self.reclaim_pending(ep, s, c)?;
+        }
+        self.release_empty_pages(ep, s, Some(&scanned), &mut failed)
     }
 
-    /// Scan one held page (`key`): its expired released entries go back on their free list,
-    /// the others released go on their class's pending list unless already there. Returns the
+    /// Scan one held page (`key`): its released entries not yet expired go on their class's
+    /// pending list, and so do the expired ones if `list_expired` (a bounded scan, which may
+    /// meet entries already listed), else they go back on their free list at once. Returns the
     /// entries reclaimed; a failure of another node is remembered in `failed`.
     fn scan_page<E: Endpoint>(
         &self,
@@ -800,6 +799,7 @@ impl ClassTable {
         (host, page): (NodeId, u64),
         now: u64,
         failed: &mut Vec<NodeId>,
+        list_expired: bool,
     ) -> Result<u64, FabricError> {
         let ps = &s.pages[&(host, page)];
         let (class, handed) = (ps.class, ps.handed);
@@ -813,18 +813,14 @@ impl ClassTable {
             class,
             slot: self.classes.slot(class, page, i),
         };
-        for &(i, ready) in &waiting {
-            if s.pending_slots.insert(slot(i)) {
-                s.classes[class as usize].pending.push((ready, slot(i)));
-            }
+        let pending = &mut s.classes[class as usize].pending;
+        pending.extend(waiting.iter().map(|&(i, ready)| (ready, slot(i))));
+        if list_expired {
+            pending.extend(expired.iter().map(|&(i, ready)| (ready, slot(i))));
+            return Ok(0);
         }
         let mut reclaimed = 0;
-        for i in expired {
-            // An expired entry still pending (listed by an earlier bounded scan) is reclaimed
-            // from the list, when its class next needs it: not twice.
-            if s.pending_slots.contains(&slot(i)) {
-                continue;
-            }
+        for (i, _) in expired {
             if !self.clear_released(ep, s, slot(i), failed)? {
                 break;
             }
@@ -836,9 +832,13 @@ impl ClassTable {
     /// Pending lists in order, the soonest ready last.
     fn sort_pending(s: &mut State) {
         for c in &mut s.classes {
-            c.pending
-                .sort_unstable_by_key(|&(ready, slot)| Reverse((ready, slot)));
+            Self::sort_pending_of(c);
         }
+    }
+
+    fn sort_pending_of(c: &mut ClassState) {
+        c.pending
+            .sort_unstable_by_key(|&(ready, slot)| Reverse((ready, slot)));
     }
 
     /// The result of a fabric operation on `host`'s memory during a scan or a claim. A failure
@@ -863,8 +863,8 @@ impl ClassTable {
     }
 
     /// Entries among the first `handed` of a page whose recycle expiry (plus the clock margin)
-    /// has passed; the others that carry a recycle flag go into `waiting` with the time they
-    /// will be ready (index in the page, time). A local page is read word by word; a remote one
+    /// has passed, with that time (index in the page, time); the others that carry a recycle
+    /// flag go into `waiting` with the time they will be ready. A local page is read word by word; a remote one
     /// with a single READ of its entries, or, when they are [`WORD_READS_FROM`] bytes or more,
     /// with a READ of each recycle word.
     #[allow(clippy::too_many_arguments)]
@@ -877,7 +877,7 @@ impl ClassTable {
         handed: u64,
         now: u64,
         waiting: &mut Vec<(u64, u64)>,
-    ) -> Result<Vec<u64>, FabricError> {
+    ) -> Result<Vec<(u64, u64)>, FabricError> {
         let size = self.classes.entry_size(class);
         let base = RemoteAddr::new(host, DATA_REGION, page * self.classes.page_bytes());
         let remote = host != ep.node();
@@ -901,7 +901,7 @@ impl ClassTable {
             };
             let ready = expiry.saturating_add(self.clock_margin_ns);
             if now > ready {
-                expired.push(i);
+                expired.push((i, ready));
             } else {
                 waiting.push((i, ready));
             }
