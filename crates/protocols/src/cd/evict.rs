@@ -7,10 +7,9 @@
 //!   entries it frees come back to its own allocator, of the class it needs (memcached evicts
 //!   within a slab class for the same reason). An evicted entry is reusable only an expiry
 //!   period after its DELETE, like any released entry (a reader may still be reading it), so
-//!   a writer also evicts *ahead*: while every page is claimed and its class has fewer than
-//!   `headroom` entries at hand or awaiting expiry (`ClassTable::short_of_room`), each PUT
-//!   evicts [`EVICT_AHEAD`] more. A writer that still had to wait for room doubles its
-//!   headroom (up to [`MAX_HEADROOM_PAGES`] pages of the class).
+//!   a writer also evicts *ahead*: while every page is claimed and its class has fewer entries
+//!   at hand or awaiting expiry than the node's writers took in the last expiry period
+//!   (`ClassTable::short_of_room`), each PUT evicts [`EVICT_AHEAD`] more.
 //! - **Index.** A PUT whose key's candidate index entries all hold other keys, with no room to
 //!   migrate them (`Error::IndexFull`), evicts one of those keys and tries again.
 //!
@@ -41,13 +40,9 @@ pub const EVICT_AHEAD: usize = 2;
 pub const EVICT_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
 pub const INDEX_EVICTION_RETRIES: u32 = 4;
-/// Largest headroom, in pages of the class, a writer keeps in flight.
-pub const MAX_HEADROOM_PAGES: usize = 16;
-/// And, over all classes, at most this fraction of a node's pages (1/16): headroom is memory
-/// not holding items (16 MiB nodes held 29% of their items with a page per class).
-pub const HEADROOM_SHARE: u64 = 16;
-/// Headroom is counted in quarters of a page: the least a class keeps is a quarter page.
-const HEADROOM_QUARTERS: usize = 4;
+/// A class's headroom is at most this fraction of a node's pages (1/8): headroom is memory not
+/// holding items.
+pub const HEADROOM_SHARE: u64 = 8;
 
 impl<E: Endpoint> CdClient<E> {
     /// The keys the last write (PUT, DELETE or conditional write) evicted to make room.
@@ -95,24 +90,24 @@ impl<E: Endpoint> CdClient<E> {
     /// After a successful PUT of an entry of `class`: evict ahead if the class is short of
     /// room. Errors are logged, not returned: the PUT took effect.
     fn evict_ahead(&mut self, class: u8) {
-        let classes = self.view.classes.len() as u64;
-        let cap = self.view.geometry.data_pages_per_node() / (HEADROOM_SHARE * classes);
-        let pages = self.headroom_pages.min(cap.max(1) as usize);
-        let headroom = self.view.classes.per_page(class) as usize * pages / HEADROOM_QUARTERS;
-        if self.table.short_of_room(class, headroom) {
+        let pages = (self.view.geometry.data_pages_per_node() / HEADROOM_SHARE).max(1);
+        let max = self.view.classes.per_page(class) * pages;
+        let now = self.ep.now_ns();
+        if self
+            .table
+            .short_of_room(class, now, self.cfg.expiry_ns, max)
+        {
             if let Err(e) = self.evict_class(class, EVICT_AHEAD) {
                 tracing::debug!(%e, class, "eviction ahead failed");
             }
         }
     }
 
-    /// A write found no entry of `class` anywhere: evict some before waiting for room, and
-    /// keep more in flight from now on.
+    /// A write found no entry of `class` anywhere: evict some before waiting for room.
     pub(crate) fn evict_on_full(&mut self, class: u8) {
         if !self.evicts() {
             return;
         }
-        self.headroom_pages = (self.headroom_pages * 2).min(MAX_HEADROOM_PAGES);
         if let Err(e) = self.evict_class(class, EVICT_ON_FULL) {
             tracing::debug!(%e, class, "eviction failed");
         }

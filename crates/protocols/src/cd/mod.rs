@@ -173,9 +173,6 @@ pub struct CdClient<E: Endpoint> {
     timed_out: bool,
     /// An eviction is running (its DELETEs must not evict in turn: `evict.rs`).
     evicting: bool,
-    /// Pages of a class's entries this client keeps at hand or in flight while evicting
-    /// ahead; doubled whenever a write still had to wait for room.
-    headroom_pages: usize,
     /// Scratch buffer for the values an eviction reads with their versions.
     evict_buf: Vec<u8>,
     /// Keys the last write evicted (`KvClient::evicted`: histories record them as DELETEs).
@@ -246,7 +243,6 @@ impl<E: Endpoint> CdClient<E> {
             coarse_start,
             timed_out: false,
             evicting: false,
-            headroom_pages: 1,
             evict_buf: Vec::new(),
             evicted: Vec::new(),
         })
