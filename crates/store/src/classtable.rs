@@ -770,9 +770,8 @@ impl ClassTable {
     /// scan meets again entries an earlier one listed; their ready time cannot have changed,
     /// since a recycle word changes only when its claimer reclaims the entry, so a duplicate is
     /// the same pair, next to its twin once sorted). Then what has expired is reclaimed.
-    /// It stops early at a page that had expired entries of `class`: near full, with nothing
-    /// released, each scanned page of small entries is a READ of the whole page (scanning the
-    /// full budget every time made filling a store 16% slower).
+    /// It stops early at a page that had expired entries of `class`: the writer has room then,
+    /// and each further page of small entries would cost a READ of the whole page.
     fn scan_some<E: Endpoint>(
         &self,
         ep: &mut E,
