@@ -34,6 +34,12 @@ pub trait Observer<C> {
     }
     /// The value a PUT writes (may borrow a buffer the observer keeps).
     fn value(&self, op: &Planned) -> Cow<'_, [u8]>;
+    /// When the item a PUT writes expires (ns since the Unix epoch; 0 = never, the default),
+    /// asked after [`Observer::invoke`].
+    fn expires(&mut self, op: &Planned) -> u64 {
+        let _ = op;
+        0
+    }
     /// Just before the operation is issued.
     fn invoke(&mut self, client: &C, op: &Planned) -> Self::Token;
     /// Just after it returned.
@@ -92,7 +98,13 @@ pub fn drive<C: KvClient, O: Observer<C>>(
                 .map(|found| Done::Got(found.then_some(&got[..]))),
             OpKind::Delete => client.delete(&key).map(|()| Done::Deleted),
             OpKind::Put | OpKind::Insert => {
-                client.put(&key, &observer.value(&op)).map(|()| Done::Put)
+                let at = observer.expires(&op);
+                let value = observer.value(&op);
+                match at {
+                    0 => client.put(&key, &value),
+                    at => client.put_parts_expiring(&key, &[&value], at),
+                }
+                .map(|()| Done::Put)
             }
             OpKind::ReadModifyWrite => {
                 read_modify_write(client, &key, &observer.value(&op), &mut got).map(|()| Done::Put)

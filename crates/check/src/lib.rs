@@ -59,6 +59,12 @@ pub enum Op {
     PutIf(ValueId, Cond),
     /// Remove the key if the condition holds ([`Outcome::Unmet`] if it did not).
     DeleteIf(Cond),
+    /// The item written as this value expires: at one instant between the event's invocation
+    /// and response (the expiry time, give or take the error of mapping the store's clock onto
+    /// the history's, or as late as the write's response if the write took effect after
+    /// it), the key becomes absent if it holds the value, and is unchanged otherwise. Not a
+    /// client's call: a history adds one per write with an expiry (outcome `Ok(None)`).
+    Expire(ValueId),
 }
 
 /// The condition of a conditional write, on the register's state.
@@ -149,6 +155,7 @@ impl std::fmt::Display for Event {
             (Op::DeleteIf(c), Outcome::Ok(_)) => write!(f, "DeleteIf({c}) stored")?,
             (Op::DeleteIf(c), Outcome::Unmet) => write!(f, "DeleteIf({c}) unmet")?,
             (Op::DeleteIf(c), Outcome::Failed) => write!(f, "DeleteIf({c}) FAILED")?,
+            (Op::Expire(v), _) => write!(f, "Expire({v})")?,
             (op, Outcome::Unmet) => write!(f, "{op:?} unmet (only conditional writes can be)")?,
         }
         write!(f, " [{}ns..{}ns]", self.invoke_ns, self.response_ns)

@@ -169,7 +169,8 @@ impl Recorder {
         }
     }
 
-    fn now_ns(&self) -> u64 {
+    /// Now, by this recorder's clock (the history's, unless it was given its own).
+    pub fn now_ns(&self) -> u64 {
         match &self.clock {
             Some(clock) => clock(),
             None => self.inner.now_ns(),
@@ -186,6 +187,27 @@ impl Recorder {
             op,
             outcome,
             invoke_ns: invocation.invoke_ns,
+            response_ns,
+        });
+    }
+
+    /// Records an event that is no call of this client's, between `invoke_ns` and
+    /// `response_ns` of the history's clock: an item's expiry ([`crate::Op::Expire`]), placed
+    /// at its expiry time give or take the error of mapping the store's clock onto this one.
+    pub fn record_at(
+        &mut self,
+        key: KeyId,
+        op: Op,
+        outcome: Outcome,
+        invoke_ns: u64,
+        response_ns: u64,
+    ) {
+        self.buf.push(Event {
+            client: self.client,
+            key,
+            op,
+            outcome,
+            invoke_ns,
             response_ns,
         });
     }

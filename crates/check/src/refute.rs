@@ -106,7 +106,8 @@ fn writers_by_value(ops: &[KeyOp<'_>]) -> HashMap<State, Writers> {
     for (i, op) in ops.iter().enumerate() {
         let Some(v) = op.kind.written() else { continue };
         let w = by_value.entry(v).or_default();
-        if op.optional {
+        // An expiry may write absent or nothing: as a write that may not take effect.
+        if op.optional || matches!(op.kind, Kind::Expire(_)) {
             w.optional_call = Some(w.optional_call.map_or(op.call, |c| c.min(op.call)));
         } else {
             let prev = w.max_ret.last().copied();
@@ -131,7 +132,11 @@ struct Killers<'o, 'a> {
 impl<'o, 'a> Killers<'o, 'a> {
     fn new(ops: &'o [KeyOp<'a>]) -> Self {
         let writes: Vec<u32> = (0..ops.len() as u32)
-            .filter(|&i| ops[i as usize].kind.written().is_some() && !ops[i as usize].optional)
+            .filter(|&i| {
+                let op = &ops[i as usize];
+                // An expiry need not change the state: it kills no read.
+                op.kind.written().is_some() && !op.optional && !matches!(op.kind, Kind::Expire(_))
+            })
             .collect();
         let mut suffix: Vec<Option<u32>> = vec![None; writes.len() + 1];
         for (pos, &i) in writes.iter().enumerate().rev() {

@@ -23,6 +23,9 @@ pub(crate) enum Kind {
     Guarded(Cond, State),
     /// A conditional write whose condition did not hold.
     Unmet(Cond),
+    /// The expiry of the item written as this value: absent if the state is it, else no
+    /// change (`Op::Expire`).
+    Expire(ValueId),
 }
 
 impl Kind {
@@ -30,6 +33,8 @@ impl Kind {
     pub(crate) fn written(self) -> Option<State> {
         match self {
             Kind::Write(v) | Kind::Guarded(_, v) => Some(v),
+            // It may leave absent (if it finds its value), or nothing.
+            Kind::Expire(_) => Some(None),
             Kind::Read(_) | Kind::Unmet(_) => None,
         }
     }
@@ -59,11 +64,11 @@ pub(crate) struct KeyOp<'a> {
 fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
     let mut ops = Vec::with_capacity(events.len());
     let mut failed_writes = Vec::new();
-    // A conditional write observes the state too: a failed write can matter to one after the
-    // last Get of its value, so with them failed writes stay open to the end.
+    // A conditional write (or an expiry) observes the state too: a failed write can matter to
+    // one after the last Get of its value, so with them failed writes stay open to the end.
     let conditional = events
         .iter()
-        .any(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(_)));
+        .any(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(_) | Op::Expire(_)));
     let end = events.iter().map(|e| e.response_ns.max(e.invoke_ns)).max();
     for &ev in events {
         let call = ev.invoke_ns;
@@ -76,6 +81,7 @@ fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
             (Op::PutIf(_, c) | Op::DeleteIf(c), Outcome::Unmet) => Kind::Unmet(*c),
             (Op::PutIf(v, c), _) => Kind::Guarded(*c, Some(*v)),
             (Op::DeleteIf(c), _) => Kind::Guarded(*c, None),
+            (Op::Expire(v), _) => Kind::Expire(*v),
         };
         let op = KeyOp {
             call,
@@ -392,6 +398,7 @@ impl<'s, 'a> Search<'s, 'a> {
             (k @ (Kind::Read(_) | Kind::Unmet(_)), _) => k.observes(state).then_some(state),
             (Kind::Write(v), 0) => Some(v),
             (Kind::Guarded(c, v), 0) => c.holds(state).then_some(v),
+            (Kind::Expire(v), _) => Some(if state == Some(v) { None } else { state }),
             // Optional write that does not take effect.
             (Kind::Write(_) | Kind::Guarded(..), _) => Some(state),
         }
@@ -964,5 +971,53 @@ mod tests {
         assert_eq!((failed[0].call, failed[0].ret), (10, 50));
         // Quiescent points: [0,5] | [10..50] with the bounded failed put.
         assert_eq!(count_segments(&ops), 2);
+    }
+    fn verdict(events: &[Event]) -> bool {
+        crate::check(events, |_| None, &Limits::default()).is_ok()
+    }
+
+    /// An expiry empties the key if it holds the expiring value, at the expiry's instant:
+    /// a read after it that still sees the value is a violation, one before it that does not
+    /// is too, and an expiry of a value since overwritten changes nothing.
+    #[test]
+    fn expiries_empty_the_key_at_their_instant_only_if_it_holds_their_value() {
+        let put1 = ev(Op::Put(1), Outcome::Ok(None), 0, 10);
+        let exp1 = ev(Op::Expire(1), Outcome::Ok(None), 50, 50);
+        let get = |v, i, r| ev(Op::Get, Outcome::Ok(v), i, r);
+        // Before: present; after: absent.
+        assert!(verdict(&[
+            put1.clone(),
+            get(Some(1), 20, 30),
+            exp1.clone(),
+            get(None, 60, 70)
+        ]));
+        // After, still present: rejected (the refutation and the search both).
+        let stale = [put1.clone(), exp1.clone(), get(Some(1), 60, 70)];
+        assert!(!verdict(&stale));
+        let no_quick = Limits {
+            quick_refutation: false,
+            ..Limits::default()
+        };
+        assert!(!crate::check(&stale, |_| None, &no_quick).is_ok());
+        // Before, already absent: rejected.
+        assert!(!verdict(&[put1.clone(), get(None, 20, 30), exp1.clone()]));
+        // Overlapping the instant: either answer.
+        assert!(verdict(&[put1.clone(), exp1.clone(), get(Some(1), 40, 60)]));
+        assert!(verdict(&[put1.clone(), exp1.clone(), get(None, 40, 60)]));
+        // The value was overwritten before its expiry: the new one stays.
+        let put2 = ev(Op::Put(2), Outcome::Ok(None), 20, 30);
+        assert!(verdict(&[
+            put1.clone(),
+            put2.clone(),
+            exp1.clone(),
+            get(Some(2), 60, 70)
+        ]));
+        assert!(!verdict(&[
+            put1.clone(),
+            put2.clone(),
+            exp1.clone(),
+            get(None, 60, 70)
+        ]));
+        assert!(!crate::check(&[put1, put2, exp1, get(None, 60, 70)], |_| None, &no_quick).is_ok());
     }
 }

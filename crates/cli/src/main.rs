@@ -193,8 +193,11 @@ struct UpArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
     /// What a full store does, by Redis's maxmemory-policy names: noeviction refuses writes
-    /// (as Redis's default; memcached -M); allkeys-random deletes items at random among those
-    /// in the writer's way (mode cd). Written to [cache] eviction in cluster.toml.
+    /// (as Redis's default; memcached -M); allkeys-lru, allkeys-lfu and allkeys-random evict
+    /// the least recently read, least frequently read or a random item of a sample of those in
+    /// the writer's way (allkeys-lru is closest to memcached's default); volatile-lru,
+    /// volatile-lfu, volatile-random and volatile-ttl evict only items with an expiry
+    /// (volatile-ttl: the soonest to expire). Mode cd. Written to [cache] eviction.
     #[arg(long, value_name = "POLICY", default_value = "noeviction")]
     eviction: nessie_protocols::Eviction,
     /// Event loops (threads) per front end per node, each serving many connections (one, as

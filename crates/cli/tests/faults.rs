@@ -382,6 +382,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         }),
         preload_keys: 60,
         until: None,
+        ttl: None,
     };
     let log = Mutex::new(Vec::new());
     let (out, restarted) = std::thread::scope(|s| {

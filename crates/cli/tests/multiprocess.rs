@@ -99,6 +99,7 @@ fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
         time_limit: Duration::from_secs(300),
         preload_keys: 0,
         until: None,
+        ttl: None,
     }
 }
 

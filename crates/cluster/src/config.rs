@@ -256,7 +256,8 @@ pub struct ClusterConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct CacheSection {
     /// Eviction policy, by Redis's `maxmemory-policy` names: `noeviction` (refuse writes when
-    /// full, the default) or `allkeys-random`.
+    /// full, the default), `allkeys-lru`, `allkeys-lfu`, `allkeys-random`, `volatile-lru`,
+    /// `volatile-lfu`, `volatile-random` or `volatile-ttl`.
     pub eviction: String,
 }
 

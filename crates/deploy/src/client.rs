@@ -139,6 +139,33 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             other => other.put(key, &parts.concat()),
         }
     }
+    fn put_parts_expiring(&mut self, key: &[u8], parts: &[&[u8]], at: u64) -> Result<(), Error> {
+        match self {
+            ModeClient::Cd(c) => c.put_parts_expiring(key, parts, at),
+            other => other.put(key, &parts.concat()),
+        }
+    }
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        at: u64,
+    ) -> Result<CondOutcome, Error> {
+        match self {
+            ModeClient::Cd(c) => c.put_if_expiring(key, value, cond, at),
+            _ => Err(unsupported("a conditional write")),
+        }
+    }
+    fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<Option<nessie_protocols::Reclaimed>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.reclaim_expired_in(slots).map(Some),
+            _ => Ok(None),
+        }
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         match self {
             ModeClient::Cd(c) => c.delete(key),

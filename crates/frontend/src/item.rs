@@ -57,6 +57,18 @@ pub fn encode_parts(out: &mut Vec<u8>, flags: u32, expires: u64, parts: &[&[u8]]
     }
 }
 
+/// The store's expiry (ns since the Unix epoch, `KvClient::put_parts_expiring`) of an item
+/// expiring at `expires_ms` (Unix ms; 0 = never).
+pub fn store_expiry(expires_ms: u64) -> u64 {
+    expires_ms.saturating_mul(1_000_000)
+}
+
+/// The expiry (Unix ms; 0 = never) in the header of a stored item: what a write of it gives
+/// the store. 0 for a value without a header.
+pub fn expiry_of(stored: &[u8]) -> u64 {
+    decode(stored, 0).map_or(0, |it| it.expires)
+}
+
 /// A stored item as read back.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Item<'a> {

@@ -80,7 +80,10 @@ pub fn attempt<T>(
         // Nothing stored: nothing to remove.
         Change::Delete(t) if version.is_none() => return Ok(Attempt::Done(t)),
         Change::Delete(t) => (c.delete_if(key, cond)?, t),
-        Change::Put(v, t) => (c.put_if(key, &v, cond)?, t),
+        Change::Put(v, t) => {
+            let at = item::store_expiry(item::expiry_of(&v));
+            (c.put_if_expiring(key, &v, cond, at)?, t)
+        }
     };
     Ok(match outcome {
         (CondOutcome::Stored, t) => Attempt::Done(t),

@@ -197,6 +197,16 @@ impl KvClient for RacingClient {
         self.maybe_race();
         self.inner.put_if(key, value, cond)
     }
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        at: u64,
+    ) -> Result<CondOutcome, Error> {
+        self.maybe_race();
+        self.inner.put_if_expiring(key, value, cond, at)
+    }
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         self.maybe_race();
         self.inner.delete_if(key, cond)

@@ -112,6 +112,14 @@ pub struct Mutations {
     /// An eviction deletes its victim whatever the victim's version now, not only the version
     /// it sampled: a key rewritten in between loses its new value.
     pub evict_unconditionally: bool,
+    /// Eviction ranks every sampled item alike: an LRU, LFU or TTL policy evicts at random.
+    pub evict_ignoring_rank: bool,
+    /// Reads find expired items present: the store's expiry is ignored by GETs.
+    pub ignore_expiry: bool,
+    /// Expiry is judged by the clock when the entry has been read, not at the attempt's
+    /// start: a value replaced meanwhile can be found expired, and the key absent, while it
+    /// holds the new value.
+    pub expiry_judged_late: bool,
     /// A MIGRATE whose source CAS (Step 7) fails with an error returns at once, leaving its
     /// invalid copy in the index while its writer lives (as before this was found).
     pub migrate_walks_away: bool,
@@ -207,28 +215,76 @@ pub enum Eviction {
     /// Refuse the write (`Error::DataTableFull`, `Error::IndexFull`): Redis's default.
     #[default]
     NoEviction,
-    /// Delete items picked at random among those in the writer's way: entries of the size
-    /// class it needs that its own node allocated, or the key's candidate index entries.
+    /// The least recently read of a sample of items in the writer's way (by the access clock
+    /// GETs keep in each entry, `nessie_store::access`).
+    AllkeysLru,
+    /// The least frequently read of a sample (by the entries' LFU counters, Redis's).
+    AllkeysLfu,
+    /// Items picked at random among those in the writer's way: entries of the size class it
+    /// needs that its own node allocated, or the key's candidate index entries.
     AllkeysRandom,
+    /// As `AllkeysLru`, among items with an expiry only.
+    VolatileLru,
+    /// As `AllkeysLfu`, among items with an expiry only.
+    VolatileLfu,
+    /// As `AllkeysRandom`, among items with an expiry only.
+    VolatileRandom,
+    /// The item that expires soonest, among a sample of items with an expiry.
+    VolatileTtl,
 }
 
-/// Redis's policies that need access metadata in the entry (`maxmemory-policy`), not built yet.
-pub const EVICTION_NOT_YET: [&str; 6] = [
-    "allkeys-lru",
-    "allkeys-lfu",
-    "volatile-lru",
-    "volatile-lfu",
-    "volatile-random",
-    "volatile-ttl",
-];
-
 impl Eviction {
+    /// Every policy, by Redis's name.
+    pub const ALL: [Eviction; 8] = [
+        Eviction::NoEviction,
+        Eviction::AllkeysLru,
+        Eviction::AllkeysLfu,
+        Eviction::AllkeysRandom,
+        Eviction::VolatileLru,
+        Eviction::VolatileLfu,
+        Eviction::VolatileRandom,
+        Eviction::VolatileTtl,
+    ];
+
     /// Redis's name.
     pub fn name(self) -> &'static str {
         match self {
             Eviction::NoEviction => "noeviction",
+            Eviction::AllkeysLru => "allkeys-lru",
+            Eviction::AllkeysLfu => "allkeys-lfu",
             Eviction::AllkeysRandom => "allkeys-random",
+            Eviction::VolatileLru => "volatile-lru",
+            Eviction::VolatileLfu => "volatile-lfu",
+            Eviction::VolatileRandom => "volatile-random",
+            Eviction::VolatileTtl => "volatile-ttl",
         }
+    }
+
+    /// Whether GETs keep entries' access words for this policy (the LRU and LFU ones).
+    pub fn tracks_access(self) -> bool {
+        self.lru() || self.lfu()
+    }
+
+    /// Victims chosen by least recent access.
+    pub fn lru(self) -> bool {
+        matches!(self, Eviction::AllkeysLru | Eviction::VolatileLru)
+    }
+
+    /// Victims chosen by least frequent access (GETs keep the LFU counter).
+    pub fn lfu(self) -> bool {
+        matches!(self, Eviction::AllkeysLfu | Eviction::VolatileLfu)
+    }
+
+    /// Only items with an expiry are evicted (Redis's `volatile-*`: with none, a write that
+    /// finds no room is refused as under `noeviction`).
+    pub fn volatile(self) -> bool {
+        matches!(
+            self,
+            Eviction::VolatileLru
+                | Eviction::VolatileLfu
+                | Eviction::VolatileRandom
+                | Eviction::VolatileTtl
+        )
     }
 }
 
@@ -241,19 +297,16 @@ impl std::fmt::Display for Eviction {
 impl std::str::FromStr for Eviction {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "noeviction" => Ok(Eviction::NoEviction),
-            "allkeys-random" => Ok(Eviction::AllkeysRandom),
-            s if EVICTION_NOT_YET.contains(&s) => Err(format!(
-                "eviction policy {s} is not built yet: it needs access times and expiry times in \
-                 the data entries (issue 41); use noeviction or allkeys-random"
-            )),
-            s => Err(format!(
-                "unknown eviction policy {s:?}: noeviction or allkeys-random (Redis's names; \
-                 {} are not built yet)",
-                EVICTION_NOT_YET.join(", ")
-            )),
-        }
+        Eviction::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Eviction::ALL.iter().map(|e| e.name()).collect();
+                format!(
+                    "unknown eviction policy {s:?}: one of {} (Redis's names)",
+                    names.join(", ")
+                )
+            })
     }
 }
 

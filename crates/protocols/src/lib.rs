@@ -90,6 +90,25 @@ pub fn unsupported(what: &str) -> Error {
 
 /// What every protocol's client offers: the key-value API. Workloads, stress tests and
 /// benchmarks drive clients through it, whatever the protocol and fabric.
+/// What a pass of reclaiming expired items over a window of the index did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Keys seen in the window.
+    pub keys: u64,
+    /// Of them, expired.
+    pub expired: u64,
+    /// Of those, deleted by this pass (the rest were rewritten or deleted by others first).
+    pub deleted: u64,
+}
+
+impl std::ops::AddAssign for Reclaimed {
+    fn add_assign(&mut self, o: Self) {
+        self.keys += o.keys;
+        self.expired += o.expired;
+        self.deleted += o.deleted;
+    }
+}
+
 pub trait KvClient: Send {
     /// Read `key`; `Ok(None)` if absent.
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
@@ -128,6 +147,19 @@ pub trait KvClient: Send {
     fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         self.put(key, &parts.concat())
     }
+    /// [`Self::put_parts`] of an item that expires at `expires_ns` (ns since the Unix epoch;
+    /// 0 = never): the client-driven store keeps the expiry in the entry, finds the key absent
+    /// from then on, and reclaims the entry ([`Self::reclaim_expired_in`]). The others store
+    /// the value alone (a front end's item header then carries the expiry).
+    fn put_parts_expiring(
+        &mut self,
+        key: &[u8],
+        parts: &[&[u8]],
+        expires_ns: u64,
+    ) -> Result<(), Error> {
+        let _ = expires_ns;
+        self.put_parts(key, parts)
+    }
     /// Remove `key` (no-op if absent).
     fn delete(&mut self, key: &[u8]) -> Result<(), Error>;
     /// Read `key` into `out` (its contents replaced) with its version; `None` if absent.
@@ -139,6 +171,27 @@ pub trait KvClient: Send {
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         let _ = (key, value, cond);
         Err(unsupported("a conditional write"))
+    }
+    /// [`Self::put_if`] of an item that expires at `expires_ns` (as [`Self::put_parts_expiring`]).
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_ns: u64,
+    ) -> Result<CondOutcome, Error> {
+        let _ = expires_ns;
+        self.put_if(key, value, cond)
+    }
+    /// Delete the expired items (by the store's own expiry) among the keys of index slots
+    /// `slots`, each conditionally on the version read expired. `Ok(None)`: the store keeps no
+    /// expiry of its own.
+    fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<Option<Reclaimed>, Error> {
+        let _ = slots;
+        Ok(None)
     }
     /// Remove `key` if `cond` holds, atomically.
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
@@ -181,6 +234,24 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         (**self).put_parts(key, parts)
     }
+    fn put_parts_expiring(&mut self, key: &[u8], parts: &[&[u8]], at: u64) -> Result<(), Error> {
+        (**self).put_parts_expiring(key, parts, at)
+    }
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        at: u64,
+    ) -> Result<CondOutcome, Error> {
+        (**self).put_if_expiring(key, value, cond, at)
+    }
+    fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<Option<Reclaimed>, Error> {
+        (**self).reclaim_expired_in(slots)
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         (**self).delete(key)
     }
@@ -219,6 +290,24 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         cd::CdClient::put_parts(self, key, parts)
+    }
+    fn put_parts_expiring(&mut self, key: &[u8], parts: &[&[u8]], at: u64) -> Result<(), Error> {
+        cd::CdClient::put_parts_expiring(self, key, parts, at)
+    }
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        at: u64,
+    ) -> Result<CondOutcome, Error> {
+        cd::CdClient::put_if_expiring(self, key, value, cond, at)
+    }
+    fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<Option<Reclaimed>, Error> {
+        cd::CdClient::reclaim_expired_in(self, slots).map(Some)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         cd::CdClient::delete(self, key)

@@ -201,6 +201,26 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn put_parts(&mut self, key: &[u8], parts: &[&[u8]]) -> Result<(), Error> {
         self.timed(Kind::Put, done, |c| c.put_parts(key, parts))
     }
+    fn put_parts_expiring(&mut self, key: &[u8], parts: &[&[u8]], at: u64) -> Result<(), Error> {
+        self.timed(Kind::Put, done, |c| c.put_parts_expiring(key, parts, at))
+    }
+    fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        at: u64,
+    ) -> Result<CondOutcome, Error> {
+        self.timed(Kind::PutIf, cond_result, |c| {
+            c.put_if_expiring(key, value, cond, at)
+        })
+    }
+    fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<Option<nessie_protocols::Reclaimed>, Error> {
+        self.inner.reclaim_expired_in(slots)
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.timed(Kind::Delete, done, |c| c.delete(key))
     }

@@ -89,6 +89,16 @@ impl DteCache {
         }
     }
 
+    /// Overwrite bytes `off..` of the cached copy of `ite`'s DTE, if any, with `bytes`: the
+    /// access word a GET just wrote (the one field besides the valid flag that changes).
+    pub fn patch(&mut self, ite: u64, off: usize, bytes: &[u8]) {
+        if let Some(e) = self.lru.as_mut().and_then(|l| l.peek_mut(&ite)) {
+            if let Some(dst) = e.bytes.get_mut(off..off + bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+    }
+
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits,

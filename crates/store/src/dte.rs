@@ -18,9 +18,13 @@
 //!                               entry ends (its attempt's deadline; 0 = not recorded)
 //! 16      8           previous version: the ITE this entry's writer replaced (0 = none)
 //! 24      8           lengths:  key length (bits 0..31), value length (bits 32..63)
-//! 32      key_len↑8   key bytes (zero padded)
-//! 32+K    value_len↑8 value bytes (zero padded), K = key_len↑8
-//! …       (unused up to entry_size = 32 + key_max↑8 + value_max↑8)
+//! 32      8           expires:  when the item expires, ns since the Unix epoch (0 = never);
+//!                               a GET past it finds the key absent (layout version 2)
+//! 40      8           access:   last access (ms) and LFU counter, kept by GETs for eviction
+//!                               ([`crate::access`]; layout version 2)
+//! 48      key_len↑8   key bytes (zero padded)
+//! 48+K    value_len↑8 value bytes (zero padded), K = key_len↑8
+//! …       (unused up to entry_size = 48 + key_max↑8 + value_max↑8)
 //! ```
 //! The recycle flag and the expiry share one word so that marking an entry is a single aligned
 //! 8-byte write: no reader can see the flag without its timestamp, whatever order a transport
@@ -28,8 +32,9 @@
 //! 63 bits until the year 2262.
 //! The header, metadata and any key fit in the first `meta_size` bytes, which can be read
 //! without knowing the key's length (they may include the start of the value). Apart from
-//! the valid flag (0 → 1, by the writer, once) and the recycle words (set once by whoever
-//! released the entry's last ITE), an entry is immutable while any ITE refers to it.
+//! the valid flag (0 → 1, by the writer, once), the recycle words (set once by whoever
+//! released the entry's last ITE) and the access word (a hint GETs rewrite), an entry is
+//! immutable while any ITE refers to it.
 //!
 //! The given-up bit lets anyone who meets an invalid entry tell a write still in progress from
 //! one its writer gave up on: such an entry may be completed on the writer's behalf
@@ -37,11 +42,15 @@
 //! by emptying its ITE, any other by installing a valid copy. The write deadline records when
 //! the writer's attempt ends, for recovery from writers that die (issue 11).
 
+use crate::access::Access;
+
 pub const HEADER_OFF: u64 = 0;
 pub const RECYCLE_OFF: u64 = 8;
 pub const PREV_OFF: u64 = 16;
 pub const LENS_OFF: u64 = 24;
-pub const KEY_OFF: u64 = 32;
+pub const EXPIRES_OFF: u64 = 32;
+pub const ACCESS_OFF: u64 = 40;
+pub const KEY_OFF: u64 = 48;
 
 const VALID: u64 = 1;
 /// Header bit of a DELETE's entry.
@@ -72,7 +81,8 @@ const _: () = {
     assert!(RECYCLE == 1 << 63);
     // Every word of the fixed part is 8-aligned, in order, and the key follows them.
     assert!(HEADER_OFF < RECYCLE_OFF && RECYCLE_OFF < PREV_OFF && PREV_OFF < LENS_OFF);
-    assert!(LENS_OFF + 8 == KEY_OFF && KEY_OFF.is_multiple_of(8));
+    assert!(LENS_OFF + 8 == EXPIRES_OFF && EXPIRES_OFF + 8 == ACCESS_OFF);
+    assert!(ACCESS_OFF + 8 == KEY_OFF && KEY_OFF.is_multiple_of(8));
 };
 
 fn pad8(n: u64) -> u64 {
@@ -111,6 +121,10 @@ pub struct Head {
     pub source: Option<u8>,
     /// A conditional write's entry (its previous version is what it replaced, always).
     pub guarded: bool,
+    /// When the item expires (ns since the Unix epoch; 0 = never).
+    pub expires: u64,
+    /// The access word it starts with ([`crate::access::Access`]).
+    pub access: Access,
 }
 
 /// Sizes and offsets of DTEs for one cluster.
@@ -145,6 +159,18 @@ pub struct DteMeta {
     pub prev: u64,
     pub key_len: u32,
     pub value_len: u32,
+    /// When the item expires (ns since the Unix epoch; 0 = never).
+    pub expires: u64,
+    /// Its access word as read (a hint: see [`crate::access`]).
+    pub access: Access,
+}
+
+impl DteMeta {
+    /// Whether the item has expired at `now_ns`.
+    #[inline]
+    pub fn expired_at(&self, now_ns: u64) -> bool {
+        self.expires != 0 && self.expires <= now_ns
+    }
 }
 
 /// Why bytes read from a data table do not decode as a DTE.
@@ -212,6 +238,8 @@ impl DteLayout {
             write_deadline: 0,
             source: None,
             guarded: false,
+            expires: 0,
+            access: Access(0),
         };
         self.encode_with(buf, head, key, value)
     }
@@ -273,7 +301,9 @@ impl DteLayout {
                 && RECYCLE_OFF == 8
                 && PREV_OFF == 16
                 && LENS_OFF == 24
-                && KEY_OFF == 32
+                && EXPIRES_OFF == 32
+                && ACCESS_OFF == 40
+                && KEY_OFF == 48
         );
         buf.clear();
         buf.reserve(value_off);
@@ -282,6 +312,8 @@ impl DteLayout {
             head.write_deadline,                          // RECYCLE_OFF
             head.prev,                                    // PREV_OFF
             key.len() as u64 | (value_len as u64) << 32,  // LENS_OFF
+            head.expires,                                 // EXPIRES_OFF
+            head.access.0,                                // ACCESS_OFF
         ] {
             buf.extend_from_slice(&word.to_le_bytes());
         }
@@ -340,6 +372,8 @@ impl DteLayout {
             prev: word(buf, PREV_OFF),
             key_len: lens as u32,
             value_len: (lens >> 32) as u32,
+            expires: word(buf, EXPIRES_OFF),
+            access: Access(word(buf, ACCESS_OFF)),
         };
         if m.key_len > self.key_max || m.value_len > self.value_max {
             return Err(DteError::BadLengths {
@@ -376,16 +410,42 @@ mod tests {
     #[test]
     fn layout_sizes() {
         let l = DteLayout::new(128, 1024);
-        assert_eq!(l.meta_size, 32 + 128);
-        assert_eq!(l.entry_size, 32 + 128 + 1024);
+        assert_eq!(l.meta_size, 48 + 128);
+        assert_eq!(l.entry_size, 48 + 128 + 1024);
         let odd = DteLayout::new(5, 3);
-        assert_eq!(odd.meta_size, 40);
-        assert_eq!(DteLayout::value_offset(5), 40);
-        assert_eq!(DteLayout::value_offset(0), 32);
-        assert_eq!(odd.entry_size, 48);
-        assert_eq!(odd.offset(3), 144);
+        assert_eq!(odd.meta_size, 56);
+        assert_eq!(DteLayout::value_offset(5), 56);
+        assert_eq!(DteLayout::value_offset(0), 48);
+        assert_eq!(odd.entry_size, 64);
+        assert_eq!(odd.offset(3), 192);
         let empty_values = DteLayout::new(8, 0);
-        assert_eq!(empty_values.entry_size, 40);
+        assert_eq!(empty_values.entry_size, 56);
+    }
+
+    /// The expiry and access words (layout version 2) go where the layout says and decode.
+    #[test]
+    fn expiry_and_access_words_round_trip() {
+        let l = DteLayout::new(16, 16);
+        let head = Head {
+            writer: WriterTag::new(1, 1),
+            prev: 0,
+            valid: true,
+            tombstone: false,
+            write_deadline: 0,
+            source: None,
+            guarded: false,
+            expires: 1_800_000_000_000_000_000,
+            access: Access::new(1_800_000_000_000),
+        };
+        let mut buf = Vec::new();
+        l.encode_with(&mut buf, head, b"key", b"v");
+        assert_eq!(word(&buf, EXPIRES_OFF), head.expires);
+        assert_eq!(word(&buf, ACCESS_OFF), head.access.0);
+        let m = l.meta(&buf).unwrap();
+        assert_eq!((m.expires, m.access), (head.expires, head.access));
+        assert!(!m.expired_at(head.expires - 1) && m.expired_at(head.expires));
+        let never = DteMeta { expires: 0, ..m };
+        assert!(!never.expired_at(u64::MAX), "0 is never");
     }
 
     /// A value in parts encodes as the whole would, and a buffer's old bytes never show
@@ -401,6 +461,8 @@ mod tests {
             write_deadline: 123,
             source: Some(1),
             guarded: true,
+            expires: 9,
+            access: Access(3),
         };
         for (key, parts) in [
             (&b"abc"[..], vec![&b"0123456789abcdef"[..], &b"xyz"[..]]),
@@ -449,7 +511,7 @@ mod tests {
         assert_eq!(buf.len() as u64, KEY_OFF, "an empty key takes no room");
         // A short key: the value follows it, and the entry ends early.
         let n = l.encode(&mut buf, WriterTag::new(0, 0), 0, b"k", &[5u8; 9]);
-        assert_eq!(n, 32 + 8 + 16);
+        assert_eq!(n, 48 + 8 + 16);
         let m = l.meta(&buf).unwrap();
         assert_eq!(l.value(&buf, &m).unwrap(), &[5u8; 9]);
     }
@@ -485,6 +547,8 @@ mod tests {
             write_deadline: 5,
             source: None,
             guarded: true,
+            expires: 0,
+            access: Access(0),
         };
         l.encode_with(&mut buf, head, b"key", b"");
         let m = l.meta(&buf).unwrap();
@@ -507,6 +571,8 @@ mod tests {
             write_deadline: 1_700_000_000_123_456_789,
             source: None,
             guarded: false,
+            expires: 0,
+            access: Access(0),
         };
         l.encode_with(&mut buf, head, b"key", b"");
         let m = l.meta(&buf).unwrap();
@@ -586,6 +652,8 @@ mod tests {
             prev: 0,
             key_len: 0,
             value_len: 8,
+            expires: 0,
+            access: Access(0),
         };
         assert!(
             l.value(&buf[..KEY_OFF as usize], &m).is_err(),

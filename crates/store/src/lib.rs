@@ -2,6 +2,7 @@
 //! - [`geometry`]: cluster-wide sizes fixed at creation (and the limits they are checked against),
 //! - [`ite`]: the 64-bit index table entry,
 //! - [`dte`]: the data table entry format,
+//! - [`access`]: the DTE's access word (access clock and LFU counter, for eviction),
 //! - [`index`]: the N-way cuckoo hash over all nodes' index tables,
 //! - [`cache`]: the LRU cache of remote DTEs keyed by ITE,
 //! - [`classes`]: size classes, pages, and how an ITE names an entry of a class,
@@ -11,6 +12,7 @@
 //! Memory formats are documented next to the code that writes them, and with bit diagrams in
 //! `docs/layout.md`.
 
+pub mod access;
 pub mod cache;
 pub mod classes;
 pub mod classtable;
@@ -30,7 +32,7 @@ pub use pages::PAGE_REGION;
 /// formats, size classes and pages, page words and region order (`docs/layout.md`). Nodes
 /// whose versions differ refuse each other at bootstrap (it is part of the configuration's
 /// fingerprint). Bump it with any change a reader on another node would misread.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

@@ -47,7 +47,14 @@ pub struct StressSpec {
     /// faults are done, so that a loaded machine cannot end the run before them), up to
     /// [`MAX_OPS_FACTOR`] times as many operations and the time limit.
     pub until: Option<Arc<AtomicBool>>,
+    /// Every `n`th PUT of a thread writes an item that expires this long after it is written
+    /// (`KvClient::put_parts_expiring`); the history holds each expiry ([`Op::Expire`]).
+    pub ttl: Option<(u64, Duration)>,
 }
+
+/// How far an expiry's place in the history may be from its true one: the error of mapping
+/// the store's clock (the wall clock) onto the history's, read one after the other.
+pub const EXPIRY_SLACK: Duration = Duration::from_micros(50);
 
 /// Most operations a thread performs while waiting for [`StressSpec::until`], in multiples
 /// of `ops_per_thread`: the histories of failed writes grow the checker's work fast (a run
@@ -71,6 +78,7 @@ impl Default for StressSpec {
             time_limit: Duration::from_secs(60),
             preload_keys: 0,
             until: None,
+            ttl: None,
         }
     }
 }
@@ -95,6 +103,8 @@ pub struct StressOutcome {
     pub truncated: bool,
     /// Keys the writes evicted (`KvClient::evicted`), each in the history as a DELETE.
     pub evictions: u64,
+    /// PUTs of items with an expiry ([`StressSpec::ttl`]), each expiry in the history.
+    pub expiries: u64,
 }
 
 /// The threads' counts, summed.
@@ -106,6 +116,7 @@ struct Tally {
     errors: BTreeMap<String, u64>,
     truncated: bool,
     evictions: u64,
+    expiries: u64,
 }
 
 impl Tally {
@@ -116,6 +127,7 @@ impl Tally {
         self.corrupt += t.corrupt;
         self.truncated |= t.truncated;
         self.evictions += t.evictions;
+        self.expiries += t.expiries;
         for (kind, n) in t.errors {
             *self.errors.entry(kind).or_default() += n;
         }
@@ -234,6 +246,11 @@ struct StressThread {
     errors: BTreeMap<String, u64>,
     truncated: bool,
     evictions: u64,
+    ttl: Option<(u64, Duration)>,
+    /// The expiry of the PUT in progress, by the history's clock.
+    expiring: Option<u64>,
+    /// Expiries recorded.
+    expiries: u64,
 }
 
 impl StressThread {
@@ -249,6 +266,9 @@ impl StressThread {
             errors: BTreeMap::new(),
             truncated: false,
             evictions: 0,
+            ttl: spec.ttl,
+            expiring: None,
+            expiries: 0,
         }
     }
 }
@@ -287,12 +307,36 @@ impl<C: KvClient> Observer<C> for StressThread {
         self.rec.invoke()
     }
 
+    fn expires(&mut self, op: &Planned) -> u64 {
+        let Some((every, ttl)) = self.ttl else {
+            return 0;
+        };
+        if !op.seq.is_multiple_of(every) {
+            return 0;
+        }
+        let ttl = ttl.as_nanos() as u64;
+        let wall = nessie_fabric::wall_clock_ns();
+        self.expiring = Some(self.rec.now_ns() + ttl);
+        wall + ttl
+    }
+
     fn complete(&mut self, c: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
         let (kind, outcome) = history_entry(op, self.thread, &r);
         if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;
         }
         let write = kind != Op::Get;
+        if let (Some(at), Op::Put(v)) = (self.expiring.take(), &kind) {
+            // Failed or not: an expiry of a value the key never held changes nothing. A PUT
+            // that took effect after its item's expiry time wrote an item absent from then
+            // on: the expiry may come as late as the PUT's response.
+            let slack = EXPIRY_SLACK.as_nanos() as u64;
+            let end = (at + slack).max(self.rec.now_ns());
+            let e = Op::Expire(*v);
+            self.rec
+                .record_at(op.key, e, Outcome::Ok(None), at - slack, end);
+            self.expiries += 1;
+        }
         self.rec.complete(inv, op.key, kind, outcome);
         if write {
             // Keys the write evicted: DELETEs that took effect within its interval.
@@ -398,6 +442,7 @@ pub fn run_checked<C: KvClient + 'static>(
         elapsed,
         truncated: tally.truncated,
         evictions: tally.evictions,
+        expiries: tally.expiries,
     };
     (outcome, clients)
 }

@@ -17,7 +17,7 @@ use nessie_fabric::interpose::{Interposed, Interposer, Op};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClientStats};
 use nessie_protocols::hooks::Hook;
-use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
+use nessie_protocols::{Eviction, HookPoint, Mutations, Optimizations, ProtocolConfig};
 use nessie_store::classtable::ClassTable;
 use nessie_store::{pages, Geometry};
 use nessie_testkit::assertions::{assert_clean, assert_clean_run, assert_violation};
@@ -1153,22 +1153,46 @@ fn a_completion_of_its_own_leftover_that_times_out_is_retried() {
 /// readers paused mid-entry now and then and evictions paused between their sampling and
 /// their DELETE. Every eviction is in the history as a DELETE within its write's interval.
 fn eviction_run(seed: u64, g: Geometry, o: Optimizations, ops: u64) -> StressOutcome {
-    eviction_run_paused(seed, g, o, ops, 4, 5)
+    eviction_run_with(seed, g, o, ops, Evicting::default())
 }
 
-/// [`eviction_run`], the pauses `sixteenths` sixteenths of the expiry period long, at every
-/// `every`-th hook.
-fn eviction_run_paused(
+/// How an eviction run evicts, expires and pauses.
+#[derive(Clone)]
+struct Evicting {
+    policy: Eviction,
+    /// Every `n`th PUT writes an item expiring after the duration ([`StressSpec::ttl`]).
+    ttl: Option<(u64, Duration)>,
+    /// Pauses `sixteenths` sixteenths of the expiry period long, at every `every`-th hook.
+    sixteenths: u64,
+    every: u64,
+    mutations: Mutations,
+}
+
+impl Default for Evicting {
+    fn default() -> Self {
+        Self {
+            policy: Eviction::AllkeysRandom,
+            ttl: None,
+            sixteenths: 4,
+            every: 5,
+            mutations: Mutations::default(),
+        }
+    }
+}
+
+/// [`eviction_run`] as `e` says.
+fn eviction_run_with(
     seed: u64,
     g: Geometry,
     o: Optimizations,
     ops: u64,
-    sixteenths: u64,
-    every: u64,
+    e: Evicting,
 ) -> StressOutcome {
+    let (sixteenths, every) = (e.sixteenths, e.every);
     let (c, cfg) = mixed_setup(seed, g, MIXED_PAGES, o, MIXED_EXPIRY_MS);
     let cfg = ProtocolConfig {
-        eviction: nessie_protocols::Eviction::AllkeysRandom,
+        eviction: e.policy,
+        mutations: e.mutations,
         ..cfg
     };
     let pause = cfg.expiry_ns * sixteenths / 16;
@@ -1193,12 +1217,15 @@ fn eviction_run_paused(
         get_fraction: 0.5,
         delete_fraction: 0.0,
         hot_keys: 8,
+        ttl: e.ttl,
         ..mixed_spec(seed, 600, ops)
     };
     let (out, cs) = stress::run(cs, &s);
     eprintln!(
-        "{out}\nevictions recorded: {}\n{:?}",
+        "{out}\n{}: evictions recorded: {}, expiries {}\n{:?}",
+        e.policy,
         out.evictions,
+        out.expiries,
         total(&cs)
     );
     out
@@ -1233,14 +1260,94 @@ fn evictions_with_small_indexes_and_each_optimisation_off() {
 /// linearizable.
 #[test]
 fn evictions_stalled_past_the_expiry_period() {
-    let out = eviction_run_paused(
+    let out = eviction_run_with(
         96,
         geometry(),
         Optimizations::default(),
         MIXED_VARIANT_OPS_PER_THREAD,
-        32,
-        40,
+        Evicting {
+            sixteenths: 32,
+            every: 40,
+            ..Evicting::default()
+        },
     );
     assert_clean_run("stalled evictions", &out, 4 * MIXED_VARIANT_OPS_PER_THREAD);
     assert!(out.evictions > 0, "nothing was evicted: {out}");
+}
+
+/// Items of every third PUT expire 4 ms after they are written: the history holds each expiry
+/// (`Op::Expire`), so a GET after it that still finds the value is a violation.
+const TTL: Option<(u64, Duration)> = Some((3, Duration::from_millis(4)));
+
+/// The expiries of a run under `policy`: a `volatile-*` policy evicts only items with an
+/// expiry, and with too few of them refuses writes as noeviction does (waiting for room
+/// first), so there every PUT's item expires.
+fn ttl_for(policy: Eviction) -> Option<(u64, Duration)> {
+    match policy.volatile() {
+        true => Some((1, Duration::from_millis(4))),
+        false => TTL,
+    }
+}
+
+/// Every eviction policy, with expiring items, readers paused mid-entry and evictions paused
+/// before their DELETE: the history, with evictions as DELETEs and expiries at their
+/// instants, is linearizable, and nothing is refused for want of room (a volatile policy
+/// finds items with an expiry: every item has one in its runs).
+#[test]
+fn every_eviction_policy_with_expiring_items() {
+    for (i, policy) in Eviction::ALL.into_iter().skip(1).enumerate() {
+        let e = Evicting {
+            policy,
+            ttl: ttl_for(policy),
+            ..Evicting::default()
+        };
+        let ops = MIXED_VARIANT_OPS_PER_THREAD / 2;
+        let out = eviction_run_with(140 + i as u64, geometry(), Optimizations::default(), ops, e);
+        let name = policy.name();
+        assert_clean_run(name, &out, 4 * ops);
+        assert!(out.evictions > 0, "{name}: nothing was evicted: {out}");
+        assert!(out.expiries > 0, "{name}: no item expired: {out}");
+        assert!(
+            !out.errors.contains_key("DataTableFull") && !out.errors.contains_key("IndexFull"),
+            "{name}: refused for want of room: {out}"
+        );
+    }
+}
+
+/// allkeys-lru and volatile-ttl with expiring items, on small indexes and with each
+/// optimisation off.
+#[test]
+fn lru_and_ttl_evictions_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        for policy in [Eviction::AllkeysLru, Eviction::VolatileTtl] {
+            eprintln!("--- {name}, {policy}");
+            let e = Evicting {
+                policy,
+                ttl: ttl_for(policy),
+                ..Evicting::default()
+            };
+            let ops = MIXED_VARIANT_OPS_PER_THREAD / 4;
+            let out = eviction_run_with(160 + i as u64, g.clone(), o, ops, e);
+            assert_clean_run(name, &out, 4 * ops);
+            assert!(out.expiries > 0, "{name}, {policy}: no item expired: {out}");
+        }
+    }
+}
+
+/// The checker sees expiry: with GETs ignoring the store's expiry (the mutation), a read of
+/// an item past its expiry is reported.
+#[test]
+fn mutation_ignoring_expiry_is_caught() {
+    let e = Evicting {
+        policy: Eviction::AllkeysLru,
+        ttl: Some((2, Duration::from_millis(2))),
+        mutations: Mutations {
+            ignore_expiry: true,
+            ..Mutations::default()
+        },
+        ..Evicting::default()
+    };
+    let ops = MIXED_VARIANT_OPS_PER_THREAD / 2;
+    let out = eviction_run_with(170, geometry(), Optimizations::default(), ops, e);
+    assert_violation(&out, "ignore_expiry");
 }

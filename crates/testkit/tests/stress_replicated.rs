@@ -59,6 +59,7 @@ fn spec(seed: u64) -> StressSpec {
         time_limit: Duration::from_secs(120),
         preload_keys: 40,
         until: None,
+        ttl: None,
     }
 }
 

@@ -191,11 +191,16 @@ struct B {
     /// A conditional write's condition; with `unmet`, the op only observes that it failed.
     cond: Option<Cond>,
     unmet: bool,
+    /// An expiry of this value: empties the state if it holds it, else changes nothing.
+    expires: Option<ValueId>,
 }
 impl B {
     /// The state after this op in `state`, if it can be placed there.
     fn step(&self, state: Option<ValueId>) -> Option<Option<ValueId>> {
         match *self {
+            B {
+                expires: Some(v), ..
+            } => Some(if state == Some(v) { None } else { state }),
             B {
                 read: true, value, ..
             } => (value == state).then_some(state),
@@ -218,6 +223,10 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
     let mut mandatory = Vec::new();
     let mut optional = Vec::new();
     for e in events {
+        let expires = match e.op {
+            Op::Expire(v) => Some(v),
+            _ => None,
+        };
         let (read, value, cond) = match e.op {
             Op::Get => match e.outcome {
                 Outcome::Ok(v) => (true, v, None),
@@ -227,6 +236,7 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
             Op::Delete => (false, None, None),
             Op::PutIf(v, c) => (false, Some(v), Some(c)),
             Op::DeleteIf(c) => (false, None, Some(c)),
+            Op::Expire(_) => (false, None, None),
         };
         let failed = e.outcome == Outcome::Failed;
         let b = B {
@@ -236,6 +246,7 @@ pub fn brute_force(events: &[Event], initial: Option<ValueId>) -> bool {
             value,
             cond,
             unmet: e.outcome == Outcome::Unmet,
+            expires,
         };
         if failed {
             optional.push(b)

@@ -297,7 +297,8 @@ impl Conn<'_> {
             None => self.with(|c| c.delete(&s.key)),
             Some(expires) => {
                 let h = item::header(s.flags, expires);
-                self.with(|c| c.put_parts(&s.key, &[&h, &s.data]))
+                let at = item::store_expiry(expires);
+                self.with(|c| c.put_parts_expiring(&s.key, &[&h, &s.data], at))
             }
         };
         match r {

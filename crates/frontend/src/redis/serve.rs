@@ -717,7 +717,8 @@ impl Conn<'_> {
             return self.with(|c| c.delete(key));
         }
         let h = item::header(0, expires);
-        self.with(|c| c.put_parts(key, &[&h, value]))
+        let at = item::store_expiry(expires);
+        self.with(|c| c.put_parts_expiring(key, &[&h, value], at))
     }
 
     /// MGET, answered key by key. A reply that reaches [`FLUSH_AT`] pauses before the next

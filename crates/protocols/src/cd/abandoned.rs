@@ -42,7 +42,7 @@ use nessie_store::dte::{DteMeta, GIVEN_UP, GUARDED, HEADER_OFF, TOMBSTONE};
 use nessie_store::{Ite, DATA_REGION};
 use rand::Rng;
 
-use super::access::Want;
+use super::access::{Want, Words};
 use super::write::{Pass, WriteState};
 use super::{Abort, Attempt, CdClient};
 use crate::error::Error;
@@ -91,7 +91,7 @@ enum Step6 {
     /// with it: a helper replacing it with a copy of the same value).
     InPlace,
     /// Another writer's entry: swap it for a valid copy of this value.
-    Copy(Vec<u8>),
+    Copy(Vec<u8>, Words),
 }
 
 impl<E: Endpoint> CdClient<E> {
@@ -163,7 +163,7 @@ impl<E: Endpoint> CdClient<E> {
         let how = match (f.meta.tombstone, theirs) {
             (true, _) => Step6::Empty,
             (false, false) => Step6::InPlace,
-            (false, true) => Step6::Copy(self.value_of(&f)),
+            (false, true) => Step6::Copy(self.value_of(&f), Words::of(&f.meta)),
         };
         // Steps 4 and 5, on the writer's behalf.
         let mut st = WriteState::default();
@@ -285,8 +285,8 @@ impl<E: Endpoint> CdClient<E> {
                 return self.set_valid(w);
             }
             Step6::Empty => (Ite::EMPTY, None),
-            Step6::Copy(value) => {
-                let (copy, slot) = self.write_valid_copy(filter, key, &value)?;
+            Step6::Copy(value, words) => {
+                let (copy, slot) = self.write_valid_copy(filter, key, &value, words)?;
                 (copy, Some(slot))
             }
         };

@@ -7,8 +7,9 @@
 //! node's memory when the class has room there, else into a page it holds on another node.
 
 use nessie_fabric::{Batch, Endpoint, FabricError, NodeId, OpId, RemoteAddr, MAX_BATCH_OPS};
+use nessie_store::access::Access;
 use nessie_store::classtable::{ClassAllocError, Purpose, Slot as DteSlot};
-use nessie_store::dte::{DteLayout, DteMeta, Head, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
+use nessie_store::dte::{DteLayout, DteMeta, Head, ACCESS_OFF, HEADER_OFF, KEY_OFF, RECYCLE_OFF};
 use nessie_store::index::Slot;
 use nessie_store::{Ite, DATA_REGION};
 
@@ -64,6 +65,27 @@ pub(crate) enum ValueAt {
     /// Alone in the value buffer from `vbase` on, this many bytes (a READ of the value only,
     /// which lands where the caller of `get_into` wants it).
     Alone(usize),
+}
+
+/// Nanoseconds per millisecond: the access clock counts ms.
+pub(crate) const NS_PER_MS: u64 = 1_000_000;
+
+/// The expiry and access words a new entry starts with: a fresh write's own (its expiry, and
+/// an access clock of now), or those of the entry a MIGRATE or a completion copies (the
+/// copy is the same item: it keeps its expiry and its use).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Words {
+    pub expires: u64,
+    pub access: Access,
+}
+
+impl Words {
+    pub(crate) fn of(meta: &DteMeta) -> Self {
+        Self {
+            expires: meta.expires,
+            access: meta.access,
+        }
+    }
 }
 
 /// A DTE fetched into the client's read buffer (header and key) and, when its value was read
@@ -438,6 +460,39 @@ impl<E: Endpoint> CdClient<E> {
         }
     }
 
+    /// Keep the access word of the entry `ite` names, which a GET answers with (`f`, fetched
+    /// under deadline `d`): rewritten at most once per `ACCESS_INTERVAL_MS`, or when the LFU
+    /// counter moves (`nessie_store::access`). One 8-byte WRITE, made only while the deadline
+    /// holds: past it the entry may have been reused, and the word would land on another's
+    /// bytes. The word is a hint, so a failed WRITE is not the GET's failure.
+    pub(crate) fn touch(&mut self, ite: Ite, f: &Fetched, d: &Deadline) {
+        let now_ms = self.ep.now_ns() / NS_PER_MS;
+        let coin = rand::Rng::gen::<u64>(&mut self.rng);
+        let Some(new) = f.meta.access.touched(now_ms, self.cfg.eviction.lfu(), coin) else {
+            return;
+        };
+        if self.check(d).is_err() {
+            return;
+        }
+        let loc = self.dte_location(ite);
+        let off = loc.off + ACCESS_OFF;
+        let word = new.0.to_le_bytes();
+        let r = if loc.node == self.ep.node() {
+            self.ep.local_write(DATA_REGION, off, &word)
+        } else {
+            self.ep
+                .write(RemoteAddr::new(loc.node, DATA_REGION, off), &word)
+        };
+        match r {
+            Ok(()) => {
+                self.stats.access_writes += 1;
+                // A cached copy reads the word it was given, or every hit would write again.
+                self.cache.patch(ite.0, ACCESS_OFF as usize, &word);
+            }
+            Err(e) => tracing::debug!(%e, "access word not written"),
+        }
+    }
+
     /// The value of the DTE `f`, copied.
     pub(crate) fn value_of(&self, f: &Fetched) -> Vec<u8> {
         self.value_bytes(&Self::value_at(f)).to_vec()
@@ -453,7 +508,9 @@ impl<E: Endpoint> CdClient<E> {
     /// with `TableFull` when no node has room.
     /// `source`: a MIGRATE's copy, whose source is this candidate of the key. `guarded`: a
     /// conditional write's, which records what it replaced whatever the optimisations (it is
-    /// what a completer puts back).
+    /// what a completer puts back). `words`: a copy's expiry and access words, those of the
+    /// entry it copies (`None`: a fresh write's, its expiry and an access clock of now).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_new_dte(
         &mut self,
         filter: u64,
@@ -462,21 +519,34 @@ impl<E: Endpoint> CdClient<E> {
         value: Option<&[&[u8]]>,
         source: Option<u8>,
         guarded: bool,
+        words: Option<Words>,
     ) -> Attempt<(Ite, DteSlot, Ite)> {
         let prev = if self.cfg.optimizations.previous_versions || guarded {
             prev
         } else {
             Ite::EMPTY
         };
+        let now = self.ep.now_ns();
+        let words = words.unwrap_or(Words {
+            // A DELETE's tombstone is no item: nothing to expire.
+            expires: if value.is_some() {
+                self.write_expires
+            } else {
+                0
+            },
+            access: Access::new(now / NS_PER_MS),
+        });
         let head = Head {
             writer: self.tag,
             prev: prev.0,
             valid: false,
             tombstone: value.is_none(),
             // Our attempt ends within one expiry period of its start, before this.
-            write_deadline: self.ep.now_ns() + self.cfg.expiry_ns,
+            write_deadline: now + self.cfg.expiry_ns,
             source,
             guarded,
+            expires: words.expires,
+            access: words.access,
         };
         let (ite, slot) = self.write_dte(filter, head, key, value)?;
         Ok((ite, slot, prev))
@@ -489,6 +559,7 @@ impl<E: Endpoint> CdClient<E> {
         filter: u64,
         key: &[u8],
         value: &[u8],
+        words: Words,
     ) -> Attempt<(Ite, DteSlot)> {
         let head = Head {
             writer: self.tag,
@@ -498,6 +569,8 @@ impl<E: Endpoint> CdClient<E> {
             write_deadline: 0,
             source: None,
             guarded: false,
+            expires: words.expires,
+            access: words.access,
         };
         self.write_dte(filter, head, key, Some(&[value]))
     }

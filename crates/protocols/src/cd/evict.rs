@@ -24,6 +24,7 @@ use nessie_store::classtable::{read_words, Slot as DteSlot};
 use nessie_store::dte::{DteMeta, KEY_OFF};
 use nessie_store::{Ite, DATA_REGION};
 
+use super::access::NS_PER_MS;
 use super::CdClient;
 use crate::config::Eviction;
 use crate::error::Error;
@@ -38,6 +39,9 @@ pub const EVICT_ON_FULL: usize = 4;
 pub const EVICT_AHEAD: usize = 2;
 /// Rounds of sampling one eviction may take (each sample may find nothing live).
 pub const EVICT_ROUNDS: usize = 4;
+/// Samples a `volatile-*` policy's victim may draw to find [`EVICTION_SAMPLES`] items with an
+/// expiry among the others.
+pub const VOLATILE_SAMPLE_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
 pub const INDEX_EVICTION_RETRIES: u32 = 4;
 /// A class's headroom is at most this fraction of a node's pages (1/8): headroom is memory not
@@ -117,7 +121,9 @@ impl<E: Endpoint> CdClient<E> {
     /// Returns how many were evicted.
     pub(crate) fn evict_class(&mut self, class: u8, n: usize) -> Result<usize, Error> {
         self.evicting = true;
+        self.see_expired = true;
         let r = self.evict_class_inner(class, n);
+        self.see_expired = false;
         self.evicting = false;
         r
     }
@@ -138,9 +144,12 @@ impl<E: Endpoint> CdClient<E> {
         Ok(evicted)
     }
 
-    /// Evict up to `n` items whose entries are of `class` and were allocated here.
+    /// Evict up to `n` items whose entries are of `class` and were allocated here: per victim,
+    /// [`EVICTION_SAMPLES`] entries sampled, ranked by the policy ([`Self::rank`]), and the
+    /// first of them still current deleted.
     fn evict_of(&mut self, class: u8, n: usize) -> Result<usize, Error> {
         let mut evicted = 0;
+        let mut ranked = Vec::with_capacity(EVICTION_SAMPLES);
         for _ in 0..n * EVICT_ROUNDS {
             if evicted == n {
                 break;
@@ -150,9 +159,23 @@ impl<E: Endpoint> CdClient<E> {
             if sample.is_empty() {
                 break; // nothing of this class to evict
             }
-            // allkeys-random: the first live item of the sample.
-            for slot in sample {
-                if self.evict_entry(slot)? {
+            let now_ns = self.ep.now_ns();
+            ranked.clear();
+            self.rank_sample(sample, now_ns, &mut ranked)?;
+            // A volatile policy ranks items with an expiry only: a sample short of them is
+            // topped up (Redis samples its table of keys with an expiry).
+            for _ in 1..VOLATILE_SAMPLE_ROUNDS {
+                if !self.cfg.eviction.volatile() || ranked.len() >= EVICTION_SAMPLES {
+                    break;
+                }
+                let seed = rand::Rng::gen::<u64>(&mut self.rng);
+                let more = self.table.sample_in_use(class, EVICTION_SAMPLES, seed);
+                self.rank_sample(more, now_ns, &mut ranked)?;
+            }
+            // Stable: ties (every one under a random policy) keep the sample's random order.
+            ranked.sort_by_key(|(rank, _, _)| *rank);
+            for (_, slot, key) in ranked.drain(..) {
+                if self.evict_entry(slot, &key)? {
                     evicted += 1;
                     break;
                 }
@@ -161,24 +184,64 @@ impl<E: Endpoint> CdClient<E> {
         Ok(evicted)
     }
 
-    /// Evict the item whose current value is in `slot`, if it is live and still current.
-    fn evict_entry(&mut self, slot: DteSlot) -> Result<bool, Error> {
-        let Some((meta, key)) = self.read_entry_head(slot)? else {
-            return Ok(false);
-        };
-        if !meta.valid || meta.tombstone || meta.recycle.is_some() {
-            return Ok(false); // being written, a delete's marker, or already released
+    /// Read the sampled entries' heads and add the candidates among them, ranked, to `ranked`
+    /// (each entry once).
+    fn rank_sample(
+        &mut self,
+        sample: Vec<DteSlot>,
+        now_ns: u64,
+        ranked: &mut Vec<(u64, DteSlot, Vec<u8>)>,
+    ) -> Result<(), Error> {
+        for slot in sample {
+            if ranked.iter().any(|(_, s, _)| *s == slot) {
+                continue;
+            }
+            if let Some((meta, key)) = self.read_entry_head(slot)? {
+                if let Some(rank) = self.rank(&meta, now_ns) {
+                    ranked.push((rank, slot, key));
+                }
+            }
         }
-        let mut buf = std::mem::take(&mut self.evict_buf);
-        let version = self.get_versioned(&key, &mut buf);
-        self.evict_buf = buf;
-        let Some(version) = version? else {
+        Ok(())
+    }
+
+    /// Where an item whose entry's head is `meta` stands as a victim at `now_ns`, lowest
+    /// first; `None` if it is no candidate (being written, a DELETE's marker, released, or
+    /// without an expiry under a `volatile-*` policy). An expired item goes first whatever
+    /// the policy: it is absent already and only holds memory.
+    fn rank(&self, meta: &DteMeta, now_ns: u64) -> Option<u64> {
+        if !meta.valid || meta.tombstone || meta.recycle.is_some() {
+            return None;
+        }
+        if meta.expired_at(now_ns) {
+            return Some(0);
+        }
+        let policy = self.cfg.eviction;
+        if policy.volatile() && meta.expires == 0 {
+            return None;
+        }
+        let now_ms = now_ns / NS_PER_MS;
+        Some(match policy {
+            _ if mutated!(self.cfg, evict_ignoring_rank) => 1,
+            Eviction::AllkeysLru | Eviction::VolatileLru => 1 + meta.access.last_ms(),
+            // The decayed counter first, then the older access among equals.
+            Eviction::AllkeysLfu | Eviction::VolatileLfu => {
+                1 + ((meta.access.lfu_at(now_ms) as u64) << 48 | meta.access.last_ms())
+            }
+            Eviction::VolatileTtl => meta.expires,
+            Eviction::AllkeysRandom | Eviction::VolatileRandom | Eviction::NoEviction => 1,
+        })
+    }
+
+    /// Evict `key`, whose current value the sampled entry in `slot` should be, if it still is.
+    fn evict_entry(&mut self, slot: DteSlot, key: &[u8]) -> Result<bool, Error> {
+        let Some(version) = self.version_of(key)? else {
             return Ok(false);
         };
         if self.names(Ite(version)) != Some(slot) {
             return Ok(false); // the key has moved on: this entry holds a previous version
         }
-        if !self.delete_victim(&key, version)? {
+        if !self.delete_victim(key, version)? {
             return Ok(false);
         }
         // Listed to come back to our allocator once it has expired, without a scan.
@@ -186,11 +249,21 @@ impl<E: Endpoint> CdClient<E> {
         Ok(true)
     }
 
-    /// A PUT of `key` found its candidates full of other keys: evict one of them (the first
-    /// live one from a random candidate on). Returns whether one was evicted.
+    /// The key's current version, expired or not (an eviction deletes expired items too).
+    fn version_of(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
+        let mut buf = std::mem::take(&mut self.evict_buf);
+        let version = self.get_versioned(key, &mut buf);
+        self.evict_buf = buf;
+        version
+    }
+
+    /// A PUT of `key` found its candidates full of other keys: evict one of them, the first
+    /// by the policy's rank that is still current. Returns whether one was evicted.
     pub(crate) fn evict_for_index(&mut self, key: &[u8]) -> Result<bool, Error> {
         self.evicting = true;
+        self.see_expired = true;
         let r = self.evict_for_index_inner(key);
+        self.see_expired = false;
         self.evicting = false;
         r
     }
@@ -199,6 +272,8 @@ impl<E: Endpoint> CdClient<E> {
         let index = self.view.index.clone();
         let candidates = index.hashes(key).all(&index);
         let start = rand::Rng::gen_range(&mut self.rng, 0..candidates.len());
+        let now_ns = self.ep.now_ns();
+        let mut ranked = Vec::with_capacity(candidates.len());
         for i in 0..candidates.len() {
             let c = candidates[(start + i) % candidates.len()];
             let ite = self
@@ -210,13 +285,16 @@ impl<E: Endpoint> CdClient<E> {
             let Some((meta, victim)) = self.read_entry_head(slot)? else {
                 continue;
             };
-            if !meta.valid || meta.tombstone || victim == key {
+            if victim == key {
                 continue;
             }
-            let mut buf = std::mem::take(&mut self.evict_buf);
-            let version = self.get_versioned(&victim, &mut buf);
-            self.evict_buf = buf;
-            if version? != Some(ite.0) {
+            if let Some(rank) = self.rank(&meta, now_ns) {
+                ranked.push((rank, ite, victim));
+            }
+        }
+        ranked.sort_by_key(|(rank, _, _)| *rank);
+        for (_, ite, victim) in ranked {
+            if self.version_of(&victim)? != Some(ite.0) {
                 continue; // not the victim's current entry (a duplicate, or rewritten)
             }
             if self.delete_victim(&victim, ite.0)? {
@@ -410,5 +488,184 @@ mod tests {
         }
         assert!(a.stats().evictions > 0);
         assert!(c.occupancy() <= total);
+    }
+    /// The item (all of class `class`) a one-item eviction by `a` takes: the key of the
+    /// one that is gone.
+    fn evict_one(a: &mut CdClient<impl Endpoint>, class: u8) -> usize {
+        a.evict_class(class, 1).unwrap()
+    }
+
+    /// Room for a few hundred keys of one class.
+    fn roomy() -> nessie_store::Geometry {
+        nessie_store::Geometry {
+            ites_per_node: 512,
+            dtes_per_node: 512,
+            ..small_geometry()
+        }
+    }
+
+    /// Keys `k0..k{n}` of one class, written by node 0; then, past the access interval, the
+    /// first half read (hot). Returns the client and the class.
+    fn hot_and_cold(c: &InProcCluster, n: u32, reads: u32) -> (CdClient<impl Endpoint>, u8) {
+        let mut a = c.client(0);
+        for i in 0..n {
+            a.put(format!("k{i:03}").as_bytes(), b"value").unwrap();
+        }
+        let class = c.view.classes.class_for(4, 5).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(
+            nessie_store::access::ACCESS_INTERVAL_MS + 10,
+        ));
+        for _ in 0..reads {
+            for i in 0..n / 2 {
+                assert!(a.get(format!("k{i:03}").as_bytes()).unwrap().is_some());
+            }
+        }
+        (a, class)
+    }
+
+    /// How many of the first `n / 2` keys (the hot ones) are gone.
+    fn hot_gone(a: &mut CdClient<impl Endpoint>, n: u32) -> u32 {
+        (0..n / 2)
+            .filter(|i| a.get(format!("k{i:03}").as_bytes()).unwrap().is_none())
+            .count() as u32
+    }
+
+    /// allkeys-lru evicts the items not read since they were written, and keeps those read
+    /// (5 samples per victim: a hot victim needs all 5 hot, 1 in 32). allkeys-lfu does the
+    /// same by the counters the reads raised. The mutation (every sample ranked alike, as
+    /// allkeys-random) evicts hot and cold alike, and the test catches it.
+    #[test]
+    fn lru_and_lfu_evict_what_was_not_read() {
+        // Few victims of many: the hot share of the sample stays near a half, and an honest
+        // run takes a hot victim 1 time in 32 (expected 0.6 of 20).
+        let (n, victims) = (300u32, 20usize);
+        for (policy, reads) in [(Eviction::AllkeysLru, 1), (Eviction::AllkeysLfu, 8)] {
+            for mutate in [false, true] {
+                let cfg = ProtocolConfig {
+                    mutations: Mutations {
+                        evict_ignoring_rank: mutate,
+                        ..Mutations::default()
+                    },
+                    ..cfg(policy)
+                };
+                let c = InProcCluster::new(roomy(), cfg);
+                let (mut a, class) = hot_and_cold(&c, n, reads);
+                assert!(
+                    a.stats().access_writes > 0,
+                    "{policy}: no access word written"
+                );
+                let mut evicted = 0;
+                for _ in 0..victims {
+                    evicted += evict_one(&mut a, class);
+                }
+                assert_eq!(evicted, victims, "{policy}");
+                let hot = hot_gone(&mut a, n);
+                if mutate {
+                    assert!(
+                        hot >= 5,
+                        "{policy} mutated: only {hot} of {victims} victims hot"
+                    );
+                } else {
+                    assert!(hot <= 4, "{policy}: {hot} of {victims} victims were hot");
+                }
+            }
+        }
+    }
+
+    /// With tracking off (a policy that does not rank by access), GETs write nothing.
+    #[test]
+    fn gets_write_access_words_only_for_lru_and_lfu() {
+        for policy in Eviction::ALL {
+            let c = InProcCluster::new(small_geometry(), cfg(policy));
+            let (a, _) = hot_and_cold(&c, 20, 1);
+            assert_eq!(
+                a.stats().access_writes > 0,
+                policy.tracks_access(),
+                "{policy}: {} access writes",
+                a.stats().access_writes
+            );
+        }
+    }
+
+    /// volatile-ttl evicts the item that expires soonest; every volatile policy leaves items
+    /// without an expiry alone, and with none to evict refuses the write as noeviction does.
+    #[test]
+    fn volatile_policies_evict_only_items_with_an_expiry() {
+        let far = nessie_fabric::wall_clock_ns() + 3_600_000_000_000;
+        for policy in [
+            Eviction::VolatileTtl,
+            Eviction::VolatileLru,
+            Eviction::VolatileLfu,
+            Eviction::VolatileRandom,
+        ] {
+            let c = InProcCluster::new(roomy(), cfg(policy));
+            let mut a = c.client(0);
+            let class = c.view.classes.class_for(4, 5).unwrap();
+            for i in 0..240u64 {
+                let key = format!("k{i:03}");
+                if i % 2 == 0 {
+                    a.put(key.as_bytes(), b"value").unwrap(); // no expiry
+                } else {
+                    // Later keys expire later.
+                    let at = far + i * 1_000_000_000;
+                    a.put_parts_expiring(key.as_bytes(), &[b"value"], at)
+                        .unwrap();
+                }
+            }
+            let mut evicted = 0;
+            for _ in 0..10 {
+                evicted += evict_one(&mut a, class);
+            }
+            assert_eq!(evicted, 10, "{policy}");
+            for i in (0..240).step_by(2) {
+                let key = format!("k{i:03}");
+                assert!(
+                    a.get(key.as_bytes()).unwrap().is_some(),
+                    "{policy} evicted {key}"
+                );
+            }
+            if policy == Eviction::VolatileTtl {
+                // Of the 120 with an expiry, the 10 gone are the soonest of their samples of
+                // 5: one of the later half only when all 5 are (1 in 32).
+                let gone: Vec<u64> = (1..240u64)
+                    .step_by(2)
+                    .filter(|i| a.get(format!("k{i:03}").as_bytes()).unwrap().is_none())
+                    .collect();
+                assert_eq!(gone.len(), 10);
+                let late = gone.iter().filter(|&&i| i > 120).count();
+                assert!(late <= 3, "volatile-ttl evicted late expiries: {gone:?}");
+            }
+            // Only items without an expiry left: nothing to evict.
+            for i in (1..240u64).step_by(2) {
+                a.delete(format!("k{i:03}").as_bytes()).unwrap();
+            }
+            assert_eq!(a.evict_class(class, 1).unwrap(), 0, "{policy}");
+        }
+    }
+
+    /// An expired item is evicted first whatever the policy: it is absent already.
+    #[test]
+    fn an_expired_item_goes_first() {
+        let c = InProcCluster::new(small_geometry(), cfg(Eviction::AllkeysLru));
+        let mut a = c.client(0);
+        let class = c.view.classes.class_for(4, 5).unwrap();
+        let past = nessie_fabric::wall_clock_ns() + 20_000_000;
+        for i in 0..5u32 {
+            a.put(format!("k{i:03}").as_bytes(), b"value").unwrap();
+        }
+        a.put_parts_expiring(b"k005", &[b"value"], past).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // 6 items of the class: the sample of 5 holds the expired one 5 times in 6; over
+        // three victims it is taken (at most one can go, so the run ends with it gone).
+        for _ in 0..3 {
+            evict_one(&mut a, class);
+        }
+        let mut reader = c.client(1);
+        assert_eq!(reader.get(b"k005").unwrap(), None);
+        assert_eq!(
+            c.occupancy(),
+            3,
+            "three evicted, the expired one among them"
+        );
     }
 }

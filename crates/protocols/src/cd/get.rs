@@ -66,7 +66,14 @@ impl<E: Endpoint> CdClient<E> {
                 continue;
             }
             if f.meta.valid || mutated!(self.cfg, skip_valid_check) {
-                return Ok(Some((Self::value_at(&f), ite))); // 2.4
+                // 2.4. An expired item is absent: its key is in no other candidate.
+                if self.expired(f.meta.expires, &d) {
+                    return Ok(None);
+                }
+                if self.tracks_access() {
+                    self.touch(ite, &f, &d);
+                }
+                return Ok(Some((Self::value_at(&f), ite)));
             }
             // 2.5: an in-progress write replaced `prev`; that DTE is still intact.
             if !self.cfg.optimizations.previous_versions || f.meta.prev == 0 {
@@ -81,6 +88,9 @@ impl<E: Endpoint> CdClient<E> {
             let p = self.fetch(prev, t, &d, key, Want::ValueIfMatch)?;
             if p.key_matches && p.meta.valid {
                 self.stats.previous_version_hits += 1;
+                if self.expired(p.meta.expires, &d) {
+                    return Ok(None); // the value being replaced had expired
+                }
                 return Ok(Some((Self::value_at(&p), prev)));
             }
             return Err(Abort::Concurrent(
@@ -483,5 +493,52 @@ mod tests {
         );
         // Without the mutation every key is found or fails: none is reported absent.
         assert!(keys.iter().all(|k| plain.try_get(k) != Ok(None)));
+    }
+    /// A GET judges expiry by the clock at its start: paused after reading an entry whose
+    /// item expires meanwhile, while another client replaces it, it answers with the value
+    /// it read (current, and not expired, when it read the ITE). The mutation (the clock
+    /// after the read) answers absent, though the key was never absent: the old value gave
+    /// way to the new one directly.
+    #[test]
+    fn expiry_is_judged_at_the_start_of_the_read() {
+        use crate::config::{Mutations, ProtocolConfig};
+        use crate::hooks::HookPoint;
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+        for mutate in [false, true] {
+            let cfg = ProtocolConfig {
+                expiry_ns: 1_000_000_000,
+                mutations: Mutations {
+                    expiry_judged_late: mutate,
+                    ..Mutations::default()
+                },
+                ..super::super::testkit::fast_cfg()
+            };
+            let c = InProcCluster::new(super::super::testkit::small_geometry(), cfg);
+            let mut w = c.client(0);
+            let soon = nessie_fabric::wall_clock_ns() + 20_000_000;
+            w.put_parts_expiring(b"k", &[b"old"], soon).unwrap();
+            let other = Arc::new(Mutex::new(c.client(1)));
+            let o = other.clone();
+            let mut r = c.client(2);
+            let mut fired = false;
+            r.set_hook(Some(Box::new(move |p| {
+                if p == HookPoint::GetAfterDteRead && !fired {
+                    fired = true;
+                    o.lock().unwrap().put(b"k", b"new").unwrap();
+                    std::thread::sleep(Duration::from_millis(30)); // past the expiry
+                }
+            })));
+            let got = r.get(b"k").unwrap();
+            if mutate {
+                assert_eq!(got, None, "the mutation finds the replaced value expired");
+            } else {
+                assert_eq!(got.as_deref(), Some(&b"old"[..]));
+            }
+            assert_eq!(
+                other.lock().unwrap().get(b"k").unwrap().as_deref(),
+                Some(&b"new"[..])
+            );
+        }
     }
 }

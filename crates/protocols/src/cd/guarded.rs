@@ -43,8 +43,11 @@ struct Look {
     words: [Ite; MAX_HASH_FUNCTIONS as usize],
     /// Where to write: the key's first valid entry, else the first empty candidate.
     cand: Option<Candidate>,
-    /// The key's state: its first valid entry (`None`: absent).
+    /// The key's first valid entry (`None`: none).
     current: Option<Ite>,
+    /// That entry's item has expired: the key is absent, though the entry is still in the
+    /// index (the write replaces it, as it would any current entry).
+    expired: bool,
     /// Candidates (a bit each) holding valid entries of the key after the first: hidden
     /// duplicates, which Step 4 clears.
     hidden: u32,
@@ -105,7 +108,8 @@ impl<E: Endpoint> CdClient<E> {
             let mut p = Pass::new(self.deadline(), &index);
             let look = self.look(&mut p, key, &mut h)?;
             self.hook(HookPoint::GuardedAfterLook);
-            let current = look.current.map(|i| i.0);
+            // The key's state: an expired item is absent.
+            let current = look.current.filter(|_| !look.expired).map(|i| i.0);
             let met = cond.holds(current);
             if !met || (value.is_none() && current.is_none()) {
                 // Nothing to write: the look was a read, which the reverse pass confirms.
@@ -151,6 +155,7 @@ impl<E: Endpoint> CdClient<E> {
     fn look(&mut self, p: &mut Pass<'_>, key: &[u8], h: &mut KeyHashes<'_>) -> Attempt<Look> {
         let mut first_empty = None;
         let mut first_valid: Option<(usize, Ite)> = None;
+        let mut expired = false;
         let mut hidden = 0u32;
         for i in 0..p.index.n {
             let (ite, t) = self.read_candidate(p, h, i)?;
@@ -182,6 +187,7 @@ impl<E: Endpoint> CdClient<E> {
                 hidden |= 1 << i;
             } else if first_valid.is_none() {
                 first_valid = Some((i, ite));
+                expired = self.expired(f.meta.expires, &p.d);
             } else {
                 hidden |= 1 << i;
             }
@@ -203,6 +209,7 @@ impl<E: Endpoint> CdClient<E> {
             words: p.seen,
             cand,
             current: first_valid.map(|(_, i)| i),
+            expired,
             hidden,
         })
     }

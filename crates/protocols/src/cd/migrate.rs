@@ -27,7 +27,7 @@ use nessie_store::index::{Index, KeyHashes, Slot};
 use nessie_store::{Ite, DATA_REGION};
 
 use super::abandoned::Marked;
-use super::access::Want;
+use super::access::{Want, Words};
 use super::{Abort, Attempt, CdClient, Deadline};
 use crate::error::Error;
 use crate::hooks::HookPoint;
@@ -124,6 +124,7 @@ impl<E: Endpoint> CdClient<E> {
             key: moved_key,
             filter: index.ite.filter(src_ite),
             source,
+            words: Words::of(&f.meta),
         }))
     }
 
@@ -194,6 +195,7 @@ impl<E: Endpoint> CdClient<E> {
             Some(&[&moved.value]),
             Some(moved.source),
             false,
+            Some(moved.words),
         )?;
         // The destination's empty word as it is now (a recursive MIGRATE may have emptied
         // it, leaving a moved word whose copy must be settled before the word goes).
@@ -422,6 +424,8 @@ struct Moved {
     filter: u64,
     /// Which of the key's candidates the source is.
     source: u8,
+    /// The source's expiry and access words, which the copy keeps.
+    words: Words,
 }
 
 #[cfg(test)]

@@ -94,6 +94,8 @@ pub struct ClientStats {
     pub table_full_waits: u64,
     /// Items this client evicted (`evict.rs`).
     pub evictions: u64,
+    /// Access words GETs wrote (`ProtocolConfig::eviction` LRU or LFU).
+    pub access_writes: u64,
 }
 
 impl std::ops::AddAssign for ClientStats {
@@ -113,6 +115,7 @@ impl std::ops::AddAssign for ClientStats {
             rolled_forward,
             table_full_waits,
             evictions,
+            access_writes,
         } = o;
         self.gets += gets;
         self.puts += puts;
@@ -128,6 +131,7 @@ impl std::ops::AddAssign for ClientStats {
         self.rolled_forward += rolled_forward;
         self.table_full_waits += table_full_waits;
         self.evictions += evictions;
+        self.access_writes += access_writes;
     }
 }
 
@@ -177,6 +181,12 @@ pub struct CdClient<E: Endpoint> {
     evict_buf: Vec<u8>,
     /// Keys the last write evicted (`KvClient::evicted`: histories record them as DELETEs).
     evicted: Vec<Vec<u8>>,
+    /// The expiry the PUT in progress gives its entry (ns since the Unix epoch; 0 = never):
+    /// set by [`Self::put_parts_expiring`] and [`Self::put_if_expiring`] for their call only.
+    write_expires: u64,
+    /// Reads find expired items as they are, not absent: what an eviction or a reclaim needs
+    /// to delete one conditionally on its version.
+    see_expired: bool,
 }
 
 /// How many coarse-clock lags (ticks) an expiry period must span before operation timers start
@@ -245,6 +255,8 @@ impl<E: Endpoint> CdClient<E> {
             evicting: false,
             evict_buf: Vec::new(),
             evicted: Vec::new(),
+            write_expires: 0,
+            see_expired: false,
         })
     }
 
@@ -331,6 +343,68 @@ impl<E: Endpoint> CdClient<E> {
             return self.write(key, Some(parts));
         }
         self.write_evicting(key, parts, value_len)
+    }
+
+    /// [`Self::put_parts`] of an item that expires at `expires_ns` (ns since the Unix epoch, by
+    /// the endpoint's clock; 0 = never): from then on a GET finds the key absent, and the
+    /// entry is reclaimed ([`Self::reclaim_expired_in`]) or evicted.
+    pub fn put_parts_expiring(
+        &mut self,
+        key: &[u8],
+        parts: &[&[u8]],
+        expires_ns: u64,
+    ) -> Result<(), Error> {
+        self.write_expires = expires_ns;
+        let r = self.put_parts(key, parts);
+        self.write_expires = 0;
+        r
+    }
+
+    /// [`Self::put_if`] of an item that expires at `expires_ns` (0 = never).
+    pub fn put_if_expiring(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: crate::Cond,
+        expires_ns: u64,
+    ) -> Result<crate::CondOutcome, Error> {
+        self.write_expires = expires_ns;
+        let r = self.put_if(key, value, cond);
+        self.write_expires = 0;
+        r
+    }
+
+    /// Whether GETs keep access words: the eviction policy picks victims by them.
+    #[inline]
+    pub(crate) fn tracks_access(&self) -> bool {
+        self.cfg.eviction.tracks_access()
+    }
+
+    /// Whether an item whose entry says `expires` has expired for the attempt timed by `d`
+    /// (never for a read that must see expired items: [`CdClient::see_expired`]).
+    ///
+    /// Judged by the wall clock *at the attempt's start*, before the ITE that led to the entry
+    /// was read: the item was then current, so if it had expired by then, the key was absent
+    /// at a moment within the operation (from its expiry, or from its write if that came
+    /// later). A clock read after the entry would judge a value another write may already
+    /// have replaced (a stale read found "absent" while the key held a new value).
+    #[inline]
+    pub(crate) fn expired(&self, expires: u64, d: &Deadline) -> bool {
+        expires != 0
+            && !self.see_expired
+            && !mutated!(self.cfg, ignore_expiry)
+            && expires <= self.wall_at_start(d)
+    }
+
+    /// The wall clock (ns since the Unix epoch) at the start of the attempt `d` times, or
+    /// earlier: now less the monotonic time since then (an attempt timed on the coarse clock
+    /// started at most a tick later than it says).
+    fn wall_at_start(&self, d: &Deadline) -> u64 {
+        if mutated!(self.cfg, expiry_judged_late) {
+            return self.ep.now_ns();
+        }
+        let since = self.ep.mono_ns().saturating_sub(d.start_ns);
+        self.ep.now_ns().saturating_sub(since)
     }
 
     /// Remove `key` (a no-op if it is absent).

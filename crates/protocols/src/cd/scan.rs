@@ -65,6 +65,70 @@ impl<E: Endpoint> CdClient<E> {
         Ok(keys)
     }
 
+    /// Delete the expired items of index slots `slots` (a window of `0..total_ites()`): each
+    /// entry's expiry word is read with its header and key, never its value, and each expired
+    /// item is deleted by the protocol's DELETE conditional on the ITE word read, its version
+    /// (`Cond::Version`): a key rewritten meanwhile keeps its new value, and the reclaiming is
+    /// linearizable and replicated as any DELETE is.
+    pub fn reclaim_expired_in(
+        &mut self,
+        slots: std::ops::Range<u64>,
+    ) -> Result<crate::Reclaimed, Error> {
+        let total = self.view.geometry.total_ites();
+        if slots.start > slots.end || slots.end > total {
+            return Err(Error::Config(format!(
+                "index slots {}..{} are not within the index's 0..{total}",
+                slots.start, slots.end
+            )));
+        }
+        self.check_fence().map_err(|a| self.scan_error(a))?;
+        let mut r = crate::Reclaimed::default();
+        let mut buf = Vec::new();
+        let mut expired = Vec::new();
+        let now = self.ep.now_ns();
+        for slot in slots {
+            let (ite, _) = self.read_ite(slot).map_err(|a| self.scan_error(a))?;
+            if ite.is_empty() {
+                continue;
+            }
+            let loc = self.dte_location(ite);
+            buf.resize(self.meta_len(loc), 0);
+            if loc.node == self.ep.node() {
+                self.ep.local_read(DATA_REGION, loc.off, &mut buf)?;
+            } else {
+                self.ep
+                    .read(RemoteAddr::new(loc.node, DATA_REGION, loc.off), &mut buf)?;
+            }
+            // Bytes of an entry recycled under us: a wrong key or version only makes the
+            // conditional DELETE find its condition unmet.
+            let Ok(meta) = self.view.dte.meta(&buf) else {
+                continue;
+            };
+            if !meta.valid || meta.recycle.is_some() || meta.tombstone {
+                continue;
+            }
+            r.keys += 1;
+            if meta.expired_at(now) {
+                expired.push((self.view.dte.key(&buf, &meta).to_vec(), ite.0));
+            }
+        }
+        r.expired = expired.len() as u64;
+        self.see_expired = true;
+        let mut result = Ok(());
+        for (key, version) in expired {
+            match self.delete_if(&key, crate::Cond::Version(version)) {
+                Ok(crate::CondOutcome::Stored) => r.deleted += 1,
+                Ok(crate::CondOutcome::Unmet { .. }) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.see_expired = false;
+        result.map(|()| r)
+    }
+
     fn scan_error(&mut self, a: Abort) -> Error {
         self.abort_to_error(a)
     }
@@ -105,5 +169,97 @@ mod tests {
             w.delete(&k).unwrap();
         }
         assert!(w.scan_keys().unwrap().is_empty());
+    }
+    /// An item expiring reads as absent from its expiry on, from every node; a conditional
+    /// write finds it absent too and replaces it; the reclaim deletes it (and only it), by
+    /// its entry's expiry word, conditionally on its version. The mutation (GETs ignore the
+    /// expiry) is caught.
+    #[test]
+    fn expired_items_read_absent_and_are_reclaimed() {
+        use crate::config::{Mutations, ProtocolConfig};
+        use crate::{Cond, CondOutcome};
+        for mutate in [false, true] {
+            let cfg = ProtocolConfig {
+                mutations: Mutations {
+                    ignore_expiry: mutate,
+                    ..Mutations::default()
+                },
+                ..super::super::testkit::fast_cfg()
+            };
+            let c = InProcCluster::new(super::super::testkit::small_geometry(), cfg);
+            let (mut w, mut r) = (c.client(0), c.client(1));
+            let soon = nessie_fabric::wall_clock_ns() + 30_000_000;
+            let later = soon + 3_600_000_000_000;
+            w.put_parts_expiring(b"short", &[b"a", b"b"], soon).unwrap();
+            w.put_parts_expiring(b"long", &[b"v"], later).unwrap();
+            w.put(b"never", b"v").unwrap();
+            w.put_parts_expiring(b"cond", &[b"v"], soon).unwrap();
+            assert_eq!(r.get(b"short").unwrap().as_deref(), Some(&b"ab"[..]));
+            std::thread::sleep(std::time::Duration::from_millis(40));
+            let got = r.get(b"short").unwrap();
+            if mutate {
+                assert_eq!(got.as_deref(), Some(&b"ab"[..]), "the mutation reads it");
+                continue;
+            }
+            assert_eq!(got, None, "expired: absent");
+            let mut buf = Vec::new();
+            assert_eq!(r.get_versioned(b"short", &mut buf).unwrap(), None);
+            assert!(r.get(b"long").unwrap().is_some() && r.get(b"never").unwrap().is_some());
+            // A conditional write judges it absent, and its value replaces the expired one.
+            assert_eq!(
+                r.put_if(b"cond", b"new", Cond::Present).unwrap(),
+                CondOutcome::Unmet { current: None }
+            );
+            assert_eq!(
+                r.put_if(b"cond", b"new", Cond::Absent).unwrap(),
+                CondOutcome::Stored
+            );
+            assert_eq!(w.get(b"cond").unwrap().as_deref(), Some(&b"new"[..]));
+            // The reclaim, a window at a time, deletes the one expired item.
+            let total = c.view.geometry.total_ites();
+            let mut done = crate::Reclaimed::default();
+            for from in (0..total).step_by(50) {
+                done += w.reclaim_expired_in(from..(from + 50).min(total)).unwrap();
+            }
+            assert_eq!((done.keys, done.expired, done.deleted), (4, 1, 1));
+            let mut keys = w.scan_keys().unwrap();
+            keys.sort();
+            assert_eq!(
+                keys,
+                vec![b"cond".to_vec(), b"long".to_vec(), b"never".to_vec()]
+            );
+            let again = w.reclaim_expired_in(0..total).unwrap();
+            assert_eq!((again.keys, again.expired, again.deleted), (3, 0, 0));
+        }
+    }
+
+    /// A key rewritten between the reclaim's read of its expired entry and its DELETE keeps
+    /// its new value: the DELETE is conditional on the version read.
+    #[test]
+    fn a_reclaim_spares_a_key_rewritten_since_it_read_it_expired() {
+        use crate::hooks::HookPoint;
+        use std::sync::{Arc, Mutex};
+        let c = InProcCluster::small();
+        let mut w = c.client(0);
+        let soon = nessie_fabric::wall_clock_ns() + 10_000_000;
+        w.put_parts_expiring(b"k", &[b"old"], soon).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let other = Arc::new(Mutex::new(c.client(1)));
+        let o = other.clone();
+        let mut fired = false;
+        w.set_hook(Some(Box::new(move |p| {
+            if p == HookPoint::GuardedAfterLook && !fired {
+                fired = true;
+                o.lock().unwrap().put(b"k", b"new").unwrap();
+            }
+        })));
+        let total = c.view.geometry.total_ites();
+        let r = w.reclaim_expired_in(0..total).unwrap();
+        w.set_hook(None);
+        assert_eq!((r.expired, r.deleted), (1, 0));
+        assert_eq!(
+            other.lock().unwrap().get(b"k").unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
     }
 }

@@ -362,7 +362,7 @@ impl<E: Endpoint> CdClient<E> {
         // A moved word goes only once the MIGRATE copy it names is settled.
         self.settle_moved(&p.d, p.slots[c], p.seen[c])?;
         let (new, idx, prev_written) =
-            self.write_new_dte(filter, cand.prev, key, value, None, guarded)?;
+            self.write_new_dte(filter, cand.prev, key, value, None, guarded, None)?;
         if let Err(e) = self.check(&p.d) {
             self.release_unpublished(idx);
             return Err(e);

@@ -62,6 +62,7 @@ pub fn spec(seed: u64) -> StressSpec {
         time_limit: Duration::from_secs(120),
         preload_keys: 0,
         until: None,
+        ttl: None,
     }
 }
 

@@ -258,7 +258,8 @@ impl Conn<'_> {
         };
         let mut v = Vec::new();
         item::encode(&mut v, m.opts.client_flags.unwrap_or(0), expires, &m.data);
-        match self.with(|c| c.put(&m.key, &v)) {
+        let at = item::store_expiry(expires);
+        match self.with(|c| c.put_parts_expiring(&m.key, &[&v], at)) {
             Ok(()) => Ok(Some(("HD", Some(v)))),
             Err(e) => Err(e),
         }
