@@ -52,10 +52,18 @@ pub struct BenchParams {
     /// the key distribution, overriding `get_ratio` and `dist`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// The eviction policy (cd; Redis's names): its LRU and LFU policies make GETs keep
+    /// entries' access words, which is what a run with it measures.
+    #[serde(default = "no_eviction")]
+    pub eviction: String,
 }
 
 fn one_copy() -> u8 {
     1
+}
+
+fn no_eviction() -> String {
+    nessie_protocols::Eviction::NoEviction.name().to_string()
 }
 
 impl Default for BenchParams {
@@ -85,6 +93,7 @@ impl Default for BenchParams {
             seed: 1,
             replicas: 1,
             workload: None,
+            eviction: no_eviction(),
         }
     }
 }

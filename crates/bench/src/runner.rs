@@ -70,6 +70,8 @@ pub enum BenchError {
     Background(u16),
     #[error("--keys must be positive")]
     NoKeys,
+    #[error("--eviction: {0}")]
+    Eviction(String),
     #[error("--transport: {0}")]
     Transport(#[from] nessie_cluster::config::InvalidConfig),
     #[error(transparent)]
@@ -468,7 +470,7 @@ fn start(
         wait_spin_us: opts.wait_spin_us,
         // The agents' clients take theirs from the spec; the nodes' own (admin) the same.
         optimizations: optimizations(p),
-        eviction: nessie_protocols::Eviction::NoEviction,
+        eviction: p.eviction.parse().map_err(BenchError::Eviction)?,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

@@ -168,6 +168,10 @@ pub struct ParamArgs {
     /// starts a local etcd for membership, which replication needs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub replicas: u8,
+    /// Eviction policy of the cluster (cd; Redis's names, as `nessie up --eviction`): under
+    /// allkeys-lru/lfu and volatile-lru/lfu GETs keep the entries' access words.
+    #[arg(long, value_name = "POLICY", default_value = "noeviction")]
+    pub eviction: nessie_protocols::Eviction,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -206,6 +210,7 @@ impl ParamArgs {
             seed: self.seed,
             replicas: self.replicas,
             workload: self.workload.clone(),
+            eviction: self.eviction.name().to_string(),
         }
     }
 }

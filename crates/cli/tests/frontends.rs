@@ -604,6 +604,58 @@ fn a_full_store_evicts_with_allkeys_random() {
     drop(c);
 }
 
+/// With `--eviction volatile-ttl`, only items with an expiry are evicted: keys written
+/// without one survive a store written to three times what it holds with expiring items,
+/// every write is taken, and `CONFIG GET maxmemory-policy` names the policy.
+#[test]
+fn volatile_ttl_evicts_only_items_with_an_expiry() {
+    let base = free_port_range(4);
+    let (mcp, resp) = (base, base + 2);
+    let c = Cluster::up(
+        "volatile",
+        2,
+        "shm",
+        &[
+            "--no-etcd",
+            "--value-max",
+            "4KiB",
+            "--memory-per-node",
+            "2MiB",
+            "--eviction",
+            "volatile-ttl",
+            "--expiry-ms",
+            "50",
+            "--memcached-port",
+            &mcp.to_string(),
+            "--resp-port",
+            &resp.to_string(),
+        ],
+    );
+    let mut mc = Mc::connect(mcp);
+    const SIZE: usize = 2000;
+    const KEPT: u32 = 100;
+    let value = "v".repeat(SIZE);
+    for i in 0..KEPT {
+        mc.send(format!("set p{i} 0 0 {SIZE}\r\n{value}\r\n").as_bytes());
+        assert_eq!(mc.line(), "STORED\r\n", "set p{i}");
+    }
+    // Later keys expire later: volatile-ttl takes the soonest of its samples.
+    for i in 0..6_000u32 {
+        let ttl = 3_600 + i;
+        mc.send(format!("set t{i} 0 {ttl} {SIZE}\r\n{value}\r\n").as_bytes());
+        assert_eq!(mc.line(), "STORED\r\n", "set t{i}");
+    }
+    assert!(stat(&mut mc, "evictions").unwrap() > 0, "nothing evicted");
+    for i in 0..KEPT {
+        let got = mc.get(&format!("p{i}"));
+        assert_eq!(got.len(), 1, "p{i}, without an expiry, was evicted");
+        assert_eq!(got[0].2.len(), SIZE);
+    }
+    let policy = redis_cli(resp, &["CONFIG", "GET", "maxmemory-policy"]);
+    assert_eq!(policy, "maxmemory-policy\nvolatile-ttl\n");
+    drop(c);
+}
+
 /// The whole ascii suite runs (`-T` alone is not reliable: some tests depend on what earlier
 /// ones learnt of the server, and real memcached fails `-T "ascii quit"` alone too); every
 /// test of a served command must pass. memccapable prints `NAME` padded to 40 columns, then

@@ -419,6 +419,27 @@ impl From<ConfigError> for crate::Error {
 mod tests {
     use super::*;
 
+    /// Every policy parses from its Redis name and prints it back; anything else is refused
+    /// with the list of names.
+    #[test]
+    fn eviction_policies_by_redis_names() {
+        for e in Eviction::ALL {
+            assert_eq!(e.name().parse::<Eviction>(), Ok(e));
+            assert_eq!(e.to_string(), e.name());
+            assert_eq!(e.tracks_access(), e.lru() || e.lfu());
+            assert!(!(e.lru() && e.lfu()));
+        }
+        assert!(Eviction::VolatileTtl.volatile() && !Eviction::AllkeysLru.volatile());
+        assert!(!Eviction::NoEviction.tracks_access() && !Eviction::VolatileTtl.tracks_access());
+        for bad in ["", "lru", "allkeys_lru", "ALLKEYS-LRU", "volatile-lru "] {
+            let e = bad.parse::<Eviction>().unwrap_err();
+            assert!(
+                e.contains("unknown eviction policy") && e.contains("volatile-ttl"),
+                "{e}"
+            );
+        }
+    }
+
     #[test]
     fn clock_margin_is_at_most_half_the_expiry() {
         let ok = ProtocolConfig {

@@ -578,7 +578,7 @@ fn mutation_recycling_without_expiry_is_caught() {
         ..Mutations::default()
     };
     caught("recycle_without_expiry", m, |m, seed| {
-        paused_readers(m, seed, EXPIRY_NS / 4, 7)
+        paused_readers(m, seed, EXPIRY_NS / 4, 3)
     });
 }
 
