@@ -5,7 +5,8 @@
 # --eviction POLICY), REPS rounds of each, alternated, with the medians.
 # Usage: bash scripts/cache-hit-ratio.sh [REPS] [MEM_MIB] [KEYS] [REQUESTS] [VALUE_BYTES] [POLICY]
 # Defaults: 3 rounds, 64 MiB, 240,000 keys of 1,000 B values (about 4x what 64 MiB holds),
-# 400,000 requests (the second half measured), Zipf 0.99, allkeys-lru.
+# 400,000 requests (the second half measured), Zipf 0.99, allkeys-lru. NESSIE_ARGS adds flags
+# to `nessie up` (e.g. NESSIE_ARGS="--expiry-ms 100").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
@@ -46,7 +47,7 @@ run() { # system -> one JSON line
             --maxmemory "${MEM}mb" --maxmemory-policy allkeys-lru >/dev/null & PID=$! ;;
     nessie)
         "$NESSIE" up --dir "$DIR/c" --nodes 2 --memory-per-node "$((MEM / 2))MiB" --memcached-port "$port" \
-            --no-etcd --eviction "$POLICY" >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; } ;;
+            --no-etcd --eviction "$POLICY" ${NESSIE_ARGS:-} >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; } ;;
     esac
     wait_port "$port"
     echo "{\"system\": \"$1\", \"result\": $("$PY" scripts/cache-hit-ratio.py "$proto" "$port" "$KEYS" "$REQUESTS" "$VALUE")}" | tee -a "$DIR/runs.jsonl"
