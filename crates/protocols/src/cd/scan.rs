@@ -5,7 +5,8 @@
 //! are built on; a hash store has no order to scan in, so nothing serves range reads.
 
 use nessie_fabric::{Endpoint, RemoteAddr};
-use nessie_store::DATA_REGION;
+use nessie_store::dte::DteMeta;
+use nessie_store::{Ite, DATA_REGION};
 
 use super::{Abort, CdClient};
 use crate::error::Error;
@@ -25,43 +26,16 @@ impl<E: Endpoint> CdClient<E> {
     /// background work that walks the index a window at a time reads (the front ends'
     /// reclaiming of expired items).
     pub fn scan_keys_in(&mut self, slots: std::ops::Range<u64>) -> Result<Vec<Vec<u8>>, Error> {
-        let total = self.view.geometry.total_ites();
-        if slots.start > slots.end || slots.end > total {
-            return Err(Error::Config(format!(
-                "index slots {}..{} are not within the index's 0..{total}",
-                slots.start, slots.end
-            )));
-        }
-        self.check_fence().map_err(|a| self.scan_error(a))?;
         let mut keys = Vec::new();
-        let mut buf = Vec::new();
-        for slot in slots {
-            let (ite, _) = self.read_ite(slot).map_err(|a| self.scan_error(a))?;
-            if ite.is_empty() {
-                continue;
+        self.scan_window(slots, |_, _, key| {
+            keys.push(key.to_vec());
+            if keys.len() >= MAX_SCAN_KEYS {
+                return Err(Error::Unsupported(format!(
+                    "the scan stopped at {MAX_SCAN_KEYS} keys"
+                )));
             }
-            let loc = self.dte_location(ite);
-            buf.resize(self.meta_len(loc), 0);
-            let at = RemoteAddr::new(loc.node, DATA_REGION, loc.off);
-            if loc.node == self.ep.node() {
-                self.ep.local_read(DATA_REGION, loc.off, &mut buf)?;
-            } else {
-                self.ep.read(at, &mut buf)?;
-            }
-            // An entry recycled under us decodes as garbage or as another key: listing it is
-            // harmless (the scan is not atomic anyway); a bad length is skipped.
-            let Ok(meta) = self.view.dte.meta(&buf) else {
-                continue;
-            };
-            if meta.valid && meta.recycle.is_none() {
-                keys.push(self.view.dte.key(&buf, &meta).to_vec());
-                if keys.len() >= MAX_SCAN_KEYS {
-                    return Err(Error::Unsupported(format!(
-                        "the scan stopped at {MAX_SCAN_KEYS} keys"
-                    )));
-                }
-            }
-        }
+            Ok(())
+        })?;
         Ok(keys)
     }
 
@@ -74,44 +48,16 @@ impl<E: Endpoint> CdClient<E> {
         &mut self,
         slots: std::ops::Range<u64>,
     ) -> Result<crate::Reclaimed, Error> {
-        let total = self.view.geometry.total_ites();
-        if slots.start > slots.end || slots.end > total {
-            return Err(Error::Config(format!(
-                "index slots {}..{} are not within the index's 0..{total}",
-                slots.start, slots.end
-            )));
-        }
-        self.check_fence().map_err(|a| self.scan_error(a))?;
         let mut r = crate::Reclaimed::default();
-        let mut buf = Vec::new();
         let mut expired = Vec::new();
         let now = self.ep.now_ns();
-        for slot in slots {
-            let (ite, _) = self.read_ite(slot).map_err(|a| self.scan_error(a))?;
-            if ite.is_empty() {
-                continue;
-            }
-            let loc = self.dte_location(ite);
-            buf.resize(self.meta_len(loc), 0);
-            if loc.node == self.ep.node() {
-                self.ep.local_read(DATA_REGION, loc.off, &mut buf)?;
-            } else {
-                self.ep
-                    .read(RemoteAddr::new(loc.node, DATA_REGION, loc.off), &mut buf)?;
-            }
-            // Bytes of an entry recycled under us: a wrong key or version only makes the
-            // conditional DELETE find its condition unmet.
-            let Ok(meta) = self.view.dte.meta(&buf) else {
-                continue;
-            };
-            if !meta.valid || meta.recycle.is_some() || meta.tombstone {
-                continue;
-            }
+        self.scan_window(slots, |ite, meta, key| {
             r.keys += 1;
             if meta.expired_at(now) {
-                expired.push((self.view.dte.key(&buf, &meta).to_vec(), ite.0));
+                expired.push((key.to_vec(), ite.0));
             }
-        }
+            Ok(())
+        })?;
         r.expired = expired.len() as u64;
         self.see_expired = true;
         let mut result = Ok(());
@@ -127,6 +73,48 @@ impl<E: Endpoint> CdClient<E> {
         }
         self.see_expired = false;
         result.map(|()| r)
+    }
+
+    /// Read index slots `slots` (a window of `0..total_ites()`) and the fixed part and key of
+    /// each entry they name, and give `f` each valid, unreleased item's ITE, header and key.
+    /// An entry recycled under the scan decodes as garbage or as another key: giving it is
+    /// harmless (the scan is not atomic anyway, and a DELETE conditional on the ITE read
+    /// finds it unmet); one with a bad length is skipped.
+    fn scan_window(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        mut f: impl FnMut(Ite, &DteMeta, &[u8]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let total = self.view.geometry.total_ites();
+        if slots.start > slots.end || slots.end > total {
+            return Err(Error::Config(format!(
+                "index slots {}..{} are not within the index's 0..{total}",
+                slots.start, slots.end
+            )));
+        }
+        self.check_fence().map_err(|a| self.scan_error(a))?;
+        let mut buf = Vec::new();
+        for slot in slots {
+            let (ite, _) = self.read_ite(slot).map_err(|a| self.scan_error(a))?;
+            if ite.is_empty() {
+                continue;
+            }
+            let loc = self.dte_location(ite);
+            buf.resize(self.meta_len(loc), 0);
+            if loc.node == self.ep.node() {
+                self.ep.local_read(DATA_REGION, loc.off, &mut buf)?;
+            } else {
+                self.ep
+                    .read(RemoteAddr::new(loc.node, DATA_REGION, loc.off), &mut buf)?;
+            }
+            let Ok(meta) = self.view.dte.meta(&buf) else {
+                continue;
+            };
+            if meta.valid && meta.recycle.is_none() && !meta.tombstone {
+                f(ite, &meta, self.view.dte.key(&buf, &meta))?;
+            }
+        }
+        Ok(())
     }
 
     fn scan_error(&mut self, a: Abort) -> Error {
