@@ -165,24 +165,25 @@ impl Sim {
             .iter()
             .map(|sizes| sizes.iter().map(|&b| WordMemory::zeroed(b)).collect())
             .collect();
-        Ok(Self {
-            shared: Arc::new(Shared {
-                net: Mutex::new(Net::new(&params, regions.len())),
-                p: params,
-                memory,
-                sched: Sched::new(seed),
-                stats: FabricStats::default(),
-                watches: Watches::default(),
-                thread_nodes: Mutex::new(Vec::new()),
-                slices: std::sync::OnceLock::new(),
-                faults,
-                fault_counts: FaultCounts::default(),
-                seed,
-                endpoints: AtomicU64::new(0),
-                faults_ended: std::sync::atomic::AtomicBool::new(false),
-                crashed: AtomicU64::new(0),
-            }),
-        })
+        let shared = Arc::new(Shared {
+            net: Mutex::new(Net::new(&params, regions.len())),
+            p: params,
+            memory,
+            sched: Sched::new(seed),
+            stats: FabricStats::default(),
+            watches: Watches::default(),
+            thread_nodes: Mutex::new(Vec::new()),
+            slices: std::sync::OnceLock::new(),
+            faults,
+            fault_counts: FaultCounts::default(),
+            seed,
+            endpoints: AtomicU64::new(0),
+            faults_ended: std::sync::atomic::AtomicBool::new(false),
+            crashed: AtomicU64::new(0),
+        });
+        // The network's and the watches' locks live in `Shared`, which the Arc never moves.
+        shared.sched.own(&*shared);
+        Ok(Self { shared })
     }
 
     pub fn node_count(&self) -> usize {

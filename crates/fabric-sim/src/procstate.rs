@@ -19,6 +19,20 @@ pub fn asleep(tid: i32) -> bool {
         == Some('S')
 }
 
+/// The futex word thread `tid` of this process waits on, if it is inside a `futex` system
+/// call (Linux `/proc/<tid>/syscall`: the call's number, then its arguments in hex, the first
+/// being the futex's address), else `None` (running, another call, or gone).
+pub fn futex_wait_addr(tid: i32) -> Option<usize> {
+    let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
+    let mut fields = line.split_ascii_whitespace();
+    let nr: i64 = fields.next()?.parse().ok()?;
+    if nr != libc::SYS_futex {
+        return None;
+    }
+    let addr = fields.next()?;
+    usize::from_str_radix(addr.strip_prefix("0x").unwrap_or(addr), 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,9 +53,23 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never seen asleep");
             std::thread::yield_now();
         }
+        let word = &*m as *const std::sync::Mutex<()> as usize;
+        let within = word..word + std::mem::size_of::<std::sync::Mutex<()>>();
+        while !futex_wait_addr(tid).is_some_and(|a| within.contains(&a)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never seen in a futex wait on m"
+            );
+            std::thread::yield_now();
+        }
         drop(held);
         h.join().unwrap();
         assert!(!asleep(gettid()), "the calling thread is running");
+        assert_eq!(
+            futex_wait_addr(gettid()),
+            None,
+            "the calling thread is running"
+        );
         assert!(!asleep(i32::MAX), "no such thread");
     }
 }

@@ -21,6 +21,13 @@
 //! long as a thread that releases a lock does not take it again before its next fabric
 //! operation or sleep (true of the protocol code: every allocation is followed by a DTE
 //! write).
+//!
+//! The simulator's own locks (this scheduler's state, the network's) are held only briefly and
+//! never across a virtual wait, but a thread can sleep on one for a while when the machine is
+//! loaded: the scheduler takes its state lock at every poll. Counting such a thread as
+//! blocked would dispatch the next wake-up beside it and make the run depend on the host's
+//! load, so a thread asleep on a futex inside the simulator's own memory ([`Sched::own`]) is
+//! never counted as blocked.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -164,6 +171,9 @@ pub struct Sched {
     state: Mutex<State>,
     sched_cv: Condvar,
     now: AtomicU64,
+    /// Memory that holds the simulator's own locks besides this scheduler's (the fabric's
+    /// shared state, which contains it): waits on a futex there are not blocks.
+    own: std::sync::OnceLock<std::ops::Range<usize>>,
 }
 
 impl Sched {
@@ -186,7 +196,27 @@ impl Sched {
             }),
             sched_cv: Condvar::new(),
             now: AtomicU64::new(0),
+            own: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Declare `of` (a value that holds the simulator's other locks, set once, not moved
+    /// afterwards) as the simulator's own memory: a thread asleep on a futex in it is waiting
+    /// for a brief critical section, never for a thread that waits for virtual time.
+    pub fn own<T>(&self, of: &T) {
+        let start = of as *const T as usize;
+        let range = start..start + std::mem::size_of::<T>();
+        assert!(
+            self.own.set(range.clone()).is_ok() || self.own.get() == Some(&range),
+            "the simulator's own memory is declared once"
+        );
+    }
+
+    /// Whether the futex word at `addr` is one of the simulator's own locks.
+    fn is_own_lock(&self, addr: usize) -> bool {
+        let me = self as *const Self as usize;
+        (me..me + std::mem::size_of::<Self>()).contains(&addr)
+            || self.own.get().is_some_and(|r| r.contains(&addr))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -418,7 +448,10 @@ impl Sched {
         drop(st);
         let asleep: Vec<bool> = look
             .iter()
-            .map(|&(_, tid, _)| crate::procstate::asleep(tid))
+            .map(|&(_, tid, _)| {
+                crate::procstate::asleep(tid)
+                    && !crate::procstate::futex_wait_addr(tid).is_some_and(|a| self.is_own_lock(a))
+            })
             .collect();
         let mut st = self.lock();
         for (&(i, _, posts), asleep) in look.iter().zip(asleep) {
