@@ -482,7 +482,8 @@ fn stat(mc: &mut Mc, name: &str) -> Option<u64> {
 /// Expired items give their memory back (issue 41): each node's reclaimer deletes the
 /// expired items of its share of the index in the background, with the protocol's DELETE
 /// conditional on the version it read expired; live items stay. `stats` counts them as
-/// `reclaimed`, and `nessie status` shows the index emptied of them.
+/// `reclaimed`, those never read as `expired_unfetched` (under LRU, which keeps access words),
+/// and `curr_items` and `nessie status` show the index emptied of them.
 #[test]
 fn expired_items_are_reclaimed_in_the_background() {
     let base = free_port_range(2);
@@ -490,7 +491,13 @@ fn expired_items_are_reclaimed_in_the_background() {
         "expire-reclaim",
         2,
         "shm",
-        &["--no-etcd", "--memcached-port", &base.to_string()],
+        &[
+            "--no-etcd",
+            "--eviction",
+            "allkeys-lru",
+            "--memcached-port",
+            &base.to_string(),
+        ],
     );
     let mut mc = Mc::connect(base);
     const EXPIRING: u32 = 300;
@@ -499,6 +506,10 @@ fn expired_items_are_reclaimed_in_the_background() {
         let exptime = if i < EXPIRING { 1 } else { 0 };
         mc.send(format!("set k{i} 0 {exptime} 100\r\n{}\r\n", "v".repeat(100)).as_bytes());
         assert_eq!(mc.line(), "STORED\r\n", "set k{i}");
+    }
+    const READ: u32 = 100;
+    for i in 0..READ {
+        assert_eq!(mc.get(&format!("k{i}")).len(), 1, "k{i} before its expiry");
     }
     // Node 0's reclaimer deletes the expired items of node 0's share; node 1's of its own:
     // together, all of them.
@@ -522,6 +533,12 @@ fn expired_items_are_reclaimed_in_the_background() {
     for i in EXPIRING..EXPIRING + LIVE {
         assert_eq!(mc.get(&format!("k{i}")).len(), 1, "live k{i} is kept");
     }
+    let both = |m0: &mut Mc, m1: &mut Mc, name| stat(m0, name).unwrap() + stat(m1, name).unwrap();
+    assert_eq!(
+        both(&mut mc, &mut mc1, "expired_unfetched"),
+        u64::from(EXPIRING - READ)
+    );
+    assert_eq!(both(&mut mc, &mut mc1, "curr_items"), u64::from(LIVE));
     let status = c.nessie(&["status", "--json"]);
     let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let used: u64 = s
@@ -601,6 +618,20 @@ fn a_full_store_evicts_with_allkeys_random() {
         Some(evicted as f64),
         "{body}"
     );
+    // Prometheus gives the figures memcached `stats` gives. No writes now, but the node's
+    // reclaimer may still return released entries: `bytes` only falls.
+    let before = stat(&mut mc, "bytes").unwrap();
+    let (_, body) = http_get(metrics, "/metrics");
+    let after = stat(&mut mc, "bytes").unwrap();
+    let bytes = sample(&body, "nessie_data_entry_bytes").expect("entry bytes");
+    assert!(
+        (after as f64..=before as f64).contains(&bytes),
+        "{after} <= {bytes} <= {before}"
+    );
+    let limit = stat(&mut mc, "limit_maxbytes").map(|n| n as f64);
+    assert_eq!(sample(&body, "nessie_data_bytes_limit"), limit, "{body}");
+    let claimed = sample(&body, "nessie_data_bytes_claimed").expect("claimed bytes");
+    assert!(claimed > 0.0, "{body}");
     drop(c);
 }
 
@@ -653,6 +684,47 @@ fn volatile_ttl_evicts_only_items_with_an_expiry() {
     }
     let policy = redis_cli(resp, &["CONFIG", "GET", "maxmemory-policy"]);
     assert_eq!(policy, "maxmemory-policy\nvolatile-ttl\n");
+    // The counters of a full store: every item has its index entry on one node and its
+    // entry held by one writer, so the nodes' curr_items add up to the keys a scan finds and
+    // their bytes to at least those items' (all written through node 0 here).
+    let (mut items, mut bytes_sum) = (0, 0);
+    for node in 0..2 {
+        let mut m = Mc::connect(mcp + node);
+        items += stat(&mut m, "curr_items").unwrap();
+        let (bytes, limit) = (stat(&mut m, "bytes"), stat(&mut m, "limit_maxbytes"));
+        let (bytes, limit) = (bytes.unwrap(), limit.unwrap());
+        assert!(
+            limit > 1 << 20 && limit <= 2 << 20,
+            "node {node}: limit_maxbytes {limit} of --memory-per-node 2MiB"
+        );
+        bytes_sum += bytes;
+        assert_eq!(
+            stat(&mut m, "expired_unfetched"),
+            None,
+            "volatile-ttl keeps no access words"
+        );
+    }
+    let dbsize = redis_cli(resp, &["DBSIZE"]);
+    assert_eq!(
+        dbsize.trim(),
+        items.to_string(),
+        "DBSIZE against the nodes' curr_items"
+    );
+    assert!(
+        bytes_sum >= items * SIZE as u64,
+        "bytes {bytes_sum} for {items} items"
+    );
+    let info = redis_cli(resp, &["INFO", "memory"]);
+    let field = |name: &str| -> u64 {
+        let line = info.lines().find(|l| l.starts_with(&format!("{name}:")));
+        line.and_then(|l| l.split(':').nth(1)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {info}"))
+    };
+    let (used, max) = (field("used_memory"), field("maxmemory"));
+    assert!(
+        used <= max && used * 10 >= max * 9,
+        "a full node: used_memory {used} of {max}"
+    );
     drop(c);
 }
 

@@ -121,6 +121,17 @@ impl NodeCollector {
         single(enc, "index_present", help, g(f.present))?;
         let help = "Data table entries this node's writers hold (here and on other nodes)";
         single(enc, "data_entries_allocated", help, g(f.allocated))?;
+        let help = "Bytes of the data table entries this node's writers hold (memcached bytes)";
+        single(enc, "data_entry_bytes", help, g(f.entry_bytes))?;
+        let help = "Bytes of this node's data table claimed by a size class (Redis used_memory)";
+        single(
+            enc,
+            "data_bytes_claimed",
+            help,
+            g(f.pages_claimed * f.page_bytes),
+        )?;
+        let help = "Bytes of this node's data table (memcached limit_maxbytes, Redis maxmemory)";
+        single(enc, "data_bytes_limit", help, g(f.pages * f.page_bytes))?;
         single(
             enc,
             "data_pages",
@@ -137,6 +148,11 @@ impl NodeCollector {
             let help = "Expired front-end items this node's reclaimer deleted";
             let n = c.reclaimed.load(Ordering::Relaxed);
             single(enc, "expired_reclaimed", help, ConstCounter::new(n))?;
+            if self.node.protocol_config().eviction.tracks_access() {
+                let help = "Of them, never read since written (memcached expired_unfetched)";
+                let n = c.expired_unfetched.load(Ordering::Relaxed);
+                single(enc, "expired_unfetched", help, ConstCounter::new(n))?;
+            }
         }
         Ok(())
     }

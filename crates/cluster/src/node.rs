@@ -248,6 +248,7 @@ impl NodeContext {
             "page_bytes": self.table.classes().page_bytes(),
             "pages_claimed": claimed,
             "allocated": usage.iter().map(|u| u.in_use).sum::<u64>(),
+            "entry_bytes": usage.iter().map(|u| u.in_use * u.entry_size).sum::<u64>(),
             "reclaimed_total": counters.reclaimed_total,
             "scans": counters.scans,
             "room_scans": counters.room_scans,
@@ -264,7 +265,9 @@ impl NodeContext {
             ites: self.cfg.geometry.ites_per_node,
             present: self.present_in(INDEX_REGION),
             allocated: n("allocated"),
+            entry_bytes: n("entry_bytes"),
             pages: n("pages"),
+            page_bytes: n("page_bytes"),
             pages_claimed: n("pages_claimed"),
         }
     }
@@ -605,10 +608,18 @@ fn watch_signals(
 /// Run node `id` of the cluster described by `config_path` until it is told to stop.
 /// Fill of a node's tables, for its metrics.
 pub struct Fill {
+    /// Index entries of this node's index table.
     pub ites: u64,
+    /// Of them, in use.
     pub present: u64,
+    /// Data entries this node's writers hold (here and on other nodes).
     pub allocated: u64,
+    /// Their bytes (whole entries, metadata and slack included).
+    pub entry_bytes: u64,
+    /// Pages of this node's data table.
     pub pages: u64,
+    pub page_bytes: u64,
+    /// Of the pages, claimed by a size class.
     pub pages_claimed: u64,
 }
 
@@ -917,7 +928,7 @@ fn serve_frontends(
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     let gauges: Arc<dyn nessie_frontend::serve::StoreGauges> = Arc::new(NodeGauges {
-        table: ctx.table.clone(),
+        node: Arc::downgrade(ctx),
         policy: ctx.cfg.protocol_config().eviction,
     });
     for fe in &started {
@@ -943,19 +954,37 @@ fn serve_frontends(
     Ok((started, expire))
 }
 
-/// The node's figures its front ends report (`stats`, `INFO`): read from its allocator.
+/// The node's figures its front ends report (`stats`, `INFO`): read from its allocator and
+/// its own index table at each request (a local pass over the index: `stats` is not a hot
+/// command).
 #[derive(Debug)]
 struct NodeGauges {
-    table: Arc<ClassTable>,
+    /// Weak: the front ends' counters, which hold these gauges, must not keep the node alive.
+    node: std::sync::Weak<NodeContext>,
     policy: nessie_protocols::Eviction,
 }
 
 impl nessie_frontend::serve::StoreGauges for NodeGauges {
     fn evictions(&self) -> u64 {
-        self.table.evictions()
+        self.node.upgrade().map_or(0, |n| n.table.evictions())
     }
     fn eviction_policy(&self) -> &'static str {
         self.policy.name()
+    }
+    fn tracks_access(&self) -> bool {
+        self.policy.tracks_access()
+    }
+    fn figures(&self) -> nessie_frontend::serve::StoreFigures {
+        let Some(n) = self.node.upgrade() else {
+            return nessie_frontend::serve::StoreFigures::default();
+        };
+        let f = n.fill();
+        nessie_frontend::serve::StoreFigures {
+            items: f.present,
+            bytes: f.entry_bytes,
+            used_bytes: f.pages_claimed * f.page_bytes,
+            limit_bytes: f.pages * f.page_bytes,
+        }
     }
 }
 

@@ -146,7 +146,8 @@ mod tests {
             Reclaimed {
                 keys: 5,
                 expired: 2,
-                deleted: 2
+                deleted: 2,
+                unfetched: 0,
             }
         );
         let mut left: Vec<_> = m.0.keys().cloned().collect();

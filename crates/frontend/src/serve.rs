@@ -70,6 +70,27 @@ pub trait StoreGauges: Send + Sync + std::fmt::Debug {
     fn evictions(&self) -> u64;
     /// The eviction policy, by Redis's name (`maxmemory-policy`).
     fn eviction_policy(&self) -> &'static str;
+    /// Whether GETs keep access words under the policy, so that the reclaimer can tell
+    /// expired items never read (`expired_unfetched`).
+    fn tracks_access(&self) -> bool;
+    /// The node's tables now.
+    fn figures(&self) -> StoreFigures;
+}
+
+/// A node's tables at one moment (`docs/frontends.md`, "Counters"). A cluster's items and
+/// memory are the sums over its nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreFigures {
+    /// Items whose index entry is in this node's index table (memcached `curr_items`); every
+    /// item has one, on one node. Expired items not reclaimed yet count, as in memcached.
+    pub items: u64,
+    /// Bytes of the data entries this node's writers hold, wherever they are, old versions
+    /// waiting out their expiry period included (memcached `bytes`).
+    pub bytes: u64,
+    /// Bytes of this node's data table claimed by a size class (Redis `used_memory`).
+    pub used_bytes: u64,
+    /// Bytes of this node's data table (memcached `limit_maxbytes`, Redis `maxmemory`).
+    pub limit_bytes: u64,
 }
 
 /// Counters shared by a front end's connections (`stats`).
@@ -86,6 +107,9 @@ pub struct Counters {
     /// Expired items deleted in the background by the node's reclaimer (memcached `stats`
     /// `reclaimed`, Redis `INFO stats` `expired_keys`).
     pub reclaimed: AtomicU64,
+    /// Of them, never read since written (memcached `expired_unfetched`; counted under the
+    /// policies that keep access words only, [`StoreGauges::tracks_access`]).
+    pub expired_unfetched: AtomicU64,
     /// When the front end started (Unix seconds).
     pub started: AtomicU64,
     /// The store's own figures, set once by the node that serves the front end (unset: a
@@ -97,6 +121,18 @@ impl Counters {
     /// Items the store's writers evicted (0 without a store's gauges).
     pub fn evictions(&self) -> u64 {
         self.store.get().map_or(0, |s| s.evictions())
+    }
+
+    /// The store's tables now (zeros without a store's gauges).
+    pub fn figures(&self) -> StoreFigures {
+        self.store
+            .get()
+            .map_or_else(StoreFigures::default, |s| s.figures())
+    }
+
+    /// Whether the store's policy keeps access words (not without a store's gauges).
+    pub fn tracks_access(&self) -> bool {
+        self.store.get().is_some_and(|s| s.tracks_access())
     }
 
     /// The store's eviction policy (`noeviction` without a store's gauges).

@@ -243,11 +243,13 @@ impl KvClient for PlainClient {
     }
 }
 
-/// A store's gauges fixed at `evictions` and `policy`, for tests of `stats` and `INFO`.
+/// A store's gauges fixed at `evictions`, `policy` and `figures`, for tests of `stats` and
+/// `INFO`.
 #[derive(Debug)]
 pub struct FixedGauges {
     pub evictions: u64,
     pub policy: &'static str,
+    pub figures: crate::serve::StoreFigures,
 }
 
 impl crate::serve::StoreGauges for FixedGauges {
@@ -257,13 +259,31 @@ impl crate::serve::StoreGauges for FixedGauges {
     fn eviction_policy(&self) -> &'static str {
         self.policy
     }
+    fn tracks_access(&self) -> bool {
+        self.policy.ends_with("-lru") || self.policy.ends_with("-lfu")
+    }
+    fn figures(&self) -> crate::serve::StoreFigures {
+        self.figures
+    }
 }
+
+/// The figures [`counters_with_gauges`] reports.
+pub const FIXED_FIGURES: crate::serve::StoreFigures = crate::serve::StoreFigures {
+    items: 11,
+    bytes: 2200,
+    used_bytes: 65536,
+    limit_bytes: 1 << 20,
+};
 
 /// Counters whose store reports `evictions` evicted items under `policy`.
 pub fn counters_with_gauges(evictions: u64, policy: &'static str) -> crate::serve::Counters {
     let c = crate::serve::Counters::default();
     c.store
-        .set(std::sync::Arc::new(FixedGauges { evictions, policy }))
+        .set(std::sync::Arc::new(FixedGauges {
+            evictions,
+            policy,
+            figures: FIXED_FIGURES,
+        }))
         .expect("fresh counters");
     c
 }

@@ -88,8 +88,6 @@ pub fn unsupported(what: &str) -> Error {
     ))
 }
 
-/// What every protocol's client offers: the key-value API. Workloads, stress tests and
-/// benchmarks drive clients through it, whatever the protocol and fabric.
 /// What a pass of reclaiming expired items over a window of the index did.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
@@ -99,6 +97,10 @@ pub struct Reclaimed {
     pub expired: u64,
     /// Of those, deleted by this pass (the rest were rewritten or deleted by others first).
     pub deleted: u64,
+    /// Of the deleted, never read since written: no GET marked their access word fetched
+    /// (known only under the policies that keep access words, [`Eviction::tracks_access`];
+    /// under the others no GET marks one and every deleted item counts).
+    pub unfetched: u64,
 }
 
 impl std::ops::AddAssign for Reclaimed {
@@ -106,9 +108,12 @@ impl std::ops::AddAssign for Reclaimed {
         self.keys += o.keys;
         self.expired += o.expired;
         self.deleted += o.deleted;
+        self.unfetched += o.unfetched;
     }
 }
 
+/// What every protocol's client offers: the key-value API. Workloads, stress tests and
+/// benchmarks drive clients through it, whatever the protocol and fabric.
 pub trait KvClient: Send {
     /// Read `key`; `Ok(None)` if absent.
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;

@@ -138,6 +138,8 @@ fn count(r: Reclaimed, counters: &[Arc<Counters>], totals: &Totals) {
     totals.deleted.fetch_add(r.deleted, Ordering::Relaxed);
     for c in counters {
         c.reclaimed.fetch_add(r.deleted, Ordering::Relaxed);
+        c.expired_unfetched
+            .fetch_add(r.unfetched, Ordering::Relaxed);
     }
 }
 

@@ -2,12 +2,15 @@
 //! needs to know of an entry's use, kept by GETs with one-sided WRITEs.
 //!
 //! ```text
-//!  63 ...... 56   55 ....... 48   47 .......................................... 0
-//! +-------------+----------------+-----------------------------------------------+
-//! | zero        | LFU counter    | last access, ms since the Unix epoch (48 bits) |
-//! +-------------+----------------+-----------------------------------------------+
+//!  63 .... 57  56  55 ....... 48   47 .......................................... 0
+//! +-----------+---+----------------+-----------------------------------------------+
+//! | zero      | F | LFU counter    | last access, ms since the Unix epoch (48 bits) |
+//! +-----------+---+----------------+-----------------------------------------------+
 //! ```
 //!
+//! - **F, fetched**: set by the first GET that touches the entry, whatever the clock's age, so
+//!   the reclaimer of expired items can count those never read (memcached's
+//!   `expired_unfetched`). It costs one WRITE per item read at least once.
 //! - **The access clock is coarse.** A GET rewrites the word only when the clock it holds is at
 //!   least [`ACCESS_INTERVAL_MS`] old (or, for LFU, when the counter moves), so a hot key costs
 //!   one WRITE per interval, not one per GET. Redis's LRU clock has a resolution of 1 s;
@@ -33,6 +36,7 @@ pub const LFU_DECAY_MS: u64 = 60_000;
 const CLOCK_BITS: u32 = 48;
 const CLOCK_MASK: u64 = (1 << CLOCK_BITS) - 1;
 const LFU_SHIFT: u32 = CLOCK_BITS;
+const FETCHED: u64 = 1 << 56;
 
 /// A DTE's access word, decoded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
@@ -46,6 +50,11 @@ impl Access {
 
     fn of(last_ms: u64, lfu: u8) -> Self {
         Self(last_ms & CLOCK_MASK | (lfu as u64) << LFU_SHIFT)
+    }
+
+    /// Whether a GET has touched the entry since it was written.
+    pub fn fetched(self) -> bool {
+        self.0 & FETCHED != 0
     }
 
     /// When the entry was last read (or written), ms since the Unix epoch.
@@ -66,12 +75,14 @@ impl Access {
     }
 
     /// The word a GET at `now_ms` should write, if any: the clock when it is
-    /// [`ACCESS_INTERVAL_MS`] old, and with `lfu` the counter, decayed and then incremented
-    /// with Redis's probability (`coin` uniform in `0..u64::MAX`).
+    /// [`ACCESS_INTERVAL_MS`] old or the entry was never fetched, and with `lfu` the counter,
+    /// decayed and then incremented with Redis's probability (`coin` uniform in
+    /// `0..u64::MAX`). The word written is always marked fetched.
     pub fn touched(self, now_ms: u64, lfu: bool, coin: u64) -> Option<Access> {
-        let stale = now_ms.saturating_sub(self.last_ms()) >= ACCESS_INTERVAL_MS;
+        let stale = now_ms.saturating_sub(self.last_ms()) >= ACCESS_INTERVAL_MS || !self.fetched();
+        let of = |c| Self(Self::of(now_ms, c).0 | FETCHED);
         if !lfu {
-            return stale.then(|| Self::of(now_ms, self.counter()));
+            return stale.then(|| of(self.counter()));
         }
         let mut c = self.lfu_at(now_ms);
         if c < u8::MAX {
@@ -81,7 +92,7 @@ impl Access {
                 c += 1;
             }
         }
-        (stale || c != self.counter()).then(|| Self::of(now_ms, c))
+        (stale || c != self.counter()).then(|| of(c))
     }
 }
 
@@ -95,18 +106,32 @@ mod tests {
     fn a_new_word_round_trips_and_fits_its_bits() {
         let a = Access::new(NOW);
         assert_eq!((a.last_ms(), a.counter()), (NOW, LFU_INIT));
-        assert_eq!(a.0 >> 56, 0, "the top byte is zero");
+        assert_eq!(a.0 >> 56, 0, "the top byte is zero: not fetched");
+        assert!(!a.fetched());
         const { assert!(NOW < CLOCK_MASK, "48 bits of ms last until the year 10889") };
     }
 
     #[test]
+    fn the_first_touch_marks_the_entry_fetched_whatever_the_clock() {
+        for lfu in [false, true] {
+            let a = Access::new(NOW);
+            let b = a.touched(NOW + 1, lfu, 1).expect("the first touch writes");
+            assert!(b.fetched() && b.last_ms() == NOW + 1, "{b:?}");
+            assert_eq!(b.0 >> 57, 0, "bits above F stay zero");
+            // Once fetched, the interval applies again (the coin misses above LFU_INIT + 1).
+            let hot = Access(Access::of(NOW, LFU_INIT + 3).0 | FETCHED);
+            assert_eq!(hot.touched(NOW + 1, lfu, 1), None);
+        }
+    }
+
+    #[test]
     fn the_clock_is_rewritten_once_per_interval() {
-        let a = Access::new(NOW);
+        let a = Access::new(NOW).touched(NOW, false, 0).unwrap();
         assert_eq!(a.touched(NOW + ACCESS_INTERVAL_MS - 1, false, 0), None);
         let b = a.touched(NOW + ACCESS_INTERVAL_MS, false, 0).unwrap();
         assert_eq!(
-            (b.last_ms(), b.counter()),
-            (NOW + ACCESS_INTERVAL_MS, LFU_INIT)
+            (b.last_ms(), b.counter(), b.fetched()),
+            (NOW + ACCESS_INTERVAL_MS, LFU_INIT, true)
         );
         assert_eq!(
             a.touched(NOW - 5, false, 0),
@@ -121,7 +146,7 @@ mod tests {
         let a = Access::new(NOW).touched(NOW, true, 7).unwrap();
         assert_eq!(a.counter(), LFU_INIT + 1);
         // Above it, an access counts with probability 1 / (base × 10 + 1).
-        let hot = Access::of(NOW, LFU_INIT + 3);
+        let hot = Access(Access::of(NOW, LFU_INIT + 3).0 | FETCHED);
         assert_eq!(
             hot.touched(NOW, true, 1),
             None,
@@ -144,7 +169,7 @@ mod tests {
         assert_eq!(w.lfu_at(NOW + 3 * LFU_DECAY_MS), w.counter() - 3);
         assert_eq!(Access::of(NOW, 2).lfu_at(NOW + 100 * LFU_DECAY_MS), 0);
         // The counter saturates.
-        let max = Access::of(NOW, u8::MAX);
+        let max = Access(Access::of(NOW, u8::MAX).0 | FETCHED);
         assert_eq!(max.touched(NOW, true, 0), None);
     }
 }

@@ -549,6 +549,7 @@ impl Conn<'_> {
         let c = self.counters;
         let now = unix_now();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let f = c.figures();
         let lines = [
             ("pid", std::process::id() as u64),
             ("uptime", now.saturating_sub(get(&c.started))),
@@ -563,12 +564,19 @@ impl Conn<'_> {
             ("delete_misses", get(&c.delete_misses)),
             ("reclaimed", get(&c.reclaimed)),
             ("evictions", c.evictions()),
+            ("curr_items", f.items),
+            ("bytes", f.bytes),
+            ("limit_maxbytes", f.limit_bytes),
         ];
+        // Known only where GETs keep access words: absent rather than a made-up zero.
+        let unfetched = c
+            .tracks_access()
+            .then(|| ("expired_unfetched", get(&c.expired_unfetched)));
         let v = format!(
             "STAT version {PROTOCOL_VERSION}-nessie-{}\r\n",
             env!("CARGO_PKG_VERSION")
         );
-        for (name, value) in lines {
+        for (name, value) in lines.into_iter().chain(unfetched) {
             self.out
                 .extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
         }
@@ -1306,14 +1314,31 @@ mod tests {
         assert!(out.contains("STAT evictions 0\r\n"), "{out}");
     }
 
-    /// `stats` reports the evictions the store counted.
+    /// `stats` reports the store's evictions, items and memory, and `expired_unfetched` only
+    /// under a policy that keeps access words.
     #[test]
-    fn stats_report_the_stores_evictions() {
+    fn stats_report_the_stores_figures() {
         let b = MapBackend::default();
-        let c = crate::testing::counters_with_gauges(42, "allkeys-random");
-        let mut p = Pipe::new(b"stats\r\n", 64);
-        serve(&mut p, &b, LIMITS, &c).unwrap();
-        let out = String::from_utf8(p.output).unwrap();
-        assert!(out.contains("STAT evictions 42\r\n"), "{out}");
+        let f = crate::testing::FIXED_FIGURES;
+        for (policy, unfetched) in [("allkeys-random", false), ("allkeys-lru", true)] {
+            let c = crate::testing::counters_with_gauges(42, policy);
+            c.expired_unfetched.store(3, Ordering::Relaxed);
+            let mut p = Pipe::new(b"stats\r\n", 64);
+            serve(&mut p, &b, LIMITS, &c).unwrap();
+            let out = String::from_utf8(p.output).unwrap();
+            for line in [
+                "STAT evictions 42\r\n".to_string(),
+                format!("STAT curr_items {}\r\n", f.items),
+                format!("STAT bytes {}\r\n", f.bytes),
+                format!("STAT limit_maxbytes {}\r\n", f.limit_bytes),
+            ] {
+                assert!(out.contains(&line), "{line:?} in {out}");
+            }
+            assert_eq!(
+                out.contains("STAT expired_unfetched 3\r\n"),
+                unfetched,
+                "{policy}: {out}"
+            );
+        }
     }
 }

@@ -437,10 +437,20 @@ impl Conn<'_> {
                     self.counters.reclaimed.load(Ordering::Relaxed),
                     self.counters.evictions()
                 )),
-                "memory" => text.push_str(&format!(
-                    "# Memory\r\nmaxmemory_policy:{}\r\n",
-                    self.counters.eviction_policy()
-                )),
+                "memory" => {
+                    let f = self.counters.figures();
+                    text.push_str(&format!(
+                        "# Memory\r\nused_memory:{}\r\nused_memory_human:{}\r\n\
+                         maxmemory:{}\r\nmaxmemory_human:{}\r\nmaxmemory_policy:{}\r\n\
+                         nessie_item_bytes:{}\r\n",
+                        f.used_bytes,
+                        human_bytes(f.used_bytes),
+                        f.limit_bytes,
+                        human_bytes(f.limit_bytes),
+                        self.counters.eviction_policy(),
+                        f.bytes,
+                    ))
+                }
                 _ => {
                     let now = unix_now_ms();
                     let c = match self.with(|c| crate::keyspace::census(c, now)) {
@@ -616,6 +626,7 @@ impl Conn<'_> {
     /// `appendonly`): persistence is off.
     fn config(&mut self, rest: &[&[u8]]) {
         let policy = self.counters.eviction_policy().as_bytes();
+        let maxmemory = self.counters.figures().limit_bytes.to_string();
         let (e, out) = (self.enc, &mut self.out);
         match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
             Some(b"get") if rest.len() >= 2 => {
@@ -626,6 +637,7 @@ impl Conn<'_> {
                         b"appendonly" => Some((&b"appendonly"[..], &b"no"[..])),
                         b"databases" => Some((&b"databases"[..], &b"1"[..])),
                         b"maxmemory-policy" => Some((&b"maxmemory-policy"[..], policy)),
+                        b"maxmemory" => Some((&b"maxmemory"[..], maxmemory.as_bytes())),
                         _ => None,
                     })
                     .collect();
@@ -865,6 +877,22 @@ impl Arity {
 }
 
 /// Longest command name lowercased on the stack.
+/// Bytes as Redis's `INFO` writes them for people (`used_memory_human`): `B` below a KiB,
+/// else two decimals of `K`, `M`, `G` or `T` (powers of 1024).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["K", "M", "G", "T"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2}{}", UNITS[unit])
+}
+
 const NAME_MAX: usize = 16;
 
 /// `name` in lowercase, in `buf`, if it is ASCII and fits.
@@ -933,18 +961,29 @@ mod tests {
         let input = cmds(&[
             &["INFO", "memory", "stats"],
             &["CONFIG", "GET", "maxmemory-policy"],
+            &["CONFIG", "GET", "maxmemory"],
         ]);
         let c = crate::testing::counters_with_gauges(7, "allkeys-random");
         let mut p = Pipe::new(&input, 4096);
         serve(&mut p, &b, LIMITS, &c, 7).unwrap();
         let out = String::from_utf8(p.output).unwrap();
+        let f = crate::testing::FIXED_FIGURES;
         for want in [
-            "maxmemory_policy:allkeys-random\r\n",
-            "evicted_keys:7\r\n",
-            "$16\r\nmaxmemory-policy\r\n$14\r\nallkeys-random\r\n",
+            "maxmemory_policy:allkeys-random\r\n".to_string(),
+            "evicted_keys:7\r\n".to_string(),
+            format!(
+                "used_memory:{}\r\nused_memory_human:64.00K\r\n",
+                f.used_bytes
+            ),
+            format!("maxmemory:{}\r\nmaxmemory_human:1.00M\r\n", f.limit_bytes),
+            format!("nessie_item_bytes:{}\r\n", f.bytes),
+            "$16\r\nmaxmemory-policy\r\n$14\r\nallkeys-random\r\n".to_string(),
+            format!("$9\r\nmaxmemory\r\n$7\r\n{}\r\n", f.limit_bytes),
         ] {
-            assert!(out.contains(want), "{want:?} in {out}");
+            assert!(out.contains(&want), "{want:?} in {out}");
         }
+        assert_eq!(human_bytes(1023), "1023B");
+        assert_eq!(human_bytes(3 << 29), "1.50G");
         let out = session(&b, &input, 4096);
         assert!(out.contains("maxmemory_policy:noeviction\r\n"), "{out}");
         assert!(out.contains("evicted_keys:0\r\n"), "{out}");

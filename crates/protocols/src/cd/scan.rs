@@ -54,16 +54,19 @@ impl<E: Endpoint> CdClient<E> {
         self.scan_window(slots, |ite, meta, key| {
             r.keys += 1;
             if meta.expired_at(now) {
-                expired.push((key.to_vec(), ite.0));
+                expired.push((key.to_vec(), ite.0, meta.access.fetched()));
             }
             Ok(())
         })?;
         r.expired = expired.len() as u64;
         self.see_expired = true;
         let mut result = Ok(());
-        for (key, version) in expired {
+        for (key, version, fetched) in expired {
             match self.delete_if(&key, crate::Cond::Version(version)) {
-                Ok(crate::CondOutcome::Stored) => r.deleted += 1,
+                Ok(crate::CondOutcome::Stored) => {
+                    r.deleted += 1;
+                    r.unfetched += u64::from(!fetched);
+                }
                 Ok(crate::CondOutcome::Unmet { .. }) => {}
                 Err(e) => {
                     result = Err(e);
@@ -219,6 +222,31 @@ mod tests {
             let again = w.reclaim_expired_in(0..total).unwrap();
             assert_eq!((again.keys, again.expired, again.deleted), (3, 0, 0));
         }
+    }
+
+    /// Under a policy that keeps access words, the reclaim tells the expired items no GET read
+    /// (memcached's `expired_unfetched`) from those read.
+    #[test]
+    fn a_reclaim_counts_the_expired_items_never_read() {
+        use crate::config::ProtocolConfig;
+        use crate::Eviction;
+        let cfg = ProtocolConfig {
+            eviction: Eviction::AllkeysLru,
+            ..super::super::testkit::fast_cfg()
+        };
+        let c = InProcCluster::new(super::super::testkit::small_geometry(), cfg);
+        let (mut w, mut r) = (c.client(0), c.client(1));
+        let soon = nessie_fabric::wall_clock_ns() + 30_000_000;
+        for k in [&b"read"[..], b"unread1", b"unread2"] {
+            w.put_parts_expiring(k, &[b"v"], soon).unwrap();
+        }
+        // Read at once, well within the access interval: the first touch still marks it.
+        assert!(r.get(b"read").unwrap().is_some());
+        assert!(r.stats().access_writes >= 1);
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        let total = c.view.geometry.total_ites();
+        let done = w.reclaim_expired_in(0..total).unwrap();
+        assert_eq!((done.deleted, done.unfetched), (3, 2), "{done:?}");
     }
 
     /// A key rewritten between the reclaim's read of its expired entry and its DELETE keeps
