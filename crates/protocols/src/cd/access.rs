@@ -725,7 +725,8 @@ impl<E: Endpoint> CdClient<E> {
         } else {
             now + self.cfg.expiry_ns
         };
-        let word = nessie_store::DteLayout::recycle_word(expires).to_le_bytes();
+        let raw = nessie_store::DteLayout::recycle_word(expires);
+        let word = raw.to_le_bytes();
         let loc = self.dte_location(ite);
         let r = if loc.node == self.ep.node() {
             self.ep
@@ -737,7 +738,13 @@ impl<E: Endpoint> CdClient<E> {
             )
         };
         match r {
-            Ok(()) => self.stats.recycled += 1,
+            Ok(()) => {
+                self.stats.recycled += 1;
+                // An entry of our own allocator comes back to it without a scan.
+                if let Some(slot) = self.names(ite) {
+                    self.table.note_recycled(&mut self.ep, slot, raw);
+                }
+            }
             Err(e) => {
                 // The operation itself has completed; the entry is lost to its table until the
                 // node is restarted. Count it rather than fail a successful operation.

@@ -241,12 +241,9 @@ impl<E: Endpoint> CdClient<E> {
         if self.names(Ite(version)) != Some(slot) {
             return Ok(false); // the key has moved on: this entry holds a previous version
         }
-        if !self.delete_victim(key, version)? {
-            return Ok(false);
-        }
-        // Listed to come back to our allocator once it has expired, without a scan.
-        self.table.note_released(&mut self.ep, slot)?;
-        Ok(true)
+        // Its DELETE's recycling lists the entry to come back to our allocator once it has
+        // expired, without a scan (`ClassTable::note_recycled`).
+        self.delete_victim(key, version)
     }
 
     /// The key's current version, expired or not (an eviction deletes expired items too).
@@ -322,7 +319,7 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// The data table entry a present ITE names (`None` for an empty word).
-    fn names(&self, ite: Ite) -> Option<DteSlot> {
+    pub(crate) fn names(&self, ite: Ite) -> Option<DteSlot> {
         if ite.is_empty() {
             return None;
         }
