@@ -68,11 +68,15 @@ run() { # system binary -> one JSON line
         ports=("$port" "$((port + 1))")
     fi
     memcslap -s "127.0.0.1:$port" -t set -c "$THREADS" -e "$EXEC" >"$DIR/slap.out" 2>&1 || true
-    local secs errors held
+    local secs errors held keys
     secs=$(awk '/^Time to set/ {print $(NF-1)}' "$DIR/slap.out")
+    keys=$(awk '/^Time to set/ {print $4}' "$DIR/slap.out")
     errors=$(grep -ci "error\|fail" "$DIR/slap.out" || true)
+    # memcslap stops a thread at its first failed set: a short count is an error too.
+    [ "${keys:-0}" = $((EXEC * THREADS)) ] || errors=$((errors + 1))
+    grep -i "error\|fail" "$DIR/slap.out" | head -3 >&2 || true
     held=$(items "${ports[@]}")
-    echo "{\"system\": \"$1\", \"seconds\": ${secs:-null}, \"errors\": $errors, \"items\": $held}" | tee -a "$DIR/runs.jsonl"
+    echo "{\"system\": \"$1\", \"seconds\": ${secs:-null}, \"keys\": ${keys:-0}, \"errors\": $errors, \"items\": $held}" | tee -a "$DIR/runs.jsonl"
     if [ "$1" = memcached ]; then
         kill "$MC_PID"; wait "$MC_PID" 2>/dev/null || true; MC_PID=
     else

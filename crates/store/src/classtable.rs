@@ -648,13 +648,37 @@ impl ClassTable {
     /// Whether a writer of `class` should make room by evicting before it runs out: every page
     /// is claimed (the last claim found none) and the entries of `class` at hand or awaiting
     /// expiry are fewer than twice what this node's writers took in the last `period_ns` (an
-    /// expiry period), a quarter page at least and `max` at most. An evicted entry is reusable only an
-    /// expiry period after its DELETE (readers may still be reading it): a writer that evicted
-    /// only once it had no room would wait that long, and one that keeps a period's worth of
-    /// entries in flight never waits.
-    pub fn short_of_room(&self, class: u8, now_ns: u64, period_ns: u64, max: u64) -> bool {
+    /// expiry period), a quarter page at least and `max` at most. An evicted entry is reusable
+    /// only an expiry period after its DELETE (readers may still be reading it): a writer that
+    /// evicted only once it had no room would wait that long, and one that keeps a period's
+    /// worth of entries in flight never waits. But entries in flight hold no items: the bytes
+    /// at hand or awaiting expiry, of every class together, stay below `1 / share` of the
+    /// pages this table holds. Past that, writers wait for room rather than evict more (a
+    /// writer at 12,000 `set`s a second with a 1 s expiry period would otherwise keep half of
+    /// the memory in flight, 20 classes at a time, and hold a tenth of the items it could).
+    pub fn short_of_room(
+        &self,
+        class: u8,
+        now_ns: u64,
+        period_ns: u64,
+        max: u64,
+        share: u64,
+    ) -> bool {
         let mut s = self.state.lock().unwrap();
         if !s.exhausted {
+            return false;
+        }
+        let budget = s.pages.len() as u64 * self.classes.page_bytes() / share.max(1);
+        let in_flight: u64 = s
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(c, st)| {
+                let entries = (st.normal.free.len() + st.pending.len()) as u64;
+                entries * self.classes.entry_size(c as u8)
+            })
+            .sum();
+        if in_flight >= budget {
             return false;
         }
         let per_page = self.classes.per_page(class);
@@ -1350,27 +1374,30 @@ mod tests {
 
     /// Eviction's signal: only once every page is claimed, and then while the class has fewer
     /// entries at hand than twice what its writers took in the last period (a quarter page at
-    /// least, `max` at most).
+    /// least, `max` at most), and all classes' together less than 1/share of the held pages.
     #[test]
     fn short_of_room_follows_the_rate_of_the_class() {
         let (f, t) = setup_many(16);
         let mut ep = f.endpoint(0);
         let quarter = t[0].classes().per_page(0) / 4;
-        assert!(!t[0].short_of_room(0, 0, 1_000, u64::MAX), "pages are free");
+        assert!(
+            !t[0].short_of_room(0, 0, 1_000, u64::MAX, 1),
+            "pages are free"
+        );
         let mut taken = Vec::new();
         while let Ok(s) = t[0].alloc_for(&mut ep, 0, Purpose::Value) {
             taken.push(s);
         }
         assert!(
-            t[0].short_of_room(0, 0, 1_000, u64::MAX),
+            t[0].short_of_room(0, 0, 1_000, u64::MAX, 1),
             "full, nothing at hand"
         );
-        assert!(!t[0].short_of_room(0, 0, 1_000, 0), "max 0: never short");
+        assert!(!t[0].short_of_room(0, 0, 1_000, 0, 1), "max 0: never short");
         for s in taken.drain(..quarter as usize) {
             t[0].release_unpublished(&mut ep, s);
         }
         assert!(
-            !t[0].short_of_room(0, 0, 1_000, u64::MAX),
+            !t[0].short_of_room(0, 0, 1_000, u64::MAX, 1),
             "a quarter page at hand"
         );
         // A period in which 3 quarter pages were taken: twice that is wanted at hand.
@@ -1391,12 +1418,19 @@ mod tests {
         }
         // `quarter` entries at hand, and 3 quarters (and the fill) taken in the window.
         assert!(
-            t[0].short_of_room(0, 1_000, 1_000, u64::MAX),
+            t[0].short_of_room(0, 1_000, 1_000, u64::MAX, 1),
             "the rate asks for more"
         );
         assert!(
-            !t[0].short_of_room(0, 1_500, 1_000, quarter),
+            !t[0].short_of_room(0, 1_500, 1_000, quarter, 1),
             "capped at max"
+        );
+        // The bytes at hand of every class together are capped at 1/share of the held pages:
+        // an eighth of a page here, less than the quarter page at hand.
+        let held = t[0].usage().iter().map(|u| u.pages).sum::<u64>();
+        assert!(
+            !t[0].short_of_room(0, 1_500, 1_000, u64::MAX, 8 * held),
+            "capped across classes"
         );
     }
 

@@ -44,8 +44,9 @@ pub const EVICT_ROUNDS: usize = 4;
 pub const VOLATILE_SAMPLE_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
 pub const INDEX_EVICTION_RETRIES: u32 = 4;
-/// A class's headroom is at most this fraction of a node's pages (1/8): headroom is memory not
-/// holding items.
+/// A class's headroom is at most this fraction of a node's pages (1/8), and all classes'
+/// together this fraction of the pages the node's writers hold: headroom is memory not holding
+/// items.
 pub const HEADROOM_SHARE: u64 = 8;
 
 impl<E: Endpoint> CdClient<E> {
@@ -99,7 +100,7 @@ impl<E: Endpoint> CdClient<E> {
         let now = self.ep.now_ns();
         if self
             .table
-            .short_of_room(class, now, self.cfg.expiry_ns, max)
+            .short_of_room(class, now, self.cfg.expiry_ns, max, HEADROOM_SHARE)
         {
             if let Err(e) = self.evict_class(class, EVICT_AHEAD) {
                 tracing::debug!(%e, class, "eviction ahead failed");
