@@ -554,6 +554,38 @@ fn expired_items_are_reclaimed_in_the_background() {
     );
 }
 
+/// A 2-node cluster over shared memory that evicts under `policy`, with `memory` per node and
+/// the memcached and RESP front ends at `mcp` and `resp` (and `extra` flags). Its expiry period
+/// is short: evicted entries come back an expiry period after their DELETE, and a short one
+/// keeps writers at full from waiting long (docs/frontends.md).
+fn evicting_cluster(
+    name: &str,
+    memory: &str,
+    policy: &str,
+    mcp: u16,
+    resp: u16,
+    extra: &[&str],
+) -> Cluster {
+    let (mc, rs) = (mcp.to_string(), resp.to_string());
+    let mut args = vec![
+        "--no-etcd",
+        "--memory-per-node",
+        memory,
+        "--eviction",
+        policy,
+    ];
+    args.extend([
+        "--expiry-ms",
+        "50",
+        "--memcached-port",
+        &mc,
+        "--resp-port",
+        &rs,
+    ]);
+    args.extend_from_slice(extra);
+    Cluster::up(name, 2, "shm", &args)
+}
+
 /// With `--eviction allkeys-random`, a store written to three times what it holds takes
 /// every write, and the evictions show in memcached `stats`, Redis `INFO`, `CONFIG GET
 /// maxmemory-policy` and Prometheus; recent keys read back whole or not at all.
@@ -561,30 +593,9 @@ fn expired_items_are_reclaimed_in_the_background() {
 fn a_full_store_evicts_with_allkeys_random() {
     let base = free_port_range(6);
     let (mcp, resp, metrics) = (base, base + 2, base + 4);
-    let c = Cluster::up(
-        "evict",
-        2,
-        "shm",
-        &[
-            "--no-etcd",
-            "--value-max",
-            "4KiB",
-            "--memory-per-node",
-            "2MiB",
-            "--eviction",
-            "allkeys-random",
-            // Evicted entries come back an expiry period after their DELETE: a short one
-            // keeps writers at full from waiting long.
-            "--expiry-ms",
-            "50",
-            "--memcached-port",
-            &mcp.to_string(),
-            "--resp-port",
-            &resp.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-        ],
-    );
+    let metrics_port = metrics.to_string();
+    let extra = ["--value-max", "4KiB", "--metrics-port", &metrics_port];
+    let c = evicting_cluster("evict", "2MiB", "allkeys-random", mcp, resp, &extra);
     let mut mc = Mc::connect(mcp);
     const SIZE: usize = 2000;
     // 2 × 2 MiB hold about 2,000 items of 2000 B: write three times that.
@@ -642,26 +653,8 @@ fn a_full_store_evicts_with_allkeys_random() {
 fn volatile_ttl_evicts_only_items_with_an_expiry() {
     let base = free_port_range(4);
     let (mcp, resp) = (base, base + 2);
-    let c = Cluster::up(
-        "volatile",
-        2,
-        "shm",
-        &[
-            "--no-etcd",
-            "--value-max",
-            "4KiB",
-            "--memory-per-node",
-            "2MiB",
-            "--eviction",
-            "volatile-ttl",
-            "--expiry-ms",
-            "50",
-            "--memcached-port",
-            &mcp.to_string(),
-            "--resp-port",
-            &resp.to_string(),
-        ],
-    );
+    let extra = ["--value-max", "4KiB"];
+    let c = evicting_cluster("volatile", "2MiB", "volatile-ttl", mcp, resp, &extra);
     let mut mc = Mc::connect(mcp);
     const SIZE: usize = 2000;
     const KEPT: u32 = 100;
@@ -736,25 +729,7 @@ fn volatile_ttl_evicts_only_items_with_an_expiry() {
 fn memcslap_and_redis_benchmark_at_ten_times_the_memory_with_eviction() {
     let base = free_port_range(4);
     let (mcp, resp) = (base, base + 2);
-    let c = Cluster::up(
-        "tenfold",
-        2,
-        "shm",
-        &[
-            "--no-etcd",
-            "--memory-per-node",
-            "4MiB",
-            "--eviction",
-            "allkeys-lru",
-            // A short expiry period: evicted entries come back soon (docs/frontends.md).
-            "--expiry-ms",
-            "50",
-            "--memcached-port",
-            &mcp.to_string(),
-            "--resp-port",
-            &resp.to_string(),
-        ],
-    );
+    let c = evicting_cluster("tenfold", "4MiB", "allkeys-lru", mcp, resp, &[]);
     let out = Command::new("memcslap")
         .args(["-s", &format!("127.0.0.1:{mcp}"), "-t", "set", "-c", "2"])
         .args(["-e", "20000"])

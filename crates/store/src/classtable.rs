@@ -739,9 +739,8 @@ impl ClassTable {
     /// pending until its expiry, so that writers take it then without a scan. What a scan
     /// would list for it is the same pair (the ready time comes from the word), so a later
     /// scan does not list it twice. Listed only if its time has not come yet (see below).
-    /// Without this, a writer at full scanned pages for each
-    /// entry it needed (a DELETE's marker per eviction: 150,000 bounded scans of 16 pages in a
-    /// `memcslap` run).
+    /// Without this, a writer at full scanned pages for each entry it needed (a DELETE's
+    /// marker per eviction: 150,000 bounded scans of 16 pages in a `memcslap` run).
     pub fn note_recycled<E: Endpoint>(&self, ep: &mut E, slot: Slot, word: u64) {
         let Some(expiry) = DteLayout::recycle_expiry(word) else {
             return;

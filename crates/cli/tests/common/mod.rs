@@ -147,15 +147,29 @@ pub fn restart(c: &Cluster, id: u16) -> Restarted {
     )
 }
 
-/// A base port with `n` free loopback ports from it (node K listens on base + K).
+/// A base port with `n` free loopback ports from it (node K listens on base + K), never one
+/// this process handed out before: the ports are free when checked but not held, so two
+/// ranges drawn at once (by one test for several front ends, or by tests running side by
+/// side) could otherwise overlap, and a node would fail to bind ("Address already in use").
 pub fn free_port_range(n: u16) -> u16 {
+    static HANDED: std::sync::Mutex<Vec<std::ops::Range<u16>>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..200 {
         // Below the usual ephemeral range (32768..), where bind(0) would not hand them out.
         let base: u16 = 20_000 + rand_u16() % 12_000;
-        let held: Vec<_> = (0..n)
-            .map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
+        let range = base..base + n;
+        if handed
+            .iter()
+            .any(|r| r.start < range.end && range.start < r.end)
+        {
+            continue;
+        }
+        let held: Vec<_> = range
+            .clone()
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
             .collect();
         if held.len() == n as usize {
+            handed.push(range);
             return base;
         }
     }
