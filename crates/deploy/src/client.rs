@@ -210,4 +210,10 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             _ => &[],
         }
     }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        match self {
+            ModeClient::Cd(c) => c.evicted_unsure(),
+            _ => &[],
+        }
+    }
 }

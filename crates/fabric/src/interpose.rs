@@ -34,6 +34,11 @@ pub trait Interposer: Send {
     fn after_cas(&mut self, _addr: RemoteAddr) -> Result<(), FabricError> {
         Ok(())
     }
+
+    /// After a write at `addr` took place: an error loses its answer.
+    fn after_write(&mut self, _addr: RemoteAddr) -> Result<(), FabricError> {
+        Ok(())
+    }
 }
 
 /// `inner` with `hook` in front of every operation.
@@ -64,7 +69,8 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
         self.hook.before(Op::Write(addr))?;
-        self.inner.write(addr, buf)
+        self.inner.write(addr, buf)?;
+        self.hook.after_write(addr)
     }
 
     fn compare_and_swap(
@@ -96,9 +102,10 @@ impl<E: Endpoint, I: Interposer> Endpoint for Interposed<E, I> {
         offset: u64,
         buf: &[u8],
     ) -> Result<(), FabricError> {
-        self.hook
-            .before(Op::LocalWrite(self.local(region, offset)))?;
-        self.inner.local_write(region, offset, buf)
+        let at = self.local(region, offset);
+        self.hook.before(Op::LocalWrite(at))?;
+        self.inner.local_write(region, offset, buf)?;
+        self.hook.after_write(at)
     }
 
     crate::forward_endpoint!(field inner);

@@ -112,6 +112,11 @@ pub struct Mutations {
     /// An eviction deletes its victim whatever the victim's version now, not only the version
     /// it sampled: a key rewritten in between loses its new value.
     pub evict_unconditionally: bool,
+    /// A write whose commit (Step 6) was issued and failed unable to tell whether it landed
+    /// forgets so: giving up, it finds its entry gone from the index (or valid there) and
+    /// reports that it took no effect (as before this was found). A conditional DELETE so
+    /// reports a failure though the key is gone: an eviction's went unrecorded.
+    pub forget_unsure_commit: bool,
     /// Eviction ranks every sampled item alike: an LRU, LFU or TTL policy evicts at random.
     pub evict_ignoring_rank: bool,
     /// Reads find expired items present: the store's expiry is ignored by GETs.

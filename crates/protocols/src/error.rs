@@ -31,6 +31,11 @@ pub enum Error {
     Fenced { node: NodeId },
     #[error("fabric error: {0}")]
     Fabric(FabricError),
+    /// A conditional write whose commit was issued and whose outcome could not be learnt
+    /// (the copy deciding its CAS failed, and its entry could not be read since): it may or
+    /// may not have taken effect. Any other error of a conditional write means it did not.
+    #[error("the conditional write may or may not have taken effect: {0}")]
+    Indeterminate(String),
     #[error("corrupt data table entry: {0}")]
     Corrupt(String),
     #[error("invalid configuration: {0}")]

@@ -21,6 +21,8 @@ pub enum HookPoint {
     BeforeReversePass,
     /// A PUT is about to set its DTE valid (Step 6).
     BeforeSetValid,
+    /// A DELETE is about to swap its tombstone for an empty ITE (Step 6).
+    BeforeDeleteCommit,
     /// A MIGRATE has swapped its copy into the destination (Step 6) and not yet cleared the source.
     MigrateAfterDstCas,
     /// A MIGRATE has emptied its source (Step 7) and not yet set its copy valid.

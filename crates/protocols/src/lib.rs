@@ -215,10 +215,17 @@ pub trait KvClient: Send {
         let _ = slots;
         Err(unsupported("a scan of index slots"))
     }
-    /// The keys this client's last write evicted to make room (`ProtocolConfig::eviction`):
-    /// each was deleted, conditionally on the version sampled, during that write. A history
-    /// records them as DELETEs within the write's interval.
+    /// The keys this client's last operation evicted to make room (`ProtocolConfig::eviction`):
+    /// each was deleted, conditionally on the version sampled, during that operation. A
+    /// history records them as DELETEs within the operation's interval. A GET may evict too:
+    /// completing an abandoned write takes an entry for the copy of its value.
     fn evicted(&self) -> &[Vec<u8>] {
+        &[]
+    }
+    /// The keys whose eviction during this client's last operation may or may not have taken
+    /// effect (`Error::Indeterminate`): a history records them as failed DELETEs within the
+    /// write's interval.
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
         &[]
     }
 }
@@ -278,6 +285,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn evicted(&self) -> &[Vec<u8>] {
         (**self).evicted()
     }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        (**self).evicted_unsure()
+    }
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
@@ -334,5 +344,8 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn evicted(&self) -> &[Vec<u8>] {
         cd::CdClient::evicted(self)
+    }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        cd::CdClient::evicted_unsure(self)
     }
 }

@@ -242,4 +242,7 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn evicted(&self) -> &[Vec<u8>] {
         self.inner.evicted()
     }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        self.inner.evicted_unsure()
+    }
 }

@@ -277,6 +277,7 @@ pub fn run_guarded<C: KvClient + 'static>(
         elapsed,
         truncated,
         evictions: 0, // guarded workers run without eviction
+        evictions_unsure: 0,
         expiries: 0,
     };
     (out, clients)

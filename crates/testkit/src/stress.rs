@@ -103,6 +103,9 @@ pub struct StressOutcome {
     pub truncated: bool,
     /// Keys the writes evicted (`KvClient::evicted`), each in the history as a DELETE.
     pub evictions: u64,
+    /// Evictions that may or may not have taken effect (`KvClient::evicted_unsure`), each in
+    /// the history as a failed DELETE.
+    pub evictions_unsure: u64,
     /// PUTs of items with an expiry ([`StressSpec::ttl`]), each expiry in the history.
     pub expiries: u64,
 }
@@ -116,6 +119,7 @@ struct Tally {
     errors: BTreeMap<String, u64>,
     truncated: bool,
     evictions: u64,
+    evictions_unsure: u64,
     expiries: u64,
 }
 
@@ -127,6 +131,7 @@ impl Tally {
         self.corrupt += t.corrupt;
         self.truncated |= t.truncated;
         self.evictions += t.evictions;
+        self.evictions_unsure += t.evictions_unsure;
         self.expiries += t.expiries;
         for (kind, n) in t.errors {
             *self.errors.entry(kind).or_default() += n;
@@ -138,7 +143,8 @@ impl std::fmt::Display for StressOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} ops ({} ok) in {:.2?}{}; errors {:?}; corrupt reads {}; failed writes read {}",
+            "{} ops ({} ok) in {:.2?}{}; errors {:?}; corrupt reads {}; failed writes read {}; \
+             evictions {} ({} unsure)",
             self.ops,
             self.ok_ops,
             self.elapsed,
@@ -149,7 +155,9 @@ impl std::fmt::Display for StressOutcome {
             },
             self.errors,
             self.corrupt_reads,
-            self.failed_writes_read
+            self.failed_writes_read,
+            self.evictions,
+            self.evictions_unsure
         )?;
         write!(f, "{}", self.report)
     }
@@ -246,6 +254,7 @@ struct StressThread {
     errors: BTreeMap<String, u64>,
     truncated: bool,
     evictions: u64,
+    evictions_unsure: u64,
     ttl: Option<(u64, Duration)>,
     /// The expiry of the PUT in progress, by the history's clock.
     expiring: Option<u64>,
@@ -266,6 +275,7 @@ impl StressThread {
             errors: BTreeMap::new(),
             truncated: false,
             evictions: 0,
+            evictions_unsure: 0,
             ttl: spec.ttl,
             expiring: None,
             expiries: 0,
@@ -325,7 +335,6 @@ impl<C: KvClient> Observer<C> for StressThread {
         if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;
         }
-        let write = kind != Op::Get;
         if let (Some(at), Op::Put(v)) = (self.expiring.take(), &kind) {
             // Failed or not: an expiry of a value the key never held changes nothing. A PUT
             // that took effect after its item's expiry time wrote an item absent from then
@@ -338,17 +347,42 @@ impl<C: KvClient> Observer<C> for StressThread {
             self.expiries += 1;
         }
         self.rec.complete(inv, op.key, kind, outcome);
-        if write {
-            // Keys the write evicted: DELETEs that took effect within its interval.
-            for key in c.evicted() {
-                let k = key_id(key).expect("an evicted key is one of the run's");
-                self.rec.complete(inv, k, Op::Delete, Outcome::Ok(None));
-                self.evictions += 1;
-            }
+        // Keys the operation evicted (a GET's too: completing an abandoned write takes an
+        // entry): DELETEs that took effect within its interval.
+        for key in c.evicted() {
+            let k = key_id(key).expect("an evicted key is one of the run's");
+            self.rec.complete(inv, k, Op::Delete, Outcome::Ok(None));
+            self.evictions += 1;
+        }
+        // Evictions that may or may not have taken effect: failed DELETEs.
+        for key in c.evicted_unsure() {
+            let k = key_id(key).expect("an evicted key is one of the run's");
+            self.rec.complete(inv, k, Op::Delete, Outcome::Failed);
+            self.evictions_unsure += 1;
         }
         match r {
             Ok(_) => self.ok += 1,
             Err(e) => *self.errors.entry(error_kind(&e)).or_default() += 1,
+        }
+    }
+}
+
+/// With `$NESSIE_HISTORY_DIR` set, write each key the check rejected, its whole history in
+/// invocation order, to `key-<id>.txt` there: the report names one conflict, the file holds
+/// what led to it.
+fn dump_violations(events: &[Event], report: &nessie_check::Report) {
+    let Some(dir) = std::env::var_os("NESSIE_HISTORY_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    for v in report.violations() {
+        let mut mine: Vec<_> = events.iter().filter(|e| e.key == v.key).collect();
+        mine.sort_by_key(|e| (e.invoke_ns, e.response_ns));
+        let text: String = mine.iter().map(|e| format!("{e}\n")).collect();
+        let path = dir.join(format!("key-{}.txt", v.key));
+        match std::fs::write(&path, text) {
+            Ok(()) => eprintln!("history of key {} in {}", v.key, path.display()),
+            Err(e) => eprintln!("cannot write {}: {e}", path.display()),
         }
     }
 }
@@ -432,6 +466,9 @@ pub fn run_checked<C: KvClient + 'static>(
     let elapsed = start.elapsed();
     let events = history.into_events();
     let report = nessie_check::check(&events, |_| None, limits);
+    if !report.is_ok() {
+        dump_violations(&events, &report);
+    }
     let outcome = StressOutcome {
         report,
         ops: tally.ops,
@@ -442,6 +479,7 @@ pub fn run_checked<C: KvClient + 'static>(
         elapsed,
         truncated: tally.truncated,
         evictions: tally.evictions,
+        evictions_unsure: tally.evictions_unsure,
         expiries: tally.expiries,
     };
     (outcome, clients)

@@ -81,6 +81,19 @@ pub(crate) enum Completion {
     Gone,
     /// A conditional write's entry: the entry it replaced is back in its place.
     PutBack,
+    /// Our own entry, valid in the index: our Step 6 landed though it reported an error.
+    Landed,
+}
+
+/// What a write that gives up learnt of its own entries ([`CdClient::finish_own`]).
+pub(crate) struct Finished {
+    /// One of its entries took effect: rolled forward by us, or its commit landed.
+    pub(crate) took_effect: bool,
+    /// Its commit was issued, the entry could not be looked at since: the write may have
+    /// taken effect or not.
+    pub(crate) unsure: bool,
+    /// The previous versions handed over with the entries marked given up.
+    pub(crate) handed: Vec<Ite>,
 }
 
 /// How Step 6 completes an abandoned entry.
@@ -136,6 +149,9 @@ impl<E: Endpoint> CdClient<E> {
         }
         let t = self.ep.mono_ns();
         let f = self.fetch(w, t, &p.d, key, Want::ValueIfKey)?;
+        if !theirs && f.key_matches && f.meta.valid && !mutated!(self.cfg, forget_unsure_commit) {
+            return Ok(Completion::Landed);
+        }
         if !f.key_matches || f.meta.valid || (theirs && !self.is_abandoned(&f.meta)) {
             return Ok(Completion::Gone);
         }
@@ -327,15 +343,23 @@ impl<E: Endpoint> CdClient<E> {
         key: &[u8],
         tombstone: bool,
         st: &mut WriteState,
-    ) -> (bool, Vec<Ite>) {
+    ) -> Finished {
         let mut took_effect = false;
+        let mut unsure = false;
         let mut handed = Vec::new();
         for (ite, prev) in st.published_latest_first() {
             match self.finish_own_one(key, ite) {
-                Ok(Completion::RolledForward) => took_effect = true,
+                Ok(Completion::RolledForward | Completion::Landed) => took_effect = true,
                 Ok(Completion::PutBack) => st.hand_over(prev), // in the index again
+                // Our commit was issued and the entry has left the index (`committing`).
+                Ok(Completion::Gone) if st.committing == Some(ite) => took_effect = true,
                 Ok(_) => {}
                 Err(_) => {
+                    if st.committing == Some(ite) {
+                        // Our commit may have landed and we cannot tell: neither may the
+                        // caller of a conditional write (`Error::Indeterminate`).
+                        unsure = true;
+                    }
                     let kind = if tombstone { TOMBSTONE } else { 0 }
                         | if st.guarded { GUARDED } else { 0 };
                     // Possibly given up is given up: whoever completes the entry may put
@@ -347,7 +371,12 @@ impl<E: Endpoint> CdClient<E> {
                 }
             }
         }
-        (took_effect, handed)
+        st.committing = None;
+        Finished {
+            took_effect,
+            unsure: unsure && !took_effect,
+            handed,
+        }
     }
 
     /// Set the given-up bit of our invalid entry `ite` (one CAS on its header word, which

@@ -50,9 +50,26 @@ pub const INDEX_EVICTION_RETRIES: u32 = 4;
 pub const HEADROOM_SHARE: u64 = 8;
 
 impl<E: Endpoint> CdClient<E> {
-    /// The keys the last write (PUT, DELETE or conditional write) evicted to make room.
+    /// The keys the last operation evicted to make room (a GET's too: completing an abandoned
+    /// write takes an entry for the copy).
     pub fn evicted(&self) -> &[Vec<u8>] {
         &self.evicted
+    }
+
+    /// The keys whose eviction by the last operation may or may not have taken effect: its
+    /// DELETE failed with [`Error::Indeterminate`] (every other failed eviction took none).
+    pub fn evicted_unsure(&self) -> &[Vec<u8>] {
+        &self.evicted_unsure
+    }
+
+    /// An operation of the caller's starts (not one an eviction makes: its version read, its
+    /// DELETE): what the last one evicted is forgotten. Every operation may evict, a GET too:
+    /// completing another writer's abandoned entry takes an entry for the copy.
+    pub(crate) fn clear_evicted(&mut self) {
+        if !self.evicting {
+            self.evicted.clear();
+            self.evicted_unsure.clear();
+        }
     }
 
     /// Whether this client evicts (a policy is set, and it is not already evicting: the
@@ -310,7 +327,12 @@ impl<E: Endpoint> CdClient<E> {
         } else {
             Cond::Version(version)
         };
-        if self.delete_if(key, cond)? != CondOutcome::Stored {
+        let outcome = self.delete_if(key, cond).inspect_err(|e| {
+            if matches!(e, Error::Indeterminate(_)) {
+                self.evicted_unsure.push(key.to_vec());
+            }
+        })?;
+        if outcome != CondOutcome::Stored {
             return Ok(false);
         }
         self.stats.evictions += 1;
@@ -472,6 +494,62 @@ mod tests {
                 assert_eq!(got, v);
             }
         }
+    }
+
+    /// A GET that completes another writer's abandoned PUT takes an entry for the copy of its
+    /// value, and in a full store evicts for it: `evicted()` names what the GET evicted (a
+    /// history records them within the GET), and a GET that evicts nothing names nothing (the
+    /// last operation's evictions are not its own). Before, only writes were asked, and keys a GET
+    /// evicted vanished from the histories of a node crashing while writers evicted.
+    #[test]
+    fn a_get_that_evicts_to_complete_an_abandoned_write_says_so() {
+        use crate::fence::Fence;
+        use crate::hooks::HookPoint;
+        const EXPIRY_NS: u64 = 40_000_000;
+        let g = nessie_store::Geometry {
+            ites_per_node: 4096,
+            dtes_per_node: 16,
+            ..small_geometry()
+        };
+        let c = InProcCluster::new(g, fast_cfg());
+        let v = [7u8; 60];
+        let mut dying = c.client(1);
+        dying.set_hook(Some(Box::new(|p| {
+            if p == HookPoint::BeforeSetValid {
+                panic!("the writer dies");
+            }
+        })));
+        let died =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dying.put(b"abandoned", &v)));
+        assert!(died.is_err());
+        let fence = Arc::new(Fence::unfenced());
+        fence.set_gone(1, true);
+        // Filled to the last entry without eviction: nothing free, nothing awaiting expiry.
+        let mut filler = c.client(2);
+        filler.set_fence(fence.clone());
+        let mut i = 0;
+        while filler.put(format!("d{i}").as_bytes(), &v).is_ok() {
+            i += 1;
+            assert!(i < 10_000, "never full");
+        }
+        let evicting = ProtocolConfig {
+            expiry_ns: EXPIRY_NS,
+            ..cfg(Eviction::AllkeysRandom)
+        };
+        let mut a = c.client_with(2, evicting);
+        a.set_fence(fence);
+        // Past the abandoned entry's grace (its deadline, the margin and an expiry period).
+        std::thread::sleep(std::time::Duration::from_nanos(2 * EXPIRY_NS));
+        let before = a.stats().evictions;
+        assert_eq!(a.get(b"abandoned").unwrap().as_deref(), Some(&v[..]));
+        let by_get = a.evicted().to_vec();
+        assert_eq!(by_get.len() as u64, a.stats().evictions - before);
+        assert!(!by_get.is_empty(), "the GET's copy needed room");
+        for k in &by_get {
+            assert_ne!(k.as_slice(), b"abandoned");
+            assert_eq!(a.get(k).unwrap(), None, "{:?} was evicted", k);
+        }
+        assert!(a.evicted().is_empty(), "a GET that evicted nothing");
     }
 
     /// A full index: the PUT evicts one of its key's candidates (keys of one-byte values fill

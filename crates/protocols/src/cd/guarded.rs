@@ -76,19 +76,17 @@ impl<E: Endpoint> CdClient<E> {
         value: Option<&[&[u8]]>,
         cond: Cond,
     ) -> Result<CondOutcome, Error> {
-        if !self.evicting {
-            self.evicted.clear(); // a write of its own, not an eviction's DELETE
-        }
+        self.clear_evicted();
         let mut st = WriteState::guarded();
         match self.with_retry(|c| c.write_if_once(key, value, cond, &mut st)) {
             Ok(o) => Ok(o),
             // Giving up withdraws what is left (a guarded entry is completed by putting its
-            // previous version back), so a conditional write that fails took no effect.
-            Err(e) => {
-                let r = self.give_up(key, value.is_none(), &mut st, e);
-                debug_assert!(r.is_err(), "a guarded entry is never rolled forward");
-                r.map(|()| CondOutcome::Stored)
-            }
+            // previous version back), so a conditional write that fails took no effect,
+            // unless its commit was issued: then it succeeds if its entry left the index or
+            // is valid there, and is `Indeterminate` if it cannot be read.
+            Err(e) => self
+                .give_up(key, value.is_none(), &mut st, e)
+                .map(|()| CondOutcome::Stored),
         }
     }
 
@@ -323,7 +321,7 @@ mod tests {
     use crate::config::{Mutations, Optimizations, ProtocolConfig};
     use crate::fence::Fence;
     use crate::hooks::HookPoint;
-    use crate::{Cond, CondOutcome};
+    use crate::{Cond, CondOutcome, Error};
     use std::sync::Arc;
 
     use CondOutcome::{Stored, Unmet};
@@ -530,6 +528,117 @@ mod tests {
         assert_eq!(g.put_if(b"k", b"after", Cond::Version(back)), Ok(Stored));
         for i in 0..32u8 {
             assert_eq!(g.get(&[b'o', i]).unwrap().as_deref(), Some(&b"abc"[..]));
+        }
+    }
+
+    /// How a conditional write's commit (Step 6) goes wrong in
+    /// [`a_conditional_write_whose_commit_answer_is_lost_says_what_happened`].
+    #[derive(Copy, Clone, Debug)]
+    enum Commit {
+        /// Refused before it was issued: the write took no effect.
+        Refused,
+        /// It lands, its answer is lost (the copy that decided the CAS failed, say).
+        Lost,
+        /// It lands, its answer is lost, and the writer can read nothing since.
+        LostAndBlind,
+    }
+
+    /// A conditional DELETE and a conditional PUT whose commit goes as `how` says: the write
+    /// returns what happened to the key. With its commit lost it took effect (its tombstone is
+    /// gone from the index, or its entry valid there): it says `Stored`, or, unable to look,
+    /// `Indeterminate`, never a plain failure. Before, it reported a failure though the key
+    /// was gone: an eviction (a conditional DELETE) so failed went unrecorded, and a history
+    /// of a node crashing while writers evicted showed keys vanish. The mutation
+    /// `forget_unsure_commit` brings that back.
+    fn conditional_write_with_commit(
+        delete: bool,
+        how: Commit,
+        mutations: Mutations,
+    ) -> (Result<CondOutcome, Error>, Option<Vec<u8>>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let cfg = ProtocolConfig {
+            mutations,
+            ..fast_cfg()
+        };
+        let c = InProcCluster::new(small_geometry(), cfg);
+        let mut setup = c.client(0);
+        setup.put(b"k", b"old").unwrap();
+        let mut out = Vec::new();
+        let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
+        let (mut a, fail) = c.failing_client(1); // its entries on node 1, the key's elsewhere
+        let f = fail.clone();
+        let at = if delete {
+            HookPoint::BeforeDeleteCommit
+        } else {
+            HookPoint::BeforeSetValid
+        };
+        a.set_hook(Some(Box::new(move |p| {
+            if p != at {
+                return;
+            }
+            let lost = if delete {
+                &f.index_cas_lost
+            } else {
+                &f.writes_lost
+            };
+            match how {
+                Commit::Refused if delete => f.cas.store(1, SeqCst),
+                Commit::Refused => f.writes.store(1, SeqCst),
+                Commit::Lost => lost.store(1, SeqCst),
+                Commit::LostAndBlind => {
+                    lost.store(1, SeqCst);
+                    f.reads.store(u32::MAX, SeqCst);
+                }
+            }
+        })));
+        let r = if delete {
+            a.delete_if(b"k", Cond::Version(v))
+        } else {
+            a.put_if(b"k", b"new", Cond::Version(v))
+        };
+        fail.reads.store(0, SeqCst);
+        // Past any leftover's abandonment: the reader completes what the writer left.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let fence = Arc::new(Fence::unfenced());
+        fence.set_gone(1, true);
+        let mut g = c.client(2);
+        g.set_fence(fence);
+        (r, g.get(b"k").unwrap())
+    }
+
+    #[test]
+    fn a_conditional_write_whose_commit_answer_is_lost_says_what_happened() {
+        let none = Mutations::default();
+        for delete in [true, false] {
+            let written = if delete { None } else { Some(b"new".to_vec()) };
+            let old = Some(b"old".to_vec());
+            let (r, now) = conditional_write_with_commit(delete, Commit::Refused, none);
+            assert!(
+                r.as_ref()
+                    .is_err_and(|e| !matches!(e, Error::Indeterminate(_))),
+                "delete {delete}: {r:?}"
+            );
+            assert_eq!(now, old, "delete {delete}: a refused commit took no effect");
+            let (r, now) = conditional_write_with_commit(delete, Commit::Lost, none);
+            assert_eq!((r, &now), (Ok(Stored), &written), "delete {delete}");
+            let (r, now) = conditional_write_with_commit(delete, Commit::LostAndBlind, none);
+            assert!(
+                matches!(r, Err(Error::Indeterminate(_))),
+                "delete {delete}: {r:?}"
+            );
+            assert_eq!(now, written, "delete {delete}: the lost commit landed");
+            // The control: a plain failure, though the write took effect.
+            let forget = Mutations {
+                forget_unsure_commit: true,
+                ..none
+            };
+            let (r, now) = conditional_write_with_commit(delete, Commit::Lost, forget);
+            assert!(
+                r.as_ref()
+                    .is_err_and(|e| !matches!(e, Error::Indeterminate(_))),
+                "delete {delete}: {r:?}"
+            );
+            assert_eq!(now, written, "delete {delete}");
         }
     }
 

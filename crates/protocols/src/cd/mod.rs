@@ -181,6 +181,8 @@ pub struct CdClient<E: Endpoint> {
     evict_buf: Vec<u8>,
     /// Keys the last write evicted (`KvClient::evicted`: histories record them as DELETEs).
     evicted: Vec<Vec<u8>>,
+    /// Keys whose eviction by the last write may or may not have taken effect.
+    evicted_unsure: Vec<Vec<u8>>,
     /// The expiry the PUT in progress gives its entry (ns since the Unix epoch; 0 = never):
     /// set by [`Self::put_parts_expiring`] and [`Self::put_if_expiring`] for their call only.
     write_expires: u64,
@@ -255,6 +257,7 @@ impl<E: Endpoint> CdClient<E> {
             evicting: false,
             evict_buf: Vec::new(),
             evicted: Vec::new(),
+            evicted_unsure: Vec::new(),
             write_expires: 0,
             see_expired: false,
         })
@@ -293,6 +296,7 @@ impl<E: Endpoint> CdClient<E> {
         out: &mut Vec<u8>,
         at: usize,
     ) -> Result<Option<Ite>, Error> {
+        self.clear_evicted();
         // `out` stands in for the value buffer; its old contents are overwritten, not cleared,
         // so that a value as long as the last one needs no zero-filling.
         std::mem::swap(&mut self.vbuf, out);
@@ -322,6 +326,7 @@ impl<E: Endpoint> CdClient<E> {
     pub fn get_ref(&mut self, key: &[u8]) -> Result<Option<&[u8]>, Error> {
         self.check_key(key)?;
         self.stats.gets += 1;
+        self.clear_evicted();
         let at = self.with_retry(|c| c.get_once(key))?;
         Ok(at.map(|(at, _)| self.value_bytes(&at)))
     }
@@ -338,7 +343,7 @@ impl<E: Endpoint> CdClient<E> {
         let value_len = parts.iter().map(|p| p.len()).sum();
         self.check_value_len(value_len)?;
         self.stats.puts += 1;
-        self.evicted.clear();
+        self.clear_evicted();
         if !self.evicts() {
             return self.write(key, Some(parts));
         }
@@ -410,7 +415,7 @@ impl<E: Endpoint> CdClient<E> {
     /// Remove `key` (a no-op if it is absent).
     pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.check_key(key)?;
-        self.evicted.clear();
+        self.clear_evicted();
         self.stats.deletes += 1;
         self.write(key, None)
     }
@@ -418,6 +423,7 @@ impl<E: Endpoint> CdClient<E> {
     /// One attempt of GET, without retries (tests use it to observe aborts).
     pub fn try_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.check_key(key)?;
+        self.clear_evicted();
         match self.get_once(key) {
             Ok(at) => Ok(at.map(|(at, _)| self.value_bytes(&at).to_vec())),
             Err(a) => Err(self.abort_to_error(a)),

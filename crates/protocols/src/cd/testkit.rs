@@ -155,6 +155,10 @@ pub(crate) struct FailNext {
     pub index_cas_lost: std::sync::atomic::AtomicU32,
     /// Writes, local or remote, refused.
     pub writes: std::sync::atomic::AtomicU32,
+    /// Writes that take place but whose answer is lost.
+    pub writes_lost: std::sync::atomic::AtomicU32,
+    /// Reads, local or remote, refused.
+    pub reads: std::sync::atomic::AtomicU32,
 }
 
 /// What makes a client's next operations fail, as [`FailNext`] says: refused as if its node
@@ -172,7 +176,7 @@ impl Interposer for Failing {
         let n = match op {
             Op::Cas(_) => &self.0.cas,
             Op::Write(_) | Op::LocalWrite(_) => &self.0.writes,
-            Op::Read(_) | Op::LocalRead(_) => return Ok(()),
+            Op::Read(_) | Op::LocalRead(_) => &self.0.reads,
         };
         match take(n) {
             true => Err(FabricError::Fenced {
@@ -185,6 +189,16 @@ impl Interposer for Failing {
     fn after_cas(&mut self, addr: nessie_fabric::RemoteAddr) -> Result<(), FabricError> {
         let index = addr.region == nessie_store::INDEX_REGION && take(&self.0.index_cas_lost);
         match index || take(&self.0.cas_lost) {
+            true => Err(FabricError::Unreachable {
+                node: addr.node,
+                reason: "the answer was lost".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    fn after_write(&mut self, addr: nessie_fabric::RemoteAddr) -> Result<(), FabricError> {
+        match take(&self.0.writes_lost) {
             true => Err(FabricError::Unreachable {
                 node: addr.node,
                 reason: "the answer was lost".into(),

@@ -36,6 +36,11 @@ pub(crate) struct WriteState {
     published: Vec<Published>,
     /// A conditional write's (`guarded.rs`): its entries carry the guarded header bit.
     pub(crate) guarded: bool,
+    /// Our entry whose commit (Step 6: set valid, or a tombstone's CAS to empty) was issued
+    /// and failed without saying whether it landed. Found gone from the index when the write
+    /// gives up, it took effect: our commit took it out, or another write cleared it after
+    /// our Step 4, which orders ours just before that write.
+    pub(crate) committing: Option<Ite>,
 }
 
 /// One of our invalid DTEs in the index.
@@ -211,7 +216,11 @@ impl<E: Endpoint> CdClient<E> {
         st: &mut WriteState,
         e: Error,
     ) -> Result<(), Error> {
-        let (took_effect, handed) = self.finish_own(key, value_is_none, st);
+        let super::abandoned::Finished {
+            took_effect,
+            unsure,
+            handed,
+        } = self.finish_own(key, value_is_none, st);
         st.published.clear();
         for prev in &handed {
             st.hand_over(*prev);
@@ -227,6 +236,10 @@ impl<E: Endpoint> CdClient<E> {
         }
         if took_effect && handed.is_empty() {
             return Ok(());
+        }
+        if unsure && st.guarded {
+            // A conditional write that fails otherwise took no effect (rule G3).
+            return Err(Error::Indeterminate(e.to_string()));
         }
         Err(e)
     }
@@ -458,19 +471,33 @@ impl<E: Endpoint> CdClient<E> {
         new: Ite,
         st: &mut WriteState,
     ) -> Attempt<()> {
-        match value {
+        let r = match value {
             Some(_) => {
                 self.hook(HookPoint::BeforeSetValid);
-                self.set_valid(new)?;
+                self.set_valid(new)
             }
+            // DELETE: its DTE is never valid; take it out of the index again. If the CAS
+            // fails, whoever changed the ITE owns the DTE's recycling.
             None => {
-                // DELETE: its DTE is never valid; take it out of the index again. If the CAS
-                // fails, whoever changed the ITE owns the DTE's recycling.
-                if self.cas_ite(slot, new, Ite::EMPTY)?.is_some()
-                    && st.removed(new, false, true) != Removed::Stage
-                {
-                    self.recycle(new);
+                self.hook(HookPoint::BeforeDeleteCommit);
+                self.cas_ite(slot, new, Ite::EMPTY).map(|swapped| {
+                    if swapped.is_some() && st.removed(new, false, true) != Removed::Stage {
+                        self.recycle(new);
+                    }
+                })
+            }
+        };
+        match r {
+            Ok(()) => {}
+            // Refused before it was issued, or not issued: our entry is as it was.
+            Err(e @ (Abort::Timeout | Abort::Fatal(Error::Fenced { .. }))) => return Err(e),
+            // Issued, and it may have landed (`Indeterminate`: the copy that decided the CAS
+            // failed; or the request or its answer was lost): giving up finds out.
+            Err(e) => {
+                if !mutated!(self.cfg, forget_unsure_commit) {
+                    st.committing = Some(new);
                 }
+                return Err(e);
             }
         }
         st.published.clear();
