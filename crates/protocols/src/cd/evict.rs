@@ -13,9 +13,15 @@
 //! - **Index.** A PUT whose key's candidate index entries all hold other keys, with no room to
 //!   migrate them (`Error::IndexFull`), evicts one of those keys and tries again.
 //!
+//! - **Any operation.** A GET evicts too when it completes another writer's abandoned PUT (the
+//!   copy of the value needs an entry). `evicted()` names what the caller's last operation
+//!   evicted, whatever it was, and histories record each as a DELETE within it.
+//!
 //! A victim is deleted with the protocol's own DELETE, *conditional on the version sampled*
 //! (`Cond::Version`): a key rewritten since keeps its new value, and an eviction is as
-//! linearizable and as replicated as any client's DELETE. The sampling reads the entry's
+//! linearizable and as replicated as any client's DELETE. One that fails took no effect, but
+//! for `Error::Indeterminate` (its commit's answer lost and its writer cut off, rule G4 in
+//! `docs/protocol.md`): `evicted_unsure()` names those, failed DELETEs in a history. The sampling reads the entry's
 //! header and key, then the key's current version, which must still name the sampled entry
 //! (an entry holding a previous version is already on its way back).
 
