@@ -41,6 +41,11 @@ struct Reconnecting {
     path: std::path::PathBuf,
     node: u16,
     inner: Option<AdminKvClient>,
+    /// What the last operation evicted, sure and unsure (kept across a reconnection).
+    evicted: Vec<Vec<u8>>,
+    evicted_unsure: Vec<Vec<u8>>,
+    /// Operations whose reply was lost: what they evicted is unknown.
+    replies_lost: u64,
 }
 
 impl Reconnecting {
@@ -51,6 +56,9 @@ impl Reconnecting {
             path: cfg.admin_path(node, &c.dir).unwrap(),
             node,
             inner: None,
+            evicted: Vec::new(),
+            evicted_unsure: Vec::new(),
+            replies_lost: 0,
         }
     }
 
@@ -58,6 +66,8 @@ impl Reconnecting {
         &mut self,
         op: impl FnOnce(&mut AdminKvClient) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        self.evicted.clear();
+        self.evicted_unsure.clear();
         if self.inner.is_none() {
             match AdminKvClient::connect(&self.path, Duration::from_secs(30)) {
                 Ok(c) => self.inner = Some(c),
@@ -71,9 +81,13 @@ impl Reconnecting {
                 }
             }
         }
-        let r = op(self.inner.as_mut().expect("connected"));
+        let inner = self.inner.as_mut().expect("connected");
+        let r = op(inner);
+        self.evicted = inner.evicted().to_vec();
+        self.evicted_unsure = inner.evicted_unsure().to_vec();
         if matches!(r, Err(Error::Unreachable { .. }) | Err(Error::Node(_))) {
             self.inner = None;
+            self.replies_lost += 1;
         }
         if matches!(r, Err(Error::Fenced { .. })) {
             // A fenced node (joining, or cut off) refuses at once, for seconds: a client that
@@ -95,6 +109,15 @@ impl KvClient for Reconnecting {
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.call(|c| c.delete(key))
+    }
+    fn put_parts_expiring(&mut self, key: &[u8], parts: &[&[u8]], at: u64) -> Result<(), Error> {
+        self.call(|c| c.put_parts_expiring(key, parts, at))
+    }
+    fn evicted(&self) -> &[Vec<u8>] {
+        &self.evicted
+    }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        &self.evicted_unsure
     }
 }
 
@@ -187,6 +210,12 @@ enum Faults {
     /// and been filled there (`--spare-copies 1 --replace-after 6`), then restart it: it comes
     /// back without them.
     Replace,
+    /// As `PauseKillRestart` (no wall clock step: items expire by it), with tiny data tables,
+    /// `--eviction allkeys-lru`, ten times the keys they hold and a third of the PUTs with a
+    /// 200 ms TTL: writers evict and nodes reclaim expired items while nodes fail. Clients
+    /// only on the nodes that stay up: a reply lost with its node would hide what the
+    /// operation evicted.
+    Evicting,
 }
 
 /// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
@@ -194,13 +223,26 @@ enum Faults {
 /// failure).
 fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Cluster {
     let replace: &[&str] = match faults {
-        Faults::PauseKillRestart => &[],
-        Faults::Replace => &["--spare-copies", "1", "--replace-after", "6"],
+        Faults::PauseKillRestart => &["--dtes-per-node", "1024"],
+        Faults::Replace => &[
+            "--dtes-per-node",
+            "1024",
+            "--spare-copies",
+            "1",
+            "--replace-after",
+            "6",
+        ],
+        Faults::Evicting => &[
+            "--dtes-per-node",
+            EVICTING_DTES,
+            "--eviction",
+            "allkeys-lru",
+        ],
     };
     let args = [BASE_ARGS, replace, extra].concat();
     let env: &[(&str, &str)] = match faults {
         Faults::PauseKillRestart => &[("NESSIE_TEST_WALL_STEP", WALL_STEP)],
-        Faults::Replace => &[],
+        Faults::Replace | Faults::Evicting => &[],
     };
     Cluster::up_with_env(name, NODES, transport, &args, env)
 }
@@ -216,8 +258,6 @@ const BASE_ARGS: &[&str] = &[
     "2",
     "--ites-per-node",
     "256",
-    "--dtes-per-node",
-    "1024",
     "--value-max",
     "64",
     "--key-max",
@@ -356,19 +396,33 @@ fn the_same_over_tcp() {
     history_across_faults("faults-tcp", "tcp", Faults::PauseKillRestart, &[]);
 }
 
+/// Data table entries per node of the evicting run: about 100 of its items each.
+const EVICTING_DTES: &str = "128";
+
+/// Eviction and expiry reclaim across the same faults: the history, with every eviction a
+/// DELETE and every expiry at its instant, stays linearizable; nothing is refused for want of
+/// room.
+#[test]
+fn a_history_of_evictions_and_expiries_across_faults_is_linearizable() {
+    history_across_faults("faults-evict", "shm", Faults::Evicting, &[]);
+}
+
 /// The two runs take turns: each needs the machine's cores for its timings (leases, pauses).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&str]) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let c = cluster(name, transport, faults, extra);
-    let clients: Vec<Reconnecting> = [0, 1, 2, 3, 0, 2]
-        .iter()
-        .map(|&n| Reconnecting::new(&c, n))
-        .collect();
+    let evicting = faults == Faults::Evicting;
+    let nodes: &[u16] = match evicting {
+        true => &[0, 2, 0, 2],
+        false => &[0, 1, 2, 3, 0, 2],
+    };
+    let clients: Vec<Reconnecting> = nodes.iter().map(|&n| Reconnecting::new(&c, n)).collect();
+    let keys = if evicting { 1_000 } else { 60 };
     let spec = StressSpec {
         ops_per_thread: 10_000_000,
-        keys: 60,
+        keys,
         hot_keys: 3,
         hot_fraction: 0.5,
         get_fraction: 0.5,
@@ -377,20 +431,25 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         seed: 11,
         // The replacement waits for the failure, then 6 s, then the fill, then the restart.
         time_limit: Duration::from_secs(match faults {
-            Faults::PauseKillRestart => 50,
+            Faults::PauseKillRestart | Faults::Evicting => 50,
             Faults::Replace => 45,
         }),
-        preload_keys: 60,
+        preload_keys: if evicting { 0 } else { 60 },
         until: None,
-        ttl: None,
+        ttl: evicting.then_some((3, Duration::from_millis(200))),
     };
     let log = Mutex::new(Vec::new());
     let (out, restarted) = std::thread::scope(|s| {
         let faults = s.spawn(|| match faults {
-            Faults::PauseKillRestart => nemesis(&c, &log),
+            Faults::PauseKillRestart | Faults::Evicting => nemesis(&c, &log),
             Faults::Replace => nemesis_replace(&c, &log),
         });
-        let (out, _) = stress::run(clients, &spec);
+        let (out, clients) = stress::run(clients, &spec);
+        let lost: u64 = clients.iter().map(|c| c.replies_lost).sum();
+        assert!(
+            !evicting || lost == 0,
+            "{lost} replies lost: what those operations evicted is unknown"
+        );
         // The nemesis must have finished before the workload did.
         (out, faults.is_finished().then(|| faults.join()))
     });
@@ -408,10 +467,17 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         out.report
     );
     assert!(out.ok_ops > 1_000, "the survivors kept serving: {out}");
+    // Clients on the failing nodes see the faults; the evicting run has none there.
     assert!(
-        !out.errors.is_empty(),
+        evicting || !out.errors.is_empty(),
         "the faults must show in the history"
     );
+    if evicting {
+        assert!(out.evictions > 1_000, "{out}");
+        assert!(out.expiries > 1_000, "{out}");
+        let full = out.errors.keys().filter(|k| k.contains("Full")).count();
+        assert_eq!(full, 0, "refused for want of room: {out}");
+    }
     nodes_agree(&c, spec.keys);
     if faults == Faults::PauseKillRestart {
         let log = std::fs::read_to_string(c.dir.join(format!("node-{STEPPED}.log"))).unwrap();

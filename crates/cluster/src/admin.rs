@@ -7,7 +7,11 @@
 //! reply:    status (u8) | payload length (u32 LE) | payload
 //! ```
 //! ops: [`AdminOp`] (EXTENSION carries its body in the value); statuses: [`ReplyStatus`] (STATUS carries
-//! JSON, ERROR a UTF-8 message). Anything malformed gets an ERROR reply and the connection is
+//! JSON, ERROR a UTF-8 message). A GET, PUT or DELETE that evicted keys to make room is
+//! answered by an EVICTED reply before its own: its payload lists them, each as
+//! `sure (u8: 1, or 0 if the eviction may not have taken effect) | key length (u32 LE) | key`
+//! (histories record them; [`AdminClient::call`] passes them over, [`AdminClient::call_reporting`]
+//! returns them). Anything malformed gets an ERROR reply and the connection is
 //! closed; the server keeps serving.
 
 use std::io::{Read, Write};
@@ -50,12 +54,12 @@ macro_rules! wire_enum {
 
 wire_enum! {
     /// Request opcodes on the wire.
-    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6 }
+    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6, PutExpiring = 7 }
 }
 
 wire_enum! {
     /// Reply statuses on the wire.
-    ReplyStatus { Ok = 0, Value = 1, NotFound = 2, Status = 3, Error = 4 }
+    ReplyStatus { Ok = 0, Value = 1, NotFound = 2, Status = 3, Error = 4, Evicted = 5 }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +67,9 @@ pub enum Request {
     Ping,
     Get(Vec<u8>),
     Put(Vec<u8>, Vec<u8>),
+    /// A PUT of an item that expires at the given time (ns since the Unix epoch, by the
+    /// node's clock; 0 = never). On the wire the time leads the value, 8 bytes LE.
+    PutExpiring(Vec<u8>, Vec<u8>, u64),
     Delete(Vec<u8>),
     Status,
     /// A request for the node's extension (e.g. the benchmark agent), carried in the value.
@@ -78,6 +85,53 @@ pub enum Response {
     Error(String),
 }
 
+/// Keys a data request evicted to make room: each with whether the eviction surely took
+/// effect (`KvClient::evicted`) or may not have (`KvClient::evicted_unsure`).
+pub type Evictions = Vec<(Vec<u8>, bool)>;
+
+/// Most evictions one EVICTED reply lists (one operation evicts a few dozen at most).
+pub const MAX_EVICTIONS_REPORTED: usize = 4096;
+
+/// The EVICTED reply for `evicted` (empty: none).
+fn encode_evictions(evicted: &Evictions) -> Vec<u8> {
+    if evicted.is_empty() {
+        return Vec::new();
+    }
+    let mut p = Vec::new();
+    for (key, sure) in evicted.iter().take(MAX_EVICTIONS_REPORTED) {
+        p.push(u8::from(*sure));
+        p.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        p.extend_from_slice(key);
+    }
+    let mut b = Vec::with_capacity(5 + p.len());
+    b.push(ReplyStatus::Evicted as u8);
+    b.extend_from_slice(&(p.len() as u32).to_le_bytes());
+    b.extend_from_slice(&p);
+    b
+}
+
+/// The keys of an EVICTED reply's payload.
+fn decode_evictions(mut p: &[u8], out: &mut Evictions) -> Result<(), AdminError> {
+    let bad = || AdminError::Malformed("a truncated EVICTED reply".into());
+    while !p.is_empty() {
+        if p.len() < 5 || out.len() >= MAX_EVICTIONS_REPORTED {
+            return Err(bad());
+        }
+        let sure = match p[0] {
+            0 => false,
+            1 => true,
+            b => return Err(AdminError::Malformed(format!("EVICTED flag {b}"))),
+        };
+        let len = u32::from_le_bytes(p[1..5].try_into().unwrap()) as usize;
+        if len == 0 || len > MAX_KEY_SIZE as usize || p.len() < 5 + len {
+            return Err(bad());
+        }
+        out.push((p[5..5 + len].to_vec(), sure));
+        p = &p[5 + len..];
+    }
+    Ok(())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     #[error("cannot connect to {path}: {err} (is the node running? try `nessie status`)")]
@@ -90,10 +144,15 @@ pub enum AdminError {
 
 impl Request {
     fn encode(&self) -> Vec<u8> {
+        let timed;
         let (op, k, v): (AdminOp, &[u8], &[u8]) = match self {
             Request::Ping => (AdminOp::Ping, &[], &[]),
             Request::Get(k) => (AdminOp::Get, k, &[]),
             Request::Put(k, v) => (AdminOp::Put, k, v),
+            Request::PutExpiring(k, v, at) => {
+                timed = [&at.to_le_bytes()[..], v].concat();
+                (AdminOp::PutExpiring, k, &timed[..])
+            }
             Request::Delete(k) => (AdminOp::Delete, k, &[]),
             Request::Status => (AdminOp::Status, &[], &[]),
             Request::Extension(v) => (AdminOp::Extension, &[], v),
@@ -160,6 +219,13 @@ impl Request {
             Some(AdminOp::Ping) => no_payload(Request::Ping),
             Some(AdminOp::Get) => no_value(Request::Get(key)),
             Some(AdminOp::Put) => Ok(Some(Request::Put(key, value))),
+            Some(AdminOp::PutExpiring) if value.len() >= 8 => {
+                let at = u64::from_le_bytes(value[..8].try_into().unwrap());
+                Ok(Some(Request::PutExpiring(key, value[8..].to_vec(), at)))
+            }
+            Some(AdminOp::PutExpiring) => Err(AdminError::Malformed(
+                "PUT_EXPIRING's value starts with its 8-byte expiry time".into(),
+            )),
             Some(AdminOp::Delete) => no_value(Request::Delete(key)),
             Some(AdminOp::Status) => no_payload(Request::Status),
             Some(AdminOp::Extension) if klen == 0 => Ok(Some(Request::Extension(value))),
@@ -184,7 +250,18 @@ impl Response {
         b
     }
 
-    fn read(s: &mut impl Read) -> Result<Response, AdminError> {
+    /// Read one reply, the EVICTED ones before it into `evicted`.
+    fn read(s: &mut impl Read, evicted: &mut Evictions) -> Result<Response, AdminError> {
+        loop {
+            match Self::read_one(s)? {
+                Ok(r) => return Ok(r),
+                Err(p) => decode_evictions(&p, evicted)?,
+            }
+        }
+    }
+
+    /// One reply, or an EVICTED reply's payload.
+    fn read_one(s: &mut impl Read) -> Result<Result<Response, Vec<u8>>, AdminError> {
         let mut head = [0u8; 5];
         s.read_exact(&mut head)?;
         let len = u32::from_le_bytes(head[1..5].try_into().unwrap());
@@ -194,7 +271,8 @@ impl Response {
         let mut p = vec![0u8; len as usize];
         s.read_exact(&mut p)?;
         let text = |p: Vec<u8>| String::from_utf8_lossy(&p).into_owned();
-        Ok(match ReplyStatus::from_u8(head[0]) {
+        Ok(Ok(match ReplyStatus::from_u8(head[0]) {
+            Some(ReplyStatus::Evicted) => return Ok(Err(p)),
             Some(ReplyStatus::Ok) => Response::Ok,
             Some(ReplyStatus::Value) => Response::Value(p),
             Some(ReplyStatus::NotFound) => Response::NotFound,
@@ -204,7 +282,7 @@ impl Response {
                 let s = head[0];
                 return Err(AdminError::Malformed(format!("unknown reply status {s}")));
             }
-        })
+        }))
     }
 }
 
@@ -222,12 +300,29 @@ pub fn decode_error(text: &str) -> nessie_protocols::Error {
 
 /// What serves admin requests.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: Request) -> Response;
+    fn handle(&self, req: Request) -> Response {
+        self.handle_evicting(req).0
+    }
+
+    /// [`Handler::handle`], with the keys a data request evicted to make room.
+    fn handle_evicting(&self, req: Request) -> (Response, Evictions) {
+        (self.handle(req), Evictions::new())
+    }
 }
 
-/// Serve a data request with a client of `pool` (PING and STATUS are the caller's).
-pub fn serve_pooled(pool: &ClientPool, req: Request) -> Response {
-    pool.with(|c| match req {
+/// Serve a data request with a client of `pool` (PING and STATUS are the caller's), with the
+/// keys it evicted.
+pub fn serve_pooled(pool: &ClientPool, req: Request) -> (Response, Evictions) {
+    pool.with(|c| {
+        let r = serve_with(c, req);
+        let sure = c.evicted().iter().map(|k| (k.clone(), true));
+        let unsure = c.evicted_unsure().iter().map(|k| (k.clone(), false));
+        (r, sure.chain(unsure).collect())
+    })
+}
+
+fn serve_with(c: &mut (impl nessie_protocols::KvClient + ?Sized), req: Request) -> Response {
+    match req {
         Request::Get(k) => match c.get(&k) {
             Ok(Some(v)) => Response::Value(v),
             Ok(None) => Response::NotFound,
@@ -236,6 +331,9 @@ pub fn serve_pooled(pool: &ClientPool, req: Request) -> Response {
         Request::Put(k, v) => c
             .put(&k, &v)
             .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
+        Request::PutExpiring(k, v, at) => c
+            .put_parts_expiring(&k, &[&v], at)
+            .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
         Request::Delete(k) => c
             .delete(&k)
             .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
@@ -243,7 +341,7 @@ pub fn serve_pooled(pool: &ClientPool, req: Request) -> Response {
         Request::Status | Request::Extension(_) => {
             Response::Error("not served by the client pool".into())
         }
-    })
+    }
 }
 
 /// Listens on a Unix socket until dropped.
@@ -382,14 +480,17 @@ fn serve_connection(s: &mut UnixStream, handler: &dyn Handler) {
     loop {
         let reply = match Request::read(s) {
             Ok(None) => return,
-            Ok(Some(req)) => handler.handle(req),
+            Ok(Some(req)) => handler.handle_evicting(req),
             Err(AdminError::Malformed(m)) => {
                 let _ = s.write_all(&Response::Error(format!("malformed request: {m}")).encode());
                 return;
             }
             Err(_) => return,
         };
-        if s.write_all(&reply.encode()).is_err() {
+        let (reply, evicted) = reply;
+        let mut out = encode_evictions(&evicted);
+        out.extend_from_slice(&reply.encode());
+        if s.write_all(&out).is_err() {
             return;
         }
     }
@@ -430,13 +531,23 @@ impl AdminClient {
         self.s.set_write_timeout(Some(timeout))
     }
 
+    /// Send `req` and read its reply (passing over the keys it evicted).
     pub fn call(&mut self, req: &Request) -> Result<Response, AdminError> {
+        self.call_reporting(req, &mut Evictions::new())
+    }
+
+    /// [`Self::call`], the keys the request evicted to make room added to `evicted`.
+    pub fn call_reporting(
+        &mut self,
+        req: &Request,
+        evicted: &mut Evictions,
+    ) -> Result<Response, AdminError> {
         if let Err(e) = self.s.write_all(&req.encode()) {
             // A node that refuses the connection (e.g. "node busy") replies and closes before
             // reading the request: its reply, when there is one, says more than EPIPE.
-            return Response::read(&mut self.s).map_err(|_| AdminError::Io(e));
+            return Response::read(&mut self.s, evicted).map_err(|_| AdminError::Io(e));
         }
-        Response::read(&mut self.s)
+        Response::read(&mut self.s, evicted)
     }
 }
 
@@ -454,18 +565,21 @@ mod tests {
     }
 
     impl Handler for Node {
-        fn handle(&self, req: Request) -> Response {
+        fn handle_evicting(&self, req: Request) -> (Response, Evictions) {
             match req {
-                Request::Ping => Response::Ok,
-                Request::Status => Response::Status("{\"ok\":true}".into()),
+                Request::Ping => (Response::Ok, Evictions::new()),
+                Request::Status => (Response::Status("{\"ok\":true}".into()), Evictions::new()),
                 r => serve_pooled(&self.pool, r),
             }
         }
     }
 
     fn server(name: &str) -> (AdminServer, PathBuf) {
-        let cluster =
-            LocalCluster::new(Geometry::default(), ProtocolConfig::default(), None).unwrap();
+        server_with(name, Geometry::default(), ProtocolConfig::default())
+    }
+
+    fn server_with(name: &str, g: Geometry, cfg: ProtocolConfig) -> (AdminServer, PathBuf) {
+        let cluster = LocalCluster::new(g, cfg, None).unwrap();
         let clients: Vec<Box<dyn KvClient>> = (0..2)
             .map(|_| Box::new(cluster.client(1).unwrap()) as Box<dyn KvClient>)
             .collect();
@@ -476,6 +590,84 @@ mod tests {
         let path =
             std::env::temp_dir().join(format!("nessie-admin-{name}-{}.sock", std::process::id()));
         (AdminServer::start(&path, node).unwrap(), path)
+    }
+
+    /// A node whose writers evict tells its admin clients what each request evicted (an
+    /// EVICTED reply before the request's own): every key named is gone, and a client that
+    /// does not ask reads the same replies as before.
+    #[test]
+    fn evictions_come_back_with_the_request_that_made_them() {
+        let g = Geometry {
+            ites_per_node: 4096,
+            dtes_per_node: 64,
+            ..Geometry::default()
+        };
+        let cfg = ProtocolConfig {
+            eviction: nessie_protocols::Eviction::AllkeysRandom,
+            expiry_ns: 2_000_000,
+            clock_margin_ns: 0,
+            ..ProtocolConfig::default()
+        };
+        let (_srv, path) = server_with("evict", g, cfg);
+        let mut c = AdminClient::connect(&path, Duration::from_secs(5)).unwrap();
+        let mut all = Evictions::new();
+        for i in 0..2_000u32 {
+            let put = Request::Put(format!("k{i}").into_bytes(), vec![7; 100]);
+            let mut evicted = Evictions::new();
+            let r = if i % 2 == 0 {
+                c.call_reporting(&put, &mut evicted).unwrap()
+            } else {
+                c.call(&put).unwrap()
+            };
+            assert_eq!(r, Response::Ok, "put {i}");
+            all.extend(evicted);
+        }
+        assert!(!all.is_empty(), "nothing evicted");
+        let mut kv = crate::node::AdminKvClient::connect(&path, Duration::from_secs(5)).unwrap();
+        let mut reported = 0;
+        for i in 0..200u32 {
+            kv.put(format!("more{i}").as_bytes(), &[8; 100]).unwrap();
+            reported += kv.evicted().len() + kv.evicted_unsure().len();
+        }
+        assert!(reported > 0, "AdminKvClient names what its puts evicted");
+        // Each key named was evicted, and none of the run's keys is written twice: absent.
+        for (key, sure) in all.iter().take(50) {
+            assert!(sure, "{key:?}: no failure in this run");
+            assert_eq!(
+                kv.get(key).unwrap(),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+
+    #[test]
+    fn an_evicted_reply_is_checked() {
+        let mut out = Evictions::new();
+        decode_evictions(&[1, 2, 0, 0, 0, b'a', b'b', 0, 1, 0, 0, 0, b'c'], &mut out).unwrap();
+        assert_eq!(out, vec![(b"ab".to_vec(), true), (b"c".to_vec(), false)]);
+        for bad in [
+            &[1, 5, 0, 0, 0, b'a'][..], // shorter than it says
+            &[2, 1, 0, 0, 0, b'a'][..], // no such flag
+            &[1, 0, 0, 0, 0][..],       // an empty key
+            &[1, 0xff, 0xff, 0, 0][..], // longer than any key
+        ] {
+            assert!(
+                decode_evictions(bad, &mut Evictions::new()).is_err(),
+                "{bad:?}"
+            );
+        }
+        let frame = encode_evictions(&vec![(b"key".to_vec(), true)]);
+        let mut reply = frame.clone();
+        reply.extend_from_slice(&Response::NotFound.encode());
+        let mut got = Evictions::new();
+        let r = Response::read(&mut &reply[..], &mut got).unwrap();
+        assert_eq!(
+            (r, got),
+            (Response::NotFound, vec![(b"key".to_vec(), true)])
+        );
+        assert!(encode_evictions(&Evictions::new()).is_empty());
     }
 
     #[test]
@@ -503,6 +695,23 @@ mod tests {
             c.call(&Request::Get(b"k".to_vec())).unwrap(),
             Response::NotFound
         );
+        // An item with an expiry: present until then, absent from then on.
+        let now = nessie_fabric::wall_clock_ns();
+        for (at, read) in [
+            (now + 60_000_000_000, Response::Value(vec![4, 5])),
+            (now - 1, Response::NotFound),
+        ] {
+            let put = Request::PutExpiring(b"t".to_vec(), vec![4, 5], at);
+            assert_eq!(c.call(&put).unwrap(), Response::Ok);
+            assert_eq!(c.call(&Request::Get(b"t".to_vec())).unwrap(), read);
+        }
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.write_all(b"NSA1\x07\x01\0\0\0\x03\0\0\0kabc").unwrap();
+        let r = Response::read(&mut s, &mut Evictions::new()).unwrap();
+        assert!(
+            matches!(&r, Response::Error(e) if e.contains("8-byte expiry")),
+            "{r:?}"
+        );
         let r = c.call(&Request::Put(vec![0; 500], vec![])).unwrap();
         let Response::Error(text) = r else {
             panic!("{r:?}")
@@ -529,7 +738,7 @@ mod tests {
         ] {
             let mut s = UnixStream::connect(&path).unwrap();
             s.write_all(junk).unwrap();
-            let r = Response::read(&mut s).unwrap();
+            let r = Response::read(&mut s, &mut Evictions::new()).unwrap();
             assert!(
                 matches!(&r, Response::Error(e) if e.contains("malformed")),
                 "{junk:?} -> {r:?}"
@@ -595,9 +804,9 @@ mod tests {
     #[test]
     fn wire_codes_are_pinned_and_round_trip() {
         let ops: Vec<u8> = AdminOp::ALL.iter().map(|&o| o as u8).collect();
-        assert_eq!(ops, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(ops, [1, 2, 3, 4, 5, 6, 7]);
         let statuses: Vec<u8> = ReplyStatus::ALL.iter().map(|&s| s as u8).collect();
-        assert_eq!(statuses, [0, 1, 2, 3, 4]);
+        assert_eq!(statuses, [0, 1, 2, 3, 4, 5]);
         for &o in AdminOp::ALL {
             assert_eq!(AdminOp::from_u8(o as u8), Some(o));
         }
@@ -605,6 +814,6 @@ mod tests {
             assert_eq!(ReplyStatus::from_u8(s as u8), Some(s));
         }
         assert_eq!(AdminOp::from_u8(0), None);
-        assert_eq!(ReplyStatus::from_u8(5), None);
+        assert_eq!(ReplyStatus::from_u8(6), None);
     }
 }

@@ -537,13 +537,17 @@ struct NodeHandler {
 }
 
 impl Handler for NodeHandler {
-    fn handle(&self, req: Request) -> Response {
+    fn handle_evicting(&self, req: Request) -> (Response, crate::admin::Evictions) {
+        let none = crate::admin::Evictions::new;
         match req {
-            Request::Ping => Response::Ok,
-            Request::Status => Response::Status(self.ctx.status().to_string()),
+            Request::Ping => (Response::Ok, none()),
+            Request::Status => (Response::Status(self.ctx.status().to_string()), none()),
             Request::Extension(body) => match &self.extension {
-                Some(x) => x.handle(&self.ctx, &body),
-                None => Response::Error("this node runs no extension".into()),
+                Some(x) => (x.handle(&self.ctx, &body), none()),
+                None => (
+                    Response::Error("this node runs no extension".into()),
+                    none(),
+                ),
             },
             r => crate::admin::serve_pooled(&self.pool, r),
         }
@@ -1059,6 +1063,10 @@ fn serve_metrics(
 /// tests use it). Errors reported by the node come back as `Error::Node`.
 pub struct AdminKvClient {
     conn: crate::admin::AdminClient,
+    /// The keys the last operation evicted, sure and unsure (the node's EVICTED reply).
+    evicted: Vec<Vec<u8>>,
+    evicted_unsure: Vec<Vec<u8>>,
+    reported: crate::admin::Evictions,
 }
 
 impl AdminKvClient {
@@ -1068,13 +1076,27 @@ impl AdminKvClient {
     ) -> Result<Self, crate::admin::AdminError> {
         Ok(Self {
             conn: crate::admin::AdminClient::connect(path, timeout)?,
+            evicted: Vec::new(),
+            evicted_unsure: Vec::new(),
+            reported: Vec::new(),
         })
     }
 
     fn call(&mut self, req: Request) -> Result<Response, nessie_protocols::Error> {
-        self.conn
-            .call(&req)
-            .map_err(|e| nessie_protocols::Error::Node(e.to_string()))
+        self.reported.clear();
+        let r = self
+            .conn
+            .call_reporting(&req, &mut self.reported)
+            .map_err(|e| nessie_protocols::Error::Node(e.to_string()));
+        self.evicted.clear();
+        self.evicted_unsure.clear();
+        for (key, sure) in self.reported.drain(..) {
+            match sure {
+                true => self.evicted.push(key),
+                false => self.evicted_unsure.push(key),
+            }
+        }
+        r
     }
 }
 
@@ -1098,6 +1120,24 @@ impl KvClient for AdminKvClient {
             ))),
         }
     }
+    fn put_parts_expiring(
+        &mut self,
+        key: &[u8],
+        parts: &[&[u8]],
+        expires_ns: u64,
+    ) -> Result<(), nessie_protocols::Error> {
+        match self.call(Request::PutExpiring(
+            key.to_vec(),
+            parts.concat(),
+            expires_ns,
+        ))? {
+            Response::Ok => Ok(()),
+            Response::Error(e) => Err(crate::admin::decode_error(&e)),
+            r => Err(nessie_protocols::Error::Node(format!(
+                "unexpected reply {r:?}"
+            ))),
+        }
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), nessie_protocols::Error> {
         match self.call(Request::Delete(key.to_vec()))? {
             Response::Ok => Ok(()),
@@ -1106,5 +1146,11 @@ impl KvClient for AdminKvClient {
                 "unexpected reply {r:?}"
             ))),
         }
+    }
+    fn evicted(&self) -> &[Vec<u8>] {
+        &self.evicted
+    }
+    fn evicted_unsure(&self) -> &[Vec<u8>] {
+        &self.evicted_unsure
     }
 }

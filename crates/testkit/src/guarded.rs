@@ -278,6 +278,7 @@ pub fn run_guarded<C: KvClient + 'static>(
         truncated,
         evictions: 0, // guarded workers run without eviction
         evictions_unsure: 0,
+        longest_stall: crate::stress::longest_stall(&events),
         expiries: 0,
     };
     (out, clients)

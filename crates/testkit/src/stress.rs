@@ -108,6 +108,9 @@ pub struct StressOutcome {
     pub evictions_unsure: u64,
     /// PUTs of items with an expiry ([`StressSpec::ttl`]), each expiry in the history.
     pub expiries: u64,
+    /// The longest time in which no operation of any client completed successfully: how long
+    /// the store stalled (while nodes failed, say).
+    pub longest_stall: Duration,
 }
 
 /// The threads' counts, summed.
@@ -144,7 +147,7 @@ impl std::fmt::Display for StressOutcome {
         writeln!(
             f,
             "{} ops ({} ok) in {:.2?}{}; errors {:?}; corrupt reads {}; failed writes read {}; \
-             evictions {} ({} unsure)",
+             evictions {} ({} unsure); longest stall {:.2?}",
             self.ops,
             self.ok_ops,
             self.elapsed,
@@ -157,7 +160,8 @@ impl std::fmt::Display for StressOutcome {
             self.corrupt_reads,
             self.failed_writes_read,
             self.evictions,
-            self.evictions_unsure
+            self.evictions_unsure,
+            self.longest_stall
         )?;
         write!(f, "{}", self.report)
     }
@@ -239,6 +243,19 @@ pub fn failed_writes_read(events: &[Event]) -> u64 {
             matches!((&e.op, &e.outcome), (Op::Get, Outcome::Ok(Some(v))) if failed.contains(v))
         })
         .count() as u64
+}
+
+/// The longest time between two successful completions in `events` (any client's): how long
+/// the store served nobody. Expiries, which are no calls, do not count.
+pub fn longest_stall(events: &[Event]) -> Duration {
+    let mut done: Vec<u64> = events
+        .iter()
+        .filter(|e| matches!(e.outcome, Outcome::Ok(_)) && !matches!(e.op, Op::Expire(_)))
+        .map(|e| e.response_ns)
+        .collect();
+    done.sort_unstable();
+    let gap = done.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    Duration::from_nanos(gap)
 }
 
 /// One stress thread's side of the workload loop: records every operation in the history and
@@ -480,6 +497,7 @@ pub fn run_checked<C: KvClient + 'static>(
         truncated: tally.truncated,
         evictions: tally.evictions,
         evictions_unsure: tally.evictions_unsure,
+        longest_stall: longest_stall(&events),
         expiries: tally.expiries,
     };
     (outcome, clients)
