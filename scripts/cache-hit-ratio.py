@@ -3,6 +3,8 @@
 
 Usage: cache-hit-ratio.py PROTOCOL PORT KEYS REQUESTS VALUE_BYTES [ZIPF_S] [SEED]
   PROTOCOL  memcached (pymemcache) or redis (redis-py)
+  PORT      on 127.0.0.1; for memcached, PORT,PORT,... spreads the keys over those servers by
+            hash (pymemcache's HashClient, as a memcached client given several servers does)
   KEYS      the key space; REQUESTS keys are drawn from it by a Zipf law of exponent ZIPF_S
             (default 0.99), the same sequence for every cache with the same SEED (default 1)
 Each request GETs its key; on a miss it SETs the key (the application fetched it from the
@@ -27,7 +29,15 @@ def zipf_cdf(n, s):
     return [c / total for c in cdf]
 
 
-def client(protocol, port):
+def client(protocol, ports):
+    if protocol == "memcached" and len(ports) > 1:
+        from pymemcache.client.hash import HashClient
+
+        servers = [("127.0.0.1", p) for p in ports]
+        # Errors raised, not swallowed: each is counted by the trace.
+        c = HashClient(servers, connect_timeout=5, timeout=10, ignore_exc=False, retry_attempts=1)
+        return c.get, lambda k, v: c.set(k, v, noreply=False)
+    port = ports[0]
     if protocol == "memcached":
         from pymemcache.client.base import Client
 
@@ -44,7 +54,9 @@ def client(protocol, port):
 def main():
     if len(sys.argv) < 6:
         sys.exit(__doc__)
-    protocol, port = sys.argv[1], int(sys.argv[2])
+    protocol, ports = sys.argv[1], [int(p) for p in sys.argv[2].split(",")]
+    if len(ports) > 1 and protocol != "memcached":
+        sys.exit("several ports only with the memcached protocol")
     keys, requests, value_bytes = (int(a) for a in sys.argv[3:6])
     s = float(sys.argv[6]) if len(sys.argv) > 6 else 0.99
     seed = int(sys.argv[7]) if len(sys.argv) > 7 else 1
@@ -55,7 +67,7 @@ def main():
     # Ranks are scattered over the key names, so that hot keys are not neighbours.
     names = list(range(keys))
     random.Random(seed + 1).shuffle(names)
-    get, put = client(protocol, port)
+    get, put = client(protocol, ports)
     value = b"v" * value_bytes
     hits = misses = errors = 0
     start = time.monotonic()

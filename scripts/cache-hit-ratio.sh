@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Hit ratio of a cache-aside Zipf trace (scripts/cache-hit-ratio.py), the same trace against
 # memcached (-m MEM, evicting LRU as by default), redis-server (maxmemory MEM, allkeys-lru) and
-# Nessie (2 node processes of MEM/2 over shared memory, the memcached front end of node 0,
-# --eviction POLICY), REPS rounds of each, alternated, with the medians.
+# Nessie (2 node processes of MEM/2 over shared memory, --eviction POLICY, the keys spread over
+# both nodes' memcached front ends by hash, as a memcached client given both servers does;
+# NESSIE_FRONTENDS=1 uses node 0's only), REPS rounds of each, alternated, with the medians.
 # Usage: bash scripts/cache-hit-ratio.sh [REPS] [MEM_MIB] [KEYS] [REQUESTS] [VALUE_BYTES] [POLICY]
 # Defaults: 3 rounds, 64 MiB, 240,000 keys of 1,000 B values (about 4x what 64 MiB holds),
 # 400,000 requests (the second half measured), Zipf 0.99, allkeys-lru. NESSIE_ARGS adds flags
-# to `nessie up` (e.g. NESSIE_ARGS="--expiry-ms 100").
+# to `nessie up` (e.g. NESSIE_ARGS="--expiry-ms 100"); SYSTEMS="nessie" runs only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
@@ -50,7 +51,12 @@ run() { # system -> one JSON line
             --no-etcd --eviction "$POLICY" ${NESSIE_ARGS:-} >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; } ;;
     esac
     wait_port "$port"
-    echo "{\"system\": \"$1\", \"result\": $("$PY" scripts/cache-hit-ratio.py "$proto" "$port" "$KEYS" "$REQUESTS" "$VALUE")}" | tee -a "$DIR/runs.jsonl"
+    local ports=$port
+    if [ "$1" = nessie ] && [ "${NESSIE_FRONTENDS:-2}" = 2 ]; then
+        wait_port $((port + 1)) # node 1's front end: the base port + 1
+        ports="$port,$((port + 1))"
+    fi
+    echo "{\"system\": \"$1\", \"result\": $("$PY" scripts/cache-hit-ratio.py "$proto" "$ports" "$KEYS" "$REQUESTS" "$VALUE")}" | tee -a "$DIR/runs.jsonl"
     if [ "$1" = nessie ]; then
         "$NESSIE" down --dir "$DIR/c" >/dev/null 2>&1
     else
@@ -58,7 +64,7 @@ run() { # system -> one JSON line
     fi
 }
 for _ in $(seq "$REPS"); do
-    for system in memcached redis nessie; do
+    for system in ${SYSTEMS:-memcached redis nessie}; do
         run "$system"
     done
 done
@@ -67,8 +73,10 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 def med(system, field):
     return statistics.median(r["result"][field] for r in runs if r["system"] == system)
-base = med("memcached", "hit_ratio")
-for system in ["memcached", "redis", "nessie"]:
+ran = [s for s in ["memcached", "redis", "nessie"] if any(r["system"] == s for r in runs)]
+base = med("memcached", "hit_ratio") if "memcached" in ran else None
+for system in ran:
     h = med(system, "hit_ratio")
-    print(f"{system:>9}: hit ratio {h:.4f} ({h / base:.3f}x memcached's), errors {med(system, 'errors'):.0f}, {med(system, 'seconds'):.1f} s")
+    rel = f" ({h / base:.3f}x memcached's)" if base else ""
+    print(f"{system:>9}: hit ratio {h:.4f}{rel}, errors {med(system, 'errors'):.0f}, {med(system, 'seconds'):.1f} s")
 PY

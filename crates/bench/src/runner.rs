@@ -471,6 +471,7 @@ fn start(
         // The agents' clients take theirs from the spec; the nodes' own (admin) the same.
         optimizations: optimizations(p),
         eviction: p.eviction.parse().map_err(BenchError::Eviction)?,
+        eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

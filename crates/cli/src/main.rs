@@ -200,6 +200,13 @@ struct UpArgs {
     /// (volatile-ttl: the soonest to expire). Mode cd. Written to [cache] eviction.
     #[arg(long, value_name = "POLICY", default_value = "noeviction")]
     eviction: nessie_protocols::Eviction,
+    /// Entries an eviction samples per victim, 1 to 64 (Redis's maxmemory-samples): more
+    /// choose victims closer to true LRU or LFU, for more READs per eviction. Written to
+    /// [cache] eviction_samples.
+    #[arg(long, value_name = "N",
+          default_value_t = nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
+          value_parser = clap::value_parser!(u8).range(1..=nessie_protocols::config::MAX_EVICTION_SAMPLES as i64))]
+    eviction_samples: u8,
     /// Event loops (threads) per front end per node, each serving many connections (one, as
     /// Redis has, suits a machine with few cores).
     #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_THREADS)]
@@ -610,6 +617,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         wait_spin_us: a.fabric.wait_spin_us,
         optimizations: a.optimizations.optimizations(),
         eviction: a.eviction,
+        eviction_samples: a.eviction_samples,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

@@ -156,6 +156,8 @@ pub struct UpOptions {
     pub optimizations: nessie_protocols::Optimizations,
     /// What the store does when full (`[cache] eviction`).
     pub eviction: nessie_protocols::Eviction,
+    /// Entries sampled per victim (`[cache] eviction_samples`).
+    pub eviction_samples: u8,
 }
 
 /// Where a cluster's membership lives.
@@ -200,6 +202,7 @@ impl UpOptions {
             wait_spin_us: None,
             optimizations: nessie_protocols::Optimizations::default(),
             eviction: nessie_protocols::Eviction::NoEviction,
+            eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
         }
     }
 }
@@ -391,6 +394,7 @@ fn local_config(
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();
     cfg.cache.eviction = o.eviction.name().to_string();
+    cfg.cache.eviction_samples = o.eviction_samples;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

@@ -190,6 +190,11 @@ impl Mutations {
     }
 }
 
+/// Entries an eviction samples per victim by default (Redis's `maxmemory-samples` default).
+pub const DEFAULT_EVICTION_SAMPLES: u8 = 5;
+/// Most entries anybody may have an eviction sample per victim.
+pub const MAX_EVICTION_SAMPLES: u8 = 64;
+
 /// Shortest expiry period anybody may configure (1 ms).
 pub const MIN_EXPIRY_NS: u64 = 1_000_000;
 /// Default `ProtocolConfig::whole_read_max`.
@@ -334,6 +339,9 @@ pub struct ProtocolConfig {
     pub retry: RetryPolicy,
     /// What a writer that finds no room does.
     pub eviction: Eviction,
+    /// Entries an eviction samples per victim (Redis's `maxmemory-samples`): more choose
+    /// better victims (closer to true LRU or LFU) for more READs.
+    pub eviction_samples: u8,
     /// Test-only breakages (read through `mutated!`).
     #[cfg(any(test, feature = "testing"))]
     pub mutations: Mutations,
@@ -350,6 +358,7 @@ impl Default for ProtocolConfig {
             whole_read_max: WHOLE_READ_MAX,
             retry: RetryPolicy::default(),
             eviction: Eviction::NoEviction,
+            eviction_samples: DEFAULT_EVICTION_SAMPLES,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }
@@ -381,6 +390,9 @@ impl ProtocolConfig {
         if self.retry.max_backoff_ns > MAX_BACKOFF_NS {
             return Err(ConfigError::BackoffTooLong);
         }
+        if !(1..=MAX_EVICTION_SAMPLES).contains(&self.eviction_samples) {
+            return Err(ConfigError::EvictionSamples(self.eviction_samples));
+        }
         Ok(())
     }
 }
@@ -400,6 +412,8 @@ pub enum ConfigError {
     BackoffOrder,
     #[error("retry.max_backoff_ns exceeds 10 s")]
     BackoffTooLong,
+    #[error("eviction samples {0} is not in 1..={MAX_EVICTION_SAMPLES}")]
+    EvictionSamples(u8),
     #[error("server_threads = {got} is not in 1..={max}")]
     ServerThreads { got: u16, max: u16 },
     #[error("max_clients_per_node = {got} is not in 1..={max}")]

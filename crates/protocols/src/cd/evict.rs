@@ -37,15 +37,13 @@ use crate::error::Error;
 use crate::hooks::HookPoint;
 use crate::{Cond, CondOutcome};
 
-/// Entries sampled per victim (Redis samples 5 keys per eviction, `maxmemory-samples`).
-pub const EVICTION_SAMPLES: usize = 5;
 /// Victims a writer that found no room evicts before it waits for room.
 pub const EVICT_ON_FULL: usize = 4;
 /// Victims a PUT evicts while its class is short of room.
 pub const EVICT_AHEAD: usize = 2;
 /// Rounds of sampling one eviction may take (each sample may find nothing live).
 pub const EVICT_ROUNDS: usize = 4;
-/// Samples a `volatile-*` policy's victim may draw to find [`EVICTION_SAMPLES`] items with an
+/// Samples a `volatile-*` policy's victim may draw to find `eviction_samples` items with an
 /// expiry among the others.
 pub const VOLATILE_SAMPLE_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
@@ -169,17 +167,18 @@ impl<E: Endpoint> CdClient<E> {
     }
 
     /// Evict up to `n` items whose entries are of `class` and were allocated here: per victim,
-    /// [`EVICTION_SAMPLES`] entries sampled, ranked by the policy ([`Self::rank`]), and the
+    /// `ProtocolConfig::eviction_samples` entries sampled, ranked by the policy ([`Self::rank`]), and the
     /// first of them still current deleted.
     fn evict_of(&mut self, class: u8, n: usize) -> Result<usize, Error> {
+        let samples = self.cfg.eviction_samples as usize;
         let mut evicted = 0;
-        let mut ranked = Vec::with_capacity(EVICTION_SAMPLES);
+        let mut ranked = Vec::with_capacity(samples);
         for _ in 0..n * EVICT_ROUNDS {
             if evicted == n {
                 break;
             }
             let seed = rand::Rng::gen::<u64>(&mut self.rng);
-            let sample = self.table.sample_in_use(class, EVICTION_SAMPLES, seed);
+            let sample = self.table.sample_in_use(class, samples, seed);
             if sample.is_empty() {
                 break; // nothing of this class to evict
             }
@@ -189,11 +188,11 @@ impl<E: Endpoint> CdClient<E> {
             // A volatile policy ranks items with an expiry only: a sample short of them is
             // topped up (Redis samples its table of keys with an expiry).
             for _ in 1..VOLATILE_SAMPLE_ROUNDS {
-                if !self.cfg.eviction.volatile() || ranked.len() >= EVICTION_SAMPLES {
+                if !self.cfg.eviction.volatile() || ranked.len() >= samples {
                     break;
                 }
                 let seed = rand::Rng::gen::<u64>(&mut self.rng);
-                let more = self.table.sample_in_use(class, EVICTION_SAMPLES, seed);
+                let more = self.table.sample_in_use(class, samples, seed);
                 self.rank_sample(more, now_ns, &mut ranked)?;
             }
             // Stable: ties (every one under a random policy) keep the sample's random order.
@@ -652,6 +651,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `eviction_samples` is how many entries a victim is chosen from: with one, allkeys-lru
+    /// takes whatever it draws (hot or cold alike, about half hot); with 16, a hot victim
+    /// needs 16 hot draws (at most 1 in 6,000 as the cold ones go), so at most one of 40
+    /// victims is hot (two: about 1 run in 50,000).
+    #[test]
+    fn more_samples_choose_better_victims() {
+        let (n, victims) = (300u32, 40usize);
+        let mut hot = Vec::new();
+        for samples in [1u8, 16] {
+            let cfg = ProtocolConfig {
+                eviction_samples: samples,
+                ..cfg(Eviction::AllkeysLru)
+            };
+            let c = InProcCluster::new(roomy(), cfg);
+            let (mut a, class) = hot_and_cold(&c, n, 1);
+            for _ in 0..victims {
+                assert_eq!(evict_one(&mut a, class), 1);
+            }
+            hot.push(hot_gone(&mut a, n));
+        }
+        // One sample: the victims' hot count is binomial(40, 1/2), at least 8 but 1 in 10^5.
+        assert!(
+            hot[0] >= 8,
+            "one sample: only {} of {victims} victims hot",
+            hot[0]
+        );
+        assert!(
+            hot[1] <= 1,
+            "16 samples: {} of {victims} victims hot",
+            hot[1]
+        );
+        let bad = ProtocolConfig {
+            eviction_samples: 0,
+            ..cfg(Eviction::AllkeysLru)
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("eviction samples 0"), "{e}");
     }
 
     /// With tracking off (a policy that does not rank by access), GETs write nothing.
