@@ -934,6 +934,7 @@ fn serve_frontends(
     let gauges: Arc<dyn nessie_frontend::serve::StoreGauges> = Arc::new(NodeGauges {
         node: Arc::downgrade(ctx),
         policy: ctx.cfg.protocol_config().eviction,
+        samples: ctx.cfg.protocol_config().eviction_samples,
     });
     for fe in &started {
         // Set once, on a fresh front end: it cannot have been set before.
@@ -966,9 +967,13 @@ struct NodeGauges {
     /// Weak: the front ends' counters, which hold these gauges, must not keep the node alive.
     node: std::sync::Weak<NodeContext>,
     policy: nessie_protocols::Eviction,
+    samples: u8,
 }
 
 impl nessie_frontend::serve::StoreGauges for NodeGauges {
+    fn eviction_samples(&self) -> u8 {
+        self.samples
+    }
     fn evictions(&self) -> u64 {
         self.node.upgrade().map_or(0, |n| n.table.evictions())
     }

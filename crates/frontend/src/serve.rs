@@ -70,6 +70,10 @@ pub trait StoreGauges: Send + Sync + std::fmt::Debug {
     fn evictions(&self) -> u64;
     /// The eviction policy, by Redis's name (`maxmemory-policy`).
     fn eviction_policy(&self) -> &'static str;
+    /// Entries sampled per victim (`maxmemory-samples`; Redis's default 5 unless told).
+    fn eviction_samples(&self) -> u8 {
+        5
+    }
     /// Whether GETs keep access words under the policy, so that the reclaimer can tell
     /// expired items never read (`expired_unfetched`).
     fn tracks_access(&self) -> bool;
@@ -133,6 +137,11 @@ impl Counters {
     /// Whether the store's policy keeps access words (not without a store's gauges).
     pub fn tracks_access(&self) -> bool {
         self.store.get().is_some_and(|s| s.tracks_access())
+    }
+
+    /// Entries the store's evictions sample per victim (5 without a store's gauges).
+    pub fn eviction_samples(&self) -> u8 {
+        self.store.get().map_or(5, |s| s.eviction_samples())
     }
 
     /// The store's eviction policy (`noeviction` without a store's gauges).

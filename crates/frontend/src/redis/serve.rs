@@ -627,6 +627,7 @@ impl Conn<'_> {
     fn config(&mut self, rest: &[&[u8]]) {
         let policy = self.counters.eviction_policy().as_bytes();
         let maxmemory = self.counters.figures().limit_bytes.to_string();
+        let samples = self.counters.eviction_samples().to_string();
         let (e, out) = (self.enc, &mut self.out);
         match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
             Some(b"get") if rest.len() >= 2 => {
@@ -638,6 +639,9 @@ impl Conn<'_> {
                         b"databases" => Some((&b"databases"[..], &b"1"[..])),
                         b"maxmemory-policy" => Some((&b"maxmemory-policy"[..], policy)),
                         b"maxmemory" => Some((&b"maxmemory"[..], maxmemory.as_bytes())),
+                        b"maxmemory-samples" => {
+                            Some((&b"maxmemory-samples"[..], samples.as_bytes()))
+                        }
                         _ => None,
                     })
                     .collect();
@@ -962,6 +966,7 @@ mod tests {
             &["INFO", "memory", "stats"],
             &["CONFIG", "GET", "maxmemory-policy"],
             &["CONFIG", "GET", "maxmemory"],
+            &["CONFIG", "GET", "maxmemory-samples"],
         ]);
         let c = crate::testing::counters_with_gauges(7, "allkeys-random");
         let mut p = Pipe::new(&input, 4096);
@@ -979,6 +984,7 @@ mod tests {
             format!("nessie_item_bytes:{}\r\n", f.bytes),
             "$16\r\nmaxmemory-policy\r\n$14\r\nallkeys-random\r\n".to_string(),
             format!("$9\r\nmaxmemory\r\n$7\r\n{}\r\n", f.limit_bytes),
+            "$17\r\nmaxmemory-samples\r\n$1\r\n5\r\n".to_string(),
         ] {
             assert!(out.contains(&want), "{want:?} in {out}");
         }
