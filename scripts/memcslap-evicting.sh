@@ -8,6 +8,7 @@
 # on node 0. memcached: one daemon with 2 × MEM (-m), which evicts by default.
 # Prints each run (seconds, errors memcslap reported, items held at the end: memcached's
 # curr_items, the sum of the nodes' curr_items) and the medians.
+# NESSIE_FRONTENDS=2 gives memcslap both nodes' front ends (it spreads keys over its servers).
 # NESSIE_ARGS adds `nessie up` flags (e.g. "--expiry-ms 100"); NESSIE_OLD=PATH also runs
 # another nessie binary, alternated with the new one (a before/after comparison).
 # Usage: bash scripts/memcslap-evicting.sh [REPS] [MEM_MIB] [EXEC] [THREADS]
@@ -67,7 +68,11 @@ run() { # system binary -> one JSON line
             --eviction allkeys-lru --no-etcd ${NESSIE_ARGS:-} >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
         ports=("$port" "$((port + 1))")
     fi
-    memcslap -s "127.0.0.1:$port" -t set -c "$THREADS" -e "$EXEC" >"$DIR/slap.out" 2>&1 || true
+    local servers="127.0.0.1:$port"
+    if [ "$1" != memcached ] && [ "${NESSIE_FRONTENDS:-1}" = 2 ]; then
+        servers="$servers,127.0.0.1:$((port + 1))"
+    fi
+    memcslap -s "$servers" -t set -c "$THREADS" -e "$EXEC" >"$DIR/slap.out" 2>&1 || true
     local secs errors held keys
     secs=$(awk '/^Time to set/ {print $(NF-1)}' "$DIR/slap.out")
     keys=$(awk '/^Time to set/ {print $4}' "$DIR/slap.out")
