@@ -497,10 +497,8 @@ mod tests {
     fn a_given_up_mark_whose_answer_is_lost_hands_the_version_over() {
         use std::sync::atomic::Ordering::SeqCst;
         let c = InProcCluster::new(small_geometry(), fast_cfg());
-        let mut setup = c.client(0);
-        setup.put(b"k", b"old").unwrap();
+        let (mut setup, v) = old_k(&c);
         let mut out = Vec::new();
-        let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
         let (mut a, fail) = c.failing_client(0);
         let f = fail.clone();
         a.set_hook(Some(Box::new(move |p| {
@@ -529,6 +527,19 @@ mod tests {
         for i in 0..32u8 {
             assert_eq!(g.get(&[b'o', i]).unwrap().as_deref(), Some(&b"abc"[..]));
         }
+    }
+
+    /// A client of `c`'s node 0, having written "old" under `k`, and that value's version.
+    fn old_k(
+        c: &InProcCluster,
+    ) -> (
+        super::super::CdClient<impl nessie_fabric::Endpoint>,
+        crate::Version,
+    ) {
+        let mut setup = c.client(0);
+        setup.put(b"k", b"old").unwrap();
+        let v = setup.get_versioned(b"k", &mut Vec::new()).unwrap().unwrap();
+        (setup, v)
     }
 
     /// How a conditional write's commit (Step 6) goes wrong in
@@ -561,10 +572,7 @@ mod tests {
             ..fast_cfg()
         };
         let c = InProcCluster::new(small_geometry(), cfg);
-        let mut setup = c.client(0);
-        setup.put(b"k", b"old").unwrap();
-        let mut out = Vec::new();
-        let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
+        let (_, v) = old_k(&c);
         let (mut a, fail) = c.failing_client(1); // its entries on node 1, the key's elsewhere
         let f = fail.clone();
         let at = if delete {
@@ -654,10 +662,8 @@ mod tests {
                 ..fast_cfg()
             };
             let c = InProcCluster::new(small_geometry(), cfg);
-            let mut setup = c.client(0);
-            setup.put(b"k", b"old").unwrap();
+            let (_, v) = old_k(&c);
             let mut out = Vec::new();
-            let v = setup.get_versioned(b"k", &mut out).unwrap().unwrap();
             let mut dying = c.client(1);
             dying.set_hook(Some(Box::new(|p| {
                 if p == HookPoint::BeforeSetValid {
