@@ -265,6 +265,14 @@ impl<E: Endpoint> CdClient<E> {
             if value.is_none() {
                 // DELETE of a key that none of its candidates holds.
                 self.reverse_pass(&p.d, &p.slots, &p.seen)?;
+                // An earlier attempt's tombstone is out of the index (Step 2 would have taken
+                // it back): another write cleared it, ordering ours before it, and recycles
+                // it. What that attempt took out is ours to recycle (Step 7).
+                st.published.clear();
+                for i in 0..st.rec.len() {
+                    self.recycle(st.rec[i]);
+                }
+                st.rec.clear();
                 return Ok(());
             }
             // 2.4: every candidate holds another key.
@@ -567,9 +575,56 @@ impl<E: Endpoint> CdClient<E> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{fast_cfg, small_geometry, InProcCluster, KEY_MAX, VALUE_MAX};
+    use super::super::testkit::{
+        fast_cfg, key_first_in, key_with_distinct_candidates, small_geometry, InProcCluster,
+        KEY_MAX, VALUE_MAX,
+    };
     use crate::error::Error;
     use nessie_store::Geometry;
+
+    /// A DELETE whose tombstone another write clears between its attempts, and whose retry
+    /// finds every candidate holding another key: it took effect (ordered before the write
+    /// that cleared it) and ends with nothing staged or published, the entry it took out
+    /// recycled. Before, that path returned with both lists full (the debug assertion in
+    /// `write` fired in the replicated crash test, 1 run in 400) and leaked the entry.
+    #[test]
+    fn a_delete_retried_into_full_candidates_leaves_nothing_behind() {
+        use crate::hooks::HookPoint;
+        let c = InProcCluster::small();
+        let k = key_with_distinct_candidates(&c);
+        let cands = c.candidates(&k);
+        let y = key_first_in(&c, cands[0], &[k.clone()]);
+        let z = key_first_in(&c, cands[0], &[k.clone(), y.clone()]);
+        let w = key_first_in(&c, cands[1], &[k.clone()]);
+        let x = key_first_in(&c, cands[2], &[k.clone()]);
+        let mut setup = c.client(0);
+        setup.put(&y, b"y").unwrap(); // its first candidate: K's first
+        setup.put(&k, b"old").unwrap(); // K's second
+        setup.put(&x, b"x").unwrap(); // K's third
+        assert!(!c.ite(cands[1]).is_empty(), "K in its second candidate");
+        let mut b = c.client(1);
+        let mut a = c.client(2);
+        let mut once = true;
+        let (kb, yb, zb, wb) = (k.clone(), y.clone(), z.clone(), w.clone());
+        a.set_hook(Some(Box::new(move |p| {
+            if p != HookPoint::BeforeReversePass || !std::mem::take(&mut once) {
+                return;
+            }
+            // A's tombstone is in K's second candidate. B frees the first, writes K there
+            // (its Step 4 clears A's tombstone), deletes it, and fills both again.
+            b.delete(&yb).unwrap();
+            b.put(&kb, b"b").unwrap();
+            b.delete(&kb).unwrap();
+            b.put(&zb, b"z").unwrap();
+            b.put(&wb, b"w").unwrap();
+        })));
+        a.delete(&k).unwrap();
+        assert_eq!(a.get(&k).unwrap(), None);
+        assert!(a.stats().retries > 0, "the first attempt aborted");
+        for (key, v) in [(&x, b"x"), (&z, b"z"), (&w, b"w")] {
+            assert_eq!(a.get(key).unwrap().as_deref(), Some(&v[..]));
+        }
+    }
 
     #[test]
     fn put_overwrites_and_delete_removes() {
