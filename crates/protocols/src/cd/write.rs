@@ -593,10 +593,10 @@ mod tests {
         let c = InProcCluster::small();
         let k = key_with_distinct_candidates(&c);
         let cands = c.candidates(&k);
-        let y = key_first_in(&c, cands[0], &[k.clone()]);
+        let y = key_first_in(&c, cands[0], std::slice::from_ref(&k));
         let z = key_first_in(&c, cands[0], &[k.clone(), y.clone()]);
-        let w = key_first_in(&c, cands[1], &[k.clone()]);
-        let x = key_first_in(&c, cands[2], &[k.clone()]);
+        let w = key_first_in(&c, cands[1], std::slice::from_ref(&k));
+        let x = key_first_in(&c, cands[2], std::slice::from_ref(&k));
         let mut setup = c.client(0);
         setup.put(&y, b"y").unwrap(); // its first candidate: K's first
         setup.put(&k, b"old").unwrap(); // K's second
