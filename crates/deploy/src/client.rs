@@ -166,6 +166,16 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             _ => Ok(None),
         }
     }
+    fn reclaim_expired_in_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&nessie_protocols::ScanNote),
+    ) -> Result<Option<nessie_protocols::Reclaimed>, Error> {
+        match self {
+            ModeClient::Cd(c) => c.reclaim_expired_noting(slots, note).map(Some),
+            _ => Ok(None),
+        }
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         match self {
             ModeClient::Cd(c) => c.delete(key),

@@ -10,6 +10,13 @@ pub enum Error {
     KeyTooLarge { len: usize, max: u32 },
     #[error("value of {len} bytes exceeds the cluster's value_max of {max} bytes")]
     ValueTooLarge { len: usize, max: u32 },
+    /// An item longer than the cluster's item limit (`[cache] item_max`, issue 41): items
+    /// longer than one entry are stored in chunks (`crate::large`) up to it.
+    #[error("item of {len} bytes exceeds the cluster's item_max of {max} bytes")]
+    ItemTooLarge { len: u64, max: u64 },
+    /// A user's key in the space the store keeps for the chunks of large items.
+    #[error("keys beginning with the bytes {prefix} are reserved for the chunks of large items")]
+    KeyReserved { prefix: String },
     #[error("index full: no free slot for the key within {depth} levels of migration; enlarge the index tables or delete data")]
     IndexFull { depth: u8 },
     #[error("data tables full: no room for an entry of {entry_size} bytes written by node {node} ({awaiting_expiry} released entries not yet expired; each node keeps its last free pages for deletes)")]

@@ -29,6 +29,7 @@ pub mod config;
 pub mod error;
 pub mod fence;
 pub mod hooks;
+pub mod large;
 pub mod replica;
 pub mod view;
 
@@ -101,6 +102,16 @@ pub struct Reclaimed {
     /// (known only under the policies that keep access words, [`Eviction::tracks_access`];
     /// under the others no GET marks one and every deleted item counts).
     pub unfetched: u64,
+}
+
+/// One key a reclaiming scan read ([`KvClient::reclaim_expired_in_noting`]).
+#[derive(Copy, Clone, Debug)]
+pub struct ScanNote<'a> {
+    pub key: &'a [u8],
+    /// Its entry had expired (the scan deletes it next).
+    pub expired: bool,
+    /// A GET marked its access word fetched (under the policies that keep access words).
+    pub fetched: bool,
 }
 
 impl std::ops::AddAssign for Reclaimed {
@@ -198,6 +209,17 @@ pub trait KvClient: Send {
         let _ = slots;
         Ok(None)
     }
+    /// [`Self::reclaim_expired_in`], telling `note` of every key the window holds as the scan
+    /// reads it (the large-value layer, [`large`], finds its orphaned chunks so). A store that
+    /// cannot tell notes nothing.
+    fn reclaim_expired_in_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&ScanNote),
+    ) -> Result<Option<Reclaimed>, Error> {
+        let _ = note;
+        self.reclaim_expired_in(slots)
+    }
     /// Remove `key` if `cond` holds, atomically.
     fn delete_if(&mut self, key: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         let _ = (key, cond);
@@ -264,6 +286,13 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     ) -> Result<Option<Reclaimed>, Error> {
         (**self).reclaim_expired_in(slots)
     }
+    fn reclaim_expired_in_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&ScanNote),
+    ) -> Result<Option<Reclaimed>, Error> {
+        (**self).reclaim_expired_in_noting(slots, note)
+    }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         (**self).delete(key)
     }
@@ -323,6 +352,13 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
         slots: std::ops::Range<u64>,
     ) -> Result<Option<Reclaimed>, Error> {
         cd::CdClient::reclaim_expired_in(self, slots).map(Some)
+    }
+    fn reclaim_expired_in_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&ScanNote),
+    ) -> Result<Option<Reclaimed>, Error> {
+        cd::CdClient::reclaim_expired_noting(self, slots, note).map(Some)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         cd::CdClient::delete(self, key)

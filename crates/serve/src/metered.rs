@@ -128,7 +128,11 @@ impl OpMetrics {
 /// What an error counts as.
 fn error_result(e: &Error) -> Res {
     match e {
-        Error::EmptyKey | Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. } => Res::Refused,
+        Error::EmptyKey
+        | Error::KeyTooLarge { .. }
+        | Error::ValueTooLarge { .. }
+        | Error::ItemTooLarge { .. }
+        | Error::KeyReserved { .. } => Res::Refused,
         Error::DataTableFull { .. } | Error::IndexFull { .. } => Res::Full,
         Error::Unsupported(_) => Res::Unsupported,
         _ => Res::Error,
@@ -220,6 +224,13 @@ impl<C: KvClient> KvClient for Metered<C> {
         slots: std::ops::Range<u64>,
     ) -> Result<Option<nessie_protocols::Reclaimed>, Error> {
         self.inner.reclaim_expired_in(slots)
+    }
+    fn reclaim_expired_in_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&nessie_protocols::ScanNote),
+    ) -> Result<Option<nessie_protocols::Reclaimed>, Error> {
+        self.inner.reclaim_expired_in_noting(slots, note)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         self.timed(Kind::Delete, done, |c| c.delete(key))

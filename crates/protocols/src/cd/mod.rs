@@ -19,7 +19,7 @@ mod guarded;
 pub mod migrate;
 mod scan;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 pub mod write;
 
 use std::sync::Arc;

@@ -48,12 +48,28 @@ impl<E: Endpoint> CdClient<E> {
         &mut self,
         slots: std::ops::Range<u64>,
     ) -> Result<crate::Reclaimed, Error> {
+        self.reclaim_expired_noting(slots, &mut |_| {})
+    }
+
+    /// [`Self::reclaim_expired_in`], telling `note` of every key the window holds (a layer
+    /// above, `crate::large`, finds its chunks so without a second scan).
+    pub fn reclaim_expired_noting(
+        &mut self,
+        slots: std::ops::Range<u64>,
+        note: &mut dyn FnMut(&crate::ScanNote),
+    ) -> Result<crate::Reclaimed, Error> {
         let mut r = crate::Reclaimed::default();
         let mut expired = Vec::new();
         let now = self.ep.now_ns();
         self.scan_window(slots, |ite, meta, key| {
             r.keys += 1;
-            if meta.expired_at(now) {
+            let is_expired = meta.expired_at(now);
+            note(&crate::ScanNote {
+                key,
+                expired: is_expired,
+                fetched: meta.access.fetched(),
+            });
+            if is_expired {
                 expired.push((key.to_vec(), ite.0, meta.access.fetched()));
             }
             Ok(())
