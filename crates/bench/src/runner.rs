@@ -472,6 +472,7 @@ fn start(
         optimizations: optimizations(p),
         eviction: p.eviction.parse().map_err(BenchError::Eviction)?,
         eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
+        item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

@@ -102,9 +102,16 @@ struct UpArgs {
     /// Largest key: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
     #[arg(long, default_value = "128", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u32>)]
     key_max: u32,
-    /// Largest value: bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024.
+    /// Largest value one data table entry holds (the largest size class): bytes, or with
+    /// K/M/G = KiB/MiB/GiB, powers of 1024. Longer items (up to --item-max) are stored in
+    /// chunks of this size.
     #[arg(long, default_value = "16384", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u32>)]
     value_max: u32,
+    /// Longest item (memcached's -I; at most 512M, Redis's limit). Items longer than
+    /// --value-max are stored as chunks behind a manifest. Mode cd (the others keep items to
+    /// --value-max). Written to [cache] item_max.
+    #[arg(long, default_value = "1M", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>)]
+    item_max: u64,
     /// Index table entries per node.
     #[arg(long, default_value_t = 1 << 16)]
     ites_per_node: u64,
@@ -326,10 +333,10 @@ enum CliError {
     EmptyKey,
     #[error("key of {len} bytes exceeds the cluster's key_max of {max} bytes")]
     KeyTooLong { len: usize, max: u32 },
-    #[error("value of {len} bytes exceeds the cluster's value_max of {max} bytes")]
+    #[error("value of {len} bytes exceeds the cluster's item_max of {max} bytes")]
     ValueTooLong { len: usize, max: u64 },
-    /// A value source (file or stdin) longer than value_max.
-    #[error("{what} holds more than the cluster's value_max of {max} bytes")]
+    /// A value source (file or stdin) longer than the item limit.
+    #[error("{what} holds more than the cluster's item_max of {max} bytes")]
     InputTooLong { what: String, max: u64 },
     #[error("reading {what}: {err}")]
     Read { what: String, err: io::Error },
@@ -618,6 +625,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         optimizations: a.optimizations.optimizations(),
         eviction: a.eviction,
         eviction_samples: a.eviction_samples,
+        item_max: a.item_max,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);
@@ -1106,7 +1114,7 @@ fn put_value(a: &PutArgs, max: u64) -> Result<Vec<u8>, CliError> {
 
 fn run_put(a: PutArgs) -> Result<ExitCode, CliError> {
     let (dir, cfg) = load(&a.key)?;
-    let value = put_value(&a, cfg.geometry.value_max as u64)?;
+    let value = put_value(&a, cfg.item_max())?;
     let req = Request::Put(a.key.key.clone().into_bytes(), value);
     call(&a.key, &dir, &cfg, req)?;
     Ok(ExitCode::SUCCESS)

@@ -90,6 +90,8 @@ fn up_takes_sizes_with_units_and_workers_as_client_threads() {
             "1K",
             "--key-max",
             "64B",
+            "--item-max",
+            "3K",
             "--workers",
             "1",
         ],
@@ -98,13 +100,17 @@ fn up_takes_sizes_with_units_and_workers_as_client_threads() {
     assert!(cfg.contains("value_max = 1024"), "{cfg}");
     assert!(cfg.contains("key_max = 64"), "{cfg}");
     assert!(cfg.contains("workers = 1"), "{cfg}");
-    let fits = "v".repeat(1024);
+    assert!(cfg.contains("item_max = 3072"), "{cfg}");
+    // Items longer than an entry are stored in chunks, up to --item-max.
+    let fits = "v".repeat(3072);
     let out = c.nessie(&["put", "k", &fits]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let over = "v".repeat(1025);
+    let out = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), fits);
+    let over = "v".repeat(3073);
     let out = c.nessie(&["put", "k", &over]);
     assert!(
-        stderr(&out).contains("value_max of 1024 bytes"),
+        stderr(&out).contains("item_max of 3072 bytes"),
         "{}",
         stderr(&out)
     );

@@ -174,10 +174,12 @@ fn oversize_keys_and_values_get_memcacheds_errors_and_the_connection_stays_usabl
     let cfg =
         nessie_cluster::config::ClusterConfig::load(&nessie_cluster::process::config_path(&c.dir))
             .unwrap();
-    let value_max = cfg.geometry.value_max as usize;
+    // An item of item_max bytes less memcached's item header (16 B) is the longest taken.
+    let item_max = cfg.item_max() as usize;
+    assert_eq!(item_max, 1 << 20, "memcached's default item limit");
     let key_max = cfg.geometry.key_max as usize;
     let mut m = Mc::connect(base);
-    let big = vec![b'v'; value_max];
+    let big = vec![b'v'; item_max];
     m.send(format!("set big 0 0 {}\r\n", big.len()).as_bytes());
     m.send(&big);
     m.send(b"\r\n");
@@ -906,6 +908,68 @@ fn redis_benchmark_runs_set_and_get() {
         redis_cli(base + 1, &["STRLEN", "key:__rand_int__"]),
         "100\n"
     );
+}
+
+/// Large items through both front ends (issue 41): memcached's default item limit (1 MiB)
+/// with default flags, items of many chunks through RESP with a larger --item-max, read back
+/// byte-identical through other nodes; read-modify-writes, expiry and deletes of large items;
+/// and what is left of the chunks afterwards.
+#[test]
+fn large_items_round_trip_through_both_front_ends() {
+    let base = free_port_range(NODES);
+    let resp = base + 100;
+    let c = Cluster::up(
+        "large",
+        NODES,
+        "shm",
+        &[
+            "--no-etcd",
+            "--memory-per-node",
+            "64M",
+            "--item-max",
+            "24M",
+            "--memcached-port",
+            &base.to_string(),
+            "--resp-port",
+            &resp.to_string(),
+        ],
+    );
+    let script = format!(
+        r#"
+import os, time, hashlib, redis
+from pymemcache.client.base import Client
+mc = [Client(("127.0.0.1", {base} + i), default_noreply=False) for i in range(3)]
+v = os.urandom(1_000_000)
+assert mc[0].set("mc-big", v)
+assert mc[1].get("mc-big") == v and mc[2].get("mc-big") == v
+# Lengths around the chunk size (16383 B of item per chunk, less memcached's 16 B header).
+for n in (16383 - 17, 16383 - 16, 16383 - 15, 2 * 16383 - 16, 2 * 16383 - 15):
+    w = os.urandom(n)
+    assert mc[0].set(f"edge{{n}}", w) and mc[2].get(f"edge{{n}}") == w, n
+r = [redis.Redis(host="127.0.0.1", port={resp} + i) for i in range(3)]
+h = os.urandom(20 << 20)
+assert r[0].set("huge", h)
+got = r[1].get("huge")
+assert hashlib.sha256(got).digest() == hashlib.sha256(h).digest(), "20 MiB read back whole"
+assert r[2].strlen("huge") == 20 << 20
+assert r[0].append("huge", b"tail") == (20 << 20) + 4 and r[1].get("huge")[-8:] == h[-4:] + b"tail"
+assert r[1].set("huge", b"small now") and r[0].get("huge") == b"small now"
+assert r[0].set("ttl", os.urandom(100_000), px=1000)
+time.sleep(1.2)
+assert r[1].get("ttl") is None
+assert r[0].dbsize() == 7, r[0].dbsize()  # mc-big, five edges, huge; ttl expired
+assert r[2].delete("mc-big") == 1 and mc[0].get("mc-big") is None
+try:
+    r[0].set("toolong", b"x" * ((24 << 20) - 15))
+    raise SystemExit("an item over --item-max was taken")
+except redis.ResponseError as e:
+    assert "larger than this cluster's limit" in str(e), e
+assert r[0].get("huge") == b"small now", "the connection is still in step"
+print("large ok")
+"#
+    );
+    run_python(&script, "large ok", "pymemcache and redis-py");
+    drop(c);
 }
 
 /// redis-py (Debian python3-redis): strings across nodes, a pipeline, expiry, and an

@@ -262,6 +262,11 @@ pub struct CacheSection {
     /// Entries sampled per victim, 1 to 64 (Redis's `maxmemory-samples`, default 5): more
     /// choose victims closer to the policy's ideal for more READs per eviction.
     pub eviction_samples: u8,
+    /// The longest item the client-driven store takes, in bytes (memcached's `-I`, default
+    /// 1 MiB; at most 512 MiB, Redis's string limit). Items longer than one entry
+    /// (`[geometry] value_max`) are stored in chunks behind a manifest
+    /// (`nessie_protocols::large`). The other modes keep items to `value_max`.
+    pub item_max: u64,
 }
 
 impl Default for CacheSection {
@@ -269,6 +274,7 @@ impl Default for CacheSection {
         Self {
             eviction: nessie_protocols::Eviction::NoEviction.name().to_string(),
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
+            item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
         }
     }
 }
@@ -462,6 +468,8 @@ pub enum InvalidConfig {
     Transport(String),
     #[error("[cache] eviction: {0}")]
     Eviction(String),
+    #[error("[cache] item_max: {0}")]
+    ItemMax(String),
     #[error("cluster.secret is not hex: {0}")]
     SecretNotHex(#[source] hex::FromHexError),
     #[error("cluster.secret has {0} bytes; at least {MIN_SECRET_BYTES} are required")]
@@ -553,6 +561,7 @@ impl ClusterConfig {
         self.geometry.validate().map_err(InvalidConfig::from)?;
         self.validate_mode()?;
         self.eviction()?;
+        self.large_limits()?;
         self.protocol_config()
             .validate()
             .map_err(InvalidConfig::Protocol)?;
@@ -854,6 +863,30 @@ impl ClusterConfig {
         }
     }
 
+    /// The limits of the large-value layer the node's front ends and admin socket store
+    /// through (`[cache] item_max`); `None` outside the client-driven mode, whose items stay
+    /// within `value_max`.
+    pub fn large_limits(
+        &self,
+    ) -> Result<Option<nessie_protocols::large::LargeLimits>, InvalidConfig> {
+        if self.cluster.mode != "cd" {
+            return Ok(None);
+        }
+        let g = &self.geometry;
+        nessie_protocols::large::LargeLimits::new(g.key_max, g.value_max, self.cache.item_max)
+            .map(Some)
+            .map_err(|e| InvalidConfig::ItemMax(e.to_string()))
+    }
+
+    /// The longest value a node's front ends and admin socket take: `[cache] item_max` in the
+    /// client-driven mode, `value_max` in the others.
+    pub fn item_max(&self) -> u64 {
+        match self.large_limits() {
+            Ok(Some(l)) => l.item_max,
+            _ => self.geometry.value_max as u64,
+        }
+    }
+
     /// The `[cache] eviction` policy. Only the client-driven mode evicts.
     pub fn eviction(&self) -> Result<nessie_protocols::Eviction, InvalidConfig> {
         let e: nessie_protocols::Eviction = self
@@ -998,6 +1031,11 @@ mod tests {
                 Box::new(|c| c.cache.eviction = "lru".into()),
                 "unknown eviction policy",
             ),
+            (
+                Box::new(|c| c.cache.item_max = (512 << 20) + 1),
+                "[cache] item_max: invalid configuration: item_max of 536870913 bytes exceeds",
+            ),
+            (Box::new(|c| c.cache.item_max = 10), "is below value_max"),
             (
                 Box::new(|c| c.cluster.progress_spin_us = MAX_PROGRESS_SPIN_US + 1),
                 "progress_spin_us",

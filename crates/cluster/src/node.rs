@@ -914,9 +914,17 @@ fn serve_frontends(
     let pool = Arc::new(ClientPool::new(metered_clients(ctx, workers, ops)?));
     check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
     let g = ctx.geometry();
+    let item_max = ctx.cfg.item_max();
     let mut started = Vec::new();
     if let Some(addr) = mc {
-        let fe = FrontEnd::memcached(addr, pool.clone(), g, f.max_connections, f.threads);
+        let fe = FrontEnd::memcached(
+            addr,
+            pool.clone(),
+            g,
+            item_max,
+            f.max_connections,
+            f.threads,
+        );
         started.push(fe.map_err(|err| NodeError::Frontend { addr, err })?);
     }
     if let Some(addr) = resp {
@@ -925,6 +933,7 @@ fn serve_frontends(
             addr,
             pool.clone(),
             g,
+            item_max,
             f.max_connections,
             f.threads,
             password,
@@ -1030,15 +1039,22 @@ fn metered_clients(
         .as_ref()
         .and_then(|f| f.metrics_addr(ctx.id))
         .is_some();
+    // Items longer than one entry go through the large-value layer (client-driven mode).
+    let large = ctx.cfg.large_limits().ok().flatten();
     let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
     for _ in 0..workers {
-        let inner = ctx.client(&pcfg)?;
+        let node = ctx.client(&pcfg)?;
+        // Metered outside the layer: a large item's GET is one operation, chunks and all.
+        let inner: Box<dyn KvClient> = match large {
+            Some(l) => Box::new(nessie_protocols::large::Chunked::new(node, l)),
+            None => Box::new(node),
+        };
         clients.push(match served {
             true => Box::new(nessie_serve::metered::Metered {
                 inner,
                 metrics: ops.clone(),
             }),
-            false => Box::new(inner),
+            false => inner,
         });
     }
     Ok(clients)

@@ -158,6 +158,8 @@ pub struct UpOptions {
     pub eviction: nessie_protocols::Eviction,
     /// Entries sampled per victim (`[cache] eviction_samples`).
     pub eviction_samples: u8,
+    /// The longest item (`[cache] item_max`).
+    pub item_max: u64,
 }
 
 /// Where a cluster's membership lives.
@@ -203,6 +205,7 @@ impl UpOptions {
             optimizations: nessie_protocols::Optimizations::default(),
             eviction: nessie_protocols::Eviction::NoEviction,
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
+            item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
         }
     }
 }
@@ -395,6 +398,7 @@ fn local_config(
     cfg.frontends = o.frontends.clone();
     cfg.cache.eviction = o.eviction.name().to_string();
     cfg.cache.eviction_samples = o.eviction_samples;
+    cfg.cache.item_max = o.item_max;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

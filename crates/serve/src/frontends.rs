@@ -24,12 +24,14 @@ use crate::evloop::{LoopHandle, MakeSession};
 /// How often an accept loop looks at its stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
-/// The limits of a memcached front end on a cluster of geometry `g`: memcached's key limit or
-/// the cluster's, whichever is smaller; values up to the cluster's limit less the item header.
-pub fn limits(g: &Geometry) -> Limits {
+/// The limits of a memcached front end on a cluster of geometry `g` whose store takes values
+/// of up to `item_max` bytes (`[cache] item_max` in the client-driven mode, `value_max` in the
+/// others): memcached's key limit or the cluster's, whichever is smaller; values up to
+/// `item_max` less the item header.
+pub fn limits(g: &Geometry, item_max: u64) -> Limits {
     Limits {
         max_key: MAX_KEY_LEN.min(g.key_max as usize),
-        max_data: (g.value_max as usize).saturating_sub(item::HEADER_LEN),
+        max_data: (item_max as usize).saturating_sub(item::HEADER_LEN),
     }
 }
 
@@ -47,15 +49,16 @@ pub struct FrontEnd {
 }
 
 impl FrontEnd {
-    /// memcached on `addr`, served by `loops` event loops.
+    /// memcached on `addr`, served by `loops` event loops, for items up to `item_max` bytes.
     pub fn memcached(
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
         g: &Geometry,
+        item_max: u64,
         max_connections: u32,
         loops: u16,
     ) -> std::io::Result<Self> {
-        let l = limits(g);
+        let l = limits(g, item_max);
         let make: Arc<MakeSession> =
             Arc::new(move |b, c, _| Box::new(mc_serve::session(b, l, c)) as Box<dyn Session + '_>);
         let refusal = b"SERVER_ERROR Too many open connections\r\n";
@@ -75,13 +78,14 @@ impl FrontEnd {
         addr: SocketAddr,
         backend: Arc<dyn Backend>,
         g: &Geometry,
+        item_max: u64,
         max_connections: u32,
         loops: u16,
         password: Option<String>,
     ) -> std::io::Result<Self> {
         let l = RespLimits {
             max_key: g.key_max as usize,
-            max_value: (g.value_max as usize).saturating_sub(item::HEADER_LEN),
+            max_value: (item_max as usize).saturating_sub(item::HEADER_LEN),
         };
         let password: Option<Arc<[u8]>> = password.map(|p| p.into_bytes().into());
         let make: Arc<MakeSession> = Arc::new(move |b, c, id| {
