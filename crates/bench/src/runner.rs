@@ -473,6 +473,7 @@ fn start(
         eviction: p.eviction.parse().map_err(BenchError::Eviction)?,
         eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
         item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
+        orphan_grace_ms: nessie_protocols::large::ORPHAN_GRACE_MS,
     };
     let cfg = process::up(&dir, &up)?;
     Ok(RunningCluster {

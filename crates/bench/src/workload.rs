@@ -272,6 +272,9 @@ pub struct Workload {
     insert: f64,
     rmw: f64,
     value_size: (usize, usize),
+    /// Every PUT of a key writes the same size ([`spread_value_size`] of the key), as a cache
+    /// whose items keep their size, instead of a size drawn per PUT.
+    sizes_by_key: bool,
     inserts: Inserts,
 }
 
@@ -316,8 +319,17 @@ impl Workload {
             insert: 0.0,
             rmw: 0.0,
             value_size,
+            sizes_by_key: false,
             inserts: Inserts::default(),
         })
+    }
+
+    /// This workload with every key's PUTs of one size, spread over the value sizes by key.
+    pub fn with_sizes_by_key(self) -> Self {
+        Self {
+            sizes_by_key: true,
+            ..self
+        }
     }
 
     /// A YCSB core workload over `records` preloaded keys.
@@ -390,6 +402,8 @@ impl Workload {
                 let (lo, hi) = self.value_size;
                 if lo == hi {
                     lo
+                } else if self.sizes_by_key {
+                    spread_value_size(key, lo as u32, hi as u32) as usize
                 } else {
                     rng.gen_range(lo..=hi)
                 }

@@ -112,6 +112,11 @@ struct UpArgs {
     /// --value-max). Written to [cache] item_max.
     #[arg(long, default_value = "1M", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>)]
     item_max: u64,
+    /// How old, in ms, the chunks of a large item that no manifest names (a writer died, or a
+    /// small write or plain delete replaced it) must be before the reclaimer deletes them;
+    /// above the lease TTL. Written to [cache] orphan_grace_ms.
+    #[arg(long, value_name = "MS", default_value_t = nessie_protocols::large::ORPHAN_GRACE_MS)]
+    orphan_grace_ms: u64,
     /// Index table entries per node.
     #[arg(long, default_value_t = 1 << 16)]
     ites_per_node: u64,
@@ -626,6 +631,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         eviction: a.eviction,
         eviction_samples: a.eviction_samples,
         item_max: a.item_max,
+        orphan_grace_ms: a.orphan_grace_ms,
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

@@ -95,6 +95,7 @@ fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
         get_fraction: 0.5,
         delete_fraction: 0.05,
         value_size: (8, 64),
+        sizes_by_key: false,
         seed,
         time_limit: Duration::from_secs(300),
         preload_keys: 0,
@@ -104,7 +105,7 @@ fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
 }
 
 fn up_args(ites: u64, dtes: u64, expiry_ms: u64, delay: &str) -> Vec<String> {
-    let mut v: Vec<String> = ["--workers", "2", "--value-max", "64", "--key-max", "16"]
+    let mut v: Vec<String> = ["--workers", "2", "--value-max", "64", "--key-max", "48"]
         .iter()
         .map(|s| s.to_string())
         .collect();

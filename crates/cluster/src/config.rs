@@ -267,6 +267,10 @@ pub struct CacheSection {
     /// (`[geometry] value_max`) are stored in chunks behind a manifest
     /// (`nessie_protocols::large`). The other modes keep items to `value_max`.
     pub item_max: u64,
+    /// How old, in ms, the chunks of a large item no manifest names must be before the
+    /// reclaimer deletes them (default 60000; 1000 to a day). With membership it must exceed
+    /// the lease TTL: a writer paused longer is fenced and publishes nothing.
+    pub orphan_grace_ms: u64,
 }
 
 impl Default for CacheSection {
@@ -275,6 +279,7 @@ impl Default for CacheSection {
             eviction: nessie_protocols::Eviction::NoEviction.name().to_string(),
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
             item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
+            orphan_grace_ms: nessie_protocols::large::ORPHAN_GRACE_MS,
         }
     }
 }
@@ -468,7 +473,7 @@ pub enum InvalidConfig {
     Transport(String),
     #[error("[cache] eviction: {0}")]
     Eviction(String),
-    #[error("[cache] item_max: {0}")]
+    #[error("[cache] item_max / orphan_grace_ms: {0}")]
     ItemMax(String),
     #[error("cluster.secret is not hex: {0}")]
     SecretNotHex(#[source] hex::FromHexError),
@@ -873,9 +878,20 @@ impl ClusterConfig {
             return Ok(None);
         }
         let g = &self.geometry;
-        nessie_protocols::large::LargeLimits::new(g.key_max, g.value_max, self.cache.item_max)
-            .map(Some)
-            .map_err(|e| InvalidConfig::ItemMax(e.to_string()))
+        let limits =
+            nessie_protocols::large::LargeLimits::new(g.key_max, g.value_max, self.cache.item_max)
+                .and_then(|l| l.with_grace_ms(self.cache.orphan_grace_ms))
+                .map_err(|e| InvalidConfig::ItemMax(e.to_string()))?;
+        if let Some(m) = &self.membership {
+            if self.cache.orphan_grace_ms <= m.lease_ttl_s.saturating_mul(1000) {
+                return Err(InvalidConfig::ItemMax(format!(
+                    "orphan_grace_ms of {} must exceed membership.lease_ttl_s ({} s): a writer \
+                     paused past its chunks' grace must be fenced before it can publish",
+                    self.cache.orphan_grace_ms, m.lease_ttl_s
+                )));
+            }
+        }
+        Ok(Some(limits))
     }
 
     /// The longest value a node's front ends and admin socket take: `[cache] item_max` in the
@@ -1033,7 +1049,7 @@ mod tests {
             ),
             (
                 Box::new(|c| c.cache.item_max = (512 << 20) + 1),
-                "[cache] item_max: invalid configuration: item_max of 536870913 bytes exceeds",
+                "[cache] item_max / orphan_grace_ms: invalid configuration: item_max of 536870913 bytes exceeds",
             ),
             (Box::new(|c| c.cache.item_max = 10), "is below value_max"),
             (

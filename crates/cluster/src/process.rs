@@ -160,6 +160,8 @@ pub struct UpOptions {
     pub eviction_samples: u8,
     /// The longest item (`[cache] item_max`).
     pub item_max: u64,
+    /// The grace of a large item's unnamed chunks (`[cache] orphan_grace_ms`).
+    pub orphan_grace_ms: u64,
 }
 
 /// Where a cluster's membership lives.
@@ -206,6 +208,7 @@ impl UpOptions {
             eviction: nessie_protocols::Eviction::NoEviction,
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
             item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
+            orphan_grace_ms: nessie_protocols::large::ORPHAN_GRACE_MS,
         }
     }
 }
@@ -399,6 +402,7 @@ fn local_config(
     cfg.cache.eviction = o.eviction.name().to_string();
     cfg.cache.eviction_samples = o.eviction_samples;
     cfg.cache.item_max = o.item_max;
+    cfg.cache.orphan_grace_ms = o.orphan_grace_ms;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

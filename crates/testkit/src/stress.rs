@@ -38,6 +38,9 @@ pub struct StressSpec {
     pub delete_fraction: f64,
     /// Value sizes are drawn uniformly from this range (at least 8 bytes).
     pub value_size: (usize, usize),
+    /// Every key keeps one size, spread over `value_size` by key, instead of a size drawn per
+    /// PUT (`Workload::with_sizes_by_key`).
+    pub sizes_by_key: bool,
     pub seed: u64,
     /// Hard bound on the run's duration: threads stop early when it is reached.
     pub time_limit: Duration,
@@ -74,6 +77,7 @@ impl Default for StressSpec {
             get_fraction: 0.5,
             delete_fraction: 0.1,
             value_size: (8, 64),
+            sizes_by_key: false,
             seed: 1,
             time_limit: Duration::from_secs(60),
             preload_keys: 0,
@@ -442,6 +446,10 @@ pub fn run_checked<C: KvClient + 'static>(
             spec.delete_fraction,
             spec.value_size,
         )
+        .map(|w| match spec.sizes_by_key {
+            true => w.with_sizes_by_key(),
+            false => w,
+        })
         .expect("valid stress mix"),
     );
     let history = History::new();

@@ -669,6 +669,7 @@ fn mixed_spec(seed: u64, keys: u64, ops: u64) -> StressSpec {
         get_fraction: 0.4,
         delete_fraction: 0.05,
         value_size: (8, MIXED_VALUE_MAX as usize),
+        sizes_by_key: false,
         ops_per_thread: ops,
         ..spec(seed)
     }

@@ -278,6 +278,7 @@ fn racy_run(skip_checksums: bool) -> (StressOutcome, PilafClientStats, StoreStat
         hot_fraction: 0.8,
         get_fraction: 0.6,
         value_size: (40, 48),
+        sizes_by_key: false,
         ..small_spec(33)
     };
     run(&c, &s)

@@ -55,6 +55,7 @@ fn spec(seed: u64) -> StressSpec {
         get_fraction: 0.5,
         delete_fraction: 0.1,
         value_size: (8, 48),
+        sizes_by_key: false,
         seed,
         time_limit: Duration::from_secs(120),
         preload_keys: 40,

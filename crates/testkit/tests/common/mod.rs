@@ -58,6 +58,7 @@ pub fn spec(seed: u64) -> StressSpec {
         get_fraction: 0.5,
         delete_fraction: 0.05,
         value_size: (8, 48),
+        sizes_by_key: false,
         seed,
         time_limit: Duration::from_secs(120),
         preload_keys: 0,
