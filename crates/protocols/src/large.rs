@@ -462,6 +462,10 @@ impl<C: KvClient> Chunked<C> {
         if mutated!(self, harvest_at_end_only) {
             return r;
         }
+        // Nearly always nothing was evicted: two length reads.
+        if self.inner.evicted().is_empty() && self.inner.evicted_unsure().is_empty() {
+            return r;
+        }
         let user = |k: &&Vec<u8>| !is_reserved(k);
         self.evicted
             .extend(self.inner.evicted().iter().filter(user).cloned());
