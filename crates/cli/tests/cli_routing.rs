@@ -200,11 +200,11 @@ fn put_takes_literal_at_values_value_files_and_stdin() {
             "names the file and the problem: {err}"
         );
     }
-    // A source with no end is read only up to value_max.
+    // A source with no end is read only up to the item limit.
     let endless = c.nessie(&["put", "m", "@/dev/zero"]);
     assert_eq!(endless.status.code(), Some(2));
     assert!(
-        stderr(&endless).contains("value_max"),
+        stderr(&endless).contains("item_max of 1048576 bytes"),
         "{}",
         stderr(&endless)
     );
