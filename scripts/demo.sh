@@ -24,6 +24,10 @@ head -c 16384 /dev/urandom > "$DIR/blob"
 $N put --dir "$DIR" --node 1 blob "@$DIR/blob"
 $N get --dir "$DIR" --node 0 blob -o "$DIR/blob.out"
 cmp "$DIR/blob" "$DIR/blob.out" && echo "16 KiB value written via node 1, read back via node 0: identical"
+head -c 1000000 /dev/urandom > "$DIR/large"
+$N put --dir "$DIR" --node 2 large "@$DIR/large"
+$N get --dir "$DIR" --node 1 large -o "$DIR/large.out"
+cmp "$DIR/large" "$DIR/large.out" && echo "1,000,000-byte item (stored in 16 KiB chunks, up to --item-max, 1 MiB by default): identical"
 $N del --dir "$DIR" greeting
 if $N get --dir "$DIR" greeting >/dev/null 2>&1; then echo "unexpected: greeting still there"; exit 1; fi
 echo "greeting deleted (get exits 1: not found)"
