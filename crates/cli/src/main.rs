@@ -114,9 +114,10 @@ struct UpArgs {
     item_max: u64,
     /// How old, in ms, the chunks of a large item that no manifest names (a writer died, or a
     /// small write or plain delete replaced it) must be before the reclaimer deletes them;
-    /// above the lease TTL. Written to [cache] orphan_grace_ms.
-    #[arg(long, value_name = "MS", default_value_t = nessie_protocols::large::ORPHAN_GRACE_MS)]
-    orphan_grace_ms: u64,
+    /// above the lease TTL. Default: 60000, or twice the lease TTL if that is longer. Written
+    /// to [cache] orphan_grace_ms.
+    #[arg(long, value_name = "MS")]
+    orphan_grace_ms: Option<u64>,
     /// Index table entries per node.
     #[arg(long, default_value_t = 1 << 16)]
     ites_per_node: u64,
@@ -631,7 +632,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         eviction: a.eviction,
         eviction_samples: a.eviction_samples,
         item_max: a.item_max,
-        orphan_grace_ms: a.orphan_grace_ms,
+        orphan_grace_ms: a.orphan_grace_ms.unwrap_or(
+            nessie_protocols::large::ORPHAN_GRACE_MS.max(a.lease_ttl.saturating_mul(2000)),
+        ),
     };
     let cfg = process::up(&dir, &opts)?;
     print_up(&dir, &cfg, &opts.etcd);

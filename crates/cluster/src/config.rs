@@ -566,12 +566,13 @@ impl ClusterConfig {
         self.geometry.validate().map_err(InvalidConfig::from)?;
         self.validate_mode()?;
         self.eviction()?;
-        self.large_limits()?;
         self.protocol_config()
             .validate()
             .map_err(InvalidConfig::Protocol)?;
         self.validate_nodes()?;
         self.validate_membership()?;
+        // After membership: the grace is checked against a valid lease.
+        self.large_limits()?;
         self.validate_frontends()?;
         self.replica_set()?;
         Ok(())
@@ -1186,6 +1187,14 @@ mod tests {
                 },
                 1_000,
                 "membership.replace_after_s = 8 is too short",
+            ),
+            (
+                MembershipSection {
+                    replace_after_s: 180,
+                    ..membership("http://e:2379", 60)
+                },
+                1_000,
+                "orphan_grace_ms of 60000 must exceed membership.lease_ttl_s (60 s)",
             ),
         ];
         for (m, expiry_ms, needle) in cases {
