@@ -526,7 +526,20 @@ impl ClassTable {
         s: &mut State,
         class: u8,
     ) -> Result<Awaiting, FabricError> {
-        if s.classes[class as usize].pending.is_empty() {
+        let own_pending = !s.classes[class as usize].pending.is_empty();
+        // Every class's entries whose time has come, first: their pages may empty and go to
+        // this class. Left listed, they would be reported as awaiting with a readiness
+        // already past, and a writer would retry at once, again and again, until it gave
+        // up (a CI run refused a PUT after 2,000 such attempts within a clock margin).
+        let started_ns = ep.now_ns();
+        let mut reclaimed = 0;
+        for c in 0..self.classes.len() as u8 {
+            reclaimed += self.reclaim_pending(ep, s, c)?;
+        }
+        if reclaimed > 0 || own_pending {
+            self.release_empty_pages(ep, s, None, &mut Vec::new())?;
+        }
+        if !own_pending {
             // At most one bounded scan per clock margin: a class that holds no page (a
             // DELETE's marker class in a store whose pages values took) would otherwise scan
             // on every allocation, to fall back on a larger class each time (one scan of 16
@@ -538,13 +551,14 @@ impl ClassTable {
                 s.last_room_scan_ns = now;
                 self.scan_some(ep, s, class)?;
             }
-        } else {
-            for c in 0..self.classes.len() as u8 {
-                self.reclaim_pending(ep, s, c)?;
-            }
-            self.release_empty_pages(ep, s, None, &mut Vec::new())?;
         }
-        Ok(Self::awaiting(s))
+        let awaiting = Self::awaiting(s);
+        // AW1: what a writer is told to wait for lies ahead of it (everything due was taken).
+        assert!(
+            awaiting.next_ready_ns.is_none_or(|t| t > started_ns),
+            "awaiting an entry due before {started_ns}: {awaiting:?}"
+        );
+        Ok(awaiting)
     }
 
     /// Reclaim the entries of `class` the last scan found released whose time has come.
@@ -1621,6 +1635,50 @@ mod tests {
                 "an entry in use was listed by a late note"
             );
         }
+    }
+
+    /// Entries of one class whose time has come are taken by a writer of another class,
+    /// whose pages they empty, even within a clock margin of the last scan: left listed, they
+    /// were reported as awaiting with a readiness already past, and the writer retried at
+    /// once until it gave up (a CI failure: a PUT refused after 2,000 attempts). AW1.
+    #[test]
+    fn entries_due_in_another_class_make_room_without_a_scan() {
+        let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
+        let regions = vec![8, PAGES * classes.page_bytes(), PAGES * 8];
+        let f = InProcFabric::new(&vec![regions; 1], None).unwrap();
+        let margin = 100_000_000;
+        let t = ClassTable::new(0, 1, classes, PAGES, margin);
+        let mut ep = f.endpoint(0);
+        let big = (t.classes().len() - 1) as u8;
+        let mut slots = Vec::new();
+        while let Ok(s) = t.alloc_for(&mut ep, big, Purpose::Value) {
+            assert_eq!(s.class, big);
+            slots.push(s);
+        }
+        let expires = ep.now_ns() + 40_000_000;
+        let word = DteLayout::recycle_word(expires);
+        for s in &slots {
+            write_words(&mut ep, t.addr(*s).add(RECYCLE_OFF), &word.to_le_bytes()).unwrap();
+            t.note_recycled(&mut ep, *s, word);
+        }
+        let Err(ClassAllocError::Full {
+            awaiting_expiry,
+            next_ready_ns: Some(ready),
+            ..
+        }) = t.alloc_for(&mut ep, 0, Purpose::Value)
+        else {
+            panic!("full until they expire")
+        };
+        assert_eq!(awaiting_expiry, slots.len() as u64);
+        assert_eq!(ready, expires + margin + 1);
+        while ep.now_ns() <= ready {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A scan may run again now, but it lists nothing new (the entries are listed already).
+        let small = t
+            .alloc_for(&mut ep, 0, Purpose::Value)
+            .expect("the big entries' pages, emptied, go to the small class");
+        assert_eq!(small.class, 0);
     }
 
     #[test]
