@@ -101,6 +101,11 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        if let ModeClient::Cd(c) = self {
+            c.prefetch(keys)
+        }
+    }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         match self {
             ModeClient::Cd(c) => c.get(key),

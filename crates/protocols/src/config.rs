@@ -119,6 +119,9 @@ pub struct Mutations {
     pub forget_unsure_commit: bool,
     /// Eviction ranks every sampled item alike: an LRU, LFU or TTL policy evicts at random.
     pub evict_ignoring_rank: bool,
+    /// A prefetch keeps the entries it read however long after their ITEs it read them
+    /// (`prefetch.rs`, PF1): a copy may be of an entry reused meanwhile.
+    pub prefetch_past_deadline: bool,
     /// Reads find expired items present: the store's expiry is ignored by GETs.
     pub ignore_expiry: bool,
     /// Expiry is judged by the clock when the entry has been read, not at the attempt's

@@ -29,6 +29,9 @@ pub enum HookPoint {
     MigrateAfterSrcCas,
     /// An eviction has picked its victim and read its version, and not yet deleted it.
     EvictBeforeDelete,
+    /// A prefetch has read its keys' ITEs and is about to read the entries they name
+    /// (`prefetch.rs`).
+    PrefetchBeforeEntryReads,
 }
 
 /// A test hook: called at every [`HookPoint`] by the client that owns it.

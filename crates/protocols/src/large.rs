@@ -49,6 +49,9 @@ pub const KIND_LEN: usize = 1;
 pub const RESERVED_PREFIX: &[u8; 2] = b"\xff\xfe";
 /// A chunk key's bytes before its owner's key.
 pub const CHUNK_KEY_OVERHEAD: usize = 2 + 8 + 8 + 4 + 4;
+/// Chunks a GET reads ahead at a time (`KvClient::prefetch`): at most the CD client's
+/// `MAX_PREFETCH_KEYS`.
+pub const PREFETCH_WINDOW: usize = crate::cd::prefetch::MAX_PREFETCH_KEYS;
 const MAGIC: &[u8; 4] = b"NLv1";
 /// A manifest's bytes before its kind byte.
 pub const MANIFEST_LEN: usize = 4 + 8 + 4 + 4 + 8 + 8;
@@ -498,10 +501,23 @@ impl<C: KvClient> Chunked<C> {
                 out.truncate(at);
                 self.run_hook(LargeHook::ManifestRead);
                 out.reserve(m.total as usize);
+                let mut names: Vec<Vec<u8>> = Vec::new();
                 for i in 0..m.count {
+                    let w = i as usize % PREFETCH_WINDOW;
+                    if w == 0 {
+                        // The window's chunks read ahead together (`cd/prefetch.rs`); each
+                        // GET below still does all its own steps.
+                        let end = m.count.min(i + PREFETCH_WINDOW as u32);
+                        names.clear();
+                        names.extend((i..end).map(|j| m.chunk_key(key, j)));
+                        if names.len() > 1 {
+                            let refs: Vec<&[u8]> = names.iter().map(|n| n.as_slice()).collect();
+                            self.inner.prefetch(&refs);
+                        }
+                    }
                     let pos = out.len();
                     let len = m.chunk_len(i);
-                    if !self.io(|c| c.get_into_at(&m.chunk_key(key, i), out, pos))? {
+                    if !self.io(|c| c.get_into_at(&names[w], out, pos))? {
                         out.truncate(at);
                         return Ok(Resolved::Missing(m));
                     }
@@ -1243,6 +1259,10 @@ mod tests {
             assert_eq!(&out[..4], b"HEAD");
             assert_eq!(&out[4..], &v[..]);
         }
+        // The chunks on other nodes were read ahead, a window at a time, and the GETs took
+        // them from there (32 chunks of the largest item, twice over).
+        let hits = r.inner().prefetch_stats().hits;
+        assert!(hits >= 20, "{hits} chunks from the prefetch");
         // Parts that straddle chunk boundaries are stored as their concatenation.
         let v = value(9, 3 * CHUNK + 7);
         let parts: Vec<&[u8]> = vec![&v[..10], &v[10..CHUNK + 3], &[], &v[CHUNK + 3..]];

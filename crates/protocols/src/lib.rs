@@ -250,9 +250,15 @@ pub trait KvClient: Send {
     fn evicted_unsure(&self) -> &[Vec<u8>] {
         &[]
     }
+    /// A hint: the GETs that follow read `keys` (the CD client reads their entries ahead in
+    /// overlapping batches, `cd/prefetch.rs`). It changes nothing any GET answers.
+    fn prefetch(&mut self, _keys: &[&[u8]]) {}
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        (**self).prefetch(keys)
+    }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         (**self).get(key)
     }
@@ -320,6 +326,9 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        cd::CdClient::prefetch(self, keys)
+    }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         cd::CdClient::get(self, key)
     }

@@ -180,6 +180,9 @@ fn done<T>(r: &Result<T, Error>) -> Res {
 }
 
 impl<C: KvClient> KvClient for Metered<C> {
+    fn prefetch(&mut self, keys: &[&[u8]]) {
+        self.inner.prefetch(keys)
+    }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.timed(Kind::Get, found, |c| c.get(key))
     }

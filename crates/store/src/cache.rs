@@ -89,6 +89,13 @@ impl DteCache {
         }
     }
 
+    /// Forget every entry (the counters stay).
+    pub fn clear(&mut self) {
+        if let Some(lru) = self.lru.as_mut() {
+            lru.clear();
+        }
+    }
+
     /// Overwrite bytes `off..` of the cached copy of `ite`'s DTE, if any, with `bytes`: the
     /// access word a GET just wrote (the one field besides the valid flag that changes).
     pub fn patch(&mut self, ite: u64, off: usize, bytes: &[u8]) {

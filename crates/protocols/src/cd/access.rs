@@ -254,7 +254,12 @@ impl<E: Endpoint> CdClient<E> {
             return self.fetch_local(loc, d, key, want);
         }
         if self.cache.enabled() {
-            if let Some(f) = self.fetch_cached(ite, ite_read_ns, key)? {
+            if let Some(f) = self.fetch_cached(ite, ite_read_ns, key, false)? {
+                return Ok(f);
+            }
+        }
+        if self.prefetches() {
+            if let Some(f) = self.fetch_cached(ite, ite_read_ns, key, true)? {
                 return Ok(f);
             }
         }
@@ -323,12 +328,22 @@ impl<E: Endpoint> CdClient<E> {
         })
     }
 
-    /// A remote DTE from the cache, if it holds a live copy (only valid entries are cached,
-    /// value included).
-    fn fetch_cached(&mut self, ite: Ite, ite_read_ns: u64, key: &[u8]) -> Attempt<Option<Fetched>> {
+    /// A remote DTE from the cache (or, `prefetched`, from the last prefetch's), if it holds
+    /// a live copy (only valid entries are cached, value included).
+    fn fetch_cached(
+        &mut self,
+        ite: Ite,
+        ite_read_ns: u64,
+        key: &[u8],
+        prefetched: bool,
+    ) -> Attempt<Option<Fetched>> {
         let now = self.ep.mono_ns();
         let expiry = self.cfg.expiry_ns;
-        let Some(bytes) = self.cache.get(ite.0, now, ite_read_ns, expiry) else {
+        let cache = match prefetched {
+            false => &mut self.cache,
+            true => &mut self.prefetched,
+        };
+        let Some(bytes) = cache.get(ite.0, now, ite_read_ns, expiry) else {
             return Ok(None);
         };
         self.buf.clear();
