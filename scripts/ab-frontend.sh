@@ -3,13 +3,17 @@
 # of 100-byte values, 4 clients, without and with -P 16 pipelining, against node 0 of a
 # 2-node cluster over shared memory; REPS rounds, the binaries alternated in each, medians and
 # the ratio new/old. For a change on the front end's path (issue 41: the large-value layer).
-# Usage: bash scripts/ab-frontend.sh OLD_BINARY NEW_BINARY [REPS] [REQUESTS] [VALUE_BYTES]
+# TRANSPORT=tcp runs the cluster over loopback TCP instead (where READs can overlap); KEYS
+# sets redis-benchmark's -r (10000; with few REQUESTS make it smaller, so that GETs hit).
+# Usage: [TRANSPORT=shm|tcp] [KEYS=N] bash scripts/ab-frontend.sh OLD_BINARY NEW_BINARY [REPS] [REQUESTS] [VALUE_BYTES]
 set -euo pipefail
 OLD=$1
 NEW=$2
 REPS=${3:-5}
 N=${4:-100000}
 SIZE=${5:-100}
+TRANSPORT=${TRANSPORT:-shm}
+KEYS=${KEYS:-10000}
 command -v redis-benchmark >/dev/null || { echo "needs redis-benchmark (apt-get install redis-tools)" >&2; exit 1; }
 DIR=$(mktemp -d /tmp/nessie-ab-XXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -22,10 +26,10 @@ trap cleanup EXIT
 one() { # binary label
     local port
     port=$(free_port)
-    "$1" up --dir "$DIR/c" --nodes 2 --no-etcd --resp-port "$port" --workers 4 \
-        --memory-per-node 256MiB --expiry-ms 200 >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
+    "$1" up --dir "$DIR/c" --nodes 2 --no-etcd --resp-port "$port" --workers 4 --transport "$TRANSPORT" \
+        --memory-per-node 256MiB --expiry-ms 200 --item-max 16M >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
     for p in 1 16; do
-        redis-benchmark -p "$port" -t set,get -n "$N" -c 4 -d "$SIZE" -P "$p" -r 10000 --csv 2>/dev/null |
+        redis-benchmark -p "$port" -t set,get -n "$N" -c 4 -d "$SIZE" -P "$p" -r "$KEYS" --csv 2>/dev/null |
             awk -F, -v b="$2" -v p="$p" 'NR > 1 { gsub(/"/, ""); print b, $1 "-P" p, $2 }' >>"$DIR/rates"
     done
     "$1" down --dir "$DIR/c" >/dev/null 2>&1

@@ -1125,8 +1125,12 @@ mod tests {
                 optimizations: v.optimizations,
                 ..fast_cfg()
             };
+            let cluster = InProcCluster::new(g, cfg);
+            // Batches overlap, as over RDMA: GETs batch their candidates' READs and the layer
+            // reads chunks ahead (`cd/prefetch.rs`).
+            cluster.fabric.set_batches_overlap(true);
             Self {
-                cluster: InProcCluster::new(g, cfg),
+                cluster,
                 clock: Arc::new(AtomicU64::new(T0)),
             }
         }

@@ -233,7 +233,11 @@ impl<E: Endpoint> CdClient<E> {
         // pays a copy into the cache): 16 KiB GETs ran 1.32x faster without it.
         let caches = cfg.optimizations.cache && !ep.reads_are_local_copies();
         let cache = DteCache::new(if caches { cfg.cache_entries } else { 0 });
-        let prefetched = DteCache::new(if caches {
+        // Only where a batch's READs overlap and extra READs are cheap (RDMA verbs): over tcp,
+        // where the target's CPU serves each READ, a 200,000-byte GET through the Redis front
+        // end ran at 0.48x with it (`docs/large-values.md`, "Reading chunks ahead").
+        let prefetches = caches && ep.overlaps_batches(nessie_store::DATA_REGION);
+        let prefetched = DteCache::new(if prefetches {
             prefetch::MAX_PREFETCH_KEYS
         } else {
             0
