@@ -94,9 +94,15 @@ fn run(name: &str, seed: u64, g: Geometry, o: Optimizations) {
     eprintln!("{out}\nprefetch hits {hits}");
     assert_clean_run(name, &out, MIN_OPS);
     if o.cache {
-        assert!(hits > 1_000, "{name}: GETs took {hits} entries from prefetches");
+        assert!(
+            hits > 1_000,
+            "{name}: GETs took {hits} entries from prefetches"
+        );
     } else {
-        assert_eq!(hits, 0, "{name}: no prefetch without the cache optimisation");
+        assert_eq!(
+            hits, 0,
+            "{name}: no prefetch without the cache optimisation"
+        );
     }
 }
 
