@@ -23,7 +23,7 @@ pub fn contended_msg() -> String {
 }
 
 /// What a read-modify-write saw: the key's version (`None`: not stored) and its item (`None`:
-/// absent or expired).
+/// absent or expired). After a head read ([`rmw_head`]) the item's data may be cut short.
 #[derive(Copy, Clone, Debug)]
 pub struct Seen<'a> {
     pub version: Option<Version>,
@@ -63,15 +63,20 @@ pub enum Attempt<T> {
     Lost,
 }
 
-/// One read-modify-write attempt on `key` at `now_ms`, with `buf` as the read's buffer.
+/// One read-modify-write attempt on `key` at `now_ms`, with `buf` as the read's buffer; the
+/// read covers at least the value's first `head` bytes (`usize::MAX`: all of it).
 pub fn attempt<T>(
     c: &mut dyn KvClient,
     key: &[u8],
     now_ms: u64,
     buf: &mut Vec<u8>,
+    head: usize,
     f: &mut dyn FnMut(Seen<'_>) -> Change<T>,
 ) -> Result<Attempt<T>, Error> {
-    let version = c.get_versioned(key, buf)?;
+    let version = match head {
+        usize::MAX => c.get_versioned(key, buf)?,
+        head => c.get_versioned_head(key, buf, head)?,
+    };
     let item = version.and_then(|_| item::decode(buf, now_ms));
     let change = f(Seen { version, item });
     let cond = version.map_or(Cond::Absent, Cond::Version);
@@ -98,10 +103,34 @@ pub fn rmw<T>(
     key: &[u8],
     now_ms: u64,
     buf: &mut Vec<u8>,
+    f: impl FnMut(Seen<'_>) -> Change<T>,
+) -> Result<Option<T>, Error> {
+    rmw_reading(c, key, now_ms, buf, usize::MAX, f)
+}
+
+/// [`rmw`] for a change decided from the item's header alone (whether it is live, its flags
+/// and expiry), such as a DELETE: the read covers the header, and a large item's chunks past
+/// it are not read (`KvClient::get_versioned_head`). `Seen::item`'s data may be cut short.
+pub fn rmw_head<T>(
+    c: &mut dyn KvClient,
+    key: &[u8],
+    now_ms: u64,
+    buf: &mut Vec<u8>,
+    f: impl FnMut(Seen<'_>) -> Change<T>,
+) -> Result<Option<T>, Error> {
+    rmw_reading(c, key, now_ms, buf, item::HEADER_LEN, f)
+}
+
+fn rmw_reading<T>(
+    c: &mut dyn KvClient,
+    key: &[u8],
+    now_ms: u64,
+    buf: &mut Vec<u8>,
+    head: usize,
     mut f: impl FnMut(Seen<'_>) -> Change<T>,
 ) -> Result<Option<T>, Error> {
     for _ in 0..MAX_RMW_ATTEMPTS {
-        if let Attempt::Done(t) = attempt(c, key, now_ms, buf, &mut f)? {
+        if let Attempt::Done(t) = attempt(c, key, now_ms, buf, head, &mut f)? {
             return Ok(Some(t));
         }
     }

@@ -486,8 +486,15 @@ impl<C: KvClient> Chunked<C> {
     }
 
     /// Finish a read whose stored value is `out[at..]`: strip its kind byte, or assemble the
-    /// item its manifest names.
-    fn resolve(&mut self, key: &[u8], out: &mut Vec<u8>, at: usize) -> Result<Resolved, Error> {
+    /// item its manifest names, or, with a `head` below its length, its chunks up to the one
+    /// that holds byte `head - 1` (at least `head` bytes then, not all of them).
+    fn resolve(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        at: usize,
+        head: usize,
+    ) -> Result<Resolved, Error> {
         let Some(&kind) = out[at..].last() else {
             return Err(corrupt(key, "an empty stored value (no kind byte)"));
         };
@@ -500,14 +507,19 @@ impl<C: KvClient> Chunked<C> {
                 let m = Manifest::decode(&out[at..out.len() - 1]).map_err(|e| corrupt(key, e))?;
                 out.truncate(at);
                 self.run_hook(LargeHook::ManifestRead);
-                out.reserve(m.total as usize);
+                // The chunks that hold the first `head` bytes (all of them for a whole read).
+                let count = match head.div_ceil(m.chunk_data.max(1) as usize) {
+                    n if n < m.count as usize => n.max(1) as u32,
+                    _ => m.count,
+                };
+                out.reserve(m.total.min(head as u64) as usize);
                 let mut names: Vec<Vec<u8>> = Vec::new();
-                for i in 0..m.count {
+                for i in 0..count {
                     let w = i as usize % PREFETCH_WINDOW;
                     if w == 0 {
                         // The window's chunks read ahead together (`cd/prefetch.rs`); each
                         // GET below still does all its own steps.
-                        let end = m.count.min(i + PREFETCH_WINDOW as u32);
+                        let end = count.min(i + PREFETCH_WINDOW as u32);
                         names.clear();
                         names.extend((i..end).map(|j| m.chunk_key(key, j)));
                         if names.len() > 1 {
@@ -536,7 +548,10 @@ impl<C: KvClient> Chunked<C> {
                     }
                     out.truncate(pos + len);
                 }
-                debug_assert_eq!(out.len() - at, m.total as usize);
+                debug_assert!(
+                    out.len() - at == m.total as usize
+                        || (count < m.count && out.len() - at >= head)
+                );
                 Ok(Resolved::Value(Some(m)))
             }
             k => Err(corrupt(
@@ -786,7 +801,7 @@ impl<C: KvClient> Chunked<C> {
             if !self.io(|c| c.get_into_at(key, out, at))? {
                 return Ok(false);
             }
-            match self.resolve(key, out, at)? {
+            match self.resolve(key, out, at, usize::MAX)? {
                 Resolved::Value(_) => return Ok(true),
                 Resolved::Missing(m) => match self.recheck(key, &m)? {
                     Recheck::Absent => return Ok(false),
@@ -800,17 +815,20 @@ impl<C: KvClient> Chunked<C> {
         })
     }
 
+    /// A versioned read of `key`: all of its value, or, with a `head` below its length, at
+    /// least its first `head` bytes (`KvClient::get_versioned_head`).
     fn get_versioned_inner(
         &mut self,
         key: &[u8],
         out: &mut Vec<u8>,
+        head: usize,
     ) -> Result<Option<Version>, Error> {
         for _ in 0..MAX_READ_ATTEMPTS {
             let Some(v) = self.io(|c| c.get_versioned(key, out))? else {
                 self.last_read = None;
                 return Ok(None);
             };
-            match self.resolve(key, out, 0)? {
+            match self.resolve(key, out, 0, head)? {
                 Resolved::Value(m) => {
                     self.last_read = Some((key.to_vec(), v, m));
                     return Ok(Some(v));
@@ -1004,7 +1022,17 @@ impl<C: KvClient> KvClient for Chunked<C> {
     }
     fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
         self.begin(key)?;
-        let r = self.get_versioned_inner(key, out);
+        let r = self.get_versioned_inner(key, out, usize::MAX);
+        self.end(r)
+    }
+    fn get_versioned_head(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        head: usize,
+    ) -> Result<Option<Version>, Error> {
+        self.begin(key)?;
+        let r = self.get_versioned_inner(key, out, head);
         self.end(r)
     }
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
@@ -1282,6 +1310,41 @@ mod tests {
             .map(|&l| if l > CHUNK { l.div_ceil(CHUNK) } else { 0 })
             .sum();
         assert_eq!(s.chunk_keys().len(), chunks + 4);
+    }
+
+    /// A head read (a front end's DELETE) reads the manifest and the chunks that hold the
+    /// head, not the others; its version is the item's, and a delete at that version collects
+    /// every chunk. A value shorter than the head comes whole.
+    #[test]
+    fn a_head_read_stops_at_the_chunks_it_needs_and_its_delete_collects_them_all() {
+        let s = Setup::new();
+        let mut c = s.client(0);
+        let v = value(7, 5 * CHUNK + 3);
+        c.put(b"k", &v).unwrap();
+        c.put(b"small", b"tiny").unwrap();
+        let mut r = s.client(1);
+        let reads = |r: &mut Client| r.inner().stats().gets;
+        let mut out = Vec::new();
+        for (head, chunks) in [(1, 1), (10, 1), (CHUNK, 1), (CHUNK + 1, 2), (v.len(), 6)] {
+            let before = reads(&mut r);
+            let ver = r.get_versioned_head(b"k", &mut out, head).unwrap();
+            assert_eq!(reads(&mut r) - before, 1 + chunks, "head {head}");
+            assert!(out.len() >= head && v.starts_with(&out), "head {head}");
+            assert_eq!(out.len() == v.len(), chunks == 6, "head {head}");
+            let mut all = Vec::new();
+            assert_eq!(r.get_versioned(b"k", &mut all).unwrap(), ver);
+            assert_eq!(all, v);
+        }
+        let ver = r.get_versioned_head(b"small", &mut out, 10).unwrap();
+        assert!(ver.is_some());
+        assert_eq!(out, b"tiny");
+        let ver = r.get_versioned_head(b"k", &mut out, 10).unwrap().unwrap();
+        assert_eq!(
+            r.delete_if(b"k", Cond::Version(ver)).unwrap(),
+            CondOutcome::Stored
+        );
+        assert_eq!(r.get(b"k").unwrap(), None);
+        assert!(s.chunk_keys().is_empty(), "{:?}", s.chunk_keys());
     }
 
     #[test]

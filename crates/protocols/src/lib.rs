@@ -183,6 +183,19 @@ pub trait KvClient: Send {
         let _ = (key, out);
         Err(unsupported("a versioned read"))
     }
+    /// [`Self::get_versioned`] for a caller that needs only the first `head` bytes of the
+    /// value (a front end's DELETE: the item's header): `out` holds at least those (all of
+    /// the value if it is shorter), perhaps more, not necessarily all. The large-value layer
+    /// then reads only the chunks that hold them.
+    fn get_versioned_head(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        head: usize,
+    ) -> Result<Option<Version>, Error> {
+        let _ = head;
+        self.get_versioned(key, out)
+    }
     /// Store `value` under `key` if `cond` holds, atomically.
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         let _ = (key, value, cond);
@@ -304,6 +317,14 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
     }
     fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
         (**self).get_versioned(key, out)
+    }
+    fn get_versioned_head(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        head: usize,
+    ) -> Result<Option<Version>, Error> {
+        (**self).get_versioned_head(key, out, head)
     }
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         (**self).put_if(key, value, cond)

@@ -241,6 +241,14 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn get_versioned(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Version>, Error> {
         self.timed(Kind::Get, found, |c| c.get_versioned(key, out))
     }
+    fn get_versioned_head(
+        &mut self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        head: usize,
+    ) -> Result<Option<Version>, Error> {
+        self.timed(Kind::Get, found, |c| c.get_versioned_head(key, out, head))
+    }
     fn put_if(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<CondOutcome, Error> {
         self.timed(Kind::PutIf, cond_result, |c| c.put_if(key, value, cond))
     }

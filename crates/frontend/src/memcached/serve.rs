@@ -479,7 +479,8 @@ impl Conn<'_> {
         }
         let now = unix_now_ms();
         // An expired item is removed too (by its version), but it was not found.
-        let r = match self.rmw(key, now, |s| Change::Delete(s.item.is_some())) {
+        // The header tells whether the item is live: a large item's other chunks stay unread.
+        let r = match self.rmw_head(key, now, |s| Change::Delete(s.item.is_some())) {
             Err(Error::Unsupported(_)) => self.plain_delete(key, now),
             r => r,
         };
@@ -517,6 +518,19 @@ impl Conn<'_> {
     ) -> Result<Option<T>, Error> {
         let mut buf = std::mem::take(&mut self.scratch);
         let r = self.with(|c| rmw::rmw(c, key, now, &mut buf, &mut f));
+        self.scratch = buf;
+        r
+    }
+
+    /// [`Self::rmw`] deciding from the item's header alone ([`rmw::rmw_head`]).
+    fn rmw_head<T>(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        mut f: impl FnMut(Seen<'_>) -> Change<T>,
+    ) -> Result<Option<T>, Error> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        let r = self.with(|c| rmw::rmw_head(c, key, now, &mut buf, &mut f));
         self.scratch = buf;
         r
     }
@@ -747,7 +761,7 @@ fn read_or_touch(
                 _ => Change::Keep(Some(hit)),
             }
         };
-        let hit = match rmw::attempt(c, key, now, buf, &mut f)? {
+        let hit = match rmw::attempt(c, key, now, buf, usize::MAX, &mut f)? {
             Attempt::Done(h) => h,
             Attempt::Lost => continue,
         };

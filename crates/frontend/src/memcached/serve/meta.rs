@@ -86,7 +86,7 @@ fn rmw_written<T>(
             }
             ch
         };
-        if let Attempt::Done(t) = rmw::attempt(c, key, now, buf, &mut g)? {
+        if let Attempt::Done(t) = rmw::attempt(c, key, now, buf, usize::MAX, &mut g)? {
             return Ok(Some((t, written)));
         }
     }

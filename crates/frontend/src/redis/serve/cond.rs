@@ -379,7 +379,9 @@ impl Conn<'_> {
             if self.cannot_exist(k) {
                 continue;
             }
-            let r = match self.rmw(k, now, |s| Change::Delete(s.item.is_some())) {
+            // The header tells whether the item is live: a large item's other chunks stay
+            // unread.
+            let r = match self.rmw_head(k, now, |s| Change::Delete(s.item.is_some())) {
                 Err(Error::Unsupported(_)) => self.plain_delete(k),
                 r => r,
             };
@@ -403,6 +405,26 @@ impl Conn<'_> {
         &mut self,
         key: &[u8],
         now: u64,
+        f: impl FnMut(Seen<'_>) -> Change<T>,
+    ) -> Result<Option<T>, Error> {
+        self.rmw_reading(key, now, usize::MAX, f)
+    }
+
+    /// [`Self::rmw`] deciding from the item's header alone ([`rmw::rmw_head`]).
+    pub(super) fn rmw_head<T>(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        f: impl FnMut(Seen<'_>) -> Change<T>,
+    ) -> Result<Option<T>, Error> {
+        self.rmw_reading(key, now, crate::item::HEADER_LEN, f)
+    }
+
+    fn rmw_reading<T>(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        head: usize,
         mut f: impl FnMut(Seen<'_>) -> Change<T>,
     ) -> Result<Option<T>, Error> {
         if key.len() > self.limits.max_key {
@@ -412,7 +434,10 @@ impl Conn<'_> {
             });
         }
         let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.with(|c| rmw::rmw(c, key, now, &mut buf, &mut f));
+        let r = self.with(|c| match head {
+            usize::MAX => rmw::rmw(c, key, now, &mut buf, &mut f),
+            _ => rmw::rmw_head(c, key, now, &mut buf, &mut f),
+        });
         self.scratch = buf;
         r
     }
