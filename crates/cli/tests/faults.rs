@@ -431,11 +431,12 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         hot_fraction: 0.5,
         get_fraction: 0.5,
         delete_fraction: 0.1,
-        // Most items over one entry (63 bytes): up to 3 chunks behind a manifest. Each key
-        // keeps its size, as a cache's items do: an item that shrinks from large to small
-        // leaves its chunks to the reclaimer's grace period (`docs/large-values.md`).
+        // Most items over one entry (63 bytes): up to 3 chunks behind a manifest. Sizes vary
+        // per write: an item that shrinks from large to small has its chunks collected by
+        // the PUT that shrank it, or, when that cannot read what it replaced in time, by the
+        // reclaimer after the grace period (`docs/large-values.md`).
         value_size: (8, 160),
-        sizes_by_key: true,
+        sizes_by_key: false,
         seed: 11,
         // The replacement waits for the failure, then 6 s, then the fill, then the restart.
         time_limit: Duration::from_secs(match faults {

@@ -106,6 +106,18 @@ impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
             c.prefetch(keys)
         }
     }
+    fn replaced_len(&self) -> Option<u32> {
+        match self {
+            ModeClient::Cd(c) => c.replaced_len(),
+            _ => None,
+        }
+    }
+    fn read_replaced(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        match self {
+            ModeClient::Cd(c) => c.read_replaced(key, out),
+            _ => Ok(false),
+        }
+    }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         match self {
             ModeClient::Cd(c) => c.get(key),

@@ -266,11 +266,27 @@ pub trait KvClient: Send {
     /// A hint: the GETs that follow read `keys` (the CD client reads their entries ahead in
     /// overlapping batches, `cd/prefetch.rs`). It changes nothing any GET answers.
     fn prefetch(&mut self, _keys: &[&[u8]]) {}
+    /// The value length of what this client's last plain PUT replaced, when it knows (the CD
+    /// client: `CdClient::replaced_len`).
+    fn replaced_len(&self) -> Option<u32> {
+        None
+    }
+    /// Read what this client's last plain PUT of `key` replaced, while it is certainly intact
+    /// (`CdClient::read_replaced`); false when that cannot be done.
+    fn read_replaced(&mut self, _key: &[u8], _out: &mut Vec<u8>) -> Result<bool, Error> {
+        Ok(false)
+    }
 }
 
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         (**self).prefetch(keys)
+    }
+    fn replaced_len(&self) -> Option<u32> {
+        (**self).replaced_len()
+    }
+    fn read_replaced(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        (**self).read_replaced(key, out)
     }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         (**self).get(key)
@@ -349,6 +365,12 @@ impl<T: KvClient + ?Sized> KvClient for Box<T> {
 impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         cd::CdClient::prefetch(self, keys)
+    }
+    fn replaced_len(&self) -> Option<u32> {
+        cd::CdClient::replaced_len(self)
+    }
+    fn read_replaced(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        cd::CdClient::read_replaced(self, key, out)
     }
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         cd::CdClient::get(self, key)

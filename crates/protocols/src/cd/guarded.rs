@@ -195,11 +195,13 @@ impl<E: Endpoint> CdClient<E> {
                 pos,
                 prev: ite,
                 replaced_valid: true,
+                replaced_len: 0,
             }),
             (None, Some(pos)) => Some(Candidate {
                 pos,
                 prev: Ite::EMPTY,
                 replaced_valid: false,
+                replaced_len: 0,
             }),
             (None, None) => None,
         };

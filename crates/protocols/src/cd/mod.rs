@@ -97,6 +97,10 @@ pub struct ClientStats {
     pub evictions: u64,
     /// Access words GETs wrote (`ProtocolConfig::eviction` LRU or LFU).
     pub access_writes: u64,
+    /// Another writer's in-progress entry of the key a PUT's Step 4 cleared: that write is
+    /// ordered just before this one if it commits, and what it wrote is not among what this
+    /// PUT reports it replaced (`Self::replaced_len`).
+    pub cleared_in_progress: u64,
 }
 
 impl std::ops::AddAssign for ClientStats {
@@ -117,6 +121,7 @@ impl std::ops::AddAssign for ClientStats {
             table_full_waits,
             evictions,
             access_writes,
+            cleared_in_progress,
         } = o;
         self.gets += gets;
         self.puts += puts;
@@ -132,6 +137,7 @@ impl std::ops::AddAssign for ClientStats {
         self.rolled_forward += rolled_forward;
         self.table_full_waits += table_full_waits;
         self.evictions += evictions;
+        self.cleared_in_progress += cleared_in_progress;
         self.access_writes += access_writes;
     }
 }
@@ -143,6 +149,18 @@ pub(crate) struct Deadline {
     start_ns: u64,
     limit_ns: u64,
     ignore: bool,
+}
+
+/// The valid entry the last plain PUT replaced (`CdClient::read_replaced`).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Replaced {
+    /// Its ITE word.
+    ite: Ite,
+    /// Its value's length, from the header the PUT read.
+    value_len: u32,
+    /// When the PUT's successful attempt began: the entry was marked for recycling after, so
+    /// it cannot be reused before this plus an expiry period.
+    since_ns: u64,
 }
 
 /// One client worker of the client-driven protocol.
@@ -193,6 +211,8 @@ pub struct CdClient<E: Endpoint> {
     /// Reads find expired items as they are, not absent: what an eviction or a reclaim needs
     /// to delete one conditionally on its version.
     see_expired: bool,
+    /// The valid entry the last plain PUT replaced, if it did.
+    replaced: Option<Replaced>,
 }
 
 /// How many coarse-clock lags (ticks) an expiry period must span before operation timers start
@@ -269,6 +289,7 @@ impl<E: Endpoint> CdClient<E> {
             evict_buf: Vec::new(),
             evicted: Vec::new(),
             evicted_unsure: Vec::new(),
+            replaced: None,
             write_expires: 0,
             see_expired: false,
         })

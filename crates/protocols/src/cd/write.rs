@@ -41,6 +41,11 @@ pub(crate) struct WriteState {
     /// gives up, it took effect: our commit took it out, or another write cleared it after
     /// our Step 4, which orders ours just before that write.
     pub(crate) committing: Option<Ite>,
+    /// The first valid entry of the key this write took out of the index, in any attempt, and
+    /// its value length: the one its candidate CAS replaced (Step 3), or a valid duplicate
+    /// Step 4 cleared (the key's entry sat behind an empty candidate). Staged, so recycled
+    /// only when the write ends (`CdClient::read_replaced`).
+    valid_replaced: Option<(Ite, u32)>,
 }
 
 /// One of our invalid DTEs in the index.
@@ -93,6 +98,8 @@ pub(crate) struct Candidate {
     pub(crate) prev: Ite,
     /// The candidate holds a valid DTE of the key (else it is empty or our own leftover).
     pub(crate) replaced_valid: bool,
+    /// The value length of that valid DTE (0 if none).
+    pub(crate) replaced_len: u32,
 }
 
 /// What the caller must do with an entry a write just took out of the index.
@@ -191,9 +198,27 @@ impl<E: Endpoint> CdClient<E> {
         // The last write's buffers, empty: a write allocated two vectors before (2% of a
         // node serving pipelined 100-byte SETs went to malloc and free).
         let mut st = std::mem::take(&mut self.spare_write_state);
+        self.replaced = None;
+        st.valid_replaced = None;
         let r = match self.with_retry(|c| c.write_once(key, value, &mut st)) {
             Ok(()) => Ok(()),
-            Err(e) => self.give_up(key, value.is_none(), &mut st, e),
+            Err(e) => {
+                // What an earlier attempt replaced is recycled (or handed over) from here on.
+                let since_ns = self.ep.mono_ns();
+                let r = self.give_up(key, value.is_none(), &mut st, e);
+                if r.is_ok() {
+                    // Our leftover was rolled forward: the write took effect after all.
+                    self.replaced =
+                        st.valid_replaced
+                            .take()
+                            .map(|(ite, value_len)| super::Replaced {
+                                ite,
+                                value_len,
+                                since_ns,
+                            });
+                }
+                r
+            }
         };
         // A write ends with nothing staged or published: Step 7 or giving up disposed of it.
         debug_assert!(st.rec.is_empty() && st.published.is_empty(), "{st:?}");
@@ -201,6 +226,38 @@ impl<E: Endpoint> CdClient<E> {
         st.published.clear();
         self.spare_write_state = st;
         r
+    }
+
+    /// The value length of the valid entry the last plain PUT replaced, if it replaced one
+    /// (not after a DELETE, a conditional write, a GET, or a PUT of an absent key).
+    pub fn replaced_len(&self) -> Option<u32> {
+        self.replaced.map(|r| r.value_len)
+    }
+
+    /// Read into `out` the value the last plain PUT of `key` replaced: true if it was read
+    /// while certainly intact, within an expiry period of the start of that PUT's successful
+    /// attempt (the entry was marked for recycling after it, and cannot be reused sooner); false
+    /// if there is none or it is too late. The large-value layer learns so that a large item
+    /// overwritten by a small one leaves chunks to collect (`large.rs`).
+    pub fn read_replaced(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
+        let Some(r) = self.replaced else {
+            return Ok(false);
+        };
+        let d = super::Deadline {
+            start_ns: r.since_ns,
+            limit_ns: self.cfg.expiry_ns,
+            ignore: false,
+        };
+        match self.fetch(r.ite, r.since_ns, &d, key, Want::ValueIfKey) {
+            Ok(f) if f.key_matches && f.value_loaded => {
+                let at = Self::value_at(&f);
+                out.clear();
+                out.extend_from_slice(self.value_bytes(&at));
+                Ok(true)
+            }
+            Ok(_) | Err(Abort::Timeout) => Ok(false),
+            Err(a) => Err(self.abort_to_error(a)),
+        }
     }
 
     /// The write's attempts ran out. An invalid DTE of ours left in the index would block every
@@ -288,6 +345,9 @@ impl<E: Endpoint> CdClient<E> {
         // Step 3: a new, invalid DTE (in local memory when there is room), then CAS it into the
         // candidate.
         let new = self.publish_new_dte(&mut p, key, value, h.filter(), cand, st, false)?;
+        if cand.replaced_valid && st.valid_replaced.is_none() {
+            st.valid_replaced = Some((cand.prev, cand.replaced_len));
+        }
 
         // Step 4: clear duplicates of the key in the remaining candidates.
         self.clear_duplicates(&mut p, key, &mut h, cand.pos, new, st)?;
@@ -306,6 +366,16 @@ impl<E: Endpoint> CdClient<E> {
             self.recycle(st.rec[i]);
         }
         st.rec.clear();
+        // Marked for recycling just now, after this attempt began: intact until an expiry
+        // period after its start (`Self::read_replaced`).
+        self.replaced = st
+            .valid_replaced
+            .take()
+            .map(|(ite, value_len)| super::Replaced {
+                ite,
+                value_len,
+                since_ns: p.d.start_ns,
+            });
         Ok(())
     }
 
@@ -327,6 +397,7 @@ impl<E: Endpoint> CdClient<E> {
                     pos: i,
                     prev: Ite::EMPTY,
                     replaced_valid: false,
+                    replaced_len: 0,
                 })); // 2.1
             }
             if !self.filter_matches(ite, h.filter()) {
@@ -341,6 +412,7 @@ impl<E: Endpoint> CdClient<E> {
                     pos: i,
                     prev: ite,
                     replaced_valid: true,
+                    replaced_len: f.meta.value_len,
                 }));
             }
             if self.is_abandoned(&f.meta) {
@@ -356,6 +428,7 @@ impl<E: Endpoint> CdClient<E> {
                     pos: i,
                     prev: st.target_of(ite).unwrap_or(Ite(f.meta.prev)),
                     replaced_valid: false,
+                    replaced_len: 0,
                 }));
             }
             return Err(Abort::Concurrent(
@@ -457,12 +530,18 @@ impl<E: Endpoint> CdClient<E> {
             if f.meta.given_up && f.meta.prev != 0 && !f.meta.valid {
                 st.rec.push(Ite(f.meta.prev)); // its writer handed it to whoever removes it
             }
+            if !f.meta.valid && f.meta.writer != self.tag {
+                self.stats.cleared_in_progress += 1;
+            }
             match st.removed(ite, f.meta.valid, f.meta.writer == self.tag) {
                 Removed::RecycleNow(target) => {
                     self.recycle(ite); // 4.4
                     st.found_target(new, target);
                 }
-                Removed::Stage if f.meta.valid => st.found_target(new, ite),
+                Removed::Stage if f.meta.valid => {
+                    st.found_target(new, ite);
+                    st.valid_replaced.get_or_insert((ite, f.meta.value_len));
+                }
                 Removed::Stage => {}
             }
             p.seen[i] = cleared;
