@@ -121,7 +121,9 @@ pub fn rmw_head<T>(
     rmw_reading(c, key, now_ms, buf, item::HEADER_LEN, f)
 }
 
-fn rmw_reading<T>(
+/// [`rmw`] whose reads cover at least the value's first `head` bytes (`usize::MAX`: all of
+/// it; fewer only through [`KvClient::get_versioned_head`]).
+pub fn rmw_reading<T>(
     c: &mut dyn KvClient,
     key: &[u8],
     now_ms: u64,

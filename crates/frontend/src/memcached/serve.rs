@@ -514,12 +514,9 @@ impl Conn<'_> {
         &mut self,
         key: &[u8],
         now: u64,
-        mut f: impl FnMut(Seen<'_>) -> Change<T>,
+        f: impl FnMut(Seen<'_>) -> Change<T>,
     ) -> Result<Option<T>, Error> {
-        let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.with(|c| rmw::rmw(c, key, now, &mut buf, &mut f));
-        self.scratch = buf;
-        r
+        self.rmw_reading(key, now, usize::MAX, f)
     }
 
     /// [`Self::rmw`] deciding from the item's header alone ([`rmw::rmw_head`]).
@@ -527,10 +524,21 @@ impl Conn<'_> {
         &mut self,
         key: &[u8],
         now: u64,
+        f: impl FnMut(Seen<'_>) -> Change<T>,
+    ) -> Result<Option<T>, Error> {
+        self.rmw_reading(key, now, item::HEADER_LEN, f)
+    }
+
+    /// [`rmw::rmw_reading`] with this connection's scratch buffer as the read's.
+    fn rmw_reading<T>(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        head: usize,
         mut f: impl FnMut(Seen<'_>) -> Change<T>,
     ) -> Result<Option<T>, Error> {
         let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.with(|c| rmw::rmw_head(c, key, now, &mut buf, &mut f));
+        let r = self.with(|c| rmw::rmw_reading(c, key, now, &mut buf, head, &mut f));
         self.scratch = buf;
         r
     }

@@ -434,10 +434,7 @@ impl Conn<'_> {
             });
         }
         let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.with(|c| match head {
-            usize::MAX => rmw::rmw(c, key, now, &mut buf, &mut f),
-            _ => rmw::rmw_head(c, key, now, &mut buf, &mut f),
-        });
+        let r = self.with(|c| rmw::rmw_reading(c, key, now, &mut buf, head, &mut f));
         self.scratch = buf;
         r
     }
