@@ -1811,7 +1811,9 @@ mod tests {
                 }
                 g.cluster.reclaim(0);
             }
-            assert!(evictions > 20, "the store evicted: {evictions}");
+            // The mutation reports fewer (that is what it breaks): 14 to 41 in 12 runs, where
+            // the layer reported 88 to 128. A CI run once failed this bound on the mutated run.
+            assert!(mutated || evictions > 20, "the store evicted: {evictions}");
             // A GET that finds a chunk evicted deletes the item and reports it itself (and the
             // tombstone of that delete may evict others, reported with it).
             let mut unreported = Vec::new();
