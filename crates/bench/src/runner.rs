@@ -468,6 +468,7 @@ fn start(
         direct_loopback: opts.direct_loopback,
         direct_peers: opts.direct_peers,
         wait_spin_us: opts.wait_spin_us,
+        protected_mode: true,
         // The agents' clients take theirs from the spec; the nodes' own (admin) the same.
         optimizations: optimizations(p),
         eviction: p.eviction.parse().map_err(BenchError::Eviction)?,

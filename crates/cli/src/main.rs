@@ -202,9 +202,15 @@ struct UpArgs {
     /// line, where other users could see it): clients must AUTH with it first.
     #[arg(long, value_name = "FILE", requires = "resp_port")]
     resp_password_file: Option<PathBuf>,
-    /// The address the front ends listen on.
+    /// The address the front ends listen on. Protected mode refuses one that is neither
+    /// loopback, private nor link-local (0.0.0.0 too): see --no-protected-mode.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     bind: String,
+    /// Let the nodes listen on public addresses (a --bind that is neither loopback, private
+    /// nor link-local). Nothing after bootstrap is authenticated or encrypted: use it only
+    /// behind another boundary (a firewall, a VPN). Written to [cluster] protected_mode.
+    #[arg(long)]
+    no_protected_mode: bool,
     /// What a full store does, by Redis's maxmemory-policy names: noeviction refuses writes
     /// (as Redis's default; memcached -M); allkeys-lru, allkeys-lfu and allkeys-random evict
     /// the least recently read, least frequently read or a random item of a sample of those in
@@ -628,6 +634,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         direct_loopback: !a.fabric.no_direct_loopback,
         direct_peers: !a.fabric.no_direct_peers,
         wait_spin_us: a.fabric.wait_spin_us,
+        protected_mode: !a.no_protected_mode,
         optimizations: a.optimizations.optimizations(),
         eviction: a.eviction,
         eviction_samples: a.eviction_samples,

@@ -269,3 +269,194 @@ fn three_hosts_over_tcp_and_a_node_failure() {
     }
     eprintln!("after killing node 2: {ok} reads ok, {unreachable} unreachable");
 }
+
+/// One namespace with a public-looking interface (`pub0`, 203.0.113.7, documentation space:
+/// neither loopback nor private) and a private one (`priv0`, 10.77.0.1); removed on drop.
+struct ExposureBed {
+    ns: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl ExposureBed {
+    fn new() -> ExposureBed {
+        let tag = format!("pm{}", std::process::id() % 100_000);
+        let dir = std::env::temp_dir().join(format!("nessie-netns-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let bed = ExposureBed {
+            ns: format!("nx{tag}"),
+            dir,
+            child: None,
+        };
+        ip(&["netns", "add", &bed.ns]);
+        ip(&["-n", &bed.ns, "link", "set", "lo", "up"]);
+        for (dev, addr) in [("pub0", "203.0.113.7/24"), ("priv0", "10.77.0.1/24")] {
+            let peer = format!("{dev}p");
+            ip(&[
+                "-n", &bed.ns, "link", "add", dev, "type", "veth", "peer", "name", &peer,
+            ]);
+            ip(&["-n", &bed.ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", &bed.ns, "link", "set", dev, "up"]);
+            ip(&["-n", &bed.ns, "link", "set", &peer, "up"]);
+        }
+        bed
+    }
+
+    /// A one-node tcp cluster bootstrapping on `bootstrap`, its Redis front end on `bind`.
+    fn config(
+        &self,
+        bootstrap: &str,
+        net_devices: Option<&str>,
+        bind: &str,
+        protected: bool,
+    ) -> PathBuf {
+        let mut cfg = ClusterConfig::local(
+            "exposure",
+            1,
+            Transport::Tcp,
+            7400,
+            Geometry {
+                ites_per_node: 4096,
+                dtes_per_node: 1024,
+                key_max: 32,
+                value_max: 256,
+                ..Geometry::default()
+            },
+        );
+        cfg.node[0].bootstrap = bootstrap.parse().unwrap();
+        cfg.cluster.net_devices = net_devices.map(str::to_string);
+        cfg.cluster.protected_mode = protected;
+        cfg.frontends = Some(nessie_cluster::config::FrontendsSection {
+            memcached_port: None,
+            resp_port: Some(16_379),
+            resp_password: None,
+            metrics_port: None,
+            bind: bind.into(),
+            max_connections: 16,
+            threads: 1,
+        });
+        cfg.validate().unwrap();
+        let p = self.dir.join("cluster.toml");
+        cfg.save(&p).unwrap();
+        p
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("node-0.log")).unwrap_or_default()
+    }
+
+    /// Start node 0 in the namespace; wait until it is ready or has exited (its exit status).
+    fn start(&mut self, cfg: &PathBuf) -> Option<std::process::ExitStatus> {
+        self.stop();
+        let log = std::fs::File::create(self.dir.join("node-0.log")).unwrap();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, BIN, "node", "--config"])
+            .arg(cfg)
+            .args(["--id", "0"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if self.log().contains("ready (") {
+                self.child = Some(child);
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node 0 neither started nor exited:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What the Redis front end at `addr` answers PING with, asked from inside the namespace.
+    fn ping(&self, addr: &str) -> String {
+        let script =
+            format!("exec 3<>/dev/tcp/{addr}/16379 && printf 'PING\\r\\n' >&3 && head -c 7 <&3");
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.ns, "timeout", "5", "bash", "-c", &script,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ExposureBed {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Protected mode (TB1): a node refuses, before it listens on anything, a bootstrap address,
+/// a fabric interface or a front-end address outside the private network, naming which; it
+/// serves on private ones; `protected_mode = false` lets it serve on a public one.
+#[test]
+fn protected_mode_refuses_public_addresses_in_a_namespace() {
+    let mut bed = ExposureBed::new();
+    let refusals = [
+        (
+            ("203.0.113.7:7400", Some("priv0"), "10.77.0.1", true),
+            "would expose its bootstrap server on 203.0.113.7",
+        ),
+        (
+            ("10.77.0.1:7400", None, "10.77.0.1", true),
+            "would expose its fabric (UCX over interface pub0) on 203.0.113.7",
+        ),
+        (
+            ("10.77.0.1:7400", Some("priv0"), "0.0.0.0", true),
+            "would expose its Redis front end on 0.0.0.0",
+        ),
+        (
+            ("10.77.0.1:7400", Some("priv0"), "203.0.113.7", true),
+            "would expose its Redis front end on 203.0.113.7",
+        ),
+    ];
+    for ((bootstrap, devices, bind, protected), why) in refusals {
+        let cfg = bed.config(bootstrap, devices, bind, protected);
+        let status = bed.start(&cfg);
+        let log = bed.log();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "the node started despite {why}:\n{log}"
+        );
+        assert!(log.contains(why), "expected {why:?} in:\n{log}");
+        assert!(!log.contains("ready ("), "{log}");
+    }
+
+    let cfg = bed.config("10.77.0.1:7400", Some("priv0"), "10.77.0.1", true);
+    assert_eq!(
+        bed.start(&cfg),
+        None,
+        "refused on private addresses:\n{}",
+        bed.log()
+    );
+    assert_eq!(bed.ping("10.77.0.1"), "+PONG\r\n", "{}", bed.log());
+
+    let cfg = bed.config("10.77.0.1:7400", Some("priv0"), "203.0.113.7", false);
+    assert_eq!(
+        bed.start(&cfg),
+        None,
+        "protected_mode = false refused:\n{}",
+        bed.log()
+    );
+    assert_eq!(bed.ping("203.0.113.7"), "+PONG\r\n", "{}", bed.log());
+}

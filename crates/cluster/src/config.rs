@@ -132,6 +132,12 @@ pub struct ClusterSection {
     /// Peers need not agree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_spin_us: Option<u64>,
+    /// Protected mode (`crate::exposure`): a node refuses to listen, or to reach etcd, on an
+    /// address that is neither loopback, private nor link-local, since nothing after
+    /// bootstrap is authenticated or encrypted. `false` (`nessie up --no-protected-mode`)
+    /// when another boundary guards the cluster. Peers need not agree.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub protected_mode: bool,
 }
 
 /// Longest `progress_spin_us` accepted (a spinning progress thread holds a core that long
@@ -975,6 +981,7 @@ impl ClusterConfig {
                 direct_loopback: true,
                 direct_peers: true,
                 wait_spin_us: None,
+                protected_mode: true,
             },
             geometry: Geometry {
                 nodes: nodes as u32,

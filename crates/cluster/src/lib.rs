@@ -33,6 +33,8 @@ pub mod admin;
 pub mod bootstrap;
 #[cfg(feature = "ucx")]
 pub mod config;
+#[cfg(feature = "ucx")]
+pub mod exposure;
 pub mod local;
 #[cfg(feature = "ucx")]
 pub mod metrics;

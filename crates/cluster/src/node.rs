@@ -61,6 +61,8 @@ pub enum NodeError {
         #[source]
         err: std::io::Error,
     },
+    #[error(transparent)]
+    Exposed(#[from] crate::exposure::Exposed),
     #[error("front end on {addr}: {err}")]
     Frontend {
         addr: std::net::SocketAddr,
@@ -661,6 +663,8 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     unsafe { libc::umask(0o077) };
     let cfg = ClusterConfig::load(config_path)?;
     let entry = cfg.node_entry(id)?.clone();
+    // Before anything listens or is registered (TB1).
+    crate::exposure::check(&cfg, id)?;
     let base = config_path.parent().unwrap_or(Path::new("."));
     RunDir::open(base, false)?;
     let pid_path = base.join(format!("node-{id}.pid"));

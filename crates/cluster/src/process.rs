@@ -27,6 +27,8 @@ pub const CONFIG_FILE: &str = "cluster.toml";
 pub enum ProcessError {
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Exposed(#[from] crate::exposure::Exposed),
     #[error("I/O on {path}: {err}")]
     Io { path: PathBuf, err: std::io::Error },
     #[error("a cluster is already running in {dir} (nodes {running:?}); stop it with `nessie down --dir {dir}`")]
@@ -152,6 +154,8 @@ pub struct UpOptions {
     pub direct_peers: bool,
     /// `[cluster] wait_spin_us`.
     pub wait_spin_us: Option<u64>,
+    /// `[cluster] protected_mode`.
+    pub protected_mode: bool,
     /// The protocol's optimisations (`[protocol.optimizations]`).
     pub optimizations: nessie_protocols::Optimizations,
     /// What the store does when full (`[cache] eviction`).
@@ -204,6 +208,7 @@ impl UpOptions {
             direct_loopback: true,
             direct_peers: true,
             wait_spin_us: None,
+            protected_mode: true,
             optimizations: nessie_protocols::Optimizations::default(),
             eviction: nessie_protocols::Eviction::NoEviction,
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
@@ -397,6 +402,7 @@ fn local_config(
     cfg.cluster.direct_loopback = o.direct_loopback;
     cfg.cluster.direct_peers = o.direct_peers;
     cfg.cluster.wait_spin_us = o.wait_spin_us;
+    cfg.cluster.protected_mode = o.protected_mode;
     cfg.membership = membership;
     cfg.frontends = o.frontends.clone();
     cfg.cache.eviction = o.eviction.name().to_string();
@@ -407,6 +413,10 @@ fn local_config(
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));
     cfg.validate()?;
+    // Every node runs on this host: refuse what a node would refuse, before starting any.
+    for n in &cfg.node {
+        crate::exposure::check(&cfg, n.id)?;
+    }
     Ok(cfg)
 }
 
