@@ -45,6 +45,7 @@
 //! (`nessie_cluster::process::etcd_server`).
 
 pub mod etcd;
+pub mod partitions;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
