@@ -110,9 +110,15 @@ impl Default for Geometry {
 /// Fewest index entries per node a memory budget may leave.
 pub const MIN_BUDGET_ITES: u64 = 64;
 
-fn bits_for(count: u64) -> u8 {
+/// Width of the ITE's DTI (data table identifier, the node id): enough for [`MAX_NODES`] node
+/// ids, fixed so that the format does not depend on the node count (layout version 3).
+pub const DTI_BITS: u8 = bits_for(MAX_NODES as u64);
+const _: () = assert!(1u64 << DTI_BITS == MAX_NODES as u64);
+
+const fn bits_for(count: u64) -> u8 {
     // Bits needed to number `count` distinct things (at least one bit).
-    (64 - (count.max(2) - 1).leading_zeros()) as u8
+    let count = if count < 2 { 2 } else { count };
+    (64 - (count - 1).leading_zeros()) as u8
 }
 
 /// Entry size (bytes) a memory budget's index is sized for, at most: a cache's items are
@@ -164,11 +170,11 @@ impl Geometry {
             }
             .into());
         }
-        // One data table per node: the DTI is the node id. The DTE field names a class and a
-        // slot of it (see `DteField`).
-        let dti_bits = bits_for(self.nodes as u64);
+        // One data table per node: the DTI is the node id, [`DTI_BITS`] wide whatever the node
+        // count, so that nodes can join without a new memory format. The DTE field names a
+        // class and a slot of it (see `DteField`).
         let field = self.dte_field()?;
-        let ite = IteLayout::new(field.bits(), dti_bits, self.filter_bits).map_err(P::from)?;
+        let ite = IteLayout::new(field.bits(), DTI_BITS, self.filter_bits).map_err(P::from)?;
         Ok((ite, dte))
     }
 
@@ -355,7 +361,23 @@ mod tests {
     fn default_is_valid_and_widths_follow_geometry() {
         let g = Geometry::default();
         let (ite, dte) = g.validate().unwrap();
-        assert_eq!(ite.dti_bits, 2, "3 nodes need 2 bits");
+        assert_eq!(
+            ite.dti_bits, 12,
+            "node ids up to 4095, whatever the node count"
+        );
+        let one = Geometry {
+            nodes: 1,
+            ..g.clone()
+        }
+        .validate()
+        .unwrap()
+        .0;
+        assert_eq!(one, ite, "the ITE format does not depend on the node count");
+        // docs/layout.md's worked examples.
+        assert_eq!((ite.dte_bits, ite.seq_bits), (22, 21));
+        let fill = Geometry::for_memory(2, 128 << 20, 32, 4096, 0.5).unwrap();
+        let (fill_ite, _) = fill.validate().unwrap();
+        assert_eq!((fill_ite.dte_bits, fill_ite.seq_bits), (26, 17));
         let field = g.dte_field().unwrap();
         assert_eq!(ite.dte_bits, field.bits());
         let classes = g.classes().unwrap();

@@ -21,7 +21,8 @@
 //!   (`docs/protocol.md`, MIGRATE). Every reader treats a moved word as empty.
 //! - `filter bits` (f, default 7): the low bits of the key's filter hash; a mismatch proves the
 //!   DTE cannot hold the key, saving a DTE read.
-//! - `DTI` (t bits): data table identifier (= node id, one data table per node).
+//! - `DTI` (t = 12 bits, `geometry::DTI_BITS`): data table identifier (= node id, one data
+//!   table per node), as wide for one node as for 4096, so that nodes can join.
 //! - `DTE index` (d bits): the entry's size class and slot in that data table
 //!   ([`crate::classes::DteField`]).
 //!

@@ -32,7 +32,7 @@ pub use pages::PAGE_REGION;
 /// formats, size classes and pages, page words and region order (`docs/layout.md`). Nodes
 /// whose versions differ refuse each other at bootstrap (it is part of the configuration's
 /// fingerprint). Bump it with any change a reader on another node would misread.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;
