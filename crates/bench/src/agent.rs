@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
 use nessie_cluster::admin::Response;
 use nessie_cluster::node::{NodeClient, NodeContext, NodeError, NodeExtension};
@@ -24,7 +23,7 @@ use crate::workload::{
     spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
 };
 
-pub use crate::result::{new_hist, MAX_LATENCY_NS};
+pub use crate::result::{decode_hist, encode_hist, new_hist, HistogramError, MAX_LATENCY_NS};
 /// Most client threads one agent runs.
 pub const MAX_AGENT_THREADS: u16 = 64;
 
@@ -135,30 +134,9 @@ pub struct AgentReport {
     /// Operations attempted in the window (open loop: arrivals).
     pub offered: u64,
     pub window_s: f64,
-}
-
-pub fn encode_hist(h: &Histogram<u64>) -> String {
-    let mut buf = Vec::new();
-    V2Serializer::new()
-        .serialize(h, &mut buf)
-        .expect("histogram serialises");
-    hex::encode(buf)
-}
-
-/// Why a latency histogram in an agent's report cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum HistogramError {
-    #[error("histogram is not hex: {0}")]
-    NotHex(#[from] hex::FromHexError),
-    #[error("bad histogram: {0}")]
-    Bad(#[from] hdrhistogram::serialization::DeserializeError),
-    #[error("merging latency histograms: {0}")]
-    Merge(#[from] hdrhistogram::AdditionError),
-}
-
-pub fn decode_hist(s: &str) -> Result<Histogram<u64>, HistogramError> {
-    let bytes = hex::decode(s)?;
-    Ok(Deserializer::new().deserialize(&mut &bytes[..])?)
+    /// Operations and GET latency by 100 ms window.
+    #[serde(default)]
+    pub timeline: crate::timeline::TimelineReport,
 }
 
 fn unix_ns() -> u64 {
@@ -433,6 +411,7 @@ struct ThreadOut {
     fp: PerOpFabric,
     aborts: u64,
     retries: u64,
+    cells: crate::timeline::Cells,
 }
 
 /// One client thread's side of the workload loop. Closed loop by default; with an arrival rate,
@@ -510,6 +489,7 @@ impl AgentThread {
                 fp: PerOpFabric::default(),
                 aborts: 0,
                 retries: 0,
+                cells: crate::timeline::Cells::new(window.0, window.1),
             },
         }
     }
@@ -592,7 +572,8 @@ impl Observer<NodeClient> for AgentThread {
         before: StatsSnapshot,
         r: Result<Done<'_>, Error>,
     ) {
-        let latency = unix_ns().saturating_sub(self.t0).max(1);
+        let now = unix_ns();
+        let latency = now.saturating_sub(self.t0).max(1);
         if self.t0 < self.window_start {
             return; // warm-up
         }
@@ -600,16 +581,21 @@ impl Observer<NodeClient> for AgentThread {
         o.offered += 1;
         let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
         match (r, op.kind) {
-            (Err(_), _) => o.errors += 1,
+            (Err(_), _) => {
+                o.errors += 1;
+                o.cells.failed(now);
+            }
             (Ok(_), OpKind::Get) => {
                 o.gets += 1;
                 o.gh.saturating_record(latency);
                 o.fg.record(fops, fbytes);
+                o.cells.completed(now, Some(latency));
             }
             (Ok(_), _) => {
                 o.puts += 1;
                 o.ph.saturating_record(latency);
                 o.fp.record(fops, fbytes);
+                o.cells.completed(now, None);
             }
         }
     }
@@ -686,10 +672,13 @@ fn spawn_clients(
 fn merge_threads(
     rep: &mut AgentReport,
     handles: Vec<std::thread::JoinHandle<ThreadOut>>,
+    window: (u64, u64),
 ) -> Result<(), AgentError> {
     let (mut gh, mut ph) = (new_hist(), new_hist());
+    let mut cells = crate::timeline::Cells::new(window.0, window.1);
     for h in handles {
         let o = h.join().map_err(|_| AgentError::Panicked("benchmark"))?;
+        cells.merge(&o.cells)?;
         rep.gets += o.gets;
         rep.puts += o.puts;
         rep.errors += o.errors;
@@ -705,6 +694,7 @@ fn merge_threads(
     }
     rep.get_hist = encode_hist(&gh);
     rep.put_hist = encode_hist(&ph);
+    rep.timeline = cells.report();
     Ok(())
 }
 
@@ -731,7 +721,7 @@ fn run(
         window_s: duration_s,
         ..AgentReport::default()
     };
-    merge_threads(&mut rep, handles)?;
+    merge_threads(&mut rep, handles, (window_start, window_end))?;
     let d = fab1.saturating_sub(&fab0);
     rep.window_fabric_ops = d.fabric_ops();
     rep.window_remote_bytes = d.remote_bytes();

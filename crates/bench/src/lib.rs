@@ -15,4 +15,5 @@ pub mod result;
 #[cfg(feature = "ucx")]
 pub mod runner;
 pub mod sizing;
+pub mod timeline;
 pub mod workload;

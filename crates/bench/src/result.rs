@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use hdrhistogram::Histogram;
+
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BenchParams {
@@ -238,6 +241,13 @@ pub struct BenchResult {
     pub errors: u64,
     /// The offered load in operations per second (open loop only).
     pub offered_ops_per_sec: Option<f64>,
+    /// Operations and GET latency by 100 ms window of the measured window (node runs; empty
+    /// from the simulator).
+    #[serde(default, skip_serializing_if = "crate::timeline::Timeline::is_empty")]
+    pub timeline: crate::timeline::Timeline,
+    /// The node killed during the run, and the stall it caused (`--kill-node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<crate::timeline::FaultReport>,
 }
 
 /// Largest histogram value: one hour, in nanoseconds.
@@ -250,6 +260,30 @@ const LATENCY_SIGFIG: u8 = 3;
 pub fn new_hist() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_NS, LATENCY_SIGFIG)
         .expect("valid bounds")
+}
+
+pub fn encode_hist(h: &Histogram<u64>) -> String {
+    let mut buf = Vec::new();
+    V2Serializer::new()
+        .serialize(h, &mut buf)
+        .expect("histogram serialises");
+    hex::encode(buf)
+}
+
+/// Why a latency histogram in an agent's report cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HistogramError {
+    #[error("histogram is not hex: {0}")]
+    NotHex(#[from] hex::FromHexError),
+    #[error("bad histogram: {0}")]
+    Bad(#[from] hdrhistogram::serialization::DeserializeError),
+    #[error("merging latency histograms: {0}")]
+    Merge(#[from] hdrhistogram::AdditionError),
+}
+
+pub fn decode_hist(s: &str) -> Result<Histogram<u64>, HistogramError> {
+    let bytes = hex::decode(s)?;
+    Ok(Deserializer::new().deserialize(&mut &bytes[..])?)
 }
 
 #[cfg(test)]

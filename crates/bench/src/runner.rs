@@ -49,6 +49,17 @@ pub struct RunnerOptions {
     pub direct_peers: bool,
     /// `[cluster] wait_spin_us` of the cluster started.
     pub wait_spin_us: Option<u64>,
+    /// A node to kill (and perhaps restart) during the measured window.
+    pub fault: Option<FaultPlan>,
+}
+
+/// `nessie bench --kill-node K --kill-at S [--restart-at S2]`: SIGKILL node K at S seconds
+/// into the measured window, and start it again at S2; the timeline shows the stall.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct FaultPlan {
+    pub node: u16,
+    pub kill_at_s: f64,
+    pub restart_at_s: Option<f64>,
 }
 
 /// Why a benchmark could not run.
@@ -101,6 +112,14 @@ pub enum BenchError {
     Hog(#[source] std::io::Error),
     #[error("an agent request thread panicked")]
     Panicked,
+    #[error("--kill-node: {0}")]
+    Fault(String),
+    #[error("killing node {node}: {err}")]
+    Kill {
+        node: u16,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// How a running cluster does not fit a run's parameters.
@@ -205,6 +224,39 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
         return Err(BenchError::NoKeys);
     }
     Ok(mode)
+}
+
+/// A fault plan that fits the run: a node of the cluster, times inside the measured window,
+/// and a cluster the run starts (it does not kill the nodes of someone else's).
+fn validate_fault(p: &BenchParams, opts: &RunnerOptions) -> Result<(), BenchError> {
+    let Some(f) = opts.fault else {
+        return Ok(());
+    };
+    let bad = |why: String| Err(BenchError::Fault(why));
+    if opts.cluster.is_some() {
+        return bad("a run kills only nodes it started itself, not those of --cluster".into());
+    }
+    if f.node >= p.nodes {
+        return bad(format!("node {} is not one of 0..{}", f.node, p.nodes));
+    }
+    if p.nodes < 2 {
+        return bad("one node killed leaves no client to measure: use --nodes 2 or more".into());
+    }
+    if !(0.0..p.duration).contains(&f.kill_at_s) {
+        return bad(format!(
+            "--kill-at {} is not within the measured window [0, {})",
+            f.kill_at_s, p.duration
+        ));
+    }
+    if let Some(r) = f.restart_at_s {
+        if !(f.kill_at_s < r && r < p.duration) {
+            return bad(format!(
+                "--restart-at {r} is not between --kill-at {} and the window's end {}",
+                f.kill_at_s, p.duration
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -318,6 +370,21 @@ fn ask_all(
     req: &AgentRequest,
     timeout: Duration,
 ) -> Result<Vec<serde_json::Value>, BenchError> {
+    ask_each(c, req, timeout)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect()
+}
+
+/// One node's answer to an agent request.
+type Answer = (u16, Result<serde_json::Value, BenchError>);
+
+/// Every node's answer, by node.
+fn ask_each(
+    c: &RunningCluster,
+    req: &AgentRequest,
+    timeout: Duration,
+) -> Result<Vec<Answer>, BenchError> {
     let body = serde_json::to_vec(req).expect("serialises");
     let handles: Vec<_> = c
         .cfg
@@ -326,12 +393,15 @@ fn ask_all(
         .map(|n| {
             let path = c.cfg.admin_path(n.id, &c.dir)?;
             let (body, node) = (body.clone(), n.id);
-            Ok(std::thread::spawn(move || ask(node, &path, body, timeout)))
+            Ok((
+                node,
+                std::thread::spawn(move || ask(node, &path, body, timeout)),
+            ))
         })
-        .collect::<Result<_, BenchError>>()?;
+        .collect::<Result<Vec<_>, BenchError>>()?;
     handles
         .into_iter()
-        .map(|h| h.join().map_err(|_| BenchError::Panicked)?)
+        .map(|(node, h)| Ok((node, h.join().map_err(|_| BenchError::Panicked)?)))
         .collect()
 }
 
@@ -369,6 +439,7 @@ fn run_window(
     warmup: f64,
     duration: f64,
     rate: Option<f64>,
+    fault: Option<(FaultPlan, &PathBuf)>,
 ) -> Result<Vec<AgentReport>, BenchError> {
     let start = nessie_fabric::wall_clock_ns() + 300_000_000;
     let req = AgentRequest::Run {
@@ -379,10 +450,84 @@ fn run_window(
         rate_per_thread: rate,
     };
     let timeout = Duration::from_secs_f64(warmup + duration + 120.0);
-    ask_all(c, &req, timeout)?
+    let window_start = start + (warmup * 1e9) as u64;
+    let injector = fault.map(|(f, binary)| {
+        let (dir, binary) = (c.dir.clone(), binary.clone());
+        std::thread::spawn(move || inject(&dir, &binary, f, window_start))
+    });
+    let answers = ask_each(c, &req, timeout)?;
+    let restarted = match injector {
+        Some(h) => Some(h.join().map_err(|_| BenchError::Panicked)??),
+        None => None,
+    };
+    let killed = fault.map(|(f, _)| f.node);
+    let reports = answers
         .into_iter()
-        .map(|v| Ok(serde_json::from_value(v)?))
-        .collect()
+        // The killed node's agent died with it: its answer is an error, and it has no report.
+        .filter(|(node, r)| !(Some(*node) == killed && r.is_err()))
+        .map(|(_, r)| Ok(serde_json::from_value(r?)?))
+        .collect();
+    drop(restarted);
+    reports
+}
+
+/// A node started again by a fault plan: stopped (if `down` has not) and reaped on drop.
+struct Restarted(Option<Child>);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Carry out `f`: SIGKILL its node at `kill_at_s` into the window, start it again (with the
+/// cluster's configuration, logging to its log) at `restart_at_s`.
+fn inject(
+    dir: &std::path::Path,
+    binary: &std::path::Path,
+    f: FaultPlan,
+    window_start: u64,
+) -> Result<Restarted, BenchError> {
+    let kill = |err| BenchError::Kill { node: f.node, err };
+    sleep_until(window_start + (f.kill_at_s * 1e9) as u64);
+    let pid = process::live_pid(dir, f.node).ok_or_else(|| {
+        kill(std::io::Error::other(
+            "it is not running (no locked pid file)",
+        ))
+    })?;
+    // SAFETY: kill takes plain integers; the pid is a node of this run that holds its lock.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        return Err(kill(std::io::Error::last_os_error()));
+    }
+    let Some(at) = f.restart_at_s else {
+        return Ok(Restarted(None));
+    };
+    sleep_until(window_start + (at * 1e9) as u64);
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(process::log_path(dir, f.node))
+        .map_err(kill)?;
+    let child = Command::new(binary)
+        .arg("node")
+        .arg("--config")
+        .arg(process::config_path(dir))
+        .args(["--id", &f.node.to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(kill)?)
+        .stderr(log)
+        .spawn()
+        .map_err(kill)?;
+    Ok(Restarted(Some(child)))
+}
+
+fn sleep_until(unix_ns: u64) {
+    let now = nessie_fabric::wall_clock_ns();
+    if unix_ns > now {
+        std::thread::sleep(Duration::from_nanos(unix_ns - now));
+    }
 }
 
 /// Run one benchmark. `progress` is told the phase.
@@ -392,6 +537,7 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchResult, BenchError> {
     let mode = validate(p)?;
+    validate_fault(p, opts)?;
     let (keys, geometry) = sizing(p);
     let (dir, temp) = match &opts.dir {
         Some(d) => (d.clone(), false),
@@ -523,7 +669,7 @@ fn calibrate(
         return Ok((None, None));
     };
     progress("calibrating the maximum throughput");
-    let reps = run_window(cluster, spec, 0.5, CALIBRATION_S, None)?;
+    let reps = run_window(cluster, spec, 0.5, CALIBRATION_S, None, None)?;
     let max: f64 = reps
         .iter()
         .map(|r| (r.gets + r.puts) as f64 / r.window_s)
@@ -547,8 +693,12 @@ fn bench_on(
     let _hogs = Hogs::start(&opts.binary, p.background)?;
     let (rate, offered) = calibrate(cluster, &spec, p, progress)?;
     progress("running");
-    let reps = run_window(cluster, &spec, p.warmup, p.duration, rate)?;
-    let r = merge_reports(p, keys, offered, &reps)?;
+    let fault = opts.fault.map(|f| (f, &opts.binary));
+    let reps = run_window(cluster, &spec, p.warmup, p.duration, rate, fault)?;
+    let mut r = merge_reports(p, keys, offered, &reps)?;
+    r.fault = opts
+        .fault
+        .map(|f| r.timeline.fault(f.node, f.kill_at_s, f.restart_at_s));
     progress("finishing");
     Ok(r)
 }
@@ -562,6 +712,7 @@ fn merge_reports(
 ) -> Result<BenchResult, BenchError> {
     let (mut gh, mut ph) = (crate::agent::new_hist(), crate::agent::new_hist());
     let (mut fg, mut fp) = (PerOpFabric::default(), PerOpFabric::default());
+    let mut cells: Option<crate::timeline::Cells> = None;
     let mut r = BenchResult {
         mode: p.mode.clone(),
         params: BenchParams {
@@ -578,6 +729,8 @@ fn merge_reports(
         cpu_seconds: CpuSeconds::default(),
         errors: 0,
         offered_ops_per_sec: offered,
+        timeline: Default::default(),
+        fault: None,
     };
     for rep in reps {
         r.ops.get += rep.gets;
@@ -591,6 +744,13 @@ fn merge_reports(
             .map_err(HistogramError::from)?;
         fg.merge(&rep.fabric_get);
         fp.merge(&rep.fabric_put);
+        if !rep.timeline.ops.is_empty() {
+            let c = crate::timeline::Cells::from_report(&rep.timeline)?;
+            match &mut cells {
+                Some(all) => all.merge(&c)?,
+                None => cells = Some(c),
+            }
+        }
         r.fabric.total_ops += rep.window_fabric_ops;
         r.fabric.total_bytes += rep.window_remote_bytes;
         r.fabric.local_bytes += rep.window_local_bytes;
@@ -615,6 +775,7 @@ fn merge_reports(
     r.fabric.get = per_op(&fg, r.ops.get);
     r.fabric.put = per_op(&fp, r.ops.put);
     r.fabric.all = per_op(&fa, r.ops.all);
+    r.timeline = cells.map(|c| c.timeline()).unwrap_or_default();
     Ok(r)
 }
 

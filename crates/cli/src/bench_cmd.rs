@@ -46,6 +46,19 @@ pub struct BenchArgs {
     /// Preloading overwrites keys named key-NNNN….
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// SIGKILL node K during the measured window (at --kill-at), to measure the stall a
+    /// failure causes: the result's timeline (100 ms windows) and its `fault` say how long
+    /// nothing completed and when throughput came back. Meaningful with --replicas 2 or 3.
+    #[arg(long, value_name = "K")]
+    pub kill_node: Option<u16>,
+    /// Seconds into the measured window at which --kill-node's node is killed [default: a
+    /// third of --duration].
+    #[arg(long, value_name = "S", requires = "kill_node")]
+    pub kill_at: Option<f64>,
+    /// Seconds into the measured window at which the killed node is started again (it rejoins
+    /// and catches up, as `nessie node` does).
+    #[arg(long, value_name = "S", requires = "kill_node")]
+    pub restart_at: Option<f64>,
 }
 
 #[derive(clap::Subcommand)]
@@ -229,6 +242,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         direct_loopback: !p.fabric.no_direct_loopback,
         direct_peers: !p.fabric.no_direct_peers,
         wait_spin_us: p.fabric.wait_spin_us,
+        fault: None,
     })
 }
 
@@ -317,6 +331,7 @@ pub fn print_result(r: &BenchResult) {
         r.fabric.total_ops, r.fabric.total_bytes, r.fabric.local_bytes
     );
     print_cpu(r);
+    print_timeline(r);
     if r.mode == "pilaf" {
         // Pilaf's client counts GET passes that failed a checksum as aborts (`ModeClient::aborts_retries`).
         println!(
@@ -327,6 +342,47 @@ pub fn print_result(r: &BenchResult) {
         );
     } else {
         println!("  aborts {}  retries {}", r.aborts, r.retries);
+    }
+}
+
+/// The timeline and fault lines of [`print_result`].
+fn print_timeline(r: &BenchResult) {
+    let t = &r.timeline;
+    if t.is_empty() {
+        return;
+    }
+    let mut sorted = t.ops.clone();
+    sorted.sort_unstable();
+    println!(
+        "  timeline     {} windows of {:.0} ms: ops/window min {} median {} max {}; longest stall {:.0} ms (no operation completed)",
+        t.ops.len(),
+        t.window_ms,
+        sorted[0],
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+        t.longest_stall(0) as f64 * t.window_ms
+    );
+    if let Some(f) = &r.fault {
+        println!(
+            "  fault        node {} SIGKILLed at {:.1} s{}: {}; longest stall {:.0} ms",
+            f.node,
+            f.killed_at_s,
+            f.restarted_at_s
+                .map(|s| format!(", restarted at {s:.1} s"))
+                .unwrap_or_default(),
+            match (f.degraded_from_s, f.recovered_at_s) {
+                (None, _) => "throughput never fell below half its median".to_string(),
+                (Some(from), Some(to)) => format!(
+                    "below half the median ({:.0} ops/window) for {:.0} ms between {from:.1} s and {to:.1} s",
+                    f.ops_per_window_before, f.degraded_ms
+                ),
+                (Some(from), None) => format!(
+                    "below half the median ({:.0} ops/window) from {from:.1} s to the end of the run",
+                    f.ops_per_window_before
+                ),
+            },
+            f.stall_ms
+        );
     }
 }
 
@@ -357,6 +413,11 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
     let p = a.p.params();
     let mut opts = runner_options(&a.p)?;
     opts.cluster = a.cluster.clone();
+    opts.fault = a.kill_node.map(|node| runner::FaultPlan {
+        node,
+        kill_at_s: a.kill_at.unwrap_or(p.duration / 3.0),
+        restart_at_s: a.restart_at,
+    });
     let pb = progress_bar("bench");
     let t = Instant::now();
     let r = runner::run(&p, &opts, &mut |phase| pb.set_message(phase.to_string()));

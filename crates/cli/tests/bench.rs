@@ -10,13 +10,17 @@ fn bench(mode: &str, extra: &[&str]) -> serde_json::Value {
         "nessie-bench-test-{mode}-{}.json",
         std::process::id()
     ));
+    // One second unless the caller says otherwise.
+    let duration: &[&str] = if extra.contains(&"--duration") {
+        &[]
+    } else {
+        &["--duration", "1"]
+    };
     let o = Command::new(BIN)
         .args([
             "bench",
             "--mode",
             mode,
-            "--duration",
-            "1",
             "--warmup",
             "0.2",
             "--keys",
@@ -24,6 +28,7 @@ fn bench(mode: &str, extra: &[&str]) -> serde_json::Value {
             "--value-size",
             "1024",
         ])
+        .args(duration)
         .args(["--json", out.to_str().unwrap()])
         .args(extra)
         .output()
@@ -101,6 +106,23 @@ fn check(v: &serde_json::Value, mode: &str) {
             >= cpu["client"].as_f64().unwrap() + cpu["server"].as_f64().unwrap()
     );
     assert!(cpu["progress"].is_number());
+    // The timeline: ten windows of 100 ms over the 1 s window, every completed operation in one.
+    let t = &v["timeline"];
+    assert_eq!(t["window_ms"], 100.0, "{t}");
+    let ops: Vec<u64> = t["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(ops.len(), 10, "{t}");
+    assert_eq!(
+        ops.iter().sum::<u64>(),
+        all,
+        "{mode}: the timeline counts every operation"
+    );
+    assert_eq!(t["get_p999_us"].as_array().unwrap().len(), 10);
+    assert!(v["fault"].is_null());
 }
 
 #[test]
@@ -190,6 +212,54 @@ fn replicated_runs_report_their_copies() {
     assert!(err.contains("replicas") && err.contains("mode cd"), "{err}");
 }
 
+/// A node SIGKILLed mid-run (R = 2, shared memory) and started again: its agent's report is
+/// missing, the survivors' operations go on, the timeline shows the stall the failure causes
+/// (the failure declared after a lease TTL, then the copies taking over), and throughput is
+/// back before the run ends, with no failed operation.
+#[test]
+fn a_node_killed_mid_run_shows_as_a_stall_and_recovery() {
+    let v = bench(
+        "cd",
+        &[
+            "--replicas",
+            "2",
+            "--get-ratio",
+            "0.9",
+            "--duration",
+            "12",
+            "--kill-node",
+            "2",
+            "--kill-at",
+            "1.5",
+            "--restart-at",
+            "6",
+        ],
+    );
+    let f = &v["fault"];
+    assert_eq!(f["node"], 2, "{f}");
+    assert_eq!(f["killed_at_s"], 1.5);
+    assert_eq!(f["restarted_at_s"], 6.0);
+    let from = f["degraded_from_s"]
+        .as_f64()
+        .expect("the kill degraded the run");
+    let to = f["recovered_at_s"].as_f64().expect("throughput came back");
+    assert!(1.5 <= from && from < to && to <= 12.0, "{f}");
+    assert!(f["degraded_ms"].as_f64().unwrap() >= 100.0, "{f}");
+    assert_eq!(v["errors"], 0, "no operation failed with two copies: {f}");
+    let ops: Vec<u64> = v["timeline"]["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(ops.len(), 120);
+    assert!(
+        ops[(to * 10.0) as usize..].iter().all(|&n| n > 0),
+        "{ops:?}"
+    );
+    eprintln!("fault: {f}");
+}
+
 #[test]
 fn bad_parameters_are_refused_before_starting_anything() {
     let o = Command::new(BIN)
@@ -203,6 +273,29 @@ fn bad_parameters_are_refused_before_starting_anything() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("--get-ratio"));
+    for (args, why) in [
+        (&["--kill-node", "3"][..], "node 3 is not one of 0..3"),
+        (
+            &["--kill-node", "0", "--kill-at", "9"][..],
+            "--kill-at 9 is not within",
+        ),
+        (
+            &["--kill-node", "0", "--kill-at", "1", "--restart-at", "0.5"][..],
+            "--restart-at 0.5 is not between",
+        ),
+        (
+            &["--kill-node", "0", "--cluster", "/nonexistent"][..],
+            "not those of --cluster",
+        ),
+    ] {
+        let o = Command::new(BIN)
+            .args(["bench", "--nodes", "3", "--duration", "2"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(why), "{args:?}: {err}");
+    }
 }
 
 /// The `quick` preset end to end (shortened): every run's JSON, the summary and the plot.

@@ -606,6 +606,8 @@ fn merge(
         cpu_seconds: CpuSeconds::default(),
         errors: m.errors,
         offered_ops_per_sec: None,
+        timeline: Default::default(),
+        fault: None,
         params,
     };
     SimBenchResult {

@@ -93,6 +93,8 @@ pub fn fake_result(p: &BenchParams) -> BenchResult {
         },
         errors: 0,
         offered_ops_per_sec: p.target_load.map(|l| closed * l),
+        timeline: Default::default(),
+        fault: None,
     }
 }
 

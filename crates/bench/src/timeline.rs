@@ -1,0 +1,312 @@
+//! The run's timeline: completed operations and GET latency in short windows of the measured
+//! window, so that a stall (nodes failing, joining, leaving) shows, and how long it lasted.
+//!
+//! Each client thread counts into its own cells, by the time an operation *completes* (a stall
+//! is a stretch of time in which nothing completes); the agent merges its threads and the
+//! runner merges the agents, cell by cell (cells are aligned on the common window start).
+//! GET latencies go into coarse histograms (one significant digit, from 1 µs): a timeline
+//! shows shape, the run's overall percentiles stay exact.
+
+use hdrhistogram::Histogram;
+
+use crate::result::{decode_hist, encode_hist, HistogramError, MAX_LATENCY_NS};
+
+/// Width of one timeline window.
+pub const WINDOW_NS: u64 = 100_000_000;
+/// Most windows a timeline keeps; a longer run widens them (a multiple of [`WINDOW_NS`]).
+pub const MAX_WINDOWS: u64 = 3_000;
+/// A run's throughput is "back" once a window after a fault completes this fraction of the
+/// median window before it.
+pub const RECOVERED_FRACTION: f64 = 0.5;
+
+/// The width of a run's windows: [`WINDOW_NS`], or wider so that at most [`MAX_WINDOWS`] span it.
+pub fn window_ns(duration_ns: u64) -> u64 {
+    let n = duration_ns.div_ceil(WINDOW_NS).div_ceil(MAX_WINDOWS).max(1);
+    n * WINDOW_NS
+}
+
+fn coarse_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1_000, MAX_LATENCY_NS, 1).expect("valid bounds")
+}
+
+/// One thread's or one node's cells.
+#[derive(Clone, Debug)]
+pub struct Cells {
+    start_ns: u64,
+    width_ns: u64,
+    ops: Vec<u64>,
+    errors: Vec<u64>,
+    gets: Vec<Option<Histogram<u64>>>,
+}
+
+impl Cells {
+    /// Cells over `[start_ns, end_ns)`.
+    pub fn new(start_ns: u64, end_ns: u64) -> Cells {
+        let width_ns = window_ns(end_ns.saturating_sub(start_ns));
+        let n = end_ns.saturating_sub(start_ns).div_ceil(width_ns).max(1) as usize;
+        Cells {
+            start_ns,
+            width_ns,
+            ops: vec![0; n],
+            errors: vec![0; n],
+            gets: vec![None; n],
+        }
+    }
+
+    /// The cell of an operation that completed at `now_ns` (one completing after the window
+    /// counts in the last cell: it was slow, and that is the news).
+    fn cell(&self, now_ns: u64) -> usize {
+        let i = (now_ns.saturating_sub(self.start_ns) / self.width_ns) as usize;
+        i.min(self.ops.len() - 1)
+    }
+
+    /// An operation completed at `now_ns`: a GET with its latency, another kind with `None`.
+    pub fn completed(&mut self, now_ns: u64, get_latency_ns: Option<u64>) {
+        let i = self.cell(now_ns);
+        self.ops[i] += 1;
+        if let Some(l) = get_latency_ns {
+            self.gets[i]
+                .get_or_insert_with(coarse_hist)
+                .saturating_record(l.max(1_000));
+        }
+    }
+
+    /// An operation failed at `now_ns`.
+    pub fn failed(&mut self, now_ns: u64) {
+        let i = self.cell(now_ns);
+        self.errors[i] += 1;
+    }
+
+    pub fn merge(&mut self, o: &Cells) -> Result<(), HistogramError> {
+        debug_assert_eq!((self.start_ns, self.width_ns), (o.start_ns, o.width_ns));
+        for i in 0..self.ops.len().min(o.ops.len()) {
+            self.ops[i] += o.ops[i];
+            self.errors[i] += o.errors[i];
+            if let Some(h) = &o.gets[i] {
+                self.gets[i]
+                    .get_or_insert_with(coarse_hist)
+                    .add(h)
+                    .map_err(HistogramError::from)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The cells as an agent sends them.
+    pub fn report(&self) -> TimelineReport {
+        TimelineReport {
+            start_ns: self.start_ns,
+            width_ns: self.width_ns,
+            ops: self.ops.clone(),
+            errors: self.errors.clone(),
+            gets: self
+                .gets
+                .iter()
+                .map(|h| h.as_ref().map(encode_hist).unwrap_or_default())
+                .collect(),
+        }
+    }
+
+    /// Cells from an agent's report.
+    pub fn from_report(r: &TimelineReport) -> Result<Cells, HistogramError> {
+        Ok(Cells {
+            start_ns: r.start_ns,
+            width_ns: r.width_ns.max(1),
+            ops: r.ops.clone(),
+            errors: r.errors.clone(),
+            gets: r
+                .gets
+                .iter()
+                .map(|s| (!s.is_empty()).then(|| decode_hist(s)).transpose())
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The run's timeline.
+    pub fn timeline(&self) -> Timeline {
+        let q = |h: &Option<Histogram<u64>>, q: f64| {
+            h.as_ref()
+                .filter(|h| !h.is_empty())
+                .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3)
+        };
+        Timeline {
+            window_ms: self.width_ns as f64 / 1e6,
+            ops: self.ops.clone(),
+            errors: self.errors.clone(),
+            get_p50_us: self.gets.iter().map(|h| q(h, 0.5)).collect(),
+            get_p999_us: self.gets.iter().map(|h| q(h, 0.999)).collect(),
+        }
+    }
+}
+
+/// What an agent sends: its cells, GET histograms hex-encoded (empty for none).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct TimelineReport {
+    pub start_ns: u64,
+    pub width_ns: u64,
+    pub ops: Vec<u64>,
+    pub errors: Vec<u64>,
+    pub gets: Vec<String>,
+}
+
+/// The run's timeline, one entry per window of the measured window: operations completed,
+/// operations failed, and GET latency percentiles (µs, 0 without GETs; coarse: ±6%).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Timeline {
+    pub window_ms: f64,
+    pub ops: Vec<u64>,
+    pub errors: Vec<u64>,
+    pub get_p50_us: Vec<f64>,
+    pub get_p999_us: Vec<f64>,
+}
+
+/// A node killed during a run (`nessie bench --kill-node K --kill-at S [--restart-at S2]`), and
+/// what the timeline shows of it. Times are seconds into the measured window.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FaultReport {
+    pub node: u16,
+    pub killed_at_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at_s: Option<f64>,
+    /// The median operations per window before the kill.
+    pub ops_per_window_before: f64,
+    /// The longest stretch after the kill in which no operation completed, in ms (whole
+    /// windows).
+    pub stall_ms: f64,
+    /// Time after the kill in windows that completed less than [`RECOVERED_FRACTION`] of the
+    /// median before it, in ms: the degraded time, stalls included.
+    pub degraded_ms: f64,
+    /// Start of the first degraded window (`None`: none was).
+    pub degraded_from_s: Option<f64>,
+    /// End of the last degraded window: throughput stayed up from then on (`None`: the run
+    /// ended degraded; equal to `degraded_from_s`'s absence when nothing degraded).
+    pub recovered_at_s: Option<f64>,
+}
+
+impl Timeline {
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The longest run of windows from `from` on in which nothing completed, in windows.
+    pub fn longest_stall(&self, from: usize) -> usize {
+        let (mut best, mut cur) = (0, 0);
+        for &n in self.ops.iter().skip(from) {
+            cur = if n == 0 { cur + 1 } else { 0 };
+            best = best.max(cur);
+        }
+        best
+    }
+
+    /// Stall and degradation after a kill `at_s` seconds into the window.
+    pub fn fault(&self, node: u16, at_s: f64, restarted_at_s: Option<f64>) -> FaultReport {
+        let w = self.window_ms / 1e3;
+        let k = ((at_s / w) as usize).min(self.ops.len());
+        let mut before: Vec<u64> = self.ops[..k].to_vec();
+        before.sort_unstable();
+        let median = before.get(before.len() / 2).copied().unwrap_or(0) as f64;
+        // The window holding the kill is partly before it: judged from the next one on.
+        let degraded: Vec<usize> = (k + 1..self.ops.len())
+            .filter(|&i| (self.ops[i] as f64) < RECOVERED_FRACTION * median)
+            .collect();
+        let last = self.ops.len().saturating_sub(1);
+        FaultReport {
+            node,
+            killed_at_s: at_s,
+            restarted_at_s,
+            ops_per_window_before: median,
+            stall_ms: self.longest_stall(k + 1) as f64 * self.window_ms,
+            degraded_ms: degraded.len() as f64 * self.window_ms,
+            degraded_from_s: degraded.first().map(|&i| i as f64 * w),
+            recovered_at_s: match degraded.last() {
+                Some(&i) if i == last => None,
+                Some(&i) => Some((i + 1) as f64 * w),
+                None => Some(at_s),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_land_in_the_window_they_complete_in() {
+        let mut c = Cells::new(1_000_000_000, 2_000_000_000);
+        c.completed(1_000_000_000, Some(5_000));
+        c.completed(1_150_000_000, None);
+        c.failed(1_199_999_999);
+        c.completed(9_000_000_000, Some(3_000_000)); // after the window: the last cell
+        let t = c.timeline();
+        assert_eq!(t.window_ms, 100.0);
+        assert_eq!(t.ops, vec![1, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(t.errors[1], 1);
+        assert!((4.5..=5.5).contains(&t.get_p50_us[0]), "{t:?}");
+        assert_eq!(t.get_p50_us[1], 0.0);
+        assert!(t.get_p999_us[9] > 2_500.0);
+    }
+
+    #[test]
+    fn cells_merge_and_survive_the_report() {
+        let mut a = Cells::new(0, 300_000_000);
+        let mut b = Cells::new(0, 300_000_000);
+        a.completed(10, Some(2_000));
+        b.completed(250_000_000, Some(4_000));
+        b.completed(20, Some(9_000));
+        let b = Cells::from_report(&b.report()).unwrap();
+        a.merge(&b).unwrap();
+        let t = a.timeline();
+        assert_eq!(t.ops, vec![2, 0, 1]);
+        assert!(t.get_p999_us[0] >= 8.0, "{t:?}");
+    }
+
+    #[test]
+    fn long_runs_widen_their_windows() {
+        assert_eq!(window_ns(10_000_000_000), WINDOW_NS);
+        assert_eq!(window_ns(MAX_WINDOWS * WINDOW_NS), WINDOW_NS);
+        assert_eq!(window_ns(MAX_WINDOWS * WINDOW_NS + 1), 2 * WINDOW_NS);
+        let c = Cells::new(0, 3_600_000_000_000);
+        assert!(c.ops.len() as u64 <= MAX_WINDOWS);
+    }
+
+    #[test]
+    fn a_stall_after_a_kill_is_measured() {
+        // Over shared memory reads go on after a kill until the failure is declared; then
+        // nothing completes, with a blip, until the copies take over.
+        let mut ops = vec![100; 30];
+        for o in &mut ops[14..22] {
+            *o = 0;
+        }
+        ops[17] = 5;
+        ops[22] = 30; // not yet half the median
+        let t = Timeline {
+            window_ms: 100.0,
+            ops,
+            ..Timeline::default()
+        };
+        let f = t.fault(1, 1.0, None);
+        assert_eq!(f.ops_per_window_before, 100.0);
+        assert_eq!(f.stall_ms, 400.0, "windows 18..22");
+        assert_eq!(f.degraded_ms, 900.0, "windows 14..23");
+        assert!((f.degraded_from_s.unwrap() - 1.4).abs() < 1e-9);
+        assert!((f.recovered_at_s.unwrap() - 2.3).abs() < 1e-9);
+        assert_eq!(t.longest_stall(0), 4);
+        // Never back: none.
+        let t = Timeline {
+            window_ms: 100.0,
+            ops: vec![10, 10, 10, 0, 0],
+            ..Timeline::default()
+        };
+        let f = t.fault(0, 0.2, None);
+        assert_eq!(f.recovered_at_s, None);
+        assert_eq!(f.degraded_ms, 200.0);
+        // Never degraded: back at the kill.
+        let t = Timeline {
+            window_ms: 100.0,
+            ops: vec![10; 5],
+            ..Timeline::default()
+        };
+        assert_eq!(t.fault(0, 0.2, None).recovered_at_s, Some(0.2));
+    }
+}
