@@ -10,7 +10,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use nessie_cluster::admin::Response;
 use nessie_cluster::node::{NodeClient, NodeContext, NodeError, NodeExtension};
-use nessie_fabric::StatsSnapshot;
+use nessie_fabric::{FabricError, StatsSnapshot};
 use nessie_protocols::{Error, KvClient, Optimizations, ProtocolConfig};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -119,6 +119,9 @@ pub struct AgentReport {
     pub gets: u64,
     pub puts: u64,
     pub errors: u64,
+    /// Failed operations by kind of error ([`error_kind`]).
+    #[serde(default)]
+    pub error_kinds: BTreeMap<String, u64>,
     /// Latency histograms (ns), hdrhistogram V2 format, hex.
     pub get_hist: String,
     pub put_hist: String,
@@ -404,6 +407,7 @@ struct ThreadOut {
     gets: u64,
     puts: u64,
     errors: u64,
+    error_kinds: BTreeMap<String, u64>,
     offered: u64,
     gh: Histogram<u64>,
     ph: Histogram<u64>,
@@ -482,6 +486,7 @@ impl AgentThread {
                 gets: 0,
                 puts: 0,
                 errors: 0,
+                error_kinds: BTreeMap::new(),
                 offered: 0,
                 gh: new_hist(),
                 ph: new_hist(),
@@ -581,8 +586,9 @@ impl Observer<NodeClient> for AgentThread {
         o.offered += 1;
         let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
         match (r, op.kind) {
-            (Err(_), _) => {
+            (Err(e), _) => {
                 o.errors += 1;
+                *o.error_kinds.entry(error_kind(&e).into()).or_default() += 1;
                 o.cells.failed(now);
             }
             (Ok(_), OpKind::Get) => {
@@ -598,6 +604,28 @@ impl Observer<NodeClient> for AgentThread {
                 o.cells.completed(now, None);
             }
         }
+    }
+}
+
+/// A failed operation's kind of error, as the result counts it.
+pub fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::Unreachable { .. } => "unreachable",
+        Error::Fenced { .. } => "fenced",
+        Error::Timeout { .. } => "timeout",
+        Error::Contended { .. } => "contended",
+        Error::Indeterminate(_) => "indeterminate",
+        Error::Fabric(f) => match f {
+            FabricError::Unreachable { .. } => "unreachable",
+            FabricError::Indeterminate { .. } => "indeterminate",
+            FabricError::Fenced { .. } => "fenced",
+            FabricError::NoCopy { .. } => "no_copy",
+            FabricError::Transport(_) => "transport",
+            _ => "fabric",
+        },
+        Error::DataTableFull { .. } => "data_table_full",
+        Error::IndexFull { .. } => "index_full",
+        _ => "other",
     }
 }
 
@@ -682,6 +710,9 @@ fn merge_threads(
         rep.gets += o.gets;
         rep.puts += o.puts;
         rep.errors += o.errors;
+        for (k, n) in &o.error_kinds {
+            *rep.error_kinds.entry(k.clone()).or_default() += n;
+        }
         rep.offered += o.offered;
         rep.aborts += o.aborts;
         rep.retries += o.retries;

@@ -239,6 +239,10 @@ pub struct BenchResult {
     pub cpu_seconds: CpuSeconds,
     /// Operations that failed (after retries) in the measured window.
     pub errors: u64,
+    /// `errors` by kind (`agent::error_kind`): unreachable, fenced, timeout, contended,
+    /// indeterminate, no_copy, transport, fabric, data_table_full, index_full, other.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub error_kinds: BTreeMap<String, u64>,
     /// The offered load in operations per second (open loop only).
     pub offered_ops_per_sec: Option<f64>,
     /// Operations and GET latency by 100 ms window of the measured window (node runs; empty

@@ -25,6 +25,9 @@ use crate::workload::{KeyDist, WorkloadError, Ycsb};
 pub const MAX_BACKGROUND: u16 = 64;
 /// Expiry period of benchmark clusters: short, so that PUT-heavy runs recycle entries soon.
 const BENCH_EXPIRY_MS: u64 = 200;
+/// Earliest kill, seconds into the measured window: five timeline windows to measure the
+/// throughput before it by.
+pub const MIN_KILL_AT_S: f64 = 0.5;
 /// Closed-loop calibration length for open-loop runs.
 const CALIBRATION_S: f64 = 2.0;
 
@@ -242,9 +245,10 @@ fn validate_fault(p: &BenchParams, opts: &RunnerOptions) -> Result<(), BenchErro
     if p.nodes < 2 {
         return bad("one node killed leaves no client to measure: use --nodes 2 or more".into());
     }
-    if !(0.0..p.duration).contains(&f.kill_at_s) {
+    if !(MIN_KILL_AT_S..p.duration).contains(&f.kill_at_s) {
         return bad(format!(
-            "--kill-at {} is not within the measured window [0, {})",
+            "--kill-at {} is not within the measured window [{MIN_KILL_AT_S}, {}) (the \
+             throughput before the kill is what the stall is measured against)",
             f.kill_at_s, p.duration
         ));
     }
@@ -456,11 +460,23 @@ fn run_window(
         std::thread::spawn(move || inject(&dir, &binary, f, window_start))
     });
     let answers = ask_each(c, &req, timeout)?;
-    let restarted = match injector {
+    let mut restarted = match injector {
         Some(h) => Some(h.join().map_err(|_| BenchError::Panicked)??),
         None => None,
     };
     let killed = fault.map(|(f, _)| f.node);
+    if let Some(Restarted(Some(child))) = &mut restarted {
+        if let Ok(Some(status)) = child.try_wait() {
+            let node = killed.unwrap_or(0);
+            return Err(BenchError::Kill {
+                node,
+                err: std::io::Error::other(format!(
+                    "started again, it exited ({status}) before the run ended: see {}",
+                    process::log_path(&c.dir, node).display()
+                )),
+            });
+        }
+    }
     let reports = answers
         .into_iter()
         // The killed node's agent died with it: its answer is an error, and it has no report.
@@ -730,12 +746,16 @@ fn merge_reports(
         errors: 0,
         offered_ops_per_sec: offered,
         timeline: Default::default(),
+        error_kinds: Default::default(),
         fault: None,
     };
     for rep in reps {
         r.ops.get += rep.gets;
         r.ops.put += rep.puts;
         r.errors += rep.errors;
+        for (k, n) in &rep.error_kinds {
+            *r.error_kinds.entry(k.clone()).or_default() += n;
+        }
         r.aborts += rep.aborts;
         r.retries += rep.retries;
         gh.add(decode_hist(&rep.get_hist)?)

@@ -14,7 +14,9 @@ use crate::result::{decode_hist, encode_hist, HistogramError, MAX_LATENCY_NS};
 /// Width of one timeline window.
 pub const WINDOW_NS: u64 = 100_000_000;
 /// Most windows a timeline keeps; a longer run widens them (a multiple of [`WINDOW_NS`]).
-pub const MAX_WINDOWS: u64 = 3_000;
+/// Each client thread keeps a coarse histogram per window (about 4 KB): 600 bound a thread's
+/// timeline to a few MB.
+pub const MAX_WINDOWS: u64 = 600;
 /// A run's throughput is "back" once a window after a fault completes this fraction of the
 /// median window before it.
 pub const RECOVERED_FRACTION: f64 = 0.5;
@@ -34,6 +36,12 @@ fn coarse_hist() -> Histogram<u64> {
 pub struct Cells {
     start_ns: u64,
     width_ns: u64,
+    /// The measured window's length: its last cell may be shorter than the others.
+    span_ns: u64,
+    /// The cell of the last completion and the times it spans.
+    cur: usize,
+    cur_from: u64,
+    cur_to: u64,
     ops: Vec<u64>,
     errors: Vec<u64>,
     gets: Vec<Option<Histogram<u64>>>,
@@ -47,6 +55,10 @@ impl Cells {
         Cells {
             start_ns,
             width_ns,
+            span_ns: end_ns.saturating_sub(start_ns),
+            cur: 0,
+            cur_from: 0,
+            cur_to: 0,
             ops: vec![0; n],
             errors: vec![0; n],
             gets: vec![None; n],
@@ -54,10 +66,25 @@ impl Cells {
     }
 
     /// The cell of an operation that completed at `now_ns` (one completing after the window
-    /// counts in the last cell: it was slow, and that is the news).
-    fn cell(&self, now_ns: u64) -> usize {
+    /// counts in the last cell: it was slow, and that is the news). Completions come in time
+    /// order, so the cell of the last one is kept: no division per operation.
+    fn cell(&mut self, now_ns: u64) -> usize {
+        if (self.cur_from..self.cur_to).contains(&now_ns) {
+            return self.cur;
+        }
         let i = (now_ns.saturating_sub(self.start_ns) / self.width_ns) as usize;
-        i.min(self.ops.len() - 1)
+        let i = i.min(self.ops.len() - 1);
+        self.cur = i;
+        self.cur_from = self.start_ns + i as u64 * self.width_ns;
+        self.cur_to = if i + 1 == self.ops.len() {
+            u64::MAX
+        } else {
+            self.cur_from + self.width_ns
+        };
+        if now_ns < self.start_ns {
+            self.cur_to = self.cur_from; // before the window: look again next time
+        }
+        i
     }
 
     /// An operation completed at `now_ns`: a GET with its latency, another kind with `None`.
@@ -97,6 +124,7 @@ impl Cells {
         TimelineReport {
             start_ns: self.start_ns,
             width_ns: self.width_ns,
+            span_ns: self.span_ns,
             ops: self.ops.clone(),
             errors: self.errors.clone(),
             gets: self
@@ -112,6 +140,10 @@ impl Cells {
         Ok(Cells {
             start_ns: r.start_ns,
             width_ns: r.width_ns.max(1),
+            span_ns: r.span_ns,
+            cur: 0,
+            cur_from: 0,
+            cur_to: 0,
             ops: r.ops.clone(),
             errors: r.errors.clone(),
             gets: r
@@ -131,6 +163,7 @@ impl Cells {
         };
         Timeline {
             window_ms: self.width_ns as f64 / 1e6,
+            duration_ms: self.span_ns as f64 / 1e6,
             ops: self.ops.clone(),
             errors: self.errors.clone(),
             get_p50_us: self.gets.iter().map(|h| q(h, 0.5)).collect(),
@@ -144,6 +177,8 @@ impl Cells {
 pub struct TimelineReport {
     pub start_ns: u64,
     pub width_ns: u64,
+    #[serde(default)]
+    pub span_ns: u64,
     pub ops: Vec<u64>,
     pub errors: Vec<u64>,
     pub gets: Vec<String>,
@@ -154,6 +189,9 @@ pub struct TimelineReport {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Timeline {
     pub window_ms: f64,
+    /// The measured window: the last entry covers what is left of it after the others.
+    #[serde(default)]
+    pub duration_ms: f64,
     pub ops: Vec<u64>,
     pub errors: Vec<u64>,
     pub get_p50_us: Vec<f64>,
@@ -198,18 +236,26 @@ impl Timeline {
         best
     }
 
-    /// Stall and degradation after a kill `at_s` seconds into the window.
+    /// Stall and degradation after a kill `at_s` seconds into the window. Windows are
+    /// counted in whole nanoseconds (no float rounding puts the kill in the wrong one); the
+    /// window holding the kill is partly before it and is judged with neither side, and a
+    /// last window shorter than the others is left out.
     pub fn fault(&self, node: u16, at_s: f64, restarted_at_s: Option<f64>) -> FaultReport {
-        let w = self.window_ms / 1e3;
-        let k = ((at_s / w) as usize).min(self.ops.len());
+        let w_ns = ((self.window_ms * 1e6).round() as u64).max(1);
+        let at_ns = (at_s * 1e9).round() as u64;
+        let k = ((at_ns / w_ns) as usize).min(self.ops.len());
+        let span_ns = (self.duration_ms * 1e6).round() as u64;
+        let full = match span_ns {
+            0 => self.ops.len(),
+            s => ((s / w_ns) as usize).min(self.ops.len()),
+        };
         let mut before: Vec<u64> = self.ops[..k].to_vec();
         before.sort_unstable();
         let median = before.get(before.len() / 2).copied().unwrap_or(0) as f64;
-        // The window holding the kill is partly before it: judged from the next one on.
-        let degraded: Vec<usize> = (k + 1..self.ops.len())
+        let degraded: Vec<usize> = (k + 1..full)
             .filter(|&i| (self.ops[i] as f64) < RECOVERED_FRACTION * median)
             .collect();
-        let last = self.ops.len().saturating_sub(1);
+        let secs = |i: usize| (i as u64 * w_ns) as f64 / 1e9;
         FaultReport {
             node,
             killed_at_s: at_s,
@@ -217,10 +263,10 @@ impl Timeline {
             ops_per_window_before: median,
             stall_ms: self.longest_stall(k + 1) as f64 * self.window_ms,
             degraded_ms: degraded.len() as f64 * self.window_ms,
-            degraded_from_s: degraded.first().map(|&i| i as f64 * w),
+            degraded_from_s: degraded.first().map(|&i| secs(i)),
             recovered_at_s: match degraded.last() {
-                Some(&i) if i == last => None,
-                Some(&i) => Some((i + 1) as f64 * w),
+                Some(&i) if i + 1 == full => None,
+                Some(&i) => Some(secs(i + 1)),
                 None => Some(at_s),
             },
         }
@@ -238,9 +284,11 @@ mod tests {
         c.completed(1_150_000_000, None);
         c.failed(1_199_999_999);
         c.completed(9_000_000_000, Some(3_000_000)); // after the window: the last cell
+        c.completed(1_299_999_999, None); // another thread's clock: back in time
+        c.completed(1_300_000_000, None);
         let t = c.timeline();
         assert_eq!(t.window_ms, 100.0);
-        assert_eq!(t.ops, vec![1, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(t.ops, vec![1, 1, 1, 1, 0, 0, 0, 0, 0, 1]);
         assert_eq!(t.errors[1], 1);
         assert!((4.5..=5.5).contains(&t.get_p50_us[0]), "{t:?}");
         assert_eq!(t.get_p50_us[1], 0.0);
@@ -268,6 +316,7 @@ mod tests {
         assert_eq!(window_ns(MAX_WINDOWS * WINDOW_NS + 1), 2 * WINDOW_NS);
         let c = Cells::new(0, 3_600_000_000_000);
         assert!(c.ops.len() as u64 <= MAX_WINDOWS);
+        assert_eq!(c.timeline().duration_ms, 3_600_000.0);
     }
 
     #[test]
@@ -308,5 +357,23 @@ mod tests {
             ..Timeline::default()
         };
         assert_eq!(t.fault(0, 0.2, None).recovered_at_s, Some(0.2));
+        // 0.3 s is window 3 (a float division says 2.999…): window 3 is the kill's own.
+        let mut ops = vec![10; 8];
+        ops[3] = 0;
+        let t = Timeline {
+            window_ms: 100.0,
+            ops,
+            ..Timeline::default()
+        };
+        assert_eq!(t.fault(0, 0.3, None).degraded_ms, 0.0);
+        // A short last window (a 0.75 s run) is not taken for a degraded one.
+        let t = Timeline {
+            window_ms: 100.0,
+            duration_ms: 750.0,
+            ops: vec![10, 10, 10, 10, 10, 10, 10, 2],
+            ..Timeline::default()
+        };
+        let f = t.fault(0, 0.2, None);
+        assert_eq!((f.degraded_ms, f.recovered_at_s), (0.0, Some(0.2)));
     }
 }

@@ -302,11 +302,21 @@ pub fn print_result(r: &BenchResult) {
         p.keys.unwrap_or(0),
         p.background
     );
+    let kinds: Vec<String> = r
+        .error_kinds
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
     println!(
-        "  throughput   {:>12.0} ops/s   goodput {:>9.1} MiB/s   errors {}",
+        "  throughput   {:>12.0} ops/s   goodput {:>9.1} MiB/s   errors {}{}",
         r.ops_per_sec,
         r.goodput_bytes_per_sec / (1 << 20) as f64,
-        r.errors
+        r.errors,
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        }
     );
     if let Some(o) = r.offered_ops_per_sec {
         println!("  offered      {o:>12.0} ops/s (open loop)");

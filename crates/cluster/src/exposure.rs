@@ -23,8 +23,8 @@ use crate::config::{ClusterConfig, Transport};
 pub enum Reach {
     /// This host only (127.0.0.0/8, ::1).
     Loopback,
-    /// A private network: RFC 1918 (10/8, 172.16/12, 192.168/16), RFC 6598 shared space
-    /// (100.64/10, a provider's inside network) and IPv6 unique local (fc00::/7).
+    /// A private network: RFC 1918 (10/8, 172.16/12, 192.168/16) and IPv6 unique local
+    /// (fc00::/7). Not RFC 6598's 100.64/10: a provider shares it among its customers.
     Private,
     /// One link (169.254/16, fe80::/10): never routed.
     LinkLocal,
@@ -46,12 +46,11 @@ impl Reach {
     }
 
     fn of_v4(ip: Ipv4Addr) -> Reach {
-        let [a, b, ..] = ip.octets();
         if ip.is_loopback() {
             Reach::Loopback
         } else if ip.is_unspecified() {
             Reach::Unspecified
-        } else if ip.is_private() || (a == 100 && (64..128).contains(&b)) {
+        } else if ip.is_private() {
             Reach::Private
         } else if ip.is_link_local() {
             Reach::LinkLocal
@@ -108,6 +107,12 @@ pub enum Exposed {
     },
     #[error("protected mode: cannot list this host's network interfaces: {0}")]
     Interfaces(#[source] std::io::Error),
+    #[error(
+        "protected mode: cluster.net_devices names {0:?}, which selects no network interface of \
+         this host that is up (name an interface, a glob such as \"eth*\", or an RDMA port \
+         DEVICE:PORT)"
+    )]
+    NoSuchDevice(String),
     #[error("protected mode: cannot resolve etcd's host {host:?}: {err}")]
     Resolve {
         host: String,
@@ -180,23 +185,84 @@ pub fn check(cfg: &ClusterConfig, id: u16) -> Result<(), Exposed> {
 }
 
 /// The addresses of the network interfaces UCX may use for this cluster's fabric: none over
-/// shared memory; those `net_devices` names (an RDMA port such as `mlx5_0:1` is not an IP
-/// interface and is not listed), or every interface that is up.
+/// shared memory; otherwise those `net_devices` selects, read as UCX reads `UCX_NET_DEVICES`
+/// (a comma-separated allow-list of names or glob patterns, `all`, or a list after `^` to
+/// exclude), every interface when unset. An RDMA port (`mlx5_0:1`) counts as the network
+/// interfaces its device carries (RoCE runs over their addresses). Fails closed: an entry
+/// that selects nothing on this host is refused, since UCX would pick what it finds.
 fn fabric_interfaces(cfg: &ClusterConfig) -> Result<Vec<(String, IpAddr)>, Exposed> {
     if cfg.cluster.transport == Transport::Shm {
         return Ok(vec![]);
     }
-    let named: Option<Vec<&str>> = cfg
-        .cluster
-        .net_devices
-        .as_deref()
-        .filter(|d| *d != "all")
-        .map(|d| d.split(',').map(str::trim).collect());
     let all = host_interfaces().map_err(Exposed::Interfaces)?;
+    let spec = cfg.cluster.net_devices.as_deref().unwrap_or("all").trim();
+    if spec.is_empty() || spec == "all" {
+        return Ok(all);
+    }
+    let (negate, list) = match spec.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let entries: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    // A label (`eth0:pub`, as getifaddrs names an IPv4 alias) belongs to its interface.
+    let base = |name: &str| name.split(':').next().unwrap_or(name).to_string();
+    let mut chosen: Vec<String> = Vec::new();
+    for e in &entries {
+        if let Some(nets) = rdma_netdevs(e) {
+            chosen.extend(nets);
+            continue;
+        }
+        let hits: Vec<String> = all
+            .iter()
+            .map(|(n, _)| base(n))
+            .filter(|n| glob(e, n))
+            .collect();
+        if hits.is_empty() && !negate {
+            return Err(Exposed::NoSuchDevice(e.to_string()));
+        }
+        chosen.extend(hits);
+    }
     Ok(all
         .into_iter()
-        .filter(|(dev, _)| named.as_ref().is_none_or(|n| n.contains(&dev.as_str())))
+        .filter(|(n, _)| chosen.contains(&base(n)) != negate)
         .collect())
+}
+
+/// Whether interface `name` matches UCX device pattern `pattern` (fnmatch, as UCX does).
+fn glob(pattern: &str, name: &str) -> bool {
+    let (Ok(p), Ok(n)) = (
+        std::ffi::CString::new(pattern),
+        std::ffi::CString::new(name),
+    ) else {
+        return false;
+    };
+    // SAFETY: both are NUL-terminated strings that outlive the call.
+    unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
+}
+
+/// The network interfaces an RDMA port `DEVICE:PORT` carries (`None` if `entry` names no
+/// RDMA device of this host).
+fn rdma_netdevs(entry: &str) -> Option<Vec<String>> {
+    let (dev, _port) = entry.split_once(':')?;
+    if dev.is_empty() || dev.contains('/') || dev.starts_with('.') {
+        return None;
+    }
+    let dir = std::path::Path::new("/sys/class/infiniband").join(dev);
+    if !dir.exists() {
+        return None;
+    }
+    let nets = std::fs::read_dir(dir.join("device/net"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(nets)
 }
 
 /// Every IPv4 and IPv6 address of every interface that is up, with the interface's name.
@@ -278,7 +344,6 @@ mod tests {
             "172.16.0.1",
             "172.31.255.254",
             "192.168.1.1",
-            "100.64.0.1",
             "fd00::2",
             "fc12::1",
         ] {
@@ -296,6 +361,7 @@ mod tests {
             "172.32.0.1",
             "172.15.255.255",
             "192.169.0.1",
+            "100.64.0.1",
             "100.128.0.1",
             "192.0.2.2",
             "203.0.113.7",
@@ -377,6 +443,38 @@ mod tests {
         });
         let err = check(&c, 0).unwrap_err().to_string();
         assert!(err.contains("etcd at http://198.51.100.4:2379"), "{err}");
+    }
+
+    #[test]
+    fn net_devices_select_interfaces_as_ucx_reads_them() {
+        let mut c = cfg();
+        c.cluster.transport = Transport::Tcp;
+        let names = |c: &ClusterConfig| -> Vec<String> {
+            fabric_interfaces(c)
+                .unwrap()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        c.cluster.net_devices = Some("lo".into());
+        assert!(names(&c).iter().all(|n| n == "lo") && !names(&c).is_empty());
+        c.cluster.net_devices = Some(" l* ".into());
+        assert!(names(&c).contains(&"lo".to_string()), "a glob selects");
+        c.cluster.net_devices = Some("^lo".into());
+        assert!(!names(&c).contains(&"lo".to_string()), "^ excludes");
+        let everything = {
+            c.cluster.net_devices = None;
+            names(&c)
+        };
+        c.cluster.net_devices = Some("all".into());
+        assert_eq!(names(&c), everything);
+        c.cluster.net_devices = Some("lo,nonesuch0".into());
+        let err = fabric_interfaces(&c).unwrap_err().to_string();
+        assert!(
+            err.contains("\"nonesuch0\", which selects no network interface"),
+            "{err}"
+        );
+        assert!(glob("eth*", "eth0") && !glob("eth*", "veth0") && glob("lo", "lo"));
     }
 
     #[test]

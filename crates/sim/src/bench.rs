@@ -607,6 +607,7 @@ fn merge(
         errors: m.errors,
         offered_ops_per_sec: None,
         timeline: Default::default(),
+        error_kinds: Default::default(),
         fault: None,
         params,
     };

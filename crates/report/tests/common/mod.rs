@@ -94,6 +94,7 @@ pub fn fake_result(p: &BenchParams) -> BenchResult {
         errors: 0,
         offered_ops_per_sec: p.target_load.map(|l| closed * l),
         timeline: Default::default(),
+        error_kinds: Default::default(),
         fault: None,
     }
 }
