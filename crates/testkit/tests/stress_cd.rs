@@ -325,13 +325,32 @@ fn assert_no_key_wedged(name: &str, c: &LocalCluster, o: Optimizations) {
         optimizations: o,
         ..recycling_setup(11, cfg()).1
     };
-    let mut w = c.client_with(1, cfg).unwrap();
+    // A writer on each node: a wedged key refuses them all (its entry aborts every writer),
+    // whereas a writer whose node holds no free entry of this tiny table (DataTableFull: the
+    // others' held pages are theirs) is a capacity limit, and another node's writer goes on.
+    let mut writers: Vec<_> = [1, 0, 2]
+        .into_iter()
+        .map(|n| c.client_with(n, cfg.clone()).unwrap())
+        .collect();
     for k in 0..40u64 {
         let key = stress::key_bytes(k);
-        w.put(&key, b"after")
-            .unwrap_or_else(|e| panic!("{name}: key {k} is wedged: {e}"));
+        let mut full = Vec::new();
+        let mut wrote = None;
+        for (i, w) in writers.iter_mut().enumerate() {
+            match w.put(&key, b"after") {
+                Ok(()) => {
+                    wrote = Some(i);
+                    break;
+                }
+                Err(e @ nessie_protocols::Error::DataTableFull { .. }) => full.push(e.to_string()),
+                Err(e) => panic!("{name}: key {k} is wedged: {e}"),
+            }
+        }
+        let i = wrote.unwrap_or_else(|| {
+            panic!("{name}: key {k}: every node's writer is out of room: {full:?}")
+        });
         assert_eq!(
-            w.get(&key).unwrap().as_deref(),
+            writers[i].get(&key).unwrap().as_deref(),
             Some(&b"after"[..]),
             "{name}"
         );
