@@ -148,7 +148,7 @@ fn unix_ns() -> u64 {
 
 /// Wait until wall-clock time `t`: sleep through most of the gap (so an open-loop client's
 /// idle time is not counted as the store's CPU time), spin only for the last few microseconds.
-fn sleep_until_unix(t: u64) {
+pub(crate) fn sleep_until_unix(t: u64) {
     const SPIN_NS: u64 = 10_000;
     let now = unix_ns();
     if t <= now {

@@ -477,14 +477,12 @@ fn run_window(
             });
         }
     }
-    let reports = answers
+    answers
         .into_iter()
         // The killed node's agent died with it: its answer is an error, and it has no report.
         .filter(|(node, r)| !(Some(*node) == killed && r.is_err()))
         .map(|(_, r)| Ok(serde_json::from_value(r?)?))
-        .collect();
-    drop(restarted);
-    reports
+        .collect()
 }
 
 /// A node started again by a fault plan: stopped (if `down` has not) and reaped on drop.
@@ -508,7 +506,7 @@ fn inject(
     window_start: u64,
 ) -> Result<Restarted, BenchError> {
     let kill = |err| BenchError::Kill { node: f.node, err };
-    sleep_until(window_start + (f.kill_at_s * 1e9) as u64);
+    crate::agent::sleep_until_unix(window_start + (f.kill_at_s * 1e9) as u64);
     let pid = process::live_pid(dir, f.node).ok_or_else(|| {
         kill(std::io::Error::other(
             "it is not running (no locked pid file)",
@@ -521,7 +519,7 @@ fn inject(
     let Some(at) = f.restart_at_s else {
         return Ok(Restarted(None));
     };
-    sleep_until(window_start + (at * 1e9) as u64);
+    crate::agent::sleep_until_unix(window_start + (at * 1e9) as u64);
     let log = std::fs::OpenOptions::new()
         .append(true)
         .open(process::log_path(dir, f.node))
@@ -537,13 +535,6 @@ fn inject(
         .spawn()
         .map_err(kill)?;
     Ok(Restarted(Some(child)))
-}
-
-fn sleep_until(unix_ns: u64) {
-    let now = nessie_fabric::wall_clock_ns();
-    if unix_ns > now {
-        std::thread::sleep(Duration::from_nanos(unix_ns - now));
-    }
 }
 
 /// Run one benchmark. `progress` is told the phase.
