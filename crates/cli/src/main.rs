@@ -118,18 +118,21 @@ struct UpArgs {
     /// to [cache] orphan_grace_ms.
     #[arg(long, value_name = "MS")]
     orphan_grace_ms: Option<u64>,
-    /// Index table entries per node.
-    #[arg(long, default_value_t = 1 << 16)]
-    ites_per_node: u64,
+    /// Index table entries per node, instead of a --memory-per-node budget [default with
+    /// --dtes-per-node: 65536].
+    #[arg(long)]
+    ites_per_node: Option<u64>,
     /// Data table room per node, in entries of the largest size class (values of --value-max
-    /// bytes); smaller values fit more.
-    #[arg(long, default_value_t = 1 << 14)]
-    dtes_per_node: u64,
-    /// Memory for one node's index, data and page tables (bytes, or with K/M/G = KiB/MiB/GiB, powers of 1024): sizes
-    /// them from one budget instead of --ites-per-node and --dtes-per-node, the index for
-    /// items of up to 512 B at load factor 0.5, and says what each size class gets.
-    #[arg(long, value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>, conflicts_with_all = ["ites_per_node", "dtes_per_node"])]
-    memory_per_node: Option<u64>,
+    /// bytes); smaller values fit more. Instead of a --memory-per-node budget [default with
+    /// --ites-per-node: 16384].
+    #[arg(long)]
+    dtes_per_node: Option<u64>,
+    /// Memory for one node's index, data and page tables (bytes, or with K/M/G = KiB/MiB/GiB,
+    /// powers of 1024), as memcached's -m: sizes them from one budget, the index for items of
+    /// up to 512 B at load factor 0.5, and says what each size class gets. With --replicas R
+    /// a node holds R such sets of tables.
+    #[arg(long, value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>, conflicts_with_all = ["ites_per_node", "dtes_per_node"], default_value = "64M")]
+    memory_per_node: u64,
     /// Client threads (workers) per node process, shared by its front ends and admin socket.
     #[arg(long, visible_alias = "workers", value_name = "N", default_value_t = 2)]
     client_threads: u16,
@@ -558,44 +561,57 @@ fn print_budget(bytes: u64, g: &nessie_store::Geometry) -> Result<(), CliError> 
     Ok(())
 }
 
-/// The tables `up` gives each node: sized for `--memory-per-node` (printing the budget), or as
-/// `--ites-per-node`/`--dtes-per-node` say.
+/// Index entries per node when only --dtes-per-node is given (the sizes before budgets).
+const EXPLICIT_ITES_DEFAULT: u64 = 1 << 16;
+/// Data entries per node when only --ites-per-node is given.
+const EXPLICIT_DTES_DEFAULT: u64 = 1 << 14;
+
+/// The tables `up` gives each node: as `--ites-per-node`/`--dtes-per-node` say if either is
+/// given, else sized for `--memory-per-node` (64 MiB unless told, as memcached's `-m 64`).
+/// Either way it says on stderr what they hold.
 fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
-    Ok(match a.memory_per_node {
-        Some(bytes) => {
-            let g = nessie_store::Geometry::for_memory(
-                a.nodes as u32,
-                bytes,
-                a.key_max,
-                a.value_max,
-                nessie_cluster::config::MEMORY_LOAD_FACTOR,
-            )?;
-            print_budget(bytes, &g)?;
-            let copies = a.replicas as u64
-                + if a.replicas > 1 {
-                    a.spare_copies as u64
-                } else {
-                    0
-                };
-            if copies > 1 {
-                eprintln!(
-                        "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
-                        a.replicas,
-                        a.spare_copies,
-                        (copies * bytes) as f64 / (1 << 20) as f64
-                    );
-            }
-            g
-        }
-        None => nessie_store::Geometry {
+    let g = if a.ites_per_node.is_some() || a.dtes_per_node.is_some() {
+        let g = nessie_store::Geometry {
             nodes: a.nodes as u32,
-            ites_per_node: a.ites_per_node,
-            dtes_per_node: a.dtes_per_node,
+            ites_per_node: a.ites_per_node.unwrap_or(EXPLICIT_ITES_DEFAULT),
+            dtes_per_node: a.dtes_per_node.unwrap_or(EXPLICIT_DTES_DEFAULT),
             key_max: a.key_max,
             value_max: a.value_max,
             ..nessie_store::Geometry::default()
-        },
-    })
+        };
+        // An invalid geometry is refused later with its own error; say nothing of it here.
+        if g.validate().is_ok() {
+            let bytes = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
+            print_budget(bytes, &g)?;
+        }
+        g
+    } else {
+        let g = nessie_store::Geometry::for_memory(
+            a.nodes as u32,
+            a.memory_per_node,
+            a.key_max,
+            a.value_max,
+            nessie_cluster::config::MEMORY_LOAD_FACTOR,
+        )?;
+        print_budget(a.memory_per_node, &g)?;
+        g
+    };
+    let copies = a.replicas as u64
+        + if a.replicas > 1 {
+            a.spare_copies as u64
+        } else {
+            0
+        };
+    if copies > 1 {
+        let bytes = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
+        eprintln!(
+            "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
+            a.replicas,
+            a.spare_copies,
+            (copies * bytes) as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(g)
 }
 
 fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {

@@ -129,6 +129,8 @@ pub struct NodeContext {
     replicas: Arc<ReplicaSet>,
     /// Pilaf mode: this node's store, which its server threads execute writes on.
     pilaf: Option<Arc<PilafStore>>,
+    /// What the reclaimer of expired items has done (client-driven mode, once it runs).
+    expiry: std::sync::OnceLock<Arc<nessie_serve::expire::Totals>>,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -255,6 +257,13 @@ impl NodeContext {
             "scans": counters.scans,
             "room_scans": counters.room_scans,
             "evictions": self.table.evictions(),
+            "expiry_reclaimer": self.expiry.get().map(|t| {
+                let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                serde_json::json!({
+                    "sweeps": n(&t.sweeps), "expired": n(&t.expired),
+                    "deleted": n(&t.deleted), "failed_cycles": n(&t.failed_cycles),
+                })
+            }),
             "classes": classes,
         })
     }
@@ -751,6 +760,7 @@ fn join_cluster(
     let pilaf = plan.pilaf_store(id)?;
     let ctx = NodeContext {
         pilaf,
+        expiry: std::sync::OnceLock::new(),
         id,
         cfg,
         mode,
@@ -908,15 +918,55 @@ fn serve_frontends(
 ) -> Result<Frontends, NodeError> {
     use nessie_serve::expire::{ExpiryReclaimer, CYCLE, WINDOW_SLOTS};
     use nessie_serve::frontends::FrontEnd;
-    let Some(f) = &ctx.cfg.frontends else {
-        return Ok((Vec::new(), None));
-    };
-    let (mc, resp) = (f.memcached_addr(id), f.resp_addr(id));
-    if mc.is_none() && resp.is_none() {
+    let f = ctx.cfg.frontends.as_ref();
+    let (mc, resp) = f.map_or((None, None), |f| (f.memcached_addr(id), f.resp_addr(id)));
+    let serving = mc.is_some() || resp.is_some();
+    // Only the client-driven store scans its index (the baselines answer Unsupported); it
+    // reclaims expired items whether or not the node serves a front end (items are written
+    // with an expiry through the admin socket and the library too).
+    let cd = matches!(ctx.mode, Mode::Cd);
+    if !serving && !cd {
         return Ok((Vec::new(), None));
     }
-    let pool = Arc::new(ClientPool::new(metered_clients(ctx, workers, ops)?));
-    check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
+    let clients = if serving { workers } else { RECLAIMER_WORKERS };
+    let pool = Arc::new(ClientPool::new(metered_clients(ctx, clients, ops)?));
+    let mut started = Vec::new();
+    if let Some(f) = f.filter(|_| serving) {
+        check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
+        started = start_frontends(ctx, f, (mc, resp), &pool)?;
+    }
+    let expire = match cd {
+        true => {
+            let per_node = ctx.geometry().ites_per_node;
+            let share = id as u64 * per_node..(id as u64 + 1) * per_node;
+            let counters = started.iter().map(FrontEnd::counters).collect();
+            let r = ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(
+                |err| NodeError::Spawn {
+                    what: "the reclaimer of expired items",
+                    err,
+                },
+            )?;
+            // Set once, here: status reports what it has done.
+            let _ = ctx.expiry.set(r.totals().clone());
+            Some(r)
+        }
+        false => None,
+    };
+    Ok((started, expire))
+}
+
+/// Client workers of the expiry reclaimer of a node that serves no front end.
+const RECLAIMER_WORKERS: u16 = 1;
+
+/// The front ends at `addrs` (memcached, RESP) on the clients of `pool`, with the node's
+/// figures as their store gauges.
+fn start_frontends(
+    ctx: &Arc<NodeContext>,
+    f: &crate::config::FrontendsSection,
+    (mc, resp): (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>),
+    pool: &Arc<ClientPool>,
+) -> Result<Vec<nessie_serve::frontends::FrontEnd>, NodeError> {
+    use nessie_serve::frontends::FrontEnd;
     let g = ctx.geometry();
     let item_max = ctx.cfg.item_max();
     let mut started = Vec::new();
@@ -953,23 +1003,7 @@ fn serve_frontends(
         // Set once, on a fresh front end: it cannot have been set before.
         let _ = fe.counters().store.set(gauges.clone());
     }
-    // Only the client-driven store scans its index (the baselines answer Unsupported).
-    let expire = match ctx.mode {
-        Mode::Cd => {
-            let per_node = g.ites_per_node;
-            let share = id as u64 * per_node..(id as u64 + 1) * per_node;
-            let counters = started.iter().map(FrontEnd::counters).collect();
-            let r = ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(
-                |err| NodeError::Spawn {
-                    what: "the reclaimer of expired items",
-                    err,
-                },
-            )?;
-            Some(r)
-        }
-        _ => None,
-    };
-    Ok((started, expire))
+    Ok(started)
 }
 
 /// The node's figures its front ends report (`stats`, `INFO`): read from its allocator and

@@ -124,6 +124,9 @@ pub struct Mutations {
     pub prefetch_past_deadline: bool,
     /// Reads find expired items present: the store's expiry is ignored by GETs.
     pub ignore_expiry: bool,
+    /// The expiry reclaimer deletes a key it read expired whatever its version now
+    /// (`Cond::Present`, not the version read): a key rewritten since loses its new value.
+    pub reclaim_unconditionally: bool,
     /// Expiry is judged by the clock when the entry has been read, not at the attempt's
     /// start: a value replaced meanwhile can be found expired, and the key absent, while it
     /// holds the new value.

@@ -34,7 +34,11 @@ fn pad8(n: u64) -> u64 {
 /// Why a set of classes cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClassError {
-    #[error("{0} size classes exceed the limit of {MAX_CLASSES}")]
+    #[error(
+        "{0} size classes exceed the limit of {MAX_CLASSES}: value_max is the largest value one \
+         entry holds, not the longest item; keep it small (16 KiB by default) and raise item_max \
+         (`--item-max`, up to 512 MiB) to store longer items in chunks"
+    )]
     TooMany(usize),
 }
 

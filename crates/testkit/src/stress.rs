@@ -388,15 +388,15 @@ impl<C: KvClient> Observer<C> for StressThread {
     }
 }
 
-/// With `$NESSIE_HISTORY_DIR` set, write each key the check rejected, its whole history in
-/// invocation order, to `key-<id>.txt` there: the report names one conflict, the file holds
-/// what led to it.
+/// With `$NESSIE_HISTORY_DIR` set, write each key the check rejected or could not decide,
+/// its whole history in invocation order, to `key-<id>.txt` there: the report names one
+/// conflict, the file holds what led to it.
 fn dump_violations(events: &[Event], report: &nessie_check::Report) {
     let Some(dir) = std::env::var_os("NESSIE_HISTORY_DIR") else {
         return;
     };
     let dir = std::path::PathBuf::from(dir);
-    for v in report.violations() {
+    for v in report.violations().chain(report.unknown()) {
         let mut mine: Vec<_> = events.iter().filter(|e| e.key == v.key).collect();
         mine.sort_by_key(|e| (e.invoke_ns, e.response_ns));
         let text: String = mine.iter().map(|e| format!("{e}\n")).collect();

@@ -1371,3 +1371,141 @@ fn mutation_ignoring_expiry_is_caught() {
     let out = eviction_run_with(170, geometry(), Optimizations::default(), ops, e);
     assert_violation(&out, "ignore_expiry");
 }
+
+/// Index slots a stress reclaimer reads per window.
+const RECLAIM_WINDOW: u64 = 64;
+/// Data pages per node of a reclaim run: room for every key's item (a full store refuses
+/// PUTs, and each refused PUT is a write the checker must place or leave out).
+const RECLAIM_PAGES: u64 = 4 * MIXED_PAGES;
+/// A reclaim run's client pause ([`pace`]).
+const RECLAIM_CLIENT_PAUSE: Duration = Duration::from_micros(500);
+/// The stress reclaimer's pause after each sweep of the whole index.
+const RECLAIM_SWEEP_PAUSE: Duration = Duration::from_millis(1);
+
+/// A run with every other PUT's item expiring 4 ms after it is written, and an expiry
+/// reclaimer (the node's background thread, `reclaim_expired_in`) sweeping the whole index
+/// over and over beside the clients, pausing between reading an item expired and its DELETE
+/// (`HookPoint::GuardedAfterLook`) long enough for writers to rewrite hot keys. Its
+/// deletions are not in the history: deleting an item already expired changes nothing a
+/// client can see. Returns the outcome and how many items the reclaimer deleted.
+fn reclaim_run(
+    seed: u64,
+    g: Geometry,
+    o: Optimizations,
+    ops: u64,
+    mutations: Mutations,
+) -> (StressOutcome, u64) {
+    let (c, cfg) = mixed_setup(seed, g, RECLAIM_PAGES, o, MIXED_EXPIRY_MS);
+    let cfg = ProtocolConfig { mutations, ..cfg };
+    let total_ites = c.view().geometry.total_ites();
+    let mut reclaimer = c.client_with(0, cfg.clone()).unwrap();
+    let mut n = 0u64;
+    reclaimer.set_hook(Some(Box::new(move |p| {
+        if p == HookPoint::GuardedAfterLook {
+            n += 1;
+            if n.is_multiple_of(2) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    })));
+    let s = StressSpec {
+        get_fraction: 0.5,
+        delete_fraction: 0.0,
+        hot_keys: 8,
+        ttl: Some((2, Duration::from_millis(4))),
+        ..mixed_spec(seed, 600, ops)
+    };
+    let done = AtomicBool::new(false);
+    let (out, deleted) = std::thread::scope(|sc| {
+        let r = sc.spawn(|| {
+            let mut deleted = 0u64;
+            let mut start = 0;
+            while !done.load(Ordering::Relaxed) {
+                let end = (start + RECLAIM_WINDOW).min(total_ites);
+                // A window that fails (no room for the DELETE's entry, a contended key) is
+                // retried on the next sweep, as the node's reclaimer does.
+                if let Ok(r) = reclaimer.reclaim_expired_in(start..end) {
+                    deleted += r.deleted;
+                }
+                if end == total_ites {
+                    // A breath between sweeps: the clients need the cores more.
+                    std::thread::sleep(RECLAIM_SWEEP_PAUSE);
+                    start = 0;
+                } else {
+                    start = end;
+                }
+            }
+            deleted
+        });
+        let mut cs = clients(&c, &cfg);
+        for client in &mut cs {
+            client.set_hook(Some(pace()));
+        }
+        let (out, _) = stress::run(cs, &s);
+        done.store(true, Ordering::Relaxed);
+        (out, r.join().unwrap())
+    });
+    eprintln!(
+        "{out}\nreclaimer deleted {deleted}, expiries {}",
+        out.expiries
+    );
+    (out, deleted)
+}
+
+/// A client of a reclaim run pauses every other time it has swapped its entry into the
+/// index or is about to read a value: the run lasts long enough for items to expire and be
+/// reclaimed under it, and the reclaimer meets writes in progress.
+fn pace() -> Hook {
+    let mut n = 0u64;
+    Box::new(move |p| {
+        if matches!(p, HookPoint::AfterCandidateCas | HookPoint::BeforeValueRead) {
+            n += 1;
+            if n.is_multiple_of(2) {
+                std::thread::sleep(RECLAIM_CLIENT_PAUSE);
+            }
+        }
+    })
+}
+
+/// The reclaimer deletes expired items while writers rewrite their keys: the history, with
+/// each expiry at its instant, is linearizable (a key rewritten between the reclaimer's read
+/// and its DELETE keeps its new value).
+#[test]
+fn expired_items_reclaimed_while_writers_rewrite_them() {
+    let ops = MIXED_VARIANT_OPS_PER_THREAD;
+    let (out, deleted) = reclaim_run(
+        180,
+        geometry(),
+        Optimizations::default(),
+        ops,
+        Mutations::default(),
+    );
+    assert_clean_run("reclaim", &out, 4 * ops);
+    assert!(out.errors.is_empty(), "every operation succeeds: {out}");
+    assert!(deleted > 0, "the reclaimer deleted nothing: {out}");
+    assert!(out.expiries > 0, "no item expired: {out}");
+}
+
+#[test]
+fn expired_items_reclaimed_with_small_indexes_and_each_optimisation_off() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        eprintln!("--- {name}");
+        let ops = MIXED_VARIANT_OPS_PER_THREAD / 4;
+        let (out, deleted) = reclaim_run(190 + i as u64, g, o, ops, Mutations::default());
+        assert_clean_run(name, &out, 4 * ops);
+        assert!(deleted > 0, "{name}: the reclaimer deleted nothing: {out}");
+    }
+}
+
+/// The checker sees a reclaimer that deletes whatever a key holds by the time of its DELETE
+/// (the mutation): values written after the item it read expired vanish.
+#[test]
+fn mutation_reclaim_unconditionally_is_caught() {
+    let m = Mutations {
+        reclaim_unconditionally: true,
+        ..Mutations::default()
+    };
+    let ops = MIXED_VARIANT_OPS_PER_THREAD / 2;
+    let (out, _) = reclaim_run(200, geometry(), Optimizations::default(), ops, m);
+    assert_violation(&out, "reclaim_unconditionally");
+}

@@ -692,9 +692,24 @@ impl Conn<'_> {
 
     /// Read `key` into `scratch`: its expiry (0 = never) if present and not expired.
     fn read(&mut self, key: &[u8]) -> Result<Option<u64>, Error> {
+        self.read_reaching(key, usize::MAX)
+    }
+
+    /// [`Self::read`] of at least the value's first `head` bytes: `scratch` may hold less
+    /// than the value (a large item's chunks past them are not read, as
+    /// `KvClient::get_versioned_head` says), all of it with `usize::MAX`.
+    fn read_reaching(&mut self, key: &[u8], head: usize) -> Result<Option<u64>, Error> {
         self.check_key(key)?;
         let mut v = std::mem::take(&mut self.scratch);
-        let found = self.with(|c| c.get_into(key, &mut v));
+        let found = self.with(|c| match head {
+            usize::MAX => c.get_into(key, &mut v),
+            head => match c.get_versioned_head(key, &mut v, head) {
+                Ok(version) => Ok(version.is_some()),
+                // Modes without versioned reads read the whole value.
+                Err(Error::Unsupported(_)) => c.get_into(key, &mut v),
+                Err(e) => Err(e),
+            },
+        });
         let r = match found {
             Ok(true) => Ok(item::decode_at(&v, unix_now_ms).map(|i| i.expires)),
             Ok(false) => Ok(None),
@@ -804,7 +819,7 @@ impl Conn<'_> {
             if self.cannot_exist(k) {
                 continue;
             }
-            match self.read(k) {
+            match self.read_reaching(k, item::HEADER_LEN) {
                 Ok(found) => n += found.is_some() as i64,
                 Err(e) => return self.store_error(&e),
             }
@@ -826,7 +841,8 @@ impl Conn<'_> {
 
     fn ttl(&mut self, key: &[u8], ms: bool) {
         let now = unix_now_ms();
-        let n = match self.read(key) {
+        // The expiry is in the item's header: a large item's chunks are not read.
+        let n = match self.read_reaching(key, item::HEADER_LEN) {
             Ok(None) => -2,
             Ok(Some(0)) => -1,
             Ok(Some(at)) if ms => at.saturating_sub(now) as i64,

@@ -76,9 +76,19 @@ impl<E: Endpoint> CdClient<E> {
         })?;
         r.expired = expired.len() as u64;
         self.see_expired = true;
+        // Its DELETEs never evict (as an eviction's own DELETE does not): giving back an
+        // expired item's memory must not take a live one's. Without room for a DELETE's
+        // marker the window fails, and the next sweep tries again.
+        let evicting = std::mem::replace(&mut self.evicting, true);
         let mut result = Ok(());
         for (key, version, fetched) in expired {
-            match self.delete_if(&key, crate::Cond::Version(version)) {
+            // On the version read expired: a key rewritten since is not this item any more.
+            let cond = if mutated!(self.cfg, reclaim_unconditionally) {
+                crate::Cond::Present
+            } else {
+                crate::Cond::Version(version)
+            };
+            match self.delete_if(&key, cond) {
                 Ok(crate::CondOutcome::Stored) => {
                     r.deleted += 1;
                     r.unfetched += u64::from(!fetched);
@@ -91,6 +101,7 @@ impl<E: Endpoint> CdClient<E> {
             }
         }
         self.see_expired = false;
+        self.evicting = evicting;
         result.map(|()| r)
     }
 
@@ -266,12 +277,27 @@ mod tests {
     }
 
     /// A key rewritten between the reclaim's read of its expired entry and its DELETE keeps
-    /// its new value: the DELETE is conditional on the version read.
+    /// its new value: the DELETE is conditional on the version read. The mutation (a DELETE
+    /// of whatever is there) loses it.
     #[test]
     fn a_reclaim_spares_a_key_rewritten_since_it_read_it_expired() {
+        for mutate in [false, true] {
+            reclaim_races_a_rewrite(mutate);
+        }
+    }
+
+    fn reclaim_races_a_rewrite(mutate: bool) {
+        use crate::config::{Mutations, ProtocolConfig};
         use crate::hooks::HookPoint;
         use std::sync::{Arc, Mutex};
-        let c = InProcCluster::small();
+        let cfg = ProtocolConfig {
+            mutations: Mutations {
+                reclaim_unconditionally: mutate,
+                ..Mutations::default()
+            },
+            ..super::super::testkit::fast_cfg()
+        };
+        let c = InProcCluster::new(super::super::testkit::small_geometry(), cfg);
         let mut w = c.client(0);
         let soon = nessie_fabric::wall_clock_ns() + 10_000_000;
         w.put_parts_expiring(b"k", &[b"old"], soon).unwrap();
@@ -288,10 +314,13 @@ mod tests {
         let total = c.view.geometry.total_ites();
         let r = w.reclaim_expired_in(0..total).unwrap();
         w.set_hook(None);
-        assert_eq!((r.expired, r.deleted), (1, 0));
-        assert_eq!(
-            other.lock().unwrap().get(b"k").unwrap().as_deref(),
-            Some(&b"new"[..])
-        );
+        let now = other.lock().unwrap().get(b"k").unwrap();
+        if mutate {
+            assert_eq!((r.expired, r.deleted), (1, 1), "the mutation deletes");
+            assert_eq!(now, None, "the mutation loses the rewritten value");
+        } else {
+            assert_eq!((r.expired, r.deleted), (1, 0));
+            assert_eq!(now.as_deref(), Some(&b"new"[..]));
+        }
     }
 }
