@@ -109,9 +109,10 @@ struct UpArgs {
     value_max: u32,
     /// Longest item (memcached's -I; at most 512M, Redis's limit). Items longer than
     /// --value-max are stored as chunks behind a manifest. Mode cd (the others keep items to
-    /// --value-max). Written to [cache] item_max.
-    #[arg(long, default_value = "1M", value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>)]
-    item_max: u64,
+    /// --value-max). Written to [cache] item_max. A --value-max above it, with no
+    /// --item-max, is taken as the item limit [default: 1M].
+    #[arg(long, value_name = byte_size::VALUE_NAME, value_parser = byte_size::byte_size::<u64>)]
+    item_max: Option<u64>,
     /// How old, in ms, the chunks of a large item that no manifest names (a writer died, or a
     /// small write or plain delete replaced it) must be before the reclaimer deletes them;
     /// above the lease TTL. Default: 60000, or twice the lease TTL if that is longer. Written
@@ -338,6 +339,8 @@ struct DemoArgs {
 enum CliError {
     #[error("--duration {0} is not in (0, 3600] seconds")]
     DemoDuration(f64),
+    #[error("{0}")]
+    Usage(String),
     #[error("--inject-delay {0:?}: expected SEED,PROBABILITY,MAX_NS")]
     InjectDelay(String),
     #[error("cannot find the nessie binary: {0}")]
@@ -614,7 +617,39 @@ fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
     Ok(g)
 }
 
+/// `--value-max` above the item limit, with no `--item-max`, asks for items that long (as
+/// `redis-server` and memcached's `-I` mean a value limit): they are stored in chunks of one
+/// entry of the default size, as `--item-max` would. One entry that large is no unit of
+/// memory (a page holds at least 8 of the largest class, and sizes classes up to it).
+fn long_values_as_items(mut a: UpArgs) -> Result<UpArgs, CliError> {
+    let limit = a
+        .item_max
+        .unwrap_or(nessie_protocols::large::DEFAULT_ITEM_MAX);
+    if u64::from(a.value_max) <= limit {
+        return Ok(a);
+    }
+    if a.item_max.is_some() {
+        return Err(CliError::Usage(format!(
+            "--value-max {} is more than --item-max {limit}: --value-max is the largest value \
+             one entry holds, --item-max the longest item (stored in chunks of --value-max)",
+            a.value_max
+        )));
+    }
+    eprintln!(
+        "--value-max {} is taken as the longest item (--item-max {}): items are stored in \
+         chunks of one entry of {DEFAULT_VALUE_MAX} bytes",
+        a.value_max, a.value_max
+    );
+    a.item_max = Some(u64::from(a.value_max));
+    a.value_max = DEFAULT_VALUE_MAX;
+    Ok(a)
+}
+
+/// `--value-max`'s default: the largest value one entry holds.
+const DEFAULT_VALUE_MAX: u32 = 16384;
+
 fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
+    let a = long_values_as_items(a)?;
     let dir = a.dir.dir();
     let geometry = up_geometry(&a)?;
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
@@ -654,7 +689,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         optimizations: a.optimizations.optimizations(),
         eviction: a.eviction,
         eviction_samples: a.eviction_samples,
-        item_max: a.item_max,
+        item_max: a
+            .item_max
+            .unwrap_or(nessie_protocols::large::DEFAULT_ITEM_MAX),
         orphan_grace_ms: a.orphan_grace_ms.unwrap_or(
             nessie_protocols::large::ORPHAN_GRACE_MS.max(a.lease_ttl.saturating_mul(2000)),
         ),

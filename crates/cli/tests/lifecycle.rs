@@ -268,3 +268,69 @@ fn down_finds_a_node_by_its_socket_when_its_pid_file_is_gone() {
     assert!(fd.wait_exit(Duration::from_secs(1)), "node 0 still runs");
     assert!(!d.0.join("node-0.sock").exists(), "its socket is removed");
 }
+
+/// `up` with no size sizes each node from a 64 MiB budget (as memcached's `-m 64`) and says
+/// what the tables hold; with explicit sizes it says so too.
+#[test]
+fn up_says_what_its_memory_holds() {
+    let d = Dir::new("budget");
+    let o = nessie(&["up", "--nodes", "2", "--no-etcd"], &d.0);
+    assert_ok(&o);
+    let e = stderr(&o);
+    assert!(e.contains("memory per node 64.0 MiB"), "{e}");
+    assert!(e.contains("one node holds"), "{e}");
+    let toml = std::fs::read_to_string(d.config()).unwrap();
+    let ites: u64 = toml
+        .lines()
+        .find_map(|l| l.strip_prefix("ites_per_node = "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ites_per_node in {toml}"));
+    assert!(
+        8 * ites < 64 << 20,
+        "the index alone is {ites} entries: {toml}"
+    );
+    assert_ok(&nessie(&["down"], &d.0));
+    let o = up(&d.0, "2");
+    assert_ok(&o);
+    let e = stderr(&o);
+    assert!(e.contains("1024 index entries"), "{e}");
+}
+
+/// `--value-max` above the item limit is taken as the item limit (items in chunks of one
+/// default entry); against an explicit smaller `--item-max` it is refused, naming both.
+#[test]
+fn a_value_max_past_the_item_limit_is_the_item_limit() {
+    let d = Dir::new("value-max");
+    let o = nessie(
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--no-etcd",
+            "--value-max",
+            "512M",
+            "--item-max",
+            "1M",
+        ],
+        &d.0,
+    );
+    assert!(!o.status.success(), "accepted");
+    let e = stderr(&o);
+    assert!(
+        e.contains("--value-max") && e.contains("--item-max 1048576"),
+        "{e}"
+    );
+    let o = nessie(
+        &["up", "--nodes", "2", "--no-etcd", "--value-max", "2M"],
+        &d.0,
+    );
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("taken as the longest item"),
+        "{}",
+        stderr(&o)
+    );
+    let toml = std::fs::read_to_string(d.config()).unwrap();
+    assert!(toml.contains("item_max = 2097152"), "{toml}");
+    assert!(toml.contains("value_max = 16384"), "{toml}");
+}
