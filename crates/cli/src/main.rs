@@ -625,7 +625,9 @@ fn long_values_as_items(mut a: UpArgs) -> Result<UpArgs, CliError> {
     let limit = a
         .item_max
         .unwrap_or(nessie_protocols::large::DEFAULT_ITEM_MAX);
-    if u64::from(a.value_max) <= limit {
+    // Only the client-driven mode stores items in chunks: the baselines keep items to
+    // --value-max, which stays as given there.
+    if u64::from(a.value_max) <= limit || a.mode != "cd" {
         return Ok(a);
     }
     if a.item_max.is_some() {
@@ -637,7 +639,8 @@ fn long_values_as_items(mut a: UpArgs) -> Result<UpArgs, CliError> {
     }
     eprintln!(
         "--value-max {} is taken as the longest item (--item-max {}): items are stored in \
-         chunks of one entry of {DEFAULT_VALUE_MAX} bytes",
+         chunks of one entry of {DEFAULT_VALUE_MAX} bytes (and --dtes-per-node, if given, \
+         counts entries of that size)",
         a.value_max, a.value_max
     );
     a.item_max = Some(u64::from(a.value_max));
@@ -692,6 +695,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         item_max: a
             .item_max
             .unwrap_or(nessie_protocols::large::DEFAULT_ITEM_MAX),
+        expiry_reclaim: true,
         orphan_grace_ms: a.orphan_grace_ms.unwrap_or(
             nessie_protocols::large::ORPHAN_GRACE_MS.max(a.lease_ttl.saturating_mul(2000)),
         ),

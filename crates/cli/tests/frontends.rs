@@ -641,6 +641,14 @@ fn a_full_store_evicts_with_allkeys_random() {
         Some(evicted as f64),
         "{body}"
     );
+    assert!(
+        body.contains("nessie_eviction_policy{policy=\"allkeys-random\"} 1"),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "nessie_expired_reclaimed_total").is_some(),
+        "{body}"
+    );
     // Prometheus gives the figures memcached `stats` gives. No writes now, but the node's
     // reclaimer may still return released entries: `bytes` only falls.
     let before = stat(&mut mc, "bytes").unwrap();

@@ -277,6 +277,10 @@ pub struct CacheSection {
     /// reclaimer deletes them (default 60000; 1000 to a day). With membership it must exceed
     /// the lease TTL: a writer paused longer is fenced and publishes nothing.
     pub orphan_grace_ms: u64,
+    /// Whether each node reclaims expired items in the background (client-driven mode;
+    /// default true). `nessie bench` turns it off: its workload writes no expiring item, and
+    /// its figures count every fabric operation and CPU second of the nodes.
+    pub expiry_reclaim: bool,
 }
 
 impl Default for CacheSection {
@@ -286,6 +290,7 @@ impl Default for CacheSection {
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
             item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
             orphan_grace_ms: nessie_protocols::large::ORPHAN_GRACE_MS,
+            expiry_reclaim: true,
         }
     }
 }

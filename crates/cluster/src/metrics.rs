@@ -61,6 +61,11 @@ struct StateLabel {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: &'static str,
+}
+
 /// Encode one metric without labels, with its help text.
 fn single<M: EncodeMetric>(
     enc: &mut DescriptorEncoder,
@@ -143,12 +148,21 @@ impl NodeCollector {
         let help = "Items this node's writers evicted to make room ([cache] eviction)";
         let n = self.node.table().evictions();
         single(enc, "evictions", help, ConstCounter::new(n))?;
-        // Every front end of a node counts the node's reclaimer's deletions: one will do.
-        if let Some((_, c)) = self.frontends.first() {
-            let help = "Expired front-end items this node's reclaimer deleted";
-            let n = c.reclaimed.load(Ordering::Relaxed);
+        let policy = self.node.protocol_config().eviction;
+        let l = PolicyLabel {
+            policy: policy.name(),
+        };
+        let help = "The eviction policy, as a label (Redis maxmemory_policy)";
+        family(enc, "eviction_policy", help, &[(l, ConstGauge::new(1i64))])?;
+        // Every client-driven node runs a reclaimer of expired items (front end or not).
+        if let Some(t) = self.node.expiry_totals() {
+            let help = "Expired items this node's reclaimer deleted (Redis expired_keys)";
+            let n = t.deleted.load(Ordering::Relaxed);
             single(enc, "expired_reclaimed", help, ConstCounter::new(n))?;
-            if self.node.protocol_config().eviction.tracks_access() {
+        }
+        // Every front end of a node counts the reclaimer's unfetched deletions: one will do.
+        if let Some((_, c)) = self.frontends.first() {
+            if policy.tracks_access() {
                 let help = "Of them, never read since written (memcached expired_unfetched)";
                 let n = c.expired_unfetched.load(Ordering::Relaxed);
                 single(enc, "expired_unfetched", help, ConstCounter::new(n))?;

@@ -285,6 +285,12 @@ impl NodeContext {
 
     /// The epoch, fence and node states this node last read from etcd (`None` without
     /// membership).
+    /// What this node's reclaimer of expired items has done (client-driven mode, once it
+    /// runs).
+    pub fn expiry_totals(&self) -> Option<&Arc<nessie_serve::expire::Totals>> {
+        self.expiry.get()
+    }
+
     pub fn membership_snapshot(&self) -> Option<MembershipSnapshot> {
         let m = self.membership.as_ref()?;
         let v = m.view();
@@ -901,15 +907,16 @@ fn serve_admin(
     })
 }
 
-/// A node's front ends, and the reclaimer of the expired items they store.
+/// A node's front ends, and the reclaimer of expired items (client-driven mode).
 type Frontends = (
     Vec<nessie_serve::frontends::FrontEnd>,
     Option<nessie_serve::expire::ExpiryReclaimer>,
 );
 
 /// The front ends of node `id` that `[frontends]` asks for, sharing `workers` client workers
-/// of their own, and (client-driven mode) the reclaimer of expired items over the node's
-/// share of the index, on the same clients.
+/// of their own, and (client-driven mode, unless `[cache] expiry_reclaim` is off) the
+/// reclaimer of expired items over the node's share of the index: on the front ends'
+/// clients, or on [`RECLAIMER_WORKERS`] of its own when the node serves none.
 fn serve_frontends(
     ctx: &Arc<NodeContext>,
     id: u16,
@@ -924,8 +931,8 @@ fn serve_frontends(
     // Only the client-driven store scans its index (the baselines answer Unsupported); it
     // reclaims expired items whether or not the node serves a front end (items are written
     // with an expiry through the admin socket and the library too).
-    let cd = matches!(ctx.mode, Mode::Cd);
-    if !serving && !cd {
+    let reclaim = matches!(ctx.mode, Mode::Cd) && ctx.cfg.cache.expiry_reclaim;
+    if !serving && !reclaim {
         return Ok((Vec::new(), None));
     }
     let clients = if serving { workers } else { RECLAIMER_WORKERS };
@@ -935,7 +942,7 @@ fn serve_frontends(
         check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
         started = start_frontends(ctx, f, (mc, resp), &pool)?;
     }
-    let expire = match cd {
+    let expire = match reclaim {
         true => {
             let per_node = ctx.geometry().ites_per_node;
             let share = id as u64 * per_node..(id as u64 + 1) * per_node;

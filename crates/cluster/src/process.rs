@@ -166,6 +166,8 @@ pub struct UpOptions {
     pub item_max: u64,
     /// The grace of a large item's unnamed chunks (`[cache] orphan_grace_ms`).
     pub orphan_grace_ms: u64,
+    /// Whether the nodes reclaim expired items in the background (`[cache] expiry_reclaim`).
+    pub expiry_reclaim: bool,
 }
 
 /// Where a cluster's membership lives.
@@ -214,6 +216,7 @@ impl UpOptions {
             eviction_samples: nessie_protocols::config::DEFAULT_EVICTION_SAMPLES,
             item_max: nessie_protocols::large::DEFAULT_ITEM_MAX,
             orphan_grace_ms: nessie_protocols::large::ORPHAN_GRACE_MS,
+            expiry_reclaim: true,
         }
     }
 }
@@ -409,6 +412,7 @@ fn local_config(
     cfg.cache.eviction_samples = o.eviction_samples;
     cfg.cache.item_max = o.item_max;
     cfg.cache.orphan_grace_ms = o.orphan_grace_ms;
+    cfg.cache.expiry_reclaim = o.expiry_reclaim;
     cfg.protocol.clock_margin_ms = o
         .clock_margin_ms
         .unwrap_or(cfg.protocol.clock_margin_ms.min(cfg.protocol.expiry_ms / 2));

@@ -36,8 +36,9 @@ fn pad8(n: u64) -> u64 {
 pub enum ClassError {
     #[error(
         "{0} size classes exceed the limit of {MAX_CLASSES}: value_max is the largest value one \
-         entry holds, not the longest item; keep it small (16 KiB by default) and raise item_max \
-         (`--item-max`, up to 512 MiB) to store longer items in chunks"
+         entry holds, not the longest item; keep it small (16 KiB by default) and, in the \
+         client-driven mode, raise item_max (`nessie up --item-max`, [cache] item_max, up to \
+         512 MiB) to store longer items in chunks"
     )]
     TooMany(usize),
 }

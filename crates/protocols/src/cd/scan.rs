@@ -79,6 +79,9 @@ impl<E: Endpoint> CdClient<E> {
         // Its DELETEs never evict (as an eviction's own DELETE does not): giving back an
         // expired item's memory must not take a live one's. Without room for a DELETE's
         // marker the window fails, and the next sweep tries again.
+        // (What an earlier operation evicted is not this reclaim's: forgotten first, as
+        // every operation does, since its DELETEs below do not clear the lists.)
+        self.clear_evicted();
         let evicting = std::mem::replace(&mut self.evicting, true);
         let mut result = Ok(());
         for (key, version, fetched) in expired {
