@@ -584,8 +584,7 @@ fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
         };
         // An invalid geometry is refused later with its own error; say nothing of it here.
         if g.validate().is_ok() {
-            let bytes = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
-            print_budget(bytes, &g)?;
+            print_budget(g.node_table_bytes(), &g)?;
         }
         g
     } else {
@@ -606,7 +605,7 @@ fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
             0
         };
     if copies > 1 {
-        let bytes = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
+        let bytes = g.node_table_bytes();
         eprintln!(
             "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
             a.replicas,

@@ -942,22 +942,22 @@ fn serve_frontends(
         check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
         started = start_frontends(ctx, f, (mc, resp), &pool)?;
     }
-    let expire = match reclaim {
-        true => {
-            let per_node = ctx.geometry().ites_per_node;
-            let share = id as u64 * per_node..(id as u64 + 1) * per_node;
-            let counters = started.iter().map(FrontEnd::counters).collect();
-            let r = ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(
-                |err| NodeError::Spawn {
+    let expire = if reclaim {
+        let per_node = ctx.geometry().ites_per_node;
+        let share = id as u64 * per_node..(id as u64 + 1) * per_node;
+        let counters = started.iter().map(FrontEnd::counters).collect();
+        let r =
+            ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(|err| {
+                NodeError::Spawn {
                     what: "the reclaimer of expired items",
                     err,
-                },
-            )?;
-            // Set once, here: status reports what it has done.
-            let _ = ctx.expiry.set(r.totals().clone());
-            Some(r)
-        }
-        false => None,
+                }
+            })?;
+        // Set once, here: status reports what it has done.
+        let _ = ctx.expiry.set(r.totals().clone());
+        Some(r)
+    } else {
+        None
     };
     Ok((started, expire))
 }

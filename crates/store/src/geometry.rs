@@ -278,6 +278,11 @@ impl Geometry {
         self.data_pages_per_node() * 8
     }
 
+    /// Bytes of one node's tables together: index, data and page table.
+    pub fn node_table_bytes(&self) -> u64 {
+        self.index_table_bytes() + self.data_table_bytes() + self.page_table_bytes()
+    }
+
     /// Sizes of the regions that hold one node's tables, by region id: index, data and page
     /// table ([`crate::INDEX_REGION`], [`crate::DATA_REGION`], [`crate::PAGE_REGION`]).
     pub fn table_regions(&self) -> Vec<u64> {
@@ -392,7 +397,7 @@ mod tests {
     #[test]
     fn a_memory_budget_pays_for_index_and_data() {
         let g = Geometry::for_memory(2, 128 << 20, 32, 4096, 0.5).unwrap();
-        let spent = g.index_table_bytes() + g.data_table_bytes() + g.page_table_bytes();
+        let spent = g.node_table_bytes();
         assert!(spent <= 128 << 20 && spent > 127 << 20, "{spent} bytes");
         // Enough index entries for a data table full of mean-sized items at load factor 0.5.
         let classes = g.classes().unwrap();
