@@ -613,7 +613,7 @@ fn start(
         },
         lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
-        spare_copies: 0,
+        spare_copies: None,
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
         frontends: None,

@@ -178,9 +178,11 @@ struct UpArgs {
     replicas: u8,
     /// Spare slots per node, each as large as one node's tables, that the copies of a node
     /// failed for longer than --replace-after move to, so that R copies exist again without it
-    /// (needs --replicas 2 or 3, and a node without a copy of each moved partition).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
-    spare_copies: u8,
+    /// (needs --replicas 2 or 3, and a node without a copy of each moved partition). A slot
+    /// takes memory only once a copy moves into it [default: 1 with --replicas 2 or 3 and more
+    /// nodes than copies, else 0]
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
+    spare_copies: Option<u8>,
     /// Milliseconds a freed extent (pilaf) waits before reuse [default: the expiry period]; 0
     /// reuses at once, as the paper does.
     #[arg(long)]
@@ -598,19 +600,25 @@ fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
         print_budget(a.memory_per_node, &g)?;
         g
     };
-    let copies = a.replicas as u64
-        + if a.replicas > 1 {
-            a.spare_copies as u64
-        } else {
-            0
-        };
-    if copies > 1 {
-        let bytes = g.node_table_bytes();
+    let bytes = g.node_table_bytes();
+    let mib = |sets: u64| (sets * bytes) as f64 / (1 << 20) as f64;
+    if a.replicas > 1 {
         eprintln!(
-            "  with {} copies and {} spare slots, each node holds {copies} such sets of tables: {:.1} MiB",
+            "  with {} copies, each node holds {} such sets of tables: {:.1} MiB",
             a.replicas,
-            a.spare_copies,
-            (copies * bytes) as f64 / (1 << 20) as f64
+            a.replicas,
+            mib(a.replicas as u64)
+        );
+    }
+    let spare = a.spare_copies.unwrap_or_else(|| {
+        nessie_cluster::config::default_spare_copies(a.replicas, a.nodes as u32)
+    });
+    if a.replicas > 1 && spare > 0 {
+        eprintln!(
+            "  and {spare} spare {} for the copies of a node gone for good: {:.1} MiB more, \
+             taken only as a copy moves in (the tables take memory as they fill)",
+            if spare == 1 { "slot" } else { "slots" },
+            mib(spare as u64)
         );
     }
     Ok(g)
@@ -769,7 +777,7 @@ fn print_up(
             },
             m.lease_ttl_s
         );
-        let spare = cfg.cluster.spare_copies;
+        let spare = cfg.spare_copies();
         if spare > 0 {
             println!(
                 "re-replication: {spare} spare {} per node; a node failed for {} s has its copies moved to the others",

@@ -104,9 +104,11 @@ pub struct ClusterSection {
     pub replicas: u8,
     /// Mirror slots every node keeps free, each the size of one node's tables, for the copies
     /// of a node gone for good (re-replication, after `membership.replace_after_s`). 0: a
-    /// failed node's copies come back only when it restarts.
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub spare_copies: u8,
+    /// failed node's copies come back only when it restarts. Unset: 1 with replication and
+    /// a node beyond the copies, else 0 ([`ClusterConfig::spare_copies`]). A slot costs
+    /// address space, not memory, until a copy moves into it (`nessie_fabric_ucx::alloc_prio`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spare_copies: Option<u8>,
     /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry
     /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,12 +160,14 @@ fn is_zero_u64(v: &u64) -> bool {
     *v == 0
 }
 
-fn default_replicas() -> u8 {
-    1
+/// The spare slots a configuration without `cluster.spare_copies` gets: one when a failed
+/// node's copies have somewhere to go.
+pub fn default_spare_copies(replicas: u8, nodes: u32) -> u8 {
+    (replicas >= 2 && nodes > replicas as u32) as u8
 }
 
-fn is_zero_u8(v: &u8) -> bool {
-    *v == 0
+fn default_replicas() -> u8 {
+    1
 }
 
 fn default_server_poll() -> String {
@@ -647,6 +651,15 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// Spare mirror slots per node (`cluster.spare_copies`), by default one whenever a copy
+    /// of a node gone for good has somewhere to go: with replication and more nodes than
+    /// copies. So R copies come back after a failure without a flag.
+    pub fn spare_copies(&self) -> u8 {
+        self.cluster
+            .spare_copies
+            .unwrap_or_else(|| default_spare_copies(self.cluster.replicas, self.geometry.nodes))
+    }
+
     /// Where the copies of each node's tables are (`cluster.replicas`).
     pub fn replica_set(&self) -> Result<nessie_protocols::ReplicaSet, InvalidConfig> {
         let g = &self.geometry;
@@ -658,7 +671,7 @@ impl ClusterConfig {
                 .map_err(|e| InvalidConfig::Replicas(e.to_string()))?,
         };
         let set = set
-            .with_spare_copies(self.cluster.spare_copies)
+            .with_spare_copies(self.spare_copies())
             .map_err(|e| InvalidConfig::SpareCopies(e.to_string()))?;
         // A node's view of membership is fresh for a lease TTL (`nessie_membership::Monitor`): a copy
         // takes over deciding only once every node has learnt of the failure or stopped writing.
@@ -942,7 +955,7 @@ impl ClusterConfig {
                 &self.cluster.mode,
                 self.cluster.max_clients_per_node,
                 self.cluster.replicas,
-                self.cluster.spare_copies,
+                self.spare_copies(),
             ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
@@ -980,7 +993,7 @@ impl ClusterConfig {
                 server_poll: default_server_poll(),
                 huge_pages: Default::default(),
                 replicas: default_replicas(),
-                spare_copies: 0,
+                spare_copies: None,
                 pilaf_reuse_delay_ms: None,
                 progress_spin_us: 0,
                 direct_loopback: true,
@@ -1233,7 +1246,7 @@ mod tests {
         c.node[0].workers = 7; // per-node setting: not shared
         assert_eq!(a.fingerprint(), c.fingerprint());
         let mut d = a.clone();
-        d.cluster.spare_copies = 1; // every node registers the spare slots
+        d.cluster.spare_copies = Some(1); // every node registers the spare slots
         assert_ne!(a.fingerprint(), d.fingerprint());
         // Fabric tuning is each node's own.
         let mut e = a.clone();
@@ -1265,17 +1278,35 @@ mod tests {
     #[test]
     fn spare_copies_need_replication_and_have_a_limit() {
         let mut c = cfg();
-        c.cluster.spare_copies = 1;
+        assert_eq!(c.spare_copies(), 0, "nothing to move without replication");
+        c.cluster.spare_copies = Some(1);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("needs replication"), "{e}");
         c.cluster.replicas = 2;
         c.membership = Some(membership("http://127.0.0.1:2379/", 3));
         c.validate().unwrap();
         assert_eq!(c.replica_set().unwrap().spare_slots(), 2..3);
-        c.cluster.spare_copies = 9;
+        c.cluster.spare_copies = Some(9);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("spare_copies = 9 exceeds"), "{e}");
         let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
-        assert_eq!(back.cluster.spare_copies, 9, "[cluster] round-trips");
+        assert_eq!(back.cluster.spare_copies, Some(9), "[cluster] round-trips");
+        // Unset: one slot with replication, where a moved copy has a node to go to.
+        c.cluster.spare_copies = None;
+        assert_eq!(c.spare_copies(), 1);
+        assert_eq!(c.replica_set().unwrap().spare_slots(), 2..3);
+        assert!(
+            !c.to_toml().contains("spare_copies"),
+            "the default is not written"
+        );
+        c.geometry.nodes = 2;
+        assert_eq!(
+            c.spare_copies(),
+            0,
+            "two nodes, two copies: nowhere to move one"
+        );
+        c.cluster.spare_copies = Some(0);
+        c.geometry.nodes = 4;
+        assert_eq!(c.spare_copies(), 0, "an explicit 0 holds");
     }
 }

@@ -138,8 +138,9 @@ pub struct UpOptions {
     pub lease_ttl_s: u64,
     /// Copies of every node's index, data and page tables (1 to 3; more than 1 needs membership).
     pub replicas: u8,
-    /// Spare mirror slots per node for the copies of a node gone for good (`cluster.spare_copies`).
-    pub spare_copies: u8,
+    /// Spare mirror slots per node for the copies of a node gone for good (`cluster.spare_copies`;
+    /// `None`: the default, [`crate::config::default_spare_copies`]).
+    pub spare_copies: Option<u8>,
     /// pilaf: extent reuse delay in milliseconds (`cluster.pilaf_reuse_delay_ms`).
     pub pilaf_reuse_delay_ms: Option<u64>,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
@@ -202,7 +203,7 @@ impl UpOptions {
             etcd: EtcdChoice::Local,
             lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
             replicas: 1,
-            spare_copies: 0,
+            spare_copies: None,
             pilaf_reuse_delay_ms: None,
             replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
             frontends: None,

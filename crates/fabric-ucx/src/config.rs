@@ -250,10 +250,12 @@ impl UcxConfig {
             set("MM_HUGETLB_MODE", self.huge_pages.ucx_mode().into());
         }
         // Without a shared-memory MD (tcp), UCX allocates by the first method of ALLOC_PRIO
-        // that works: `huge` (hugetlb mmap), `thp` (madvise), then plain mmap.
-        if self.huge_pages == HugePages::Off {
-            set("ALLOC_PRIO", "md:sysv,md:posix,md:*,mmap,heap".into());
-        }
+        // that works: `huge` (hugetlb mmap), `thp` (madvise), then plain mmap. Every method
+        // left in the list maps fresh pages from the kernel, which are zero and cost nothing
+        // until touched, so a region is not zeroed by hand and a table (a spare mirror slot
+        // above all) takes memory only as it fills. UCX's default list ends with `md:*` (a
+        // NIC's device memory) and `heap` (malloc), which promise neither: both are left out.
+        set("ALLOC_PRIO", alloc_prio(self.huge_pages).into());
         // `Require` is enforced after allocation by checking what backs each region
         // (`UcxNode::with_regions`), whatever the transport.
         if tcp {
@@ -268,6 +270,15 @@ impl UcxConfig {
             o.push((k.trim_start_matches("UCX_").to_string(), v.clone()));
         }
         o
+    }
+}
+
+/// UCX's allocation methods for the regions, in order: only those that map zeroed pages from
+/// the kernel (`map_region` relies on it), hugetlb and transparent huge pages unless `off`.
+pub fn alloc_prio(huge_pages: HugePages) -> &'static str {
+    match huge_pages {
+        HugePages::Off => "md:sysv,md:posix,mmap",
+        _ => "md:sysv,md:posix,huge,thp,mmap",
     }
 }
 
@@ -305,6 +316,15 @@ mod tests {
         assert!(opt(&tcp_off, "MM_HUGETLB_MODE").is_none());
         let prio = opt(&tcp_off, "ALLOC_PRIO").unwrap();
         assert!(!prio.contains("huge") && !prio.contains("thp"), "{prio}");
+        // No method that may hand out memory already written (malloc, a NIC's device memory).
+        for p in [HugePages::Off, HugePages::Try, HugePages::Require] {
+            let c = UcxConfig {
+                huge_pages: p,
+                ..UcxConfig::new(Transport::Tcp)
+            };
+            let prio = opt(&c, "ALLOC_PRIO").unwrap();
+            assert!(!prio.contains("heap") && !prio.contains("md:*"), "{prio}");
+        }
         assert!("sometimes"
             .parse::<HugePages>()
             .unwrap_err()

@@ -299,9 +299,21 @@ unsafe fn map_region(
     }
     let len = (map.len() as u64 / ALIGN) * ALIGN;
     if given.is_none() {
-        // UCX does not promise zeroed memory for every allocation method (heap).
-        // SAFETY: freshly mapped, nobody else knows of it yet.
-        unsafe { std::ptr::write_bytes(map.base(), 0, len as usize) };
+        // Not zeroed by hand: every method of `ALLOC_PRIO` (`config::alloc_prio`) maps fresh
+        // kernel pages, zero until written and resident only once touched, so a node's
+        // tables, spare mirror slots above all, take memory as they fill. Spot-check it (two
+        // pages touched), as memory that came from anywhere else would be a format error.
+        // SAFETY: freshly mapped, `len` bytes, word aligned; nobody else knows of it yet.
+        let (first, last) = unsafe {
+            let words = map.base() as *const u64;
+            (*words, *words.add(len as usize / ALIGN as usize - 1))
+        };
+        if first != 0 || last != 0 {
+            return Err(FabricError::Transport(format!(
+                "a region of {len} bytes allocated by UCX is not zeroed (first word {first:#x}, \
+                 last {last:#x}): UCX_ALLOC_PRIO must list only methods that map fresh pages"
+            )));
+        }
     }
     let info = RegionInfo {
         base: map.base() as u64,
