@@ -377,6 +377,17 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
 /// filled (no longer receiving: a copy can hold every entry a moment before its filler says
 /// so, which is when CI once looked); every key then reads through the survivors.
 fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<String>>) {
+    let pages = |n: &serde_json::Value| {
+        n["data_table"]["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["pages"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let held = pages(&status(c)[1]);
+    assert!(held > 0, "node 1 holds pages of the values written through it");
+    eprintln!("node 1 holds {held} pages before the kill");
     kill(c, 1);
     let killed = Instant::now();
     let s = wait_until(c, Duration::from_secs(90), |s| {
@@ -407,6 +418,20 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
         text.contains("moved copies: ") && text.contains("node 1's tables copy 0 on node"),
         "{text}"
     );
+    assert_reads(c, &[0, 2, 3], model);
+    // The pages node 1 had claimed go to the survivors, each once (`ClassTable::adopt_gone`).
+    let s = wait_until(c, Duration::from_secs(30), |s| {
+        [0, 2, 3]
+            .iter()
+            .map(|&n| s[n]["data_table"]["adopted_pages"].as_u64().unwrap())
+            .sum::<u64>()
+            >= held
+    });
+    let adopted: Vec<_> = [0, 2, 3]
+        .iter()
+        .map(|&n| s[n]["data_table"]["adopted_pages"].as_u64().unwrap())
+        .collect();
+    assert_eq!(adopted.iter().sum::<u64>(), held, "{adopted:?}");
     assert_reads(c, &[0, 2, 3], model);
 }
 

@@ -131,6 +131,8 @@ pub struct NodeContext {
     pilaf: Option<Arc<PilafStore>>,
     /// What the reclaimer of expired items has done (client-driven mode, once it runs).
     expiry: std::sync::OnceLock<Arc<nessie_serve::expire::Totals>>,
+    /// Pages this node adopted from nodes failed for good (`crate::rejoin`).
+    pub adopted_pages: AtomicU64,
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -257,6 +259,7 @@ impl NodeContext {
             "scans": counters.scans,
             "room_scans": counters.room_scans,
             "evictions": self.table.evictions(),
+            "adopted_pages": self.adopted_pages.load(Ordering::Relaxed),
             "expiry_reclaimer": self.expiry.get().map(|t| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 serde_json::json!({
@@ -767,6 +770,7 @@ fn join_cluster(
     let ctx = NodeContext {
         pilaf,
         expiry: std::sync::OnceLock::new(),
+        adopted_pages: AtomicU64::new(0),
         id,
         cfg,
         mode,

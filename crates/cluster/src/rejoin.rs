@@ -3,7 +3,9 @@
 //! (`Replicated::catch_up`), adopts the pages its earlier incarnation claimed
 //! (`ClassTable::adopt`), and then says it is ready, so that membership makes it `up`; and,
 //! while it is `up`, fills the copies moved to it from a node gone for good (re-replication)
-//! and says so, so that membership makes them full.
+//! and says so, so that membership makes them full; and adopts its share of the pages claimed
+//! by nodes failed for good (`membership.replace_after_s`), whose allocators died with them
+//! (`ClassTable::adopt_gone`).
 //!
 //! It starts catching up only once the node has known itself `joining` for the join settle
 //! time (`ReplicaSet::join_settle_ns`: a lease TTL and an operation): by then every node writes
@@ -27,6 +29,9 @@ pub const CATCH_UP_BYTES_PER_S: u64 = 512 << 20;
 const POLL: Duration = Duration::from_millis(100);
 /// Pause before a failed catch-up is tried again.
 const RETRY: Duration = Duration::from_secs(1);
+/// How often an up node looks for pages of nodes failed for good: a read of every page table
+/// (8 bytes a page), under the allocator's lock.
+const ADOPT_EVERY: Duration = Duration::from_secs(2);
 
 /// Start the rejoiner of `ctx` until `stop` is set (nothing to do without replication or
 /// membership: `None`).
@@ -62,6 +67,8 @@ struct Progress {
     filled: bool,
     /// It said that its copies moved away while it was failed (once per process).
     told_moved: bool,
+    /// When it last looked for pages of nodes failed for good.
+    adopt_looked: Option<Instant>,
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
@@ -87,6 +94,7 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
                 p.joining_since = None;
                 p.ready = false;
                 fill_step(ctx, m, settle, &mut p);
+                adopt_step(ctx, m, &mut p);
             }
             Some(NodeState::Failed) | None => {
                 p = Progress {
@@ -163,6 +171,60 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
             tracing::warn!(node = ctx.id, %e, "filling moved copies failed; trying again");
             std::thread::sleep(RETRY);
         }
+    }
+}
+
+/// While up, every [`ADOPT_EVERY`]: take this node's share of the pages claimed by nodes
+/// failed for at least `replace_after_s` (clock margin included: the time is another
+/// monitor's). The up nodes share the pages by rank; a page left over when ranks change is
+/// taken at a later look.
+fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
+    if p.adopt_looked.is_some_and(|t| t.elapsed() < ADOPT_EVERY) {
+        return;
+    }
+    p.adopt_looked = Some(Instant::now());
+    let (Some(c), Some(mc)) = (m.view().config, ctx.cfg.membership.as_ref()) else {
+        return;
+    };
+    let after_ns = mc
+        .replace_after_s
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ctx.cfg.protocol_config().clock_margin_ns);
+    let now = nessie_fabric::wall_clock_ns();
+    let gone: Vec<u16> = c
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Failed && now >= n.since_ns.saturating_add(after_ns))
+        .map(|n| n.id)
+        .collect();
+    let mut up: Vec<u16> = c
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .map(|n| n.id)
+        .collect();
+    up.sort_unstable();
+    let Some(rank) = up.iter().position(|&n| n == ctx.id) else {
+        return;
+    };
+    if gone.is_empty() {
+        return;
+    }
+    let adopted = ctx.endpoint().map_err(|e| e.to_string()).and_then(|mut ep| {
+        ctx.table()
+            .adopt_gone(&mut ep, &gone, rank as u64, up.len() as u64)
+            .map_err(|e| e.to_string())
+    });
+    match adopted {
+        Ok(a) if a.pages > 0 => {
+            ctx.adopted_pages.fetch_add(a.pages, Ordering::Relaxed);
+            eprintln!(
+                "nessie node {}: adopted {} pages claimed by node(s) {gone:?}, failed for good ({} entries in use, {} free)",
+                ctx.id, a.pages, a.in_use, a.free
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(node = ctx.id, %e, "adopting the pages of nodes failed for good failed; trying again"),
     }
 }
 

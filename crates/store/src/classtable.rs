@@ -198,12 +198,14 @@ struct State {
     last_room_scan_ns: u64,
 }
 
-/// What [`ClassTable::adopt`] took over.
+/// What [`ClassTable::adopt`] or [`ClassTable::adopt_gone`] took over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Adopted {
     pub pages: u64,
     pub in_use: u64,
     pub free: u64,
+    /// Pages this allocator held that another node took while this one was failed.
+    pub lost: u64,
 }
 
 /// Released entries found by a scan that have not expired yet.
@@ -1019,7 +1021,17 @@ impl ClassTable {
                     break;
                 }
             };
-            assert!(ours, "page {} of node {} was taken from us", key.1, key.0);
+            if !ours {
+                // Survivors adopt the pages of a node failed for good (`adopt_gone`): this
+                // process was that node, paused or cut off past its replacement. Its writers
+                // were fenced meanwhile, so the page is theirs now; forget it as if released.
+                tracing::warn!(
+                    node = self.node,
+                    host = key.0,
+                    page = key.1,
+                    "a page this node held was adopted by another while it was failed"
+                );
+            }
             let ps = s.pages.remove(&key).expect("held");
             s.held.remove(&key);
             let pool = s.classes[ps.class as usize].pool(ps.reserve);
@@ -1043,32 +1055,98 @@ impl ClassTable {
     /// Take over the pages an earlier incarnation of this node claimed. A restarted node's
     /// allocator starts empty, but the page words (in every node's page table, read here
     /// through `ep`) still name this node as their claimer: without this, those pages and
-    /// their entries would never be reused. Each page is adopted whole: an entry whose header
-    /// and recycle word are both zero (never written, or reclaimed: the scan clears both) is
-    /// free; any other is in use (live, awaiting expiry, which a scan then reclaims, or left
-    /// by a write the dead incarnation never published, which stays lost). Call it before this
-    /// node allocates anything.
+    /// their entries would never be reused. Call it before this node allocates anything.
+    /// See [`ClassTable::take_over`] for what a page holds.
+    ///
+    /// The words are taken as they are, not by CAS: a joining node changes no replicated
+    /// memory (its copies are receiving, `NodeRole::Receiving`). No survivor takes one of them
+    /// meanwhile: survivors adopt only from a node the configuration says is `failed`
+    /// ([`ClassTable::adopt_gone`]), by a CAS made while their view is fresh (a lease TTL),
+    /// and this runs a join settle time (more than a TTL) after the node became `joining`;
+    /// so every such CAS landed before these words are read, and its page is skipped.
     pub fn adopt<E: Endpoint>(&self, ep: &mut E) -> Result<Adopted, FabricError> {
-        let mut s = self.lock_state(ep);
-        let mut done = Adopted::default();
+        let me = self.node;
         let hosts = if self.remote {
             (0..self.nodes as NodeId).collect()
         } else {
             vec![self.node]
         };
+        self.take_over(ep, &hosts, false, |_, _, w| w.claimer() == me)
+    }
+
+    /// Take over this node's share of the pages claimed by `gone`, nodes failed for good
+    /// (`membership.replace_after_s`): their allocators died with them, so without this their
+    /// pages and the entries in them would stay claimed until they came back, perhaps never.
+    /// The survivors share the work: the one of rank `rank` of `of` takes the pages whose
+    /// number across the cluster is `rank` modulo `of`; a page another survivor (or a
+    /// returning incarnation of the node) took first is left to it. Pages of every node's
+    /// table are looked at, wherever `gone` claimed them.
+    ///
+    /// Each page is taken by a CAS from its word to one naming this node a generation on, so
+    /// two heirs never both hold it, and copies carry the change as any claim. Safe because a
+    /// node failed that long starts no write: its lease lapsed (it is fenced) and, if its
+    /// process lives on (paused, cut off), it must join again before it writes; joining
+    /// adopts what still names it ([`ClassTable::adopt`]) and forgets what its allocator held
+    /// and finds taken.
+    pub fn adopt_gone<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        gone: &[NodeId],
+        rank: u64,
+        of: u64,
+    ) -> Result<Adopted, FabricError> {
+        assert!(rank < of, "survivor {rank} of {of}");
+        assert!(!gone.contains(&self.node), "a node adopting its own pages as gone");
+        let hosts: Vec<NodeId> = (0..self.nodes as NodeId).collect();
+        let per_node = self.pages_per_node;
+        self.take_over(ep, &hosts, true, |host, page, w| {
+            gone.contains(&w.claimer()) && (host as u64 * per_node + page) % of == rank
+        })
+    }
+
+    /// Take every claimed page of `hosts`' tables whose word `wants`: with `by_cas`, by a CAS
+    /// from its word to one naming this node a generation on (a page another heir took first
+    /// is left to it); else with its word as read. Each page is adopted whole: an entry whose header and
+    /// recycle word are both zero (never written, or reclaimed: the scan clears both) is free;
+    /// any other is in use (live, awaiting expiry, which a scan then reclaims, or left by a
+    /// write its dead writer never published, which stays lost). Pages this allocator holds
+    /// whose word changed meanwhile were taken from it while its node was failed: forgotten.
+    fn take_over<E: Endpoint>(
+        &self,
+        ep: &mut E,
+        hosts: &[NodeId],
+        by_cas: bool,
+        wants: impl Fn(NodeId, u64, PageWord) -> bool,
+    ) -> Result<Adopted, FabricError> {
+        let mut s = self.lock_state(ep);
+        let mut done = Adopted::default();
         let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-        for host in hosts {
+        for &host in hosts {
             let mut words = vec![0u8; (self.pages_per_node * 8) as usize];
             ep.read(RemoteAddr::new(host, PAGE_REGION, 0), &mut words)?;
             for page in 0..self.pages_per_node {
                 let w = PageWord(word(&words, page as usize * 8));
-                if !w.is_claimed()
-                    || w.claimer() != self.node
-                    || s.pages.contains_key(&(host, page))
-                {
+                if let Some(held) = s.pages.get(&(host, page)) {
+                    if held.claim.word != w {
+                        self.forget(&mut s, (host, page));
+                        done.lost += 1;
+                    }
+                    continue;
+                }
+                if !w.is_claimed() || !wants(host, page, w) {
                     continue;
                 }
                 let class = w.class();
+                let mine = if by_cas {
+                    let mine = PageWord::claimed_after(w, self.node, class);
+                    let at = RemoteAddr::new(host, PAGE_REGION, page * 8);
+                    if ep.compare_and_swap(at, w.0, mine.0)? != w.0 {
+                        continue; // another heir took it first
+                    }
+                    mine
+                } else {
+                    w
+                };
                 let (per_page, size) =
                     (self.classes.per_page(class), self.classes.entry_size(class));
                 let mut bytes = vec![0u8; (per_page * size) as usize];
@@ -1092,7 +1170,7 @@ impl ClassTable {
                 let claim = Claim {
                     host,
                     page,
-                    word: w,
+                    word: mine,
                 };
                 s.held.insert((host, page));
                 s.pages.insert(
@@ -1111,6 +1189,27 @@ impl ClassTable {
             }
         }
         Ok(done)
+    }
+
+    /// Drop a held page from the allocator's state without touching its word (another node
+    /// holds it now): its free entries leave the free lists and its pending ones the queue.
+    fn forget(&self, s: &mut State, key: (NodeId, u64)) {
+        let Some(ps) = s.pages.remove(&key) else {
+            return;
+        };
+        s.held.remove(&key);
+        let per_page = self.classes.per_page(ps.class);
+        let cs = &mut s.classes[ps.class as usize];
+        cs.pending
+            .retain(|(_, f)| (f.host, f.slot / per_page) != key);
+        let pool = cs.pool(ps.reserve);
+        if pool.open == Some(key) {
+            pool.open = None;
+        }
+        pool.free.retain(|f| (f.host, f.slot / per_page) != key);
+        if s.scan_cursor == Some(key) {
+            s.scan_cursor = None;
+        }
     }
 
     /// Fill of every class.
@@ -1877,6 +1976,96 @@ mod tests {
             .collect();
         assert!(hosts.contains(&0) && hosts.contains(&2), "{hosts:?}");
         assert!(!hosts.contains(&1), "{hosts:?}");
+    }
+
+    /// The pages of a node gone for good go to the survivors, shared by rank, each exactly
+    /// once, with what their entries hold; the gone node's allocator, if its process lives
+    /// on (paused past its replacement), forgets them instead of handing their entries out
+    /// again, and a restarted incarnation finds none to adopt.
+    #[test]
+    fn survivors_adopt_a_gone_nodes_pages_once_and_it_forgets_them() {
+        let (f, t) = setup(3);
+        let mut ep1 = f.endpoint(1);
+        let big = (t[1].classes().len() - 1) as u8;
+        let per = t[1].classes().per_page(big);
+        // Node 1 fills its own pages and one of another node's; every other entry is live.
+        let n = (PAGES - RESERVE_PAGES + 1) * per;
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap())
+            .collect();
+        assert!(slots.iter().any(|s| s.host != 1), "{slots:?}");
+        let live = slots.iter().step_by(2).count() as u64;
+        for s in slots.iter().step_by(2) {
+            ep1.write(t[1].addr(*s).add(HEADER_OFF), &7u64.to_le_bytes())
+                .unwrap();
+        }
+        let held = t[1].usage()[big as usize].pages;
+        let claimed_by = |ep: &mut nessie_fabric::inproc::InProcEndpoint, who: NodeId| {
+            (0..3)
+                .flat_map(|h| pages::read_table(ep, h, PAGES).unwrap())
+                .filter(|w| w.is_claimed() && w.claimer() == who)
+                .count() as u64
+        };
+        let mut ep0 = f.endpoint(0);
+        assert_eq!(claimed_by(&mut ep0, 1), held);
+        // Nodes 0 and 2 share them by rank; a second look takes nothing more.
+        let mut ep2 = f.endpoint(2);
+        let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 2).unwrap();
+        let a2 = t[2].adopt_gone(&mut ep2, &[1], 1, 2).unwrap();
+        assert_eq!(a0.pages + a2.pages, held, "{a0:?} {a2:?}");
+        assert!(a0.pages > 0 && a2.pages > 0, "shared: {a0:?} {a2:?}");
+        assert_eq!(a0.in_use + a2.in_use, live);
+        assert_eq!(a0.free + a2.free, n - live);
+        assert_eq!(claimed_by(&mut ep0, 1), 0);
+        assert_eq!(
+            claimed_by(&mut ep0, 0) + claimed_by(&mut ep0, 2),
+            held,
+            "each page held once"
+        );
+        // Another heir, or the same one looking again, finds none left.
+        assert_eq!(t[0].adopt_gone(&mut ep0, &[1], 0, 1).unwrap().pages, 0);
+        // The adopted free entries serve node 0's writers, on pages it holds.
+        let fresh = t[0].alloc_for(&mut ep0, big, Purpose::Value).unwrap();
+        let w = pages::read_table(&mut ep0, fresh.host, PAGES).unwrap()[(fresh.slot / per) as usize];
+        assert_eq!(w.claimer(), 0, "{fresh:?}");
+        // Node 1's process lives on: joining again, it forgets the pages taken from it, and
+        // its allocator hands out only entries of pages it holds.
+        let back = t[1].adopt(&mut ep1).unwrap();
+        assert_eq!((back.pages, back.lost), (0, held), "{back:?}");
+        assert_eq!(t[1].usage()[big as usize].pages, 0);
+        for _ in 0..per {
+            let s = t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap();
+            let page = s.slot / per;
+            let w = pages::read_table(&mut ep1, s.host, PAGES).unwrap()[page as usize];
+            assert_eq!(w.claimer(), 1, "{s:?} is on a page of node {}", w.claimer());
+        }
+        // A restarted incarnation of node 1 has nothing of the old one's to adopt.
+        let restarted = ClassTable::new(1, 3, t[1].classes.clone(), PAGES, 0);
+        let r = restarted.adopt(&mut ep1).unwrap();
+        assert_eq!(r.pages, 1, "only the page claimed just now: {r:?}");
+    }
+
+    /// A node that finds, on releasing a page, that another node adopted it (it was failed
+    /// for good meanwhile) forgets the page instead of stopping.
+    #[test]
+    fn releasing_a_page_adopted_meanwhile_forgets_it() {
+        let (f, t) = setup(2);
+        let mut ep = f.endpoint(0);
+        let n = fill_beyond_own_pages_and_recycle(&f, &t[0], &mut ep);
+        assert!(n > 0);
+        let mut ep1 = f.endpoint(1);
+        let taken = t[1].adopt_gone(&mut ep1, &[0], 0, 1).unwrap();
+        assert!(taken.pages > 0);
+        // Its scan finds every entry expired and releases the pages: all were taken.
+        t[0].reclaim(&mut ep).unwrap();
+        assert_eq!(t[0].usage().iter().map(|u| u.pages).sum::<u64>(), 0);
+        for host in 0..2 {
+            let words = pages::read_table(&mut ep, host, PAGES).unwrap();
+            assert!(
+                words.iter().all(|w| !w.is_claimed() || w.claimer() == 1),
+                "{words:?}"
+            );
+        }
     }
 
     #[test]
