@@ -386,7 +386,10 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
             .sum::<u64>()
     };
     let held = pages(&status(c)[1]);
-    assert!(held > 0, "node 1 holds pages of the values written through it");
+    assert!(
+        held > 0,
+        "node 1 holds pages of the values written through it"
+    );
     eprintln!("node 1 holds {held} pages before the kill");
     kill(c, 1);
     let killed = Instant::now();
@@ -432,6 +435,16 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
         .map(|&n| s[n]["data_table"]["adopted_pages"].as_u64().unwrap())
         .collect();
     assert_eq!(adopted.iter().sum::<u64>(), held, "{adopted:?}");
+    // Node 1's share of the index is swept for expired items by its heir, node 2 (the next
+    // node up after it), beside node 2's own.
+    let ites = s[2]["index"]["entries"].as_u64().unwrap();
+    let share = |s: &[serde_json::Value], n: usize| {
+        s[n]["data_table"]["expiry_reclaimer"]["share_slots"]
+            .as_u64()
+            .unwrap()
+    };
+    let s = wait_until(c, Duration::from_secs(60), |s| share(s, 2) == 2 * ites);
+    assert_eq!((share(&s, 0), share(&s, 3)), (ites, ites));
     assert_reads(c, &[0, 2, 3], model);
 }
 

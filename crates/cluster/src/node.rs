@@ -263,7 +263,7 @@ impl NodeContext {
             "expiry_reclaimer": self.expiry.get().map(|t| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 serde_json::json!({
-                    "sweeps": n(&t.sweeps), "expired": n(&t.expired),
+                    "sweeps": n(&t.sweeps), "share_slots": n(&t.share_slots), "expired": n(&t.expired),
                     "deleted": n(&t.deleted), "failed_cycles": n(&t.failed_cycles),
                 })
             }),
@@ -947,16 +947,13 @@ fn serve_frontends(
         started = start_frontends(ctx, f, (mc, resp), &pool)?;
     }
     let expire = if reclaim {
-        let per_node = ctx.geometry().ites_per_node;
-        let share = id as u64 * per_node..(id as u64 + 1) * per_node;
         let counters = started.iter().map(FrontEnd::counters).collect();
         let r =
-            ExpiryReclaimer::start(pool, share, WINDOW_SLOTS, CYCLE, counters).map_err(|err| {
-                NodeError::Spawn {
+            ExpiryReclaimer::start_shared(pool, reclaim_share(ctx), WINDOW_SLOTS, CYCLE, counters)
+                .map_err(|err| NodeError::Spawn {
                     what: "the reclaimer of expired items",
                     err,
-                }
-            })?;
+                })?;
         // Set once, here: status reports what it has done.
         let _ = ctx.expiry.set(r.totals().clone());
         Some(r)
@@ -968,6 +965,24 @@ fn serve_frontends(
 
 /// Client workers of the expiry reclaimer of a node that serves no front end.
 const RECLAIMER_WORKERS: u16 = 1;
+
+/// The index slots node `ctx.id`'s reclaimer sweeps: its own, and those of the failed nodes
+/// it is heir to (`Configuration::inherited_by`), asked again at every sweep, so that a dead
+/// node's expired items are reclaimed while it is gone. Two nodes that briefly both sweep a
+/// share (their views of a change differ) delete nothing twice: each DELETE is conditional on
+/// the version read expired.
+fn reclaim_share(ctx: &Arc<NodeContext>) -> nessie_serve::expire::Share {
+    let ctx = ctx.clone();
+    let per_node = ctx.geometry().ites_per_node;
+    let slots = move |n: u16| n as u64 * per_node..(n as u64 + 1) * per_node;
+    Box::new(move || {
+        let heir_to = ctx
+            .membership()
+            .and_then(|m| m.view().config)
+            .map_or_else(Vec::new, |c| c.inherited_by(ctx.id));
+        std::iter::once(ctx.id).chain(heir_to).map(slots).collect()
+    })
+}
 
 /// The front ends at `addrs` (memcached, RESP) on the clients of `pool`, with the node's
 /// figures as their store gauges.

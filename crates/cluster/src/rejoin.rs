@@ -210,11 +210,14 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if gone.is_empty() {
         return;
     }
-    let adopted = ctx.endpoint().map_err(|e| e.to_string()).and_then(|mut ep| {
-        ctx.table()
-            .adopt_gone(&mut ep, &gone, rank as u64, up.len() as u64)
-            .map_err(|e| e.to_string())
-    });
+    let adopted = ctx
+        .endpoint()
+        .map_err(|e| e.to_string())
+        .and_then(|mut ep| {
+            ctx.table()
+                .adopt_gone(&mut ep, &gone, rank as u64, up.len() as u64)
+                .map_err(|e| e.to_string())
+        });
     match adopted {
         Ok(a) if a.pages > 0 => {
             ctx.adopted_pages.fetch_add(a.pages, Ordering::Relaxed);
@@ -224,7 +227,9 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
             );
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(node = ctx.id, %e, "adopting the pages of nodes failed for good failed; trying again"),
+        Err(e) => {
+            tracing::warn!(node = ctx.id, %e, "adopting the pages of nodes failed for good failed; trying again")
+        }
     }
 }
 

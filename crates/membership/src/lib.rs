@@ -225,6 +225,25 @@ impl Configuration {
         self.nodes.iter().find(|m| m.id == id).map(|m| m.state)
     }
 
+    /// The failed nodes whose background duties fall to node `id` (sweeping their share of
+    /// the index for expired items): each failed node's heir is the first node after it, in
+    /// id order around the ring, that is up. Empty unless `id` is up.
+    pub fn inherited_by(&self, id: u16) -> Vec<u16> {
+        let mut ids: Vec<(u16, NodeState)> = self.nodes.iter().map(|m| (m.id, m.state)).collect();
+        ids.sort_unstable_by_key(|&(n, _)| n);
+        let n = ids.len();
+        (0..n)
+            .filter(|&i| ids[i].1 == NodeState::Failed)
+            .filter(|&i| {
+                (1..n)
+                    .map(|k| ids[(i + k) % n])
+                    .find(|&(_, s)| s == NodeState::Up)
+                    .is_some_and(|(heir, _)| heir == id)
+            })
+            .map(|i| ids[i].0)
+            .collect()
+    }
+
     /// Node `id`'s state as the process with incarnation number `incarnation` sees its own:
     /// `failed` if the configuration names another process (the one it names is dead).
     pub fn own_state(&self, id: u16, incarnation: u64) -> Option<NodeState> {
@@ -980,6 +999,31 @@ mod tests {
             filled: vec![],
             incarnations: vec![],
         }
+    }
+
+    /// A failed node's duties go to the next up node after it, around the ring; none to a
+    /// node that is not up, and every failed node has exactly one heir while any node is up.
+    #[test]
+    fn a_failed_nodes_duties_go_to_the_next_up_node() {
+        let mut c = Configuration::initial(0..5, &Registrations::default());
+        let set = |c: &mut Configuration, id: u16, s: NodeState| {
+            c.nodes.iter_mut().find(|m| m.id == id).unwrap().state = s
+        };
+        assert!((0..5).all(|n| c.inherited_by(n).is_empty()));
+        set(&mut c, 1, NodeState::Failed);
+        set(&mut c, 2, NodeState::Joining);
+        set(&mut c, 4, NodeState::Failed);
+        assert_eq!(
+            c.inherited_by(3),
+            vec![1],
+            "2 is joining: 3 is next up after 1"
+        );
+        assert_eq!(c.inherited_by(0), vec![4], "around the ring");
+        assert!(c.inherited_by(2).is_empty() && c.inherited_by(1).is_empty());
+        set(&mut c, 0, NodeState::Failed);
+        assert_eq!(c.inherited_by(3), vec![0, 1, 4]);
+        set(&mut c, 3, NodeState::Failed);
+        assert!((0..5).all(|n| c.inherited_by(n).is_empty()), "nobody up");
     }
 
     #[test]

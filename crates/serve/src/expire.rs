@@ -7,6 +7,10 @@
 //! (`nessie_frontend::keyspace::reclaim_expired`): linearizable, replicated, and never
 //! against a key rewritten meanwhile.
 //!
+//! A node's share can change between sweeps ([`Share`]): a node takes on the slots of a failed
+//! node as well (its heir: the next node up after it), whose items would otherwise expire
+//! unreclaimed until it came back.
+//!
 //! The work is bounded: at most [`WINDOW_SLOTS`] index slots per cycle, one cycle every
 //! [`CYCLE`], so a node of `I` index entries sweeps them all every `I / WINDOW_SLOTS`
 //! cycles. At idle a cycle reads the window's ITEs (one word each) and the header of each
@@ -28,11 +32,16 @@ pub const CYCLE: Duration = Duration::from_millis(100);
 /// Consecutive failed cycles after which a warning is logged again (one per that many).
 const WARN_EVERY_FAILURES: u64 = 100;
 
+/// The index slots a reclaimer sweeps, asked again at the start of every sweep.
+pub type Share = Box<dyn Fn() -> Vec<Range<u64>> + Send>;
+
 /// What a reclaimer has done since it started.
 #[derive(Debug, Default)]
 pub struct Totals {
     /// Full sweeps of the node's share of the index.
     pub sweeps: AtomicU64,
+    /// Index slots in the current sweep's share.
+    pub share_slots: AtomicU64,
     /// Expired items found, and of them deleted here.
     pub expired: AtomicU64,
     pub deleted: AtomicU64,
@@ -58,14 +67,32 @@ impl ExpiryReclaimer {
         cycle: Duration,
         counters: Vec<Arc<Counters>>,
     ) -> std::io::Result<Self> {
-        assert!(window > 0, "a reclaimer window of no slots");
         assert!(slots.start <= slots.end, "index slots {slots:?}");
+        Self::start_shared(
+            backend,
+            Box::new(move || vec![slots.clone()]),
+            window,
+            cycle,
+            counters,
+        )
+    }
+
+    /// As [`ExpiryReclaimer::start`], over the slots `share` returns at the start of each
+    /// sweep.
+    pub fn start_shared(
+        backend: Arc<dyn Backend>,
+        share: Share,
+        window: u64,
+        cycle: Duration,
+        counters: Vec<Arc<Counters>>,
+    ) -> std::io::Result<Self> {
+        assert!(window > 0, "a reclaimer window of no slots");
         let stop = Arc::new(AtomicBool::new(false));
         let totals = Arc::new(Totals::default());
         let (s, t) = (stop.clone(), totals.clone());
         let thread = std::thread::Builder::new()
             .name("nessie-expire".into())
-            .spawn(move || run(&*backend, slots, window, cycle, &counters, &s, &t))?;
+            .spawn(move || run(&*backend, share, window, cycle, &counters, &s, &t))?;
         Ok(Self {
             stop,
             thread: Some(thread),
@@ -90,21 +117,38 @@ impl Drop for ExpiryReclaimer {
 
 fn run(
     backend: &dyn Backend,
-    slots: Range<u64>,
+    share: Share,
     window: u64,
     cycle: Duration,
     counters: &[Arc<Counters>],
     stop: &AtomicBool,
     totals: &Totals,
 ) {
-    let mut at = slots.start;
+    // The sweep's ranges, the one being walked, and where in it.
+    let mut ranges: Vec<Range<u64>> = Vec::new();
+    let mut i = 0;
+    let mut at = 0;
     let mut failures = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        if slots.is_empty() {
-            std::thread::park_timeout(cycle);
+        while ranges.get(i).is_some_and(|r| at >= r.end) {
+            i += 1;
+            at = ranges.get(i).map_or(0, |r| r.start);
+        }
+        if i >= ranges.len() {
+            if !ranges.is_empty() {
+                totals.sweeps.fetch_add(1, Ordering::Relaxed);
+            }
+            ranges = share();
+            ranges.retain(|r| !r.is_empty());
+            let slots = ranges.iter().map(|r| r.end - r.start).sum();
+            totals.share_slots.store(slots, Ordering::Relaxed);
+            (i, at) = (0, ranges.first().map_or(0, |r| r.start));
+            if ranges.is_empty() {
+                std::thread::park_timeout(cycle);
+            }
             continue;
         }
-        let end = at.saturating_add(window).min(slots.end);
+        let end = at.saturating_add(window).min(ranges[i].end);
         let done = {
             let mut lease = backend.lease();
             reclaim_expired(lease.client(), at..end, unix_now_ms())
@@ -113,12 +157,7 @@ fn run(
             Ok(r) => {
                 failures = 0;
                 count(r, counters, totals);
-                at = if end == slots.end {
-                    totals.sweeps.fetch_add(1, Ordering::Relaxed);
-                    slots.start
-                } else {
-                    end
-                };
+                at = end;
             }
             Err(e) => {
                 // The window is tried again next cycle.
@@ -149,6 +188,52 @@ mod tests {
     use nessie_frontend::item;
     use nessie_frontend::testing::MapBackend;
     use nessie_protocols::KvClient;
+
+    /// A share asked again at every sweep: slots added to it (a failed node's) are swept from
+    /// the next sweep on, and the status says how many slots it covers.
+    #[test]
+    fn a_share_that_grows_is_swept_from_the_next_sweep() {
+        let b = Arc::new(MapBackend::default());
+        let now = unix_now_ms();
+        {
+            let mut m = b.0.lock().unwrap();
+            let mut v = Vec::new();
+            for i in 0..40u32 {
+                item::encode(&mut v, 0, now - 1, &i.to_le_bytes());
+                m.put(format!("k{i:02}").as_bytes(), &v).unwrap();
+            }
+        }
+        let grown = Arc::new(AtomicBool::new(false));
+        let g = grown.clone();
+        // The test backend's slot i is its i-th key in order: 40..64 holds none, and 0..40
+        // every one, once the share grows.
+        let share: Share = Box::new(move || {
+            let mut v = vec![40..64];
+            if g.load(Ordering::SeqCst) {
+                v.push(0..40);
+            }
+            v
+        });
+        let r =
+            ExpiryReclaimer::start_shared(b.clone(), share, 8, Duration::from_millis(1), vec![])
+                .unwrap();
+        let t = r.totals().clone();
+        let wait = |what: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !what() {
+                assert!(std::time::Instant::now() < deadline, "{t:?}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        wait(&|| t.sweeps.load(Ordering::Relaxed) >= 3);
+        assert_eq!(t.deleted.load(Ordering::Relaxed), 0, "only the first share");
+        assert_eq!(t.share_slots.load(Ordering::Relaxed), 24);
+        grown.store(true, Ordering::SeqCst);
+        wait(&|| t.deleted.load(Ordering::Relaxed) == 40);
+        wait(&|| t.share_slots.load(Ordering::Relaxed) == 64);
+        drop(r);
+        assert!(b.0.lock().unwrap().0.is_empty());
+    }
 
     /// Expired items go, live ones stay, and the front ends' counters say how many went;
     /// the reclaimer stops when dropped.

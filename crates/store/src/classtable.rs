@@ -245,6 +245,9 @@ pub struct ClassTable {
     clock_margin_ns: u64,
     /// Whether pages of other nodes may be claimed.
     remote: bool,
+    /// Pages of nodes failed for good are adopted by CAS (false only as the mutation
+    /// `adopt_without_cas`).
+    adopt_by_cas: bool,
     state: Mutex<State>,
     /// Items this node's writers evicted (`nessie status`, the front ends' counters).
     evictions: std::sync::atomic::AtomicU64,
@@ -266,6 +269,7 @@ impl ClassTable {
             pages_per_node,
             clock_margin_ns,
             remote: true,
+            adopt_by_cas: true,
             evictions: Default::default(),
             state: Mutex::new(State {
                 classes: per_class,
@@ -285,6 +289,14 @@ impl ClassTable {
     /// Never place entries on other nodes (the baselines' servers keep data where it is served).
     pub fn local_only(mut self) -> Self {
         self.remote = false;
+        self
+    }
+
+    /// `false` adopts the pages of nodes failed for good without a CAS: the mutation
+    /// `adopt_without_cas` (tests only), which lets two heirs hold one page.
+    #[cfg(test)]
+    fn adopting_by_cas(mut self, by_cas: bool) -> Self {
+        self.adopt_by_cas = by_cas;
         self
     }
 
@@ -1096,10 +1108,13 @@ impl ClassTable {
         of: u64,
     ) -> Result<Adopted, FabricError> {
         assert!(rank < of, "survivor {rank} of {of}");
-        assert!(!gone.contains(&self.node), "a node adopting its own pages as gone");
+        assert!(
+            !gone.contains(&self.node),
+            "a node adopting its own pages as gone"
+        );
         let hosts: Vec<NodeId> = (0..self.nodes as NodeId).collect();
         let per_node = self.pages_per_node;
-        self.take_over(ep, &hosts, true, |host, page, w| {
+        self.take_over(ep, &hosts, self.adopt_by_cas, |host, page, w| {
             gone.contains(&w.claimer()) && (host as u64 * per_node + page) % of == rank
         })
     }
@@ -2026,7 +2041,8 @@ mod tests {
         assert_eq!(t[0].adopt_gone(&mut ep0, &[1], 0, 1).unwrap().pages, 0);
         // The adopted free entries serve node 0's writers, on pages it holds.
         let fresh = t[0].alloc_for(&mut ep0, big, Purpose::Value).unwrap();
-        let w = pages::read_table(&mut ep0, fresh.host, PAGES).unwrap()[(fresh.slot / per) as usize];
+        let w =
+            pages::read_table(&mut ep0, fresh.host, PAGES).unwrap()[(fresh.slot / per) as usize];
         assert_eq!(w.claimer(), 0, "{fresh:?}");
         // Node 1's process lives on: joining again, it forgets the pages taken from it, and
         // its allocator hands out only entries of pages it holds.
@@ -2043,6 +2059,44 @@ mod tests {
         let restarted = ClassTable::new(1, 3, t[1].classes.clone(), PAGES, 0);
         let r = restarted.adopt(&mut ep1).unwrap();
         assert_eq!(r.pages, 1, "only the page claimed just now: {r:?}");
+    }
+
+    /// Two survivors that both look at a gone node's pages (ranks changed between their
+    /// looks) never both hold one: the CAS decides. Without it (the mutation
+    /// `adopt_without_cas`) both take every page, and hand out the same entries.
+    #[test]
+    fn two_heirs_never_hold_one_page_and_the_mutation_shows_why() {
+        for by_cas in [true, false] {
+            let (f, t) = setup(3);
+            let t: Vec<ClassTable> = t.into_iter().map(|t| t.adopting_by_cas(by_cas)).collect();
+            let mut ep1 = f.endpoint(1);
+            let big = (t[1].classes().len() - 1) as u8;
+            for _ in 0..t[1].classes().per_page(big) + 1 {
+                t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap();
+            }
+            let held = t[1].usage()[big as usize].pages;
+            let (mut ep0, mut ep2) = (f.endpoint(0), f.endpoint(2));
+            let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 1).unwrap();
+            let a2 = t[2].adopt_gone(&mut ep2, &[1], 0, 1).unwrap();
+            let s0: HashSet<Slot> = (0..a0.free)
+                .map(|_| t[0].alloc_for(&mut ep0, big, Purpose::Value).unwrap())
+                .collect();
+            let s2: HashSet<Slot> = (0..a2.free)
+                .map(|_| t[2].alloc_for(&mut ep2, big, Purpose::Value).unwrap())
+                .collect();
+            let shared = s0.intersection(&s2).count();
+            if by_cas {
+                assert_eq!((a0.pages, a2.pages), (held, 0));
+                assert_eq!(shared, 0);
+            } else {
+                assert_eq!(
+                    (a0.pages, a2.pages),
+                    (held, held),
+                    "mutation: both took them"
+                );
+                assert!(shared > 0, "mutation: entries handed out twice");
+            }
+        }
     }
 
     /// A node that finds, on releasing a page, that another node adopted it (it was failed
