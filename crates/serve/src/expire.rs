@@ -208,7 +208,8 @@ mod tests {
         // The test backend's slot i is its i-th key in order: 40..64 holds none, and 0..40
         // every one, once the share grows.
         let share: Share = Box::new(move || {
-            let mut v = vec![40..64];
+            let mut v: Vec<Range<u64>> = Vec::with_capacity(2);
+            v.push(40..64);
             if g.load(Ordering::SeqCst) {
                 v.push(0..40);
             }
