@@ -235,14 +235,8 @@ enum Faults {
 fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Cluster {
     let replace: &[&str] = match faults {
         Faults::PauseKillRestart => &["--dtes-per-node", "1024"],
-        Faults::Replace => &[
-            "--dtes-per-node",
-            "1024",
-            "--spare-copies",
-            "1",
-            "--replace-after",
-            "6",
-        ],
+        // One spare slot per node is the default with two copies and four nodes.
+        Faults::Replace => &["--dtes-per-node", "1024", "--replace-after", "6"],
         Faults::Evicting => &[
             "--dtes-per-node",
             EVICTING_DTES,
@@ -316,8 +310,9 @@ fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     revived
 }
 
-/// Kill node 1, wait until its copies have moved and been filled elsewhere (node 1 still
-/// down), restart it, and wait until it is up again (without its old copies).
+/// Kill node 1, wait until its copies have moved and been filled elsewhere and the survivors
+/// have adopted the pages it had claimed, all under load (node 1 still down), restart it,
+/// and wait until it is up again (without its old copies).
 fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     let mut revived = Revived::new();
     let r = &mut revived;
@@ -342,6 +337,23 @@ fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
             break;
         }
         assert!(t0.elapsed() < TTL * 10, "copies not moved: {s:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    loop {
+        let out = c.nessie(&["status", "--json"]);
+        let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let adopted: u64 = s
+            .iter()
+            .filter_map(|n| n["data_table"]["adopted_pages"].as_u64())
+            .sum();
+        if adopted > 0 {
+            say(format!(
+                "node {KILLED}'s pages adopted by the survivors after {:?}: {adopted}",
+                t0.elapsed()
+            ));
+            break;
+        }
+        assert!(t0.elapsed() < TTL * 15, "pages not adopted: {s:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
     r.push((KILLED, restart(c, KILLED)));
