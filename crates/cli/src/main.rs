@@ -179,8 +179,8 @@ struct UpArgs {
     /// Spare slots per node, each as large as one node's tables, that the copies of a node
     /// failed for longer than --replace-after move to, so that R copies exist again without it
     /// (needs --replicas 2 or 3, and a node without a copy of each moved partition). A slot
-    /// takes memory only once a copy moves into it [default: 1 with --replicas 2 or 3 and more
-    /// nodes than copies, else 0]
+    /// takes memory only once a copy moves into it, except on hugetlb pages and RDMA [default:
+    /// 1 with --replicas 2 or 3 and more nodes than copies, else 0]
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=nessie_protocols::replica::MAX_SPARE_COPIES as i64))]
     spare_copies: Option<u8>,
     /// Milliseconds a freed extent (pilaf) waits before reuse [default: the expiry period]; 0
@@ -616,7 +616,8 @@ fn up_geometry(a: &UpArgs) -> Result<nessie_store::Geometry, CliError> {
     if a.replicas > 1 && spare > 0 {
         eprintln!(
             "  and {spare} spare {} for the copies of a node gone for good: {:.1} MiB more, \
-             taken only as a copy moves in (the tables take memory as they fill)",
+             taken only as a copy moves in (the tables take memory as they fill; hugetlb \
+             pages and RDMA take it at start)",
             if spare == 1 { "slot" } else { "slots" },
             mib(spare as u64)
         );

@@ -106,7 +106,8 @@ pub struct ClusterSection {
     /// of a node gone for good (re-replication, after `membership.replace_after_s`). 0: a
     /// failed node's copies come back only when it restarts. Unset: 1 with replication and
     /// a node beyond the copies, else 0 ([`ClusterConfig::spare_copies`]). A slot costs
-    /// address space, not memory, until a copy moves into it (`nessie_fabric_ucx::alloc_prio`).
+    /// address space, not memory, until a copy moves into it (`nessie_fabric_ucx::alloc_prio`),
+    /// except on hugetlb pages (reserved when mapped) and RDMA (registration pins it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spare_copies: Option<u8>,
     /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry

@@ -194,9 +194,14 @@ impl LocalCluster {
     fn start_reclaimer(&self, node: NodeId) -> Result<Reclaimer, Error> {
         let stop = Arc::new(AtomicBool::new(false));
         let ep = self.endpoint(node);
-        let h =
-            crate::reclaimer::spawn(self.table(node), ep, self.plan.cfg.expiry_ns, stop.clone())
-                .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
+        let h = crate::reclaimer::spawn(
+            self.table(node),
+            ep,
+            self.plan.cfg.expiry_ns,
+            None,
+            stop.clone(),
+        )
+        .map_err(|e| Error::Config(format!("cannot start a reclaimer thread: {e}")))?;
         Ok((stop, h))
     }
 

@@ -190,6 +190,11 @@ impl NodeContext {
         &self.table
     }
 
+    /// The membership view its workers obey.
+    pub fn fence(&self) -> &Arc<Fence> {
+        &self.fence
+    }
+
     /// Where the copies of every node's tables are.
     pub fn replica_set(&self) -> &ReplicaSet {
         &self.replicas
@@ -853,12 +858,18 @@ fn start_reclaimer(
     stop: &Arc<AtomicBool>,
 ) -> Result<std::thread::JoinHandle<()>, NodeError> {
     let expiry_ns = ctx.protocol_config().expiry_ns;
-    crate::reclaimer::spawn(ctx.table.clone(), ctx.endpoint()?, expiry_ns, stop.clone()).map_err(
-        |err| NodeError::Spawn {
-            what: "the reclaimer thread",
-            err,
-        },
+    let fence = ctx.membership.is_some().then(|| ctx.fence.clone());
+    crate::reclaimer::spawn(
+        ctx.table.clone(),
+        ctx.endpoint()?,
+        expiry_ns,
+        fence,
+        stop.clone(),
     )
+    .map_err(|err| NodeError::Spawn {
+        what: "the reclaimer thread",
+        err,
+    })
 }
 
 fn start_servers(
@@ -966,18 +977,21 @@ fn serve_frontends(
 /// Client workers of the expiry reclaimer of a node that serves no front end.
 const RECLAIMER_WORKERS: u16 = 1;
 
-/// The index slots node `ctx.id`'s reclaimer sweeps: its own, and those of the failed nodes
-/// it is heir to (`Configuration::inherited_by`), asked again at every sweep, so that a dead
-/// node's expired items are reclaimed while it is gone. Two nodes that briefly both sweep a
-/// share (their views of a change differ) delete nothing twice: each DELETE is conditional on
-/// the version read expired.
+/// The index slots node `ctx.id`'s reclaimer sweeps: its own, and with replication those of
+/// the failed nodes it is heir to (`Configuration::inherited_by`), asked again at every
+/// sweep, so that a dead node's expired items are reclaimed while it is gone (with one copy
+/// its index is unreachable). Two nodes that briefly both sweep a share (their views of a
+/// change differ) delete nothing twice: each DELETE is conditional on the version read
+/// expired.
 fn reclaim_share(ctx: &Arc<NodeContext>) -> nessie_serve::expire::Share {
     let ctx = ctx.clone();
     let per_node = ctx.geometry().ites_per_node;
     let slots = move |n: u16| n as u64 * per_node..(n as u64 + 1) * per_node;
+    let replicated = ctx.replica_set().replicas() >= 2;
     Box::new(move || {
         let heir_to = ctx
             .membership()
+            .filter(|_| replicated)
             .and_then(|m| m.view().config)
             .map_or_else(Vec::new, |c| c.inherited_by(ctx.id));
         std::iter::once(ctx.id).chain(heir_to).map(slots).collect()

@@ -67,8 +67,12 @@ struct Progress {
     filled: bool,
     /// It said that its copies moved away while it was failed (once per process).
     told_moved: bool,
-    /// When it last looked for pages of nodes failed for good.
+    /// When it last looked for pages of nodes failed for good, in which epoch, for which
+    /// nodes, and whether that look finished its share (then the same epoch needs no other).
     adopt_looked: Option<Instant>,
+    adopt_seen: Option<(u64, Vec<u16>)>,
+    /// The endpoint adoption uses (one per process: each endpoint keeps its counters).
+    adopt_ep: Option<crate::node::NodeEndpoint>,
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
@@ -177,7 +181,9 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
 /// While up, every [`ADOPT_EVERY`]: take this node's share of the pages claimed by nodes
 /// failed for at least `replace_after_s` (clock margin included: the time is another
 /// monitor's). The up nodes share the pages by rank; a page left over when ranks change is
-/// taken at a later look.
+/// taken at a later look. Each CAS is made only while the current view, fresh, still says its
+/// claimer is failed that long, and within a quarter of a lease TTL of the look's start
+/// (`ClassTable::adopt_gone`, `docs/protocol.md` rule 17).
 fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if p.adopt_looked.is_some_and(|t| t.elapsed() < ADOPT_EVERY) {
         return;
@@ -190,12 +196,18 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         .replace_after_s
         .saturating_mul(1_000_000_000)
         .saturating_add(ctx.cfg.protocol_config().clock_margin_ns);
-    let now = nessie_fabric::wall_clock_ns();
+    let gone_long = |c: &nessie_membership::Configuration, n: u16| {
+        c.nodes.iter().any(|m| {
+            m.id == n
+                && m.state == NodeState::Failed
+                && nessie_fabric::wall_clock_ns() >= m.since_ns.saturating_add(after_ns)
+        })
+    };
     let gone: Vec<u16> = c
         .nodes
         .iter()
-        .filter(|n| n.state == NodeState::Failed && now >= n.since_ns.saturating_add(after_ns))
         .map(|n| n.id)
+        .filter(|&n| gone_long(&c, n))
         .collect();
     let mut up: Vec<u16> = c
         .nodes
@@ -207,26 +219,44 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     let Some(rank) = up.iter().position(|&n| n == ctx.id) else {
         return;
     };
-    if gone.is_empty() {
+    let seen = (c.epoch, gone.clone());
+    if gone.is_empty() || p.adopt_seen.as_ref() == Some(&seen) {
         return;
     }
-    let adopted = ctx
-        .endpoint()
-        .map_err(|e| e.to_string())
-        .and_then(|mut ep| {
-            ctx.table()
-                .adopt_gone(&mut ep, &gone, rank as u64, up.len() as u64)
-                .map_err(|e| e.to_string())
-        });
-    match adopted {
-        Ok(a) if a.pages > 0 => {
-            ctx.adopted_pages.fetch_add(a.pages, Ordering::Relaxed);
-            eprintln!(
-                "nessie node {}: adopted {} pages claimed by node(s) {gone:?}, failed for good ({} entries in use, {} free)",
-                ctx.id, a.pages, a.in_use, a.free
-            );
+    if p.adopt_ep.is_none() {
+        match ctx.endpoint() {
+            Ok(ep) => p.adopt_ep = Some(ep),
+            Err(e) => {
+                tracing::warn!(node = ctx.id, %e, "no endpoint to adopt pages with");
+                return;
+            }
         }
-        Ok(_) => {}
+    }
+    let ep = p.adopt_ep.as_mut().expect("made above");
+    let deadline = Instant::now() + Duration::from_secs(mc.lease_ttl_s.max(1)) / 4;
+    let cut = std::cell::Cell::new(false);
+    let still = |n: u16| {
+        let ok = Instant::now() < deadline
+            && ctx.fence().may_read(nessie_fabric::monotonic_ns())
+            && m.view().config.is_some_and(|c| gone_long(&c, n));
+        cut.set(cut.get() || !ok);
+        ok
+    };
+    match ctx
+        .table()
+        .adopt_gone(ep, &gone, rank as u64, up.len() as u64, still)
+    {
+        Ok(a) => {
+            if a.pages > 0 {
+                ctx.adopted_pages.fetch_add(a.pages, Ordering::Relaxed);
+                eprintln!(
+                    "nessie node {}: adopted {} pages claimed by node(s) {gone:?}, failed for good ({} entries in use, {} free)",
+                    ctx.id, a.pages, a.in_use, a.free
+                );
+            }
+            // A look cut short looks again; a whole one is enough for this epoch.
+            p.adopt_seen = (!cut.get()).then_some(seen);
+        }
         Err(e) => {
             tracing::warn!(node = ctx.id, %e, "adopting the pages of nodes failed for good failed; trying again")
         }

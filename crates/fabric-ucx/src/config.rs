@@ -274,11 +274,13 @@ impl UcxConfig {
 }
 
 /// UCX's allocation methods for the regions, in order: only those that map zeroed pages from
-/// the kernel (`map_region` relies on it), hugetlb and transparent huge pages unless `off`.
+/// the kernel (`map_region` relies on it), hugetlb unless `off`. Not UCX's `thp`, which takes
+/// large blocks from the C heap (`posix_memalign`), whose memory may be reused and written:
+/// `map_region` asks for transparent huge pages itself (`madvise`) on what `mmap` maps.
 pub fn alloc_prio(huge_pages: HugePages) -> &'static str {
     match huge_pages {
         HugePages::Off => "md:sysv,md:posix,mmap",
-        _ => "md:sysv,md:posix,huge,thp,mmap",
+        _ => "md:sysv,md:posix,huge,mmap",
     }
 }
 
@@ -316,14 +318,18 @@ mod tests {
         assert!(opt(&tcp_off, "MM_HUGETLB_MODE").is_none());
         let prio = opt(&tcp_off, "ALLOC_PRIO").unwrap();
         assert!(!prio.contains("huge") && !prio.contains("thp"), "{prio}");
-        // No method that may hand out memory already written (malloc, a NIC's device memory).
+        // No method that may hand out memory already written (malloc, thp's heap blocks, a
+        // NIC's device memory).
         for p in [HugePages::Off, HugePages::Try, HugePages::Require] {
             let c = UcxConfig {
                 huge_pages: p,
                 ..UcxConfig::new(Transport::Tcp)
             };
             let prio = opt(&c, "ALLOC_PRIO").unwrap();
-            assert!(!prio.contains("heap") && !prio.contains("md:*"), "{prio}");
+            assert!(
+                !prio.contains("heap") && !prio.contains("md:*") && !prio.contains("thp"),
+                "{prio}"
+            );
         }
         assert!("sometimes"
             .parse::<HugePages>()

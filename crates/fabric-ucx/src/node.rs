@@ -314,6 +314,19 @@ unsafe fn map_region(
                  last {last:#x}): UCX_ALLOC_PRIO must list only methods that map fresh pages"
             )));
         }
+        if config.huge_pages != crate::HugePages::Off && backing.is_none_or(|b| b.page_kib <= 4) {
+            // Transparent huge pages where the kernel gives them (anonymous memory; shared
+            // memory only as `shmem_enabled` allows): what UCX's `thp` method did, without its
+            // heap. Advice only: an error changes nothing.
+            // SAFETY: the mapping is ours, `len` bytes from its page-aligned base.
+            unsafe {
+                libc::madvise(
+                    map.base() as *mut libc::c_void,
+                    len as usize,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
     }
     let info = RegionInfo {
         base: map.base() as u64,

@@ -31,6 +31,9 @@ pub const WINDOW_SLOTS: u64 = 4096;
 pub const CYCLE: Duration = Duration::from_millis(100);
 /// Consecutive failed cycles after which a warning is logged again (one per that many).
 const WARN_EVERY_FAILURES: u64 = 100;
+/// Consecutive failures of one window after which it is skipped until the next sweep: a
+/// window that cannot be swept (its copies unreachable) must not stop the rest of the share.
+pub const SKIP_WINDOW_AFTER_FAILURES: u64 = 10;
 
 /// The index slots a reclaimer sweeps, asked again at the start of every sweep.
 pub type Share = Box<dyn Fn() -> Vec<Range<u64>> + Send>;
@@ -47,6 +50,8 @@ pub struct Totals {
     pub deleted: AtomicU64,
     /// Cycles that failed (the store unreachable, a node down): retried next cycle.
     pub failed_cycles: AtomicU64,
+    /// Windows given up until the next sweep after [`SKIP_WINDOW_AFTER_FAILURES`] failures.
+    pub skipped_windows: AtomicU64,
 }
 
 /// A node's background reclaimer of expired items; stopped and joined when dropped.
@@ -166,6 +171,10 @@ fn run(
                     tracing::warn!(%e, slots = ?(at..end), "reclaiming expired items failed");
                 }
                 failures += 1;
+                if failures.is_multiple_of(SKIP_WINDOW_AFTER_FAILURES) {
+                    totals.skipped_windows.fetch_add(1, Ordering::Relaxed);
+                    at = end;
+                }
             }
         }
         std::thread::park_timeout(cycle);
@@ -234,6 +243,28 @@ mod tests {
         wait(&|| t.share_slots.load(Ordering::Relaxed) == 64);
         drop(r);
         assert!(b.0.lock().unwrap().0.is_empty());
+    }
+
+    /// A window that keeps failing (its copies unreachable) is skipped until the next sweep:
+    /// the sweep still ends, and a share asked again can drop it.
+    #[test]
+    fn windows_that_keep_failing_do_not_stop_the_sweep() {
+        use nessie_frontend::testing::{OneClient, PlainClient};
+        // Its scans are Unsupported: every window fails.
+        let b = Arc::new(OneClient(std::sync::Mutex::new(PlainClient::default())));
+        let r = ExpiryReclaimer::start(b, 0..64, 8, Duration::from_millis(1), vec![]).unwrap();
+        let t = r.totals().clone();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while t.sweeps.load(Ordering::Relaxed) < 2 {
+            assert!(std::time::Instant::now() < deadline, "{t:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(r);
+        assert!(t.skipped_windows.load(Ordering::Relaxed) >= 16, "{t:?}");
+        assert!(
+            t.failed_cycles.load(Ordering::Relaxed) >= 16 * SKIP_WINDOW_AFTER_FAILURES,
+            "{t:?}"
+        );
     }
 
     /// Expired items go, live ones stay, and the front ends' counters say how many went;

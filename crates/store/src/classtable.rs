@@ -639,10 +639,11 @@ impl ClassTable {
 
     fn put_back(&self, s: &mut State, slot: Slot) {
         let page = self.page_of(slot);
-        let ps = s
-            .pages
-            .get_mut(&(slot.host, page))
-            .expect("entry of a held page");
+        let Some(ps) = s.pages.get_mut(&(slot.host, page)) else {
+            // Its page was adopted by another node while this one was failed, and forgotten
+            // here ([`ClassTable::take_over`]): the entry is the heir's now.
+            return;
+        };
         assert!(ps.in_use > 0, "entry {slot:?} returned twice");
         ps.in_use -= 1;
         let reserve = ps.reserve;
@@ -1100,12 +1101,18 @@ impl ClassTable {
     /// process lives on (paused, cut off), it must join again before it writes; joining
     /// adopts what still names it ([`ClassTable::adopt`]) and forgets what its allocator held
     /// and finds taken.
+    ///
+    /// `still(node)` is asked right before each CAS: whether `node` is still gone as the
+    /// caller's current view says (and the pass within its time). The argument that no
+    /// returning incarnation uses a page adopted from it rests on every adopting CAS being
+    /// issued while a fresh view says its claimer is failed.
     pub fn adopt_gone<E: Endpoint>(
         &self,
         ep: &mut E,
         gone: &[NodeId],
         rank: u64,
         of: u64,
+        still: impl Fn(NodeId) -> bool,
     ) -> Result<Adopted, FabricError> {
         assert!(rank < of, "survivor {rank} of {of}");
         assert!(
@@ -1115,7 +1122,9 @@ impl ClassTable {
         let hosts: Vec<NodeId> = (0..self.nodes as NodeId).collect();
         let per_node = self.pages_per_node;
         self.take_over(ep, &hosts, self.adopt_by_cas, |host, page, w| {
-            gone.contains(&w.claimer()) && (host as u64 * per_node + page) % of == rank
+            gone.contains(&w.claimer())
+                && (host as u64 * per_node + page) % of == rank
+                && still(w.claimer())
         })
     }
 
@@ -1155,7 +1164,21 @@ impl ClassTable {
                 let mine = if by_cas {
                     let mine = PageWord::claimed_after(w, self.node, class);
                     let at = RemoteAddr::new(host, PAGE_REGION, page * 8);
-                    if ep.compare_and_swap(at, w.0, mine.0)? != w.0 {
+                    let found = match ep.compare_and_swap(at, w.0, mine.0) {
+                        Ok(found) => found,
+                        // Whether it took place is unknown: the word says (a page claimed
+                        // and never held would stay claimed for good).
+                        Err(FabricError::Indeterminate { .. }) => {
+                            let mut b = [0u8; 8];
+                            ep.read(at, &mut b)?;
+                            match u64::from_le_bytes(b) == mine.0 {
+                                true => w.0,
+                                false => mine.0,
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if found != w.0 {
                         continue; // another heir took it first
                     }
                     mine
@@ -2025,8 +2048,16 @@ mod tests {
         assert_eq!(claimed_by(&mut ep0, 1), held);
         // Nodes 0 and 2 share them by rank; a second look takes nothing more.
         let mut ep2 = f.endpoint(2);
-        let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 2).unwrap();
-        let a2 = t[2].adopt_gone(&mut ep2, &[1], 1, 2).unwrap();
+        // A view that no longer says node 1 is gone adopts nothing.
+        assert_eq!(
+            t[0].adopt_gone(&mut ep0, &[1], 0, 1, |_| false)
+                .unwrap()
+                .pages,
+            0
+        );
+        assert_eq!(claimed_by(&mut ep0, 1), held);
+        let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 2, |_| true).unwrap();
+        let a2 = t[2].adopt_gone(&mut ep2, &[1], 1, 2, |_| true).unwrap();
         assert_eq!(a0.pages + a2.pages, held, "{a0:?} {a2:?}");
         assert!(a0.pages > 0 && a2.pages > 0, "shared: {a0:?} {a2:?}");
         assert_eq!(a0.in_use + a2.in_use, live);
@@ -2038,7 +2069,12 @@ mod tests {
             "each page held once"
         );
         // Another heir, or the same one looking again, finds none left.
-        assert_eq!(t[0].adopt_gone(&mut ep0, &[1], 0, 1).unwrap().pages, 0);
+        assert_eq!(
+            t[0].adopt_gone(&mut ep0, &[1], 0, 1, |_| true)
+                .unwrap()
+                .pages,
+            0
+        );
         // The adopted free entries serve node 0's writers, on pages it holds.
         let fresh = t[0].alloc_for(&mut ep0, big, Purpose::Value).unwrap();
         let w =
@@ -2076,8 +2112,8 @@ mod tests {
             }
             let held = t[1].usage()[big as usize].pages;
             let (mut ep0, mut ep2) = (f.endpoint(0), f.endpoint(2));
-            let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 1).unwrap();
-            let a2 = t[2].adopt_gone(&mut ep2, &[1], 0, 1).unwrap();
+            let a0 = t[0].adopt_gone(&mut ep0, &[1], 0, 1, |_| true).unwrap();
+            let a2 = t[2].adopt_gone(&mut ep2, &[1], 0, 1, |_| true).unwrap();
             let s0: HashSet<Slot> = (0..a0.free)
                 .map(|_| t[0].alloc_for(&mut ep0, big, Purpose::Value).unwrap())
                 .collect();
@@ -2108,7 +2144,7 @@ mod tests {
         let n = fill_beyond_own_pages_and_recycle(&f, &t[0], &mut ep);
         assert!(n > 0);
         let mut ep1 = f.endpoint(1);
-        let taken = t[1].adopt_gone(&mut ep1, &[0], 0, 1).unwrap();
+        let taken = t[1].adopt_gone(&mut ep1, &[0], 0, 1, |_| true).unwrap();
         assert!(taken.pages > 0);
         // Its scan finds every entry expired and releases the pages: all were taken.
         t[0].reclaim(&mut ep).unwrap();
