@@ -310,9 +310,38 @@ fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     revived
 }
 
+/// Pages the nodes that answer say they adopted from nodes failed for good.
+fn adopted_total(c: &Cluster) -> u64 {
+    let out = c.nessie(&["status", "--json"]);
+    let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    s.iter()
+        .filter_map(|n| n["data_table"]["adopted_pages"].as_u64())
+        .sum()
+}
+
+/// Wait until the survivors have adopted more than `base` pages; returns the total.
+fn wait_adopted_beyond(c: &Cluster, base: u64, what: &str, log: &Mutex<Vec<String>>) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        let adopted = adopted_total(c);
+        if adopted > base {
+            log.lock().unwrap().push(format!(
+                "{what}: pages adopted by the survivors after {:?}: {adopted}",
+                t0.elapsed()
+            ));
+            return adopted;
+        }
+        assert!(t0.elapsed() < TTL * 15, "{what}: pages not adopted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Kill node 1, wait until its copies have moved and been filled elsewhere and the survivors
 /// have adopted the pages it had claimed, all under load (node 1 still down), restart it,
-/// and wait until it is up again (without its old copies).
+/// and wait until it is up again (without its old copies). Then pause node 3 until the
+/// others have adopted its pages too (its copies may have nowhere to go: the spare slots are
+/// taken), and resume it: its process lives on, with an allocator that still lists pages
+/// others hold now; it must join again and forget them, its fenced reclaimer touching none.
 fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     let mut revived = Revived::new();
     let r = &mut revived;
@@ -339,26 +368,19 @@ fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
         assert!(t0.elapsed() < TTL * 10, "copies not moved: {s:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    loop {
-        let out = c.nessie(&["status", "--json"]);
-        let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let adopted: u64 = s
-            .iter()
-            .filter_map(|n| n["data_table"]["adopted_pages"].as_u64())
-            .sum();
-        if adopted > 0 {
-            say(format!(
-                "node {KILLED}'s pages adopted by the survivors after {:?}: {adopted}",
-                t0.elapsed()
-            ));
-            break;
-        }
-        assert!(t0.elapsed() < TTL * 15, "pages not adopted: {s:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_adopted_beyond(c, 0, &format!("node {KILLED} killed"), log);
     r.push((KILLED, restart(c, KILLED)));
     say(format!("restarted node {KILLED}"));
     wait_state(c, KILLED, "up", TTL * 10, log, r);
+    signal(c, PAUSED, libc::SIGSTOP);
+    say(format!("SIGSTOP node {PAUSED}"));
+    wait_state(c, PAUSED, "failed", TTL * 3, log, r);
+    // What the others adopted so far (the paused node's own count no longer answers).
+    let adopted = adopted_total(c);
+    wait_adopted_beyond(c, adopted, &format!("node {PAUSED} paused"), log);
+    signal(c, PAUSED, libc::SIGCONT);
+    say(format!("SIGCONT node {PAUSED}"));
+    wait_state(c, PAUSED, "up", TTL * 10, log, r);
     revived
 }
 

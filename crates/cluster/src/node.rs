@@ -769,7 +769,15 @@ fn join_cluster(
     let regions = plan.node_regions(&replicas)?;
     let ucx = Arc::new(UcxNode::new(id, &regions, &ucx_config(&cfg))?);
     let (bootstrap, fabric_infos) = exchange_fabric_info(&cfg, entry, &ucx)?;
-    let table = Arc::new(plan.class_table(id));
+    let fence = Arc::new(Fence::unfenced());
+    let guard = {
+        let fence = fence.clone();
+        nessie_store::classtable::WriteGuard(Arc::new(move || {
+            fence.role(id) == nessie_protocols::NodeRole::Full
+                && fence.may_act(nessie_fabric::monotonic_ns(), 0)
+        }))
+    };
+    let table = Arc::new(plan.class_table(id).guarded(guard));
     let slots = plan.slot_pool();
     let pilaf = plan.pilaf_store(id)?;
     let ctx = NodeContext {
@@ -790,7 +798,7 @@ fn join_cluster(
         delay,
         servers: Vec::new(),
         membership: None,
-        fence: Arc::new(Fence::unfenced()),
+        fence,
         replicas,
     };
     Ok((ctx, bootstrap))

@@ -235,6 +235,17 @@ pub struct TableCounters {
     pub room_scans: u64,
 }
 
+/// Whether this node may write now (membership: its lease holds and it is a full member),
+/// asked right before each write an allocator makes on its own (clearing a reclaimed entry).
+#[derive(Clone)]
+pub struct WriteGuard(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for WriteGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteGuard")
+    }
+}
+
 /// One node's allocator of class entries.
 #[derive(Debug)]
 pub struct ClassTable {
@@ -248,6 +259,8 @@ pub struct ClassTable {
     /// Pages of nodes failed for good are adopted by CAS (false only as the mutation
     /// `adopt_without_cas`).
     adopt_by_cas: bool,
+    /// Asked before each write of a scan ([`ClassTable::guarded`]); none: always allowed.
+    guard: Option<WriteGuard>,
     state: Mutex<State>,
     /// Items this node's writers evicted (`nessie status`, the front ends' counters).
     evictions: std::sync::atomic::AtomicU64,
@@ -270,6 +283,7 @@ impl ClassTable {
             clock_margin_ns,
             remote: true,
             adopt_by_cas: true,
+            guard: None,
             evictions: Default::default(),
             state: Mutex::new(State {
                 classes: per_class,
@@ -297,6 +311,17 @@ impl ClassTable {
     #[cfg(test)]
     fn adopting_by_cas(mut self, by_cas: bool) -> Self {
         self.adopt_by_cas = by_cas;
+        self
+    }
+
+    /// Clear reclaimed entries only while `guard` says this node may write. The pages of a
+    /// node failed for good go to the survivors (`adopt_gone`), so a process that lives on
+    /// past that (paused, cut off; perhaps in the middle of a scan) must not clear entries its
+    /// stale state still lists: they may be the heirs' live ones. Plain writes are not fenced
+    /// by the replicated endpoint (writers check their lease when an attempt starts), so the
+    /// allocator checks its own, right before each.
+    pub fn guarded(mut self, guard: WriteGuard) -> Self {
+        self.guard = Some(guard);
         self
     }
 
@@ -615,6 +640,9 @@ impl ClassTable {
         // a free entry (both zero) from a live one (`adopt`).
         let at = self.addr(slot).add(HEADER_OFF);
         debug_assert_eq!(RECYCLE_OFF, HEADER_OFF + 8);
+        if self.guard.as_ref().is_some_and(|g| !(g.0)()) {
+            return Err(FabricError::Fenced { node: self.node });
+        }
         if self
             .tolerate(slot.host, write_words(ep, at, &[0u8; 16]), failed)?
             .is_none()
@@ -2133,6 +2161,31 @@ mod tests {
                 assert!(shared > 0, "mutation: entries handed out twice");
             }
         }
+    }
+
+    /// An allocator whose node may not write (its lease lapsed: paused or cut off, perhaps
+    /// past its replacement) clears no entry: its scan stops, fenced, and changes nothing.
+    #[test]
+    fn a_fenced_allocator_clears_nothing() {
+        let (f, t) = setup(1);
+        let allowed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let a = allowed.clone();
+        let t = ClassTable::new(0, 1, t[0].classes.clone(), PAGES, 0).guarded(WriteGuard(
+            Arc::new(move || a.load(std::sync::atomic::Ordering::SeqCst)),
+        ));
+        let mut ep = f.endpoint(0);
+        let slot = t.alloc_for(&mut ep, 0, Purpose::Value).unwrap();
+        ep.write(t.addr(slot).add(HEADER_OFF), &7u64.to_le_bytes())
+            .unwrap();
+        recycle(&f, &t, slot);
+        allowed.store(false, std::sync::atomic::Ordering::SeqCst);
+        let e = t.reclaim(&mut ep).unwrap_err();
+        assert!(matches!(e, FabricError::Fenced { node: 0 }), "{e}");
+        let mut header = [0u8; 8];
+        ep.read(t.addr(slot).add(HEADER_OFF), &mut header).unwrap();
+        assert_eq!(u64::from_le_bytes(header), 7, "nothing cleared");
+        allowed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(t.reclaim(&mut ep).unwrap(), 1);
     }
 
     /// A node that finds, on releasing a page, that another node adopted it (it was failed
