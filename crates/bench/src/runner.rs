@@ -616,6 +616,8 @@ fn start(
         spare_copies: None,
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
+        etcd_user: None,
+        etcd_password: None,
         frontends: None,
         progress_spin_us: opts.progress_spin_us,
         direct_loopback: opts.direct_loopback,

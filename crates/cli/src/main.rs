@@ -165,6 +165,20 @@ struct UpArgs {
     /// single-member etcd on loopback that `up` starts by default (and `down` stops).
     #[arg(long, value_name = "URL", conflicts_with = "no_etcd")]
     etcd: Option<String>,
+    /// The user to authenticate to the --etcd as, when its auth is enabled (`etcdctl auth
+    /// enable`); with --etcd-password-file. Written to [membership] etcd_user
+    #[arg(
+        long,
+        value_name = "USER",
+        requires = "etcd",
+        requires = "etcd_password_file"
+    )]
+    etcd_user: Option<String>,
+    /// The etcd user's password, read from the first line of FILE (not from the command line,
+    /// where other users could see it). Written to [membership] etcd_password in cluster.toml
+    /// (mode 0600); sent to etcd in clear over plain HTTP
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
     /// Run without membership: no etcd, no failure detection.
     #[arg(long)]
     no_etcd: bool,
@@ -687,6 +701,12 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             (None, false) => process::EtcdChoice::Local,
         },
         lease_ttl_s: a.lease_ttl,
+        etcd_user: a.etcd_user.clone(),
+        etcd_password: a
+            .etcd_password_file
+            .as_deref()
+            .map(read_password)
+            .transpose()?,
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,

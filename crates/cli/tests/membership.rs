@@ -169,6 +169,80 @@ fn clusters_sharing_an_etcd_keep_apart_and_down_stops_only_its_own() {
     assert!(!a.dir.join(etcd_server::DATA_DIR).exists());
 }
 
+/// An existing etcd with auth enabled: `up` with no user is refused, naming the settings; with
+/// `--etcd-user` and `--etcd-password-file` the cluster comes up, serves and reports its
+/// epoch, and the password is in `cluster.toml` (mode 0600), not on any command line.
+#[test]
+fn an_etcd_with_auth_is_used_as_its_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let host = Cluster::at("member-auth-etcd");
+    std::fs::create_dir_all(&host.dir).unwrap();
+    let ports = process::free_ports(2).unwrap();
+    let log = std::fs::File::create(host.dir.join(etcd_server::LOG_FILE)).unwrap();
+    let etcd = etcd_server::start(&host.dir, log, ports[0], ports[1]).unwrap();
+    let url = etcd.client_url.clone();
+    struct Stop(std::path::PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            etcd_server::stop(&self.0);
+        }
+    }
+    let _stop = Stop(host.dir.clone());
+    for (path, body) in [
+        ("/v3/auth/role/add", serde_json::json!({ "name": "root" })),
+        (
+            "/v3/auth/user/add",
+            serde_json::json!({ "name": "root", "password": "s3cret" }),
+        ),
+        (
+            "/v3/auth/user/grant",
+            serde_json::json!({ "user": "root", "role": "root" }),
+        ),
+        ("/v3/auth/enable", serde_json::json!({})),
+    ] {
+        ureq::post(&format!("{url}{path}")).send_json(body).unwrap();
+    }
+    let c = Cluster::at("member-auth");
+    let refused = c.nessie(&["up", "--nodes", "2", "--etcd", &url]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("etcd_user") && stderr(&refused).contains("auth"),
+        "{}",
+        stderr(&refused)
+    );
+    let _ = c.nessie(&["down"]);
+    let pw = host.dir.join("etcd-password");
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let up = c.nessie(&[
+        "up",
+        "--nodes",
+        "2",
+        "--etcd",
+        &url,
+        "--etcd-user",
+        "root",
+        "--etcd-password-file",
+        pw.to_str().unwrap(),
+    ]);
+    assert!(up.status.success(), "{}", stderr(&up));
+    let s = status_json(&c);
+    assert_eq!(
+        (states(&s), &s[0]["epoch"]),
+        (vec!["up".into(), "up".into()], &1.into())
+    );
+    assert!(c.nessie(&["put", "k", "v"]).status.success());
+    let got = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
+    let toml = process::config_path(&c.dir);
+    let mode = std::fs::metadata(&toml).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "cluster.toml holds the password");
+    assert!(std::fs::read_to_string(&toml)
+        .unwrap()
+        .contains("etcd_password = \"s3cret\""));
+    assert!(c.nessie(&["down"]).status.success());
+}
+
 #[test]
 fn without_etcd_membership_is_off() {
     let c = Cluster::up("member-off", 1, "shm", &["--no-etcd"]);

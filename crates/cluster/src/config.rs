@@ -405,7 +405,43 @@ pub struct MembershipSection {
     /// instead. At least three lease TTLs.
     #[serde(default = "default_replace_after_s")]
     pub replace_after_s: u64,
+    /// The etcd user every node and tool authenticates as, when etcd's auth is enabled; with
+    /// `etcd_password` (`nessie up --etcd-user U --etcd-password-file F`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_user: Option<String>,
+    /// That user's password, kept here as the cluster secret is (`cluster.toml` is created
+    /// mode 0600); sent to etcd in clear over plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_password: Option<Secret>,
 }
+
+impl MembershipSection {
+    /// A client of this etcd with the per-request `timeout`, authenticated as `etcd_user`
+    /// when one is set.
+    pub fn client(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<nessie_membership::etcd::Etcd, nessie_membership::etcd::EtcdError> {
+        let etcd = nessie_membership::etcd::Etcd::with_timeout(&self.etcd, timeout)?;
+        match (&self.etcd_user, &self.etcd_password) {
+            (Some(user), Some(password)) => etcd.with_credentials(user, &password.0),
+            (None, None) => Ok(etcd),
+            (Some(_), None) => Err(nessie_membership::etcd::EtcdError::Auth {
+                url: self.etcd.clone(),
+                who: "this client".into(),
+                why: "membership.etcd_user is set without membership.etcd_password".into(),
+            }),
+            (None, Some(_)) => Err(nessie_membership::etcd::EtcdError::Auth {
+                url: self.etcd.clone(),
+                who: "this client".into(),
+                why: "membership.etcd_password is set without membership.etcd_user".into(),
+            }),
+        }
+    }
+}
+
+/// The per-request timeout of the membership's etcd clients.
+pub const ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn default_lease_ttl_s() -> u64 {
     nessie_membership::DEFAULT_LEASE_TTL_S
@@ -705,7 +741,7 @@ impl ClusterConfig {
         let Some(m) = &self.membership else {
             return Ok(());
         };
-        nessie_membership::etcd::Etcd::new(&m.etcd)
+        m.client(ETCD_TIMEOUT)
             .map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
             return Err(InvalidConfig::LeaseTtl(m.lease_ttl_s));
@@ -1031,6 +1067,8 @@ mod tests {
             etcd: etcd.into(),
             lease_ttl_s,
             replace_after_s: nessie_membership::REPLACE_AFTER_TTLS * lease_ttl_s,
+            etcd_user: None,
+            etcd_password: None,
         }
     }
 

@@ -440,6 +440,8 @@ mod tests {
             etcd: "http://198.51.100.4:2379".into(),
             lease_ttl_s: 3,
             replace_after_s: 60,
+            etcd_user: None,
+            etcd_password: None,
         });
         let err = check(&c, 0).unwrap_err().to_string();
         assert!(err.contains("etcd at http://198.51.100.4:2379"), "{err}");

@@ -16,7 +16,6 @@ use nessie_fabric::delay::MaybeDelayed;
 use nessie_fabric::inproc::DelayInjection;
 use nessie_fabric::{Locality, OpKind};
 use nessie_fabric_ucx::{UcxConfig, UcxEndpoint, UcxNode};
-use nessie_membership::etcd::Etcd;
 use nessie_membership::{ConfigHook, MembershipError, Monitor, NodeState, Policy, Replacing};
 use nessie_protocols::{KvClient, ProtocolConfig};
 use nessie_serve::pool::ClientPool;
@@ -428,7 +427,9 @@ fn start_membership(
     let Some(m) = &cfg.membership else {
         return Ok(None);
     };
-    let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
+    let etcd = m
+        .client(crate::config::ETCD_TIMEOUT)
+        .map_err(MembershipError::from)?;
     // A failed node joins again only once every node has learnt of the failure (within a
     // TTL) and its copies' deciding has moved on (the settle time after that).
     let hold_ns = (m.lease_ttl_s * 1_000_000_000).saturating_add(replicas.settle_ns());
@@ -840,7 +841,8 @@ fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
     let Some(m) = &cfg.membership else {
         return Vec::new();
     };
-    let snapshot = Etcd::new(&m.etcd)
+    let snapshot = m
+        .client(crate::config::ETCD_TIMEOUT)
         .map_err(MembershipError::from)
         .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys()));
     match snapshot {

@@ -11,12 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nessie_membership::etcd::Etcd;
 use nessie_membership::MembershipError;
 use nessie_store::Geometry;
 
 use crate::admin::{AdminClient, Request, Response};
-use crate::config::{ClusterConfig, MembershipSection, Transport};
+use crate::config::{ClusterConfig, MembershipSection, Transport, ETCD_TIMEOUT};
 use crate::rundir::{self, RunDir};
 
 /// Most nodes `nessie up` starts on one machine.
@@ -143,6 +142,10 @@ pub struct UpOptions {
     pub spare_copies: Option<u8>,
     /// pilaf: extent reuse delay in milliseconds (`cluster.pilaf_reuse_delay_ms`).
     pub pilaf_reuse_delay_ms: Option<u64>,
+    /// The etcd user and password (`membership.etcd_user`, `etcd_password`) for an existing
+    /// etcd with auth enabled.
+    pub etcd_user: Option<String>,
+    pub etcd_password: Option<crate::config::Secret>,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
     pub replace_after_s: u64,
     /// The protocol front ends every node serves (`[frontends]`).
@@ -206,6 +209,8 @@ impl UpOptions {
             spare_copies: None,
             pilaf_reuse_delay_ms: None,
             replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
+            etcd_user: None,
+            etcd_password: None,
             frontends: None,
             progress_spin_us: 0,
             direct_loopback: true,
@@ -342,6 +347,8 @@ fn placeholder_membership(o: &UpOptions) -> Option<MembershipSection> {
         etcd,
         lease_ttl_s: o.lease_ttl_s,
         replace_after_s: o.replace_after_s,
+        etcd_user: o.etcd_user.clone(),
+        etcd_password: o.etcd_password.clone(),
     })
 }
 
@@ -356,11 +363,21 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
             etcd_server::start(rd.path(), log, ports[0], ports[1])?.client_url
         }
     };
-    Ok(Some(MembershipSection {
+    let m = MembershipSection {
         etcd,
         lease_ttl_s: o.lease_ttl_s,
         replace_after_s: o.replace_after_s,
-    }))
+        etcd_user: o.etcd_user.clone(),
+        etcd_password: o.etcd_password.clone(),
+    };
+    if let EtcdChoice::Existing(_) = &o.etcd {
+        // An etcd that cannot be used (unreachable, or wanting credentials it is not given)
+        // is refused now, with its reason, not after every node failed to register.
+        m.client(ETCD_TIMEOUT)
+            .and_then(|etcd| etcd.get("/nessie/"))
+            .map_err(MembershipError::from)?;
+    }
+    Ok(Some(m))
 }
 
 /// Write epoch 1 of the membership configuration (every node up) once all nodes are ready.
@@ -368,7 +385,7 @@ fn initialise_membership(cfg: &ClusterConfig) -> Result<(), ProcessError> {
     let Some(m) = &cfg.membership else {
         return Ok(());
     };
-    let etcd = Etcd::new(&m.etcd).map_err(MembershipError::from)?;
+    let etcd = m.client(ETCD_TIMEOUT).map_err(MembershipError::from)?;
     nessie_membership::initialise(&etcd, &cfg.membership_keys(), cfg.node.iter().map(|n| n.id))?;
     Ok(())
 }
@@ -712,7 +729,7 @@ pub fn membership_status(
 ) -> Option<Result<nessie_membership::Snapshot, MembershipError>> {
     let m = cfg.membership.as_ref()?;
     Some(
-        Etcd::with_timeout(&m.etcd, Duration::from_secs(2))
+        m.client(ETCD_TIMEOUT)
             .map_err(MembershipError::from)
             .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys())),
     )

@@ -10,8 +10,16 @@
 //!   omitted, so every response field is optional and zero by default;
 //! - errors of unary calls come as non-2xx answers with a JSON body, but the streaming
 //!   `lease/keepalive` answers HTTP 200 with an `{"error": ..}` object instead of a result.
+//!
+//! **Authentication.** With etcd's auth enabled (`etcdctl auth enable`), a client made
+//! [`Etcd::with_credentials`] authenticates as its user (`/v3/auth/authenticate`) and sends the
+//! token etcd gives in the `Authorization` header of every request; when etcd refuses a token
+//! (it expired: `--auth-token-ttl`, 300 s by default), it authenticates again and retries once.
+//! The password travels in clear unless etcd is reached over a private network: this client
+//! speaks plain HTTP only (`docs/cluster.md`, "Trust boundary").
 
 use std::io::Read as _;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -54,6 +62,13 @@ pub enum EtcdError {
         path: String,
         why: String,
     },
+    /// etcd refused this client's credentials, or wants some and it has none.
+    #[error("etcd at {url} refused to authenticate {who}: {why}")]
+    Auth {
+        url: String,
+        who: String,
+        why: String,
+    },
 }
 
 /// How much of an error body we keep: enough for etcd's one-line JSON errors, bounded in case
@@ -63,13 +78,27 @@ const MAX_ERROR_BODY: usize = 500;
 /// gRPC status code NOT_FOUND, which the gateway puts in `"code"` for a missing lease.
 const GRPC_NOT_FOUND: i64 = 5;
 
-/// A blocking etcd client. Clones are cheap and share one connection pool, so a thread (a
-/// lease keeper, say) can have its own.
+/// Longest etcd user name and password this client sends (etcd itself sets no limit; these
+/// bound what a configuration file can make it send).
+pub const MAX_USER_BYTES: usize = 256;
+pub const MAX_PASSWORD_BYTES: usize = 1024;
+
+/// A blocking etcd client. Clones are cheap and share one connection pool (and one auth
+/// token), so a thread (a lease keeper, say) can have its own.
 #[derive(Clone)]
 pub struct Etcd {
     /// `http://host:port`, without a trailing slash.
     url: String,
     agent: ureq::Agent,
+    /// The user this client authenticates as, if etcd's auth is enabled.
+    auth: Option<Arc<Auth>>,
+}
+
+struct Auth {
+    user: String,
+    password: String,
+    /// The token `/v3/auth/authenticate` gave, until etcd refuses it.
+    token: Mutex<Option<String>>,
 }
 
 impl Etcd {
@@ -95,7 +124,122 @@ impl Etcd {
             .try_proxy_from_env(false)
             .redirects(0)
             .build();
-        Ok(Etcd { url, agent })
+        Ok(Etcd {
+            url,
+            agent,
+            auth: None,
+        })
+    }
+
+    /// Authenticate as `user` with `password` (etcd's auth enabled). Nothing is sent yet: the
+    /// first request authenticates. A user or password that is empty, too long or holds a
+    /// control character is refused here, naming which.
+    pub fn with_credentials(mut self, user: &str, password: &str) -> Result<Etcd, EtcdError> {
+        let bad = |why: String| EtcdError::Auth {
+            url: self.url.clone(),
+            who: format!("user {user:?}"),
+            why,
+        };
+        for (what, v, max) in [
+            ("user name", user, MAX_USER_BYTES),
+            ("password", password, MAX_PASSWORD_BYTES),
+        ] {
+            if v.is_empty() {
+                return Err(bad(format!("the {what} is empty")));
+            }
+            if v.len() > max {
+                return Err(bad(format!("the {what} is longer than {max} bytes")));
+            }
+            if v.chars().any(char::is_control) {
+                return Err(bad(format!("the {what} holds a control character")));
+            }
+        }
+        self.auth = Some(Arc::new(Auth {
+            user: user.to_string(),
+            password: password.to_string(),
+            token: Mutex::new(None),
+        }));
+        Ok(self)
+    }
+
+    /// The token to send, authenticating first if there is none yet; `None` without auth.
+    fn token(&self) -> Result<Option<String>, EtcdError> {
+        let Some(a) = &self.auth else {
+            return Ok(None);
+        };
+        let mut token = a.token.lock().expect("token lock");
+        if let Some(t) = &*token {
+            return Ok(Some(t.clone()));
+        }
+        #[derive(Deserialize)]
+        struct Authenticated {
+            #[serde(default)]
+            token: String,
+        }
+        let path = "/v3/auth/authenticate";
+        let answer = self
+            .agent
+            .post(&format!("{}{path}", self.url))
+            .send_json(json!({ "name": a.user, "password": a.password }));
+        let refused = |why: String| EtcdError::Auth {
+            url: self.url.clone(),
+            who: format!("user {:?}", a.user),
+            why,
+        };
+        let text = match self.read_answer(path, answer) {
+            Ok(text) => text,
+            Err(EtcdError::Http { body, .. }) => return Err(refused(body)),
+            Err(e) => return Err(e),
+        };
+        let got: Authenticated = self.decode(path, &text)?;
+        if got.token.is_empty() {
+            return Err(refused(
+                "no token in the answer: is auth enabled in etcd (`etcdctl auth enable`)?".into(),
+            ));
+        }
+        *token = Some(got.token.clone());
+        Ok(Some(got.token))
+    }
+
+    /// A request to `path` with the auth token, if any.
+    fn request(&self, agent: &ureq::Agent, path: &str) -> Result<ureq::Request, EtcdError> {
+        let req = agent.post(&format!("{}{path}", self.url));
+        Ok(match self.token()? {
+            Some(t) => req.set("Authorization", &t),
+            None => req,
+        })
+    }
+
+    /// Whether `e` is etcd refusing the token (expired, or from before a restart): then a
+    /// new one is asked for. Anything else about auth is the caller's to see.
+    fn token_refused(&self, e: &EtcdError) -> bool {
+        let refused =
+            matches!(e, EtcdError::Http { body, .. } if body.contains("invalid auth token"));
+        if refused {
+            if let Some(a) = &self.auth {
+                *a.token.lock().expect("token lock") = None;
+            }
+        }
+        refused && self.auth.is_some()
+    }
+
+    /// An answer saying etcd wants credentials this client has none of, made plain.
+    fn explain(&self, e: EtcdError) -> EtcdError {
+        match e {
+            EtcdError::Http { ref body, .. }
+                if self.auth.is_none() && body.contains("user name is empty") =>
+            {
+                EtcdError::Auth {
+                    url: self.url.clone(),
+                    who: "this client".into(),
+                    why: "etcd's auth is enabled and no user is configured: set [membership] \
+                          etcd_user and etcd_password_file (nessie up --etcd-user, \
+                          --etcd-password-file)"
+                        .into(),
+                }
+            }
+            e => e,
+        }
     }
 
     /// The base URL, `http://host:port`, without a trailing slash.
@@ -235,12 +379,17 @@ impl Etcd {
             .try_proxy_from_env(false)
             .redirects(0)
             .build();
-        let answer = agent
-            .post(&format!("{}{path}", self.url))
-            .send_json(json!({ "create_request": create }));
-        let response = match answer {
-            Ok(r) => r,
-            Err(e) => return self.read_answer(path, Err(e)).map(|_| after),
+        let watch = json!({ "create_request": create });
+        let mut again = true;
+        let response = loop {
+            let answer = self.request(&agent, path)?.send_json(watch.clone());
+            match answer {
+                Ok(r) => break r,
+                Err(e) => match self.read_answer(path, Err(e)) {
+                    Err(e) if again && self.token_refused(&e) => again = false,
+                    r => return r.map(|_| after).map_err(|e| self.explain(e)),
+                },
+            }
         };
         let mut last = after;
         let stream = serde_json::Deserializer::from_reader(response.into_reader());
@@ -334,13 +483,17 @@ impl Etcd {
         self.decode(path, &text)
     }
 
-    /// POST `body` as JSON to `path` and return the body of a 2xx answer.
+    /// POST `body` as JSON to `path` and return the body of a 2xx answer (authenticating
+    /// again once if etcd refused the token).
     fn post_text(&self, path: &str, body: Value) -> Result<String, EtcdError> {
-        let answer = self
-            .agent
-            .post(&format!("{}{path}", self.url))
-            .send_json(body);
-        self.read_answer(path, answer)
+        let mut again = true;
+        loop {
+            let answer = self.request(&self.agent, path)?.send_json(body.clone());
+            match self.read_answer(path, answer) {
+                Err(e) if again && self.token_refused(&e) => again = false,
+                r => return r.map_err(|e| self.explain(e)),
+            }
+        }
     }
 
     /// Turn a ureq outcome into the answer's body, or the error that says what went wrong.
@@ -582,6 +735,10 @@ mod tests {
     }
 
     fn start_etcd() -> TestEtcd {
+        start_etcd_with(&[])
+    }
+
+    fn start_etcd_with(extra: &[&str]) -> TestEtcd {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         // CI installs etcd: a missing binary is a broken environment, not a reason to skip.
         assert!(
@@ -605,6 +762,7 @@ mod tests {
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("t={peer_url}")])
             .args(["--log-level", "error"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log)
@@ -626,6 +784,74 @@ mod tests {
                 log_of(&etcd.dir)
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// With etcd's auth enabled (simple tokens living 1 s): a client without credentials is
+    /// told what to configure, a wrong password is refused naming the user, the right one
+    /// works, a watch too, and a token etcd no longer accepts is renewed unseen.
+    #[test]
+    fn auth_is_used_refused_and_renewed() {
+        let etcd = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]);
+        let c = &etcd.client;
+        c.post::<Value>("/v3/auth/role/add", json!({ "name": "root" }))
+            .unwrap();
+        c.post::<Value>(
+            "/v3/auth/user/add",
+            json!({ "name": "root", "password": "s3cret" }),
+        )
+        .unwrap();
+        c.post::<Value>(
+            "/v3/auth/user/grant",
+            json!({ "user": "root", "role": "root" }),
+        )
+        .unwrap();
+        c.post::<Value>("/v3/auth/enable", json!({})).unwrap();
+
+        let e = c.put("k", b"v", None).unwrap_err();
+        assert!(
+            matches!(e, EtcdError::Auth { .. }) && e.to_string().contains("etcd_user"),
+            "{e}"
+        );
+        let wrong = Etcd::new(c.url())
+            .unwrap()
+            .with_credentials("root", "nope")
+            .unwrap();
+        let e = wrong.put("k", b"v", None).unwrap_err();
+        assert!(
+            matches!(e, EtcdError::Auth { .. }) && e.to_string().contains("\"root\""),
+            "{e}"
+        );
+        let good = Etcd::new(c.url())
+            .unwrap()
+            .with_credentials("root", "s3cret")
+            .unwrap();
+        good.put("k", b"v", None).unwrap();
+        let lease = good.grant(5).unwrap();
+        assert!(good.keep_alive(lease).unwrap() > 0);
+        // The token lives 1 s: etcd refuses it later, and the client asks for another.
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(good.get("k").unwrap().unwrap().value, b"v");
+        std::thread::sleep(Duration::from_secs(3));
+        let rev = good.get("k").unwrap().unwrap().mod_revision;
+        let watcher = good.clone();
+        let seen = std::thread::spawn(move || {
+            watcher.watch_prefix("k", rev, Duration::from_secs(5), |_| false)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        good.put("k", b"w", None).unwrap();
+        assert!(seen.join().unwrap().unwrap() > rev, "the watch saw the put");
+        for (user, password, what) in [
+            ("", "x", "user name is empty"),
+            ("u", "", "password is empty"),
+            ("u\n", "x", "control character"),
+        ] {
+            let e = Etcd::new(c.url())
+                .unwrap()
+                .with_credentials(user, password)
+                .err()
+                .unwrap();
+            assert!(e.to_string().contains(what), "{e}");
         }
     }
 
