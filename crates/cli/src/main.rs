@@ -853,6 +853,18 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     };
     let config = snapshot.and_then(|s| s.config.as_ref());
     let partitions = replication(&cfg, config, &nodes, &state_of);
+    // Copies of partitions (a node's tables) each node holds, and whether any moved copy is
+    // still being filled.
+    let held: Vec<u64> = {
+        let map = cfg.replica_set().ok().map(|set| match config {
+            Some(c) => c.copy_map(&set),
+            None => nessie_protocols::replica::CopyMap::home(&set),
+        });
+        (0..nodes.len() as u16)
+            .map(|n| map.as_ref().map_or(0, |m| m.held_by(n).len() as u64))
+            .collect()
+    };
+    let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving));
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
         let etcd_error = match &membership {
@@ -872,6 +884,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 v["replicas"] = cfg.cluster.replicas.into();
                 v["live_copies"] = p.live_copies.into();
                 v["under_replicated"] = p.under_replicated().into();
+                v["partitions"] = held[n.id as usize].into();
+                v["rebalancing"] = rebalancing.into();
                 if let Some(e) = &etcd_error {
                     v["etcd_error"] = e.clone().into();
                 }
@@ -888,6 +902,22 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
         );
         print_membership(&cfg, membership.as_ref(), &nodes);
         print_replication(cfg.cluster.replicas, &partitions);
+        if cfg.cluster.replicas > 1 {
+            let held: Vec<String> = held
+                .iter()
+                .enumerate()
+                .map(|(n, h)| format!("node {n}: {h}"))
+                .collect();
+            println!(
+                "partition copies held: {}{}",
+                held.join(", "),
+                if rebalancing {
+                    "; rebalancing (moved copies being filled)"
+                } else {
+                    ""
+                }
+            );
+        }
         print_node_table(&nodes, state_of);
         print_class_fill(&nodes);
     }

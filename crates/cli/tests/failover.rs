@@ -415,6 +415,17 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
         .filter(|c| c["slot"] == 2)
         .collect();
     assert_eq!(moved.len(), 2, "two copies in spare slots: {moved:?}");
+    // Node 1 holds no copy now; the four partitions' eight copies are on the survivors.
+    let copies: Vec<u64> = s
+        .iter()
+        .map(|n| n["partitions"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        (copies[1], copies.iter().sum::<u64>()),
+        (0, 8),
+        "{copies:?}"
+    );
+    assert!(s.iter().all(|n| n["rebalancing"] == false));
     assert!(moved.iter().all(|c| c["receiving"] == false), "{moved:?}");
     let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
     assert!(

@@ -1189,6 +1189,14 @@ impl ClassTable {
                     continue;
                 }
                 let class = w.class();
+                // The entries first: a READ that fails then leaves nothing claimed and not
+                // held. Their state cannot change before the CAS in a way that matters: only
+                // the claimer (gone) hands out a free entry; others only release used ones.
+                let (per_page, size) =
+                    (self.classes.per_page(class), self.classes.entry_size(class));
+                let mut bytes = vec![0u8; (per_page * size) as usize];
+                let base = page * self.classes.page_bytes();
+                ep.read(RemoteAddr::new(host, DATA_REGION, base), &mut bytes)?;
                 let mine = if by_cas {
                     let mine = PageWord::claimed_after(w, self.node, class);
                     let at = RemoteAddr::new(host, PAGE_REGION, page * 8);
@@ -1213,11 +1221,6 @@ impl ClassTable {
                 } else {
                     w
                 };
-                let (per_page, size) =
-                    (self.classes.per_page(class), self.classes.entry_size(class));
-                let mut bytes = vec![0u8; (per_page * size) as usize];
-                let base = page * self.classes.page_bytes();
-                ep.read(RemoteAddr::new(host, DATA_REGION, base), &mut bytes)?;
                 let mut in_use = 0;
                 for i in 0..per_page {
                     let at = (i * size) as usize;
