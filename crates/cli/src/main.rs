@@ -852,18 +852,13 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
         }
     };
     let config = snapshot.and_then(|s| s.config.as_ref());
-    let partitions = replication(&cfg, config, &nodes, &state_of);
+    let map = copy_map(&cfg, config);
+    let partitions = replication(&cfg, map.as_ref(), config, &nodes, &state_of);
     // Copies of partitions (a node's tables) each node holds, and whether any moved copy is
     // still being filled.
-    let held: Vec<u64> = {
-        let map = cfg.replica_set().ok().map(|set| match config {
-            Some(c) => c.copy_map(&set),
-            None => nessie_protocols::replica::CopyMap::home(&set),
-        });
-        (0..nodes.len() as u16)
-            .map(|n| map.as_ref().map_or(0, |m| m.held_by(n).len() as u64))
-            .collect()
-    };
+    let held: Vec<u64> = (0..nodes.len() as u16)
+        .map(|n| map.as_ref().map_or(0, |m| m.held_by(n).len() as u64))
+        .collect();
     let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving));
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
@@ -956,27 +951,33 @@ fn receiving(config: Option<&nessie_membership::Configuration>, p: u16, j: u8) -
     })
 }
 
+/// Where the copies are: at home, or where the configuration moved them (`None`: the
+/// configuration's replication is invalid).
+fn copy_map(
+    cfg: &nessie_cluster::config::ClusterConfig,
+    config: Option<&nessie_membership::Configuration>,
+) -> Option<nessie_protocols::replica::CopyMap> {
+    cfg.replica_set().ok().map(|set| match config {
+        Some(c) => c.copy_map(&set),
+        None => nessie_protocols::replica::CopyMap::home(&set),
+    })
+}
+
 fn replication(
     cfg: &nessie_cluster::config::ClusterConfig,
+    map: Option<&nessie_protocols::replica::CopyMap>,
     config: Option<&nessie_membership::Configuration>,
     nodes: &[process::NodeStatus],
     state_of: &impl Fn(&process::NodeStatus) -> String,
 ) -> Vec<Partition> {
     let n = nodes.len() as u16;
     let r = cfg.cluster.replicas;
-    // Where the copies are: at home, or where the configuration moved them.
-    let map = cfg.replica_set().ok().map(|set| match config {
-        Some(c) => c.copy_map(&set),
-        None => nessie_protocols::replica::CopyMap::home(&set),
-    });
     (0..n)
         .map(|p| {
             let mut live = 0;
             let mut present = None;
             for j in 0..r {
-                let at = map
-                    .as_ref()
-                    .map_or((p + j as u16) % n, |m| m.place(p, j).node);
+                let at = map.map_or((p + j as u16) % n, |m| m.place(p, j).node);
                 let Some(holder) = nodes.get(at as usize) else {
                     continue;
                 };
