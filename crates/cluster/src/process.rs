@@ -287,7 +287,42 @@ pub fn tail(path: &Path, lines: usize) -> String {
 /// Start a local cluster in `dir`. If a node loses its bootstrap port to another process in
 /// the moment between choosing it and binding it, the cluster is restarted on fresh ports.
 pub fn up(dir: &Path, o: &UpOptions) -> Result<ClusterConfig, ProcessError> {
-    up_with_ports(dir, o, free_ports)
+    let configured = configured_ports(o);
+    up_with_ports(dir, o, |n| free_ports_avoiding(n, &configured))
+}
+
+/// The ports `o` asks the nodes' front ends and metrics to listen on: base + K for each node.
+fn configured_ports(o: &UpOptions) -> Vec<u16> {
+    let Some(f) = &o.frontends else {
+        return Vec::new();
+    };
+    [f.memcached_port, f.resp_port, f.metrics_port]
+        .into_iter()
+        .flatten()
+        .flat_map(|base| (0..o.nodes).filter_map(move |k| base.checked_add(k)))
+        .collect()
+}
+
+/// Draws of [`free_ports`] [`free_ports_avoiding`] makes before it gives up.
+const MAX_PORT_DRAWS: u32 = 100;
+
+/// [`free_ports`], none of them in `avoid`: a bootstrap or etcd port chosen by `up` must not be
+/// one the configuration gives a front end, which binds it only later (a node then failed with
+/// "Address already in use").
+pub fn free_ports_avoiding(n: u16, avoid: &[u16]) -> Result<Vec<u16>, ProcessError> {
+    for _ in 0..MAX_PORT_DRAWS {
+        let ports = free_ports(n)?;
+        if !ports.iter().any(|p| avoid.contains(p)) {
+            return Ok(ports);
+        }
+    }
+    Err(ProcessError::Io {
+        path: "127.0.0.1".into(),
+        err: std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("no {n} free loopback ports outside the front ends' {avoid:?}"),
+        ),
+    })
 }
 
 /// [`up`] with the bootstrap ports of each attempt chosen by `ports` (tests use it to force a
@@ -358,7 +393,7 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
         EtcdChoice::Off => return Ok(None),
         EtcdChoice::Existing(url) => url.clone(),
         EtcdChoice::Local => {
-            let ports = free_ports(2)?;
+            let ports = free_ports_avoiding(2, &configured_ports(o))?;
             let log = rd.create_file(etcd_server::LOG_FILE)?;
             etcd_server::start(rd.path(), log, ports[0], ports[1])?.client_url
         }
@@ -765,6 +800,40 @@ mod tests {
                 );
             }
             std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
+    }
+
+    #[test]
+    fn ports_up_draws_avoid_those_the_front_ends_are_given() {
+        let mut o = UpOptions::new(
+            PathBuf::from("nessie"),
+            3,
+            Transport::Shm,
+            Geometry::default(),
+        );
+        assert!(configured_ports(&o).is_empty());
+        o.frontends = Some(crate::config::FrontendsSection {
+            memcached_port: Some(10_000),
+            resp_port: None,
+            metrics_port: Some(u16::MAX - 1),
+            resp_password: None,
+            bind: "127.0.0.1".into(),
+            max_connections: 1,
+            threads: 1,
+        });
+        // Node K listens on base + K; a base near the top keeps only the ports that exist.
+        assert_eq!(
+            configured_ports(&o),
+            vec![10_000, 10_001, 10_002, u16::MAX - 1, u16::MAX]
+        );
+        // Avoiding every odd port makes about half the draws redraw; no avoided one comes back.
+        let (lo, hi) = ephemeral_range();
+        let (a, b) = if lo > 11_000 { (10_000, lo - 1) } else { (hi + 1, u16::MAX) };
+        let avoid: Vec<u16> = (a..=b).filter(|p| p % 2 == 1).collect();
+        for _ in 0..20 {
+            for p in free_ports_avoiding(1, &avoid).unwrap() {
+                assert!(!avoid.contains(&p), "{p} was to be avoided");
+            }
         }
     }
 }
