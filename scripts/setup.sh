@@ -2,7 +2,7 @@
 # Install what building and testing Nessie needs on Debian (idempotent; root or sudo).
 set -euo pipefail
 
-PKGS=(build-essential pkg-config libucx-dev ucx-utils iproute2 procps memcached etcd-server libmemcached-tools redis-tools redis-server python3 python3-pymemcache python3-redis)
+PKGS=(build-essential pkg-config libucx-dev ucx-utils iproute2 procps memcached etcd-server libmemcached-tools redis-tools redis-server openssl python3 python3-pymemcache python3-redis)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -618,6 +618,7 @@ fn start(
         replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
         etcd_user: None,
         etcd_password: None,
+        etcd_tls: Default::default(),
         frontends: None,
         progress_spin_us: opts.progress_spin_us,
         direct_loopback: opts.direct_loopback,

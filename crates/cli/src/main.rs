@@ -161,7 +161,7 @@ struct UpArgs {
     /// Huge pages for the nodes' tables: off, try (when enough are reserved in vm.nr_hugepages), require.
     #[arg(long, default_value = "try")]
     huge_pages: nessie_fabric_ucx::HugePages,
-    /// etcd client URL (http://HOST:PORT) of an existing etcd for membership, instead of the
+    /// etcd client URL (http://HOST:PORT, or https:// for TLS) of an existing etcd for membership, instead of the
     /// single-member etcd on loopback that `up` starts by default (and `down` stops).
     #[arg(long, value_name = "URL", conflicts_with = "no_etcd")]
     etcd: Option<String>,
@@ -179,6 +179,18 @@ struct UpArgs {
     /// (mode 0600); sent to etcd in clear over plain HTTP
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     etcd_password_file: Option<PathBuf>,
+    /// PEM CA certificates that signed the --etcd's server certificate (an https:// etcd;
+    /// without it, the public roots). Written to [membership] etcd_ca
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate to present to the --etcd (its --client-cert-auth); with
+    /// --etcd-key and --etcd-ca. Written to [membership] etcd_cert
+    #[arg(long, value_name = "FILE", requires = "etcd_key", requires = "etcd_ca")]
+    etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert, readable by its owner only (mode 0600). Written to
+    /// [membership] etcd_key
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
     /// Run without membership: no etcd, no failure detection.
     #[arg(long)]
     no_etcd: bool,
@@ -707,6 +719,11 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             .as_deref()
             .map(read_password)
             .transpose()?,
+        etcd_tls: nessie_membership::tls::TlsFiles {
+            ca: a.etcd_ca.as_deref().map(absolute).transpose()?,
+            cert: a.etcd_cert.as_deref().map(absolute).transpose()?,
+            key: a.etcd_key.as_deref().map(absolute).transpose()?,
+        },
         replicas: a.replicas,
         spare_copies: a.spare_copies,
         pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,
@@ -754,6 +771,17 @@ fn read_password(path: &std::path::Path) -> Result<nessie_cluster::config::Secre
     })?;
     let line = text.lines().next().unwrap_or("").to_string();
     Ok(nessie_cluster::config::Secret(line))
+}
+
+/// `path` made absolute (without following links): cluster.toml is read by nodes and tools
+/// started in other directories. A file that does not exist is refused, naming it.
+fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
+    let file = |err| CliError::File {
+        path: path.to_path_buf(),
+        err,
+    };
+    std::fs::metadata(path).map_err(file)?;
+    std::path::absolute(path).map_err(file)
 }
 
 /// `[frontends]` as `up --memcached-port --resp-port --metrics-port --bind` ask.

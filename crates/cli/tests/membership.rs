@@ -243,6 +243,94 @@ fn an_etcd_with_auth_is_used_as_its_user() {
     assert!(c.nessie(&["down"]).status.success());
 }
 
+/// An existing etcd over TLS that requires client certificates: `up` without TLS files is
+/// refused, saying to give the CA; with `--etcd-ca`, `--etcd-cert` and `--etcd-key` (one given
+/// relative to `up`'s directory) the cluster comes up over https, serves and reports its epoch,
+/// and `cluster.toml` names the files by absolute path, as nodes started elsewhere need.
+#[test]
+fn an_etcd_over_tls_with_client_certificates_is_used() {
+    let host = Cluster::at("member-tls-etcd");
+    std::fs::create_dir_all(&host.dir).unwrap();
+    let pki = nessie_membership::tls::testing::Pki::make(&host.dir.join("pki"));
+    let ports = process::free_ports(2).unwrap();
+    let url = format!("https://127.0.0.1:{}", ports[0]);
+    let peer = format!("http://127.0.0.1:{}", ports[1]);
+    let log = std::fs::File::create(host.dir.join("etcd.log")).unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _etcd = Kill(
+        Command::new(etcd_server::binary())
+            .args(["--name", "tls", "--data-dir"])
+            .arg(host.dir.join("data"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("tls={peer}")])
+            .args(pki.etcd_args())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let client = nessie_membership::etcd::Etcd::new(&url)
+        .unwrap()
+        .with_tls(&pki.client)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.health().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "etcd over TLS not healthy after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let c = Cluster::at("member-tls");
+    let refused = c.nessie(&["up", "--nodes", "2", "--etcd", &url]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("etcd_ca"), "{}", stderr(&refused));
+    let _ = c.nessie(&["down"]);
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().to_str().unwrap().to_string();
+    let up = Command::new(BIN)
+        .current_dir(&pki.dir)
+        .args(["up", "--nodes", "2", "--etcd", &url, "--etcd-ca", "ca.pem"])
+        .args(["--etcd-cert", &path(&pki.client.cert)])
+        .args(["--etcd-key", &path(&pki.client.key)])
+        .arg("--dir")
+        .arg(&c.dir)
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "{}", stderr(&up));
+    let s = status_json(&c);
+    assert_eq!(
+        (states(&s), &s[0]["epoch"]),
+        (vec!["up".into(), "up".into()], &1.into())
+    );
+    assert!(c.nessie(&["put", "k", "v"]).status.success());
+    let got = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
+    let toml = std::fs::read_to_string(process::config_path(&c.dir)).unwrap();
+    assert!(
+        toml.contains(&format!("etcd_ca = \"{}\"", path(&pki.client.ca))),
+        "{toml}"
+    );
+    assert!(c.nessie(&["down"]).status.success());
+}
+
 #[test]
 fn without_etcd_membership_is_off() {
     let c = Cluster::up("member-off", 1, "shm", &["--no-etcd"]);

@@ -395,7 +395,7 @@ impl FrontendsSection {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MembershipSection {
-    /// etcd client URL, `http://HOST:PORT`.
+    /// etcd client URL, `http://HOST:PORT`, or `https://HOST:PORT` for TLS.
     pub etcd: String,
     /// A node whose lease has not been refreshed for this long is declared failed.
     #[serde(default = "default_lease_ttl_s")]
@@ -413,16 +413,36 @@ pub struct MembershipSection {
     /// mode 0600); sent to etcd in clear over plain HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_password: Option<Secret>,
+    /// PEM CA certificates that signed etcd's server certificate (an `https://` etcd; without
+    /// it, the public roots). An absolute path, read by every node and tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to etcd (`--client-cert-auth`), with `etcd_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    /// PEM private key of `etcd_cert`, mode 0600 (a key others can read is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_key: Option<std::path::PathBuf>,
 }
 
 impl MembershipSection {
+    /// The TLS files this section names.
+    pub fn tls(&self) -> nessie_membership::tls::TlsFiles {
+        nessie_membership::tls::TlsFiles {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+
     /// A client of this etcd with the per-request `timeout`, authenticated as `etcd_user`
     /// when one is set.
     pub fn client(
         &self,
         timeout: std::time::Duration,
     ) -> Result<nessie_membership::etcd::Etcd, nessie_membership::etcd::EtcdError> {
-        let etcd = nessie_membership::etcd::Etcd::with_timeout(&self.etcd, timeout)?;
+        let etcd = nessie_membership::etcd::Etcd::with_timeout(&self.etcd, timeout)?
+            .with_tls(&self.tls())?;
         match (&self.etcd_user, &self.etcd_password) {
             (Some(user), Some(password)) => etcd.with_credentials(user, &password.0),
             (None, None) => Ok(etcd),
@@ -741,6 +761,19 @@ impl ClusterConfig {
         let Some(m) = &self.membership else {
             return Ok(());
         };
+        // Nodes and tools start in other directories: a relative path would name other files.
+        for (field, path) in [
+            ("etcd_ca", &m.etcd_ca),
+            ("etcd_cert", &m.etcd_cert),
+            ("etcd_key", &m.etcd_key),
+        ] {
+            if let Some(p) = path.as_ref().filter(|p| !p.is_absolute()) {
+                return Err(InvalidConfig::Etcd(format!(
+                    "membership.{field} {} is not an absolute path",
+                    p.display()
+                )));
+            }
+        }
         m.client(ETCD_TIMEOUT)
             .map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
@@ -1069,6 +1102,9 @@ mod tests {
             replace_after_s: nessie_membership::REPLACE_AFTER_TTLS * lease_ttl_s,
             etcd_user: None,
             etcd_password: None,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
         }
     }
 
@@ -1228,7 +1264,31 @@ mod tests {
     fn membership_errors_name_the_field() {
         let cases = [
             (membership("localhost:2379", 3), 1_000, "membership.etcd"),
-            (membership("https://e:2379", 3), 1_000, "membership.etcd"),
+            (membership("ftp://e:2379", 3), 1_000, "membership.etcd"),
+            (
+                MembershipSection {
+                    etcd_ca: Some("ca.pem".into()),
+                    ..membership("https://e:2379", 3)
+                },
+                1_000,
+                "membership.etcd_ca ca.pem is not an absolute path",
+            ),
+            (
+                MembershipSection {
+                    etcd_ca: Some("/nonexistent/ca.pem".into()),
+                    ..membership("http://e:2379", 3)
+                },
+                1_000,
+                "not https://",
+            ),
+            (
+                MembershipSection {
+                    etcd_ca: Some("/nonexistent/ca.pem".into()),
+                    ..membership("https://e:2379", 3)
+                },
+                1_000,
+                "/nonexistent/ca.pem",
+            ),
             (
                 membership("http://e:2379", 0),
                 1_000,

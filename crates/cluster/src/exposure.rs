@@ -306,9 +306,12 @@ pub fn host_interfaces() -> std::io::Result<Vec<(String, IpAddr)>> {
     Ok(out)
 }
 
-/// The addresses etcd's URL (`http://HOST:PORT`, already validated) names.
+/// The addresses etcd's URL (`http(s)://HOST:PORT`, already validated) names.
 fn etcd_addresses(url: &str) -> Result<Vec<IpAddr>, Exposed> {
-    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .trim_end_matches('/');
     let Some((host, port)) = authority.rsplit_once(':') else {
         return Ok(vec![]);
     };
@@ -431,6 +434,10 @@ mod tests {
             etcd_addresses("http://[::1]:2379/").unwrap(),
             vec![IpAddr::V6(Ipv6Addr::LOCALHOST)]
         );
+        assert_eq!(
+            etcd_addresses("https://10.1.2.3:2379").unwrap(),
+            vec![IpAddr::from([10, 1, 2, 3])]
+        );
         assert!(etcd_addresses("http://localhost:2379")
             .unwrap()
             .iter()
@@ -442,6 +449,9 @@ mod tests {
             replace_after_s: 60,
             etcd_user: None,
             etcd_password: None,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
         });
         let err = check(&c, 0).unwrap_err().to_string();
         assert!(err.contains("etcd at http://198.51.100.4:2379"), "{err}");

@@ -146,6 +146,8 @@ pub struct UpOptions {
     /// etcd with auth enabled.
     pub etcd_user: Option<String>,
     pub etcd_password: Option<crate::config::Secret>,
+    /// TLS files for an existing `https://` etcd (`membership.etcd_ca`, `etcd_cert`, `etcd_key`).
+    pub etcd_tls: nessie_membership::tls::TlsFiles,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
     pub replace_after_s: u64,
     /// The protocol front ends every node serves (`[frontends]`).
@@ -211,6 +213,7 @@ impl UpOptions {
             replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
             etcd_user: None,
             etcd_password: None,
+            etcd_tls: Default::default(),
             frontends: None,
             progress_spin_us: 0,
             direct_loopback: true,
@@ -384,6 +387,9 @@ fn placeholder_membership(o: &UpOptions) -> Option<MembershipSection> {
         replace_after_s: o.replace_after_s,
         etcd_user: o.etcd_user.clone(),
         etcd_password: o.etcd_password.clone(),
+        etcd_ca: o.etcd_tls.ca.clone(),
+        etcd_cert: o.etcd_tls.cert.clone(),
+        etcd_key: o.etcd_tls.key.clone(),
     })
 }
 
@@ -404,6 +410,9 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
         replace_after_s: o.replace_after_s,
         etcd_user: o.etcd_user.clone(),
         etcd_password: o.etcd_password.clone(),
+        etcd_ca: o.etcd_tls.ca.clone(),
+        etcd_cert: o.etcd_tls.cert.clone(),
+        etcd_key: o.etcd_tls.key.clone(),
     };
     if let EtcdChoice::Existing(_) = &o.etcd {
         // An etcd that cannot be used (unreachable, or wanting credentials it is not given)
@@ -828,7 +837,11 @@ mod tests {
         );
         // Avoiding every odd port makes about half the draws redraw; no avoided one comes back.
         let (lo, hi) = ephemeral_range();
-        let (a, b) = if lo > 11_000 { (10_000, lo - 1) } else { (hi + 1, u16::MAX) };
+        let (a, b) = if lo > 11_000 {
+            (10_000, lo - 1)
+        } else {
+            (hi + 1, u16::MAX)
+        };
         let avoid: Vec<u16> = (a..=b).filter(|p| p % 2 == 1).collect();
         for _ in 0..20 {
             for p in free_ports_avoiding(1, &avoid).unwrap() {

@@ -15,8 +15,12 @@
 //! [`Etcd::with_credentials`] authenticates as its user (`/v3/auth/authenticate`) and sends the
 //! token etcd gives in the `Authorization` header of every request; when etcd refuses a token
 //! (it expired: `--auth-token-ttl`, 300 s by default), it authenticates again and retries once.
-//! The password travels in clear unless etcd is reached over a private network: this client
-//! speaks plain HTTP only (`docs/cluster.md`, "Trust boundary").
+//! Over `http://` the password travels in clear, so etcd must then be reached over a private
+//! network (`docs/cluster.md`, "Trust boundary").
+//!
+//! **TLS.** An `https://` URL is spoken over TLS (rustls, through ureq): etcd's certificate is
+//! checked against the public roots, or against the CA of [`Etcd::with_tls`], which also
+//! presents a client certificate when etcd asks for one (`--client-cert-auth`).
 
 use std::io::Read as _;
 use std::sync::{Arc, Mutex};
@@ -69,6 +73,10 @@ pub enum EtcdError {
         who: String,
         why: String,
     },
+    /// The TLS files cannot be used (missing, unreadable, not PEM, a key others can read), or
+    /// are given for a URL that is not `https://`.
+    #[error("TLS for etcd at {url}: {why}")]
+    Tls { url: String, why: String },
 }
 
 /// How much of an error body we keep: enough for etcd's one-line JSON errors, bounded in case
@@ -87,9 +95,13 @@ pub const MAX_PASSWORD_BYTES: usize = 1024;
 /// token), so a thread (a lease keeper, say) can have its own.
 #[derive(Clone)]
 pub struct Etcd {
-    /// `http://host:port`, without a trailing slash.
+    /// `http://host:port` or `https://host:port`, without a trailing slash.
     url: String,
     agent: ureq::Agent,
+    /// Connect, read and write timeout of each request (watches read for their span).
+    timeout: Duration,
+    /// Our CA and client certificate for `https://`; `None`: ureq's (the public roots).
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// The user this client authenticates as, if etcd's auth is enabled.
     auth: Option<Arc<Auth>>,
 }
@@ -102,9 +114,8 @@ struct Auth {
 }
 
 impl Etcd {
-    /// `url` must be `http://HOST:PORT` (no path, no TLS: we talk to a local etcd or one on a
-    /// trusted network); a trailing slash is accepted. Validate and return BadUrl naming the
-    /// problem otherwise.
+    /// `url` must be `http://HOST:PORT` or `https://HOST:PORT` (no path); a trailing slash is
+    /// accepted. Validate and return BadUrl naming the problem otherwise.
     pub fn new(url: &str) -> Result<Etcd, EtcdError> {
         Etcd::with_timeout(url, Duration::from_secs(2))
     }
@@ -115,20 +126,35 @@ impl Etcd {
             url: url.to_string(),
             why,
         })?;
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(timeout)
-            .timeout_read(timeout)
-            .timeout_write(timeout)
-            // etcd is local or on a trusted network: an HTTP proxy from the environment would
-            // only get in the way (and could not reach loopback), and etcd never redirects.
-            .try_proxy_from_env(false)
-            .redirects(0)
-            .build();
         Ok(Etcd {
+            agent: agent(timeout, timeout, None),
             url,
-            agent,
+            timeout,
+            tls: None,
             auth: None,
         })
+    }
+
+    /// Speak TLS with `files`: trust their CA for etcd's certificate, and present their client
+    /// certificate. The URL must be `https://`; a file that cannot be used is refused here,
+    /// naming it, before any request.
+    pub fn with_tls(mut self, files: &crate::tls::TlsFiles) -> Result<Etcd, EtcdError> {
+        if !files.any() {
+            return Ok(self);
+        }
+        let bad = |why: String| EtcdError::Tls {
+            url: self.url.clone(),
+            why,
+        };
+        if !self.url.starts_with("https://") {
+            return Err(bad(
+                "TLS files are given, but the URL is not https://".to_string()
+            ));
+        }
+        let config = files.client_config().map_err(bad)?;
+        self.agent = agent(self.timeout, self.timeout, Some(config.clone()));
+        self.tls = Some(config);
+        Ok(self)
     }
 
     /// Authenticate as `user` with `password` (etcd's auth enabled). Nothing is sent yet: the
@@ -242,7 +268,7 @@ impl Etcd {
         }
     }
 
-    /// The base URL, `http://host:port`, without a trailing slash.
+    /// The base URL, `http(s)://host:port`, without a trailing slash.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -373,12 +399,7 @@ impl Etcd {
         if after > 0 {
             create["start_revision"] = json!((after + 1).to_string());
         }
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(2))
-            .timeout_read(span)
-            .try_proxy_from_env(false)
-            .redirects(0)
-            .build();
+        let agent = agent(self.timeout, span, self.tls.clone());
         let watch = json!({ "create_request": create });
         let mut again = true;
         let response = loop {
@@ -517,10 +538,28 @@ impl Etcd {
                     body: truncate(&body),
                 })
             }
-            Err(ureq::Error::Transport(t)) => Err(EtcdError::Unreachable {
+            Err(ureq::Error::Transport(t)) => Err(self.transport_error(t.to_string())),
+        }
+    }
+
+    /// A failed connection, told apart from a TLS handshake that failed (with what to set).
+    fn transport_error(&self, reason: String) -> EtcdError {
+        let hint = if reason.contains("invalid peer certificate") {
+            "etcd's certificate is not one this client trusts: give the CA that signed it \
+             (membership.etcd_ca, nessie up --etcd-ca)"
+        } else if reason.contains("fatal alert") {
+            "etcd refused the TLS handshake; if it requires client certificates \
+             (--client-cert-auth), give one it trusts (membership.etcd_cert and etcd_key, \
+             nessie up --etcd-cert --etcd-key)"
+        } else {
+            return EtcdError::Unreachable {
                 url: self.url.clone(),
-                reason: t.to_string(),
-            }),
+                reason,
+            };
+        };
+        EtcdError::Tls {
+            url: self.url.clone(),
+            why: format!("{reason}: {hint}"),
         }
     }
 
@@ -590,15 +629,34 @@ impl RawKeyValue {
     }
 }
 
-/// Check `url` is `http://HOST:PORT` with an optional trailing slash; return it without the
-/// slash, or why not.
+/// An agent with these timeouts (connect and write: `timeout`), speaking TLS with `tls` when
+/// given, and ureq's defaults (the public roots) otherwise.
+fn agent(timeout: Duration, read: Duration, tls: Option<Arc<rustls::ClientConfig>>) -> ureq::Agent {
+    let b = ureq::AgentBuilder::new()
+        .timeout_connect(timeout)
+        .timeout_read(read)
+        .timeout_write(timeout)
+        // etcd is local or on a trusted network: an HTTP proxy from the environment would
+        // only get in the way (and could not reach loopback), and etcd never redirects.
+        .try_proxy_from_env(false)
+        .redirects(0);
+    match tls {
+        Some(config) => b.tls_config(config),
+        None => b,
+    }
+    .build()
+}
+
+/// Check `url` is `http://HOST:PORT` or `https://HOST:PORT` with an optional trailing slash;
+/// return it without the slash, or why not.
 fn validate_url(url: &str) -> Result<String, String> {
     let trimmed = url.strip_suffix('/').unwrap_or(url);
-    let Some(authority) = trimmed.strip_prefix("http://") else {
-        return Err(if url.starts_with("https://") {
-            "TLS (https) is not supported; use http://HOST:PORT".to_string()
-        } else if url.contains("://") {
-            "the scheme must be http://".to_string()
+    let Some(authority) = trimmed
+        .strip_prefix("http://")
+        .or_else(|| trimmed.strip_prefix("https://"))
+    else {
+        return Err(if url.contains("://") {
+            "the scheme must be http:// or https://".to_string()
         } else {
             "no scheme; expected http://HOST:PORT".to_string()
         });
@@ -607,7 +665,7 @@ fn validate_url(url: &str) -> Result<String, String> {
         return Err("a path, query or fragment is not allowed; expected http://HOST:PORT".into());
     }
     if authority.contains('@') || authority.chars().any(char::is_whitespace) {
-        return Err("expected just HOST:PORT after http://".to_string());
+        return Err("expected just HOST:PORT after the scheme".to_string());
     }
     // The port follows the last colon; an IPv6 host is bracketed, so its colons come before.
     let (host, port) = match authority.rsplit_once(':') {
@@ -739,6 +797,11 @@ mod tests {
     }
 
     fn start_etcd_with(extra: &[&str]) -> TestEtcd {
+        start_etcd_at("http", extra, |url| Etcd::new(url).expect("client"))
+    }
+
+    /// An etcd whose client URL has `scheme`, reached by the client `connect` makes.
+    fn start_etcd_at(scheme: &str, extra: &[&str], connect: impl Fn(&str) -> Etcd) -> TestEtcd {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         // CI installs etcd: a missing binary is a broken environment, not a reason to skip.
         assert!(
@@ -751,7 +814,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("create log");
         let (client_port, peer_port) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client_port}");
+        let client_url = format!("{scheme}://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let child = Command::new(ETCD_BIN)
             .args(["--name", "t", "--data-dir"])
@@ -768,7 +831,7 @@ mod tests {
             .stderr(log)
             .spawn()
             .expect("spawn etcd");
-        let client = Etcd::new(&client_url).expect("client");
+        let client = connect(&client_url);
         let mut etcd = TestEtcd { child, dir, client };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -1043,10 +1106,82 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(3));
     }
 
+    /// etcd over TLS with client certificates required: a client with our CA and its
+    /// certificate works (puts, gets, leases, watches); one without a certificate, one that
+    /// does not trust the CA, one trusting another CA, a key others can read and TLS files
+    /// for an `http://` URL are all refused, each saying why.
+    #[test]
+    fn tls_with_client_certificates_is_used_and_checked() {
+        let certs = std::env::temp_dir().join(format!("nessie-etcd-tls-{}", std::process::id()));
+        let pki = crate::tls::testing::Pki::make(&certs);
+        let files = pki.client.clone();
+        let stranger_ca = pki.stranger_ca().unwrap();
+        let args = pki.etcd_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let etcd = start_etcd_at("https", &args, |url| {
+            Etcd::new(url).unwrap().with_tls(&files).unwrap()
+        });
+        let c = &etcd.client;
+        assert!(c.url().starts_with("https://"));
+        let lease = c.grant(5).unwrap();
+        c.put("tls/k", b"v", Some(lease)).unwrap();
+        assert_eq!(c.get("tls/k").unwrap().unwrap().value, b"v");
+        c.watch_prefix("tls/", 0, Duration::from_millis(300), |_| true)
+            .unwrap();
+
+        let refused = |client: Etcd, what: &str, needle: &str| {
+            let e = client.get("tls/k").expect_err(what).to_string();
+            assert!(e.to_lowercase().contains(needle), "{what}: {e}");
+        };
+        let ca_only = crate::tls::TlsFiles {
+            ca: files.ca.clone(),
+            ..Default::default()
+        };
+        refused(
+            Etcd::new(c.url()).unwrap().with_tls(&ca_only).unwrap(),
+            "no client certificate",
+            "etcd_cert",
+        );
+        refused(Etcd::new(c.url()).unwrap(), "public roots only", "etcd_ca");
+        let stranger = crate::tls::TlsFiles {
+            ca: Some(stranger_ca),
+            ..files.clone()
+        };
+        refused(
+            Etcd::new(c.url()).unwrap().with_tls(&stranger).unwrap(),
+            "another CA",
+            "etcd_ca",
+        );
+
+        let http = Etcd::new("http://127.0.0.1:1").unwrap().with_tls(&files);
+        assert!(
+            matches!(&http, Err(EtcdError::Tls { why, .. }) if why.contains("https")),
+            "{:?}",
+            http.err()
+        );
+        std::fs::set_permissions(
+            files.key.as_ref().unwrap(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .unwrap();
+        let open_key = Etcd::new(c.url()).unwrap().with_tls(&files);
+        assert!(
+            matches!(&open_key, Err(EtcdError::Tls { why, .. }) if why.contains("chmod 600")),
+            "{:?}",
+            open_key.err()
+        );
+        let no_ca = crate::tls::TlsFiles {
+            ca: None,
+            ..files.clone()
+        };
+        assert!(Etcd::new(c.url()).unwrap().with_tls(&no_ca).is_err());
+    }
+
     #[test]
     fn etcd_new_validates_urls() {
         for bad in [
-            "https://x:1",
+            "https://x",
+            "https://u@h:1",
             "localhost:2379",
             "http://h",
             "http://h:1/path",
@@ -1069,11 +1204,7 @@ mod tests {
                 Ok(_) => panic!("{bad:?} accepted"),
             }
         }
-        let e = Etcd::new("https://x:1")
-            .err()
-            .expect("rejected")
-            .to_string();
-        assert!(e.contains("https"), "{e}");
+        assert_eq!(Etcd::new("https://h:1/").unwrap().url(), "https://h:1");
         assert_eq!(Etcd::new("http://h:1/").unwrap().url(), "http://h:1");
         assert_eq!(
             Etcd::new("http://127.0.0.1:2379").unwrap().url(),

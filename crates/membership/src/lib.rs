@@ -46,6 +46,7 @@
 
 pub mod etcd;
 pub mod partitions;
+pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
