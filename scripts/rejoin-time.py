@@ -63,8 +63,8 @@ def nessie(d, *args, check=True):
 def status(d):
     out = nessie(d, "status", "--json", check=False)
     try:
-        return json.loads(out.stdout)
-    except json.JSONDecodeError:
+        return json.loads(out.stdout)["nodes"]
+    except (json.JSONDecodeError, KeyError, TypeError):
         return None
 
 

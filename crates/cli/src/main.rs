@@ -894,7 +894,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             Some(Err(e)) => Some(e.to_string()),
             _ => None,
         };
-        let all: Vec<_> = nodes
+        let nodes_json: Vec<_> = nodes
             .iter()
             .map(|n| {
                 let mut v = match &n.report {
@@ -915,7 +915,19 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 v
             })
             .collect();
-        println!("{}", serde_json::Value::Array(all));
+        let mut top = serde_json::json!({
+            "format": STATUS_FORMAT,
+            "dir": dir,
+            "epoch": epoch,
+            "replicas": cfg.cluster.replicas,
+            "under_replicated": cluster_under_replicated(&partitions),
+            "rebalancing": rebalancing,
+            "nodes": nodes_json,
+        });
+        if let Some(e) = &etcd_error {
+            top["etcd_error"] = e.clone().into();
+        }
+        println!("{top}");
     } else {
         println!(
             "cluster in {}: {} nodes, transport {:?}",
@@ -950,6 +962,16 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Version of `nessie status --json`'s shape: 2 is an object with the cluster's `epoch`,
+/// `under_replicated` and `rebalancing` and its `nodes` (1 was the array of nodes alone).
+const STATUS_FORMAT: u32 = 2;
+
+/// Index entries of the whole cluster with fewer copies than wanted: `None` when some
+/// partition has no copy that answers (its entries cannot be counted).
+fn cluster_under_replicated(partitions: &[Partition]) -> Option<u64> {
+    partitions.iter().map(Partition::under_replicated).sum()
 }
 
 /// How many copies of one node's tables (its partition) are on nodes that are up, and how
@@ -1046,8 +1068,12 @@ fn print_replication(replicas: u8, partitions: &[Partition]) {
     if short.is_empty() {
         println!("replication: {replicas} copies of every node's tables");
     } else {
+        let total = match cluster_under_replicated(partitions) {
+            Some(e) => format!("{e} entries in all"),
+            None => "entries not all counted".into(),
+        };
         println!(
-            "replication: {replicas} copies wanted; under-replicated: {}",
+            "replication: {replicas} copies wanted; under-replicated ({total}): {}",
             short.join("; ")
         );
     }

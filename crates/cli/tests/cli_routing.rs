@@ -51,7 +51,8 @@ fn keys_homed_on(node: u16, n: usize) -> Vec<String> {
 fn data_table_allocated(c: &Cluster) -> Vec<u64> {
     let v: serde_json::Value =
         serde_json::from_slice(&ok(c.nessie(&["status", "--json"]))).unwrap();
-    v.as_array()
+    v["nodes"]
+        .as_array()
         .unwrap()
         .iter()
         .map(|n| n["data_table"]["allocated"].as_u64().unwrap())

@@ -45,9 +45,7 @@ fn assert_reads(c: &Cluster, nodes: &[u16], model: &BTreeMap<String, Option<Stri
 }
 
 fn status(c: &Cluster) -> Vec<serde_json::Value> {
-    let out = c.nessie(&["status", "--json"]);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)))
+    common::status_nodes(&c.nessie(&["status", "--json"])).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn under_replicated(s: &[serde_json::Value]) -> u64 {
@@ -126,6 +124,15 @@ fn kill_one_of_three(name: &str, transport: &str) {
             && s[2]["membership"]["epoch"] == 2
     });
     assert!(under_replicated(&s) > 0, "node 1's copies are gone: {s:#?}");
+    // The cluster's line of the same report: the nodes' counts summed, the epoch, no move.
+    let top: serde_json::Value =
+        serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).unwrap();
+    let nodes = top["nodes"].as_array().unwrap();
+    assert_eq!(
+        (&top["epoch"], &top["under_replicated"], &top["rebalancing"]),
+        (&2.into(), &under_replicated(nodes).into(), &false.into()),
+        "{top:#}"
+    );
     eprintln!(
         "{transport}: node 1 seen failed {:?} after the kill",
         killed.elapsed()
@@ -141,7 +148,7 @@ fn kill_one_of_three(name: &str, transport: &str) {
     assert_reads(&c, &[0, 2], &model);
     let text = String::from_utf8(c.nessie(&["status"]).stdout).unwrap();
     assert!(
-        text.contains("under-replicated: node 0's tables: 1 of 2 copies"),
+        text.contains("entries in all): node 0's tables: 1 of 2 copies"),
         "{text}"
     );
     restarted_node_rejoins(&c, &mut model);

@@ -17,7 +17,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{restart, stderr, Cluster, Restarted};
+use common::{restart, Cluster, Restarted};
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
 use nessie_protocols::{Error, KvClient};
@@ -129,8 +129,7 @@ fn signal(c: &Cluster, id: u16, sig: i32) {
 
 fn states(c: &Cluster) -> Vec<String> {
     let out = c.nessie(&["status", "--json"]);
-    let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)));
+    let s = common::status_nodes(&out).unwrap_or_else(|e| panic!("{e}"));
     s.iter()
         .map(|n| n["state"].as_str().unwrap_or("?").to_string())
         .collect()
@@ -139,8 +138,7 @@ fn states(c: &Cluster) -> Vec<String> {
 /// Expired items the live nodes' reclaimers have deleted since each started.
 fn reclaimed_by_expiry(c: &Cluster) -> u64 {
     let out = c.nessie(&["status", "--json"]);
-    let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)));
+    let s = common::status_nodes(&out).unwrap_or_else(|e| panic!("{e}"));
     s.iter()
         .filter_map(|n| n["data_table"]["expiry_reclaimer"]["deleted"].as_u64())
         .sum()
@@ -313,7 +311,7 @@ fn nemesis(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
 /// Pages the nodes that answer say they adopted from nodes failed for good.
 fn adopted_total(c: &Cluster) -> u64 {
     let out = c.nessie(&["status", "--json"]);
-    let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let s = common::status_nodes(&out).unwrap_or_default();
     s.iter()
         .filter_map(|n| n["data_table"]["adopted_pages"].as_u64())
         .sum()
@@ -353,7 +351,7 @@ fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     let t0 = Instant::now();
     loop {
         let out = c.nessie(&["status", "--json"]);
-        let s: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let s = common::status_nodes(&out).unwrap_or_default();
         let moves = s
             .first()
             .and_then(|n| n["membership"]["moves"].as_array().cloned())

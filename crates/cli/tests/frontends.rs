@@ -553,7 +553,7 @@ fn expired_items_are_reclaimed_in_the_background() {
     assert_eq!(both(&mut mc, &mut mc1, "curr_items"), u64::from(LIVE));
     let status = c.nessie(&["status", "--json"]);
     let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    let used: u64 = s
+    let used: u64 = s["nodes"]
         .as_array()
         .unwrap()
         .iter()

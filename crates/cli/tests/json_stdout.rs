@@ -152,7 +152,8 @@ fn status_json_is_only_json_on_stdout() {
         d,
     ]);
     let v = stdout_json(&run(&["status", "--json", "--dir", d]));
-    let nodes = v.as_array().expect("an array of nodes");
+    assert_eq!(v["format"], 2, "{v}");
+    let nodes = v["nodes"].as_array().expect("an array of nodes");
     assert_eq!(nodes.len(), 2, "{v}");
     assert!(nodes.iter().all(|n| n.get("error").is_none()), "{v}");
     // The nodes' own logs (stdout and stderr of each node) show no rejected UCX option.

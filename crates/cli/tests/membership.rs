@@ -22,9 +22,7 @@ const EFFECTIVE_TTL: Duration = Duration::from_secs(3);
 const NOTICE_WITHIN: Duration = Duration::from_secs(5);
 
 fn status_json(c: &Cluster) -> Vec<serde_json::Value> {
-    let out = c.nessie(&["status", "--json"]);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}", stderr(&out)))
+    common::status_nodes(&c.nessie(&["status", "--json"])).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn states(s: &[serde_json::Value]) -> Vec<String> {

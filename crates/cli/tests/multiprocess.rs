@@ -61,7 +61,7 @@ fn cli_put_get_del_across_a_shm_cluster() {
     ok(c.nessie(&["del", "k"]));
     let status = c.nessie(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&ok(status)).unwrap();
-    let present: u64 = v
+    let present: u64 = v["nodes"]
         .as_array()
         .unwrap()
         .iter()
@@ -155,7 +155,7 @@ fn run_scenario(transport: &str, sc: Scenario) {
     );
     let status: serde_json::Value =
         serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).unwrap();
-    let reclaimed: u64 = status
+    let reclaimed: u64 = status["nodes"]
         .as_array()
         .unwrap()
         .iter()

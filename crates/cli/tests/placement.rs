@@ -15,11 +15,7 @@ const VALUE_LEN: usize = 3900;
 fn status(c: &Cluster) -> Vec<serde_json::Value> {
     let out = c.nessie(&["status", "--json"]);
     assert!(out.status.success(), "status failed: {}", stderr(&out));
-    serde_json::from_slice::<serde_json::Value>(&out.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
+    common::status_nodes(&out).unwrap()
 }
 
 fn run(c: &Cluster, args: &[&str]) -> Vec<u8> {

@@ -240,3 +240,13 @@ impl Drop for Peer {
         let _ = self.0.wait();
     }
 }
+
+/// The nodes of `nessie status --json` (its `nodes` array), or what is wrong with the output.
+pub fn status_nodes(out: &Output) -> Result<Vec<serde_json::Value>, String> {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("status --json: {e}: {}", stderr(out)))?;
+    v["nodes"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("status --json has no nodes: {v}"))
+}
