@@ -176,7 +176,7 @@ struct UpArgs {
     etcd_user: Option<String>,
     /// The etcd user's password, read from the first line of FILE (not from the command line,
     /// where other users could see it). Written to [membership] etcd_password in cluster.toml
-    /// (mode 0600); sent to etcd in clear over plain HTTP
+    /// (mode 0600); sent to etcd in clear over http:// (encrypted over https://)
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     etcd_password_file: Option<PathBuf>,
     /// PEM CA certificates that signed the --etcd's server certificate (an https:// etcd;
@@ -720,9 +720,21 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             .map(read_password)
             .transpose()?,
         etcd_tls: nessie_membership::tls::TlsFiles {
-            ca: a.etcd_ca.as_deref().map(absolute).transpose()?,
-            cert: a.etcd_cert.as_deref().map(absolute).transpose()?,
-            key: a.etcd_key.as_deref().map(absolute).transpose()?,
+            ca: a
+                .etcd_ca
+                .as_deref()
+                .map(|p| absolute("--etcd-ca", p))
+                .transpose()?,
+            cert: a
+                .etcd_cert
+                .as_deref()
+                .map(|p| absolute("--etcd-cert", p))
+                .transpose()?,
+            key: a
+                .etcd_key
+                .as_deref()
+                .map(|p| absolute("--etcd-key", p))
+                .transpose()?,
         },
         replicas: a.replicas,
         spare_copies: a.spare_copies,
@@ -775,13 +787,14 @@ fn read_password(path: &std::path::Path) -> Result<nessie_cluster::config::Secre
 
 /// `path` made absolute (without following links): cluster.toml is read by nodes and tools
 /// started in other directories. A file that does not exist is refused, naming it.
-fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
-    let file = |err| CliError::File {
-        path: path.to_path_buf(),
-        err,
-    };
-    std::fs::metadata(path).map_err(file)?;
-    std::path::absolute(path).map_err(file)
+fn absolute(flag: &str, path: &std::path::Path) -> Result<PathBuf, CliError> {
+    let bad = |why: String| CliError::Usage(format!("{flag} {}: {why}", path.display()));
+    std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
+    if abs.to_str().is_none() {
+        return Err(bad("not UTF-8 (cluster.toml is text)".into()));
+    }
+    Ok(abs)
 }
 
 /// `[frontends]` as `up --memcached-port --resp-port --metrics-port --bind` ask.
@@ -917,7 +930,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             .collect();
         let mut top = serde_json::json!({
             "format": STATUS_FORMAT,
-            "dir": dir,
+            "dir": dir.to_string_lossy(),
             "epoch": epoch,
             "replicas": cfg.cluster.replicas,
             "under_replicated": cluster_under_replicated(&partitions),

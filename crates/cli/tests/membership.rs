@@ -322,10 +322,16 @@ fn an_etcd_over_tls_with_client_certificates_is_used() {
     let got = c.nessie(&["get", "k"]);
     assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
     let toml = std::fs::read_to_string(process::config_path(&c.dir)).unwrap();
-    assert!(
-        toml.contains(&format!("etcd_ca = \"{}\"", path(&pki.client.ca))),
-        "{toml}"
-    );
+    for (field, file) in [
+        ("etcd_ca", &pki.client.ca),
+        ("etcd_cert", &pki.client.cert),
+        ("etcd_key", &pki.client.key),
+    ] {
+        assert!(
+            toml.contains(&format!("{field} = \"{}\"", path(file))),
+            "{field} by absolute path: {toml}"
+        );
+    }
     assert!(c.nessie(&["down"]).status.success());
 }
 

@@ -410,7 +410,7 @@ pub struct MembershipSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_user: Option<String>,
     /// That user's password, kept here as the cluster secret is (`cluster.toml` is created
-    /// mode 0600); sent to etcd in clear over plain HTTP.
+    /// mode 0600); sent to etcd in clear over `http://`, encrypted over `https://`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_password: Option<Secret>,
     /// PEM CA certificates that signed etcd's server certificate (an `https://` etcd; without
@@ -441,8 +441,16 @@ impl MembershipSection {
         &self,
         timeout: std::time::Duration,
     ) -> Result<nessie_membership::etcd::Etcd, nessie_membership::etcd::EtcdError> {
-        let etcd = nessie_membership::etcd::Etcd::with_timeout(&self.etcd, timeout)?
-            .with_tls(&self.tls())?;
+        self.client_without_tls(timeout)?.with_tls(&self.tls())
+    }
+
+    /// [`MembershipSection::client`] before its TLS files are read: what validating a
+    /// configuration checks, so that commands that never reach etcd do not read them.
+    fn client_without_tls(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<nessie_membership::etcd::Etcd, nessie_membership::etcd::EtcdError> {
+        let etcd = nessie_membership::etcd::Etcd::with_timeout(&self.etcd, timeout)?;
         match (&self.etcd_user, &self.etcd_password) {
             (Some(user), Some(password)) => etcd.with_credentials(user, &password.0),
             (None, None) => Ok(etcd),
@@ -567,6 +575,9 @@ pub enum InvalidConfig {
     Mode(String),
     #[error("membership.etcd: {0}")]
     Etcd(String),
+    /// A TLS setting of `[membership]`; the message names it.
+    #[error("{0}")]
+    EtcdTls(String),
     #[error("cluster.replicas: {0}")]
     Replicas(String),
     #[error("cluster.spare_copies: {0}")]
@@ -761,21 +772,12 @@ impl ClusterConfig {
         let Some(m) = &self.membership else {
             return Ok(());
         };
-        // Nodes and tools start in other directories: a relative path would name other files.
-        for (field, path) in [
-            ("etcd_ca", &m.etcd_ca),
-            ("etcd_cert", &m.etcd_cert),
-            ("etcd_key", &m.etcd_key),
-        ] {
-            if let Some(p) = path.as_ref().filter(|p| !p.is_absolute()) {
-                return Err(InvalidConfig::Etcd(format!(
-                    "membership.{field} {} is not an absolute path",
-                    p.display()
-                )));
-            }
-        }
-        m.client(ETCD_TIMEOUT)
+        m.client_without_tls(ETCD_TIMEOUT)
             .map_err(|e| InvalidConfig::Etcd(e.to_string()))?;
+        // The files themselves are read when a client is made (`up` makes one at once).
+        m.tls()
+            .check_shape(&m.etcd)
+            .map_err(|p| InvalidConfig::EtcdTls(p.to_string()))?;
         if !(MIN_LEASE_TTL_S..=MAX_LEASE_TTL_S).contains(&m.lease_ttl_s) {
             return Err(InvalidConfig::LeaseTtl(m.lease_ttl_s));
         }
@@ -1271,7 +1273,7 @@ mod tests {
                     ..membership("https://e:2379", 3)
                 },
                 1_000,
-                "membership.etcd_ca ca.pem is not an absolute path",
+                "membership.etcd_ca: ca.pem is not an absolute path",
             ),
             (
                 MembershipSection {
@@ -1283,11 +1285,12 @@ mod tests {
             ),
             (
                 MembershipSection {
-                    etcd_ca: Some("/nonexistent/ca.pem".into()),
+                    etcd_cert: Some("/c.pem".into()),
+                    etcd_key: Some("/c.key".into()),
                     ..membership("https://e:2379", 3)
                 },
                 1_000,
-                "/nonexistent/ca.pem",
+                "membership.etcd_ca: a client certificate needs the CA",
             ),
             (
                 membership("http://e:2379", 0),
@@ -1331,6 +1334,26 @@ mod tests {
         let mut good = cfg();
         good.membership = Some(membership("http://127.0.0.1:2379/", 3));
         good.validate().unwrap();
+        // TLS files are read when a client is made, not by every command that loads the
+        // configuration: one moved away fails only what talks to etcd, naming it.
+        let mut tls = cfg();
+        tls.membership = Some(MembershipSection {
+            etcd_ca: Some("/nonexistent/ca.pem".into()),
+            ..membership("https://127.0.0.1:2379", 3)
+        });
+        tls.validate().unwrap();
+        let e = tls
+            .membership
+            .as_ref()
+            .unwrap()
+            .client(ETCD_TIMEOUT)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("membership.etcd_ca: /nonexistent/ca.pem"),
+            "{e}"
+        );
         let back: ClusterConfig = toml::from_str(&good.to_toml()).unwrap();
         assert_eq!(back.membership, good.membership, "[membership] round-trips");
     }

@@ -3,10 +3,11 @@
 //! After bootstrap (which is authenticated with the cluster secret) nothing on the wire is
 //! authenticated or encrypted: UCX has no such layer, and on RDMA the remote keys are the only
 //! guard, sent in clear to every peer. The front ends speak memcached and Redis in clear, the
-//! metrics are plain HTTP, and so is etcd. So every host of a cluster, its etcd and its
-//! clients must share a private network, and a node refuses to start (as Redis's protected
-//! mode refuses outside connections) when it would listen on, or talk to etcd at, an address
-//! that is neither loopback, private nor link-local, unless `cluster.protected_mode = false`
+//! metrics are plain HTTP, and so is etcd unless reached over TLS. So every host of a cluster,
+//! its etcd and its clients must share a private network, and a node refuses to start (as
+//! Redis's protected mode refuses outside connections) when it would listen on, or talk to
+//! etcd at, an address that is neither loopback, private nor link-local (etcd over `https://`
+//! with a client certificate excepted: TLS guards it), unless `cluster.protected_mode = false`
 //! says that the operator has put another boundary around it (`docs/cluster.md`, "Trust
 //! boundary").
 //!
@@ -172,7 +173,12 @@ pub fn check(cfg: &ClusterConfig, id: u16) -> Result<(), Exposed> {
             "Set cluster.net_devices to the interfaces of the private network",
         )?;
     }
-    if let Some(m) = &cfg.membership {
+    // etcd over TLS with a client certificate is encrypted, and both ends authenticated:
+    // it may be reached at any address (the fabric's own ports are checked above).
+    let guarded = |m: &crate::config::MembershipSection| {
+        m.etcd.starts_with("https://") && m.etcd_cert.is_some()
+    };
+    if let Some(m) = cfg.membership.as_ref().filter(|m| !guarded(m)) {
         for ip in etcd_addresses(&m.etcd)? {
             refuse(
                 format!("membership traffic (etcd at {})", m.etcd),
@@ -455,6 +461,16 @@ mod tests {
         });
         let err = check(&c, 0).unwrap_err().to_string();
         assert!(err.contains("etcd at http://198.51.100.4:2379"), "{err}");
+        // Over TLS with a client certificate, etcd may be public; with TLS alone it may not.
+        let m = c.membership.as_mut().unwrap();
+        m.etcd = "https://198.51.100.4:2379".into();
+        m.etcd_ca = Some("/ca.pem".into());
+        let err = check(&c, 0).unwrap_err().to_string();
+        assert!(err.contains("etcd at https://198.51.100.4:2379"), "{err}");
+        let m = c.membership.as_mut().unwrap();
+        m.etcd_cert = Some("/c.pem".into());
+        m.etcd_key = Some("/c.key".into());
+        check(&c, 0).unwrap();
     }
 
     #[test]

@@ -137,21 +137,15 @@ impl Etcd {
 
     /// Speak TLS with `files`: trust their CA for etcd's certificate, and present their client
     /// certificate. The URL must be `https://`; a file that cannot be used is refused here,
-    /// naming it, before any request.
+    /// naming the setting and the file, before any request.
     pub fn with_tls(mut self, files: &crate::tls::TlsFiles) -> Result<Etcd, EtcdError> {
         if !files.any() {
             return Ok(self);
         }
-        let bad = |why: String| EtcdError::Tls {
+        let config = files.client_config(&self.url).map_err(|p| EtcdError::Tls {
             url: self.url.clone(),
-            why,
-        };
-        if !self.url.starts_with("https://") {
-            return Err(bad(
-                "TLS files are given, but the URL is not https://".to_string()
-            ));
-        }
-        let config = files.client_config().map_err(bad)?;
+            why: p.to_string(),
+        })?;
         self.agent = agent(self.timeout, self.timeout, Some(config.clone()));
         self.tls = Some(config);
         Ok(self)
@@ -538,24 +532,58 @@ impl Etcd {
                     body: truncate(&body),
                 })
             }
-            Err(ureq::Error::Transport(t)) => Err(self.transport_error(t.to_string())),
+            Err(ureq::Error::Transport(t)) => Err(self.transport_error(t)),
         }
     }
 
     /// A failed connection, told apart from a TLS handshake that failed (with what to set).
-    fn transport_error(&self, reason: String) -> EtcdError {
-        let hint = if reason.contains("invalid peer certificate") {
-            "etcd's certificate is not one this client trusts: give the CA that signed it \
-             (membership.etcd_ca, nessie up --etcd-ca)"
-        } else if reason.contains("fatal alert") {
-            "etcd refused the TLS handshake; if it requires client certificates \
-             (--client-cert-auth), give one it trusts (membership.etcd_cert and etcd_key, \
-             nessie up --etcd-cert --etcd-key)"
-        } else {
-            return EtcdError::Unreachable {
-                url: self.url.clone(),
-                reason,
-            };
+    fn transport_error(&self, t: ureq::Transport) -> EtcdError {
+        use rustls::CertificateError as C;
+        let reason = t.to_string();
+        let hint = match rustls_error(&t) {
+            Some(rustls::Error::InvalidCertificate(c)) => match c {
+                C::NotValidForName | C::NotValidForNameContext { .. } => {
+                    "etcd's certificate is not made out to the host in the URL: use the name or \
+                     address it was issued for"
+                }
+                C::Expired
+                | C::ExpiredContext { .. }
+                | C::NotValidYet
+                | C::NotValidYetContext { .. } => {
+                    "etcd's certificate has expired or is not valid yet (or this host's clock is \
+                     wrong)"
+                }
+                _ => {
+                    "etcd's certificate is not one this client trusts: give the CA that signed \
+                     it (membership.etcd_ca, nessie up --etcd-ca)"
+                }
+            },
+            Some(rustls::Error::AlertReceived(_)) => {
+                "etcd refused the TLS handshake; if it requires client certificates \
+                 (--client-cert-auth), give one it trusts (membership.etcd_cert and etcd_key, \
+                 nessie up --etcd-cert --etcd-key)"
+            }
+            Some(rustls::Error::InvalidMessage(_)) => NOT_TLS,
+            // A connection lost in or right after the handshake, with no TLS error to read: a
+            // plain-HTTP server closing on a ClientHello, or etcd closing on a client without
+            // the certificate it wants before its alert is read (ureq's words; EPIPE, reset).
+            None if self.url.starts_with("https://")
+                && [
+                    "tls connection init failed",
+                    "Broken pipe",
+                    "Connection reset",
+                ]
+                .iter()
+                .any(|w| reason.contains(w)) =>
+            {
+                HANDSHAKE_LOST
+            }
+            _ => {
+                return EtcdError::Unreachable {
+                    url: self.url.clone(),
+                    reason,
+                }
+            }
         };
         EtcdError::Tls {
             url: self.url.clone(),
@@ -629,6 +657,36 @@ impl RawKeyValue {
     }
 }
 
+/// The hint for an `https://` URL whose server does not complete a TLS handshake.
+const NOT_TLS: &str = "the TLS handshake did not complete: is etcd at this address serving \
+                       https:// (TLS) and not http://?";
+
+/// The hint for an `https://` connection lost with no TLS error to tell why.
+const HANDSHAKE_LOST: &str = "the connection ended in or right after the TLS handshake: etcd \
+                              may require a client certificate it trusts (membership.etcd_cert \
+                              and etcd_key, nessie up --etcd-cert --etcd-key), or may not serve \
+                              https:// (TLS) at this address";
+
+/// The TLS error under a failed request, if a TLS handshake is what failed: ureq wraps it
+/// in an `io::Error`, somewhere down the chain of sources.
+fn rustls_error(t: &ureq::Transport) -> Option<rustls::Error> {
+    let mut e: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(t);
+    while let Some(err) = e {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r.clone());
+        }
+        if let Some(r) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(r.clone());
+        }
+        e = err.source();
+    }
+    None
+}
+
 /// An agent with these timeouts (connect and write: `timeout`), speaking TLS with `tls` when
 /// given, and ureq's defaults (the public roots) otherwise.
 fn agent(timeout: Duration, read: Duration, tls: Option<Arc<rustls::ClientConfig>>) -> ureq::Agent {
@@ -658,11 +716,13 @@ fn validate_url(url: &str) -> Result<String, String> {
         return Err(if url.contains("://") {
             "the scheme must be http:// or https://".to_string()
         } else {
-            "no scheme; expected http://HOST:PORT".to_string()
+            "no scheme; expected http://HOST:PORT or https://HOST:PORT".to_string()
         });
     };
     if authority.contains(['/', '?', '#']) {
-        return Err("a path, query or fragment is not allowed; expected http://HOST:PORT".into());
+        return Err(
+            "a path, query or fragment is not allowed; expected http(s)://HOST:PORT".into(),
+        );
     }
     if authority.contains('@') || authority.chars().any(char::is_whitespace) {
         return Err("expected just HOST:PORT after the scheme".to_string());
@@ -670,10 +730,10 @@ fn validate_url(url: &str) -> Result<String, String> {
     // The port follows the last colon; an IPv6 host is bracketed, so its colons come before.
     let (host, port) = match authority.rsplit_once(':') {
         Some((host, port)) if !port.contains(']') => (host, port),
-        _ => return Err("no port; expected http://HOST:PORT".to_string()),
+        _ => return Err("no port; expected http(s)://HOST:PORT".to_string()),
     };
     if host.is_empty() || host == "[]" {
-        return Err("no host; expected http://HOST:PORT".to_string());
+        return Err("no host; expected http(s)://HOST:PORT".to_string());
     }
     if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
         return Err("an IPv6 host must be in brackets, e.g. http://[::1]:2379".to_string());
@@ -1126,8 +1186,20 @@ mod tests {
         let lease = c.grant(5).unwrap();
         c.put("tls/k", b"v", Some(lease)).unwrap();
         assert_eq!(c.get("tls/k").unwrap().unwrap().value, b"v");
-        c.watch_prefix("tls/", 0, Duration::from_millis(300), |_| true)
-            .unwrap();
+        // A watch over TLS sees a put made while it runs.
+        let writer = c.clone();
+        let put_later = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            writer.put("tls/w", b"w", None).unwrap();
+        });
+        let mut seen = 0;
+        c.watch_prefix("tls/", 0, Duration::from_millis(1500), |_| {
+            seen += 1;
+            false
+        })
+        .unwrap();
+        put_later.join().unwrap();
+        assert_eq!(seen, 1, "the watch saw the put");
 
         let refused = |client: Etcd, what: &str, needle: &str| {
             let e = client.get("tls/k").expect_err(what).to_string();
@@ -1174,7 +1246,24 @@ mod tests {
             ca: None,
             ..files.clone()
         };
-        assert!(Etcd::new(c.url()).unwrap().with_tls(&no_ca).is_err());
+        let e = Etcd::new(c.url()).unwrap().with_tls(&no_ca).err().unwrap();
+        assert!(e.to_string().contains("membership.etcd_ca"), "{e}");
+        let lone_key = crate::tls::TlsFiles {
+            key: files.key.clone(),
+            ..Default::default()
+        };
+        let e = Etcd::new(c.url())
+            .unwrap()
+            .with_tls(&lone_key)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("membership.etcd_cert"), "{e}");
+
+        // https:// to an etcd serving plain http: told it is not TLS that answers.
+        let plain = start_etcd();
+        let url = plain.client.url().replace("http://", "https://");
+        let e = Etcd::new(&url).unwrap().get("k").unwrap_err().to_string();
+        assert!(e.contains("serve https://"), "{e}");
     }
 
     #[test]

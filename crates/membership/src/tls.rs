@@ -9,6 +9,7 @@
 //! (webpki-roots); a client certificate needs the CA file, since a private CA is the usual
 //! case there.
 
+use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,8 +27,22 @@ pub struct TlsFiles {
     pub ca: Option<PathBuf>,
     /// PEM certificate chain this client presents.
     pub cert: Option<PathBuf>,
-    /// PEM private key of `cert`, mode 0600 or stricter.
+    /// PEM private key of `cert`, mode 0600 or stricter, owned by this user (or root).
     pub key: Option<PathBuf>,
+}
+
+/// What is wrong with a set of TLS files, and which setting it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsProblem {
+    /// The setting: `etcd` (the URL), `etcd_ca`, `etcd_cert` or `etcd_key`.
+    pub field: &'static str,
+    pub why: String,
+}
+
+impl std::fmt::Display for TlsProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "membership.{}: {}", self.field, self.why)
+    }
 }
 
 impl TlsFiles {
@@ -36,66 +51,144 @@ impl TlsFiles {
         self.ca.is_some() || self.cert.is_some() || self.key.is_some()
     }
 
-    /// The rustls configuration these files make, or why they make none (naming the file).
-    /// Called only when [`TlsFiles::any`].
-    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+    /// Check what can be checked without reading a file: the URL is `https://` when any file
+    /// is given, every path is absolute (nodes and tools start in other directories) and
+    /// UTF-8 (`cluster.toml` is text), a certificate comes with its key and the CA.
+    pub fn check_shape(&self, url: &str) -> Result<(), TlsProblem> {
+        let problem = |field, why: String| Err(TlsProblem { field, why });
+        for (field, path) in [
+            ("etcd_ca", &self.ca),
+            ("etcd_cert", &self.cert),
+            ("etcd_key", &self.key),
+        ] {
+            let Some(p) = path else { continue };
+            if p.to_str().is_none() {
+                return problem(field, format!("{} is not UTF-8", p.display()));
+            }
+            if !p.is_absolute() {
+                return problem(field, format!("{} is not an absolute path", p.display()));
+            }
+        }
+        if self.any() && !url.starts_with("https://") {
+            return problem(
+                "etcd",
+                format!("TLS files are given, but {url} is not https://"),
+            );
+        }
+        match (&self.cert, &self.key) {
+            (Some(_), None) => problem(
+                "etcd_key",
+                "a client certificate needs its key (--etcd-key)".into(),
+            ),
+            (None, Some(_)) => problem(
+                "etcd_cert",
+                "a client key needs its certificate (--etcd-cert)".into(),
+            ),
+            (Some(_), Some(_)) if self.ca.is_none() => problem(
+                "etcd_ca",
+                "a client certificate needs the CA that signed etcd's server certificate \
+                 too (--etcd-ca)"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rustls configuration these files make, or why they make none (naming the setting
+    /// and the file). Called only when [`TlsFiles::any`].
+    pub fn client_config(&self, url: &str) -> Result<Arc<rustls::ClientConfig>, TlsProblem> {
+        self.check_shape(url)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?;
+            .map_err(|e| TlsProblem {
+                field: "etcd",
+                why: format!("TLS setup: {e}"),
+            })?;
+        // check_shape: a certificate comes with the CA, so without one there is nothing to
+        // do here (the caller keeps ureq's own configuration, the public roots).
+        let Some(ca) = &self.ca else {
+            unreachable!("client_config without a CA: {self:?}");
+        };
+        let in_ca = |why: String| TlsProblem {
+            field: "etcd_ca",
+            why,
+        };
         let mut roots = rustls::RootCertStore::empty();
-        match &self.ca {
-            Some(ca) => {
-                let certs = certificates(ca)?;
-                let (added, _ignored) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(format!("{}: no usable CA certificate in it", ca.display()));
-                }
-            }
-            // Without any file, the caller uses ureq's own configuration (the public roots).
-            None => {
-                return Err(
-                    "a client certificate needs the CA that signed etcd's server \
-                            certificate too (etcd_ca, --etcd-ca)"
-                        .into(),
-                )
-            }
+        let (added, ignored) = roots.add_parsable_certificates(certificates(ca).map_err(in_ca)?);
+        if added == 0 {
+            return Err(in_ca(format!(
+                "{}: none of its {ignored} certificates is usable as a CA",
+                ca.display()
+            )));
         }
         let builder = builder.with_root_certificates(roots);
         let config = match (&self.cert, &self.key) {
-            (None, None) => builder.with_no_client_auth(),
-            (Some(cert), Some(key)) => builder
-                .with_client_auth_cert(certificates(cert)?, private_key(key)?)
-                .map_err(|e| format!("{} with {}: {e}", cert.display(), key.display()))?,
-            (Some(_), None) => {
-                return Err("a client certificate without its key (etcd_key, --etcd-key)".into())
+            (Some(cert), Some(key)) => {
+                let chain = certificates(cert).map_err(|why| TlsProblem {
+                    field: "etcd_cert",
+                    why,
+                })?;
+                let key_der = private_key(key).map_err(|why| TlsProblem {
+                    field: "etcd_key",
+                    why,
+                })?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| TlsProblem {
+                        field: "etcd_key",
+                        why: format!("{} does not go with {}: {e}", key.display(), cert.display()),
+                    })?
             }
-            (None, Some(_)) => {
-                return Err("a client key without its certificate (etcd_cert, --etcd-cert)".into())
-            }
+            _ => builder.with_no_client_auth(),
         };
         Ok(Arc::new(config))
     }
 }
 
-/// The bytes of `path`, bounded, or why not (naming it).
-fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// The bytes of the regular file `path`, read through one open file (what is checked is
+/// what is read), at most [`MAX_PEM_BYTES`]; with `private`, the file must also belong to
+/// this user or root and be unreadable by group and others.
+fn read_pem(path: &Path, private: bool) -> Result<Vec<u8>, String> {
+    let named = |e: std::io::Error| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(named)?;
+    let meta = file.metadata().map_err(named)?;
     if !meta.is_file() {
         return Err(format!("{}: not a regular file", path.display()));
     }
-    if meta.len() > MAX_PEM_BYTES {
+    if private {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(format!(
+                "{}: a private key owned by another user (uid {}); it must be yours",
+                path.display(),
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(format!(
+                "{}: a private key others can read (mode {:04o}); chmod 600 it",
+                path.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(named)?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
         return Err(format!(
-            "{}: {} bytes, more than a PEM file of at most {MAX_PEM_BYTES}",
-            path.display(),
-            meta.len()
+            "{}: more than {MAX_PEM_BYTES} bytes, too large for a PEM file",
+            path.display()
         ));
     }
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    Ok(bytes)
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = read_pem(path)?;
+    let pem = read_pem(path, false)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: not PEM certificates: {e}", path.display()))?;
@@ -109,21 +202,17 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{}: a private key others can read (mode {:04o}); chmod 600 it",
-            path.display(),
-            meta.mode() & 0o7777
-        ));
-    }
-    PrivateKeyDer::from_pem_slice(&read_pem(path)?)
-        .map_err(|e| format!("{}: no PEM private key in it: {e}", path.display()))
+    PrivateKeyDer::from_pem_slice(&read_pem(path, true)?).map_err(|e| {
+        format!(
+            "{}: no unencrypted PEM private key in it ({e}; an encrypted key is not supported)",
+            path.display()
+        )
+    })
 }
 
 /// A throwaway PKI made with the `openssl` command, for tests of etcd over TLS: a CA, etcd's
 /// server certificate for 127.0.0.1, and a client certificate. Removed on drop.
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     use super::TlsFiles;
     use std::path::{Path, PathBuf};

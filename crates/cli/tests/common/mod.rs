@@ -155,9 +155,10 @@ pub fn free_port_range(n: u16) -> u16 {
     static HANDED: std::sync::Mutex<Vec<std::ops::Range<u16>>> = std::sync::Mutex::new(Vec::new());
     let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..200 {
-        // Below 10000: neither bind(0) (the ephemeral range, 32768..) nor the bootstrap and
-        // etcd ports `nessie up` draws (`process::free_ports`, 10000..) land here, so a node's
-        // own ports cannot take a range handed out for its front ends.
+        // Below 10000: neither bind(0) (the ephemeral range, 32768.. by default; a host whose
+        // range starts lower is not one these tests run on) nor the bootstrap and etcd ports
+        // `nessie up` draws (`process::free_ports`, 10000..) land here, so a node's own ports
+        // cannot take a range handed out for its front ends.
         let base: u16 = 2_000 + rand_u16() % 7_900;
         let range = base..base + n;
         if handed
