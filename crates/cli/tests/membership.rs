@@ -167,6 +167,18 @@ fn clusters_sharing_an_etcd_keep_apart_and_down_stops_only_its_own() {
     assert!(!a.dir.join(etcd_server::DATA_DIR).exists());
 }
 
+/// Both nodes are up in epoch 1, and a key written reads back.
+fn serves_in_epoch_one(c: &Cluster) {
+    let s = status_json(c);
+    assert_eq!(
+        (states(&s), &s[0]["epoch"]),
+        (vec!["up".into(), "up".into()], &1.into())
+    );
+    assert!(c.nessie(&["put", "k", "v"]).status.success());
+    let got = c.nessie(&["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
+}
+
 /// An existing etcd with auth enabled: `up` with no user is refused, naming the settings; with
 /// `--etcd-user` and `--etcd-password-file` the cluster comes up, serves and reports its
 /// epoch, and the password is in `cluster.toml` (mode 0600), not on any command line.
@@ -224,14 +236,7 @@ fn an_etcd_with_auth_is_used_as_its_user() {
         pw.to_str().unwrap(),
     ]);
     assert!(up.status.success(), "{}", stderr(&up));
-    let s = status_json(&c);
-    assert_eq!(
-        (states(&s), &s[0]["epoch"]),
-        (vec!["up".into(), "up".into()], &1.into())
-    );
-    assert!(c.nessie(&["put", "k", "v"]).status.success());
-    let got = c.nessie(&["get", "k"]);
-    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
+    serves_in_epoch_one(&c);
     let toml = process::config_path(&c.dir);
     let mode = std::fs::metadata(&toml).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "cluster.toml holds the password");
@@ -313,14 +318,7 @@ fn an_etcd_over_tls_with_client_certificates_is_used() {
         .output()
         .unwrap();
     assert!(up.status.success(), "{}", stderr(&up));
-    let s = status_json(&c);
-    assert_eq!(
-        (states(&s), &s[0]["epoch"]),
-        (vec!["up".into(), "up".into()], &1.into())
-    );
-    assert!(c.nessie(&["put", "k", "v"]).status.success());
-    let got = c.nessie(&["get", "k"]);
-    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v");
+    serves_in_epoch_one(&c);
     let toml = std::fs::read_to_string(process::config_path(&c.dir)).unwrap();
     for (field, file) in [
         ("etcd_ca", &pki.client.ca),
