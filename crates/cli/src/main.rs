@@ -720,21 +720,9 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
             .map(read_password)
             .transpose()?,
         etcd_tls: nessie_membership::tls::TlsFiles {
-            ca: a
-                .etcd_ca
-                .as_deref()
-                .map(|p| absolute("--etcd-ca", p))
-                .transpose()?,
-            cert: a
-                .etcd_cert
-                .as_deref()
-                .map(|p| absolute("--etcd-cert", p))
-                .transpose()?,
-            key: a
-                .etcd_key
-                .as_deref()
-                .map(|p| absolute("--etcd-key", p))
-                .transpose()?,
+            ca: absolute("--etcd-ca", &a.etcd_ca)?,
+            cert: absolute("--etcd-cert", &a.etcd_cert)?,
+            key: absolute("--etcd-key", &a.etcd_key)?,
         },
         replicas: a.replicas,
         spare_copies: a.spare_copies,
@@ -785,16 +773,20 @@ fn read_password(path: &std::path::Path) -> Result<nessie_cluster::config::Secre
     Ok(nessie_cluster::config::Secret(line))
 }
 
-/// `path` made absolute (without following links): cluster.toml is read by nodes and tools
-/// started in other directories. A file that does not exist is refused, naming it.
-fn absolute(flag: &str, path: &std::path::Path) -> Result<PathBuf, CliError> {
+/// The file `flag` names, if any, made absolute (without following links): cluster.toml is
+/// read by nodes and tools started in other directories. A file that does not exist is
+/// refused, naming the flag.
+fn absolute(flag: &str, path: &Option<PathBuf>) -> Result<Option<PathBuf>, CliError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
     let bad = |why: String| CliError::Usage(format!("{flag} {}: {why}", path.display()));
     std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
     if abs.to_str().is_none() {
         return Err(bad("not UTF-8 (cluster.toml is text)".into()));
     }
-    Ok(abs)
+    Ok(Some(abs))
 }
 
 /// `[frontends]` as `up --memcached-port --resp-port --metrics-port --bind` ask.

@@ -105,10 +105,13 @@ impl TlsFiles {
                 field: "etcd",
                 why: format!("TLS setup: {e}"),
             })?;
-        // check_shape: a certificate comes with the CA, so without one there is nothing to
-        // do here (the caller keeps ureq's own configuration, the public roots).
+        // check_shape: a certificate comes with the CA, so without one there are no files at
+        // all, and the caller keeps ureq's own configuration (the public roots).
         let Some(ca) = &self.ca else {
-            unreachable!("client_config without a CA: {self:?}");
+            return Err(TlsProblem {
+                field: "etcd_ca",
+                why: "no TLS files to make a configuration of".into(),
+            });
         };
         let in_ca = |why: String| TlsProblem {
             field: "etcd_ca",
