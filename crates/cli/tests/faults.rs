@@ -489,6 +489,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         preload_keys: if evicting { 0 } else { 60 },
         until: None,
         ttl: evicting.then_some((3, Duration::from_millis(200))),
+        size_shift: None,
     };
     let log = Mutex::new(Vec::new());
     let (out, restarted) = std::thread::scope(|s| {

@@ -793,6 +793,35 @@ fn memcslap_and_redis_benchmark_at_ten_times_the_memory_with_eviction() {
     drop(c);
 }
 
+/// A cache whose value size changes (`docs/frontends.md`, "Moving pages between size
+/// classes"): redis-benchmark fills 2 × 4 MiB with 300-byte values, then writes 2,000-byte ones.
+/// Every SET of both is taken (redis-benchmark stops at its first error: before the page
+/// mover, the first 2,000-byte SET was refused), and memcached `stats` counts the pages moved.
+#[test]
+fn a_new_value_size_takes_the_memory_of_an_old_one() {
+    let base = free_port_range(4);
+    let (mcp, resp) = (base, base + 2);
+    let c = evicting_cluster("size-shift", "4MiB", "allkeys-lru", mcp, resp, &[]);
+    for (size, n) in [("300", "40000"), ("2000", "20000")] {
+        let out = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &resp.to_string()])
+            .args(["-t", "set", "-n", n, "-r", "40000", "-d", size, "-c", "4"])
+            .arg("-q")
+            .output()
+            .expect("redis-benchmark runs (Debian redis-tools)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("SET: ") && !text.contains("rror"),
+            "redis-benchmark -d {size}: {text}"
+        );
+    }
+    let moved = stat(&mut Mc::connect(mcp), "slabs_moved").unwrap()
+        + stat(&mut Mc::connect(mcp + 1), "slabs_moved").unwrap();
+    assert!(moved > 0, "no page moved to the 2,000-byte class");
+    drop(c);
+}
+
 /// The whole ascii suite runs (`-T` alone is not reliable: some tests depend on what earlier
 /// ones learnt of the server, and real memcached fails `-T "ascii quit"` alone too); every
 /// test of a served command must pass. memccapable prints `NAME` padded to 40 columns, then

@@ -111,6 +111,7 @@ fn base_spec(ops_per_thread: u64, seed: u64) -> StressSpec {
         preload_keys: 0,
         until: None,
         ttl: None,
+        size_shift: None,
     }
 }
 

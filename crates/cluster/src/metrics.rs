@@ -148,6 +148,9 @@ impl NodeCollector {
         let help = "Items this node's writers evicted to make room ([cache] eviction)";
         let n = self.node.table().evictions();
         single(enc, "evictions", help, ConstCounter::new(n))?;
+        let help = "Pages this node's writers drained for another size class (the page mover)";
+        let n = self.node.table().counters().pages_drained;
+        single(enc, "pages_moved", help, ConstCounter::new(n))?;
         let policy = self.node.protocol_config().eviction;
         let l = PolicyLabel {
             policy: policy.name(),

@@ -263,6 +263,7 @@ impl NodeContext {
             "scans": counters.scans,
             "room_scans": counters.room_scans,
             "evictions": self.table.evictions(),
+            "pages_moved": counters.pages_drained,
             "adopted_pages": self.adopted_pages.load(Ordering::Relaxed),
             "expiry_reclaimer": self.expiry.get().map(|t| {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -1073,6 +1074,11 @@ impl nessie_frontend::serve::StoreGauges for NodeGauges {
     }
     fn evictions(&self) -> u64 {
         self.node.upgrade().map_or(0, |n| n.table.evictions())
+    }
+    fn pages_moved(&self) -> u64 {
+        self.node
+            .upgrade()
+            .map_or(0, |n| n.table.counters().pages_drained)
     }
     fn eviction_policy(&self) -> &'static str {
         self.policy.name()

@@ -68,6 +68,10 @@ impl<'a> BatchClient<'a> {
 pub trait StoreGauges: Send + Sync + std::fmt::Debug {
     /// Items the node's writers have evicted (memcached `evictions`, Redis `evicted_keys`).
     fn evictions(&self) -> u64;
+    /// Pages the node's writers drained for another size class (memcached `slabs_moved`).
+    fn pages_moved(&self) -> u64 {
+        0
+    }
     /// The eviction policy, by Redis's name (`maxmemory-policy`).
     fn eviction_policy(&self) -> &'static str;
     /// Entries sampled per victim (`maxmemory-samples`; Redis's default 5 unless told).
@@ -125,6 +129,11 @@ impl Counters {
     /// Items the store's writers evicted (0 without a store's gauges).
     pub fn evictions(&self) -> u64 {
         self.store.get().map_or(0, |s| s.evictions())
+    }
+
+    /// Pages the store's writers drained for another size class (0 without gauges).
+    pub fn pages_moved(&self) -> u64 {
+        self.store.get().map_or(0, |s| s.pages_moved())
     }
 
     /// The store's tables now (zeros without a store's gauges).

@@ -119,6 +119,10 @@ pub struct Mutations {
     pub forget_unsure_commit: bool,
     /// Eviction ranks every sampled item alike: an LRU, LFU or TTL policy evicts at random.
     pub evict_ignoring_rank: bool,
+    /// Eviction never moves a page between size classes (`cd/evict.rs`, the page mover): once
+    /// one value size has filled the store, another gets room only as whole pages happen to
+    /// empty.
+    pub no_page_mover: bool,
     /// A prefetch keeps the entries it read however long after their ITEs it read them
     /// (`prefetch.rs`, PF1): a copy may be of an entry reused meanwhile.
     pub prefetch_past_deadline: bool,
@@ -198,6 +202,9 @@ impl Mutations {
 
 /// Entries an eviction samples per victim by default (Redis's `maxmemory-samples` default).
 pub const DEFAULT_EVICTION_SAMPLES: u8 = 5;
+/// Least time between two page-mover checks of a node's writers by default: each READs 16
+/// entries of up to four classes.
+pub const DEFAULT_MOVE_CHECK_NS: u64 = 50_000_000;
 /// Most entries anybody may have an eviction sample per victim.
 pub const MAX_EVICTION_SAMPLES: u8 = 64;
 
@@ -348,6 +355,10 @@ pub struct ProtocolConfig {
     /// Entries an eviction samples per victim (Redis's `maxmemory-samples`): more choose
     /// better victims (closer to true LRU or LFU) for more READs.
     pub eviction_samples: u8,
+    /// Least time between two page-mover checks of one node's writers (`cd/evict.rs`,
+    /// `consider_move`): a page moves at most once per `MOVE_VOTES` of them. Tests with
+    /// expiry periods of a few ms shorten it.
+    pub move_check_ns: u64,
     /// Test-only breakages (read through `mutated!`).
     #[cfg(any(test, feature = "testing"))]
     pub mutations: Mutations,
@@ -365,6 +376,7 @@ impl Default for ProtocolConfig {
             retry: RetryPolicy::default(),
             eviction: Eviction::NoEviction,
             eviction_samples: DEFAULT_EVICTION_SAMPLES,
+            move_check_ns: DEFAULT_MOVE_CHECK_NS,
             #[cfg(any(test, feature = "testing"))]
             mutations: Mutations::default(),
         }

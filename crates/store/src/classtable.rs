@@ -21,7 +21,11 @@
 //!    too, wasting the difference, where refusing the write would waste all of it.
 //!
 //! A page whose entries are all back on the free list is released, so memory moves between
-//! classes as demand shifts. Recycling stays client-driven: the claimer scans its pages, remote
+//! classes as demand shifts. A class can also be given a page of another whose items are much
+//! older (the page mover, `cd/evict.rs`): the page is *drained* ([`ClassTable::start_draining`]),
+//! its items evicted by writers, and released once empty. Invariant DR1: no entry of a
+//! draining page is handed out (its free entries leave the free list, and entries that come
+//! back stay off it), so the page empties however busy its class. Recycling stays client-driven: the claimer scans its pages, remote
 //! ones with one READ per page; no server thread takes part.
 //!
 //! Deletes need a marker entry too, so no ordinary claim takes a node's last [`RESERVE_PAGES`]
@@ -129,6 +133,18 @@ struct PageState {
     in_use: u64,
     /// Claimed from the delete reserve: only deletes take its entries.
     reserve: bool,
+    /// Being emptied for another class ([`ClassTable::start_draining`]): none of its entries
+    /// is handed out again, and it goes back to the pool once none is in use.
+    drain: Option<Drain>,
+}
+
+/// Where the eviction of a draining page's entries has got to.
+#[derive(Copy, Clone, Debug, Default)]
+struct Drain {
+    /// The next entry to hand to an evicting writer ([`ClassTable::drain_batch`]).
+    cursor: u64,
+    /// When the last pass over the page ended (0: the first pass is under way).
+    pass_ended_ns: u64,
 }
 
 /// Entries of one class at hand, in pages of one kind (ordinary or reserve).
@@ -196,6 +212,13 @@ struct State {
     last_scan_ns: u64,
     /// When the last bounded scan began ([`ClassTable::make_room`]).
     last_room_scan_ns: u64,
+    /// When a writer last asked whether to move a page ([`ClassTable::move_check_due`]).
+    last_move_check_ns: u64,
+    /// Per class: the donor the last checks in a row found worth a page to it, and how many
+    /// ([`ClassTable::vote_move`]).
+    move_votes: Vec<(u8, u32)>,
+    /// Pages drained for another class so far.
+    pages_drained: u64,
 }
 
 /// What [`ClassTable::adopt`] or [`ClassTable::adopt_gone`] took over.
@@ -225,6 +248,20 @@ impl Awaiting {
 /// Most entries [`ClassTable::sample_in_use`] returns.
 pub const MAX_SAMPLE: usize = 16;
 
+/// Most pages of one table draining at once ([`ClassTable::start_draining`]): each is memory
+/// no class uses until its last entry expires.
+pub const MAX_DRAINING_PAGES: usize = 2;
+/// At most one page in this many of those a table holds drains at once (one at least): in a
+/// table of a few pages, two draining left a third of the memory idle.
+pub const DRAINING_SHARE: usize = 8;
+
+/// Page-mover checks in a row that must find the same page move worth making
+/// ([`ClassTable::vote_move`]).
+pub const MOVE_VOTES: u32 = 3;
+
+/// Ordinary pages a class must hold to give one to another class.
+pub const MIN_DONOR_PAGES: u64 = 2;
+
 /// Counters of a whole table, for `nessie status`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableCounters {
@@ -233,6 +270,9 @@ pub struct TableCounters {
     pub scans: u64,
     /// Bounded scans by writers that ran out of room (step 4).
     pub room_scans: u64,
+    /// Pages drained for another class ([`ClassTable::start_draining`]); memcached's
+    /// `slabs_moved`.
+    pub pages_drained: u64,
 }
 
 /// Whether this node may write now (membership: its lease holds and it is a full member),
@@ -275,6 +315,7 @@ impl ClassTable {
         clock_margin_ns: u64,
     ) -> Self {
         let per_class = (0..classes.len()).map(|_| ClassState::default()).collect();
+        let move_votes = vec![(0, 0); classes.len()];
         Self {
             node,
             nodes,
@@ -296,6 +337,9 @@ impl ClassTable {
                 exhausted: false,
                 last_scan_ns: 0,
                 last_room_scan_ns: 0,
+                last_move_check_ns: 0,
+                move_votes,
+                pages_drained: 0,
             }),
         }
     }
@@ -484,6 +528,7 @@ impl ClassTable {
             handed: 0,
             in_use: 0,
             reserve,
+            drain: None,
         };
         let old = s.pages.insert((host, claim.page), state);
         s.held.insert((host, claim.page));
@@ -674,6 +719,9 @@ impl ClassTable {
         };
         assert!(ps.in_use > 0, "entry {slot:?} returned twice");
         ps.in_use -= 1;
+        if ps.drain.is_some() {
+            return; // DR1: a draining page's entries are not handed out again
+        }
         let reserve = ps.reserve;
         s.classes[slot.class as usize].pool(reserve).free.push(slot);
     }
@@ -709,7 +757,7 @@ impl ClassTable {
     /// only an expiry period after its DELETE (readers may still be reading it): a writer that
     /// evicted only once it had no room would wait that long, and one that keeps a period's
     /// worth of entries in flight never waits. But entries in flight hold no items: the bytes
-    /// at hand or awaiting expiry, of every class together, stay below `1 / share` of the
+    /// awaiting expiry of every class, with those at hand of `class`, stay below `1 / share` of the
     /// pages this table holds. Past that, writers wait for room rather than evict more (a
     /// writer at 12,000 `set`s a second with a 1 s expiry period would otherwise keep half of
     /// the memory in flight, 20 classes at a time, and hold a tenth of the items it could).
@@ -726,13 +774,20 @@ impl ClassTable {
             return false;
         }
         let budget = s.pages.len() as u64 * self.classes.page_bytes() / share.max(1);
+        // Free entries of other classes are not counted: they are no room for this class, and
+        // counting them stopped a class from evicting ahead at all once another class had
+        // been evicted down (the page mover gives their pages back).
         let in_flight: u64 = s
             .classes
             .iter()
             .enumerate()
             .map(|(c, st)| {
-                let entries = (st.normal.free.len() + st.pending.len()) as u64;
-                entries * self.classes.entry_size(c as u8)
+                let free = if c == class as usize {
+                    st.normal.free.len()
+                } else {
+                    0
+                };
+                (free + st.pending.len()) as u64 * self.classes.entry_size(c as u8)
             })
             .sum();
         if in_flight >= budget {
@@ -753,6 +808,150 @@ impl ClassTable {
         // never keep more in flight than they managed to take, and never speed up.
         let want = (2 * c.last_window_taken).max(per_page / 4).min(max);
         ((c.normal.free.len() + c.pending.len()) as u64 + open_left) < want
+    }
+
+    /// Whether a writer of this node should ask now whether to move a page between classes
+    /// (the page mover, `docs/frontends.md`): every page is claimed (the last claim found none),
+    /// fewer than [`MAX_DRAINING_PAGES`] pages are draining (and fewer than one in
+    /// [`DRAINING_SHARE`] of those held, or none), and no writer of this node asked
+    /// in the last `interval_ns`. Saying yes counts as the asking.
+    pub fn move_check_due(&self, now_ns: u64, interval_ns: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        let draining = s.pages.values().filter(|p| p.drain.is_some()).count();
+        let most = (s.pages.len() / DRAINING_SHARE).clamp(1, MAX_DRAINING_PAGES);
+        if !s.exhausted
+            || draining >= most
+            || now_ns.saturating_sub(s.last_move_check_ns) < interval_ns
+        {
+            return false;
+        }
+        s.last_move_check_ns = now_ns;
+        true
+    }
+
+    /// A page-mover check found a page of `donor` worth moving to `class` (`None`: none).
+    /// Returns whether [`MOVE_VOTES`] checks in a row have found so for `class`, naming the
+    /// same donor: then the page moves (and the count starts again). One check alone
+    /// follows the workload's noise (in a fault test of a few pages per node, single checks
+    /// moved a page every 2 s back and forth, and cost a tenth of the throughput).
+    pub fn vote_move(&self, class: u8, donor: Option<u8>) -> bool {
+        let mut s = self.state.lock().unwrap();
+        let v = &mut s.move_votes[class as usize];
+        match donor {
+            None => *v = (0, 0),
+            Some(d) if v.0 == d && v.1 > 0 => v.1 += 1,
+            Some(d) => *v = (d, 1),
+        }
+        if v.1 >= MOVE_VOTES {
+            *v = (0, 0);
+            return true;
+        }
+        false
+    }
+
+    /// The ordinary pages not draining each class holds: what the page mover weighs.
+    pub fn class_pages(&self) -> Vec<u64> {
+        let s = self.state.lock().unwrap();
+        let mut pages = vec![0u64; self.classes.len()];
+        for p in s.pages.values() {
+            if !p.reserve && p.drain.is_none() {
+                pages[p.class as usize] += 1;
+            }
+        }
+        pages
+    }
+
+    /// Classes other than `class` that could give a page to it, with their pages (as
+    /// [`Self::class_pages`] counts them), most pages first, at most `max`: those holding at
+    /// least [`MIN_DONOR_PAGES`] (a class keeps one, so it never has to claim one back for its
+    /// next write).
+    pub fn donor_classes(&self, class: u8, max: usize) -> Vec<(u8, u64)> {
+        let pages = self.class_pages();
+        let mut donors: Vec<(u8, u64)> = (0..self.classes.len() as u8)
+            .map(|c| (c, pages[c as usize]))
+            .filter(|&(c, p)| c != class && p >= MIN_DONOR_PAGES)
+            .collect();
+        // Most pages first; the smaller class among equals (deterministic for the simulator).
+        donors.sort_by_key(|&(c, p)| (std::cmp::Reverse(p), c));
+        donors.truncate(max);
+        donors
+    }
+
+    /// Start draining a page of `donor` for another class: its ordinary page with the fewest
+    /// entries in use (the fewest items to evict; the first in key order among equals). From
+    /// now on none of its entries is handed out (DR1): its free ones leave the free list, it
+    /// stops being the open page, and entries that come back stay off the list. Evicting
+    /// writers take its entries in turn ([`Self::drain_batch`]), and once none is in use the
+    /// page goes back to the pool as any empty page, for whichever class claims it. Returns
+    /// whether a page was chosen.
+    pub fn start_draining(&self, donor: u8) -> bool {
+        let mut s = self.state.lock().unwrap();
+        let s = &mut *s;
+        let page = s
+            .held
+            .iter()
+            .filter(|k| {
+                let p = &s.pages[*k];
+                p.class == donor && !p.reserve && p.drain.is_none()
+            })
+            .min_by_key(|k| s.pages[*k].in_use)
+            .copied();
+        let Some(key) = page else {
+            return false;
+        };
+        s.pages.get_mut(&key).expect("held").drain = Some(Drain::default());
+        let per_page = self.classes.per_page(donor);
+        let pool = &mut s.classes[donor as usize].normal;
+        if pool.open == Some(key) {
+            pool.open = None;
+        }
+        pool.free.retain(|f| (f.host, f.slot / per_page) != key);
+        s.pages_drained += 1;
+        true
+    }
+
+    /// Up to `max` entries of a draining page for an evicting writer to evict if they hold
+    /// items, each handed to one writer per pass. A page whose pass has ended but still has
+    /// entries in use (items being written during the pass, or whose eviction lost a race)
+    /// gets another pass once `repass_after_ns` have gone by since.
+    pub fn drain_batch(&self, now_ns: u64, max: usize, repass_after_ns: u64) -> Vec<Slot> {
+        let mut s = self.state.lock().unwrap();
+        let s = &mut *s;
+        let mut out = Vec::new();
+        for key in s.held.iter() {
+            let p = s.pages.get_mut(key).expect("held");
+            let Some(d) = p.drain.as_mut() else {
+                continue;
+            };
+            if d.cursor >= p.handed {
+                if d.pass_ended_ns == 0 {
+                    d.pass_ended_ns = now_ns.max(1);
+                }
+                if p.in_use == 0 || now_ns.saturating_sub(d.pass_ended_ns) < repass_after_ns {
+                    continue;
+                }
+                *d = Drain::default();
+            }
+            let end = d.cursor.saturating_add(max as u64).min(p.handed);
+            out.extend((d.cursor..end).map(|i| Slot {
+                host: key.0,
+                class: p.class,
+                slot: self.classes.slot(p.class, key.1, i),
+            }));
+            d.cursor = end;
+            break;
+        }
+        out
+    }
+
+    /// Whether a draining page has entries no evicting writer has been handed yet in its
+    /// current pass: a writer waiting for room should come back soon to evict more of them,
+    /// rather than wait for an expiry.
+    pub fn drain_in_progress(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        s.pages
+            .values()
+            .any(|p| p.drain.is_some_and(|d| d.cursor < p.handed))
     }
 
     /// Up to `n` (at most [`MAX_SAMPLE`]) entries of `class` in ordinary pages this table
@@ -841,6 +1040,7 @@ impl ClassTable {
             reclaimed_total: s.reclaimed_total,
             scans: s.scans,
             room_scans: s.room_scans,
+            pages_drained: s.pages_drained,
         }
     }
 
@@ -1250,6 +1450,7 @@ impl ClassTable {
                         handed: per_page,
                         in_use,
                         reserve: false,
+                        drain: None,
                     },
                 );
                 done.pages += 1;
@@ -1869,6 +2070,77 @@ mod tests {
         let b = t[0].alloc_for(&mut ep, big, Purpose::Value).unwrap();
         assert_eq!(b.class, big);
         assert!(t[0].usage()[big as usize].pages >= 1);
+    }
+
+    /// The page mover's part here: a draining page is the donor's with the fewest entries in
+    /// use; none of its entries is handed out again (DR1), free or coming back; each is handed
+    /// to one evicting writer per pass; and once its entries are gone the page goes to the
+    /// class that needed it.
+    #[test]
+    fn a_draining_page_hands_out_nothing_and_goes_to_the_needy_class() {
+        let (f, t) = setup(1);
+        let t = &t[0];
+        let mut ep = f.endpoint(0);
+        assert!(
+            !t.move_check_due(ep.now_ns(), 0),
+            "nothing is exhausted yet"
+        );
+        let big = (t.classes().len() - 1) as u8;
+        let small = 0u8;
+        let per_page = t.classes().per_page(small);
+        let smalls: Vec<Slot> = (0..per_page * (PAGES - RESERVE_PAGES))
+            .map(|_| t.alloc_for(&mut ep, small, Purpose::Value).unwrap())
+            .collect();
+        assert!(t.alloc_for(&mut ep, big, Purpose::Value).is_err());
+        let page = |s: &Slot| s.slot / per_page;
+        let pages: BTreeSet<u64> = smalls.iter().map(page).collect();
+        let (p0, p1) = (*pages.first().unwrap(), *pages.iter().nth(1).unwrap());
+        // Page p1 ends with the fewest entries in use: 5 of it freed, 2 of p0.
+        let on = |p: u64| smalls.iter().filter(move |s| page(s) == p).copied();
+        for s in on(p1).take(5).chain(on(p0).take(2)) {
+            recycle(&f, t, s);
+        }
+        t.reclaim(&mut ep).unwrap();
+        assert!(t.move_check_due(ep.now_ns(), 0));
+        assert!(!t.move_check_due(ep.now_ns(), u64::MAX), "asked just now");
+        assert_eq!(
+            t.donor_classes(big, 3),
+            vec![(small, PAGES - RESERVE_PAGES)]
+        );
+        assert!(
+            t.donor_classes(small, 3).is_empty(),
+            "no other class holds pages"
+        );
+        assert!(t.start_draining(small));
+        // The free entries left are p0's two: none of p1's five.
+        for _ in 0..2 {
+            let s = t.alloc_for(&mut ep, small, Purpose::Value).unwrap();
+            assert_eq!(page(&s), p0);
+        }
+        assert!(t.alloc_for(&mut ep, small, Purpose::Value).is_err());
+        assert!(t.drain_in_progress());
+        let batch = t.drain_batch(ep.now_ns(), 10, u64::MAX);
+        let rest = t.drain_batch(ep.now_ns(), usize::MAX, u64::MAX);
+        assert_eq!(batch.len(), 10);
+        assert_eq!(batch.len() + rest.len(), per_page as usize);
+        assert!(batch
+            .iter()
+            .chain(&rest)
+            .all(|s| page(s) == p1 && s.class == small));
+        assert!(!t.drain_in_progress());
+        assert!(
+            t.drain_batch(ep.now_ns(), 10, u64::MAX).is_empty(),
+            "one pass"
+        );
+        // The page's items evicted (recycled), it goes to the big class, not back to small.
+        for s in on(p1).skip(5) {
+            recycle(&f, t, s);
+        }
+        let b = t.alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(b.class, big);
+        assert_eq!(b.slot / t.classes().per_page(big), p1, "the drained page");
+        assert_eq!(t.usage()[small as usize].pages, PAGES - RESERVE_PAGES - 1);
+        assert_eq!(t.counters().pages_drained, 1);
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub struct StressSpec {
     /// Every `n`th PUT of a thread writes an item that expires this long after it is written
     /// (`KvClient::put_parts_expiring`); the history holds each expiry ([`Op::Expire`]).
     pub ttl: Option<(u64, Duration)>,
+    /// `Some((n, range))`: each thread's values switch between `value_size` and `range`
+    /// every `n` operations (`value_size` first; drawn uniformly in either): a workload whose
+    /// value size keeps changing, for the page mover.
+    pub size_shift: Option<(u64, (usize, usize))>,
 }
 
 /// How far an expiry's place in the history may be from its true one: the error of mapping
@@ -83,6 +87,7 @@ impl Default for StressSpec {
             preload_keys: 0,
             until: None,
             ttl: None,
+            size_shift: None,
         }
     }
 }
@@ -281,6 +286,7 @@ struct StressThread {
     expiring: Option<u64>,
     /// Expiries recorded.
     expiries: u64,
+    size_shift: Option<(u64, (usize, usize))>,
 }
 
 impl StressThread {
@@ -300,6 +306,7 @@ impl StressThread {
             ttl: spec.ttl,
             expiring: None,
             expiries: 0,
+            size_shift: spec.size_shift,
         }
     }
 }
@@ -331,7 +338,12 @@ impl<C: KvClient> Observer<C> for StressThread {
     }
 
     fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
-        Cow::Owned(value_bytes(put_id(self.thread, op.seq), op.value_len))
+        let len = match self.size_shift {
+            // The planned size, spread over the new range (any length identifies a value).
+            Some((n, (lo, hi))) if (op.seq / n) % 2 == 1 => lo + op.value_len % (hi - lo + 1),
+            _ => op.value_len,
+        };
+        Cow::Owned(value_bytes(put_id(self.thread, op.seq), len))
     }
 
     fn invoke(&mut self, _: &C, _: &Planned) -> Invocation {
@@ -438,6 +450,12 @@ pub fn run_checked<C: KvClient + 'static>(
 ) -> (StressOutcome, Vec<C>) {
     assert!(!clients.is_empty() && spec.keys > 0 && spec.hot_keys <= spec.keys);
     assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
+    if let Some((n, (lo, hi))) = spec.size_shift {
+        assert!(
+            n > 0 && lo >= 8 && lo <= hi,
+            "a size shift every {n} to {lo}..={hi}"
+        );
+    }
     let keys = KeyGen::hot(spec.keys, spec.hot_keys, spec.hot_fraction).expect("valid hot set");
     let workload = Arc::new(
         Workload::new(

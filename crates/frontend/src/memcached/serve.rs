@@ -586,6 +586,7 @@ impl Conn<'_> {
             ("delete_misses", get(&c.delete_misses)),
             ("reclaimed", get(&c.reclaimed)),
             ("evictions", c.evictions()),
+            ("slabs_moved", c.pages_moved()),
             ("curr_items", f.items),
             ("bytes", f.bytes),
             ("limit_maxbytes", f.limit_bytes),

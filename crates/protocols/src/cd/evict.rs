@@ -48,10 +48,41 @@ pub const EVICT_ROUNDS: usize = 4;
 pub const VOLATILE_SAMPLE_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
 pub const INDEX_EVICTION_RETRIES: u32 = 4;
+/// Items a page-mover check samples per class. The oldest of 16 is close to the class's
+/// oldest: two classes of the same age seem twice apart about 1 check in 30,000 (with 5
+/// samples, 1 in 30: a few needless moves a second).
+pub const MOVE_SAMPLES: usize = nessie_store::classtable::MAX_SAMPLE;
+/// Classes a page-mover check weighs as donors (those holding the most pages).
+pub const MOVE_DONORS: usize = 3;
+/// How many times older a donor's oldest sampled item must be than the needy class's, after
+/// the move ([`worth_moving`]), for a page to move: a margin against sampling noise.
+pub const MOVE_AGE_RATIO: u64 = 2;
+/// Entries of a draining page an eviction of `n` victims looks at, per victim.
+pub const DRAIN_PER_VICTIM: usize = 16;
+/// Expiry periods after a pass over a draining page before another pass looks again at the
+/// entries still in use (items written during the pass, or whose eviction lost a race).
+pub const DRAIN_REPASS_PERIODS: u64 = 2;
 /// A class's headroom is at most this fraction of a node's pages (1/8), and all classes'
 /// together this fraction of the pages the node's writers hold: headroom is memory not holding
 /// items.
 pub const HEADROOM_SHARE: u64 = 8;
+
+/// Whether a page should move from a donor class whose oldest sampled item is `donor_age`
+/// old, holding `donor_pages`, to a class whose oldest is `age` old, holding `pages`. A class's
+/// oldest item is about as old as its pages hold writes: its age grows and shrinks with its
+/// pages. So the move must leave the donor's items still [`MOVE_AGE_RATIO`] times older than
+/// the needy class's, counting the page each loses or gains: `donor_age · (donor_pages − 1) /
+/// donor_pages > ratio · age · (pages + 1) / pages`. Then the move back cannot be worth it
+/// right after, and classes of a few pages each (where one page is a large share) do not pass
+/// one back and forth. A class holding nothing gets a page from any donor with older items.
+fn worth_moving(donor_age: u64, donor_pages: u64, age: u64, pages: u64) -> bool {
+    if pages == 0 {
+        return donor_age > age;
+    }
+    let (d, a) = (donor_age as u128, age as u128);
+    let (dp, p) = (donor_pages as u128, pages as u128);
+    d * dp.saturating_sub(1) * p > MOVE_AGE_RATIO as u128 * a * (p + 1) * dp
+}
 
 impl<E: Endpoint> CdClient<E> {
     /// The keys the last operation evicted to make room (a GET's too: completing an abandoned
@@ -156,7 +187,10 @@ impl<E: Endpoint> CdClient<E> {
     fn evict_class_inner(&mut self, class: u8, n: usize) -> Result<usize, Error> {
         let classes = self.view.classes.len() as u8;
         let order = (class..classes).chain((0..class).rev());
-        let mut evicted = 0;
+        let mut evicted = self.move_pages(class, n)?;
+        if evicted >= n {
+            return Ok(evicted);
+        }
         for c in order {
             evicted += self.evict_of(c, n - evicted)?;
             if evicted == n {
@@ -164,6 +198,113 @@ impl<E: Endpoint> CdClient<E> {
             }
         }
         Ok(evicted)
+    }
+
+    /// The page mover: a class that has to evict holds too few pages if another class's
+    /// items are much older than its own. Then a page of that class is drained for it (every
+    /// item on it evicted; memcached's `slab_automove` moves pages by the same measure).
+    /// Without it, memory stayed with the first size a workload wrote: the pages of a class go
+    /// back to the pool only once every entry on them is gone, and a class's writers evict
+    /// within it, so a new size got room only as whole pages of the old one happened to empty
+    /// (`docs/frontends.md`, "Moving pages between size classes"). Returns the items evicted.
+    fn move_pages(&mut self, class: u8, n: usize) -> Result<usize, Error> {
+        if mutated!(self.cfg, no_page_mover) {
+            return Ok(0);
+        }
+        let now_ns = self.ep.now_ns();
+        if self.table.move_check_due(now_ns, self.cfg.move_check_ns) {
+            self.consider_move(class, now_ns)?;
+        }
+        let batch = self.table.drain_batch(
+            now_ns,
+            n.saturating_mul(DRAIN_PER_VICTIM),
+            self.cfg.expiry_ns.saturating_mul(DRAIN_REPASS_PERIODS),
+        );
+        let mut evicted = 0;
+        for slot in batch {
+            let Some((meta, key)) = self.read_entry_head(slot)? else {
+                continue; // free, or being reused: nothing to evict
+            };
+            // Any item, whatever its rank: the page must empty. A volatile policy's exception
+            // stands: an item without an expiry stays (the page waits for it).
+            if self.rank(&meta, now_ns).is_some() && self.evict_entry(slot, &key)? {
+                evicted += 1;
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Choose whether to drain a page for `class`: its oldest sampled item against the
+    /// oldest of each class that could give a page ([`MOVE_DONORS`] of them, those holding
+    /// the most pages). The donor whose items are oldest gives one if they are older enough
+    /// ([`worth_moving`]; a class holding nothing counts as holding only new items), and
+    /// [`MOVE_VOTES`](nessie_store::classtable::MOVE_VOTES) checks in a row have found so (one
+    /// for a class holding nothing). Age is the time since an item was last written, or read under
+    /// an LRU or LFU policy, expired or not: counting an expired item as the oldest of all made
+    /// any class with one in its sample a donor, and a workload with short TTLs moved pages
+    /// back and forth a few times a second.
+    fn consider_move(&mut self, class: u8, now_ns: u64) -> Result<(), Error> {
+        let donors = self.table.donor_classes(class, MOVE_DONORS);
+        if donors.is_empty() {
+            return Ok(());
+        }
+        let pages = self.table.class_pages()[class as usize];
+        let own = match self.oldest_age(class, now_ns)? {
+            Some(age) => age,
+            // Holding nothing, it holds only new items; holding pages with no item found on
+            // them, its entries are in flight (awaiting expiry), and come back without a move.
+            None if pages == 0 => 0,
+            None => return Ok(()),
+        };
+        let mut best: Option<(u64, u8, u64)> = None;
+        for (d, d_pages) in donors {
+            if let Some(age) = self.oldest_age(d, now_ns)? {
+                if best.is_none_or(|(a, _, _)| age > a) {
+                    best = Some((age, d, d_pages));
+                }
+            }
+        }
+        let worth = best.filter(|&(age, _, d_pages)| worth_moving(age, d_pages, own, pages));
+        let Some((age, donor, d_pages)) = worth else {
+            self.table.vote_move(class, None);
+            return Ok(());
+        };
+        // A class holding no page at all gets one at once: nothing about it is noise, and its
+        // writers are waiting (a vote per check made the first 2,000-byte SETs after a
+        // store full of 300-byte ones give up: `scripts/size-shift.sh`).
+        let voted = self.table.vote_move(class, Some(donor)) || pages == 0;
+        if voted && self.table.start_draining(donor) {
+            self.stats.pages_moved += 1;
+            tracing::debug!(
+                class,
+                donor,
+                own_ms = own,
+                donor_ms = age,
+                pages,
+                d_pages,
+                "draining a page"
+            );
+        }
+        Ok(())
+    }
+
+    /// The age in ms of the oldest of [`MOVE_SAMPLES`] items of `class` sampled at random;
+    /// `None` if the sample holds no item that could be evicted.
+    fn oldest_age(&mut self, class: u8, now_ns: u64) -> Result<Option<u64>, Error> {
+        let seed = rand::Rng::gen::<u64>(&mut self.rng);
+        let sample = self.table.sample_in_use(class, MOVE_SAMPLES, seed);
+        let now_ms = now_ns / NS_PER_MS;
+        let mut oldest = None;
+        for slot in sample {
+            let Some((meta, _)) = self.read_entry_head(slot)? else {
+                continue;
+            };
+            if self.rank(&meta, now_ns).is_none() {
+                continue;
+            }
+            oldest = oldest.max(Some(now_ms.saturating_sub(meta.access.last_ms())));
+        }
+        Ok(oldest)
     }
 
     /// Evict up to `n` items whose entries are of `class` and were allocated here: per victim,
@@ -636,6 +777,106 @@ mod tests {
         (0..n / 2)
             .filter(|i| a.get(format!("k{i:03}").as_bytes()).unwrap().is_none())
             .count() as u32
+    }
+
+    proptest::proptest! {
+        /// A move worth making is never undone by the next check: with ages scaled by the
+        /// pages each class holds after it (exactly, here), the move back is not worth it.
+        #[test]
+        fn a_page_moved_is_not_worth_moving_back(
+            k_donor in 0u64..1_000_000, k in 0u64..1_000_000,
+            donor_pages in 2u64..64, pages in 1u64..64,
+        ) {
+            let (d, a) = (k_donor * donor_pages * pages, k * donor_pages * pages);
+            if worth_moving(d, donor_pages, a, pages) {
+                let d_after = d / donor_pages * (donor_pages - 1);
+                let a_after = a / pages * (pages + 1);
+                proptest::prop_assert!(!worth_moving(a_after, pages + 1, d_after, donor_pages - 1));
+            }
+        }
+    }
+
+    #[test]
+    fn moves_need_older_items_after_the_move() {
+        assert!(
+            worth_moving(1, 2, 0, 0),
+            "a class holding nothing takes from older ones"
+        );
+        assert!(!worth_moving(0, 2, 0, 0));
+        // Ten pages each: the donor's items must be about 2 × 1.1 / 0.9 = 2.44 times older.
+        assert!(!worth_moving(240, 10, 100, 10));
+        assert!(worth_moving(250, 10, 100, 10));
+        // One page against two: 2 × 2 / 0.5 = 8 times older.
+        assert!(!worth_moving(790, 2, 100, 1));
+        assert!(worth_moving(810, 2, 100, 1));
+    }
+
+    /// A store filled with one value size, then written with a larger one: the page mover
+    /// drains pages of the old size for the new (its items are all older), and every large
+    /// PUT succeeds with the large size soon holding most of the memory (a check every 2 ms:
+    /// a page moves at most once per `MOVE_VOTES` checks). The mutation (no
+    /// page mover) leaves the memory with the old size: the large size gets a page or two
+    /// as whole pages happen to empty.
+    #[test]
+    fn a_new_value_size_gets_the_pages_of_an_old_one() {
+        let g = nessie_store::Geometry {
+            ites_per_node: 4096,
+            dtes_per_node: 64,
+            value_max: 1024,
+            ..small_geometry()
+        };
+        for mutate in [false, true] {
+            let cfg = ProtocolConfig {
+                mutations: Mutations {
+                    no_page_mover: mutate,
+                    ..Mutations::default()
+                },
+                move_check_ns: 2_000_000,
+                ..patient(Eviction::AllkeysLru)
+            };
+            let c = InProcCluster::new(g.clone(), cfg);
+            let mut a = c.client(0);
+            let small = c.view.classes.class_for(8, 16).unwrap();
+            let large = c.view.classes.class_for(8, 1000).unwrap();
+            let pages = c.view.geometry.data_pages_per_node() * g.nodes as u64;
+            let small_per_page = c.view.classes.per_page(small);
+            for i in 0..3 * pages * small_per_page {
+                a.put(format!("s{i:07}").as_bytes(), &[1u8; 16]).unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let large_per_page = c.view.classes.per_page(large);
+            let mut refused = 0;
+            // Three times the memory in large values, and on for half a second: a move takes a
+            // few checks in a row (`MOVE_VOTES`), at most one per check interval.
+            let started = std::time::Instant::now();
+            let mut i = 0;
+            while i < 3 * pages * large_per_page || started.elapsed().as_millis() < 500 {
+                if let Err(e) = a.put(format!("l{i:07}").as_bytes(), &[2u8; 1000]) {
+                    assert!(matches!(e, Error::DataTableFull { .. }), "{e}");
+                    refused += 1;
+                }
+                i += 1;
+            }
+            let usage = c.table(0).usage();
+            let (s, l) = (usage[small as usize], usage[large as usize]);
+            eprintln!(
+                "no page mover: {mutate}; small {s:?}; large {l:?}; {:?}",
+                a.stats()
+            );
+            assert_eq!(refused, 0, "no large PUT is refused");
+            if mutate {
+                assert_eq!(a.stats().pages_moved, 0);
+                assert!(l.pages < s.pages, "the small size kept its pages");
+            } else {
+                assert!(a.stats().pages_moved > 0);
+                assert!(l.pages >= 2 * s.pages, "the pages moved to the large size");
+                for j in 1..=large_per_page {
+                    let k = format!("l{:07}", i - j);
+                    let got = a.get(k.as_bytes()).unwrap();
+                    assert!(got.is_none_or(|v| v == [2u8; 1000]), "{k}");
+                }
+            }
+        }
     }
 
     /// allkeys-lru evicts the items not read since they were written, and keeps those read

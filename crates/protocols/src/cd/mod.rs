@@ -95,6 +95,8 @@ pub struct ClientStats {
     pub table_full_waits: u64,
     /// Items this client evicted (`evict.rs`).
     pub evictions: u64,
+    /// Pages this client chose to drain for another size class (`evict.rs`, the page mover).
+    pub pages_moved: u64,
     /// Access words GETs wrote (`ProtocolConfig::eviction` LRU or LFU).
     pub access_writes: u64,
     /// Another writer's in-progress entry of the key a PUT's Step 4 cleared: that write is
@@ -120,6 +122,7 @@ impl std::ops::AddAssign for ClientStats {
             rolled_forward,
             table_full_waits,
             evictions,
+            pages_moved,
             access_writes,
             cleared_in_progress,
         } = o;
@@ -137,6 +140,7 @@ impl std::ops::AddAssign for ClientStats {
         self.rolled_forward += rolled_forward;
         self.table_full_waits += table_full_waits;
         self.evictions += evictions;
+        self.pages_moved += pages_moved;
         self.cleared_in_progress += cleared_in_progress;
         self.access_writes += access_writes;
     }
@@ -691,6 +695,12 @@ impl<E: Endpoint> CdClient<E> {
         self.stats.table_full_waits += 1;
         if let ClassAllocError::Full { class, .. } = e {
             self.evict_on_full(class);
+        }
+        if self.evicts() && self.table.drain_in_progress() {
+            // A page is being drained for some class (the page mover): come back soon to
+            // evict more of it rather than wait an expiry period per batch. Bounded: each
+            // attempt takes entries of the page's pass, and the attempts are counted.
+            return Ok(self.rng.gen_range(1..=backoff));
         }
         match next_ready_ns {
             Some(ready) => Ok(ready

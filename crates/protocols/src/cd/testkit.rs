@@ -90,6 +90,11 @@ impl InProcCluster {
         CdClient::new(ep, self.view.clone(), table, worker, cfg).unwrap()
     }
 
+    /// Node `node`'s data table allocator.
+    pub fn table(&self, node: NodeId) -> &ClassTable {
+        &self.tables[node as usize]
+    }
+
     /// Fabric operations issued so far, by every endpoint.
     pub fn fabric_ops(&self) -> u64 {
         self.fabric.stats().total(None).total_ops()

@@ -64,6 +64,7 @@ pub fn spec(seed: u64) -> StressSpec {
         preload_keys: 0,
         until: None,
         ttl: None,
+        size_shift: None,
     }
 }
 
