@@ -139,12 +139,20 @@ struct PageState {
 }
 
 /// Where the eviction of a draining page's entries has got to.
-#[derive(Copy, Clone, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Drain {
-    /// The next entry to hand to an evicting writer ([`ClassTable::drain_batch`]).
+    /// The class the page is drained for: its writers count what they evict here as making
+    /// room ([`ClassTable::drain_batch`]).
+    for_class: u8,
+    /// The next entry to hand to an evicting writer.
     cursor: u64,
-    /// When the last pass over the page ended (0: the first pass is under way).
+    /// When the last pass over the page ended (0: the pass is under way).
     pass_ended_ns: u64,
+    /// Passes begun over the page.
+    passes: u32,
+    /// The page's free entries, kept off the free list (DR1) until the page is released, or
+    /// given back if the drain is called off.
+    idle: Vec<Slot>,
 }
 
 /// Entries of one class at hand, in pages of one kind (ordinary or reserve).
@@ -258,6 +266,9 @@ pub const DRAINING_SHARE: usize = 8;
 /// Page-mover checks in a row that must find the same page move worth making
 /// ([`ClassTable::vote_move`]).
 pub const MOVE_VOTES: u32 = 3;
+
+/// Passes over a draining page before its drain is called off ([`ClassTable::drain_batch`]).
+pub const DRAIN_PASSES: u32 = 3;
 
 /// Ordinary pages a class must hold to give one to another class.
 pub const MIN_DONOR_PAGES: u64 = 2;
@@ -620,7 +631,10 @@ impl ClassTable {
         for c in 0..self.classes.len() as u8 {
             reclaimed += self.reclaim_pending(ep, s, c)?;
         }
-        if reclaimed > 0 || own_pending {
+        // A drained page whose last entry came back (here, or by an earlier reclaim) goes to
+        // the pool now, not once a scan meets it: a class is waiting for it.
+        let drained = s.pages.values().any(|p| p.drain.is_some() && p.in_use == 0);
+        if reclaimed > 0 || own_pending || drained {
             self.release_empty_pages(ep, s, None, &mut Vec::new())?;
         }
         if !own_pending {
@@ -719,8 +733,9 @@ impl ClassTable {
         };
         assert!(ps.in_use > 0, "entry {slot:?} returned twice");
         ps.in_use -= 1;
-        if ps.drain.is_some() {
-            return; // DR1: a draining page's entries are not handed out again
+        if let Some(d) = ps.drain.as_mut() {
+            d.idle.push(slot); // DR1: a draining page's entries are not handed out again
+            return;
         }
         let reserve = ps.reserve;
         s.classes[slot.class as usize].pool(reserve).free.push(slot);
@@ -757,7 +772,7 @@ impl ClassTable {
     /// only an expiry period after its DELETE (readers may still be reading it): a writer that
     /// evicted only once it had no room would wait that long, and one that keeps a period's
     /// worth of entries in flight never waits. But entries in flight hold no items: the bytes
-    /// awaiting expiry of every class, with those at hand of `class`, stay below `1 / share` of the
+    /// at hand or awaiting expiry, of every class together, stay below `1 / share` of the
     /// pages this table holds. Past that, writers wait for room rather than evict more (a
     /// writer at 12,000 `set`s a second with a 1 s expiry period would otherwise keep half of
     /// the memory in flight, 20 classes at a time, and hold a tenth of the items it could).
@@ -774,20 +789,13 @@ impl ClassTable {
             return false;
         }
         let budget = s.pages.len() as u64 * self.classes.page_bytes() / share.max(1);
-        // Free entries of other classes are not counted: they are no room for this class, and
-        // counting them stopped a class from evicting ahead at all once another class had
-        // been evicted down (the page mover gives their pages back).
         let in_flight: u64 = s
             .classes
             .iter()
             .enumerate()
             .map(|(c, st)| {
-                let free = if c == class as usize {
-                    st.normal.free.len()
-                } else {
-                    0
-                };
-                (free + st.pending.len()) as u64 * self.classes.entry_size(c as u8)
+                let entries = (st.normal.free.len() + st.pending.len()) as u64;
+                entries * self.classes.entry_size(c as u8)
             })
             .sum();
         if in_flight >= budget {
@@ -818,9 +826,8 @@ impl ClassTable {
     pub fn move_check_due(&self, now_ns: u64, interval_ns: u64) -> bool {
         let mut s = self.state.lock().unwrap();
         let draining = s.pages.values().filter(|p| p.drain.is_some()).count();
-        let most = (s.pages.len() / DRAINING_SHARE).clamp(1, MAX_DRAINING_PAGES);
         if !s.exhausted
-            || draining >= most
+            || draining >= Self::most_draining(&s)
             || now_ns.saturating_sub(s.last_move_check_ns) < interval_ns
         {
             return false;
@@ -877,16 +884,28 @@ impl ClassTable {
         donors
     }
 
-    /// Start draining a page of `donor` for another class: its ordinary page with the fewest
-    /// entries in use (the fewest items to evict; the first in key order among equals). From
-    /// now on none of its entries is handed out (DR1): its free ones leave the free list, it
-    /// stops being the open page, and entries that come back stay off the list. Evicting
-    /// writers take its entries in turn ([`Self::drain_batch`]), and once none is in use the
-    /// page goes back to the pool as any empty page, for whichever class claims it. Returns
-    /// whether a page was chosen.
-    pub fn start_draining(&self, donor: u8) -> bool {
+    /// Start draining a page of `donor` for `for_class`: the donor's ordinary page with the
+    /// fewest entries in use (the fewest items to evict; the first in key order among
+    /// equals). From now on none of its entries is handed out (DR1): its free ones leave the
+    /// free list, it stops being the open page, and entries that come back stay off the
+    /// list. Evicting writers take its entries in turn ([`Self::drain_batch`]), and once none
+    /// is in use the page goes back to the pool as any empty page, where the class short of
+    /// room, whose writers are waiting for one, usually claims it. Returns whether a page was
+    /// chosen: not if the donor holds fewer than [`MIN_DONOR_PAGES`] or as many pages are
+    /// draining as [`Self::move_check_due`] allows (checked again here: two writers may have
+    /// been told a check was due).
+    pub fn start_draining(&self, donor: u8, for_class: u8) -> bool {
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
+        let draining = s.pages.values().filter(|p| p.drain.is_some()).count();
+        let donor_pages = s
+            .pages
+            .values()
+            .filter(|p| p.class == donor && !p.reserve && p.drain.is_none())
+            .count() as u64;
+        if draining >= Self::most_draining(s) || donor_pages < MIN_DONOR_PAGES {
+            return false;
+        }
         let page = s
             .held
             .iter()
@@ -899,47 +918,91 @@ impl ClassTable {
         let Some(key) = page else {
             return false;
         };
-        s.pages.get_mut(&key).expect("held").drain = Some(Drain::default());
         let per_page = self.classes.per_page(donor);
         let pool = &mut s.classes[donor as usize].normal;
         if pool.open == Some(key) {
             pool.open = None;
         }
-        pool.free.retain(|f| (f.host, f.slot / per_page) != key);
+        let (idle, free): (Vec<Slot>, Vec<Slot>) = std::mem::take(&mut pool.free)
+            .into_iter()
+            .partition(|f| (f.host, f.slot / per_page) == key);
+        pool.free = free;
+        s.pages.get_mut(&key).expect("held").drain = Some(Drain {
+            for_class,
+            idle,
+            ..Drain::default()
+        });
         s.pages_drained += 1;
         true
     }
 
+    /// Most pages of this table that may drain at once.
+    fn most_draining(s: &State) -> usize {
+        (s.pages.len() / DRAINING_SHARE).clamp(1, MAX_DRAINING_PAGES)
+    }
+
     /// Up to `max` entries of a draining page for an evicting writer to evict if they hold
-    /// items, each handed to one writer per pass. A page whose pass has ended but still has
-    /// entries in use (items being written during the pass, or whose eviction lost a race)
-    /// gets another pass once `repass_after_ns` have gone by since.
-    pub fn drain_batch(&self, now_ns: u64, max: usize, repass_after_ns: u64) -> Vec<Slot> {
+    /// items, each handed to one writer per pass, with the class the page is drained for.
+    /// A page whose pass has ended but still has entries in use (items being written during
+    /// the pass, whose eviction lost a race, or that its policy spares) gets another pass
+    /// once `repass_after_ns` have gone by since; after [`DRAIN_PASSES`] passes the drain is
+    /// called off and the page serves its class again, its free entries back on the free
+    /// list: a page that does not empty must not hold idle memory, nor the mover's turn, for
+    /// good.
+    pub fn drain_batch(
+        &self,
+        now_ns: u64,
+        max: usize,
+        repass_after_ns: u64,
+    ) -> Option<(u8, Vec<Slot>)> {
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
-        let mut out = Vec::new();
+        let mut called_off = Vec::new();
+        let mut out = None;
         for key in s.held.iter() {
             let p = s.pages.get_mut(key).expect("held");
             let Some(d) = p.drain.as_mut() else {
                 continue;
             };
-            if d.cursor >= p.handed {
-                if d.pass_ended_ns == 0 {
+            if d.cursor >= p.handed || d.passes == 0 {
+                if d.passes > 0 && d.pass_ended_ns == 0 {
                     d.pass_ended_ns = now_ns.max(1);
                 }
-                if p.in_use == 0 || now_ns.saturating_sub(d.pass_ended_ns) < repass_after_ns {
+                let due =
+                    d.passes == 0 || now_ns.saturating_sub(d.pass_ended_ns) >= repass_after_ns;
+                if p.in_use == 0 || !due {
                     continue;
                 }
-                *d = Drain::default();
+                if d.passes >= DRAIN_PASSES {
+                    called_off.push(*key);
+                    continue;
+                }
+                d.passes += 1;
+                d.cursor = 0;
+                d.pass_ended_ns = 0;
             }
             let end = d.cursor.saturating_add(max as u64).min(p.handed);
-            out.extend((d.cursor..end).map(|i| Slot {
-                host: key.0,
-                class: p.class,
-                slot: self.classes.slot(p.class, key.1, i),
-            }));
+            let slots = (d.cursor..end)
+                .map(|i| Slot {
+                    host: key.0,
+                    class: p.class,
+                    slot: self.classes.slot(p.class, key.1, i),
+                })
+                .collect();
             d.cursor = end;
+            out = Some((d.for_class, slots));
             break;
+        }
+        for key in called_off {
+            let p = s.pages.get_mut(&key).expect("held");
+            let d = p.drain.take().expect("draining");
+            tracing::debug!(
+                host = key.0,
+                page = key.1,
+                in_use = p.in_use,
+                "drain called off"
+            );
+            s.classes[p.class as usize].normal.free.extend(d.idle);
         }
         out
     }
@@ -949,9 +1012,11 @@ impl ClassTable {
     /// rather than wait for an expiry.
     pub fn drain_in_progress(&self) -> bool {
         let s = self.state.lock().unwrap();
-        s.pages
-            .values()
-            .any(|p| p.drain.is_some_and(|d| d.cursor < p.handed))
+        s.pages.values().any(|p| {
+            p.drain
+                .as_ref()
+                .is_some_and(|d| d.passes == 0 || d.cursor < p.handed)
+        })
     }
 
     /// Up to `n` (at most [`MAX_SAMPLE`]) entries of `class` in ordinary pages this table
@@ -2111,7 +2176,11 @@ mod tests {
             t.donor_classes(small, 3).is_empty(),
             "no other class holds pages"
         );
-        assert!(t.start_draining(small));
+        assert!(t.start_draining(small, big));
+        assert!(
+            !t.start_draining(small, big),
+            "one page drains at once in a small table"
+        );
         // The free entries left are p0's two: none of p1's five.
         for _ in 0..2 {
             let s = t.alloc_for(&mut ep, small, Purpose::Value).unwrap();
@@ -2119,8 +2188,9 @@ mod tests {
         }
         assert!(t.alloc_for(&mut ep, small, Purpose::Value).is_err());
         assert!(t.drain_in_progress());
-        let batch = t.drain_batch(ep.now_ns(), 10, u64::MAX);
-        let rest = t.drain_batch(ep.now_ns(), usize::MAX, u64::MAX);
+        let (for_class, batch) = t.drain_batch(ep.now_ns(), 10, u64::MAX).unwrap();
+        let (_, rest) = t.drain_batch(ep.now_ns(), usize::MAX, u64::MAX).unwrap();
+        assert_eq!(for_class, big);
         assert_eq!(batch.len(), 10);
         assert_eq!(batch.len() + rest.len(), per_page as usize);
         assert!(batch
@@ -2129,7 +2199,7 @@ mod tests {
             .all(|s| page(s) == p1 && s.class == small));
         assert!(!t.drain_in_progress());
         assert!(
-            t.drain_batch(ep.now_ns(), 10, u64::MAX).is_empty(),
+            t.drain_batch(ep.now_ns(), 10, u64::MAX).is_none(),
             "one pass"
         );
         // The page's items evicted (recycled), it goes to the big class, not back to small.
@@ -2141,6 +2211,42 @@ mod tests {
         assert_eq!(b.slot / t.classes().per_page(big), p1, "the drained page");
         assert_eq!(t.usage()[small as usize].pages, PAGES - RESERVE_PAGES - 1);
         assert_eq!(t.counters().pages_drained, 1);
+    }
+
+    /// A draining page that does not empty (its items are not evicted) is given up after
+    /// `DRAIN_PASSES` passes: its free entries, and those that came back meanwhile, serve its
+    /// class again, and another page may drain.
+    #[test]
+    fn a_drain_that_does_not_empty_its_page_is_called_off() {
+        let (f, t) = setup(1);
+        let t = &t[0];
+        let mut ep = f.endpoint(0);
+        let big = (t.classes().len() - 1) as u8;
+        let per_page = t.classes().per_page(0);
+        let smalls: Vec<Slot> = (0..per_page * (PAGES - RESERVE_PAGES))
+            .map(|_| t.alloc_for(&mut ep, 0, Purpose::Value).unwrap())
+            .collect();
+        assert!(t.alloc_for(&mut ep, big, Purpose::Value).is_err());
+        recycle(&f, t, smalls[0]);
+        t.reclaim(&mut ep).unwrap(); // one free entry, on the first page
+        assert!(t.start_draining(0, big));
+        assert!(t.alloc_for(&mut ep, 0, Purpose::Value).is_err(), "DR1");
+        recycle(&f, t, smalls[1]);
+        t.reclaim(&mut ep).unwrap(); // comes back while draining: kept off the list
+        for pass in 1..=DRAIN_PASSES {
+            let (_, slots) = t.drain_batch(ep.now_ns(), usize::MAX, 0).unwrap();
+            assert_eq!(slots.len() as u64, per_page, "pass {pass}");
+            // Nobody evicts: the page stays in use.
+        }
+        assert!(
+            t.drain_batch(ep.now_ns(), usize::MAX, 0).is_none(),
+            "called off"
+        );
+        let back: HashSet<Slot> = (0..2)
+            .map(|_| t.alloc_for(&mut ep, 0, Purpose::Value).unwrap())
+            .collect();
+        assert_eq!(back, HashSet::from([smalls[0], smalls[1]]));
+        assert!(t.start_draining(0, big), "the drain's turn is free again");
     }
 
     #[test]

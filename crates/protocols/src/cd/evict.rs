@@ -49,8 +49,8 @@ pub const VOLATILE_SAMPLE_ROUNDS: usize = 4;
 /// Times a PUT that met a full index evicts one of its key's candidates and tries again.
 pub const INDEX_EVICTION_RETRIES: u32 = 4;
 /// Items a page-mover check samples per class. The oldest of 16 is close to the class's
-/// oldest: two classes of the same age seem twice apart about 1 check in 30,000 (with 5
-/// samples, 1 in 30: a few needless moves a second).
+/// oldest: with ages spread evenly, the oldest sampled is under half the oldest about 1
+/// check in 65,000 (2^-16; with 5 samples, 1 in 32).
 pub const MOVE_SAMPLES: usize = nessie_store::classtable::MAX_SAMPLE;
 /// Classes a page-mover check weighs as donors (those holding the most pages).
 pub const MOVE_DONORS: usize = 3;
@@ -187,7 +187,12 @@ impl<E: Endpoint> CdClient<E> {
     fn evict_class_inner(&mut self, class: u8, n: usize) -> Result<usize, Error> {
         let classes = self.view.classes.len() as u8;
         let order = (class..classes).chain((0..class).rev());
-        let mut evicted = self.move_pages(class, n)?;
+        // A drain that fails (a page on a node that cannot be reached) must not stop the
+        // eviction the writer needs: its own class's victims are still its to take.
+        let mut evicted = self.move_pages(class, n).unwrap_or_else(|e| {
+            tracing::debug!(%e, class, "draining a page failed");
+            0
+        });
         if evicted >= n {
             return Ok(evicted);
         }
@@ -215,23 +220,28 @@ impl<E: Endpoint> CdClient<E> {
         if self.table.move_check_due(now_ns, self.cfg.move_check_ns) {
             self.consider_move(class, now_ns)?;
         }
-        let batch = self.table.drain_batch(
+        let Some((for_class, batch)) = self.table.drain_batch(
             now_ns,
             n.saturating_mul(DRAIN_PER_VICTIM),
             self.cfg.expiry_ns.saturating_mul(DRAIN_REPASS_PERIODS),
-        );
+        ) else {
+            return Ok(0);
+        };
         let mut evicted = 0;
         for slot in batch {
             let Some((meta, key)) = self.read_entry_head(slot)? else {
                 continue; // free, or being reused: nothing to evict
             };
             // Any item, whatever its rank: the page must empty. A volatile policy's exception
-            // stands: an item without an expiry stays (the page waits for it).
+            // stands: an item without an expiry stays (the page waits for it, or the drain is
+            // called off after `DRAIN_PASSES` passes).
             if self.rank(&meta, now_ns).is_some() && self.evict_entry(slot, &key)? {
                 evicted += 1;
             }
         }
-        Ok(evicted)
+        // Room for the class the page is drained for; a writer of another class that helped
+        // drain it still evicts its own victims.
+        Ok(if for_class == class { evicted } else { 0 })
     }
 
     /// Choose whether to drain a page for `class`: its oldest sampled item against the
@@ -273,7 +283,7 @@ impl<E: Endpoint> CdClient<E> {
         // writers are waiting (a vote per check made the first 2,000-byte SETs after a
         // store full of 300-byte ones give up: `scripts/size-shift.sh`).
         let voted = self.table.vote_move(class, Some(donor)) || pages == 0;
-        if voted && self.table.start_draining(donor) {
+        if voted && self.table.start_draining(donor, class) {
             self.stats.pages_moved += 1;
             tracing::debug!(
                 class,
