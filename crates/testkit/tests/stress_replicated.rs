@@ -120,21 +120,9 @@ fn crash_mid_run(name: &str, g: Geometry, o: Optimizations, replicas: u8, seed: 
     crash_mid_run_with(name, g, o, |_, _| {}, replicas, seed, Crash::Plain);
 }
 
-/// [`crash_mid_run`], with `tweak` changing the configuration and the workload first.
+/// [`crash_mid_run`], with `tweak` changing the configuration and the workload first; returns
+/// the outcome and the counters of the survivors' clients.
 fn crash_mid_run_with(
-    name: &str,
-    g: Geometry,
-    o: Optimizations,
-    tweak: impl FnOnce(&mut ProtocolConfig, &mut StressSpec),
-    replicas: u8,
-    seed: u64,
-    crash: Crash,
-) -> StressOutcome {
-    crash_mid_run_counted(name, g, o, tweak, replicas, seed, crash).0
-}
-
-/// [`crash_mid_run_with`], with the counters of the survivors' clients.
-fn crash_mid_run_counted(
     name: &str,
     g: Geometry,
     o: Optimizations,
@@ -342,7 +330,7 @@ fn a_node_crashing_while_writers_evict() {
         .into_iter()
         .enumerate()
     {
-        let out = crash_mid_run_with(
+        let (out, _) = crash_mid_run_with(
             "evicting",
             g.clone(),
             o,
@@ -377,7 +365,7 @@ fn a_node_crashing_while_pages_move_between_size_classes() {
         .into_iter()
         .enumerate()
     {
-        let (out, survivors) = crash_mid_run_counted(
+        let (out, survivors) = crash_mid_run_with(
             "pages moving",
             g.clone(),
             o,
