@@ -25,8 +25,11 @@
 //! older (the page mover, `cd/evict.rs`): the page is *drained* ([`ClassTable::start_draining`]),
 //! its items evicted by writers, and released once empty. Invariant DR1: no entry of a
 //! draining page is handed out (its free entries leave the free list, and entries that come
-//! back stay off it), so the page empties however busy its class. Recycling stays client-driven: the claimer scans its pages, remote
-//! ones with one READ per page; no server thread takes part.
+//! back stay off it), so the page empties however busy its class. Invariant DR2: the table
+//! counts its draining pages, so that an eviction asks whether any drains in O(1).
+//!
+//! Recycling stays client-driven: the claimer scans its pages, remote ones with one READ per
+//! page; no server thread takes part.
 //!
 //! Deletes need a marker entry too, so no ordinary claim takes a node's last [`RESERVE_PAGES`]
 //! free pages; a delete that finds no room elsewhere claims one as a *reserve page*, whose
@@ -227,6 +230,10 @@ struct State {
     move_votes: Vec<(u8, u32)>,
     /// Pages drained for another class so far.
     pages_drained: u64,
+    /// Pages held whose `drain` is set: every eviction asks whether any page drains, and a
+    /// walk over every held page per eviction would grow with the memory (DR2: equal to the
+    /// count, checked in debug builds by [`ClassTable::move_check_due`]).
+    draining: usize,
 }
 
 /// What [`ClassTable::adopt`] or [`ClassTable::adopt_gone`] took over.
@@ -351,6 +358,7 @@ impl ClassTable {
                 last_move_check_ns: 0,
                 move_votes,
                 pages_drained: 0,
+                draining: 0,
             }),
         }
     }
@@ -633,7 +641,8 @@ impl ClassTable {
         }
         // A drained page whose last entry came back (here, or by an earlier reclaim) goes to
         // the pool now, not once a scan meets it: a class is waiting for it.
-        let drained = s.pages.values().any(|p| p.drain.is_some() && p.in_use == 0);
+        let drained =
+            s.draining > 0 && s.pages.values().any(|p| p.drain.is_some() && p.in_use == 0);
         if reclaimed > 0 || own_pending || drained {
             self.release_empty_pages(ep, s, None, &mut Vec::new())?;
         }
@@ -825,9 +834,13 @@ impl ClassTable {
     /// in the last `interval_ns`. Saying yes counts as the asking.
     pub fn move_check_due(&self, now_ns: u64, interval_ns: u64) -> bool {
         let mut s = self.state.lock().unwrap();
-        let draining = s.pages.values().filter(|p| p.drain.is_some()).count();
+        debug_assert_eq!(
+            s.draining,
+            s.pages.values().filter(|p| p.drain.is_some()).count(),
+            "DR2"
+        );
         if !s.exhausted
-            || draining >= Self::most_draining(&s)
+            || s.draining >= Self::most_draining(&s)
             || now_ns.saturating_sub(s.last_move_check_ns) < interval_ns
         {
             return false;
@@ -897,13 +910,12 @@ impl ClassTable {
     pub fn start_draining(&self, donor: u8, for_class: u8) -> bool {
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
-        let draining = s.pages.values().filter(|p| p.drain.is_some()).count();
         let donor_pages = s
             .pages
             .values()
             .filter(|p| p.class == donor && !p.reserve && p.drain.is_none())
             .count() as u64;
-        if draining >= Self::most_draining(s) || donor_pages < MIN_DONOR_PAGES {
+        if s.draining >= Self::most_draining(s) || donor_pages < MIN_DONOR_PAGES {
             return false;
         }
         let page = s
@@ -933,6 +945,7 @@ impl ClassTable {
             ..Drain::default()
         });
         s.pages_drained += 1;
+        s.draining += 1;
         true
     }
 
@@ -957,6 +970,9 @@ impl ClassTable {
     ) -> Option<(u8, Vec<Slot>)> {
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
+        if s.draining == 0 {
+            return None;
+        }
         let mut called_off = Vec::new();
         let mut out = None;
         for key in s.held.iter() {
@@ -996,6 +1012,7 @@ impl ClassTable {
         for key in called_off {
             let p = s.pages.get_mut(&key).expect("held");
             let d = p.drain.take().expect("draining");
+            s.draining -= 1;
             tracing::debug!(
                 host = key.0,
                 page = key.1,
@@ -1012,11 +1029,12 @@ impl ClassTable {
     /// rather than wait for an expiry.
     pub fn drain_in_progress(&self) -> bool {
         let s = self.state.lock().unwrap();
-        s.pages.values().any(|p| {
-            p.drain
-                .as_ref()
-                .is_some_and(|d| d.passes == 0 || d.cursor < p.handed)
-        })
+        s.draining > 0
+            && s.pages.values().any(|p| {
+                p.drain
+                    .as_ref()
+                    .is_some_and(|d| d.passes == 0 || d.cursor < p.handed)
+            })
     }
 
     /// Up to `n` (at most [`MAX_SAMPLE`]) entries of `class` in ordinary pages this table
@@ -1340,6 +1358,9 @@ impl ClassTable {
             }
             let ps = s.pages.remove(&key).expect("held");
             s.held.remove(&key);
+            if ps.drain.is_some() {
+                s.draining -= 1;
+            }
             let pool = s.classes[ps.class as usize].pool(ps.reserve);
             if pool.open == Some(key) {
                 pool.open = None;
@@ -1533,6 +1554,9 @@ impl ClassTable {
             return;
         };
         s.held.remove(&key);
+        if ps.drain.is_some() {
+            s.draining -= 1;
+        }
         let per_page = self.classes.per_page(ps.class);
         let cs = &mut s.classes[ps.class as usize];
         cs.pending
