@@ -163,6 +163,9 @@ pub struct Mutations {
     /// Replication: a CAS is carried only to the copies it chose before deciding, even if a
     /// copy was placed (moved, or rejoining) meanwhile.
     pub no_late_copy_cas: bool,
+    /// Replication: index entries are always sent to their home node's tables' copies, as if
+    /// no index partition had moved on its own.
+    pub index_moves_ignored: bool,
     /// Replication: carrying a CAS to a receiving copy ignores what it finds (errors, a copy
     /// it could not reach), as before this was found.
     pub receiving_cas_best_effort: bool,

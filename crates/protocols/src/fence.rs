@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use nessie_fabric::NodeId;
 use nessie_store::limits::MAX_NODES;
+use nessie_store::partition::{PartitionId, MAX_PARTITIONS};
 
 const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
 /// Added to the monotonic instants `full_at_ns` holds, so that one before this process's
@@ -59,6 +60,115 @@ impl MovedCopy {
     }
 }
 
+/// Where a copy of one *index partition* moved to on its own (`nessie_store::partition`): its
+/// node and the index slot it fills there (`ReplicaSet::index_slot_region`), and whether it
+/// is still receiving (being filled) or full. A partition's copy that did not move on its own
+/// is wherever its home node's tables' copy is ([`MovedCopy`], or at home).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IndexCopy {
+    pub node: NodeId,
+    /// Index slot on `node`, below [`MAX_INDEX_SLOTS`].
+    pub slot: u16,
+    pub receiving: bool,
+}
+
+/// Most index slots a node may have (the slot number's width in a packed [`IndexCopy`]).
+pub const MAX_INDEX_SLOTS: u16 = 1 << 14;
+
+impl IndexCopy {
+    // Packed like `MovedCopy`: bit 31 moved, bit 30 receiving, slot in bits 16..30, node in
+    // bits 0..16.
+    fn pack(self) -> u32 {
+        assert!(
+            self.slot < MAX_INDEX_SLOTS,
+            "index slot {} out of range",
+            self.slot
+        );
+        MovedCopy::MOVED
+            | if self.receiving {
+                MovedCopy::RECEIVING
+            } else {
+                0
+            }
+            | (self.slot as u32) << 16
+            | self.node as u32
+    }
+
+    fn unpack(w: u32) -> Option<Self> {
+        (w & MovedCopy::MOVED != 0).then_some(Self {
+            node: w as u16,
+            slot: ((w >> 16) & (MAX_INDEX_SLOTS as u32 - 1)) as u16,
+            receiving: w & MovedCopy::RECEIVING != 0,
+        })
+    }
+}
+
+/// The moves of one kind of copy (a node's tables, or an index partition), per (partition,
+/// chain position): where each moved copy is, packed, and when it became full.
+#[derive(Debug)]
+struct Moves {
+    /// Packed place (0: not moved).
+    at: Box<[AtomicU32]>,
+    /// Monotonic time a moved copy became full (0: it is not one).
+    full_at_ns: Box<[AtomicU64]>,
+    /// Whether any copy ever moved (one relaxed load keeps the common case cheap).
+    any: AtomicBool,
+}
+
+impl Moves {
+    fn new(partitions: usize) -> Self {
+        Self {
+            at: (0..partitions * COPIES)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+            full_at_ns: (0..partitions * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            any: AtomicBool::new(false),
+        }
+    }
+
+    fn index(partition: usize, j: u8) -> usize {
+        assert!((j as usize) < COPIES, "chain position {j} out of range");
+        partition * COPIES + j as usize
+    }
+
+    /// Record copy `j` of `partition` at `packed` (0: back home). A copy that stops receiving,
+    /// or comes full to another node, records when, for the pause after it.
+    fn record(&self, partition: usize, j: u8, packed: u32, receiving: bool) {
+        let i = Self::index(partition, j);
+        let was = self.at[i].load(Ordering::SeqCst);
+        if packed != 0 {
+            self.any.store(true, Ordering::SeqCst);
+            let node = |w: u32| w & 0xffff;
+            let was_receiving = was & MovedCopy::RECEIVING != 0;
+            let full_now = !receiving && (was == 0 || was_receiving || node(was) != node(packed));
+            if full_now {
+                let now = nessie_fabric::monotonic_ns();
+                self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
+            } else if receiving {
+                self.full_at_ns[i].store(0, Ordering::SeqCst);
+            }
+        }
+        self.at[i].store(packed, Ordering::SeqCst);
+    }
+
+    fn get(&self, partition: usize, j: u8) -> u32 {
+        if !self.any.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.at[Self::index(partition, j)].load(Ordering::SeqCst)
+    }
+
+    /// How long the moved copy has been full at `now_ns`; `None` if it did not move or is
+    /// still receiving.
+    fn full_for_ns(&self, partition: usize, j: u8, now_ns: u64) -> Option<u64> {
+        let w = self.get(partition, j);
+        let at = self.full_at_ns[Self::index(partition, j)].load(Ordering::SeqCst);
+        (w != 0 && w & MovedCopy::RECEIVING == 0 && at != 0).then(|| now_ns.saturating_sub(at))
+    }
+}
+
 /// One node's view of membership, shared by its client workers.
 #[derive(Debug)]
 pub struct Fence {
@@ -93,15 +203,13 @@ pub struct Fence {
     /// incarnation joined (0: the first one). Entries its earlier incarnations left in flight
     /// are abandoned, as a failed node's are.
     incarnation_ns: Box<[AtomicU64]>,
-    /// The copy map's changes: per (partition, chain position), where the copy is if it moved
-    /// off its home node (0: at home, `ReplicaSet::holder`). Written by membership with each
-    /// epoch that moves copies.
-    moved: Box<[AtomicU32]>,
-    /// Per (partition, chain position), the monotonic time at which a moved copy became full
-    /// (0: it is not one): as after a rejoin, the partition pauses for a while after that.
-    moved_full_at_ns: Box<[AtomicU64]>,
-    /// Whether any copy ever moved (one relaxed load keeps the common case cheap).
-    any_moved: AtomicBool,
+    /// The copy map's changes: per (node partition, chain position), where the copy of a
+    /// node's tables is if it moved off its home node (none: at home, `ReplicaSet::holder`),
+    /// and when a moved copy became full (as after a rejoin, the partition pauses for a while
+    /// after that). Written by membership with each epoch that moves copies.
+    moved: Moves,
+    /// The same for copies of index partitions moved on their own, into index slots.
+    index_moved: Moves,
 }
 
 /// A node's part in the current epoch, as replication and completion see it.
@@ -134,13 +242,8 @@ impl Fence {
             full_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             full_since_of: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
-            moved: (0..MAX_NODES as usize * COPIES)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
-            moved_full_at_ns: (0..MAX_NODES as usize * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            any_moved: AtomicBool::new(false),
+            moved: Moves::new(MAX_NODES as usize),
+            index_moved: Moves::new(MAX_PARTITIONS as usize),
         }
     }
 
@@ -267,47 +370,60 @@ impl Fence {
     /// Record that copy `j` of `partition` is at `at` now (`None`: back at its home). A copy
     /// that stops receiving records when, for the pause after it (`moved_full_for_ns`).
     pub fn move_copy(&self, partition: NodeId, j: u8, at: Option<MovedCopy>) {
-        assert!((j as usize) < COPIES, "chain position {j} out of range");
-        let i = partition as usize * COPIES + j as usize;
-        let was = MovedCopy::unpack(self.moved[i].load(Ordering::SeqCst));
         if let Some(m) = at {
             assert!(
                 m.slot != 0,
                 "a moved copy never takes slot 0 (the home copy's)"
             );
-            self.any_moved.store(true, Ordering::SeqCst);
-            let full_now = !m.receiving && was.is_none_or(|w| w.receiving || w.node != m.node);
-            if full_now {
-                let now = nessie_fabric::monotonic_ns();
-                self.moved_full_at_ns[i].store(now.max(1), Ordering::SeqCst);
-            } else if m.receiving {
-                self.moved_full_at_ns[i].store(0, Ordering::SeqCst);
-            }
         }
-        self.moved[i].store(at.map_or(0, MovedCopy::pack), Ordering::SeqCst);
+        self.moved.record(
+            partition as usize,
+            j,
+            at.map_or(0, MovedCopy::pack),
+            at.is_some_and(|m| m.receiving),
+        );
     }
 
     /// Where copy `j` of `partition` is, if it moved off its home node.
     pub fn moved_copy(&self, partition: NodeId, j: u8) -> Option<MovedCopy> {
-        if !self.any_moved.load(Ordering::Relaxed) {
-            return None;
-        }
-        let i = partition as usize * COPIES + j as usize;
-        MovedCopy::unpack(self.moved[i].load(Ordering::SeqCst))
+        MovedCopy::unpack(self.moved.get(partition as usize, j))
     }
 
-    /// Whether any copy ever moved (cheap: no clock).
+    /// Whether any copy of a node's tables ever moved (cheap: no clock).
     pub fn any_moved(&self) -> bool {
-        self.any_moved.load(Ordering::Relaxed)
+        self.moved.any.load(Ordering::Relaxed)
     }
 
     /// How long moved copy `j` of `partition` has been full at monotonic time `now_ns`; `None`
     /// if it did not move, or is still receiving.
     pub fn moved_full_for_ns(&self, partition: NodeId, j: u8, now_ns: u64) -> Option<u64> {
-        let m = self.moved_copy(partition, j)?;
-        let at =
-            self.moved_full_at_ns[partition as usize * COPIES + j as usize].load(Ordering::SeqCst);
-        (!m.receiving && at != 0).then(|| now_ns.saturating_sub(at))
+        self.moved.full_for_ns(partition as usize, j, now_ns)
+    }
+
+    /// Record that copy `j` of index partition `q` is at `at` on its own now (`None`: where
+    /// its home node's tables' copy `j` is).
+    pub fn move_index_copy(&self, q: PartitionId, j: u8, at: Option<IndexCopy>) {
+        self.index_moved.record(
+            q as usize,
+            j,
+            at.map_or(0, IndexCopy::pack),
+            at.is_some_and(|m| m.receiving),
+        );
+    }
+
+    /// Where copy `j` of index partition `q` is, if it moved on its own.
+    pub fn moved_index_copy(&self, q: PartitionId, j: u8) -> Option<IndexCopy> {
+        IndexCopy::unpack(self.index_moved.get(q as usize, j))
+    }
+
+    /// Whether any index partition's copy ever moved on its own (cheap: no clock).
+    pub fn any_index_moved(&self) -> bool {
+        self.index_moved.any.load(Ordering::Relaxed)
+    }
+
+    /// How long copy `j` of index partition `q`, moved on its own, has been full at `now_ns`.
+    pub fn moved_index_full_for_ns(&self, q: PartitionId, j: u8, now_ns: u64) -> Option<u64> {
+        self.index_moved.full_for_ns(q as usize, j, now_ns)
     }
 
     /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.

@@ -25,6 +25,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::geometry::{Geometry, GeometryError, GeometryProblem};
 use crate::ite::IteLayout;
 use crate::limits::MAX_HASH_FUNCTIONS;
+use crate::partition::{IndexPartitions, PartitionId};
 use crate::INDEX_REGION;
 
 const SEEDS: [u64; MAX_HASH_FUNCTIONS as usize] = [
@@ -66,6 +67,9 @@ pub struct Index {
     pub n: usize,
     pub ite: IteLayout,
     pub placement: Placement,
+    /// How the slots split into partitions (`partition.rs`; the addresses below are each
+    /// partition's home, IP2).
+    pub partitions: IndexPartitions,
 }
 
 impl Index {
@@ -77,6 +81,7 @@ impl Index {
             n: g.hash_functions as usize,
             ite,
             placement: Placement::Decoupled,
+            partitions: IndexPartitions::new(g.nodes, g.ites_per_node),
         }
     }
 
@@ -147,7 +152,14 @@ impl Index {
         }
     }
 
-    /// Where slot `s` lives.
+    /// The partition slot `s` lies in, and its entry there.
+    #[inline]
+    pub fn partition_of(&self, s: Slot) -> (PartitionId, u64) {
+        self.partitions.of_slot(s)
+    }
+
+    /// Where slot `s` lives: entry s mod `ites_per_node` of its home node's index table, which
+    /// is also where its partition's home copy puts it (IP2, tested).
     #[inline]
     pub fn addr(&self, s: Slot) -> RemoteAddr {
         debug_assert!(s < self.total);
@@ -279,6 +291,22 @@ mod tests {
         let idx = index(3, 100, 3);
         let a = idx.addr(250);
         assert_eq!((a.node, a.region, a.offset), (2, INDEX_REGION, 50 * 8));
+    }
+
+    #[test]
+    fn a_slot_s_address_is_where_its_partition_s_home_copy_holds_it() {
+        for (nodes, per_node) in [(3, 100), (2, 1000), (5, 1 << 12), (1, 64)] {
+            let idx = index(nodes, per_node, 3);
+            for s in (0..idx.total).step_by(7).chain([idx.total - 1]) {
+                let (q, e) = idx.partition_of(s);
+                let want = RemoteAddr::new(
+                    idx.partitions.home(q),
+                    INDEX_REGION,
+                    idx.partitions.home_offset(q) + e * 8,
+                );
+                assert_eq!(idx.addr(s), want, "slot {s} of {nodes} x {per_node}");
+            }
+        }
     }
 
     fn coupled(nodes: u32, per_node: u64, n: u8) -> Index {

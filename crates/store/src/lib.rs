@@ -4,6 +4,7 @@
 //! - [`dte`]: the data table entry format,
 //! - [`access`]: the DTE's access word (access clock and LFU counter, for eviction),
 //! - [`index`]: the N-way cuckoo hash over all nodes' index tables,
+//! - [`partition`]: how the index splits into partitions, the units it is placed and moved in,
 //! - [`cache`]: the LRU cache of remote DTEs keyed by ITE,
 //! - [`classes`]: size classes, pages, and how an ITE names an entry of a class,
 //! - [`pages`]: page words, claimed by CAS (placement across nodes),
@@ -22,11 +23,13 @@ pub mod index;
 pub mod ite;
 pub mod limits;
 pub mod pages;
+pub mod partition;
 
 pub use dte::DteLayout;
 pub use geometry::{Geometry, GeometryError, GeometryProblem};
 pub use ite::{Ite, IteLayout, IteLayoutError};
 pub use pages::PAGE_REGION;
+pub use partition::{IndexPartitions, PartitionId};
 
 /// The version of the remote-memory layout every node of a cluster shares: the ITE and DTE
 /// formats, size classes and pages, page words and region order (`docs/layout.md`). Nodes

@@ -29,9 +29,9 @@
 //! would serve a word nobody acknowledged and wedge the entry (review 39, bug 6).
 
 use nessie_fabric::{Endpoint, FabricError, RegionId, RemoteAddr};
-use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
+use nessie_store::{PartitionId, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
-use super::{mirror_region, Replicated};
+use super::{mirror_region, Part, Replicated, Spot};
 use crate::fence::NodeRole;
 
 /// Bytes compared (and copied) per step.
@@ -107,43 +107,70 @@ impl<E: Endpoint> Replicated<E> {
         let me = self.inner.node();
         let mut done = CatchUp::default();
         let start = self.inner.mono_ns();
+        let pace = (bytes_per_s, start);
         for p in 0..self.set.nodes {
             for j in 0..self.set.replicas {
                 // Every copy this node holds after a restart (its role is receiving), or only
                 // those moved here and not yet full.
-                let (node, slot, role) = self.place(p, j);
+                let (node, spot, role) = self.place(Part::Tables(p), j);
                 if node != me || role != NodeRole::Receiving {
                     continue;
                 }
+                let Spot::Mirror(slot) = spot else {
+                    unreachable!("a node's tables in an index slot")
+                };
                 for region in [PAGE_REGION, DATA_REGION, INDEX_REGION] {
                     let bytes = table_regions[region as usize];
-                    let to = (j, slot);
-                    let passes = self.fill(p, to, region, bytes, bytes_per_s, start, &mut done)?;
+                    let from = RemoteAddr::new(p, region, 0);
+                    let to = (mirror_region(region, slot), 0);
+                    let passes = self.fill(from, to, bytes, j, pace, &mut done)?;
                     done.passes = done.passes.max(passes);
                 }
                 done.copies += 1;
+            }
+        }
+        // Copies of single index partitions moved here (or held here across a restart).
+        if let Some((parts, _)) = self
+            .set
+            .index_slots
+            .filter(|_| self.fence.any_index_moved())
+        {
+            for q in 0..parts.count() as PartitionId {
+                for j in 0..self.set.replicas {
+                    let (node, spot, role) = self.place(Part::Index(q), j);
+                    let Spot::Index(k) = spot else { continue };
+                    if node != me || role != NodeRole::Receiving {
+                        continue;
+                    }
+                    let from = RemoteAddr::new(parts.home(q), INDEX_REGION, parts.home_offset(q));
+                    let to = (
+                        self.set.index_slot_region(),
+                        k as u64 * self.set.index_slot_bytes(),
+                    );
+                    let passes = self.fill(from, to, parts.len(q) * 8, j, pace, &mut done)?;
+                    done.passes = done.passes.max(passes);
+                    done.copies += 1;
+                }
             }
         }
         done.ns = self.inner.mono_ns().saturating_sub(start);
         Ok(done)
     }
 
-    /// Bring copy `j` of `partition`'s `region` (`bytes` long, in mirror slot `slot` here) to
-    /// its primary: a whole pass,
+    /// Bring copy `j` of the `bytes` at `from` (a partition's words, as the protocol addresses
+    /// them), held here in region `mine` from offset `base`, to their primary: a whole pass,
     /// then passes over the words the previous pass changed, until one changes nothing (a
     /// word found equal stays equal: every later write reaches both). Returns the passes made.
-    #[allow(clippy::too_many_arguments)]
     fn fill(
         &mut self,
-        partition: u16,
-        (j, slot): (u8, u8),
-        region: RegionId,
+        from: RemoteAddr,
+        (mine, base): (RegionId, u64),
         bytes: u64,
-        bytes_per_s: u64,
-        start: u64,
+        j: u8,
+        (bytes_per_s, start): (u64, u64),
         done: &mut CatchUp,
     ) -> Result<u32, FabricError> {
-        let mine = mirror_region(region, slot);
+        let (partition, region) = (from.node, from.region);
         let mut theirs = vec![0u8; CHUNK_BYTES];
         let mut ours = vec![0u8; CHUNK_BYTES];
         // Offsets of the words the last pass changed (`None`: before the whole pass).
@@ -160,12 +187,13 @@ impl<E: Endpoint> Replicated<E> {
             for (off, n) in spans {
                 // Ours first: the primary's words, read after, are at or past every word a
                 // writer had carried to our copy by then.
-                self.inner.local_read(mine, off, &mut ours[..n])?;
-                let at = RemoteAddr::new(partition, region, off);
+                self.inner.local_read(mine, base + off, &mut ours[..n])?;
+                let at = RemoteAddr::new(partition, region, from.offset + off);
                 self.read_source(at, &mut theirs[..n])?;
                 done.bytes_read += n as u64;
                 done.reads += 1;
-                self.merge(at, mine, &theirs[..n], &ours[..n], &mut changed)?;
+                let here = (mine, base + off);
+                self.merge(at, here, &theirs[..n], &ours[..n], &mut changed, off)?;
                 self.pace(bytes_per_s, start, done.bytes_read);
             }
             done.words_changed += changed.len() as u64;
@@ -190,22 +218,22 @@ impl<E: Endpoint> Replicated<E> {
     fn read_source(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         loop {
             self.wait_fresh_view()?;
-            let live = self.live(addr.node)?;
+            let live = self.live(self.part(addr))?;
             let c = if mutated!(self.set, catch_up_from_decider) {
                 live.as_slice()[live.len - 1]
             } else {
                 live.as_slice()[0]
             };
-            let a = Self::at(addr, c);
+            let a = self.at(addr, c);
             if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());
             }
         }
     }
 
-    /// Make the words of `ours` (this node's region `mine`, at `at`'s offset) that differ from
-    /// `theirs` (the primary's, read after ours) equal to them, adding the offsets changed to
-    /// `changed`. Index entries and page words are set by CAS from what we read: what our copy
+    /// Make the words of `ours` (this node's region `mine` from offset `here`, the copy of the
+    /// words at `at`) that differ from `theirs` (the primary's, read after ours) equal to them,
+    /// adding the offsets changed (from `rel`, relative to the span filled) to `changed`. Index entries and page words are set by CAS from what we read: what our copy
     /// held before catching up may be stale, even ahead of the decider or from another
     /// history (a paused node's memory: words it decided that never went further), so it is
     /// replaced whatever it is; a word a writer carries here meanwhile makes the CAS fail, and
@@ -213,10 +241,11 @@ impl<E: Endpoint> Replicated<E> {
     fn merge(
         &mut self,
         at: RemoteAddr,
-        mine: RegionId,
+        (mine, here): (RegionId, u64),
         theirs: &[u8],
         ours: &[u8],
         changed: &mut Vec<u64>,
+        rel: u64,
     ) -> Result<(), FabricError> {
         let me = self.inner.node();
         let word = |b: &[u8], w: usize| u64::from_le_bytes(b[w * 8..w * 8 + 8].try_into().unwrap());
@@ -225,23 +254,26 @@ impl<E: Endpoint> Replicated<E> {
             if want == cur {
                 continue;
             }
-            let off = at.offset + w as u64 * 8;
+            let w = w as u64 * 8;
+            // The word's offset in our region, and in the span being filled (what the next
+            // pass looks at again).
+            let (off, next) = (here + w, rel + w);
             if at.region == DATA_REGION {
                 self.inner.local_write(mine, off, &want.to_le_bytes())?;
-                changed.push(off);
+                changed.push(next);
                 continue;
             }
             let addr = RemoteAddr::new(me, mine, off);
             for _ in 0..MAX_WORD_ROUNDS {
                 let was = self.inner.compare_and_swap(addr, cur, want)?;
                 if was == cur {
-                    changed.push(off);
+                    changed.push(next);
                     break;
                 }
                 // A writer carried a word here: read both again, ours first.
                 cur = was;
                 let mut b = [0u8; 8];
-                self.read_source(RemoteAddr::new(at.node, at.region, off), &mut b)?;
+                self.read_source(RemoteAddr::new(at.node, at.region, at.offset + w), &mut b)?;
                 want = u64::from_le_bytes(b);
                 if want == cur {
                     break;

@@ -21,7 +21,7 @@ use nessie_fabric::{Endpoint, FabricError, NodeId};
 
 #[cfg(doc)]
 use super::ReplicaSet;
-use super::{Copy, Replicated, RETRY_PAUSE_NS};
+use super::{Copy, Part, Replicated, RETRY_PAUSE_NS};
 #[cfg(doc)]
 use crate::fence::Fence;
 use crate::fence::NodeRole;
@@ -31,20 +31,20 @@ impl<E: Endpoint> Replicated<E> {
     /// be read by a node that has not heard that its node failed. Until then this waits: were
     /// it to read the next copy, which decides first, it could see a word that has not reached
     /// the old primary yet, and a node with an older view could then read the old word there.
-    pub(super) fn read_copy(&mut self, partition: NodeId) -> Result<Copy, FabricError> {
+    pub(super) fn read_copy(&mut self, part: Part) -> Result<Copy, FabricError> {
         loop {
             self.wait_fresh_view()?;
             // One look at each role; the clock only if a failed node comes first.
             let mut now = None;
             let mut settled = true;
             for j in 0..self.set.replicas {
-                let (node, slot, role) = self.place(partition, j);
+                let (node, spot, role) = self.place(part, j);
                 match role {
                     NodeRole::Full if settled || mutated!(self.set, read_next_copy_at_once) => {
                         return Ok(Copy {
                             node,
                             j,
-                            slot,
+                            spot,
                             fading: false,
                             receiving: false,
                             incarnation: self.fence.incarnation(node),
@@ -59,7 +59,9 @@ impl<E: Endpoint> Replicated<E> {
                 }
             }
             if settled {
-                return Err(FabricError::NoCopy { node: partition });
+                return Err(FabricError::NoCopy {
+                    node: self.home(part),
+                });
             }
             self.inner.sleep_ns(RETRY_PAUSE_NS);
         }

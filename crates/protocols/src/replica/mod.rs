@@ -58,19 +58,23 @@ pub use moves::{CopyMap, Move, Placement};
 mod fading;
 pub use catch_up::CatchUp;
 #[cfg(test)]
+mod index_moves;
+#[cfg(test)]
 mod races;
 
 use std::sync::Arc;
 
 use nessie_fabric::{Batch, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 use nessie_store::pages::PageWord;
-use nessie_store::{IteLayout, DATA_REGION, INDEX_REGION, PAGE_REGION};
+use nessie_store::{
+    IndexPartitions, IteLayout, PartitionId, DATA_REGION, INDEX_REGION, PAGE_REGION,
+};
 
 #[cfg(any(test, feature = "testing"))]
 use crate::config::Mutations;
 use crate::config::ProtocolConfig;
 use crate::error::Error;
-use crate::fence::{Fence, NodeRole};
+use crate::fence::{Fence, NodeRole, MAX_INDEX_SLOTS};
 
 /// Most copies of a partition.
 pub const MAX_REPLICAS: u8 = 3;
@@ -117,6 +121,10 @@ pub struct ReplicaSet {
     /// Mirror slots each node keeps free for copies moved to it (re-replication), after the
     /// R - 1 its home copies fill.
     spare: u8,
+    /// How the index splits into partitions, and how many index slots (each room for one
+    /// partition's copy) every node keeps for copies of single partitions moved to it. `None`:
+    /// the index moves only with its node's tables.
+    index_slots: Option<(IndexPartitions, u16)>,
     ite: IteLayout,
     settle_ns: u64,
     /// How long after learning that a copy's node failed a node still treats that copy as
@@ -162,6 +170,7 @@ impl ReplicaSet {
             replicas,
             nodes,
             spare: 0,
+            index_slots: None,
             ite,
             settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
             read_settle_ns: cfg.expiry_ns.saturating_add(cfg.clock_margin_ns),
@@ -178,6 +187,7 @@ impl ReplicaSet {
             replicas: 1,
             nodes,
             spare: 0,
+            index_slots: None,
             ite,
             settle_ns: 0,
             read_settle_ns: 0,
@@ -235,6 +245,55 @@ impl ReplicaSet {
         Ok(self)
     }
 
+    /// Keep `slots` index slots on every node, each room for a copy of one partition of
+    /// `partitions`, for copies of single index partitions moved there (`Fence::move_index_copy`).
+    pub fn with_index_slots(
+        mut self,
+        partitions: IndexPartitions,
+        slots: u16,
+    ) -> Result<Self, Error> {
+        if slots >= MAX_INDEX_SLOTS {
+            return Err(Error::Config(format!(
+                "index_slots = {slots} is not below {MAX_INDEX_SLOTS}"
+            )));
+        }
+        if slots > 0 && self.replicas < 2 {
+            return Err(Error::Config(
+                "index slots need replication (replicas >= 2): with one copy there is nothing to move"
+                    .into(),
+            ));
+        }
+        if partitions.count() != self.nodes as u32 * partitions.per_node() {
+            return Err(Error::Config(format!(
+                "{} index partitions do not split {} nodes' tables",
+                partitions.count(),
+                self.nodes
+            )));
+        }
+        self.index_slots = (slots > 0).then_some((partitions, slots));
+        Ok(self)
+    }
+
+    /// How the index splits into partitions, when single partitions can move.
+    pub fn index_partitions(&self) -> Option<IndexPartitions> {
+        self.index_slots.map(|(p, _)| p)
+    }
+
+    /// Index slots per node (0: none).
+    pub fn index_slots(&self) -> u16 {
+        self.index_slots.map_or(0, |(_, n)| n)
+    }
+
+    /// The region holding a node's index slots: after the mirrors.
+    pub fn index_slot_region(&self) -> RegionId {
+        MIRROR_BASE + REPLICATED.len() as RegionId * (self.replicas + self.spare - 1) as RegionId
+    }
+
+    /// Bytes of one index slot: the longest partition's entries.
+    pub fn index_slot_bytes(&self) -> u64 {
+        self.index_slots.map_or(0, |(p, _)| p.max_len() * 8)
+    }
+
     /// The spare mirror slots of every node: `replicas()..replicas() + spare`.
     pub fn spare_slots(&self) -> std::ops::Range<u8> {
         self.replicas..self.replicas + self.spare
@@ -260,13 +319,17 @@ impl ReplicaSet {
     }
 
     /// The region sizes every node registers: `base` (index, data, page table, ...) followed
-    /// by the mirrors of the tables it holds for other partitions.
+    /// by the mirrors of the tables it holds for other partitions, then its index slots.
     pub fn region_sizes(&self, base: &[u64]) -> Vec<u64> {
         let mut r = base.to_vec();
         if self.replicas > 1 {
             r.resize(MIRROR_BASE as usize, 0);
             for _ in 1..self.replicas + self.spare {
                 r.extend(REPLICATED.iter().map(|&region| base[region as usize]));
+            }
+            if self.index_slots() > 0 {
+                debug_assert_eq!(r.len(), self.index_slot_region() as usize);
+                r.push(self.index_slots() as u64 * self.index_slot_bytes());
             }
         }
         r
@@ -309,13 +372,31 @@ fn page_order(w: u64) -> u64 {
     2 * w.generation() + !w.is_claimed() as u64
 }
 
+/// What an address's copies are copies of: a node's tables (its data and page tables, and the
+/// partitions of its index table that did not move on their own), or one index partition that
+/// did (some copy of it is in an index slot).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Tables(NodeId),
+    Index(PartitionId),
+}
+
+/// Where on its node a copy is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Spot {
+    /// A mirror slot: a copy of a node's tables (slot 0: the node's own).
+    Mirror(u8),
+    /// An index slot: a copy of one index partition.
+    Index(u16),
+}
+
 /// One copy of a partition: the node holding it and its position in the chain.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Copy {
     node: NodeId,
     j: u8,
-    /// The mirror slot it fills on `node` (`j` unless it moved).
-    slot: u8,
+    /// Where it is on `node` (mirror slot `j` unless it moved).
+    spot: Spot,
     /// Its node was declared failed less than the settle time ago: nobody who knows reads it
     /// or decides at it any more, but it is still written, once: a node that has not yet heard
     /// of the failure may still read it, so a write that fails there waits until the read
@@ -337,7 +418,7 @@ impl Copy {
         Copy {
             node,
             j,
-            slot,
+            spot: Spot::Mirror(slot),
             fading: false,
             receiving: false,
             incarnation: 0,
@@ -347,7 +428,7 @@ impl Copy {
     /// Whether `self` is the copy `other` was: the same place, and the same incarnation of
     /// its node (rule 17).
     fn same(&self, other: &Copy, by_place_only: bool) -> bool {
-        (self.node, self.slot) == (other.node, other.slot)
+        (self.node, self.spot) == (other.node, other.spot)
             && (by_place_only || self.incarnation == other.incarnation)
     }
 
@@ -403,19 +484,60 @@ impl<E: Endpoint> Replicated<E> {
         self.set.replicas > 1 && REPLICATED.contains(&region)
     }
 
-    fn at(addr: RemoteAddr, c: Copy) -> RemoteAddr {
-        RemoteAddr::new(c.node, mirror_region(addr.region, c.slot), addr.offset)
+    /// What `addr`'s copies are copies of: its node's tables, unless it is an index entry of a
+    /// partition some copy of which moved on its own (checked only once any did).
+    fn part(&self, addr: RemoteAddr) -> Part {
+        match self.set.index_slots {
+            Some(_) if mutated!(self.set, index_moves_ignored) => Part::Tables(addr.node),
+            Some((p, _)) if addr.region == INDEX_REGION && self.fence.any_index_moved() => {
+                let (q, _) = p.of_home_offset(addr.node, addr.offset);
+                match (0..self.set.replicas).any(|j| self.fence.moved_index_copy(q, j).is_some()) {
+                    true => Part::Index(q),
+                    false => Part::Tables(addr.node),
+                }
+            }
+            _ => Part::Tables(addr.node),
+        }
     }
 
-    /// The copies of `partition` on nodes not declared failed, and (`with_fading`) those
+    /// The node `part` is at home on (what errors name).
+    fn home(&self, part: Part) -> NodeId {
+        match (part, self.set.index_slots) {
+            (Part::Tables(n), _) => n,
+            (Part::Index(q), Some((p, _))) => p.home(q),
+            (Part::Index(_), None) => unreachable!("an index partition without index slots"),
+        }
+    }
+
+    /// Where copy `c` holds the word at `addr`.
+    fn at(&self, addr: RemoteAddr, c: Copy) -> RemoteAddr {
+        match c.spot {
+            Spot::Mirror(slot) => {
+                RemoteAddr::new(c.node, mirror_region(addr.region, slot), addr.offset)
+            }
+            Spot::Index(k) => {
+                let (p, _) = self.set.index_slots.expect("index slots");
+                debug_assert_eq!(addr.region, INDEX_REGION);
+                let (q, e) = p.of_home_offset(addr.node, addr.offset);
+                debug_assert!(e < p.len(q));
+                RemoteAddr::new(
+                    c.node,
+                    self.set.index_slot_region(),
+                    k as u64 * self.set.index_slot_bytes() + e * 8 + addr.offset % 8,
+                )
+            }
+        }
+    }
+
+    /// The copies of `part` on nodes not declared failed, and (`with_fading`) those
     /// declared failed less than the settle time ago and those receiving their copies, in
     /// chain order. Fails if no copy is full (on a node that is up).
-    fn copies(&self, partition: NodeId, with_fading: bool) -> Result<Copies, FabricError> {
+    fn copies(&self, part: Part, with_fading: bool) -> Result<Copies, FabricError> {
         let mut c = Copies {
             at: [Copy {
                 node: 0,
                 j: 0,
-                slot: 0,
+                spot: Spot::Mirror(0),
                 fading: false,
                 receiving: false,
                 incarnation: 0,
@@ -427,7 +549,7 @@ impl<E: Endpoint> Replicated<E> {
         for j in 0..self.set.replicas {
             // One look at the copy's place and role; only a gone node's declaration time is
             // read too.
-            let (node, slot, role) = self.place(partition, j);
+            let (node, spot, role) = self.place(part, j);
             let receiving = role == NodeRole::Receiving;
             if receiving && (!with_fading || mutated!(self.set, rejoin_skips_receiving)) {
                 continue;
@@ -442,7 +564,7 @@ impl<E: Endpoint> Replicated<E> {
             let copy = Copy {
                 node,
                 j,
-                slot,
+                spot,
                 fading,
                 receiving,
                 incarnation: self.fence.incarnation(node),
@@ -452,48 +574,77 @@ impl<E: Endpoint> Replicated<E> {
             c.len += 1;
         }
         if full == 0 {
-            return Err(FabricError::NoCopy { node: partition });
+            return Err(FabricError::NoCopy {
+                node: self.home(part),
+            });
         }
         Ok(c)
     }
 
-    /// Where copy `j` of `partition` is now (node, mirror slot) and its role there: its node's
-    /// role, or receiving while a copy moved there is being filled.
-    fn place(&self, partition: NodeId, j: u8) -> (NodeId, u8, NodeRole) {
+    /// Where copy `j` of `part` is now (node, spot) and its role there: its node's role, or
+    /// receiving while a copy moved there is being filled. An index partition's copy that did
+    /// not move on its own is where its home node's tables' copy is.
+    fn place(&self, part: Part, j: u8) -> (NodeId, Spot, NodeRole) {
+        let partition = match part {
+            Part::Tables(n) => n,
+            Part::Index(q) => match self.fence.moved_index_copy(q, j) {
+                Some(m) => {
+                    return (
+                        m.node,
+                        Spot::Index(m.slot),
+                        self.moved_role(m.node, m.receiving),
+                    )
+                }
+                None => self.home(part),
+            },
+        };
         match self.fence.moved_copy(partition, j) {
             None => {
                 let node = self.set.holder(partition, j);
-                (node, j, self.fence.role(node))
+                (node, Spot::Mirror(j), self.fence.role(node))
             }
-            Some(m) => {
-                let role = match self.fence.role(m.node) {
-                    NodeRole::Full if m.receiving => NodeRole::Receiving,
-                    r => r,
-                };
-                (m.node, m.slot, role)
-            }
+            Some(m) => (
+                m.node,
+                Spot::Mirror(m.slot),
+                self.moved_role(m.node, m.receiving),
+            ),
         }
     }
 
-    /// The full copies of `partition`: on nodes up, not receiving.
-    fn live(&self, partition: NodeId) -> Result<Copies, FabricError> {
-        self.copies(partition, false)
+    /// The role of a moved copy on `node`: its node's, or receiving while it is being filled.
+    fn moved_role(&self, node: NodeId, receiving: bool) -> NodeRole {
+        match self.fence.role(node) {
+            NodeRole::Full if receiving => NodeRole::Receiving,
+            r => r,
+        }
+    }
+
+    /// How long copy `j` of `part`, if it moved, has been full in its new place at `now_ns`.
+    fn moved_full_for_ns(&self, part: Part, j: u8, now_ns: u64) -> Option<u64> {
+        if let Part::Index(q) = part {
+            if self.fence.moved_index_copy(q, j).is_some() {
+                return self.fence.moved_index_full_for_ns(q, j, now_ns);
+            }
+        }
+        self.fence.moved_full_for_ns(self.home(part), j, now_ns)
+    }
+
+    /// The full copies of `part`: on nodes up, not receiving.
+    fn live(&self, part: Part) -> Result<Copies, FabricError> {
+        self.copies(part, false)
     }
 
     /// Wait while a copy of `partition` has been full again (after a restart) for less than
     /// the join settle time: no operation may use the copy in its new role (primary, decider)
     /// while an operation that began before every node knew of it may still use the old ones
     /// (`ReplicaSet::join_settle_ns`).
-    fn wait_join_settled(&mut self, partition: NodeId) {
-        let moved = self.fence.any_moved();
+    fn wait_join_settled(&mut self, part: Part) {
+        let moved = self.fence.any_moved() || matches!(part, Part::Index(_));
         loop {
             let mut recent = false;
             let mut now = None;
             for j in 0..self.set.replicas {
-                let node = match self.fence.moved_copy(partition, j) {
-                    Some(m) => m.node,
-                    None => self.set.holder(partition, j),
-                };
+                let (node, _, _) = self.place(part, j);
                 let rejoined = self.fence.rejoined(node);
                 if !rejoined && !moved {
                     continue;
@@ -501,7 +652,7 @@ impl<E: Endpoint> Replicated<E> {
                 let t = *now.get_or_insert_with(|| self.inner.mono_ns());
                 let settling = |f: Option<u64>| f.is_some_and(|f| f < self.set.join_settle_ns());
                 recent |= rejoined && settling(self.fence.full_for_ns(node, t));
-                recent |= moved && settling(self.fence.moved_full_for_ns(partition, j, t));
+                recent |= moved && settling(self.moved_full_for_ns(part, j, t));
             }
             if !recent {
                 return;
@@ -513,10 +664,10 @@ impl<E: Endpoint> Replicated<E> {
     /// The copies a change goes to, once the last full copy may decide: every copy after it
     /// in the chain has been gone for the settle time (waits if one failed more recently). The
     /// decider is the last full copy; receiving copies may follow it.
-    fn deciding(&mut self, partition: NodeId) -> Result<(Copies, usize), FabricError> {
+    fn deciding(&mut self, part: Part) -> Result<(Copies, usize), FabricError> {
         loop {
-            self.wait_join_settled(partition);
-            let c = self.copies(partition, true)?;
+            self.wait_join_settled(part);
+            let c = self.copies(part, true)?;
             let d = c
                 .as_slice()
                 .iter()
@@ -525,7 +676,7 @@ impl<E: Endpoint> Replicated<E> {
             let last = c.as_slice()[d];
             let now = self.inner.mono_ns();
             let unsettled = (last.j + 1..self.set.replicas).any(|j| {
-                let (node, _, _) = self.place(partition, j);
+                let (node, _, _) = self.place(part, j);
                 self.fence
                     .gone_for_ns(node, now)
                     .is_some_and(|t| t < self.set.settle_ns)
@@ -629,10 +780,11 @@ impl<E: Endpoint> Replicated<E> {
 
     /// READ from the primary (the first live copy), moving on if it fails.
     fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        self.wait_join_settled(addr.node);
+        let part = self.part(addr);
+        self.wait_join_settled(part);
         loop {
-            let c = self.read_copy(addr.node)?;
-            let a = Self::at(addr, c);
+            let c = self.read_copy(part)?;
+            let a = self.at(addr, c);
             if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());
             }
@@ -657,8 +809,9 @@ impl<E: Endpoint> Replicated<E> {
     /// would leave the copy behind for good (found by the replace hunt on a loaded machine).
     /// Written last, the receiving copy gets the decider's word from us or from the copier.
     fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
-        self.wait_join_settled(addr.node);
-        let copies = self.copies(addr.node, true)?;
+        let part = self.part(addr);
+        self.wait_join_settled(part);
+        let copies = self.copies(part, true)?;
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         let receiving_first = mutated!(self.set, receiving_written_first);
         // Two passes over the copies, each last first: the others, then the receiving ones.
@@ -680,20 +833,20 @@ impl<E: Endpoint> Replicated<E> {
         if mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
-        self.on_late_copies(addr.node, copies, |s, c| s.write_copy(addr, buf, local, c))
+        self.on_late_copies(part, copies, |s, c| s.write_copy(addr, buf, local, c))
     }
 
     /// Run `each` on every copy of `partition` placed since `chosen` were (rule 17), looking
     /// again after each round, at most [`MAX_LATE_COPY_ROUNDS`] rounds.
     fn on_late_copies(
         &mut self,
-        partition: NodeId,
+        part: Part,
         chosen: Copies,
         mut each: impl FnMut(&mut Self, Copy) -> Result<(), FabricError>,
     ) -> Result<(), FabricError> {
         let mut seen = chosen;
         for _ in 0..MAX_LATE_COPY_ROUNDS {
-            let (now, late) = self.late_copies(partition, &seen)?;
+            let (now, late) = self.late_copies(part, &seen)?;
             if late.is_empty() {
                 break;
             }
@@ -709,12 +862,8 @@ impl<E: Endpoint> Replicated<E> {
     /// that are not among `chosen` (rule 17): placed since (a move, a rejoin), or at the same
     /// node and slot but of another incarnation of its node (a restart in between: that copy
     /// was filled from the others, and lacks whatever reached the one before).
-    fn late_copies(
-        &self,
-        partition: NodeId,
-        chosen: &Copies,
-    ) -> Result<(Copies, Vec<Copy>), FabricError> {
-        let now = self.copies(partition, true)?;
+    fn late_copies(&self, part: Part, chosen: &Copies) -> Result<(Copies, Vec<Copy>), FabricError> {
+        let now = self.copies(part, true)?;
         let by_place = mutated!(self.set, late_copy_by_place);
         let late = now
             .as_slice()
@@ -733,10 +882,10 @@ impl<E: Endpoint> Replicated<E> {
         local: bool,
         c: Copy,
     ) -> Result<(), FabricError> {
-        if local && c.slot == 0 {
+        if local && c.spot == Spot::Mirror(0) {
             self.inner.local_write(addr.region, addr.offset, buf)?;
         } else {
-            let a = Self::at(addr, c);
+            let a = self.at(addr, c);
             self.on_copy(c, false, |e| e.write(a, buf))?;
         }
         Ok(())
@@ -751,12 +900,13 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<(Copies, Copy, u64), FabricError> {
-        let (copies, d) = self.deciding(addr.node)?;
+        let (copies, d) = self.deciding(self.part(addr))?;
         let decider = copies.as_slice()[d];
         self.check_fence()?;
+        let at = self.at(addr, decider);
         let found = self
             .inner
-            .compare_and_swap(Self::at(addr, decider), expected, desired)
+            .compare_and_swap(at, expected, desired)
             .map_err(|e| match e {
                 // We cannot tell whether a CAS that failed in flight took place.
                 FabricError::Unreachable { node, .. } => FabricError::Indeterminate { node },
@@ -877,7 +1027,7 @@ impl<E: Endpoint> Replicated<E> {
             }
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            let carried = self.on_late_copies(addr.node, copies, |s, c| {
+            let carried = self.on_late_copies(self.part(addr), copies, |s, c| {
                 if c.is_full() && c.j > decider.j {
                     // A copy after ours in the chain that is full decides now: we decided at a
                     // copy that no longer does, and cannot tell whether our word stands (only
@@ -944,8 +1094,8 @@ impl<E: Endpoint> Replicated<E> {
             true => decider,
             false => anchor,
         };
-        let a = Self::at(addr, c);
-        let from = Self::at(addr, anchor);
+        let a = self.at(addr, c);
+        let from = self.at(addr, anchor);
         for _ in 0..MAX_ADVANCE_ROUNDS {
             let Some(cur) = self.on_copy(c, false, |e| e.read_u64(a))? else {
                 return Ok(Advance::Gone);
@@ -1015,7 +1165,7 @@ impl<E: Endpoint> Replicated<E> {
             self.cas_copy(addr, c, expected, desired)?;
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            self.on_late_copies(addr.node, copies, |s, c| {
+            self.on_late_copies(self.part(addr), copies, |s, c| {
                 s.cas_copy(addr, c, expected, desired)
             })?;
         }
@@ -1030,7 +1180,7 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<(), FabricError> {
-        let a = Self::at(addr, c);
+        let a = self.at(addr, c);
         if c.receiving && mutated!(self.set, receiving_cas_best_effort) {
             let _ = self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired));
             return Ok(());
@@ -1040,19 +1190,54 @@ impl<E: Endpoint> Replicated<E> {
     }
 }
 
+impl<E: Endpoint> Replicated<E> {
+    /// The end (offset) of the run of bytes from `addr` that have the same copies: the end of
+    /// `addr`'s index partition once any partition moved on its own, else `end`.
+    fn same_copies_until(&self, addr: RemoteAddr, end: u64) -> u64 {
+        match self.set.index_slots {
+            Some((p, _)) if addr.region == INDEX_REGION && self.fence.any_index_moved() => {
+                let (q, _) = p.of_home_offset(addr.node, addr.offset);
+                end.min(p.home_offset(q) + p.len(q) * 8)
+            }
+            _ => end,
+        }
+    }
+
+    /// Run `each` on the runs of `len` bytes from `addr` that have the same copies, with the
+    /// run's address and its range in the buffer.
+    fn by_runs(
+        &mut self,
+        addr: RemoteAddr,
+        len: usize,
+        mut each: impl FnMut(&mut Self, RemoteAddr, std::ops::Range<usize>) -> Result<(), FabricError>,
+    ) -> Result<(), FabricError> {
+        let end = addr.offset + len as u64;
+        let mut at = addr.offset;
+        loop {
+            let until = self.same_copies_until(RemoteAddr { offset: at, ..addr }, end);
+            let r = (at - addr.offset) as usize..(until - addr.offset) as usize;
+            each(self, RemoteAddr { offset: at, ..addr }, r)?;
+            if until >= end {
+                return Ok(());
+            }
+            at = until;
+        }
+    }
+}
+
 impl<E: Endpoint> Endpoint for Replicated<E> {
     fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         if !self.replicated(addr.region) {
             return self.inner.read(addr, buf);
         }
-        self.read_primary(addr, buf)
+        self.by_runs(addr, buf.len(), |s, a, r| s.read_primary(a, &mut buf[r]))
     }
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
         if !self.replicated(addr.region) {
             return self.inner.write(addr, buf);
         }
-        self.write_all(addr, buf, false)
+        self.by_runs(addr, buf.len(), |s, a, r| s.write_all(a, &buf[r], false))
     }
 
     fn compare_and_swap(
@@ -1082,11 +1267,17 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         // partition for good: it reads the copies the others hold.
         if self.replicated(region) {
             let me = self.inner.node();
-            if self.fence.role(me) != NodeRole::Full || self.fence.moved_copy(me, 0).is_some() {
-                return self.read_primary(RemoteAddr::new(me, region, offset), buf);
+            // Once an index partition moved on its own, our own index table may no longer hold
+            // copy 0 of every partition of it: such reads go by the copies.
+            let moved_index = region == INDEX_REGION && self.fence.any_index_moved();
+            if self.fence.role(me) != NodeRole::Full
+                || self.fence.moved_copy(me, 0).is_some()
+                || moved_index && self.set.index_slots.is_some()
+            {
+                return self.read(RemoteAddr::new(me, region, offset), buf);
             }
             if self.fence.rejoined(me) {
-                self.wait_join_settled(me);
+                self.wait_join_settled(Part::Tables(me));
             }
             self.wait_fresh_view()?;
         }
@@ -1103,7 +1294,7 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             return self.inner.local_write(region, offset, buf);
         }
         let addr = RemoteAddr::new(self.inner.node(), region, offset);
-        self.write_all(addr, buf, true)
+        self.by_runs(addr, buf.len(), |s, a, r| s.write_all(a, &buf[r], true))
     }
 
     /// Straight to the wrapped endpoint (natively batched where it can) when no operation

@@ -1,0 +1,393 @@
+//! Tests of index partitions moved on their own (issue 42): one partition's copy goes to an
+//! index slot of another node, is filled there while writers go on, and then takes its place
+//! in the chain, while the other partitions of the same home table stay where they were.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
+use nessie_fabric::interpose::{Interposed, Interposer, Op};
+use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
+use nessie_store::{IndexPartitions, Ite, IteLayout, INDEX_REGION};
+
+use super::{mirror_region, ReplicaSet, Replicated};
+use crate::config::{Mutations, ProtocolConfig};
+use crate::fence::{Fence, IndexCopy};
+
+/// Index entries per node: four partitions of 64.
+const ITES: u64 = 256;
+/// Table sizes (index, data, page table) of the rig's nodes.
+const TABLES: [u64; 3] = [ITES * 8, 64, 8];
+
+fn layout() -> IteLayout {
+    IteLayout::new(20, 4, 7).unwrap()
+}
+
+struct Rig {
+    fabric: Arc<InProcFabric>,
+    set: Arc<ReplicaSet>,
+    fence: Arc<Fence>,
+    parts: IndexPartitions,
+}
+
+/// Three nodes, two copies, two index slots each.
+fn rig(mutations: Mutations) -> Rig {
+    let cfg = ProtocolConfig {
+        expiry_ns: 2_000_000,
+        clock_margin_ns: 0,
+        mutations,
+        ..ProtocolConfig::default()
+    };
+    let parts = IndexPartitions::new(3, ITES);
+    assert_eq!((parts.per_node(), parts.ites()), (4, 64));
+    let set = ReplicaSet::new(2, 3, layout(), &cfg)
+        .unwrap()
+        .with_index_slots(parts, 2)
+        .unwrap();
+    let regions = vec![set.region_sizes(&TABLES); 3];
+    assert_eq!(regions[0].len(), set.index_slot_region() as usize + 1);
+    Rig {
+        fabric: InProcFabric::new(&regions, None).unwrap(),
+        set: Arc::new(set),
+        fence: Arc::new(Fence::unfenced()),
+        parts,
+    }
+}
+
+impl Rig {
+    fn ep(&self, node: NodeId) -> Replicated<InProcEndpoint> {
+        Replicated::new(
+            self.fabric.endpoint(node),
+            self.set.clone(),
+            self.fence.clone(),
+        )
+    }
+
+    /// The raw word at `at`.
+    fn raw(&self, at: RemoteAddr) -> u64 {
+        self.fabric.endpoint(at.node).read_u64(at).unwrap()
+    }
+
+    /// Where copy 1 of home entry `e` of node 0 is at home: node 1's mirror 1.
+    fn home_copy_1(&self, e: u64) -> RemoteAddr {
+        RemoteAddr::new(1, mirror_region(INDEX_REGION, 1), e * 8)
+    }
+
+    /// Where home entry `e` of node 0 is in index slot `k` of `node`, for partition `q`.
+    fn in_slot(&self, node: NodeId, k: u16, e: u64) -> RemoteAddr {
+        let q = self.parts.of_home_offset(0, e * 8).0;
+        let rel = e * 8 - self.parts.home_offset(q);
+        RemoteAddr::new(
+            node,
+            self.set.index_slot_region(),
+            k as u64 * self.set.index_slot_bytes() + rel,
+        )
+    }
+
+    /// Move copy `j` of partition `q` to index slot `k` of `node`.
+    fn move_to(&self, q: u16, j: u8, node: NodeId, k: u16, receiving: bool) {
+        let at = IndexCopy {
+            node,
+            slot: k,
+            receiving,
+        };
+        self.fence.move_index_copy(q, j, Some(at));
+    }
+
+    /// Let the pause after a copy became full pass.
+    fn settle(&self) {
+        std::thread::sleep(std::time::Duration::from_nanos(
+            2 * self.set.join_settle_ns(),
+        ));
+    }
+}
+
+/// The word a CAS from `prev` to an entry naming DTE `dte` installs.
+fn word(prev: u64, dte: u64) -> u64 {
+    let l = layout();
+    l.successor(Ite(prev), l.encode(1, 0, dte)).0
+}
+
+/// Home entry `e` of node 0, as the protocol addresses it.
+fn entry(e: u64) -> RemoteAddr {
+    RemoteAddr::new(0, INDEX_REGION, e * 8)
+}
+
+/// Entries of node 0's partitions 0 and 1 (entries 0..64 and 64..128), written before a move.
+const IN_Q0: u64 = 5;
+const IN_Q1: u64 = 70;
+
+/// Partition 1's copy 1 moves to node 2's index slot 1, is filled, and becomes full: from
+/// then on its CASes are decided there and the old place (node 1's mirror) no longer gets
+/// them, while partition 0, on the same home table, stays on node 1. What copy 1's places
+/// hold for an entry of partition 1 after a CAS made once the move is full.
+fn move_and_cas(mutations: Mutations) -> (Rig, u64, u64, u64) {
+    let r = rig(mutations);
+    let mut ep = r.ep(0);
+    let (w0, w1) = (word(0, 3), word(0, 4));
+    assert_eq!(ep.compare_and_swap(entry(IN_Q0), 0, w0).unwrap(), 0);
+    assert_eq!(ep.compare_and_swap(entry(IN_Q1), 0, w1).unwrap(), 0);
+
+    r.move_to(1, 1, 2, 1, true);
+    let done = r.ep(2).catch_up(&TABLES, 0).unwrap();
+    assert_eq!(
+        done.copies, 1,
+        "only partition 1's copy is node 2's to fill"
+    );
+    // One pass over the partition, then the words it changed again: not the home table.
+    let part_bytes = r.parts.len(1) * 8;
+    assert!((part_bytes..2 * part_bytes).contains(&done.bytes_read));
+    assert_eq!(
+        r.raw(r.in_slot(2, 1, IN_Q1)),
+        w1,
+        "the catch-up filled the slot"
+    );
+    r.move_to(1, 1, 2, 1, false);
+    r.settle();
+
+    let w1b = word(w1, 9);
+    assert_eq!(ep.compare_and_swap(entry(IN_Q1), w1, w1b).unwrap(), w1);
+    let w0b = word(w0, 8);
+    assert_eq!(ep.compare_and_swap(entry(IN_Q0), w0, w0b).unwrap(), w0);
+    assert_eq!(r.raw(r.home_copy_1(IN_Q0)), w0b, "partition 0 did not move");
+    let (slot, old) = (r.raw(r.in_slot(2, 1, IN_Q1)), r.raw(r.home_copy_1(IN_Q1)));
+    (r, w1b, slot, old)
+}
+
+#[test]
+fn a_partition_moved_on_its_own_decides_in_its_slot_and_nowhere_else() {
+    let (r, w, slot, old) = move_and_cas(Mutations::default());
+    assert_eq!(slot, w, "the moved copy got the CAS");
+    assert_ne!(old, w, "the old place is out of the chain");
+    // The primary (node 0) fails: reads of partition 1 go to the slot, and so do CASes.
+    r.fabric.kill_node(0);
+    r.fence.set_gone(0, true);
+    r.settle();
+    let mut ep = r.ep(1);
+    let mut b = [0u8; 8];
+    ep.read(entry(IN_Q1), &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), w);
+    let w2 = word(w, 12);
+    assert_eq!(ep.compare_and_swap(entry(IN_Q1), w, w2).unwrap(), w);
+    assert_eq!(r.raw(r.in_slot(2, 1, IN_Q1)), w2);
+}
+
+/// The mutation sends index entries to their home tables' copies as if nothing had moved:
+/// the CAS lands on the old place, and the slot keeps the catch-up's word.
+#[test]
+fn ignoring_the_move_is_caught() {
+    let m = Mutations {
+        index_moves_ignored: true,
+        ..Mutations::default()
+    };
+    let (_, w, slot, old) = move_and_cas(m);
+    assert_ne!(slot, w);
+    assert_eq!(old, w);
+}
+
+/// A read spanning partitions whose copies are in different places gets each partition's
+/// words from its own copies.
+#[test]
+fn a_read_across_partitions_reads_each_from_its_copies() {
+    let r = rig(Mutations::default());
+    let mut ep = r.ep(1);
+    let mut want = vec![0u64; ITES as usize];
+    for e in (0..ITES).step_by(9) {
+        let w = word(0, e + 1);
+        assert_eq!(ep.compare_and_swap(entry(e), 0, w).unwrap(), 0);
+        want[e as usize] = w;
+    }
+    // Copy 0 of partitions 1 and 2 move to node 2 and are filled; then node 0 is gone, so
+    // that partitions 0 and 3 read from node 1 and 1 and 2 from node 2's slots.
+    r.move_to(1, 0, 2, 0, true);
+    r.move_to(2, 0, 2, 1, true);
+    assert_eq!(r.ep(2).catch_up(&TABLES, 0).unwrap().copies, 2);
+    r.move_to(1, 0, 2, 0, false);
+    r.move_to(2, 0, 2, 1, false);
+    // Scribble over node 0's own copies of partitions 1 and 2: no read may see these.
+    let mut raw0 = r.fabric.endpoint(0);
+    for e in 64..192 {
+        raw0.write(
+            RemoteAddr::new(0, INDEX_REGION, e * 8),
+            &u64::MAX.to_le_bytes(),
+        )
+        .unwrap();
+    }
+    r.settle();
+    let mut buf = vec![0u8; (ITES * 8) as usize];
+    ep.read(entry(0), &mut buf).unwrap();
+    let got: Vec<u64> = buf
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    // Node 0's own index, read locally, goes by the copies too.
+    let mut own = r.ep(0);
+    own.local_read(INDEX_REGION, 0, &mut buf).unwrap();
+    let got: Vec<u64> = buf
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// Moves partition 1's copy 1 to node 2's slot 0 (receiving) just before the first CAS it
+/// sees: as if the CAS chose its copies before the move and decided after it.
+struct MoveBeforeCas {
+    fence: Arc<Fence>,
+    moved: AtomicBool,
+}
+
+impl Interposer for MoveBeforeCas {
+    fn before(&mut self, op: Op) -> Result<(), FabricError> {
+        if matches!(op, Op::Cas(_)) && !self.moved.swap(true, Ordering::SeqCst) {
+            let at = IndexCopy {
+                node: 2,
+                slot: 0,
+                receiving: true,
+            };
+            self.fence.move_index_copy(1, 1, Some(at));
+        }
+        Ok(())
+    }
+}
+
+/// What the moved copy holds after a CAS that chose partition 1's copies just before its
+/// copy 1 moved to a slot.
+fn cas_across_a_move(mutations: Mutations) -> (u64, u64) {
+    let r = rig(mutations);
+    // Something must have moved before, so that entries resolve by partition at all.
+    r.move_to(3, 1, 2, 1, false);
+    let hook = MoveBeforeCas {
+        fence: r.fence.clone(),
+        moved: AtomicBool::new(false),
+    };
+    let inner = Interposed::new(r.fabric.endpoint(1), hook);
+    let mut ep = Replicated::new(inner, r.set.clone(), r.fence.clone());
+    let w = word(0, 7);
+    assert_eq!(ep.compare_and_swap(entry(IN_Q1), 0, w).unwrap(), 0);
+    (w, r.raw(r.in_slot(2, 0, IN_Q1)))
+}
+
+/// Rule 17 for index partitions: a copy placed in a slot while a CAS was under way gets the
+/// CAS before it returns.
+#[test]
+fn a_cas_that_chose_its_copies_before_a_partition_moved_reaches_the_slot() {
+    let (w, slot) = cas_across_a_move(Mutations::default());
+    assert_eq!(slot, w);
+    let without = Mutations {
+        no_late_copy_cas: true,
+        ..Mutations::default()
+    };
+    let (w, slot) = cas_across_a_move(without);
+    assert_ne!(slot, w, "the control");
+}
+
+/// Writers keep CASing the entries of a partition while its copy is filled in a slot; once
+/// the slot is full, both copies hold the same words, the last each writer installed.
+#[test]
+fn a_slot_filled_under_writers_ends_equal_to_the_primary() {
+    for _ in 0..5 {
+        let r = Arc::new(rig(Mutations::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        r.move_to(1, 1, 2, 0, true);
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (r, stop) = (r.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut ep = r.ep(t as NodeId);
+                    let mut last = vec![0u64; 64];
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::SeqCst) || n < 200 {
+                        // Writer t owns the entries 64 + t, 66 + t, ... of partition 1.
+                        let e = 64 + t + 2 * (n % 32);
+                        let i = (e - 64) as usize;
+                        let w = word(last[i], n % 1000 + 1);
+                        let was = ep.compare_and_swap(entry(e), last[i], w).unwrap();
+                        assert_eq!(was, last[i], "entry {e} changed under its only writer");
+                        last[i] = w;
+                        n += 1;
+                    }
+                    last
+                })
+            })
+            .collect();
+        let done = r.ep(2).catch_up(&TABLES, 0).unwrap();
+        assert_eq!(done.copies, 1);
+        stop.store(true, Ordering::SeqCst);
+        let mut last = vec![0u64; 64];
+        for (t, h) in writers.into_iter().enumerate() {
+            for (i, w) in h.join().unwrap().into_iter().enumerate() {
+                if i % 2 == t {
+                    last[i] = w;
+                }
+            }
+        }
+        for (i, w) in last.iter().enumerate() {
+            let e = 64 + i as u64;
+            assert_eq!(r.raw(entry(e)), *w, "primary, entry {e}");
+            assert_eq!(r.raw(r.in_slot(2, 0, e)), *w, "slot, entry {e}");
+        }
+    }
+}
+
+/// The node filling a partition's slot dies mid-move, with writers going on: the partition
+/// stays available on its other copy, the copy is placed again on another node and filled
+/// there, and then serves every writer's last word alone once the first copy's node fails too.
+#[test]
+fn a_filler_killed_mid_move_loses_nothing() {
+    let r = Arc::new(rig(Mutations::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (r, stop) = (r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut ep = r.ep(0);
+            let mut last = vec![0u64; 64];
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let i = (n % 64) as usize;
+                let w = word(last[i], n % 1000 + 1);
+                let was = ep
+                    .compare_and_swap(entry(64 + i as u64), last[i], w)
+                    .unwrap();
+                assert_eq!(
+                    was,
+                    last[i],
+                    "entry {} changed under its only writer",
+                    64 + i
+                );
+                last[i] = w;
+                n += 1;
+            }
+            (last, n)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    r.move_to(1, 1, 2, 0, true);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    // Node 2 dies before its slot was full.
+    r.fabric.kill_node(2);
+    r.fence.set_gone(2, true);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Placed again, on node 1's slot 0, and filled there while the writer goes on.
+    r.move_to(1, 1, 1, 0, true);
+    let done = r.ep(1).catch_up(&TABLES, 0).unwrap();
+    assert_eq!(done.copies, 1);
+    r.move_to(1, 1, 1, 0, false);
+    r.settle();
+    stop.store(true, Ordering::SeqCst);
+    let (last, n) = writer.join().unwrap();
+    assert!(n > 64, "the writer kept going: {n} CASes");
+    // Node 0, the primary, fails: node 1's slot alone holds every last word.
+    r.fabric.kill_node(0);
+    r.fence.set_gone(0, true);
+    r.settle();
+    let mut ep = r.ep(1);
+    for (i, w) in last.iter().enumerate() {
+        let e = 64 + i as u64;
+        assert_eq!(r.raw(r.in_slot(1, 0, e)), *w, "slot, entry {e}");
+        let mut b = [0u8; 8];
+        ep.read(entry(e), &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), *w, "read, entry {e}");
+    }
+}
