@@ -166,6 +166,9 @@ pub struct Mutations {
     /// Replication: index entries are always sent to their home node's tables' copies, as if
     /// no index partition had moved on its own.
     pub index_moves_ignored: bool,
+    /// The per-ITE handover copies an entry's word to the new chain without fencing it in the
+    /// old one first: a node that has not heard of the move commits there, and is lost.
+    pub handover_without_fence: bool,
     /// Replication: carrying a CAS to a receiving copy ignores what it finds (errors, a copy
     /// it could not reach), as before this was found.
     pub receiving_cas_best_effort: bool,

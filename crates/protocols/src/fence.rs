@@ -153,6 +153,17 @@ impl Moves {
         self.at[i].store(packed, Ordering::SeqCst);
     }
 
+    /// Record copy `j` of `partition` at `packed`, full, with no pause after it: a place the
+    /// partition's operations already use (the target of a migration that ends).
+    fn record_quietly(&self, partition: usize, j: u8, packed: u32) {
+        let i = Self::index(partition, j);
+        if packed != 0 {
+            self.any.store(true, Ordering::SeqCst);
+        }
+        self.full_at_ns[i].store(0, Ordering::SeqCst);
+        self.at[i].store(packed, Ordering::SeqCst);
+    }
+
     fn get(&self, partition: usize, j: u8) -> u32 {
         if !self.any.load(Ordering::Relaxed) {
             return 0;
@@ -210,6 +221,9 @@ pub struct Fence {
     moved: Moves,
     /// The same for copies of index partitions moved on their own, into index slots.
     index_moved: Moves,
+    /// The chain an index partition is migrating to (the per-ITE handover,
+    /// `replica/handover.rs`): its copies, all in index slots, while the partition migrates.
+    index_target: Moves,
 }
 
 /// A node's part in the current epoch, as replication and completion see it.
@@ -244,6 +258,7 @@ impl Fence {
             incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             moved: Moves::new(MAX_NODES as usize),
             index_moved: Moves::new(MAX_PARTITIONS as usize),
+            index_target: Moves::new(MAX_PARTITIONS as usize),
         }
     }
 
@@ -419,6 +434,57 @@ impl Fence {
     /// Whether any index partition's copy ever moved on its own (cheap: no clock).
     pub fn any_index_moved(&self) -> bool {
         self.index_moved.any.load(Ordering::Relaxed)
+    }
+
+    /// Index partition `q` starts migrating to the chain `to` (copy j at `to[j]`, every copy
+    /// in an index slot whose words are pending): operations that know go there, and hand
+    /// over each entry they meet pending.
+    pub fn start_migration(&self, q: PartitionId, to: &[IndexCopy]) {
+        assert!(
+            !to.is_empty() && to.len() <= COPIES,
+            "a chain of {} copies",
+            to.len()
+        );
+        for (j, c) in to.iter().enumerate() {
+            assert!(
+                !c.receiving,
+                "a migration's target copies are full from the start"
+            );
+            self.index_target
+                .record_quietly(q as usize, j as u8, c.pack());
+        }
+    }
+
+    /// Index partition `q`'s migration is over (every entry handed over): its chain is the
+    /// target's from now on, with no pause (operations that knew used it already). Only once
+    /// no word is pending and every operation that met one has ended (an operation time
+    /// after the last handover): a hander that met a pending word and found the migration
+    /// ended would otherwise fence a word of the new chain.
+    pub fn finish_migration(&self, q: PartitionId) {
+        for j in 0..COPIES as u8 {
+            let w = self.index_target.get(q as usize, j);
+            if w != 0 {
+                self.index_moved.record_quietly(q as usize, j, w);
+            }
+        }
+        for j in 0..COPIES as u8 {
+            self.index_target.record_quietly(q as usize, j, 0);
+        }
+    }
+
+    /// Where copy `j` of the chain index partition `q` migrates to is, while it migrates.
+    pub fn migration_target(&self, q: PartitionId, j: u8) -> Option<IndexCopy> {
+        IndexCopy::unpack(self.index_target.get(q as usize, j))
+    }
+
+    /// Whether index partition `q` is migrating.
+    pub fn migrating(&self, q: PartitionId) -> bool {
+        self.migration_target(q, 0).is_some()
+    }
+
+    /// Whether any index partition ever migrated (cheap: no clock).
+    pub fn any_migrating(&self) -> bool {
+        self.index_target.any.load(Ordering::Relaxed)
     }
 
     /// How long copy `j` of index partition `q`, moved on its own, has been full at `now_ns`.

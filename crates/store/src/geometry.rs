@@ -379,10 +379,10 @@ mod tests {
         .0;
         assert_eq!(one, ite, "the ITE format does not depend on the node count");
         // docs/layout.md's worked examples.
-        assert_eq!((ite.dte_bits, ite.seq_bits), (22, 21));
+        assert_eq!((ite.dte_bits, ite.seq_bits), (22, 20));
         let fill = Geometry::for_memory(2, 128 << 20, 32, 4096, 0.5).unwrap();
         let (fill_ite, _) = fill.validate().unwrap();
-        assert_eq!((fill_ite.dte_bits, fill_ite.seq_bits), (26, 17));
+        assert_eq!((fill_ite.dte_bits, fill_ite.seq_bits), (26, 16));
         let field = g.dte_field().unwrap();
         assert_eq!(ite.dte_bits, field.bits());
         let classes = g.classes().unwrap();

@@ -1,10 +1,10 @@
 //! Index table entry (ITE): one 64-bit word, updated only by fabric CAS.
 //!
 //! ```text
-//!  63   62 ..... 63-q   62-q ...... d+t+f  d+t+f-1 .. d+t   d+t-1 .. d   d-1 .. 0
-//! +----+--------------+-------------------+----------------+-------------+-----------+
-//! | P  |   sequence   | unused (zero) | M |  filter bits   |     DTI     | DTE index |
-//! +----+--------------+---------------+---+----------------+-------------+-----------+
+//!  63   62 ..... 63-q   62-q .......... d+t+f  d+t+f-1 .. d+t   d+t-1 .. d   d-1 .. 0
+//! +----+--------------+-----------------------+----------------+-------------+-----------+
+//! | P  |   sequence   | unused (zero) | F | M |  filter bits   |     DTI     | DTE index |
+//! +----+--------------+---------------+---+---+----------------+-------------+-----------+
 //! ```
 //! - `P` (present) is the paper's *empty bit*, stored inverted so that zeroed memory is an
 //!   empty index table: an ITE is empty iff its present bit is 0.
@@ -19,6 +19,12 @@
 //!   a copy its migrator abandoned can tell whether the source was emptied (roll the copy
 //!   forward) or not (take it out), and whoever fills the slot settles that copy first
 //!   (`docs/protocol.md`, MIGRATE). Every reader treats a moved word as empty.
+//! - `F` (fence, layout version 4): set only while an index partition moves from one chain
+//!   of copies to another (the per-ITE handover, `protocols/src/replica/handover.rs`). In the
+//!   old chain a word with F is *fenced*: the word it replaced, with the sequence moved on,
+//!   which nobody commits from any more. In the new chain it is *pending*: F alone, what the
+//!   new copies hold until the word is handed over. The replication layer never hands a word
+//!   with F to the protocol, so `is_well_formed` refuses it.
 //! - `filter bits` (f, default 7): the low bits of the key's filter hash; a mismatch proves the
 //!   DTE cannot hold the key, saving a DTE read.
 //! - `DTI` (t = 12 bits, `geometry::DTI_BITS`): data table identifier (= node id, one data
@@ -87,7 +93,7 @@ fn mask(bits: u8) -> u64 {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IteLayoutError {
     #[error(
-        "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1 + moved 1) but has 64: use fewer filter bits, nodes or DTEs per node"
+        "ITE needs {used} bits (DTE index {dte_bits} + DTI {dti_bits} + filter {filter_bits} + present 1 + moved 1 + fence 1) but has 64: use fewer filter bits, nodes or DTEs per node"
     )]
     TooWide {
         used: u32,
@@ -101,7 +107,7 @@ pub enum IteLayoutError {
 
 impl IteLayout {
     pub fn new(dte_bits: u8, dti_bits: u8, filter_bits: u8) -> Result<Self, IteLayoutError> {
-        let used = dte_bits as u32 + dti_bits as u32 + filter_bits as u32 + 2;
+        let used = dte_bits as u32 + dti_bits as u32 + filter_bits as u32 + 3;
         if used > 64 {
             return Err(IteLayoutError::TooWide {
                 used,
@@ -131,6 +137,40 @@ impl IteLayout {
     #[inline]
     fn moved_bit(&self) -> u64 {
         1 << (self.dte_bits + self.dti_bits + self.filter_bits)
+    }
+
+    /// The fence bit (`F` above), just above the moved bit.
+    #[inline]
+    fn fence_bit(&self) -> u64 {
+        self.moved_bit() << 1
+    }
+
+    /// Whether `ite` has the fence bit: fenced in a partition's old chain, pending in its new.
+    #[inline]
+    pub fn is_fence_marked(&self, ite: Ite) -> bool {
+        ite.0 & self.fence_bit() != 0
+    }
+
+    /// What every copy of a partition's new chain holds before its word is handed over.
+    #[inline]
+    pub fn pending(&self) -> Ite {
+        Ite(self.fence_bit())
+    }
+
+    /// The word that fences `w` in the old chain: `w` with the fence bit and the next
+    /// sequence number (a new word of the ITE's history, carried like any CAS).
+    #[inline]
+    pub fn fenced(&self, w: Ite) -> Ite {
+        debug_assert!(!self.is_fence_marked(w));
+        self.successor(w, Ite(w.0 | self.fence_bit()))
+    }
+
+    /// The word the new chain takes in place of pending when `fenced` is handed over: the
+    /// fenced word's fields without the fence bit, the sequence moved on once more.
+    #[inline]
+    pub fn handed_over(&self, fenced: Ite) -> Ite {
+        debug_assert!(self.is_fence_marked(fenced));
+        self.successor(fenced, Ite(fenced.0 & !self.fence_bit()))
     }
 
     /// The empty word a MIGRATE leaves in its source (Step 7), naming its `copy`; a CAS
@@ -228,8 +268,9 @@ impl IteLayout {
         (ite.0 >> (self.dte_bits + self.dti_bits)) & mask(self.filter_bits)
     }
 
-    /// Does `ite` decode within this layout (unused bits zero; an empty word holds nothing
-    /// but its sequence number, or is a moved word; a present one has no moved bit)?
+    /// Does `ite` decode within this layout (unused bits zero, the fence bit among them; an
+    /// empty word holds nothing but its sequence number, or is a moved word; a present one has
+    /// no moved bit)?
     pub fn is_well_formed(&self, ite: Ite) -> bool {
         let body = ite.0 & !PRESENT & !(mask(self.seq_bits) << self.seq_shift());
         let moved = body & self.moved_bit() != 0;
@@ -290,7 +331,7 @@ mod tests {
         let last = Ite(PRESENT | ((1u64 << MAX_SEQ_BITS) - 1) << (63 - MAX_SEQ_BITS as u32));
         assert_eq!(l.seq(l.successor(last, a)), 0);
         // The widest layout has no room for one: words recur as in the paper.
-        let wide = IteLayout::new(40, 12, 10).unwrap();
+        let wide = IteLayout::new(40, 12, 9).unwrap();
         assert_eq!(wide.seq_bits, 0);
         assert_eq!(wide.successor(Ite::EMPTY, Ite::EMPTY), Ite::EMPTY);
     }
@@ -306,10 +347,10 @@ mod tests {
         assert!(IteLayout::new(40, 16, 16)
             .unwrap_err()
             .to_string()
-            .contains("74 bits"));
+            .contains("75 bits"));
         assert!(
-            IteLayout::new(40, 12, 11).is_err(),
-            "63 bits of fields leave none for the moved bit"
+            IteLayout::new(40, 12, 10).is_err(),
+            "62 bits of fields leave none for the fence bit"
         );
         assert!(IteLayout::new(0, 1, 0).is_err());
     }
@@ -347,9 +388,36 @@ mod tests {
         assert!(l.is_moved(zero) && zero != Ite::EMPTY);
     }
 
+    #[test]
+    fn a_handed_over_word_keeps_its_fields_two_sequence_numbers_on() {
+        let l = IteLayout::new(14, 2, 7).unwrap();
+        for w in [
+            l.successor(Ite(PRESENT | 5 << 40), l.encode(127, 3, 77)),
+            l.successor(Ite::EMPTY, Ite::EMPTY),
+            l.successor(l.encode(9, 1, 12), l.moved(l.encode(1, 2, 3))),
+        ] {
+            let f = l.fenced(w);
+            assert!(l.is_fence_marked(f) && !l.is_well_formed(f));
+            assert_eq!(l.seq(f), l.seq(w) + 1);
+            let h = l.handed_over(f);
+            assert!(!l.is_fence_marked(h) && l.is_well_formed(h));
+            assert_eq!(l.seq(h), l.seq(w) + 2);
+            assert_eq!(h.is_empty(), w.is_empty());
+            assert_eq!(l.is_moved(h), l.is_moved(w));
+            assert_eq!(
+                h.0 & !(0xff_ffff << 39),
+                w.0 & !(0xff_ffff << 39),
+                "fields kept"
+            );
+        }
+        let p = l.pending();
+        assert!(p.is_empty() && l.is_fence_marked(p) && !l.is_well_formed(p));
+        assert!(!l.is_fence_marked(Ite::EMPTY));
+    }
+
     proptest! {
         #[test]
-        fn roundtrip(d in 1u8..40, t in 1u8..12, f in 0u8..12, a: u64, b: u32, c: u64) {
+        fn roundtrip(d in 1u8..40, t in 1u8..12, f in 0u8..11, a: u64, b: u32, c: u64) {
             let l = IteLayout::new(d, t, f).unwrap();
             let (filter, dti, dte) = (l.filter_of(a), b & (mask(t) as u32), c & mask(d));
             let i = l.encode(filter, dti, dte);
@@ -364,6 +432,11 @@ mod tests {
             prop_assert!(m.is_empty() && l.is_moved(m) && l.is_well_formed(m) && l.names(m, i));
             let e = l.moved_entry(m);
             prop_assert_eq!((l.filter(e), l.dti(e), l.dte(e)), (filter, dti, dte));
+            // No live word has the fence bit; a handed-over one is the same entry.
+            prop_assert!(!l.is_fence_marked(j) && !l.is_fence_marked(m));
+            let h = l.handed_over(l.fenced(j));
+            prop_assert!(l.is_well_formed(h));
+            prop_assert_eq!((l.filter(h), l.dti(h), l.dte(h)), (filter, dti, dte));
         }
     }
 }

@@ -6,8 +6,9 @@ pub const MAX_NODES: u32 = 4096;
 /// Fewest / most cuckoo hash functions (N of N-way cuckoo hashing).
 pub const MIN_HASH_FUNCTIONS: u8 = 2;
 pub const MAX_HASH_FUNCTIONS: u8 = 8;
-/// Most filter bits in an ITE (0 disables the field).
-pub const MAX_FILTER_BITS: u8 = 16;
+/// Most filter bits in an ITE (0 disables the field): 15 since layout version 4 took a bit
+/// for the fence, so that the widest geometry the other limits allow still fits one word.
+pub const MAX_FILTER_BITS: u8 = 15;
 /// Largest key, in bytes (keys are stored inline in each DTE, padded to 8 bytes).
 pub const MAX_KEY_SIZE: u32 = 64 * 1024;
 /// Largest value, in bytes (the largest size class holds one with the longest key).

@@ -284,7 +284,7 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Sleep so that reads stay within `bytes_per_s` on average since `start`.
-    fn pace(&mut self, bytes_per_s: u64, start: u64, read: u64) {
+    pub(super) fn pace(&mut self, bytes_per_s: u64, start: u64, read: u64) {
         if bytes_per_s == 0 {
             return;
         }

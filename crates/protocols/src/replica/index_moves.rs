@@ -1,6 +1,7 @@
 //! Tests of index partitions moved on their own (issue 42): one partition's copy goes to an
 //! index slot of another node, is filled there while writers go on, and then takes its place
-//! in the chain, while the other partitions of the same home table stay where they were.
+//! in the chain, while the other partitions of the same home table stay where they were; and
+//! (`handover` below) a partition migrating to a new chain entry by entry.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,10 +31,11 @@ struct Rig {
     parts: IndexPartitions,
 }
 
-/// Three nodes, two copies, two index slots each.
+/// Three nodes, two copies, two index slots each. Operations are assumed to end within the
+/// expiry period (the protocol's timing assumption): 20 ms, which a loaded test machine keeps.
 fn rig(mutations: Mutations) -> Rig {
     let cfg = ProtocolConfig {
-        expiry_ns: 2_000_000,
+        expiry_ns: 20_000_000,
         clock_margin_ns: 0,
         mutations,
         ..ProtocolConfig::default()
@@ -106,6 +108,28 @@ impl Rig {
 fn word(prev: u64, dte: u64) -> u64 {
     let l = layout();
     l.successor(Ite(prev), l.encode(1, 0, dte)).0
+}
+
+/// CAS entry `e`, which only this writer changes, from `last` to `w`; returns what the CAS
+/// found. A CAS whose outcome is unknown (`Indeterminate`: its decider stopped deciding while
+/// it carried the word, as when a copy after it became full) is settled by reading the entry,
+/// which must hold one of the two.
+fn cas_own(ep: &mut Replicated<InProcEndpoint>, e: u64, last: u64, w: u64) -> u64 {
+    match ep.compare_and_swap(entry(e), last, w) {
+        Ok(found) => found,
+        Err(FabricError::Indeterminate { .. }) => {
+            let mut b = [0u8; 8];
+            ep.read(entry(e), &mut b).unwrap();
+            let now = u64::from_le_bytes(b);
+            assert!(now == w || now == last, "entry {e} holds neither word");
+            if now == w {
+                last
+            } else {
+                cas_own(ep, e, last, w)
+            }
+        }
+        Err(err) => panic!("CAS of entry {e}: {err}"),
+    }
 }
 
 /// Home entry `e` of node 0, as the protocol addresses it.
@@ -303,7 +327,7 @@ fn a_slot_filled_under_writers_ends_equal_to_the_primary() {
                         let e = 64 + t + 2 * (n % 32);
                         let i = (e - 64) as usize;
                         let w = word(last[i], n % 1000 + 1);
-                        let was = ep.compare_and_swap(entry(e), last[i], w).unwrap();
+                        let was = cas_own(&mut ep, e, last[i], w);
                         assert_eq!(was, last[i], "entry {e} changed under its only writer");
                         last[i] = w;
                         n += 1;
@@ -347,9 +371,7 @@ fn a_filler_killed_mid_move_loses_nothing() {
             while !stop.load(Ordering::SeqCst) {
                 let i = (n % 64) as usize;
                 let w = word(last[i], n % 1000 + 1);
-                let was = ep
-                    .compare_and_swap(entry(64 + i as u64), last[i], w)
-                    .unwrap();
+                let was = cas_own(&mut ep, 64 + i as u64, last[i], w);
                 assert_eq!(
                     was,
                     last[i],
@@ -369,8 +391,10 @@ fn a_filler_killed_mid_move_loses_nothing() {
     r.fabric.kill_node(2);
     r.fence.set_gone(2, true);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    // Placed again, on node 1's slot 0, and filled there while the writer goes on.
+    // Placed again, on node 1's slot 0, and filled there while the writer goes on, once
+    // every operation that chose its copies before writes it too (as membership waits).
     r.move_to(1, 1, 1, 0, true);
+    r.settle();
     let done = r.ep(1).catch_up(&TABLES, 0).unwrap();
     assert_eq!(done.copies, 1);
     r.move_to(1, 1, 1, 0, false);
@@ -389,5 +413,231 @@ fn a_filler_killed_mid_move_loses_nothing() {
         let mut b = [0u8; 8];
         ep.read(entry(e), &mut b).unwrap();
         assert_eq!(u64::from_le_bytes(b), *w, "read, entry {e}");
+    }
+}
+
+mod handover {
+    //! The per-ITE handover (`replica/handover.rs`): a partition migrates to a chain of index
+    //! slots entry by entry under writers, and a node that has not heard cannot commit in the
+    //! old chain.
+
+    use super::*;
+    use crate::replica::HandOver;
+    use std::time::Duration;
+
+    /// Partition 1 (home node 0: copies on node 0's table and node 1's mirror) migrates to
+    /// node 2's slot 0 and node 1's slot 1.
+    const TO: [IndexCopy; 2] = [
+        IndexCopy {
+            node: 2,
+            slot: 0,
+            receiving: false,
+        },
+        IndexCopy {
+            node: 1,
+            slot: 1,
+            receiving: false,
+        },
+    ];
+
+    fn start(r: &Rig, fence: &Fence) {
+        r.ep(2).write_pending(1, &TO).unwrap();
+        fence.start_migration(1, &TO);
+    }
+
+    /// Where copy `j` of the target chain holds home entry `e` of node 0.
+    fn target(r: &Rig, j: usize, e: u64) -> RemoteAddr {
+        r.in_slot(TO[j].node, TO[j].slot, e)
+    }
+
+    /// Writers CAS their own entries of partition 1 on and on (each checks every CAS found
+    /// what it installed last: an entry changed under its only writer is a lost write) while
+    /// the partition migrates, the puller on node 2 handing over what clients have not. Kills
+    /// `kill` (if any) once the puller is half way. Returns the rig, every entry's last word
+    /// and what the puller did.
+    fn migrate_under_writers(kill: Option<NodeId>) -> (Arc<Rig>, Vec<u64>, HandOver) {
+        let r = Arc::new(rig(Mutations::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer_nodes: Vec<NodeId> = [0, 1, 2]
+            .into_iter()
+            .filter(|n| Some(*n) != kill && *n != 2)
+            .collect();
+        let writers: Vec<_> = writer_nodes
+            .iter()
+            .enumerate()
+            .map(|(t, &node)| {
+                let (r, stop) = (r.clone(), stop.clone());
+                let k = writer_nodes.len() as u64;
+                std::thread::spawn(move || {
+                    let mut ep = r.ep(node);
+                    let mut last = vec![0u64; 64];
+                    let mut n = 0u64;
+                    let l = layout();
+                    while !stop.load(Ordering::SeqCst) || n < 100 {
+                        let i = (t as u64 + k * (n % (64 / k))) as usize;
+                        let w = word(last[i], n % 1000 + 1);
+                        let was = cas_own(&mut ep, 64 + i as u64, last[i], w);
+                        if was != last[i] {
+                            // Lost only to the handover: the same word, two sequence
+                            // numbers on; the protocol would read it and try again.
+                            let moved = l.handed_over(l.fenced(Ite(last[i]))).0;
+                            assert_eq!(was, moved, "entry {} changed under its writer", 64 + i);
+                            last[i] = was;
+                            continue;
+                        }
+                        last[i] = w;
+                        n += 1;
+                    }
+                    (t, last)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(5));
+        start(&r, &r.fence);
+        let mut puller = r.ep(2);
+        if let Some(k) = kill {
+            // Half the entries, then the kill, then the rest.
+            for e in 64..96 {
+                let mut b = [0u8; 8];
+                puller.read(entry(e), &mut b).unwrap();
+            }
+            r.fabric.kill_node(k);
+            r.fence.set_gone(k, true);
+        }
+        let done = puller.hand_over_partition(1, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        stop.store(true, Ordering::SeqCst);
+        let mut last = vec![0u64; 64];
+        let k = writer_nodes.len();
+        for h in writers {
+            let (t, l) = h.join().unwrap();
+            for (i, w) in l.into_iter().enumerate() {
+                if i % k == t {
+                    last[i] = w;
+                }
+            }
+        }
+        (r, last, done)
+    }
+
+    fn check_migrated(r: &Rig, last: &[u64], dead: Option<NodeId>) {
+        let l = layout();
+        r.fence.finish_migration(1);
+        assert!(!r.fence.migrating(1));
+        for (i, last) in last.iter().enumerate() {
+            let e = 64 + i as u64;
+            // The writer's last word, or the same handed over after it (two sequence numbers
+            // on) if the writer did not write the entry again since.
+            let moved = l.handed_over(l.fenced(Ite(*last))).0;
+            let w = &match r.raw(target(r, 0, e)) {
+                m if m == moved => moved,
+                _ => *last,
+            };
+            for (j, c) in TO.iter().enumerate() {
+                if Some(c.node) != dead {
+                    assert_eq!(r.raw(target(r, j, e)), *w, "target copy {j}, entry {e}");
+                }
+            }
+            if dead != Some(0) {
+                let old = Ite(r.raw(entry(e)));
+                assert!(
+                    l.is_fence_marked(old),
+                    "entry {e} not fenced in the old chain"
+                );
+            }
+            for n in [1, 2] {
+                let mut b = [0u8; 8];
+                r.ep(n).read(entry(e), &mut b).unwrap();
+                assert_eq!(
+                    u64::from_le_bytes(b),
+                    *w,
+                    "read through node {n}, entry {e}"
+                );
+            }
+        }
+        // The other partitions of node 0's table stayed where they were.
+        if dead != Some(0) {
+            assert!(!l.is_fence_marked(Ite(r.raw(entry(IN_Q0)))));
+        }
+    }
+
+    #[test]
+    fn a_partition_migrates_entry_by_entry_under_writers_and_loses_nothing() {
+        for _ in 0..3 {
+            let (r, last, done) = migrate_under_writers(None);
+            assert_eq!(done.entries, 64);
+            assert!(done.handed <= 64);
+            check_migrated(&r, &last, None);
+            // The new chain decides alone: a CAS after the end lands in both slots.
+            let mut ep = r.ep(1);
+            let mut b = [0u8; 8];
+            ep.read(entry(67), &mut b).unwrap();
+            let now = u64::from_le_bytes(b);
+            let w = word(now, 999);
+            assert_eq!(ep.compare_and_swap(entry(67), now, w).unwrap(), now);
+            assert_eq!(r.raw(target(&r, 0, 67)), w);
+            assert_eq!(r.raw(target(&r, 1, 67)), w);
+        }
+    }
+
+    /// The source's primary (node 0) dies half way: the old chain's other copy fences, the
+    /// migration ends, nothing is lost.
+    #[test]
+    fn the_source_s_primary_killed_mid_migration_loses_nothing() {
+        let (r, last, _) = migrate_under_writers(Some(0));
+        check_migrated(&r, &last, Some(0));
+    }
+
+    /// A node whose view does not name the move reads entry `e` before it is handed over,
+    /// and CASes it after. Returns what its CAS found, what it installed, and what a node
+    /// that knows reads afterwards.
+    fn stale_cas(mutations: Mutations) -> (u64, u64, u64, u64) {
+        let r = rig(mutations);
+        let e = IN_Q1;
+        let w0 = word(0, 5);
+        assert_eq!(r.ep(1).compare_and_swap(entry(e), 0, w0).unwrap(), 0);
+        // Node 0 keeps an older view: its own fence, which learns of the move 20 ms late.
+        let stale_fence = Arc::new(Fence::unfenced());
+        let mut stale = Replicated::new(r.fabric.endpoint(0), r.set.clone(), stale_fence.clone());
+        let mut b = [0u8; 8];
+        stale.read(entry(e), &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), w0);
+        start(&r, &r.fence);
+        // A node that knows meets the entry and hands it over.
+        r.ep(1).read(entry(e), &mut b).unwrap();
+        assert_eq!(
+            Ite(u64::from_le_bytes(b)).0 & !(0xff_ffff << 39),
+            w0 & !(0xff_ffff << 39)
+        );
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            stale_fence.start_migration(1, &TO);
+        });
+        let w1 = word(w0, 6);
+        let found = stale.compare_and_swap(entry(e), w0, w1).unwrap();
+        late.join().unwrap();
+        r.ep(1).read(entry(e), &mut b).unwrap();
+        (w0, found, w1, u64::from_le_bytes(b))
+    }
+
+    #[test]
+    fn a_node_that_has_not_heard_of_the_move_cannot_commit_in_the_old_chain() {
+        let (w0, found, w1, now) = stale_cas(Mutations::default());
+        assert_ne!(found, w0, "the stale CAS failed");
+        assert!(
+            !layout().is_fence_marked(Ite(found)),
+            "no fenced word reaches the caller"
+        );
+        assert_ne!(now, w1);
+        assert_eq!(found, now, "it found the handed-over word");
+        // The mutation hands over without fencing: the stale CAS wins in the old chain, and
+        // the acknowledged word is nowhere a node that knows reads.
+        let m = Mutations {
+            handover_without_fence: true,
+            ..Mutations::default()
+        };
+        let (w0, found, w1, now) = stale_cas(m);
+        assert_eq!(found, w0, "the stale CAS won");
+        assert_ne!(now, w1, "and its word is lost");
     }
 }

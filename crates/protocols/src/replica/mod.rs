@@ -56,7 +56,9 @@ mod catch_up;
 mod moves;
 pub use moves::{CopyMap, Move, Placement};
 mod fading;
+mod handover;
 pub use catch_up::CatchUp;
+pub use handover::HandOver;
 #[cfg(test)]
 mod index_moves;
 #[cfg(test)]
@@ -379,6 +381,8 @@ fn page_order(w: u64) -> u64 {
 enum Part {
     Tables(NodeId),
     Index(PartitionId),
+    /// The chain an index partition is migrating to (`handover.rs`).
+    Target(PartitionId),
 }
 
 /// Where on its node a copy is.
@@ -487,16 +491,33 @@ impl<E: Endpoint> Replicated<E> {
     /// What `addr`'s copies are copies of: its node's tables, unless it is an index entry of a
     /// partition some copy of which moved on its own (checked only once any did).
     fn part(&self, addr: RemoteAddr) -> Part {
-        match self.set.index_slots {
-            Some(_) if mutated!(self.set, index_moves_ignored) => Part::Tables(addr.node),
-            Some((p, _)) if addr.region == INDEX_REGION && self.fence.any_index_moved() => {
+        match self.index_split(addr.region) {
+            Some(p) => {
                 let (q, _) = p.of_home_offset(addr.node, addr.offset);
+                if self.fence.migrating(q) {
+                    return Part::Target(q);
+                }
                 match (0..self.set.replicas).any(|j| self.fence.moved_index_copy(q, j).is_some()) {
                     true => Part::Index(q),
                     false => Part::Tables(addr.node),
                 }
             }
-            _ => Part::Tables(addr.node),
+            None => Part::Tables(addr.node),
+        }
+    }
+
+    /// How the index splits into partitions, if `region` is the index and some partition has
+    /// moved on its own or migrated (before that, every entry goes with its node's tables).
+    fn index_split(&self, region: RegionId) -> Option<IndexPartitions> {
+        match self.set.index_slots {
+            Some(_) if mutated!(self.set, index_moves_ignored) => None,
+            Some((p, _))
+                if region == INDEX_REGION
+                    && (self.fence.any_index_moved() || self.fence.any_migrating()) =>
+            {
+                Some(p)
+            }
+            _ => None,
         }
     }
 
@@ -504,8 +525,8 @@ impl<E: Endpoint> Replicated<E> {
     fn home(&self, part: Part) -> NodeId {
         match (part, self.set.index_slots) {
             (Part::Tables(n), _) => n,
-            (Part::Index(q), Some((p, _))) => p.home(q),
-            (Part::Index(_), None) => unreachable!("an index partition without index slots"),
+            (Part::Index(q) | Part::Target(q), Some((p, _))) => p.home(q),
+            (_, None) => unreachable!("an index partition without index slots"),
         }
     }
 
@@ -587,6 +608,11 @@ impl<E: Endpoint> Replicated<E> {
     fn place(&self, part: Part, j: u8) -> (NodeId, Spot, NodeRole) {
         let partition = match part {
             Part::Tables(n) => n,
+            Part::Target(q) => match self.fence.migration_target(q, j) {
+                Some(m) => return (m.node, Spot::Index(m.slot), self.fence.role(m.node)),
+                // The migration ended since: its target is the partition's chain now.
+                None => return self.place(Part::Index(q), j),
+            },
             Part::Index(q) => match self.fence.moved_index_copy(q, j) {
                 Some(m) => {
                     return (
@@ -621,7 +647,7 @@ impl<E: Endpoint> Replicated<E> {
 
     /// How long copy `j` of `part`, if it moved, has been full in its new place at `now_ns`.
     fn moved_full_for_ns(&self, part: Part, j: u8, now_ns: u64) -> Option<u64> {
-        if let Part::Index(q) = part {
+        if let Part::Index(q) | Part::Target(q) = part {
             if self.fence.moved_index_copy(q, j).is_some() {
                 return self.fence.moved_index_full_for_ns(q, j, now_ns);
             }
@@ -639,7 +665,7 @@ impl<E: Endpoint> Replicated<E> {
     /// while an operation that began before every node knew of it may still use the old ones
     /// (`ReplicaSet::join_settle_ns`).
     fn wait_join_settled(&mut self, part: Part) {
-        let moved = self.fence.any_moved() || matches!(part, Part::Index(_));
+        let moved = self.fence.any_moved() || !matches!(part, Part::Tables(_));
         loop {
             let mut recent = false;
             let mut now = None;
@@ -780,7 +806,16 @@ impl<E: Endpoint> Replicated<E> {
 
     /// READ from the primary (the first live copy), moving on if it fails.
     fn read_primary(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        let part = self.part(addr);
+        self.read_primary_in(self.part(addr), addr, buf)
+    }
+
+    /// [`Self::read_primary`] from the copies of `part`.
+    fn read_primary_in(
+        &mut self,
+        part: Part,
+        addr: RemoteAddr,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         self.wait_join_settled(part);
         loop {
             let c = self.read_copy(part)?;
@@ -833,7 +868,7 @@ impl<E: Endpoint> Replicated<E> {
         if mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
-        self.on_late_copies(part, copies, |s, c| s.write_copy(addr, buf, local, c))
+        self.on_late_copies(part, addr, copies, |s, c| s.write_copy(addr, buf, local, c))
     }
 
     /// Run `each` on every copy of `partition` placed since `chosen` were (rule 17), looking
@@ -841,11 +876,13 @@ impl<E: Endpoint> Replicated<E> {
     fn on_late_copies(
         &mut self,
         part: Part,
+        addr: RemoteAddr,
         chosen: Copies,
         mut each: impl FnMut(&mut Self, Copy) -> Result<(), FabricError>,
     ) -> Result<(), FabricError> {
         let mut seen = chosen;
         for _ in 0..MAX_LATE_COPY_ROUNDS {
+            let part = self.late_part(part, addr);
             let (now, late) = self.late_copies(part, &seen)?;
             if late.is_empty() {
                 break;
@@ -858,7 +895,20 @@ impl<E: Endpoint> Replicated<E> {
         Ok(())
     }
 
-    /// The copies of `partition` now (fading and receiving ones included), and those of them
+    /// The chain an operation that chose the copies of `part` looks at again for copies placed
+    /// since (rule 17): the same chain, wherever its copies are now (an index partition may
+    /// have moved on its own meanwhile), but never the chain a partition began migrating to:
+    /// the old chain's words reach the new one only by the handover (`handover.rs`), never by
+    /// carrying (that would install them without fencing the old chain).
+    fn late_part(&self, part: Part, addr: RemoteAddr) -> Part {
+        match (part, self.part(addr)) {
+            (Part::Target(q), _) => Part::Target(q),
+            (_, Part::Target(q)) => Part::Index(q),
+            (_, now) => now,
+        }
+    }
+
+    /// The copies of `part` now (fading and receiving ones included), and those of them
     /// that are not among `chosen` (rule 17): placed since (a move, a rejoin), or at the same
     /// node and slot but of another incarnation of its node (a restart in between: that copy
     /// was filled from the others, and lacks whatever reached the one before).
@@ -896,11 +946,12 @@ impl<E: Endpoint> Replicated<E> {
     /// the word it held.
     fn decide(
         &mut self,
+        part: Part,
         addr: RemoteAddr,
         expected: u64,
         desired: u64,
     ) -> Result<(Copies, Copy, u64), FabricError> {
-        let (copies, d) = self.deciding(self.part(addr))?;
+        let (copies, d) = self.deciding(part)?;
         let decider = copies.as_slice()[d];
         self.check_fence()?;
         let at = self.at(addr, decider);
@@ -984,11 +1035,12 @@ impl<E: Endpoint> Replicated<E> {
     /// there (helping its writer); then any copy placed meanwhile (rule 17).
     fn cas_ordered(
         &mut self,
+        part: Part,
         addr: RemoteAddr,
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
-        let (copies, decider, found) = self.decide(addr, expected, desired)?;
+        let (copies, decider, found) = self.decide(part, addr, expected, desired)?;
         let won = found == expected;
         if !won
             && (!self.set.newer(addr.region, found, expected)
@@ -1027,7 +1079,7 @@ impl<E: Endpoint> Replicated<E> {
             }
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            let carried = self.on_late_copies(self.part(addr), copies, |s, c| {
+            let carried = self.on_late_copies(part, addr, copies, |s, c| {
                 if c.is_full() && c.j > decider.j {
                     // A copy after ours in the chain that is full decides now: we decided at a
                     // copy that no longer does, and cannot tell whether our word stands (only
@@ -1156,7 +1208,8 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<u64, FabricError> {
-        let (copies, decider, found) = self.decide(addr, expected, desired)?;
+        let part = self.part(addr);
+        let (copies, decider, found) = self.decide(part, addr, expected, desired)?;
         if found != expected {
             return Ok(found);
         }
@@ -1165,7 +1218,7 @@ impl<E: Endpoint> Replicated<E> {
             self.cas_copy(addr, c, expected, desired)?;
         }
         if !mutated!(self.set, no_late_copy_cas) {
-            self.on_late_copies(self.part(addr), copies, |s, c| {
+            self.on_late_copies(part, addr, copies, |s, c| {
                 s.cas_copy(addr, c, expected, desired)
             })?;
         }
@@ -1194,12 +1247,12 @@ impl<E: Endpoint> Replicated<E> {
     /// The end (offset) of the run of bytes from `addr` that have the same copies: the end of
     /// `addr`'s index partition once any partition moved on its own, else `end`.
     fn same_copies_until(&self, addr: RemoteAddr, end: u64) -> u64 {
-        match self.set.index_slots {
-            Some((p, _)) if addr.region == INDEX_REGION && self.fence.any_index_moved() => {
+        match self.index_split(addr.region) {
+            Some(p) => {
                 let (q, _) = p.of_home_offset(addr.node, addr.offset);
                 end.min(p.home_offset(q) + p.len(q) * 8)
             }
-            _ => end,
+            None => end,
         }
     }
 
@@ -1230,7 +1283,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         if !self.replicated(addr.region) {
             return self.inner.read(addr, buf);
         }
-        self.by_runs(addr, buf.len(), |s, a, r| s.read_primary(a, &mut buf[r]))
+        match addr.region {
+            INDEX_REGION => self.by_runs(addr, buf.len(), |s, a, r| s.read_index(a, &mut buf[r])),
+            _ => self.read_primary(addr, buf),
+        }
     }
 
     fn write(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
@@ -1250,7 +1306,8 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             _ if !self.replicated(addr.region) => {
                 self.inner.compare_and_swap(addr, expected, desired)
             }
-            INDEX_REGION | PAGE_REGION => self.cas_ordered(addr, expected, desired),
+            INDEX_REGION => self.cas_index(addr, expected, desired),
+            PAGE_REGION => self.cas_ordered(self.part(addr), addr, expected, desired),
             _ => self.cas_data(addr, expected, desired),
         }
     }
@@ -1269,10 +1326,9 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             let me = self.inner.node();
             // Once an index partition moved on its own, our own index table may no longer hold
             // copy 0 of every partition of it: such reads go by the copies.
-            let moved_index = region == INDEX_REGION && self.fence.any_index_moved();
             if self.fence.role(me) != NodeRole::Full
                 || self.fence.moved_copy(me, 0).is_some()
-                || moved_index && self.set.index_slots.is_some()
+                || self.index_split(region).is_some()
             {
                 return self.read(RemoteAddr::new(me, region, offset), buf);
             }
@@ -1693,7 +1749,7 @@ mod tests {
         assert!(e(0, 3, layout()).contains("replicas = 0"));
         assert!(e(4, 5, layout()).contains("not in 1..=3"));
         assert!(e(3, 2, layout()).contains("at least 3 nodes"));
-        let no_seq = IteLayout::new(40, 12, 10).unwrap();
+        let no_seq = IteLayout::new(40, 12, 9).unwrap();
         assert!(e(2, 3, no_seq).contains("sequence numbers"));
         assert!(
             ReplicaSet::new(1, 1, no_seq, &cfg).is_ok(),

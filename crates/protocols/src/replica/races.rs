@@ -147,7 +147,7 @@ fn settle() {
 ///    whether a CAS can still take place.
 fn a_helper_held_across_a_wrap(mutations: Mutations) -> (u64, u64, bool) {
     // Eight sequence bits: half a sequence is 128 changes.
-    let ite = IteLayout::new(20, 4, 30).unwrap();
+    let ite = IteLayout::new(20, 4, 29).unwrap();
     assert_eq!(ite.seq_bits, 8);
     let r = Arc::new(rig(2, 0, ite, mutations));
     let decider = RemoteAddr::new(1, mirror_region(INDEX_REGION, 1), 0);
