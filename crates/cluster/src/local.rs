@@ -28,12 +28,13 @@ use nessie_deploy::{Mode, ModeClient, NodeServer, Plan};
 use nessie_fabric::inproc::{DelayInjection, InProcEndpoint, InProcFabric};
 use nessie_fabric::NodeId;
 use nessie_protocols::cd::{CdClient, ClusterView};
-use nessie_protocols::replica::{CopyMap, Move};
+use nessie_protocols::fence::IndexCopy;
+use nessie_protocols::replica::{CopyMap, HandOver, Move};
 use nessie_protocols::{
     CatchUp, Error, Fence, KvClient, MovedCopy, NodeRole, ProtocolConfig, ReplicaSet, Replicated,
 };
 use nessie_store::classtable::ClassTable;
-use nessie_store::{Geometry, INDEX_REGION};
+use nessie_store::{Geometry, IndexPartitions, PartitionId, INDEX_REGION};
 
 /// Client workers each node may create over its lifetime (they are numbered with 16 bits).
 pub const MAX_WORKERS_PER_NODE: u32 = u16::MAX as u32;
@@ -108,7 +109,7 @@ impl LocalCluster {
         mode: Mode,
         rpc: RpcConfig,
     ) -> Result<Self, Error> {
-        Self::build(geometry, cfg, delay, mode, rpc, (1, 0))
+        Self::build(geometry, cfg, delay, mode, rpc, (1, 0, 0))
     }
 
     /// A client-driven cluster keeping `replicas` copies of every node's index, data and page
@@ -137,7 +138,26 @@ impl LocalCluster {
             delay,
             Mode::Cd,
             RpcConfig::default(),
-            (replicas, spare),
+            (replicas, spare, 0),
+        )
+    }
+
+    /// [`Self::replicated`], every node keeping `index_slots` index slots, each room for a
+    /// copy of one index partition, for partitions migrating to it ([`Self::migrate_partition`]).
+    pub fn replicated_with_index_slots(
+        geometry: Geometry,
+        cfg: ProtocolConfig,
+        delay: Option<DelayInjection>,
+        replicas: u8,
+        index_slots: u16,
+    ) -> Result<Self, Error> {
+        Self::build(
+            geometry,
+            cfg,
+            delay,
+            Mode::Cd,
+            RpcConfig::default(),
+            (replicas, 0, index_slots),
         )
     }
 
@@ -147,7 +167,7 @@ impl LocalCluster {
         delay: Option<DelayInjection>,
         mode: Mode,
         rpc: RpcConfig,
-        (replicas, spare): (u8, u8),
+        (replicas, spare, index_slots): (u8, u8, u16),
     ) -> Result<Self, Error> {
         if replicas != 1 && mode != Mode::Cd {
             return Err(Error::Config(format!(
@@ -157,10 +177,12 @@ impl LocalCluster {
         }
         let plan = Plan::new(mode, geometry, cfg, rpc)?;
         let (g, ite) = (plan.geometry(), plan.view.index.ite);
-        let set = Arc::new(match replicas {
+        let set = match replicas {
             1 => ReplicaSet::single(g.nodes as NodeId, ite).with_spare_copies(spare)?,
             r => ReplicaSet::new(r, g.nodes as NodeId, ite, &plan.cfg)?.with_spare_copies(spare)?,
-        });
+        };
+        let parts = IndexPartitions::new(g.nodes, g.ites_per_node);
+        let set = Arc::new(set.with_index_slots(parts, index_slots)?);
         let regions = vec![plan.node_regions(&set)?; g.nodes as usize];
         let fabric =
             InProcFabric::new(&regions, delay).map_err(|e| Error::Config(e.to_string()))?;
@@ -529,6 +551,57 @@ impl LocalCluster {
             }
         }
         Ok(caught)
+    }
+
+    /// Migrate index partition `q` to the chain `to` (copy j in index slot `to[j].slot` of
+    /// node `to[j].node`) with the per-ITE handover (`nessie_protocols::replica`, `handover.rs`)
+    /// while the cluster runs: write pending into the target slots, tell every node's fence,
+    /// one after the other `stagger` apart (so that some nodes' views lag, as membership's
+    /// would), hand over every entry from the first target node that lives (reading at most `bytes_per_s`,
+    /// 0: no limit), then, an operation time later, end the migration on every fence.
+    pub fn migrate_partition(
+        &self,
+        q: PartitionId,
+        to: &[IndexCopy],
+        stagger: std::time::Duration,
+        bytes_per_s: u64,
+    ) -> Result<HandOver, Error> {
+        if self.set.index_slots() == 0 {
+            return Err(Error::Config("this cluster keeps no index slots".into()));
+        }
+        let mut ep = self.endpoint(to[0].node);
+        ep.write_pending(q, to).map_err(Error::Fabric)?;
+        for f in &self.fences {
+            f.start_migration(q, to);
+            std::thread::sleep(stagger);
+        }
+        // The puller: the first target node, or, if it dies meanwhile, the next node that
+        // can (whoever meets a pending word finishes it, so a puller that dies leaves nothing
+        // half done).
+        let pullers = to
+            .iter()
+            .map(|c| c.node)
+            .chain(0..self.fences.len() as NodeId);
+        let mut done = Err(Error::Config(format!(
+            "no node could hand over partition {q}"
+        )));
+        for n in pullers {
+            done = self
+                .endpoint(n)
+                .hand_over_partition(q, bytes_per_s)
+                .map_err(Error::Fabric);
+            if done.is_ok() {
+                break;
+            }
+        }
+        let done = done?;
+        // A hander that met a pending word may still be on its way (see
+        // `Fence::finish_migration`).
+        std::thread::sleep(std::time::Duration::from_nanos(self.set.join_settle_ns()));
+        for f in &self.fences {
+            f.finish_migration(q);
+        }
+        Ok(done)
     }
 
     /// A new server-driven client worker on `node` (SD clusters only). Its request slot is

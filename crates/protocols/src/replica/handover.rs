@@ -189,7 +189,13 @@ impl<E: Endpoint> Replicated<E> {
     /// Write pending into every entry of partition `q` at each copy of the chain `to` (index
     /// slots), before the partition is said to migrate there.
     pub fn write_pending(&mut self, q: PartitionId, to: &[IndexCopy]) -> Result<(), FabricError> {
-        let (p, _) = self.set.index_slots.expect("a migration needs index slots");
+        let (p, slots) = self.set.index_slots.expect("a migration needs index slots");
+        if let Some(c) = to.iter().find(|c| c.slot >= slots) {
+            return Err(FabricError::Transport(format!(
+                "index slot {} of node {} does not exist (each node has {slots})",
+                c.slot, c.node
+            )));
+        }
         let words = vec![self.set.ite.pending().0.to_le_bytes(); p.len(q) as usize];
         let bytes: Vec<u8> = words.concat();
         for c in to {
