@@ -599,7 +599,7 @@ impl LocalCluster {
         // `Fence::finish_migration`).
         std::thread::sleep(std::time::Duration::from_nanos(self.set.join_settle_ns()));
         for f in &self.fences {
-            f.finish_migration(q);
+            f.finish_migration(q, to);
         }
         Ok(done)
     }

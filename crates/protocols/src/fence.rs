@@ -415,15 +415,12 @@ impl Fence {
         self.moved.full_for_ns(partition as usize, j, now_ns)
     }
 
-    /// Record that copy `j` of index partition `q` is at `at` on its own now (`None`: where
-    /// its home node's tables' copy `j` is).
-    pub fn move_index_copy(&self, q: PartitionId, j: u8, at: Option<IndexCopy>) {
-        self.index_moved.record(
-            q as usize,
-            j,
-            at.map_or(0, IndexCopy::pack),
-            at.is_some_and(|m| m.receiving),
-        );
+    /// Record that copy `j` of index partition `q` is at `at` on its own now. There is no
+    /// way back to where its home node's tables' copy is: that place stopped being written
+    /// when the copy moved, so it would have to be filled again like any new place.
+    pub fn move_index_copy(&self, q: PartitionId, j: u8, at: IndexCopy) {
+        self.index_moved
+            .record(q as usize, j, at.pack(), at.receiving);
     }
 
     /// Where copy `j` of index partition `q` is, if it moved on its own.
@@ -445,7 +442,9 @@ impl Fence {
             "a chain of {} copies",
             to.len()
         );
-        for (j, c) in to.iter().enumerate() {
+        // Copy 0 last: `migrating` looks at it, so an operation that sees the migration finds
+        // every copy of the new chain already named.
+        for (j, c) in to.iter().enumerate().rev() {
             assert!(
                 !c.receiving,
                 "a migration's target copies are full from the start"
@@ -455,17 +454,23 @@ impl Fence {
         }
     }
 
-    /// Index partition `q`'s migration is over (every entry handed over): its chain is the
-    /// target's from now on, with no pause (operations that knew used it already). Only once
-    /// no word is pending and every operation that met one has ended (an operation time
-    /// after the last handover): a hander that met a pending word and found the migration
-    /// ended would otherwise fence a word of the new chain.
-    pub fn finish_migration(&self, q: PartitionId) {
-        for j in 0..COPIES as u8 {
-            let w = self.index_target.get(q as usize, j);
-            if w != 0 {
-                self.index_moved.record_quietly(q as usize, j, w);
-            }
+    /// Index partition `q`'s migration to the chain `to` is over (every entry handed over):
+    /// that is its chain from now on, with no pause (operations that knew used it already).
+    /// A fence that never saw the migration start learns the chain here all the same. Only
+    /// once no word is pending and every operation that met one has ended (an operation
+    /// time after the last handover, the protocol's timing assumption): a hander that met a
+    /// pending word and found the migration ended would fence a word of the new chain, and an
+    /// operation that chose the old chain's copies and looks again for copies placed since
+    /// would carry its word into the new chain.
+    pub fn finish_migration(&self, q: PartitionId, to: &[IndexCopy]) {
+        assert!(
+            !to.is_empty() && to.len() <= COPIES,
+            "a chain of {} copies",
+            to.len()
+        );
+        for (j, c) in to.iter().enumerate() {
+            self.index_moved
+                .record_quietly(q as usize, j as u8, c.pack());
         }
         for j in 0..COPIES as u8 {
             self.index_target.record_quietly(q as usize, j, 0);

@@ -158,11 +158,17 @@ impl IteLayout {
     }
 
     /// The word that fences `w` in the old chain: `w` with the fence bit and the next
-    /// sequence number (a new word of the ITE's history, carried like any CAS).
+    /// sequence number (a new word of the ITE's history, carried like any CAS). Never
+    /// [`Self::pending`]: a plain empty word whose sequence wraps to 0 would fence to it, so
+    /// that one moves on one number more (replication orders pending before every word).
     #[inline]
     pub fn fenced(&self, w: Ite) -> Ite {
         debug_assert!(!self.is_fence_marked(w));
-        self.successor(w, Ite(w.0 | self.fence_bit()))
+        let f = self.successor(w, Ite(w.0 | self.fence_bit()));
+        match f == self.pending() {
+            true => self.successor(f, f),
+            false => f,
+        }
     }
 
     /// The word the new chain takes in place of pending when `fenced` is handed over: the
@@ -413,6 +419,12 @@ mod tests {
         let p = l.pending();
         assert!(p.is_empty() && l.is_fence_marked(p) && !l.is_well_formed(p));
         assert!(!l.is_fence_marked(Ite::EMPTY));
+        // The empty word whose sequence wraps to 0 would fence to pending: it does not.
+        let last_empty = Ite(((1u64 << l.seq_bits) - 1) << (63 - l.seq_bits as u32));
+        assert!(last_empty.is_empty() && l.is_well_formed(last_empty));
+        let f = l.fenced(last_empty);
+        assert!(l.is_fence_marked(f) && f != p && l.seq(f) == 1);
+        assert!(!l.is_fence_marked(l.handed_over(f)));
     }
 
     proptest! {

@@ -6,10 +6,9 @@
 //! space, and with it this split, never changes while the cluster lives: nodes that join later
 //! hold partitions, they add none.
 //!
-//! Each home table splits into `per_node` partitions of `ites` consecutive entries (the last
-//! one takes the remainder too, when `ites` does not divide `ites_per_node`: fewer than
-//! 2 × `ites` entries). Partition q is entries
-//! [(q mod per_node) × ites, ...) of home node q / per_node:
+//! Each home table splits into `per_node` partitions of consecutive entries, `ites` each, or
+//! `ites` + 1 for the first `rem` = `ites_per_node` mod `per_node` of them (the remainder
+//! spread one entry apiece). Partition q is the (q mod per_node)-th of home node q / per_node:
 //!
 //! ```text
 //!  slot space:  | node 0's table              | node 1's table              | ...
@@ -50,8 +49,10 @@ pub type PartitionId = u16;
 pub struct IndexPartitions {
     nodes: u32,
     ites_per_node: u64,
-    /// Entries per partition (the last of each home table holds the remainder too).
+    /// Entries per partition (the first `rem` of each home table hold one more).
     ites: u64,
+    /// Partitions of each home table that hold `ites` + 1 entries.
+    rem: u64,
     /// Partitions per home table.
     per_node: u32,
 }
@@ -70,6 +71,7 @@ impl IndexPartitions {
             nodes,
             ites_per_node,
             ites: ites_per_node / want,
+            rem: ites_per_node % want,
             per_node: want as u32,
         };
         // IP4.
@@ -88,14 +90,19 @@ impl IndexPartitions {
         self.per_node
     }
 
-    /// Entries of a partition (the last of each home table holds the remainder too: [`Self::len`]).
+    /// Entries of a partition (some hold one more: [`Self::len`]).
     pub fn ites(&self) -> u64 {
         self.ites
     }
 
-    /// Entries of the longest partition (the last of a home table, with the remainder).
+    /// Entries of the longest partition.
     pub fn max_len(&self) -> u64 {
-        self.ites + (self.ites_per_node - self.per_node as u64 * self.ites)
+        self.ites + (self.rem > 0) as u64
+    }
+
+    /// First entry of the `k`-th partition of a home table.
+    fn start(&self, k: u64) -> u64 {
+        k * self.ites + k.min(self.rem)
     }
 
     /// Entries of partition `q`.
@@ -109,9 +116,14 @@ impl IndexPartitions {
     pub fn of_slot(&self, s: Slot) -> (PartitionId, u64) {
         debug_assert!(s < self.nodes as u64 * self.ites_per_node);
         let (home, e) = (s / self.ites_per_node, s % self.ites_per_node);
-        let k = (e / self.ites).min(self.per_node as u64 - 1);
+        // The first `rem` partitions hold `ites` + 1 entries.
+        let long = self.rem * (self.ites + 1);
+        let k = match e < long {
+            true => e / (self.ites + 1),
+            false => self.rem + (e - long) / self.ites,
+        };
         let q = home * self.per_node as u64 + k;
-        (q as PartitionId, e - k * self.ites)
+        (q as PartitionId, e - self.start(k))
     }
 
     /// The partition the byte at `offset` of `home`'s index table lies in, and its entry there.
@@ -128,12 +140,7 @@ impl IndexPartitions {
         );
         let home = q as u64 / self.per_node as u64;
         let k = q as u64 % self.per_node as u64;
-        let first = k * self.ites;
-        let end = if k + 1 == self.per_node as u64 {
-            self.ites_per_node
-        } else {
-            first + self.ites
-        };
+        let (first, end) = (self.start(k), self.start(k + 1));
         home * self.ites_per_node + first..home * self.ites_per_node + end
     }
 
@@ -144,7 +151,7 @@ impl IndexPartitions {
 
     /// Byte offset of partition `q`'s first entry in its home node's index table.
     pub fn home_offset(&self, q: PartitionId) -> u64 {
-        (q as u64 % self.per_node as u64) * self.ites * 8
+        self.start(q as u64 % self.per_node as u64) * 8
     }
 
     /// The partitions whose home is `node`.
@@ -169,31 +176,39 @@ mod tests {
         // 130 entries: two partitions, of 65 each.
         let p = IndexPartitions::new(3, 130);
         assert_eq!((p.per_node(), p.ites()), (2, 65));
-        // 150 entries: two, the last with the remainder.
+        // 150 entries: two of 75; 191: the remainder on the first.
         let p = IndexPartitions::new(1, 150);
         assert_eq!((p.len(0), p.len(1)), (75, 75));
         let p = IndexPartitions::new(1, 191);
-        assert_eq!((p.len(0), p.len(1)), (95, 96));
+        assert_eq!((p.len(0), p.len(1)), (96, 95));
         // 4096 nodes: one partition each, whatever the table.
         assert_eq!(IndexPartitions::new(4096, 1 << 20).per_node(), 1);
     }
 
     #[test]
-    fn the_last_partition_takes_the_remainder() {
-        // 1000 entries over at most 15 partitions of >= 64: 14 of 66, the last 76.
+    fn the_remainder_is_spread_one_entry_apiece() {
+        // 1000 entries over at most 15 partitions of >= 64: 10 of 67, then 5 of 66.
         let p = IndexPartitions::new(2, 1000);
         assert_eq!(p.per_node(), 15);
-        assert_eq!(p.len(14), 1000 - 14 * 66);
-        assert_eq!(p.of_slot(999), (14, 999 - 14 * 66));
+        assert_eq!((p.len(0), p.len(9), p.len(10), p.len(14)), (67, 67, 66, 66));
+        assert_eq!(p.of_slot(669), (9, 66));
+        assert_eq!(p.of_slot(670), (10, 0));
+        assert_eq!(p.of_slot(999), (14, 65));
         assert_eq!(p.slots(14).end, 1000);
         assert_eq!(p.slots(15).start, 1000);
         assert_eq!(p.home(15), 1);
+        assert_eq!(p.max_len(), 67);
+        // Where the target count binds, no partition grows by more than one entry.
+        for (nodes, ites) in [(1, 413_695), (4, 103_400)] {
+            let p = IndexPartitions::new(nodes, ites);
+            assert_eq!(p.max_len(), p.ites() + 1, "{nodes} x {ites}");
+        }
     }
 
     proptest! {
         /// IP1, IP2, IP4, and the split agreeing with `Index::addr`'s home placement.
         #[test]
-        fn partitions_tile_the_slot_space(nodes in 1u32..40, ites in 1u64..5000) {
+        fn partitions_tile_the_slot_space(nodes in 1u32..40, ites in 1u64..500_000) {
             let p = IndexPartitions::new(nodes, ites);
             prop_assert!(p.count() as u64 <= MAX_PARTITIONS);
             let mut next = 0;
@@ -202,7 +217,7 @@ mod tests {
                 prop_assert_eq!(r.start, next, "partition {} does not follow the last", q);
                 prop_assert!(!r.is_empty());
                 prop_assert!(p.len(q) >= MIN_PARTITION_ITES.min(ites));
-                prop_assert!(p.len(q) < 2 * p.ites());
+                prop_assert!(p.len(q) == p.ites() || p.len(q) == p.ites() + 1);
                 prop_assert!(p.len(q) <= p.max_len());
                 // IP2: inside its home table.
                 prop_assert_eq!(r.start / ites, p.home(q) as u64);

@@ -28,7 +28,7 @@
 //! before carrying it on: the next copy decides another in its place, and this copy, once up,
 //! would serve a word nobody acknowledged and wedge the entry (review 39, bug 6).
 
-use nessie_fabric::{Endpoint, FabricError, RegionId, RemoteAddr};
+use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 use nessie_store::{PartitionId, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 use super::{mirror_region, Part, Replicated, Spot};
@@ -119,37 +119,45 @@ impl<E: Endpoint> Replicated<E> {
                 let Spot::Mirror(slot) = spot else {
                     unreachable!("a node's tables in an index slot")
                 };
-                for region in [PAGE_REGION, DATA_REGION, INDEX_REGION] {
+                for region in [PAGE_REGION, DATA_REGION] {
                     let bytes = table_regions[region as usize];
                     let from = RemoteAddr::new(p, region, 0);
                     let to = (mirror_region(region, slot), 0);
-                    let passes = self.fill(from, to, bytes, j, pace, &mut done)?;
+                    let part = Part::Tables(p);
+                    let passes = self.fill(part, from, to, bytes, j, pace, &mut done)?;
                     done.passes = done.passes.max(passes);
                 }
+                let passes = self.fill_index(p, (j, slot), table_regions, pace, &mut done)?;
+                done.passes = done.passes.max(passes);
                 done.copies += 1;
             }
         }
-        // Copies of single index partitions moved here (or held here across a restart).
-        if let Some((parts, _)) = self
-            .set
-            .index_slots
-            .filter(|_| self.fence.any_index_moved())
-        {
+        // Copies of single index partitions held in index slots here: moved here, or held
+        // here across a restart (a migration's target chain too).
+        let moved = self.fence.any_index_moved() || self.fence.any_migrating();
+        if let Some((parts, _)) = self.set.index_slots.filter(|_| moved) {
             for q in 0..parts.count() as PartitionId {
-                for j in 0..self.set.replicas {
-                    let (node, spot, role) = self.place(Part::Index(q), j);
-                    let Spot::Index(k) = spot else { continue };
-                    if node != me || role != NodeRole::Receiving {
+                for part in [Part::Index(q), Part::Target(q)] {
+                    if part == Part::Target(q) && !self.fence.migrating(q) {
                         continue;
                     }
-                    let from = RemoteAddr::new(parts.home(q), INDEX_REGION, parts.home_offset(q));
-                    let to = (
-                        self.set.index_slot_region(),
-                        k as u64 * self.set.index_slot_bytes(),
-                    );
-                    let passes = self.fill(from, to, parts.len(q) * 8, j, pace, &mut done)?;
-                    done.passes = done.passes.max(passes);
-                    done.copies += 1;
+                    for j in 0..self.set.replicas {
+                        let (node, spot, role) = self.place(part, j);
+                        let Spot::Index(k) = spot else { continue };
+                        if node != me || role != NodeRole::Receiving {
+                            continue;
+                        }
+                        let from =
+                            RemoteAddr::new(parts.home(q), INDEX_REGION, parts.home_offset(q));
+                        let to = (
+                            self.set.index_slot_region(),
+                            k as u64 * self.set.index_slot_bytes(),
+                        );
+                        let bytes = parts.len(q) * 8;
+                        let passes = self.fill(part, from, to, bytes, j, pace, &mut done)?;
+                        done.passes = done.passes.max(passes);
+                        done.copies += 1;
+                    }
                 }
             }
         }
@@ -157,12 +165,46 @@ impl<E: Endpoint> Replicated<E> {
         Ok(done)
     }
 
+    /// Fill copy `j` of node `p`'s index table, held here in mirror slot `slot`: all of it,
+    /// or, where index partitions can move, each partition whose copy j is that mirror's (the
+    /// others' copy j is elsewhere, and this part of the mirror is nobody's), from that
+    /// partition's own chain. Returns the passes made.
+    fn fill_index(
+        &mut self,
+        p: NodeId,
+        (j, slot): (u8, u8),
+        table_regions: &[u64],
+        pace: (u64, u64),
+        done: &mut CatchUp,
+    ) -> Result<u32, FabricError> {
+        let mine = mirror_region(INDEX_REGION, slot);
+        let Some((parts, _)) = self.set.index_slots else {
+            let (from, bytes) = (RemoteAddr::new(p, INDEX_REGION, 0), table_regions[0]);
+            return self.fill(Part::Tables(p), from, (mine, 0), bytes, j, pace, done);
+        };
+        let mut passes = 0;
+        for q in parts.of_home(p) {
+            let part = Part::Index(q);
+            if self.place(part, j) != self.place(Part::Tables(p), j) {
+                continue;
+            }
+            let at = parts.home_offset(q);
+            let from = RemoteAddr::new(p, INDEX_REGION, at);
+            let n = self.fill(part, from, (mine, at), parts.len(q) * 8, j, pace, done)?;
+            passes = passes.max(n);
+        }
+        Ok(passes)
+    }
+
     /// Bring copy `j` of the `bytes` at `from` (a partition's words, as the protocol addresses
-    /// them), held here in region `mine` from offset `base`, to their primary: a whole pass,
-    /// then passes over the words the previous pass changed, until one changes nothing (a
-    /// word found equal stays equal: every later write reaches both). Returns the passes made.
+    /// them), held here in region `mine` from offset `base`, to their primary in `part`'s
+    /// chain: a whole pass, then passes over the words the previous pass changed, until one
+    /// changes nothing (a word found equal stays equal: every later write reaches both).
+    /// Returns the passes made.
+    #[allow(clippy::too_many_arguments)]
     fn fill(
         &mut self,
+        part: Part,
         from: RemoteAddr,
         (mine, base): (RegionId, u64),
         bytes: u64,
@@ -189,11 +231,18 @@ impl<E: Endpoint> Replicated<E> {
                 // writer had carried to our copy by then.
                 self.inner.local_read(mine, base + off, &mut ours[..n])?;
                 let at = RemoteAddr::new(partition, region, from.offset + off);
-                self.read_source(at, &mut theirs[..n])?;
+                self.read_source(part, at, &mut theirs[..n])?;
                 done.bytes_read += n as u64;
                 done.reads += 1;
                 let here = (mine, base + off);
-                self.merge(at, here, &theirs[..n], &ours[..n], &mut changed, off)?;
+                self.merge(
+                    part,
+                    at,
+                    here,
+                    (&theirs[..n], &ours[..n]),
+                    &mut changed,
+                    off,
+                )?;
                 self.pace(bytes_per_s, start, done.bytes_read);
             }
             done.words_changed += changed.len() as u64;
@@ -215,10 +264,15 @@ impl<E: Endpoint> Replicated<E> {
     /// read after ours, is at or past it; and every word the primary holds is on every full
     /// copy, so none dies with its decider (a word read from the decider could: decided there,
     /// never carried on, and then the next copy decides another).
-    fn read_source(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+    fn read_source(
+        &mut self,
+        part: Part,
+        addr: RemoteAddr,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         loop {
             self.wait_fresh_view()?;
-            let live = self.live(self.part(addr))?;
+            let live = self.live(part)?;
             let c = if mutated!(self.set, catch_up_from_decider) {
                 live.as_slice()[live.len - 1]
             } else {
@@ -240,10 +294,10 @@ impl<E: Endpoint> Replicated<E> {
     /// the word is read again from both.
     fn merge(
         &mut self,
+        part: Part,
         at: RemoteAddr,
         (mine, here): (RegionId, u64),
-        theirs: &[u8],
-        ours: &[u8],
+        (theirs, ours): (&[u8], &[u8]),
         changed: &mut Vec<u64>,
         rel: u64,
     ) -> Result<(), FabricError> {
@@ -273,7 +327,8 @@ impl<E: Endpoint> Replicated<E> {
                 // A writer carried a word here: read both again, ours first.
                 cur = was;
                 let mut b = [0u8; 8];
-                self.read_source(RemoteAddr::new(at.node, at.region, at.offset + w), &mut b)?;
+                let a = RemoteAddr::new(at.node, at.region, at.offset + w);
+                self.read_source(part, a, &mut b)?;
                 want = u64::from_le_bytes(b);
                 if want == cur {
                     break;

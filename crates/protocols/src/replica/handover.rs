@@ -44,7 +44,8 @@ const PULL_ENTRIES: u64 = 512;
 pub struct HandOver {
     /// Entries of the partition.
     pub entries: u64,
-    /// Entries this puller handed over (the others, clients had).
+    /// Entries this puller installed in the new chain (clients handed over others, and some
+    /// this puller met pending were installed by another hander meanwhile).
     pub handed: u64,
     /// How long it took, in nanoseconds.
     pub ns: u64,
@@ -63,42 +64,41 @@ impl<E: Endpoint> Replicated<E> {
         addr: RemoteAddr,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        loop {
+        for _ in 0..MAX_FENCE_ROUNDS {
             let part = self.part(addr);
             self.read_primary_in(part, addr, buf)?;
             if self.set.index_slots.is_none() {
                 // No partition can move: no word has F.
                 return Ok(());
             }
-            let mut marked = (0..buf.len() / 8)
+            let marked: Vec<u64> = (0..buf.len() / 8)
                 .filter(|w| {
                     let b = &buf[w * 8..w * 8 + 8];
                     self.marked(u64::from_le_bytes(b.try_into().unwrap()))
                 })
-                .peekable();
-            let Some(&first) = marked.peek() else {
+                .map(|w| addr.offset + w as u64 * 8)
+                .collect();
+            let Some(&first) = marked.first() else {
                 return Ok(());
             };
             match part {
                 Part::Target(q) => {
-                    let words: Vec<usize> = marked.collect();
-                    for w in words {
-                        let at = RemoteAddr {
-                            offset: addr.offset + w as u64 * 8,
-                            ..addr
-                        };
-                        self.hand_over(q, at)?;
+                    for offset in marked {
+                        self.hand_over(q, RemoteAddr { offset, ..addr })?;
                     }
                 }
-                _ => {
-                    let at = RemoteAddr {
-                        offset: addr.offset + first as u64 * 8,
+                _ => self.wait_moved_on(
+                    RemoteAddr {
+                        offset: first,
                         ..addr
-                    };
-                    self.wait_moved_on(at, part)?;
-                }
+                    },
+                    part,
+                )?,
             }
         }
+        Err(FabricError::Transport(format!(
+            "index entries at {addr} stayed pending or fenced through {MAX_FENCE_ROUNDS} handovers"
+        )))
     }
 
     /// CAS of an index entry at its chain (see the module comment).
@@ -109,40 +109,45 @@ impl<E: Endpoint> Replicated<E> {
         desired: u64,
     ) -> Result<u64, FabricError> {
         debug_assert!(!self.marked(expected) && !self.marked(desired));
-        loop {
+        for _ in 0..MAX_FENCE_ROUNDS {
             let part = self.part(addr);
             let found = self.cas_ordered(part, addr, expected, desired)?;
             if !self.marked(found) {
                 return Ok(found);
             }
             match part {
-                Part::Target(q) => self.hand_over(q, addr)?,
+                Part::Target(q) => {
+                    self.hand_over(q, addr)?;
+                }
                 _ => self.wait_moved_on(addr, part)?,
             }
         }
+        Err(FabricError::Transport(format!(
+            "index entry {addr} stayed pending or fenced through {MAX_FENCE_ROUNDS} handovers"
+        )))
     }
 
     /// Hand index entry `addr` of partition `q` over from its chain to the chain it migrates
-    /// to, unless that was done (see the module comment).
-    pub fn hand_over(&mut self, q: PartitionId, addr: RemoteAddr) -> Result<(), FabricError> {
+    /// to, unless that was done (see the module comment). Whether this call installed it.
+    pub fn hand_over(&mut self, q: PartitionId, addr: RemoteAddr) -> Result<bool, FabricError> {
         let l = self.set.ite;
         if !self.fence.migrating(q) {
             // Ended since we met the pending word: the caller looks again (see
             // `Fence::finish_migration` for why no pending word is left by then).
-            return Ok(());
+            return Ok(false);
         }
         let (from, to) = (Part::Index(q), Part::Target(q));
-        let mut b = [0u8; 8];
-        self.read_primary_in(from, addr, &mut b)?;
-        let mut w = u64::from_le_bytes(b);
+        let mut w = self.read_word(from, addr)?;
         if mutated!(self.set, handover_without_fence) {
             // As if the old chain's word could be copied over without fencing it first.
-            if !self.marked(w) {
-                let live = l.handed_over(l.fenced(Ite(w))).0;
-                self.cas_ordered(to, addr, l.pending().0, live)?;
+            if self.marked(w) {
+                return Ok(false);
             }
-            return Ok(());
+            let live = l.handed_over(l.fenced(Ite(w))).0;
+            let found = self.cas_ordered(to, addr, l.pending().0, live)?;
+            return Ok(found == l.pending().0);
         }
+        // 1. Fence the entry at the old chain's decider.
         let mut rounds = 0;
         let fenced = loop {
             if self.marked(w) {
@@ -161,9 +166,35 @@ impl<E: Endpoint> Replicated<E> {
                 )));
             }
         };
+        // 2. The fence must be on the old chain's primary before the new chain takes a word
+        // (a node that has not heard reads there): a fence found at the decider may not have
+        // been carried yet by the hander that made it. A CAS from what the primary holds
+        // loses to the fence at the decider and carries it (a loser helps the word it found).
+        let mut on_primary = false;
+        for _ in 0..MAX_FENCE_ROUNDS {
+            let p = self.read_word(from, addr)?;
+            if self.marked(p) {
+                on_primary = true;
+                break;
+            }
+            let _ = self.cas_ordered(from, addr, p, l.fenced(Ite(p)).0)?;
+        }
+        if !on_primary {
+            return Err(FabricError::Transport(format!(
+                "the fence of index entry {addr} of partition {q} did not reach its primary"
+            )));
+        }
+        // 3. Install at the new chain.
         let live = l.handed_over(Ite(fenced)).0;
-        self.cas_ordered(to, addr, l.pending().0, live)?;
-        Ok(())
+        let found = self.cas_ordered(to, addr, l.pending().0, live)?;
+        Ok(found == l.pending().0)
+    }
+
+    /// The word at `addr` in `part`'s chain, read from its primary.
+    fn read_word(&mut self, part: Part, addr: RemoteAddr) -> Result<u64, FabricError> {
+        let mut b = [0u8; 8];
+        self.read_primary_in(part, addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
     }
 
     /// A word at `part` (the chain this node's view names) is fenced: the entry moved to
@@ -190,6 +221,13 @@ impl<E: Endpoint> Replicated<E> {
     /// slots), before the partition is said to migrate there.
     pub fn write_pending(&mut self, q: PartitionId, to: &[IndexCopy]) -> Result<(), FabricError> {
         let (p, slots) = self.set.index_slots.expect("a migration needs index slots");
+        if to.len() != self.set.replicas as usize {
+            return Err(FabricError::Transport(format!(
+                "a chain of {} copies for partitions of {}",
+                to.len(),
+                self.set.replicas
+            )));
+        }
         if let Some(c) = to.iter().find(|c| c.slot >= slots) {
             return Err(FabricError::Transport(format!(
                 "index slot {} of node {} does not exist (each node has {slots})",
@@ -239,8 +277,14 @@ impl<E: Endpoint> Replicated<E> {
                         offset: at.offset + w * 8,
                         ..at
                     };
-                    self.hand_over(q, a)?;
-                    done.handed += 1;
+                    done.handed += self.hand_over(q, a)? as u64;
+                    // Whoever installed it, the entry is no longer pending at the primary.
+                    let now = self.read_word(Part::Target(q), a)?;
+                    if self.marked(now) {
+                        return Err(FabricError::Transport(format!(
+                            "index entry {a} of partition {q} is still pending after its handover"
+                        )));
+                    }
                 }
             }
             e += n;

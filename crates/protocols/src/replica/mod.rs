@@ -349,6 +349,12 @@ impl ReplicaSet {
         if region == PAGE_REGION {
             return page_order(a) > page_order(b);
         }
+        // Pending (what a migration's new chain starts with, sequence 0) comes before every
+        // word of the entry's history there (no fenced word is pending: `IteLayout::fenced`).
+        let pending = self.ite.pending().0;
+        if a == pending || b == pending {
+            return a != pending && b == pending;
+        }
         let bits = self.ite.seq_bits as u32;
         let (sa, sb) = (
             self.ite.seq(nessie_store::Ite(a)),
@@ -362,6 +368,10 @@ impl ReplicaSet {
     fn same_seq(&self, region: RegionId, a: u64, b: u64) -> bool {
         if region == PAGE_REGION {
             return page_order(a) == page_order(b);
+        }
+        let pending = self.ite.pending().0;
+        if a == pending || b == pending {
+            return a == b;
         }
         self.ite.seq(nessie_store::Ite(a)) == self.ite.seq(nessie_store::Ite(b))
     }
@@ -1245,10 +1255,12 @@ impl<E: Endpoint> Replicated<E> {
 
 impl<E: Endpoint> Replicated<E> {
     /// The end (offset) of the run of bytes from `addr` that have the same copies: the end of
-    /// `addr`'s index partition once any partition moved on its own, else `end`.
+    /// `addr`'s index partition where partitions can move (index slots), else `end`.
     fn same_copies_until(&self, addr: RemoteAddr, end: u64) -> u64 {
-        match self.index_split(addr.region) {
-            Some(p) => {
+        // Cut wherever partitions could move, not only once one did: a move recorded between
+        // this and the choice of copies would send a run spanning partitions to one slot.
+        match self.set.index_slots.filter(|_| addr.region == INDEX_REGION) {
+            Some((p, _)) => {
                 let (q, _) = p.of_home_offset(addr.node, addr.offset);
                 end.min(p.home_offset(q) + p.len(q) * 8)
             }
@@ -1326,9 +1338,12 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             let me = self.inner.node();
             // Once an index partition moved on its own, our own index table may no longer hold
             // copy 0 of every partition of it: such reads go by the copies.
+            // Where index partitions can move, our own table may no longer hold copy 0 of each
+            // of them (moved, or fenced by a migration our view does not know yet): reads go by
+            // the chains, which never return a fenced word.
             if self.fence.role(me) != NodeRole::Full
                 || self.fence.moved_copy(me, 0).is_some()
-                || self.index_split(region).is_some()
+                || region == INDEX_REGION && self.set.index_slots.is_some()
             {
                 return self.read(RemoteAddr::new(me, region, offset), buf);
             }
