@@ -50,6 +50,9 @@ enum Command {
     Get(GetArgs),
     /// Delete a key.
     Del(KeyArgs),
+    /// Move one index partition to a new chain of copies while the cluster serves (the
+    /// per-ITE handover: no pause); with --wait, until it is over.
+    Migrate(MigrateArgs),
     /// Run one node process (what `nessie up` starts; use it directly across real hosts).
     Node(NodeArgs),
     /// Latency of one-sided READ/WRITE/CAS between two processes over UCX (optionally beside ucx_perftest).
@@ -310,6 +313,25 @@ struct PutArgs {
 }
 
 #[derive(clap::Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The index partition to move (0 up to `index_partitions` of `nessie status --json`).
+    #[arg(long)]
+    partition: u16,
+    /// The nodes of the new chain, primary first, comma separated: as many distinct nodes as
+    /// the cluster keeps copies (`--replicas`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    to: Vec<u16>,
+    /// Wait until the migration is over, printing its progress.
+    #[arg(long)]
+    wait: bool,
+    /// With --wait, give up after this many seconds.
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    timeout: u64,
+}
+
+#[derive(clap::Args)]
 struct GetArgs {
     #[command(flatten)]
     key: KeyArgs,
@@ -455,6 +477,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Put(a) => run_put(a),
         Command::Get(a) => run_get(a),
         Command::Del(a) => run_del(a),
+        Command::Migrate(a) => run_migrate(a),
         Command::Node(a) => run_node(a),
         Command::FabricBench(a) => {
             fabric_bench::run(a)?;
@@ -892,7 +915,15 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let held: Vec<u64> = (0..nodes.len() as u16)
         .map(|n| map.as_ref().map_or(0, |m| m.held_by(n).len() as u64))
         .collect();
-    let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving));
+    // Index partitions migrating to new chains (`nessie migrate`).
+    let migrating = config.map_or(0, |c| {
+        c.index_chains
+            .iter()
+            .filter(|ch| ch.migrating && ch.prepared)
+            .count()
+    });
+    let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving)) || migrating > 0;
+    let index_partitions = cfg.replica_set().ok().and_then(|s| s.index_partitions());
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
         let etcd_error = match &membership {
@@ -927,6 +958,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             "replicas": cfg.cluster.replicas,
             "under_replicated": cluster_under_replicated(&partitions),
             "rebalancing": rebalancing,
+            "index_partitions": index_partitions.map(|p| p.count()),
+            "migrating": migrating,
             "nodes": nodes_json,
         });
         if let Some(e) = &etcd_error {
@@ -1340,6 +1373,104 @@ fn run_del(a: KeyArgs) -> Result<ExitCode, CliError> {
     let (dir, cfg) = load(&a)?;
     call(&a, &dir, &cfg, Request::Delete(a.key.clone().into_bytes()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long a node may take to start a migration (reserve the slots in etcd, write them
+/// pending, start it in etcd).
+const MIGRATE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn run_migrate(a: MigrateArgs) -> Result<ExitCode, CliError> {
+    let dir = a.dir.dir();
+    let cpath = process::config_path(&dir);
+    if !cpath.exists() {
+        return Err(CliError::NoCluster(dir));
+    }
+    let cfg = ClusterConfig::load(&cpath)?;
+    for &n in &a.to {
+        cfg.node_entry(n)?;
+    }
+    let body = serde_json::to_vec(&nessie_cluster::admin::MigrateRequest {
+        partition: a.partition,
+        to: a.to.clone(),
+    })
+    .expect("serialises");
+    // The new chain's first node starts it (and hands the entries over).
+    let path = cfg.admin_path(a.to[0], &dir)?;
+    let mut conn = nessie_cluster::admin::AdminClient::connect(&path, MIGRATE_START_TIMEOUT)
+        .map_err(|e| CliError::Usage(format!("node {}: {e}", a.to[0])))?;
+    let reply = match conn
+        .call(&Request::Migrate(body))
+        .map_err(|e| CliError::Usage(format!("node {}: {e}", a.to[0])))?
+    {
+        Response::Status(s) => serde_json::from_str::<nessie_cluster::admin::MigrateReply>(&s)
+            .map_err(|e| CliError::Usage(format!("node {}: unreadable reply: {e}", a.to[0])))?,
+        Response::Error(e) => {
+            return Err(CliError::Usage(format!(
+                "node {} refused to migrate partition {}: {e}",
+                a.to[0], a.partition
+            )))
+        }
+        r => return Err(CliError::UnexpectedReply(r)),
+    };
+    let chain: Vec<String> = reply
+        .copies
+        .iter()
+        .map(|c| format!("node {} slot {}", c.node, c.slot))
+        .collect();
+    println!(
+        "partition {} migrating to {} (epoch {})",
+        a.partition,
+        chain.join(", "),
+        reply.epoch
+    );
+    if !a.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let start = std::time::Instant::now();
+    let mut said = String::new();
+    loop {
+        let snap = process::membership_status(&cfg)
+            .ok_or_else(|| CliError::Usage("this cluster runs without membership".into()))?;
+        let state = match snap {
+            Err(e) => format!("etcd: {e}"),
+            Ok(s) => {
+                let chain = s.config.as_ref().and_then(|c| {
+                    c.index_chains
+                        .iter()
+                        .find(|ch| ch.partition == a.partition && ch.copies == reply.copies)
+                });
+                match chain {
+                    None => {
+                        return Err(CliError::Usage(format!(
+                            "the migration of partition {} is no longer in the configuration (replaced, or its reservation dropped)",
+                            a.partition
+                        )))
+                    }
+                    Some(ch) if !ch.migrating => {
+                        println!(
+                            "partition {} migrated in {:.1} s",
+                            a.partition,
+                            start.elapsed().as_secs_f64()
+                        );
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    Some(ch) if ch.handed_ns != 0 => "handed over; settling".to_string(),
+                    Some(_) => "handing over".to_string(),
+                }
+            }
+        };
+        if state != said {
+            eprintln!("partition {}: {state}", a.partition);
+            said = state;
+        }
+        if start.elapsed().as_secs() >= a.timeout {
+            return Err(CliError::Usage(format!(
+                "partition {} still migrating after {} s",
+                a.partition, a.timeout
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {

@@ -54,7 +54,7 @@ macro_rules! wire_enum {
 
 wire_enum! {
     /// Request opcodes on the wire.
-    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6, PutExpiring = 7 }
+    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6, PutExpiring = 7, Migrate = 8 }
 }
 
 wire_enum! {
@@ -74,6 +74,25 @@ pub enum Request {
     Status,
     /// A request for the node's extension (e.g. the benchmark agent), carried in the value.
     Extension(Vec<u8>),
+    /// Start migrating an index partition (`nessie migrate`): a [`MigrateRequest`] as JSON in
+    /// the value; the reply is a status with the [`MigrateReply`] as JSON.
+    Migrate(Vec<u8>),
+}
+
+/// What `nessie migrate` asks a node: move index partition `partition` to a new chain on
+/// `to` (distinct nodes, as many as the cluster keeps copies, primary first), in slots the
+/// node picks.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MigrateRequest {
+    pub partition: u16,
+    pub to: Vec<u16>,
+}
+
+/// What the node did: the epoch that starts the migration and the slots it chose.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MigrateReply {
+    pub epoch: u64,
+    pub copies: Vec<nessie_membership::SlotCopy>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +175,7 @@ impl Request {
             Request::Delete(k) => (AdminOp::Delete, k, &[]),
             Request::Status => (AdminOp::Status, &[], &[]),
             Request::Extension(v) => (AdminOp::Extension, &[], v),
+            Request::Migrate(v) => (AdminOp::Migrate, &[], v),
         };
         let mut b = Vec::with_capacity(13 + k.len() + v.len());
         b.extend_from_slice(MAGIC);
@@ -229,6 +249,7 @@ impl Request {
             Some(AdminOp::Delete) => no_value(Request::Delete(key)),
             Some(AdminOp::Status) => no_payload(Request::Status),
             Some(AdminOp::Extension) if klen == 0 => Ok(Some(Request::Extension(value))),
+            Some(AdminOp::Migrate) if klen == 0 => Ok(Some(Request::Migrate(value))),
             _ => Err(AdminError::Malformed(format!("unknown op {op}"))),
         }
     }
@@ -338,7 +359,7 @@ fn serve_with(c: &mut (impl nessie_protocols::KvClient + ?Sized), req: Request) 
             .delete(&k)
             .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
         Request::Ping => Response::Ok,
-        Request::Status | Request::Extension(_) => {
+        Request::Status | Request::Extension(_) | Request::Migrate(_) => {
             Response::Error("not served by the client pool".into())
         }
     }
@@ -800,7 +821,7 @@ mod tests {
     #[test]
     fn wire_codes_are_pinned_and_round_trip() {
         let ops: Vec<u8> = AdminOp::ALL.iter().map(|&o| o as u8).collect();
-        assert_eq!(ops, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(ops, [1, 2, 3, 4, 5, 6, 7, 8]);
         let statuses: Vec<u8> = ReplyStatus::ALL.iter().map(|&s| s as u8).collect();
         assert_eq!(statuses, [0, 1, 2, 3, 4, 5]);
         for &o in AdminOp::ALL {

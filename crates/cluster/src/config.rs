@@ -110,6 +110,13 @@ pub struct ClusterSection {
     /// except on hugetlb pages (reserved when mapped) and RDMA (registration pins it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spare_copies: Option<u8>,
+    /// Index slots every node keeps, each room for a copy of one index partition, for
+    /// partitions migrating to it (`nessie migrate`; `nessie_protocols::replica`, the per-ITE
+    /// handover). Unset: with replication, `replicas` × the partitions of one node's index
+    /// (room for every copy a node holds to move once), else 0 ([`ClusterConfig::index_slots`]).
+    /// Like a spare slot, a slot costs address space until a copy moves into it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_slots: Option<u16>,
     /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry
     /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -582,6 +589,8 @@ pub enum InvalidConfig {
     Replicas(String),
     #[error("cluster.spare_copies: {0}")]
     SpareCopies(String),
+    #[error("cluster.index_slots: {0}")]
+    IndexSlots(String),
     #[error("frontends: {0}")]
     Frontends(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = nessie_membership::MIN_LEASE_TTL_S, hi = nessie_membership::MAX_LEASE_TTL_S)]
@@ -728,6 +737,20 @@ impl ClusterConfig {
             .unwrap_or_else(|| default_spare_copies(self.cluster.replicas, self.geometry.nodes))
     }
 
+    /// Index slots per node (`cluster.index_slots`), by default room for every index
+    /// partition copy a node holds to migrate once, with replication (none without).
+    pub fn index_slots(&self) -> u16 {
+        self.cluster.index_slots.unwrap_or_else(|| {
+            let g = &self.geometry;
+            if self.cluster.replicas < 2 || g.nodes == 0 || g.ites_per_node == 0 {
+                return 0;
+            }
+            let per_node = nessie_store::IndexPartitions::new(g.nodes, g.ites_per_node).per_node();
+            (self.cluster.replicas as u32 * per_node)
+                .min(nessie_protocols::fence::MAX_INDEX_SLOTS as u32 - 1) as u16
+        })
+    }
+
     /// Where the copies of each node's tables are (`cluster.replicas`).
     pub fn replica_set(&self) -> Result<nessie_protocols::ReplicaSet, InvalidConfig> {
         let g = &self.geometry;
@@ -741,6 +764,10 @@ impl ClusterConfig {
         let set = set
             .with_spare_copies(self.spare_copies())
             .map_err(|e| InvalidConfig::SpareCopies(e.to_string()))?;
+        let parts = nessie_store::IndexPartitions::new(g.nodes, g.ites_per_node);
+        let set = set
+            .with_index_slots(parts, self.index_slots())
+            .map_err(|e| InvalidConfig::IndexSlots(e.to_string()))?;
         // A node's view of membership is fresh for a lease TTL (`nessie_membership::Monitor`): a copy
         // takes over deciding only once every node has learnt of the failure or stopped writing.
         let settle = self.membership.as_ref().map_or(0, |m| {
@@ -1028,6 +1055,7 @@ impl ClusterConfig {
                 self.cluster.max_clients_per_node,
                 self.cluster.replicas,
                 self.spare_copies(),
+                self.index_slots(),
             ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
@@ -1066,6 +1094,7 @@ impl ClusterConfig {
                 huge_pages: Default::default(),
                 replicas: default_replicas(),
                 spare_copies: None,
+                index_slots: None,
                 pilaf_reuse_delay_ms: None,
                 progress_spin_us: 0,
                 direct_loopback: true,

@@ -23,7 +23,7 @@ use nessie_store::classtable::ClassTable;
 use nessie_store::pages::PageWord;
 use nessie_store::{DATA_REGION, INDEX_REGION, PAGE_REGION};
 
-use crate::admin::{AdminServer, Handler, Request, Response};
+use crate::admin::{AdminServer, Handler, MigrateReply, MigrateRequest, Request, Response};
 use crate::bootstrap::{self, BootstrapServer, NodeInfo};
 use crate::config::{ClusterConfig, ConfigError, NodeEntry, Transport};
 use crate::rundir::{PidFile, RunDir};
@@ -200,6 +200,63 @@ impl NodeContext {
     }
 
     /// This node's membership monitor (`None` without `[membership]`).
+    /// Start migrating an index partition as `body` (a JSON [`MigrateRequest`]) asks: reserve
+    /// a free index slot on each node of the new chain (one epoch), write every entry of the
+    /// slots pending, then start the migration (the next epoch). The chain's first node then
+    /// hands the entries over (`rejoin.rs`). Errors name what is wrong.
+    pub fn start_migration(&self, body: &[u8]) -> Result<MigrateReply, String> {
+        let req: MigrateRequest = serde_json::from_slice(body)
+            .map_err(|e| format!("malformed migration request: {e}"))?;
+        let m = self
+            .membership()
+            .ok_or("migrations go through membership (etcd); this cluster runs without")?;
+        let set = self.replica_set();
+        let parts = set.index_partitions().ok_or_else(|| {
+            "this cluster keeps no index slots ([cluster] index_slots = 0, or one copy)".to_string()
+        })?;
+        if req.partition as u32 >= parts.count() {
+            return Err(format!(
+                "partition {} is not in 0..{}",
+                req.partition,
+                parts.count()
+            ));
+        }
+        let mut distinct = req.to.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if req.to.len() != set.replicas() as usize || distinct.len() != req.to.len() {
+            return Err(format!(
+                "a chain needs {} distinct nodes (the cluster keeps {} copies); {:?} given",
+                set.replicas(),
+                set.replicas(),
+                req.to
+            ));
+        }
+        let settle = set.join_settle_ns();
+        let copies = m
+            .reserve_migration(req.partition, &req.to, set.index_slots(), settle)
+            .map_err(|e| e.to_string())?;
+        let fence_copies: Vec<_> = copies
+            .iter()
+            .map(|c| nessie_protocols::fence::IndexCopy {
+                node: c.node,
+                slot: c.slot,
+                receiving: false,
+            })
+            .collect();
+        let mut ep = self.endpoint().map_err(|e| e.to_string())?;
+        ep.write_pending(req.partition, &fence_copies)
+            .map_err(|e| format!("writing the new slots pending: {e}"))?;
+        let epoch = m
+            .confirm_migration(req.partition, &copies)
+            .map_err(|e| e.to_string())?;
+        eprintln!(
+            "nessie node {}: partition {} migrating to {:?} (epoch {epoch})",
+            self.id, req.partition, copies
+        );
+        Ok(MigrateReply { epoch, copies })
+    }
+
     pub fn membership(&self) -> Option<&Monitor> {
         self.membership.as_ref()
     }
@@ -448,6 +505,7 @@ fn start_membership(
             hold_ns,
             clock_margin_ns: cfg.protocol_config().clock_margin_ns,
             replacing,
+            migration_settle_ns: replicas.join_settle_ns(),
         },
         fence,
         Some(on_config),
@@ -569,6 +627,13 @@ impl Handler for NodeHandler {
         match req {
             Request::Ping => (Response::Ok, none()),
             Request::Status => (Response::Status(self.ctx.status().to_string()), none()),
+            Request::Migrate(body) => match self.ctx.start_migration(&body) {
+                Ok(reply) => (
+                    Response::Status(serde_json::to_string(&reply).expect("serialises")),
+                    none(),
+                ),
+                Err(e) => (Response::Error(e), none()),
+            },
             Request::Extension(body) => match &self.extension {
                 Some(x) => (x.handle(&self.ctx, &body), none()),
                 None => (

@@ -73,6 +73,12 @@ struct Progress {
     adopt_seen: Option<(u64, Vec<u16>)>,
     /// The endpoint adoption uses (one per process: each endpoint keeps its counters).
     adopt_ep: Option<crate::node::NodeEndpoint>,
+    /// Migrating index partitions this node is to hand over, since when it knows, and those
+    /// it handed over (and said so).
+    migrations_seen: Vec<((u16, u64), Instant)>,
+    handed: Vec<(u16, u64)>,
+    /// The endpoint handing over uses.
+    handover_ep: Option<crate::node::NodeEndpoint>,
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
@@ -99,6 +105,7 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
                 p.ready = false;
                 fill_step(ctx, m, settle, &mut p);
                 adopt_step(ctx, m, &mut p);
+                handover_step(ctx, m, settle, &mut p);
             }
             Some(NodeState::Failed) | None => {
                 p = Progress {
@@ -106,6 +113,65 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
                     ..Progress::default()
                 }
             }
+        }
+    }
+}
+
+/// Hand over the entries of every index partition migrating to a chain whose first node that
+/// is up is this one, once it has known of the migration for the settle time (every node's
+/// view names it by then, so few operations meet a fenced word and wait), and say so: the
+/// migration ends a settle time after the monitor sees it.
+fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
+    let Some(c) = m.view().config else { return };
+    for ch in &c.index_chains {
+        let id = (ch.partition, ch.since_ns);
+        if !ch.migrating || !ch.prepared || ch.handed_ns != 0 || p.handed.contains(&id) {
+            continue;
+        }
+        let puller = ch
+            .copies
+            .iter()
+            .map(|s| s.node)
+            .find(|&n| c.state(n) == Some(NodeState::Up));
+        if puller != Some(ctx.id) {
+            continue;
+        }
+        let q = ch.partition;
+        let seen = match p.migrations_seen.iter().find(|(s, _)| *s == id) {
+            Some(&(_, t)) => t,
+            None => {
+                p.migrations_seen.push((id, Instant::now()));
+                continue;
+            }
+        };
+        if seen.elapsed() < settle {
+            continue;
+        }
+        if p.handover_ep.is_none() {
+            match ctx.endpoint() {
+                Ok(ep) => p.handover_ep = Some(ep),
+                Err(e) => {
+                    tracing::warn!(%e, "no endpoint to hand partitions over");
+                    return;
+                }
+            }
+        }
+        let ep = p.handover_ep.as_mut().expect("made above");
+        match ep.hand_over_partition(q, CATCH_UP_BYTES_PER_S) {
+            Ok(done) => {
+                eprintln!(
+                    "nessie node {}: handed over index partition {q} ({} entries, {} installed here, in {:.2} s)",
+                    ctx.id,
+                    done.entries,
+                    done.handed,
+                    done.ns as f64 / 1e9
+                );
+                match m.set_handed(ctx.id, q, ch.since_ns) {
+                    Ok(()) => p.handed.push(id),
+                    Err(e) => tracing::warn!(%e, "could not say partition {q} is handed over"),
+                }
+            }
+            Err(e) => tracing::warn!(%e, partition = q, "handing over failed; trying again"),
         }
     }
 }

@@ -3,13 +3,18 @@
 //! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
 //!
 //! ```text
-//! members/<id>   {"id", "pid", "incarnation", "ready", "filled"}
+//! members/<id>   {"id", "pid", "incarnation", "ready", "filled", "handed"}
 //!                                          put by node <id> under its lease: present while it
 //!                                          lives; "incarnation": a number the process drew at
 //!                                          start; "ready": it holds its copies again;
-//!                                          "filled": the moved copies it has filled
+//!                                          "filled": the moved copies it has filled;
+//!                                          "handed": the migrations it handed over
+//!                                          ([partition, since_ns] pairs)
 //! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns", "incarnation"}],
-//!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}]}
+//!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}],
+//!                 "index_chains": [{"partition", "copies": [{"node", "slot"}],
+//!                                   "migrating", "handed_ns", "since_ns"}],
+//!                 "retired_slots": [{"node", "slot", "since_ns"}]}
 //!                                          no lease; changed only by compare-and-put
 //! ```
 //!
@@ -38,6 +43,16 @@
 //! "filled"; the next epoch makes it full. A node whose copies moved does not take them back
 //! when it registers again: it joins holding none of them (its spare slots may take copies
 //! later).
+//!
+//! **Migrations** (issue 42). An index partition moves to a new chain of index slots by the
+//! per-ITE handover (`nessie_protocols::replica`, `handover.rs`): the node that starts one
+//! writes pending into the new slots and then adds the chain to the configuration, migrating
+//! ([`Configuration::start_migration`]); every node's fence sends the partition's operations
+//! there once it reads that epoch; the chain's first live node hands over every entry and
+//! says so in its registration ("handed"); the next epoch records when, and once the settle
+//! time has passed since (every operation that met a pending word has ended), the migration
+//! ends: the chain is the partition's ([`Configuration::successor`]). The slots of the chain
+//! it replaced are reused only a settle time later (`retired_slots`).
 //!
 //! [`etcd`] is the coordination engine behind membership (as ZooKeeper is for FaRM), reached
 //! through a small blocking client for its v3 HTTP/JSON gateway. The single-member etcd that
@@ -138,6 +153,9 @@ pub struct Registrations {
     pub ready: Vec<u16>,
     /// Moved copies their new holders have filled: (holder, partition, copy).
     pub filled: Vec<(u16, u16, u8)>,
+    /// Migrations a node handed over: (node, partition, the migration's `since_ns`, which
+    /// tells one migration of a partition from a later one).
+    pub handed: Vec<(u16, u16, u64)>,
     /// The incarnation number each registration names: (node, incarnation).
     pub incarnations: Vec<(u16, u64)>,
 }
@@ -170,6 +188,92 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+/// One copy of an index partition in an index slot.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotCopy {
+    pub node: u16,
+    pub slot: u16,
+}
+
+/// An index partition's chain of copies in index slots: where a migration took it, or is
+/// taking it (`migrating`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexChain {
+    pub partition: u16,
+    /// The copies, in chain order (primary first).
+    pub copies: Vec<SlotCopy>,
+    /// Entries are still being handed over to it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub migrating: bool,
+    /// When a node said it had handed over every entry (wall clock of the monitor that saw it;
+    /// 0: not yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub handed_ns: u64,
+    /// When the migration started (or was reserved).
+    pub since_ns: u64,
+    /// Its slots hold pending words and the migration may begin. A chain not prepared only
+    /// reserves its slots while the node starting it writes them (no fence acts on it); one
+    /// left so for [`PREPARE_TIMEOUT_NS`] (its starter died) is dropped.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub prepared: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
+/// How long a migration may stay reserved, its slots being written pending, before the
+/// reservation is dropped (its starter died or gave up).
+pub const PREPARE_TIMEOUT_NS: u64 = 30_000_000_000;
+
+impl IndexChain {
+    /// The chain as the fence takes it.
+    pub fn fence_copies(&self) -> Vec<nessie_protocols::fence::IndexCopy> {
+        self.copies
+            .iter()
+            .map(|c| nessie_protocols::fence::IndexCopy {
+                node: c.node,
+                slot: c.slot,
+                receiving: false,
+            })
+            .collect()
+    }
+}
+
+/// An index slot a chain no longer uses: free for another once the settle time has passed
+/// since (an operation that chose that chain may still be under way until then).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredSlot {
+    pub node: u16,
+    pub slot: u16,
+    pub since_ns: u64,
+}
+
+/// Why a migration cannot start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MigrationError {
+    #[error("partition {0} is migrating already")]
+    Migrating(u16),
+    #[error("partition {partition} is not in 0..{partitions}")]
+    Partition { partition: u16, partitions: u32 },
+    #[error("a chain needs {want} distinct nodes; {got:?} given")]
+    Chain { want: u8, got: Vec<u16> },
+    #[error("node {0} is not up")]
+    NotUp(u16),
+    #[error("node {node} has no free index slot (all {slots} in use or retired less than the settle time ago)")]
+    NoSlot { node: u16, slots: u16 },
+    #[error("this cluster keeps no index slots ([cluster] index_slots = 0, or one copy)")]
+    NoSlots,
+    #[error("slot {slot} of node {node} is taken")]
+    SlotTaken { node: u16, slot: u16 },
+    #[error("the reservation of partition {0}'s migration is gone (it took too long)")]
+    ReservationGone(u16),
+}
+
 /// When and where a failed node's copies move (`None` in [`Policy`]: never).
 #[derive(Clone, Debug)]
 pub struct Replacing {
@@ -189,6 +293,9 @@ pub struct Policy {
     /// another node wrote into the configuration is taken to be that much later than it reads.
     pub clock_margin_ns: u64,
     pub replacing: Option<Replacing>,
+    /// How long after a migration's entries were all handed over it ends (a lease TTL and an
+    /// operation: every operation that met a pending word has ended).
+    pub migration_settle_ns: u64,
 }
 
 /// The configuration of one epoch, as stored in etcd.
@@ -200,6 +307,13 @@ pub struct Configuration {
     /// appears once, at its latest place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moves: Vec<CopyMove>,
+    /// Index partitions whose chain is in index slots (migrated, or migrating), one record
+    /// per partition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index_chains: Vec<IndexChain>,
+    /// Index slots chains no longer use, until they may be used again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_slots: Vec<RetiredSlot>,
 }
 
 impl Configuration {
@@ -219,6 +333,8 @@ impl Configuration {
             epoch: 1,
             nodes,
             moves: Vec::new(),
+            index_chains: Vec::new(),
+            retired_slots: Vec::new(),
         }
     }
 
@@ -302,10 +418,152 @@ impl Configuration {
             changed |= next.fill_moves(reg);
             changed |= next.move_copies(r, now_ns);
         }
+        changed |= next.end_migrations(reg, now_ns, policy.migration_settle_ns);
         changed.then(|| {
             next.epoch += 1;
             next
         })
+    }
+
+    /// Whether slot `slot` of `node` is in use at `now_ns`: by a chain (reserved, migrating
+    /// or in force), or retired less than `settle_ns` ago.
+    fn slot_used(&self, node: u16, slot: u16, now_ns: u64, settle_ns: u64) -> bool {
+        self.index_chains
+            .iter()
+            .flat_map(|c| &c.copies)
+            .any(|c| (c.node, c.slot) == (node, slot))
+            || self.retired_slots.iter().any(|r| {
+                (r.node, r.slot) == (node, slot) && now_ns < r.since_ns.saturating_add(settle_ns)
+            })
+    }
+
+    /// The slot a new copy on `node` may take: the lowest of its `slots` not in use.
+    pub fn free_index_slot(
+        &self,
+        node: u16,
+        slots: u16,
+        now_ns: u64,
+        settle_ns: u64,
+    ) -> Option<u16> {
+        (0..slots).find(|&s| !self.slot_used(node, s, now_ns, settle_ns))
+    }
+
+    /// The successor that reserves `copies` (index slots) for migrating `partition`, at wall
+    /// time `now_ns`: the first of the two epochs that start a migration. The starter then
+    /// writes the slots pending (nobody else writes a reserved slot) and confirms
+    /// ([`Self::confirm_migration`]).
+    pub fn reserve_migration(
+        &self,
+        partition: u16,
+        copies: Vec<SlotCopy>,
+        now_ns: u64,
+        settle_ns: u64,
+    ) -> Result<Configuration, MigrationError> {
+        if self
+            .index_chains
+            .iter()
+            .any(|c| c.partition == partition && c.migrating)
+        {
+            return Err(MigrationError::Migrating(partition));
+        }
+        for c in &copies {
+            if self.state(c.node) != Some(NodeState::Up) {
+                return Err(MigrationError::NotUp(c.node));
+            }
+            if self.slot_used(c.node, c.slot, now_ns, settle_ns) {
+                return Err(MigrationError::SlotTaken {
+                    node: c.node,
+                    slot: c.slot,
+                });
+            }
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        // The chain it replaces keeps its slots until the migration ends (`end_migrations`).
+        next.index_chains.push(IndexChain {
+            partition,
+            copies,
+            migrating: true,
+            handed_ns: 0,
+            since_ns: now_ns,
+            prepared: false,
+        });
+        Ok(next)
+    }
+
+    /// The successor that starts the migration of `partition` to `copies` reserved before,
+    /// whose slots now hold pending words.
+    pub fn confirm_migration(
+        &self,
+        partition: u16,
+        copies: &[SlotCopy],
+        now_ns: u64,
+    ) -> Result<Configuration, MigrationError> {
+        let mut next = self.clone();
+        let c = next
+            .index_chains
+            .iter_mut()
+            .find(|c| c.partition == partition && !c.prepared && c.copies == copies)
+            .ok_or(MigrationError::ReservationGone(partition))?;
+        c.prepared = true;
+        c.since_ns = now_ns;
+        next.epoch += 1;
+        Ok(next)
+    }
+
+    /// Migrations whose entries a node handed over get the time it was seen; those handed
+    /// over `settle_ns` ago end (their chain is the partition's, the chain before is retired);
+    /// retired slots older than `settle_ns` are forgotten.
+    fn end_migrations(&mut self, reg: &Registrations, now_ns: u64, settle_ns: u64) -> bool {
+        let mut changed = false;
+        // Reservations whose starter never confirmed them.
+        let before = self.index_chains.len();
+        self.index_chains
+            .retain(|c| c.prepared || now_ns < c.since_ns.saturating_add(PREPARE_TIMEOUT_NS));
+        changed |= self.index_chains.len() != before;
+        let mut ended = Vec::new();
+        for (i, c) in self.index_chains.iter_mut().enumerate() {
+            if !c.migrating || !c.prepared {
+                continue;
+            }
+            if c.handed_ns == 0 {
+                if reg
+                    .handed
+                    .iter()
+                    .any(|&(_, q, since)| (q, since) == (c.partition, c.since_ns))
+                {
+                    c.handed_ns = now_ns;
+                    changed = true;
+                }
+            } else if now_ns >= c.handed_ns.saturating_add(settle_ns) {
+                c.migrating = false;
+                changed = true;
+                ended.push((i, c.partition));
+            }
+        }
+        for (i, q) in ended {
+            // The chain the partition had before (an earlier migration's), if any, is retired.
+            let before: Vec<usize> = (0..self.index_chains.len())
+                .filter(|&k| {
+                    k != i && self.index_chains[k].partition == q && !self.index_chains[k].migrating
+                })
+                .collect();
+            for k in before {
+                for s in &self.index_chains[k].copies {
+                    self.retired_slots.push(RetiredSlot {
+                        node: s.node,
+                        slot: s.slot,
+                        since_ns: now_ns,
+                    });
+                }
+                self.index_chains[k].copies.clear();
+            }
+        }
+        self.index_chains.retain(|c| !c.copies.is_empty());
+        let before = self.retired_slots.len();
+        self.retired_slots
+            .retain(|r| now_ns < r.since_ns.saturating_add(settle_ns));
+        changed | (self.retired_slots.len() != before)
     }
 
     /// Receiving copies whose holder is up and says it filled them become full.
@@ -378,6 +636,25 @@ impl Configuration {
     }
 }
 
+/// Most compare-and-puts a migration's start tries before it gives up (each lost to another
+/// change of the configuration).
+const MAX_START_TRIES: u32 = 20;
+
+/// Why a migration did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartMigrationError {
+    #[error(transparent)]
+    Refused(#[from] MigrationError),
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error("no configuration in etcd yet (the cluster has not started)")]
+    NoConfiguration,
+    #[error("the configuration kept changing; try again")]
+    Busy,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
     #[error(transparent)]
@@ -447,6 +724,11 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
         registrations
             .filled
             .extend(filled.into_iter().map(|(p, j)| (id, p, j)));
+        let handed: Vec<(u16, u64)> =
+            serde_json::from_value(record["handed"].clone()).unwrap_or_default();
+        registrations
+            .handed
+            .extend(handed.into_iter().map(|(q, since)| (id, q, since)));
     }
     let (config, config_revision) = match config {
         None => (None, 0),
@@ -571,6 +853,8 @@ struct Shared {
     ready: AtomicBool,
     /// The moved copies this node said it filled (its registration's "filled").
     filled: Mutex<Vec<(u16, u8)>>,
+    /// The migrating index partitions this node said it handed over ("handed").
+    handed: Mutex<Vec<(u16, u64)>>,
     on_config: Option<ConfigHook>,
 }
 
@@ -643,6 +927,7 @@ impl Monitor {
             policy,
             ready: AtomicBool::new(false),
             filled: Mutex::new(Vec::new()),
+            handed: Mutex::new(Vec::new()),
             on_config,
         });
         // Fenced until the first read: a node restarted after it was declared failed must not
@@ -720,20 +1005,95 @@ impl Monitor {
         self.put_own_record(id)
     }
 
+    /// Say that this node handed over every entry of the migrating index partition `q`: the
+    /// migration ends a settle time after the next monitor step sees it.
+    pub fn set_handed(&self, id: u16, q: u16, since_ns: u64) -> Result<(), MembershipError> {
+        {
+            let mut h = self.shared.handed.lock().expect("handed lock");
+            if !h.contains(&(q, since_ns)) {
+                h.push((q, since_ns));
+            }
+        }
+        self.put_own_record(id)
+    }
+
+    /// Reserve index slots for migrating `partition` to the nodes `to` (chain order), each
+    /// the lowest free slot of the `slots` every node has: one compare-and-put of the next
+    /// epoch (tried again if another change came first). Returns the slots reserved; the
+    /// caller writes them pending, then calls [`Self::confirm_migration`].
+    pub fn reserve_migration(
+        &self,
+        partition: u16,
+        to: &[u16],
+        slots: u16,
+        settle_ns: u64,
+    ) -> Result<Vec<SlotCopy>, StartMigrationError> {
+        self.change_config(|c, now| {
+            let copies = to
+                .iter()
+                .map(|&node| {
+                    c.free_index_slot(node, slots, now, settle_ns)
+                        .map(|slot| SlotCopy { node, slot })
+                        .ok_or(MigrationError::NoSlot { node, slots })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let next = c.reserve_migration(partition, copies.clone(), now, settle_ns)?;
+            Ok((next, copies))
+        })
+    }
+
+    /// Start the migration reserved by [`Self::reserve_migration`], whose slots now hold
+    /// pending words. Returns the epoch that starts it.
+    pub fn confirm_migration(
+        &self,
+        partition: u16,
+        copies: &[SlotCopy],
+    ) -> Result<u64, StartMigrationError> {
+        self.change_config(|c, now| {
+            let next = c.confirm_migration(partition, copies, now)?;
+            let epoch = next.epoch;
+            Ok((next, epoch))
+        })
+    }
+
+    /// Put the configuration `change` makes of the one in force, by compare-and-put, tried
+    /// again when another change came first.
+    fn change_config<T>(
+        &self,
+        change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
+    ) -> Result<T, StartMigrationError> {
+        for _ in 0..MAX_START_TRIES {
+            let snap = snapshot(&self.etcd, &self.keys)?;
+            let Some(c) = snap.config else {
+                return Err(StartMigrationError::NoConfiguration);
+            };
+            let (next, out) = change(&c, wall_ns())?;
+            let body = serde_json::to_vec(&next).expect("serialises");
+            if self
+                .etcd
+                .put_if_mod_revision(&self.keys.config(), snap.config_revision, &body)?
+            {
+                if let Some(t) = &self.thread {
+                    t.thread().unpark();
+                }
+                return Ok(out);
+            }
+        }
+        Err(StartMigrationError::Busy)
+    }
+
     fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
         let ready = self.shared.ready.load(Ordering::SeqCst);
         let filled = self.shared.filled.lock().expect("filled lock").clone();
+        let handed = self.shared.handed.lock().expect("handed lock").clone();
         let incarnation = self.shared.incarnation;
-        put_record(
-            &self.etcd,
-            &self.keys,
-            id,
-            incarnation,
-            lease,
+        let record = Record {
             ready,
-            &filled,
-        )?;
+            filled: &filled,
+            handed: &handed,
+        };
+        put_record(&self.etcd, &self.keys, id, incarnation, lease, &record)?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -830,10 +1190,22 @@ fn register(
     ready: bool,
 ) -> Result<(LeaseId, u64), MembershipError> {
     let lease = etcd.grant(ttl_s)?;
-    put_record(etcd, keys, id, incarnation, lease, ready, &[])?;
+    let record = Record {
+        ready,
+        filled: &[],
+        handed: &[],
+    };
+    put_record(etcd, keys, id, incarnation, lease, &record)?;
     // The granted TTL is what a keep-alive right now reports.
     let granted = u64::try_from(etcd.keep_alive(lease)?).unwrap_or(0);
     Ok((lease, granted))
+}
+
+/// What a registration says besides who it is.
+struct Record<'a> {
+    ready: bool,
+    filled: &'a [(u16, u8)],
+    handed: &'a [(u16, u64)],
 }
 
 /// Put node `id`'s registration record (process `incarnation`) under `lease`.
@@ -843,17 +1215,19 @@ fn put_record(
     id: u16,
     incarnation: u64,
     lease: LeaseId,
-    ready: bool,
-    filled: &[(u16, u8)],
+    r: &Record,
 ) -> Result<(), MembershipError> {
     let mut record = serde_json::json!({
         "id": id,
         "pid": std::process::id(),
         "incarnation": incarnation,
-        "ready": ready,
+        "ready": r.ready,
     });
-    if !filled.is_empty() {
-        record["filled"] = serde_json::json!(filled);
+    if !r.filled.is_empty() {
+        record["filled"] = serde_json::json!(r.filled);
+    }
+    if !r.handed.is_empty() {
+        record["handed"] = serde_json::json!(r.handed);
     }
     etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
     Ok(())
@@ -943,6 +1317,13 @@ pub fn apply(
         };
         fence.move_copy(m.partition, m.copy, Some(at));
     }
+    for ch in c.index_chains.iter().filter(|ch| ch.prepared) {
+        let copies = ch.fence_copies();
+        match ch.migrating {
+            true => fence.start_migration(ch.partition, &copies),
+            false => fence.finish_migration(ch.partition, &copies),
+        }
+    }
     if c.own_state(id, incarnation) != Some(NodeState::Up) {
         fence.set_lease_until(0);
     }
@@ -973,7 +1354,8 @@ fn keep_registered(
     let sent = mono_ns();
     // Declared failed by now, most likely: it must catch up again before it is ready.
     shared.ready.store(false, Ordering::SeqCst);
-    // And fill again whatever moved copies it had filled.
+    // And fill again whatever moved copies it had filled (handed-over partitions stay so:
+    // a handover is done in memory every node reads, not in this node's).
     shared.filled.lock().expect("filled lock").clear();
     let (lease, granted) = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
@@ -998,6 +1380,7 @@ mod tests {
             present: present.to_vec(),
             ready: ready.to_vec(),
             filled: vec![],
+            handed: vec![],
             incarnations: vec![],
         }
     }
@@ -1034,6 +1417,7 @@ mod tests {
             hold_ns: 1_000,
             clock_margin_ns: 0,
             replacing: None,
+            migration_settle_ns: 0,
         };
         let c = Configuration::initial([0, 1, 2], &Registrations::default());
         assert_eq!(
@@ -1090,6 +1474,8 @@ mod tests {
             epoch: 3,
             nodes: vec![m(0, Up, 0), m(1, Failed, 0), m(2, Joining, 77)],
             moves: vec![],
+            index_chains: vec![],
+            retired_slots: vec![],
         };
         let f = Fence::unfenced();
         apply(&c, (0, 0), &f, 10, 0);
@@ -1122,11 +1508,13 @@ mod tests {
             hold_ns: 1_000,
             clock_margin_ns: 0,
             replacing: None,
+            migration_settle_ns: 0,
         };
         let reg = |incarnations: &[(u16, u64)], ready: &[u16]| Registrations {
             present: incarnations.iter().map(|&(n, _)| n).collect(),
             ready: ready.to_vec(),
             filled: vec![],
+            handed: vec![],
             incarnations: incarnations.to_vec(),
         };
         let first = reg(&[(0, 10), (1, 11), (2, 12)], &[]);
@@ -1209,6 +1597,8 @@ mod tests {
                 m(2, Up, 0, 0),
             ],
             moves: vec![],
+            index_chains: vec![],
+            retired_slots: vec![],
         };
         let fresh = Fence::unfenced();
         apply(&rejoined(now - S), (2, 0), &fresh, now, S / 2);
@@ -1241,6 +1631,7 @@ mod tests {
         let policy = Policy {
             hold_ns: 10,
             clock_margin_ns: 0,
+            migration_settle_ns: 0,
             replacing: Some(Replacing {
                 after_ns: 100,
                 set: set.clone(),
@@ -1383,5 +1774,116 @@ mod tests {
             "epoch 1 records no times, as before they existed"
         );
         assert_eq!(serde_json::from_str::<Configuration>(&s).unwrap(), c);
+    }
+
+    /// A migration: reserved (slots taken, no fence acts), confirmed (every fence migrates),
+    /// handed over (the time recorded), ended a settle time later (the chain in force, the
+    /// chain before retired and its slots free again a settle time after that); a second
+    /// migration of the same partition is refused while one runs; a reservation never
+    /// confirmed is dropped.
+    #[test]
+    fn a_migration_is_reserved_confirmed_handed_over_and_ended() {
+        use NodeState::*;
+        const SETTLE: u64 = 1_000;
+        let policy = Policy {
+            migration_settle_ns: SETTLE,
+            ..Policy::default()
+        };
+        let c = Configuration::initial([0, 1, 2], &Registrations::default());
+        let slot = |node, slot| SlotCopy { node, slot };
+        assert_eq!(c.free_index_slot(1, 4, 0, SETTLE), Some(0));
+        let to = vec![slot(1, 0), slot(2, 0)];
+        let r = c.reserve_migration(5, to.clone(), 10, SETTLE).unwrap();
+        assert_eq!(r.epoch, 2);
+        assert_eq!(
+            r.free_index_slot(1, 4, 10, SETTLE),
+            Some(1),
+            "slot 0 is reserved"
+        );
+        assert!(matches!(
+            r.reserve_migration(5, vec![slot(1, 1), slot(2, 1)], 10, SETTLE),
+            Err(MigrationError::Migrating(5))
+        ));
+        assert!(matches!(
+            r.reserve_migration(6, vec![slot(1, 0), slot(0, 0)], 10, SETTLE),
+            Err(MigrationError::SlotTaken { node: 1, slot: 0 })
+        ));
+        // Reserved: no fence migrates yet.
+        let f = Fence::unfenced();
+        apply(&r, (0, 0), &f, 10, 0);
+        assert!(!f.migrating(5));
+        let started = r.confirm_migration(5, &to, 20).unwrap();
+        apply(&started, (0, 0), &f, 20, 0);
+        assert!(f.migrating(5));
+        assert_eq!(
+            f.migration_target(5, 1).map(|c| (c.node, c.slot)),
+            Some((2, 0))
+        );
+        // Nothing changes until a node says it handed over.
+        let none = reg(&[0, 1, 2], &[]);
+        assert_eq!(started.successor(&none, 30, &policy), None);
+        let handed = Registrations {
+            handed: vec![(1, 5, 20)],
+            ..none.clone()
+        };
+        let seen = started.successor(&handed, 40, &policy).unwrap();
+        assert_eq!(seen.index_chains[0].handed_ns, 40);
+        assert!(seen.index_chains[0].migrating);
+        assert_eq!(seen.successor(&handed, 40 + SETTLE - 1, &policy), None);
+        let ended = seen.successor(&handed, 40 + SETTLE, &policy).unwrap();
+        assert!(!ended.index_chains[0].migrating);
+        apply(&ended, (0, 0), &f, 40 + SETTLE, 0);
+        assert!(!f.migrating(5));
+        assert_eq!(
+            f.moved_index_copy(5, 0).map(|c| (c.node, c.slot)),
+            Some((1, 0))
+        );
+        // Migrating again retires the chain in force once the new one ends.
+        let to2 = vec![slot(2, 1), slot(0, 0)];
+        let t = 2 * SETTLE;
+        let again = ended.reserve_migration(5, to2.clone(), t, SETTLE).unwrap();
+        let again = again.confirm_migration(5, &to2, t).unwrap();
+        // The report of the first migration's handover does not end the second.
+        assert_eq!(again.successor(&handed, t + 1, &policy), None);
+        let handed = Registrations {
+            handed: vec![(1, 5, 20), (2, 5, t)],
+            ..none.clone()
+        };
+        let seen = again.successor(&handed, t + 1, &policy).unwrap();
+        let done = seen.successor(&handed, t + 1 + SETTLE, &policy).unwrap();
+        assert_eq!(done.index_chains.len(), 1);
+        assert_eq!(done.index_chains[0].copies, to2);
+        assert_eq!(done.retired_slots.len(), 2);
+        assert_eq!(
+            done.free_index_slot(1, 4, t + 1 + SETTLE, SETTLE),
+            Some(1),
+            "retired"
+        );
+        let later = done.successor(&none, t + 1 + 2 * SETTLE, &policy).unwrap();
+        assert!(later.retired_slots.is_empty());
+        assert_eq!(
+            later.free_index_slot(1, 4, t + 1 + 2 * SETTLE, SETTLE),
+            Some(0)
+        );
+        // A reservation never confirmed goes after the timeout; a node not up takes none.
+        let stale = c
+            .reserve_migration(7, vec![slot(0, 0), slot(1, 0)], 0, SETTLE)
+            .unwrap();
+        assert_eq!(
+            stale.successor(&none, PREPARE_TIMEOUT_NS - 1, &policy),
+            None
+        );
+        let dropped = stale.successor(&none, PREPARE_TIMEOUT_NS, &policy).unwrap();
+        assert!(dropped.index_chains.is_empty());
+        let mut failed = c.clone();
+        failed.nodes[2].state = Failed;
+        assert!(matches!(
+            failed.reserve_migration(7, vec![slot(0, 0), slot(2, 0)], 0, SETTLE),
+            Err(MigrationError::NotUp(2))
+        ));
+        // The record round-trips.
+        let back: Configuration =
+            serde_json::from_str(&serde_json::to_string(&seen).unwrap()).unwrap();
+        assert_eq!(back, seen);
     }
 }

@@ -466,16 +466,7 @@ fn crash_recover_crash(
     // For the hunt (`many_seeds_rejoin`): the write-path rule that closes late writes off.
     pc.mutations.no_late_copy_writes = std::env::var("MUT").as_deref() == Ok("no_late_copy_writes");
     let mut c = LocalCluster::replicated_with_spares(g.clone(), pc, delay, 2, spare).unwrap();
-    let clients: Vec<_> = THREADS_NODES
-        .iter()
-        .map(|&n| c.client(n).unwrap())
-        .collect();
-    // Three times the crash scenario's run: the recovery (the settle waits, the catch-ups) and
-    // the second crash must both come well before it ends, on a loaded machine too.
-    let s = StressSpec {
-        ops_per_thread: 3 * spec(seed).ops_per_thread,
-        ..spec(seed)
-    };
+    let (clients, s) = long_run(&c, seed);
     let (out, caught) = run_with_crasher(&c, clients, &s, |wait_ops| {
         if !wait_ops(CRASH_AFTER_FABRIC_OPS) {
             return None;
@@ -507,6 +498,27 @@ fn crash_recover_crash(
         "{name}: a reclaimer's invariant broke"
     );
     agree_after_recovery(name, &c, &g, recovery, second_crash, s.keys);
+}
+
+/// A client on every node of [`THREADS_NODES`], and a workload three times the crash
+/// scenario's: what happens beside it (settle waits, catch-ups, a second crash, migrations)
+/// must come well before it ends, on a loaded machine too.
+fn long_run(
+    c: &LocalCluster,
+    seed: u64,
+) -> (
+    Vec<nessie_protocols::cd::CdClient<nessie_cluster::local::LocalEndpoint>>,
+    StressSpec,
+) {
+    let clients = THREADS_NODES
+        .iter()
+        .map(|&n| c.client(n).unwrap())
+        .collect();
+    let s = StressSpec {
+        ops_per_thread: 3 * spec(seed).ops_per_thread,
+        ..spec(seed)
+    };
+    (clients, s)
 }
 
 /// A checked stress run of `clients` on `c` beside `crasher`, which gets a way to wait until
@@ -904,14 +916,7 @@ fn migration_run(
         LocalCluster::replicated_with_index_slots(g, pc, delay(seed), 2, MIGRATION_SLOTS).unwrap();
     let parts = c.replica_set().index_partitions().unwrap();
     let nodes = c.replica_set().nodes();
-    let clients: Vec<_> = THREADS_NODES
-        .iter()
-        .map(|&n| c.client(n).unwrap())
-        .collect();
-    let s = StressSpec {
-        ops_per_thread: 3 * spec(seed).ops_per_thread,
-        ..spec(seed)
-    };
+    let (clients, s) = long_run(&c, seed);
     let (out, moved) = run_with_crasher(&c, clients, &s, |wait_ops| {
         if !wait_ops(5_000) {
             return None;
@@ -990,6 +995,20 @@ fn a_handover_without_its_fence_is_caught_by_the_history() {
     pc.mutations.handover_without_fence = true;
     let (_, out, _, _) = migration_run(name, g, pc, false, 800);
     nessie_testkit::assertions::assert_violation(&out, "handover_without_fence");
+}
+
+/// A hunt: the migration runs over the small-index variants with 30 seeds from `$BASE`
+/// (default 9500). Not part of the suite: `BASE=9500 cargo test -p nessie-testkit --test
+/// stress_replicated many_seeds_migrations -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn many_seeds_migrations() {
+    let base: u64 = std::env::var("BASE").map_or(9500, |b| b.parse().expect("BASE is a number"));
+    for seed in base..base + 30 {
+        for (name, g, o) in variants().into_iter().skip(1) {
+            migrate_under_load(name, g, o, false, seed);
+        }
+    }
 }
 
 #[test]

@@ -9,8 +9,15 @@
 //! word there **hands the entry over** ([`Replicated::hand_over`]):
 //! 1. read the entry's word w at C; unless it is fenced already, CAS it at C from w to
 //!    fenced(w) (F, the sequence moved on), again with the word found if that CAS fails;
-//! 2. CAS C′ from pending to handed_over(fenced(w)): w's fields, the sequence two past. A CAS
+//! 2. CAS C′ from pending to w itself (`IteLayout::handed_over` of the fenced word). A CAS
 //!    that finds something else there lost to another hander, which did the same.
+//!
+//! The word comes over unchanged, so the handover is invisible to the protocol: a CAS that
+//! expects w, from a read made before the fence, succeeds in C′ exactly when the entry has
+//! not changed since, as if the partition had never moved. (A first version moved the
+//! sequence on by two; the CAS then failed on an unchanged entry, and the protocol, taking the
+//! failure for a concurrent write, linearized a DELETE before it and returned without deleting:
+//! a stress run on CI found the key read back after an acknowledged DELETE.)
 //!
 //! Both are replicated CASes of their chains (decided at the decider, carried to every copy),
 //! so each survives R − 1 failures as any commit does. The fencing CAS is the entry's
@@ -19,9 +26,8 @@
 //! node that has not heard of the move (it goes to C) finds its CAS failing on the fenced
 //! word, or reads a fenced word, and waits until its view moves on
 //! ([`Replicated::wait_moved_on`]), then goes to C′. The protocol above never sees a word with
-//! F: reads hand over or wait before they return, and a CAS that finds F is made again once
-//! the entry is handed over (it fails then, on the handed-over word's sequence number, and
-//! the protocol reads the entry again, as after any lost CAS).
+//! F: reads hand over or wait before they return, and a CAS that finds F is made again at C′
+//! once the entry is handed over (where it succeeds if the entry did not change).
 //!
 //! A background puller ([`Replicated::hand_over_partition`]) hands over every entry in order,
 //! rate-limited; entries clients ask for are handed over first, by the clients. Once no word
@@ -57,48 +63,74 @@ impl<E: Endpoint> Replicated<E> {
         self.set.ite.is_fence_marked(Ite(w))
     }
 
-    /// READ of index entries: from their chain, never returning a word with F (see the module
-    /// comment). `addr .. + buf.len()` lies in one partition.
+    /// READ of index entries: each run of entries with the same copies from its chain, never
+    /// returning a word with F (see the module comment).
     pub(super) fn read_index(
         &mut self,
         addr: RemoteAddr,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        for _ in 0..MAX_FENCE_ROUNDS {
-            let part = self.part(addr);
-            self.read_primary_in(part, addr, buf)?;
-            if self.set.index_slots.is_none() {
-                // No partition can move: no word has F.
-                return Ok(());
-            }
-            let marked: Vec<u64> = (0..buf.len() / 8)
-                .filter(|w| {
-                    let b = &buf[w * 8..w * 8 + 8];
-                    self.marked(u64::from_le_bytes(b.try_into().unwrap()))
-                })
-                .map(|w| addr.offset + w as u64 * 8)
-                .collect();
-            let Some(&first) = marked.first() else {
-                return Ok(());
-            };
-            match part {
-                Part::Target(q) => {
-                    for offset in marked {
-                        self.hand_over(q, RemoteAddr { offset, ..addr })?;
+        let end = addr.offset + buf.len() as u64;
+        let mut at = addr.offset;
+        let mut rounds = 0;
+        while at < end {
+            let a = RemoteAddr { offset: at, ..addr };
+            let until = self.same_copies_until(a, end);
+            let run = &mut buf[(at - addr.offset) as usize..(until - addr.offset) as usize];
+            match self.read_index_run(a, run)? {
+                true => at = until,
+                false => {
+                    rounds += 1;
+                    if rounds >= MAX_FENCE_ROUNDS {
+                        return Err(FabricError::Transport(format!(
+                            "index entries at {a} stayed pending or fenced through {MAX_FENCE_ROUNDS} handovers"
+                        )));
                     }
                 }
-                _ => self.wait_moved_on(
-                    RemoteAddr {
-                        offset: first,
-                        ..addr
-                    },
-                    part,
-                )?,
             }
         }
-        Err(FabricError::Transport(format!(
-            "index entries at {addr} stayed pending or fenced through {MAX_FENCE_ROUNDS} handovers"
-        )))
+        Ok(())
+    }
+
+    /// One try at reading a run of entries `addr .. + buf.len()` that had the same copies:
+    /// `false` if it must be read again (the entries were handed over, or a move began since
+    /// the run was cut and it may span partitions whose copies differ now).
+    fn read_index_run(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<bool, FabricError> {
+        let part = self.part(addr);
+        let end = addr.offset + buf.len() as u64;
+        if self.same_copies_until(addr, end) < end {
+            return Ok(false);
+        }
+        self.read_primary_in(part, addr, buf)?;
+        if self.set.index_slots.is_none() {
+            // No partition can move: no word has F.
+            return Ok(true);
+        }
+        let marked: Vec<u64> = (0..buf.len() / 8)
+            .filter(|w| {
+                let b = &buf[w * 8..w * 8 + 8];
+                self.marked(u64::from_le_bytes(b.try_into().unwrap()))
+            })
+            .map(|w| addr.offset + w as u64 * 8)
+            .collect();
+        let Some(&first) = marked.first() else {
+            return Ok(true);
+        };
+        match part {
+            Part::Target(q) => {
+                for offset in marked {
+                    self.hand_over(q, RemoteAddr { offset, ..addr })?;
+                }
+            }
+            _ => self.wait_moved_on(
+                RemoteAddr {
+                    offset: first,
+                    ..addr
+                },
+                part,
+            )?,
+        }
+        Ok(false)
     }
 
     /// CAS of an index entry at its chain (see the module comment).
@@ -143,8 +175,7 @@ impl<E: Endpoint> Replicated<E> {
             if self.marked(w) {
                 return Ok(false);
             }
-            let live = l.handed_over(l.fenced(Ite(w))).0;
-            let found = self.cas_ordered(to, addr, l.pending().0, live)?;
+            let found = self.cas_ordered(to, addr, l.pending().0, w)?;
             return Ok(found == l.pending().0);
         }
         // 1. Fence the entry at the old chain's decider.

@@ -1255,12 +1255,12 @@ impl<E: Endpoint> Replicated<E> {
 
 impl<E: Endpoint> Replicated<E> {
     /// The end (offset) of the run of bytes from `addr` that have the same copies: the end of
-    /// `addr`'s index partition where partitions can move (index slots), else `end`.
+    /// `addr`'s index partition once some partition moved or migrates, else `end` (a scan of
+    /// a node's index pays one READ per span, not per partition, until then). A move recorded
+    /// after this is met by [`Self::read_index_run`], which checks again.
     fn same_copies_until(&self, addr: RemoteAddr, end: u64) -> u64 {
-        // Cut wherever partitions could move, not only once one did: a move recorded between
-        // this and the choice of copies would send a run spanning partitions to one slot.
-        match self.set.index_slots.filter(|_| addr.region == INDEX_REGION) {
-            Some((p, _)) => {
+        match self.index_split(addr.region) {
+            Some(p) => {
                 let (q, _) = p.of_home_offset(addr.node, addr.offset);
                 end.min(p.home_offset(q) + p.len(q) * 8)
             }
@@ -1296,7 +1296,7 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             return self.inner.read(addr, buf);
         }
         match addr.region {
-            INDEX_REGION => self.by_runs(addr, buf.len(), |s, a, r| s.read_index(a, &mut buf[r])),
+            INDEX_REGION => self.read_index(addr, buf),
             _ => self.read_primary(addr, buf),
         }
     }

@@ -1,0 +1,197 @@
+//! Index partitions migrate between node processes while a writer runs (`nessie migrate`: the
+//! per-ITE handover, started and ended through etcd): every partition of node 0's index moves
+//! to chains on nodes 1 and 2, no acknowledged write is lost, every key reads alike through
+//! every node, and a node of the new chains killed afterwards loses nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{stderr, Cluster};
+use nessie_cluster::process;
+
+const KEYS: usize = 60;
+
+fn put(c: &Cluster, node: u16, key: &str, value: &str) -> bool {
+    c.nessie(&["put", "--node", &node.to_string(), key, value])
+        .status
+        .success()
+}
+
+/// `Some(value)`, `None` if not found; panics on any other failure.
+fn get(c: &Cluster, node: u16, key: &str) -> Option<String> {
+    let out = c.nessie(&["get", "--node", &node.to_string(), key]);
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
+        Some(1) if stderr(&out).contains("not found") => None,
+        _ => panic!("get {key} through node {node}: {}", stderr(&out)),
+    }
+}
+
+fn status(c: &Cluster) -> serde_json::Value {
+    serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).expect("status --json")
+}
+
+fn node_logs(c: &Cluster) -> String {
+    std::fs::read_dir(&c.dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn index_partitions_migrate_under_writes_and_a_kill_afterwards_loses_nothing() {
+    // A small index (256 entries a node: 4 partitions of 64 each), so that the keys fill
+    // every partition.
+    let c = Cluster::up(
+        "migrate",
+        3,
+        "shm",
+        &[
+            "--lease-ttl",
+            "2",
+            "--replicas",
+            "2",
+            "--ites-per-node",
+            "256",
+            "--dtes-per-node",
+            "4096",
+        ],
+    );
+    let top = status(&c);
+    assert_eq!(top["index_partitions"], 12, "{top:#}");
+    assert_eq!(top["migrating"], 0);
+
+    // Bad requests are refused with what is wrong, and change nothing.
+    for (args, says) in [
+        (&["--partition", "12", "--to", "1,2"][..], "not in 0..12"),
+        (&["--partition", "0", "--to", "1,1"][..], "2 distinct nodes"),
+        (&["--partition", "0", "--to", "1"][..], "2 distinct nodes"),
+    ] {
+        let out = c.nessie(&[&["migrate"][..], args].concat());
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(status(&c)["epoch"], 1, "a refused request moves no epoch");
+
+    let model = Arc::new(Mutex::new(BTreeMap::new()));
+    for i in 0..KEYS {
+        let (k, v) = (format!("key-{i}"), format!("value-{i}"));
+        assert!(put(&c, (i % 3) as u16, &k, &v));
+        model.lock().unwrap().insert(k, v);
+    }
+    // A writer overwrites keys through every node throughout; a value counts once
+    // acknowledged (a failed put may or may not have landed: its key is left out).
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (model, stop) = (model.clone(), stop.clone());
+        let dir = c.dir.clone();
+        std::thread::spawn(move || {
+            let c = Cluster { dir };
+            let mut n = 0usize;
+            let mut unsure = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let (k, v) = (format!("key-{}", n % KEYS), format!("value-{n}-w"));
+                match put(&c, (n % 3) as u16, &k, &v) {
+                    true => {
+                        model.lock().unwrap().insert(k, v);
+                    }
+                    false => unsure.push(k),
+                }
+                n += 1;
+            }
+            std::mem::forget(c); // the test's own handle stops the cluster
+            (n, unsure)
+        })
+    };
+
+    // Every partition of node 0's index (0 to 3) to a chain on nodes 1 and 2, all at once.
+    let t0 = Instant::now();
+    for q in 0..4 {
+        let to = if q % 2 == 0 { "1,2" } else { "2,1" };
+        let out = c.nessie(&["migrate", "--partition", &q.to_string(), "--to", to]);
+        assert!(out.status.success(), "partition {q}: {}", stderr(&out));
+        let said = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            said.contains(&format!("partition {q} migrating to node")),
+            "{said}"
+        );
+    }
+    // The same partition again while it migrates is refused.
+    let again = c.nessie(&["migrate", "--partition", "0", "--to", "2,1"]);
+    assert!(
+        stderr(&again).contains("migrating already"),
+        "{}",
+        stderr(&again)
+    );
+    let mut last = serde_json::Value::Null;
+    while t0.elapsed() < Duration::from_secs(60) {
+        last = status(&c);
+        if last["migrating"] == 0 {
+            break;
+        }
+        assert_eq!(last["rebalancing"], true, "{last:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(last["migrating"], 0, "still migrating after 60 s: {last:#}");
+    eprintln!("4 partitions migrated in {:?}", t0.elapsed());
+    // Writes go on a little after the end too.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let (writes, unsure) = writer.join().unwrap();
+    eprintln!(
+        "{writes} writes beside the migrations, {} unsure",
+        unsure.len()
+    );
+    assert!(writes > 50, "the writer kept going: {writes}");
+    let logs = node_logs(&c);
+    for q in 0..4 {
+        assert!(
+            logs.contains(&format!("handed over index partition {q} (")),
+            "partition {q} not handed over:\n{logs}"
+        );
+    }
+
+    let mut model = model.lock().unwrap().clone();
+    for k in &unsure {
+        model.remove(k);
+    }
+    for n in 0..3 {
+        for (k, v) in &model {
+            assert_eq!(get(&c, n, k).as_ref(), Some(v), "{k} through node {n}");
+        }
+    }
+
+    // Node 1 killed: the migrated partitions lose one copy each, and still serve.
+    let pid = process::live_pid(&c.dir, 1).expect("node 1 runs");
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed = Instant::now();
+    while status(&c)["nodes"][1]["state"] != "failed" {
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "node 1 not failed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for n in [0, 2] {
+        for (k, v) in &model {
+            assert_eq!(
+                get(&c, n, k).as_ref(),
+                Some(v),
+                "{k} through node {n} after the kill"
+            );
+        }
+    }
+    for (i, k) in model.keys().enumerate() {
+        assert!(
+            put(&c, [0, 2][i % 2], k, "after the kill"),
+            "{k} cannot be written"
+        );
+    }
+}
