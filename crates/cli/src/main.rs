@@ -327,7 +327,7 @@ struct MigrateArgs {
     #[arg(long)]
     wait: bool,
     /// With --wait, give up after this many seconds.
-    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 120, value_name = "SECONDS", requires = "wait")]
     timeout: u64,
 }
 
@@ -924,6 +924,19 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     });
     let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving)) || migrating > 0;
     let index_partitions = cfg.replica_set().ok().and_then(|s| s.index_partitions());
+    // Index partitions whose chain (in index slots) has a copy on a node that is not up: they
+    // are not re-replicated yet (issue 42); `nessie migrate` to up nodes restores them.
+    let index_partitions_short = config.map_or(0, |c| {
+        c.index_chains
+            .iter()
+            .filter(|ch| ch.prepared && !ch.migrating)
+            .filter(|ch| {
+                ch.copies
+                    .iter()
+                    .any(|s| c.state(s.node) != Some(nessie_membership::NodeState::Up))
+            })
+            .count()
+    });
     if a.json {
         let epoch = snapshot.and_then(|s| s.config.as_ref()).map(|c| c.epoch);
         let etcd_error = match &membership {
@@ -960,6 +973,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
             "rebalancing": rebalancing,
             "index_partitions": index_partitions.map(|p| p.count()),
             "migrating": migrating,
+            "index_partitions_short": index_partitions_short,
             "nodes": nodes_json,
         });
         if let Some(e) = &etcd_error {
@@ -1394,23 +1408,42 @@ fn run_migrate(a: MigrateArgs) -> Result<ExitCode, CliError> {
         to: a.to.clone(),
     })
     .expect("serialises");
-    // The new chain's first node starts it (and hands the entries over).
-    let path = cfg.admin_path(a.to[0], &dir)?;
-    let mut conn = nessie_cluster::admin::AdminClient::connect(&path, MIGRATE_START_TIMEOUT)
-        .map_err(|e| CliError::Usage(format!("node {}: {e}", a.to[0])))?;
-    let reply = match conn
-        .call(&Request::Migrate(body))
-        .map_err(|e| CliError::Usage(format!("node {}: {e}", a.to[0])))?
-    {
-        Response::Status(s) => serde_json::from_str::<nessie_cluster::admin::MigrateReply>(&s)
-            .map_err(|e| CliError::Usage(format!("node {}: unreadable reply: {e}", a.to[0])))?,
-        Response::Error(e) => {
-            return Err(CliError::Usage(format!(
-                "node {} refused to migrate partition {}: {e}",
-                a.to[0], a.partition
-            )))
-        }
-        r => return Err(CliError::UnexpectedReply(r)),
+    // Any node that is up may start it; the new chain's first node is asked first (the one
+    // that hands the entries over), then the others.
+    let others = cfg.node.iter().map(|n| n.id).filter(|n| !a.to.contains(n));
+    let mut unreachable = Vec::new();
+    let mut reply = None;
+    for id in a.to.iter().copied().chain(others) {
+        let path = cfg.admin_path(id, &dir)?;
+        let mut conn =
+            match nessie_cluster::admin::AdminClient::connect(&path, MIGRATE_START_TIMEOUT) {
+                Ok(c) => c,
+                Err(e) => {
+                    unreachable.push(format!("node {id}: {e}"));
+                    continue;
+                }
+            };
+        let r = conn
+            .call(&Request::Migrate(body.clone()))
+            .map_err(|e| CliError::Usage(format!("node {id}: {e}")))?;
+        reply = Some(match r {
+            Response::Status(s) => serde_json::from_str::<nessie_cluster::admin::MigrateReply>(&s)
+                .map_err(|e| CliError::Usage(format!("node {id}: unreadable reply: {e}")))?,
+            Response::Error(e) => {
+                return Err(CliError::Usage(format!(
+                    "node {id} refused to migrate partition {}: {e}",
+                    a.partition
+                )))
+            }
+            r => return Err(CliError::UnexpectedReply(r)),
+        });
+        break;
+    }
+    let Some(reply) = reply else {
+        return Err(CliError::Usage(format!(
+            "no node answered: {}",
+            unreachable.join("; ")
+        )));
     };
     let chain: Vec<String> = reply
         .copies

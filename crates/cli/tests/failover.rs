@@ -410,6 +410,14 @@ fn copies_move_when_a_node_is_gone(c: &Cluster, model: &BTreeMap<String, Option<
                 .as_array()
                 .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m["receiving"] != true))
             && under_replicated(s) == 0
+            // Each node's list of the copies it holds comes from the configuration it read
+            // before its membership section (a status report reads its view twice): wait
+            // until those say filled too (a CI run read one between the two).
+            && [0, 2, 3].iter().all(|&n| {
+                s[n]["copies"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().all(|c| c["receiving"] != true))
+            })
     });
     eprintln!(
         "node 1's copies moved and filled {:?} after the kill: {}",

@@ -1,7 +1,8 @@
 //! Index partitions migrate between node processes while a writer runs (`nessie migrate`: the
 //! per-ITE handover, started and ended through etcd): every partition of node 0's index moves
-//! to chains on nodes 1 and 2, no acknowledged write is lost, every key reads alike through
-//! every node, and a node of the new chains killed afterwards loses nothing.
+//! to chains on nodes 1 and 2 and one of them on again, while a writer puts and deletes; no
+//! acknowledged write or delete is lost, every key reads alike through every node, and node 0,
+//! whose index moved away, killed afterwards loses nothing.
 
 mod common;
 
@@ -19,6 +20,39 @@ fn put(c: &Cluster, node: u16, key: &str, value: &str) -> bool {
     c.nessie(&["put", "--node", &node.to_string(), key, value])
         .status
         .success()
+}
+
+fn del(c: &Cluster, node: u16, key: &str) -> bool {
+    c.nessie(&["del", "--node", &node.to_string(), key])
+        .status
+        .success()
+}
+
+/// What a key may read: its last acknowledged value (`None`: deleted), or that of a write
+/// after it that failed (it may or may not have landed).
+#[derive(Clone, Debug, Default)]
+struct Possible {
+    acked: Option<String>,
+    unsure: Vec<Option<String>>,
+}
+
+impl Possible {
+    fn allows(&self, got: &Option<String>) -> bool {
+        *got == self.acked || self.unsure.contains(got)
+    }
+}
+
+/// Every key reads one of its possible values through each of `nodes`.
+fn check(c: &Cluster, nodes: &[u16], model: &BTreeMap<String, Possible>) {
+    for &n in nodes {
+        for (k, p) in model {
+            let got = get(c, n, k);
+            assert!(
+                p.allows(&got),
+                "{k} through node {n}: {got:?}, expected {p:?}"
+            );
+        }
+    }
 }
 
 /// `Some(value)`, `None` if not found; panics on any other failure.
@@ -79,34 +113,47 @@ fn index_partitions_migrate_under_writes_and_a_kill_afterwards_loses_nothing() {
     }
     assert_eq!(status(&c)["epoch"], 1, "a refused request moves no epoch");
 
-    let model = Arc::new(Mutex::new(BTreeMap::new()));
+    let model = Arc::new(Mutex::new(BTreeMap::<String, Possible>::new()));
     for i in 0..KEYS {
         let (k, v) = (format!("key-{i}"), format!("value-{i}"));
         assert!(put(&c, (i % 3) as u16, &k, &v));
-        model.lock().unwrap().insert(k, v);
+        model.lock().unwrap().entry(k).or_default().acked = Some(v);
     }
-    // A writer overwrites keys through every node throughout; a value counts once
-    // acknowledged (a failed put may or may not have landed: its key is left out).
+    // A writer puts and deletes keys through every node throughout (one op in four a DELETE:
+    // the first design of the handover lost acknowledged DELETEs).
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (model, stop) = (model.clone(), stop.clone());
         let dir = c.dir.clone();
         std::thread::spawn(move || {
             let c = Cluster { dir };
-            let mut n = 0usize;
-            let mut unsure = Vec::new();
+            let (mut n, mut failed) = (0usize, 0usize);
             while !stop.load(Ordering::SeqCst) {
-                let (k, v) = (format!("key-{}", n % KEYS), format!("value-{n}-w"));
-                match put(&c, (n % 3) as u16, &k, &v) {
+                let k = format!("key-{}", n % KEYS);
+                let v = (n % 4 != 3).then(|| format!("value-{n}-w"));
+                let node = (n % 3) as u16;
+                let ok = match &v {
+                    Some(v) => put(&c, node, &k, v),
+                    None => del(&c, node, &k),
+                };
+                let mut m = model.lock().unwrap();
+                let p = m.entry(k).or_default();
+                match ok {
                     true => {
-                        model.lock().unwrap().insert(k, v);
+                        *p = Possible {
+                            acked: v,
+                            unsure: Vec::new(),
+                        }
                     }
-                    false => unsure.push(k),
+                    false => {
+                        p.unsure.push(v);
+                        failed += 1;
+                    }
                 }
                 n += 1;
             }
             std::mem::forget(c); // the test's own handle stops the cluster
-            (n, unsure)
+            (n, failed)
         })
     };
 
@@ -140,14 +187,26 @@ fn index_partitions_migrate_under_writes_and_a_kill_afterwards_loses_nothing() {
     }
     assert_eq!(last["migrating"], 0, "still migrating after 60 s: {last:#}");
     eprintln!("4 partitions migrated in {:?}", t0.elapsed());
+    // One of them on again, from slots to slots, with --wait.
+    let out = c.nessie(&["migrate", "--partition", "1", "--to", "1,2", "--wait"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8(out.stdout).unwrap();
+    assert!(said.contains("partition 1 migrated in"), "{said}");
+    let top = status(&c);
+    assert_eq!(
+        (
+            &top["migrating"],
+            &top["rebalancing"],
+            &top["index_partitions_short"]
+        ),
+        (&0.into(), &false.into(), &0.into()),
+        "{top:#}"
+    );
     // Writes go on a little after the end too.
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let (writes, unsure) = writer.join().unwrap();
-    eprintln!(
-        "{writes} writes beside the migrations, {} unsure",
-        unsure.len()
-    );
+    let (writes, failed) = writer.join().unwrap();
+    eprintln!("{writes} writes and deletes beside the migrations, {failed} failed");
     assert!(writes > 50, "the writer kept going: {writes}");
     let logs = node_logs(&c);
     for q in 0..4 {
@@ -157,40 +216,26 @@ fn index_partitions_migrate_under_writes_and_a_kill_afterwards_loses_nothing() {
         );
     }
 
-    let mut model = model.lock().unwrap().clone();
-    for k in &unsure {
-        model.remove(k);
-    }
-    for n in 0..3 {
-        for (k, v) in &model {
-            assert_eq!(get(&c, n, k).as_ref(), Some(v), "{k} through node {n}");
-        }
-    }
+    let model = model.lock().unwrap().clone();
+    check(&c, &[0, 1, 2], &model);
 
-    // Node 1 killed: the migrated partitions lose one copy each, and still serve.
-    let pid = process::live_pid(&c.dir, 1).expect("node 1 runs");
+    // Node 0 killed: its index lives on nodes 1 and 2 now (its data tables' second copies on
+    // node 1), and everything still reads and writes through them.
+    let pid = process::live_pid(&c.dir, 0).expect("node 0 runs");
     // SAFETY: killing a node process this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let killed = Instant::now();
-    while status(&c)["nodes"][1]["state"] != "failed" {
+    while status(&c)["nodes"][0]["state"] != "failed" {
         assert!(
             killed.elapsed() < Duration::from_secs(15),
-            "node 1 not failed"
+            "node 0 not failed"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    for n in [0, 2] {
-        for (k, v) in &model {
-            assert_eq!(
-                get(&c, n, k).as_ref(),
-                Some(v),
-                "{k} through node {n} after the kill"
-            );
-        }
-    }
+    check(&c, &[1, 2], &model);
     for (i, k) in model.keys().enumerate() {
         assert!(
-            put(&c, [0, 2][i % 2], k, "after the kill"),
+            put(&c, [1, 2][i % 2], k, "after the kill"),
             "{k} cannot be written"
         );
     }

@@ -199,7 +199,6 @@ impl NodeContext {
         &self.replicas
     }
 
-    /// This node's membership monitor (`None` without `[membership]`).
     /// Start migrating an index partition as `body` (a JSON [`MigrateRequest`]) asks: reserve
     /// a free index slot on each node of the new chain (one epoch), write every entry of the
     /// slots pending, then start the migration (the next epoch). The chain's first node then
@@ -233,8 +232,8 @@ impl NodeContext {
             ));
         }
         let settle = set.join_settle_ns();
-        let copies = m
-            .reserve_migration(req.partition, &req.to, set.index_slots(), settle)
+        let (copies, reserved) = m
+            .reserve_migration(self.id, req.partition, &req.to, set.index_slots(), settle)
             .map_err(|e| e.to_string())?;
         let fence_copies: Vec<_> = copies
             .iter()
@@ -244,11 +243,32 @@ impl NodeContext {
                 receiving: false,
             })
             .collect();
-        let mut ep = self.endpoint().map_err(|e| e.to_string())?;
-        ep.write_pending(req.partition, &fence_copies)
-            .map_err(|e| format!("writing the new slots pending: {e}"))?;
+        let written = self
+            .endpoint()
+            .map_err(|e| e.to_string())
+            .and_then(|mut ep| {
+                // The reservation holds while this node is up: a node whose lease may lapse
+                // before the writes end writes nothing (its reservation goes with it, and the
+                // slots to the next migration a settle time later).
+                if !self.fence.may_act(
+                    nessie_fabric::monotonic_ns(),
+                    self.cfg.protocol_config().expiry_ns,
+                ) {
+                    return Err(
+                        "this node may not act (its membership lease may lapse)".to_string()
+                    );
+                }
+                ep.write_pending(req.partition, &fence_copies)
+                    .map_err(|e| format!("writing the new slots pending: {e}"))
+            });
+        if let Err(e) = written {
+            if let Err(c) = m.cancel_migration(self.id, req.partition, &copies, reserved) {
+                tracing::warn!(%c, "could not give up the reservation; it goes when this node fails");
+            }
+            return Err(e);
+        }
         let epoch = m
-            .confirm_migration(req.partition, &copies)
+            .confirm_migration(self.id, req.partition, &copies, reserved)
             .map_err(|e| e.to_string())?;
         eprintln!(
             "nessie node {}: partition {} migrating to {:?} (epoch {epoch})",
@@ -257,6 +277,7 @@ impl NodeContext {
         Ok(MigrateReply { epoch, copies })
     }
 
+    /// This node's membership monitor (`None` without `[membership]`).
     pub fn membership(&self) -> Option<&Monitor> {
         self.membership.as_ref()
     }

@@ -212,10 +212,14 @@ pub struct IndexChain {
     /// When the migration started (or was reserved).
     pub since_ns: u64,
     /// Its slots hold pending words and the migration may begin. A chain not prepared only
-    /// reserves its slots while the node starting it writes them (no fence acts on it); one
-    /// left so for [`PREPARE_TIMEOUT_NS`] (its starter died) is dropped.
+    /// reserves its slots while the node starting it (`starter`) writes them (no fence acts
+    /// on it); it is dropped if its starter is no longer up, its slots retired for the settle
+    /// time (a starter that was cut off may still be writing one of them).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub prepared: bool,
+    /// The node that reserved it.
+    #[serde(default)]
+    pub starter: u16,
 }
 
 fn yes() -> bool {
@@ -225,10 +229,6 @@ fn yes() -> bool {
 fn is_true(v: &bool) -> bool {
     *v
 }
-
-/// How long a migration may stay reserved, its slots being written pending, before the
-/// reservation is dropped (its starter died or gave up).
-pub const PREPARE_TIMEOUT_NS: u64 = 30_000_000_000;
 
 impl IndexChain {
     /// The chain as the fence takes it.
@@ -258,19 +258,15 @@ pub struct RetiredSlot {
 pub enum MigrationError {
     #[error("partition {0} is migrating already")]
     Migrating(u16),
-    #[error("partition {partition} is not in 0..{partitions}")]
-    Partition { partition: u16, partitions: u32 },
-    #[error("a chain needs {want} distinct nodes; {got:?} given")]
-    Chain { want: u8, got: Vec<u16> },
     #[error("node {0} is not up")]
     NotUp(u16),
     #[error("node {node} has no free index slot (all {slots} in use or retired less than the settle time ago)")]
     NoSlot { node: u16, slots: u16 },
-    #[error("this cluster keeps no index slots ([cluster] index_slots = 0, or one copy)")]
-    NoSlots,
     #[error("slot {slot} of node {node} is taken")]
     SlotTaken { node: u16, slot: u16 },
-    #[error("the reservation of partition {0}'s migration is gone (it took too long)")]
+    #[error(
+        "the reservation of partition {0}'s migration is gone (its starter was taken for failed)"
+    )]
     ReservationGone(u16),
 }
 
@@ -448,17 +444,20 @@ impl Configuration {
         (0..slots).find(|&s| !self.slot_used(node, s, now_ns, settle_ns))
     }
 
-    /// The successor that reserves `copies` (index slots) for migrating `partition`, at wall
-    /// time `now_ns`: the first of the two epochs that start a migration. The starter then
-    /// writes the slots pending (nobody else writes a reserved slot) and confirms
-    /// ([`Self::confirm_migration`]).
+    /// The successor that reserves `copies` (index slots) for `starter` to migrate `partition`
+    /// at wall time `now_ns`: the first of the two epochs that start a migration. The starter
+    /// then writes the slots pending (nobody else writes a reserved slot) and confirms
+    /// ([`Self::confirm_migration`], naming the reservation by `now_ns`).
     pub fn reserve_migration(
         &self,
         partition: u16,
         copies: Vec<SlotCopy>,
-        now_ns: u64,
+        (starter, now_ns): (u16, u64),
         settle_ns: u64,
     ) -> Result<Configuration, MigrationError> {
+        if self.state(starter) != Some(NodeState::Up) {
+            return Err(MigrationError::NotUp(starter));
+        }
         if self
             .index_chains
             .iter()
@@ -487,28 +486,79 @@ impl Configuration {
             handed_ns: 0,
             since_ns: now_ns,
             prepared: false,
+            starter,
         });
         Ok(next)
     }
 
-    /// The successor that starts the migration of `partition` to `copies` reserved before,
-    /// whose slots now hold pending words.
+    /// The reservation `starter` made at `reserved_ns` for migrating `partition` to `copies`.
+    fn reservation(
+        &mut self,
+        partition: u16,
+        copies: &[SlotCopy],
+        (starter, reserved_ns): (u16, u64),
+    ) -> Option<usize> {
+        self.index_chains.iter().position(|c| {
+            (c.partition, c.starter, c.since_ns) == (partition, starter, reserved_ns)
+                && !c.prepared
+                && c.copies == copies
+        })
+    }
+
+    /// The successor that starts the migration of `partition` to `copies` reserved by
+    /// `starter` at `reserved_ns`, whose slots now hold pending words.
     pub fn confirm_migration(
         &self,
         partition: u16,
         copies: &[SlotCopy],
+        reserved: (u16, u64),
         now_ns: u64,
     ) -> Result<Configuration, MigrationError> {
+        for c in copies {
+            if self.state(c.node) != Some(NodeState::Up) {
+                return Err(MigrationError::NotUp(c.node));
+            }
+        }
         let mut next = self.clone();
-        let c = next
-            .index_chains
-            .iter_mut()
-            .find(|c| c.partition == partition && !c.prepared && c.copies == copies)
+        let i = next
+            .reservation(partition, copies, reserved)
             .ok_or(MigrationError::ReservationGone(partition))?;
+        let c = &mut next.index_chains[i];
         c.prepared = true;
         c.since_ns = now_ns;
         next.epoch += 1;
         Ok(next)
+    }
+
+    /// The successor without the reservation `starter` made at `reserved_ns` (it gave up):
+    /// its slots are retired for the settle time, as a chain's are.
+    pub fn cancel_migration(
+        &self,
+        partition: u16,
+        copies: &[SlotCopy],
+        reserved: (u16, u64),
+        now_ns: u64,
+    ) -> Result<Configuration, MigrationError> {
+        let mut next = self.clone();
+        let i = next
+            .reservation(partition, copies, reserved)
+            .ok_or(MigrationError::ReservationGone(partition))?;
+        next.retire_chain(i, now_ns);
+        next.index_chains.remove(i);
+        next.epoch += 1;
+        Ok(next)
+    }
+
+    /// Put the slots of chain `i` among the retired ones.
+    fn retire_chain(&mut self, i: usize, now_ns: u64) {
+        let slots: Vec<SlotCopy> = self.index_chains[i].copies.clone();
+        for s in slots {
+            self.retired_slots.push(RetiredSlot {
+                node: s.node,
+                slot: s.slot,
+                since_ns: now_ns,
+            });
+        }
     }
 
     /// Migrations whose entries a node handed over get the time it was seen; those handed
@@ -516,11 +566,19 @@ impl Configuration {
     /// retired slots older than `settle_ns` are forgotten.
     fn end_migrations(&mut self, reg: &Registrations, now_ns: u64, settle_ns: u64) -> bool {
         let mut changed = false;
-        // Reservations whose starter never confirmed them.
-        let before = self.index_chains.len();
-        self.index_chains
-            .retain(|c| c.prepared || now_ns < c.since_ns.saturating_add(PREPARE_TIMEOUT_NS));
-        changed |= self.index_chains.len() != before;
+        // Reservations whose starter is no longer up: their slots are retired (the starter,
+        // cut off, may still write one of them for an operation's time).
+        let dead: Vec<usize> = (0..self.index_chains.len())
+            .filter(|&i| {
+                let c = &self.index_chains[i];
+                !c.prepared && self.state(c.starter) != Some(NodeState::Up)
+            })
+            .collect();
+        for &i in dead.iter().rev() {
+            self.retire_chain(i, now_ns);
+            self.index_chains.remove(i);
+            changed = true;
+        }
         let mut ended = Vec::new();
         for (i, c) in self.index_chains.iter_mut().enumerate() {
             if !c.migrating || !c.prepared {
@@ -549,13 +607,7 @@ impl Configuration {
                 })
                 .collect();
             for k in before {
-                for s in &self.index_chains[k].copies {
-                    self.retired_slots.push(RetiredSlot {
-                        node: s.node,
-                        slot: s.slot,
-                        since_ns: now_ns,
-                    });
-                }
+                self.retire_chain(k, now_ns);
                 self.index_chains[k].copies.clear();
             }
         }
@@ -1008,8 +1060,17 @@ impl Monitor {
     /// Say that this node handed over every entry of the migrating index partition `q`: the
     /// migration ends a settle time after the next monitor step sees it.
     pub fn set_handed(&self, id: u16, q: u16, since_ns: u64) -> Result<(), MembershipError> {
+        let migrating: Vec<(u16, u64)> = self.view().config.map_or(Vec::new(), |c| {
+            c.index_chains
+                .iter()
+                .filter(|ch| ch.migrating)
+                .map(|ch| (ch.partition, ch.since_ns))
+                .collect()
+        });
         {
             let mut h = self.shared.handed.lock().expect("handed lock");
+            // Only what some migration still waits for (the record stays short).
+            h.retain(|m| migrating.contains(m));
             if !h.contains(&(q, since_ns)) {
                 h.push((q, since_ns));
             }
@@ -1021,13 +1082,16 @@ impl Monitor {
     /// the lowest free slot of the `slots` every node has: one compare-and-put of the next
     /// epoch (tried again if another change came first). Returns the slots reserved; the
     /// caller writes them pending, then calls [`Self::confirm_migration`].
+    /// `id`: this node, the starter. Returns the slots reserved and the reservation's time,
+    /// which names it.
     pub fn reserve_migration(
         &self,
+        id: u16,
         partition: u16,
         to: &[u16],
         slots: u16,
         settle_ns: u64,
-    ) -> Result<Vec<SlotCopy>, StartMigrationError> {
+    ) -> Result<(Vec<SlotCopy>, u64), StartMigrationError> {
         self.change_config(|c, now| {
             let copies = to
                 .iter()
@@ -1037,22 +1101,40 @@ impl Monitor {
                         .ok_or(MigrationError::NoSlot { node, slots })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let next = c.reserve_migration(partition, copies.clone(), now, settle_ns)?;
-            Ok((next, copies))
+            let next = c.reserve_migration(partition, copies.clone(), (id, now), settle_ns)?;
+            Ok((next, (copies, now)))
         })
     }
 
-    /// Start the migration reserved by [`Self::reserve_migration`], whose slots now hold
-    /// pending words. Returns the epoch that starts it.
+    /// Start the migration reserved by [`Self::reserve_migration`] (`reserved_ns` names it),
+    /// whose slots now hold pending words. Returns the epoch that starts it.
     pub fn confirm_migration(
         &self,
+        id: u16,
         partition: u16,
         copies: &[SlotCopy],
+        reserved_ns: u64,
     ) -> Result<u64, StartMigrationError> {
         self.change_config(|c, now| {
-            let next = c.confirm_migration(partition, copies, now)?;
+            let next = c.confirm_migration(partition, copies, (id, reserved_ns), now)?;
             let epoch = next.epoch;
             Ok((next, epoch))
+        })
+    }
+
+    /// Give up the reservation [`Self::reserve_migration`] made.
+    pub fn cancel_migration(
+        &self,
+        id: u16,
+        partition: u16,
+        copies: &[SlotCopy],
+        reserved_ns: u64,
+    ) -> Result<(), StartMigrationError> {
+        self.change_config(|c, now| {
+            Ok((
+                c.cancel_migration(partition, copies, (id, reserved_ns), now)?,
+                (),
+            ))
         })
     }
 
@@ -1779,8 +1861,8 @@ mod tests {
     /// A migration: reserved (slots taken, no fence acts), confirmed (every fence migrates),
     /// handed over (the time recorded), ended a settle time later (the chain in force, the
     /// chain before retired and its slots free again a settle time after that); a second
-    /// migration of the same partition is refused while one runs; a reservation never
-    /// confirmed is dropped.
+    /// migration of the same partition is refused while one runs; a reservation is confirmed
+    /// only by its starter, and goes (slots retired) when its starter fails or gives up.
     #[test]
     fn a_migration_is_reserved_confirmed_handed_over_and_ended() {
         use NodeState::*;
@@ -1793,7 +1875,7 @@ mod tests {
         let slot = |node, slot| SlotCopy { node, slot };
         assert_eq!(c.free_index_slot(1, 4, 0, SETTLE), Some(0));
         let to = vec![slot(1, 0), slot(2, 0)];
-        let r = c.reserve_migration(5, to.clone(), 10, SETTLE).unwrap();
+        let r = c.reserve_migration(5, to.clone(), (1, 10), SETTLE).unwrap();
         assert_eq!(r.epoch, 2);
         assert_eq!(
             r.free_index_slot(1, 4, 10, SETTLE),
@@ -1801,18 +1883,27 @@ mod tests {
             "slot 0 is reserved"
         );
         assert!(matches!(
-            r.reserve_migration(5, vec![slot(1, 1), slot(2, 1)], 10, SETTLE),
+            r.reserve_migration(5, vec![slot(1, 1), slot(2, 1)], (1, 10), SETTLE),
             Err(MigrationError::Migrating(5))
         ));
         assert!(matches!(
-            r.reserve_migration(6, vec![slot(1, 0), slot(0, 0)], 10, SETTLE),
+            r.reserve_migration(6, vec![slot(1, 0), slot(0, 0)], (1, 10), SETTLE),
             Err(MigrationError::SlotTaken { node: 1, slot: 0 })
         ));
         // Reserved: no fence migrates yet.
         let f = Fence::unfenced();
         apply(&r, (0, 0), &f, 10, 0);
         assert!(!f.migrating(5));
-        let started = r.confirm_migration(5, &to, 20).unwrap();
+        // Only the reservation's own starter, naming it, confirms it.
+        assert!(matches!(
+            r.confirm_migration(5, &to, (2, 10), 20),
+            Err(MigrationError::ReservationGone(5))
+        ));
+        assert!(matches!(
+            r.confirm_migration(5, &to, (1, 11), 20),
+            Err(MigrationError::ReservationGone(5))
+        ));
+        let started = r.confirm_migration(5, &to, (1, 10), 20).unwrap();
         apply(&started, (0, 0), &f, 20, 0);
         assert!(f.migrating(5));
         assert_eq!(
@@ -1841,8 +1932,10 @@ mod tests {
         // Migrating again retires the chain in force once the new one ends.
         let to2 = vec![slot(2, 1), slot(0, 0)];
         let t = 2 * SETTLE;
-        let again = ended.reserve_migration(5, to2.clone(), t, SETTLE).unwrap();
-        let again = again.confirm_migration(5, &to2, t).unwrap();
+        let again = ended
+            .reserve_migration(5, to2.clone(), (2, t), SETTLE)
+            .unwrap();
+        let again = again.confirm_migration(5, &to2, (2, t), t).unwrap();
         // The report of the first migration's handover does not end the second.
         assert_eq!(again.successor(&handed, t + 1, &policy), None);
         let handed = Registrations {
@@ -1865,20 +1958,33 @@ mod tests {
             later.free_index_slot(1, 4, t + 1 + 2 * SETTLE, SETTLE),
             Some(0)
         );
-        // A reservation never confirmed goes after the timeout; a node not up takes none.
+        // A reservation stays while its starter is up, and goes with it (slots retired);
+        // one given up goes at once (slots retired too); a node not up takes none.
         let stale = c
-            .reserve_migration(7, vec![slot(0, 0), slot(1, 0)], 0, SETTLE)
+            .reserve_migration(7, vec![slot(0, 0), slot(1, 0)], (2, 0), SETTLE)
             .unwrap();
-        assert_eq!(
-            stale.successor(&none, PREPARE_TIMEOUT_NS - 1, &policy),
-            None
-        );
-        let dropped = stale.successor(&none, PREPARE_TIMEOUT_NS, &policy).unwrap();
+        assert_eq!(stale.successor(&none, u64::MAX / 2, &policy), None);
+        let mut starter_failed = stale.clone();
+        starter_failed.nodes[2].state = Failed;
+        let dropped = starter_failed
+            .successor(&reg(&[0, 1], &[]), 50, &policy)
+            .unwrap();
         assert!(dropped.index_chains.is_empty());
+        assert_eq!(dropped.retired_slots.len(), 2);
+        assert_eq!(dropped.free_index_slot(0, 4, 50, SETTLE), Some(1));
+        let cancelled = stale
+            .cancel_migration(7, &[slot(0, 0), slot(1, 0)], (2, 0), 60)
+            .unwrap();
+        assert!(cancelled.index_chains.is_empty());
+        assert_eq!(cancelled.retired_slots.len(), 2);
         let mut failed = c.clone();
         failed.nodes[2].state = Failed;
         assert!(matches!(
-            failed.reserve_migration(7, vec![slot(0, 0), slot(2, 0)], 0, SETTLE),
+            failed.reserve_migration(7, vec![slot(0, 0), slot(2, 0)], (0, 0), SETTLE),
+            Err(MigrationError::NotUp(2))
+        ));
+        assert!(matches!(
+            failed.reserve_migration(7, vec![slot(0, 0), slot(1, 0)], (2, 0), SETTLE),
             Err(MigrationError::NotUp(2))
         ));
         // The record round-trips.

@@ -472,8 +472,16 @@ impl Fence {
             self.index_moved
                 .record_quietly(q as usize, j as u8, c.pack());
         }
-        for j in 0..COPIES as u8 {
-            self.index_target.record_quietly(q as usize, j, 0);
+        // Only this migration's target is cleared: a later migration of the partition, which
+        // starts from this chain, may be under way already (a configuration lists both).
+        let ours = to
+            .iter()
+            .enumerate()
+            .all(|(j, c)| self.index_target.get(q as usize, j as u8) == c.pack());
+        if ours {
+            for j in 0..COPIES as u8 {
+                self.index_target.record_quietly(q as usize, j, 0);
+            }
         }
     }
 

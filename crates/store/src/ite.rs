@@ -159,28 +159,39 @@ impl IteLayout {
 
     /// The word that fences `w` in the old chain: `w` with the fence bit and the next
     /// sequence number (a new word of the ITE's history, carried like any CAS). Never
-    /// [`Self::pending`]: a plain empty word whose sequence wraps to 0 would fence to it, so
-    /// that one moves on one number more (replication orders pending before every word).
+    /// [`Self::pending`] (replication orders pending before every word): the plain empty word
+    /// whose sequence wraps to 0 would fence to it, so it fences to [`Self::wrap_fence`]
+    /// instead, a word no other fences to ([`Self::handed_over`] inverts every fence).
     #[inline]
     pub fn fenced(&self, w: Ite) -> Ite {
         debug_assert!(!self.is_fence_marked(w));
         let f = self.successor(w, Ite(w.0 | self.fence_bit()));
         match f == self.pending() {
-            true => self.successor(f, f),
+            true => self.wrap_fence(),
             false => f,
         }
+    }
+
+    /// The fence of the plain empty word at the last sequence number: F with every entry
+    /// field bit set, at sequence 0. No other word fences to it (a plain empty word has no
+    /// entry bits; any other word with them has P or M set, which its fence keeps).
+    #[inline]
+    fn wrap_fence(&self) -> Ite {
+        Ite(self.fence_bit() | self.entry_mask())
     }
 
     /// The word the new chain takes in place of pending when `fenced` is handed over: the word
     /// it fenced, unchanged (its fields, and the sequence number before the fence), so that
     /// the handover is invisible to the protocol: a CAS expecting the word, from a read made
     /// before the fence, succeeds in the new chain exactly when the entry has not changed
-    /// since. (A plain empty word whose fence was moved on twice, `fenced`, comes back with
-    /// the sequence number 0: an empty word either way.)
+    /// since.
     #[inline]
     pub fn handed_over(&self, fenced: Ite) -> Ite {
         debug_assert!(self.is_fence_marked(fenced));
         let field = mask(self.seq_bits) << self.seq_shift();
+        if fenced == self.wrap_fence() {
+            return Ite(field);
+        }
         let seq = self.seq(fenced).wrapping_sub(1) & mask(self.seq_bits);
         Ite(fenced.0 & !self.fence_bit() & !field | seq << self.seq_shift())
     }
@@ -420,9 +431,14 @@ mod tests {
         let last_empty = Ite(((1u64 << l.seq_bits) - 1) << (63 - l.seq_bits as u32));
         assert!(last_empty.is_empty() && l.is_well_formed(last_empty));
         let f = l.fenced(last_empty);
-        assert!(l.is_fence_marked(f) && f != p && l.seq(f) == 1);
-        let back = l.handed_over(f);
-        assert!(!l.is_fence_marked(back) && back.is_empty() && l.is_well_formed(back));
+        assert!(l.is_fence_marked(f) && f != p);
+        assert_ne!(
+            f,
+            l.fenced(Ite::EMPTY),
+            "the two empty words around the wrap"
+        );
+        assert_eq!(l.handed_over(f), last_empty, "the word itself comes back");
+        assert_eq!(l.handed_over(l.fenced(Ite::EMPTY)), Ite::EMPTY);
     }
 
     proptest! {
@@ -446,6 +462,12 @@ mod tests {
             prop_assert!(!l.is_fence_marked(j) && !l.is_fence_marked(m));
             prop_assert_eq!(l.handed_over(l.fenced(j)), j);
             prop_assert_eq!(l.handed_over(l.fenced(m)), m);
+            // Empty words at any sequence number too (the wrap's included), and no fence is
+            // pending.
+            let e = Ite((a & mask(l.seq_bits)) << (63 - l.seq_bits as u32));
+            prop_assert!(e.is_empty() && l.is_well_formed(e));
+            prop_assert_eq!(l.handed_over(l.fenced(e)), e);
+            prop_assert_ne!(l.fenced(e), l.pending());
         }
     }
 }

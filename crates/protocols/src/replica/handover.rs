@@ -287,7 +287,11 @@ impl<E: Endpoint> Replicated<E> {
         bytes_per_s: u64,
     ) -> Result<HandOver, FabricError> {
         let (p, _) = self.set.index_slots.expect("a migration needs index slots");
-        assert!(self.fence.migrating(q), "partition {q} is not migrating");
+        if !self.fence.migrating(q) {
+            return Err(FabricError::Transport(format!(
+                "partition {q} is not migrating (in this node's view)"
+            )));
+        }
         let start = self.inner.mono_ns();
         let (home, first, len) = (p.home(q), p.home_offset(q), p.len(q));
         let mut done = HandOver {
