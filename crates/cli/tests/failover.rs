@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{restart, stderr, Cluster};
+use common::{get, restart, stderr, Cluster};
 use nessie_cluster::process;
 
 /// What `--lease-ttl 2` becomes (etcd's minimum), and the allowance on top of it.
@@ -24,16 +24,6 @@ fn put(c: &Cluster, node: u16, key: &str, value: &str) {
         "put {key} through node {node}: {}",
         stderr(&out)
     );
-}
-
-/// `Some(value)`, `None` if not found; panics on any other failure.
-fn get(c: &Cluster, node: u16, key: &str) -> Option<String> {
-    let out = c.nessie(&["get", "--node", &node.to_string(), key]);
-    match out.status.code() {
-        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
-        Some(1) if stderr(&out).contains("not found") => None,
-        _ => panic!("get {key} through node {node}: {}", stderr(&out)),
-    }
 }
 
 fn assert_reads(c: &Cluster, nodes: &[u16], model: &BTreeMap<String, Option<String>>) {

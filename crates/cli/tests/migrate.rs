@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{stderr, Cluster};
+use common::{get, stderr, Cluster};
 use nessie_cluster::process;
 
 const KEYS: usize = 60;
@@ -52,16 +52,6 @@ fn check(c: &Cluster, nodes: &[u16], model: &BTreeMap<String, Possible>) {
                 "{k} through node {n}: {got:?}, expected {p:?}"
             );
         }
-    }
-}
-
-/// `Some(value)`, `None` if not found; panics on any other failure.
-fn get(c: &Cluster, node: u16, key: &str) -> Option<String> {
-    let out = c.nessie(&["get", "--node", &node.to_string(), key]);
-    match out.status.code() {
-        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
-        Some(1) if stderr(&out).contains("not found") => None,
-        _ => panic!("get {key} through node {node}: {}", stderr(&out)),
     }
 }
 

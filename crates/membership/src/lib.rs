@@ -491,18 +491,24 @@ impl Configuration {
         Ok(next)
     }
 
-    /// The reservation `starter` made at `reserved_ns` for migrating `partition` to `copies`.
-    fn reservation(
-        &mut self,
+    /// A copy of this configuration, and where in it the reservation `starter` made at
+    /// `reserved_ns` for migrating `partition` to `copies` is.
+    fn with_reservation(
+        &self,
         partition: u16,
         copies: &[SlotCopy],
         (starter, reserved_ns): (u16, u64),
-    ) -> Option<usize> {
-        self.index_chains.iter().position(|c| {
-            (c.partition, c.starter, c.since_ns) == (partition, starter, reserved_ns)
-                && !c.prepared
-                && c.copies == copies
-        })
+    ) -> Result<(Configuration, usize), MigrationError> {
+        let i = self
+            .index_chains
+            .iter()
+            .position(|c| {
+                (c.partition, c.starter, c.since_ns) == (partition, starter, reserved_ns)
+                    && !c.prepared
+                    && c.copies == copies
+            })
+            .ok_or(MigrationError::ReservationGone(partition))?;
+        Ok((self.clone(), i))
     }
 
     /// The successor that starts the migration of `partition` to `copies` reserved by
@@ -519,10 +525,7 @@ impl Configuration {
                 return Err(MigrationError::NotUp(c.node));
             }
         }
-        let mut next = self.clone();
-        let i = next
-            .reservation(partition, copies, reserved)
-            .ok_or(MigrationError::ReservationGone(partition))?;
+        let (mut next, i) = self.with_reservation(partition, copies, reserved)?;
         let c = &mut next.index_chains[i];
         c.prepared = true;
         c.since_ns = now_ns;
@@ -539,10 +542,7 @@ impl Configuration {
         reserved: (u16, u64),
         now_ns: u64,
     ) -> Result<Configuration, MigrationError> {
-        let mut next = self.clone();
-        let i = next
-            .reservation(partition, copies, reserved)
-            .ok_or(MigrationError::ReservationGone(partition))?;
+        let (mut next, i) = self.with_reservation(partition, copies, reserved)?;
         next.retire_chain(i, now_ns);
         next.index_chains.remove(i);
         next.epoch += 1;

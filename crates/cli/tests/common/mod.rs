@@ -118,6 +118,17 @@ impl Drop for Cluster {
     }
 }
 
+/// `nessie get --node NODE KEY`: `Some(value)`, `None` if not found; panics on any other
+/// failure.
+pub fn get(c: &Cluster, node: u16, key: &str) -> Option<String> {
+    let out = c.nessie(&["get", "--node", &node.to_string(), key]);
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
+        Some(1) if stderr(&out).contains("not found") => None,
+        _ => panic!("get {key} through node {node}: {}", stderr(&out)),
+    }
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
