@@ -455,9 +455,7 @@ impl Configuration {
         (starter, now_ns): (u16, u64),
         settle_ns: u64,
     ) -> Result<Configuration, MigrationError> {
-        if self.state(starter) != Some(NodeState::Up) {
-            return Err(MigrationError::NotUp(starter));
-        }
+        self.all_up(std::iter::once(starter))?;
         if self
             .index_chains
             .iter()
@@ -465,10 +463,8 @@ impl Configuration {
         {
             return Err(MigrationError::Migrating(partition));
         }
+        self.all_up(copies.iter().map(|c| c.node))?;
         for c in &copies {
-            if self.state(c.node) != Some(NodeState::Up) {
-                return Err(MigrationError::NotUp(c.node));
-            }
             if self.slot_used(c.node, c.slot, now_ns, settle_ns) {
                 return Err(MigrationError::SlotTaken {
                     node: c.node,
@@ -489,6 +485,14 @@ impl Configuration {
             starter,
         });
         Ok(next)
+    }
+
+    /// Every one of `nodes` is up, or the first that is not.
+    fn all_up(&self, mut nodes: impl Iterator<Item = u16>) -> Result<(), MigrationError> {
+        match nodes.find(|&n| self.state(n) != Some(NodeState::Up)) {
+            Some(n) => Err(MigrationError::NotUp(n)),
+            None => Ok(()),
+        }
     }
 
     /// A copy of this configuration, and where in it the reservation `starter` made at
@@ -520,11 +524,7 @@ impl Configuration {
         reserved: (u16, u64),
         now_ns: u64,
     ) -> Result<Configuration, MigrationError> {
-        for c in copies {
-            if self.state(c.node) != Some(NodeState::Up) {
-                return Err(MigrationError::NotUp(c.node));
-            }
-        }
+        self.all_up(copies.iter().map(|c| c.node))?;
         let (mut next, i) = self.with_reservation(partition, copies, reserved)?;
         let c = &mut next.index_chains[i];
         c.prepared = true;
