@@ -616,6 +616,7 @@ fn start(
         spare_copies: None,
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
+        rebalance: true,
         etcd_user: None,
         etcd_password: None,
         etcd_tls: Default::default(),

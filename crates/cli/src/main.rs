@@ -216,10 +216,14 @@ struct UpArgs {
     /// reuses at once, as the paper does.
     #[arg(long)]
     pilaf_reuse_delay_ms: Option<u64>,
-    /// Seconds a node must have been failed before its copies move to spare slots (at least
+    /// Seconds a node must have been failed before its copies move to other nodes (at least
     /// three lease TTLs: a node restarted sooner rejoins instead).
     #[arg(long, value_name = "SECONDS", default_value_t = nessie_membership::DEFAULT_REPLACE_AFTER_S)]
     replace_after: u64,
+    /// Do not move index partitions automatically (re-creating a failed node's copies after
+    /// --replace-after, balancing a node that came back); only `nessie migrate` moves them.
+    #[arg(long)]
+    no_rebalance: bool,
     /// Serve the memcached text protocol: node K listens on BASE + K (every classic command,
     /// cas, incr and flush_all included; see docs/frontends.md).
     #[arg(long, value_name = "BASE")]
@@ -751,6 +755,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
         spare_copies: a.spare_copies,
         pilaf_reuse_delay_ms: a.pilaf_reuse_delay_ms,
         replace_after_s: a.replace_after,
+        rebalance: !a.no_rebalance,
         frontends,
         progress_spin_us: a.fabric.progress_spin_us,
         direct_loopback: !a.fabric.no_direct_loopback,
@@ -924,16 +929,27 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     });
     let rebalancing = config.is_some_and(|c| c.moves.iter().any(|m| m.receiving)) || migrating > 0;
     let index_partitions = cfg.replica_set().ok().and_then(|s| s.index_partitions());
-    // Index partitions whose chain (in index slots) has a copy on a node that is not up: they
-    // are not re-replicated yet (issue 42); `nessie migrate` to up nodes restores them.
-    let index_partitions_short = config.map_or(0, |c| {
-        c.index_chains
+    // Where every index partition's copies are (a migrating one at its target), and those
+    // with a copy on a node that is not up: the balancer re-creates them once that node has
+    // been failed for `replace_after_s` (`nessie_membership::balance`).
+    let index_map = config
+        .zip(cfg.replica_set().ok())
+        .and_then(|(c, s)| c.index_map(&s));
+    let index_copies: Vec<u64> = (0..nodes.len() as u16)
+        .map(|n| {
+            index_map
+                .as_ref()
+                .map_or(0, |m| m.loads().get(&n).copied().unwrap_or(0))
+        })
+        .collect();
+    let index_partitions_short = config.zip(index_map.as_ref()).map_or(0, |(c, m)| {
+        m.chains
             .iter()
-            .filter(|ch| ch.prepared && !ch.migrating)
             .filter(|ch| {
-                ch.copies
-                    .iter()
-                    .any(|s| c.state(s.node) != Some(nessie_membership::NodeState::Up))
+                ch.len() < m.replicas as usize
+                    || ch
+                        .iter()
+                        .any(|&n| c.state(n) != Some(nessie_membership::NodeState::Up))
             })
             .count()
     });
@@ -957,6 +973,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 v["live_copies"] = p.live_copies.into();
                 v["under_replicated"] = p.under_replicated().into();
                 v["partitions"] = held[n.id as usize].into();
+                v["index_copies"] = index_copies[n.id as usize].into();
                 v["rebalancing"] = rebalancing.into();
                 if let Some(e) = &etcd_error {
                     v["etcd_error"] = e.clone().into();
@@ -999,11 +1016,22 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 "partition copies held: {}{}",
                 held.join(", "),
                 if rebalancing {
-                    "; rebalancing (moved copies being filled)"
+                    "; rebalancing (moved copies being filled, or index partitions migrating)"
                 } else {
                     ""
                 }
             );
+            if index_map.is_some() {
+                let copies: Vec<String> = index_copies
+                    .iter()
+                    .enumerate()
+                    .map(|(n, h)| format!("node {n}: {h}"))
+                    .collect();
+                println!(
+                    "index partition copies held: {}; {migrating} migrating, {index_partitions_short} with a copy on a node that is not up",
+                    copies.join(", ")
+                );
+            }
         }
         print_node_table(&nodes, state_of);
         print_class_fill(&nodes);

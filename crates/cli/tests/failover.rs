@@ -329,7 +329,9 @@ fn with_copies_a_node_cut_off_from_etcd_refuses_reads_too() {
 }
 
 /// Re-replication onto other nodes: four nodes, two copies, and the default flags otherwise
-/// (one spare slot each, taking memory only once a copy moves in). Node 1 is
+/// (one spare slot each, taking memory only once a copy moves in), but with the balancer off
+/// (`--no-rebalance`: a node that comes back is given no index partitions, so that it takes
+/// nothing with it when killed again; `migrate.rs` tests the balancer). Node 1 is
 /// killed and not restarted; after `--replace-after` its copies move to spare slots of nodes
 /// without them and are filled there (under-replicated back to 0 without node 1). Node 1
 /// started again comes back without copies and serves; killed again, it takes nothing with it.
@@ -348,6 +350,7 @@ fn a_node_gone_for_good_has_its_copies_moved_and_a_second_kill_loses_nothing() {
             "2",
             "--replace-after",
             "6",
+            "--no-rebalance",
         ],
     );
     let mut model = load(&c);

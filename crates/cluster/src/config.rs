@@ -112,8 +112,8 @@ pub struct ClusterSection {
     pub spare_copies: Option<u8>,
     /// Index slots every node keeps, each room for a copy of one index partition, for
     /// partitions migrating to it (`nessie migrate`; `nessie_protocols::replica`, the per-ITE
-    /// handover). Unset: with replication, `replicas` × the partitions of one node's index
-    /// (room for every copy a node holds to move once), else 0 ([`ClusterConfig::index_slots`]).
+    /// handover; the balancer). Unset: with replication, 2 × `replicas` × the partitions of
+    /// one node's index, else 0 ([`ClusterConfig::index_slots`]).
     /// Like a spare slot, a slot costs address space until a copy moves into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_slots: Option<u16>,
@@ -153,6 +153,9 @@ pub struct ClusterSection {
 /// Longest `progress_spin_us` accepted (a spinning progress thread holds a core that long
 /// after every event).
 pub const MAX_PROGRESS_SPIN_US: u64 = 10_000;
+/// Default index slots per node, in shares (`replicas` × partitions per node; see
+/// [`ClusterConfig::index_slots`]).
+pub const INDEX_SLOTS_PER_SHARE: u32 = 2;
 /// Largest `wait_spin_us` (longer than any operation may take: polls throughout).
 pub const MAX_WAIT_SPIN_US: u64 = 600_000_000;
 
@@ -412,6 +415,12 @@ pub struct MembershipSection {
     /// instead. At least three lease TTLs.
     #[serde(default = "default_replace_after_s")]
     pub replace_after_s: u64,
+    /// Whether the cluster moves index partitions by itself (the balancer, `rejoin.rs`): the
+    /// copies of a node failed for `replace_after_s` are re-created on the survivors, and a
+    /// node that holds fewer than its share (back after that, say) is given some. Default
+    /// true; with false, only `nessie migrate` moves partitions.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub rebalance: bool,
     /// The etcd user every node and tool authenticates as, when etcd's auth is enabled; with
     /// `etcd_password` (`nessie up --etcd-user U --etcd-password-file F`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -737,8 +746,13 @@ impl ClusterConfig {
             .unwrap_or_else(|| default_spare_copies(self.cluster.replicas, self.geometry.nodes))
     }
 
-    /// Index slots per node (`cluster.index_slots`), by default room for every index
-    /// partition copy a node holds to migrate once, with replication (none without).
+    /// Index slots per node (`cluster.index_slots`). By default, with replication (none
+    /// without), room for twice a node's share of index partition copies: every copy moves
+    /// whole (a copy that stays in a chain takes a new slot too, the old one retired for a
+    /// settle time), and a node back empty after a failure, which holds its share in slots,
+    /// must still take more when another node fails for good. `replicas` × partitions per
+    /// node was measured too few for that (`cli/tests/migrate.rs`, the balancer's test: 8 of
+    /// 8 slots taken on two of the three survivors, the plan stuck).
     pub fn index_slots(&self) -> u16 {
         self.cluster.index_slots.unwrap_or_else(|| {
             let g = &self.geometry;
@@ -746,7 +760,7 @@ impl ClusterConfig {
                 return 0;
             }
             let per_node = nessie_store::IndexPartitions::new(g.nodes, g.ites_per_node).per_node();
-            (self.cluster.replicas as u32 * per_node)
+            (INDEX_SLOTS_PER_SHARE * self.cluster.replicas as u32 * per_node)
                 .min(nessie_protocols::fence::MAX_INDEX_SLOTS as u32 - 1) as u16
         })
     }
@@ -1131,6 +1145,7 @@ mod tests {
             etcd: etcd.into(),
             lease_ttl_s,
             replace_after_s: nessie_membership::REPLACE_AFTER_TTLS * lease_ttl_s,
+            rebalance: true,
             etcd_user: None,
             etcd_password: None,
             etcd_ca: None,

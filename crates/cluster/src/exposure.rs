@@ -453,6 +453,7 @@ mod tests {
             etcd: "http://198.51.100.4:2379".into(),
             lease_ttl_s: 3,
             replace_after_s: 60,
+            rebalance: true,
             etcd_user: None,
             etcd_password: None,
             etcd_ca: None,

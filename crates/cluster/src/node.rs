@@ -206,9 +206,6 @@ impl NodeContext {
     pub fn start_migration(&self, body: &[u8]) -> Result<MigrateReply, String> {
         let req: MigrateRequest = serde_json::from_slice(body)
             .map_err(|e| format!("malformed migration request: {e}"))?;
-        let m = self
-            .membership()
-            .ok_or("migrations go through membership (etcd); this cluster runs without")?;
         let set = self.replica_set();
         let parts = set.index_partitions().ok_or_else(|| {
             "this cluster keeps no index slots ([cluster] index_slots = 0, or one copy)".to_string()
@@ -231,50 +228,108 @@ impl NodeContext {
                 req.to
             ));
         }
-        let settle = set.join_settle_ns();
-        let (copies, reserved) = m
-            .reserve_migration(self.id, req.partition, &req.to, set.index_slots(), settle)
-            .map_err(|e| e.to_string())?;
-        let fence_copies: Vec<_> = copies
-            .iter()
-            .map(|c| nessie_protocols::fence::IndexCopy {
-                node: c.node,
-                slot: c.slot,
-                receiving: false,
-            })
-            .collect();
-        let written = self
-            .endpoint()
-            .map_err(|e| e.to_string())
-            .and_then(|mut ep| {
-                // The reservation holds while this node is up: a node whose lease may lapse
-                // before the writes end writes nothing (its reservation goes with it, and the
-                // slots to the next migration a settle time later).
-                if !self.fence.may_act(
-                    nessie_fabric::monotonic_ns(),
-                    self.cfg.protocol_config().expiry_ns,
-                ) {
-                    return Err(
-                        "this node may not act (its membership lease may lapse)".to_string()
-                    );
-                }
-                ep.write_pending(req.partition, &fence_copies)
-                    .map_err(|e| format!("writing the new slots pending: {e}"))
-            });
-        if let Err(e) = written {
-            if let Err(c) = m.cancel_migration(self.id, req.partition, &copies, reserved) {
-                tracing::warn!(%c, "could not give up the reservation; it goes when this node fails");
-            }
-            return Err(e);
-        }
-        let epoch = m
-            .confirm_migration(self.id, req.partition, &copies, reserved)
-            .map_err(|e| e.to_string())?;
-        eprintln!(
-            "nessie node {}: partition {} migrating to {:?} (epoch {epoch})",
-            self.id, req.partition, copies
-        );
+        let (epoch, mut started) = self.start_migrations(&[(req.partition, req.to.clone())])?;
+        let (_, copies) = started.pop().ok_or_else(|| {
+            format!(
+                "partition {} could not start migrating (a node of its chain is no longer up)",
+                req.partition
+            )
+        })?;
         Ok(MigrateReply { epoch, copies })
+    }
+
+    /// Start migrating each partition of `plan` to its chain of nodes (primary first), this
+    /// node the starter: reserve slots for all in one epoch, write each reserved chain's slots
+    /// pending, and start in one more epoch those whose writes succeeded (the others are given
+    /// up). Partitions that cannot be reserved now are left out. Returns the epoch that
+    /// started them and the chains of slots they migrate to.
+    pub fn start_migrations(
+        &self,
+        plan: &[(u16, Vec<u16>)],
+    ) -> Result<(u64, Vec<nessie_membership::Reserved>), String> {
+        let m = self
+            .membership()
+            .ok_or("migrations go through membership (etcd); this cluster runs without")?;
+        let set = self.replica_set();
+        let settle = set.join_settle_ns();
+        let (reserved, at) = m
+            .reserve_migrations(self.id, plan, set.index_slots(), settle)
+            .map_err(|e| e.to_string())?;
+        let mut ep = match self.endpoint() {
+            Ok(ep) => ep,
+            Err(e) => {
+                let _ = m.cancel_migrations(self.id, &reserved, at);
+                return Err(e.to_string());
+            }
+        };
+        let (mut written, mut failed) = (Vec::new(), Vec::new());
+        let mut why = None;
+        for (q, copies) in reserved {
+            // The reservation holds while this node is up: a node whose lease may lapse
+            // before the writes end writes nothing (its reservations go with it, and the
+            // slots to the next migration a settle time later).
+            if !self.fence.may_act(
+                nessie_fabric::monotonic_ns(),
+                self.cfg.protocol_config().expiry_ns,
+            ) {
+                why.get_or_insert("this node may not act (its membership lease may lapse)".into());
+                failed.push((q, copies));
+                continue;
+            }
+            let fence_copies: Vec<_> = copies
+                .iter()
+                .map(|c| nessie_protocols::fence::IndexCopy {
+                    node: c.node,
+                    slot: c.slot,
+                    receiving: false,
+                })
+                .collect();
+            match ep.write_pending(q, &fence_copies) {
+                Ok(()) => written.push((q, copies)),
+                Err(e) => {
+                    why.get_or_insert(format!(
+                        "writing the new slots of partition {q} pending: {e}"
+                    ));
+                    failed.push((q, copies));
+                }
+            }
+        }
+        if !failed.is_empty() {
+            if let Err(c) = m.cancel_migrations(self.id, &failed, at) {
+                tracing::warn!(%c, "could not give up reservations; they go when this node fails");
+            }
+        }
+        if written.is_empty() {
+            return Err(why.unwrap_or_else(|| "nothing reserved".into()));
+        }
+        let (epoch, started) = m
+            .confirm_migrations(self.id, &written, at)
+            .map_err(|e| e.to_string())?;
+        written.retain(|(q, _)| started.contains(q));
+        for (q, copies) in &written {
+            tracing::info!(
+                node = self.id,
+                partition = q,
+                ?copies,
+                epoch,
+                "partition migrating"
+            );
+        }
+        if written.len() <= 4 {
+            for (q, copies) in &written {
+                eprintln!(
+                    "nessie node {}: partition {q} migrating to {copies:?} (epoch {epoch})",
+                    self.id
+                );
+            }
+        } else {
+            eprintln!(
+                "nessie node {}: {} partitions migrating (epoch {epoch})",
+                self.id,
+                written.len()
+            );
+        }
+        Ok((epoch, written))
     }
 
     /// This node's membership monitor (`None` without `[membership]`).

@@ -150,6 +150,8 @@ pub struct UpOptions {
     pub etcd_tls: nessie_membership::tls::TlsFiles,
     /// How long a node is failed before its copies move (`membership.replace_after_s`).
     pub replace_after_s: u64,
+    /// Whether the cluster moves index partitions by itself (`membership.rebalance`).
+    pub rebalance: bool,
     /// The protocol front ends every node serves (`[frontends]`).
     pub frontends: Option<crate::config::FrontendsSection>,
     /// `[cluster] progress_spin_us`.
@@ -211,6 +213,7 @@ impl UpOptions {
             spare_copies: None,
             pilaf_reuse_delay_ms: None,
             replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
+            rebalance: true,
             etcd_user: None,
             etcd_password: None,
             etcd_tls: Default::default(),
@@ -391,6 +394,7 @@ fn placeholder_membership(o: &UpOptions) -> Option<MembershipSection> {
         etcd,
         lease_ttl_s: o.lease_ttl_s,
         replace_after_s: o.replace_after_s,
+        rebalance: o.rebalance,
         etcd_user: o.etcd_user.clone(),
         etcd_password: o.etcd_password.clone(),
         etcd_ca: o.etcd_tls.ca.clone(),
@@ -414,6 +418,7 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
         etcd,
         lease_ttl_s: o.lease_ttl_s,
         replace_after_s: o.replace_after_s,
+        rebalance: o.rebalance,
         etcd_user: o.etcd_user.clone(),
         etcd_password: o.etcd_password.clone(),
         etcd_ca: o.etcd_tls.ca.clone(),

@@ -5,7 +5,9 @@
 //! while it is `up`, fills the copies moved to it from a node gone for good (re-replication)
 //! and says so, so that membership makes them full; and adopts its share of the pages claimed
 //! by nodes failed for good (`membership.replace_after_s`), whose allocators died with them
-//! (`ClassTable::adopt_gone`).
+//! (`ClassTable::adopt_gone`); hands over the entries of index partitions migrating to it; and,
+//! on the lowest-numbered up node, runs the balancer (`balance_step`), which starts the
+//! migrations that re-create a failed-for-good node's index copies and balance the rest.
 //!
 //! It starts catching up only once the node has known itself `joining` for the join settle
 //! time (`ReplicaSet::join_settle_ns`: a lease TTL and an operation): by then every node writes
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nessie_membership::balance::Balance;
 use nessie_membership::{Monitor, NodeState};
 use nessie_protocols::CatchUp;
 
@@ -27,6 +30,8 @@ use crate::node::{NodeContext, NodeError};
 pub const CATCH_UP_BYTES_PER_S: u64 = 512 << 20;
 /// How often the rejoiner looks at the node's state.
 const POLL: Duration = Duration::from_millis(100);
+/// How often the balancer plans (`balance_step`).
+const BALANCE_EVERY: Duration = Duration::from_secs(1);
 /// Pause before a failed catch-up is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 /// How often an up node looks for pages of nodes failed for good: a read of every page table
@@ -79,6 +84,9 @@ struct Progress {
     handed: Vec<(u16, u64)>,
     /// The endpoint handing over uses.
     handover_ep: Option<crate::node::NodeEndpoint>,
+    /// When the balancer last planned, and what it last said (said once, not every look).
+    balanced_at: Option<Instant>,
+    balance_said: String,
 }
 
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
@@ -106,6 +114,7 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
                 fill_step(ctx, m, settle, &mut p);
                 adopt_step(ctx, m, &mut p);
                 handover_step(ctx, m, settle, &mut p);
+                balance_step(ctx, m, &mut p);
             }
             Some(NodeState::Failed) | None => {
                 p = Progress {
@@ -173,6 +182,60 @@ fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progr
             }
             Err(e) => tracing::warn!(%e, partition = q, "handing over failed; trying again"),
         }
+    }
+}
+
+/// The balancer, on the lowest-numbered node that is up: every [`BALANCE_EVERY`], migrate the
+/// index partitions the configuration's plan moves (`nessie_membership::balance`): the copies
+/// of nodes failed for good re-created on the survivors, then every up node within its share.
+/// Several nodes that each take themselves for the lowest up (views differ for a moment)
+/// cannot both move a partition: a reservation refuses a partition that is migrating.
+fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
+    let Some(section) = &ctx.cfg.membership else {
+        return;
+    };
+    if !section.rebalance || p.balanced_at.is_some_and(|t| t.elapsed() < BALANCE_EVERY) {
+        return;
+    }
+    p.balanced_at = Some(Instant::now());
+    let Some(c) = m.view().config else { return };
+    let lowest_up = c
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .map(|n| n.id)
+        .min();
+    if lowest_up != Some(ctx.id) {
+        return;
+    }
+    let set = ctx.replica_set();
+    // Gone for good: failed for replace_after, and a settle time more (the copies of its
+    // tables have moved to spare slots by then, where there are spare slots).
+    let after = (section.replace_after_s * 1_000_000_000).saturating_add(set.join_settle_ns());
+    let said = match c.plan_balance(set, nessie_fabric::wall_clock_ns(), after) {
+        Ok(Balance::Balanced) => "balanced".to_string(),
+        Ok(Balance::Wait(why)) => format!("waiting: {why}"),
+        Ok(Balance::Migrate(plan)) => match ctx.start_migrations(&plan) {
+            Ok((epoch, started)) => {
+                eprintln!(
+                    "nessie node {}: balancer: {} of {} planned partitions migrating (epoch {epoch})",
+                    ctx.id,
+                    started.len(),
+                    plan.len()
+                );
+                "migrating".to_string()
+            }
+            Err(e) => format!("could not start migrations: {e}"),
+        },
+        Err(e) => format!("no plan: {e}"),
+    };
+    if said != p.balance_said {
+        if said.starts_with("could not") || said.starts_with("no plan") {
+            eprintln!("nessie node {}: balancer: {said}", ctx.id);
+        } else {
+            tracing::info!(node = ctx.id, "balancer: {said}");
+        }
+        p.balance_said = said;
     }
 }
 

@@ -52,13 +52,16 @@
 //! says so in its registration ("handed"); the next epoch records when, and once the settle
 //! time has passed since (every operation that met a pending word has ended), the migration
 //! ends: the chain is the partition's ([`Configuration::successor`]). The slots of the chain
-//! it replaced are reused only a settle time later (`retired_slots`).
+//! it replaced are reused only a settle time later (`retired_slots`). The balancer
+//! ([`balance`]) plans which partitions migrate where; many start in one batch
+//! ([`Monitor::reserve_migrations`], [`Monitor::confirm_migrations`]).
 //!
 //! [`etcd`] is the coordination engine behind membership (as ZooKeeper is for FaRM), reached
 //! through a small blocking client for its v3 HTTP/JSON gateway. The single-member etcd that
 //! `nessie up` runs by default is started and stopped with the node processes
 //! (`nessie_cluster::process::etcd_server`).
 
+pub mod balance;
 pub mod etcd;
 pub mod partitions;
 pub mod tls;
@@ -194,6 +197,9 @@ pub struct SlotCopy {
     pub node: u16,
     pub slot: u16,
 }
+
+/// A partition reserved for a migration, and the index slots reserved for its new chain.
+pub type Reserved = (u16, Vec<SlotCopy>);
 
 /// An index partition's chain of copies in index slots: where a migration took it, or is
 /// taking it (`migrating`).
@@ -1080,10 +1086,9 @@ impl Monitor {
 
     /// Reserve index slots for migrating `partition` to the nodes `to` (chain order), each
     /// the lowest free slot of the `slots` every node has: one compare-and-put of the next
-    /// epoch (tried again if another change came first). Returns the slots reserved; the
-    /// caller writes them pending, then calls [`Self::confirm_migration`].
-    /// `id`: this node, the starter. Returns the slots reserved and the reservation's time,
-    /// which names it.
+    /// epoch (tried again if another change came first). `id`: this node, the starter.
+    /// Returns the slots reserved and the reservation's time, which names it; the caller
+    /// writes them pending, then calls [`Self::confirm_migrations`].
     pub fn reserve_migration(
         &self,
         id: u16,
@@ -1092,49 +1097,117 @@ impl Monitor {
         slots: u16,
         settle_ns: u64,
     ) -> Result<(Vec<SlotCopy>, u64), StartMigrationError> {
+        let (mut got, at) =
+            self.reserve_migrations(id, &[(partition, to.to_vec())], slots, settle_ns)?;
+        Ok((got.pop().expect("one reserved").1, at))
+    }
+
+    /// [`Self::reserve_migration`] for many partitions in one epoch (the balancer's batch).
+    /// A partition that cannot be reserved now (no free slot, migrating already, a node not
+    /// up) is left out; an error only if none could be.
+    pub fn reserve_migrations(
+        &self,
+        id: u16,
+        plan: &[(u16, Vec<u16>)],
+        slots: u16,
+        settle_ns: u64,
+    ) -> Result<(Vec<Reserved>, u64), StartMigrationError> {
+        assert!(!plan.is_empty(), "a batch of nothing");
         self.change_config(|c, now| {
-            let copies = to
-                .iter()
-                .map(|&node| {
-                    c.free_index_slot(node, slots, now, settle_ns)
-                        .map(|slot| SlotCopy { node, slot })
-                        .ok_or(MigrationError::NoSlot { node, slots })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let next = c.reserve_migration(partition, copies.clone(), (id, now), settle_ns)?;
-            Ok((next, (copies, now)))
+            let mut next = c.clone();
+            let mut got = Vec::new();
+            let mut refused = None;
+            for (q, to) in plan {
+                // Slots come from `next`: those reserved earlier in the batch are taken.
+                let reserved = to
+                    .iter()
+                    .map(|&node| {
+                        next.free_index_slot(node, slots, now, settle_ns)
+                            .map(|slot| SlotCopy { node, slot })
+                            .ok_or(MigrationError::NoSlot { node, slots })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .and_then(|copies| {
+                        let n = next.reserve_migration(*q, copies.clone(), (id, now), settle_ns)?;
+                        Ok((n, copies))
+                    });
+                match reserved {
+                    Ok((n, copies)) => {
+                        next = n;
+                        got.push((*q, copies));
+                    }
+                    Err(e) => {
+                        refused.get_or_insert(e);
+                    }
+                }
+            }
+            if got.is_empty() {
+                return Err(refused.expect("a refusal for every partition"));
+            }
+            next.epoch = c.epoch + 1;
+            Ok((next, (got, now)))
         })
     }
 
-    /// Start the migration reserved by [`Self::reserve_migration`] (`reserved_ns` names it),
-    /// whose slots now hold pending words. Returns the epoch that starts it.
-    pub fn confirm_migration(
+    /// Start the migrations reserved by [`Self::reserve_migrations`] (`reserved_ns` names
+    /// them), whose slots now hold pending words, in one epoch. One that cannot start (a node
+    /// of its chain is no longer up) is given up, its slots retired. Returns the epoch and
+    /// the partitions that started.
+    pub fn confirm_migrations(
         &self,
         id: u16,
-        partition: u16,
-        copies: &[SlotCopy],
+        reserved: &[Reserved],
         reserved_ns: u64,
-    ) -> Result<u64, StartMigrationError> {
+    ) -> Result<(u64, Vec<u16>), StartMigrationError> {
         self.change_config(|c, now| {
-            let next = c.confirm_migration(partition, copies, (id, reserved_ns), now)?;
+            let mut next = c.clone();
+            let mut started = Vec::new();
+            let mut refused = None;
+            for (q, copies) in reserved {
+                match next.confirm_migration(*q, copies, (id, reserved_ns), now) {
+                    Ok(n) => {
+                        next = n;
+                        started.push(*q);
+                    }
+                    Err(e) => {
+                        if let Ok(n) = next.cancel_migration(*q, copies, (id, reserved_ns), now) {
+                            next = n;
+                        }
+                        refused.get_or_insert(e);
+                    }
+                }
+            }
+            if started.is_empty() && next.index_chains == c.index_chains {
+                return Err(refused.expect("a refusal for every partition"));
+            }
+            next.epoch = c.epoch + 1;
+            if started.is_empty() {
+                // Nothing started, but the reservations are given up: say why all the same.
+                tracing::warn!(?refused, "no reserved migration could start");
+            }
             let epoch = next.epoch;
-            Ok((next, epoch))
+            Ok((next, (epoch, started)))
         })
     }
 
-    /// Give up the reservation [`Self::reserve_migration`] made.
-    pub fn cancel_migration(
+    /// Give up the reservations [`Self::reserve_migrations`] made (named by `reserved_ns`):
+    /// their slots are retired for the settle time.
+    pub fn cancel_migrations(
         &self,
         id: u16,
-        partition: u16,
-        copies: &[SlotCopy],
+        reserved: &[Reserved],
         reserved_ns: u64,
     ) -> Result<(), StartMigrationError> {
         self.change_config(|c, now| {
-            Ok((
-                c.cancel_migration(partition, copies, (id, reserved_ns), now)?,
-                (),
-            ))
+            let mut next = c.clone();
+            for (q, copies) in reserved {
+                // One already gone (its starter was taken for failed) has nothing to give up.
+                if let Ok(n) = next.cancel_migration(*q, copies, (id, reserved_ns), now) {
+                    next = n;
+                }
+            }
+            next.epoch = c.epoch + 1;
+            Ok((next, ()))
         })
     }
 

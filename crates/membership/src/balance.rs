@@ -1,0 +1,387 @@
+//! The balancer's plan (issue 42, steps 2–4): which index partitions migrate, and to which
+//! chains, so that every partition has R copies on nodes that are up and every up node holds
+//! its share, with no manual step.
+//!
+//! The configuration says where every index partition's copies are: in the chain a migration
+//! took it to (`index_chains`), or else in the mirror copies of its home node's region
+//! (`moves`, re-replication into spare slots). [`Configuration::index_map`] turns that into a
+//! [`PartitionMap`]; a partition that is migrating counts at its target already, so a plan
+//! made while migrations run does not move the same copies twice. [`PartitionMap::plan`] then
+//! re-creates the copies of nodes that are no longer members and balances the rest (PM3 to
+//! PM6); every partition whose chain changes migrates there whole, by the per-ITE handover.
+//!
+//! Who is a member: the nodes that are up. The plan waits (returns nothing) while:
+//! - a node is joining (it is about to hold copies again), or failed for less than
+//!   `replace_after` (it may come back holding its copies: moving them would be wasted);
+//! - a moved mirror copy is still being filled (the copy map is about to change);
+//! - no index slots exist (one copy, or `[cluster] index_slots = 0`).
+//!
+//! A node failed for good is no member: its copies are re-created on the survivors, spread by
+//! the planner. A node that comes back after that joins holding none of the copies that moved
+//! and is given its share by the balance moves.
+
+use nessie_protocols::replica::ReplicaSet;
+
+use crate::partitions::{PartitionMap, PlanError};
+use crate::{Configuration, NodeState};
+
+/// Most migrations one plan starts: the configuration records each (about 100 bytes of JSON),
+/// and every migration's start and end is a compare-and-put of it.
+pub const MAX_MIGRATIONS_PER_PLAN: usize = 256;
+/// Most migrations running at once (started by plans, not yet ended).
+pub const MAX_MIGRATIONS_RUNNING: usize = 1_024;
+
+/// What the balancer should do now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Migrate each partition to the chain of nodes given (primary first).
+    Migrate(Vec<(u16, Vec<u16>)>),
+    /// Nothing to move: every partition has its copies on up nodes, balanced.
+    Balanced,
+    /// Not now, and why.
+    Wait(String),
+}
+
+impl Configuration {
+    /// Where every index partition's copies are (or are going: a migrating partition is at
+    /// its target), as a partition map of node chains at this epoch. `None` without index
+    /// partitions.
+    pub fn index_map(&self, set: &ReplicaSet) -> Option<PartitionMap> {
+        let parts = set.index_partitions()?;
+        let copies = self.copy_map(set);
+        let chains = (0..parts.count())
+            .map(|q| {
+                let q = q as u16;
+                // The newest record of the partition (a migration's target is pushed last).
+                match self.index_chains.iter().rev().find(|c| c.partition == q) {
+                    Some(c) => c.copies.iter().map(|s| s.node).collect(),
+                    None => {
+                        let home = parts.home(q);
+                        (0..set.replicas())
+                            .map(|j| copies.place(home, j).node)
+                            .collect()
+                    }
+                }
+            })
+            .collect();
+        Some(PartitionMap {
+            epoch: self.epoch,
+            replicas: set.replicas(),
+            chains,
+        })
+    }
+
+    /// The migrations that bring every index partition onto up nodes, balanced, at wall time
+    /// `now_ns`; a node failed for `replace_after_ns` is gone for good (see the module
+    /// comment). At most [`MAX_MIGRATIONS_PER_PLAN`], and no more than keep
+    /// [`MAX_MIGRATIONS_RUNNING`] running.
+    pub fn plan_balance(
+        &self,
+        set: &ReplicaSet,
+        now_ns: u64,
+        replace_after_ns: u64,
+    ) -> Result<Balance, PlanError> {
+        let Some(map) = self.index_map(set) else {
+            return Ok(Balance::Wait("no index slots to migrate into".into()));
+        };
+        for m in &self.nodes {
+            match m.state {
+                NodeState::Up => {}
+                NodeState::Joining => {
+                    return Ok(Balance::Wait(format!("node {} is joining", m.id)));
+                }
+                NodeState::Failed if now_ns < m.since_ns.saturating_add(replace_after_ns) => {
+                    return Ok(Balance::Wait(format!(
+                        "node {} failed less than replace_after ago",
+                        m.id
+                    )));
+                }
+                NodeState::Failed => {}
+            }
+        }
+        if self.moves.iter().any(|c| c.receiving) {
+            return Ok(Balance::Wait("a moved copy is being filled".into()));
+        }
+        let members: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|m| m.state == NodeState::Up || mutation::keeps_failed_nodes())
+            .map(|m| m.id)
+            .collect();
+        if members.is_empty() {
+            return Ok(Balance::Wait("no node is up".into()));
+        }
+        let running = self.index_chains.iter().filter(|c| c.migrating).count();
+        let room = MAX_MIGRATIONS_RUNNING
+            .saturating_sub(running)
+            .min(MAX_MIGRATIONS_PER_PLAN);
+        let plan = map.plan(&members)?;
+        if plan.moves.is_empty() && plan.dropped.is_empty() {
+            return Ok(Balance::Balanced);
+        }
+        let next = map.apply(&plan)?;
+        let mut out: Vec<(u16, Vec<u16>)> = Vec::new();
+        let touched = plan
+            .moves
+            .iter()
+            .map(|m| m.partition)
+            .chain(plan.dropped.iter().map(|&(p, _)| p));
+        for p in touched {
+            let q = p as u16;
+            if out.iter().any(|(o, _)| *o == q) {
+                continue;
+            }
+            // A partition migrating now moves again only once that migration ends.
+            if self
+                .index_chains
+                .iter()
+                .any(|c| c.partition == q && c.migrating)
+            {
+                continue;
+            }
+            let chain = next.chains[p as usize].clone();
+            // A chain short of R (too few nodes up) cannot be a migration's target: every
+            // copy of a chain is a slot on a distinct up node.
+            if chain.len() == set.replicas() as usize && chain != map.chains[p as usize] {
+                out.push((q, chain));
+            }
+            if out.len() >= room {
+                break;
+            }
+        }
+        if out.is_empty() {
+            return Ok(Balance::Wait(if room == 0 {
+                format!("{running} migrations are running")
+            } else {
+                "the partitions to move are migrating, or too few nodes are up".into()
+            }));
+        }
+        Ok(Balance::Migrate(out))
+    }
+}
+
+/// Deliberate bugs the tests must catch (on in this crate's tests only, one thread at a time).
+mod mutation {
+    #[cfg(test)]
+    thread_local! {
+        /// The balancer takes failed nodes for members: the copies of a node failed for good
+        /// are never re-created.
+        pub static KEEP_FAILED_NODES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub fn keeps_failed_nodes() -> bool {
+        #[cfg(test)]
+        return KEEP_FAILED_NODES.with(|m| m.get());
+        #[cfg(not(test))]
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Member, Registrations, SlotCopy};
+
+    const SETTLE: u64 = 1_000;
+    const AFTER: u64 = 60_000;
+    /// The default: R × partitions per node.
+    const SLOTS: u16 = 6;
+
+    /// 4 nodes, 2 copies, 3 partitions per node (12 in all), the default index slots.
+    fn set() -> ReplicaSet {
+        let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
+        ReplicaSet::new(2, 4, ite, &nessie_protocols::ProtocolConfig::default())
+            .unwrap()
+            .with_index_slots(nessie_store::IndexPartitions::new(4, 3 * 64), SLOTS)
+            .unwrap()
+    }
+
+    fn config(nodes: u16) -> Configuration {
+        Configuration::initial(0..nodes, &Registrations::default())
+    }
+
+    fn fail(c: &mut Configuration, id: u16, at: u64) {
+        let m: &mut Member = c.nodes.iter_mut().find(|m| m.id == id).unwrap();
+        m.state = NodeState::Failed;
+        m.since_ns = at;
+    }
+
+    /// Applies a plan's migrations as if each had run and ended.
+    fn migrate_all(c: &mut Configuration, moves: &[(u16, Vec<u16>)], now: u64) {
+        for (q, to) in moves {
+            let copies: Vec<SlotCopy> = to
+                .iter()
+                .map(|&node| SlotCopy {
+                    node,
+                    slot: c
+                        .free_index_slot(node, SLOTS, now, SETTLE)
+                        .expect("a free slot"),
+                })
+                .collect();
+            *c = c
+                .reserve_migration(*q, copies.clone(), (0, now), SETTLE)
+                .unwrap()
+                .confirm_migration(*q, &copies, (0, now), now)
+                .unwrap();
+            for ch in c.index_chains.iter_mut().filter(|ch| ch.partition == *q) {
+                if ch.migrating {
+                    ch.migrating = false;
+                } else {
+                    ch.copies.clear();
+                }
+            }
+            c.index_chains.retain(|ch| !ch.copies.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_fresh_cluster_is_balanced() {
+        let c = config(4);
+        let map = c.index_map(&set()).unwrap();
+        assert_eq!(map.partitions(), 12);
+        assert!(map.loads().values().all(|&l| l == 6), "{:?}", map.loads());
+        assert_eq!(c.plan_balance(&set(), 0, AFTER), Ok(Balance::Balanced));
+    }
+
+    /// Node 3 fails for good: its copies must be re-created on the survivors, PM3 kept, and
+    /// the survivors balanced. Returns the configuration after, or what went wrong.
+    fn recreate_node_3(s: &ReplicaSet) -> Result<(Configuration, u64), String> {
+        let mut c = config(4);
+        fail(&mut c, 3, 10);
+        // Not yet: it may come back with its copies.
+        if !matches!(
+            c.plan_balance(s, 10 + AFTER - 1, AFTER),
+            Ok(Balance::Wait(_))
+        ) {
+            return Err("planned before replace_after".into());
+        }
+        let now = 10 + AFTER;
+        let moves = match c.plan_balance(s, now, AFTER) {
+            Ok(Balance::Migrate(moves)) => moves,
+            other => return Err(format!("no migrations: {other:?}")),
+        };
+        // Node 3 held 6 copies: its 3 home partitions and 3 of node 2's.
+        if moves.len() != 6 {
+            return Err(format!("{} migrations: {moves:?}", moves.len()));
+        }
+        for (q, chain) in &moves {
+            let before = &c.index_map(s).unwrap().chains[*q as usize];
+            if chain.len() != 2 || chain.contains(&3) || !before.contains(&3) {
+                return Err(format!("partition {q}: {before:?} to {chain:?}"));
+            }
+            // PM3: the copy that stays leads.
+            if before.iter().find(|&&n| n != 3) != Some(&chain[0]) {
+                return Err(format!("partition {q}: {before:?} to {chain:?} (PM3)"));
+            }
+        }
+        migrate_all(&mut c, &moves, now);
+        let map = c.index_map(s).unwrap();
+        if map.loads().get(&3).copied().unwrap_or(0) != 0 || map.under_replicated() != 0 {
+            return Err(format!("after: {:?}", map.chains));
+        }
+        if c.plan_balance(s, now, AFTER) != Ok(Balance::Balanced) {
+            return Err("not balanced after".into());
+        }
+        Ok((c, now))
+    }
+
+    #[test]
+    fn a_node_failed_for_good_has_its_copies_recreated_on_the_survivors() {
+        let s = set();
+        let (mut c, now) = recreate_node_3(&s).unwrap();
+        // A second node failed for good: what it held moves again, onto the two left.
+        fail(&mut c, 1, now);
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, now + AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        assert!(!moves.is_empty());
+        assert!(moves
+            .iter()
+            .all(|(_, ch)| ch == &vec![0, 2] || ch == &vec![2, 0]));
+    }
+
+    #[test]
+    fn the_mutation_that_keeps_failed_nodes_is_caught() {
+        mutation::KEEP_FAILED_NODES.with(|m| m.set(true));
+        let caught = recreate_node_3(&set());
+        mutation::KEEP_FAILED_NODES.with(|m| m.set(false));
+        let e = caught.expect_err("the mutation went unnoticed");
+        assert!(e.contains("no migrations"), "{e}");
+    }
+
+    #[test]
+    fn a_node_back_after_losing_its_copies_is_given_its_share() {
+        let s = set();
+        let mut c = config(4);
+        fail(&mut c, 3, 0);
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        migrate_all(&mut c, &moves, AFTER);
+        // It comes back: joining, then up, holding nothing.
+        c.nodes[3].state = NodeState::Joining;
+        assert!(matches!(
+            c.plan_balance(&s, 2 * AFTER, AFTER),
+            Ok(Balance::Wait(_))
+        ));
+        c.nodes[3].state = NodeState::Up;
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, 2 * AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        assert!(moves.iter().all(|(_, ch)| ch.contains(&3)), "{moves:?}");
+        migrate_all(&mut c, &moves, 2 * AFTER);
+        let loads = c.index_map(&s).unwrap().loads();
+        assert!(loads.values().all(|&l| (5..=7).contains(&l)), "{loads:?}");
+        assert_eq!(c.plan_balance(&s, 2 * AFTER, AFTER), Ok(Balance::Balanced));
+    }
+
+    #[test]
+    fn a_migrating_partition_counts_at_its_target_and_is_not_moved_twice() {
+        let s = set();
+        let mut c = config(4);
+        fail(&mut c, 3, 0);
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        // Start (but do not end) the first migration.
+        let (q, to) = &moves[0];
+        let copies: Vec<SlotCopy> = to.iter().map(|&node| SlotCopy { node, slot: 0 }).collect();
+        c = c
+            .reserve_migration(*q, copies.clone(), (0, AFTER), SETTLE)
+            .unwrap()
+            .confirm_migration(*q, &copies, (0, AFTER), AFTER)
+            .unwrap();
+        assert_eq!(c.index_map(&s).unwrap().chains[*q as usize], *to);
+        let Ok(Balance::Migrate(rest)) = c.plan_balance(&s, AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        assert_eq!(rest, moves[1..].to_vec());
+    }
+
+    #[test]
+    fn a_plan_waits_while_copies_are_filled_or_a_node_joins() {
+        let s = set();
+        let mut c = config(4);
+        c.nodes[2].state = NodeState::Joining;
+        assert!(
+            matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("joining"))
+        );
+        c.nodes[2].state = NodeState::Up;
+        c.moves.push(crate::CopyMove {
+            partition: 3,
+            copy: 1,
+            node: 1,
+            slot: 2,
+            receiving: true,
+        });
+        assert!(
+            matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("filled"))
+        );
+        let ite = nessie_store::IteLayout::new(20, 4, 7).unwrap();
+        let one = ReplicaSet::new(1, 4, ite, &nessie_protocols::ProtocolConfig::default()).unwrap();
+        assert!(matches!(
+            config(4).plan_balance(&one, 0, AFTER),
+            Ok(Balance::Wait(_))
+        ));
+    }
+}
