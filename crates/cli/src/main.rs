@@ -53,6 +53,10 @@ enum Command {
     /// Move one index partition to a new chain of copies while the cluster serves (the
     /// per-ITE handover: no pause); with --wait, until it is over.
     Migrate(MigrateArgs),
+    /// Drain a node out of the cluster while it serves: the copies of its tables move to spare
+    /// slots of other nodes and its index partitions to other nodes (the balancer); then it
+    /// stops. With --cancel, a leaving node stays after all (and is given partitions again).
+    Leave(LeaveArgs),
     /// Run one node process (what `nessie up` starts; use it directly across real hosts).
     Node(NodeArgs),
     /// Latency of one-sided READ/WRITE/CAS between two processes over UCX (optionally beside ucx_perftest).
@@ -336,6 +340,24 @@ struct MigrateArgs {
 }
 
 #[derive(clap::Args)]
+struct LeaveArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The node to drain.
+    #[arg(long)]
+    node: u16,
+    /// The node stays after all: it is no longer leaving.
+    #[arg(long, conflicts_with = "keep_running")]
+    cancel: bool,
+    /// Do not stop the node once it has drained.
+    #[arg(long)]
+    keep_running: bool,
+    /// Give up waiting after this many seconds (the node stays leaving; `--cancel` undoes).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    timeout: u64,
+}
+
+#[derive(clap::Args)]
 struct GetArgs {
     #[command(flatten)]
     key: KeyArgs,
@@ -482,6 +504,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Get(a) => run_get(a),
         Command::Del(a) => run_del(a),
         Command::Migrate(a) => run_migrate(a),
+        Command::Leave(a) => run_leave(a),
         Command::Node(a) => run_node(a),
         Command::FabricBench(a) => {
             fabric_bench::run(a)?;
@@ -974,6 +997,7 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
                 v["under_replicated"] = p.under_replicated().into();
                 v["partitions"] = held[n.id as usize].into();
                 v["index_copies"] = index_copies[n.id as usize].into();
+                v["leaving"] = config.is_some_and(|c| c.leaving.contains(&n.id)).into();
                 v["rebalancing"] = rebalancing.into();
                 if let Some(e) = &etcd_error {
                     v["etcd_error"] = e.clone().into();
@@ -1532,6 +1556,102 @@ fn run_migrate(a: MigrateArgs) -> Result<ExitCode, CliError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+fn run_leave(a: LeaveArgs) -> Result<ExitCode, CliError> {
+    let dir = a.dir.dir();
+    let cpath = process::config_path(&dir);
+    if !cpath.exists() {
+        return Err(CliError::NoCluster(dir));
+    }
+    let cfg = ClusterConfig::load(&cpath)?;
+    cfg.node_entry(a.node)?;
+    let set = cfg
+        .replica_set()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    if a.cancel {
+        let epoch = process::set_leaving(&cfg, a.node, false).map_err(CliError::Usage)?;
+        println!("node {} stays (epoch {epoch})", a.node);
+        return Ok(ExitCode::SUCCESS);
+    }
+    // What draining needs: somewhere for the tables' copies, and the balancer for the index.
+    if set.replicas() < 2 {
+        return Err(CliError::Usage(
+            "with one copy a node's data lives only on it: it cannot leave without losing it"
+                .into(),
+        ));
+    }
+    if cfg.spare_copies() == 0 {
+        return Err(CliError::Usage(format!(
+            "node {}'s table copies have nowhere to go: the cluster keeps no spare slots (nessie up --spare-copies)",
+            a.node
+        )));
+    }
+    if !cfg.membership.as_ref().is_some_and(|m| m.rebalance) {
+        return Err(CliError::Usage(
+            "the balancer is off ([membership] rebalance = false): nothing would move the node's index partitions"
+                .into(),
+        ));
+    }
+    let epoch = process::set_leaving(&cfg, a.node, true).map_err(CliError::Usage)?;
+    println!("node {} leaving (epoch {epoch}); draining", a.node);
+    let start = std::time::Instant::now();
+    let mut said = String::new();
+    loop {
+        let snap = process::membership_status(&cfg)
+            .ok_or_else(|| CliError::Usage("this cluster runs without membership".into()))?;
+        let state = match snap {
+            Err(e) => format!("etcd: {e}"),
+            Ok(s) => match s.config {
+                None => "no configuration yet".into(),
+                Some(c) if !c.leaving.contains(&a.node) => {
+                    return Err(CliError::Usage(format!(
+                        "node {} is no longer leaving (nessie leave --cancel?)",
+                        a.node
+                    )))
+                }
+                Some(c) if c.drained(&set, a.node) => break,
+                Some(c) => {
+                    let tables = c.copy_map(&set).held_by(a.node).len();
+                    let index = c
+                        .index_map(&set)
+                        .and_then(|m| m.loads().get(&a.node).copied())
+                        .unwrap_or(0);
+                    let migrating = c.index_chains.iter().filter(|ch| ch.migrating).count();
+                    format!(
+                        "holds {tables} table copies and {index} index partition copies; {migrating} partitions migrating"
+                    )
+                }
+            },
+        };
+        if state != said {
+            eprintln!("node {}: {state}", a.node);
+            said = state;
+        }
+        if start.elapsed().as_secs() >= a.timeout {
+            return Err(CliError::Usage(format!(
+                "node {} still draining after {} s (it stays leaving; nessie leave --cancel --node {} undoes)",
+                a.node, a.timeout, a.node
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let took = start.elapsed().as_secs_f64();
+    if a.keep_running {
+        println!("node {} drained in {took:.1} s; still running", a.node);
+    } else {
+        let ran = process::stop_node(&dir, a.node)?;
+        println!(
+            "node {} drained in {took:.1} s{}",
+            a.node,
+            if ran {
+                " and stopped"
+            } else {
+                " (it was not running)"
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {

@@ -132,6 +132,30 @@ pub struct NodeContext {
     expiry: std::sync::OnceLock<Arc<nessie_serve::expire::Totals>>,
     /// Pages this node adopted from nodes failed for good (`crate::rejoin`).
     pub adopted_pages: AtomicU64,
+    /// Starts of migrations running on this node (its balancer, or `nessie migrate` through
+    /// its admin socket): while any runs, its reservations are not stale.
+    starting: AtomicU32,
+}
+
+/// How old a reservation of this node that no start of it writes must be before its
+/// balancer gives it up (`NodeContext::cancel_stale_reservations`): far longer than a start
+/// (a batch of pending writes) takes.
+pub const STALE_RESERVATION_NS: u64 = 60_000_000_000;
+
+/// One start of migrations running, for [`NodeContext::starting`].
+struct Starting<'a>(&'a AtomicU32);
+
+impl<'a> Starting<'a> {
+    fn new(n: &'a AtomicU32) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A client worker of a node process, in the cluster's protocol.
@@ -251,10 +275,75 @@ impl NodeContext {
             .membership()
             .ok_or("migrations go through membership (etcd); this cluster runs without")?;
         let set = self.replica_set();
-        let settle = set.join_settle_ns();
+        let _starting = Starting::new(&self.starting);
         let (reserved, at) = m
-            .reserve_migrations(self.id, plan, set.index_slots(), settle)
+            .reserve_migrations(self.id, plan, set.index_slots(), set.join_settle_ns())
             .map_err(|e| e.to_string())?;
+        self.start_reserved(m, reserved, at)
+    }
+
+    /// One look of the balancer (`rejoin.rs`): if this node is the lowest up one, reserve
+    /// what the plan on the configuration in force moves and start it. `Ok(Err(why))`:
+    /// nothing to move now. A node failed for `replace_after_ns` is gone for good.
+    pub fn balance_once(
+        &self,
+        replace_after_ns: u64,
+    ) -> Result<Result<(u64, Vec<nessie_membership::Reserved>), String>, String> {
+        let m = self
+            .membership()
+            .ok_or("the balancer needs membership (etcd)")?;
+        let _starting = Starting::new(&self.starting);
+        match m.reserve_balance(self.id, self.replica_set(), replace_after_ns) {
+            Ok(Ok((reserved, at))) => self.start_reserved(m, reserved, at).map(Ok),
+            Ok(Err(why)) => Ok(Err(why)),
+            Err(nessie_membership::StartMigrationError::Refused(
+                nessie_membership::MigrationError::NotBalancer(_),
+            )) => Ok(Err("not the lowest up node".into())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Give up this node's own reservations that no start of it is writing (leaked: a start
+    /// whose confirm and cancel both failed, or whose reply etcd lost), once older than
+    /// [`STALE_RESERVATION_NS`]. Only while none runs: a start that begins after the check
+    /// reserves later than the cut, so its reservation is not among them.
+    pub fn cancel_stale_reservations(&self) {
+        let Some(m) = self.membership() else { return };
+        if self.starting.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        let Some(c) = m.view().config else { return };
+        let cut = nessie_fabric::wall_clock_ns().saturating_sub(STALE_RESERVATION_NS);
+        let mut stale: std::collections::BTreeMap<u64, Vec<nessie_membership::Reserved>> =
+            Default::default();
+        for ch in c.index_chains.iter() {
+            if !ch.prepared && ch.starter == self.id && ch.since_ns < cut {
+                stale
+                    .entry(ch.since_ns)
+                    .or_default()
+                    .push((ch.partition, ch.copies.clone()));
+            }
+        }
+        for (at, reserved) in stale {
+            eprintln!(
+                "nessie node {}: giving up {} reservations left since {at} (no start writes them)",
+                self.id,
+                reserved.len()
+            );
+            if let Err(e) = m.cancel_migrations(self.id, &reserved, at) {
+                tracing::warn!(%e, "could not give up stale reservations");
+            }
+        }
+    }
+
+    /// Write the slots of `reserved` (made at `at`) pending and start the migrations whose
+    /// writes succeeded; give up the others (and all, if the start fails).
+    fn start_reserved(
+        &self,
+        m: &Monitor,
+        reserved: Vec<nessie_membership::Reserved>,
+        at: u64,
+    ) -> Result<(u64, Vec<nessie_membership::Reserved>), String> {
         let mut ep = match self.endpoint() {
             Ok(ep) => ep,
             Err(e) => {
@@ -302,9 +391,15 @@ impl NodeContext {
         if written.is_empty() {
             return Err(why.unwrap_or_else(|| "nothing reserved".into()));
         }
-        let (epoch, started) = m
-            .confirm_migrations(self.id, &written, at)
-            .map_err(|e| e.to_string())?;
+        let (epoch, started) = match m.confirm_migrations(self.id, &written, at) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Err(c) = m.cancel_migrations(self.id, &written, at) {
+                    tracing::warn!(%c, "could not give up reservations; this node's balancer gives them up later");
+                }
+                return Err(e.to_string());
+            }
+        };
         written.retain(|(q, _)| started.contains(q));
         for (q, copies) in &written {
             tracing::info!(
@@ -927,6 +1022,7 @@ fn join_cluster(
         pilaf,
         expiry: std::sync::OnceLock::new(),
         adopted_pages: AtomicU64::new(0),
+        starting: AtomicU32::new(0),
         id,
         cfg,
         mode,

@@ -616,7 +616,7 @@ fn stop_children(dir: &Path, mut children: Vec<(u16, Child)>) {
         let _ = c.kill();
         let _ = c.wait();
     }
-    let _ = stop_nodes(dir);
+    let _ = stop_nodes(dir, |_| true);
 }
 
 /// How long `down` waits for a node to stop after SIGTERM before it sends SIGKILL.
@@ -681,7 +681,7 @@ pub fn down(dir: &Path) -> Result<Vec<u16>, ProcessError> {
         }
         e => e.into(),
     })?;
-    let stopped = stop_nodes(dir)?;
+    let stopped = stop_nodes(dir, |_| true)?;
     etcd_server::stop(dir);
     if stopped.is_empty() && !config_path(dir).exists() {
         return Err(ProcessError::NoCluster(dir.into()));
@@ -691,9 +691,23 @@ pub fn down(dir: &Path) -> Result<Vec<u16>, ProcessError> {
     Ok(ids)
 }
 
-/// [`down`] without taking the directory lock (the caller holds it).
-fn stop_nodes(dir: &Path) -> Result<Vec<RunningNode>, ProcessError> {
-    let nodes = running_nodes(dir);
+/// Stop node `id` of the cluster in `dir` as [`down`] stops every node (`nessie leave`, once
+/// it has drained). Returns whether it was running.
+pub fn stop_node(dir: &Path, id: u16) -> Result<bool, ProcessError> {
+    let _lock = RunDir::lock(dir, false)?;
+    Ok(!stop_nodes(dir, |n| n == Some(id))?.is_empty())
+}
+
+/// [`down`] (of the nodes `which` selects) without taking the directory lock (the caller
+/// holds it).
+fn stop_nodes(
+    dir: &Path,
+    which: impl Fn(Option<u16>) -> bool,
+) -> Result<Vec<RunningNode>, ProcessError> {
+    let nodes: Vec<RunningNode> = running_nodes(dir)
+        .into_iter()
+        .filter(|n| which(n.id))
+        .collect();
     // A pidfd pins the process: once it exits, signals to the handle go nowhere rather than to
     // a process that reused the pid. Pids still found after the pidfds are open are the nodes'.
     let fds: Vec<_> = nodes
@@ -788,6 +802,27 @@ pub fn membership_status(
             .map_err(MembershipError::from)
             .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys())),
     )
+}
+
+/// Mark node `id` leaving (`nessie leave`: it drains) or, with `leaving` false, staying, in the
+/// configuration in etcd. Returns the epoch that says so (the one in force if nothing changed).
+pub fn set_leaving(cfg: &ClusterConfig, id: u16, leaving: bool) -> Result<u64, String> {
+    let m = cfg
+        .membership
+        .as_ref()
+        .ok_or("this cluster runs without membership (etcd): nodes cannot leave it")?;
+    let etcd = m.client(ETCD_TIMEOUT).map_err(|e| e.to_string())?;
+    let replicas = cfg.cluster.replicas;
+    nessie_membership::change_config(&etcd, &cfg.membership_keys(), |c, _| {
+        Ok(match c.set_leaving(id, leaving, replicas)? {
+            Some(next) => {
+                let epoch = next.epoch;
+                (next, epoch)
+            }
+            None => (c.clone(), c.epoch),
+        })
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// Node `id`'s status report, asked over its admin socket.

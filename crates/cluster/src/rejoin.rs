@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nessie_membership::balance::Balance;
 use nessie_membership::{Monitor, NodeState};
 use nessie_protocols::CatchUp;
 
@@ -188,8 +187,9 @@ fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progr
 /// The balancer, on the lowest-numbered node that is up: every [`BALANCE_EVERY`], migrate the
 /// index partitions the configuration's plan moves (`nessie_membership::balance`): the copies
 /// of nodes failed for good re-created on the survivors, then every up node within its share.
-/// Several nodes that each take themselves for the lowest up (views differ for a moment)
-/// cannot both move a partition: a reservation refuses a partition that is migrating.
+/// The plan is made on the configuration in force when the reservation is written (not on
+/// this node's view), by the node that is the lowest up there: two nodes whose views differ
+/// cannot both plan from stale maps.
 fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     let Some(section) = &ctx.cfg.membership else {
         return;
@@ -208,26 +208,22 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if lowest_up != Some(ctx.id) {
         return;
     }
-    let set = ctx.replica_set();
+    ctx.cancel_stale_reservations();
     // Gone for good: failed for replace_after, and a settle time more (the copies of its
     // tables have moved to spare slots by then, where there are spare slots).
-    let after = (section.replace_after_s * 1_000_000_000).saturating_add(set.join_settle_ns());
-    let said = match c.plan_balance(set, nessie_fabric::wall_clock_ns(), after) {
-        Ok(Balance::Balanced) => "balanced".to_string(),
-        Ok(Balance::Wait(why)) => format!("waiting: {why}"),
-        Ok(Balance::Migrate(plan)) => match ctx.start_migrations(&plan) {
-            Ok((epoch, started)) => {
-                eprintln!(
-                    "nessie node {}: balancer: {} of {} planned partitions migrating (epoch {epoch})",
-                    ctx.id,
-                    started.len(),
-                    plan.len()
-                );
-                "migrating".to_string()
-            }
-            Err(e) => format!("could not start migrations: {e}"),
-        },
-        Err(e) => format!("no plan: {e}"),
+    let after = (section.replace_after_s * 1_000_000_000)
+        .saturating_add(ctx.replica_set().join_settle_ns());
+    let said = match ctx.balance_once(after) {
+        Ok(Ok((epoch, started))) => {
+            eprintln!(
+                "nessie node {}: balancer: {} partitions migrating (epoch {epoch})",
+                ctx.id,
+                started.len(),
+            );
+            "migrating".to_string()
+        }
+        Ok(Err(why)) => why,
+        Err(e) => format!("could not start migrations: {e}"),
     };
     if said != p.balance_said {
         if said.starts_with("could not") || said.starts_with("no plan") {

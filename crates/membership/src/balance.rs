@@ -23,7 +23,7 @@
 use nessie_protocols::replica::ReplicaSet;
 
 use crate::partitions::{PartitionMap, PlanError};
-use crate::{Configuration, NodeState};
+use crate::{Configuration, MigrationError, NodeState};
 
 /// Most migrations one plan starts: the configuration records each (about 100 bytes of JSON),
 /// and every migration's start and end is a compare-and-put of it.
@@ -84,7 +84,8 @@ impl Configuration {
         let Some(map) = self.index_map(set) else {
             return Ok(Balance::Wait("no index slots to migrate into".into()));
         };
-        for m in &self.nodes {
+        // A leaving node's state holds nothing up: its copies go whatever it does.
+        for m in self.nodes.iter().filter(|m| !self.leaving.contains(&m.id)) {
             match m.state {
                 NodeState::Up => {}
                 NodeState::Joining => {
@@ -106,6 +107,7 @@ impl Configuration {
             .nodes
             .iter()
             .filter(|m| m.state == NodeState::Up || mutation::keeps_failed_nodes())
+            .filter(|m| !self.leaving.contains(&m.id))
             .map(|m| m.id)
             .collect();
         if members.is_empty() {
@@ -115,6 +117,9 @@ impl Configuration {
         let room = MAX_MIGRATIONS_RUNNING
             .saturating_sub(running)
             .min(MAX_MIGRATIONS_PER_PLAN);
+        if room == 0 {
+            return Ok(Balance::Wait(format!("{running} migrations are running")));
+        }
         let plan = map.plan(&members)?;
         if plan.moves.is_empty() && plan.dropped.is_empty() {
             return Ok(Balance::Balanced);
@@ -128,7 +133,9 @@ impl Configuration {
             .chain(plan.dropped.iter().map(|&(p, _)| p));
         for p in touched {
             let q = p as u16;
-            if out.iter().any(|(o, _)| *o == q) {
+            // Every copy was on nodes gone for good: nothing is left to hand over from (a
+            // migration would never end). It stays short, in `index_partitions_short`.
+            if out.iter().any(|(o, _)| *o == q) || plan.lost.contains(&p) {
                 continue;
             }
             // A partition migrating now moves again only once that migration ends.
@@ -150,13 +157,65 @@ impl Configuration {
             }
         }
         if out.is_empty() {
-            return Ok(Balance::Wait(if room == 0 {
-                format!("{running} migrations are running")
-            } else {
-                "the partitions to move are migrating, or too few nodes are up".into()
-            }));
+            return Ok(Balance::Wait(format!(
+                "the partitions to move are migrating, lost ({}), or too few nodes are up",
+                plan.lost.len()
+            )));
         }
         Ok(Balance::Migrate(out))
+    }
+}
+
+impl Configuration {
+    /// The successor in which node `id` leaves (`leaving`: drains, see [`Configuration::leaving`])
+    /// or, with `leaving` false, stays after all. Refused for a node that is not a member, or
+    /// when fewer than `replicas` nodes would stay up. `None`: nothing changes.
+    pub fn set_leaving(
+        &self,
+        id: u16,
+        leaving: bool,
+        replicas: u8,
+    ) -> Result<Option<Configuration>, MigrationError> {
+        if self.state(id).is_none() {
+            return Err(MigrationError::UnknownNode(id));
+        }
+        if self.leaving.contains(&id) == leaving {
+            return Ok(None);
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        if leaving {
+            let staying = self
+                .nodes
+                .iter()
+                .filter(|m| m.id != id && m.state == NodeState::Up)
+                .filter(|m| !self.leaving.contains(&m.id))
+                .count();
+            if staying < replicas as usize {
+                return Err(MigrationError::TooFewStaying {
+                    node: id,
+                    replicas,
+                    staying,
+                });
+            }
+            next.leaving.push(id);
+            next.leaving.sort_unstable();
+        } else {
+            next.leaving.retain(|&n| n != id);
+        }
+        Ok(Some(next))
+    }
+
+    /// Whether node `id` has drained: it holds no copy of any table or index partition (none
+    /// receiving either), and no migration is running.
+    pub fn drained(&self, set: &ReplicaSet, id: u16) -> bool {
+        let tables = self.copy_map(set).held_by(id).is_empty();
+        let index = self
+            .index_map(set)
+            .is_none_or(|m| m.chains.iter().all(|ch| !ch.contains(&id)));
+        let settled = !self.moves.iter().any(|c| c.receiving)
+            && !self.index_chains.iter().any(|c| c.migrating);
+        tables && index && settled
     }
 }
 
@@ -184,7 +243,7 @@ mod tests {
 
     const SETTLE: u64 = 1_000;
     const AFTER: u64 = 60_000;
-    /// The default: R × partitions per node.
+    /// R × partitions per node: half the default, enough here.
     const SLOTS: u16 = 6;
 
     /// 4 nodes, 2 copies, 3 partitions per node (12 in all), the default index slots.
@@ -383,5 +442,49 @@ mod tests {
             config(4).plan_balance(&one, 0, AFTER),
             Ok(Balance::Wait(_))
         ));
+    }
+
+    #[test]
+    fn a_leaving_node_is_drained_by_the_plan_and_enough_nodes_must_stay() {
+        let s = set();
+        let c = config(4);
+        assert_eq!(
+            c.set_leaving(9, true, 2),
+            Err(MigrationError::UnknownNode(9))
+        );
+        let c = c.set_leaving(3, true, 2).unwrap().expect("a change");
+        assert_eq!(c.leaving, vec![3]);
+        assert_eq!(c.set_leaving(3, true, 2), Ok(None), "leaving already");
+        assert!(!c.drained(&s, 3));
+        let c2 = c.set_leaving(2, true, 2).unwrap().expect("a change");
+        assert_eq!(
+            c2.set_leaving(1, true, 2),
+            Err(MigrationError::TooFewStaying {
+                node: 1,
+                replicas: 2,
+                staying: 1
+            })
+        );
+        // The leaving node is up, yet the plan moves every copy it holds to the others.
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, 0, AFTER) else {
+            panic!("a plan");
+        };
+        assert_eq!(moves.len(), 6, "{moves:?}");
+        assert!(moves.iter().all(|(_, ch)| !ch.contains(&3)), "{moves:?}");
+        let mut after = c.clone();
+        migrate_all(&mut after, &moves, 0);
+        assert!(after
+            .index_map(&s)
+            .unwrap()
+            .chains
+            .iter()
+            .all(|ch| !ch.contains(&3)));
+        // Its tables' copies are still at home (membership moves them to spare slots): not
+        // drained yet.
+        assert!(!after.drained(&s, 3));
+        // Staying after all: it is a member again.
+        let back = c.set_leaving(3, false, 2).unwrap().expect("a change");
+        assert!(back.leaving.is_empty());
+        assert_eq!(back.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
     }
 }

@@ -264,6 +264,19 @@ pub struct RetiredSlot {
 pub enum MigrationError {
     #[error("partition {0} is migrating already")]
     Migrating(u16),
+    #[error("node {0} is not a member of this cluster")]
+    UnknownNode(u16),
+    #[error("node {0} is not the lowest-numbered up node: it does not balance")]
+    NotBalancer(u16),
+    /// Nothing to change (the balancer's plan moves nothing now), and why.
+    #[error("{0}")]
+    Idle(String),
+    #[error("node {node} cannot leave: {replicas} copies need {replicas} nodes that stay up, and {staying} would")]
+    TooFewStaying {
+        node: u16,
+        replicas: u8,
+        staying: usize,
+    },
     #[error("node {0} is not up")]
     NotUp(u16),
     #[error("node {node} has no free index slot (all {slots} in use or retired less than the settle time ago)")]
@@ -316,6 +329,11 @@ pub struct Configuration {
     /// Index slots chains no longer use, until they may be used again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired_slots: Vec<RetiredSlot>,
+    /// Nodes draining (`nessie leave`): the copies of their tables move to spare slots of
+    /// others at once, as a failed node's do after `replace_after`, and the balancer moves
+    /// their index partitions away; they take none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<u16>,
 }
 
 impl Configuration {
@@ -337,6 +355,7 @@ impl Configuration {
             moves: Vec::new(),
             index_chains: Vec::new(),
             retired_slots: Vec::new(),
+            leaving: Vec::new(),
         }
     }
 
@@ -555,6 +574,51 @@ impl Configuration {
         Ok(next)
     }
 
+    /// The successor that reserves index slots on the nodes of each chain of `plan` (the lowest
+    /// free of `slots` on each, slots reserved earlier in the batch taken), for `starter` at
+    /// `now_ns`. A partition that cannot be reserved (no free slot, migrating already, a node
+    /// not up) is left out; an error only if none could be.
+    pub fn reserve_batch(
+        &self,
+        plan: &[(u16, Vec<u16>)],
+        (starter, now_ns): (u16, u64),
+        slots: u16,
+        settle_ns: u64,
+    ) -> Result<(Configuration, Vec<Reserved>), MigrationError> {
+        let mut next = self.clone();
+        let mut got = Vec::new();
+        let mut refused = None;
+        for (q, to) in plan {
+            let reserved = to
+                .iter()
+                .map(|&node| {
+                    next.free_index_slot(node, slots, now_ns, settle_ns)
+                        .map(|slot| SlotCopy { node, slot })
+                        .ok_or(MigrationError::NoSlot { node, slots })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|copies| {
+                    let n =
+                        next.reserve_migration(*q, copies.clone(), (starter, now_ns), settle_ns)?;
+                    Ok((n, copies))
+                });
+            match reserved {
+                Ok((n, copies)) => {
+                    next = n;
+                    got.push((*q, copies));
+                }
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        if got.is_empty() {
+            return Err(refused.expect("a refusal for every partition of a plan"));
+        }
+        next.epoch = self.epoch + 1;
+        Ok((next, got))
+    }
+
     /// Put the slots of chain `i` among the retired ones.
     fn retire_chain(&mut self, i: usize, now_ns: u64) {
         let slots: Vec<SlotCopy> = self.index_chains[i].copies.clone();
@@ -656,15 +720,18 @@ impl Configuration {
         map
     }
 
-    /// Move the copies of every node failed for `r.after_ns` (that still holds some) to spare
-    /// slots on up nodes, receiving. Copies no node can take stay where they are.
+    /// Move the copies of every node failed for `r.after_ns`, or leaving, (that still holds
+    /// some) to spare slots on up nodes that are not leaving, receiving. Copies no node can
+    /// take stay where they are.
     fn move_copies(&mut self, r: &Replacing, now_ns: u64) -> bool {
         let mut changed = false;
         let due: Vec<u16> = self
             .nodes
             .iter()
-            .filter(|m| m.state == NodeState::Failed)
-            .filter(|m| now_ns >= m.since_ns.saturating_add(r.after_ns))
+            .filter(|m| {
+                (m.state == NodeState::Failed && now_ns >= m.since_ns.saturating_add(r.after_ns))
+                    || self.leaving.contains(&m.id)
+            })
             .map(|m| m.id)
             .collect();
         for gone in due {
@@ -672,7 +739,7 @@ impl Configuration {
             if map.held_by(gone).is_empty() {
                 continue;
             }
-            let up = |n: u16| self.state(n) == Some(NodeState::Up);
+            let up = |n: u16| self.state(n) == Some(NodeState::Up) && !self.leaving.contains(&n);
             let (moves, stuck) = map.replace(&r.set, gone, up);
             if !stuck.is_empty() {
                 tracing::warn!(node = gone, ?stuck, "copies of a failed node have nowhere to go (no spare slot on a node without them)");
@@ -692,6 +759,28 @@ impl Configuration {
         }
         changed
     }
+}
+
+/// Put the configuration `change` makes of the one in force at wall time `now`, by
+/// compare-and-put on its revision, tried again when another change came first (a monitor's,
+/// or another tool's). `change` returns the successor and what to return.
+pub fn change_config<T>(
+    etcd: &Etcd,
+    keys: &Keys,
+    change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
+) -> Result<T, StartMigrationError> {
+    for _ in 0..MAX_START_TRIES {
+        let snap = snapshot(etcd, keys)?;
+        let Some(c) = snap.config else {
+            return Err(StartMigrationError::NoConfiguration);
+        };
+        let (next, out) = change(&c, wall_ns())?;
+        let body = serde_json::to_vec(&next).expect("serialises");
+        if etcd.put_if_mod_revision(&keys.config(), snap.config_revision, &body)? {
+            return Ok(out);
+        }
+    }
+    Err(StartMigrationError::Busy)
 }
 
 /// Most compare-and-puts a migration's start tries before it gives up (each lost to another
@@ -1114,38 +1203,50 @@ impl Monitor {
     ) -> Result<(Vec<Reserved>, u64), StartMigrationError> {
         assert!(!plan.is_empty(), "a batch of nothing");
         self.change_config(|c, now| {
-            let mut next = c.clone();
-            let mut got = Vec::new();
-            let mut refused = None;
-            for (q, to) in plan {
-                // Slots come from `next`: those reserved earlier in the batch are taken.
-                let reserved = to
-                    .iter()
-                    .map(|&node| {
-                        next.free_index_slot(node, slots, now, settle_ns)
-                            .map(|slot| SlotCopy { node, slot })
-                            .ok_or(MigrationError::NoSlot { node, slots })
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .and_then(|copies| {
-                        let n = next.reserve_migration(*q, copies.clone(), (id, now), settle_ns)?;
-                        Ok((n, copies))
-                    });
-                match reserved {
-                    Ok((n, copies)) => {
-                        next = n;
-                        got.push((*q, copies));
-                    }
-                    Err(e) => {
-                        refused.get_or_insert(e);
-                    }
-                }
-            }
-            if got.is_empty() {
-                return Err(refused.expect("a refusal for every partition"));
-            }
-            next.epoch = c.epoch + 1;
+            let (next, got) = c.reserve_batch(plan, (id, now), slots, settle_ns)?;
             Ok((next, (got, now)))
+        })
+    }
+
+    /// As [`Self::reserve_migrations`] for the migrations the balancer plans
+    /// ([`Configuration::plan_balance`]) on the configuration in force as the compare-and-put
+    /// finds it (not on this node's view, which may be older), if this node is the lowest
+    /// up one there. `Ok(None)`: nothing to migrate now, and why.
+    pub fn reserve_balance(
+        &self,
+        id: u16,
+        set: &ReplicaSet,
+        replace_after_ns: u64,
+    ) -> Result<Result<(Vec<Reserved>, u64), String>, StartMigrationError> {
+        let slots = set.index_slots();
+        let settle_ns = set.join_settle_ns();
+        self.change_config(|c, now| {
+            let lowest = c
+                .nodes
+                .iter()
+                .filter(|m| m.state == NodeState::Up)
+                .map(|m| m.id)
+                .min();
+            if lowest != Some(id) {
+                return Err(MigrationError::NotBalancer(id));
+            }
+            match c.plan_balance(set, now, replace_after_ns) {
+                Ok(balance::Balance::Migrate(plan)) => {
+                    let (next, got) = c.reserve_batch(&plan, (id, now), slots, settle_ns)?;
+                    Ok((next, Ok((got, now))))
+                }
+                // Nothing to write: the same configuration again would be a new revision
+                // for nothing, so say why through the error path.
+                Ok(balance::Balance::Balanced) => Err(MigrationError::Idle("balanced".into())),
+                Ok(balance::Balance::Wait(why)) => {
+                    Err(MigrationError::Idle(format!("waiting: {why}")))
+                }
+                Err(e) => Err(MigrationError::Idle(format!("no plan: {e}"))),
+            }
+        })
+        .or_else(|e| match e {
+            StartMigrationError::Refused(MigrationError::Idle(why)) => Ok(Err(why)),
+            e => Err(e),
         })
     }
 
@@ -1206,8 +1307,15 @@ impl Monitor {
                     next = n;
                 }
             }
+            if next.index_chains == c.index_chains {
+                return Err(MigrationError::Idle("nothing to give up".into()));
+            }
             next.epoch = c.epoch + 1;
             Ok((next, ()))
+        })
+        .or_else(|e| match e {
+            StartMigrationError::Refused(MigrationError::Idle(_)) => Ok(()),
+            e => Err(e),
         })
     }
 
@@ -1217,24 +1325,11 @@ impl Monitor {
         &self,
         change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
     ) -> Result<T, StartMigrationError> {
-        for _ in 0..MAX_START_TRIES {
-            let snap = snapshot(&self.etcd, &self.keys)?;
-            let Some(c) = snap.config else {
-                return Err(StartMigrationError::NoConfiguration);
-            };
-            let (next, out) = change(&c, wall_ns())?;
-            let body = serde_json::to_vec(&next).expect("serialises");
-            if self
-                .etcd
-                .put_if_mod_revision(&self.keys.config(), snap.config_revision, &body)?
-            {
-                if let Some(t) = &self.thread {
-                    t.thread().unpark();
-                }
-                return Ok(out);
-            }
+        let out = change_config(&self.etcd, &self.keys, change)?;
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
         }
-        Err(StartMigrationError::Busy)
+        Ok(out)
     }
 
     fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
@@ -1631,6 +1726,7 @@ mod tests {
             moves: vec![],
             index_chains: vec![],
             retired_slots: vec![],
+            leaving: vec![],
         };
         let f = Fence::unfenced();
         apply(&c, (0, 0), &f, 10, 0);
@@ -1754,6 +1850,7 @@ mod tests {
             moves: vec![],
             index_chains: vec![],
             retired_slots: vec![],
+            leaving: vec![],
         };
         let fresh = Fence::unfenced();
         apply(&rejoined(now - S), (2, 0), &fresh, now, S / 2);
