@@ -14,6 +14,7 @@ pub mod memcached;
 pub mod result;
 #[cfg(feature = "ucx")]
 pub mod runner;
+pub mod scale;
 pub mod sizing;
 pub mod timeline;
 pub mod workload;

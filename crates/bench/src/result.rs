@@ -252,6 +252,9 @@ pub struct BenchResult {
     /// The node killed during the run, and the stall it caused (`--kill-node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<crate::timeline::FaultReport>,
+    /// Nodes that left during the run, and what the timeline shows of it (`--scale-to`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<crate::scale::ScalingReport>,
 }
 
 /// Largest histogram value: one hour, in nanoseconds.

@@ -54,6 +54,8 @@ pub struct RunnerOptions {
     pub wait_spin_us: Option<u64>,
     /// A node to kill (and perhaps restart) during the measured window.
     pub fault: Option<FaultPlan>,
+    /// Nodes to leave during the measured window (`--scale-to`).
+    pub scale: Option<crate::scale::ScalePlan>,
 }
 
 /// `nessie bench --kill-node K --kill-at S [--restart-at S2]`: SIGKILL node K at S seconds
@@ -117,6 +119,8 @@ pub enum BenchError {
     Panicked,
     #[error("--kill-node: {0}")]
     Fault(String),
+    #[error(transparent)]
+    Scale(#[from] crate::scale::ScaleError),
     #[error("killing node {node}: {err}")]
     Kill {
         node: u16,
@@ -444,7 +448,8 @@ fn run_window(
     duration: f64,
     rate: Option<f64>,
     fault: Option<(FaultPlan, &PathBuf)>,
-) -> Result<Vec<AgentReport>, BenchError> {
+    scale: Option<crate::scale::ScalePlan>,
+) -> Result<(Vec<AgentReport>, Option<crate::scale::Scaled>), BenchError> {
     let start = nessie_fabric::wall_clock_ns() + 300_000_000;
     let req = AgentRequest::Run {
         spec: spec.clone(),
@@ -459,11 +464,21 @@ fn run_window(
         let (dir, binary) = (c.dir.clone(), binary.clone());
         std::thread::spawn(move || inject(&dir, &binary, f, window_start))
     });
+    let scaler = scale.map(|s| {
+        let (dir, cfg) = (c.dir.clone(), c.cfg.clone());
+        std::thread::spawn(move || crate::scale::scale_in(&dir, &cfg, s, window_start, duration))
+    });
     let answers = ask_each(c, &req, timeout)?;
     let mut restarted = match injector {
         Some(h) => Some(h.join().map_err(|_| BenchError::Panicked)??),
         None => None,
     };
+    let scaled = match scaler {
+        Some(h) => Some(h.join().map_err(|_| BenchError::Panicked)??),
+        None => None,
+    };
+    // Nodes that left stopped before the run ended: their agents' answers are errors.
+    let left = |n: u16| scale.is_some_and(|s| n >= s.to);
     let killed = fault.map(|(f, _)| f.node);
     if let Some(Restarted(Some(child))) = &mut restarted {
         if let Ok(Some(status)) = child.try_wait() {
@@ -480,9 +495,10 @@ fn run_window(
     answers
         .into_iter()
         // The killed node's agent died with it: its answer is an error, and it has no report.
-        .filter(|(node, r)| !(Some(*node) == killed && r.is_err()))
+        .filter(|(node, r)| !((Some(*node) == killed || left(*node)) && r.is_err()))
         .map(|(_, r)| Ok(serde_json::from_value(r?)?))
-        .collect()
+        .collect::<Result<Vec<_>, BenchError>>()
+        .map(|reps| (reps, scaled))
 }
 
 /// A node started again by a fault plan: stopped (if `down` has not) and reaped on drop.
@@ -545,6 +561,14 @@ pub fn run(
 ) -> Result<BenchResult, BenchError> {
     let mode = validate(p)?;
     validate_fault(p, opts)?;
+    if let Some(s) = &opts.scale {
+        if opts.fault.is_some() {
+            return Err(BenchError::Fault(
+                "a run either kills a node or scales, not both".into(),
+            ));
+        }
+        crate::scale::validate(s, p.nodes, p.replicas, p.duration, opts.cluster.is_none())?;
+    }
     let (keys, geometry) = sizing(p);
     let (dir, temp) = match &opts.dir {
         Some(d) => (d.clone(), false),
@@ -613,7 +637,14 @@ fn start(
         },
         lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
-        spare_copies: None,
+        // Scaling in: a spare slot on the nodes that stay for every table copy that leaves
+        // (each leaving node holds R of them, spread over the others).
+        spare_copies: opts.scale.map(|s| {
+            let leaving = p.nodes - s.to;
+            (leaving * p.replicas as u16)
+                .div_ceil(s.to)
+                .clamp(1, nessie_protocols::replica::MAX_SPARE_COPIES as u16) as u8
+        }),
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
         replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
         rebalance: true,
@@ -683,7 +714,7 @@ fn calibrate(
         return Ok((None, None));
     };
     progress("calibrating the maximum throughput");
-    let reps = run_window(cluster, spec, 0.5, CALIBRATION_S, None, None)?;
+    let (reps, _) = run_window(cluster, spec, 0.5, CALIBRATION_S, None, None, None)?;
     let max: f64 = reps
         .iter()
         .map(|r| (r.gets + r.puts) as f64 / r.window_s)
@@ -708,11 +739,17 @@ fn bench_on(
     let (rate, offered) = calibrate(cluster, &spec, p, progress)?;
     progress("running");
     let fault = opts.fault.map(|f| (f, &opts.binary));
-    let reps = run_window(cluster, &spec, p.warmup, p.duration, rate, fault)?;
+    let (reps, scaled) = run_window(
+        cluster, &spec, p.warmup, p.duration, rate, fault, opts.scale,
+    )?;
     let mut r = merge_reports(p, keys, offered, &reps)?;
     r.fault = opts
         .fault
         .map(|f| r.timeline.fault(f.node, f.kill_at_s, f.restart_at_s));
+    r.scaling = opts
+        .scale
+        .zip(scaled)
+        .map(|(s, d)| crate::scale::ScalingReport::new(p.nodes, s.to, &d, &r.timeline));
     progress("finishing");
     Ok(r)
 }
@@ -746,6 +783,7 @@ fn merge_reports(
         timeline: Default::default(),
         error_kinds: Default::default(),
         fault: None,
+        scaling: None,
     };
     for rep in reps {
         r.ops.get += rep.gets;

@@ -59,6 +59,16 @@ pub struct BenchArgs {
     /// and catches up, as `nessie node` does).
     #[arg(long, value_name = "S", requires = "kill_node")]
     pub restart_at: Option<f64>,
+    /// Scale the cluster in to N nodes during the measured window (at --scale-at): nodes N
+    /// and up leave as `nessie leave` drains them, and the result's `scaling` says how long
+    /// it took, what moved, and the GET p99.9 and stalls of the timeline around it. Needs
+    /// --replicas 2 or 3; scaling out (N above --nodes) is not built yet.
+    #[arg(long, value_name = "N", conflicts_with = "kill_node")]
+    pub scale_to: Option<u16>,
+    /// Seconds into the measured window at which --scale-to starts [default: a third of
+    /// --duration].
+    #[arg(long, value_name = "S", requires = "scale_to")]
+    pub scale_at: Option<f64>,
 }
 
 #[derive(clap::Subcommand)]
@@ -243,6 +253,7 @@ pub fn runner_options(p: &ParamArgs) -> Result<RunnerOptions, BenchCmdError> {
         direct_peers: !p.fabric.no_direct_peers,
         wait_spin_us: p.fabric.wait_spin_us,
         fault: None,
+        scale: None,
     })
 }
 
@@ -427,6 +438,10 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
         node,
         kill_at_s: a.kill_at.unwrap_or(p.duration / 3.0),
         restart_at_s: a.restart_at,
+    });
+    opts.scale = a.scale_to.map(|to| nessie_bench::scale::ScalePlan {
+        to,
+        at_s: a.scale_at.unwrap_or(p.duration / 3.0),
     });
     let pb = progress_bar("bench");
     let t = Instant::now();

@@ -1566,88 +1566,43 @@ fn run_leave(a: LeaveArgs) -> Result<ExitCode, CliError> {
     }
     let cfg = ClusterConfig::load(&cpath)?;
     cfg.node_entry(a.node)?;
-    let set = cfg
-        .replica_set()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
     if a.cancel {
         let epoch = process::set_leaving(&cfg, a.node, false).map_err(CliError::Usage)?;
         println!("node {} stays (epoch {epoch})", a.node);
         return Ok(ExitCode::SUCCESS);
     }
-    // What draining needs: somewhere for the tables' copies, and the balancer for the index.
-    if set.replicas() < 2 {
-        return Err(CliError::Usage(
-            "with one copy a node's data lives only on it: it cannot leave without losing it"
-                .into(),
-        ));
-    }
     if cfg.spare_copies() == 0 {
-        return Err(CliError::Usage(format!(
-            "node {}'s table copies have nowhere to go: the cluster keeps no spare slots (nessie up --spare-copies)",
+        eprintln!(
+            "warning: the cluster keeps no spare slots: node {}'s table copies stay one short once it stops",
             a.node
-        )));
+        );
     }
-    if !cfg.membership.as_ref().is_some_and(|m| m.rebalance) {
-        return Err(CliError::Usage(
-            "the balancer is off ([membership] rebalance = false): nothing would move the node's index partitions"
-                .into(),
-        ));
-    }
-    let epoch = process::set_leaving(&cfg, a.node, true).map_err(CliError::Usage)?;
-    println!("node {} leaving (epoch {epoch}); draining", a.node);
-    let start = std::time::Instant::now();
-    let mut said = String::new();
-    loop {
-        let snap = process::membership_status(&cfg)
-            .ok_or_else(|| CliError::Usage("this cluster runs without membership".into()))?;
-        let state = match snap {
-            Err(e) => format!("etcd: {e}"),
-            Ok(s) => match s.config {
-                None => "no configuration yet".into(),
-                Some(c) if !c.leaving.contains(&a.node) => {
-                    return Err(CliError::Usage(format!(
-                        "node {} is no longer leaving (nessie leave --cancel?)",
-                        a.node
-                    )))
-                }
-                Some(c) if c.drained(&set, a.node) => break,
-                Some(c) => {
-                    let tables = c.copy_map(&set).held_by(a.node).len();
-                    let index = c
-                        .index_map(&set)
-                        .and_then(|m| m.loads().get(&a.node).copied())
-                        .unwrap_or(0);
-                    let migrating = c.index_chains.iter().filter(|ch| ch.migrating).count();
-                    format!(
-                        "holds {tables} table copies and {index} index partition copies; {migrating} partitions migrating"
-                    )
-                }
-            },
-        };
-        if state != said {
-            eprintln!("node {}: {state}", a.node);
-            said = state;
-        }
-        if start.elapsed().as_secs() >= a.timeout {
-            return Err(CliError::Usage(format!(
-                "node {} still draining after {} s (it stays leaving; nessie leave --cancel --node {} undoes)",
-                a.node, a.timeout, a.node
-            )));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    let took = start.elapsed().as_secs_f64();
+    let left = process::leave(
+        &cfg,
+        &dir,
+        a.node,
+        std::time::Duration::from_secs(a.timeout),
+        a.keep_running,
+        &mut |s| eprintln!("node {}: {s}", a.node),
+    )
+    .map_err(CliError::Usage)?;
+    println!(
+        "node {} leaving (epoch {}): its index partitions moved to the others in {:.1} s",
+        a.node,
+        left.epoch,
+        left.drained.as_secs_f64()
+    );
+    let after = cfg.membership.as_ref().map_or(0, |m| m.replace_after_s);
     if a.keep_running {
-        println!("node {} drained in {took:.1} s; still running", a.node);
+        println!("node {} still runs; stop it to finish leaving", a.node);
     } else {
-        let ran = process::stop_node(&dir, a.node)?;
         println!(
-            "node {} drained in {took:.1} s{}",
+            "node {} {}; the copies of its tables move to spare slots of the others {after} s after it is declared failed",
             a.node,
-            if ran {
-                " and stopped"
+            if left.stopped {
+                "stepped down and stopped"
             } else {
-                " (it was not running)"
+                "was not running"
             }
         );
     }

@@ -296,6 +296,60 @@ fn a_node_killed_mid_run_shows_as_a_stall_and_recovery() {
     eprintln!("fault: {f}; {errors} failed operations {kinds:?}");
 }
 
+/// A scale-in mid-run (4 → 3 nodes, R = 2, shared memory): node 3 leaves as `nessie leave`
+/// drains it while every node's clients run; the result's `scaling` says when it started and
+/// finished and what moved, few of the survivors' operations fail, and what the timeline
+/// shows of it is bounded. (The figures to beat are in `docs/bench.md`, measured
+/// on release builds.)
+#[test]
+fn a_scale_in_mid_run_drains_a_node_while_the_clients_run() {
+    let v = bench(
+        "cd",
+        &[
+            "--nodes",
+            "4",
+            "--replicas",
+            "2",
+            "--get-ratio",
+            "0.9",
+            "--duration",
+            "14",
+            "--scale-to",
+            "3",
+            "--scale-at",
+            "1",
+        ],
+    );
+    let s = &v["scaling"];
+    assert_eq!(
+        (s["from"].as_u64(), s["to"].as_u64()),
+        (Some(4), Some(3)),
+        "{s}"
+    );
+    assert_eq!(s["started_s"].as_f64(), Some(1.0), "{s}");
+    let finished = s["finished_s"].as_f64().unwrap();
+    assert!(
+        (1.0..14.0).contains(&finished),
+        "drained within the run: {s}"
+    );
+    assert!(s["bytes_held_before"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["bytes_moved"].as_u64().unwrap() > 0, "{s}");
+    // The node steps down once drained, so the others take it for failed at once; an
+    // operation caught by that may fail as one caught by a failure does, and few.
+    let errors = v["errors"].as_u64().unwrap();
+    let kinds = v["error_kinds"].as_object().cloned().unwrap_or_default();
+    assert!(
+        errors <= MAX_FAULT_ERRORS
+            && kinds
+                .keys()
+                .all(|k| FAULT_ERROR_KINDS.contains(&k.as_str())),
+        "{errors} failed operations {kinds:?}: {s}"
+    );
+    // Bounded by the failure path's (a lease TTL is 3 s; a step-down is seen sooner).
+    assert!(s["stall_ms"].as_f64().unwrap() <= 3_000.0, "{s}");
+    eprintln!("scaling: {s}; {errors} failed operations {kinds:?}");
+}
+
 #[test]
 fn bad_parameters_are_refused_before_starting_anything() {
     let o = Command::new(BIN)
@@ -322,6 +376,16 @@ fn bad_parameters_are_refused_before_starting_anything() {
         (
             &["--kill-node", "0", "--cluster", "/nonexistent"][..],
             "not those of --cluster",
+        ),
+        (&["--scale-to", "4"][..], "not built yet"),
+        (&["--scale-to", "2"][..], "one copy"),
+        (
+            &["--scale-to", "2", "--replicas", "2", "--scale-at", "7"][..],
+            "--scale-at 7 is not within",
+        ),
+        (
+            &["--scale-to", "2", "--kill-node", "1"][..],
+            "cannot be used with",
         ),
     ] {
         let o = Command::new(BIN)

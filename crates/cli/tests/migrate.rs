@@ -410,9 +410,10 @@ fn stop_writer(
 }
 
 /// `nessie leave`: node 3 drains while a writer runs through every node (itself included,
-/// until it stops): the copies of its tables move to spare slots of the others, its index
-/// partitions to the others; then it stops, nothing is lost, and node 2 killed afterwards
-/// loses nothing either. Bad requests are refused first.
+/// until it stops): the balancer moves its index partitions to the others; then it steps
+/// down and stops, and the copies of its tables move to spare slots of the others after
+/// `--replace-after`. Nothing is lost, and node 2 killed afterwards loses nothing either. Bad
+/// requests are refused first.
 #[test]
 fn a_node_leaves_under_writes_and_nothing_is_lost() {
     let c = Cluster::up(
@@ -424,6 +425,8 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
             "2",
             "--replicas",
             "2",
+            "--replace-after",
+            "6",
             "--ites-per-node",
             "256",
             "--dtes-per-node",
@@ -456,23 +459,30 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{said}{}", stderr(&out));
     assert!(
-        said.contains("node 3 leaving") && said.contains("drained in") && said.contains("stopped"),
+        said.contains("node 3 leaving")
+            && said.contains("index partitions moved to the others in")
+            && said.contains("stepped down and stopped"),
         "{said}"
     );
     eprintln!("node 3 left in {:?}", t0.elapsed());
-    // It holds nothing, and once it is failed the others balance what they hold (the
-    // balancer goes on after the drain): every partition whole on nodes 0 to 2.
+    // It holds no index partition; its table copies move once it has been failed for
+    // --replace-after, and the others then balance what they hold: every partition whole on
+    // nodes 0 to 2.
     let top = status(&c);
     assert_eq!(index_copies(&top)[3], 0, "{top:#}");
-    assert_eq!(top["nodes"][3]["partitions"], 0, "{top:#}");
     assert_eq!(top["nodes"][3]["leaving"], true, "{top:#}");
     assert_eq!(top["nodes"][0]["leaving"], false, "{top:#}");
-    wait_status(
+    let top = wait_status(
         &c,
-        "node 3 failed, the rest balanced",
-        Duration::from_secs(60),
-        |t| t["nodes"][3]["state"] == "failed" && whole_and_balanced(t, &[0, 1, 2], true),
+        "node 3's tables moved, the rest balanced",
+        Duration::from_secs(90),
+        |t| {
+            t["nodes"][3]["state"] == "failed"
+                && t["nodes"][3]["partitions"] == 0
+                && whole_and_balanced(t, &[0, 1, 2], true)
+        },
     );
+    eprintln!("index copies held: {:?}", index_copies(&top));
     let mut ops = stop_writer(&stop, writer);
     check(&c, &[0, 1, 2], &model.lock().unwrap());
 

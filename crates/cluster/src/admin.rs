@@ -54,7 +54,7 @@ macro_rules! wire_enum {
 
 wire_enum! {
     /// Request opcodes on the wire.
-    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6, PutExpiring = 7, Migrate = 8 }
+    AdminOp { Ping = 1, Get = 2, Put = 3, Delete = 4, Status = 5, Extension = 6, PutExpiring = 7, Migrate = 8, StepDown = 9 }
 }
 
 wire_enum! {
@@ -77,6 +77,10 @@ pub enum Request {
     /// Start migrating an index partition (`nessie migrate`): a [`MigrateRequest`] as JSON in
     /// the value; the reply is a status with the [`MigrateReply`] as JSON.
     Migrate(Vec<u8>),
+    /// Leave membership now (`nessie leave`, once the node holds no index partition): stop
+    /// writing, revoke the lease, so that the others declare it failed at once instead of a
+    /// lease TTL after it stops.
+    StepDown,
 }
 
 /// What `nessie migrate` asks a node: move index partition `partition` to a new chain on
@@ -176,6 +180,7 @@ impl Request {
             Request::Status => (AdminOp::Status, &[], &[]),
             Request::Extension(v) => (AdminOp::Extension, &[], v),
             Request::Migrate(v) => (AdminOp::Migrate, &[], v),
+            Request::StepDown => (AdminOp::StepDown, &[], &[]),
         };
         let mut b = Vec::with_capacity(13 + k.len() + v.len());
         b.extend_from_slice(MAGIC);
@@ -250,6 +255,7 @@ impl Request {
             Some(AdminOp::Status) => no_payload(Request::Status),
             Some(AdminOp::Extension) if klen == 0 => Ok(Some(Request::Extension(value))),
             Some(AdminOp::Migrate) if klen == 0 => Ok(Some(Request::Migrate(value))),
+            Some(AdminOp::StepDown) => no_payload(Request::StepDown),
             _ => Err(AdminError::Malformed(format!("unknown op {op}"))),
         }
     }
@@ -359,7 +365,7 @@ fn serve_with(c: &mut (impl nessie_protocols::KvClient + ?Sized), req: Request) 
             .delete(&k)
             .map_or_else(|e| Response::Error(encode_error(&e)), |_| Response::Ok),
         Request::Ping => Response::Ok,
-        Request::Status | Request::Extension(_) | Request::Migrate(_) => {
+        Request::Status | Request::Extension(_) | Request::Migrate(_) | Request::StepDown => {
             Response::Error("not served by the client pool".into())
         }
     }
@@ -749,7 +755,7 @@ mod tests {
         let (_srv, path) = server("junk");
         for junk in [
             &b"GET key\n"[..],
-            b"NSA1\x09\0\0\0\0\0\0\0\0",
+            b"NSA1\x0a\0\0\0\0\0\0\0\0",
             b"NSA1\x02\xff\xff\xff\xff\0\0\0\0",
             b"NSA1\x01\x01\0\0\0\0\0\0\0x",
         ] {
@@ -821,7 +827,7 @@ mod tests {
     #[test]
     fn wire_codes_are_pinned_and_round_trip() {
         let ops: Vec<u8> = AdminOp::ALL.iter().map(|&o| o as u8).collect();
-        assert_eq!(ops, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(ops, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
         let statuses: Vec<u8> = ReplyStatus::ALL.iter().map(|&s| s as u8).collect();
         assert_eq!(statuses, [0, 1, 2, 3, 4, 5]);
         for &o in AdminOp::ALL {

@@ -132,6 +132,10 @@ pub struct NodeContext {
     expiry: std::sync::OnceLock<Arc<nessie_serve::expire::Totals>>,
     /// Pages this node adopted from nodes failed for good (`crate::rejoin`).
     pub adopted_pages: AtomicU64,
+    /// Bytes this node read filling copies moved to it (`crate::rejoin`, re-replication and
+    /// leaving nodes), and index entries it installed handing partitions over: what moved in.
+    pub moved_in_fill_bytes: AtomicU64,
+    pub moved_in_handed_entries: AtomicU64,
     /// Starts of migrations running on this node (its balancer, or `nessie migrate` through
     /// its admin socket): while any runs, its reservations are not stale.
     starting: AtomicU32,
@@ -616,6 +620,10 @@ impl NodeContext {
             "index": { "entries": self.cfg.geometry.ites_per_node, "present": present },
             "replicas": self.replicas.replicas(),
             "copies": copies,
+            "moved_in": {
+                "fill_bytes": self.moved_in_fill_bytes.load(Ordering::Relaxed),
+                "handed_entries": self.moved_in_handed_entries.load(Ordering::Relaxed),
+            },
             "data_table": data_table,
             "fabric": fabric,
             "huge_pages": self.cfg.cluster.huge_pages.to_string(),
@@ -798,6 +806,20 @@ impl Handler for NodeHandler {
         match req {
             Request::Ping => (Response::Ok, none()),
             Request::Status => (Response::Status(self.ctx.status().to_string()), none()),
+            Request::StepDown => match self.ctx.membership() {
+                Some(m) => {
+                    m.step_down();
+                    eprintln!(
+                        "nessie node {}: stepped down from membership (leaving); it no longer acts",
+                        self.ctx.id
+                    );
+                    (Response::Ok, none())
+                }
+                None => (
+                    Response::Error("this node runs without membership".into()),
+                    none(),
+                ),
+            },
             Request::Migrate(body) => match self.ctx.start_migration(&body) {
                 Ok(reply) => (
                     Response::Status(serde_json::to_string(&reply).expect("serialises")),
@@ -1022,6 +1044,8 @@ fn join_cluster(
         pilaf,
         expiry: std::sync::OnceLock::new(),
         adopted_pages: AtomicU64::new(0),
+        moved_in_fill_bytes: AtomicU64::new(0),
+        moved_in_handed_entries: AtomicU64::new(0),
         starting: AtomicU32::new(0),
         id,
         cfg,

@@ -825,6 +825,115 @@ pub fn set_leaving(cfg: &ClusterConfig, id: u16, leaving: bool) -> Result<u64, S
     .map_err(|e| e.to_string())
 }
 
+/// How often [`leave`] reads membership while the node drains.
+const LEAVE_POLL: Duration = Duration::from_millis(100);
+
+/// What [`leave`] did.
+#[derive(Clone, Debug)]
+pub struct Left {
+    /// The epoch that marked the node leaving.
+    pub epoch: u64,
+    /// How long its index partitions took to move away.
+    pub drained: Duration,
+    /// Whether it was stopped (it was running and not `keep_running`).
+    pub stopped: bool,
+}
+
+/// `nessie leave`: mark node `id` leaving; wait (up to `timeout`) until the balancer has moved
+/// every index partition copy it holds to the others and no migration runs, telling
+/// `progress` what it holds on each change; then, unless `keep_running`, have it step down
+/// from membership (the others declare it failed at once, not a lease TTL later) and stop
+/// it. The copies of its tables then move to spare slots of the others as a failed node's do,
+/// after `membership.replace_after_s`.
+pub fn leave(
+    cfg: &ClusterConfig,
+    dir: &Path,
+    id: u16,
+    timeout: Duration,
+    keep_running: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Left, String> {
+    let set = cfg.replica_set().map_err(|e| e.to_string())?;
+    if set.replicas() < 2 {
+        return Err(
+            "with one copy a node's data lives only on it: it cannot leave without losing it"
+                .into(),
+        );
+    }
+    let m = cfg
+        .membership
+        .as_ref()
+        .ok_or("this cluster runs without membership (etcd): nodes cannot leave it")?;
+    if set.index_partitions().is_some() && !m.rebalance {
+        return Err("the balancer is off ([membership] rebalance = false): nothing would move the node's index partitions".into());
+    }
+    let epoch = set_leaving(cfg, id, true)?;
+    let start = Instant::now();
+    let mut said = String::new();
+    loop {
+        let state = match membership_status(cfg).expect("membership is configured") {
+            Err(e) => format!("etcd: {e}"),
+            Ok(s) => {
+                match s.config {
+                    None => "no configuration yet".into(),
+                    Some(c) if !c.leaving.contains(&id) => {
+                        return Err(format!(
+                            "node {id} is no longer leaving (nessie leave --cancel?)"
+                        ))
+                    }
+                    Some(c) if c.index_drained(&set, id) => break,
+                    Some(c) => {
+                        let index = c
+                            .index_map(&set)
+                            .and_then(|m| m.loads().get(&id).copied())
+                            .unwrap_or(0);
+                        let migrating = c.index_chains.iter().filter(|ch| ch.migrating).count();
+                        format!("holds {index} index partition copies; {migrating} partitions migrating")
+                    }
+                }
+            }
+        };
+        if state != said {
+            progress(&state);
+            said = state;
+        }
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "node {id} still draining after {:.0} s (it stays leaving; nessie leave --cancel --node {id} undoes)",
+                timeout.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(LEAVE_POLL);
+    }
+    let drained = start.elapsed();
+    if keep_running {
+        return Ok(Left {
+            epoch,
+            drained,
+            stopped: false,
+        });
+    }
+    // Step down first: its lease revoked, the others declare it failed at their next step.
+    let stepped = cfg
+        .admin_path(id, dir)
+        .map_err(|e| e.to_string())
+        .and_then(|p| AdminClient::connect(&p, Duration::from_secs(5)).map_err(|e| e.to_string()))
+        .and_then(|mut c| c.call(&Request::StepDown).map_err(|e| e.to_string()));
+    match stepped {
+        Ok(Response::Ok) => {}
+        Ok(r) => progress(&format!(
+            "stepping down: unexpected reply {r:?}; stopping it all the same"
+        )),
+        Err(e) => progress(&format!("stepping down: {e}; stopping it all the same")),
+    }
+    let stopped = stop_node(dir, id).map_err(|e| e.to_string())?;
+    Ok(Left {
+        epoch,
+        drained,
+        stopped,
+    })
+}
+
 /// Node `id`'s status report, asked over its admin socket.
 fn node_report(cfg: &ClusterConfig, dir: &Path, id: u16) -> Result<serde_json::Value, StatusError> {
     let path = cfg.admin_path(id, dir)?;

@@ -167,6 +167,8 @@ fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progr
         let ep = p.handover_ep.as_mut().expect("made above");
         match ep.hand_over_partition(q, CATCH_UP_BYTES_PER_S) {
             Ok(done) => {
+                ctx.moved_in_handed_entries
+                    .fetch_add(done.handed, std::sync::atomic::Ordering::Relaxed);
                 eprintln!(
                     "nessie node {}: handed over index partition {q} ({} entries, {} installed here, in {:.2} s)",
                     ctx.id,
@@ -194,10 +196,16 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     let Some(section) = &ctx.cfg.membership else {
         return;
     };
-    if !section.rebalance || p.balanced_at.is_some_and(|t| t.elapsed() < BALANCE_EVERY) {
+    if p.balanced_at.is_some_and(|t| t.elapsed() < BALANCE_EVERY) {
         return;
     }
     p.balanced_at = Some(Instant::now());
+    // Every node gives up its own leaked reservations (a `nessie migrate` through it may
+    // have left one), balancer or not.
+    ctx.cancel_stale_reservations();
+    if !section.rebalance {
+        return;
+    }
     let Some(c) = m.view().config else { return };
     let lowest_up = c
         .nodes
@@ -208,7 +216,6 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if lowest_up != Some(ctx.id) {
         return;
     }
-    ctx.cancel_stale_reservations();
     // Gone for good: failed for replace_after, and a settle time more (the copies of its
     // tables have moved to spare slots by then, where there are spare slots).
     let after = (section.replace_after_s * 1_000_000_000)
@@ -290,6 +297,8 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
         });
     match filled {
         Ok(c) => {
+            ctx.moved_in_fill_bytes
+                .fetch_add(c.bytes_read, std::sync::atomic::Ordering::Relaxed);
             eprintln!("nessie node {}: filled the copies moved here ({c})", ctx.id);
             match m.set_filled(ctx.id, &p.moved) {
                 Ok(()) => p.filled = true,

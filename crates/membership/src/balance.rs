@@ -107,7 +107,7 @@ impl Configuration {
             .nodes
             .iter()
             .filter(|m| m.state == NodeState::Up || mutation::keeps_failed_nodes())
-            .filter(|m| !self.leaving.contains(&m.id))
+            .filter(|m| !self.leaving.contains(&m.id) || mutation::leaving_stays_member())
             .map(|m| m.id)
             .collect();
         if members.is_empty() {
@@ -185,6 +185,24 @@ impl Configuration {
         let mut next = self.clone();
         next.epoch += 1;
         if leaving {
+            // While another node is away or a copy is being filled, some partition may have
+            // its only full copy on this node; its chains would then be lost to the plan.
+            if let Some(m) = self
+                .nodes
+                .iter()
+                .find(|m| m.id != id && m.state != NodeState::Up && !self.leaving.contains(&m.id))
+            {
+                return Err(MigrationError::NotSettled {
+                    node: id,
+                    why: format!("node {} is {}", m.id, m.state.as_str()),
+                });
+            }
+            if self.moves.iter().any(|c| c.receiving) {
+                return Err(MigrationError::NotSettled {
+                    node: id,
+                    why: "a moved copy is being filled".into(),
+                });
+            }
             let staying = self
                 .nodes
                 .iter()
@@ -206,16 +224,14 @@ impl Configuration {
         Ok(Some(next))
     }
 
-    /// Whether node `id` has drained: it holds no copy of any table or index partition (none
-    /// receiving either), and no migration is running.
-    pub fn drained(&self, set: &ReplicaSet, id: u16) -> bool {
-        let tables = self.copy_map(set).held_by(id).is_empty();
+    /// Whether node `id` has drained its index: no index partition has a copy on it, and no
+    /// migration (whose old chain may hold it) is running. The copies of its tables stay until
+    /// it stops (see [`Configuration::leaving`]).
+    pub fn index_drained(&self, set: &ReplicaSet, id: u16) -> bool {
         let index = self
             .index_map(set)
             .is_none_or(|m| m.chains.iter().all(|ch| !ch.contains(&id)));
-        let settled = !self.moves.iter().any(|c| c.receiving)
-            && !self.index_chains.iter().any(|c| c.migrating);
-        tables && index && settled
+        index && !self.index_chains.iter().any(|c| c.migrating)
     }
 }
 
@@ -226,11 +242,20 @@ mod mutation {
         /// The balancer takes failed nodes for members: the copies of a node failed for good
         /// are never re-created.
         pub static KEEP_FAILED_NODES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// The balancer takes leaving nodes for members: a leaving node never drains.
+        pub static LEAVING_STAYS_MEMBER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     pub fn keeps_failed_nodes() -> bool {
         #[cfg(test)]
         return KEEP_FAILED_NODES.with(|m| m.get());
+        #[cfg(not(test))]
+        false
+    }
+
+    pub fn leaving_stays_member() -> bool {
+        #[cfg(test)]
+        return LEAVING_STAYS_MEMBER.with(|m| m.get());
         #[cfg(not(test))]
         false
     }
@@ -444,6 +469,31 @@ mod tests {
         ));
     }
 
+    /// Node 3, leaving in `c`, drained by the balancer's plan: the configuration after, or what
+    /// went wrong.
+    fn drain_node_3(s: &ReplicaSet, c: &Configuration) -> Result<Configuration, String> {
+        let moves = match c.plan_balance(s, 0, AFTER) {
+            Ok(Balance::Migrate(moves)) => moves,
+            other => return Err(format!("no migrations: {other:?}")),
+        };
+        if moves.len() != 6 || moves.iter().any(|(_, ch)| ch.contains(&3)) {
+            return Err(format!("{moves:?}"));
+        }
+        let mut after = c.clone();
+        migrate_all(&mut after, &moves, 0);
+        Ok(after)
+    }
+
+    #[test]
+    fn the_mutation_that_keeps_leaving_nodes_is_caught() {
+        let c = config(4).set_leaving(3, true, 2).unwrap().unwrap();
+        mutation::LEAVING_STAYS_MEMBER.with(|m| m.set(true));
+        let caught = drain_node_3(&set(), &c);
+        mutation::LEAVING_STAYS_MEMBER.with(|m| m.set(false));
+        let e = caught.expect_err("the mutation went unnoticed");
+        assert!(e.contains("no migrations"), "{e}");
+    }
+
     #[test]
     fn a_leaving_node_is_drained_by_the_plan_and_enough_nodes_must_stay() {
         let s = set();
@@ -455,7 +505,7 @@ mod tests {
         let c = c.set_leaving(3, true, 2).unwrap().expect("a change");
         assert_eq!(c.leaving, vec![3]);
         assert_eq!(c.set_leaving(3, true, 2), Ok(None), "leaving already");
-        assert!(!c.drained(&s, 3));
+        assert!(!c.index_drained(&s, 3));
         let c2 = c.set_leaving(2, true, 2).unwrap().expect("a change");
         assert_eq!(
             c2.set_leaving(1, true, 2),
@@ -466,22 +516,30 @@ mod tests {
             })
         );
         // The leaving node is up, yet the plan moves every copy it holds to the others.
-        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, 0, AFTER) else {
-            panic!("a plan");
-        };
-        assert_eq!(moves.len(), 6, "{moves:?}");
-        assert!(moves.iter().all(|(_, ch)| !ch.contains(&3)), "{moves:?}");
-        let mut after = c.clone();
-        migrate_all(&mut after, &moves, 0);
+        let after = drain_node_3(&s, &c).unwrap();
         assert!(after
             .index_map(&s)
             .unwrap()
             .chains
             .iter()
             .all(|ch| !ch.contains(&3)));
-        // Its tables' copies are still at home (membership moves them to spare slots): not
-        // drained yet.
-        assert!(!after.drained(&s, 3));
+        assert!(after.index_drained(&s, 3));
+        // No migration may target it.
+        let to = vec![
+            crate::SlotCopy { node: 3, slot: 0 },
+            crate::SlotCopy { node: 0, slot: 0 },
+        ];
+        assert_eq!(
+            after.reserve_migration(0, to, (0, 0), SETTLE),
+            Err(MigrationError::Leaving(3))
+        );
+        // A node may not leave while another is away.
+        let mut away = config(4);
+        fail(&mut away, 1, 0);
+        assert!(matches!(
+            away.set_leaving(3, true, 2),
+            Err(MigrationError::NotSettled { node: 3, .. })
+        ));
         // Staying after all: it is a member again.
         let back = c.set_leaving(3, false, 2).unwrap().expect("a change");
         assert!(back.leaving.is_empty());

@@ -266,6 +266,10 @@ pub enum MigrationError {
     Migrating(u16),
     #[error("node {0} is not a member of this cluster")]
     UnknownNode(u16),
+    #[error("node {0} is leaving: it takes no copies")]
+    Leaving(u16),
+    #[error("node {node} cannot leave while {why}: it would leave partitions with too few copies")]
+    NotSettled { node: u16, why: String },
     #[error("node {0} is not the lowest-numbered up node: it does not balance")]
     NotBalancer(u16),
     /// Nothing to change (the balancer's plan moves nothing now), and why.
@@ -329,9 +333,9 @@ pub struct Configuration {
     /// Index slots chains no longer use, until they may be used again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired_slots: Vec<RetiredSlot>,
-    /// Nodes draining (`nessie leave`): the copies of their tables move to spare slots of
-    /// others at once, as a failed node's do after `replace_after`, and the balancer moves
-    /// their index partitions away; they take none.
+    /// Nodes draining (`nessie leave`): the balancer moves their index partitions away and
+    /// gives them none, and no migration may target them; once drained they stop, and the
+    /// copies of their tables move to spare slots as a failed node's do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaving: Vec<u16>,
 }
@@ -489,6 +493,9 @@ impl Configuration {
             return Err(MigrationError::Migrating(partition));
         }
         self.all_up(copies.iter().map(|c| c.node))?;
+        if let Some(c) = copies.iter().find(|c| self.leaving.contains(&c.node)) {
+            return Err(MigrationError::Leaving(c.node));
+        }
         for c in &copies {
             if self.slot_used(c.node, c.slot, now_ns, settle_ns) {
                 return Err(MigrationError::SlotTaken {
@@ -720,18 +727,17 @@ impl Configuration {
         map
     }
 
-    /// Move the copies of every node failed for `r.after_ns`, or leaving, (that still holds
-    /// some) to spare slots on up nodes that are not leaving, receiving. Copies no node can
-    /// take stay where they are.
+    /// Move the copies of every node failed for `r.after_ns` (that still holds some) to spare
+    /// slots on up nodes that are not leaving, receiving. Copies no node can take stay where
+    /// they are. (A leaving node's table copies move only so, once it has stopped: moving the
+    /// copies of a node that still serves would need them to fade as a failed node's do.)
     fn move_copies(&mut self, r: &Replacing, now_ns: u64) -> bool {
         let mut changed = false;
         let due: Vec<u16> = self
             .nodes
             .iter()
-            .filter(|m| {
-                (m.state == NodeState::Failed && now_ns >= m.since_ns.saturating_add(r.after_ns))
-                    || self.leaving.contains(&m.id)
-            })
+            .filter(|m| m.state == NodeState::Failed)
+            .filter(|m| now_ns >= m.since_ns.saturating_add(r.after_ns))
             .map(|m| m.id)
             .collect();
         for gone in due {
@@ -1351,6 +1357,23 @@ impl Monitor {
     }
 }
 
+impl Monitor {
+    /// Leave membership at once, as a node stopping does: the monitor stops (it neither
+    /// refreshes the lease nor registers again), this node stops writing, and the lease is
+    /// revoked, so that the others declare the node failed at their next step instead of a
+    /// TTL later. The process should exit soon after (`nessie leave`).
+    pub fn step_down(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+        self.shared.fence.set_lease_until(0);
+        let _ = self
+            .etcd
+            .revoke(LeaseId(self.shared.lease.load(Ordering::SeqCst)));
+    }
+}
+
 impl Drop for Monitor {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
@@ -1607,6 +1630,10 @@ fn keep_registered(
     // And fill again whatever moved copies it had filled (handed-over partitions stay so:
     // a handover is done in memory every node reads, not in this node's).
     shared.filled.lock().expect("filled lock").clear();
+    if shared.stop.load(Ordering::SeqCst) {
+        // Stepped down (or stopping): never registered again.
+        return Ok(());
+    }
     let (lease, granted) = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
     shared.lease.store(lease.0, Ordering::Relaxed);
     // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.

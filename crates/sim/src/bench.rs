@@ -609,6 +609,7 @@ fn merge(
         timeline: Default::default(),
         error_kinds: Default::default(),
         fault: None,
+        scaling: None,
         params,
     };
     SimBenchResult {

@@ -96,6 +96,7 @@ pub fn fake_result(p: &BenchParams) -> BenchResult {
         timeline: Default::default(),
         error_kinds: Default::default(),
         fault: None,
+        scaling: None,
     }
 }
 

@@ -1,0 +1,292 @@
+//! Scaling a cluster during a run (`nessie bench --scale-to N --scale-at S`, issue 42): the
+//! nodes N and up leave (`nessie leave`: their table copies move to spare slots of the others,
+//! their index partitions to the others) while every node's clients run, and the result says
+//! how long it took, what moved, and what the timeline shows of it ([`ScalingReport`]).
+//!
+//! Only scaling in is built: a node beyond `cluster.toml` cannot join a running cluster yet,
+//! so `--scale-to` above `--nodes` is refused with that reason.
+
+#[cfg(feature = "ucx")]
+use std::path::Path;
+#[cfg(feature = "ucx")]
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "ucx")]
+use nessie_cluster::config::ClusterConfig;
+#[cfg(feature = "ucx")]
+use nessie_cluster::process;
+
+use crate::timeline::Timeline;
+
+/// How long the nodes may take to drain after the measured window ends before the run fails.
+#[cfg(feature = "ucx")]
+const DRAIN_GRACE: Duration = Duration::from_secs(60);
+/// Earliest scaling, seconds into the measured window: five timeline windows to measure the
+/// throughput before it by.
+pub const MIN_SCALE_AT_S: f64 = 0.5;
+
+/// `--scale-to N --scale-at S`: the cluster goes from `--nodes` to `to` nodes at `at_s`
+/// seconds into the measured window.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ScalePlan {
+    pub to: u16,
+    pub at_s: f64,
+}
+
+/// What a scaling did (times in seconds into the measured window).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScalingReport {
+    pub from: u16,
+    pub to: u16,
+    /// When the nodes were told to leave.
+    pub started_s: f64,
+    /// When the last leaving node held no index partition copy and nothing migrated, and had
+    /// stepped down and stopped (the copies of its tables move to spare slots after
+    /// `replace_after_s`, as a failed node's: not counted here).
+    pub finished_s: f64,
+    /// The bytes of the index partition copies the leaving nodes held before (each an index
+    /// slot's bytes): what moves during the scaling.
+    pub bytes_held_before: u64,
+    /// The bytes of the table copies they held (each a node's table regions): these move to
+    /// spare slots after `replace_after_s`, as a failed node's, after the finish.
+    pub table_bytes_held: u64,
+    /// What moved in on the nodes that stay until the finish: bytes read filling moved copies,
+    /// and 8 bytes for each index entry installed by a handover puller.
+    pub bytes_moved: u64,
+    /// Median of the 100 ms windows' GET p99.9 before the start.
+    pub get_p999_us_before: f64,
+    /// Highest 100 ms window GET p99.9 from the start to the finish.
+    pub get_p999_us_during: f64,
+    /// Median operations per window before the start, and the fewest in a window during.
+    pub ops_per_window_before: f64,
+    pub ops_per_window_min_during: u64,
+    /// The longest stretch from the start to the end of the run in which no operation
+    /// completed, in ms (whole windows).
+    pub stall_ms: f64,
+}
+
+/// Why a scaling could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleError {
+    #[error("--scale-to {to}: {why}")]
+    Plan { to: u16, why: String },
+    #[error("scaling to {to} nodes: {why}")]
+    Failed { to: u16, why: String },
+}
+
+/// A plan that fits the run: scale in (scale out needs nodes to join: not built), to at least
+/// `replicas` nodes, with replication, within the measured window, on a cluster the run
+/// started.
+pub fn validate(
+    plan: &ScalePlan,
+    nodes: u16,
+    replicas: u8,
+    duration_s: f64,
+    owned: bool,
+) -> Result<(), ScaleError> {
+    let bad = |why: String| Err(ScaleError::Plan { to: plan.to, why });
+    if !owned {
+        return bad("a run scales only a cluster it started itself, not --cluster".into());
+    }
+    if plan.to > nodes {
+        return bad(format!(
+            "scaling out ({nodes} → {}) needs nodes beyond cluster.toml to join a running cluster, which is not built yet (issue 42); scale in instead",
+            plan.to
+        ));
+    }
+    if plan.to == nodes {
+        return bad(format!("the cluster has {nodes} nodes already"));
+    }
+    if replicas < 2 {
+        return bad("a node's data lives only on it with one copy: use --replicas 2 or 3".into());
+    }
+    if plan.to < replicas as u16 {
+        return bad(format!("{replicas} copies need at least {replicas} nodes"));
+    }
+    if !(MIN_SCALE_AT_S..duration_s).contains(&plan.at_s) {
+        return bad(format!(
+            "--scale-at {} is not within the measured window [{MIN_SCALE_AT_S}, {duration_s})",
+            plan.at_s
+        ));
+    }
+    Ok(())
+}
+
+/// What the scaler measured, before the timeline is known.
+#[derive(Clone, Debug, Default)]
+pub struct Scaled {
+    pub started_s: f64,
+    pub finished_s: f64,
+    pub bytes_held_before: u64,
+    pub table_bytes_held: u64,
+    pub bytes_moved: u64,
+}
+
+#[cfg(feature = "ucx")]
+/// At `plan.at_s` into the window starting at `window_start_unix_ns`, make nodes
+/// `plan.to..nodes` leave, wait until all have drained, stop them, and measure.
+pub fn scale_in(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    plan: ScalePlan,
+    window_start_unix_ns: u64,
+    window_s: f64,
+) -> Result<Scaled, ScaleError> {
+    let fail = |why: String| ScaleError::Failed { to: plan.to, why };
+    let nodes = cfg.node.len() as u16;
+    let leaving: Vec<u16> = (plan.to..nodes).collect();
+    let set = cfg.replica_set().map_err(|e| fail(e.to_string()))?;
+    crate::agent::sleep_until_unix(window_start_unix_ns + (plan.at_s * 1e9) as u64);
+    let since = |t: Instant| plan.at_s + t.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let before = moved_in(dir, &leaving);
+    let snap = || match process::membership_status(cfg) {
+        Some(Ok(s)) => s
+            .config
+            .ok_or_else(|| fail("no configuration in etcd".into())),
+        Some(Err(e)) => Err(fail(e.to_string())),
+        None => Err(fail("the cluster runs without membership".into())),
+    };
+    let c = snap()?;
+    let region_bytes: u64 = cfg.geometry.table_regions().iter().sum();
+    let index_maps = c.index_map(&set);
+    let bytes_held_before = leaving
+        .iter()
+        .map(|&k| {
+            index_maps
+                .as_ref()
+                .and_then(|m| m.loads().get(&k).copied())
+                .unwrap_or(0)
+                * set.index_slot_bytes()
+        })
+        .sum();
+    let table_bytes_held = leaving
+        .iter()
+        .map(|&k| c.copy_map(&set).held_by(k).len() as u64 * region_bytes)
+        .sum();
+    let deadline = Duration::from_secs_f64((window_s - plan.at_s).max(0.0)) + DRAIN_GRACE;
+    // One at a time: a node may leave only while every other is up.
+    for &k in &leaving {
+        process::leave(
+            cfg,
+            dir,
+            k,
+            deadline.saturating_sub(t0.elapsed()),
+            false,
+            &mut |_| {},
+        )
+        .map_err(|e| fail(format!("node {k}: {e}")))?;
+    }
+    let finished_s = since(t0);
+    let after = moved_in(dir, &leaving);
+    Ok(Scaled {
+        started_s: plan.at_s,
+        finished_s,
+        bytes_held_before,
+        table_bytes_held,
+        bytes_moved: after.saturating_sub(before),
+    })
+}
+
+#[cfg(feature = "ucx")]
+/// What moved in so far on the nodes that stay (their status reports' `moved_in`).
+fn moved_in(dir: &Path, leaving: &[u16]) -> u64 {
+    let Ok((_, nodes)) = process::status(dir) else {
+        return 0;
+    };
+    nodes
+        .iter()
+        .filter(|n| !leaving.contains(&n.id))
+        .filter_map(|n| n.report.as_ref().ok())
+        .map(|r| {
+            let m = &r["moved_in"];
+            m["fill_bytes"].as_u64().unwrap_or(0) + 8 * m["handed_entries"].as_u64().unwrap_or(0)
+        })
+        .sum()
+}
+
+impl ScalingReport {
+    /// The report of `s`, from `from` nodes to `to`, with what `t` shows.
+    pub fn new(from: u16, to: u16, s: &Scaled, t: &Timeline) -> Self {
+        let w = t.window_ms.max(1e-9) / 1e3;
+        let at = |secs: f64| ((secs / w) as usize).min(t.ops.len());
+        let (k, end) = (at(s.started_s), at(s.finished_s) + 1);
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        let during = k..end.min(t.ops.len());
+        ScalingReport {
+            from,
+            to,
+            started_s: s.started_s,
+            finished_s: s.finished_s,
+            bytes_held_before: s.bytes_held_before,
+            table_bytes_held: s.table_bytes_held,
+            bytes_moved: s.bytes_moved,
+            get_p999_us_before: median(t.get_p999_us[..k].to_vec()),
+            get_p999_us_during: t.get_p999_us[during.clone()]
+                .iter()
+                .copied()
+                .fold(0.0, f64::max),
+            ops_per_window_before: median(t.ops[..k].iter().map(|&n| n as f64).collect()),
+            ops_per_window_min_during: t.ops[during].iter().copied().min().unwrap_or(0),
+            stall_ms: t.longest_stall(k) as f64 * t.window_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_refused_with_their_reason() {
+        let p = |to, at_s| ScalePlan { to, at_s };
+        assert!(validate(&p(3, 2.0), 4, 2, 5.0, true).is_ok());
+        for (plan, nodes, replicas, owned, says) in [
+            (p(5, 2.0), 3, 2, true, "not built yet"),
+            (p(4, 2.0), 4, 2, true, "has 4 nodes already"),
+            (p(3, 2.0), 4, 1, true, "one copy"),
+            (p(1, 2.0), 4, 2, true, "at least 2 nodes"),
+            (p(3, 9.0), 4, 2, true, "not within"),
+            (p(3, 2.0), 4, 2, false, "--cluster"),
+        ] {
+            let e = validate(&plan, nodes, replicas, 5.0, owned).unwrap_err();
+            assert!(e.to_string().contains(says), "{plan:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_report_reads_the_timeline_around_the_scaling() {
+        // 10 windows of 100 ms: 100 ops each, but 40 in window 4 and none in 5 and 6.
+        let mut ops = vec![100; 10];
+        ops[4] = 40;
+        ops[5] = 0;
+        ops[6] = 0;
+        let mut p999 = vec![50.0; 10];
+        p999[4] = 900.0;
+        let t = Timeline {
+            window_ms: 100.0,
+            duration_ms: 1_000.0,
+            ops,
+            errors: vec![0; 10],
+            get_p50_us: vec![5.0; 10],
+            get_p999_us: p999,
+        };
+        let s = Scaled {
+            started_s: 0.4,
+            finished_s: 0.75,
+            bytes_held_before: 10,
+            table_bytes_held: 20,
+            bytes_moved: 7,
+        };
+        let r = ScalingReport::new(4, 3, &s, &t);
+        assert_eq!(r.get_p999_us_before, 50.0);
+        assert_eq!(r.get_p999_us_during, 900.0);
+        assert_eq!(r.ops_per_window_before, 100.0);
+        assert_eq!(r.ops_per_window_min_during, 0);
+        assert_eq!(r.stall_ms, 200.0);
+        assert_eq!((r.from, r.to, r.bytes_moved), (4, 3, 7));
+    }
+}
