@@ -646,7 +646,14 @@ fn start(
                 .clamp(1, nessie_protocols::replica::MAX_SPARE_COPIES as u16) as u8
         }),
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
-        replace_after_s: nessie_membership::DEFAULT_REPLACE_AFTER_S,
+        // Scaling in: the next node leaves once the tables of the one before have moved, so
+        // they move as early as allowed.
+        replace_after_s: match opts.scale {
+            Some(_) => {
+                nessie_membership::REPLACE_AFTER_TTLS * nessie_membership::DEFAULT_LEASE_TTL_S
+            }
+            None => nessie_membership::DEFAULT_REPLACE_AFTER_S,
+        },
         rebalance: true,
         etcd_user: None,
         etcd_password: None,

@@ -1,7 +1,9 @@
 //! Scaling a cluster during a run (`nessie bench --scale-to N --scale-at S`, issue 42): the
-//! nodes N and up leave (`nessie leave`: their table copies move to spare slots of the others,
-//! their index partitions to the others) while every node's clients run, and the result says
-//! how long it took, what moved, and what the timeline shows of it ([`ScalingReport`]).
+//! nodes N and up leave one after the other (`nessie leave`: each drains its index partitions
+//! to the others by migrations, steps down and stops; its table copies then move to spare
+//! slots of the others after `replace_after_s`, which the next waits for) while every node's
+//! clients run, and the result says how long it took, what moved, and what the timeline
+//! shows of it ([`ScalingReport`]).
 //!
 //! Only scaling in is built: a node beyond `cluster.toml` cannot join a running cluster yet,
 //! so `--scale-to` above `--nodes` is refused with that reason.
@@ -42,7 +44,7 @@ pub struct ScalingReport {
     pub started_s: f64,
     /// When the last leaving node held no index partition copy and nothing migrated, and had
     /// stepped down and stopped (the copies of its tables move to spare slots after
-    /// `replace_after_s`, as a failed node's: not counted here).
+    /// `replace_after_s`, as a failed node's: counted here only for the nodes before it).
     pub finished_s: f64,
     /// The bytes of the index partition copies the leaving nodes held before (each an index
     /// slot's bytes): what moves during the scaling.
@@ -165,17 +167,24 @@ pub fn scale_in(
         .map(|&k| c.copy_map(&set).held_by(k).len() as u64 * region_bytes)
         .sum();
     let deadline = Duration::from_secs_f64((window_s - plan.at_s).max(0.0)) + DRAIN_GRACE;
-    // One at a time: a node may leave only while every other is up.
+    // One at a time: a node may leave only once every partition has its copies on up nodes
+    // (the tables of the one before have moved to spare slots of the others).
     for &k in &leaving {
-        process::leave(
-            cfg,
-            dir,
-            k,
-            deadline.saturating_sub(t0.elapsed()),
-            false,
-            &mut |_| {},
-        )
-        .map_err(|e| fail(format!("node {k}: {e}")))?;
+        loop {
+            let why = match snap()?.may_leave(k, &set) {
+                Ok(()) => break,
+                Err(e) => e.to_string(),
+            };
+            if t0.elapsed() > deadline {
+                return Err(fail(format!("node {k} may not leave: {why}")));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let left = deadline
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_secs(1));
+        process::leave(cfg, dir, k, left, false, &mut |_| {})
+            .map_err(|e| fail(format!("node {k}: {e}")))?;
     }
     let finished_s = since(t0);
     let after = moved_in(dir, &leaving);
@@ -208,8 +217,10 @@ fn moved_in(dir: &Path, leaving: &[u16]) -> u64 {
 impl ScalingReport {
     /// The report of `s`, from `from` nodes to `to`, with what `t` shows.
     pub fn new(from: u16, to: u16, s: &Scaled, t: &Timeline) -> Self {
-        let w = t.window_ms.max(1e-9) / 1e3;
-        let at = |secs: f64| ((secs / w) as usize).min(t.ops.len());
+        // Whole nanoseconds, as `Timeline::fault` counts: no float rounding moves a time into
+        // the window before.
+        let w_ns = ((t.window_ms * 1e6).round() as u64).max(1);
+        let at = |secs: f64| (((secs * 1e9).round() as u64 / w_ns) as usize).min(t.ops.len());
         let (k, end) = (at(s.started_s), at(s.finished_s) + 1);
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);

@@ -471,6 +471,14 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
     let top = status(&c);
     assert_eq!(index_copies(&top)[3], 0, "{top:#}");
     assert_eq!(top["nodes"][3]["leaving"], true, "{top:#}");
+    // A second node may not leave before node 3's tables have moved (node 2 holds the other
+    // copy of some of them).
+    let out = c.nessie(&["leave", "--node", "2"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("cannot leave while"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(top["nodes"][0]["leaving"], false, "{top:#}");
     let top = wait_status(
         &c,

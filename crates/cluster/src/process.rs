@@ -812,9 +812,9 @@ pub fn set_leaving(cfg: &ClusterConfig, id: u16, leaving: bool) -> Result<u64, S
         .as_ref()
         .ok_or("this cluster runs without membership (etcd): nodes cannot leave it")?;
     let etcd = m.client(ETCD_TIMEOUT).map_err(|e| e.to_string())?;
-    let replicas = cfg.cluster.replicas;
+    let set = cfg.replica_set().map_err(|e| e.to_string())?;
     nessie_membership::change_config(&etcd, &cfg.membership_keys(), |c, _| {
-        Ok(match c.set_leaving(id, leaving, replicas)? {
+        Ok(match c.set_leaving(id, leaving, &set)? {
             Some(next) => {
                 let epoch = next.epoch;
                 (next, epoch)

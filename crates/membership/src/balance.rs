@@ -168,14 +168,16 @@ impl Configuration {
 
 impl Configuration {
     /// The successor in which node `id` leaves (`leaving`: drains, see [`Configuration::leaving`])
-    /// or, with `leaving` false, stays after all. Refused for a node that is not a member, or
-    /// when fewer than `replicas` nodes would stay up. `None`: nothing changes.
+    /// or, with `leaving` false, stays after all. Refused for a node that is not a member,
+    /// unless [`Self::may_leave`], or when fewer than R nodes would stay up. `None`: nothing
+    /// changes.
     pub fn set_leaving(
         &self,
         id: u16,
         leaving: bool,
-        replicas: u8,
+        set: &ReplicaSet,
     ) -> Result<Option<Configuration>, MigrationError> {
+        let replicas = set.replicas();
         if self.state(id).is_none() {
             return Err(MigrationError::UnknownNode(id));
         }
@@ -185,24 +187,7 @@ impl Configuration {
         let mut next = self.clone();
         next.epoch += 1;
         if leaving {
-            // While another node is away or a copy is being filled, some partition may have
-            // its only full copy on this node; its chains would then be lost to the plan.
-            if let Some(m) = self
-                .nodes
-                .iter()
-                .find(|m| m.id != id && m.state != NodeState::Up && !self.leaving.contains(&m.id))
-            {
-                return Err(MigrationError::NotSettled {
-                    node: id,
-                    why: format!("node {} is {}", m.id, m.state.as_str()),
-                });
-            }
-            if self.moves.iter().any(|c| c.receiving) {
-                return Err(MigrationError::NotSettled {
-                    node: id,
-                    why: "a moved copy is being filled".into(),
-                });
-            }
+            self.may_leave(id, set)?;
             let staying = self
                 .nodes
                 .iter()
@@ -222,6 +207,45 @@ impl Configuration {
             next.leaving.retain(|&n| n != id);
         }
         Ok(Some(next))
+    }
+
+    /// Whether node `id` may start leaving now: every partition (a node's tables, and every
+    /// index partition) has its copies on nodes that are up, none receiving. Once `id` has
+    /// stopped, its partitions have one copy fewer until its table copies move (after
+    /// `replace_after`); a second node may leave only once they have, else some partition
+    /// could lose both copies.
+    pub fn may_leave(&self, id: u16, set: &ReplicaSet) -> Result<(), MigrationError> {
+        let not_settled = |why: String| MigrationError::NotSettled { node: id, why };
+        if let Some(c) = self.moves.iter().find(|c| c.receiving) {
+            return Err(not_settled(format!(
+                "node {}'s tables copy {} is being filled on node {}",
+                c.partition, c.copy, c.node
+            )));
+        }
+        let up = |n: u16| self.state(n) == Some(NodeState::Up);
+        {
+            let copies = self.copy_map(set);
+            for p in 0..set.nodes() {
+                for j in 0..set.replicas() {
+                    let n = copies.place(p, j).node;
+                    if !up(n) {
+                        return Err(not_settled(format!(
+                            "node {p}'s tables copy {j} is on node {n}, which is not up"
+                        )));
+                    }
+                }
+            }
+            if let Some(map) = self.index_map(set) {
+                for (q, chain) in map.chains.iter().enumerate() {
+                    if let Some(&n) = chain.iter().find(|&&n| !up(n)) {
+                        return Err(not_settled(format!(
+                            "index partition {q} has a copy on node {n}, which is not up"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether node `id` has drained its index: no index partition has a copy on it, and no
@@ -486,7 +510,7 @@ mod tests {
 
     #[test]
     fn the_mutation_that_keeps_leaving_nodes_is_caught() {
-        let c = config(4).set_leaving(3, true, 2).unwrap().unwrap();
+        let c = config(4).set_leaving(3, true, &set()).unwrap().unwrap();
         mutation::LEAVING_STAYS_MEMBER.with(|m| m.set(true));
         let caught = drain_node_3(&set(), &c);
         mutation::LEAVING_STAYS_MEMBER.with(|m| m.set(false));
@@ -499,16 +523,16 @@ mod tests {
         let s = set();
         let c = config(4);
         assert_eq!(
-            c.set_leaving(9, true, 2),
+            c.set_leaving(9, true, &s),
             Err(MigrationError::UnknownNode(9))
         );
-        let c = c.set_leaving(3, true, 2).unwrap().expect("a change");
+        let c = c.set_leaving(3, true, &s).unwrap().expect("a change");
         assert_eq!(c.leaving, vec![3]);
-        assert_eq!(c.set_leaving(3, true, 2), Ok(None), "leaving already");
+        assert_eq!(c.set_leaving(3, true, &s), Ok(None), "leaving already");
         assert!(!c.index_drained(&s, 3));
-        let c2 = c.set_leaving(2, true, 2).unwrap().expect("a change");
+        let c2 = c.set_leaving(2, true, &s).unwrap().expect("a change");
         assert_eq!(
-            c2.set_leaving(1, true, 2),
+            c2.set_leaving(1, true, &s),
             Err(MigrationError::TooFewStaying {
                 node: 1,
                 replicas: 2,
@@ -533,15 +557,28 @@ mod tests {
             after.reserve_migration(0, to, (0, 0), SETTLE),
             Err(MigrationError::Leaving(3))
         );
+        // Node 3 stepped down (failed) before its table copies moved: node 2, which holds the
+        // other copy of node 2's and node 3's tables, may not leave (nor any other).
+        let mut gone = after.clone();
+        fail(&mut gone, 3, 0);
+        for n in [0, 1, 2] {
+            assert!(
+                matches!(
+                    gone.set_leaving(n, true, &s),
+                    Err(MigrationError::NotSettled { .. })
+                ),
+                "node {n}"
+            );
+        }
         // A node may not leave while another is away.
         let mut away = config(4);
         fail(&mut away, 1, 0);
         assert!(matches!(
-            away.set_leaving(3, true, 2),
+            away.set_leaving(3, true, &s),
             Err(MigrationError::NotSettled { node: 3, .. })
         ));
         // Staying after all: it is a member again.
-        let back = c.set_leaving(3, false, 2).unwrap().expect("a change");
+        let back = c.set_leaving(3, false, &s).unwrap().expect("a change");
         assert!(back.leaving.is_empty());
         assert_eq!(back.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
     }

@@ -999,6 +999,9 @@ struct Shared {
     /// This node is `up` in the configuration last read (or there is none yet), as this
     /// process: not if the configuration names an earlier one.
     up: AtomicBool,
+    /// This node stepped down (`Monitor::step_down`): its fence stays shut whatever a
+    /// monitor step that was under way then does.
+    stepped_down: AtomicBool,
     fence: Arc<Fence>,
     /// How long a failed node stays failed before it may join, and when copies move (`step`).
     policy: Policy,
@@ -1014,7 +1017,7 @@ struct Shared {
 impl Shared {
     /// What the fence must say now: writes only while up, and within the lease.
     fn refresh_fence(&self) {
-        let until = if self.up.load(Ordering::SeqCst) {
+        let until = if self.up.load(Ordering::SeqCst) && !self.stepped_down.load(Ordering::SeqCst) {
             self.lease_clock_ns
                 .load(Ordering::SeqCst)
                 .min(self.view_clock_ns.load(Ordering::SeqCst))
@@ -1076,6 +1079,7 @@ impl Monitor {
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
             // Until the configuration says otherwise: a cluster starting has none yet.
             up: AtomicBool::new(true),
+            stepped_down: AtomicBool::new(false),
             fence,
             policy,
             ready: AtomicBool::new(false),
@@ -1364,6 +1368,7 @@ impl Monitor {
     /// TTL later. The process should exit soon after (`nessie leave`).
     pub fn step_down(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stepped_down.store(true, Ordering::SeqCst);
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
