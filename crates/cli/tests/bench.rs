@@ -224,6 +224,24 @@ const FAULT_ERROR_KINDS: [&str; 5] = [
     "contended",
 ];
 
+/// The failed operations of result `v`, after asserting that they are few and only of the
+/// kinds a failure may cause ([`FAULT_ERROR_KINDS`]).
+fn few_fault_errors(v: &serde_json::Value) -> (u64, serde_json::Map<String, serde_json::Value>) {
+    let errors = v["errors"].as_u64().unwrap();
+    let kinds = v["error_kinds"].as_object().cloned().unwrap_or_default();
+    assert!(
+        errors <= MAX_FAULT_ERRORS
+            && kinds
+                .keys()
+                .all(|k| FAULT_ERROR_KINDS.contains(&k.as_str())),
+        "{errors} failed operations {kinds:?}: {}",
+        v.get("fault")
+            .or(v.get("scaling"))
+            .unwrap_or(&serde_json::Value::Null)
+    );
+    (errors, kinds)
+}
+
 /// A node SIGKILLed mid-run (R = 2, shared memory) and started again: its agent's report is
 /// missing, the survivors' operations go on, the timeline shows the stalls the failure causes
 /// (the failure declared after a lease TTL, the copies taking over, and the rejoin's pause
@@ -275,15 +293,7 @@ fn a_node_killed_mid_run_shows_as_a_stall_and_recovery() {
     // that met the dead node and outlived its wait, a write whose deciding copy died under it
     // (its outcome unknown), or a write to a key whose entry the dead node's client left
     // invalid, aborted until the survivors complete it (contended). Only those, and few.
-    let errors = v["errors"].as_u64().unwrap();
-    let kinds = v["error_kinds"].as_object().cloned().unwrap_or_default();
-    assert!(
-        errors <= MAX_FAULT_ERRORS
-            && kinds
-                .keys()
-                .all(|k| FAULT_ERROR_KINDS.contains(&k.as_str())),
-        "{errors} failed operations {kinds:?}: {f}"
-    );
+    let (errors, kinds) = few_fault_errors(&v);
     let ops: Vec<u64> = v["timeline"]["ops"]
         .as_array()
         .unwrap()
@@ -336,15 +346,7 @@ fn a_scale_in_mid_run_drains_a_node_while_the_clients_run() {
     assert!(s["bytes_moved"].as_u64().unwrap() > 0, "{s}");
     // The node steps down once drained, so the others take it for failed at once; an
     // operation caught by that may fail as one caught by a failure does, and few.
-    let errors = v["errors"].as_u64().unwrap();
-    let kinds = v["error_kinds"].as_object().cloned().unwrap_or_default();
-    assert!(
-        errors <= MAX_FAULT_ERRORS
-            && kinds
-                .keys()
-                .all(|k| FAULT_ERROR_KINDS.contains(&k.as_str())),
-        "{errors} failed operations {kinds:?}: {s}"
-    );
+    let (errors, kinds) = few_fault_errors(&v);
     // Bounded by the failure path's (a lease TTL is 3 s; a step-down is seen sooner).
     assert!(s["stall_ms"].as_f64().unwrap() <= 3_000.0, "{s}");
     eprintln!("scaling: {s}; {errors} failed operations {kinds:?}");

@@ -251,6 +251,39 @@ fn index_partitions_migrate_under_writes_and_a_kill_afterwards_loses_nothing() {
     }
 }
 
+/// Four nodes, two copies, `--lease-ttl 2 --replace-after 6`, a 16-partition index: the
+/// cluster of the balancer's and the leave's tests.
+fn four_nodes(name: &str) -> Cluster {
+    Cluster::up(
+        name,
+        4,
+        "shm",
+        &[
+            "--lease-ttl",
+            "2",
+            "--replicas",
+            "2",
+            "--replace-after",
+            "6",
+            "--ites-per-node",
+            "256",
+            "--dtes-per-node",
+            "4096",
+        ],
+    )
+}
+
+/// The test's keys written through nodes `0..nodes` in turn: the model of what each reads.
+fn load(c: &Cluster, nodes: u16) -> Arc<Mutex<BTreeMap<String, Possible>>> {
+    let model = Arc::new(Mutex::new(BTreeMap::<String, Possible>::new()));
+    for i in 0..KEYS {
+        let (k, v) = (format!("key-{i}"), format!("value-{i}"));
+        assert!(put(c, (i % nodes as usize) as u16, &k, &v));
+        model.lock().unwrap().entry(k).or_default().acked = Some(v);
+    }
+    model
+}
+
 /// Index partition copies each node holds, from `status --json`.
 fn index_copies(top: &serde_json::Value) -> Vec<u64> {
     top["nodes"]
@@ -302,32 +335,11 @@ fn whole_and_balanced(top: &serde_json::Value, up: &[u16], tables: bool) -> bool
 /// re-created in turn. A writer runs throughout.
 #[test]
 fn the_balancer_recreates_a_lost_node_s_copies_and_gives_a_returning_node_its_share() {
-    let c = Cluster::up(
-        "balance",
-        4,
-        "shm",
-        &[
-            "--lease-ttl",
-            "2",
-            "--replicas",
-            "2",
-            "--replace-after",
-            "6",
-            "--ites-per-node",
-            "256",
-            "--dtes-per-node",
-            "4096",
-        ],
-    );
+    let c = four_nodes("balance");
     let top = status(&c);
     assert_eq!(top["index_partitions"], 16, "{top:#}");
     assert!(whole_and_balanced(&top, &[0, 1, 2, 3], true), "{top:#}");
-    let model = Arc::new(Mutex::new(BTreeMap::<String, Possible>::new()));
-    for i in 0..KEYS {
-        let (k, v) = (format!("key-{i}"), format!("value-{i}"));
-        assert!(put(&c, (i % 4) as u16, &k, &v));
-        model.lock().unwrap().entry(k).or_default().acked = Some(v);
-    }
+    let model = load(&c, 4);
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(Mutex::new(vec![0, 2, 3]));
     let writer = spawn_writer(&c, &model, &stop, live.clone());
@@ -416,23 +428,7 @@ fn stop_writer(
 /// requests are refused first.
 #[test]
 fn a_node_leaves_under_writes_and_nothing_is_lost() {
-    let c = Cluster::up(
-        "leave",
-        4,
-        "shm",
-        &[
-            "--lease-ttl",
-            "2",
-            "--replicas",
-            "2",
-            "--replace-after",
-            "6",
-            "--ites-per-node",
-            "256",
-            "--dtes-per-node",
-            "4096",
-        ],
-    );
+    let c = four_nodes("leave");
     for (args, says) in [
         (&["--node", "9"][..], "node 9"),
         (
@@ -444,12 +440,7 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
         assert!(!out.status.success(), "{args:?}");
         assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
     }
-    let model = Arc::new(Mutex::new(BTreeMap::<String, Possible>::new()));
-    for i in 0..KEYS {
-        let (k, v) = (format!("key-{i}"), format!("value-{i}"));
-        assert!(put(&c, (i % 4) as u16, &k, &v));
-        model.lock().unwrap().entry(k).or_default().acked = Some(v);
-    }
+    let model = load(&c, 4);
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(Mutex::new(vec![0, 1, 2, 3]));
     let writer = spawn_writer(&c, &model, &stop, live.clone());

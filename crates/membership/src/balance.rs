@@ -10,11 +10,14 @@
 //! re-creates the copies of nodes that are no longer members and balances the rest (PM3 to
 //! PM6); every partition whose chain changes migrates there whole, by the per-ITE handover.
 //!
-//! Who is a member: the nodes that are up. The plan waits (returns nothing) while:
-//! - a node is joining (it is about to hold copies again), or failed for less than
-//!   `replace_after` (it may come back holding its copies: moving them would be wasted);
-//! - a moved mirror copy is still being filled (the copy map is about to change);
-//! - no index slots exist (one copy, or `[cluster] index_slots = 0`).
+//! Who is a member: the nodes that are up, and the *held* ones: joining (about to hold its
+//! copies again) or failed for less than `replace_after` (it may come back holding them:
+//! moving them would be wasted). A held node keeps its copies but takes none (a partition the
+//! plan would give it, or whose other copy it holds, waits), and while one is held nothing is
+//! balanced: only the copies of nodes gone for good move, to chains of up nodes, so that a
+//! node that keeps failing does not hold up re-creating all of another's copies.
+//! The plan waits (returns nothing) while a moved mirror copy is still being filled (the copy
+//! map is about to change), and without index slots (one copy, or `index_slots = 0`).
 //!
 //! A node failed for good is no member: its copies are re-created on the survivors, spread by
 //! the planner. A node that comes back after that joins holding none of the copies that moved
@@ -22,7 +25,7 @@
 
 use nessie_protocols::replica::ReplicaSet;
 
-use crate::partitions::{PartitionMap, PlanError};
+use crate::partitions::{PartitionMap, PlanError, Reason};
 use crate::{Configuration, MigrationError, NodeState};
 
 /// Most migrations one plan starts: the configuration records each (about 100 bytes of JSON),
@@ -84,29 +87,31 @@ impl Configuration {
         let Some(map) = self.index_map(set) else {
             return Ok(Balance::Wait("no index slots to migrate into".into()));
         };
-        // A leaving node's state holds nothing up: its copies go whatever it does.
-        for m in self.nodes.iter().filter(|m| !self.leaving.contains(&m.id)) {
-            match m.state {
-                NodeState::Up => {}
-                NodeState::Joining => {
-                    return Ok(Balance::Wait(format!("node {} is joining", m.id)));
-                }
-                NodeState::Failed if now_ns < m.since_ns.saturating_add(replace_after_ns) => {
-                    return Ok(Balance::Wait(format!(
-                        "node {} failed less than replace_after ago",
-                        m.id
-                    )));
-                }
-                NodeState::Failed => {}
-            }
-        }
         if self.moves.iter().any(|c| c.receiving) {
             return Ok(Balance::Wait("a moved copy is being filled".into()));
         }
+        // Held: joining, or failed less than replace_after ago (it may come back with its
+        // copies). A held node stays a member, keeping its copies, but takes none, and
+        // nothing is balanced while one is held: only copies of nodes gone for good move, to
+        // chains of up nodes. A leaving node's state holds nothing: its copies go whatever
+        // it does.
+        let held: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|m| !self.leaving.contains(&m.id))
+            .filter(|m| match m.state {
+                NodeState::Up => false,
+                NodeState::Joining => true,
+                NodeState::Failed => now_ns < m.since_ns.saturating_add(replace_after_ns),
+            })
+            .map(|m| m.id)
+            .collect();
         let members: Vec<u16> = self
             .nodes
             .iter()
-            .filter(|m| m.state == NodeState::Up || mutation::keeps_failed_nodes())
+            .filter(|m| {
+                m.state == NodeState::Up || held.contains(&m.id) || mutation::keeps_failed_nodes()
+            })
             .filter(|m| !self.leaving.contains(&m.id) || mutation::leaving_stays_member())
             .map(|m| m.id)
             .collect();
@@ -124,6 +129,7 @@ impl Configuration {
         if plan.moves.is_empty() && plan.dropped.is_empty() {
             return Ok(Balance::Balanced);
         }
+        let up = |n: &u16| self.state(*n) == Some(NodeState::Up);
         let next = map.apply(&plan)?;
         let mut out: Vec<(u16, Vec<u16>)> = Vec::new();
         let touched = plan
@@ -146,10 +152,23 @@ impl Configuration {
             {
                 continue;
             }
+            // While a node is held, only copies of nodes gone for good move.
+            if !held.is_empty()
+                && plan
+                    .moves
+                    .iter()
+                    .any(|m| m.partition == p && m.reason == Reason::Balance)
+            {
+                continue;
+            }
             let chain = next.chains[p as usize].clone();
             // A chain short of R (too few nodes up) cannot be a migration's target: every
-            // copy of a chain is a slot on a distinct up node.
-            if chain.len() == set.replicas() as usize && chain != map.chains[p as usize] {
+            // copy of a chain is a slot on a distinct up node (a held node's copy stays where
+            // it is until the node is up again or gone for good).
+            if chain.len() == set.replicas() as usize
+                && chain.iter().all(up)
+                && chain != map.chains[p as usize]
+            {
                 out.push((q, chain));
             }
             if out.len() >= room {
@@ -158,7 +177,7 @@ impl Configuration {
         }
         if out.is_empty() {
             return Ok(Balance::Wait(format!(
-                "the partitions to move are migrating, lost ({}), or too few nodes are up",
+                "the partitions to move are migrating, lost ({}), held by nodes {held:?} (joining, or failed less than replace_after ago), or too few nodes are up",
                 plan.lost.len()
             )));
         }
@@ -357,9 +376,9 @@ mod tests {
         let mut c = config(4);
         fail(&mut c, 3, 10);
         // Not yet: it may come back with its copies.
-        if !matches!(
+        if matches!(
             c.plan_balance(s, 10 + AFTER - 1, AFTER),
-            Ok(Balance::Wait(_))
+            Ok(Balance::Migrate(_))
         ) {
             return Err("planned before replace_after".into());
         }
@@ -467,13 +486,11 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_waits_while_copies_are_filled_or_a_node_joins() {
+    fn a_plan_waits_while_copies_are_filled_and_moves_nothing_for_a_joining_node() {
         let s = set();
         let mut c = config(4);
         c.nodes[2].state = NodeState::Joining;
-        assert!(
-            matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("joining"))
-        );
+        assert_eq!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
         c.nodes[2].state = NodeState::Up;
         c.moves.push(crate::CopyMove {
             partition: 3,
@@ -581,5 +598,34 @@ mod tests {
         let back = c.set_leaving(3, false, &s).unwrap().expect("a change");
         assert!(back.leaving.is_empty());
         assert_eq!(back.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
+    }
+
+    #[test]
+    fn a_node_failing_again_and_again_does_not_hold_up_another_s_copies() {
+        let s = set();
+        let mut c = config(4);
+        fail(&mut c, 3, 0); // gone for good at AFTER
+        fail(&mut c, 1, AFTER); // failed just now: held
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, AFTER, AFTER) else {
+            panic!("node 3's copies wait for node 1");
+        };
+        // Only partitions node 3 held move, to chains of up nodes (neither 1 nor 3); those
+        // whose other copy is on node 1, or that the plan gives to node 1, wait for it.
+        let before = c.index_map(&s).unwrap();
+        assert!((1..=6).contains(&moves.len()), "{moves:?}");
+        for (q, chain) in &moves {
+            assert!(before.chains[*q as usize].contains(&3), "{q}: {chain:?}");
+            assert!(chain.iter().all(|n| [0, 2].contains(n)), "{q}: {chain:?}");
+        }
+        // A joining node is held too.
+        let mut c = config(4);
+        c.nodes[1].state = NodeState::Joining;
+        fail(&mut c, 3, 0);
+        let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, AFTER, AFTER) else {
+            panic!("a plan");
+        };
+        assert!(moves
+            .iter()
+            .all(|(_, ch)| !ch.contains(&1) && !ch.contains(&3)));
     }
 }
