@@ -225,6 +225,11 @@ enum Faults {
     /// only on the nodes that stay up: a reply lost with its node would hide what the
     /// operation evicted.
     Evicting,
+    /// Node 3 leaves (`nessie leave`: the balancer migrates its index partitions away, then it
+    /// steps down and stops) while node 1 is paused past its lease in the middle of the drain
+    /// and resumed; then node 3 is started again (it rejoins, still leaving, holding nothing
+    /// new). `--replace-after 6`: its tables' copies may move meanwhile.
+    Leave,
 }
 
 /// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
@@ -234,7 +239,7 @@ fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Clust
     let replace: &[&str] = match faults {
         Faults::PauseKillRestart => &["--dtes-per-node", "1024"],
         // One spare slot per node is the default with two copies and four nodes.
-        Faults::Replace => &["--dtes-per-node", "1024", "--replace-after", "6"],
+        Faults::Replace | Faults::Leave => &["--dtes-per-node", "1024", "--replace-after", "6"],
         Faults::Evicting => &[
             "--dtes-per-node",
             EVICTING_DTES,
@@ -245,7 +250,7 @@ fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Clust
     let args = [BASE_ARGS, replace, extra].concat();
     let env: &[(&str, &str)] = match faults {
         Faults::PauseKillRestart => &[("NESSIE_TEST_WALL_STEP", WALL_STEP)],
-        Faults::Replace | Faults::Evicting => &[],
+        Faults::Replace | Faults::Evicting | Faults::Leave => &[],
     };
     Cluster::up_with_env(name, NODES, transport, &args, env)
 }
@@ -382,6 +387,61 @@ fn nemesis_replace(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     revived
 }
 
+/// Node 3 leaves under load while node 1 is paused past its lease in the middle of the drain
+/// and resumed (the balancer holds node 1: partitions whose other copy it has wait for it);
+/// once node 3 has stepped down and stopped, it is started again and rejoins.
+fn nemesis_leave(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
+    const LEAVING: u16 = PAUSED;
+    let mut revived = Revived::new();
+    let r = &mut revived;
+    let say = |s: String| log.lock().unwrap().push(s);
+    std::thread::sleep(Duration::from_secs(2));
+    std::thread::scope(|s| {
+        let leave = s.spawn(|| {
+            let t0 = Instant::now();
+            let out = c.nessie(&["leave", "--node", &LEAVING.to_string(), "--timeout", "120"]);
+            (out, t0.elapsed())
+        });
+        // Pause node 1 once the drain is under way.
+        let t0 = Instant::now();
+        while !status_top(c)["nodes"][LEAVING as usize]["leaving"]
+            .as_bool()
+            .unwrap_or(false)
+        {
+            assert!(t0.elapsed() < TTL * 3, "node {LEAVING} not marked leaving");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        say(format!("node {LEAVING} leaving"));
+        signal(c, KILLED, libc::SIGSTOP);
+        say(format!("SIGSTOP node {KILLED} while node {LEAVING} drains"));
+        wait_state(c, KILLED, "failed", TTL * 3, log, r);
+        signal(c, KILLED, libc::SIGCONT);
+        say(format!("SIGCONT node {KILLED}"));
+        wait_state(c, KILLED, "up", TTL * 10, log, r);
+        let (out, took) = leave.join().unwrap();
+        assert!(
+            out.status.success(),
+            "nessie leave: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            common::stderr(&out)
+        );
+        say(format!(
+            "node {LEAVING} left in {took:?}: {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    });
+    wait_state(c, LEAVING, "failed", TTL * 3, log, r);
+    r.push((LEAVING, restart(c, LEAVING)));
+    say(format!("restarted node {LEAVING}"));
+    wait_state(c, LEAVING, "up", TTL * 10, log, r);
+    revived
+}
+
+/// `nessie status --json`'s top level.
+fn status_top(c: &Cluster) -> serde_json::Value {
+    serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).unwrap_or_default()
+}
+
 /// Every key reads alike through all four nodes (the two that failed came back), and is
 /// writable through each.
 fn nodes_agree(c: &Cluster, keys: u64) {
@@ -422,6 +482,14 @@ fn the_same_over_shm_through_ucx() {
         Faults::PauseKillRestart,
         &["--no-direct-peers"],
     );
+}
+
+/// A node leaving under the same workload, another paused in the middle of its drain: the
+/// migrations of its index partitions, its step-down and its stop keep the history
+/// linearizable.
+#[test]
+fn a_history_across_a_node_leaving_is_linearizable() {
+    history_across_faults("faults-leave", "shm", Faults::Leave, &[]);
 }
 
 /// Re-replication under the same workload: a node killed and left down until its copies have
@@ -483,7 +551,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         seed: 11,
         // The replacement waits for the failure, then 6 s, then the fill, then the restart.
         time_limit: Duration::from_secs(match faults {
-            Faults::PauseKillRestart | Faults::Evicting => 50,
+            Faults::PauseKillRestart | Faults::Evicting | Faults::Leave => 50,
             Faults::Replace => 45,
         }),
         preload_keys: if evicting { 0 } else { 60 },
@@ -496,6 +564,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         let faults = s.spawn(|| match faults {
             Faults::PauseKillRestart | Faults::Evicting => nemesis(&c, &log),
             Faults::Replace => nemesis_replace(&c, &log),
+            Faults::Leave => nemesis_leave(&c, &log),
         });
         let (out, clients) = stress::run(clients, &spec);
         let lost: u64 = clients.iter().map(|c| c.replies_lost).sum();

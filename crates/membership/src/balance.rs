@@ -125,9 +125,18 @@ impl Configuration {
         if room == 0 {
             return Ok(Balance::Wait(format!("{running} migrations are running")));
         }
-        let plan = map.plan(&members)?;
+        let mut plan = map.plan(&members)?;
+        // While a node is held, only copies of nodes gone for good move: the balancing moves,
+        // which come after them in the plan and build on them, are left out.
+        if !held.is_empty() {
+            plan.moves.retain(|m| m.reason == Reason::Replace);
+        }
         if plan.moves.is_empty() && plan.dropped.is_empty() {
-            return Ok(Balance::Balanced);
+            return Ok(if held.is_empty() {
+                Balance::Balanced
+            } else {
+                Balance::Wait(format!("nothing balances while nodes {held:?} are held"))
+            });
         }
         let up = |n: &u16| self.state(*n) == Some(NodeState::Up);
         let next = map.apply(&plan)?;
@@ -149,15 +158,6 @@ impl Configuration {
                 .index_chains
                 .iter()
                 .any(|c| c.partition == q && c.migrating)
-            {
-                continue;
-            }
-            // While a node is held, only copies of nodes gone for good move.
-            if !held.is_empty()
-                && plan
-                    .moves
-                    .iter()
-                    .any(|m| m.partition == p && m.reason == Reason::Balance)
             {
                 continue;
             }
@@ -490,7 +490,7 @@ mod tests {
         let s = set();
         let mut c = config(4);
         c.nodes[2].state = NodeState::Joining;
-        assert_eq!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
+        assert!(matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("held")));
         c.nodes[2].state = NodeState::Up;
         c.moves.push(crate::CopyMove {
             partition: 3,
@@ -617,6 +617,18 @@ mod tests {
             assert!(before.chains[*q as usize].contains(&3), "{q}: {chain:?}");
             assert!(chain.iter().all(|n| [0, 2].contains(n)), "{q}: {chain:?}");
         }
+        // A chain of a held node and a gone one waits for the held node (its copy is the only
+        // one left, and a migration reads its old chain from an up copy).
+        let mut c = config(4);
+        fail(&mut c, 3, 0);
+        fail(&mut c, 0, AFTER);
+        let before = c.index_map(&s).unwrap();
+        if let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, AFTER, AFTER) {
+            for (q, chain) in &moves {
+                assert!(!before.chains[*q as usize].contains(&0), "{q}: {chain:?}");
+                assert!(!chain.contains(&0) && !chain.contains(&3), "{q}: {chain:?}");
+            }
+        }
         // A joining node is held too.
         let mut c = config(4);
         c.nodes[1].state = NodeState::Joining;
@@ -627,5 +639,32 @@ mod tests {
         assert!(moves
             .iter()
             .all(|(_, ch)| !ch.contains(&1) && !ch.contains(&3)));
+    }
+
+    #[test]
+    fn nothing_balances_while_a_node_is_held() {
+        let s = set();
+        // Node 3 failed for good and its copies re-created on 0, 1 and 2; it comes back
+        // empty (joining: held). Unbalanced as it is, nothing moves until it is up.
+        let (mut c, now) = recreate_node_3(&s).unwrap();
+        c.nodes[3].state = NodeState::Joining;
+        c.nodes[3].since_ns = now;
+        assert_eq!(c.index_map(&s).unwrap().loads().get(&3).copied(), None);
+        assert!(
+            matches!(c.plan_balance(&s, now, AFTER), Ok(Balance::Wait(w)) if w.contains("nothing balances"))
+        );
+        // Node 0 overloaded (three of node 1's partitions moved from [1, 2] to [1, 0]), all
+        // up: it balances; node 3 joining: nothing balances.
+        let mut c = config(4);
+        let to_0: Vec<(u16, Vec<u16>)> = (3..6).map(|q| (q, vec![1, 0])).collect();
+        migrate_all(&mut c, &to_0, 0);
+        assert!(matches!(
+            c.plan_balance(&s, 0, AFTER),
+            Ok(Balance::Migrate(_))
+        ));
+        c.nodes[3].state = NodeState::Joining;
+        assert!(
+            matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("nothing balances"))
+        );
     }
 }
