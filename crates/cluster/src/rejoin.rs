@@ -207,13 +207,7 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         return;
     }
     let Some(c) = m.view().config else { return };
-    let lowest_up = c
-        .nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Up)
-        .map(|n| n.id)
-        .min();
-    if lowest_up != Some(ctx.id) {
+    if c.balancer() != Some(ctx.id) {
         return;
     }
     // Gone for good: failed for replace_after, and a settle time more (the copies of its

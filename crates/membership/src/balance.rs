@@ -46,6 +46,15 @@ pub enum Balance {
 }
 
 impl Configuration {
+    /// The node that balances: the lowest-numbered one that is up.
+    pub fn balancer(&self) -> Option<u16> {
+        self.nodes
+            .iter()
+            .filter(|m| m.state == NodeState::Up)
+            .map(|m| m.id)
+            .min()
+    }
+
     /// Where every index partition's copies are (or are going: a migrating partition is at
     /// its target), as a partition map of node chains at this epoch. `None` without index
     /// partitions.

@@ -1231,13 +1231,7 @@ impl Monitor {
         let slots = set.index_slots();
         let settle_ns = set.join_settle_ns();
         self.change_config(|c, now| {
-            let lowest = c
-                .nodes
-                .iter()
-                .filter(|m| m.state == NodeState::Up)
-                .map(|m| m.id)
-                .min();
-            if lowest != Some(id) {
+            if c.balancer() != Some(id) {
                 return Err(MigrationError::NotBalancer(id));
             }
             match c.plan_balance(set, now, replace_after_ns) {
