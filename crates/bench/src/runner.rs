@@ -394,10 +394,12 @@ fn ask_each(
     timeout: Duration,
 ) -> Result<Vec<Answer>, BenchError> {
     let body = serde_json::to_vec(req).expect("serialises");
+    // Standby nodes run no agent (a run scaling out starts them while it runs).
     let handles: Vec<_> = c
         .cfg
         .node
         .iter()
+        .filter(|n| !c.cfg.cluster.standby.contains(&n.id))
         .map(|n| {
             let path = c.cfg.admin_path(n.id, &c.dir)?;
             let (body, node) = (body.clone(), n.id);
@@ -448,7 +450,7 @@ fn run_window(
     duration: f64,
     rate: Option<f64>,
     fault: Option<(FaultPlan, &PathBuf)>,
-    scale: Option<crate::scale::ScalePlan>,
+    scale: Option<(crate::scale::ScalePlan, &PathBuf)>,
 ) -> Result<(Vec<AgentReport>, Option<crate::scale::Scaled>), BenchError> {
     let start = nessie_fabric::wall_clock_ns() + 300_000_000;
     let req = AgentRequest::Run {
@@ -464,9 +466,13 @@ fn run_window(
         let (dir, binary) = (c.dir.clone(), binary.clone());
         std::thread::spawn(move || inject(&dir, &binary, f, window_start))
     });
-    let scaler = scale.map(|s| {
-        let (dir, cfg) = (c.dir.clone(), c.cfg.clone());
-        std::thread::spawn(move || crate::scale::scale_in(&dir, &cfg, s, window_start, duration))
+    let from = (c.cfg.node.len() - c.cfg.cluster.standby.len()) as u16;
+    let scaler = scale.map(|(s, binary)| {
+        let (dir, cfg, binary) = (c.dir.clone(), c.cfg.clone(), binary.clone());
+        std::thread::spawn(move || match s.to < from {
+            true => crate::scale::scale_in(&dir, &cfg, s, window_start, duration),
+            false => crate::scale::scale_out(&dir, &cfg, &binary, s, window_start, duration),
+        })
     });
     let answers = ask_each(c, &req, timeout)?;
     let mut restarted = match injector {
@@ -478,7 +484,7 @@ fn run_window(
         None => None,
     };
     // Nodes that left stopped before the run ended: their agents' answers are errors.
-    let left = |n: u16| scale.is_some_and(|s| n >= s.to);
+    let left = |n: u16| scale.is_some_and(|(s, _)| n >= s.to);
     let killed = fault.map(|(f, _)| f.node);
     if let Some(Restarted(Some(child))) = &mut restarted {
         if let Ok(Some(status)) = child.try_wait() {
@@ -611,6 +617,8 @@ fn start(
     progress("starting the cluster");
     let up = UpOptions {
         nodes: p.nodes,
+        // Scaling out: the nodes that join stand by from the start.
+        standby: opts.scale.map_or(0, |s| s.to.saturating_sub(p.nodes)),
         transport: p.transport.parse()?,
         geometry,
         workers: 1,
@@ -638,11 +646,15 @@ fn start(
         lease_ttl_s: nessie_membership::DEFAULT_LEASE_TTL_S,
         replicas: p.replicas,
         // Scaling in: a spare slot on the nodes that stay for every table copy that leaves
-        // (each leaving node holds R of them, spread over the others).
+        // (each leaving node holds R of them, spread over the others). Out: for every copy a
+        // standby node would hold, placed on the starting nodes until it joins.
         spare_copies: opts.scale.map(|s| {
-            let leaving = p.nodes - s.to;
-            (leaving * p.replicas as u16)
-                .div_ceil(s.to)
+            let (moving, onto) = match s.to < p.nodes {
+                true => (p.nodes - s.to, s.to),
+                false => (s.to - p.nodes, p.nodes),
+            };
+            (moving * p.replicas as u16)
+                .div_ceil(onto)
                 .clamp(1, nessie_protocols::replica::MAX_SPARE_COPIES as u16) as u8
         }),
         pilaf_reuse_delay_ms: opts.pilaf_reuse_delay_ms,
@@ -747,7 +759,13 @@ fn bench_on(
     progress("running");
     let fault = opts.fault.map(|f| (f, &opts.binary));
     let (reps, scaled) = run_window(
-        cluster, &spec, p.warmup, p.duration, rate, fault, opts.scale,
+        cluster,
+        &spec,
+        p.warmup,
+        p.duration,
+        rate,
+        fault,
+        opts.scale.map(|s| (s, &opts.binary)),
     )?;
     let mut r = merge_reports(p, keys, offered, &reps)?;
     r.fault = opts

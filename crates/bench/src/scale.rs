@@ -1,12 +1,15 @@
-//! Scaling a cluster during a run (`nessie bench --scale-to N --scale-at S`, issue 42): the
-//! nodes N and up leave one after the other (`nessie leave`: each drains its index partitions
-//! to the others by migrations, steps down and stops; its table copies then move to spare
-//! slots of the others after `replace_after_s`, which the next waits for) while every node's
-//! clients run, and the result says how long it took, what moved, and what the timeline
-//! shows of it ([`ScalingReport`]).
+//! Scaling a cluster during a run (`nessie bench --scale-to N --scale-at S`, issue 42), while
+//! every starting node's clients run; the result says how long it took, what moved, and what
+//! the timeline shows of it ([`ScalingReport`]).
 //!
-//! Only scaling in is built: a node beyond `cluster.toml` cannot join a running cluster yet,
-//! so `--scale-to` above `--nodes` is refused with that reason.
+//! - **In** (N below `--nodes`): nodes N and up leave one after the other (`nessie leave`:
+//!   each drains its index partitions to the others by migrations, steps down and stops; its
+//!   table copies then move to spare slots of the others after `replace_after_s`, which the
+//!   next waits for).
+//! - **Out** (N above `--nodes`): the cluster starts with N − `--nodes` standby nodes
+//!   (`[cluster] standby`), which join one after the other (`nessie join`); the scaling is
+//!   over once the balancer has given them their shares of index partitions and nothing
+//!   migrates. Clients run on the starting nodes only (a joined node serves its memory).
 
 #[cfg(feature = "ucx")]
 use std::path::Path;
@@ -23,6 +26,8 @@ use crate::timeline::Timeline;
 /// How long the nodes may take to drain after the measured window ends before the run fails.
 #[cfg(feature = "ucx")]
 const DRAIN_GRACE: Duration = Duration::from_secs(60);
+/// Most nodes a run scales to (`nessie up`'s limit on local nodes).
+pub const MAX_SCALE_TO: u16 = 64;
 /// Earliest scaling, seconds into the measured window: five timeline windows to measure the
 /// throughput before it by.
 pub const MIN_SCALE_AT_S: f64 = 0.5;
@@ -40,17 +45,19 @@ pub struct ScalePlan {
 pub struct ScalingReport {
     pub from: u16,
     pub to: u16,
-    /// When the nodes were told to leave.
+    /// When the nodes were told to leave, or the first was started to join.
     pub started_s: f64,
     /// When the last leaving node held no index partition copy and nothing migrated, and had
     /// stepped down and stopped (the copies of its tables move to spare slots after
-    /// `replace_after_s`, as a failed node's: counted here only for the nodes before it).
+    /// `replace_after_s`, as a failed node's: counted here only for the nodes before it); or
+    /// when the joined nodes had their shares, nothing migrating or filling.
     pub finished_s: f64,
-    /// The bytes of the index partition copies the leaving nodes held before (each an index
-    /// slot's bytes): what moves during the scaling.
+    /// The bytes of the index partition copies the leaving nodes held before, or the joining
+    /// nodes hold once balanced (each an index slot's bytes): what moves during the scaling.
     pub bytes_held_before: u64,
-    /// The bytes of the table copies they held (each a node's table regions): these move to
-    /// spare slots after `replace_after_s`, as a failed node's, after the finish.
+    /// The bytes of the table copies the leaving nodes held (each a node's table regions):
+    /// these move to spare slots after `replace_after_s`, as a failed node's, after the
+    /// finish. 0 scaling out (a joining node's own tables start empty).
     pub table_bytes_held: u64,
     /// What moved in on the nodes that stay until the finish: bytes read filling moved copies,
     /// and 8 bytes for each index entry installed by a handover puller.
@@ -65,6 +72,9 @@ pub struct ScalingReport {
     /// The longest stretch from the start to the end of the run in which no operation
     /// completed, in ms (whole windows).
     pub stall_ms: f64,
+    /// When each node was up (scaling out) or had stepped down and stopped (in), in order.
+    #[serde(default)]
+    pub steps_s: Vec<f64>,
 }
 
 /// Why a scaling could not be done.
@@ -76,9 +86,8 @@ pub enum ScaleError {
     Failed { to: u16, why: String },
 }
 
-/// A plan that fits the run: scale in (scale out needs nodes to join: not built), to at least
-/// `replicas` nodes, with replication, within the measured window, on a cluster the run
-/// started.
+/// A plan that fits the run: scale in or out, to at least `replicas` nodes, with replication,
+/// within the measured window, on a cluster the run started.
 pub fn validate(
     plan: &ScalePlan,
     nodes: u16,
@@ -90,10 +99,10 @@ pub fn validate(
     if !owned {
         return bad("a run scales only a cluster it started itself, not --cluster".into());
     }
-    if plan.to > nodes {
+    if plan.to > MAX_SCALE_TO {
         return bad(format!(
-            "scaling out ({nodes} → {}) needs nodes beyond cluster.toml to join a running cluster, which is not built yet (issue 42); scale in instead",
-            plan.to
+            "scaling out to more than {} nodes is not supported here",
+            MAX_SCALE_TO
         ));
     }
     if plan.to == nodes {
@@ -118,6 +127,7 @@ pub fn validate(
 #[derive(Clone, Debug, Default)]
 pub struct Scaled {
     pub started_s: f64,
+    pub steps_s: Vec<f64>,
     pub finished_s: f64,
     pub bytes_held_before: u64,
     pub table_bytes_held: u64,
@@ -169,6 +179,7 @@ pub fn scale_in(
     let deadline = Duration::from_secs_f64((window_s - plan.at_s).max(0.0)) + DRAIN_GRACE;
     // One at a time: a node may leave only once every partition has its copies on up nodes
     // (the tables of the one before have moved to spare slots of the others).
+    let mut steps_s = Vec::new();
     for &k in &leaving {
         loop {
             let why = match snap()?.may_leave(k, &set) {
@@ -185,14 +196,103 @@ pub fn scale_in(
             .max(Duration::from_secs(1));
         process::leave(cfg, dir, k, left, false, &mut |_| {})
             .map_err(|e| fail(format!("node {k}: {e}")))?;
+        steps_s.push(since(t0));
     }
     let finished_s = since(t0);
     let after = moved_in(dir, &leaving);
     Ok(Scaled {
         started_s: plan.at_s,
+        steps_s,
         finished_s,
         bytes_held_before,
         table_bytes_held,
+        bytes_moved: after.saturating_sub(before),
+    })
+}
+
+#[cfg(feature = "ucx")]
+/// At `plan.at_s` into the window starting at `window_start_unix_ns`, start the standby nodes
+/// one after the other (`nessie join`, with `binary`), wait until the balancer has given them
+/// their shares and nothing migrates or fills, and measure.
+pub fn scale_out(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    binary: &Path,
+    plan: ScalePlan,
+    window_start_unix_ns: u64,
+    window_s: f64,
+) -> Result<Scaled, ScaleError> {
+    use nessie_membership::balance::Balance;
+    let fail = |why: String| ScaleError::Failed { to: plan.to, why };
+    let joining = cfg.cluster.standby.clone();
+    let set = cfg.replica_set().map_err(|e| fail(e.to_string()))?;
+    let replace_after_ns = cfg
+        .membership
+        .as_ref()
+        .map_or(0, |m| m.replace_after_s * 1_000_000_000);
+    crate::agent::sleep_until_unix(window_start_unix_ns + (plan.at_s * 1e9) as u64);
+    let since = |t: Instant| plan.at_s + t.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let before = moved_in(dir, &[]);
+    let deadline = Duration::from_secs_f64((window_s - plan.at_s).max(0.0)) + DRAIN_GRACE;
+    let mut steps_s = Vec::new();
+    for &k in &joining {
+        let left = deadline
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_secs(1));
+        let joined = process::join(dir, binary, left, &mut |_| {})
+            .map_err(|e| fail(format!("node {k}: {e}")))?;
+        if joined.id != k {
+            return Err(fail(format!(
+                "node {} joined where {k} was expected",
+                joined.id
+            )));
+        }
+        steps_s.push(since(t0));
+    }
+    // Balanced: the plan moves nothing, nothing migrates, no moved copy is filling.
+    let c = loop {
+        let c = match process::membership_status(cfg) {
+            Some(Ok(s)) => s
+                .config
+                .ok_or_else(|| fail("no configuration in etcd".into()))?,
+            Some(Err(e)) => return Err(fail(e.to_string())),
+            None => return Err(fail("the cluster runs without membership".into())),
+        };
+        let settled = !c.index_chains.iter().any(|ch| ch.migrating)
+            && !c.moves.iter().any(|m| m.receiving)
+            && matches!(
+                c.plan_balance(&set, nessie_fabric::wall_clock_ns(), replace_after_ns),
+                Ok(Balance::Balanced)
+            );
+        if settled {
+            break c;
+        }
+        if t0.elapsed() > deadline {
+            return Err(fail(format!(
+                "the joined nodes {joining:?} were not given their shares in {:.0} s",
+                deadline.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let finished_s = since(t0);
+    let bytes_held_before = joining
+        .iter()
+        .map(|&k| {
+            c.index_map(&set)
+                .and_then(|m| m.loads().get(&k).copied())
+                .unwrap_or(0)
+                * set.index_slot_bytes()
+        })
+        .sum();
+    let after = moved_in(dir, &[]);
+    Ok(Scaled {
+        started_s: plan.at_s,
+        steps_s,
+        finished_s,
+        bytes_held_before,
+        table_bytes_held: 0,
         bytes_moved: after.saturating_sub(before),
     })
 }
@@ -243,6 +343,7 @@ impl ScalingReport {
             ops_per_window_before: median(t.ops[..k].iter().map(|&n| n as f64).collect()),
             ops_per_window_min_during: t.ops[during].iter().copied().min().unwrap_or(0),
             stall_ms: t.longest_stall(k) as f64 * t.window_ms,
+            steps_s: s.steps_s.clone(),
         }
     }
 }
@@ -255,8 +356,10 @@ mod tests {
     fn plans_are_refused_with_their_reason() {
         let p = |to, at_s| ScalePlan { to, at_s };
         assert!(validate(&p(3, 2.0), 4, 2, 5.0, true).is_ok());
+        assert!(validate(&p(5, 2.0), 3, 2, 5.0, true).is_ok());
         for (plan, nodes, replicas, owned, says) in [
-            (p(5, 2.0), 3, 2, true, "not built yet"),
+            (p(99, 2.0), 3, 2, true, "more than"),
+            (p(5, 2.0), 3, 1, true, "one copy"),
             (p(4, 2.0), 4, 2, true, "has 4 nodes already"),
             (p(3, 2.0), 4, 1, true, "one copy"),
             (p(1, 2.0), 4, 2, true, "at least 2 nodes"),
@@ -287,6 +390,7 @@ mod tests {
         };
         let s = Scaled {
             started_s: 0.4,
+            steps_s: vec![0.7],
             finished_s: 0.75,
             bytes_held_before: 10,
             table_bytes_held: 20,

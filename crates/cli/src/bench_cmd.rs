@@ -59,10 +59,11 @@ pub struct BenchArgs {
     /// and catches up, as `nessie node` does).
     #[arg(long, value_name = "S", requires = "kill_node")]
     pub restart_at: Option<f64>,
-    /// Scale the cluster in to N nodes during the measured window (at --scale-at): nodes N
-    /// and up leave as `nessie leave` drains them, and the result's `scaling` says how long
-    /// it took, what moved, and the GET p99.9 and stalls of the timeline around it. Needs
-    /// --replicas 2 or 3; scaling out (N above --nodes) is not built yet.
+    /// Scale the cluster to N nodes during the measured window (at --scale-at): below
+    /// --nodes, nodes N and up leave as `nessie leave` drains them; above, the cluster starts
+    /// with the extra nodes standing by and they join as `nessie join` adds them (clients run
+    /// on the starting nodes). The result's `scaling` says how long it took, what moved, and
+    /// the GET p99.9 and stalls of the timeline around it. Needs --replicas 2 or 3.
     #[arg(long, value_name = "N", conflicts_with = "kill_node")]
     pub scale_to: Option<u16>,
     /// Seconds into the measured window at which --scale-to starts [default: a third of

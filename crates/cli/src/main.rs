@@ -57,6 +57,9 @@ enum Command {
     /// slots of other nodes and its index partitions to other nodes (the balancer); then it
     /// stops. With --cancel, a leaving node stays after all (and is given partitions again).
     Leave(LeaveArgs),
+    /// Start the next standby node (`nessie up --standby N`) and add it to the running cluster;
+    /// prints its id once it is up. The balancer then gives it its share of index partitions.
+    Join(JoinArgs),
     /// Run one node process (what `nessie up` starts; use it directly across real hosts).
     Node(NodeArgs),
     /// Latency of one-sided READ/WRITE/CAS between two processes over UCX (optionally beside ucx_perftest).
@@ -103,6 +106,11 @@ struct UpArgs {
     /// Node processes to start.
     #[arg(long, default_value_t = 3)]
     nodes: u16,
+    /// More nodes that cluster.toml lists but `up` does not start: each joins later, while the
+    /// cluster serves (`nessie join`), up to --nodes + --standby. Needs --replicas 2 or 3 and
+    /// spare slots for the copies they would hold (--spare-copies).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    standby: u16,
     /// Transport between the processes: shm (shared memory), tcp (loopback), auto (UCX's choice).
     #[arg(long, default_value = "shm")]
     transport: Transport,
@@ -358,6 +366,18 @@ struct LeaveArgs {
 }
 
 #[derive(clap::Args)]
+struct JoinArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// Give up waiting after this many seconds (the node keeps running and may still join).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    timeout: u64,
+    /// Print only the new node's id on stdout (progress goes to stderr either way).
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
 struct GetArgs {
     #[command(flatten)]
     key: KeyArgs,
@@ -505,6 +525,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Del(a) => run_del(a),
         Command::Migrate(a) => run_migrate(a),
         Command::Leave(a) => run_leave(a),
+        Command::Join(a) => run_join(a),
         Command::Node(a) => run_node(a),
         Command::FabricBench(a) => {
             fabric_bench::run(a)?;
@@ -744,6 +765,7 @@ fn run_up(a: UpArgs) -> Result<ExitCode, CliError> {
     let frontends = up_frontends(&a)?;
     let opts = process::UpOptions {
         nodes: a.nodes,
+        standby: a.standby,
         transport: a.transport,
         geometry,
         workers: a.client_threads,
@@ -866,12 +888,18 @@ fn print_up(
     let r = cfg.cluster.replicas;
     println!(
         "cluster up: {} nodes over {:?}, {r} {} of each node's tables, in {} (config {})",
-        cfg.node.len(),
+        cfg.node.len() - cfg.cluster.standby.len(),
         cfg.cluster.transport,
         if r == 1 { "copy" } else { "copies" },
         dir.display(),
         process::config_path(dir).display()
     );
+    if !cfg.cluster.standby.is_empty() {
+        println!(
+            "standby: nodes {:?} are not started; `nessie join` starts one and adds it to the cluster",
+            cfg.cluster.standby
+        );
+    }
     if let Some(m) = &cfg.membership {
         println!(
             "membership: etcd {} ({}), lease TTL {} s, epoch 1",
@@ -925,7 +953,15 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let membership = process::membership_status(&cfg);
     let snapshot = membership.as_ref().and_then(|m| m.as_ref().ok());
     // The state of a node: etcd's word when it can be had, else whether it answered.
+    let standby = |id: u16| {
+        snapshot
+            .and_then(|s| s.config.as_ref())
+            .is_some_and(|c| c.standby.contains(&id))
+    };
     let state_of = |n: &process::NodeStatus| -> String {
+        if standby(n.id) {
+            return "standby".into();
+        }
         match snapshot
             .and_then(|s| s.config.as_ref())
             .and_then(|c| c.state(n.id))
@@ -1060,7 +1096,8 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
         print_node_table(&nodes, state_of);
         print_class_fill(&nodes);
     }
-    let all_up = nodes.iter().all(|n| n.report.is_ok());
+    // A standby node is not started yet: nothing is wrong.
+    let all_up = nodes.iter().all(|n| n.report.is_ok() || standby(n.id));
     Ok(if all_up {
         ExitCode::SUCCESS
     } else {
@@ -1084,12 +1121,14 @@ struct Partition {
     replicas: u8,
     live_copies: u8,
     present: Option<u64>,
+    /// The tables of a standby node, which nobody writes until it joins.
+    standby: bool,
 }
 
 impl Partition {
     /// Entries with fewer than `replicas` copies (`None`: no copy answered).
     fn under_replicated(&self) -> Option<u64> {
-        if self.live_copies >= self.replicas {
+        if self.live_copies >= self.replicas || self.standby {
             return Some(0);
         }
         self.present
@@ -1150,6 +1189,7 @@ fn replication(
                 replicas: r,
                 live_copies: live,
                 present,
+                standby: config.is_some_and(|c| c.standby.contains(&p)),
             }
         })
         .collect()
@@ -1160,7 +1200,7 @@ fn print_replication(replicas: u8, partitions: &[Partition]) {
     let short: Vec<String> = partitions
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.live_copies < replicas)
+        .filter(|(_, p)| p.live_copies < replicas && !p.standby)
         .map(|(i, p)| match p.under_replicated() {
             Some(e) => format!(
                 "node {i}'s tables: {} of {replicas} copies, {e} entries",
@@ -1556,6 +1596,28 @@ fn run_migrate(a: MigrateArgs) -> Result<ExitCode, CliError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+fn run_join(a: JoinArgs) -> Result<ExitCode, CliError> {
+    let dir = a.dir.dir();
+    let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
+    let joined = process::join(
+        &dir,
+        &binary,
+        std::time::Duration::from_secs(a.timeout),
+        &mut |s| eprintln!("join: {s}"),
+    )
+    .map_err(CliError::Usage)?;
+    if a.quiet {
+        println!("{}", joined.id);
+    } else {
+        println!(
+            "node {} joined: up {:.1} s after it started; the balancer now moves index partitions to it (`nessie status`)",
+            joined.id,
+            joined.took.as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_leave(a: LeaveArgs) -> Result<ExitCode, CliError> {

@@ -4,7 +4,8 @@
 //!   and 2 and one of them on again; node 0, whose index moved away, killed afterwards loses
 //!   nothing;
 //! - by the balancer: a node killed for good has its copies re-created on the survivors, comes
-//!   back and is given its share, and a second node killed then loses nothing.
+//!   back and is given its share, and a second node killed then loses nothing;
+//! - leaving (`nessie leave`) and joining (`nessie join`: standby nodes).
 //!
 //! A writer puts and deletes throughout; no acknowledged write or delete is lost, and every
 //! key reads alike through every node.
@@ -502,4 +503,121 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
     );
     assert!(ops.0 > 50, "the writer kept going: {ops:?}");
     check(&c, &[0, 1], &model.lock().unwrap());
+}
+
+/// `nessie join`: a cluster started with three nodes and two standing by (`--standby 2`,
+/// R = 2) grows to five while a writer runs, each node given its share of index partitions by
+/// the balancer with no manual step; then the two leave again (`nessie leave`). Nothing is
+/// lost, and every key reads alike through every node at each size. Bad requests are refused.
+#[test]
+fn standby_nodes_join_under_writes_then_leave_and_nothing_is_lost() {
+    let refused = Cluster::at("join-refused");
+    let out = refused.nessie(&["up", "--nodes", "3", "--standby", "2"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("cluster.standby"),
+        "standby nodes without copies: {}",
+        stderr(&out)
+    );
+    let c = Cluster::up(
+        "join",
+        3,
+        "shm",
+        &[
+            "--standby",
+            "2",
+            "--lease-ttl",
+            "2",
+            "--replicas",
+            "2",
+            // Leaving nodes' tables move only into spare slots: two leaves, after the two
+            // copies epoch 1 placed for the standby nodes, need more than one per node.
+            "--spare-copies",
+            "2",
+            "--replace-after",
+            "6",
+            "--ites-per-node",
+            "256",
+            "--dtes-per-node",
+            "4096",
+        ],
+    );
+    let top = wait_status(
+        &c,
+        "epoch 1's copies filled",
+        Duration::from_secs(30),
+        |t| whole_and_balanced(t, &[0, 1, 2], true),
+    );
+    assert_eq!(top["nodes"][3]["state"], "standby", "{top:#}");
+    assert_eq!(index_copies(&top)[3..], [0, 0], "{top:#}");
+    // A process without the cluster's secret cannot join: the bootstrap refuses it.
+    let stranger = c.dir.join("stranger");
+    std::fs::create_dir(&stranger).unwrap();
+    let toml = std::fs::read_to_string(c.dir.join("cluster.toml")).unwrap();
+    let secret = toml.lines().find(|l| l.starts_with("secret = ")).unwrap();
+    let wrong = toml.replace(secret, &format!("secret = \"{}\"", "5a".repeat(32)));
+    std::fs::write(stranger.join("cluster.toml"), wrong).unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .args(["node", "--config"])
+        .arg(stranger.join("cluster.toml"))
+        .args(["--id", "3"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && stderr(&out).contains("does not know the cluster secret"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(status(&c)["nodes"][3]["state"], "standby");
+    let model = load(&c, 3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = Arc::new(Mutex::new(vec![0, 1, 2]));
+    let writer = spawn_writer(&c, &model, &stop, live.clone());
+    for id in [3u16, 4] {
+        let t0 = Instant::now();
+        let out = c.nessie(&["join", "--quiet", "--timeout", "60"]);
+        assert!(out.status.success(), "join: {}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id.to_string());
+        live.lock().unwrap().push(id);
+        let up: Vec<u16> = (0..=id).collect();
+        let top = wait_status(
+            &c,
+            &format!("node {id} joined and given its share"),
+            Duration::from_secs(120),
+            |t| whole_and_balanced(t, &up, true),
+        );
+        eprintln!(
+            "node {id} joined and balanced in {:?}: index copies {:?}",
+            t0.elapsed(),
+            index_copies(&top)
+        );
+    }
+    let out = c.nessie(&["join"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("every standby node has joined"),
+        "{}",
+        stderr(&out)
+    );
+    let mut ops = stop_writer(&stop, writer);
+    check(&c, &[0, 1, 2, 3, 4], &model.lock().unwrap());
+
+    let writer = spawn_writer(&c, &model, &stop, Arc::new(Mutex::new(vec![0, 1, 2])));
+    for id in [4u16, 3] {
+        let out = c.nessie(&["leave", "--node", &id.to_string(), "--timeout", "120"]);
+        assert!(out.status.success(), "leave {id}: {}", stderr(&out));
+        let up: Vec<u16> = (0..id).collect();
+        wait_status(
+            &c,
+            &format!("node {id} left, its tables moved, the rest balanced"),
+            Duration::from_secs(120),
+            |t| t["nodes"][id as usize]["partitions"] == 0 && whole_and_balanced(t, &up, true),
+        );
+    }
+    let more = stop_writer(&stop, writer);
+    ops = (ops.0 + more.0, ops.1 + more.1);
+    eprintln!(
+        "{} writes and deletes beside the joins and leaves, {} failed",
+        ops.0, ops.1
+    );
+    assert!(ops.0 > 50, "the writer kept going: {ops:?}");
+    check(&c, &[0, 1, 2], &model.lock().unwrap());
 }

@@ -117,6 +117,12 @@ pub struct ClusterSection {
     /// Like a spare slot, a slot costs address space until a copy moves into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_slots: Option<u16>,
+    /// Nodes (ids of `[[node]]` entries) the cluster starts without: each joins later, while
+    /// the cluster serves (`nessie join`; `nessie_membership::standby`). Epoch 1 places what
+    /// they would hold on the others: their index partitions in index slots, the copies they
+    /// would hold of others' tables in spare slots. Needs membership and replication.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby: Vec<u16>,
     /// pilaf: how long a freed extent waits before reuse, in milliseconds (default: the expiry
     /// period; 0 = at once, as in the paper, leaving readers of a reused extent to the CRC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -600,6 +606,8 @@ pub enum InvalidConfig {
     SpareCopies(String),
     #[error("cluster.index_slots: {0}")]
     IndexSlots(String),
+    #[error("cluster.standby: {0}")]
+    Standby(String),
     #[error("frontends: {0}")]
     Frontends(String),
     #[error("membership.lease_ttl_s = {0} is not in {lo}..={hi}", lo = nessie_membership::MIN_LEASE_TTL_S, hi = nessie_membership::MAX_LEASE_TTL_S)]
@@ -676,6 +684,41 @@ impl ClusterConfig {
         self.large_limits()?;
         self.validate_frontends()?;
         self.replica_set()?;
+        self.validate_standby()?;
+        Ok(())
+    }
+
+    /// `cluster.standby`: known, distinct ids, with membership and replication, and epoch 1
+    /// able to place what they would hold (`nessie_membership::standby::first_epoch`, run dry).
+    fn validate_standby(&self) -> Result<(), InvalidConfig> {
+        let standby = &self.cluster.standby;
+        if standby.is_empty() {
+            return Ok(());
+        }
+        let bad = |why: String| InvalidConfig::Standby(why);
+        for (i, id) in standby.iter().enumerate() {
+            if !self.node.iter().any(|n| n.id == *id) {
+                return Err(bad(format!("node {id} is not a [[node]] of this cluster")));
+            }
+            if standby[..i].contains(id) {
+                return Err(bad(format!("node {id} is listed twice")));
+            }
+        }
+        if self.membership.is_none() || self.cluster.replicas < 2 {
+            return Err(bad(
+                "standby nodes join through membership (etcd) and take copies: they need [membership] and \
+                 replicas of 2 or 3"
+                    .into(),
+            ));
+        }
+        let set = self.replica_set()?;
+        nessie_membership::standby::first_epoch(
+            &self.node.iter().map(|n| n.id).collect::<Vec<_>>(),
+            standby,
+            &Default::default(),
+            &set,
+        )
+        .map_err(|e| bad(e.to_string()))?;
         Ok(())
     }
 
@@ -1070,6 +1113,7 @@ impl ClusterConfig {
                 self.cluster.replicas,
                 self.spare_copies(),
                 self.index_slots(),
+                &self.cluster.standby,
             ),
             self.geometry.fingerprint(),
             self.protocol.expiry_ms,
@@ -1109,6 +1153,7 @@ impl ClusterConfig {
                 replicas: default_replicas(),
                 spare_copies: None,
                 index_slots: None,
+                standby: Vec::new(),
                 pilaf_reuse_delay_ms: None,
                 progress_spin_us: 0,
                 direct_loopback: true,

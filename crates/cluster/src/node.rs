@@ -685,6 +685,7 @@ fn start_membership(
             clock_margin_ns: cfg.protocol_config().clock_margin_ns,
             replacing,
             migration_settle_ns: replicas.join_settle_ns(),
+            fenced_before_epoch_1: !cfg.cluster.standby.is_empty(),
         },
         fence,
         Some(on_config),
@@ -1037,7 +1038,17 @@ fn join_cluster(
                 && fence.may_act(nessie_fabric::monotonic_ns(), 0)
         }))
     };
-    let table = Arc::new(plan.class_table(id).guarded(guard));
+    // No page of a standby node (its tables have a copy fewer), nor one whose tables pause
+    // after a copy became full (a node that just joined: the claim would wait the join settle
+    // time, and every writer out of pages with it).
+    let hosts = {
+        let (fence, set) = (fence.clone(), replicas.clone());
+        nessie_store::classtable::HostGuard(Arc::new(move |n| {
+            let now = nessie_fabric::monotonic_ns();
+            !fence.never_up(n) && !nessie_protocols::replica::tables_settling(&set, &fence, n, now)
+        }))
+    };
+    let table = Arc::new(plan.class_table(id).guarded(guard).hosts_guarded(hosts));
     let slots = plan.slot_pool();
     let pilaf = plan.pilaf_store(id)?;
     let ctx = NodeContext {
@@ -1108,7 +1119,8 @@ fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
         .map_err(MembershipError::from)
         .and_then(|etcd| nessie_membership::snapshot(&etcd, &cfg.membership_keys()));
     match snapshot {
-        Ok(s) => s.config.map_or(Vec::new(), |c| {
+        // Before epoch 1 every node must come but the standby ones, which start later.
+        Ok(s) => s.config.map_or(cfg.cluster.standby.clone(), |c| {
             c.nodes
                 .iter()
                 .filter(|m| m.state == NodeState::Failed)
@@ -1116,8 +1128,8 @@ fn failed_peers(cfg: &ClusterConfig) -> Vec<u16> {
                 .collect()
         }),
         Err(e) => {
-            tracing::warn!(%e, "cannot read membership: waiting for every peer");
-            Vec::new()
+            tracing::warn!(%e, "cannot read membership: waiting for every peer but the standby ones");
+            cfg.cluster.standby.clone()
         }
     }
 }

@@ -108,6 +108,9 @@ pub fn live_pid(dir: &Path, id: u16) -> Option<i32> {
 #[derive(Clone, Debug)]
 pub struct UpOptions {
     pub nodes: u16,
+    /// Nodes beyond `nodes` that `cluster.toml` lists but `up` does not start: each joins
+    /// later (`nessie join`, [`join`]; `[cluster] standby`).
+    pub standby: u16,
     pub transport: Transport,
     pub geometry: Geometry,
     pub workers: u16,
@@ -190,10 +193,16 @@ pub enum EtcdChoice {
 }
 
 impl UpOptions {
+    /// The nodes `cluster.toml` lists: those `up` starts and the standby ones.
+    pub fn total_nodes(&self) -> u16 {
+        self.nodes.saturating_add(self.standby)
+    }
+
     /// `nodes` local cd-mode nodes run with `binary`, every other setting at its default.
     pub fn new(binary: PathBuf, nodes: u16, transport: Transport, geometry: Geometry) -> Self {
         Self {
             nodes,
+            standby: 0,
             transport,
             geometry,
             workers: 1,
@@ -311,7 +320,7 @@ fn configured_ports(o: &UpOptions) -> Vec<u16> {
     [f.memcached_port, f.resp_port, f.metrics_port]
         .into_iter()
         .flatten()
-        .flat_map(|base| (0..o.nodes).filter_map(move |k| base.checked_add(k)))
+        .flat_map(|base| (0..o.total_nodes()).filter_map(move |k| base.checked_add(k)))
         .collect()
 }
 
@@ -344,8 +353,8 @@ pub fn up_with_ports(
     o: &UpOptions,
     mut ports: impl FnMut(u16) -> Result<Vec<u16>, ProcessError>,
 ) -> Result<ClusterConfig, ProcessError> {
-    if o.nodes == 0 || o.nodes > MAX_LOCAL_NODES {
-        return Err(ProcessError::NodeCount(o.nodes));
+    if o.nodes == 0 || o.total_nodes() > MAX_LOCAL_NODES {
+        return Err(ProcessError::NodeCount(o.total_nodes()));
     }
     // Held until we return: a concurrent `up` or `down` on this directory fails at once.
     let rd = RunDir::lock(dir, true)?;
@@ -357,11 +366,15 @@ pub fn up_with_ports(
         });
     }
     // Refuse a configuration that cannot work before starting anything (an etcd among them).
-    local_config(o, &placeholder_ports(o.nodes), placeholder_membership(o))?;
+    local_config(
+        o,
+        &placeholder_ports(o.total_nodes()),
+        placeholder_membership(o),
+    )?;
     let membership = start_membership(&rd, o)?;
     let mut attempt = 1;
     let r = loop {
-        match up_once(&rd, o, ports(o.nodes)?, membership.clone()) {
+        match up_once(&rd, o, ports(o.total_nodes())?, membership.clone()) {
             Err(ProcessError::StartFailed { ref tail, .. })
                 if attempt < MAX_PORT_ATTEMPTS
                     && tail.contains("cannot listen on")
@@ -435,13 +448,24 @@ fn start_membership(rd: &RunDir, o: &UpOptions) -> Result<Option<MembershipSecti
     Ok(Some(m))
 }
 
-/// Write epoch 1 of the membership configuration (every node up) once all nodes are ready.
+/// Write epoch 1 of the membership configuration (every node up but the standby ones) once all
+/// the others are ready.
 fn initialise_membership(cfg: &ClusterConfig) -> Result<(), ProcessError> {
     let Some(m) = &cfg.membership else {
         return Ok(());
     };
     let etcd = m.client(ETCD_TIMEOUT).map_err(MembershipError::from)?;
-    nessie_membership::initialise(&etcd, &cfg.membership_keys(), cfg.node.iter().map(|n| n.id))?;
+    let ids: Vec<u16> = cfg.node.iter().map(|n| n.id).collect();
+    let set = cfg
+        .replica_set()
+        .map_err(crate::config::ConfigError::from)?;
+    nessie_membership::initialise(
+        &etcd,
+        &cfg.membership_keys(),
+        &ids,
+        &cfg.cluster.standby,
+        &set,
+    )?;
     Ok(())
 }
 
@@ -451,13 +475,15 @@ fn local_config(
     ports: &[u16],
     membership: Option<MembershipSection>,
 ) -> Result<ClusterConfig, ProcessError> {
-    if ports.len() != o.nodes as usize {
+    let total = o.total_nodes();
+    if ports.len() != total as usize {
         return Err(ProcessError::PortCount {
             ports: ports.len(),
-            nodes: o.nodes,
+            nodes: total,
         });
     }
-    let mut cfg = ClusterConfig::local("local", o.nodes, o.transport, 0, o.geometry.clone());
+    let mut cfg = ClusterConfig::local("local", total, o.transport, 0, o.geometry.clone());
+    cfg.cluster.standby = (o.nodes..total).collect();
     for (n, p) in cfg.node.iter_mut().zip(ports) {
         n.bootstrap.set_port(*p);
         n.workers = o.workers;
@@ -499,16 +525,27 @@ fn local_config(
 
 /// Start node `id` of the cluster configured in `cpath`, detached, logging to `log`.
 fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, ProcessError> {
+    spawn_node_with(&o.binary, &o.node_args, cpath, id, log)
+}
+
+/// [`spawn_node`] with the `nessie` binary and extra node arguments given.
+fn spawn_node_with(
+    binary: &Path,
+    args: &[String],
+    cpath: &Path,
+    id: u16,
+    log: File,
+) -> Result<Child, ProcessError> {
     let err = log
         .try_clone()
         .map_err(io(&log_path(cpath.parent().unwrap_or(cpath), id)))?;
-    let mut cmd = Command::new(&o.binary);
+    let mut cmd = Command::new(binary);
     cmd.arg("node")
         .arg("--config")
         .arg(cpath)
         .arg("--id")
         .arg(id.to_string())
-        .args(&o.node_args);
+        .args(args);
     cmd.stdin(Stdio::null()).stdout(log).stderr(err);
     // Detach from the terminal's session so the node outlives `nessie up`.
     // SAFETY: the closure runs in the forked child before exec and only calls setsid, which is
@@ -520,7 +557,7 @@ fn spawn_node(o: &UpOptions, cpath: &Path, id: u16, log: File) -> Result<Child, 
             Ok(())
         });
     }
-    cmd.spawn().map_err(io(&o.binary))
+    cmd.spawn().map_err(io(binary))
 }
 
 fn up_once(
@@ -535,7 +572,11 @@ fn up_once(
     let cpath = config_path(dir);
     rundir::write_file(&cpath, cfg.to_toml().as_bytes())?;
     let mut children = Vec::new();
-    for n in &cfg.node {
+    for n in cfg
+        .node
+        .iter()
+        .filter(|n| !cfg.cluster.standby.contains(&n.id))
+    {
         let log = rd.create_file(&format!("node-{}.log", n.id));
         match log
             .map_err(ProcessError::from)
@@ -550,6 +591,7 @@ fn up_once(
     }
     match wait_ready(dir, &cfg, o.ready_timeout, &mut children)
         .and_then(|()| initialise_membership(&cfg))
+        .and_then(|()| wait_epoch_1_read(dir, &cfg, o.ready_timeout))
     {
         Ok(()) => Ok(cfg), // the children are detached; dropping the handles leaves them running
         Err(e) => {
@@ -574,7 +616,12 @@ fn wait_ready(
         tail: tail(&log_path(dir, id), 15),
     };
     let deadline = Instant::now() + timeout;
-    let mut pending: Vec<u16> = cfg.node.iter().map(|n| n.id).collect();
+    let mut pending: Vec<u16> = cfg
+        .node
+        .iter()
+        .map(|n| n.id)
+        .filter(|id| !cfg.cluster.standby.contains(id))
+        .collect();
     loop {
         for (id, child) in children.iter_mut() {
             if let Ok(Some(status)) = child.try_wait() {
@@ -599,6 +646,41 @@ fn wait_ready(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// With standby nodes, every node is fenced until it has read epoch 1
+/// (`nessie_membership::Policy::fenced_before_epoch_1`): wait until each started one says it
+/// may write, so that `up` returns a cluster that serves.
+fn wait_epoch_1_read(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    timeout: Duration,
+) -> Result<(), ProcessError> {
+    if cfg.cluster.standby.is_empty() {
+        return Ok(());
+    }
+    let deadline = Instant::now() + timeout;
+    let mut pending: Vec<u16> = cfg
+        .node
+        .iter()
+        .map(|n| n.id)
+        .filter(|id| !cfg.cluster.standby.contains(id))
+        .collect();
+    while !pending.is_empty() {
+        pending.retain(|&id| {
+            !node_report(cfg, dir, id).is_ok_and(|r| r["membership"]["may_write"] == true)
+        });
+        if Instant::now() >= deadline {
+            return Err(ProcessError::StartFailed {
+                node: pending[0],
+                reason: format!("still fenced {timeout:?} after epoch 1 was written"),
+                log: log_path(dir, pending[0]),
+                tail: tail(&log_path(dir, pending[0]), 15),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Stop the nodes `up` started (by their unreaped child handles, so no pid can have been
@@ -931,6 +1013,122 @@ pub fn leave(
         epoch,
         drained,
         stopped,
+    })
+}
+
+/// How often [`join`] reads membership while the node joins.
+const JOIN_POLL: Duration = Duration::from_millis(100);
+
+/// What [`join`] did.
+#[derive(Clone, Debug)]
+pub struct Joined {
+    /// The node that joined.
+    pub id: u16,
+    /// From its start until membership said it was up.
+    pub took: Duration,
+}
+
+/// `nessie join`: start the lowest-numbered standby node of the cluster in `dir` (`[cluster]
+/// standby`, still standing by in membership's configuration and not running) with `binary`,
+/// detached, and wait (up to `timeout`) until membership says it is up, telling `progress`
+/// its state on each change. The balancer then gives it its share of index partitions (`nessie
+/// status` shows them arrive). A node that is not up by `timeout` keeps running.
+pub fn join(
+    dir: &Path,
+    binary: &Path,
+    timeout: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Joined, String> {
+    let cpath = config_path(dir);
+    if !cpath.exists() {
+        return Err(ProcessError::NoCluster(dir.into()).to_string());
+    }
+    let cfg = ClusterConfig::load(&cpath).map_err(|e| e.to_string())?;
+    if cfg.cluster.standby.is_empty() {
+        return Err(format!(
+            "the cluster in {} has no standby node to start: start one with `nessie up --standby N` \
+             (cluster.toml's [cluster] standby lists the nodes that join later)",
+            dir.display()
+        ));
+    }
+    let snapshot = match membership_status(&cfg) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Err(format!("cannot read membership: {e}")),
+        None => {
+            return Err("this cluster runs without membership (etcd): nodes cannot join it".into())
+        }
+    };
+    let config = snapshot
+        .config
+        .ok_or("the cluster has no membership configuration yet (is it starting?)")?;
+    let Some(id) = config
+        .standby
+        .iter()
+        .copied()
+        .find(|&id| live_pid(dir, id).is_none())
+    else {
+        return Err(match config.standby.is_empty() {
+            true => format!(
+                "every standby node has joined already ({:?}); the cluster cannot grow beyond the {} nodes cluster.toml lists",
+                cfg.cluster.standby,
+                cfg.node.len()
+            ),
+            false => format!(
+                "standby nodes {:?} are starting already (`nessie status` shows them)",
+                config.standby
+            ),
+        });
+    };
+    let mut child = {
+        let rd = RunDir::lock(dir, false).map_err(|e| e.to_string())?;
+        let log = rd
+            .create_file(&format!("node-{id}.log"))
+            .map_err(|e| e.to_string())?;
+        spawn_node_with(binary, &[], &cpath, id, log).map_err(|e| e.to_string())?
+    };
+    progress(&format!(
+        "node {id} started (pid {}); log {}",
+        child.id(),
+        log_path(dir, id).display()
+    ));
+    let start = Instant::now();
+    let mut said = String::new();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "node {id} exited with {status}\n--- last lines of {} ---\n{}",
+                log_path(dir, id).display(),
+                tail(&log_path(dir, id), 15)
+            ));
+        }
+        let state = match membership_status(&cfg).expect("membership is configured") {
+            Err(e) => format!("etcd: {e}"),
+            Ok(s) => match s.config {
+                Some(c) if c.standby.contains(&id) => "standing by: registering".into(),
+                Some(c) => match c.state(id) {
+                    Some(nessie_membership::NodeState::Up) => break,
+                    Some(st) => st.as_str().to_string(),
+                    None => format!("not a member of epoch {}", c.epoch),
+                },
+                None => "no configuration".into(),
+            },
+        };
+        if state != said {
+            progress(&state);
+            said = state;
+        }
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "node {id} not up after {:.0} s (it keeps running and may still join; see {})",
+                timeout.as_secs_f64(),
+                log_path(dir, id).display()
+            ));
+        }
+        std::thread::sleep(JOIN_POLL);
+    }
+    Ok(Joined {
+        id,
+        took: start.elapsed(),
     })
 }
 

@@ -14,7 +14,8 @@
 //!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}],
 //!                 "index_chains": [{"partition", "copies": [{"node", "slot"}],
 //!                                   "migrating", "handed_ns", "since_ns"}],
-//!                 "retired_slots": [{"node", "slot", "since_ns"}]}
+//!                 "retired_slots": [{"node", "slot", "since_ns"}],
+//!                 "leaving": [id], "standby": [id]}
 //!                                          no lease; changed only by compare-and-put
 //! ```
 //!
@@ -30,7 +31,9 @@
 //! catching up); one that is `joining` and whose registration says `ready` is `up` again. Each
 //! change is a new epoch written with one compare-and-put on the configuration's revision, so
 //! concurrent monitors agree on one successor of every epoch. `nessie up` writes epoch 1, all nodes `up`, once every node is
-//! ready; monitors change nothing before that. When etcd cannot be reached, the configuration
+//! ready; monitors change nothing before that. Nodes `cluster.toml` lists as standby start
+//! later ([`standby`]): epoch 1 records them failed and places what they would hold on the
+//! others. When etcd cannot be reached, the configuration
 //! cannot change and the monitor records the error for `status`; nodes keep serving in the
 //! epoch they know while their view is fresh (reads: half a TTL after the last read that
 //! succeeded, [`read_view_ns`]; writes: while the lease holds), and with one copy reads go on
@@ -64,6 +67,7 @@
 pub mod balance;
 pub mod etcd;
 pub mod partitions;
+pub mod standby;
 pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -315,6 +319,10 @@ pub struct Policy {
     /// How long after a migration's entries were all handed over it ends (a lease TTL and an
     /// operation: every operation that met a pending word has ended).
     pub migration_settle_ns: u64,
+    /// The node is fenced until epoch 1 exists, not only from the first epoch that says so: a
+    /// cluster with standby nodes places their copies only in epoch 1 ([`standby`]), and a
+    /// write before it would land where epoch 1 no longer looks.
+    pub fenced_before_epoch_1: bool,
 }
 
 /// The configuration of one epoch, as stored in etcd.
@@ -338,6 +346,10 @@ pub struct Configuration {
     /// copies of their tables move to spare slots as a failed node's do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaving: Vec<u16>,
+    /// Nodes the cluster started without, which have not joined yet ([`standby`]): failed
+    /// since time 0, holding nothing but copy 0 of their own tables, which nobody has written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby: Vec<u16>,
 }
 
 impl Configuration {
@@ -360,6 +372,7 @@ impl Configuration {
             index_chains: Vec::new(),
             retired_slots: Vec::new(),
             leaving: Vec::new(),
+            standby: Vec::new(),
         }
     }
 
@@ -409,6 +422,7 @@ impl Configuration {
     ) -> Option<Configuration> {
         let mut next = self.clone();
         let mut changed = false;
+        let mut joined = Vec::new();
         for m in &mut next.nodes {
             let registered = reg.incarnation(m.id);
             let present = reg.present.contains(&m.id);
@@ -431,6 +445,7 @@ impl Configuration {
                 if state == NodeState::Joining {
                     m.joined_ns = now_ns;
                     m.incarnation = registered.unwrap_or(0);
+                    joined.push(m.id);
                 }
             } else if m.state == NodeState::Up && m.incarnation == 0 && registered.is_some() {
                 // A member recorded before incarnations were: the process registered now is
@@ -439,6 +454,8 @@ impl Configuration {
                 m.incarnation = registered.unwrap_or(0);
             }
         }
+        // A standby node that joins is one like any other from now on.
+        next.standby.retain(|n| !joined.contains(n));
         if let Some(r) = &policy.replacing {
             changed |= next.fill_moves(reg);
             changed |= next.move_copies(r, now_ns);
@@ -470,7 +487,24 @@ impl Configuration {
         now_ns: u64,
         settle_ns: u64,
     ) -> Option<u16> {
-        (0..slots).find(|&s| !self.slot_used(node, s, now_ns, settle_ns))
+        // One pass over the chains, not one per slot: a balancer's batch asks this for
+        // hundreds of copies of thousands of chains (quadratic, it took tens of seconds).
+        let mut used = vec![false; slots as usize];
+        let chains = self.index_chains.iter().flat_map(|c| &c.copies);
+        let retired = self
+            .retired_slots
+            .iter()
+            .filter(|r| now_ns < r.since_ns.saturating_add(settle_ns))
+            .map(|r| SlotCopy {
+                node: r.node,
+                slot: r.slot,
+            });
+        for c in chains.copied().chain(retired).filter(|c| c.node == node) {
+            if let Some(u) = used.get_mut(c.slot as usize) {
+                *u = true;
+            }
+        }
+        used.iter().position(|&u| !u).map(|s| s as u16)
     }
 
     /// The successor that reserves `copies` (index slots) for `starter` to migrate `partition`
@@ -741,6 +775,10 @@ impl Configuration {
             .map(|m| m.id)
             .collect();
         for gone in due {
+            if self.standby.contains(&gone) {
+                // Copy 0 of its own tables waits at home for it (`standby`).
+                continue;
+            }
             let map = self.copy_map(&r.set);
             if map.held_by(gone).is_empty() {
                 continue;
@@ -816,6 +854,8 @@ pub enum MembershipError {
     LeaseTtl(u64),
     #[error("the membership configuration in etcd at {key} is not valid: {why}")]
     BadRecord { key: String, why: String },
+    #[error(transparent)]
+    Standby(#[from] standby::StandbyError),
 }
 
 /// Where one cluster's records live in etcd.
@@ -900,14 +940,18 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
     })
 }
 
-/// Write epoch 1 with every node of `ids` up (as the processes registered now), unless a
-/// configuration exists already. Returns the configuration in force.
+/// Write epoch 1 with every node of `ids` up (as the processes registered now) but those of
+/// `standby`, which start later ([`standby::first_epoch`], placing their share on the others
+/// by `set`), unless a configuration exists already. Returns the configuration in force.
 pub fn initialise(
     etcd: &Etcd,
     keys: &Keys,
-    ids: impl IntoIterator<Item = u16>,
+    ids: &[u16],
+    standby: &[u16],
+    set: &ReplicaSet,
 ) -> Result<Configuration, MembershipError> {
-    let first = Configuration::initial(ids, &snapshot(etcd, keys)?.registrations);
+    let reg = snapshot(etcd, keys)?.registrations;
+    let first = standby::first_epoch(ids, standby, &reg, set)?;
     let body = serde_json::to_vec(&first).expect("serialises");
     if etcd.put_if_mod_revision(&keys.config(), 0, &body)? {
         return Ok(first);
@@ -1078,7 +1122,7 @@ impl Monitor {
             read_clock_ns: AtomicU64::new(sent + read_view_ns(lease_ttl_s)),
             lease_ttl_ns: lease_ttl_s * 1_000_000_000,
             // Until the configuration says otherwise: a cluster starting has none yet.
-            up: AtomicBool::new(true),
+            up: AtomicBool::new(!policy.fenced_before_epoch_1),
             stepped_down: AtomicBool::new(false),
             fence,
             policy,
@@ -1162,9 +1206,10 @@ impl Monitor {
         self.put_own_record(id)
     }
 
-    /// Say that this node handed over every entry of the migrating index partition `q`: the
+    /// Say that this node handed over every entry of the migrating index partitions `handed`
+    /// (partition, the migration's `since_ns`), in one write of its registration: each
     /// migration ends a settle time after the next monitor step sees it.
-    pub fn set_handed(&self, id: u16, q: u16, since_ns: u64) -> Result<(), MembershipError> {
+    pub fn set_handed(&self, id: u16, handed: &[(u16, u64)]) -> Result<(), MembershipError> {
         let migrating: Vec<(u16, u64)> = self.view().config.map_or(Vec::new(), |c| {
             c.index_chains
                 .iter()
@@ -1176,8 +1221,10 @@ impl Monitor {
             let mut h = self.shared.handed.lock().expect("handed lock");
             // Only what some migration still waits for (the record stays short).
             h.retain(|m| migrating.contains(m));
-            if !h.contains(&(q, since_ns)) {
-                h.push((q, since_ns));
+            for m in handed {
+                if !h.contains(m) {
+                    h.push(*m);
+                }
             }
         }
         self.put_own_record(id)
@@ -1566,6 +1613,11 @@ pub fn apply(
             false => m.state,
         };
         fence.set_incarnation(m.id, m.joined_ns);
+        if c.standby.contains(&m.id) {
+            // Never up: nobody ever read its copies, so nobody waits for readers of them.
+            fence.set_never_up(m.id);
+            continue;
+        }
         fence.set_role(
             m.id,
             match state {
@@ -1694,6 +1746,7 @@ mod tests {
             clock_margin_ns: 0,
             replacing: None,
             migration_settle_ns: 0,
+            fenced_before_epoch_1: false,
         };
         let c = Configuration::initial([0, 1, 2], &Registrations::default());
         assert_eq!(
@@ -1753,6 +1806,7 @@ mod tests {
             index_chains: vec![],
             retired_slots: vec![],
             leaving: vec![],
+            standby: vec![],
         };
         let f = Fence::unfenced();
         apply(&c, (0, 0), &f, 10, 0);
@@ -1786,6 +1840,7 @@ mod tests {
             clock_margin_ns: 0,
             replacing: None,
             migration_settle_ns: 0,
+            fenced_before_epoch_1: false,
         };
         let reg = |incarnations: &[(u16, u64)], ready: &[u16]| Registrations {
             present: incarnations.iter().map(|&(n, _)| n).collect(),
@@ -1877,6 +1932,7 @@ mod tests {
             index_chains: vec![],
             retired_slots: vec![],
             leaving: vec![],
+            standby: vec![],
         };
         let fresh = Fence::unfenced();
         apply(&rejoined(now - S), (2, 0), &fresh, now, S / 2);
@@ -1914,6 +1970,7 @@ mod tests {
                 after_ns: 100,
                 set: set.clone(),
             }),
+            fenced_before_epoch_1: false,
         };
         (set, policy)
     }

@@ -24,6 +24,8 @@ const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
 /// clock origin (a node that came up again before this process started) is kept as it is
 /// rather than clamped to the origin (which would pause its partitions again at our start).
 const BEFORE_ORIGIN_NS: u64 = 1 << 62;
+/// `gone_at_ns` of a node that has never been up ([`Fence::set_never_up`]): gone forever.
+const NEVER_UP: u64 = u64::MAX;
 /// Copies per partition the copy map has room for (`replica::MAX_REPLICAS`).
 const COPIES: usize = 3;
 
@@ -322,6 +324,21 @@ impl Fence {
         }
     }
 
+    /// Record that `node` has never been up (a standby node, `nessie_membership::standby`):
+    /// gone, and gone since the origin, so that nobody waits for readers of its copies (no
+    /// node ever read them).
+    pub fn set_never_up(&self, node: NodeId) {
+        let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
+        self.gone_at_ns[node as usize].store(NEVER_UP, Ordering::SeqCst);
+        self.gone[w].fetch_or(bit, Ordering::SeqCst);
+        self.receiving[w].fetch_and(!bit, Ordering::SeqCst);
+    }
+
+    /// Whether `node` has never been up ([`Self::set_never_up`]) and still is not.
+    pub fn never_up(&self, node: NodeId) -> bool {
+        self.is_gone(node) && self.gone_at_ns[node as usize].load(Ordering::SeqCst) == NEVER_UP
+    }
+
     /// `node`'s role in the current epoch.
     pub fn role(&self, node: NodeId) -> NodeRole {
         let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
@@ -507,8 +524,12 @@ impl Fence {
 
     /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.
     pub fn gone_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
-        self.is_gone(node)
-            .then(|| now_ns.saturating_sub(self.gone_at_ns[node as usize].load(Ordering::SeqCst)))
+        self.is_gone(node).then(
+            || match self.gone_at_ns[node as usize].load(Ordering::SeqCst) {
+                NEVER_UP => u64::MAX,
+                at => now_ns.saturating_sub(at),
+            },
+        )
     }
 }
 

@@ -304,6 +304,17 @@ impl std::fmt::Debug for WriteGuard {
     }
 }
 
+/// Whether pages of a node may be claimed now: not those of a standby node, whose tables have a
+/// copy fewer until it joins (`nessie_membership::standby`).
+#[derive(Clone)]
+pub struct HostGuard(pub Arc<dyn Fn(NodeId) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for HostGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostGuard")
+    }
+}
+
 /// One node's allocator of class entries.
 #[derive(Debug)]
 pub struct ClassTable {
@@ -319,6 +330,8 @@ pub struct ClassTable {
     adopt_by_cas: bool,
     /// Asked before each write of a scan ([`ClassTable::guarded`]); none: always allowed.
     guard: Option<WriteGuard>,
+    /// Asked before claiming a page of another node ([`ClassTable::hosts_guarded`]).
+    hosts: Option<HostGuard>,
     state: Mutex<State>,
     /// Items this node's writers evicted (`nessie status`, the front ends' counters).
     evictions: std::sync::atomic::AtomicU64,
@@ -343,6 +356,7 @@ impl ClassTable {
             remote: true,
             adopt_by_cas: true,
             guard: None,
+            hosts: None,
             evictions: Default::default(),
             state: Mutex::new(State {
                 classes: per_class,
@@ -385,6 +399,12 @@ impl ClassTable {
     /// allocator checks its own, right before each.
     pub fn guarded(mut self, guard: WriteGuard) -> Self {
         self.guard = Some(guard);
+        self
+    }
+
+    /// Claim pages of another node only where `hosts` allows it.
+    pub fn hosts_guarded(mut self, hosts: HostGuard) -> Self {
+        self.hosts = Some(hosts);
         self
     }
 
@@ -480,6 +500,7 @@ impl ClassTable {
         let others = if self.remote { self.nodes } else { 1 };
         (1..others)
             .map(|d| ((self.node as usize + d) % self.nodes) as NodeId)
+            .filter(|&n| self.hosts.as_ref().is_none_or(|g| (g.0)(n)))
             .collect()
     }
 

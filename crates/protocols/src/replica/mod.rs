@@ -1386,6 +1386,22 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
     nessie_fabric::forward_endpoint!(field inner);
 }
 
+/// Whether operations on node `partition`'s tables wait now, at monotonic `now_ns`, for a copy
+/// that became full less than the join settle time ago (a rejoined node's, a moved one):
+/// what `Replicated::wait_join_settled` waits for, for an allocator that would rather claim a
+/// page elsewhere than wait (`ClassTable::hosts_guarded`).
+pub fn tables_settling(set: &ReplicaSet, fence: &Fence, partition: NodeId, now_ns: u64) -> bool {
+    let moved = fence.any_moved();
+    let settling = |f: Option<u64>| f.is_some_and(|f| f < set.join_settle_ns());
+    (0..set.replicas).any(|j| {
+        let node = fence
+            .moved_copy(partition, j)
+            .map_or_else(|| set.holder(partition, j), |m| m.node);
+        (fence.rejoined(node) && settling(fence.full_for_ns(node, now_ns)))
+            || (moved && settling(fence.moved_full_for_ns(partition, j, now_ns)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

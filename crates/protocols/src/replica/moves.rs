@@ -99,9 +99,20 @@ impl CopyMap {
         gone: NodeId,
         usable: impl Fn(NodeId) -> bool,
     ) -> (Vec<Move>, Vec<(NodeId, u8)>) {
+        self.replace_where(set, gone, usable, |_, _| true)
+    }
+
+    /// [`Self::replace`] for only the copies `which(partition, j)` picks of those `gone` holds.
+    pub fn replace_where(
+        &self,
+        set: &ReplicaSet,
+        gone: NodeId,
+        usable: impl Fn(NodeId) -> bool,
+        which: impl Fn(NodeId, u8) -> bool,
+    ) -> (Vec<Move>, Vec<(NodeId, u8)>) {
         let mut map = self.clone();
         let (mut moves, mut stuck) = (Vec::new(), Vec::new());
-        for (p, j) in self.held_by(gone) {
+        for (p, j) in self.held_by(gone).into_iter().filter(|&(p, j)| which(p, j)) {
             let taken = |m: &CopyMap, n: NodeId| {
                 set.spare_slots().find(|&s| {
                     !m.places
