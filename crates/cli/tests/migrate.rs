@@ -569,6 +569,20 @@ fn standby_nodes_join_under_writes_then_leave_and_nothing_is_lost() {
     );
     assert_eq!(status(&c)["nodes"][3]["state"], "standby");
     let model = load(&c, 3);
+    // Node 0 holds the only copy of node 4's tables but copy 0 (which waits on standby node
+    // 4): killed and started again, it fills that copy from nothing (nobody wrote it) and is
+    // up again; it used to find no full copy and stay joining for good.
+    let pid = process::live_pid(&c.dir, 0).expect("node 0 runs");
+    // SAFETY: killing a node process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_status(&c, "node 0 failed", Duration::from_secs(15), |t| {
+        t["nodes"][0]["state"] == "failed"
+    });
+    let _node0 = common::restart(&c, 0);
+    wait_status(&c, "node 0 back", Duration::from_secs(60), |t| {
+        whole_and_balanced(t, &[0, 1, 2], true) && t["nodes"][0]["state"] == "up"
+    });
+    check(&c, &[0, 1, 2], &model.lock().unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(Mutex::new(vec![0, 1, 2]));
     let writer = spawn_writer(&c, &model, &stop, live.clone());

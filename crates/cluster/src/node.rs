@@ -962,12 +962,14 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     let (mut ctx, _bootstrap) = join_cluster(cfg, &entry, opts.delay.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut server_threads = start_servers(&mut ctx, &stop)?;
+    let hook = reconnect_restarted_peers(&ctx.cfg, id, ctx.ucx.clone());
+    ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
+    // After membership: the reclaimer takes the fence only if the node has membership (found
+    // by review: started before, it never checked the fence).
     // Pilaf's servers manage their own extents: no data table to reclaim.
     if ctx.pilaf.is_none() {
         server_threads.push(start_reclaimer(&ctx, &stop)?);
     }
-    let hook = reconnect_restarted_peers(&ctx.cfg, id, ctx.ucx.clone());
-    ctx.membership = start_membership(&ctx.cfg, id, &ctx.replicas, ctx.fence.clone(), hook)?;
     let ctx = Arc::new(ctx);
     server_threads.extend(crate::rejoin::spawn(&ctx, &stop)?);
     // The front ends and the metrics listen before the admin socket answers, which is what

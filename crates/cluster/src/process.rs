@@ -591,7 +591,7 @@ fn up_once(
     }
     match wait_ready(dir, &cfg, o.ready_timeout, &mut children)
         .and_then(|()| initialise_membership(&cfg))
-        .and_then(|()| wait_epoch_1_read(dir, &cfg, o.ready_timeout))
+        .and_then(|()| wait_epoch_1_read(dir, &cfg, o.ready_timeout, &mut children))
     {
         Ok(()) => Ok(cfg), // the children are detached; dropping the handles leaves them running
         Err(e) => {
@@ -655,10 +655,17 @@ fn wait_epoch_1_read(
     dir: &Path,
     cfg: &ClusterConfig,
     timeout: Duration,
+    children: &mut [(u16, Child)],
 ) -> Result<(), ProcessError> {
     if cfg.cluster.standby.is_empty() {
         return Ok(());
     }
+    let failed = |id: u16, reason: String| ProcessError::StartFailed {
+        node: id,
+        reason,
+        log: log_path(dir, id),
+        tail: tail(&log_path(dir, id), 15),
+    };
     let deadline = Instant::now() + timeout;
     let mut pending: Vec<u16> = cfg
         .node
@@ -667,16 +674,17 @@ fn wait_epoch_1_read(
         .filter(|id| !cfg.cluster.standby.contains(id))
         .collect();
     while !pending.is_empty() {
+        for (id, child) in children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(failed(*id, format!("exited with {status}")));
+            }
+        }
         pending.retain(|&id| {
             !node_report(cfg, dir, id).is_ok_and(|r| r["membership"]["may_write"] == true)
         });
         if Instant::now() >= deadline {
-            return Err(ProcessError::StartFailed {
-                node: pending[0],
-                reason: format!("still fenced {timeout:?} after epoch 1 was written"),
-                log: log_path(dir, pending[0]),
-                tail: tail(&log_path(dir, pending[0]), 15),
-            });
+            let reason = format!("still fenced {timeout:?} after epoch 1 was written");
+            return Err(failed(pending[0], reason));
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -250,7 +250,9 @@ fn copies_moved_away(ctx: &NodeContext, m: &Monitor) -> bool {
     };
     let set = ctx.replica_set();
     let home = nessie_protocols::replica::CopyMap::home(set).held_by(ctx.id);
-    c.copy_map(set).held_by(ctx.id) != home
+    let now = c.copy_map(set).held_by(ctx.id);
+    // Copies moved *to* it (spare slots) are no reason to say so.
+    home.iter().any(|h| !now.contains(h))
 }
 
 /// While joining: catch up once the join settle time is over, then say the node is ready.

@@ -270,7 +270,9 @@ impl Configuration {
             for p in 0..set.nodes() {
                 for j in 0..set.replicas() {
                     let n = copies.place(p, j).node;
-                    if !up(n) {
+                    // Copy 0 of a standby node's tables waits for it at home: nothing to lose.
+                    let waiting_at_home = self.standby.contains(&p) && n == p;
+                    if !up(n) && !waiting_at_home {
                         return Err(not_settled(format!(
                             "node {p}'s tables copy {j} is on node {n}, which is not up"
                         )));
@@ -531,6 +533,7 @@ mod tests {
             node: 1,
             slot: 2,
             receiving: true,
+            at_start: false,
         });
         assert!(
             matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("filled"))

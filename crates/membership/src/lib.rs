@@ -189,6 +189,10 @@ pub struct CopyMove {
     /// Its new holder is still filling it: written, not read, not decided at.
     #[serde(default, skip_serializing_if = "is_false")]
     pub receiving: bool,
+    /// Placed by epoch 1 ([`standby`]): full from the start, never in another role, so no
+    /// operation pauses after it as after a copy that became full.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub at_start: bool,
 }
 
 fn is_false(v: &bool) -> bool {
@@ -797,6 +801,7 @@ impl Configuration {
                     node: m.to.node,
                     slot: m.to.slot,
                     receiving: true,
+                    at_start: false,
                 });
                 changed = true;
             }
@@ -1639,7 +1644,10 @@ pub fn apply(
             slot: m.slot,
             receiving: m.receiving,
         };
-        fence.move_copy(m.partition, m.copy, Some(at));
+        match m.at_start && !m.receiving {
+            true => fence.place_copy_at_start(m.partition, m.copy, at),
+            false => fence.move_copy(m.partition, m.copy, Some(at)),
+        }
     }
     for ch in c.index_chains.iter().filter(|ch| ch.prepared) {
         let copies = ch.fence_copies();
@@ -1997,6 +2005,7 @@ mod tests {
             node,
             slot: 2,
             receiving,
+            at_start: false,
         };
         assert_eq!(moved.moves, vec![mv(0, 1, 2, true), mv(1, 0, 0, true)]);
         assert!(moved.copy_map(&set).held_by(1).is_empty());
@@ -2083,6 +2092,7 @@ mod tests {
             node: 2,
             slot: 3,
             receiving: true,
+            at_start: false,
         });
         let f = Fence::unfenced();
         apply(&c, (0, 0), &f, 10, 0);

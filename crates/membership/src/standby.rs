@@ -31,6 +31,12 @@
 //! - **SB4.** Every moved copy is full (nothing to fill: nothing is written before epoch 1),
 //!   and a standby partition's copies but copy 0 are on starting nodes, so the standby node,
 //!   when it joins, fills its copy 0 from them as a restarted node does.
+//! - **SB5.** Nothing writes a standby node's tables while it stands by: no client runs on it,
+//!   nobody claims a page of it (`ClassTable::hosts_guarded`), and its index partitions are in
+//!   index slots. So a node that restarts holding one of their copies fills it from nothing,
+//!   all zeros (`Replicated::catch_up`), though no full copy is left to fill from.
+//! - **SB6.** Epoch 1's moves are recorded `at_start`: no operation pauses after them as after
+//!   a copy that became full (they never had another role).
 //!
 //! Then a standby node that registers joins at once (it has been failed since time 0, longer
 //! than any hold time), leaves the `standby` list, catches up copy 0 of its tables, and is up;
@@ -127,6 +133,7 @@ pub fn first_epoch(
                 // Full at once, as every home mirror is at start: nothing has been written
                 // to any copy (SB4).
                 receiving: false,
+                at_start: true,
             });
         }
     }
@@ -215,7 +222,11 @@ mod tests {
                 );
             }
         }
-        assert!(c.moves.iter().all(|m| !m.receiving), "SB4: {:?}", c.moves);
+        assert!(
+            c.moves.iter().all(|m| !m.receiving && m.at_start),
+            "SB4: {:?}",
+            c.moves
+        );
         for &k in standby {
             assert_eq!(
                 map.held_by(k),
@@ -318,5 +329,30 @@ mod tests {
         assert_eq!(joined.state(3), Some(NodeState::Joining));
         assert_eq!(joined.standby, vec![4]);
         assert_eq!(joined.copy_map(&s).held_by(3), vec![(3, 0)]);
+    }
+
+    /// Epoch 1's moves pause nothing (they never had another role), a later move does; and a
+    /// node may leave while others still stand by (copy 0 of a standby node's tables is not a
+    /// copy that leaving could lose).
+    #[test]
+    fn epoch_1_moves_pause_nothing_and_standby_nodes_do_not_block_a_leave() {
+        use nessie_protocols::replica::tables_settling;
+        let s = set(2, 5, 1, 64);
+        let ids: Vec<u16> = (0..5).collect();
+        let c = first_epoch(&ids, &[3, 4], &Registrations::default(), &s).unwrap();
+        let moved: Vec<u16> = c.moves.iter().map(|m| m.partition).collect();
+        assert_eq!(moved, vec![2, 3]);
+        let now = || nessie_fabric::monotonic_ns();
+        let fence = nessie_protocols::Fence::unfenced();
+        crate::apply(&c, (0, 1), &fence, nessie_fabric::wall_clock_ns(), 0);
+        assert!(fence.never_up(3) && fence.never_up(4) && !fence.never_up(0));
+        assert!(!moved.iter().any(|&p| tables_settling(&s, &fence, p, now())));
+        // The same moves made later (a copy that became full) pause their partitions.
+        let mut later = c.clone();
+        later.moves.iter_mut().for_each(|m| m.at_start = false);
+        let fence = nessie_protocols::Fence::unfenced();
+        crate::apply(&later, (0, 1), &fence, nessie_fabric::wall_clock_ns(), 0);
+        assert!(moved.iter().all(|&p| tables_settling(&s, &fence, p, now())));
+        assert_eq!(c.may_leave(0, &s), Ok(()));
     }
 }

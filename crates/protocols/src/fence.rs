@@ -416,6 +416,16 @@ impl Fence {
         );
     }
 
+    /// Record copy `j` of `partition` at `at`, full, with no pause after it: a copy placed
+    /// when the cluster was made (`nessie_membership::standby`), which never had another role.
+    pub fn place_copy_at_start(&self, partition: NodeId, j: u8, at: MovedCopy) {
+        assert!(
+            at.slot != 0 && !at.receiving,
+            "a copy placed at start is full, in a spare slot"
+        );
+        self.moved.record_quietly(partition as usize, j, at.pack());
+    }
+
     /// Where copy `j` of `partition` is, if it moved off its home node.
     pub fn moved_copy(&self, partition: NodeId, j: u8) -> Option<MovedCopy> {
         MovedCopy::unpack(self.moved.get(partition as usize, j))

@@ -272,7 +272,18 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<(), FabricError> {
         loop {
             self.wait_fresh_view()?;
-            let live = self.live(part)?;
+            let live = match self.live(part) {
+                // The tables of a standby node (never up), whose only full copies are gone:
+                // nobody has written them since the cluster started (`nessie_membership::
+                // standby`, SB5: no client runs on it, no page of it is claimed, its index is
+                // in index slots), so they are all zeros, and so is what a copy of them holds
+                // once filled from nothing.
+                Err(FabricError::NoCopy { .. }) if self.never_written(part) => {
+                    buf.fill(0);
+                    return Ok(());
+                }
+                live => live?,
+            };
             let c = if mutated!(self.set, catch_up_from_decider) {
                 live.as_slice()[live.len - 1]
             } else {

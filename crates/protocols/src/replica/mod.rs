@@ -665,6 +665,12 @@ impl<E: Endpoint> Replicated<E> {
         self.fence.moved_full_for_ns(self.home(part), j, now_ns)
     }
 
+    /// Whether nothing has written `part` since the cluster started: the tables of a node
+    /// that has never been up (a standby node: `Fence::set_never_up`).
+    fn never_written(&self, part: Part) -> bool {
+        matches!(part, Part::Tables(p) if self.fence.never_up(p))
+    }
+
     /// The full copies of `part`: on nodes up, not receiving.
     fn live(&self, part: Part) -> Result<Copies, FabricError> {
         self.copies(part, false)
@@ -828,7 +834,16 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<(), FabricError> {
         self.wait_join_settled(part);
         loop {
-            let c = self.read_copy(part)?;
+            let c = match self.read_copy(part) {
+                // A standby node's tables whose only full copies are gone (SB5 of
+                // `nessie_membership::standby`): nobody has written them, so they read as
+                // zeros (a restarted node adopting its pages reads every node's page table).
+                Err(FabricError::NoCopy { .. }) if self.never_written(part) => {
+                    buf.fill(0);
+                    return Ok(());
+                }
+                c => c?,
+            };
             let a = self.at(addr, c);
             if self.on_copy(c, true, |e| e.read(a, buf))?.is_some() {
                 return Ok(());

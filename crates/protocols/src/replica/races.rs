@@ -492,3 +492,31 @@ fn r5_a_node_whose_fence_missed_a_rejoin_still_waits_out_the_join_pause() {
         "the control: new, then old"
     );
 }
+
+/// A standby node (never up: `Fence::set_never_up`) whose tables' only other copy is on a node
+/// that restarts: the restarted node fills that copy from nothing (all zeros: nobody has
+/// written the tables of a node that never ran) instead of failing its whole catch-up for want
+/// of a full copy (found by review: the restarted node stayed joining for good). A node gone
+/// after having been up gives no such leave: its copy's catch-up fails.
+#[test]
+fn a_standby_node_s_only_other_copy_is_filled_from_nothing() {
+    let r = rig(2, 0, layout(), Mutations::default());
+    // Partition 2: copy 0 on node 2 (standby), copy 1 on node 0, which restarts and finds
+    // stale words in that slot (memory reused).
+    r.fence.set_never_up(2);
+    r.fence.set_role(0, NodeRole::Receiving);
+    let stale = RemoteAddr::new(0, mirror_region(DATA_REGION, 1), 8);
+    r.fabric.endpoint(0).write(stale, &[0xab; 16]).unwrap();
+    let done = r.ep(0).catch_up(&TABLES, 0).unwrap();
+    assert_eq!(done.copies, 2, "its own tables and partition 2's copy 1");
+    assert_eq!(r.word(0, 1, DATA_REGION, 8), 0);
+    assert_eq!(r.word(0, 1, DATA_REGION, 16), 0);
+
+    let gone = rig(2, 0, layout(), Mutations::default());
+    gone.fence.set_gone(2, true);
+    gone.fence.set_role(0, NodeRole::Receiving);
+    assert!(matches!(
+        gone.ep(0).catch_up(&TABLES, 0),
+        Err(FabricError::NoCopy { node: 2 })
+    ));
+}
