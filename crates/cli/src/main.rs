@@ -953,10 +953,11 @@ fn run_status(a: StatusArgs) -> Result<ExitCode, CliError> {
     let membership = process::membership_status(&cfg);
     let snapshot = membership.as_ref().and_then(|m| m.as_ref().ok());
     // The state of a node: etcd's word when it can be had, else whether it answered.
+    // Standing by: not started yet (a standby node that joins is `joining`).
     let standby = |id: u16| {
-        snapshot
-            .and_then(|s| s.config.as_ref())
-            .is_some_and(|c| c.standby.contains(&id))
+        snapshot.and_then(|s| s.config.as_ref()).is_some_and(|c| {
+            c.standby.contains(&id) && c.state(id) == Some(nessie_membership::NodeState::Failed)
+        })
     };
     let state_of = |n: &process::NodeStatus| -> String {
         if standby(n.id) {

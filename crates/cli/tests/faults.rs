@@ -230,6 +230,11 @@ enum Faults {
     /// and resumed; then node 3 is started again (it rejoins, still leaving, holding nothing
     /// new). `--replace-after 6`: its tables' copies may move meanwhile.
     Leave,
+    /// Node 3 stands by from the start (`--standby 1`: clients on it fail until it runs) and
+    /// joins under load (`nessie join`); once the balancer migrates partitions to it, node 1
+    /// is paused past its lease and resumed; then node 3, up and holding its share, is killed
+    /// and started again.
+    Join,
 }
 
 /// The cluster over `transport`: small tables, a 100 ms expiry, a 2 s lease (3 s in etcd),
@@ -240,6 +245,14 @@ fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Clust
         Faults::PauseKillRestart => &["--dtes-per-node", "1024"],
         // One spare slot per node is the default with two copies and four nodes.
         Faults::Replace | Faults::Leave => &["--dtes-per-node", "1024", "--replace-after", "6"],
+        Faults::Join => &[
+            "--dtes-per-node",
+            "1024",
+            "--replace-after",
+            "6",
+            "--standby",
+            "1",
+        ],
         Faults::Evicting => &[
             "--dtes-per-node",
             EVICTING_DTES,
@@ -250,9 +263,11 @@ fn cluster(name: &str, transport: &str, faults: Faults, extra: &[&str]) -> Clust
     let args = [BASE_ARGS, replace, extra].concat();
     let env: &[(&str, &str)] = match faults {
         Faults::PauseKillRestart => &[("NESSIE_TEST_WALL_STEP", WALL_STEP)],
-        Faults::Replace | Faults::Evicting | Faults::Leave => &[],
+        Faults::Replace | Faults::Evicting | Faults::Leave | Faults::Join => &[],
     };
-    Cluster::up_with_env(name, NODES, transport, &args, env)
+    // Joining: node 3 is in cluster.toml but starts later.
+    let started = NODES - (faults == Faults::Join) as u16;
+    Cluster::up_with_env(name, started, transport, &args, env)
 }
 
 const BASE_ARGS: &[&str] = &[
@@ -437,6 +452,71 @@ fn nemesis_leave(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
     revived
 }
 
+/// Node 3 joins under load; node 1 is paused past its lease while partitions migrate to node
+/// 3, and resumed; then node 3 is killed and started again.
+fn nemesis_join(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
+    const JOINING: u16 = PAUSED;
+    let mut revived = Revived::new();
+    let r = &mut revived;
+    let say = |s: String| log.lock().unwrap().push(s);
+    std::thread::sleep(Duration::from_secs(2));
+    let t0 = Instant::now();
+    let out = c.nessie(&["join", "--quiet", "--timeout", "60"]);
+    assert!(
+        out.status.success(),
+        "nessie join: {}",
+        common::stderr(&out)
+    );
+    say(format!(
+        "node {} joined in {:?}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        t0.elapsed()
+    ));
+    let copies = |t: &serde_json::Value| t["nodes"][JOINING as usize]["index_copies"].as_u64();
+    let t0 = Instant::now();
+    loop {
+        let t = status_top(c);
+        if t["migrating"].as_u64().unwrap_or(0) > 0 || copies(&t).unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < TTL * 10,
+            "nothing migrates to node {JOINING}: {t}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    say(format!("partitions migrating to node {JOINING}"));
+    signal(c, KILLED, libc::SIGSTOP);
+    say(format!("SIGSTOP node {KILLED} while partitions migrate"));
+    wait_state(c, KILLED, "failed", TTL * 3, log, r);
+    signal(c, KILLED, libc::SIGCONT);
+    say(format!("SIGCONT node {KILLED}"));
+    wait_state(c, KILLED, "up", TTL * 10, log, r);
+    let t0 = Instant::now();
+    loop {
+        let t = status_top(c);
+        if t["migrating"] == 0 && copies(&t).unwrap_or(0) > 0 {
+            say(format!(
+                "node {JOINING} holds {} index copies",
+                copies(&t).unwrap_or(0)
+            ));
+            break;
+        }
+        assert!(
+            t0.elapsed() < TTL * 15,
+            "node {JOINING} not given its share: {t}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal(c, JOINING, libc::SIGKILL);
+    say(format!("SIGKILL node {JOINING}"));
+    wait_state(c, JOINING, "failed", TTL * 3, log, r);
+    r.push((JOINING, restart(c, JOINING)));
+    say(format!("restarted node {JOINING}"));
+    wait_state(c, JOINING, "up", TTL * 10, log, r);
+    revived
+}
+
 /// `nessie status --json`'s top level.
 fn status_top(c: &Cluster) -> serde_json::Value {
     serde_json::from_slice(&c.nessie(&["status", "--json"]).stdout).unwrap_or_default()
@@ -490,6 +570,14 @@ fn the_same_over_shm_through_ucx() {
 #[test]
 fn a_history_across_a_node_leaving_is_linearizable() {
     history_across_faults("faults-leave", "shm", Faults::Leave, &[]);
+}
+
+/// A node joining under the same workload (it stood by from the start), another paused while
+/// partitions migrate to it, then the joined node killed and restarted: the history stays
+/// linearizable and every key reads alike through all four nodes.
+#[test]
+fn a_history_across_a_node_joining_is_linearizable() {
+    history_across_faults("faults-join", "shm", Faults::Join, &[]);
 }
 
 /// Re-replication under the same workload: a node killed and left down until its copies have
@@ -553,6 +641,8 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
         time_limit: Duration::from_secs(match faults {
             Faults::PauseKillRestart | Faults::Evicting | Faults::Leave => 50,
             Faults::Replace => 45,
+            // The join, the balancer's hold after it, a pause, and a kill and restart.
+            Faults::Join => 70,
         }),
         preload_keys: if evicting { 0 } else { 60 },
         until: None,
@@ -565,6 +655,7 @@ fn history_across_faults(name: &str, transport: &str, faults: Faults, extra: &[&
             Faults::PauseKillRestart | Faults::Evicting => nemesis(&c, &log),
             Faults::Replace => nemesis_replace(&c, &log),
             Faults::Leave => nemesis_leave(&c, &log),
+            Faults::Join => nemesis_join(&c, &log),
         });
         let (out, clients) = stress::run(clients, &spec);
         let lost: u64 = clients.iter().map(|c| c.replies_lost).sum();

@@ -1112,7 +1112,9 @@ pub fn join(
         let state = match membership_status(&cfg).expect("membership is configured") {
             Err(e) => format!("etcd: {e}"),
             Ok(s) => match s.config {
-                Some(c) if c.standby.contains(&id) => "standing by: registering".into(),
+                Some(c) if c.state(id) == Some(nessie_membership::NodeState::Failed) => {
+                    "registering".into()
+                }
                 Some(c) => match c.state(id) {
                     Some(nessie_membership::NodeState::Up) => break,
                     Some(st) => st.as_str().to_string(),

@@ -226,6 +226,9 @@ impl Configuration {
         if self.leaving.contains(&id) == leaving {
             return Ok(None);
         }
+        if leaving && self.standby.contains(&id) {
+            return Err(MigrationError::Standby(id));
+        }
         let mut next = self.clone();
         next.epoch += 1;
         if leaving {

@@ -276,6 +276,8 @@ pub enum MigrationError {
     UnknownNode(u16),
     #[error("node {0} is leaving: it takes no copies")]
     Leaving(u16),
+    #[error("node {0} stands by (it has never been up): it holds nothing to drain")]
+    Standby(u16),
     #[error("node {node} cannot leave while {why}: it would leave partitions with too few copies")]
     NotSettled { node: u16, why: String },
     #[error("node {0} is not the lowest-numbered up node: it does not balance")]
@@ -426,7 +428,7 @@ impl Configuration {
     ) -> Option<Configuration> {
         let mut next = self.clone();
         let mut changed = false;
-        let mut joined = Vec::new();
+        let mut up_again = Vec::new();
         for m in &mut next.nodes {
             let registered = reg.incarnation(m.id);
             let present = reg.present.contains(&m.id);
@@ -449,7 +451,9 @@ impl Configuration {
                 if state == NodeState::Joining {
                     m.joined_ns = now_ns;
                     m.incarnation = registered.unwrap_or(0);
-                    joined.push(m.id);
+                }
+                if state == NodeState::Up {
+                    up_again.push(m.id);
                 }
             } else if m.state == NodeState::Up && m.incarnation == 0 && registered.is_some() {
                 // A member recorded before incarnations were: the process registered now is
@@ -458,8 +462,11 @@ impl Configuration {
                 m.incarnation = registered.unwrap_or(0);
             }
         }
-        // A standby node that joins is one like any other from now on.
-        next.standby.retain(|n| !joined.contains(n));
+        // A standby node that is up is one like any other from now on. Until then (joining,
+        // or failed while joining) nobody writes its tables (nobody claims its pages, its own
+        // workers do not write), so it stays standby: its copy 0 is not moved, and its tables
+        // read as zeros where no full copy is left (SB5).
+        next.standby.retain(|n| !up_again.contains(n));
         if let Some(r) = &policy.replacing {
             changed |= next.fill_moves(reg);
             changed |= next.move_copies(r, now_ns);
@@ -1618,11 +1625,8 @@ pub fn apply(
             false => m.state,
         };
         fence.set_incarnation(m.id, m.joined_ns);
-        if c.standby.contains(&m.id) {
-            // Never up: nobody ever read its copies, so nobody waits for readers of them.
-            fence.set_never_up(m.id);
-            continue;
-        }
+        // A standby node, until it is up: nobody wrote its tables or read its copies.
+        fence.set_never_up(m.id, c.standby.contains(&m.id));
         fence.set_role(
             m.id,
             match state {

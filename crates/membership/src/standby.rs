@@ -31,16 +31,18 @@
 //! - **SB4.** Every moved copy is full (nothing to fill: nothing is written before epoch 1),
 //!   and a standby partition's copies but copy 0 are on starting nodes, so the standby node,
 //!   when it joins, fills its copy 0 from them as a restarted node does.
-//! - **SB5.** Nothing writes a standby node's tables while it stands by: no client runs on it,
-//!   nobody claims a page of it (`ClassTable::hosts_guarded`), and its index partitions are in
+//! - **SB5.** Nothing writes a standby node's tables while it stands by (until it is up: while
+//!   it joins too): its own workers do not write, nobody claims a page of it
+//!   (`ClassTable::hosts_guarded`, by `Fence::never_up`), and its index partitions are in
 //!   index slots. So a node that restarts holding one of their copies fills it from nothing,
 //!   all zeros (`Replicated::catch_up`), though no full copy is left to fill from.
 //! - **SB6.** Epoch 1's moves are recorded `at_start`: no operation pauses after them as after
 //!   a copy that became full (they never had another role).
 //!
 //! Then a standby node that registers joins at once (it has been failed since time 0, longer
-//! than any hold time), leaves the `standby` list, catches up copy 0 of its tables, and is up;
-//! the balancer gives it its share of index partitions. While it stands by it is kept out of
+//! than any hold time), catches up copy 0 of its tables, and is up, leaving the `standby` list
+//! only then (until it is up nobody writes its tables: SB5); the balancer gives it its share
+//! of index partitions once its join settle time has passed. While it stands by it is kept out of
 //! everything a failed node would still be part of: nobody places new entries on its pages
 //! (its tables have a copy fewer), its copy 0 is not moved to a spare slot, and it does not
 //! count as under-replicated.
@@ -296,8 +298,9 @@ mod tests {
         ));
     }
 
-    /// A standby node that registers joins at once and leaves the list; until then its own
-    /// copy 0 is never moved to a spare slot (a failed node's would be).
+    /// A standby node that registers joins at once, and leaves the list once it is up; until
+    /// then its own copy 0 is never moved to a spare slot (a failed node's would be), and it
+    /// cannot be made to leave.
     #[test]
     fn a_standby_node_keeps_its_copy_0_and_joins_when_it_registers() {
         let s = set(2, 5, 1, 64);
@@ -327,8 +330,18 @@ mod tests {
             .successor(&reg(&[0, 1, 2, 3]), 3_000_000, &policy)
             .unwrap();
         assert_eq!(joined.state(3), Some(NodeState::Joining));
-        assert_eq!(joined.standby, vec![4]);
         assert_eq!(joined.copy_map(&s).held_by(3), vec![(3, 0)]);
+        // Standby until it is up: nobody writes its tables meanwhile (SB5).
+        assert_eq!(joined.standby, vec![3, 4]);
+        assert!(matches!(
+            joined.set_leaving(3, true, &s),
+            Err(crate::MigrationError::Standby(3))
+        ));
+        let mut ready = reg(&[0, 1, 2, 3]);
+        ready.ready.push(3);
+        let up = joined.successor(&ready, 4_000_000, &policy).unwrap();
+        assert_eq!(up.state(3), Some(NodeState::Up));
+        assert_eq!(up.standby, vec![4]);
     }
 
     /// Epoch 1's moves pause nothing (they never had another role), a later move does; and a

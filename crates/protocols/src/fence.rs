@@ -24,8 +24,6 @@ const WORDS: usize = (MAX_NODES as usize).div_ceil(64);
 /// clock origin (a node that came up again before this process started) is kept as it is
 /// rather than clamped to the origin (which would pause its partitions again at our start).
 const BEFORE_ORIGIN_NS: u64 = 1 << 62;
-/// `gone_at_ns` of a node that has never been up ([`Fence::set_never_up`]): gone forever.
-const NEVER_UP: u64 = u64::MAX;
 /// Copies per partition the copy map has room for (`replica::MAX_REPLICAS`).
 const COPIES: usize = 3;
 
@@ -201,6 +199,10 @@ pub struct Fence {
     /// One bit per node: it is receiving its copies again after a restart (`joining`): its
     /// copies are written like any other, but not read and not decided at (`crate::replica`).
     receiving: [AtomicU64; WORDS],
+    /// One bit per node: it has never been up since the cluster started (a standby node, until
+    /// it is up: `nessie_membership::standby`). Nobody has written its tables, and nobody read
+    /// its copies, so nobody waits for readers of them.
+    never_up: [AtomicU64; WORDS],
     /// Per node, the monotonic time (plus [`BEFORE_ORIGIN_NS`]) at which it became a full
     /// member again (after being gone or receiving); 0 if it never stopped being one.
     /// Replication pauses the partitions whose copies it holds for a while after that, so that
@@ -255,6 +257,7 @@ impl Fence {
             gone: std::array::from_fn(|_| AtomicU64::new(0)),
             gone_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             receiving: std::array::from_fn(|_| AtomicU64::new(0)),
+            never_up: std::array::from_fn(|_| AtomicU64::new(0)),
             full_at_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             full_since_of: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
             incarnation_ns: (0..MAX_NODES).map(|_| AtomicU64::new(0)).collect(),
@@ -324,19 +327,26 @@ impl Fence {
         }
     }
 
-    /// Record that `node` has never been up (a standby node, `nessie_membership::standby`):
-    /// gone, and gone since the origin, so that nobody waits for readers of its copies (no
-    /// node ever read them).
-    pub fn set_never_up(&self, node: NodeId) {
+    /// Record whether `node` has never been up since the cluster started (a standby node, until
+    /// it is up). Once it is no longer so, a gone node counts as gone from now: a fence that
+    /// missed the epochs in which it was up does not know when it failed.
+    pub fn set_never_up(&self, node: NodeId, never: bool) {
         let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
-        self.gone_at_ns[node as usize].store(NEVER_UP, Ordering::SeqCst);
-        self.gone[w].fetch_or(bit, Ordering::SeqCst);
-        self.receiving[w].fetch_and(!bit, Ordering::SeqCst);
+        if never {
+            self.never_up[w].fetch_or(bit, Ordering::SeqCst);
+            return;
+        }
+        let was = self.never_up[w].fetch_and(!bit, Ordering::SeqCst);
+        if was & bit != 0 && self.is_gone(node) {
+            let now = nessie_fabric::monotonic_ns();
+            self.gone_at_ns[node as usize].store(now, Ordering::SeqCst);
+        }
     }
 
-    /// Whether `node` has never been up ([`Self::set_never_up`]) and still is not.
+    /// Whether `node` has never been up ([`Self::set_never_up`]).
     pub fn never_up(&self, node: NodeId) -> bool {
-        self.is_gone(node) && self.gone_at_ns[node as usize].load(Ordering::SeqCst) == NEVER_UP
+        let (w, bit) = (node as usize / 64, 1u64 << (node % 64));
+        self.never_up[w].load(Ordering::SeqCst) & bit != 0
     }
 
     /// `node`'s role in the current epoch.
@@ -534,12 +544,11 @@ impl Fence {
 
     /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.
     pub fn gone_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
-        self.is_gone(node).then(
-            || match self.gone_at_ns[node as usize].load(Ordering::SeqCst) {
-                NEVER_UP => u64::MAX,
-                at => now_ns.saturating_sub(at),
-            },
-        )
+        self.is_gone(node).then(|| match self.never_up(node) {
+            // Never read by anyone: gone forever.
+            true => u64::MAX,
+            false => now_ns.saturating_sub(self.gone_at_ns[node as usize].load(Ordering::SeqCst)),
+        })
     }
 }
 

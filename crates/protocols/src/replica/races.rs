@@ -503,7 +503,8 @@ fn a_standby_node_s_only_other_copy_is_filled_from_nothing() {
     let r = rig(2, 0, layout(), Mutations::default());
     // Partition 2: copy 0 on node 2 (standby), copy 1 on node 0, which restarts and finds
     // stale words in that slot (memory reused).
-    r.fence.set_never_up(2);
+    r.fence.set_never_up(2, true);
+    r.fence.set_gone(2, true);
     r.fence.set_role(0, NodeRole::Receiving);
     let stale = RemoteAddr::new(0, mirror_region(DATA_REGION, 1), 8);
     r.fabric.endpoint(0).write(stale, &[0xab; 16]).unwrap();
