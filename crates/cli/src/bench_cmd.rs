@@ -17,6 +17,10 @@ pub enum BenchCmdError {
     CurrentExe(#[source] std::io::Error),
     #[error(transparent)]
     Bench(#[from] BenchError),
+    #[error("drawing the timeline: {0}")]
+    Plot(#[from] nessie_report::plot::PlotError),
+    #[error("--plot {}: its directory does not exist", .0.display())]
+    PlotDir(PathBuf),
     #[error("{}: {source}", path.display())]
     WriteJson {
         path: PathBuf,
@@ -70,6 +74,10 @@ pub struct BenchArgs {
     /// --duration].
     #[arg(long, value_name = "S", requires = "scale_to")]
     pub scale_at: Option<f64>,
+    /// Draw the run's timeline to this PNG: throughput and GET p50/p99.9 per 100 ms window,
+    /// with a scaling's or a kill's moments marked.
+    #[arg(long, value_name = "PNG")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -444,6 +452,13 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
         to,
         at_s: a.scale_at.unwrap_or(p.duration / 3.0),
     });
+    // Refused before the run, not after it.
+    if let Some(plot) = &a.plot {
+        let dir = plot.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return Err(BenchCmdError::PlotDir(plot.clone()));
+        }
+    }
     let pb = progress_bar("bench");
     let t = Instant::now();
     let r = runner::run(&p, &opts, &mut |phase| pb.set_message(phase.to_string()));
@@ -458,6 +473,10 @@ pub fn run(a: BenchArgs) -> Result<(), BenchCmdError> {
                 source,
             },
         )?;
+    }
+    if let Some(path) = &a.plot {
+        nessie_report::timeline_plot::timeline_figure(path, &r)?;
+        eprintln!("timeline drawn to {}", path.display());
     }
     Ok(())
 }

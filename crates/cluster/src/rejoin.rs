@@ -64,6 +64,8 @@ struct Progress {
     /// said it is ready in it.
     joining_since: Option<Instant>,
     ready: bool,
+    /// The registration (`Monitor::registration`) the join above is in.
+    registration: u64,
     /// The receiving copies moved here (partition, chain position), since when this process
     /// knows of them, and whether it said it filled them.
     moved: Vec<(u16, u8)>,
@@ -257,19 +259,31 @@ fn copies_moved_away(ctx: &NodeContext, m: &Monitor) -> bool {
 
 /// While joining: catch up once the join settle time is over, then say the node is ready.
 fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
+    // A registration made since (the lease lapsed: the node was failed and joins again) starts
+    // the join over: the settle wait and the catch-up.
+    let registration = m.registration();
+    if p.registration != registration {
+        p.registration = registration;
+        p.joining_since = None;
+        p.ready = false;
+    }
     let since = *p.joining_since.get_or_insert_with(Instant::now);
     if p.ready || since.elapsed() < settle {
         return;
     }
     match catch_up(ctx) {
-        Ok(c) => {
-            tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
-            eprintln!("nessie node {}: caught up ({c}); ready", ctx.id);
-            match m.set_ready(ctx.id) {
-                Ok(()) => p.ready = true,
-                Err(e) => tracing::warn!(%e, "could not say the node is ready"),
+        Ok(c) => match m.set_ready(ctx.id, registration) {
+            Ok(true) => {
+                tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
+                eprintln!("nessie node {}: caught up ({c}); ready", ctx.id);
+                p.ready = true;
             }
-        }
+            Ok(false) => tracing::warn!(
+                node = ctx.id,
+                "caught up, but the lease lapsed meanwhile: joining again"
+            ),
+            Err(e) => tracing::warn!(%e, "could not say the node is ready"),
+        },
         Err(e) => {
             tracing::warn!(node = ctx.id, %e, "catching up failed; trying again");
             std::thread::sleep(RETRY);

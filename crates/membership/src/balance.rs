@@ -11,10 +11,8 @@
 //! PM6); every partition whose chain changes migrates there whole, by the per-ITE handover.
 //!
 //! Who is a member: the nodes that are up, and the *held* ones: joining (about to hold its
-//! copies again), up again for less than the join settle time (operations on a copy it holds
-//! wait until then: a copy moved to it now would stop its partition's operations), or failed
-//! for less than `replace_after` (it may come back holding them: moving them would be
-//! wasted). A held node keeps its copies but takes none (a partition the
+//! copies again) or failed for less than `replace_after` (it may come back holding them:
+//! moving them would be wasted). A held node keeps its copies but takes none (a partition the
 //! plan would give it, or whose other copy it holds, waits), and while one is held nothing is
 //! balanced: only the copies of nodes gone for good move, to chains of up nodes, so that a
 //! node that keeps failing does not hold up re-creating all of another's copies.
@@ -111,18 +109,12 @@ impl Configuration {
             .iter()
             .filter(|m| !self.leaving.contains(&m.id))
             .filter(|m| match m.state {
-                // Up again less than the join settle time ago (by the writer's clock, which
-                // may be a settle time ahead): operations on partitions with a copy on it
-                // still wait (`Replicated::wait_join_settled`), so one moved there now would
-                // stop every operation on it until then (measured: 2.5 s with no operation
-                // completed in the whole cluster after each join of a scale-out).
-                NodeState::Up => {
-                    m.joined_ns != 0
-                        && now_ns
-                            < m.since_ns
-                                .saturating_add(set.join_settle_ns())
-                                .saturating_add(set.settle_ns())
-                }
+                // Up: a member like any other. (Holding a node up again for its join settle
+                // time, so that no partition moved to it waits out its pause, removed the
+                // 2.5 s stall after each join of a scale-out, but shifted the fault test's
+                // migrations into a node's pause, where a resumed node then read another
+                // partition's entries: withheld until that is fixed, issue 42.)
+                NodeState::Up => false,
                 NodeState::Joining => true,
                 NodeState::Failed => now_ns < m.since_ns.saturating_add(replace_after_ns),
             })
@@ -160,7 +152,7 @@ impl Configuration {
                 Balance::Wait(format!("nothing balances while nodes {held:?} are held"))
             });
         }
-        // A held node takes no copy, even one that is up (back less than the settle time ago).
+        // A held node takes no copy.
         let up = |n: &u16| self.state(*n) == Some(NodeState::Up) && !held.contains(n);
         let next = map.apply(&plan)?;
         let mut out: Vec<(u16, Vec<u16>)> = Vec::new();
@@ -480,16 +472,7 @@ mod tests {
             Ok(Balance::Wait(_))
         ));
         c.nodes[3].state = NodeState::Up;
-        c.nodes[3].joined_ns = 2 * AFTER - 1;
-        c.nodes[3].since_ns = 2 * AFTER;
-        // Up again less than the join settle time ago (operations on its copies still wait):
-        // it takes nothing yet.
-        let settled = 2 * AFTER + s.join_settle_ns() + s.settle_ns();
-        assert!(
-            matches!(c.plan_balance(&s, settled - 1, AFTER), Ok(Balance::Wait(_))),
-            "{:?}",
-            c.plan_balance(&s, settled - 1, AFTER)
-        );
+        let settled = 2 * AFTER;
         let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, settled, AFTER) else {
             panic!("a plan");
         };

@@ -1061,8 +1061,13 @@ struct Shared {
     fence: Arc<Fence>,
     /// How long a failed node stays failed before it may join, and when copies move (`step`).
     policy: Policy,
-    /// This node said it holds its copies (its registration says `ready`).
-    ready: AtomicBool,
+    /// This node said it holds its copies (its registration says `ready`): 1 + the
+    /// registration (`registered`) in which it caught up; 0: not ready.
+    ready: AtomicU64,
+    /// Registrations made after a lapsed lease, by this process: a catch-up begun before one
+    /// must not make the new registration ready (the node was failed meanwhile, and joins
+    /// again: writes it missed are not in its copies).
+    registered: AtomicU64,
     /// The moved copies this node said it filled (its registration's "filled").
     filled: Mutex<Vec<(u16, u8)>>,
     /// The migrating index partitions this node said it handed over ("handed").
@@ -1072,6 +1077,14 @@ struct Shared {
 
 impl Shared {
     /// What the fence must say now: writes only while up, and within the lease.
+    /// Whether this node is ready in the registration in force: it caught up in it.
+    fn is_ready(&self) -> bool {
+        ready_in(
+            self.ready.load(Ordering::SeqCst),
+            self.registered.load(Ordering::SeqCst),
+        )
+    }
+
     fn refresh_fence(&self) {
         let until = if self.up.load(Ordering::SeqCst) && !self.stepped_down.load(Ordering::SeqCst) {
             self.lease_clock_ns
@@ -1084,6 +1097,12 @@ impl Shared {
         self.fence
             .set_view_until(self.read_clock_ns.load(Ordering::SeqCst));
     }
+}
+
+/// Whether a node whose `ready` word is `ready` (1 + the registration it caught up in, or 0)
+/// is ready in registration `registered`.
+fn ready_in(ready: u64, registered: u64) -> bool {
+    ready == registered + 1
 }
 
 /// This process's monotonic clock (`nessie_fabric::monotonic_ns`): for the deadlines a node
@@ -1138,7 +1157,8 @@ impl Monitor {
             stepped_down: AtomicBool::new(false),
             fence,
             policy,
-            ready: AtomicBool::new(false),
+            ready: AtomicU64::new(0),
+            registered: AtomicU64::new(0),
             filled: Mutex::new(Vec::new()),
             handed: Mutex::new(Vec::new()),
             on_config,
@@ -1199,9 +1219,16 @@ impl Monitor {
 
     /// Say that this node holds its copies again (it caught up while `joining`): its
     /// registration says `ready`, and the next monitor step makes it `up`.
-    pub fn set_ready(&self, id: u16) -> Result<(), MembershipError> {
-        self.shared.ready.store(true, Ordering::SeqCst);
-        self.put_own_record(id)
+    pub fn set_ready(&self, id: u16, registered: u64) -> Result<bool, MembershipError> {
+        self.shared.ready.store(registered + 1, Ordering::SeqCst);
+        self.put_own_record(id)?;
+        Ok(self.shared.is_ready())
+    }
+
+    /// Which registration of this process is in force ([`Self::set_ready`] takes the one a
+    /// catch-up began in).
+    pub fn registration(&self) -> u64 {
+        self.shared.registered.load(Ordering::SeqCst)
     }
 
     /// Say that this node filled the moved copies `filled` (partition, chain position) it
@@ -1397,7 +1424,7 @@ impl Monitor {
 
     fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
         let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
-        let ready = self.shared.ready.load(Ordering::SeqCst);
+        let ready = self.shared.is_ready();
         let filled = self.shared.filled.lock().expect("filled lock").clone();
         let handed = self.shared.handed.lock().expect("handed lock").clone();
         let incarnation = self.shared.incarnation;
@@ -1625,8 +1652,6 @@ pub fn apply(
             false => m.state,
         };
         fence.set_incarnation(m.id, m.joined_ns);
-        // A standby node, until it is up: nobody wrote its tables or read its copies.
-        fence.set_never_up(m.id, c.standby.contains(&m.id));
         fence.set_role(
             m.id,
             match state {
@@ -1635,6 +1660,9 @@ pub fn apply(
                 NodeState::Failed => NodeRole::Gone,
             },
         );
+        // A standby node, until it is up: nobody wrote its tables or read its copies. After
+        // the role: a node made up must not look claimable while it still looks receiving.
+        fence.set_never_up(m.id, c.standby.contains(&m.id));
         if m.state == NodeState::Up && m.joined_ns != 0 {
             // Up since `since_ns` by the writer's clock, which may be ahead of ours by the
             // margin: count from that much later.
@@ -1688,8 +1716,10 @@ fn keep_registered(
     shared.lease_clock_ns.store(0, Ordering::SeqCst);
     shared.refresh_fence();
     let sent = mono_ns();
-    // Declared failed by now, most likely: it must catch up again before it is ready.
-    shared.ready.store(false, Ordering::SeqCst);
+    // Declared failed by now, most likely: it must catch up again before it is ready (and a
+    // catch-up begun before this does not count: `Monitor::set_ready`).
+    shared.registered.fetch_add(1, Ordering::SeqCst);
+    shared.ready.store(0, Ordering::SeqCst);
     // And fill again whatever moved copies it had filled (handed-over partitions stay so:
     // a handover is done in memory every node reads, not in this node's).
     shared.filled.lock().expect("filled lock").clear();
@@ -1748,6 +1778,20 @@ mod tests {
         assert_eq!(c.inherited_by(3), vec![0, 1, 4]);
         set(&mut c, 3, NodeState::Failed);
         assert!((0..5).all(|n| c.inherited_by(n).is_empty()), "nobody up");
+    }
+
+    /// A catch-up that began before the lease lapsed (and the node was registered again)
+    /// does not make the new registration ready: the node was failed meanwhile and missed
+    /// writes (found by review: a paused catch-up finishing late said ready).
+    #[test]
+    fn a_catch_up_from_an_earlier_registration_is_not_ready() {
+        assert!(!ready_in(0, 0), "never caught up");
+        assert!(
+            ready_in(1, 0),
+            "caught up in registration 0, still in force"
+        );
+        assert!(!ready_in(1, 1), "caught up in 0, registered again since");
+        assert!(ready_in(2, 1));
     }
 
     #[test]

@@ -556,6 +556,28 @@ impl Fence {
 mod tests {
     use super::*;
 
+    /// A never-up node is gone forever (nobody waits for its readers); once it is no longer
+    /// never-up, a fence that still has it gone counts it gone from then (it missed the
+    /// epochs in which the node was up, and so when it failed).
+    #[test]
+    fn a_node_once_up_is_gone_from_when_the_fence_learns_it() {
+        let f = Fence::unfenced();
+        f.set_role(5, NodeRole::Gone);
+        f.set_never_up(5, true);
+        let later = nessie_fabric::monotonic_ns() + 10_000_000_000;
+        assert!(f.never_up(5));
+        assert_eq!(f.gone_for_ns(5, later), Some(u64::MAX));
+        // The fence skipped its joining and up epochs: it is gone again, no longer never-up.
+        f.set_role(5, NodeRole::Gone);
+        f.set_never_up(5, false);
+        let now = nessie_fabric::monotonic_ns();
+        let gone = f.gone_for_ns(5, now).unwrap();
+        assert!(gone < 1_000_000_000, "gone for {gone} ns, counted from now");
+        // Up: not gone at all.
+        f.set_role(5, NodeRole::Full);
+        assert_eq!(f.gone_for_ns(5, now), None);
+    }
+
     #[test]
     fn unfenced_until_told_otherwise() {
         let f = Fence::unfenced();

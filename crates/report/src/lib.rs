@@ -11,6 +11,7 @@ pub mod plot;
 pub mod preset;
 pub mod summary;
 pub mod sweep;
+pub mod timeline_plot;
 
 pub use figures::{render, RenderError};
 pub use preset::{classify, PlotPoint, Preset, RunSpec, UnknownPreset};

@@ -305,7 +305,8 @@ impl std::fmt::Debug for WriteGuard {
 }
 
 /// Whether pages of a node may be claimed now: not those of a standby node, whose tables have a
-/// copy fewer until it joins (`nessie_membership::standby`).
+/// copy fewer and which nobody may write until it is up (`nessie_membership::standby`, SB5), nor
+/// those of a node whose tables pause after a copy became full (the claim would wait).
 #[derive(Clone)]
 pub struct HostGuard(pub Arc<dyn Fn(NodeId) -> bool + Send + Sync>);
 

@@ -275,9 +275,9 @@ impl<E: Endpoint> Replicated<E> {
             let live = match self.live(part) {
                 // The tables of a standby node (never up), whose only full copies are gone:
                 // nobody has written them since the cluster started (`nessie_membership::
-                // standby`, SB5: no client runs on it, no page of it is claimed, its index is
-                // in index slots), so they are all zeros, and so is what a copy of them holds
-                // once filled from nothing.
+                // standby`, SB5: until it is up its own clients are fenced, no page of it is
+                // claimed, its index is in index slots), so they are all zeros, and so is what
+                // a copy of them holds once filled from nothing.
                 Err(FabricError::NoCopy { .. }) if self.never_written(part) => {
                     buf.fill(0);
                     return Ok(());
