@@ -151,12 +151,48 @@ type Revived = Vec<(u16, Restarted)>;
 /// assertion: purging a failed TCP endpoint's pending wireup messages, it met one the
 /// assertion did not expect (the assertion was removed upstream, openucx/ucx pull request
 /// 8175). A peer that dies or pauses triggers it; the node is then as good as crashed.
+/// The same version also aborts a node on a failed assertion in its TCP endpoint's connection
+/// establishment (`tcp_ep.c`, `UCT_TCP_EP_FLAG_CTX_TYPE_TX`) when a peer it reconnects to is
+/// gone (seen once in CI, 2026-11-30, node 0 while node 1 was killed over TCP).
 fn aborted_by_ucx(c: &Cluster, id: u16) -> bool {
+    process::live_pid(&c.dir, id).is_none() && aborted_by_ucx_log(c, id)
+}
+
+/// Restart node `id` once more if the nemesis had started it again and that process exited
+/// because a peer UCX had aborted did not answer its bootstrap: the restart raced the revival.
+fn restart_again_after_a_peer_abort(
+    c: &Cluster,
+    id: u16,
+    log: &Mutex<Vec<String>>,
+    revived: &mut Revived,
+) -> bool {
+    let peer_revived = revived
+        .iter()
+        .any(|(r, _)| *r != id && aborted_by_ucx_log(c, *r));
+    // At most a few times: each restart's log is new, and says again if it failed so.
+    let restarts = revived.iter().filter(|(r, _)| *r == id).count();
+    let said =
+        std::fs::read_to_string(c.dir.join(format!("restarted-{id}.log"))).unwrap_or_default();
+    if !peer_revived
+        || !(1..=3).contains(&restarts)
+        || process::live_pid(&c.dir, id).is_some()
+        || !said.contains("did not answer within")
+    {
+        return false;
+    }
+    revived.push((id, restart(c, id)));
+    log.lock().unwrap().push(format!(
+        "node {id}'s restart found a peer UCX had aborted down: restarted again"
+    ));
+    true
+}
+
+/// Whether node `id`'s log shows a UCX abort (`aborted_by_ucx`, whatever its process is now).
+fn aborted_by_ucx_log(c: &Cluster, id: u16) -> bool {
     let log = std::fs::read_to_string(c.dir.join(format!("node-{id}.log"))).unwrap_or_default();
-    process::live_pid(&c.dir, id).is_none()
-        && log.contains("ucp_request.c")
-        && log.contains("Assertion")
-        && log.contains("UCP_WIREUP_MSG")
+    log.contains("Assertion")
+        && ((log.contains("ucp_request.c") && log.contains("UCP_WIREUP_MSG"))
+            || (log.contains("tcp_ep.c") && log.contains("UCT_TCP_EP_FLAG_CTX_TYPE_TX")))
 }
 
 /// Restart every node (once) whose process UCX aborted (`aborted_by_ucx`): a crash like a
@@ -187,6 +223,7 @@ fn wait_state(
     loop {
         let before = revived.len();
         revive_ucx_aborts(c, log, revived);
+        restart_again_after_a_peer_abort(c, id, log, revived);
         if revived[before..].iter().any(|(r, _)| *r == id) {
             t0 = Instant::now();
         }
