@@ -609,6 +609,48 @@ fn wait_ready(
     timeout: Duration,
     children: &mut [(u16, Child)],
 ) -> Result<(), ProcessError> {
+    let answers = |id: u16| {
+        let Ok(path) = cfg.admin_path(id, dir) else {
+            return false;
+        };
+        matches!(
+            AdminClient::connect(&path, Duration::from_secs(2))
+                .and_then(|mut c| c.call(&Request::Ping)),
+            Ok(Response::Ok)
+        )
+    };
+    let late = format!("not ready after {timeout:?}");
+    wait_started(dir, cfg, (timeout, &late), children, answers)
+}
+
+/// With standby nodes, every node is fenced until it has read epoch 1
+/// (`nessie_membership::Policy::fenced_before_epoch_1`): wait until each started one says it
+/// may write, so that `up` returns a cluster that serves.
+fn wait_epoch_1_read(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    timeout: Duration,
+    children: &mut [(u16, Child)],
+) -> Result<(), ProcessError> {
+    if cfg.cluster.standby.is_empty() {
+        return Ok(());
+    }
+    let writes =
+        |id: u16| node_report(cfg, dir, id).is_ok_and(|r| r["membership"]["may_write"] == true);
+    let late = format!("still fenced {timeout:?} after epoch 1 was written");
+    wait_started(dir, cfg, (timeout, &late), children, writes)
+}
+
+/// Wait until `done` holds of every node `up` started (all but the standby ones), asking
+/// again every [`START_POLL`]; a node that exits, or of which it does not hold by the timeout
+/// (`late`: what the error says), fails the start.
+fn wait_started(
+    dir: &Path,
+    cfg: &ClusterConfig,
+    (timeout, late): (Duration, &str),
+    children: &mut [(u16, Child)],
+    done: impl Fn(u16) -> bool,
+) -> Result<(), ProcessError> {
     let failed = |id: u16, reason: String| ProcessError::StartFailed {
         node: id,
         reason,
@@ -628,68 +670,19 @@ fn wait_ready(
                 return Err(failed(*id, format!("exited with {status}")));
             }
         }
-        pending.retain(|&id| {
-            let Ok(path) = cfg.admin_path(id, dir) else {
-                return true;
-            };
-            !matches!(
-                AdminClient::connect(&path, Duration::from_secs(2))
-                    .and_then(|mut c| c.call(&Request::Ping)),
-                Ok(Response::Ok)
-            )
-        });
-        if pending.is_empty() {
+        pending.retain(|&id| !done(id));
+        let Some(&first) = pending.first() else {
             return Ok(());
-        }
+        };
         if Instant::now() >= deadline {
-            return Err(failed(pending[0], format!("not ready after {timeout:?}")));
+            return Err(failed(first, late.to_string()));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(START_POLL);
     }
 }
 
-/// With standby nodes, every node is fenced until it has read epoch 1
-/// (`nessie_membership::Policy::fenced_before_epoch_1`): wait until each started one says it
-/// may write, so that `up` returns a cluster that serves.
-fn wait_epoch_1_read(
-    dir: &Path,
-    cfg: &ClusterConfig,
-    timeout: Duration,
-    children: &mut [(u16, Child)],
-) -> Result<(), ProcessError> {
-    if cfg.cluster.standby.is_empty() {
-        return Ok(());
-    }
-    let failed = |id: u16, reason: String| ProcessError::StartFailed {
-        node: id,
-        reason,
-        log: log_path(dir, id),
-        tail: tail(&log_path(dir, id), 15),
-    };
-    let deadline = Instant::now() + timeout;
-    let mut pending: Vec<u16> = cfg
-        .node
-        .iter()
-        .map(|n| n.id)
-        .filter(|id| !cfg.cluster.standby.contains(id))
-        .collect();
-    while !pending.is_empty() {
-        for (id, child) in children.iter_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(failed(*id, format!("exited with {status}")));
-            }
-        }
-        pending.retain(|&id| {
-            !node_report(cfg, dir, id).is_ok_and(|r| r["membership"]["may_write"] == true)
-        });
-        if Instant::now() >= deadline {
-            let reason = format!("still fenced {timeout:?} after epoch 1 was written");
-            return Err(failed(pending[0], reason));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
+/// How often `up` asks the nodes it started whether they are ready.
+const START_POLL: Duration = Duration::from_millis(50);
 
 /// Stop the nodes `up` started (by their unreaped child handles, so no pid can have been
 /// reused) and remove what they left in `dir`.
