@@ -11,8 +11,9 @@
 //! PM6); every partition whose chain changes migrates there whole, by the per-ITE handover.
 //!
 //! Who is a member: the nodes that are up, and the *held* ones: joining (about to hold its
-//! copies again) or failed for less than `replace_after` (it may come back holding them:
-//! moving them would be wasted). A held node keeps its copies but takes none (a partition the
+//! copies again), up again for less than its join settle time and a settle time (a partition
+//! moved to it would wait out its join pause), or failed for less than `replace_after` (it may
+//! come back holding them: moving them would be wasted). A held node keeps its copies but takes none (a partition the
 //! plan would give it, or whose other copy it holds, waits), and while one is held nothing is
 //! balanced: only the copies of nodes gone for good move, to chains of up nodes, so that a
 //! node that keeps failing does not hold up re-creating all of another's copies.
@@ -109,12 +110,13 @@ impl Configuration {
             .iter()
             .filter(|m| !self.leaving.contains(&m.id))
             .filter(|m| match m.state {
-                // Up: a member like any other. (Holding a node up again for its join settle
-                // time, so that no partition moved to it waits out its pause, removed the
-                // 2.5 s stall after each join of a scale-out, but shifted the fault test's
-                // migrations into a node's pause, where a resumed node then read another
-                // partition's entries: withheld until that is fixed, issue 42.)
-                NodeState::Up => false,
+                // Up again (joined, or rejoined): held for its join settle time and one more
+                // settle time, so that no partition moved to it waits out its join pause (the
+                // 2.5 s stall after each join of a scale-out).
+                NodeState::Up => {
+                    let settled = set.join_settle_ns().saturating_add(set.settle_ns());
+                    m.joined_ns != 0 && now_ns < m.since_ns.saturating_add(settled)
+                }
                 NodeState::Joining => true,
                 NodeState::Failed => now_ns < m.since_ns.saturating_add(replace_after_ns),
             })
@@ -299,7 +301,7 @@ impl Configuration {
 }
 
 /// Deliberate bugs the tests must catch (on in this crate's tests only, one thread at a time).
-mod mutation {
+pub(crate) mod mutation {
     #[cfg(test)]
     thread_local! {
         /// The balancer takes failed nodes for members: the copies of a node failed for good
@@ -307,6 +309,16 @@ mod mutation {
         pub static KEEP_FAILED_NODES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// The balancer takes leaving nodes for members: a leaving node never drains.
         pub static LEAVING_STAYS_MEMBER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// `apply` leaves a migration the configuration no longer lists in the fence: a node
+        /// that missed its end keeps sending operations to its (retired) chain.
+        pub static KEEPS_MISSED_MIGRATIONS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub fn keeps_missed_migrations() -> bool {
+        #[cfg(test)]
+        return KEEPS_MISSED_MIGRATIONS.with(|m| m.get());
+        #[cfg(not(test))]
+        false
     }
 
     pub fn keeps_failed_nodes() -> bool {
@@ -471,8 +483,17 @@ mod tests {
             c.plan_balance(&s, 2 * AFTER, AFTER),
             Ok(Balance::Wait(_))
         ));
+        // Up again at `up`: held for its join settle time and a settle time (partitions
+        // moved to it would wait out its join pause), then given its share.
+        let up = 2 * AFTER;
         c.nodes[3].state = NodeState::Up;
-        let settled = 2 * AFTER;
+        c.nodes[3].since_ns = up;
+        c.nodes[3].joined_ns = up;
+        let settled = up + s.join_settle_ns() + s.settle_ns();
+        assert!(matches!(
+            c.plan_balance(&s, settled - 1, AFTER),
+            Ok(Balance::Wait(why)) if why.contains("held")
+        ));
         let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, settled, AFTER) else {
             panic!("a plan");
         };

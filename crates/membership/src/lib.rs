@@ -55,7 +55,9 @@
 //! says so in its registration ("handed"); the next epoch records when, and once the settle
 //! time has passed since (every operation that met a pending word has ended), the migration
 //! ends: the chain is the partition's ([`Configuration::successor`]). The slots of the chain
-//! it replaced are reused only a settle time later (`retired_slots`). The balancer
+//! it replaced are reused only a settle time later (`retired_slots`). A node that missed the
+//! end (paused through it) learns it from the next configuration it reads, which `apply`
+//! feeds into the fence before the view is fresh again: a migration no longer listed is over. The balancer
 //! ([`balance`]) plans which partitions migrate where; many start in one batch
 //! ([`Monitor::reserve_migrations`], [`Monitor::confirm_migrations`]).
 //!
@@ -1688,6 +1690,18 @@ pub fn apply(
             false => fence.finish_migration(ch.partition, &copies),
         }
     }
+    // A migration the fence saw start and the configuration no longer lists as migrating is
+    // over (it ended, or was given up, in epochs this node missed): after the chains above,
+    // so that its partition's operations go to the chain in force from here on.
+    if !balance::mutation::keeps_missed_migrations() {
+        let listed: std::collections::HashSet<u16> = c
+            .index_chains
+            .iter()
+            .filter(|ch| ch.prepared && ch.migrating)
+            .map(|ch| ch.partition)
+            .collect();
+        fence.forget_migrations_except(|q| listed.contains(&q));
+    }
     if c.own_state(id, incarnation) != Some(NodeState::Up) {
         fence.set_lease_until(0);
     }
@@ -2258,6 +2272,26 @@ mod tests {
         assert_eq!(done.index_chains.len(), 1);
         assert_eq!(done.index_chains[0].copies, to2);
         assert_eq!(done.retired_slots.len(), 2);
+        // A fence that saw the first migration start and next reads `done` (its node was
+        // paused through both ends): the first chain is retired, its slots free for another
+        // partition a settle time on, so no operation may go there any more.
+        for mutated in [false, true] {
+            balance::mutation::KEEPS_MISSED_MIGRATIONS.with(|m| m.set(mutated));
+            let paused = Fence::unfenced();
+            apply(&started, (0, 0), &paused, 20, 0);
+            assert!(paused.migrating(5));
+            apply(&done, (0, 0), &paused, t + 1 + SETTLE, 0);
+            balance::mutation::KEEPS_MISSED_MIGRATIONS.with(|m| m.set(false));
+            assert_eq!(
+                paused.migrating(5),
+                mutated,
+                "a migration the configuration no longer lists is over (mutated: {mutated})"
+            );
+            assert_eq!(
+                paused.moved_index_copy(5, 0).map(|c| (c.node, c.slot)),
+                Some((2, 1))
+            );
+        }
         assert_eq!(
             done.free_index_slot(1, 4, t + 1 + SETTLE, SETTLE),
             Some(1),

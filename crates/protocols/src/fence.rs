@@ -522,6 +522,24 @@ impl Fence {
         }
     }
 
+    /// Only the index partitions for which `listed` holds are migrating: a migration this
+    /// fence saw start and the configuration no longer lists ended, or was given up, in epochs
+    /// this fence never read (its node was paused, or its reads were late). That chain may be
+    /// retired by now and its slots reused by another partition, so no operation may go there
+    /// any more.
+    pub fn forget_migrations_except(&self, listed: impl Fn(PartitionId) -> bool) {
+        if !self.any_migrating() {
+            return;
+        }
+        for q in 0..MAX_PARTITIONS as PartitionId {
+            if self.migrating(q) && !listed(q) {
+                for j in 0..COPIES as u8 {
+                    self.index_target.record_quietly(q as usize, j, 0);
+                }
+            }
+        }
+    }
+
     /// Where copy `j` of the chain index partition `q` migrates to is, while it migrates.
     pub fn migration_target(&self, q: PartitionId, j: u8) -> Option<IndexCopy> {
         IndexCopy::unpack(self.index_target.get(q as usize, j))
