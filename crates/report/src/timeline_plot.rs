@@ -102,7 +102,7 @@ pub fn timeline_figure(path: &Path, r: &BenchResult) -> Result<(), PlotError> {
     }
     let p = &r.params;
     let what = match (&r.scaling, &r.fault) {
-        (Some(s), _) => format!("scaling {} → {} nodes", s.from, s.to),
+        (Some(s), _) => format!("scaling {} to {} nodes", s.from, s.to),
         (None, Some(f)) => format!("node {} killed", f.node),
         (None, None) => format!("{} nodes", p.nodes),
     };
