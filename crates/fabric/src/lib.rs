@@ -95,6 +95,17 @@ pub trait Endpoint: Send {
     fn local_write(&mut self, region: RegionId, offset: u64, buf: &[u8])
         -> Result<(), FabricError>;
 
+    /// A write whose readers tolerate seeing it on one copy of replicated memory and not yet
+    /// on another (a DTE's recycle mark, read only by reclaimers, which then reclaim later): a
+    /// replicated endpoint need not wait for copies' roles to settle before it. Into this
+    /// node's own memory (`addr.node` is this node) it is a local write.
+    fn write_unordered(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        match addr.node == self.node() {
+            true => self.local_write(addr.region, addr.offset, buf),
+            false => self.write(addr, buf),
+        }
+    }
+
     /// Wall-clock time in nanoseconds since the Unix epoch (virtual in the simulator). Only
     /// for timestamps that cross nodes: the expiry times written into DTEs. Nodes' clocks must
     /// agree within the clock margin (checked at bootstrap). It may step backwards (NTP, VM

@@ -541,6 +541,7 @@ mod tests {
             slot: 2,
             receiving: true,
             at_start: false,
+            full_since_ns: 0,
         });
         assert!(
             matches!(c.plan_balance(&s, 0, AFTER), Ok(Balance::Wait(w)) if w.contains("filled"))

@@ -195,6 +195,12 @@ pub struct CopyMove {
     /// operation pauses after it as after a copy that became full.
     #[serde(default, skip_serializing_if = "is_false")]
     pub at_start: bool,
+    /// When it became full (wall ns of the node that made it so; 0: receiving, placed at
+    /// start, or made full before this was recorded): every node's data reads keep the old
+    /// roles for a join settle time from this at the latest (`Fence::set_moved_full_since`,
+    /// rule 10a of `docs/protocol.md`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_since_ns: u64,
 }
 
 fn is_false(v: &bool) -> bool {
@@ -470,7 +476,7 @@ impl Configuration {
         // read as zeros where no full copy is left (SB5).
         next.standby.retain(|n| !up_again.contains(n));
         if let Some(r) = &policy.replacing {
-            changed |= next.fill_moves(reg);
+            changed |= next.fill_moves(reg, now_ns);
             changed |= next.move_copies(r, now_ns);
         }
         changed |= next.end_migrations(reg, now_ns, policy.migration_settle_ns);
@@ -743,7 +749,7 @@ impl Configuration {
     }
 
     /// Receiving copies whose holder is up and says it filled them become full.
-    fn fill_moves(&mut self, reg: &Registrations) -> bool {
+    fn fill_moves(&mut self, reg: &Registrations, now_ns: u64) -> bool {
         let mut changed = false;
         for c in self.moves.iter_mut().filter(|c| c.receiving) {
             let up = self
@@ -752,6 +758,7 @@ impl Configuration {
                 .any(|m| m.id == c.node && m.state == NodeState::Up);
             if up && reg.filled.contains(&(c.node, c.partition, c.copy)) {
                 c.receiving = false;
+                c.full_since_ns = now_ns;
                 changed = true;
             }
         }
@@ -811,6 +818,7 @@ impl Configuration {
                     slot: m.to.slot,
                     receiving: true,
                     at_start: false,
+                    full_since_ns: 0,
                 });
                 changed = true;
             }
@@ -1682,6 +1690,11 @@ pub fn apply(
             true => fence.place_copy_at_start(m.partition, m.copy, at),
             false => fence.move_copy(m.partition, m.copy, Some(at)),
         }
+        if !m.receiving && m.full_since_ns != 0 {
+            // From the latest it can have been on this clock, as for a rejoin.
+            let ago = now_wall_ns.saturating_sub(m.full_since_ns.saturating_add(clock_margin_ns));
+            fence.set_moved_full_since(m.partition, m.copy, ago);
+        }
     }
     for ch in c.index_chains.iter().filter(|ch| ch.prepared) {
         let copies = ch.fence_copies();
@@ -2068,6 +2081,7 @@ mod tests {
             slot: 2,
             receiving,
             at_start: false,
+            full_since_ns: 0,
         };
         assert_eq!(moved.moves, vec![mv(0, 1, 2, true), mv(1, 0, 0, true)]);
         assert!(moved.copy_map(&set).held_by(1).is_empty());
@@ -2082,7 +2096,18 @@ mod tests {
         let mut r = reg(&[0, 2, 3], &[]);
         r.filled = vec![(2, 0, 1), (3, 1, 0)];
         let filled = moved.successor(&r, 2_000, &policy).unwrap();
-        assert_eq!(filled.moves, vec![mv(0, 1, 2, false), mv(1, 0, 0, true)]);
+        let full = CopyMove {
+            full_since_ns: 2_000,
+            ..mv(0, 1, 2, false)
+        };
+        assert_eq!(filled.moves, vec![full, mv(1, 0, 0, true)]);
+        // Every fence counts data reads in the old roles from then at the latest (rule 10a):
+        // one that learns of it an hour later reads in the new roles at once.
+        let late = Fence::unfenced();
+        apply(&filled, (0, 0), &late, 2_000 + 3_600 * 1_000_000_000, 0);
+        let now = nessie_fabric::monotonic_ns();
+        assert!(late.moved_full_for_ns(0, 1, now).unwrap() < 1_000_000_000);
+        assert!(late.moved_read_full_for_ns(0, 1, now).unwrap() >= 3_600 * 1_000_000_000);
         // Without spare slots nothing moves.
         let none = Policy {
             replacing: None,
@@ -2092,7 +2117,7 @@ mod tests {
         // The record round-trips; a full move does not say "receiving".
         let json = serde_json::to_string(&filled).unwrap();
         assert!(
-            json.contains(r#"{"partition":0,"copy":1,"node":2,"slot":2}"#),
+            json.contains(r#"{"partition":0,"copy":1,"node":2,"slot":2,"full_since_ns":2000}"#),
             "{json}"
         );
         assert_eq!(
@@ -2155,6 +2180,7 @@ mod tests {
             slot: 3,
             receiving: true,
             at_start: false,
+            full_since_ns: 0,
         });
         let f = Fence::unfenced();
         apply(&c, (0, 0), &f, 10, 0);

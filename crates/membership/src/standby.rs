@@ -136,6 +136,7 @@ pub fn first_epoch(
                 // to any copy (SB4).
                 receiving: false,
                 at_start: true,
+                full_since_ns: 0,
             });
         }
     }

@@ -179,6 +179,17 @@ pub struct Mutations {
     /// Replication: a copy counts as already written by a write or CAS that looked at its
     /// node and slot before, even if the node restarted in between (as before this was found).
     pub late_copy_by_place: bool,
+    /// Replication: a data read takes a moved copy that just became full in its new role at
+    /// once, rather than keeping the old roles for the join settle time (rule 10a): a reader
+    /// can then miss a write another reader, in the old roles, already returned.
+    pub read_settling_moved_copy: bool,
+    /// Replication: a plain data write never waits for a moved copy to settle, even when
+    /// that copy is its partition's new primary (rule 10a): a reader in the new roles can
+    /// then miss a write a reader in the old roles already returned.
+    pub moved_writes_never_wait: bool,
+    /// Replication: a change waits one join settle time after a moved copy became full, not
+    /// two (rule 10a): a node that learnt of it later still reads in the old roles meanwhile.
+    pub moved_change_waits_once: bool,
     /// Replication: the fence's deadlines (lease, view freshness) are checked against the wall
     /// clock (as before this was found), so a backward step makes a stale view fresh again.
     pub fence_on_wall_clock: bool,

@@ -111,6 +111,10 @@ struct Moves {
     at: Box<[AtomicU32]>,
     /// Monotonic time a moved copy became full (0: it is not one).
     full_at_ns: Box<[AtomicU64]>,
+    /// When the configuration says it became full, on this clock (monotonic plus
+    /// `BEFORE_ORIGIN_NS`, the clock margin added; 0: not said): data reads keep the old roles
+    /// for a join settle time from the earlier of this and `full_at_ns` (rule 10a).
+    said_full_at_ns: Box<[AtomicU64]>,
     /// Whether any copy ever moved (one relaxed load keeps the common case cheap).
     any: AtomicBool,
 }
@@ -122,6 +126,9 @@ impl Moves {
                 .map(|_| AtomicU32::new(0))
                 .collect(),
             full_at_ns: (0..partitions * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            said_full_at_ns: (0..partitions * COPIES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             any: AtomicBool::new(false),
@@ -146,8 +153,10 @@ impl Moves {
             if full_now {
                 let now = nessie_fabric::monotonic_ns();
                 self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
+                self.said_full_at_ns[i].store(0, Ordering::SeqCst);
             } else if receiving {
                 self.full_at_ns[i].store(0, Ordering::SeqCst);
+                self.said_full_at_ns[i].store(0, Ordering::SeqCst);
             }
         }
         self.at[i].store(packed, Ordering::SeqCst);
@@ -161,6 +170,7 @@ impl Moves {
             self.any.store(true, Ordering::SeqCst);
         }
         self.full_at_ns[i].store(0, Ordering::SeqCst);
+        self.said_full_at_ns[i].store(0, Ordering::SeqCst);
         self.at[i].store(packed, Ordering::SeqCst);
     }
 
@@ -177,6 +187,25 @@ impl Moves {
         let w = self.get(partition, j);
         let at = self.full_at_ns[Self::index(partition, j)].load(Ordering::SeqCst);
         (w != 0 && w & MovedCopy::RECEIVING == 0 && at != 0).then(|| now_ns.saturating_sub(at))
+    }
+
+    /// Record that the configuration says the moved copy became full `ago_ns` ago.
+    fn set_said_full_since(&self, partition: usize, j: u8, ago_ns: u64) {
+        let i = Self::index(partition, j);
+        if self.full_at_ns[i].load(Ordering::SeqCst) == 0 {
+            return; // not full here (yet): nothing pauses after it
+        }
+        let at = (nessie_fabric::monotonic_ns() + BEFORE_ORIGIN_NS).saturating_sub(ago_ns);
+        self.said_full_at_ns[i].store(at.max(1), Ordering::SeqCst);
+    }
+
+    /// How long the moved copy has been full at `now_ns` by the earlier of the two times:
+    /// when this fence learnt of it, and when the configuration says so.
+    fn read_full_for_ns(&self, partition: usize, j: u8, now_ns: u64) -> Option<u64> {
+        let learnt = self.full_for_ns(partition, j, now_ns)?;
+        let said = self.said_full_at_ns[Self::index(partition, j)].load(Ordering::SeqCst);
+        let by_config = (said != 0).then(|| (now_ns + BEFORE_ORIGIN_NS).saturating_sub(said));
+        Some(by_config.map_or(learnt, |c| c.max(learnt)))
     }
 }
 
@@ -450,6 +479,21 @@ impl Fence {
     /// if it did not move, or is still receiving.
     pub fn moved_full_for_ns(&self, partition: NodeId, j: u8, now_ns: u64) -> Option<u64> {
         self.moved.full_for_ns(partition as usize, j, now_ns)
+    }
+
+    /// Record that the configuration says moved copy `j` of `partition` became full `ago_ns`
+    /// ago (the clock margin taken off: counted from the latest it can have been), as
+    /// `membership::apply` does with every epoch. A fence that learns of it late (its node
+    /// paused, or its reads late) then stops reading in the old roles as the others do.
+    pub fn set_moved_full_since(&self, partition: NodeId, j: u8, ago_ns: u64) {
+        self.moved
+            .set_said_full_since(partition as usize, j, ago_ns);
+    }
+
+    /// How long moved copy `j` of `partition` has been full for data reads (rule 10a): by the
+    /// earlier of when this fence learnt of it and when the configuration says.
+    pub fn moved_read_full_for_ns(&self, partition: NodeId, j: u8, now_ns: u64) -> Option<u64> {
+        self.moved.read_full_for_ns(partition as usize, j, now_ns)
     }
 
     /// Record that copy `j` of index partition `q` is at `at` on its own now. There is no

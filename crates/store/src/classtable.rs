@@ -316,6 +316,27 @@ impl std::fmt::Debug for HostGuard {
     }
 }
 
+/// The host guard's answers within one pass over entries (it reads the clock and the fence):
+/// asked at most once per host.
+#[derive(Default)]
+struct HostCache(Vec<(NodeId, bool)>);
+
+impl HostCache {
+    /// Whether entries of `host` may be handed out, written or released now (`guarded`: as the
+    /// host guard says; `t`'s own node's always).
+    fn usable(&mut self, t: &ClassTable, host: NodeId, guarded: bool) -> bool {
+        if !guarded || host == t.node || t.hosts.is_none() {
+            return true;
+        }
+        if let Some(&(_, ok)) = self.0.iter().find(|(h, _)| *h == host) {
+            return ok;
+        }
+        let ok = t.hosts.as_ref().is_none_or(|g| (g.0)(host));
+        self.0.push((host, ok));
+        ok
+    }
+}
+
 /// One node's allocator of class entries.
 #[derive(Debug)]
 pub struct ClassTable {
@@ -468,6 +489,11 @@ impl ClassTable {
                 return Ok(slot);
             }
         }
+        // Entries passed over for their host's settle time: better a write that waits than
+        // a table full.
+        if let Some(slot) = self.take_anywhere(&mut s, class, purpose) {
+            return Ok(slot);
+        }
         if purpose == Purpose::Value {
             s.exhausted = true;
         }
@@ -507,39 +533,87 @@ impl ClassTable {
 
     /// An entry from a free list or an open page, without any fabric operation: ordinary pages
     /// first, then, for a delete, reserve pages.
+    ///
+    /// Entries on another node whose pages the host guard refuses now (its tables settle
+    /// after a copy became full: a write there would wait) are passed over, but not lost:
+    /// [`Self::take_anywhere`] takes them when nothing else is left.
     fn take_handy(&self, s: &mut State, class: u8, purpose: Purpose) -> Option<Slot> {
-        if let Some(slot) = self.take_from(s, class, false) {
+        self.take_handy_from(s, class, purpose, true)
+    }
+
+    /// [`Self::take_handy`] without the host guard: the last resort before the table is full.
+    fn take_anywhere(&self, s: &mut State, class: u8, purpose: Purpose) -> Option<Slot> {
+        self.take_handy_from(s, class, purpose, false)
+    }
+
+    fn take_handy_from(
+        &self,
+        s: &mut State,
+        class: u8,
+        purpose: Purpose,
+        guarded: bool,
+    ) -> Option<Slot> {
+        if let Some(slot) = self.take_from(s, class, false, guarded) {
             return Some(slot);
         }
         match purpose {
-            Purpose::Delete => self.take_from(s, class, true),
+            Purpose::Delete => self.take_from(s, class, true, guarded),
             Purpose::Value => None,
         }
     }
 
-    fn take_from(&self, s: &mut State, class: u8, reserve: bool) -> Option<Slot> {
-        let pool = s.classes[class as usize].pool(reserve);
-        let slot = match pool.free.pop() {
-            Some(slot) => slot,
-            None => {
-                let (host, page) = pool.open?;
+    fn take_from(&self, s: &mut State, class: u8, reserve: bool, guarded: bool) -> Option<Slot> {
+        let per_page = self.classes.per_page(class);
+        let mut hosts = HostCache::default();
+        if let Some((host, page)) = s.classes[class as usize].pool(reserve).open {
+            if !hosts.usable(self, host, guarded) {
+                // A refused host's open page is closed: its entries not yet handed out go to
+                // the free list (passed over like the others there, not stranded when another
+                // page opens).
                 let ps = s.pages.get_mut(&(host, page)).expect("open page is held");
-                let i = ps.handed;
-                ps.handed += 1;
-                if ps.handed == self.classes.per_page(class) {
-                    pool.open = None;
-                }
-                Slot {
+                let rest = ps.handed..per_page;
+                ps.handed = per_page;
+                let pool = s.classes[class as usize].pool(reserve);
+                pool.open = None;
+                pool.free.extend(rest.map(|i| Slot {
                     host,
                     class,
                     slot: self.classes.slot(class, page, i),
-                }
+                }));
             }
+        }
+        let pool = s.classes[class as usize].pool(reserve);
+        let free = pool
+            .free
+            .iter()
+            .rposition(|f| hosts.usable(self, f.host, guarded));
+        let Some(i) = free else {
+            return self.take_open(s, class, reserve);
         };
+        let slot = pool.free.swap_remove(i);
         let page = self.page_of(slot);
         s.pages.get_mut(&(slot.host, page)).expect("held").in_use += 1;
         s.classes[class as usize].taken += 1;
         Some(slot)
+    }
+
+    /// The next entry of the pool's open page, if it has one.
+    fn take_open(&self, s: &mut State, class: u8, reserve: bool) -> Option<Slot> {
+        let pool = s.classes[class as usize].pool(reserve);
+        let (host, page) = pool.open?;
+        let ps = s.pages.get_mut(&(host, page)).expect("open page is held");
+        let i = ps.handed;
+        ps.handed += 1;
+        ps.in_use += 1;
+        if ps.handed == self.classes.per_page(class) {
+            pool.open = None;
+        }
+        s.classes[class as usize].taken += 1;
+        Some(Slot {
+            host,
+            class,
+            slot: self.classes.slot(class, page, i),
+        })
     }
 
     fn page_of(&self, slot: Slot) -> u64 {
@@ -581,7 +655,7 @@ impl ClassTable {
         s.classes[class as usize].pool(reserve).open = Some((host, claim.page));
         s.exhausted = false;
         Ok(Some(
-            self.take_from(s, class, reserve).expect("a fresh page"),
+            self.take_open(s, class, reserve).expect("a fresh page"),
         ))
     }
 
@@ -733,8 +807,12 @@ impl ClassTable {
         if self.guard.as_ref().is_some_and(|g| !(g.0)()) {
             return Err(FabricError::Fenced { node: self.node });
         }
+        // Unordered (rule 10a of `docs/protocol.md`): nobody reads a released entry's words
+        // but this table's own scans and adopters of a gone holder's pages (we hold it), and
+        // the write is on every copy before the entry is handed out again; so it does not wait
+        // while a moved copy of the host's tables settles, under the table's lock.
         if self
-            .tolerate(slot.host, write_words(ep, at, &[0u8; 16]), failed)?
+            .tolerate(slot.host, ep.write_unordered(at, &[0u8; 16]), failed)?
             .is_none()
         {
             return Ok(false);
@@ -1345,8 +1423,14 @@ impl ClassTable {
         only: Option<&[(NodeId, u64)]>,
         failed: &mut Vec<NodeId>,
     ) -> Result<(), FabricError> {
+        // An empty page of a refused host (its tables settle) is released later, unless a
+        // class waits for it (drained): the release, a CAS there, would wait under the table's
+        // lock.
+        let mut hosts = HostCache::default();
         let empty = |k: &(NodeId, u64)| {
-            s.pages.get(k).is_some_and(|p| p.in_use == 0) && !failed.contains(&k.0)
+            s.pages.get(k).is_some_and(|p| {
+                p.in_use == 0 && (p.drain.is_some() || hosts.usable(self, k.0, true))
+            }) && !failed.contains(&k.0)
         };
         // In key order (`held` is sorted), not the map's: the simulator replays runs exactly.
         let empty: Vec<(NodeId, u64)> = match only {
@@ -1627,6 +1711,7 @@ pub fn read_words<E: Endpoint>(
 }
 
 /// Write words of a data table, directly when they are this node's own.
+#[cfg(test)]
 fn write_words<E: Endpoint>(ep: &mut E, at: RemoteAddr, bytes: &[u8]) -> Result<(), FabricError> {
     if at.node == ep.node() {
         ep.local_write(at.region, at.offset, bytes)
@@ -1679,6 +1764,56 @@ mod tests {
             recycle(f, t, *s);
         }
         n
+    }
+
+    /// Entries at hand on a node the host guard refuses (its tables settle after a copy
+    /// became full) are passed over for a page elsewhere, and taken only when nothing else is
+    /// left: better a write that waits than a table full.
+    #[test]
+    fn entries_on_a_refused_host_are_passed_over_but_not_lost() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let (f, t) = setup(3);
+        let refused = Arc::new(AtomicU64::new(0));
+        let r = refused.clone();
+        let guard = HostGuard(Arc::new(move |n| r.load(Ordering::SeqCst) & (1 << n) == 0));
+        let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
+        drop(t);
+        let t0 = ClassTable::new(0, 3, classes, PAGES, 0).hosts_guarded(guard);
+        let mut ep = f.endpoint(0);
+        let big = (t0.classes().len() - 1) as u8;
+        // Own pages full, then one entry of a page of node 1: the rest of it is at hand.
+        let slot = loop {
+            let s = t0.alloc_for(&mut ep, big, Purpose::Value).unwrap();
+            if s.host != 0 {
+                break s;
+            }
+        };
+        assert_eq!(slot.host, 1);
+        assert!(
+            t0.classes().per_page(big) > 1,
+            "the page has entries left at hand"
+        );
+        refused.store(1 << 1, Ordering::SeqCst);
+        let next = t0.alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(
+            next.host, 2,
+            "node 1's open page is passed over for one of node 2"
+        );
+        // With both refused, the rest of node 1's page (closed, not stranded) and of node 2's
+        // are taken, every one, before the table is full.
+        refused.store((1 << 1) | (1 << 2), Ordering::SeqCst);
+        let per = t0.classes().per_page(big);
+        let mut taken = vec![slot, next];
+        while let Ok(s) = t0.alloc_for(&mut ep, big, Purpose::Value) {
+            assert_ne!(s.host, 0);
+            assert!(!taken.contains(&s), "{s:?} handed out twice");
+            taken.push(s);
+            if taken.len() as u64 == 2 * per {
+                break;
+            }
+        }
+        assert_eq!(taken.iter().filter(|s| s.host == 1).count() as u64, per);
+        assert_eq!(taken.iter().filter(|s| s.host == 2).count() as u64, per);
     }
 
     #[test]

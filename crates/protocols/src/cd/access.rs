@@ -492,12 +492,10 @@ impl<E: Endpoint> CdClient<E> {
         let loc = self.dte_location(ite);
         let off = loc.off + ACCESS_OFF;
         let word = new.0.to_le_bytes();
-        let r = if loc.node == self.ep.node() {
-            self.ep.local_write(DATA_REGION, off, &word)
-        } else {
-            self.ep
-                .write(RemoteAddr::new(loc.node, DATA_REGION, off), &word)
-        };
+        // Unordered: a hint for eviction, which a reader may see late on one copy (rule 10a).
+        let r = self
+            .ep
+            .write_unordered(RemoteAddr::new(loc.node, DATA_REGION, off), &word);
         match r {
             Ok(()) => {
                 self.stats.access_writes += 1;
@@ -743,15 +741,11 @@ impl<E: Endpoint> CdClient<E> {
         let raw = nessie_store::DteLayout::recycle_word(expires);
         let word = raw.to_le_bytes();
         let loc = self.dte_location(ite);
-        let r = if loc.node == self.ep.node() {
-            self.ep
-                .local_write(DATA_REGION, loc.off + RECYCLE_OFF, &word)
-        } else {
-            self.ep.write(
-                RemoteAddr::new(loc.node, DATA_REGION, loc.off + RECYCLE_OFF),
-                &word,
-            )
-        };
+        // Unordered: only reclaimers read the mark, and one that does not see it yet
+        // reclaims the entry later; so a PUT that replaced a value in the tables of a node
+        // gone for good does not wait while their moved copy settles (rule 10a).
+        let at = RemoteAddr::new(loc.node, DATA_REGION, loc.off + RECYCLE_OFF);
+        let r = self.ep.write_unordered(at, &word);
         match r {
             Ok(()) => {
                 self.stats.recycled += 1;

@@ -31,14 +31,25 @@ impl<E: Endpoint> Replicated<E> {
     /// be read by a node that has not heard that its node failed. Until then this waits: were
     /// it to read the next copy, which decides first, it could see a word that has not reached
     /// the old primary yet, and a node with an older view could then read the old word there.
-    pub(super) fn read_copy(&mut self, part: Part) -> Result<Copy, FabricError> {
+    ///
+    /// `old_roles`: a data read, which takes a moved copy that is still settling for the
+    /// receiving copy it was (rule 10a), and waits if no other copy may be read.
+    pub(super) fn read_copy(&mut self, part: Part, old_roles: bool) -> Result<Copy, FabricError> {
         loop {
             self.wait_fresh_view()?;
             // One look at each role; the clock only if a failed node comes first.
             let mut now = None;
             let mut settled = true;
+            let mut skipped = false;
             for j in 0..self.set.replicas {
                 let (node, spot, role) = self.place(part, j);
+                if old_roles && role == NodeRole::Full && self.fence.any_moved() {
+                    let t = *now.get_or_insert_with(|| self.inner.mono_ns());
+                    if self.moved_copy_settling(part, j, t) {
+                        skipped = true;
+                        continue;
+                    }
+                }
                 match role {
                     NodeRole::Full if settled || mutated!(self.set, read_next_copy_at_once) => {
                         return Ok(Copy {
@@ -58,7 +69,7 @@ impl<E: Endpoint> Replicated<E> {
                     }
                 }
             }
-            if settled {
+            if settled && !skipped {
                 return Err(FabricError::NoCopy {
                     node: self.home(part),
                 });

@@ -320,6 +320,21 @@ impl ReplicaSet {
         self.settle_ns.saturating_add(self.op_ns)
     }
 
+    /// How long changes of a node's data wait after a moved copy of it became full: twice
+    /// the join settle time and an operation's time (rule 10a). Reads in the old roles go on
+    /// for a join settle time from the earlier of when each node learns of the change and when
+    /// the configuration says it happened (read on its clock, with the margin), and a node
+    /// learns up to a settle time after another; so changes in the new roles start only once
+    /// every such read has ended.
+    pub fn moved_change_settle_ns(&self) -> u64 {
+        // And one operation's time, which covers the clock margin twice (`op_ns` is the
+        // expiry period plus the margin, and the join settle time holds the margin twice): a
+        // reader counts from when the configuration says, on its clock, with the margin.
+        self.join_settle_ns()
+            .saturating_mul(2)
+            .saturating_add(self.op_ns)
+    }
+
     /// The region sizes every node registers: `base` (index, data, page table, ...) followed
     /// by the mirrors of the tables it holds for other partitions, then its index slots.
     pub fn region_sizes(&self, base: &[u64]) -> Vec<u64> {
@@ -680,21 +695,64 @@ impl<E: Endpoint> Replicated<E> {
     /// the join settle time: no operation may use the copy in its new role (primary, decider)
     /// while an operation that began before every node knew of it may still use the old ones
     /// (`ReplicaSet::join_settle_ns`).
-    fn wait_join_settled(&mut self, part: Part) {
+    ///
+    /// A *moved* copy of a node's data (data and page words, not index entries) is different
+    /// (`docs/protocol.md`, rule 10a): its reads do not wait but keep the old roles for the
+    /// join settle time (`read_copy` skips the copy). A change waits twice as long
+    /// ([`ReplicaSet::moved_change_settle_ns`]) where the copy changes what a reader reads: a
+    /// CAS (the decider may change too) or a plain write when the copy is the partition's new
+    /// primary (no full copy before it); so no change in the new roles is under way while a
+    /// node reads in the old ones. A plain write behind the primary, or an unordered one (a
+    /// recycle mark: `Endpoint::write_unordered`), does not wait for a moved copy at all. A
+    /// moved copy holds a gone or departed node's tables, or another's copy that node held:
+    /// reads (GETs of values it wrote) and recycle marks go on.
+    fn wait_join_settled(&mut self, part: Part, access: Access) {
         let moved = self.fence.any_moved() || !matches!(part, Part::Tables(_));
+        let moved_settle_ns = match access {
+            Access::Index => Some(self.set.join_settle_ns()),
+            Access::DataRead | Access::Unordered => None,
+            Access::DataWrite | Access::DataCas if mutated!(self.set, moved_change_waits_once) => {
+                Some(self.set.join_settle_ns())
+            }
+            Access::DataWrite | Access::DataCas => Some(self.set.moved_change_settle_ns()),
+        };
         loop {
             let mut recent = false;
             let mut now = None;
+            // A full copy before the one looked at, itself settled: the primary stays.
+            let mut primary_stays = false;
+            let places: [(NodeId, NodeRole); MAX_REPLICAS as usize] =
+                std::array::from_fn(|j| match j < self.set.replicas as usize {
+                    true => {
+                        let (node, _, role) = self.place(part, j as u8);
+                        (node, role)
+                    }
+                    false => (0, NodeRole::Gone),
+                });
+            let roles = places.map(|(_, role)| role);
             for j in 0..self.set.replicas {
-                let (node, _, _) = self.place(part, j);
+                let (node, role) = places[j as usize];
+                // A full copy after it: an old-role reader may read that one while a new-role
+                // reader reads this one (R = 3), so a plain write waits there too.
+                let full_after = roles[j as usize + 1..].contains(&NodeRole::Full);
                 let rejoined = self.fence.rejoined(node);
                 if !rejoined && !moved {
+                    primary_stays |= role == NodeRole::Full;
                     continue;
                 }
                 let t = *now.get_or_insert_with(|| self.inner.mono_ns());
-                let settling = |f: Option<u64>| f.is_some_and(|f| f < self.set.join_settle_ns());
-                recent |= rejoined && settling(self.fence.full_for_ns(node, t));
-                recent |= moved && settling(self.moved_full_for_ns(part, j, t));
+                let settling = |f: Option<u64>, ns: u64| f.is_some_and(|f| f < ns);
+                recent |= rejoined
+                    && settling(self.fence.full_for_ns(node, t), self.set.join_settle_ns());
+                let mut this_settles = false;
+                if let Some(ns) = moved_settle_ns {
+                    this_settles = moved && settling(self.moved_full_for_ns(part, j, t), ns);
+                    let behind = access == Access::DataWrite
+                        && (primary_stays && !full_after
+                            || mutated!(self.set, moved_writes_never_wait));
+                    recent |= this_settles && !behind;
+                }
+                primary_stays |= role == NodeRole::Full && !this_settles;
             }
             if !recent {
                 return;
@@ -703,12 +761,24 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
+    /// Whether copy `j` of `part` is a moved copy of a node's data that became full less than
+    /// the join settle time ago: data reads keep the old roles and skip it (rule 10a).
+    fn moved_copy_settling(&self, part: Part, j: u8, now_ns: u64) -> bool {
+        matches!(part, Part::Tables(_))
+            && self.fence.any_moved()
+            && !mutated!(self.set, read_settling_moved_copy)
+            && self
+                .fence
+                .moved_read_full_for_ns(self.home(part), j, now_ns)
+                .is_some_and(|f| f < self.set.join_settle_ns())
+    }
+
     /// The copies a change goes to, once the last full copy may decide: every copy after it
     /// in the chain has been gone for the settle time (waits if one failed more recently). The
     /// decider is the last full copy; receiving copies may follow it.
-    fn deciding(&mut self, part: Part) -> Result<(Copies, usize), FabricError> {
+    fn deciding(&mut self, part: Part, access: Access) -> Result<(Copies, usize), FabricError> {
         loop {
-            self.wait_join_settled(part);
+            self.wait_join_settled(part, access);
             let c = self.copies(part, true)?;
             let d = c
                 .as_slice()
@@ -832,9 +902,10 @@ impl<E: Endpoint> Replicated<E> {
         addr: RemoteAddr,
         buf: &mut [u8],
     ) -> Result<(), FabricError> {
-        self.wait_join_settled(part);
+        let access = Access::of(part, addr.region, Access::DataRead);
+        self.wait_join_settled(part, access);
         loop {
-            let c = match self.read_copy(part) {
+            let c = match self.read_copy(part, access == Access::DataRead) {
                 // A standby node's tables whose only full copies are gone (SB5 of
                 // `nessie_membership::standby`): nobody has written them, so they read as
                 // zeros (a restarted node adopting its pages reads every node's page table).
@@ -868,9 +939,18 @@ impl<E: Endpoint> Replicated<E> {
     /// decider only after the copier's last comparison (its thread descheduled between the two)
     /// would leave the copy behind for good (found by the replace hunt on a loaded machine).
     /// Written last, the receiving copy gets the decider's word from us or from the copier.
-    fn write_all(&mut self, addr: RemoteAddr, buf: &[u8], local: bool) -> Result<(), FabricError> {
+    ///
+    /// `access`: `DataWrite`, or `Unordered` for a write whose readers tolerate seeing it on
+    /// one copy and not another (`Endpoint::write_unordered`).
+    fn write_all(
+        &mut self,
+        addr: RemoteAddr,
+        buf: &[u8],
+        local: bool,
+        access: Access,
+    ) -> Result<(), FabricError> {
         let part = self.part(addr);
-        self.wait_join_settled(part);
+        self.wait_join_settled(part, Access::of(part, addr.region, access));
         let copies = self.copies(part, true)?;
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         let receiving_first = mutated!(self.set, receiving_written_first);
@@ -976,7 +1056,7 @@ impl<E: Endpoint> Replicated<E> {
         expected: u64,
         desired: u64,
     ) -> Result<(Copies, Copy, u64), FabricError> {
-        let (copies, d) = self.deciding(part)?;
+        let (copies, d) = self.deciding(part, Access::of(part, addr.region, Access::DataCas))?;
         let decider = copies.as_slice()[d];
         self.check_fence()?;
         let at = self.at(addr, decider);
@@ -1320,7 +1400,9 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
         if !self.replicated(addr.region) {
             return self.inner.write(addr, buf);
         }
-        self.by_runs(addr, buf.len(), |s, a, r| s.write_all(a, &buf[r], false))
+        self.by_runs(addr, buf.len(), |s, a, r| {
+            s.write_all(a, &buf[r], false, Access::DataWrite)
+        })
     }
 
     fn compare_and_swap(
@@ -1363,7 +1445,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
                 return self.read(RemoteAddr::new(me, region, offset), buf);
             }
             if self.fence.rejoined(me) {
-                self.wait_join_settled(Part::Tables(me));
+                self.wait_join_settled(
+                    Part::Tables(me),
+                    Access::of(Part::Tables(me), region, Access::DataRead),
+                );
             }
             self.wait_fresh_view()?;
         }
@@ -1380,7 +1465,22 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             return self.inner.local_write(region, offset, buf);
         }
         let addr = RemoteAddr::new(self.inner.node(), region, offset);
-        self.by_runs(addr, buf.len(), |s, a, r| s.write_all(a, &buf[r], true))
+        self.by_runs(addr, buf.len(), |s, a, r| {
+            s.write_all(a, &buf[r], true, Access::DataWrite)
+        })
+    }
+
+    fn write_unordered(&mut self, addr: RemoteAddr, buf: &[u8]) -> Result<(), FabricError> {
+        let local = addr.node == self.inner.node();
+        if !self.replicated(addr.region) {
+            return match local {
+                true => self.inner.local_write(addr.region, addr.offset, buf),
+                false => self.inner.write(addr, buf),
+            };
+        }
+        self.by_runs(addr, buf.len(), |s, a, r| {
+            s.write_all(a, &buf[r], local, Access::Unordered)
+        })
     }
 
     /// Straight to the wrapped endpoint (natively batched where it can) when no operation
@@ -1407,14 +1507,49 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
 /// page elsewhere than wait (`ClassTable::hosts_guarded`).
 pub fn tables_settling(set: &ReplicaSet, fence: &Fence, partition: NodeId, now_ns: u64) -> bool {
     let moved = fence.any_moved();
-    let settling = |f: Option<u64>| f.is_some_and(|f| f < set.join_settle_ns());
+    let settling = |f: Option<u64>, ns: u64| f.is_some_and(|f| f < ns);
     (0..set.replicas).any(|j| {
         let node = fence
             .moved_copy(partition, j)
             .map_or_else(|| set.holder(partition, j), |m| m.node);
-        (fence.rejoined(node) && settling(fence.full_for_ns(node, now_ns)))
-            || (moved && settling(fence.moved_full_for_ns(partition, j, now_ns)))
+        // A claim is a change of a page word: a moved copy holds it up for longer (rule 10a).
+        (fence.rejoined(node) && settling(fence.full_for_ns(node, now_ns), set.join_settle_ns()))
+            || (moved
+                && settling(
+                    fence.moved_full_for_ns(partition, j, now_ns),
+                    set.moved_change_settle_ns(),
+                ))
     })
+}
+
+/// What an operation does to replicated memory, for the settle waits after a copy became full
+/// (`Replicated::wait_join_settled`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Access {
+    /// Index entries (of a node's tables or of an index partition's chain): every operation
+    /// waits out the join settle time.
+    Index,
+    /// Reads of data and page words: a moved copy is skipped while it settles, not waited for.
+    DataRead,
+    /// Plain writes of data and page words: held up twice as long by a moved copy that is the
+    /// partition's new primary.
+    DataWrite,
+    /// CASes of data and page words: held up twice as long by any moved copy.
+    DataCas,
+    /// Writes whose readers tolerate seeing them on one copy and not yet on another (a recycle
+    /// mark): never held up by a moved copy.
+    Unordered,
+}
+
+impl Access {
+    /// `kind`: what the operation would be on a node's data (`DataRead`, `DataWrite`,
+    /// `DataCas` or `Unordered`); index entries are always `Index`.
+    fn of(part: Part, region: RegionId, kind: Access) -> Self {
+        match part {
+            Part::Tables(_) if region != INDEX_REGION => kind,
+            _ => Access::Index,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -34,8 +34,19 @@ struct Rig {
 
 /// Three nodes, `replicas` copies of each partition, `spare` spare slots each.
 fn rig(replicas: u8, spare: u8, ite: IteLayout, mutations: Mutations) -> Rig {
+    rig_expiring(replicas, spare, ite, mutations, EXPIRY)
+}
+
+/// [`rig`] with another expiry period.
+fn rig_expiring(
+    replicas: u8,
+    spare: u8,
+    ite: IteLayout,
+    mutations: Mutations,
+    expiry: Duration,
+) -> Rig {
     let cfg = ProtocolConfig {
-        expiry_ns: EXPIRY.as_nanos() as u64,
+        expiry_ns: expiry.as_nanos() as u64,
         clock_margin_ns: 0,
         mutations,
         ..ProtocolConfig::default()
@@ -520,4 +531,221 @@ fn a_standby_node_s_only_other_copy_is_filled_from_nothing() {
         gone.ep(0).catch_up(&TABLES, 0),
         Err(FabricError::NoCopy { node: 2 })
     ));
+}
+
+/// 8 (rule 10a). R = 2, node 0 gone for good, copy 0 of its tables moved to node 2's spare
+/// slot. A writer whose fence still has the moved copy receiving writes a data word: copy 1
+/// first, and is held before the moved copy (written last). A reader with the same fence reads
+/// the new word at copy 1; then a reader whose fence has just made the moved copy full reads
+/// the word. What the two reads return.
+fn a_data_read_as_a_moved_copy_becomes_full(mutations: Mutations) -> (u64, u64) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 8);
+    // Long enough that the new reader reads well inside the join settle time however slow
+    // the machine (nothing here waits it out).
+    let r = rig_expiring(2, 1, layout(), mutations, Duration::from_secs(2));
+    let at = |receiving| MovedCopy {
+        node: 2,
+        slot: 2,
+        receiving,
+    };
+    let old = Arc::new(Fence::unfenced());
+    old.set_gone(0, true);
+    old.move_copy(0, 0, Some(at(true)));
+    let new = Arc::new(Fence::unfenced());
+    new.set_gone(0, true);
+    // Full from now: it settles for the join settle time (over two seconds here).
+    new.move_copy(0, 0, Some(at(false)));
+    let (v1, v2) = (0x1111_u64, 0x2222_u64);
+    for (node, slot) in [(1, 1), (2, 2)] {
+        let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), WORD.offset);
+        r.fabric.endpoint(node).write(a, &v1.to_le_bytes()).unwrap();
+    }
+    let (held, wait_held) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let hook = Trigger::new(
+        |op| matches!(op, Op::Write(a) if a.node == 2),
+        move || {
+            held.send(()).unwrap();
+            wait_go.recv().unwrap();
+        },
+    );
+    let inner = Interposed::new(r.fabric.endpoint(1), hook);
+    let mut writer = Replicated::new(inner, r.set.clone(), old.clone());
+    let mut old_reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), old);
+    let mut new_reader = Replicated::new(r.fabric.endpoint(2), r.set.clone(), new);
+    std::thread::scope(|s| {
+        let w = s.spawn(move || writer.write(WORD, &v2.to_le_bytes()).unwrap());
+        wait_held.recv().unwrap();
+        let first = old_reader.read_u64(WORD).unwrap();
+        let t = std::time::Instant::now();
+        let then = new_reader.read_u64(WORD).unwrap();
+        assert!(
+            (t.elapsed().as_nanos() as u64) < r.set.join_settle_ns(),
+            "a data read does not wait out a moved copy's settle time"
+        );
+        go.send(()).unwrap();
+        w.join().unwrap();
+        (first, then)
+    })
+}
+
+#[test]
+fn r8_a_data_read_keeps_the_old_roles_while_a_moved_copy_settles() {
+    let (v2, v1) = (0x2222, 0x1111);
+    assert_eq!(
+        a_data_read_as_a_moved_copy_becomes_full(Mutations::default()),
+        (v2, v2),
+        "the new reader reads copy 1, as the old roles do, and does not wait"
+    );
+    let old = Mutations {
+        read_settling_moved_copy: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        a_data_read_as_a_moved_copy_becomes_full(old),
+        (v2, v1),
+        "the control: new, then old"
+    );
+}
+
+/// 9 (rule 10a). R = 2, node 0 gone for good, copy 0 of its tables moved to node 2's spare
+/// slot and just made full: its new primary. A writer whose fence has that writes a data word
+/// (copy 1 first, as the decider) and is held before copy 0; a reader whose fence learnt of the
+/// change at the same time reads the word, and again once its reads have left the old roles.
+/// What the two reads return.
+///
+/// `reader_late`: how long after the writer's fence the reader's learns of the change (at most
+/// a settle time, as membership bounds it; `expiry`: the rig's expiry period).
+fn a_data_write_as_a_moved_primary_settles(
+    mutations: Mutations,
+    expiry: Duration,
+    reader_late: Duration,
+) -> (u64, u64) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 16);
+    let r = rig_expiring(2, 1, layout(), mutations, expiry);
+    let (v1, v2) = (0x1111_u64, 0x2222_u64);
+    for (node, slot) in [(1, 1), (2, 2)] {
+        let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), WORD.offset);
+        r.fabric.endpoint(node).write(a, &v1.to_le_bytes()).unwrap();
+    }
+    let full = || {
+        let f = Arc::new(Fence::unfenced());
+        f.set_gone(0, true);
+        f.move_copy(
+            0,
+            0,
+            Some(MovedCopy {
+                node: 2,
+                slot: 2,
+                receiving: false,
+            }),
+        );
+        f
+    };
+    let writer_fence = full();
+    let (held, wait_held) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let hook = Trigger::new(
+        |op| matches!(op, Op::Write(a) if a.node == 2),
+        move || {
+            held.send(()).unwrap();
+            wait_go.recv().unwrap();
+        },
+    );
+    let inner = Interposed::new(r.fabric.endpoint(1), hook);
+    let mut writer = Replicated::new(inner, r.set.clone(), writer_fence);
+    std::thread::scope(|s| {
+        let w = s.spawn(move || writer.write(WORD, &v2.to_le_bytes()).unwrap());
+        std::thread::sleep(reader_late);
+        let mut reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), full());
+        wait_held.recv().unwrap();
+        let first = reader.read_u64(WORD).unwrap();
+        std::thread::sleep(Duration::from_nanos(r.set.join_settle_ns()));
+        let then = reader.read_u64(WORD).unwrap();
+        go.send(()).unwrap();
+        w.join().unwrap();
+        (first, then)
+    })
+}
+
+#[test]
+fn r9_a_data_write_waits_while_a_moved_copy_becomes_the_primary() {
+    let (v1, v2) = (0x1111, 0x2222);
+    let run = |m, late| a_data_write_as_a_moved_primary_settles(m, EXPIRY_9, late);
+    assert_eq!(
+        run(Mutations::default(), Duration::ZERO),
+        (v1, v1),
+        "the writer waits until no reader is left in the old roles"
+    );
+    let old = Mutations {
+        moved_writes_never_wait: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        run(old, Duration::ZERO),
+        (v2, v1),
+        "the control: new, then old"
+    );
+}
+
+/// Rig 9's expiry period: long enough that a read meant to fall inside a reader's old-role
+/// window does (half a second of slack) on a loaded machine.
+const EXPIRY_9: Duration = Duration::from_millis(500);
+
+/// Rule 10a's second join settle time: a reader whose fence learns of the change a settle time
+/// after the writer's reads in the old roles until a join settle time after that; a writer
+/// that waited only one join settle time from its own learning writes meanwhile.
+#[test]
+fn r9_a_data_write_waits_for_a_reader_that_learnt_a_settle_time_later() {
+    let (v1, v2) = (0x1111, 0x2222);
+    // The settle time: the expiry period (the rigs have no clock margin).
+    let run = |m| a_data_write_as_a_moved_primary_settles(m, EXPIRY_9, EXPIRY_9);
+    assert_eq!(run(Mutations::default()), (v1, v1));
+    let once = Mutations {
+        moved_change_waits_once: true,
+        ..Mutations::default()
+    };
+    assert_eq!(run(once), (v2, v1), "the control: new, then old");
+}
+
+/// Rule 10a's writes that need not wait while a moved copy settles: a plain write behind the
+/// primary (copy 1 of node 0's tables moved, copy 0 at home stays the primary), and a recycle
+/// mark (`write_unordered`) where the moved copy is the new primary. Both return well inside
+/// the join settle time, and reach every copy.
+#[test]
+fn r10_writes_that_change_no_reader_s_copy_do_not_wait_for_a_moved_copy() {
+    let r = rig_expiring(2, 1, layout(), Mutations::default(), Duration::from_secs(2));
+    let moved = |j: u8, gone: bool| {
+        let f = Arc::new(Fence::unfenced());
+        f.set_gone(0, gone);
+        let at = MovedCopy {
+            node: 2,
+            slot: 2,
+            receiving: false,
+        };
+        f.move_copy(0, j, Some(at));
+        f
+    };
+    let quick = |what: &str, t: std::time::Instant| {
+        assert!(
+            (t.elapsed().as_nanos() as u64) < r.set.join_settle_ns(),
+            "{what} waited for the moved copy"
+        );
+    };
+    // Copy 1 moved: copy 0 (node 0, at home) is still the primary.
+    let behind = RemoteAddr::new(0, DATA_REGION, 24);
+    let mut w = Replicated::new(r.fabric.endpoint(1), r.set.clone(), moved(1, false));
+    let t = std::time::Instant::now();
+    w.write(behind, &7u64.to_le_bytes()).unwrap();
+    quick("a plain write behind the primary", t);
+    assert_eq!(r.word(0, 0, DATA_REGION, 24), 7);
+    assert_eq!(r.word(2, 2, DATA_REGION, 24), 7);
+    // Copy 0 moved (node 0 gone): the moved copy is the new primary.
+    let mark = RemoteAddr::new(0, DATA_REGION, 32);
+    let mut w = Replicated::new(r.fabric.endpoint(1), r.set.clone(), moved(0, true));
+    let t = std::time::Instant::now();
+    w.write_unordered(mark, &9u64.to_le_bytes()).unwrap();
+    quick("an unordered write", t);
+    assert_eq!(r.word(1, 1, DATA_REGION, 32), 9);
+    assert_eq!(r.word(2, 2, DATA_REGION, 32), 9);
 }
