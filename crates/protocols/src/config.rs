@@ -190,6 +190,12 @@ pub struct Mutations {
     /// Replication: a change waits one join settle time after a moved copy became full, not
     /// two (rule 10a): a node that learnt of it later still reads in the old roles meanwhile.
     pub moved_change_waits_once: bool,
+    /// Replication: a node that learnt late of a moved copy becoming full reads it in the new
+    /// roles once the configuration's time for it is a join settle time ago, rather than wait
+    /// until it has known that long (rule 10a): the configuration's time comes before the
+    /// epoch is published, and a writer that had not heard yet may still be writing the copy
+    /// last.
+    pub new_roles_from_configuration_time: bool,
     /// Replication: the fence's deadlines (lease, view freshness) are checked against the wall
     /// clock (as before this was found), so a backward step makes a stale view fresh again.
     pub fence_on_wall_clock: bool,

@@ -199,13 +199,13 @@ impl Moves {
         self.said_full_at_ns[i].store(at.max(1), Ordering::SeqCst);
     }
 
-    /// How long the moved copy has been full at `now_ns` by the earlier of the two times:
-    /// when this fence learnt of it, and when the configuration says so.
-    fn read_full_for_ns(&self, partition: usize, j: u8, now_ns: u64) -> Option<u64> {
+    /// How long the moved copy has been full at `now_ns`: since this fence learnt of it, and
+    /// since the earlier of that and when the configuration says so.
+    fn read_full_for_ns(&self, partition: usize, j: u8, now_ns: u64) -> Option<(u64, u64)> {
         let learnt = self.full_for_ns(partition, j, now_ns)?;
         let said = self.said_full_at_ns[Self::index(partition, j)].load(Ordering::SeqCst);
         let by_config = (said != 0).then(|| (now_ns + BEFORE_ORIGIN_NS).saturating_sub(said));
-        Some(by_config.map_or(learnt, |c| c.max(learnt)))
+        Some((learnt, by_config.map_or(learnt, |c| c.max(learnt))))
     }
 }
 
@@ -490,9 +490,14 @@ impl Fence {
             .set_said_full_since(partition as usize, j, ago_ns);
     }
 
-    /// How long moved copy `j` of `partition` has been full for data reads (rule 10a): by the
-    /// earlier of when this fence learnt of it and when the configuration says.
-    pub fn moved_read_full_for_ns(&self, partition: NodeId, j: u8, now_ns: u64) -> Option<u64> {
+    /// How long moved copy `j` of `partition` has been full, for data reads (rule 10a): since
+    /// this fence learnt of it, and since the earlier of that and when the configuration says.
+    pub fn moved_read_full_for_ns(
+        &self,
+        partition: NodeId,
+        j: u8,
+        now_ns: u64,
+    ) -> Option<(u64, u64)> {
         self.moved.read_full_for_ns(partition as usize, j, now_ns)
     }
 

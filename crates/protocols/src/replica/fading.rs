@@ -21,7 +21,7 @@ use nessie_fabric::{Endpoint, FabricError, NodeId};
 
 #[cfg(doc)]
 use super::ReplicaSet;
-use super::{Copy, Part, Replicated, RETRY_PAUSE_NS};
+use super::{Copy, Part, ReadWindow, Replicated, RETRY_PAUSE_NS};
 #[cfg(doc)]
 use crate::fence::Fence;
 use crate::fence::NodeRole;
@@ -45,9 +45,18 @@ impl<E: Endpoint> Replicated<E> {
                 let (node, spot, role) = self.place(part, j);
                 if old_roles && role == NodeRole::Full && self.fence.any_moved() {
                     let t = *now.get_or_insert_with(|| self.inner.mono_ns());
-                    if self.moved_copy_settling(part, j, t) {
-                        skipped = true;
-                        continue;
+                    match self.moved_copy_window(part, j, t) {
+                        ReadWindow::New => {}
+                        ReadWindow::Old => {
+                            skipped = true;
+                            continue;
+                        }
+                        // Neither copy may be read yet: wait.
+                        ReadWindow::Between => {
+                            skipped = true;
+                            settled = false;
+                            break;
+                        }
                     }
                 }
                 match role {

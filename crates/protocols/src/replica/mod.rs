@@ -746,11 +746,22 @@ impl<E: Endpoint> Replicated<E> {
                     && settling(self.fence.full_for_ns(node, t), self.set.join_settle_ns());
                 let mut this_settles = false;
                 if let Some(ns) = moved_settle_ns {
+                    // Behind the primary with no full copy after it, every reader reads the
+                    // primary in either roles: a plain write need not wait, and a CAS only for
+                    // the decider's change (the join settle time, as after a rejoin).
+                    let behind = primary_stays && !full_after;
+                    let ns = match access {
+                        Access::DataCas if behind => self.set.join_settle_ns(),
+                        _ => ns,
+                    };
                     this_settles = moved && settling(self.moved_full_for_ns(part, j, t), ns);
-                    let behind = access == Access::DataWrite
-                        && (primary_stays && !full_after
-                            || mutated!(self.set, moved_writes_never_wait));
-                    recent |= this_settles && !behind;
+                    let waits = match access {
+                        Access::DataWrite => {
+                            !behind && !mutated!(self.set, moved_writes_never_wait)
+                        }
+                        _ => true,
+                    };
+                    recent |= this_settles && waits;
                 }
                 primary_stays |= role == NodeRole::Full && !this_settles;
             }
@@ -761,16 +772,27 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
-    /// Whether copy `j` of `part` is a moved copy of a node's data that became full less than
-    /// the join settle time ago: data reads keep the old roles and skip it (rule 10a).
-    fn moved_copy_settling(&self, part: Part, j: u8, now_ns: u64) -> bool {
-        matches!(part, Part::Tables(_))
-            && self.fence.any_moved()
-            && !mutated!(self.set, read_settling_moved_copy)
-            && self
-                .fence
-                .moved_read_full_for_ns(self.home(part), j, now_ns)
-                .is_some_and(|f| f < self.set.join_settle_ns())
+    /// Which roles a data read takes for copy `j` of `part` (rule 10a): the new ones once this
+    /// node has known for the join settle time that the moved copy is full; the old ones (skip
+    /// it) while both that and the configuration's time for it are less than the join settle
+    /// time ago; in between (a node that learnt late), neither: it waits. The configuration's
+    /// time is written before its epoch is published, so it may be well before anyone could
+    /// learn of it: it may end the old roles early, never start the new ones.
+    fn moved_copy_window(&self, part: Part, j: u8, now_ns: u64) -> ReadWindow {
+        if !matches!(part, Part::Tables(_)) || mutated!(self.set, read_settling_moved_copy) {
+            return ReadWindow::New;
+        }
+        let settle = self.set.join_settle_ns();
+        match self
+            .fence
+            .moved_read_full_for_ns(self.home(part), j, now_ns)
+        {
+            None => ReadWindow::New,
+            Some((learnt, _)) if learnt >= settle => ReadWindow::New,
+            Some((_, said)) if said < settle => ReadWindow::Old,
+            Some(_) if mutated!(self.set, new_roles_from_configuration_time) => ReadWindow::New,
+            Some(_) => ReadWindow::Between,
+        }
     }
 
     /// The copies a change goes to, once the last full copy may decide: every copy after it
@@ -1520,6 +1542,17 @@ pub fn tables_settling(set: &ReplicaSet, fence: &Fence, partition: NodeId, now_n
                     set.moved_change_settle_ns(),
                 ))
     })
+}
+
+/// Which roles a data read takes for a moved copy that became full (rule 10a).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum ReadWindow {
+    /// The old ones: the copy is skipped as the receiving copy it was.
+    Old,
+    /// Neither yet: the read waits.
+    Between,
+    /// The new ones: the copy is read like any full copy.
+    New,
 }
 
 /// What an operation does to replicated memory, for the settle waits after a copy became full

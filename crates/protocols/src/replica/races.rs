@@ -148,6 +148,29 @@ fn first_read_after_a_cas(node: NodeId) -> impl FnMut(Op) -> bool + Send {
     }
 }
 
+/// A hook that holds an operation: in front of the first one `when` picks, it says so
+/// (`held`) and waits to be let go (`go`).
+struct Hold {
+    trigger: Trigger,
+    held: std::sync::mpsc::Receiver<()>,
+    go: std::sync::mpsc::Sender<()>,
+}
+
+fn hold(when: impl FnMut(Op) -> bool + Send + 'static) -> Hold {
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let trigger = Trigger::new(when, move || {
+        held_tx.send(()).unwrap();
+        wait_go.recv().unwrap();
+    });
+    Hold { trigger, held, go }
+}
+
+/// The first plain write to `node`.
+fn a_write_to(node: NodeId) -> impl FnMut(Op) -> bool + Send {
+    move |op| matches!(op, Op::Write(a) if a.node == node)
+}
+
 fn settle() {
     std::thread::sleep(4 * EXPIRY);
 }
@@ -463,13 +486,12 @@ fn a_read_by_a_fence_that_missed_the_rejoin(configured: bool) -> (u64, u64) {
     }
     let old = Arc::new(Fence::unfenced());
     old.set_role(0, NodeRole::Receiving);
-    let (held, wait_held) = std::sync::mpsc::channel();
-    let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let hook = Trigger::new(first_read_after_a_cas(0), move || {
-        held.send(()).unwrap();
-        wait_go.recv().unwrap();
-    });
-    let inner = Interposed::new(fabric.endpoint(1), hook);
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(first_read_after_a_cas(0));
+    let inner = Interposed::new(fabric.endpoint(1), trigger);
     let mut writer = Replicated::new(inner, set.clone(), old.clone());
     let mut old_reader = Replicated::new(fabric.endpoint(1), set.clone(), old);
     let fresh = Arc::new(Fence::unfenced());
@@ -560,16 +582,12 @@ fn a_data_read_as_a_moved_copy_becomes_full(mutations: Mutations) -> (u64, u64) 
         let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), WORD.offset);
         r.fabric.endpoint(node).write(a, &v1.to_le_bytes()).unwrap();
     }
-    let (held, wait_held) = std::sync::mpsc::channel();
-    let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let hook = Trigger::new(
-        |op| matches!(op, Op::Write(a) if a.node == 2),
-        move || {
-            held.send(()).unwrap();
-            wait_go.recv().unwrap();
-        },
-    );
-    let inner = Interposed::new(r.fabric.endpoint(1), hook);
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(a_write_to(2));
+    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
     let mut writer = Replicated::new(inner, r.set.clone(), old.clone());
     let mut old_reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), old);
     let mut new_reader = Replicated::new(r.fabric.endpoint(2), r.set.clone(), new);
@@ -643,16 +661,12 @@ fn a_data_write_as_a_moved_primary_settles(
         f
     };
     let writer_fence = full();
-    let (held, wait_held) = std::sync::mpsc::channel();
-    let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let hook = Trigger::new(
-        |op| matches!(op, Op::Write(a) if a.node == 2),
-        move || {
-            held.send(()).unwrap();
-            wait_go.recv().unwrap();
-        },
-    );
-    let inner = Interposed::new(r.fabric.endpoint(1), hook);
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(a_write_to(2));
+    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
     let mut writer = Replicated::new(inner, r.set.clone(), writer_fence);
     std::thread::scope(|s| {
         let w = s.spawn(move || writer.write(WORD, &v2.to_le_bytes()).unwrap());
@@ -748,4 +762,70 @@ fn r10_writes_that_change_no_reader_s_copy_do_not_wait_for_a_moved_copy() {
     quick("an unordered write", t);
     assert_eq!(r.word(1, 1, DATA_REGION, 32), 9);
     assert_eq!(r.word(2, 2, DATA_REGION, 32), 9);
+}
+
+/// 11 (rule 10a). R = 2, copy 0 of node 0's tables moved to node 2 and made full; a node that
+/// learns of it late (the configuration says an hour ago, it learns now) reads a data word
+/// while a writer that has not heard yet has written copy 1 and is held before the moved copy
+/// (which it writes last, as receiving). What the read returns within 200 ms, if anything, and
+/// what it returns once the writer is let go.
+fn a_late_learner_reads_a_moved_copy(mutations: Mutations) -> (Option<u64>, u64) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 40);
+    let r = rig_expiring(2, 1, layout(), mutations, EXPIRY_9);
+    let (v1, v2) = (0x1111_u64, 0x2222_u64);
+    for (node, slot) in [(1, 1), (2, 2)] {
+        let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), WORD.offset);
+        r.fabric.endpoint(node).write(a, &v1.to_le_bytes()).unwrap();
+    }
+    let at = |receiving| MovedCopy {
+        node: 2,
+        slot: 2,
+        receiving,
+    };
+    let old = Arc::new(Fence::unfenced());
+    old.set_gone(0, true);
+    old.move_copy(0, 0, Some(at(true)));
+    let late = Arc::new(Fence::unfenced());
+    late.set_gone(0, true);
+    late.move_copy(0, 0, Some(at(false)));
+    late.set_moved_full_since(0, 0, 3_600 * 1_000_000_000);
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(a_write_to(2));
+    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
+    let mut writer = Replicated::new(inner, r.set.clone(), old);
+    let mut reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), late);
+    std::thread::scope(|s| {
+        let w = s.spawn(move || writer.write(WORD, &v2.to_le_bytes()).unwrap());
+        wait_held.recv().unwrap();
+        let (read_tx, read_rx) = std::sync::mpsc::channel();
+        let rd = s.spawn(move || read_tx.send(reader.read_u64(WORD).unwrap()).unwrap());
+        let early = read_rx.recv_timeout(Duration::from_millis(200)).ok();
+        go.send(()).unwrap();
+        w.join().unwrap();
+        let last = early.unwrap_or_else(|| read_rx.recv().unwrap());
+        rd.join().unwrap();
+        (early, last)
+    })
+}
+
+#[test]
+fn r11_a_node_that_learns_late_waits_rather_than_read_either_copy() {
+    let (v1, v2) = (0x1111, 0x2222);
+    assert_eq!(
+        a_late_learner_reads_a_moved_copy(Mutations::default()),
+        (None, v2),
+        "the late reader waits until it has known for the join settle time"
+    );
+    let early = Mutations {
+        new_roles_from_configuration_time: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        a_late_learner_reads_a_moved_copy(early),
+        (Some(v1), v1),
+        "the control: the moved copy read before the writer reached it"
+    );
 }
