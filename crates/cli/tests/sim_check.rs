@@ -137,7 +137,11 @@ fn a_failing_seed_of_conditional_writes_replays() {
 #[cfg(feature = "mutations")]
 #[test]
 fn a_failing_seed_with_a_crash_replays() {
+    // Seeds 1 and 2 crash no MIGRATE that the mutation makes lose a key (layout version 5's
+    // hashes); 7 of seeds 1 to 10 fail.
     replays(&[
+        "--start-seed",
+        "3",
         "--preload",
         "384",
         "--keys",

@@ -196,6 +196,11 @@ pub struct Mutations {
     /// epoch is published, and a writer that had not heard yet may still be writing the copy
     /// last.
     pub new_roles_from_configuration_time: bool,
+    /// Replication: a carrier moves a copy to the anchor's word without checking this node's
+    /// lease first (as before this was found): a node paused past its lease (SIGSTOP, a VM
+    /// stall) resumes carrying, reads its own stale copy as the anchor, and moves the copy
+    /// its successor has decided at since back to that word.
+    pub carrier_ignores_lease: bool,
     /// Replication: the fence's deadlines (lease, view freshness) are checked against the wall
     /// clock (as before this was found), so a backward step makes a stale view fresh again.
     pub fence_on_wall_clock: bool,

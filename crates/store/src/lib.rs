@@ -35,7 +35,7 @@ pub use partition::{IndexPartitions, PartitionId};
 /// formats, size classes and pages, page words and region order (`docs/layout.md`). Nodes
 /// whose versions differ refuse each other at bootstrap (it is part of the configuration's
 /// fingerprint). Bump it with any change a reader on another node would misread.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Region holding a node's index table.
 pub const INDEX_REGION: nessie_fabric::RegionId = 0;

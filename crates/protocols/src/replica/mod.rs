@@ -826,18 +826,18 @@ impl<E: Endpoint> Replicated<E> {
     /// Never the wall clock: a node sets and checks these deadlines itself, and a backward
     /// step of its wall clock (NTP, a VM resume) must not make a stale view fresh again.
     fn fenced_after(&self, until: u64) -> Result<(), FabricError> {
-        if until == u64::MAX || self.fence_now() < until {
-            return Ok(());
-        }
-        Err(FabricError::Fenced {
-            node: self.inner.node(),
-        })
+        fenced_after(&self.inner, self.on_wall_clock(), until)
     }
 
-    /// The clock the fence's deadlines are on: monotonic (with the mutation
-    /// `fence_on_wall_clock`, the wall clock, as before it was found).
+    /// Whether the fence's deadlines are on the wall clock (the mutation
+    /// `fence_on_wall_clock`, as before it was found) rather than the monotonic one.
+    fn on_wall_clock(&self) -> bool {
+        mutated!(self.set, fence_on_wall_clock)
+    }
+
+    /// The clock the fence's deadlines are on.
     fn fence_now(&self) -> u64 {
-        match mutated!(self.set, fence_on_wall_clock) {
+        match self.on_wall_clock() {
             true => self.inner.now_ns(),
             false => self.inner.mono_ns(),
         }
@@ -1313,7 +1313,8 @@ impl<E: Endpoint> Replicated<E> {
                     to
                 }
             };
-            match self.on_copy(c, false, |e| e.compare_and_swap(a, cur, to))? {
+            let moved = self.carry_cas(c, a, cur, to, decider)?;
+            match moved {
                 None => return Ok(Advance::Gone),
                 Some(was) if was == cur && to == word => return Ok(Advance::Holds),
                 Some(was) if was == cur => return Ok(Advance::Past),
@@ -1342,11 +1343,11 @@ impl<E: Endpoint> Replicated<E> {
         }
         let (order, n) = self.carry_order(&copies, decider);
         for &c in &order[..n] {
-            self.cas_copy(addr, c, expected, desired)?;
+            self.cas_copy(addr, c, expected, desired, decider)?;
         }
         if !mutated!(self.set, no_late_copy_cas) {
             self.on_late_copies(part, addr, copies, |s, c| {
-                s.cas_copy(addr, c, expected, desired)
+                s.cas_copy(addr, c, expected, desired, decider)
             })?;
         }
         Ok(found)
@@ -1359,14 +1360,44 @@ impl<E: Endpoint> Replicated<E> {
         c: Copy,
         expected: u64,
         desired: u64,
+        decider: Copy,
     ) -> Result<(), FabricError> {
         let a = self.at(addr, c);
         if c.receiving && mutated!(self.set, receiving_cas_best_effort) {
-            let _ = self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired));
+            let _ = self.carry_cas(c, a, expected, desired, decider);
             return Ok(());
         }
-        self.on_copy(c, false, |e| e.compare_and_swap(a, expected, desired))?;
+        self.carry_cas(c, a, expected, desired, decider)?;
         Ok(())
+    }
+
+    /// A carrier's CAS of copy `c`'s word at `a` from `cur` to `to`, for a CAS decided at
+    /// `decider`; `None` if the copy's node is gone (`on_copy`). This node's lease is checked
+    /// again just before it (rule 6): a carrier paused past its lease (SIGSTOP, a VM stall)
+    /// may have been declared failed and its decider's successor may have moved `c` on since,
+    /// while its fence, which learns only after the pause, knows nothing yet; `to` may then be
+    /// its own stale copy's word. Past the lease the CAS is not made and the decided word's
+    /// fate is unknown: `Indeterminate`.
+    fn carry_cas(
+        &mut self,
+        c: Copy,
+        a: RemoteAddr,
+        cur: u64,
+        to: u64,
+        decider: Copy,
+    ) -> Result<Option<u64>, FabricError> {
+        let lease = (!mutated!(self.set, carrier_ignores_lease)).then(|| self.fence.clone());
+        let wall = self.on_wall_clock();
+        let moved = self.on_copy(c, false, |e| {
+            if let Some(fence) = &lease {
+                fenced_after(e, wall, fence.lease_until())?;
+            }
+            e.compare_and_swap(a, cur, to)
+        });
+        moved.map_err(|e| match e {
+            FabricError::Fenced { .. } => FabricError::Indeterminate { node: decider.node },
+            e => e,
+        })
     }
 }
 
@@ -1521,6 +1552,19 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
     }
 
     nessie_fabric::forward_endpoint!(field inner);
+}
+
+/// `Err(Fenced)` once the fence deadline `until` has passed on `ep`'s clock (the wall clock
+/// with `wall`, else the monotonic one); `u64::MAX` never passes.
+fn fenced_after<E: Endpoint>(ep: &E, wall: bool, until: u64) -> Result<(), FabricError> {
+    let now = match wall {
+        true => ep.now_ns(),
+        false => ep.mono_ns(),
+    };
+    if until == u64::MAX || now < until {
+        return Ok(());
+    }
+    Err(FabricError::Fenced { node: ep.node() })
 }
 
 /// Whether operations on node `partition`'s tables wait now, at monotonic `now_ns`, for a copy

@@ -829,3 +829,61 @@ fn r11_a_node_that_learns_late_waits_rather_than_read_either_copy() {
         "the control: the moved copy read before the writer reached it"
     );
 }
+
+/// 12 (found by the fault test over TCP, 2026-11-30). A CAS decided at node 1's copy of
+/// partition 0 (its last, the decider), its carrier on node 1 held just before it reads the
+/// primary: node 1 is paused past its lease, declared failed, and node 2 makes two changes at
+/// the primary once the settle time has passed. Then the carrier resumes, with a fence that has
+/// not heard yet (the monitor learns after the pause). What the carrier's CAS returned and
+/// what the primary holds, against the last change node 2 made.
+fn a_carrier_resumed_past_its_lease(mutations: Mutations) -> (Result<u64, FabricError>, u64, u64) {
+    let r = Arc::new(rig(2, 0, layout(), mutations));
+    let paused = Arc::new(Fence::unfenced());
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(first_read_after_a_cas(0));
+    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
+    let mut carrier = Replicated::new(inner, r.set.clone(), paused.clone());
+    let w = r.next(0, 1);
+    std::thread::scope(|s| {
+        let c = s.spawn(move || carrier.compare_and_swap(ENTRY, 0, w));
+        wait_held.recv().unwrap();
+        assert_eq!(r.word(1, 1, INDEX_REGION, 0), w, "decided at node 1");
+        // The pause outlasts node 1's lease; the others declare it failed and, a settle time
+        // later, decide at the primary.
+        paused.set_lease_until(r.fabric.endpoint(1).mono_ns());
+        r.fence.set_gone(1, true);
+        settle();
+        let mut ep = r.ep(2);
+        r.change(&mut ep, 2);
+        let last = r.change(&mut ep, 3);
+        go.send(()).unwrap();
+        let carried = c.join().unwrap();
+        (carried, r.word(0, 0, INDEX_REGION, 0), last)
+    })
+}
+
+#[test]
+fn r12_a_carrier_resumed_past_its_lease_never_moves_the_primary_back() {
+    let (carried, primary, last) = a_carrier_resumed_past_its_lease(Mutations::default());
+    assert_eq!(
+        primary, last,
+        "the primary keeps node 2's acknowledged changes"
+    );
+    assert!(
+        matches!(carried, Err(FabricError::Indeterminate { node: 1 })),
+        "decided, not carried: the carrier cannot tell whether it survives: {carried:?}"
+    );
+    let old = Mutations {
+        carrier_ignores_lease: true,
+        ..Mutations::default()
+    };
+    let (carried, primary, last) = a_carrier_resumed_past_its_lease(old);
+    assert_ne!(primary, last, "the control: the primary was moved back");
+    assert!(
+        carried.is_ok(),
+        "the control: the stale write acknowledged over two later ones: {carried:?}"
+    );
+}
