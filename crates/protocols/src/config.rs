@@ -190,6 +190,11 @@ pub struct Mutations {
     /// Replication: a change waits one join settle time after a moved copy became full, not
     /// two (rule 10a): a node that learnt of it later still reads in the old roles meanwhile.
     pub moved_change_waits_once: bool,
+    /// Replication: a plain data write behind the primary never waits for a moved copy to
+    /// settle, even with a full copy after the moved one (R = 3, rule 10a): should the primary
+    /// fail, an old-role reader reads that copy, which the write reached first, while a
+    /// new-role reader reads the moved copy, which it has not reached yet (new, then old).
+    pub moved_write_ignores_copy_after: bool,
     /// Replication: a node that learnt late of a moved copy becoming full reads it in the new
     /// roles once the configuration's time for it is a join settle time ago, rather than wait
     /// until it has known that long (rule 10a): the configuration's time comes before the

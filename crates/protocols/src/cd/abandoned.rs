@@ -389,15 +389,25 @@ impl<E: Endpoint> CdClient<E> {
         let loc = self.dte_location(ite);
         let addr = RemoteAddr::new(loc.node, DATA_REGION, loc.off + HEADER_OFF);
         let ours = self.view.dte.header(self.tag, false) | kind;
+        // Whether an earlier try went unanswered: it may have set the bit.
+        let mut unanswered = false;
         for _ in 0..MARK_GIVEN_UP_TRIES {
             match self.ep.compare_and_swap(addr, ours, ours | GIVEN_UP) {
                 Ok(was) if was == ours || was == ours | GIVEN_UP => return Marked::Set,
                 Ok(_) => return Marked::NotOurs,
                 Err(e @ nessie_fabric::FabricError::Fenced { .. }) => {
                     tracing::warn!(%e, ?ite, "could not mark an abandoned DTE given up");
-                    return Marked::NotOurs; // refused before it was issued: not set
+                    // This try was refused before it was issued; an earlier one may have set
+                    // the bit at its decider (a carrier refused past its lease: rule 6).
+                    return match unanswered {
+                        true => Marked::Unknown,
+                        false => Marked::NotOurs,
+                    };
                 }
-                Err(e) => tracing::warn!(%e, ?ite, "marking a DTE given up: no answer"),
+                Err(e) => {
+                    unanswered = true;
+                    tracing::warn!(%e, ?ite, "marking a DTE given up: no answer");
+                }
             }
         }
         Marked::Unknown

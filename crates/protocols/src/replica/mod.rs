@@ -734,7 +734,8 @@ impl<E: Endpoint> Replicated<E> {
                 let (node, role) = places[j as usize];
                 // A full copy after it: an old-role reader may read that one while a new-role
                 // reader reads this one (R = 3), so a plain write waits there too.
-                let full_after = roles[j as usize + 1..].contains(&NodeRole::Full);
+                let full_after = roles[j as usize + 1..].contains(&NodeRole::Full)
+                    && !mutated!(self.set, moved_write_ignores_copy_after);
                 let rejoined = self.fence.rejoined(node);
                 if !rejoined && !moved {
                     primary_stays |= role == NodeRole::Full;
@@ -1313,7 +1314,10 @@ impl<E: Endpoint> Replicated<E> {
                     to
                 }
             };
-            let moved = self.carry_cas(c, a, cur, to, decider)?;
+            let moved = match self.carry_cas(c, a, cur, to, decider)? {
+                Carry::Done(moved) => moved,
+                Carry::LookAgain => continue,
+            };
             match moved {
                 None => return Ok(Advance::Gone),
                 Some(was) if was == cur && to == word => return Ok(Advance::Holds),
@@ -1367,17 +1371,31 @@ impl<E: Endpoint> Replicated<E> {
             let _ = self.carry_cas(c, a, expected, desired, decider);
             return Ok(());
         }
-        self.carry_cas(c, a, expected, desired, decider)?;
-        Ok(())
+        for _ in 0..MAX_ADVANCE_ROUNDS {
+            if let Carry::Done(_) = self.carry_cas(c, a, expected, desired, decider)? {
+                return Ok(());
+            }
+            // The lease was renewed after lapsing: the decider may have been declared failed
+            // meanwhile, and its successor may decide on this word (rule 6).
+            if self.stale(decider) || self.fence.is_gone(decider.node) {
+                return Err(FabricError::Indeterminate { node: decider.node });
+            }
+        }
+        Err(FabricError::Indeterminate { node: decider.node })
     }
 
     /// A carrier's CAS of copy `c`'s word at `a` from `cur` to `to`, for a CAS decided at
-    /// `decider`; `None` if the copy's node is gone (`on_copy`). This node's lease is checked
-    /// again just before it (rule 6): a carrier paused past its lease (SIGSTOP, a VM stall)
-    /// may have been declared failed and its decider's successor may have moved `c` on since,
-    /// while its fence, which learns only after the pause, knows nothing yet; `to` may then be
-    /// its own stale copy's word. Past the lease the CAS is not made and the decided word's
-    /// fate is unknown: `Indeterminate`.
+    /// `decider`: `Done(None)` if the copy's node is gone (`on_copy`).
+    ///
+    /// This node's lease is checked just before it (rule 6). A carrier paused past its lease
+    /// (SIGSTOP, a VM stall) may have missed a failure: the decider's, or its own. The
+    /// successor may have moved `c` on since, and `to`, read from an anchor the fence still
+    /// trusts, may be a stale word. Its fence learns only after the pause. So past the lease
+    /// the CAS is not made. The carrier waits, at most a settle time, for the monitor to renew
+    /// the lease (with a fresh view), then looks again (`LookAgain`: the caller reads the copy
+    /// and its anchor afresh, and its failover checks see the view). A lease that is not
+    /// renewed in time, as for a node declared failed, leaves the decided word's fate unknown:
+    /// `Indeterminate`.
     fn carry_cas(
         &mut self,
         c: Copy,
@@ -1385,7 +1403,7 @@ impl<E: Endpoint> Replicated<E> {
         cur: u64,
         to: u64,
         decider: Copy,
-    ) -> Result<Option<u64>, FabricError> {
+    ) -> Result<Carry, FabricError> {
         let lease = (!mutated!(self.set, carrier_ignores_lease)).then(|| self.fence.clone());
         let wall = self.on_wall_clock();
         let moved = self.on_copy(c, false, |e| {
@@ -1394,11 +1412,40 @@ impl<E: Endpoint> Replicated<E> {
             }
             e.compare_and_swap(a, cur, to)
         });
-        moved.map_err(|e| match e {
-            FabricError::Fenced { .. } => FabricError::Indeterminate { node: decider.node },
-            e => e,
-        })
+        match moved {
+            Ok(m) => Ok(Carry::Done(m)),
+            // Only the lease check above refuses with `Fenced` here.
+            Err(FabricError::Fenced { .. }) => match self.lease_renewed() {
+                true => Ok(Carry::LookAgain),
+                false => Err(FabricError::Indeterminate { node: decider.node }),
+            },
+            Err(e) => Err(e),
+        }
     }
+
+    /// Whether this node's lapsed lease is renewed within a settle time (the monitor renews
+    /// it within a TTL of hearing from etcd again, unless the node was declared failed).
+    fn lease_renewed(&mut self) -> bool {
+        let give_up = self.fence_now().saturating_add(self.set.settle_ns);
+        loop {
+            if self.check_fence().is_ok() {
+                return true;
+            }
+            if self.fence_now() >= give_up {
+                return false;
+            }
+            self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+}
+
+/// What a carrier's CAS did ([`Replicated::carry_cas`]).
+enum Carry {
+    /// It was made: what the copy held (`None`: the copy's node is gone).
+    Done(Option<u64>),
+    /// It was not made (this node's lease had lapsed, and has been renewed since): read the
+    /// copy and its anchor again.
+    LookAgain,
 }
 
 impl<E: Endpoint> Replicated<E> {
@@ -1557,11 +1604,14 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
 /// `Err(Fenced)` once the fence deadline `until` has passed on `ep`'s clock (the wall clock
 /// with `wall`, else the monotonic one); `u64::MAX` never passes.
 fn fenced_after<E: Endpoint>(ep: &E, wall: bool, until: u64) -> Result<(), FabricError> {
+    if until == u64::MAX {
+        return Ok(()); // no membership: no clock read
+    }
     let now = match wall {
         true => ep.now_ns(),
         false => ep.mono_ns(),
     };
-    if until == u64::MAX || now < until {
+    if now < until {
         return Ok(());
     }
     Err(FabricError::Fenced { node: ep.node() })

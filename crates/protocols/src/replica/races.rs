@@ -45,18 +45,30 @@ fn rig_expiring(
     mutations: Mutations,
     expiry: Duration,
 ) -> Rig {
+    rig_of(3, replicas, spare, ite, mutations, expiry)
+}
+
+/// [`rig_expiring`] with `nodes` nodes.
+fn rig_of(
+    nodes: u16,
+    replicas: u8,
+    spare: u8,
+    ite: IteLayout,
+    mutations: Mutations,
+    expiry: Duration,
+) -> Rig {
     let cfg = ProtocolConfig {
         expiry_ns: expiry.as_nanos() as u64,
         clock_margin_ns: 0,
         mutations,
         ..ProtocolConfig::default()
     };
-    let set = ReplicaSet::new(replicas, 3, ite, &cfg)
+    let set = ReplicaSet::new(replicas, nodes, ite, &cfg)
         .unwrap()
         .with_spare_copies(spare)
         .unwrap()
         .with_unreachable_wait(20_000_000);
-    let regions = vec![set.region_sizes(&TABLES); 3];
+    let regions = vec![set.region_sizes(&TABLES); nodes as usize];
     Rig {
         fabric: InProcFabric::new(&regions, None).unwrap(),
         set: Arc::new(set),
@@ -641,11 +653,6 @@ fn a_data_write_as_a_moved_primary_settles(
 ) -> (u64, u64) {
     const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 16);
     let r = rig_expiring(2, 1, layout(), mutations, expiry);
-    let (v1, v2) = (0x1111_u64, 0x2222_u64);
-    for (node, slot) in [(1, 1), (2, 2)] {
-        let a = RemoteAddr::new(node, mirror_region(DATA_REGION, slot), WORD.offset);
-        r.fabric.endpoint(node).write(a, &v1.to_le_bytes()).unwrap();
-    }
     let full = || {
         let f = Arc::new(Fence::unfenced());
         f.set_gone(0, true);
@@ -660,22 +667,41 @@ fn a_data_write_as_a_moved_primary_settles(
         );
         f
     };
-    let writer_fence = full();
+    let writer = full();
+    std::thread::sleep(reader_late);
+    let reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), full());
+    reads_around_a_held_write(&r, WORD, &[(1, 1), (2, 2)], (1, writer, 2), reader)
+}
+
+/// Rule 10a's write races: `word` holds 0x1111 on the `full` copies (node, mirror slot); a
+/// writer on `node` whose fence is `writer` writes 0x2222, held before its write to node
+/// `held_at`. Meanwhile `reader` reads the word, and again a join settle time later. What the
+/// two reads return.
+fn reads_around_a_held_write(
+    r: &Rig,
+    word: RemoteAddr,
+    full: &[(NodeId, u8)],
+    (node, writer, held_at): (NodeId, Arc<Fence>, NodeId),
+    mut reader: Replicated<InProcEndpoint>,
+) -> (u64, u64) {
+    let (v1, v2) = (0x1111_u64, 0x2222_u64);
+    for &(n, slot) in full {
+        let a = RemoteAddr::new(n, mirror_region(DATA_REGION, slot), word.offset);
+        r.fabric.endpoint(n).write(a, &v1.to_le_bytes()).unwrap();
+    }
     let Hold {
         trigger,
         held: wait_held,
         go,
-    } = hold(a_write_to(2));
-    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
-    let mut writer = Replicated::new(inner, r.set.clone(), writer_fence);
+    } = hold(a_write_to(held_at));
+    let inner = Interposed::new(r.fabric.endpoint(node), trigger);
+    let mut writer = Replicated::new(inner, r.set.clone(), writer);
     std::thread::scope(|s| {
-        let w = s.spawn(move || writer.write(WORD, &v2.to_le_bytes()).unwrap());
-        std::thread::sleep(reader_late);
-        let mut reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), full());
+        let w = s.spawn(move || writer.write(word, &v2.to_le_bytes()).unwrap());
         wait_held.recv().unwrap();
-        let first = reader.read_u64(WORD).unwrap();
+        let first = reader.read_u64(word).unwrap();
         std::thread::sleep(Duration::from_nanos(r.set.join_settle_ns()));
-        let then = reader.read_u64(WORD).unwrap();
+        let then = reader.read_u64(word).unwrap();
         go.send(()).unwrap();
         w.join().unwrap();
         (first, then)
@@ -720,6 +746,53 @@ fn r9_a_data_write_waits_for_a_reader_that_learnt_a_settle_time_later() {
         ..Mutations::default()
     };
     assert_eq!(run(once), (v2, v1), "the control: new, then old");
+}
+
+/// Rule 10a with R = 3 (four nodes): copy 1 of node 0's tables moved from node 1 (gone for
+/// good) to node 3's spare slot and just made full. The writer's fence still has node 0 up, so
+/// the moved copy is behind the primary, but with a full copy after it (copy 2, node 2). The
+/// writer writes a data word (copy 2 first) and is held before the moved copy; a reader whose
+/// fence has node 0 failed too reads the word (in the old roles: past the moved copy, to copy
+/// 2), and again once its reads have left the old roles (the moved copy). What the two reads
+/// return.
+fn a_data_write_behind_the_primary_with_a_full_copy_after(mutations: Mutations) -> (u64, u64) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 48);
+    let r = rig_of(4, 3, 1, layout(), mutations, EXPIRY_9);
+    let moved = |primary_gone: bool| {
+        let f = Arc::new(Fence::unfenced());
+        f.set_gone(1, true);
+        f.set_gone(0, primary_gone);
+        let at = MovedCopy {
+            node: 3,
+            slot: 3,
+            receiving: false,
+        };
+        f.move_copy(0, 1, Some(at));
+        f
+    };
+    let reader = Replicated::new(r.fabric.endpoint(2), r.set.clone(), moved(true));
+    // The full copies: node 0's at home, node 2's (copy 2), node 3's spare slot (moved copy 1).
+    let full = [(0, 0), (2, 2), (3, 3)];
+    reads_around_a_held_write(&r, WORD, &full, (2, moved(false), 3), reader)
+}
+
+#[test]
+fn r9_with_three_copies_a_write_behind_the_primary_waits_if_a_full_copy_follows() {
+    let (v1, v2) = (0x1111, 0x2222);
+    assert_eq!(
+        a_data_write_behind_the_primary_with_a_full_copy_after(Mutations::default()),
+        (v1, v1),
+        "the writer waits until no reader is left in the old roles"
+    );
+    let old = Mutations {
+        moved_write_ignores_copy_after: true,
+        ..Mutations::default()
+    };
+    assert_eq!(
+        a_data_write_behind_the_primary_with_a_full_copy_after(old),
+        (v2, v1),
+        "the control: new (copy 2), then old (the moved copy)"
+    );
 }
 
 /// Rule 10a's writes that need not wait while a moved copy settles: a plain write behind the
@@ -886,4 +959,38 @@ fn r12_a_carrier_resumed_past_its_lease_never_moves_the_primary_back() {
         carried.is_ok(),
         "the control: the stale write acknowledged over two later ones: {carried:?}"
     );
+}
+
+/// 12, the other side: the lease lapses under the carrier but is renewed (the node was not
+/// declared failed: a pause shorter than its lease in etcd). The carrier waits for the renewal,
+/// looks again and carries its word: acknowledged, on the primary. (Refused at once, the CAS
+/// would be reported `Indeterminate` while its word lives on at the decider, to be helped onto
+/// the primary later: callers that settle such a CAS by reading the primary would be misled.)
+#[test]
+fn r12_a_carrier_whose_lease_is_renewed_carries_its_word() {
+    let r = rig_expiring(2, 0, layout(), Mutations::default(), EXPIRY_9);
+    let lapsing = Arc::new(Fence::unfenced());
+    let Hold {
+        trigger,
+        held: wait_held,
+        go,
+    } = hold(first_read_after_a_cas(0));
+    let inner = Interposed::new(r.fabric.endpoint(1), trigger);
+    let mut carrier = Replicated::new(inner, r.set.clone(), lapsing.clone());
+    let w = r.next(0, 1);
+    std::thread::scope(|s| {
+        let c = s.spawn(move || carrier.compare_and_swap(ENTRY, 0, w));
+        wait_held.recv().unwrap();
+        lapsing.set_lease_until(r.fabric.endpoint(1).mono_ns());
+        go.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            r.word(0, 0, INDEX_REGION, 0),
+            0,
+            "not carried past the lease"
+        );
+        lapsing.set_lease_until(u64::MAX);
+        assert_eq!(c.join().unwrap().unwrap(), 0, "acknowledged once renewed");
+    });
+    assert_eq!(r.word(0, 0, INDEX_REGION, 0), w);
 }
