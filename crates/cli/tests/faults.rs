@@ -1,5 +1,6 @@
 //! A Jepsen-style fault test: a concurrent workload against four node processes with two
-//! copies of every node's tables (`--replicas 2`, local etcd), while a nemesis pauses one node
+//! copies of every node's tables (`--replicas 2`; three over TCP, see `cluster`; local etcd),
+//! while a nemesis pauses one node
 //! past its lease (SIGSTOP, then SIGCONT: it was declared failed and must come back fenced,
 //! then catch up its stale copies and come up again), kills another (SIGKILL) and restarts it
 //! (it joins fenced, catches up its empty copies and comes up again), then kills it again and
@@ -9,8 +10,11 @@
 //! must be linearizable key by key: so no acknowledged write was lost and no read went back in
 //! time. Afterwards every key reads the same through all four nodes.
 //!
-//! The nodes' copies are arranged so that the two faulty nodes (1 and 3) share no partition:
-//! node p's tables are on nodes p and p + 1, so each partition keeps a copy on node 0 or 2.
+//! The nodes' copies are arranged so that, with two copies, the two faulty nodes (1 and 3)
+//! share no partition: node p's tables are on nodes p and p + 1, so each partition keeps a
+//! copy on node 0 or 2. With three (over TCP) each partition keeps one on a node the nemesis
+//! leaves alone; a UCX abort of node 0 or 2 while node 1 is down and node 3 still joins would
+//! still leave partition 1 or 3 with no full copy (narrowed, not removed).
 
 mod common;
 

@@ -65,7 +65,7 @@ pub(crate) enum Marked {
     /// It is not: the CAS was refused before it was issued, or the entry is no longer ours
     /// (taken out and reused, or valid).
     NotOurs,
-    /// No CAS got an answer: it may be marked.
+    /// No CAS got an answer (or one was refused after one that got none): it may be marked.
     Unknown,
 }
 

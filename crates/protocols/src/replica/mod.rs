@@ -1406,16 +1406,19 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<Carry, FabricError> {
         let lease = (!mutated!(self.set, carrier_ignores_lease)).then(|| self.fence.clone());
         let wall = self.on_wall_clock();
+        // The deadline the check found lapsed.
+        let mut lapsed = 0;
         let moved = self.on_copy(c, false, |e| {
             if let Some(fence) = &lease {
-                fenced_after(e, wall, fence.lease_until())?;
+                lapsed = fence.lease_until();
+                fenced_after(e, wall, lapsed)?;
             }
             e.compare_and_swap(a, cur, to)
         });
         match moved {
             Ok(m) => Ok(Carry::Done(m)),
             // Only the lease check above refuses with `Fenced` here.
-            Err(FabricError::Fenced { .. }) => match self.lease_renewed() {
+            Err(FabricError::Fenced { .. }) => match self.lease_renewed(lapsed) {
                 true => Ok(Carry::LookAgain),
                 false => Err(FabricError::Indeterminate { node: decider.node }),
             },
@@ -1423,10 +1426,18 @@ impl<E: Endpoint> Replicated<E> {
         }
     }
 
-    /// Whether this node's lapsed lease is renewed within a settle time (the monitor renews
-    /// it within a TTL of hearing from etcd again, unless the node was declared failed).
-    fn lease_renewed(&mut self) -> bool {
-        let give_up = self.fence_now().saturating_add(self.set.settle_ns);
+    /// Whether this node's lease, found lapsed at `lapsed`, is renewed within a settle time of
+    /// that (the
+    /// monitor renews it within a TTL of hearing from etcd again, unless the node was declared
+    /// failed). Measured from the lapse, not from now: a node declared failed rejoins only
+    /// after a hold of more than a settle time from its failure, so no renewal seen here is a
+    /// rejoin's (whose catch-up may have replaced the decided word: acknowledging it then
+    /// would report a lost word as a win). A lease of 0 (not up, stepped down) is not renewed.
+    fn lease_renewed(&mut self, lapsed: u64) -> bool {
+        if lapsed == 0 {
+            return false;
+        }
+        let give_up = lapsed.saturating_add(self.set.settle_ns);
         loop {
             if self.check_fence().is_ok() {
                 return true;
