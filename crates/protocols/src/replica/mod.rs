@@ -1391,11 +1391,11 @@ impl<E: Endpoint> Replicated<E> {
     /// (SIGSTOP, a VM stall) may have missed a failure: the decider's, or its own. The
     /// successor may have moved `c` on since, and `to`, read from an anchor the fence still
     /// trusts, may be a stale word. Its fence learns only after the pause. So past the lease
-    /// the CAS is not made. The carrier waits, at most a settle time, for the monitor to renew
-    /// the lease (with a fresh view), then looks again (`LookAgain`: the caller reads the copy
-    /// and its anchor afresh, and its failover checks see the view). A lease that is not
-    /// renewed in time, as for a node declared failed, leaves the decided word's fate unknown:
-    /// `Indeterminate`.
+    /// the CAS is not made. The carrier waits, until a settle time after the lapse
+    /// ([`Self::lease_renewed`]), for the monitor to renew the lease (with a fresh view), then
+    /// looks again (`LookAgain`: the caller reads the copy and its anchor afresh, and its
+    /// failover checks see the view). A lease that is not renewed in time, as for a node
+    /// declared failed, leaves the decided word's fate unknown: `Indeterminate`.
     fn carry_cas(
         &mut self,
         c: Copy,
@@ -1427,9 +1427,8 @@ impl<E: Endpoint> Replicated<E> {
     }
 
     /// Whether this node's lease, found lapsed at `lapsed`, is renewed within a settle time of
-    /// that (the
-    /// monitor renews it within a TTL of hearing from etcd again, unless the node was declared
-    /// failed). Measured from the lapse, not from now: a node declared failed rejoins only
+    /// that (the monitor renews it within a TTL of hearing from etcd again, unless the node was
+    /// declared failed). Measured from the lapse, not from now: a node declared failed rejoins only
     /// after a hold of more than a settle time from its failure, so no renewal seen here is a
     /// rejoin's (whose catch-up may have replaced the decided word: acknowledging it then
     /// would report a lost word as a win). A lease of 0 (not up, stepped down) is not renewed.
