@@ -195,6 +195,11 @@ pub struct Mutations {
     /// fail, an old-role reader reads that copy, which the write reached first, while a
     /// new-role reader reads the moved copy, which it has not reached yet (new, then old).
     pub moved_write_ignores_copy_after: bool,
+    /// Replication: a plain write to another node's memory (and a migration's pending
+    /// words) is issued without checking this node's lease (rule 6), as before the review of
+    /// f82f64e: a node resumed after it was declared failed writes into entries the others
+    /// have reused.
+    pub writer_ignores_lease: bool,
     /// Replication: a node that learnt late of a moved copy becoming full reads it in the new
     /// roles once the configuration's time for it is a join settle time ago, rather than wait
     /// until it has known that long (rule 10a): the configuration's time comes before the

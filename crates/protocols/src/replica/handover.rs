@@ -273,6 +273,12 @@ impl<E: Endpoint> Replicated<E> {
                 self.set.index_slot_region(),
                 c.slot as u64 * self.set.index_slot_bytes(),
             );
+            // Only while this node's lease holds, checked before each copy's write as every
+            // plain write is (rule 6): one paused past it has had its reservation dropped, and
+            // the slot may hold another migration's entries by now (review of f82f64e).
+            if !mutated!(self.set, writer_ignores_lease) {
+                self.check_fence()?;
+            }
             self.inner.write(at, &bytes)?;
         }
         Ok(())

@@ -445,6 +445,32 @@ mod handover {
     use crate::replica::HandOver;
     use std::time::Duration;
 
+    /// A node past its lease writes no slot pending: its reservation went with its lease,
+    /// and the slots may be another migration's by now. Control `writer_ignores_lease`.
+    #[test]
+    fn a_node_past_its_lease_writes_nothing_pending() {
+        let pending = |m: Mutations| {
+            let r = rig(m);
+            r.fence.set_lease_until(r.fabric.endpoint(2).mono_ns());
+            let written = r.ep(2).write_pending(1, &TO);
+            let pending = r.set.ite.pending().0;
+            let slots = (0..TO.len()).filter(|&j| r.raw(target(&r, j, 64)) == pending);
+            (written, slots.count())
+        };
+        let (written, slots) = pending(Mutations::default());
+        assert!(
+            matches!(written, Err(FabricError::Fenced { node: 2 })),
+            "{written:?}"
+        );
+        assert_eq!(slots, 0, "no slot written");
+        let (written, slots) = pending(Mutations {
+            writer_ignores_lease: true,
+            ..Mutations::default()
+        });
+        assert!(written.is_ok(), "the control: {written:?}");
+        assert_eq!(slots, TO.len(), "the control: every slot written");
+    }
+
     fn start(r: &Rig, fence: &Fence) {
         r.ep(2).write_pending(1, &TO).unwrap();
         fence.start_migration(1, &TO);

@@ -982,12 +982,20 @@ impl<E: Endpoint> Replicated<E> {
             true => pass == 0,
             false => c.receiving == (pass == 1),
         };
+        let mut written = false;
         for pass in 0..2 {
             for &c in copies.as_slice().iter().rev().filter(|c| in_pass(c, pass)) {
                 if mutated!(self.set, replicate_index_only) && Some(c) != primary {
                     continue;
                 }
-                self.write_copy(addr, buf, local, c)?;
+                match self.write_copy(addr, buf, local, c) {
+                    Ok(()) => written = true,
+                    // Past the lease with copies written: some copies have it, some not.
+                    Err(FabricError::Fenced { .. }) if written => {
+                        return Err(FabricError::Indeterminate { node: c.node })
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         if mutated!(self.set, replicate_index_only) {
@@ -1052,7 +1060,14 @@ impl<E: Endpoint> Replicated<E> {
         Ok((now, late))
     }
 
-    /// One copy's share of [`Self::write_all`].
+    /// One copy's share of [`Self::write_all`]. A write to another node's memory is issued
+    /// only while this node's lease holds, checked just before it as a carrier's CAS is
+    /// (rule 6): a node paused past its lease may have been declared failed, its pages adopted
+    /// and its entries completed, recycled and handed out by the others, and a late header,
+    /// value or mark would land on someone else's entry (review of f82f64e). Past the lease it
+    /// waits, until a settle time after the lapse, for a renewal, then writes; not renewed, the
+    /// write is refused: `Fenced`. Its own memory (copy 0, `local`) nobody reads once it is
+    /// declared failed.
     fn write_copy(
         &mut self,
         addr: RemoteAddr,
@@ -1062,11 +1077,28 @@ impl<E: Endpoint> Replicated<E> {
     ) -> Result<(), FabricError> {
         if local && c.spot == Spot::Mirror(0) {
             self.inner.local_write(addr.region, addr.offset, buf)?;
-        } else {
-            let a = self.at(addr, c);
-            self.on_copy(c, false, |e| e.write(a, buf))?;
+            return Ok(());
         }
-        Ok(())
+        let a = self.at(addr, c);
+        let wall = self.on_wall_clock();
+        loop {
+            // The deadline as it is now: a renewal during `on_copy`'s retries only makes a
+            // refusal below spurious, and the renewal check then writes again.
+            let until = match mutated!(self.set, writer_ignores_lease) {
+                true => u64::MAX,
+                false => self.fence.lease_until(),
+            };
+            let written = self.on_copy(c, false, |e| {
+                fenced_after(e, wall, until)?;
+                e.write(a, buf)
+            });
+            match written {
+                Ok(_) => return Ok(()),
+                // Only the lease check above refuses with `Fenced` here.
+                Err(FabricError::Fenced { .. }) if self.lease_renewed(until) => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The CAS at the deciding copy (once it may decide, and if this node may change
@@ -1404,21 +1436,22 @@ impl<E: Endpoint> Replicated<E> {
         to: u64,
         decider: Copy,
     ) -> Result<Carry, FabricError> {
-        let lease = (!mutated!(self.set, carrier_ignores_lease)).then(|| self.fence.clone());
         let wall = self.on_wall_clock();
-        // The deadline the check found lapsed.
-        let mut lapsed = 0;
+        // The deadline as it is now (one atomic load, no `Arc` clone on the hot path): a
+        // renewal during `on_copy`'s retries only makes a refusal spurious, and the renewal
+        // check below then looks again.
+        let until = match mutated!(self.set, carrier_ignores_lease) {
+            true => u64::MAX,
+            false => self.fence.lease_until(),
+        };
         let moved = self.on_copy(c, false, |e| {
-            if let Some(fence) = &lease {
-                lapsed = fence.lease_until();
-                fenced_after(e, wall, lapsed)?;
-            }
+            fenced_after(e, wall, until)?;
             e.compare_and_swap(a, cur, to)
         });
         match moved {
             Ok(m) => Ok(Carry::Done(m)),
             // Only the lease check above refuses with `Fenced` here.
-            Err(FabricError::Fenced { .. }) => match self.lease_renewed(lapsed) {
+            Err(FabricError::Fenced { .. }) => match self.lease_renewed(until) {
                 true => Ok(Carry::LookAgain),
                 false => Err(FabricError::Indeterminate { node: decider.node }),
             },

@@ -1019,3 +1019,100 @@ fn r12_a_carrier_whose_lease_is_renewed_carries_its_word() {
     );
     assert_eq!(primary, 0);
 }
+
+/// Interleaving 13: a plain write of a node past its lease (paused, perhaps declared failed,
+/// its pages adopted and its entries reused by the others: a late header, value or mark
+/// would land on someone else's entry). Partition 0's data copies are on nodes 0 and 1, the
+/// writer on node 2. What the write returned, and what copies 0 and 1 hold after it.
+fn a_write_past_the_lease(
+    mutations: Mutations,
+    settle: Duration,
+    lapse: Lapse,
+) -> (Result<(), FabricError>, [u64; 2]) {
+    const W: u64 = 0x5eed_0000_0000_0013;
+    let at = RemoteAddr::new(0, DATA_REGION, 24);
+    let r = rig_expiring(2, 0, layout(), mutations, settle);
+    let fence = Arc::new(Fence::unfenced());
+    let clock = r.fabric.clone();
+    let lapsing = fence.clone();
+    // Copies are written last first: copy 1's write comes first.
+    let trigger = Trigger::new(a_write_to(1), move || {
+        if lapse == Lapse::AfterFirstCopy {
+            lapsing.set_lease_until(clock.endpoint(2).mono_ns());
+        }
+    });
+    if lapse != Lapse::AfterFirstCopy {
+        fence.set_lease_until(r.fabric.endpoint(2).mono_ns());
+    }
+    let mut writer = Replicated::new(
+        Interposed::new(r.fabric.endpoint(2), trigger),
+        r.set.clone(),
+        fence.clone(),
+    );
+    let written = std::thread::scope(|s| {
+        if lapse == Lapse::RenewedSoon {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                fence.set_lease_until(u64::MAX);
+            });
+        }
+        writer.write(at, &W.to_le_bytes())
+    });
+    let copies = [r.word(0, 0, DATA_REGION, 24), r.word(1, 1, DATA_REGION, 24)];
+    (written, copies.map(|w| (w == W) as u64 * W))
+}
+
+/// When the writer's lease lapses in [`a_write_past_the_lease`].
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Lapse {
+    /// Before the write, never renewed.
+    Before,
+    /// Between the two copies' writes, never renewed.
+    AfterFirstCopy,
+    /// Before the write, renewed 200 ms later.
+    RenewedSoon,
+}
+
+#[test]
+fn r13_a_write_past_the_lease_reaches_no_copy() {
+    let (written, copies) = a_write_past_the_lease(Mutations::default(), EXPIRY, Lapse::Before);
+    assert!(
+        matches!(written, Err(FabricError::Fenced { node: 2 })),
+        "refused: {written:?}"
+    );
+    assert_eq!(copies, [0, 0], "no copy written");
+    let old = Mutations {
+        writer_ignores_lease: true,
+        ..Mutations::default()
+    };
+    let (written, copies) = a_write_past_the_lease(old, EXPIRY, Lapse::Before);
+    assert!(written.is_ok(), "the control: {written:?}");
+    assert_ne!(copies, [0, 0], "the control: written past the lease");
+}
+
+/// 13, a lease that lapses between two copies' writes: one copy has the bytes, the other not,
+/// and the writer cannot call that refused (`commit` treats it as issued and gives up).
+#[test]
+fn r13_a_write_cut_by_the_lease_is_indeterminate() {
+    let (written, copies) =
+        a_write_past_the_lease(Mutations::default(), EXPIRY, Lapse::AfterFirstCopy);
+    assert!(
+        matches!(written, Err(FabricError::Indeterminate { .. })),
+        "half written: {written:?}"
+    );
+    assert_eq!(copies[0], 0, "the primary was not written");
+    assert_ne!(copies[1], 0, "copy 1 was, before the lapse");
+}
+
+/// 13, a lease renewed within a settle time of its lapse (a pause shorter than the lease in
+/// etcd: nobody declared the node failed): the write waits for the renewal, then lands.
+#[test]
+fn r13_a_write_whose_lease_is_renewed_lands() {
+    let (written, copies) = a_write_past_the_lease(
+        Mutations::default(),
+        Duration::from_secs(2),
+        Lapse::RenewedSoon,
+    );
+    assert!(written.is_ok(), "{written:?}");
+    assert!(copies.iter().all(|&w| w != 0), "both copies: {copies:?}");
+}
