@@ -32,6 +32,28 @@ pub fn assert_clean_run(name: &str, out: &StressOutcome, min_ops: u64) {
     );
 }
 
+/// At most one operation in this many may fail with `IndexFull` in a run without failures
+/// ([`assert_no_errors_but_rare_index_full`]).
+pub const MAX_INDEX_FULL_PER: u64 = 4_000;
+
+/// A run without failures: no operation failed, except at most one in
+/// [`MAX_INDEX_FULL_PER`] with `IndexFull`. A cuckoo index with a bounded MIGRATE walk can
+/// refuse a PUT below its capacity: 40 keys in 72 slots (55 %) refused one PUT in 24,000 on a
+/// loaded CI machine (2026-11-30), while 300 seeds on one core here refused none. That is
+/// capacity, not the protocol; every other error is a failure of the run.
+pub fn assert_no_errors_but_rare_index_full(name: &str, out: &StressOutcome) {
+    let index_full = out.errors.get("IndexFull").copied().unwrap_or(0);
+    assert!(
+        index_full * MAX_INDEX_FULL_PER <= out.ops,
+        "{name}: {index_full} PUTs found the index full: {out}"
+    );
+    assert_eq!(
+        out.errors.keys().filter(|k| *k != "IndexFull").count(),
+        0,
+        "{name}: no node failed, no operation may fail: {out}"
+    );
+}
+
 /// A real violation: a key proven not linearizable, or a read of bytes nobody wrote. An
 /// `Unknown` verdict (search budget exhausted) is not one.
 pub fn assert_violation(out: &StressOutcome, mutation: &str) {

@@ -13,7 +13,9 @@ use nessie_cluster::LocalCluster;
 use nessie_protocols::hooks::Hook;
 use nessie_protocols::{HookPoint, Mutations, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
-use nessie_testkit::assertions::{assert_clean_run, assert_violation};
+use nessie_testkit::assertions::{
+    assert_clean_run, assert_no_errors_but_rare_index_full, assert_violation,
+};
 use nessie_testkit::guarded::{run_guarded, GuardedSpec};
 use nessie_testkit::stress::StressOutcome;
 
@@ -161,6 +163,6 @@ fn conditional_writes_with_copies_stay_linearizable() {
     let (out, _) = run_guarded(clients, &spec(seed, 4_000));
     eprintln!("R = 2: {out}");
     assert_clean_run("R = 2", &out, 16_000);
-    assert!(out.errors.is_empty(), "no node failed: {:?}", out.errors);
+    assert_no_errors_but_rare_index_full("R = 2", &out);
     assert_eq!(out.failed_writes_read, 0);
 }
