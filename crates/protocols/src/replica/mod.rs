@@ -1004,7 +1004,15 @@ impl<E: Endpoint> Replicated<E> {
         if mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
-        self.on_late_copies(part, addr, copies, |s, c| s.write_copy(addr, buf, local, c))
+        // Every chosen copy has it: a refusal now leaves it on some copies and not others.
+        let late =
+            self.on_late_copies(part, addr, copies, |s, c| s.write_copy(addr, buf, local, c));
+        match late {
+            Err(FabricError::Fenced { node }) if written => {
+                Err(FabricError::Indeterminate { node })
+            }
+            r => r,
+        }
     }
 
     /// Run `each` on every copy of `partition` placed since `chosen` were (rule 17), looking
@@ -1080,22 +1088,23 @@ impl<E: Endpoint> Replicated<E> {
             return Ok(());
         }
         let a = self.at(addr, c);
-        let wall = self.on_wall_clock();
+        // A try that failed in flight may have landed: a refusal after it is not "not written".
+        let mut unanswered = false;
         loop {
-            // The deadline as it is now: a renewal during `on_copy`'s retries only makes a
-            // refusal below spurious, and the renewal check then writes again.
-            let until = match mutated!(self.set, writer_ignores_lease) {
-                true => u64::MAX,
-                false => self.fence.lease_until(),
-            };
+            let mut lease = self.lease_check(mutated!(self.set, writer_ignores_lease));
             let written = self.on_copy(c, false, |e| {
-                fenced_after(e, wall, until)?;
-                e.write(a, buf)
+                lease.check(e)?;
+                let r = e.write(a, buf);
+                unanswered |= r.is_err();
+                r
             });
             match written {
                 Ok(_) => return Ok(()),
                 // Only the lease check above refuses with `Fenced` here.
-                Err(FabricError::Fenced { .. }) if self.lease_renewed(until) => continue,
+                Err(FabricError::Fenced { .. }) if self.lease_renewed(lease.lapsed) => continue,
+                Err(FabricError::Fenced { node }) if unanswered => {
+                    return Err(FabricError::Indeterminate { node })
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -1436,22 +1445,15 @@ impl<E: Endpoint> Replicated<E> {
         to: u64,
         decider: Copy,
     ) -> Result<Carry, FabricError> {
-        let wall = self.on_wall_clock();
-        // The deadline as it is now (one atomic load, no `Arc` clone on the hot path): a
-        // renewal during `on_copy`'s retries only makes a refusal spurious, and the renewal
-        // check below then looks again.
-        let until = match mutated!(self.set, carrier_ignores_lease) {
-            true => u64::MAX,
-            false => self.fence.lease_until(),
-        };
+        let mut lease = self.lease_check(mutated!(self.set, carrier_ignores_lease));
         let moved = self.on_copy(c, false, |e| {
-            fenced_after(e, wall, until)?;
+            lease.check(e)?;
             e.compare_and_swap(a, cur, to)
         });
         match moved {
             Ok(m) => Ok(Carry::Done(m)),
             // Only the lease check above refuses with `Fenced` here.
-            Err(FabricError::Fenced { .. }) => match self.lease_renewed(until) {
+            Err(FabricError::Fenced { .. }) => match self.lease_renewed(lease.lapsed) {
                 true => Ok(Carry::LookAgain),
                 false => Err(FabricError::Indeterminate { node: decider.node }),
             },
@@ -1478,6 +1480,40 @@ impl<E: Endpoint> Replicated<E> {
                 return false;
             }
             self.inner.sleep_ns(RETRY_PAUSE_NS);
+        }
+    }
+}
+
+/// This node's lease as a check made just before each try of a carrier's CAS or a plain
+/// write, inside [`Replicated::on_copy`] (which lends out the inner endpoint, not the fence):
+/// each try reads the deadline afresh, so a step-down (lease 0) during retries stops them.
+struct LeaseCheck {
+    /// `None` without membership (the lease never lapses: no clock read) or when the
+    /// mutation skips the check.
+    fence: Option<Arc<Fence>>,
+    wall: bool,
+    /// The deadline the last check read (0 before any).
+    lapsed: u64,
+}
+
+impl LeaseCheck {
+    fn check<E: Endpoint>(&mut self, e: &E) -> Result<(), FabricError> {
+        let Some(fence) = &self.fence else {
+            return Ok(());
+        };
+        self.lapsed = fence.lease_until();
+        fenced_after(e, self.wall, self.lapsed)
+    }
+}
+
+impl<E: Endpoint> Replicated<E> {
+    /// The lease check of a carrier or a writer; `skip` for the mutations that leave it out.
+    fn lease_check(&self, skip: bool) -> LeaseCheck {
+        let membership = self.fence.lease_until() != u64::MAX;
+        LeaseCheck {
+            fence: (membership && !skip).then(|| self.fence.clone()),
+            wall: self.on_wall_clock(),
+            lapsed: 0,
         }
     }
 }

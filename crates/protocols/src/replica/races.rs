@@ -1033,19 +1033,19 @@ fn a_write_past_the_lease(
     let at = RemoteAddr::new(0, DATA_REGION, 24);
     let r = rig_expiring(2, 0, layout(), mutations, settle);
     let fence = Arc::new(Fence::unfenced());
-    let clock = r.fabric.clone();
-    let lapsing = fence.clone();
+    let now = r.fabric.endpoint(2).mono_ns();
+    let during = matches!(lapse, Lapse::AfterFirstCopy | Lapse::AfterLostAnswer);
+    // Membership's lease: a minute, or lapsed now.
+    fence.set_lease_until(now + if during { 60_000_000_000 } else { 0 });
     // Copies are written last first: copy 1's write comes first.
-    let trigger = Trigger::new(a_write_to(1), move || {
-        if lapse == Lapse::AfterFirstCopy {
-            lapsing.set_lease_until(clock.endpoint(2).mono_ns());
-        }
-    });
-    if lapse != Lapse::AfterFirstCopy {
-        fence.set_lease_until(r.fabric.endpoint(2).mono_ns());
-    }
+    let at_first_write = LapseAtFirstWrite {
+        fence: fence.clone(),
+        clock: r.fabric.clone(),
+        armed: during,
+        lose: lapse == Lapse::AfterLostAnswer,
+    };
     let mut writer = Replicated::new(
-        Interposed::new(r.fabric.endpoint(2), trigger),
+        Interposed::new(r.fabric.endpoint(2), at_first_write),
         r.set.clone(),
         fence.clone(),
     );
@@ -1071,6 +1071,38 @@ enum Lapse {
     AfterFirstCopy,
     /// Before the write, renewed 200 ms later.
     RenewedSoon,
+    /// As `AfterFirstCopy`, and that first write's answer is lost (it landed).
+    AfterLostAnswer,
+}
+
+/// Lapses the writer's lease at its first write to node 1, once it landed, and (`lose`)
+/// loses its answer.
+struct LapseAtFirstWrite {
+    fence: Arc<Fence>,
+    clock: Arc<InProcFabric>,
+    armed: bool,
+    lose: bool,
+}
+
+impl Interposer for LapseAtFirstWrite {
+    fn before(&mut self, _: Op) -> Result<(), FabricError> {
+        Ok(())
+    }
+
+    fn after_write(&mut self, a: RemoteAddr) -> Result<(), FabricError> {
+        if !self.armed || a.node != 1 {
+            return Ok(());
+        }
+        self.armed = false;
+        self.fence.set_lease_until(self.clock.endpoint(2).mono_ns());
+        match self.lose {
+            true => Err(FabricError::Unreachable {
+                node: 1,
+                reason: "the answer was lost".into(),
+            }),
+            false => Ok(()),
+        }
+    }
 }
 
 #[test]
@@ -1087,7 +1119,10 @@ fn r13_a_write_past_the_lease_reaches_no_copy() {
     };
     let (written, copies) = a_write_past_the_lease(old, EXPIRY, Lapse::Before);
     assert!(written.is_ok(), "the control: {written:?}");
-    assert_ne!(copies, [0, 0], "the control: written past the lease");
+    assert!(
+        copies.iter().all(|&w| w != 0),
+        "the control: both copies written past the lease: {copies:?}"
+    );
 }
 
 /// 13, a lease that lapses between two copies' writes: one copy has the bytes, the other not,
@@ -1102,6 +1137,20 @@ fn r13_a_write_cut_by_the_lease_is_indeterminate() {
     );
     assert_eq!(copies[0], 0, "the primary was not written");
     assert_ne!(copies[1], 0, "copy 1 was, before the lapse");
+}
+
+/// 13, a write whose answer was lost before the lease lapsed: the retry is refused, but the
+/// first try landed, so the write is not "refused" (not issued) but `Indeterminate`.
+#[test]
+fn r13_a_write_refused_after_a_lost_answer_is_indeterminate() {
+    let (written, copies) =
+        a_write_past_the_lease(Mutations::default(), EXPIRY, Lapse::AfterLostAnswer);
+    assert!(
+        matches!(written, Err(FabricError::Indeterminate { .. })),
+        "its first try landed: {written:?}"
+    );
+    assert_eq!(copies[0], 0, "the primary was not written");
+    assert_ne!(copies[1], 0, "copy 1 was, by the unanswered try");
 }
 
 /// 13, a lease renewed within a settle time of its lapse (a pause shorter than the lease in
