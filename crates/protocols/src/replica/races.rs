@@ -1063,7 +1063,7 @@ fn a_write_past_the_lease(
 }
 
 /// When the writer's lease lapses in [`a_write_past_the_lease`].
-#[derive(Copy, Clone, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Lapse {
     /// Before the write, never renewed.
     Before,
@@ -1125,32 +1125,20 @@ fn r13_a_write_past_the_lease_reaches_no_copy() {
     );
 }
 
-/// 13, a lease that lapses between two copies' writes: one copy has the bytes, the other not,
-/// and the writer cannot call that refused (`commit` treats it as issued and gives up).
+/// 13, a lease that lapses between two copies' writes, or after a try whose answer was lost
+/// (it landed): one copy has the bytes, the other not, and the writer cannot call that
+/// refused (`commit` treats it as issued and gives up).
 #[test]
 fn r13_a_write_cut_by_the_lease_is_indeterminate() {
-    let (written, copies) =
-        a_write_past_the_lease(Mutations::default(), EXPIRY, Lapse::AfterFirstCopy);
-    assert!(
-        matches!(written, Err(FabricError::Indeterminate { .. })),
-        "half written: {written:?}"
-    );
-    assert_eq!(copies[0], 0, "the primary was not written");
-    assert_ne!(copies[1], 0, "copy 1 was, before the lapse");
-}
-
-/// 13, a write whose answer was lost before the lease lapsed: the retry is refused, but the
-/// first try landed, so the write is not "refused" (not issued) but `Indeterminate`.
-#[test]
-fn r13_a_write_refused_after_a_lost_answer_is_indeterminate() {
-    let (written, copies) =
-        a_write_past_the_lease(Mutations::default(), EXPIRY, Lapse::AfterLostAnswer);
-    assert!(
-        matches!(written, Err(FabricError::Indeterminate { .. })),
-        "its first try landed: {written:?}"
-    );
-    assert_eq!(copies[0], 0, "the primary was not written");
-    assert_ne!(copies[1], 0, "copy 1 was, by the unanswered try");
+    for lapse in [Lapse::AfterFirstCopy, Lapse::AfterLostAnswer] {
+        let (written, copies) = a_write_past_the_lease(Mutations::default(), EXPIRY, lapse);
+        assert!(
+            matches!(written, Err(FabricError::Indeterminate { .. })),
+            "{lapse:?}: half written: {written:?}"
+        );
+        assert_eq!(copies[0], 0, "{lapse:?}: the primary was not written");
+        assert_ne!(copies[1], 0, "{lapse:?}: copy 1 was, before the lapse");
+    }
 }
 
 /// 13, a lease renewed within a settle time of its lapse (a pause shorter than the lease in
