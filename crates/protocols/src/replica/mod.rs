@@ -1074,8 +1074,9 @@ impl<E: Endpoint> Replicated<E> {
     /// and its entries completed, recycled and handed out by the others, and a late header,
     /// value or mark would land on someone else's entry (review of f82f64e). Past the lease it
     /// waits, until a settle time after the lapse, for a renewal, then writes; not renewed, the
-    /// write is refused: `Fenced`. Its own memory (copy 0, `local`) nobody reads once it is
-    /// declared failed.
+    /// write is refused: `Fenced`, or `Indeterminate` if an earlier try of it went unanswered
+    /// (it may have landed). Its own memory (copy 0, `local`) nobody reads once it is declared
+    /// failed.
     fn write_copy(
         &mut self,
         addr: RemoteAddr,
