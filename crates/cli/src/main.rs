@@ -55,7 +55,8 @@ enum Command {
     Migrate(MigrateArgs),
     /// Drain a node out of the cluster while it serves: the copies of its tables move to spare
     /// slots of other nodes and its index partitions to other nodes (the balancer); then it
-    /// stops. With --cancel, a leaving node stays after all (and is given partitions again).
+    /// stops. With --cancel, a leaving node stays after all (and is given partitions again),
+    /// unless its read cut-over (named just before it stops) has been.
     Leave(LeaveArgs),
     /// Start the next standby node (`nessie up --standby N`) and add it to the running cluster;
     /// prints its id once it is up. The balancer then gives it its share of index partitions.

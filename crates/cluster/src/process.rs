@@ -911,6 +911,85 @@ pub fn set_leaving(cfg: &ClusterConfig, id: u16, leaving: bool) -> Result<u64, S
 /// How often [`leave`] reads membership while the node drains.
 const LEAVE_POLL: Duration = Duration::from_millis(100);
 
+/// How long after its read cut-over (and the clock margin) a leaving node steps down: a read
+/// checked just before the cut-over may still be under way.
+const CUT_OVER_SLACK: Duration = Duration::from_millis(100);
+
+/// Name leaving node `id`'s read cut-over (rule 7a of `docs/protocol.md`) and wait until it,
+/// the clock margin and [`CUT_OVER_SLACK`] have passed: from then nobody reads its copies,
+/// which it and every writer still keep up to date, so that its step-down makes no reader
+/// wait (a failed primary's readers wait the read settle time before reading the next copy,
+/// rule 7). The instant is two read settle times ahead: every node reads the configuration
+/// several times per read settle time, so all learn of it a read settle time before it and
+/// none waits. Named once per incarnation: a second `leave` after an interrupted one waits
+/// for the first instant. While some table copy it holds has no other full copy on an up
+/// node ([`nessie_membership::Configuration::may_stop`]: another node failed meanwhile), it
+/// waits, before naming the cut-over and again before the step-down, until `deadline`.
+fn cut_over(
+    cfg: &ClusterConfig,
+    set: &nessie_protocols::ReplicaSet,
+    id: u16,
+    deadline: Instant,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    use nessie_membership::{MigrationError, StartMigrationError};
+    let m = cfg
+        .membership
+        .as_ref()
+        .ok_or("this cluster runs without membership (etcd): nodes cannot leave it")?;
+    let etcd = m.client(ETCD_TIMEOUT).map_err(|e| e.to_string())?;
+    let margin_ns = cfg.protocol.clock_margin_ms * 1_000_000;
+    let lead_ns = 2 * (set.read_settle_ns() + margin_ns);
+    let mut said = String::new();
+    let mut waiting = |why: String, progress: &mut dyn FnMut(&str)| {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "node {id} not stepped down: {why} (it stays leaving and keeps serving)"
+            ));
+        }
+        if why != said {
+            progress(&format!("waiting to stop: {why}"));
+            said = why;
+        }
+        std::thread::sleep(LEAVE_POLL);
+        Ok(())
+    };
+    let at_ns = loop {
+        let named = nessie_membership::change_config(&etcd, &cfg.membership_keys(), |c, now| {
+            let at_ns = now + lead_ns;
+            Ok(match c.name_cut_over(id, at_ns, set)? {
+                Some(next) => (next, at_ns),
+                None => (c.clone(), c.cut_over(id).expect("named")),
+            })
+        });
+        match named {
+            Ok(at) => break at,
+            Err(StartMigrationError::Refused(e @ MigrationError::NotSettled { .. })) => {
+                waiting(e.to_string(), progress)?
+            }
+            Err(e) => return Err(format!("node {id}: naming its read cut-over: {e}")),
+        }
+    };
+    let until = at_ns + margin_ns + CUT_OVER_SLACK.as_nanos() as u64;
+    let wait = until.saturating_sub(nessie_fabric::wall_clock_ns());
+    progress(&format!(
+        "its copies stop being read in {:.1} s (read cut-over), then it steps down",
+        wait as f64 / 1e9
+    ));
+    std::thread::sleep(Duration::from_nanos(wait));
+    loop {
+        let why = match membership_status(cfg).expect("membership is configured") {
+            Err(e) => format!("etcd: {e}"),
+            Ok(s) => match s.config.map(|c| c.may_stop(id, set)) {
+                None => "no configuration".into(),
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => e.to_string(),
+            },
+        };
+        waiting(why, progress)?;
+    }
+}
+
 /// What [`leave`] did.
 #[derive(Clone, Debug)]
 pub struct Left {
@@ -996,6 +1075,7 @@ pub fn leave(
             stopped: false,
         });
     }
+    cut_over(cfg, &set, id, start + timeout, progress)?;
     // Step down first: its lease revoked, the others declare it failed at their next step.
     let stepped = cfg
         .admin_path(id, dir)

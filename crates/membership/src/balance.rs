@@ -223,6 +223,9 @@ impl Configuration {
         if leaving && self.standby.contains(&id) {
             return Err(MigrationError::Standby(id));
         }
+        if !leaving && self.cut_over(id).is_some() {
+            return Err(MigrationError::CutOver(id));
+        }
         let mut next = self.clone();
         next.epoch += 1;
         if leaving {
@@ -245,6 +248,56 @@ impl Configuration {
         } else {
             next.leaving.retain(|&n| n != id);
         }
+        Ok(Some(next))
+    }
+
+    /// When leaving node `id`'s copies stop being read (wall ns; rule 7a), if that is named.
+    pub fn cut_over(&self, id: u16) -> Option<u64> {
+        let m = self.nodes.iter().find(|m| m.id == id)?;
+        (m.cut_over_ns != 0).then_some(m.cut_over_ns)
+    }
+
+    /// The successor in which leaving node `id`'s copies stop being read from wall time
+    /// `at_ns` (its read cut-over, rule 7a of `docs/protocol.md`): it has drained its index and
+    /// is up, and every other copy of every partition is full on a node that is up
+    /// ([`Self::may_leave`]), so that each partition it holds a copy of has a full one after
+    /// it to be read instead. `None`: it has one already (a second call keeps the first
+    /// instant: readers may have acted on it).
+    pub fn name_cut_over(
+        &self,
+        id: u16,
+        at_ns: u64,
+        set: &ReplicaSet,
+    ) -> Result<Option<Configuration>, MigrationError> {
+        if self.state(id).is_none() {
+            return Err(MigrationError::UnknownNode(id));
+        }
+        if self.cut_over(id).is_some() {
+            return Ok(None);
+        }
+        let not_yet = |why: &str| MigrationError::NotSettled {
+            node: id,
+            why: why.into(),
+        };
+        if !self.leaving.contains(&id) {
+            return Err(not_yet("it is not leaving"));
+        }
+        if self.state(id) != Some(NodeState::Up) {
+            return Err(not_yet("it is not up"));
+        }
+        if !self.index_drained(set, id) {
+            return Err(not_yet("it still holds index partitions, or some migrate"));
+        }
+        self.may_stop(id, set)?;
+        assert!(at_ns != 0, "a cut-over at time 0 would read as none");
+        let mut next = self.clone();
+        next.epoch += 1;
+        let m = next
+            .nodes
+            .iter_mut()
+            .find(|m| m.id == id)
+            .expect("a member");
+        m.cut_over_ns = at_ns;
         Ok(Some(next))
     }
 
@@ -284,6 +337,37 @@ impl Configuration {
                         )));
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether leaving node `id` may stop (and have its read cut-over named) now: every copy
+    /// of a node's tables it holds has another copy full on a node that is up, to be read
+    /// instead. Narrower than [`Self::may_leave`]: a node away elsewhere holds it up only if
+    /// it holds the other copy of something this one does.
+    pub fn may_stop(&self, id: u16, set: &ReplicaSet) -> Result<(), MigrationError> {
+        let up = |n: u16| self.state(n) == Some(NodeState::Up);
+        let receiving = |p: u16, j: u8| {
+            self.moves
+                .iter()
+                .any(|m| m.partition == p && m.copy == j && m.receiving)
+        };
+        let copies = self.copy_map(set);
+        // A standby node's tables nobody has written: nothing to keep.
+        for p in (0..set.nodes()).filter(|p| !self.standby.contains(p)) {
+            let on = |j: u8| copies.place(p, j).node;
+            let Some(held) = (0..set.replicas()).find(|&j| on(j) == id) else {
+                continue;
+            };
+            let other = (0..set.replicas())
+                .filter(|&j| j != held && on(j) != id)
+                .any(|j| up(on(j)) && !receiving(p, j));
+            if !other {
+                return Err(MigrationError::NotSettled {
+                    node: id,
+                    why: format!("no other copy of node {p}'s tables is full on a node that is up"),
+                });
             }
         }
         Ok(())
@@ -642,6 +726,59 @@ mod tests {
         let back = c.set_leaving(3, false, &s).unwrap().expect("a change");
         assert!(back.leaving.is_empty());
         assert_eq!(back.plan_balance(&s, 0, AFTER), Ok(Balance::Balanced));
+    }
+
+    /// A read cut-over is named only for a drained, leaving node that is up while every other
+    /// copy is full on an up node; once named it is kept, cannot be undone by staying after
+    /// all, and the fence reads it (rule 7a); a restarted incarnation starts without.
+    #[test]
+    fn a_cut_over_is_named_once_for_a_drained_leaver_and_never_withdrawn() {
+        let s = set();
+        let c = config(4);
+        let not_settled = |r| matches!(r, Err(MigrationError::NotSettled { node: 3, .. }));
+        assert!(not_settled(c.name_cut_over(3, 7, &s)), "not leaving");
+        let c = c.set_leaving(3, true, &s).unwrap().unwrap();
+        assert!(not_settled(c.name_cut_over(3, 7, &s)), "not drained");
+        let drained = drain_node_3(&s, &c).unwrap();
+        // Node 0 holds the other copy of node 3's tables; node 1 holds none of what node 3
+        // does.
+        let mut away = drained.clone();
+        fail(&mut away, 0, 0);
+        assert!(not_settled(away.name_cut_over(3, 7, &s)), "node 0 is away");
+        let mut away = drained.clone();
+        fail(&mut away, 1, 0);
+        assert!(
+            matches!(away.name_cut_over(3, 7, &s), Ok(Some(_))),
+            "node 1 is away"
+        );
+        let named = drained.name_cut_over(3, 7_000, &s).unwrap().unwrap();
+        assert_eq!(named.epoch, drained.epoch + 1);
+        assert_eq!(named.cut_over(3), Some(7_000));
+        assert_eq!(named.name_cut_over(3, 9_000, &s), Ok(None), "kept");
+        assert_eq!(
+            named.set_leaving(3, false, &s),
+            Err(MigrationError::CutOver(3))
+        );
+        let fence = nessie_protocols::Fence::unfenced();
+        crate::apply(&named, (0, 0), &fence, 7_000 + 5_000_000_000, 0);
+        assert!(fence.any_cut_over());
+        let now = nessie_fabric::monotonic_ns();
+        assert_eq!(fence.cut_over(3, now, 0), nessie_protocols::CutOver::Past);
+        assert_eq!(fence.cut_over(2, now, 0), nessie_protocols::CutOver::Before);
+        // Stopped, then started again: the new incarnation joins without a cut-over.
+        let mut back = named.clone();
+        fail(&mut back, 3, 0);
+        let reg = crate::Registrations {
+            present: vec![0, 1, 2, 3],
+            incarnations: vec![(3, 42)],
+            ..Default::default()
+        };
+        let policy = crate::Policy::default();
+        let joining = back
+            .successor(&reg, u64::MAX / 2, &policy)
+            .expect("a change");
+        assert_eq!(joining.state(3), Some(NodeState::Joining));
+        assert_eq!(joining.cut_over(3), None);
     }
 
     #[test]

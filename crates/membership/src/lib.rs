@@ -147,6 +147,12 @@ pub struct Member {
     /// one this member was is dead, though its lease may not have lapsed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub incarnation: u64,
+    /// A leaving node's read cut-over (rule 7a of `docs/protocol.md`): from this wall time
+    /// (ns, of the node that named it) nobody reads this incarnation's copies, which are still
+    /// written until it stops, so that its stop makes nobody wait. 0: none. Never withdrawn
+    /// while the incarnation lives; a new one starts without.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cut_over_ns: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -284,6 +290,8 @@ pub enum MigrationError {
     UnknownNode(u16),
     #[error("node {0} is leaving: it takes no copies")]
     Leaving(u16),
+    #[error("node {0}'s copies are no longer read (its read cut-over passed or is named): it can only stop; started again, it joins holding nothing")]
+    CutOver(u16),
     #[error("node {0} stands by (it has never been up): it holds nothing to drain")]
     Standby(u16),
     #[error("node {node} cannot leave while {why}: it would leave partitions with too few copies")]
@@ -377,6 +385,7 @@ impl Configuration {
                 since_ns: 0,
                 joined_ns: 0,
                 incarnation: reg.incarnation(id).unwrap_or(0),
+                cut_over_ns: 0,
             })
             .collect();
         Self {
@@ -459,6 +468,7 @@ impl Configuration {
                 if state == NodeState::Joining {
                     m.joined_ns = now_ns;
                     m.incarnation = registered.unwrap_or(0);
+                    m.cut_over_ns = 0;
                 }
                 if state == NodeState::Up {
                     up_again.push(m.id);
@@ -1662,6 +1672,8 @@ pub fn apply(
             false => m.state,
         };
         fence.set_incarnation(m.id, m.joined_ns);
+        // Named on a clock that may be the margin away from ours (`Fence::cut_over`).
+        fence.set_cut_over(m.id, m.cut_over_ns, now_wall_ns, clock_margin_ns);
         fence.set_role(
             m.id,
             match state {
@@ -1881,6 +1893,7 @@ mod tests {
             since_ns: 5,
             joined_ns,
             incarnation: 0,
+            cut_over_ns: 0,
         };
         let c = Configuration {
             epoch: 3,
@@ -2003,6 +2016,7 @@ mod tests {
             since_ns,
             joined_ns,
             incarnation: 0,
+            cut_over_ns: 0,
         };
         let rejoined = |since_ns| Configuration {
             epoch: 4,

@@ -109,6 +109,10 @@ pub struct Mutations {
     /// Replication: a write that cannot reach a copy whose node just failed goes on at once,
     /// while nodes that have not heard of the failure may still read that copy.
     pub skip_unreached_copy_at_once: bool,
+    /// Replication: a leaving node's copies stop being read at the cut-over the configuration
+    /// names, however late this node learnt of it, while nodes that read their configuration
+    /// before it was written may still read them (rule 7a).
+    pub cut_over_when_named: bool,
     /// An eviction deletes its victim whatever the victim's version now, not only the version
     /// it sampled: a key rewritten in between loses its new value.
     pub evict_unconditionally: bool,

@@ -257,6 +257,27 @@ pub struct Fence {
     /// The chain an index partition is migrating to (the per-ITE handover,
     /// `replica/handover.rs`): its copies, all in index slots, while the partition migrates.
     index_target: Moves,
+    /// Per node, its copies' read cut-over (a leaving node, rule 7a of `docs/protocol.md`):
+    /// on this clock (monotonic plus [`BEFORE_ORIGIN_NS`]), the last instant they may be read
+    /// (`[0]`), the first from which they are not (`[1]`: the two are the cut-over time the
+    /// configuration names, less and plus the clock margin), and when this fence learnt of it
+    /// (`[2]`, monotonic), and the instant as named (`[3]`, wall ns: a different one is
+    /// another incarnation's). All 0: none.
+    cut_over_ns: Box<[[AtomicU64; 4]]>,
+    /// Whether any node has a cut-over (one relaxed load keeps the common case cheap).
+    any_cut_over: AtomicBool,
+}
+
+/// Where a node's copies stand against their read cut-over ([`Fence::cut_over`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CutOver {
+    /// Read as before (no cut-over, or it is still ahead by more than the clock margin).
+    Before,
+    /// Within the clock margin of it, or past it and learnt of less than the read settle time
+    /// ago (a node that has not heard may still read the copies): read neither, wait.
+    Around,
+    /// Past it: nobody reads the copies any more.
+    Past,
 }
 
 /// A node's part in the current epoch, as replication and completion see it.
@@ -293,6 +314,10 @@ impl Fence {
             moved: Moves::new(MAX_NODES as usize),
             index_moved: Moves::new(MAX_PARTITIONS as usize),
             index_target: Moves::new(MAX_PARTITIONS as usize),
+            cut_over_ns: (0..MAX_NODES)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            any_cut_over: AtomicBool::new(false),
         }
     }
 
@@ -607,6 +632,58 @@ impl Fence {
     /// How long copy `j` of index partition `q`, moved on its own, has been full at `now_ns`.
     pub fn moved_index_full_for_ns(&self, q: PartitionId, j: u8, now_ns: u64) -> Option<u64> {
         self.index_moved.full_for_ns(q as usize, j, now_ns)
+    }
+
+    /// Record `node`'s read cut-over (rule 7a): its copies stop being read at wall time
+    /// `named_ns` (0: it has none) by the clock of the node that named it, which may be
+    /// `margin_ns` away from ours (`now_wall_ns`). The first reading of an instant is kept (a
+    /// later epoch names the same one, read again on a clock that moved on).
+    pub fn set_cut_over(&self, node: NodeId, named_ns: u64, now_wall_ns: u64, margin_ns: u64) {
+        let c = &self.cut_over_ns[node as usize];
+        if named_ns == 0 {
+            c.iter().for_each(|w| w.store(0, Ordering::SeqCst));
+            return;
+        }
+        if c[3].load(Ordering::SeqCst) == named_ns {
+            return;
+        }
+        let now = nessie_fabric::monotonic_ns();
+        let d = named_ns as i128 - now_wall_ns as i128;
+        let at = (now + BEFORE_ORIGIN_NS) as i128 + d;
+        let clamp = |v: i128| v.clamp(1, u64::MAX as i128) as u64;
+        c[0].store(clamp(at - margin_ns as i128), Ordering::SeqCst);
+        c[2].store(now.max(1), Ordering::SeqCst);
+        c[3].store(named_ns, Ordering::SeqCst);
+        // Last: `cut_over` looks at it first.
+        c[1].store(clamp(at + margin_ns as i128), Ordering::SeqCst);
+        self.any_cut_over.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether any node has a read cut-over (cheap: no clock).
+    pub fn any_cut_over(&self) -> bool {
+        self.any_cut_over.load(Ordering::Relaxed)
+    }
+
+    /// Where `node`'s copies stand against their read cut-over at monotonic time `now_ns`.
+    /// Past it only once this fence has known of it for `read_settle_ns` too: the
+    /// configuration that names it may have been written late, and nodes that read theirs
+    /// before it was may still read the copies until a read settle time after this one
+    /// learnt of it.
+    pub fn cut_over(&self, node: NodeId, now_ns: u64, read_settle_ns: u64) -> CutOver {
+        let c = &self.cut_over_ns[node as usize];
+        let past_from = c[1].load(Ordering::SeqCst);
+        if past_from == 0 {
+            return CutOver::Before;
+        }
+        let t = now_ns + BEFORE_ORIGIN_NS;
+        let learnt = c[2].load(Ordering::SeqCst);
+        if t < c[0].load(Ordering::SeqCst) {
+            CutOver::Before
+        } else if t >= past_from && now_ns.saturating_sub(learnt) >= read_settle_ns {
+            CutOver::Past
+        } else {
+            CutOver::Around
+        }
     }
 
     /// How long `node` has been gone at monotonic time `now_ns`; `None` if it is not.

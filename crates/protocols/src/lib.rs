@@ -37,7 +37,7 @@ pub mod view;
 pub use config::Mutations;
 pub use config::{ConfigError, Eviction, Optimizations, ProtocolConfig, RetryPolicy};
 pub use error::Error;
-pub use fence::{Fence, MovedCopy, NodeRole};
+pub use fence::{CutOver, Fence, MovedCopy, NodeRole};
 pub use hooks::HookPoint;
 pub use replica::{CatchUp, ReplicaSet, Replicated};
 pub use view::ClusterView;

@@ -14,8 +14,12 @@
 //!   did not) does not go on until nobody reads c_0 (`wait_unread`): else a reader that does
 //!   not know could read a word older than one this operation already returned.
 //!
-//! `docs/protocol.md` (Replication, rule 7) has the argument; the tests below drive both
-//! races with a reader whose view is older than the failure.
+//! A node that leaves avoids both waits: its copies stop being read at a cut-over named
+//! ahead of its stop, while they are still written (rule 7a, `Fence::cut_over`): past it,
+//! nobody reads them, so nobody waits when it stops.
+//!
+//! `docs/protocol.md` (Replication, rules 7 and 7a) has the argument; the tests below drive
+//! the races with a reader whose view is older than the failure or the cut-over.
 
 use nessie_fabric::{Endpoint, FabricError, NodeId};
 
@@ -24,7 +28,7 @@ use super::ReplicaSet;
 use super::{Copy, Part, ReadWindow, Replicated, RETRY_PAUSE_NS};
 #[cfg(doc)]
 use crate::fence::Fence;
-use crate::fence::NodeRole;
+use crate::fence::{CutOver, NodeRole};
 
 impl<E: Endpoint> Replicated<E> {
     /// The copy of `partition` to read: the first full one, once no copy before it may still
@@ -41,6 +45,8 @@ impl<E: Endpoint> Replicated<E> {
             let mut now = None;
             let mut settled = true;
             let mut skipped = false;
+            // A leaving node's copy past its read cut-over, passed over for a later one.
+            let mut past = None;
             for j in 0..self.set.replicas {
                 let (node, spot, role) = self.place(part, j);
                 if old_roles && role == NodeRole::Full && self.fence.any_moved() {
@@ -59,16 +65,31 @@ impl<E: Endpoint> Replicated<E> {
                         }
                     }
                 }
+                let copy = Copy {
+                    node,
+                    j,
+                    spot,
+                    fading: false,
+                    receiving: false,
+                    incarnation: self.fence.incarnation(node),
+                };
+                if role == NodeRole::Full && settled && self.fence.any_cut_over() {
+                    let t = *now.get_or_insert_with(|| self.inner.mono_ns());
+                    match self.fence.cut_over(node, t, self.cut_over_settle_ns()) {
+                        CutOver::Before => {}
+                        CutOver::Around => {
+                            settled = false;
+                            break;
+                        }
+                        CutOver::Past => {
+                            past.get_or_insert(copy);
+                            continue;
+                        }
+                    }
+                }
                 match role {
                     NodeRole::Full if settled || mutated!(self.set, read_next_copy_at_once) => {
-                        return Ok(Copy {
-                            node,
-                            j,
-                            spot,
-                            fading: false,
-                            receiving: false,
-                            incarnation: self.fence.incarnation(node),
-                        });
+                        return Ok(copy);
                     }
                     NodeRole::Full => break,
                     NodeRole::Receiving => {}
@@ -77,6 +98,11 @@ impl<E: Endpoint> Replicated<E> {
                         settled &= !self.maybe_read_by_others(node, t);
                     }
                 }
+            }
+            // No copy after the leaving one may be read: it is still written, and nobody
+            // reads the others, so it is read again (its node has not stopped yet).
+            if let (true, Some(c)) = (settled, past) {
+                return Ok(c);
             }
             if settled && !skipped {
                 return Err(FabricError::NoCopy {
@@ -94,6 +120,17 @@ impl<E: Endpoint> Replicated<E> {
         self.fence
             .gone_for_ns(node, now_ns)
             .is_some_and(|t| t < self.set.read_settle_ns)
+            && !(self.fence.any_cut_over()
+                && self.fence.cut_over(node, now_ns, self.cut_over_settle_ns()) == CutOver::Past)
+    }
+
+    /// How long after learning of a leaving node's read cut-over this node waits, past it,
+    /// before it stops reading the node's copies: the read settle time (rule 7a).
+    fn cut_over_settle_ns(&self) -> u64 {
+        match mutated!(self.set, cut_over_when_named) {
+            true => 0,
+            false => self.set.read_settle_ns,
+        }
     }
 
     /// Wait, after skipping copy `c` (its node failed), until nobody reads it any more: a
@@ -334,6 +371,117 @@ mod tests {
             returned.duration_since(declared)
         );
         assert_eq!((r.copy(0), r.copy(1)), (0, w));
+    }
+
+    impl Rig {
+        /// Put `w` straight into copy `j` of `ENTRY`, as if written there earlier.
+        fn set_copy(&self, j: u8, w: u64) {
+            let node = self.set.holder(0, j);
+            let at = RemoteAddr::new(node, mirror_region(INDEX_REGION, j), 0);
+            let was = self.copy(j);
+            let mut e = self.fabric.endpoint(node);
+            assert_eq!(e.compare_and_swap(at, was, w).unwrap(), was);
+        }
+
+        /// A client on node 2 with the new view, which reads the copies as they are.
+        fn reader(&self) -> Replicated<InProcEndpoint> {
+            Replicated::new(self.fabric.endpoint(2), self.set.clone(), self.new.clone())
+        }
+    }
+
+    const MS: i128 = 1_000_000;
+    /// The wall clock's reading now, as the tests pretend.
+    const WALL: u64 = 1_000_000 * 1_000_000_000;
+
+    /// Node 0 leaves: its copies are read until its cut-over, then the next copy is, and
+    /// within the clock margin of it neither is.
+    #[test]
+    fn a_leaving_primary_is_read_until_its_cut_over_then_the_next_copy() {
+        let r = rig(Mutations::default());
+        let (a, b) = (word(0, 1), word(0, 2));
+        r.set_copy(0, a);
+        r.set_copy(1, b);
+        // Learnt now, the cut-over a read settle time and 100 ms ahead, a 20 ms margin.
+        let ahead = READ_SETTLE.as_nanos() as i128 + 100 * MS;
+        r.new.set_cut_over(0, WALL + ahead as u64, WALL, 20_000_000);
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.reader().read_u64(ENTRY).unwrap(), a, "before: copy 0");
+        let cut = Duration::from_nanos(ahead as u64);
+        std::thread::sleep(cut - Duration::from_millis(10) - t0.elapsed());
+        // Within the margin: waits until it is past, then reads copy 1.
+        assert_eq!(r.reader().read_u64(ENTRY).unwrap(), b, "after: copy 1");
+        assert!(
+            t0.elapsed() >= cut + Duration::from_millis(20),
+            "read at {:?}, before the margin had passed",
+            t0.elapsed()
+        );
+        assert_eq!(r.reader().read_u64(ENTRY).unwrap(), b);
+    }
+
+    /// A writer decided at copy 1 and has not reached copy 0. The cut-over was written late:
+    /// it is past when a node learns of it, while a node that read its configuration before
+    /// it was written still reads copy 0. A reader that knows must not read copy 1 until that
+    /// node's view is stale.
+    fn read_across_a_late_cut_over(mutations: Mutations) -> Result<(), String> {
+        let r = rig(mutations);
+        let w = word(0, 8);
+        r.set_copy(1, w);
+        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        let seen = r.reader().read_u64(ENTRY).unwrap();
+        assert_eq!(seen, w, "past the cut-over: copy 1");
+        old_read_is_not_older(&r, seen)
+    }
+
+    #[test]
+    fn a_reader_that_learns_of_a_past_cut_over_waits_the_read_settle_time() {
+        let t0 = std::time::Instant::now();
+        read_across_a_late_cut_over(Mutations::default()).unwrap();
+        assert!(t0.elapsed() >= READ_SETTLE, "the knowing read waited");
+    }
+
+    #[test]
+    fn a_cut_over_taken_as_named_is_caught() {
+        let err = read_across_a_late_cut_over(Mutations {
+            cut_over_when_named: true,
+            ..Mutations::default()
+        })
+        .unwrap_err();
+        assert!(err.contains("read 0x0"), "{err}");
+    }
+
+    /// Past its cut-over, a leaving node that stops makes nobody wait: readers already read
+    /// copy 1, and writers that miss its copy go on. Without the cut-over both wait the read
+    /// settle time (the tests above).
+    #[test]
+    fn a_node_that_stops_past_its_cut_over_makes_nobody_wait() {
+        let r = rig(Mutations::default());
+        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        std::thread::sleep(READ_SETTLE);
+        r.new.set_gone(0, true);
+        let t0 = std::time::Instant::now();
+        let w = word(0, 9);
+        assert_eq!(r.knowing().compare_and_swap(ENTRY, 0, w).unwrap(), 0);
+        assert_eq!(r.knowing().read_u64(ENTRY).unwrap(), w);
+        assert_eq!((r.copy(0), r.copy(1)), (0, w), "copy 0 missed it");
+        assert!(t0.elapsed() < READ_SETTLE / 2, "waited {:?}", t0.elapsed());
+    }
+
+    /// Past its cut-over, a leaving node's copy is read again once no copy after it is
+    /// full (the next one failed, and nobody may read it any more): it is still written.
+    #[test]
+    fn a_copy_past_its_cut_over_is_read_when_no_later_one_is_full() {
+        let r = rig(Mutations::default());
+        let a = word(0, 3);
+        r.set_copy(0, a);
+        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        r.new.set_gone(1, true);
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.reader().read_u64(ENTRY).unwrap(), a);
+        assert!(
+            t0.elapsed() >= READ_SETTLE,
+            "read before nobody read copy 1: {:?}",
+            t0.elapsed()
+        );
     }
 
     /// A view gone stale is waited on: refreshed in time, the read goes on; not, it is refused,
