@@ -168,6 +168,7 @@ impl Cells {
             errors: self.errors.clone(),
             get_p50_us: self.gets.iter().map(|h| q(h, 0.5)).collect(),
             get_p999_us: self.gets.iter().map(|h| q(h, 0.999)).collect(),
+            gets: self.gets.clone(),
         }
     }
 }
@@ -196,6 +197,10 @@ pub struct Timeline {
     pub errors: Vec<u64>,
     pub get_p50_us: Vec<f64>,
     pub get_p999_us: Vec<f64>,
+    /// The windows' GET histograms, for percentiles over several windows
+    /// ([`Self::get_quantile_us`]); kept only in the run that merged them, not in the JSON.
+    #[serde(skip)]
+    pub gets: Vec<Option<Histogram<u64>>>,
 }
 
 /// A node killed during a run (`nessie bench --kill-node K --kill-at S [--restart-at S2]`), and
@@ -224,6 +229,22 @@ pub struct FaultReport {
 impl Timeline {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Quantile `q` of the latencies of every GET that completed in windows `range` (µs,
+    /// coarse as the windows'); 0 without GETs, or in a timeline read back from JSON.
+    pub fn get_quantile_us(&self, range: std::ops::Range<usize>, q: f64) -> f64 {
+        let mut all = coarse_hist();
+        let end = range.end.min(self.gets.len());
+        for h in self.gets[range.start.min(end)..end].iter().flatten() {
+            if all.add(h).is_err() {
+                return 0.0; // same bounds on both sides: cannot happen
+            }
+        }
+        match all.is_empty() {
+            true => 0.0,
+            false => all.value_at_quantile(q) as f64 / 1e3,
+        }
     }
 
     /// The longest run of windows from `from` on in which nothing completed, in windows.
@@ -307,6 +328,41 @@ mod tests {
         let t = a.timeline();
         assert_eq!(t.ops, vec![2, 0, 1]);
         assert!(t.get_p999_us[0] >= 8.0, "{t:?}");
+    }
+
+    /// A percentile over several windows weighs each GET once: two slow GETs in 4,000 leave
+    /// the pooled p99.9 where the others are, though their window's own p99.9 is theirs.
+    #[test]
+    fn a_pooled_percentile_weighs_each_get_once() {
+        let mut c = Cells::new(0, 600_000_000);
+        for w in 0..4u64 {
+            for i in 0..1_000 {
+                c.completed(w * WINDOW_NS + i, Some(10_000));
+            }
+        }
+        c.completed(WINDOW_NS + 5_000, Some(5_000_000));
+        c.completed(WINDOW_NS + 6_000, Some(5_000_000));
+        for i in 0..100 {
+            c.completed(4 * WINDOW_NS + i, Some(2_000_000));
+        }
+        let t = c.timeline();
+        assert!(t.get_p999_us[1] > 4_000.0, "{:?}", t.get_p999_us);
+        let before = t.get_quantile_us(0..4, 0.999);
+        assert!((9.0..=11.0).contains(&before), "{before}");
+        assert!(
+            t.get_quantile_us(0..5, 0.999) > 1_500.0,
+            "window 4's slow GETs count"
+        );
+        assert_eq!(t.get_quantile_us(5..6, 0.999), 0.0, "no GETs");
+        assert_eq!(t.get_quantile_us(7..99, 0.5), 0.0, "out of range");
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(!json.contains("gets"), "{json}");
+        let back: Timeline = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            back.get_quantile_us(0..4, 0.999),
+            0.0,
+            "not kept in the JSON"
+        );
     }
 
     #[test]

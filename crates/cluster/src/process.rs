@@ -967,7 +967,13 @@ fn cut_over(
             Err(StartMigrationError::Refused(e @ MigrationError::NotSettled { .. })) => {
                 waiting(e.to_string(), progress)?
             }
-            Err(e) => return Err(format!("node {id}: naming its read cut-over: {e}")),
+            // Cancelled, or failed, meanwhile: nothing to wait for.
+            Err(StartMigrationError::Refused(e)) => {
+                return Err(format!("node {id} not stepped down: {e}"))
+            }
+            // etcd's answer lost or late (the change may have landed: a retry keeps the
+            // instant it named), or the configuration changing under us: try again.
+            Err(e) => waiting(format!("naming its read cut-over: {e}"), progress)?,
         }
     };
     let until = at_ns + margin_ns + CUT_OVER_SLACK.as_nanos() as u64;

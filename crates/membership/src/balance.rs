@@ -259,10 +259,10 @@ impl Configuration {
 
     /// The successor in which leaving node `id`'s copies stop being read from wall time
     /// `at_ns` (its read cut-over, rule 7a of `docs/protocol.md`): it has drained its index and
-    /// is up, and every other copy of every partition is full on a node that is up
-    /// ([`Self::may_leave`]), so that each partition it holds a copy of has a full one after
-    /// it to be read instead. `None`: it has one already (a second call keeps the first
-    /// instant: readers may have acted on it).
+    /// is up, each partition it holds a copy of has another copy full on a node that is up
+    /// ([`Self::may_stop`]), and no other node that is up has a cut-over named (one at a
+    /// time: two could hold the two copies of a partition). `None`: it has one already (a
+    /// second call keeps the first instant: readers may have acted on it).
     pub fn name_cut_over(
         &self,
         id: u16,
@@ -275,18 +275,27 @@ impl Configuration {
         if self.cut_over(id).is_some() {
             return Ok(None);
         }
-        let not_yet = |why: &str| MigrationError::NotSettled {
-            node: id,
-            why: why.into(),
-        };
+        let not_yet = |why: String| MigrationError::NotSettled { node: id, why };
         if !self.leaving.contains(&id) {
-            return Err(not_yet("it is not leaving"));
+            return Err(MigrationError::NotLeaving(id));
         }
         if self.state(id) != Some(NodeState::Up) {
-            return Err(not_yet("it is not up"));
+            return Err(MigrationError::NotUp(id));
         }
         if !self.index_drained(set, id) {
-            return Err(not_yet("it still holds index partitions, or some migrate"));
+            return Err(not_yet(
+                "it still holds index partitions, or some migrate".into(),
+            ));
+        }
+        if let Some(m) = self
+            .nodes
+            .iter()
+            .find(|m| m.id != id && m.cut_over_ns != 0 && m.state == NodeState::Up)
+        {
+            return Err(not_yet(format!(
+                "node {} is stopping too (its read cut-over is named)",
+                m.id
+            )));
         }
         self.may_stop(id, set)?;
         assert!(at_ns != 0, "a cut-over at time 0 would read as none");
@@ -736,7 +745,10 @@ mod tests {
         let s = set();
         let c = config(4);
         let not_settled = |r| matches!(r, Err(MigrationError::NotSettled { node: 3, .. }));
-        assert!(not_settled(c.name_cut_over(3, 7, &s)), "not leaving");
+        assert_eq!(
+            c.name_cut_over(3, 7, &s),
+            Err(MigrationError::NotLeaving(3))
+        );
         let c = c.set_leaving(3, true, &s).unwrap().unwrap();
         assert!(not_settled(c.name_cut_over(3, 7, &s)), "not drained");
         let drained = drain_node_3(&s, &c).unwrap();
@@ -755,6 +767,18 @@ mod tests {
         assert_eq!(named.epoch, drained.epoch + 1);
         assert_eq!(named.cut_over(3), Some(7_000));
         assert_eq!(named.name_cut_over(3, 9_000, &s), Ok(None), "kept");
+        // One at a time: not while another node that is up has one.
+        let mut other = drained.clone();
+        other
+            .nodes
+            .iter_mut()
+            .find(|m| m.id == 1)
+            .unwrap()
+            .cut_over_ns = 5;
+        assert!(matches!(
+            other.name_cut_over(3, 7, &s),
+            Err(MigrationError::NotSettled { node: 3, why }) if why.contains("node 1")
+        ));
         assert_eq!(
             named.set_leaving(3, false, &s),
             Err(MigrationError::CutOver(3))

@@ -292,6 +292,8 @@ pub enum MigrationError {
     Leaving(u16),
     #[error("node {0}'s copies are no longer read (its read cut-over passed or is named): it can only stop; started again, it joins holding nothing")]
     CutOver(u16),
+    #[error("node {0} is not leaving (nessie leave --cancel?)")]
+    NotLeaving(u16),
     #[error("node {0} stands by (it has never been up): it holds nothing to drain")]
     Standby(u16),
     #[error("node {node} cannot leave while {why}: it would leave partitions with too few copies")]

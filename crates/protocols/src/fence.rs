@@ -636,21 +636,25 @@ impl Fence {
 
     /// Record `node`'s read cut-over (rule 7a): its copies stop being read at wall time
     /// `named_ns` (0: it has none) by the clock of the node that named it, which may be
-    /// `margin_ns` away from ours (`now_wall_ns`). The first reading of an instant is kept (a
-    /// later epoch names the same one, read again on a clock that moved on).
+    /// `margin_ns` away from ours (`now_wall_ns`, read just before). A thread paused between
+    /// that reading and this one's of the monotonic clock places the instant late by the
+    /// pause, never early: so each later reading of the same instant (every epoch repeats it)
+    /// may only bring its end of reads earlier, and its start of the new reads stays where
+    /// it was first placed (later is safe there), as does when this fence learnt of it.
     pub fn set_cut_over(&self, node: NodeId, named_ns: u64, now_wall_ns: u64, margin_ns: u64) {
         let c = &self.cut_over_ns[node as usize];
         if named_ns == 0 {
             c.iter().for_each(|w| w.store(0, Ordering::SeqCst));
             return;
         }
-        if c[3].load(Ordering::SeqCst) == named_ns {
-            return;
-        }
         let now = nessie_fabric::monotonic_ns();
         let d = named_ns as i128 - now_wall_ns as i128;
         let at = (now + BEFORE_ORIGIN_NS) as i128 + d;
         let clamp = |v: i128| v.clamp(1, u64::MAX as i128) as u64;
+        if c[3].load(Ordering::SeqCst) == named_ns {
+            c[0].fetch_min(clamp(at - margin_ns as i128), Ordering::SeqCst);
+            return;
+        }
         c[0].store(clamp(at - margin_ns as i128), Ordering::SeqCst);
         c[2].store(now.max(1), Ordering::SeqCst);
         c[3].store(named_ns, Ordering::SeqCst);

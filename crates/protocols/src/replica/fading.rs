@@ -45,8 +45,6 @@ impl<E: Endpoint> Replicated<E> {
             let mut now = None;
             let mut settled = true;
             let mut skipped = false;
-            // A leaving node's copy past its read cut-over, passed over for a later one.
-            let mut past = None;
             for j in 0..self.set.replicas {
                 let (node, spot, role) = self.place(part, j);
                 if old_roles && role == NodeRole::Full && self.fence.any_moved() {
@@ -81,10 +79,9 @@ impl<E: Endpoint> Replicated<E> {
                             settled = false;
                             break;
                         }
-                        CutOver::Past => {
-                            past.get_or_insert(copy);
-                            continue;
-                        }
+                        // Never read again, even if no later copy may be: others may have
+                        // returned words from the next copy that never reached this one.
+                        CutOver::Past => continue,
                     }
                 }
                 match role {
@@ -98,11 +95,6 @@ impl<E: Endpoint> Replicated<E> {
                         settled &= !self.maybe_read_by_others(node, t);
                     }
                 }
-            }
-            // No copy after the leaving one may be read: it is still written, and nobody
-            // reads the others, so it is read again (its node has not stopped yet).
-            if let (true, Some(c)) = (settled, past) {
-                return Ok(c);
             }
             if settled && !skipped {
                 return Err(FabricError::NoCopy {
@@ -126,7 +118,7 @@ impl<E: Endpoint> Replicated<E> {
 
     /// How long after learning of a leaving node's read cut-over this node waits, past it,
     /// before it stops reading the node's copies: the read settle time (rule 7a).
-    fn cut_over_settle_ns(&self) -> u64 {
+    pub(super) fn cut_over_settle_ns(&self) -> u64 {
         match mutated!(self.set, cut_over_when_named) {
             true => 0,
             false => self.set.read_settle_ns,
@@ -466,22 +458,46 @@ mod tests {
         assert!(t0.elapsed() < READ_SETTLE / 2, "waited {:?}", t0.elapsed());
     }
 
-    /// Past its cut-over, a leaving node's copy is read again once no copy after it is
-    /// full (the next one failed, and nobody may read it any more): it is still written.
+    /// Past its cut-over, a leaving node's copy is never read again, not even once no copy
+    /// after it may be (the next one failed): readers returned words from the next copy that
+    /// may never have reached it (the next one decides first).
     #[test]
-    fn a_copy_past_its_cut_over_is_read_when_no_later_one_is_full() {
+    fn a_copy_past_its_cut_over_is_not_read_again_when_no_later_one_is_full() {
         let r = rig(Mutations::default());
-        let a = word(0, 3);
-        r.set_copy(0, a);
         r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
-        r.new.set_gone(1, true);
-        let t0 = std::time::Instant::now();
-        assert_eq!(r.reader().read_u64(ENTRY).unwrap(), a);
-        assert!(
-            t0.elapsed() >= READ_SETTLE,
-            "read before nobody read copy 1: {:?}",
-            t0.elapsed()
+        std::thread::sleep(READ_SETTLE);
+        let w = word(0, 3);
+        r.set_copy(1, w);
+        assert_eq!(
+            r.reader().read_u64(ENTRY).unwrap(),
+            w,
+            "copy 1, past the cut-over"
         );
+        r.new.set_gone(1, true);
+        std::thread::sleep(READ_SETTLE);
+        match r.reader().read_u64(ENTRY) {
+            Err(FabricError::NoCopy { node: 0 }) => {}
+            other => panic!("copy 0 (without the word returned) read again: {other:?}"),
+        }
+    }
+
+    /// The leaving node's own reads of its own copies follow the cut-over too: they go to the
+    /// next copy, as everyone else's do.
+    #[test]
+    fn a_leaving_node_reads_its_own_copies_by_the_cut_over_too() {
+        use nessie_store::DATA_REGION;
+        let r = rig(Mutations::default());
+        let copy = |j: u8| RemoteAddr::new(r.set.holder(0, j), mirror_region(DATA_REGION, j), 0);
+        r.fabric.endpoint(0).write(copy(0), &[1; 8]).unwrap();
+        r.fabric.endpoint(1).write(copy(1), &[2; 8]).unwrap();
+        let mut own = Replicated::new(r.fabric.endpoint(0), r.set.clone(), r.new.clone());
+        let mut buf = [0u8; 8];
+        own.local_read(DATA_REGION, 0, &mut buf).unwrap();
+        assert_eq!(buf, [1; 8], "before: its own memory");
+        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        std::thread::sleep(READ_SETTLE);
+        own.local_read(DATA_REGION, 0, &mut buf).unwrap();
+        assert_eq!(buf, [2; 8], "past the cut-over: copy 1");
     }
 
     /// A view gone stale is waited on: refreshed in time, the read goes on; not, it is refused,

@@ -76,7 +76,7 @@ use nessie_store::{
 use crate::config::Mutations;
 use crate::config::ProtocolConfig;
 use crate::error::Error;
-use crate::fence::{Fence, NodeRole, MAX_INDEX_SLOTS};
+use crate::fence::{CutOver, Fence, NodeRole, MAX_INDEX_SLOTS};
 
 /// Most copies of a partition.
 pub const MAX_REPLICAS: u8 = 3;
@@ -1618,9 +1618,16 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             // Where index partitions can move, our own table may no longer hold copy 0 of each
             // of them (moved, or fenced by a migration our view does not know yet): reads go by
             // the chains, which never return a fenced word.
+            // Nor once our read cut-over is near (rule 7a): others read the copy after ours
+            // from it on, and so must we.
             if self.fence.role(me) != NodeRole::Full
                 || self.fence.moved_copy(me, 0).is_some()
                 || region == INDEX_REGION && self.set.index_slots.is_some()
+                || self.fence.any_cut_over()
+                    && self
+                        .fence
+                        .cut_over(me, self.inner.mono_ns(), self.cut_over_settle_ns())
+                        != CutOver::Before
             {
                 return self.read(RemoteAddr::new(me, region, offset), buf);
             }
