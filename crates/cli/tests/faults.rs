@@ -646,6 +646,21 @@ fn the_same_over_tcp() {
     history_across_faults("faults-tcp", "tcp", Faults::PauseKillRestart, &[]);
 }
 
+/// A node leaving over TCP, another paused mid-drain, as over shared memory above: over TCP
+/// the paused node's peers cannot reach it at all while it is stopped, and the leaving
+/// node's stop closes its connections.
+#[test]
+fn a_history_across_a_node_leaving_over_tcp_is_linearizable() {
+    history_across_faults("faults-leave-tcp", "tcp", Faults::Leave, &[]);
+}
+
+/// A node joining over TCP, as over shared memory above: the joined node connects to its
+/// peers only once up, and its kill and restart make every peer connect again.
+#[test]
+fn a_history_across_a_node_joining_over_tcp_is_linearizable() {
+    history_across_faults("faults-join-tcp", "tcp", Faults::Join, &[]);
+}
+
 /// Data table entries per node of the evicting run: about 100 of its items each.
 const EVICTING_DTES: &str = "128";
 
