@@ -975,6 +975,27 @@ impl<E: Endpoint> Replicated<E> {
         let part = self.part(addr);
         self.wait_join_settled(part, Access::of(part, addr.region, access));
         let copies = self.copies(part, true)?;
+        let mut written = false;
+        match self.write_copies(part, addr, buf, local, copies, &mut written) {
+            // Refused past the lease once some copy has it: some copies have it, some not.
+            Err(FabricError::Fenced { node }) if written => {
+                Err(FabricError::Indeterminate { node })
+            }
+            r => r,
+        }
+    }
+
+    /// [`Self::write_all`]'s writes to `copies`, then to copies placed since (rule 17);
+    /// `written` is set once some copy has the bytes.
+    fn write_copies(
+        &mut self,
+        part: Part,
+        addr: RemoteAddr,
+        buf: &[u8],
+        local: bool,
+        copies: Copies,
+        written: &mut bool,
+    ) -> Result<(), FabricError> {
         let primary = copies.as_slice().iter().find(|c| c.is_full()).copied();
         let receiving_first = mutated!(self.set, receiving_written_first);
         // Two passes over the copies, each last first: the others, then the receiving ones.
@@ -982,37 +1003,19 @@ impl<E: Endpoint> Replicated<E> {
             true => pass == 0,
             false => c.receiving == (pass == 1),
         };
-        let mut written = false;
         for pass in 0..2 {
             for &c in copies.as_slice().iter().rev().filter(|c| in_pass(c, pass)) {
                 if mutated!(self.set, replicate_index_only) && Some(c) != primary {
                     continue;
                 }
-                match self.write_copy(addr, buf, local, c) {
-                    Ok(()) => written = true,
-                    // Past the lease with copies written: some copies have it, some not.
-                    Err(FabricError::Fenced { .. }) if written => {
-                        return Err(FabricError::Indeterminate { node: c.node })
-                    }
-                    Err(e) => return Err(e),
-                }
+                self.write_copy(addr, buf, local, c)?;
+                *written = true;
             }
         }
-        if mutated!(self.set, replicate_index_only) {
+        if mutated!(self.set, replicate_index_only) || mutated!(self.set, no_late_copy_writes) {
             return Ok(());
         }
-        if mutated!(self.set, no_late_copy_writes) {
-            return Ok(());
-        }
-        // Every chosen copy has it: a refusal now leaves it on some copies and not others.
-        let late =
-            self.on_late_copies(part, addr, copies, |s, c| s.write_copy(addr, buf, local, c));
-        match late {
-            Err(FabricError::Fenced { node }) if written => {
-                Err(FabricError::Indeterminate { node })
-            }
-            r => r,
-        }
+        self.on_late_copies(part, addr, copies, |s, c| s.write_copy(addr, buf, local, c))
     }
 
     /// Run `each` on every copy of `partition` placed since `chosen` were (rule 17), looking
