@@ -944,7 +944,9 @@ fn cut_over(
     let mut waiting = |why: String, progress: &mut dyn FnMut(&str)| {
         if Instant::now() >= deadline {
             return Err(format!(
-                "node {id} not stepped down: {why} (it stays leaving and keeps serving)"
+                "node {id} not stepped down: {why} (it stays leaving and keeps serving; once \
+                 its read cut-over is named it can no longer stay: run `nessie leave --node \
+                 {id}` again to finish)"
             ));
         }
         if why != said {

@@ -1511,11 +1511,14 @@ fn read_configuration(
             hook(&c);
         }
         let me = shared.incarnation;
-        apply(
+        // The monotonic clock just before the wall clock: a pause between the two readings
+        // then places a named instant early here, which is the safe side (`Fence::set_cut_over`).
+        let mono_at_wall = mono_ns();
+        apply_clocked(
             &c,
             (id, me),
             &shared.fence,
-            wall_ns(),
+            (wall_ns(), mono_at_wall),
             shared.policy.clock_margin_ns,
         );
         shared
@@ -1668,6 +1671,24 @@ pub fn apply(
     now_wall_ns: u64,
     clock_margin_ns: u64,
 ) {
+    let mono = nessie_fabric::monotonic_ns();
+    apply_clocked(
+        c,
+        (id, incarnation),
+        fence,
+        (now_wall_ns, mono),
+        clock_margin_ns,
+    );
+}
+
+/// [`apply`], with the monotonic clock's reading taken just before `now_wall_ns` was.
+pub fn apply_clocked(
+    c: &Configuration,
+    (id, incarnation): (u16, u64),
+    fence: &Fence,
+    (now_wall_ns, mono_at_wall_ns): (u64, u64),
+    clock_margin_ns: u64,
+) {
     for m in &c.nodes {
         let state = match m.id == id {
             true => c.own_state(id, incarnation).unwrap_or(m.state),
@@ -1675,7 +1696,12 @@ pub fn apply(
         };
         fence.set_incarnation(m.id, m.joined_ns);
         // Named on a clock that may be the margin away from ours (`Fence::cut_over`).
-        fence.set_cut_over(m.id, m.cut_over_ns, now_wall_ns, clock_margin_ns);
+        fence.set_cut_over(
+            m.id,
+            m.cut_over_ns,
+            (now_wall_ns, mono_at_wall_ns),
+            clock_margin_ns,
+        );
         fence.set_role(
             m.id,
             match state {

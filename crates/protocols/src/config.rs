@@ -113,6 +113,9 @@ pub struct Mutations {
     /// names, however late this node learnt of it, while nodes that read their configuration
     /// before it was written may still read them (rule 7a).
     pub cut_over_when_named: bool,
+    /// Replication: a leaving node's copy past its read cut-over is read again as soon as no
+    /// copy after it may be read, not only once that copy has failed for the settle time.
+    pub read_past_cut_over_at_once: bool,
     /// An eviction deletes its victim whatever the victim's version now, not only the version
     /// it sampled: a key rewritten in between loses its new value.
     pub evict_unconditionally: bool,

@@ -636,12 +636,20 @@ impl Fence {
 
     /// Record `node`'s read cut-over (rule 7a): its copies stop being read at wall time
     /// `named_ns` (0: it has none) by the clock of the node that named it, which may be
-    /// `margin_ns` away from ours (`now_wall_ns`, read just before). A thread paused between
-    /// that reading and this one's of the monotonic clock places the instant late by the
-    /// pause, never early: so each later reading of the same instant (every epoch repeats it)
-    /// may only bring its end of reads earlier, and its start of the new reads stays where
-    /// it was first placed (later is safe there), as does when this fence learnt of it.
-    pub fn set_cut_over(&self, node: NodeId, named_ns: u64, now_wall_ns: u64, margin_ns: u64) {
+    /// `margin_ns` away from ours. `(now_wall_ns, mono_at_wall_ns)`: our wall clock, and our
+    /// monotonic clock read just before it. A pause between the two readings places the
+    /// instant early from the first (the safe side for the end of reads of its copies) and
+    /// late from a monotonic reading taken after (the safe side for the start of reads of the
+    /// next copy): the end is placed from the first, the start from one taken now. Each later
+    /// reading of the same instant (every epoch repeats it) may only bring the end earlier;
+    /// the start, and when this fence learnt of it, stay where they were first placed.
+    pub fn set_cut_over(
+        &self,
+        node: NodeId,
+        named_ns: u64,
+        (now_wall_ns, mono_at_wall_ns): (u64, u64),
+        margin_ns: u64,
+    ) {
         let c = &self.cut_over_ns[node as usize];
         if named_ns == 0 {
             c.iter().for_each(|w| w.store(0, Ordering::SeqCst));
@@ -649,23 +657,29 @@ impl Fence {
         }
         let now = nessie_fabric::monotonic_ns();
         let d = named_ns as i128 - now_wall_ns as i128;
-        let at = (now + BEFORE_ORIGIN_NS) as i128 + d;
+        let on = |mono: u64| (mono.min(now) + BEFORE_ORIGIN_NS) as i128 + d;
         let clamp = |v: i128| v.clamp(1, u64::MAX as i128) as u64;
+        let end = clamp(on(mono_at_wall_ns) - margin_ns as i128);
         if c[3].load(Ordering::SeqCst) == named_ns {
-            c[0].fetch_min(clamp(at - margin_ns as i128), Ordering::SeqCst);
+            c[0].fetch_min(end, Ordering::SeqCst);
             return;
         }
-        c[0].store(clamp(at - margin_ns as i128), Ordering::SeqCst);
+        c[0].store(end, Ordering::SeqCst);
         c[2].store(now.max(1), Ordering::SeqCst);
         c[3].store(named_ns, Ordering::SeqCst);
         // Last: `cut_over` looks at it first.
-        c[1].store(clamp(at + margin_ns as i128), Ordering::SeqCst);
+        c[1].store(clamp(on(now) + margin_ns as i128), Ordering::SeqCst);
         self.any_cut_over.store(true, Ordering::SeqCst);
     }
 
     /// Whether any node has a read cut-over (cheap: no clock).
     pub fn any_cut_over(&self) -> bool {
         self.any_cut_over.load(Ordering::Relaxed)
+    }
+
+    /// Whether `node` has a read cut-over (cheap: no clock).
+    pub fn has_cut_over(&self, node: NodeId) -> bool {
+        self.any_cut_over() && self.cut_over_ns[node as usize][1].load(Ordering::SeqCst) != 0
     }
 
     /// Where `node`'s copies stand against their read cut-over at monotonic time `now_ns`.

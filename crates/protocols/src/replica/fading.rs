@@ -45,6 +45,9 @@ impl<E: Endpoint> Replicated<E> {
             let mut now = None;
             let mut settled = true;
             let mut skipped = false;
+            // A leaving node's copy past its read cut-over, and whether a copy after it failed
+            // less than the settle time ago.
+            let (mut past, mut recent) = (None, false);
             for j in 0..self.set.replicas {
                 let (node, spot, role) = self.place(part, j);
                 if old_roles && role == NodeRole::Full && self.fence.any_moved() {
@@ -71,7 +74,7 @@ impl<E: Endpoint> Replicated<E> {
                     receiving: false,
                     incarnation: self.fence.incarnation(node),
                 };
-                if role == NodeRole::Full && settled && self.fence.any_cut_over() {
+                if role == NodeRole::Full && settled && self.fence.has_cut_over(node) {
                     let t = *now.get_or_insert_with(|| self.inner.mono_ns());
                     match self.fence.cut_over(node, t, self.cut_over_settle_ns()) {
                         CutOver::Before => {}
@@ -79,9 +82,10 @@ impl<E: Endpoint> Replicated<E> {
                             settled = false;
                             break;
                         }
-                        // Never read again, even if no later copy may be: others may have
-                        // returned words from the next copy that never reached this one.
-                        CutOver::Past => continue,
+                        CutOver::Past => {
+                            past = past.or(Some(copy));
+                            continue;
+                        }
                     }
                 }
                 match role {
@@ -93,8 +97,24 @@ impl<E: Endpoint> Replicated<E> {
                     NodeRole::Gone => {
                         let t = *now.get_or_insert_with(|| self.inner.mono_ns());
                         settled &= !self.maybe_read_by_others(node, t);
+                        recent |= self
+                            .fence
+                            .gone_for_ns(node, t)
+                            .is_some_and(|g| g < self.set.settle_ns);
                     }
                 }
+            }
+            // No copy after the one past its cut-over may be read. Readers returned words from
+            // the next copy (the decider, with two copies) that may not have reached it, so it
+            // is read again only once that copy has failed for the settle time: by then it
+            // decides itself, carries from the failed one's history have stopped, and a copy
+            // filled anew would be filled from it anyway. Words that did not reach it are lost
+            // with that copy, as with any second failure (rule 7a).
+            if let (true, false, Some(c)) = (settled, skipped, past) {
+                if !recent || mutated!(self.set, read_past_cut_over_at_once) {
+                    return Ok(c);
+                }
+                settled = false;
             }
             if settled && !skipped {
                 return Err(FabricError::NoCopy {
@@ -112,8 +132,18 @@ impl<E: Endpoint> Replicated<E> {
         self.fence
             .gone_for_ns(node, now_ns)
             .is_some_and(|t| t < self.set.read_settle_ns)
-            && !(self.fence.any_cut_over()
+            && !(self.fence.has_cut_over(node)
                 && self.fence.cut_over(node, now_ns, self.cut_over_settle_ns()) == CutOver::Past)
+    }
+
+    /// Whether reads of `node`'s copies are no longer as before its read cut-over (rule 7a):
+    /// then they go by [`Self::read_copy`], which waits around it and skips them past it.
+    pub(super) fn near_cut_over(&self, node: NodeId) -> bool {
+        self.fence.has_cut_over(node)
+            && self
+                .fence
+                .cut_over(node, self.inner.mono_ns(), self.cut_over_settle_ns())
+                != CutOver::Before
     }
 
     /// How long after learning of a leaving node's read cut-over this node waits, past it,
@@ -215,6 +245,11 @@ mod tests {
     }
 
     fn rig(mutations: Mutations) -> Rig {
+        rig_settling(mutations, 2 * READ_SETTLE)
+    }
+
+    /// [`rig`], with a settle time of `settle`.
+    fn rig_settling(mutations: Mutations, settle: Duration) -> Rig {
         let cfg = ProtocolConfig {
             expiry_ns: 5_000_000,
             clock_margin_ns: 0,
@@ -223,7 +258,7 @@ mod tests {
         };
         let set = ReplicaSet::new(2, 3, layout(), &cfg)
             .unwrap()
-            .with_settle_at_least(2 * READ_SETTLE.as_nanos() as u64)
+            .with_settle_at_least(settle.as_nanos() as u64)
             .with_read_settle(READ_SETTLE.as_nanos() as u64);
         let regions = vec![set.region_sizes(&[64, 64, 8]); 3];
         let old = Fence::unfenced();
@@ -385,6 +420,10 @@ mod tests {
     /// The wall clock's reading now, as the tests pretend.
     const WALL: u64 = 1_000_000 * 1_000_000_000;
 
+    fn mono() -> u64 {
+        nessie_fabric::monotonic_ns()
+    }
+
     /// Node 0 leaves: its copies are read until its cut-over, then the next copy is, and
     /// within the clock margin of it neither is.
     #[test]
@@ -395,7 +434,8 @@ mod tests {
         r.set_copy(1, b);
         // Learnt now, the cut-over a read settle time and 100 ms ahead, a 20 ms margin.
         let ahead = READ_SETTLE.as_nanos() as i128 + 100 * MS;
-        r.new.set_cut_over(0, WALL + ahead as u64, WALL, 20_000_000);
+        r.new
+            .set_cut_over(0, WALL + ahead as u64, (WALL, mono()), 20_000_000);
         let t0 = std::time::Instant::now();
         assert_eq!(r.reader().read_u64(ENTRY).unwrap(), a, "before: copy 0");
         let cut = Duration::from_nanos(ahead as u64);
@@ -418,7 +458,8 @@ mod tests {
         let r = rig(mutations);
         let w = word(0, 8);
         r.set_copy(1, w);
-        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        r.new
+            .set_cut_over(0, WALL - 1_000 * MS as u64, (WALL, mono()), 0);
         let seen = r.reader().read_u64(ENTRY).unwrap();
         assert_eq!(seen, w, "past the cut-over: copy 1");
         old_read_is_not_older(&r, seen)
@@ -447,7 +488,8 @@ mod tests {
     #[test]
     fn a_node_that_stops_past_its_cut_over_makes_nobody_wait() {
         let r = rig(Mutations::default());
-        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        r.new
+            .set_cut_over(0, WALL - 1_000 * MS as u64, (WALL, mono()), 0);
         std::thread::sleep(READ_SETTLE);
         r.new.set_gone(0, true);
         let t0 = std::time::Instant::now();
@@ -458,27 +500,54 @@ mod tests {
         assert!(t0.elapsed() < READ_SETTLE / 2, "waited {:?}", t0.elapsed());
     }
 
-    /// Past its cut-over, a leaving node's copy is never read again, not even once no copy
-    /// after it may be (the next one failed): readers returned words from the next copy that
-    /// may never have reached it (the next one decides first).
-    #[test]
-    fn a_copy_past_its_cut_over_is_not_read_again_when_no_later_one_is_full() {
-        let r = rig(Mutations::default());
-        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+    /// How long the fallback test's settle time is: long enough that a carrier may still land
+    /// after the read settle time (carries stop at half the settle time).
+    const FALLBACK_SETTLE: Duration = Duration::from_millis(1_200);
+
+    /// Past its cut-over, a leaving node's copy is read again only once the copy after it (the
+    /// decider, which readers read) has failed for the settle time: before that, a carrier of
+    /// a word decided there, which a reader returned, may still be on its way to it.
+    fn read_back_after_the_next_copy_fails(mutations: Mutations) -> Result<Duration, String> {
+        let r = rig_settling(mutations, FALLBACK_SETTLE);
+        r.new
+            .set_cut_over(0, WALL - 1_000 * MS as u64, (WALL, mono()), 0);
         std::thread::sleep(READ_SETTLE);
         let w = word(0, 3);
         r.set_copy(1, w);
-        assert_eq!(
-            r.reader().read_u64(ENTRY).unwrap(),
-            w,
-            "copy 1, past the cut-over"
-        );
+        let seen = r.reader().read_u64(ENTRY).unwrap();
+        assert_eq!(seen, w, "copy 1, past the cut-over");
         r.new.set_gone(1, true);
-        std::thread::sleep(READ_SETTLE);
-        match r.reader().read_u64(ENTRY) {
-            Err(FabricError::NoCopy { node: 0 }) => {}
-            other => panic!("copy 0 (without the word returned) read again: {other:?}"),
-        }
+        let t0 = std::time::Instant::now();
+        // The writer's carry reaches copy 0 late, before half the settle time.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(FALLBACK_SETTLE * 3 / 8);
+                r.set_copy(0, w);
+            });
+            match r.reader().read_u64(ENTRY) {
+                Ok(v) if v == seen => Ok(t0.elapsed()),
+                Ok(v) => Err(format!(
+                    "read {v:#x} at copy 0 after {seen:#x} was returned from copy 1"
+                )),
+                Err(e) => Err(format!("unexpected error: {e}")),
+            }
+        })
+    }
+
+    #[test]
+    fn a_copy_past_its_cut_over_is_read_again_only_once_the_next_has_failed_for_the_settle_time() {
+        let waited = read_back_after_the_next_copy_fails(Mutations::default()).unwrap();
+        assert!(waited >= FALLBACK_SETTLE, "read back after {waited:?}");
+    }
+
+    #[test]
+    fn reading_a_copy_past_its_cut_over_again_at_once_is_caught() {
+        let err = read_back_after_the_next_copy_fails(Mutations {
+            read_past_cut_over_at_once: true,
+            ..Mutations::default()
+        })
+        .unwrap_err();
+        assert!(err.contains("read 0x0"), "{err}");
     }
 
     /// The leaving node's own reads of its own copies follow the cut-over too: they go to the
@@ -494,10 +563,36 @@ mod tests {
         let mut buf = [0u8; 8];
         own.local_read(DATA_REGION, 0, &mut buf).unwrap();
         assert_eq!(buf, [1; 8], "before: its own memory");
-        r.new.set_cut_over(0, WALL - 1_000 * MS as u64, WALL, 0);
+        r.new
+            .set_cut_over(0, WALL - 1_000 * MS as u64, (WALL, mono()), 0);
         std::thread::sleep(READ_SETTLE);
         own.local_read(DATA_REGION, 0, &mut buf).unwrap();
         assert_eq!(buf, [2; 8], "past the cut-over: copy 1");
+    }
+
+    /// A leaving node's own read that first waits for its view, and is taken past the cut-over
+    /// by that wait, reads the next copy, not its own memory.
+    #[test]
+    fn a_leaving_node_s_own_read_that_waits_past_the_cut_over_reads_the_next_copy() {
+        use nessie_store::DATA_REGION;
+        let r = rig(Mutations::default());
+        let copy = |j: u8| RemoteAddr::new(r.set.holder(0, j), mirror_region(DATA_REGION, j), 0);
+        r.fabric.endpoint(0).write(copy(0), &[1; 8]).unwrap();
+        r.fabric.endpoint(1).write(copy(1), &[2; 8]).unwrap();
+        let fence = Arc::new(Fence::unfenced());
+        fence.set_view_until(mono());
+        // Its end of reads 50 ms ahead; the view refreshed 100 ms from now.
+        fence.set_cut_over(0, WALL + 50 * MS as u64, (WALL, mono()), 0);
+        let mut own = Replicated::new(r.fabric.endpoint(0), r.set.clone(), fence.clone());
+        let mut buf = [0u8; 8];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                fence.set_view_until(u64::MAX - 1);
+            });
+            own.local_read(DATA_REGION, 0, &mut buf).unwrap();
+        });
+        assert_eq!(buf, [2; 8], "read its own copy past the cut-over");
     }
 
     /// A view gone stale is waited on: refreshed in time, the read goes on; not, it is refused,

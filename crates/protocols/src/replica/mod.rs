@@ -76,7 +76,7 @@ use nessie_store::{
 use crate::config::Mutations;
 use crate::config::ProtocolConfig;
 use crate::error::Error;
-use crate::fence::{CutOver, Fence, NodeRole, MAX_INDEX_SLOTS};
+use crate::fence::{Fence, NodeRole, MAX_INDEX_SLOTS};
 
 /// Most copies of a partition.
 pub const MAX_REPLICAS: u8 = 3;
@@ -893,6 +893,10 @@ impl<E: Endpoint> Replicated<E> {
             if reading && start.is_some() {
                 // The caller checked the view before the first try.
                 self.wait_fresh_view()?;
+                // And the copy's read cut-over (rule 7a): a retry may be past it. Choose again.
+                if self.near_cut_over(c.node) {
+                    return Ok(None);
+                }
             }
             match op(&mut self.inner) {
                 Ok(v) => return Ok(Some(v)),
@@ -1626,11 +1630,7 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
             if self.fence.role(me) != NodeRole::Full
                 || self.fence.moved_copy(me, 0).is_some()
                 || region == INDEX_REGION && self.set.index_slots.is_some()
-                || self.fence.any_cut_over()
-                    && self
-                        .fence
-                        .cut_over(me, self.inner.mono_ns(), self.cut_over_settle_ns())
-                        != CutOver::Before
+                || self.near_cut_over(me)
             {
                 return self.read(RemoteAddr::new(me, region, offset), buf);
             }
@@ -1641,6 +1641,10 @@ impl<E: Endpoint> Endpoint for Replicated<E> {
                 );
             }
             self.wait_fresh_view()?;
+            // Again after the waits, which may have taken us to it.
+            if self.near_cut_over(me) {
+                return self.read(RemoteAddr::new(me, region, offset), buf);
+            }
         }
         self.inner.local_read(region, offset, buf)
     }
