@@ -434,12 +434,13 @@ mod tests {
         r.set_copy(1, b);
         // Learnt now, the cut-over a read settle time and 100 ms ahead, a 20 ms margin.
         let ahead = READ_SETTLE.as_nanos() as i128 + 100 * MS;
+        // Before the fence reads its clock: the waits below are measured from no later.
+        let t0 = std::time::Instant::now();
         r.new
             .set_cut_over(0, WALL + ahead as u64, (WALL, mono()), 20_000_000);
-        let t0 = std::time::Instant::now();
         assert_eq!(r.reader().read_u64(ENTRY).unwrap(), a, "before: copy 0");
         let cut = Duration::from_nanos(ahead as u64);
-        std::thread::sleep(cut - Duration::from_millis(10) - t0.elapsed());
+        std::thread::sleep((cut - Duration::from_millis(10)).saturating_sub(t0.elapsed()));
         // Within the margin: waits until it is past, then reads copy 1.
         assert_eq!(r.reader().read_u64(ENTRY).unwrap(), b, "after: copy 1");
         assert!(
@@ -516,8 +517,8 @@ mod tests {
         r.set_copy(1, w);
         let seen = r.reader().read_u64(ENTRY).unwrap();
         assert_eq!(seen, w, "copy 1, past the cut-over");
-        r.new.set_gone(1, true);
         let t0 = std::time::Instant::now();
+        r.new.set_gone(1, true);
         // The writer's carry reaches copy 0 late, before half the settle time.
         std::thread::scope(|s| {
             s.spawn(|| {
