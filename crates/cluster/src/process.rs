@@ -988,7 +988,11 @@ fn cut_over(
     loop {
         let why = match membership_status(cfg).expect("membership is configured") {
             Err(e) => format!("etcd: {e}"),
-            Ok(s) => match s.config.map(|c| c.may_stop(id, set)) {
+            // The other copies full for a settle time (and the margin) by the configuration.
+            Ok(s) => match s.config.map(|c| {
+                let now = nessie_fabric::wall_clock_ns();
+                c.may_stop(id, set, Some((now, set.settle_ns() + margin_ns)))
+            }) {
                 None => "no configuration".into(),
                 Some(Ok(())) => return Ok(()),
                 Some(Err(e)) => e.to_string(),

@@ -297,7 +297,7 @@ impl Configuration {
                 m.id
             )));
         }
-        self.may_stop(id, set)?;
+        self.may_stop(id, set, None)?;
         assert!(at_ns != 0, "a cut-over at time 0 would read as none");
         let mut next = self.clone();
         next.epoch += 1;
@@ -355,12 +355,37 @@ impl Configuration {
     /// of a node's tables it holds has another copy full on a node that is up, to be read
     /// instead. Narrower than [`Self::may_leave`]: a node away elsewhere holds it up only if
     /// it holds the other copy of something this one does.
-    pub fn may_stop(&self, id: u16, set: &ReplicaSet) -> Result<(), MigrationError> {
+    ///
+    /// `full_for`: `Some((now_ns, at_least_ns))` also requires each such copy to have been
+    /// full, by the configuration's times, for `at_least_ns` at wall time `now_ns`: past its
+    /// cut-over, `id`'s copies are read again while no copy after them is full (rule 7a), by
+    /// nodes whose view is older than the epoch that made one full, and writers that learn
+    /// that `id` stopped do not wait for its readers.
+    pub fn may_stop(
+        &self,
+        id: u16,
+        set: &ReplicaSet,
+        full_for: Option<(u64, u64)>,
+    ) -> Result<(), MigrationError> {
         let up = |n: u16| self.state(n) == Some(NodeState::Up);
         let receiving = |p: u16, j: u8| {
             self.moves
                 .iter()
                 .any(|m| m.partition == p && m.copy == j && m.receiving)
+        };
+        // When copy j of partition p became full, by the configuration (0: from the start).
+        let full_since = |p: u16, j: u8, n: u16| {
+            let moved = self.moves.iter().find(|m| m.partition == p && m.copy == j);
+            let node = self
+                .nodes
+                .iter()
+                .find(|m| m.id == n)
+                .map_or(0, |m| m.since_ns);
+            moved.map_or(node, |m| m.full_since_ns.max(node))
+        };
+        let long_enough = |p: u16, j: u8, n: u16| match full_for {
+            None => true,
+            Some((now, least)) => now >= full_since(p, j, n).saturating_add(least),
         };
         let copies = self.copy_map(set);
         // A standby node's tables nobody has written: nothing to keep.
@@ -371,11 +396,14 @@ impl Configuration {
             };
             let other = (0..set.replicas())
                 .filter(|&j| j != held && on(j) != id)
-                .any(|j| up(on(j)) && !receiving(p, j));
+                .any(|j| up(on(j)) && !receiving(p, j) && long_enough(p, j, on(j)));
             if !other {
                 return Err(MigrationError::NotSettled {
                     node: id,
-                    why: format!("no other copy of node {p}'s tables is full on a node that is up"),
+                    why: match full_for {
+                        None => format!("no other copy of node {p}'s tables is full on a node that is up"),
+                        Some(_) => format!("no other copy of node {p}'s tables has been full on a node that is up for a settle time"),
+                    },
                 });
             }
         }
@@ -763,6 +791,19 @@ mod tests {
             matches!(away.name_cut_over(3, 7, &s), Ok(Some(_))),
             "node 1 is away"
         );
+        // Node 0 (the other copy of node 3's tables) up again since 1 s: node 3 may stop only
+        // once it has been full for the time asked.
+        let mut back = drained.clone();
+        back.nodes.iter_mut().find(|m| m.id == 0).unwrap().since_ns = 1_000_000_000;
+        assert!(matches!(
+            back.may_stop(3, &s, Some((1_500_000_000, 1_000_000_000))),
+            Err(MigrationError::NotSettled { node: 3, .. })
+        ));
+        assert_eq!(
+            back.may_stop(3, &s, Some((2_000_000_000, 1_000_000_000))),
+            Ok(())
+        );
+        assert_eq!(back.may_stop(3, &s, None), Ok(()));
         let named = drained.name_cut_over(3, 7_000, &s).unwrap().unwrap();
         assert_eq!(named.epoch, drained.epoch + 1);
         assert_eq!(named.cut_over(3), Some(7_000));

@@ -1664,6 +1664,10 @@ fn run(etcd: Etcd, keys: Keys, id: u16, ttl_s: u64, shared: &Shared) {
 /// only while it is `up` (then until `lease_until`). `(id, incarnation)`: this node and this
 /// process's incarnation number; a configuration that names an earlier process of this node
 /// says this one is not a member yet: it is failed here (its memory is not the member's).
+///
+/// For tests: it reads the monotonic clock after the caller read `now_wall_ns`, which places
+/// a named read cut-over's end of reads late by whatever passed between (the unsafe side,
+/// `Fence::set_cut_over`); membership itself uses [`apply_clocked`].
 pub fn apply(
     c: &Configuration,
     (id, incarnation): (u16, u64),

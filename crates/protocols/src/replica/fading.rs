@@ -97,10 +97,12 @@ impl<E: Endpoint> Replicated<E> {
                     NodeRole::Gone => {
                         let t = *now.get_or_insert_with(|| self.inner.mono_ns());
                         settled &= !self.maybe_read_by_others(node, t);
-                        recent |= self
-                            .fence
-                            .gone_for_ns(node, t)
-                            .is_some_and(|g| g < self.set.settle_ns);
+                        // Only a copy after the one past its cut-over holds it up.
+                        recent |= past.is_some()
+                            && self
+                                .fence
+                                .gone_for_ns(node, t)
+                                .is_some_and(|g| g < self.set.settle_ns);
                     }
                 }
             }
@@ -582,13 +584,14 @@ mod tests {
         r.fabric.endpoint(1).write(copy(1), &[2; 8]).unwrap();
         let fence = Arc::new(Fence::unfenced());
         fence.set_view_until(mono());
-        // Its end of reads 50 ms ahead; the view refreshed 100 ms from now.
-        fence.set_cut_over(0, WALL + 50 * MS as u64, (WALL, mono()), 0);
+        // Its end of reads 30 ms ahead; the view refreshed 60 ms from now (a read waits up to
+        // the read settle time, 150 ms, for that).
+        fence.set_cut_over(0, WALL + 30 * MS as u64, (WALL, mono()), 0);
         let mut own = Replicated::new(r.fabric.endpoint(0), r.set.clone(), fence.clone());
         let mut buf = [0u8; 8];
         std::thread::scope(|s| {
             s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(60));
                 fence.set_view_until(u64::MAX - 1);
             });
             own.local_read(DATA_REGION, 0, &mut buf).unwrap();

@@ -885,6 +885,11 @@ impl<E: Endpoint> Replicated<E> {
         }
         // When the first try failed (no clock read on the way that almost always succeeds).
         let mut start = None;
+        // Whether the copy was chosen before its read cut-over (rule 7a), where a retry past
+        // it must choose again; one chosen past it (read again, no other copy being readable)
+        // is retried as any other. A clock read only for a node that has one.
+        let chosen_before =
+            reading && self.fence.has_cut_over(c.node) && !self.near_cut_over(c.node);
         loop {
             if self.fence.is_gone(c.node) {
                 self.wait_unread(c);
@@ -894,7 +899,7 @@ impl<E: Endpoint> Replicated<E> {
                 // The caller checked the view before the first try.
                 self.wait_fresh_view()?;
                 // And the copy's read cut-over (rule 7a): a retry may be past it. Choose again.
-                if self.near_cut_over(c.node) {
+                if chosen_before && self.near_cut_over(c.node) {
                     return Ok(None);
                 }
             }
