@@ -7,7 +7,7 @@
 //!   table copies then move to spare slots of the others after `replace_after_s`, which the
 //!   next waits for).
 //! - **Out** (N above `--nodes`): the cluster starts with N − `--nodes` standby nodes
-//!   (`[cluster] standby`), which join one after the other (`nessie join`); the scaling is
+//!   (`[cluster] standby`), which join side by side (`nessie join --count`); the scaling is
 //!   over once the balancer has given them their shares of index partitions and nothing
 //!   migrates. Clients run on the starting nodes only (a joined node serves its memory).
 
@@ -221,7 +221,7 @@ pub fn scale_in(
 
 #[cfg(feature = "ucx")]
 /// At `plan.at_s` into the window starting at `window_start_unix_ns`, start the standby nodes
-/// one after the other (`nessie join`, with `binary`), wait until the balancer has given them
+/// side by side (`nessie join --count`, with `binary`), wait until the balancer has given them
 /// their shares and nothing migrates or fills, and measure.
 pub fn scale_out(
     dir: &Path,
@@ -244,21 +244,25 @@ pub fn scale_out(
     let t0 = Instant::now();
     let before = moved_in(dir, &[]);
     let deadline = Duration::from_secs_f64((window_s - plan.at_s).max(0.0)) + DRAIN_GRACE;
-    let mut steps_s = Vec::new();
-    for &k in &joining {
-        let left = deadline
-            .saturating_sub(t0.elapsed())
-            .max(Duration::from_secs(1));
-        let joined = process::join(dir, binary, left, &mut |_| {})
-            .map_err(|e| fail(format!("node {k}: {e}")))?;
-        if joined.id != k {
-            return Err(fail(format!(
-                "node {} joined where {k} was expected",
-                joined.id
-            )));
-        }
-        steps_s.push(since(t0));
+    // All at once: each waits its own join settle time, side by side.
+    let joined = process::join_many(
+        dir,
+        binary,
+        joining.len() as u16,
+        deadline.max(Duration::from_secs(1)),
+        &mut |_| {},
+    )
+    .map_err(|e| fail(format!("nodes {joining:?}: {e}")))?;
+    let ids: Vec<u16> = joined.iter().map(|j| j.id).collect();
+    if ids != joining {
+        return Err(fail(format!(
+            "nodes {ids:?} joined where {joining:?} were expected"
+        )));
     }
+    let steps_s: Vec<f64> = joined
+        .iter()
+        .map(|j| plan.at_s + j.took.as_secs_f64())
+        .collect();
     // Balanced: the plan moves nothing, nothing migrates, no moved copy is filling.
     let c = loop {
         let c = match process::membership_status(cfg) {
@@ -271,7 +275,14 @@ pub fn scale_out(
         let settled = !c.index_chains.iter().any(|ch| ch.migrating)
             && !c.moves.iter().any(|m| m.receiving)
             && matches!(
-                c.plan_balance(&set, nessie_fabric::wall_clock_ns(), replace_after_ns),
+                // Whether the plan moves anything more, held nodes or not: the joined nodes
+                // have their shares once it moves nothing.
+                c.plan_balance_settled(
+                    &set,
+                    nessie_fabric::wall_clock_ns(),
+                    replace_after_ns,
+                    &joining
+                ),
                 Ok(Balance::Balanced)
             );
         if settled {

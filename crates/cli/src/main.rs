@@ -376,6 +376,10 @@ struct JoinArgs {
     /// Print only the new node's id on stdout (progress goes to stderr either way).
     #[arg(long)]
     quiet: bool,
+    /// Start this many standby nodes at once; they join side by side (a scale-out by several
+    /// nodes then waits one join, not one per node).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    count: u16,
 }
 
 #[derive(clap::Args)]
@@ -1603,21 +1607,24 @@ fn run_migrate(a: MigrateArgs) -> Result<ExitCode, CliError> {
 fn run_join(a: JoinArgs) -> Result<ExitCode, CliError> {
     let dir = a.dir.dir();
     let binary = std::env::current_exe().map_err(CliError::CurrentExe)?;
-    let joined = process::join(
+    let joined = process::join_many(
         &dir,
         &binary,
+        a.count,
         std::time::Duration::from_secs(a.timeout),
         &mut |s| eprintln!("join: {s}"),
     )
     .map_err(CliError::Usage)?;
-    if a.quiet {
-        println!("{}", joined.id);
-    } else {
-        println!(
-            "node {} joined: up {:.1} s after it started; the balancer now moves index partitions to it (`nessie status`)",
-            joined.id,
-            joined.took.as_secs_f64()
-        );
+    for j in &joined {
+        if a.quiet {
+            println!("{}", j.id);
+        } else {
+            println!(
+                "node {} joined: up {:.1} s after it started; the balancer now moves index partitions to it (`nessie status`)",
+                j.id,
+                j.took.as_secs_f64()
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

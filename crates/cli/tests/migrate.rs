@@ -583,6 +583,14 @@ fn standby_nodes_join_under_writes_then_leave_and_nothing_is_lost() {
         whole_and_balanced(t, &[0, 1, 2], true) && t["nodes"][0]["state"] == "up"
     });
     check(&c, &[0, 1, 2], &model.lock().unwrap());
+    // More nodes than stand by: refused, nothing started.
+    let out = c.nessie(&["join", "--count", "3"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("only 2 standby node(s) are left"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(process::live_pid(&c.dir, 3).is_none() && process::live_pid(&c.dir, 4).is_none());
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(Mutex::new(vec![0, 1, 2]));
     let writer = spawn_writer(&c, &model, &stop, live.clone());

@@ -297,7 +297,11 @@ impl NodeContext {
             .membership()
             .ok_or("the balancer needs membership (etcd)")?;
         let _starting = Starting::new(&self.starting);
-        match m.reserve_balance(self.id, self.replica_set(), replace_after_ns) {
+        // Nodes up again whose pause this node's fence ended early, every node having said
+        // it knows them up (`Fence::settle_join_by`): not held any more. (A node's own fence
+        // merely having passed the pause is not enough: others learnt later.)
+        let settled = m.settled_comebacks();
+        match m.reserve_balance(self.id, self.replica_set(), replace_after_ns, &settled) {
             Ok(Ok((reserved, at))) => self.start_reserved(m, reserved, at).map(Ok),
             Ok(Err(why)) => Ok(Err(why)),
             Err(nessie_membership::StartMigrationError::Refused(
@@ -685,6 +689,11 @@ fn start_membership(
             clock_margin_ns: cfg.protocol_config().clock_margin_ns,
             replacing,
             migration_settle_ns: replicas.join_settle_ns(),
+            migration_end_ns: replicas
+                .op_ns()
+                .saturating_add(cfg.protocol_config().clock_margin_ns),
+            join_settle_ns: replicas.join_settle_ns(),
+            op_ns: replicas.op_ns(),
             fenced_before_epoch_1: !cfg.cluster.standby.is_empty(),
         },
         fence,

@@ -1132,6 +1132,24 @@ pub fn join(
     timeout: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Joined, String> {
+    let mut joined = join_many(dir, binary, 1, timeout, progress)?;
+    Ok(joined.pop().expect("one node joined"))
+}
+
+/// [`join`] for the `count` lowest-numbered standby nodes at once: all start together and
+/// join side by side, and this returns once every one is up, in id order. Nothing is started
+/// unless `count` standby nodes are left to start; if one fails to start, or exits, those
+/// started keep running and may still join (the error names them).
+pub fn join_many(
+    dir: &Path,
+    binary: &Path,
+    count: u16,
+    timeout: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Joined>, String> {
+    if count == 0 {
+        return Err("--count must be at least 1".into());
+    }
     let cpath = config_path(dir);
     if !cpath.exists() {
         return Err(ProcessError::NoCluster(dir.into()).to_string());
@@ -1154,12 +1172,13 @@ pub fn join(
     let config = snapshot
         .config
         .ok_or("the cluster has no membership configuration yet (is it starting?)")?;
-    let Some(id) = config
+    let free: Vec<u16> = config
         .standby
         .iter()
         .copied()
-        .find(|&id| live_pid(dir, id).is_none())
-    else {
+        .filter(|&id| live_pid(dir, id).is_none())
+        .collect();
+    if free.is_empty() {
         return Err(match config.standby.is_empty() {
             true => format!(
                 "every standby node has joined already ({:?}); the cluster cannot grow beyond the {} nodes cluster.toml lists",
@@ -1171,60 +1190,100 @@ pub fn join(
                 config.standby
             ),
         });
-    };
-    let mut child = {
-        let rd = RunDir::lock(dir, false).map_err(|e| e.to_string())?;
-        let log = rd
-            .create_file(&format!("node-{id}.log"))
-            .map_err(|e| e.to_string())?;
-        spawn_node_with(binary, &[], &cpath, id, log).map_err(|e| e.to_string())?
-    };
-    progress(&format!(
-        "node {id} started (pid {}); log {}",
-        child.id(),
-        log_path(dir, id).display()
-    ));
+    }
+    if free.len() < count as usize {
+        return Err(format!(
+            "{count} nodes asked to join, but only {} standby node(s) are left to start ({free:?})",
+            free.len()
+        ));
+    }
+    let mut children: Vec<(u16, std::process::Child, Option<Duration>)> = Vec::new();
+    for &id in &free[..count as usize] {
+        let child = {
+            let rd = RunDir::lock(dir, false).map_err(|e| e.to_string())?;
+            let log = rd
+                .create_file(&format!("node-{id}.log"))
+                .map_err(|e| e.to_string())?;
+            let started: Vec<u16> = children.iter().map(|(id, ..)| *id).collect();
+            spawn_node_with(binary, &[], &cpath, id, log).map_err(|e| match started.is_empty() {
+                true => e.to_string(),
+                false => format!("{e} (nodes {started:?} were started and keep running)"),
+            })?
+        };
+        progress(&format!(
+            "node {id} started (pid {}); log {}",
+            child.id(),
+            log_path(dir, id).display()
+        ));
+        children.push((id, child, None::<Duration>));
+    }
     let start = Instant::now();
     let mut said = String::new();
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "node {id} exited with {status}\n--- last lines of {} ---\n{}",
-                log_path(dir, id).display(),
-                tail(&log_path(dir, id), 15)
-            ));
+        for (id, child, _) in children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "node {id} exited with {status}\n--- last lines of {} ---\n{}",
+                    log_path(dir, *id).display(),
+                    tail(&log_path(dir, *id), 15)
+                ));
+            }
         }
-        let state = match membership_status(&cfg).expect("membership is configured") {
-            Err(e) => format!("etcd: {e}"),
-            Ok(s) => match s.config {
-                Some(c) if c.state(id) == Some(nessie_membership::NodeState::Failed) => {
-                    "registering".into()
-                }
-                Some(c) => match c.state(id) {
-                    Some(nessie_membership::NodeState::Up) => break,
-                    Some(st) => st.as_str().to_string(),
-                    None => format!("not a member of epoch {}", c.epoch),
-                },
-                None => "no configuration".into(),
-            },
+        let states: Vec<String> = match membership_status(&cfg).expect("membership is configured") {
+            Err(e) => vec![format!("etcd: {e}")],
+            Ok(s) => children
+                .iter_mut()
+                .map(|(id, _, up)| {
+                    let state = match &s.config {
+                        Some(c) if c.state(*id) == Some(nessie_membership::NodeState::Failed) => {
+                            "registering".into()
+                        }
+                        Some(c) => match c.state(*id) {
+                            Some(nessie_membership::NodeState::Up) => {
+                                up.get_or_insert(start.elapsed());
+                                "up".into()
+                            }
+                            Some(st) => st.as_str().to_string(),
+                            None => format!("not a member of epoch {}", c.epoch),
+                        },
+                        None => "no configuration".into(),
+                    };
+                    match count {
+                        1 => state,
+                        _ => format!("node {id} {state}"),
+                    }
+                })
+                .collect(),
         };
+        if children.iter().all(|(_, _, up)| up.is_some()) {
+            break;
+        }
+        let state = states.join(", ");
         if state != said {
             progress(&state);
             said = state;
         }
         if start.elapsed() >= timeout {
+            let late: Vec<u16> = children
+                .iter()
+                .filter(|(_, _, up)| up.is_none())
+                .map(|(id, ..)| *id)
+                .collect();
             return Err(format!(
-                "node {id} not up after {:.0} s (it keeps running and may still join; see {})",
+                "node(s) {late:?} not up after {:.0} s (they keep running and may still join; see their logs in {})",
                 timeout.as_secs_f64(),
-                log_path(dir, id).display()
+                dir.display()
             ));
         }
         std::thread::sleep(JOIN_POLL);
     }
-    Ok(Joined {
-        id,
-        took: start.elapsed(),
-    })
+    Ok(children
+        .into_iter()
+        .map(|(id, _, up)| Joined {
+            id,
+            took: up.expect("every one is up"),
+        })
+        .collect())
 }
 
 /// Node `id`'s status report, asked over its admin socket.

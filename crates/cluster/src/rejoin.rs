@@ -62,14 +62,16 @@ pub fn spawn(
 struct Progress {
     /// When this process first saw itself joining in the current incarnation, and whether it
     /// said it is ready in it.
-    joining_since: Option<Instant>,
+    joining_since: Option<Waiting>,
     ready: bool,
     /// The registration (`Monitor::registration`) the join above is in.
     registration: u64,
     /// The receiving copies moved here (partition, chain position), since when this process
     /// knows of them, and whether it said it filled them.
     moved: Vec<(u16, u8)>,
-    moved_since: Option<Instant>,
+    moved_since: Option<Waiting>,
+    /// The registration the moves above were seen under.
+    moved_registration: u64,
     filled: bool,
     /// It said that its copies moved away while it was failed (once per process).
     told_moved: bool,
@@ -79,10 +81,10 @@ struct Progress {
     adopt_seen: Option<(u64, Vec<u16>)>,
     /// The endpoint adoption uses (one per process: each endpoint keeps its counters).
     adopt_ep: Option<crate::node::NodeEndpoint>,
-    /// Migrating index partitions this node is to hand over, since when it knows, and those
-    /// it handed over (and said so).
-    migrations_seen: Vec<((u16, u64), Instant)>,
-    handed: Vec<(u16, u64)>,
+    /// Migrating index partitions this node is to hand over, since when it knows (and in
+    /// which epoch it first saw them), and those it handed over (and said so).
+    migrations_seen: std::collections::HashMap<(u16, u64), Waiting>,
+    handed: std::collections::HashSet<(u16, u64)>,
     /// The endpoint handing over uses.
     handover_ep: Option<crate::node::NodeEndpoint>,
     /// When the balancer last planned, and what it last said (said once, not every look).
@@ -90,9 +92,51 @@ struct Progress {
     balance_said: String,
 }
 
+/// A wait until every node knows of a change (that a node joins, that a copy moved, that a
+/// partition migrates) before acting on it: every node learns of it within the settle time (a
+/// TTL) or stops, and an operation that chose its copies before it learnt ends within one
+/// more operation: the join settle time. Or sooner, once every node that may act has said
+/// that its fence applied the change's epoch (`Monitor::all_learnt`; then operations begun
+/// from then on know) and one operation's time has passed since this node saw that.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    since: Instant,
+    /// An epoch that has the change (the view's when this node first saw it).
+    epoch: u64,
+    /// When this node first saw every node say so.
+    all_learnt: Option<Instant>,
+    /// A join's wait: when the join began, by the configuration (another join, after the
+    /// lease lapsed, waits anew).
+    joined_ns: u64,
+}
+
+impl Waiting {
+    fn new(epoch: u64) -> Self {
+        Waiting {
+            since: Instant::now(),
+            epoch,
+            all_learnt: None,
+            joined_ns: 0,
+        }
+    }
+
+    /// Whether the wait is over: `settle` since it began, or `op` since every node said it
+    /// learnt the epoch.
+    fn over(&mut self, m: &Monitor, settle: Duration, op: Duration) -> bool {
+        if self.since.elapsed() >= settle {
+            return true;
+        }
+        if self.all_learnt.is_none() && m.all_learnt(self.epoch) {
+            self.all_learnt = Some(Instant::now());
+        }
+        self.all_learnt.is_some_and(|t| t.elapsed() >= op)
+    }
+}
+
 fn run(ctx: &NodeContext, stop: &AtomicBool) {
     // Every node learns it is joining (or of a move) within the settle time (a TTL) or stops,
-    // and an operation that chose its copies before it learnt ends within one more operation.
+    // and an operation that chose its copies before it learnt ends within one more operation
+    // (`Waiting`).
     let settle = Duration::from_nanos(ctx.replica_set().join_settle_ns());
     let mut p = Progress::default();
     while !stop.load(Ordering::Relaxed) {
@@ -128,11 +172,25 @@ fn run(ctx: &NodeContext, stop: &AtomicBool) {
 }
 
 /// Hand over the entries of every index partition migrating to a chain whose first node that
-/// is up is this one, once it has known of the migration for the settle time (every node's
-/// view names it by then, so few operations meet a fenced word and wait), and say so: the
-/// migration ends a settle time after the monitor sees it.
+/// is up is this one, once every node's view names the migration: once every node that may
+/// act said it applied the epoch in which this node first saw the migration
+/// (`Monitor::all_learnt`), or else once this node has known of it for the settle time (a
+/// node that has not learnt by then has stopped). Few operations then meet a fenced word
+/// and wait, and the migration may end an operation's time after the handover
+/// (`Policy::migration_end_ns`), which it could not if a node might not know of it yet.
+/// Then say so: the monitor records when, and ends the migration.
 fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
     let Some(c) = m.view().config else { return };
+    let epoch = c.epoch;
+    // Forget migrations that ended (the map stays as long as the migrations running).
+    let running: std::collections::HashSet<(u16, u64)> = c
+        .index_chains
+        .iter()
+        .filter(|ch| ch.migrating)
+        .map(|ch| (ch.partition, ch.since_ns))
+        .collect();
+    p.migrations_seen.retain(|id, _| running.contains(id));
+    p.handed.retain(|id| running.contains(id));
     // Said in one registration write for the whole look: a write per partition, each waking
     // every monitor, made a batch of hundreds take tens of seconds.
     let mut done_now = Vec::new();
@@ -150,14 +208,15 @@ fn handover_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progr
             continue;
         }
         let q = ch.partition;
-        let seen = match p.migrations_seen.iter().find(|(s, _)| *s == id) {
-            Some(&(_, t)) => t,
-            None => {
-                p.migrations_seen.push((id, Instant::now()));
-                continue;
-            }
-        };
-        if seen.elapsed() < settle {
+        let waiting = p
+            .migrations_seen
+            .entry(id)
+            .or_insert_with(|| Waiting::new(epoch));
+        // Once every node knows (no operation's time more: one that chose the old chain
+        // before its node learnt meets a fenced word and waits for a fresh view). The
+        // migration's short end relies on this wait: every node that acts knew of the
+        // migration before any entry was handed over (`Policy::migration_end_ns`).
+        if !waiting.over(m, settle, Duration::ZERO) {
             continue;
         }
         if p.handover_ep.is_none() {
@@ -267,9 +326,41 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
         p.joining_since = None;
         p.ready = false;
     }
-    let since = *p.joining_since.get_or_insert_with(Instant::now);
-    if p.ready || since.elapsed() < settle {
+    if p.ready {
         return;
+    }
+    // The wait is for this join: a view read under this registration that shows this node
+    // joining, whose epoch every node must then know. A view read before the registration
+    // may show the join before the lease lapsed, an epoch others have passed (they took the
+    // node for failed since, and write nothing to its copies).
+    let Some((epoch, me, read_under)) = m.member_in_view(ctx.id) else {
+        return;
+    };
+    if read_under != registration || me.state != NodeState::Joining {
+        return;
+    }
+    if p.joining_since.is_some_and(|w| w.joined_ns != me.joined_ns) {
+        p.joining_since = None;
+    }
+    let op = Duration::from_nanos(ctx.replica_set().op_ns());
+    let waiting = p.joining_since.get_or_insert_with(|| Waiting {
+        joined_ns: me.joined_ns,
+        ..Waiting::new(epoch)
+    });
+    if !waiting.over(m, settle, op) {
+        return;
+    }
+    let waited = waiting.since.elapsed().as_secs_f64();
+    match waiting.all_learnt {
+        Some(t) => eprintln!(
+            "nessie node {}: every node knew it joins {:.2} s after it saw so; catching up",
+            ctx.id,
+            waited - t.elapsed().as_secs_f64()
+        ),
+        None => eprintln!(
+            "nessie node {}: catching up after the join settle time ({waited:.2} s): not every node said it knew it joins",
+            ctx.id
+        ),
     }
     match catch_up(ctx) {
         Ok(c) => match m.set_ready(ctx.id, registration) {
@@ -294,15 +385,30 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
 /// While up: fill the copies moved here (re-replication) once every node writes them, then
 /// say so, so that membership makes them full.
 fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress) {
-    let moved = moved_here(m, ctx.id);
+    // As for a join: a wait begun under an earlier registration (the lease lapsed since) is
+    // over, and only a view read under this one counts.
+    let registration = m.registration();
+    if p.moved_registration != registration {
+        p.moved_registration = registration;
+        p.moved = Vec::new();
+        p.moved_since = None;
+        p.filled = false;
+    }
+    if m.member_in_view(ctx.id).map(|(.., r)| r) != Some(registration) {
+        return;
+    }
+    let (moved, epoch) = moved_here(m, ctx.id);
     if moved != p.moved {
         // New moves: every node must learn of them before the copier passes their words.
-        p.moved_since = (!moved.is_empty()).then(Instant::now);
+        p.moved_since = (!moved.is_empty()).then(|| Waiting::new(epoch));
         p.moved = moved;
         p.filled = false;
     }
-    let Some(since) = p.moved_since else { return };
-    if p.filled || since.elapsed() < settle {
+    let op = Duration::from_nanos(ctx.replica_set().op_ns());
+    let Some(waiting) = p.moved_since.as_mut() else {
+        return;
+    };
+    if p.filled || !waiting.over(m, settle, op) {
         return;
     }
     let filled = ctx
@@ -415,15 +521,19 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
 }
 
 /// The copies the configuration moved to node `id` and still has receiving.
-fn moved_here(m: &Monitor, id: u16) -> Vec<(u16, u8)> {
+/// The receiving copies moved to node `id` (partition, chain position), and the epoch of the
+/// view that says so.
+fn moved_here(m: &Monitor, id: u16) -> (Vec<(u16, u8)>, u64) {
     let Some(c) = m.view().config else {
-        return Vec::new();
+        return (Vec::new(), 0);
     };
-    c.moves
+    let moved = c
+        .moves
         .iter()
         .filter(|c| c.node == id && c.receiving)
         .map(|c| (c.partition, c.copy))
-        .collect()
+        .collect();
+    (moved, c.epoch)
 }
 
 /// Fill the copies, then adopt the pages the node's earlier incarnation claimed (its allocator

@@ -3,13 +3,16 @@
 //! Layout under the cluster's key prefix (`/nessie/<name>/<fingerprint>/`):
 //!
 //! ```text
-//! members/<id>   {"id", "pid", "incarnation", "ready", "filled", "handed"}
+//! members/<id>   {"id", "pid", "incarnation", "ready", "filled", "handed", "seen"}
 //!                                          put by node <id> under its lease: present while it
 //!                                          lives; "incarnation": a number the process drew at
 //!                                          start; "ready": it holds its copies again;
 //!                                          "filled": the moved copies it has filled;
 //!                                          "handed": the migrations it handed over
-//!                                          ([partition, since_ns] pairs)
+//!                                          ([partition, since_ns] pairs); "seen": the
+//!                                          epoch its fence applied, said while a node
+//!                                          waits for every node to know of a change
+//!                                          (`Registrations::all_learnt`)
 //! config         {"epoch", "nodes": [{"id", "state", "since_ns", "joined_ns", "incarnation"}],
 //!                 "moves": [{"partition", "copy", "node", "slot", "receiving"}],
 //!                 "index_chains": [{"partition", "copies": [{"node", "slot"}],
@@ -173,6 +176,9 @@ pub struct Registrations {
     pub handed: Vec<(u16, u16, u64)>,
     /// The incarnation number each registration names: (node, incarnation).
     pub incarnations: Vec<(u16, u64)>,
+    /// The newest epoch each node says its fence has applied ("seen"; absent: 0), which it
+    /// says only while a migration waits to be handed over ([`Configuration::wants_acks`]).
+    pub seen: Vec<(u16, u64)>,
 }
 
 impl Registrations {
@@ -182,6 +188,41 @@ impl Registrations {
             .iter()
             .find(|(n, _)| *n == id)
             .map(|&(_, i)| i)
+    }
+
+    /// Whether every node that may act in configuration `c` (`up` or `joining`) has said,
+    /// in the registration of the incarnation `c` names, that its fence applied epoch
+    /// `epoch` or a later one. Epochs are read in order, so such a node's operations that
+    /// begin from then on follow that epoch. A node that has not said so (paused, cut off
+    /// from etcd, its lease lapsing) makes this false: whoever waits falls back on the
+    /// settle time, by which a node that has not learnt has stopped.
+    ///
+    /// A node `failed` less than `failed_ns` before wall time `now_ns` makes it false too:
+    /// its process may still act for a while unasked (one replaced by a restart keeps its
+    /// own lease until that lapses; one that stepped down keeps reading for its read view's
+    /// time), which the settle time covers and no word from it can.
+    pub fn all_learnt(
+        &self,
+        c: &Configuration,
+        epoch: u64,
+        (now_ns, failed_ns): (u64, u64),
+    ) -> bool {
+        let recently_failed = c
+            .nodes
+            .iter()
+            .any(|m| m.state == NodeState::Failed && now_ns < m.since_ns.saturating_add(failed_ns));
+        !recently_failed
+            && c.nodes
+                .iter()
+                .filter(|m| matches!(m.state, NodeState::Up | NodeState::Joining))
+                .all(|m| {
+                    if balance::mutation::acks_from_any() {
+                        return self.seen.iter().any(|&(_, e)| e >= epoch);
+                    }
+                    m.incarnation != 0
+                        && self.incarnation(m.id) == Some(m.incarnation)
+                        && self.seen.iter().any(|&(n, e)| n == m.id && e >= epoch)
+                })
     }
 }
 
@@ -340,9 +381,23 @@ pub struct Policy {
     /// another node wrote into the configuration is taken to be that much later than it reads.
     pub clock_margin_ns: u64,
     pub replacing: Option<Replacing>,
-    /// How long after a migration's entries were all handed over it ends (a lease TTL and an
-    /// operation: every operation that met a pending word has ended).
+    /// How long the slots of a chain a migration replaced stay retired before another
+    /// partition may take them (a lease TTL and an operation: a node that has not learnt of
+    /// the end has stopped, and its operations have ended).
     pub migration_settle_ns: u64,
+    /// How long after a migration's entries were all handed over it ends: an operation's
+    /// time and the clock margin (every operation that met a pending word has ended). Every
+    /// node that acts knew of the migration before the handover began (the hander waits for
+    /// that: every node says so, or the settle time passes), so no view older than the
+    /// migration is left to wait for.
+    pub migration_end_ns: u64,
+    /// How long a node's partitions pause after it came back (`ReplicaSet::join_settle_ns`):
+    /// a settle time and an operation's time. The pause ends sooner once every node that may
+    /// act said it knows, and an operation's time (`op_ns`) has passed since
+    /// (`Fence::settle_join_by`).
+    pub join_settle_ns: u64,
+    /// One operation's time (`ReplicaSet::op_ns`).
+    pub op_ns: u64,
     /// The node is fenced until epoch 1 exists, not only from the first epoch that says so: a
     /// cluster with standby nodes places their copies only in epoch 1 ([`standby`]), and a
     /// write before it would land where epoch 1 no longer looks.
@@ -403,6 +458,31 @@ impl Configuration {
 
     pub fn state(&self, id: u16) -> Option<NodeState> {
         self.nodes.iter().find(|m| m.id == id).map(|m| m.state)
+    }
+
+    /// Whether some node waits until every node knows of a change: a migration's hander
+    /// (started, not handed over yet), a joining node before it catches up, the new holder
+    /// of a moved copy before it fills it. Then every node says which epoch its fence
+    /// applied ([`Registrations::all_learnt`]), and the waits end as soon as all did.
+    /// Also while a node that came back is recent (up less than `recent_ns` ago at wall
+    /// time `now_ns`): its partitions' pause ends as soon as every node knows.
+    pub fn wants_acks(&self, now_ns: u64, recent_ns: u64) -> bool {
+        self.index_chains
+            .iter()
+            .any(|c| c.migrating && c.prepared && c.handed_ns == 0)
+            || self.nodes.iter().any(|m| m.state == NodeState::Joining)
+            || self.moves.iter().any(|m| m.receiving)
+            || !self.came_back(now_ns, recent_ns).is_empty()
+    }
+
+    /// The nodes that came back (a later incarnation joined, or a standby node joined) and
+    /// have been up for less than `recent_ns` at wall time `now_ns`: their partitions pause.
+    pub fn came_back(&self, now_ns: u64, recent_ns: u64) -> Vec<&Member> {
+        self.nodes
+            .iter()
+            .filter(|m| m.state == NodeState::Up && m.joined_ns != 0)
+            .filter(|m| now_ns < m.since_ns.saturating_add(recent_ns))
+            .collect()
     }
 
     /// The failed nodes whose background duties fall to node `id` (sweeping their share of
@@ -491,7 +571,11 @@ impl Configuration {
             changed |= next.fill_moves(reg, now_ns);
             changed |= next.move_copies(r, now_ns);
         }
-        changed |= next.end_migrations(reg, now_ns, policy.migration_settle_ns);
+        changed |= next.end_migrations(
+            reg,
+            now_ns,
+            (policy.migration_end_ns, policy.migration_settle_ns),
+        );
         changed.then(|| {
             next.epoch += 1;
             next
@@ -704,9 +788,14 @@ impl Configuration {
     }
 
     /// Migrations whose entries a node handed over get the time it was seen; those handed
-    /// over `settle_ns` ago end (their chain is the partition's, the chain before is retired);
+    /// over `end_ns` ago end (their chain is the partition's, the chain before is retired);
     /// retired slots older than `settle_ns` are forgotten.
-    fn end_migrations(&mut self, reg: &Registrations, now_ns: u64, settle_ns: u64) -> bool {
+    fn end_migrations(
+        &mut self,
+        reg: &Registrations,
+        now_ns: u64,
+        (end_ns, settle_ns): (u64, u64),
+    ) -> bool {
         let mut changed = false;
         // Reservations whose starter is no longer up: their slots are retired (the starter,
         // cut off, may still write one of them for an operation's time).
@@ -735,7 +824,7 @@ impl Configuration {
                     c.handed_ns = now_ns;
                     changed = true;
                 }
-            } else if now_ns >= c.handed_ns.saturating_add(settle_ns) {
+            } else if now_ns >= c.handed_ns.saturating_add(end_ns) {
                 c.migrating = false;
                 changed = true;
                 ended.push((i, c.partition));
@@ -956,6 +1045,9 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
         registrations
             .handed
             .extend(handed.into_iter().map(|(q, since)| (id, q, since)));
+        if let Some(e) = record["seen"].as_u64().filter(|&e| e != 0) {
+            registrations.seen.push((id, e));
+        }
     }
     let (config, config_revision) = match config {
         None => (None, 0),
@@ -1005,21 +1097,22 @@ pub fn step(
     etcd: &Etcd,
     keys: &Keys,
     policy: &Policy,
-) -> Result<Option<Configuration>, MembershipError> {
+) -> Result<(Option<Configuration>, Registrations), MembershipError> {
     let snap = snapshot(etcd, keys)?;
     let Some(config) = snap.config else {
-        return Ok(None);
+        return Ok((None, snap.registrations));
     };
     let Some(next) = config.successor(&snap.registrations, wall_ns(), policy) else {
-        return Ok(Some(config));
+        return Ok((Some(config), snap.registrations));
     };
     let body = serde_json::to_vec(&next).expect("serialises");
     if etcd.put_if_mod_revision(&keys.config(), snap.config_revision, &body)? {
         tracing::info!(epoch = next.epoch, nodes = ?next.nodes, "new membership epoch");
-        return Ok(Some(next));
+        return Ok((Some(next), snap.registrations));
     }
     // Another monitor moved the epoch first: take what it wrote.
-    Ok(snapshot(etcd, keys)?.config)
+    let again = snapshot(etcd, keys)?;
+    Ok((again.config, again.registrations))
 }
 
 /// Called with every configuration read, before it is applied to the fence: a node process
@@ -1036,6 +1129,12 @@ pub struct View {
     pub etcd_error: Option<String>,
     pub etcd_url: String,
     pub lease_ttl_s: u64,
+    /// The registrations read with `config` (not in status reports).
+    #[serde(skip)]
+    pub registrations: Registrations,
+    /// This process's registration (`Monitor::registration`) in force when `config` was read.
+    #[serde(skip)]
+    pub registration: u64,
 }
 
 /// A node's registration and monitor: a thread that keeps the lease alive and runs [`step`]
@@ -1094,10 +1193,43 @@ struct Shared {
     filled: Mutex<Vec<(u16, u8)>>,
     /// The migrating index partitions this node said it handed over ("handed").
     handed: Mutex<Vec<(u16, u64)>>,
+    /// The epoch its registration says its fence applied ("seen"; 0: none said).
+    seen: AtomicU64,
+    /// Held while a registration record is made from the fields above and put, so that of
+    /// two threads putting (the monitor saying "seen", the node saying "handed"), the later
+    /// put carries both.
+    record_lock: Mutex<()>,
+    /// Nodes that came back (`Configuration::came_back`), as this monitor follows them.
+    came_back: Mutex<Vec<CameBack>>,
     on_config: Option<ConfigHook>,
 }
 
+/// A node that came back, as a monitor follows it until its pause ends.
+#[derive(Clone, Copy, Debug)]
+struct CameBack {
+    node: u16,
+    /// Which comeback: its incarnation and when that joined (a node whose lease lapsed joins
+    /// again with the same incarnation, later).
+    incarnation: u64,
+    joined_ns: u64,
+    /// The first epoch this monitor saw it up in, this comeback.
+    epoch: u64,
+    /// Every node said it knows, and this fence's pause was ended early.
+    settled: bool,
+    /// When the pause ends here (monotonic ns; once settled).
+    ends_ns: u64,
+}
+
 impl Shared {
+    /// How long after a node is declared failed its process may still act unasked
+    /// (`Registrations::all_learnt`): the join settle time (a TTL and an operation) and the
+    /// clock margin, by the failure's time in the configuration.
+    fn recently_failed_ns(&self) -> u64 {
+        self.policy
+            .join_settle_ns
+            .saturating_add(self.policy.clock_margin_ns)
+    }
+
     /// What the fence must say now: writes only while up, and within the lease.
     /// Whether this node is ready in the registration in force: it caught up in it.
     fn is_ready(&self) -> bool {
@@ -1183,6 +1315,9 @@ impl Monitor {
             registered: AtomicU64::new(0),
             filled: Mutex::new(Vec::new()),
             handed: Mutex::new(Vec::new()),
+            seen: AtomicU64::new(0),
+            record_lock: Mutex::new(()),
+            came_back: Mutex::new(Vec::new()),
             on_config,
         });
         // Fenced until the first read: a node restarted after it was declared failed must not
@@ -1225,6 +1360,44 @@ impl Monitor {
             .lock()
             .expect("membership view lock")
             .clone()
+    }
+
+    /// The epoch of the configuration last read (0: none yet).
+    pub fn epoch(&self) -> u64 {
+        let v = self.shared.view.lock().expect("membership view lock");
+        v.config.as_ref().map_or(0, |c| c.epoch)
+    }
+
+    /// Whether, by the configuration and registrations last read, every node that may act
+    /// has applied epoch `epoch` or a later one ([`Registrations::all_learnt`]).
+    pub fn all_learnt(&self, epoch: u64) -> bool {
+        let v = self.shared.view.lock().expect("membership view lock");
+        let failed = self.shared.recently_failed_ns();
+        v.config
+            .as_ref()
+            .is_some_and(|c| v.registrations.all_learnt(c, epoch, (wall_ns(), failed)))
+    }
+
+    /// Node `id` as the view last read has it: (the view's epoch, the member, and the
+    /// registration of this process, `Self::registration`, in force when it was read). A
+    /// view read before this process registered again (its lease had lapsed) may show it
+    /// joining as it was before it failed.
+    pub fn member_in_view(&self, id: u16) -> Option<(u64, Member, u64)> {
+        let v = self.shared.view.lock().expect("membership view lock");
+        let c = v.config.as_ref()?;
+        let m = c.nodes.iter().find(|m| m.id == id)?.clone();
+        Some((c.epoch, m, v.registration))
+    }
+
+    /// The nodes that came back whose pause this node's fence ended early, every node having
+    /// said it knows (`Fence::settle_join_by`): the balancer holds them no longer.
+    pub fn settled_comebacks(&self) -> Vec<u16> {
+        let seen = self.shared.came_back.lock().expect("came-back lock");
+        let now = mono_ns();
+        seen.iter()
+            .filter(|b| b.settled && now >= b.ends_ns)
+            .map(|b| b.node)
+            .collect()
     }
 
     /// Whether this node may write now (it is `up` and its lease holds).
@@ -1330,11 +1503,14 @@ impl Monitor {
     /// ([`Configuration::plan_balance`]) on the configuration in force as the compare-and-put
     /// finds it (not on this node's view, which may be older), if this node is the lowest
     /// up one there. `Ok(None)`: nothing to migrate now, and why.
+    /// `settled`: nodes up again whose pause this node's fence has seen end
+    /// ([`Configuration::plan_balance_settled`]).
     pub fn reserve_balance(
         &self,
         id: u16,
         set: &ReplicaSet,
         replace_after_ns: u64,
+        settled: &[u16],
     ) -> Result<Result<(Vec<Reserved>, u64), String>, StartMigrationError> {
         let slots = set.index_slots();
         let settle_ns = set.join_settle_ns();
@@ -1342,7 +1518,7 @@ impl Monitor {
             if c.balancer() != Some(id) {
                 return Err(MigrationError::NotBalancer(id));
             }
-            match c.plan_balance(set, now, replace_after_ns) {
+            match c.plan_balance_settled(set, now, replace_after_ns, settled) {
                 Ok(balance::Balance::Migrate(plan)) => {
                     let (next, got) = c.reserve_batch(&plan, (id, now), slots, settle_ns)?;
                     Ok((next, Ok((got, now))))
@@ -1445,17 +1621,7 @@ impl Monitor {
     }
 
     fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
-        let lease = LeaseId(self.shared.lease.load(Ordering::Relaxed));
-        let ready = self.shared.is_ready();
-        let filled = self.shared.filled.lock().expect("filled lock").clone();
-        let handed = self.shared.handed.lock().expect("handed lock").clone();
-        let incarnation = self.shared.incarnation;
-        let record = Record {
-            ready,
-            filled: &filled,
-            handed: &handed,
-        };
-        put_record(&self.etcd, &self.keys, id, incarnation, lease, &record)?;
+        put_own(&self.etcd, &self.keys, id, &self.shared, None)?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -1506,7 +1672,12 @@ fn read_configuration(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let sent = mono_ns();
-    if let Some(c) = step(etcd, keys, &shared.policy)? {
+    // The registration this read is made under (a view read before a new one may show this
+    // node as it was before its lease lapsed: `Monitor::view_registration`).
+    let registered = shared.registered.load(Ordering::SeqCst);
+    let (c, registrations) = step(etcd, keys, &shared.policy)?;
+    let mut say = None;
+    if let Some(c) = c {
         if let Some(hook) = &shared.on_config {
             hook(&c);
         }
@@ -1524,7 +1695,18 @@ fn read_configuration(
         shared
             .up
             .store(c.own_state(id, me) == Some(NodeState::Up), Ordering::SeqCst);
-        shared.view.lock().expect("membership view lock").config = Some(c);
+        // Say the fence applied this epoch while some node waits for every node to know of
+        // a change (`Registrations::all_learnt`): a put per node per epoch, only then, and
+        // again at every read until one succeeds.
+        let (now, recent) = (wall_ns(), shared.recently_failed_ns());
+        if c.wants_acks(now, recent) && shared.seen.load(Ordering::SeqCst) < c.epoch {
+            say = Some(c.epoch);
+        }
+        settle_comebacks(&c, &registrations, shared, (now, recent));
+        let mut v = shared.view.lock().expect("membership view lock");
+        v.config = Some(c);
+        v.registrations = registrations;
+        v.registration = registered;
     }
     shared
         .view_clock_ns
@@ -1534,7 +1716,61 @@ fn read_configuration(
         Ordering::SeqCst,
     );
     shared.refresh_fence();
+    // After the fence is refreshed: a slow put must not hold it up.
+    if say.is_some() {
+        if let Err(e) = put_own(etcd, keys, id, shared, say) {
+            // Tried again at the next read; until then whoever waits on it waits longer.
+            tracing::debug!(error = %e, "membership: could not say which epoch was applied");
+        }
+    }
     Ok(())
+}
+
+/// End the pause of each node that came back once every node that may act said it knows
+/// (`Registrations::all_learnt`, from the first epoch this monitor saw it up in) and an
+/// operation's time more has passed: operations in the old roles have all ended by then, as
+/// they have a settle time (a TTL) and an operation after it without word from the nodes.
+fn settle_comebacks(
+    c: &Configuration,
+    registrations: &Registrations,
+    shared: &Shared,
+    (now_ns, recent_ns): (u64, u64),
+) {
+    let mut seen = shared.came_back.lock().expect("came-back lock");
+    let back = c.came_back(now_ns, recent_ns);
+    let same = |b: &CameBack, m: &Member| {
+        (b.node, b.incarnation, b.joined_ns) == (m.id, m.incarnation, m.joined_ns)
+    };
+    seen.retain(|b| back.iter().any(|m| same(b, m)));
+    for m in back {
+        if !seen.iter().any(|b| same(b, m)) {
+            seen.push(CameBack {
+                node: m.id,
+                incarnation: m.incarnation,
+                joined_ns: m.joined_ns,
+                epoch: c.epoch,
+                settled: false,
+                ends_ns: 0,
+            });
+        }
+    }
+    let failed = shared.recently_failed_ns();
+    for b in seen.iter_mut() {
+        if b.settled || !registrations.all_learnt(c, b.epoch, (now_ns, failed)) {
+            continue;
+        }
+        b.settled = true;
+        let end = mono_ns().saturating_add(shared.policy.op_ns);
+        b.ends_ns = end;
+        shared
+            .fence
+            .settle_join_by(b.node, b.joined_ns, shared.policy.join_settle_ns, end);
+        tracing::info!(
+            node = b.node,
+            epoch = b.epoch,
+            "every node knows the node is up again: its pause ends an operation's time from now"
+        );
+    }
 }
 
 /// How long one watch request lasts before it is made again (from the revision it reached).
@@ -1577,6 +1813,7 @@ fn register(
         ready,
         filled: &[],
         handed: &[],
+        seen: 0,
     };
     put_record(etcd, keys, id, incarnation, lease, &record)?;
     // The granted TTL is what a keep-alive right now reports.
@@ -1589,6 +1826,36 @@ struct Record<'a> {
     ready: bool,
     filled: &'a [(u16, u8)],
     handed: &'a [(u16, u64)],
+    /// The epoch the node's fence applied (0: not said).
+    seen: u64,
+}
+
+/// Put this node's registration record as `shared` says it now, under its lease.
+/// `say_seen`: say that the fence applied this epoch too (remembered only once put).
+fn put_own(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u16,
+    shared: &Shared,
+    say_seen: Option<u64>,
+) -> Result<(), MembershipError> {
+    let _one_at_a_time = shared.record_lock.lock().expect("record lock");
+    let lease = LeaseId(shared.lease.load(Ordering::Relaxed));
+    let filled = shared.filled.lock().expect("filled lock").clone();
+    let handed = shared.handed.lock().expect("handed lock").clone();
+    let record = Record {
+        ready: shared.is_ready(),
+        filled: &filled,
+        handed: &handed,
+        seen: shared
+            .seen
+            .load(Ordering::SeqCst)
+            .max(say_seen.unwrap_or(0)),
+    };
+    put_record(etcd, keys, id, shared.incarnation, lease, &record)?;
+    // Said: later puts (of any thread) say it too.
+    shared.seen.fetch_max(record.seen, Ordering::SeqCst);
+    Ok(())
 }
 
 /// Put node `id`'s registration record (process `incarnation`) under `lease`.
@@ -1611,6 +1878,9 @@ fn put_record(
     }
     if !r.handed.is_empty() {
         record["handed"] = serde_json::json!(r.handed);
+    }
+    if r.seen != 0 {
+        record["seen"] = serde_json::json!(r.seen);
     }
     etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
     Ok(())
@@ -1798,7 +2068,13 @@ fn keep_registered(
         // Stepped down (or stopping): never registered again.
         return Ok(());
     }
-    let (lease, granted) = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
+    let (lease, granted) = {
+        // The new record says no epoch: neither does this process until it says one again.
+        let _one_at_a_time = shared.record_lock.lock().expect("record lock");
+        let got = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
+        shared.seen.store(0, Ordering::SeqCst);
+        got
+    };
     shared.lease.store(lease.0, Ordering::Relaxed);
     // A lease of our own again, but the configuration (failed, then joining) keeps us fenced.
     shared
@@ -1823,7 +2099,69 @@ mod tests {
             filled: vec![],
             handed: vec![],
             incarnations: vec![],
+            seen: vec![],
         }
+    }
+
+    /// Every node that may act (up or joining) must have said, as the process the
+    /// configuration names, that its fence applied the epoch; failed nodes are not asked,
+    /// but one failed less than the settle time ago makes everyone wait that out.
+    /// `ACKS_FROM_ANY` (one node's word taken for all) is caught.
+    #[test]
+    fn every_acting_node_must_have_learnt_an_epoch() {
+        // Now 1,000; a node failed less than 100 ago may still act.
+        const AT: (u64, u64) = (1_000, 100);
+        let incarnations = [(0, 10), (1, 11), (2, 12), (3, 13)];
+        let all = Registrations {
+            present: vec![0, 1, 2, 3],
+            incarnations: incarnations.to_vec(),
+            ..Registrations::default()
+        };
+        let mut c = Configuration::initial(0..4, &all);
+        c.epoch = 7;
+        c.nodes[2].state = NodeState::Joining;
+        c.nodes[3].state = NodeState::Failed;
+        let seen = |seen: &[(u16, u64)]| Registrations {
+            seen: seen.to_vec(),
+            ..all.clone()
+        };
+        for mutated in [false, true] {
+            balance::mutation::ACKS_FROM_ANY.with(|m| m.set(mutated));
+            let r = seen(&[(0, 7), (1, 9), (2, 7)]);
+            assert!(r.all_learnt(&c, 7, AT), "every acting node at 7 or later");
+            let caught_8 = !r.all_learnt(&c, 8, AT); // nodes 0 and 2 have not learnt epoch 8
+                                                     // The failed node is not asked; the joining one is.
+            let lagging = seen(&[(0, 7), (1, 7), (3, 7)]);
+            let caught = !lagging.all_learnt(&c, 7, AT);
+            // Another process of node 1 registered since: its word is not the member's.
+            let restarted = Registrations {
+                incarnations: vec![(0, 10), (1, 99), (2, 12), (3, 13)],
+                ..seen(&[(0, 7), (1, 7), (2, 7)])
+            };
+            let caught_restart = !restarted.all_learnt(&c, 7, AT);
+            // A node with no registration (its lease lapsed) has said nothing.
+            let gone = Registrations {
+                incarnations: vec![(0, 10), (2, 12)],
+                present: vec![0, 2],
+                ..seen(&[(0, 7), (2, 7)])
+            };
+            let caught_gone = !gone.all_learnt(&c, 7, AT);
+            // A node failed just now may still act unasked: wait the settle time.
+            let mut just_failed = c.clone();
+            just_failed.nodes[3].since_ns = 950;
+            let caught_failed =
+                !r.all_learnt(&just_failed, 7, AT) && r.all_learnt(&just_failed, 7, (1_050, 100));
+            balance::mutation::ACKS_FROM_ANY.with(|m| m.set(false));
+            if mutated {
+                assert!(!caught, "the mutation takes node 0's word for node 2's");
+            } else {
+                assert!(caught && caught_8 && caught_restart && caught_gone && caught_failed);
+            }
+        }
+        assert!(
+            !Registrations::default().all_learnt(&c, 1, AT),
+            "nobody said anything"
+        );
     }
 
     /// A failed node's duties go to the next up node after it, around the ring; none to a
@@ -1873,6 +2211,9 @@ mod tests {
             clock_margin_ns: 0,
             replacing: None,
             migration_settle_ns: 0,
+            migration_end_ns: 0,
+            join_settle_ns: 0,
+            op_ns: 0,
             fenced_before_epoch_1: false,
         };
         let c = Configuration::initial([0, 1, 2], &Registrations::default());
@@ -1968,6 +2309,9 @@ mod tests {
             clock_margin_ns: 0,
             replacing: None,
             migration_settle_ns: 0,
+            migration_end_ns: 0,
+            join_settle_ns: 0,
+            op_ns: 0,
             fenced_before_epoch_1: false,
         };
         let reg = |incarnations: &[(u16, u64)], ready: &[u16]| Registrations {
@@ -1976,6 +2320,7 @@ mod tests {
             filled: vec![],
             handed: vec![],
             incarnations: incarnations.to_vec(),
+            seen: vec![],
         };
         let first = reg(&[(0, 10), (1, 11), (2, 12)], &[]);
         let c = Configuration::initial([0, 1, 2], &first);
@@ -2095,6 +2440,9 @@ mod tests {
             hold_ns: 10,
             clock_margin_ns: 0,
             migration_settle_ns: 0,
+            migration_end_ns: 0,
+            join_settle_ns: 0,
+            op_ns: 0,
             replacing: Some(Replacing {
                 after_ns: 100,
                 set: set.clone(),
@@ -2257,16 +2605,18 @@ mod tests {
     }
 
     /// A migration: reserved (slots taken, no fence acts), confirmed (every fence migrates),
-    /// handed over (the time recorded), ended a settle time later (the chain in force, the
-    /// chain before retired and its slots free again a settle time after that); a second
+    /// handed over (the time recorded), ended an operation's time later (the chain in force,
+    /// the chain before retired and its slots free again a settle time after that); a second
     /// migration of the same partition is refused while one runs; a reservation is confirmed
     /// only by its starter, and goes (slots retired) when its starter fails or gives up.
     #[test]
     fn a_migration_is_reserved_confirmed_handed_over_and_ended() {
         use NodeState::*;
         const SETTLE: u64 = 1_000;
+        const END: u64 = 250;
         let policy = Policy {
             migration_settle_ns: SETTLE,
+            migration_end_ns: END,
             ..Policy::default()
         };
         let c = Configuration::initial([0, 1, 2], &Registrations::default());
@@ -2318,10 +2668,10 @@ mod tests {
         let seen = started.successor(&handed, 40, &policy).unwrap();
         assert_eq!(seen.index_chains[0].handed_ns, 40);
         assert!(seen.index_chains[0].migrating);
-        assert_eq!(seen.successor(&handed, 40 + SETTLE - 1, &policy), None);
-        let ended = seen.successor(&handed, 40 + SETTLE, &policy).unwrap();
+        assert_eq!(seen.successor(&handed, 40 + END - 1, &policy), None);
+        let ended = seen.successor(&handed, 40 + END, &policy).unwrap();
         assert!(!ended.index_chains[0].migrating);
-        apply(&ended, (0, 0), &f, 40 + SETTLE, 0);
+        apply(&ended, (0, 0), &f, 40 + END, 0);
         assert!(!f.migrating(5));
         assert_eq!(
             f.moved_index_copy(5, 0).map(|c| (c.node, c.slot)),
@@ -2341,7 +2691,7 @@ mod tests {
             ..none.clone()
         };
         let seen = again.successor(&handed, t + 1, &policy).unwrap();
-        let done = seen.successor(&handed, t + 1 + SETTLE, &policy).unwrap();
+        let done = seen.successor(&handed, t + 1 + END, &policy).unwrap();
         assert_eq!(done.index_chains.len(), 1);
         assert_eq!(done.index_chains[0].copies, to2);
         assert_eq!(done.retired_slots.len(), 2);
@@ -2353,7 +2703,7 @@ mod tests {
             let paused = Fence::unfenced();
             apply(&started, (0, 0), &paused, 20, 0);
             assert!(paused.migrating(5));
-            apply(&done, (0, 0), &paused, t + 1 + SETTLE, 0);
+            apply(&done, (0, 0), &paused, t + 1 + END, 0);
             balance::mutation::KEEPS_MISSED_MIGRATIONS.with(|m| m.set(false));
             assert_eq!(
                 paused.migrating(5),
@@ -2365,15 +2715,22 @@ mod tests {
                 Some((2, 1))
             );
         }
+        // Retired for the settle time, not the (shorter) end time.
         assert_eq!(
-            done.free_index_slot(1, 4, t + 1 + SETTLE, SETTLE),
+            done.free_index_slot(1, 4, t + 1 + END + SETTLE - 1, SETTLE),
             Some(1),
             "retired"
         );
-        let later = done.successor(&none, t + 1 + 2 * SETTLE, &policy).unwrap();
+        assert_eq!(
+            done.successor(&none, t + 1 + END + SETTLE - 1, &policy),
+            None
+        );
+        let later = done
+            .successor(&none, t + 1 + END + SETTLE, &policy)
+            .unwrap();
         assert!(later.retired_slots.is_empty());
         assert_eq!(
-            later.free_index_slot(1, 4, t + 1 + 2 * SETTLE, SETTLE),
+            later.free_index_slot(1, 4, t + 1 + END + SETTLE, SETTLE),
             Some(0)
         );
         // A reservation stays while its starter is up, and goes with it (slots retired);

@@ -435,6 +435,31 @@ impl Fence {
         self.full_at_ns[node as usize].fetch_max(at.max(1), Ordering::SeqCst);
     }
 
+    /// End the pause after `node` came back (`pause_ns` long, from [`Self::full_for_ns`]) by
+    /// monotonic time `end_ns` at the latest: membership saw every node that may act say it
+    /// knows the node is full, and `end_ns` is an operation's time after that, when no
+    /// operation in the old roles is left. Only ever shortens the pause of the comeback in
+    /// force, that of the incarnation that joined at `joined_ns` (wall clock, as
+    /// [`Self::set_incarnation`] records it); a later one, recorded by `set_role` or
+    /// [`Self::set_full_since`], starts anew.
+    pub fn settle_join_by(&self, node: NodeId, joined_ns: u64, pause_ns: u64, end_ns: u64) {
+        if self.role(node) != NodeRole::Full || self.incarnation(node) != joined_ns {
+            return;
+        }
+        let at = end_ns
+            .saturating_add(BEFORE_ORIGIN_NS)
+            .saturating_sub(pause_ns)
+            .max(1);
+        let cell = &self.full_at_ns[node as usize];
+        let mut cur = cell.load(Ordering::SeqCst);
+        while cur != 0 && at < cur {
+            match cell.compare_exchange(cur, at, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// How long `node` has been a full member again at monotonic time `now_ns`; `None` if it
     /// is not one, or never stopped being one.
     pub fn full_for_ns(&self, node: NodeId, now_ns: u64) -> Option<u64> {
@@ -738,6 +763,36 @@ mod tests {
         // Up: not gone at all.
         f.set_role(5, NodeRole::Full);
         assert_eq!(f.gone_for_ns(5, now), None);
+    }
+
+    /// The pause after a comeback ends by the time membership names, never later than it
+    /// would have, and only for a node that is full; a later comeback pauses anew.
+    #[test]
+    fn a_comeback_s_pause_only_ever_ends_sooner() {
+        const PAUSE: u64 = 4_000_000_000;
+        let f = Fence::unfenced();
+        f.set_role(2, NodeRole::Gone);
+        f.set_incarnation(2, 500);
+        f.set_role(2, NodeRole::Full);
+        let now = nessie_fabric::monotonic_ns();
+        let paused = |t: u64| f.full_for_ns(2, t).is_some_and(|d| d < PAUSE);
+        assert!(paused(now) && paused(now + PAUSE - 1_000_000_000));
+        // Another comeback's word changes nothing.
+        f.settle_join_by(2, 400, PAUSE, now);
+        assert!(paused(now + 1_000_000));
+        f.settle_join_by(2, 500, PAUSE, now + 100_000_000);
+        assert!(paused(now + 99_000_000), "until the time named");
+        assert!(!paused(now + 100_000_000), "and over from then");
+        // A later time does not move it back.
+        f.settle_join_by(2, 500, PAUSE, now + 2_000_000_000);
+        assert!(!paused(now + 100_000_000));
+        // A node not full is left alone; a new comeback pauses again.
+        f.set_role(3, NodeRole::Receiving);
+        f.settle_join_by(3, 0, PAUSE, now);
+        assert_eq!(f.full_for_ns(3, now), None);
+        f.set_role(2, NodeRole::Gone);
+        f.set_role(2, NodeRole::Full);
+        assert!(paused(nessie_fabric::monotonic_ns() + 1_000_000_000));
     }
 
     #[test]

@@ -313,6 +313,12 @@ impl ReplicaSet {
         self.settle_ns
     }
 
+    /// One operation's time: the expiry period (an operation issues its steps within it,
+    /// the protocol's timing assumption) and the clock margin.
+    pub fn op_ns(&self) -> u64 {
+        self.op_ns
+    }
+
     /// How long the partitions a restarted node holds copies of pause once it is full again:
     /// every node learns of it within the settle time (a lease TTL with membership) or stops,
     /// and every operation that began with the old roles ends within one more operation.
