@@ -367,6 +367,17 @@ impl Etcd {
         Ok(kvs.pop())
     }
 
+    /// The key-value at `key` if it was changed after revision `after`; None if it was not
+    /// (or does not exist): etcd's `min_mod_revision` filter, so an unchanged value is
+    /// neither sent nor decoded.
+    pub fn get_changed(&self, key: &str, after: i64) -> Result<Option<KeyValue>, EtcdError> {
+        let mut kvs = self.range(json!({
+            "key": B64.encode(key),
+            "min_mod_revision": (after + 1).to_string(),
+        }))?;
+        Ok(kvs.pop())
+    }
+
     /// Every key starting with `prefix`, in key order (range_end = prefix with its last byte
     /// + 1, the usual etcd prefix rule).
     pub fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
@@ -1060,6 +1071,20 @@ mod tests {
         assert!(
             c.put_if_mod_revision("/cas", 0, b"again").unwrap(),
             "0 after delete"
+        );
+
+        // Read only if changed since a revision.
+        let now = c.get("/cas").unwrap().expect("there").mod_revision;
+        assert_eq!(c.get_changed("/cas", now).unwrap(), None, "unchanged");
+        let changed = c
+            .get_changed("/cas", now - 1)
+            .unwrap()
+            .expect("changed at now");
+        assert_eq!(changed.value, b"again");
+        c.put("/cas", b"later", None).unwrap();
+        assert_eq!(
+            c.get_changed("/cas", now).unwrap().expect("changed").value,
+            b"later"
         );
     }
 

@@ -936,8 +936,18 @@ pub fn change_config<T>(
     keys: &Keys,
     change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
 ) -> Result<T, StartMigrationError> {
+    change_config_cached(etcd, keys, &ConfigCache::default(), change)
+}
+
+/// [`change_config`], reading the configuration through `cache`.
+pub fn change_config_cached<T>(
+    etcd: &Etcd,
+    keys: &Keys,
+    cache: &ConfigCache,
+    change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
+) -> Result<T, StartMigrationError> {
     for _ in 0..MAX_START_TRIES {
-        let snap = snapshot(etcd, keys)?;
+        let snap = snapshot_cached(etcd, keys, cache)?;
         let Some(c) = snap.config else {
             return Err(StartMigrationError::NoConfiguration);
         };
@@ -1015,9 +1025,72 @@ pub struct Snapshot {
     pub registrations: Registrations,
 }
 
+/// The configuration a monitor last read, and its revision: a read that finds it unchanged
+/// ([`Etcd::get_changed`]) skips fetching and decoding it again. With thousands of index
+/// chains it is half a megabyte, and every monitor reads it at every change of any
+/// registration (each node says which epoch it applied while a change waits on that).
+#[derive(Default)]
+pub struct ConfigCache(Mutex<Option<(i64, Configuration)>>);
+
+/// [`snapshot`], the configuration taken from `cache` if etcd has not changed it since.
+pub fn snapshot_cached(
+    etcd: &Etcd,
+    keys: &Keys,
+    cache: &ConfigCache,
+) -> Result<Snapshot, MembershipError> {
+    let cached = cache.0.lock().expect("config cache lock").clone();
+    let Some((rev, c)) = cached else {
+        let snap = snapshot(etcd, keys)?;
+        if let Some(c) = &snap.config {
+            *cache.0.lock().expect("config cache lock") = Some((snap.config_revision, c.clone()));
+        }
+        return Ok(snap);
+    };
+    // The registrations first, as `snapshot` reads them after the configuration: either
+    // order gives a configuration and registrations each as they were at some point.
+    let registrations = read_registrations(etcd, keys)?;
+    let (config, config_revision) = match etcd.get_changed(&keys.config(), rev)? {
+        None => (c, rev),
+        Some(kv) => {
+            let c: Configuration =
+                serde_json::from_slice(&kv.value).map_err(|e| MembershipError::BadRecord {
+                    key: keys.config(),
+                    why: e.to_string(),
+                })?;
+            *cache.0.lock().expect("config cache lock") = Some((kv.mod_revision, c.clone()));
+            (c, kv.mod_revision)
+        }
+    };
+    Ok(Snapshot {
+        config: Some(config),
+        config_revision,
+        registrations,
+    })
+}
+
 /// Read the configuration and the live registrations.
 pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
     let config = etcd.get(&keys.config())?;
+    let registrations = read_registrations(etcd, keys)?;
+    let (config, config_revision) = match config {
+        None => (None, 0),
+        Some(kv) => {
+            let c = serde_json::from_slice(&kv.value).map_err(|e| MembershipError::BadRecord {
+                key: keys.config(),
+                why: e.to_string(),
+            })?;
+            (Some(c), kv.mod_revision)
+        }
+    };
+    Ok(Snapshot {
+        config,
+        config_revision,
+        registrations,
+    })
+}
+
+/// The live registrations.
+fn read_registrations(etcd: &Etcd, keys: &Keys) -> Result<Registrations, MembershipError> {
     let mut registrations = Registrations::default();
     for kv in etcd.get_prefix(&keys.members())? {
         let Some(id) = kv
@@ -1049,21 +1122,7 @@ pub fn snapshot(etcd: &Etcd, keys: &Keys) -> Result<Snapshot, MembershipError> {
             registrations.seen.push((id, e));
         }
     }
-    let (config, config_revision) = match config {
-        None => (None, 0),
-        Some(kv) => {
-            let c = serde_json::from_slice(&kv.value).map_err(|e| MembershipError::BadRecord {
-                key: keys.config(),
-                why: e.to_string(),
-            })?;
-            (Some(c), kv.mod_revision)
-        }
-    };
-    Ok(Snapshot {
-        config,
-        config_revision,
-        registrations,
-    })
+    Ok(registrations)
 }
 
 /// Write epoch 1 with every node of `ids` up (as the processes registered now) but those of
@@ -1097,8 +1156,9 @@ pub fn step(
     etcd: &Etcd,
     keys: &Keys,
     policy: &Policy,
+    cache: &ConfigCache,
 ) -> Result<(Option<Configuration>, Registrations), MembershipError> {
-    let snap = snapshot(etcd, keys)?;
+    let snap = snapshot_cached(etcd, keys, cache)?;
     let Some(config) = snap.config else {
         return Ok((None, snap.registrations));
     };
@@ -1111,7 +1171,7 @@ pub fn step(
         return Ok((Some(next), snap.registrations));
     }
     // Another monitor moved the epoch first: take what it wrote.
-    let again = snapshot(etcd, keys)?;
+    let again = snapshot_cached(etcd, keys, cache)?;
     Ok((again.config, again.registrations))
 }
 
@@ -1201,6 +1261,8 @@ struct Shared {
     record_lock: Mutex<()>,
     /// Nodes that came back (`Configuration::came_back`), as this monitor follows them.
     came_back: Mutex<Vec<CameBack>>,
+    /// The configuration as last read, for reads that find it unchanged.
+    config_cache: ConfigCache,
     on_config: Option<ConfigHook>,
 }
 
@@ -1318,6 +1380,7 @@ impl Monitor {
             seen: AtomicU64::new(0),
             record_lock: Mutex::new(()),
             came_back: Mutex::new(Vec::new()),
+            config_cache: ConfigCache::default(),
             on_config,
         });
         // Fenced until the first read: a node restarted after it was declared failed must not
@@ -1613,7 +1676,7 @@ impl Monitor {
         &self,
         change: impl Fn(&Configuration, u64) -> Result<(Configuration, T), MigrationError>,
     ) -> Result<T, StartMigrationError> {
-        let out = change_config(&self.etcd, &self.keys, change)?;
+        let out = change_config_cached(&self.etcd, &self.keys, &self.shared.config_cache, change)?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -1675,7 +1738,7 @@ fn read_configuration(
     // The registration this read is made under (a view read before a new one may show this
     // node as it was before its lease lapsed: `Monitor::view_registration`).
     let registered = shared.registered.load(Ordering::SeqCst);
-    let (c, registrations) = step(etcd, keys, &shared.policy)?;
+    let (c, registrations) = step(etcd, keys, &shared.policy, &shared.config_cache)?;
     let mut say = None;
     if let Some(c) = c {
         if let Some(hook) = &shared.on_config {
