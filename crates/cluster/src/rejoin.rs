@@ -326,9 +326,6 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
         p.joining_since = None;
         p.ready = false;
     }
-    if p.ready {
-        return;
-    }
     // The wait is for this join: a view read under this registration that shows this node
     // joining, whose epoch every node must then know. A view read before the registration
     // may show the join before the lease lapsed, an epoch others have passed (they took the
@@ -339,8 +336,13 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
     if read_under != registration || me.state != NodeState::Joining {
         return;
     }
+    // Another join (failed and joining again, unseen in between) starts over.
     if p.joining_since.is_some_and(|w| w.joined_ns != me.joined_ns) {
         p.joining_since = None;
+        p.ready = false;
+    }
+    if p.ready {
+        return;
     }
     let op = Duration::from_nanos(ctx.replica_set().op_ns());
     let waiting = p.joining_since.get_or_insert_with(|| Waiting {
@@ -363,7 +365,7 @@ fn rejoin_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progres
         ),
     }
     match catch_up(ctx) {
-        Ok(c) => match m.set_ready(ctx.id, registration) {
+        Ok(c) => match m.set_ready(ctx.id, registration, me.joined_ns) {
             Ok(true) => {
                 tracing::info!(node = ctx.id, ?c, "caught up; ready to be up again");
                 eprintln!("nessie node {}: caught up ({c}); ready", ctx.id);

@@ -367,15 +367,11 @@ impl Etcd {
         Ok(kvs.pop())
     }
 
-    /// The key-value at `key` if it was changed after revision `after`; None if it was not
-    /// (or does not exist): etcd's `min_mod_revision` filter, so an unchanged value is
-    /// neither sent nor decoded.
-    pub fn get_changed(&self, key: &str, after: i64) -> Result<Option<KeyValue>, EtcdError> {
-        let mut kvs = self.range(json!({
-            "key": B64.encode(key),
-            "min_mod_revision": (after + 1).to_string(),
-        }))?;
-        Ok(kvs.pop())
+    /// The revision at which `key` was last changed, without its value (`keys_only`); None
+    /// if the key does not exist. Lets a reader that holds a value keep it while unchanged.
+    pub fn get_revision(&self, key: &str) -> Result<Option<i64>, EtcdError> {
+        let mut kvs = self.range(json!({ "key": B64.encode(key), "keys_only": true }))?;
+        Ok(kvs.pop().map(|kv| kv.mod_revision))
     }
 
     /// Every key starting with `prefix`, in key order (range_end = prefix with its last byte
@@ -1073,19 +1069,12 @@ mod tests {
             "0 after delete"
         );
 
-        // Read only if changed since a revision.
+        // A key's revision alone.
         let now = c.get("/cas").unwrap().expect("there").mod_revision;
-        assert_eq!(c.get_changed("/cas", now).unwrap(), None, "unchanged");
-        let changed = c
-            .get_changed("/cas", now - 1)
-            .unwrap()
-            .expect("changed at now");
-        assert_eq!(changed.value, b"again");
-        c.put("/cas", b"later", None).unwrap();
-        assert_eq!(
-            c.get_changed("/cas", now).unwrap().expect("changed").value,
-            b"later"
-        );
+        assert_eq!(c.get_revision("/cas").unwrap(), Some(now));
+        let later = c.put("/cas", b"later", None).unwrap();
+        assert_eq!(c.get_revision("/cas").unwrap(), Some(later));
+        assert_eq!(c.get_revision("/missing").unwrap(), None);
     }
 
     #[test]

@@ -177,8 +177,10 @@ pub struct Registrations {
     /// The incarnation number each registration names: (node, incarnation).
     pub incarnations: Vec<(u16, u64)>,
     /// The newest epoch each node says its fence has applied ("seen"; absent: 0), which it
-    /// says only while a migration waits to be handed over ([`Configuration::wants_acks`]).
+    /// says only while a node waits on a change ([`Configuration::wants_acks`]).
     pub seen: Vec<(u16, u64)>,
+    /// The join (`Member::joined_ns`) each ready node caught up for ("ready_for").
+    pub ready_for: Vec<(u16, u64)>,
 }
 
 impl Registrations {
@@ -531,7 +533,14 @@ impl Configuration {
         for m in &mut next.nodes {
             let registered = reg.incarnation(m.id);
             let present = reg.present.contains(&m.id);
-            let ready = reg.ready.contains(&m.id);
+            // Ready for this join: a ready said for an earlier one (the node failed and joined
+            // again within one registration, its catch-up then missing writes) is not.
+            let ready = reg.ready.contains(&m.id)
+                && reg
+                    .ready_for
+                    .iter()
+                    .find(|&&(n, _)| n == m.id)
+                    .is_none_or(|&(_, j)| j == m.joined_ns);
             let held = now_ns >= m.since_ns.saturating_add(policy.hold_ns);
             // The registration is another process's than the one this member is: that one
             // died, and this one restarted before its lease lapsed.
@@ -1039,33 +1048,25 @@ pub fn snapshot_cached(
     cache: &ConfigCache,
 ) -> Result<Snapshot, MembershipError> {
     let cached = cache.0.lock().expect("config cache lock").clone();
-    let Some((rev, c)) = cached else {
-        let snap = snapshot(etcd, keys)?;
-        if let Some(c) = &snap.config {
-            *cache.0.lock().expect("config cache lock") = Some((snap.config_revision, c.clone()));
+    // The configuration before the registrations, as `snapshot` reads them: a
+    // compare-and-put on the configuration's revision then succeeds only if it was still in
+    // force when the registrations were read, so the two held together (registrations read
+    // first could be older than the configuration, and make a node up on a stale `ready`).
+    // Any revision but the cached one (a change, an etcd restored from a backup) fetches it
+    // again; none means there is none.
+    if let Some((rev, c)) = cached {
+        if etcd.get_revision(&keys.config())? == Some(rev) {
+            return Ok(Snapshot {
+                config: Some(c),
+                config_revision: rev,
+                registrations: read_registrations(etcd, keys)?,
+            });
         }
-        return Ok(snap);
-    };
-    // The registrations first, as `snapshot` reads them after the configuration: either
-    // order gives a configuration and registrations each as they were at some point.
-    let registrations = read_registrations(etcd, keys)?;
-    let (config, config_revision) = match etcd.get_changed(&keys.config(), rev)? {
-        None => (c, rev),
-        Some(kv) => {
-            let c: Configuration =
-                serde_json::from_slice(&kv.value).map_err(|e| MembershipError::BadRecord {
-                    key: keys.config(),
-                    why: e.to_string(),
-                })?;
-            *cache.0.lock().expect("config cache lock") = Some((kv.mod_revision, c.clone()));
-            (c, kv.mod_revision)
-        }
-    };
-    Ok(Snapshot {
-        config: Some(config),
-        config_revision,
-        registrations,
-    })
+    }
+    let snap = snapshot(etcd, keys)?;
+    *cache.0.lock().expect("config cache lock") =
+        snap.config.clone().map(|c| (snap.config_revision, c));
+    Ok(snap)
 }
 
 /// Read the configuration and the live registrations.
@@ -1120,6 +1121,9 @@ fn read_registrations(etcd: &Etcd, keys: &Keys) -> Result<Registrations, Members
             .extend(handed.into_iter().map(|(q, since)| (id, q, since)));
         if let Some(e) = record["seen"].as_u64().filter(|&e| e != 0) {
             registrations.seen.push((id, e));
+        }
+        if let Some(j) = record["ready_for"].as_u64().filter(|&j| j != 0) {
+            registrations.ready_for.push((id, j));
         }
     }
     Ok(registrations)
@@ -1245,6 +1249,9 @@ struct Shared {
     /// This node said it holds its copies (its registration says `ready`): 1 + the
     /// registration (`registered`) in which it caught up; 0: not ready.
     ready: AtomicU64,
+    /// The join (`Member::joined_ns`) the catch-up that made it ready was for: a ready said
+    /// for one join never makes a later one up ("ready_for").
+    ready_for: AtomicU64,
     /// Registrations made after a lapsed lease, by this process: a catch-up begun before one
     /// must not make the new registration ready (the node was failed meanwhile, and joins
     /// again: writes it missed are not in its copies).
@@ -1374,6 +1381,7 @@ impl Monitor {
             fence,
             policy,
             ready: AtomicU64::new(0),
+            ready_for: AtomicU64::new(0),
             registered: AtomicU64::new(0),
             filled: Mutex::new(Vec::new()),
             handed: Mutex::new(Vec::new()),
@@ -1477,7 +1485,15 @@ impl Monitor {
 
     /// Say that this node holds its copies again (it caught up while `joining`): its
     /// registration says `ready`, and the next monitor step makes it `up`.
-    pub fn set_ready(&self, id: u16, registered: u64) -> Result<bool, MembershipError> {
+    /// `joined_ns`: the join it caught up for (the member's `joined_ns` in the view that
+    /// showed it joining); membership makes it up only in that join.
+    pub fn set_ready(
+        &self,
+        id: u16,
+        registered: u64,
+        joined_ns: u64,
+    ) -> Result<bool, MembershipError> {
+        self.shared.ready_for.store(joined_ns, Ordering::SeqCst);
         self.shared.ready.store(registered + 1, Ordering::SeqCst);
         self.put_own_record(id)?;
         Ok(self.shared.is_ready())
@@ -1877,6 +1893,7 @@ fn register(
         filled: &[],
         handed: &[],
         seen: 0,
+        ready_for: 0,
     };
     put_record(etcd, keys, id, incarnation, lease, &record)?;
     // The granted TTL is what a keep-alive right now reports.
@@ -1891,6 +1908,8 @@ struct Record<'a> {
     handed: &'a [(u16, u64)],
     /// The epoch the node's fence applied (0: not said).
     seen: u64,
+    /// The join `ready` is for (0: not said).
+    ready_for: u64,
 }
 
 /// Put this node's registration record as `shared` says it now, under its lease.
@@ -1914,6 +1933,7 @@ fn put_own(
             .seen
             .load(Ordering::SeqCst)
             .max(say_seen.unwrap_or(0)),
+        ready_for: shared.ready_for.load(Ordering::SeqCst),
     };
     put_record(etcd, keys, id, shared.incarnation, lease, &record)?;
     // Said: later puts (of any thread) say it too.
@@ -1944,6 +1964,9 @@ fn put_record(
     }
     if r.seen != 0 {
         record["seen"] = serde_json::json!(r.seen);
+    }
+    if r.ready && r.ready_for != 0 {
+        record["ready_for"] = serde_json::json!(r.ready_for);
     }
     etcd.put(&keys.member(id), record.to_string().as_bytes(), Some(lease))?;
     Ok(())
@@ -2163,6 +2186,7 @@ mod tests {
             handed: vec![],
             incarnations: vec![],
             seen: vec![],
+            ready_for: vec![],
         }
     }
 
@@ -2305,6 +2329,25 @@ mod tests {
             None,
             "not ready"
         );
+        // Ready for an earlier join (it failed and joined again within one registration,
+        // its catch-up then missing writes): not up on it.
+        let stale = Registrations {
+            ready_for: vec![(1, 999)],
+            ..reg(&[0, 1, 2], &[1])
+        };
+        assert_eq!(
+            c3.successor(&stale, 1_030, HOLD),
+            None,
+            "ready for another join"
+        );
+        let for_this = Registrations {
+            ready_for: vec![(1, 1_010)],
+            ..reg(&[0, 1, 2], &[1])
+        };
+        assert_eq!(
+            states(&c3.successor(&for_this, 1_030, HOLD).unwrap()),
+            vec![Up, Up, Up]
+        );
         let c4 = c3.successor(&reg(&[0, 1, 2], &[1]), 1_030, HOLD).unwrap();
         assert_eq!((c4.epoch, states(&c4)), (4, vec![Up, Up, Up]));
         assert_eq!(c4.nodes[1].joined_ns, 1_010, "the incarnation is kept");
@@ -2384,6 +2427,7 @@ mod tests {
             handed: vec![],
             incarnations: incarnations.to_vec(),
             seen: vec![],
+            ready_for: vec![],
         };
         let first = reg(&[(0, 10), (1, 11), (2, 12)], &[]);
         let c = Configuration::initial([0, 1, 2], &first);
