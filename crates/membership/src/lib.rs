@@ -1035,7 +1035,7 @@ pub struct Snapshot {
 }
 
 /// The configuration a monitor last read, and its revision: a read that finds it unchanged
-/// ([`Etcd::get_changed`]) skips fetching and decoding it again. With thousands of index
+/// ([`Etcd::get_revision`]) skips fetching and decoding it again. With thousands of index
 /// chains it is half a megabyte, and every monitor reads it at every change of any
 /// registration (each node says which epoch it applied while a change waits on that).
 #[derive(Default)]
@@ -1433,12 +1433,6 @@ impl Monitor {
             .clone()
     }
 
-    /// The epoch of the configuration last read (0: none yet).
-    pub fn epoch(&self) -> u64 {
-        let v = self.shared.view.lock().expect("membership view lock");
-        v.config.as_ref().map_or(0, |c| c.epoch)
-    }
-
     /// Whether, by the configuration and registrations last read, every node that may act
     /// has applied epoch `epoch` or a later one ([`Registrations::all_learnt`]).
     pub fn all_learnt(&self, epoch: u64) -> bool {
@@ -1752,7 +1746,7 @@ fn read_configuration(
 ) -> Result<(), MembershipError> {
     let sent = mono_ns();
     // The registration this read is made under (a view read before a new one may show this
-    // node as it was before its lease lapsed: `Monitor::view_registration`).
+    // node as it was before its lease lapsed: `Monitor::member_in_view`).
     let registered = shared.registered.load(Ordering::SeqCst);
     let (c, registrations) = step(etcd, keys, &shared.policy, &shared.config_cache)?;
     let mut say = None;
