@@ -31,6 +31,11 @@ pub const CATCH_UP_BYTES_PER_S: u64 = 512 << 20;
 const POLL: Duration = Duration::from_millis(100);
 /// How often the balancer plans (`balance_step`).
 const BALANCE_EVERY: Duration = Duration::from_secs(1);
+/// Between those looks, the balancer plans on its own view (no etcd read) at every step, and
+/// looks at once when that plan moves something, at most this often: a node that has just come
+/// up, or more moves than one plan starts, wait a step instead of up to a second (a look reads
+/// the whole configuration from etcd, half a megabyte with thousands of index chains).
+const BALANCE_AGAIN: Duration = Duration::from_millis(200);
 /// Pause before a failed catch-up is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 /// How often an up node looks for pages of nodes failed for good: a read of every page table
@@ -264,8 +269,16 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     let Some(section) = &ctx.cfg.membership else {
         return;
     };
-    if p.balanced_at.is_some_and(|t| t.elapsed() < BALANCE_EVERY) {
-        return;
+    // Gone for good: failed for replace_after, and a settle time more (the copies of its
+    // tables have moved to spare slots by then, where there are spare slots).
+    let after = (section.replace_after_s * 1_000_000_000)
+        .saturating_add(ctx.replica_set().join_settle_ns());
+    let since = p.balanced_at.map(|t| t.elapsed());
+    if since.is_some_and(|e| e < BALANCE_EVERY) {
+        let soon = since.is_some_and(|e| e < BALANCE_AGAIN);
+        if soon || !section.rebalance || !work_in_view(ctx, m, after) {
+            return;
+        }
     }
     p.balanced_at = Some(Instant::now());
     // Every node gives up its own leaked reservations (a `nessie migrate` through it may
@@ -278,10 +291,6 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if c.balancer() != Some(ctx.id) {
         return;
     }
-    // Gone for good: failed for replace_after, and a settle time more (the copies of its
-    // tables have moved to spare slots by then, where there are spare slots).
-    let after = (section.replace_after_s * 1_000_000_000)
-        .saturating_add(ctx.replica_set().join_settle_ns());
     let said = match ctx.balance_once(after) {
         Ok(Ok((epoch, started))) => {
             eprintln!(
@@ -302,6 +311,21 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         }
         p.balance_said = said;
     }
+}
+
+/// Whether this node is the balancer in its own view and a plan on that view moves partitions
+/// (what a look, on the configuration read from etcd, would then most likely start).
+fn work_in_view(ctx: &NodeContext, m: &Monitor, replace_after_ns: u64) -> bool {
+    let Some(c) = m.view().config else {
+        return false;
+    };
+    if c.balancer() != Some(ctx.id) {
+        return false;
+    }
+    let now = nessie_fabric::wall_clock_ns();
+    let settled = m.settled_comebacks();
+    let plan = c.plan_balance_settled(ctx.replica_set(), now, replace_after_ns, &settled);
+    matches!(plan, Ok(nessie_membership::balance::Balance::Migrate(_)))
 }
 
 /// Whether a copy this node held at home moved to another node (re-replication).

@@ -451,6 +451,16 @@ pub(crate) mod mutation {
         /// `Registrations::all_learnt` takes one node's word for every node's: a hander
         /// starts while a node that has not learnt of the migration still acts.
         pub static ACKS_FROM_ANY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// A monitor forgets a settled comeback once the node no longer counts as having come
+        /// back, though the balancer holds it longer: the node is held again, nothing balances.
+        pub static COMEBACK_FORGOTTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub fn comeback_forgotten() -> bool {
+        #[cfg(test)]
+        return COMEBACK_FORGOTTEN.with(|m| m.get());
+        #[cfg(not(test))]
+        false
     }
 
     pub fn acks_from_any() -> bool {

@@ -1289,6 +1289,24 @@ struct CameBack {
     ends_ns: u64,
 }
 
+impl CameBack {
+    /// Whether this monitor still follows the comeback, `back` being the nodes that came back
+    /// recently in `c` (`Configuration::came_back`): while it is among them, and once settled
+    /// for as long as that incarnation stays up in that join, since the balancer holds a node
+    /// longer than it counts as having come back (`Configuration::plan_balance_settled`: a
+    /// join settle time and a settle time). Dropped after the first, the node was held again
+    /// for the rest, and nothing balanced (seen: 3 s after a scale-out had finished).
+    fn followed(&self, c: &Configuration, back: &[&Member]) -> bool {
+        let same = |m: &Member| {
+            (self.node, self.incarnation, self.joined_ns) == (m.id, m.incarnation, m.joined_ns)
+        };
+        back.iter().any(|m| same(m))
+            || (self.settled
+                && !balance::mutation::comeback_forgotten()
+                && c.nodes.iter().any(|m| m.state == NodeState::Up && same(m)))
+    }
+}
+
 impl Shared {
     /// How long after a node is declared failed its process may still act unasked
     /// (`Registrations::all_learnt`): the join settle time (a TTL and an operation) and the
@@ -1814,7 +1832,7 @@ fn settle_comebacks(
     let same = |b: &CameBack, m: &Member| {
         (b.node, b.incarnation, b.joined_ns) == (m.id, m.incarnation, m.joined_ns)
     };
-    seen.retain(|b| back.iter().any(|m| same(b, m)));
+    seen.retain(|b| b.followed(c, &back));
     for m in back {
         if !seen.iter().any(|b| same(b, m)) {
             seen.push(CameBack {
@@ -2243,6 +2261,42 @@ mod tests {
             !Registrations::default().all_learnt(&c, 1, AT),
             "nobody said anything"
         );
+    }
+
+    /// A settled comeback stays followed for as long as that incarnation stays up in that
+    /// join, after it no longer counts as having come back: the balancer holds such a node
+    /// longer than that, and a monitor that forgot it held the node again (nothing balanced
+    /// for 3 s after a scale-out had finished). A comeback not yet settled, or a member that
+    /// failed or joined again since, is dropped.
+    #[test]
+    fn a_settled_comeback_is_followed_while_its_node_stays_up() {
+        let mut c = Configuration::initial(0..3, &Registrations::default());
+        c.nodes[2].joined_ns = 500;
+        c.nodes[2].incarnation = 77;
+        let b = |settled| CameBack {
+            node: 2,
+            incarnation: 77,
+            joined_ns: 500,
+            epoch: 3,
+            settled,
+            ends_ns: 0,
+        };
+        let recent: Vec<&Member> = c.nodes.iter().filter(|m| m.id == 2).collect();
+        assert!(b(false).followed(&c, &recent) && b(true).followed(&c, &recent));
+        // No longer recent (`came_back` is empty): kept only once settled.
+        for mutated in [false, true] {
+            balance::mutation::COMEBACK_FORGOTTEN.with(|m| m.set(mutated));
+            let kept = b(true).followed(&c, &[]);
+            balance::mutation::COMEBACK_FORGOTTEN.with(|m| m.set(false));
+            assert_eq!(kept, !mutated, "mutated: {mutated}");
+        }
+        assert!(!b(false).followed(&c, &[]), "never settled");
+        let mut again = c.clone();
+        again.nodes[2].joined_ns = 900;
+        assert!(!b(true).followed(&again, &[]), "another join");
+        let mut failed = c.clone();
+        failed.nodes[2].state = NodeState::Failed;
+        assert!(!b(true).followed(&failed, &[]), "failed since");
     }
 
     /// A failed node's duties go to the next up node after it, around the ring; none to a

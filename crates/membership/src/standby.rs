@@ -35,7 +35,9 @@
 //!   it joins too): its own workers do not write, nobody claims a page of it
 //!   (`ClassTable::hosts_guarded`, by `Fence::never_up`), and its index partitions are in
 //!   index slots. So a node that restarts holding one of their copies fills it from nothing,
-//!   all zeros (`Replicated::catch_up`), though no full copy is left to fill from.
+//!   all zeros (`Replicated::catch_up`), though no full copy is left to fill from; and the
+//!   standby node itself, joining, takes its own copy 0 as filled without reading it (its
+//!   process has written none of its regions either).
 //! - **SB6.** Epoch 1's moves are recorded `at_start`: no operation pauses after them as after
 //!   a copy that became full (they never had another role).
 //!

@@ -183,6 +183,9 @@ pub struct Mutations {
     /// catching up fills them from the decider (as before this was found): a receiving copy
     /// may get a word that dies with its decider.
     pub catch_up_from_decider: bool,
+    /// Catching up skips every copy of a never-up node's tables, not only the node's own
+    /// (known zeros): a copy in a reused spare slot keeps another partition's stale words.
+    pub skip_every_never_up_copy: bool,
     /// Replication: a copy counts as already written by a write or CAS that looked at its
     /// node and slot before, even if the node restarted in between (as before this was found).
     pub late_copy_by_place: bool,

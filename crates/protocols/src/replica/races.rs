@@ -538,6 +538,42 @@ fn r5_a_node_whose_fence_missed_a_rejoin_still_waits_out_the_join_pause() {
     );
 }
 
+/// A node that has never been up (standby, joining) fills its own tables from nothing without
+/// reading a byte: every copy of them is all zeros (SB5), its own too. Read, they would fault
+/// in every page of its regions and of the copy read from.
+#[test]
+fn a_never_up_node_s_own_tables_are_not_read() {
+    let r = rig(2, 0, layout(), Mutations::default());
+    // Node 1 joins for the first time: never up, receiving; its own tables (copy 0 of
+    // partition 1) are its only copy held here... and copy 1 of partition 0.
+    r.fence.set_never_up(1, true);
+    r.fence.set_role(1, NodeRole::Receiving);
+    let word = RemoteAddr::new(0, DATA_REGION, 8);
+    r.fabric
+        .endpoint(0)
+        .write(word, &7u64.to_le_bytes())
+        .unwrap();
+    let done = r.ep(1).catch_up(&TABLES, 0).unwrap();
+    assert_eq!(done.copies, 2, "its own tables and partition 0's copy 1");
+    // Only partition 0's copy was read: its page, data and index regions, and the one word
+    // that differed again in a second pass.
+    let one_copy: u64 = TABLES.iter().sum();
+    assert_eq!(done.bytes_read, one_copy + 8);
+    assert_eq!(
+        r.word(1, 1, DATA_REGION, 8),
+        7,
+        "partition 0's copy is filled"
+    );
+
+    // The control: a node that has been up fills both.
+    let c = rig(2, 0, layout(), Mutations::default());
+    c.fence.set_role(1, NodeRole::Receiving);
+    assert_eq!(
+        c.ep(1).catch_up(&TABLES, 0).unwrap().bytes_read,
+        2 * one_copy
+    );
+}
+
 /// A standby node (never up: `Fence::set_never_up`) whose tables' only other copy is on a node
 /// that restarts: the restarted node fills that copy from nothing (all zeros: nobody has
 /// written the tables of a node that never ran) instead of failing its whole catch-up for want
@@ -557,6 +593,20 @@ fn a_standby_node_s_only_other_copy_is_filled_from_nothing() {
     assert_eq!(done.copies, 2, "its own tables and partition 2's copy 1");
     assert_eq!(r.word(0, 1, DATA_REGION, 8), 0);
     assert_eq!(r.word(0, 1, DATA_REGION, 16), 0);
+
+    // Mutation: the skip a never-up node's own tables take (all zeros: SB5) taken for every
+    // never-up partition leaves the reused slot's stale words.
+    let mutated = Mutations {
+        skip_every_never_up_copy: true,
+        ..Mutations::default()
+    };
+    let m = rig(2, 0, layout(), mutated);
+    m.fence.set_never_up(2, true);
+    m.fence.set_gone(2, true);
+    m.fence.set_role(0, NodeRole::Receiving);
+    m.fabric.endpoint(0).write(stale, &[0xab; 16]).unwrap();
+    m.ep(0).catch_up(&TABLES, 0).unwrap();
+    assert_ne!(m.word(0, 1, DATA_REGION, 8), 0, "the mutation is caught");
 
     let gone = rig(2, 0, layout(), Mutations::default());
     gone.fence.set_gone(2, true);
