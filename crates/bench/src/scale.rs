@@ -272,6 +272,13 @@ pub fn scale_out(
             Some(Err(e)) => return Err(fail(e.to_string())),
             None => return Err(fail("the cluster runs without membership".into())),
         };
+        // The joined nodes, in the joins they are up in.
+        let joined: Vec<(u16, u64)> = c
+            .nodes
+            .iter()
+            .filter(|m| joining.contains(&m.id))
+            .map(|m| (m.id, m.joined_ns))
+            .collect();
         let settled = !c.index_chains.iter().any(|ch| ch.migrating)
             && !c.moves.iter().any(|m| m.receiving)
             && matches!(
@@ -281,7 +288,7 @@ pub fn scale_out(
                     &set,
                     nessie_fabric::wall_clock_ns(),
                     replace_after_ns,
-                    &joining
+                    &joined
                 ),
                 Ok(Balance::Balanced)
             );

@@ -95,6 +95,8 @@ struct Progress {
     /// When the balancer last planned, and what it last said (said once, not every look).
     balanced_at: Option<Instant>,
     balance_said: String,
+    /// The balancer's last plan on its own view (`work_in_view`).
+    quick: Option<QuickPlan>,
 }
 
 /// A wait until every node knows of a change (that a node joins, that a copy moved, that a
@@ -275,8 +277,11 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         .saturating_add(ctx.replica_set().join_settle_ns());
     let since = p.balanced_at.map(|t| t.elapsed());
     if since.is_some_and(|e| e < BALANCE_EVERY) {
+        // Not after a look that failed: its reservations and their cancels are epochs too,
+        // and each retries no sooner than the next full look.
         let soon = since.is_some_and(|e| e < BALANCE_AGAIN);
-        if soon || !section.rebalance || !work_in_view(ctx, m, after) {
+        let failed = p.balance_said.starts_with("could not");
+        if soon || failed || !section.rebalance || !work_in_view(ctx, m, after, &mut p.quick) {
             return;
         }
     }
@@ -303,6 +308,13 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         Ok(Err(why)) => why,
         Err(e) => format!("could not start migrations: {e}"),
     };
+    // A look that started nothing answers for the view it was made on: no quick look again
+    // until the view changes (a stale view that shows work would otherwise look every step).
+    if said != "migrating" {
+        if let Some(q) = &mut p.quick {
+            q.work = false;
+        }
+    }
     if said != p.balance_said {
         if said.starts_with("could not") || said.starts_with("no plan") {
             eprintln!("nessie node {}: balancer: {said}", ctx.id);
@@ -313,19 +325,46 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     }
 }
 
+/// The balancer's last plan on its own view (`work_in_view`): what it was made on, and whether
+/// it moved something.
+#[derive(Clone, Debug, Default)]
+struct QuickPlan {
+    epoch: u64,
+    settled: Vec<(u16, u64)>,
+    work: bool,
+}
+
 /// Whether this node is the balancer in its own view and a plan on that view moves partitions
-/// (what a look, on the configuration read from etcd, would then most likely start).
-fn work_in_view(ctx: &NodeContext, m: &Monitor, replace_after_ns: u64) -> bool {
+/// (what a look, on the configuration read from etcd, would then most likely start). Planned
+/// once per view (epoch, and the comebacks settled): `last` keeps the answer.
+fn work_in_view(
+    ctx: &NodeContext,
+    m: &Monitor,
+    replace_after_ns: u64,
+    last: &mut Option<QuickPlan>,
+) -> bool {
     let Some(c) = m.view().config else {
         return false;
     };
     if c.balancer() != Some(ctx.id) {
         return false;
     }
-    let now = nessie_fabric::wall_clock_ns();
     let settled = m.settled_comebacks();
+    if let Some(q) = last
+        .as_ref()
+        .filter(|q| q.epoch == c.epoch && q.settled == settled)
+    {
+        return q.work;
+    }
+    let now = nessie_fabric::wall_clock_ns();
     let plan = c.plan_balance_settled(ctx.replica_set(), now, replace_after_ns, &settled);
-    matches!(plan, Ok(nessie_membership::balance::Balance::Migrate(_)))
+    let work = matches!(plan, Ok(nessie_membership::balance::Balance::Migrate(_)));
+    *last = Some(QuickPlan {
+        epoch: c.epoch,
+        settled,
+        work,
+    });
+    work
 }
 
 /// Whether a copy this node held at home moved to another node (re-replication).

@@ -97,15 +97,16 @@ impl Configuration {
         self.plan_balance_settled(set, now_ns, replace_after_ns, &[])
     }
 
-    /// [`Self::plan_balance`], where the nodes of `settled` that are up again are not held:
-    /// the caller's fence has seen their pause end (every node said it knows they are up,
-    /// `Fence::settle_join_by`), so a partition moved to them waits for nothing.
+    /// [`Self::plan_balance`], where the nodes of `settled` (node, `joined_ns`) that are up
+    /// again in that join are not held: the caller's fence has seen their pause end (every
+    /// node said it knows they are up, `Fence::settle_join_by`), so a partition moved to them
+    /// waits for nothing. A node up in another join than the one named is held as ever.
     pub fn plan_balance_settled(
         &self,
         set: &ReplicaSet,
         now_ns: u64,
         replace_after_ns: u64,
-        settled: &[u16],
+        settled: &[(u16, u64)],
     ) -> Result<Balance, PlanError> {
         let Some(map) = self.index_map(set) else {
             return Ok(Balance::Wait("no index slots to migrate into".into()));
@@ -130,7 +131,7 @@ impl Configuration {
                     let hold = set.join_settle_ns().saturating_add(set.settle_ns());
                     m.joined_ns != 0
                         && now_ns < m.since_ns.saturating_add(hold)
-                        && !settled.contains(&m.id)
+                        && !settled.contains(&(m.id, m.joined_ns))
                 }
                 NodeState::Joining => true,
                 NodeState::Failed => now_ns < m.since_ns.saturating_add(replace_after_ns),
@@ -648,6 +649,17 @@ mod tests {
         let settled = up + s.join_settle_ns() + s.settle_ns();
         assert!(matches!(
             c.plan_balance(&s, settled - 1, AFTER),
+            Ok(Balance::Wait(why)) if why.contains("held")
+        ));
+        // Settled early (every node said it knows) in this join: not held. Settled in an
+        // earlier join only: held as ever.
+        let early = up + 1;
+        assert!(matches!(
+            c.plan_balance_settled(&s, early, AFTER, &[(3, up)]),
+            Ok(Balance::Migrate(_))
+        ));
+        assert!(matches!(
+            c.plan_balance_settled(&s, early, AFTER, &[(3, up - 1)]),
             Ok(Balance::Wait(why)) if why.contains("held")
         ));
         let Ok(Balance::Migrate(moves)) = c.plan_balance(&s, settled, AFTER) else {

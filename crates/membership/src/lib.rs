@@ -1473,13 +1473,14 @@ impl Monitor {
     }
 
     /// The nodes that came back whose pause this node's fence ended early, every node having
-    /// said it knows (`Fence::settle_join_by`): the balancer holds them no longer.
-    pub fn settled_comebacks(&self) -> Vec<u16> {
+    /// said it knows (`Fence::settle_join_by`), each with the join (`joined_ns`) it came back
+    /// in: the balancer holds them no longer in that join (a later one is held anew).
+    pub fn settled_comebacks(&self) -> Vec<(u16, u64)> {
         let seen = self.shared.came_back.lock().expect("came-back lock");
         let now = mono_ns();
         seen.iter()
             .filter(|b| b.settled && now >= b.ends_ns)
-            .map(|b| b.node)
+            .map(|b| (b.node, b.joined_ns))
             .collect()
     }
 
@@ -1601,7 +1602,7 @@ impl Monitor {
         id: u16,
         set: &ReplicaSet,
         replace_after_ns: u64,
-        settled: &[u16],
+        settled: &[(u16, u64)],
     ) -> Result<Result<(Vec<Reserved>, u64), String>, StartMigrationError> {
         let slots = set.index_slots();
         let settle_ns = set.join_settle_ns();

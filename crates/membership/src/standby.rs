@@ -30,19 +30,20 @@
 //! - **SB3.** A standby node holds nothing but copy 0 of its own tables.
 //! - **SB4.** Every moved copy is full (nothing to fill: nothing is written before epoch 1),
 //!   and a standby partition's copies but copy 0 are on starting nodes, so the standby node,
-//!   when it joins, fills its copy 0 from them as a restarted node does.
+//!   when it joins, fills its copy 0 from them as a restarted node does (all but the data
+//!   region, which no claimed page uses: SB5).
 //! - **SB5.** Nothing writes a standby node's tables while it stands by (until it is up: while
 //!   it joins too): its own workers do not write, nobody claims a page of it
 //!   (`ClassTable::hosts_guarded`, by `Fence::never_up`), and its index partitions are in
 //!   index slots. So a node that restarts holding one of their copies fills it from nothing,
 //!   all zeros (`Replicated::catch_up`), though no full copy is left to fill from; and the
-//!   standby node itself, joining, takes its own copy 0 as filled without reading it (its
-//!   process has written none of its regions either).
+//!   standby node itself, joining, fills its own copy 0's page words and skips its data
+//!   region when none is claimed (its process has written none of its regions either).
 //! - **SB6.** Epoch 1's moves are recorded `at_start`: no operation pauses after them as after
 //!   a copy that became full (they never had another role).
 //!
 //! Then a standby node that registers joins at once (it has been failed since time 0, longer
-//! than any hold time), catches up copy 0 of its tables, and is up, leaving the `standby` list
+//! than any hold time), catches up copy 0 of its tables (no page claimed: not its data), and is up, leaving the `standby` list
 //! only then (until it is up nobody writes its tables: SB5); the balancer gives it its share
 //! of index partitions once its join settle time has passed. While it stands by it is kept out of
 //! everything a failed node would still be part of: nobody places new entries on its pages

@@ -122,16 +122,22 @@ impl<E: Endpoint> Replicated<E> {
                 // A node that has never been up, filling its own tables: every copy of them is
                 // all zeros (SB5: nobody writes them until it is up, its own workers included,
                 // and its process has written none of its regions), and so is what it holds.
-                // Comparing them would read every page of both, which faults the whole regions
-                // in on this node and on the copy read from: their memory, and seconds of CPU
-                // that delay the join (a 200 MB data region took 3 to 4 s under load). Another
-                // never-up node's copy held here may sit in a reused slot, stale: filled.
+                // Comparing the data region would read every page of both, which faults the
+                // whole regions in on this node and on the copy read from: their memory, and
+                // seconds of CPU that delay the join (a 200 MB data region took 3 to 4 s under
+                // load). Its page words (8 bytes a page) are filled as any copy's, and the data
+                // region skipped only if none is claimed: a data entry lies only on a claimed
+                // page, so SB5 stays checked. Another never-up node's copy held here may sit in
+                // a reused slot, stale: filled whole.
                 let own = p == me || mutated!(self.set, skip_every_never_up_copy);
-                if own && self.never_written(Part::Tables(p)) {
-                    done.copies += 1;
-                    continue;
-                }
+                let own_never_up = own && self.never_written(Part::Tables(p));
                 for region in [PAGE_REGION, DATA_REGION] {
+                    if region == DATA_REGION
+                        && own_never_up
+                        && self.no_page_claimed(slot, table_regions[PAGE_REGION as usize])?
+                    {
+                        continue;
+                    }
                     let bytes = table_regions[region as usize];
                     let from = RemoteAddr::new(p, region, 0);
                     let to = (mirror_region(region, slot), 0);
@@ -175,6 +181,21 @@ impl<E: Endpoint> Replicated<E> {
         }
         done.ns = self.inner.mono_ns().saturating_sub(start);
         Ok(done)
+    }
+
+    /// Whether every page word of the copy in mirror slot `slot` (`bytes` of them, filled) is
+    /// zero: no page of it is claimed, so its data region holds no entry.
+    fn no_page_claimed(&mut self, slot: u8, bytes: u64) -> Result<bool, FabricError> {
+        let mine = mirror_region(PAGE_REGION, slot);
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        for off in (0..bytes).step_by(CHUNK_BYTES) {
+            let n = CHUNK_BYTES.min((bytes - off) as usize);
+            self.inner.local_read(mine, off, &mut buf[..n])?;
+            if buf[..n].iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Fill copy `j` of node `p`'s index table, held here in mirror slot `slot`: all of it,
@@ -227,8 +248,8 @@ impl<E: Endpoint> Replicated<E> {
         let (partition, region) = (from.node, from.region);
         let mut theirs = vec![0u8; CHUNK_BYTES];
         let mut ours = vec![0u8; CHUNK_BYTES];
-        // Offsets of the words the last pass changed (`None`: before the whole pass).
-        let mut todo: Option<Vec<u64>> = None;
+        // The runs of words the last pass changed (`None`: before the whole pass).
+        let mut todo: Option<Vec<(u64, u64)>> = None;
         for pass in 1..=MAX_PASSES {
             let mut changed = Vec::new();
             let spans: Vec<(u64, usize)> = match &todo {
@@ -236,7 +257,7 @@ impl<E: Endpoint> Replicated<E> {
                     .step_by(CHUNK_BYTES)
                     .map(|off| (off, CHUNK_BYTES.min((bytes - off) as usize)))
                     .collect(),
-                Some(words) => spans_of(words),
+                Some(runs) => spans_of(runs),
             };
             for (off, n) in spans {
                 // Ours first: the primary's words, read after, are at or past every word a
@@ -257,12 +278,12 @@ impl<E: Endpoint> Replicated<E> {
                 )?;
                 self.pace(bytes_per_s, start, done.bytes_read);
             }
-            done.words_changed += changed.len() as u64;
+            done.words_changed += changed.iter().map(|&(_, n)| n / 8).sum::<u64>();
             if changed.is_empty() {
                 return Ok(pass);
             }
-            changed.sort_unstable();
-            changed.dedup();
+            // Spans are merged in ascending order, and so are the runs each leaves.
+            debug_assert!(changed.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0));
             todo = Some(changed);
         }
         Err(FabricError::Transport(format!(
@@ -310,7 +331,9 @@ impl<E: Endpoint> Replicated<E> {
 
     /// Make the words of `ours` (this node's region `mine` from offset `here`, the copy of the
     /// words at `at`) that differ from `theirs` (the primary's, read after ours) equal to them,
-    /// adding the offsets changed (from `rel`, relative to the span filled) to `changed`. Index entries and page words are set by CAS from what we read: what our copy
+    /// adding the runs of words changed (offsets from `rel`, relative to the span filled; bytes)
+    /// to `changed`. Data words are written a run of differing words at a time: a restarted
+    /// node's copy differs in every word written before, tens of millions of them. Index entries and page words are set by CAS from what we read: what our copy
     /// held before catching up may be stale, even ahead of the decider or from another
     /// history (a paused node's memory: words it decided that never went further), so it is
     /// replaced whatever it is; a word a writer carries here meanwhile makes the CAS fail, and
@@ -321,36 +344,47 @@ impl<E: Endpoint> Replicated<E> {
         at: RemoteAddr,
         (mine, here): (RegionId, u64),
         (theirs, ours): (&[u8], &[u8]),
-        changed: &mut Vec<u64>,
+        changed: &mut Vec<(u64, u64)>,
         rel: u64,
     ) -> Result<(), FabricError> {
         let me = self.inner.node();
         let word = |b: &[u8], w: usize| u64::from_le_bytes(b[w * 8..w * 8 + 8].try_into().unwrap());
-        for w in 0..theirs.len() / 8 {
+        let words = theirs.len() / 8;
+        let mut w = 0;
+        while w < words {
             let (mut want, mut cur) = (word(theirs, w), word(ours, w));
             if want == cur {
+                w += 1;
                 continue;
             }
-            let w = w as u64 * 8;
+            if at.region == DATA_REGION {
+                // The run of differing words from here, written at once.
+                let end = (w + 1..words)
+                    .find(|&v| word(theirs, v) == word(ours, v))
+                    .unwrap_or(words);
+                let (from, to) = (w * 8, end * 8);
+                self.inner
+                    .local_write(mine, here + from as u64, &theirs[from..to])?;
+                push_run(changed, rel + from as u64, (to - from) as u64);
+                w = end;
+                continue;
+            }
+            let at_word = w as u64 * 8;
+            w += 1;
             // The word's offset in our region, and in the span being filled (what the next
             // pass looks at again).
-            let (off, next) = (here + w, rel + w);
-            if at.region == DATA_REGION {
-                self.inner.local_write(mine, off, &want.to_le_bytes())?;
-                changed.push(next);
-                continue;
-            }
+            let (off, next) = (here + at_word, rel + at_word);
             let addr = RemoteAddr::new(me, mine, off);
             for _ in 0..MAX_WORD_ROUNDS {
                 let was = self.inner.compare_and_swap(addr, cur, want)?;
                 if was == cur {
-                    changed.push(next);
+                    push_run(changed, next, 8);
                     break;
                 }
                 // A writer carried a word here: read both again, ours first.
                 cur = was;
                 let mut b = [0u8; 8];
-                let a = RemoteAddr::new(at.node, at.region, at.offset + w);
+                let a = RemoteAddr::new(at.node, at.region, at.offset + at_word);
                 self.read_source(part, a, &mut b)?;
                 want = u64::from_le_bytes(b);
                 if want == cur {
@@ -374,24 +408,48 @@ impl<E: Endpoint> Replicated<E> {
     }
 }
 
-/// The spans (offset, bytes) that cover the words at `offsets` (ascending): words at most
-/// [`MAX_GAP_BYTES`] apart share a span, and no span is longer than [`CHUNK_BYTES`].
-fn spans_of(offsets: &[u64]) -> Vec<(u64, usize)> {
-    let mut spans: Vec<(u64, usize)> = Vec::new();
-    for &off in offsets {
-        debug_assert!(off % 8 == 0, "a word's offset");
-        if let Some((start, len)) = spans.last_mut() {
-            let end = *start + *len as u64;
-            debug_assert!(off >= end || off + 8 <= end, "offsets ascend");
-            if off < end {
-                continue;
-            }
-            if off - end <= MAX_GAP_BYTES && off + 8 - *start <= CHUNK_BYTES as u64 {
-                *len = (off + 8 - *start) as usize;
-                continue;
-            }
+/// Add the run of changed words at `off` (`bytes` of them) to `runs` (ascending), joined to
+/// the last run where they touch.
+fn push_run(runs: &mut Vec<(u64, u64)>, off: u64, bytes: u64) {
+    debug_assert!(off % 8 == 0 && bytes % 8 == 0 && bytes > 0, "whole words");
+    if let Some((start, len)) = runs.last_mut() {
+        debug_assert!(off >= *start + *len, "runs ascend");
+        if *start + *len == off {
+            *len += bytes;
+            return;
         }
-        spans.push((off, 8));
+    }
+    runs.push((off, bytes));
+}
+
+/// The spans (offset, bytes) that cover the runs of words `runs` (offset, bytes; ascending,
+/// apart): runs at most [`MAX_GAP_BYTES`] apart share a span, and no span is longer than
+/// [`CHUNK_BYTES`] (a longer run is split).
+fn spans_of(runs: &[(u64, u64)]) -> Vec<(u64, usize)> {
+    let chunk = CHUNK_BYTES as u64;
+    let mut spans: Vec<(u64, usize)> = Vec::new();
+    for &(mut off, mut bytes) in runs {
+        debug_assert!(off % 8 == 0 && bytes % 8 == 0, "whole words");
+        while bytes > 0 {
+            if let Some((start, len)) = spans.last_mut() {
+                let end = *start + *len as u64;
+                if off < end {
+                    // Overlapping the span before (runs should not): what it covers is done.
+                    let skip = (end - off).min(bytes);
+                    (off, bytes) = (off + skip, bytes - skip);
+                    continue;
+                }
+                if off - end <= MAX_GAP_BYTES && off + 8 <= *start + chunk {
+                    let take = bytes.min(*start + chunk - off);
+                    *len = (off + take - *start) as usize;
+                    (off, bytes) = (off + take, bytes - take);
+                    continue;
+                }
+            }
+            let take = bytes.min(chunk);
+            spans.push((off, take as usize));
+            (off, bytes) = (off + take, bytes - take);
+        }
     }
     spans
 }
@@ -400,8 +458,18 @@ fn spans_of(offsets: &[u64]) -> Vec<(u64, usize)> {
 mod tests {
     use super::*;
 
+    /// Single words as runs.
+    fn spans_of_words(words: &[u64]) -> Vec<(u64, usize)> {
+        let mut runs = Vec::new();
+        for &w in words {
+            push_run(&mut runs, w, 8);
+        }
+        spans_of(&runs)
+    }
+
     #[test]
     fn changed_words_are_read_again_in_spans() {
+        let spans_of = spans_of_words;
         assert_eq!(spans_of(&[]), vec![]);
         assert_eq!(spans_of(&[16]), vec![(16, 8)]);
         // Neighbours and words a little apart share one read; a word far off gets its own.
@@ -428,5 +496,30 @@ mod tests {
                 .iter()
                 .any(|&(o, n)| *w >= o && *w + 8 <= o + n as u64));
         }
+    }
+
+    /// Runs of changed words (data words are written a run at a time): touching runs join, a
+    /// run longer than a chunk is split, and a run a little apart shares the span before.
+    #[test]
+    fn runs_of_changed_words_are_read_again_in_spans() {
+        let chunk = CHUNK_BYTES as u64;
+        let mut runs = Vec::new();
+        push_run(&mut runs, 0, 16);
+        push_run(&mut runs, 16, 8);
+        assert_eq!(runs, vec![(0, 24)], "touching runs join");
+        push_run(&mut runs, 64, 2 * chunk);
+        assert_eq!(runs, vec![(0, 24), (64, 2 * chunk)]);
+        let spans = spans_of(&runs);
+        assert_eq!(
+            spans,
+            vec![(0, CHUNK_BYTES), (chunk, CHUNK_BYTES), (2 * chunk, 64),]
+        );
+        assert_eq!(
+            spans.iter().map(|s| s.1 as u64).sum::<u64>(),
+            64 + 2 * chunk,
+            "every byte from the first run's start to the last's end, once"
+        );
+        let far = 24 + MAX_GAP_BYTES + 8;
+        assert_eq!(spans_of(&[(0, 24), (far, 8)]), vec![(0, 24), (far, 8)]);
     }
 }

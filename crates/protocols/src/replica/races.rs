@@ -8,7 +8,7 @@ use std::time::Duration;
 use nessie_fabric::inproc::{InProcEndpoint, InProcFabric};
 use nessie_fabric::interpose::{Interposed, Interposer, Op};
 use nessie_fabric::{Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
-use nessie_store::{Ite, IteLayout, DATA_REGION, INDEX_REGION};
+use nessie_store::{Ite, IteLayout, DATA_REGION, INDEX_REGION, PAGE_REGION};
 
 use super::{mirror_region, ReplicaSet, Replicated};
 use crate::config::{Mutations, ProtocolConfig};
@@ -538,11 +538,12 @@ fn r5_a_node_whose_fence_missed_a_rejoin_still_waits_out_the_join_pause() {
     );
 }
 
-/// A node that has never been up (standby, joining) fills its own tables from nothing without
-/// reading a byte: every copy of them is all zeros (SB5), its own too. Read, they would fault
-/// in every page of its regions and of the copy read from.
+/// A node that has never been up (standby, joining) fills its own tables without reading their
+/// data region when no page of them is claimed: every copy of them is all zeros (SB5), its own
+/// too. Read, it would fault in every page of the region and of the copy read from. A claimed
+/// page word (SB5 broken) makes it read the data region after all.
 #[test]
-fn a_never_up_node_s_own_tables_are_not_read() {
+fn a_never_up_node_s_own_data_region_is_not_read() {
     let r = rig(2, 0, layout(), Mutations::default());
     // Node 1 joins for the first time: never up, receiving; its own tables (copy 0 of
     // partition 1) are its only copy held here... and copy 1 of partition 0.
@@ -555,10 +556,11 @@ fn a_never_up_node_s_own_tables_are_not_read() {
         .unwrap();
     let done = r.ep(1).catch_up(&TABLES, 0).unwrap();
     assert_eq!(done.copies, 2, "its own tables and partition 0's copy 1");
-    // Only partition 0's copy was read: its page, data and index regions, and the one word
-    // that differed again in a second pass.
+    // Partition 0's copy was read whole (its page, data and index regions, and the one word
+    // that differed again in a second pass); of its own, all but the data region.
     let one_copy: u64 = TABLES.iter().sum();
-    assert_eq!(done.bytes_read, one_copy + 8);
+    let data = TABLES[DATA_REGION as usize];
+    assert_eq!(done.bytes_read, one_copy + 8 + (one_copy - data));
     assert_eq!(
         r.word(1, 1, DATA_REGION, 8),
         7,
@@ -571,6 +573,29 @@ fn a_never_up_node_s_own_tables_are_not_read() {
     assert_eq!(
         c.ep(1).catch_up(&TABLES, 0).unwrap().bytes_read,
         2 * one_copy
+    );
+
+    // SB5 broken (a page of node 1 claimed, an entry on it, at its other copy: node 2's slot
+    // 1): the claimed page word makes the never-up node fill its data region too.
+    let broken = rig(2, 0, layout(), Mutations::default());
+    broken.fence.set_never_up(1, true);
+    broken.fence.set_role(1, NodeRole::Receiving);
+    let mut ep = broken.fabric.endpoint(2);
+    ep.write(
+        RemoteAddr::new(2, mirror_region(PAGE_REGION, 1), 0),
+        &1u64.to_le_bytes(),
+    )
+    .unwrap();
+    ep.write(
+        RemoteAddr::new(2, mirror_region(DATA_REGION, 1), 8),
+        &9u64.to_le_bytes(),
+    )
+    .unwrap();
+    broken.ep(1).catch_up(&TABLES, 0).unwrap();
+    assert_eq!(
+        broken.word(1, 0, DATA_REGION, 8),
+        9,
+        "its own copy is filled"
     );
 }
 
