@@ -411,7 +411,10 @@ impl<E: Endpoint> Replicated<E> {
 /// Add the run of changed words at `off` (`bytes` of them) to `runs` (ascending), joined to
 /// the last run where they touch.
 fn push_run(runs: &mut Vec<(u64, u64)>, off: u64, bytes: u64) {
-    debug_assert!(off % 8 == 0 && bytes % 8 == 0 && bytes > 0, "whole words");
+    debug_assert!(
+        off.is_multiple_of(8) && bytes.is_multiple_of(8) && bytes > 0,
+        "whole words"
+    );
     if let Some((start, len)) = runs.last_mut() {
         debug_assert!(off >= *start + *len, "runs ascend");
         if *start + *len == off {
@@ -429,7 +432,10 @@ fn spans_of(runs: &[(u64, u64)]) -> Vec<(u64, usize)> {
     let chunk = CHUNK_BYTES as u64;
     let mut spans: Vec<(u64, usize)> = Vec::new();
     for &(mut off, mut bytes) in runs {
-        debug_assert!(off % 8 == 0 && bytes % 8 == 0, "whole words");
+        debug_assert!(
+            off.is_multiple_of(8) && bytes.is_multiple_of(8),
+            "whole words"
+        );
         while bytes > 0 {
             if let Some((start, len)) = spans.last_mut() {
                 let end = *start + *len as u64;
