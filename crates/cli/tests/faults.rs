@@ -157,7 +157,11 @@ type Revived = Vec<(u16, Restarted)>;
 /// 8175). A peer that dies or pauses triggers it; the node is then as good as crashed.
 /// The same version also aborts a node on a failed assertion in its TCP endpoint's connection
 /// establishment (`tcp_ep.c`, `UCT_TCP_EP_FLAG_CTX_TYPE_TX`) when a peer it reconnects to is
-/// gone (seen once in CI, 2026-11-30, node 0 while node 1 was killed over TCP).
+/// gone (seen once in CI, 2026-11-30, node 0 while node 1 was killed over TCP). And a node
+/// SIGSTOPped long enough that its peers' endpoints to it timed out aborts once resumed, on
+/// the reply to an atomic that arrived meanwhile (`ucp_request.inl`, "Fatal: unexpected error:
+/// Endpoint timeout", in `ucp_atomic_req_handler`; seen once in CI, 2026-12-01, the paused
+/// node of the leave test over TCP, while UCX's wireup assertion aborted node 0 too).
 fn aborted_by_ucx(c: &Cluster, id: u16) -> bool {
     process::live_pid(&c.dir, id).is_none() && aborted_by_ucx_log(c, id)
 }
@@ -194,9 +198,12 @@ fn restart_again_after_a_peer_abort(
 /// Whether node `id`'s log shows a UCX abort (`aborted_by_ucx`, whatever its process is now).
 fn aborted_by_ucx_log(c: &Cluster, id: u16) -> bool {
     let log = std::fs::read_to_string(c.dir.join(format!("node-{id}.log"))).unwrap_or_default();
-    log.contains("Assertion")
+    let assertion = log.contains("Assertion")
         && ((log.contains("ucp_request.c") && log.contains("UCP_WIREUP_MSG"))
-            || (log.contains("tcp_ep.c") && log.contains("UCT_TCP_EP_FLAG_CTX_TYPE_TX")))
+            || (log.contains("tcp_ep.c") && log.contains("UCT_TCP_EP_FLAG_CTX_TYPE_TX")));
+    let atomic_on_timed_out_ep = log.contains("Fatal: unexpected error: Endpoint timeout")
+        && log.contains("ucp_atomic_req_handler");
+    assertion || atomic_on_timed_out_ep
 }
 
 /// Restart every node (once) whose process UCX aborted (`aborted_by_ucx`): a crash like a
@@ -206,7 +213,7 @@ fn revive_ucx_aborts(c: &Cluster, log: &Mutex<Vec<String>>, revived: &mut Revive
         if revived.iter().all(|(r, _)| *r != id) && aborted_by_ucx(c, id) {
             revived.push((id, restart(c, id)));
             log.lock().unwrap().push(format!(
-                "node {id} was aborted by UCX 1.13's wireup assertion (openucx/ucx#8175): restarted"
+                "node {id} was aborted by UCX 1.13 (a wireup or TCP endpoint assertion, or an atomic on a timed-out endpoint): restarted"
             ));
         }
     }
