@@ -1667,15 +1667,21 @@ fn run_leave(a: LeaveArgs) -> Result<ExitCode, CliError> {
     if a.keep_running {
         println!("node {} still runs; stop it to finish leaving", a.node);
     } else {
-        println!(
-            "node {} {}; the copies of its tables move to spare slots of the others {after} s after it is declared failed",
-            a.node,
-            if left.stopped {
-                "stepped down and stopped"
-            } else {
-                "was not running"
-            }
-        );
+        let how = if left.stopped {
+            "stepped down and stopped"
+        } else {
+            "was not running"
+        };
+        match &left.marked_stopped {
+            Ok(()) => println!(
+                "node {} {how}; the copies of its tables move to spare slots of the others now",
+                a.node
+            ),
+            Err(why) => println!(
+                "node {} {how}; membership could not record its stop ({why}): the copies of its tables move to spare slots of the others {after} s after it is declared failed",
+                a.node
+            ),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

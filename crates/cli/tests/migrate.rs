@@ -424,9 +424,10 @@ fn stop_writer(
 
 /// `nessie leave`: node 3 drains while a writer runs through every node (itself included,
 /// until it stops): the balancer moves its index partitions to the others; then it steps
-/// down and stops, and the copies of its tables move to spare slots of the others after
-/// `--replace-after`. Nothing is lost, and node 2 killed afterwards loses nothing either. Bad
-/// requests are refused first.
+/// down and stops, and, its exit seen and recorded in membership, the copies of its tables
+/// move to spare slots of the others at once, not `--replace-after` (6 s) after it failed as
+/// a failed node's do. Nothing is lost, and node 2 killed afterwards loses nothing either.
+/// Bad requests are refused first.
 #[test]
 fn a_node_leaves_under_writes_and_nothing_is_lost() {
     let c = four_nodes("leave");
@@ -453,13 +454,25 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
     assert!(
         said.contains("node 3 leaving")
             && said.contains("index partitions moved to the others in")
-            && said.contains("stepped down and stopped"),
+            && said.contains("stepped down and stopped")
+            && said.contains("move to spare slots of the others now"),
         "{said}"
     );
     eprintln!("node 3 left in {:?}", t0.elapsed());
-    // It holds no index partition; its table copies move once it has been failed for
-    // --replace-after, and the others then balance what they hold: every partition whole on
-    // nodes 0 to 2.
+    // It holds no index partition, and its table copies leave it a join settle time (a
+    // 2 s TTL and an operation) after it failed, not --replace-after (6 s): `leave` recorded
+    // its stop.
+    let cfg = nessie_cluster::config::ClusterConfig::load(&process::config_path(&c.dir)).unwrap();
+    let member = || {
+        let s = process::membership_status(&cfg).unwrap().unwrap();
+        let c = s.config.unwrap();
+        c.nodes.into_iter().find(|m| m.id == 3).unwrap()
+    };
+    let m = member();
+    assert!(
+        m.state == nessie_membership::NodeState::Failed && m.stopped_ns != 0,
+        "{m:?}"
+    );
     let top = status(&c);
     assert_eq!(index_copies(&top)[3], 0, "{top:#}");
     assert_eq!(top["nodes"][3]["leaving"], true, "{top:#}");
@@ -472,6 +485,19 @@ fn a_node_leaves_under_writes_and_nothing_is_lost() {
         stderr(&out)
     );
     assert_eq!(top["nodes"][0]["leaving"], false, "{top:#}");
+    wait_status(
+        &c,
+        "node 3's table copies moved",
+        Duration::from_secs(60),
+        |t| t["nodes"][3]["state"] == "failed" && t["nodes"][3]["partitions"] == 0,
+    );
+    let failed_for = nessie_fabric::wall_clock_ns().saturating_sub(m.since_ns);
+    assert!(
+        failed_for < 6_000_000_000,
+        "node 3's copies moved only {} ms after it failed: the --replace-after wait",
+        failed_for / 1_000_000
+    );
+    // The others then balance what they hold: every partition whole on nodes 0 to 2.
     let top = wait_status(
         &c,
         "node 3's tables moved, the rest balanced",

@@ -777,8 +777,30 @@ pub fn down(dir: &Path) -> Result<Vec<u16>, ProcessError> {
 /// Stop node `id` of the cluster in `dir` as [`down`] stops every node (`nessie leave`, once
 /// it has drained). Returns whether it was running.
 pub fn stop_node(dir: &Path, id: u16) -> Result<bool, ProcessError> {
+    Ok(stop_node_seen(dir, id)? != Stopped::NotRunning)
+}
+
+/// What [`stop_node_seen`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// No process of the node ran here.
+    NotRunning,
+    /// Every process of the node that ran here was signalled and seen to exit (its pidfd).
+    Exited,
+    /// A process of it was signalled but not seen to exit (SIGKILL included), or not pinned.
+    NotSeen,
+}
+
+/// [`stop_node`], saying whether this call saw the node's processes exit: what `nessie
+/// leave` needs before it records the node stopped in membership (rule 14a).
+pub fn stop_node_seen(dir: &Path, id: u16) -> Result<Stopped, ProcessError> {
     let _lock = RunDir::lock(dir, false)?;
-    Ok(!stop_nodes(dir, |n| n == Some(id))?.is_empty())
+    let (nodes, exited) = stop_nodes_seen(dir, |n| n == Some(id))?;
+    Ok(match (nodes.is_empty(), exited) {
+        (true, _) => Stopped::NotRunning,
+        (false, true) => Stopped::Exited,
+        (false, false) => Stopped::NotSeen,
+    })
 }
 
 /// [`down`] (of the nodes `which` selects) without taking the directory lock (the caller
@@ -787,6 +809,15 @@ fn stop_nodes(
     dir: &Path,
     which: impl Fn(Option<u16>) -> bool,
 ) -> Result<Vec<RunningNode>, ProcessError> {
+    Ok(stop_nodes_seen(dir, which)?.0)
+}
+
+/// [`stop_nodes`], and whether every node process found was pinned by a pidfd, signalled and
+/// seen to exit.
+fn stop_nodes_seen(
+    dir: &Path,
+    which: impl Fn(Option<u16>) -> bool,
+) -> Result<(Vec<RunningNode>, bool), ProcessError> {
     let nodes: Vec<RunningNode> = running_nodes(dir)
         .into_iter()
         .filter(|n| which(n.id))
@@ -797,6 +828,8 @@ fn stop_nodes(
         .iter()
         .filter_map(|n| Some((n.pid, rundir::Pidfd::open(n.pid).ok()?)))
         .collect();
+    // A process not pinned may have exited before the open (or not be ours to open).
+    let mut all_seen = fds.len() == nodes.len();
     let still = running_nodes(dir);
     let handles: Vec<_> = fds
         .into_iter()
@@ -810,11 +843,11 @@ fn stop_nodes(
     for fd in &handles {
         if !fd.wait_exit(deadline.saturating_duration_since(Instant::now())) {
             let _ = fd.signal(libc::SIGKILL);
-            fd.wait_exit(Duration::from_secs(1));
+            all_seen &= fd.wait_exit(Duration::from_secs(1));
         }
     }
     remove_leftovers(dir);
-    Ok(nodes)
+    Ok((nodes, all_seen))
 }
 
 /// Remove the pid files and sockets of nodes that are no longer running.
@@ -1011,14 +1044,22 @@ pub struct Left {
     pub drained: Duration,
     /// Whether it was stopped (it was running and not `keep_running`).
     pub stopped: bool,
+    /// Whether membership records that its process exited (`Member::stopped_ns`): its table
+    /// copies then move to the others at once, not `replace_after_s` after it failed. Why
+    /// not, otherwise.
+    pub marked_stopped: Result<(), String>,
 }
 
 /// `nessie leave`: mark node `id` leaving; wait (up to `timeout`) until the balancer has moved
 /// every index partition copy it holds to the others and no migration runs, telling
 /// `progress` what it holds on each change; then, unless `keep_running`, have it step down
 /// from membership (the others declare it failed at once, not a lease TTL later) and stop
-/// it. The copies of its tables then move to spare slots of the others as a failed node's do,
-/// after `membership.replace_after_s`.
+/// it. Once the others have declared it failed, it records that the process exited
+/// (`Configuration::mark_stopped`): the copies of its tables then move to spare slots of the
+/// others at once, as a failed node's do after `membership.replace_after_s` (which waits for
+/// a process that may come back; this one will not). Where that cannot be recorded (the
+/// process outlived its stop, etcd failed), they move after `replace_after_s`, and
+/// [`Left::marked_stopped`] says why.
 pub fn leave(
     cfg: &ClusterConfig,
     dir: &Path,
@@ -1085,9 +1126,20 @@ pub fn leave(
             epoch,
             drained,
             stopped: false,
+            marked_stopped: Err("it still runs".into()),
         });
     }
     cut_over(cfg, &set, id, start + timeout, progress)?;
+    // The incarnation whose cut-over is named: the one stopped below.
+    let incarnation = match membership_status(cfg).expect("membership is configured") {
+        Ok(s) => s.config.and_then(|c| {
+            c.nodes
+                .iter()
+                .find(|m| m.id == id && m.cut_over_ns != 0)
+                .map(|m| m.incarnation)
+        }),
+        Err(_) => None,
+    };
     // Step down first: its lease revoked, the others declare it failed at their next step.
     let stepped = cfg
         .admin_path(id, dir)
@@ -1101,12 +1153,62 @@ pub fn leave(
         )),
         Err(e) => progress(&format!("stepping down: {e}; stopping it all the same")),
     }
-    let stopped = stop_node(dir, id).map_err(|e| e.to_string())?;
+    let seen = stop_node_seen(dir, id).map_err(|e| e.to_string())?;
+    let stopped = seen != Stopped::NotRunning;
+    let marked_stopped = match (seen, incarnation) {
+        (Stopped::NotRunning, _) => Err("no process of it ran here: its exit was not seen".into()),
+        (Stopped::NotSeen, _) => Err("its process was not seen to exit".into()),
+        (Stopped::Exited, None) => Err("its incarnation could not be read".into()),
+        (Stopped::Exited, Some(inc)) => mark_stopped(cfg, id, inc),
+    };
     Ok(Left {
         epoch,
         drained,
         stopped,
+        marked_stopped,
     })
+}
+
+/// How long [`mark_stopped`] waits for the others to declare a stopped node failed: its lease
+/// was revoked (or, had the step-down failed, lapses within a TTL).
+fn failed_within(cfg: &ClusterConfig) -> Duration {
+    let ttl = cfg.membership.as_ref().map_or(0, |m| m.lease_ttl_s);
+    Duration::from_secs(2 * ttl + 1)
+}
+
+/// Record in membership that leaving node `id`'s incarnation `incarnation`, which this process
+/// saw exit, has stopped (`Configuration::mark_stopped`), once the others have declared it
+/// failed: it is gone for good at once.
+fn mark_stopped(cfg: &ClusterConfig, id: u16, incarnation: u64) -> Result<(), String> {
+    use nessie_membership::{MigrationError, StartMigrationError};
+    let m = cfg
+        .membership
+        .as_ref()
+        .ok_or("this cluster runs without membership (etcd)")?;
+    let etcd = m.client(ETCD_TIMEOUT).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + failed_within(cfg);
+    loop {
+        let marked = nessie_membership::change_config(&etcd, &cfg.membership_keys(), |c, now| {
+            Ok(match c.mark_stopped(id, incarnation, now)? {
+                Some(next) => (next, ()),
+                None => (c.clone(), ()),
+            })
+        });
+        match marked {
+            Ok(()) => return Ok(()),
+            // Refused for good: not the process stopped, or it never left.
+            Err(StartMigrationError::Refused(e @ MigrationError::NotStopped { .. })) => {
+                return Err(e.to_string())
+            }
+            // Not declared failed yet (the others' monitors step every part of a TTL), or
+            // etcd slow or busy: try again until the deadline.
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("not recorded in {:?}: {e}", failed_within(cfg)))
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(LEAVE_POLL);
+    }
 }
 
 /// How often [`join`] reads membership while the node joins.

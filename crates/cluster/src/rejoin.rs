@@ -438,10 +438,12 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
 }
 
 /// While up, every [`ADOPT_EVERY`]: take this node's share of the pages claimed by nodes
-/// failed for at least `replace_after_s` (clock margin included: the time is another
-/// monitor's). The up nodes share the pages by rank; a page left over when ranks change is
-/// taken at a later look. Each CAS is made only while the current view, fresh, still says its
-/// claimer is failed that long, and within a quarter of a lease TTL of the look's start
+/// gone for good: failed for at least `replace_after_s` (clock margin included: the time is
+/// another monitor's), or for a join settle time and the margin once seen to exit after
+/// leaving (`Member::stopped_ns`). The up nodes share the pages by rank; a page left over
+/// when ranks change is taken at a later look. Each CAS is made only while the current view,
+/// fresh, still says its claimer is gone for good, and within a quarter of a lease TTL of the
+/// look's start
 /// (`ClassTable::adopt_gone`, `docs/protocol.md` rule 17).
 fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if p.adopt_looked.is_some_and(|t| t.elapsed() < ADOPT_EVERY) {
@@ -455,11 +457,15 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         .replace_after_s
         .saturating_mul(1_000_000_000)
         .saturating_add(ctx.cfg.protocol_config().clock_margin_ns);
+    // Failed that long, or a join settle time once seen to exit after it left (its process
+    // claims nothing more).
+    let left_after_ns = ctx
+        .replica_set()
+        .join_settle_ns()
+        .saturating_add(ctx.cfg.protocol_config().clock_margin_ns);
     let gone_long = |c: &nessie_membership::Configuration, n: u16| {
         c.nodes.iter().any(|m| {
-            m.id == n
-                && m.state == NodeState::Failed
-                && nessie_fabric::wall_clock_ns() >= m.since_ns.saturating_add(after_ns)
+            m.id == n && m.gone_for_good(nessie_fabric::wall_clock_ns(), after_ns, left_after_ns)
         })
     };
     let gone: Vec<u16> = c

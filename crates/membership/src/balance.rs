@@ -85,7 +85,8 @@ impl Configuration {
     }
 
     /// The migrations that bring every index partition onto up nodes, balanced, at wall time
-    /// `now_ns`; a node failed for `replace_after_ns` is gone for good (see the module
+    /// `now_ns`; a node failed for `replace_after_ns` (or one seen to stop after leaving, for
+    /// a join settle time: `Member::gone_for_good`) is gone for good (see the module
     /// comment). At most [`MAX_MIGRATIONS_PER_PLAN`], and no more than keep
     /// [`MAX_MIGRATIONS_RUNNING`] running.
     pub fn plan_balance(
@@ -134,7 +135,9 @@ impl Configuration {
                         && !settled.contains(&(m.id, m.joined_ns))
                 }
                 NodeState::Joining => true,
-                NodeState::Failed => now_ns < m.since_ns.saturating_add(replace_after_ns),
+                NodeState::Failed => {
+                    !m.gone_for_good(now_ns, replace_after_ns, set.join_settle_ns())
+                }
             })
             .map(|m| m.id)
             .collect();
@@ -326,10 +329,59 @@ impl Configuration {
         Ok(Some(next))
     }
 
+    /// The successor that records leaving node `id`'s process, incarnation `incarnation`,
+    /// as seen to exit at wall time `now_ns` (`Member::stopped_ns`), so that it is gone for
+    /// good a join settle time after it failed: its table copies move and its pages are
+    /// adopted without the `replace_after` wait, which is for a failed process that may come
+    /// back. Only the caller that saw the process exit may say so (`nessie leave`, after the
+    /// step-down and the stop), and only of a member failed with its read cut-over named,
+    /// whose incarnation is the one named (a process that joined since is recorded under
+    /// its own, and its join cleared any mark). `None`: marked already.
+    pub fn mark_stopped(
+        &self,
+        id: u16,
+        incarnation: u64,
+        now_ns: u64,
+    ) -> Result<Option<Configuration>, MigrationError> {
+        let m = self
+            .nodes
+            .iter()
+            .find(|m| m.id == id)
+            .ok_or(MigrationError::UnknownNode(id))?;
+        let not = |why: String| MigrationError::NotStopped { node: id, why };
+        if m.incarnation != incarnation {
+            return Err(not(format!(
+                "the membership names incarnation {:#x}, not the stopped process's {incarnation:#x}: another process has registered since",
+                m.incarnation
+            )));
+        }
+        if m.stopped_ns != 0 {
+            return Ok(None);
+        }
+        if m.cut_over_ns == 0 {
+            return Err(not(
+                "its read cut-over was never named (it did not leave)".into()
+            ));
+        }
+        if m.state != NodeState::Failed {
+            return Err(MigrationError::NotFailedYet(id));
+        }
+        assert!(now_ns != 0, "a stop at time 0 would read as none");
+        let mut next = self.clone();
+        next.epoch += 1;
+        let m = next
+            .nodes
+            .iter_mut()
+            .find(|m| m.id == id)
+            .expect("a member");
+        m.stopped_ns = now_ns;
+        Ok(Some(next))
+    }
+
     /// Whether node `id` may start leaving now: every partition (a node's tables, and every
     /// index partition) has its copies on nodes that are up, none receiving. Once `id` has
-    /// stopped, its partitions have one copy fewer until its table copies move (after
-    /// `replace_after`); a second node may leave only once they have, else some partition
+    /// stopped, its partitions have one copy fewer until its table copies move and are filled
+    /// (rule 14a of `docs/protocol.md`); a second node may leave only once they have, else some partition
     /// could lose both copies.
     pub fn may_leave(&self, id: u16, set: &ReplicaSet) -> Result<(), MigrationError> {
         let not_settled = |why: String| MigrationError::NotSettled { node: id, why };
@@ -452,9 +504,20 @@ pub(crate) mod mutation {
         /// `Registrations::all_learnt` takes one node's word for every node's: a hander
         /// starts while a node that has not learnt of the migration still acts.
         pub static ACKS_FROM_ANY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// A new incarnation keeps its predecessor's `stopped_ns`: should it fail, it is
+        /// taken for gone for good at once, its copies moved and its pages adopted while its
+        /// process may still come back with them.
+        pub static STOPPED_OUTLIVES_INCARNATION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// A monitor forgets a settled comeback once the node no longer counts as having come
         /// back, though the balancer holds it longer: the node is held again, nothing balances.
         pub static COMEBACK_FORGOTTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub fn stopped_outlives_incarnation() -> bool {
+        #[cfg(test)]
+        return STOPPED_OUTLIVES_INCARNATION.with(|m| m.get());
+        #[cfg(not(test))]
+        false
     }
 
     pub fn comeback_forgotten() -> bool {

@@ -156,10 +156,35 @@ pub struct Member {
     /// while the incarnation lives; a new one starts without.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cut_over_ns: u64,
+    /// When `nessie leave` saw this incarnation's process exit after it stepped down (wall
+    /// ns, of the tool; 0: not seen). Set only on a member that is `failed` and had its read
+    /// cut-over named ([`Configuration::mark_stopped`]); a new incarnation starts without.
+    /// Such a member acts no more, so it is gone for good at once ([`Member::gone_for_good`])
+    /// instead of after `replace_after_s`, which waits for a failed process that may come
+    /// back.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stopped_ns: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+impl Member {
+    /// Whether this member is gone for good at wall time `now_ns`: failed for `after_ns`
+    /// (`replace_after`, with whatever margin the caller adds), or seen to stop after leaving
+    /// (`stopped_ns`: it will not come back as this member) and failed for `left_after_ns`
+    /// (a join settle time and the clock margin: the failover it caused has settled, as a
+    /// failure has before `replace_after`). Its copies then move to the others, the balancer
+    /// no longer holds it, and the up nodes adopt the pages it claimed (rules 14, 14a and 17
+    /// of `docs/protocol.md`).
+    pub fn gone_for_good(&self, now_ns: u64, after_ns: u64, left_after_ns: u64) -> bool {
+        let after_ns = match self.stopped_ns {
+            0 => after_ns,
+            _ => after_ns.min(left_after_ns),
+        };
+        self.state == NodeState::Failed && now_ns >= self.since_ns.saturating_add(after_ns)
+    }
 }
 
 /// What the registrations say now.
@@ -341,6 +366,10 @@ pub enum MigrationError {
     Standby(u16),
     #[error("node {node} cannot leave while {why}: it would leave partitions with too few copies")]
     NotSettled { node: u16, why: String },
+    #[error("node {node} cannot be marked stopped: {why}")]
+    NotStopped { node: u16, why: String },
+    #[error("node {0} is not failed yet (its step-down or its lease's end not yet seen)")]
+    NotFailedYet(u16),
     #[error("node {0} is not the lowest-numbered up node: it does not balance")]
     NotBalancer(u16),
     /// Nothing to change (the balancer's plan moves nothing now), and why.
@@ -445,6 +474,7 @@ impl Configuration {
                 joined_ns: 0,
                 incarnation: reg.incarnation(id).unwrap_or(0),
                 cut_over_ns: 0,
+                stopped_ns: 0,
             })
             .collect();
         Self {
@@ -560,6 +590,9 @@ impl Configuration {
                     m.joined_ns = now_ns;
                     m.incarnation = registered.unwrap_or(0);
                     m.cut_over_ns = 0;
+                    if !balance::mutation::stopped_outlives_incarnation() {
+                        m.stopped_ns = 0;
+                    }
                 }
                 if state == NodeState::Up {
                     up_again.push(m.id);
@@ -578,7 +611,11 @@ impl Configuration {
         next.standby.retain(|n| !up_again.contains(n));
         if let Some(r) = &policy.replacing {
             changed |= next.fill_moves(reg, now_ns);
-            changed |= next.move_copies(r, now_ns);
+            let left_after_ns = r
+                .set
+                .join_settle_ns()
+                .saturating_add(policy.clock_margin_ns);
+            changed |= next.move_copies(r, now_ns, left_after_ns);
         }
         changed |= next.end_migrations(
             reg,
@@ -891,17 +928,17 @@ impl Configuration {
         map
     }
 
-    /// Move the copies of every node failed for `r.after_ns` (that still holds some) to spare
-    /// slots on up nodes that are not leaving, receiving. Copies no node can take stay where
+    /// Move the copies of every node gone for good (failed for `r.after_ns`, or for
+    /// `left_after_ns` once seen to stop after leaving: `Member::gone_for_good`) that still
+    /// holds some to spare slots on up nodes that are not leaving, receiving. Copies no node can take stay where
     /// they are. (A leaving node's table copies move only so, once it has stopped: moving the
     /// copies of a node that still serves would need them to fade as a failed node's do.)
-    fn move_copies(&mut self, r: &Replacing, now_ns: u64) -> bool {
+    fn move_copies(&mut self, r: &Replacing, now_ns: u64, left_after_ns: u64) -> bool {
         let mut changed = false;
         let due: Vec<u16> = self
             .nodes
             .iter()
-            .filter(|m| m.state == NodeState::Failed)
-            .filter(|m| now_ns >= m.since_ns.saturating_add(r.after_ns))
+            .filter(|m| m.gone_for_good(now_ns, r.after_ns, left_after_ns))
             .map(|m| m.id)
             .collect();
         for gone in due {
@@ -2422,6 +2459,7 @@ mod tests {
             joined_ns,
             incarnation: 0,
             cut_over_ns: 0,
+            stopped_ns: 0,
         };
         let c = Configuration {
             epoch: 3,
@@ -2550,6 +2588,7 @@ mod tests {
             joined_ns,
             incarnation: 0,
             cut_over_ns: 0,
+            stopped_ns: 0,
         };
         let rejoined = |since_ns| Configuration {
             epoch: 4,
@@ -2675,6 +2714,77 @@ mod tests {
             serde_json::from_str::<Configuration>(&json).unwrap(),
             filled
         );
+    }
+
+    /// A node seen to stop after leaving (`nessie leave`: stepped down, its process exited)
+    /// is gone for good a join settle time after it failed (the failover it caused settled),
+    /// not `replace_after`: its copies move then. Only a
+    /// failed member with its read cut-over named, in the incarnation that stopped, may be
+    /// marked; a later incarnation starts unmarked (`STOPPED_OUTLIVES_INCARNATION`, which
+    /// keeps the mark, is caught: that process, failed in turn, would lose its copies and
+    /// pages a join settle time later while it may still come back).
+    #[test]
+    fn a_node_seen_to_stop_after_leaving_is_gone_for_good_at_once() {
+        use NodeState::*;
+        let (set, mut policy) = replacing(4, 1);
+        // replace_after far beyond the join settle time.
+        let settle = set.join_settle_ns();
+        let after = 1_000 * settle;
+        policy.replacing.as_mut().unwrap().after_ns = after;
+        let mut c = Configuration::initial([0, 1, 2, 3], &Registrations::default());
+        for m in &mut c.nodes {
+            m.incarnation = 10 + m.id as u64;
+        }
+        c.leaving = vec![1];
+        let refused = |c: &Configuration, inc| c.mark_stopped(1, inc, 1_010).unwrap_err();
+        assert!(
+            matches!(refused(&c, 11), MigrationError::NotStopped { .. }),
+            "no cut-over"
+        );
+        c.nodes[1].cut_over_ns = 900;
+        assert_eq!(refused(&c, 11), MigrationError::NotFailedYet(1), "still up");
+        let failed = c.successor(&reg(&[0, 2, 3], &[]), 1_000, &policy).unwrap();
+        assert_eq!(states(&failed), vec![Up, Failed, Up, Up]);
+        assert!(failed.moves.is_empty(), "not failed for long yet");
+        assert!(
+            matches!(refused(&failed, 12), MigrationError::NotStopped { .. }),
+            "another process"
+        );
+        let gone = |c: &Configuration, t| c.nodes[1].gone_for_good(t, after, settle);
+        assert!(!gone(&failed, 1_000 + settle));
+        let marked = failed.mark_stopped(1, 11, 1_010).unwrap().unwrap();
+        assert_eq!(marked.epoch, failed.epoch + 1);
+        assert_eq!(
+            marked.mark_stopped(1, 11, 1_020).unwrap(),
+            None,
+            "marked already"
+        );
+        assert!(!gone(&marked, 1_000 + settle - 1) && gone(&marked, 1_000 + settle));
+        // Its copies move a join settle time after it failed, not `after`.
+        let step = |c: &Configuration, t| c.successor(&reg(&[0, 2, 3], &[]), t, &policy);
+        assert_eq!(step(&marked, 1_000 + settle - 1), None);
+        let moved = step(&marked, 1_000 + settle).unwrap();
+        assert_eq!(moved.moves.len(), 2, "{:?}", moved.moves);
+        assert!(moved.moves.iter().all(|m| m.receiving && m.node != 1));
+        assert!(moved.copy_map(&set).held_by(1).is_empty());
+        assert_eq!(
+            step(&failed, 1_000 + settle),
+            None,
+            "unmarked: it may come back"
+        );
+        // Started again, it is another member: failed in turn, it is held as any.
+        for mutated in [false, true] {
+            balance::mutation::STOPPED_OUTLIVES_INCARNATION.with(|m| m.set(mutated));
+            let mut back_reg = reg(&[0, 1, 2, 3], &[]);
+            back_reg.incarnations = vec![(1, 12)];
+            let back = moved.successor(&back_reg, 2_000 + settle, &policy).unwrap();
+            balance::mutation::STOPPED_OUTLIVES_INCARNATION.with(|m| m.set(false));
+            assert_eq!(states(&back), vec![Up, Joining, Up, Up]);
+            let t = 2_100 + settle;
+            let again = step(&back, t).unwrap();
+            assert_eq!(states(&again), vec![Up, Failed, Up, Up]);
+            assert_eq!(gone(&again, t + settle), mutated, "mutated: {mutated}");
+        }
     }
 
     /// A node that fails while it fills a copy moved to it loses that copy too: the next move
