@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{restart, Cluster, Restarted};
+use nessie_cluster::config::ClusterConfig;
 use nessie_cluster::node::AdminKvClient;
 use nessie_cluster::process;
 use nessie_protocols::{Error, KvClient};
@@ -275,8 +276,9 @@ enum Faults {
     Evicting,
     /// Node 3 leaves (`nessie leave`: the balancer migrates its index partitions away, then it
     /// steps down and stops) while node 1 is paused past its lease in the middle of the drain
-    /// and resumed; then node 3 is started again (it rejoins, still leaving, holding nothing
-    /// new). `--replace-after 6`: its tables' copies may move meanwhile.
+    /// and resumed; once its stop is recorded and its table copies move (rule 14a), the node
+    /// taking one of them is paused past its lease while it fills it, and resumed; then node
+    /// 3 is started again (it rejoins, still leaving, holding nothing new).
     Leave,
     /// Node 3 stands by from the start (`--standby 1`: clients on it fail until it runs) and
     /// joins under load (`nessie join`); once the balancer migrates partitions to it, node 1
@@ -499,7 +501,40 @@ fn nemesis_leave(c: &Cluster, log: &Mutex<Vec<String>>) -> Revived {
             String::from_utf8_lossy(&out.stdout).trim()
         ));
     });
-    wait_state(c, LEAVING, "failed", TTL * 3, log, r);
+    // Its stop is recorded, so its table copies move a join settle time after it failed
+    // (rule 14a): pause the node taking the first of them while it fills it (or just after,
+    // if the fill was quicker than this look), past its lease, and resume it.
+    let cfg = ClusterConfig::load(&process::config_path(&c.dir)).unwrap();
+    let t0 = Instant::now();
+    let (holder, receiving) = loop {
+        let config = process::membership_status(&cfg)
+            .and_then(|s| s.ok())
+            .and_then(|s| s.config);
+        if let Some(m) = config.as_ref().and_then(|c| {
+            let stopped = c.nodes.iter().any(|m| m.id == LEAVING && m.stopped_ns != 0);
+            assert!(stopped, "node {LEAVING}'s stop is not recorded: {c:?}");
+            c.moves.iter().find(|m| m.partition == LEAVING)
+        }) {
+            break (m.node, m.receiving);
+        }
+        assert!(
+            t0.elapsed() < TTL * 4,
+            "node {LEAVING}'s table copies did not move"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    say(format!(
+        "node {LEAVING}'s tables moved to node {holder} after {:?} (receiving: {receiving})",
+        t0.elapsed()
+    ));
+    signal(c, holder, libc::SIGSTOP);
+    say(format!(
+        "SIGSTOP node {holder}, which fills a copy of node {LEAVING}'s tables"
+    ));
+    wait_state(c, holder, "failed", TTL * 3, log, r);
+    signal(c, holder, libc::SIGCONT);
+    say(format!("SIGCONT node {holder}"));
+    wait_state(c, holder, "up", TTL * 10, log, r);
     r.push((LEAVING, restart(c, LEAVING)));
     say(format!("restarted node {LEAVING}"));
     wait_state(c, LEAVING, "up", TTL * 10, log, r);
