@@ -441,7 +441,8 @@ fn fill_step(ctx: &NodeContext, m: &Monitor, settle: Duration, p: &mut Progress)
 /// gone for good: failed for at least `replace_after_s` (clock margin included: the time is
 /// another monitor's), or for a join settle time and the margin once seen to exit after
 /// leaving (`Member::stopped_ns`). The up nodes share the pages by rank; a page left over
-/// when ranks change is taken at a later look. Each CAS is made only while the current view,
+/// when ranks change, or one whose host's tables settle (`Adopted::deferred`), is taken at a
+/// later look. Each CAS is made only while the current view,
 /// fresh, still says its claimer is gone for good, and within a quarter of a lease TTL of the
 /// look's start
 /// (`ClassTable::adopt_gone`, `docs/protocol.md` rule 17).
@@ -519,8 +520,9 @@ fn adopt_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
                     ctx.id, a.pages, a.in_use, a.free
                 );
             }
-            // A look cut short looks again; a whole one is enough for this epoch.
-            p.adopt_seen = (!cut.get()).then_some(seen);
+            // A look cut short, or one that left pages of a host whose tables settle, looks
+            // again; a whole one is enough for this epoch.
+            p.adopt_seen = (!cut.get() && a.deferred == 0).then_some(seen);
         }
         Err(e) => {
             tracing::warn!(node = ctx.id, %e, "adopting the pages of nodes failed for good failed; trying again")

@@ -244,6 +244,10 @@ pub struct Adopted {
     pub free: u64,
     /// Pages this allocator held that another node took while this one was failed.
     pub lost: u64,
+    /// Pages of a gone node left for a later look: the host guard refuses their host now (its
+    /// tables settle after a copy became full), and the adopting CAS would wait out that
+    /// settle time under the table's lock, with every writer of this node behind it.
+    pub deferred: u64,
 }
 
 /// Released entries found by a scan that have not expired yet.
@@ -350,6 +354,9 @@ pub struct ClassTable {
     /// Pages of nodes failed for good are adopted by CAS (false only as the mutation
     /// `adopt_without_cas`).
     adopt_by_cas: bool,
+    /// Pages of hosts the host guard refuses are adopted later (false only as the mutation
+    /// `adopt_while_settling`).
+    adopt_defers: bool,
     /// Asked before each write of a scan ([`ClassTable::guarded`]); none: always allowed.
     guard: Option<WriteGuard>,
     /// Asked before claiming a page of another node ([`ClassTable::hosts_guarded`]).
@@ -377,6 +384,7 @@ impl ClassTable {
             clock_margin_ns,
             remote: true,
             adopt_by_cas: true,
+            adopt_defers: true,
             guard: None,
             hosts: None,
             evictions: Default::default(),
@@ -410,6 +418,14 @@ impl ClassTable {
     #[cfg(test)]
     fn adopting_by_cas(mut self, by_cas: bool) -> Self {
         self.adopt_by_cas = by_cas;
+        self
+    }
+
+    /// `false` adopts pages of a host whose tables settle at once, its CAS waiting under the
+    /// table's lock: the mutation `adopt_while_settling` (tests only).
+    #[cfg(test)]
+    fn adopting_while_settling(mut self, mutated: bool) -> Self {
+        self.adopt_defers = !mutated;
         self
     }
 
@@ -1580,6 +1596,15 @@ impl ClassTable {
                 if !w.is_claimed() || !wants(host, page, w) {
                     continue;
                 }
+                // A CAS on a page word of a host whose tables settle waits that out (rule 10a
+                // of `docs/protocol.md`), here under the table's lock: every writer of this
+                // node would wait with it (a 3–6 s stall of the whole cluster after each node
+                // left, 2026-12-01). Asked right before each page, this node's own included;
+                // the page is taken at a later look.
+                if by_cas && self.adopt_defers && !self.hosts.as_ref().is_none_or(|g| (g.0)(host)) {
+                    done.deferred += 1;
+                    continue;
+                }
                 let class = w.class();
                 // The entries first: a READ that fails then leaves nothing claimed and not
                 // held. Their state cannot change before the CAS in a way that matters: only
@@ -2604,6 +2629,63 @@ mod tests {
             .collect();
         assert!(hosts.contains(&0) && hosts.contains(&2), "{hosts:?}");
         assert!(!hosts.contains(&1), "{hosts:?}");
+    }
+
+    /// A survivor adopts no page of a host the host guard refuses (its tables settle after a
+    /// copy became full): the CAS would wait that out under the table's lock, every writer
+    /// with it. It leaves them (`deferred`) for a later look, which takes them once the host
+    /// is allowed again. The mutation `adopt_while_settling` takes them at once (caught).
+    #[test]
+    fn a_survivor_defers_the_pages_of_a_host_whose_tables_settle() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        for mutated in [false, true] {
+            let (f, t) = setup(3);
+            let mut ep1 = f.endpoint(1);
+            let big = (t[1].classes().len() - 1) as u8;
+            let per = t[1].classes().per_page(big);
+            // Node 1 fills its own pages and one of node 0's or node 2's.
+            for _ in 0..(PAGES - RESERVE_PAGES + 1) * per {
+                t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap();
+            }
+            let mut ep0 = f.endpoint(0);
+            let claimed = |ep: &mut nessie_fabric::inproc::InProcEndpoint, host: NodeId, who| {
+                pages::read_table(ep, host, PAGES)
+                    .unwrap()
+                    .iter()
+                    .filter(|w| w.is_claimed() && w.claimer() == who)
+                    .count() as u64
+            };
+            let on_1 = claimed(&mut ep0, 1, 1);
+            let elsewhere = claimed(&mut ep0, 0, 1) + claimed(&mut ep0, 2, 1);
+            assert!(on_1 > 0 && elsewhere > 0, "{on_1} {elsewhere}");
+            // Node 0 alone survives; node 1's own tables settle.
+            let refused = Arc::new(AtomicU64::new(1 << 1));
+            let r = refused.clone();
+            let guard = HostGuard(Arc::new(move |n| r.load(Ordering::SeqCst) & (1 << n) == 0));
+            let heir = ClassTable::new(0, 3, t[0].classes.clone(), PAGES, 0)
+                .hosts_guarded(guard)
+                .adopting_while_settling(mutated);
+            let a = heir.adopt_gone(&mut ep0, &[1], 0, 1, |_| true).unwrap();
+            let left_on_1 = claimed(&mut ep0, 1, 1);
+            if mutated {
+                assert_eq!(
+                    (a.pages, a.deferred, left_on_1),
+                    (on_1 + elsewhere, 0, 0),
+                    "{a:?}"
+                );
+                continue;
+            }
+            assert_eq!((a.pages, a.deferred), (elsewhere, on_1), "{a:?}");
+            assert_eq!(
+                left_on_1, on_1,
+                "node 1's pages wait while its tables settle"
+            );
+            // Settled: the next look takes them.
+            refused.store(0, Ordering::SeqCst);
+            let b = heir.adopt_gone(&mut ep0, &[1], 0, 1, |_| true).unwrap();
+            assert_eq!((b.pages, b.deferred), (on_1, 0), "{b:?}");
+            assert_eq!(claimed(&mut ep0, 1, 1), 0);
+        }
     }
 
     /// The pages of a node gone for good go to the survivors, shared by rank, each exactly
