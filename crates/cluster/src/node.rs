@@ -1051,12 +1051,17 @@ fn join_cluster(
     };
     // No page of a standby node (its tables have a copy fewer), nor one whose tables pause
     // after a copy became full (a node that just joined: the claim would wait the join settle
-    // time, and every writer out of pages with it).
+    // time, and every writer out of pages with it), nor one whose decider failed less than a
+    // settle time ago (a node that left or failed: the claim, under the allocator's lock,
+    // would wait for the next copy to decide, and every writer of this node with it).
     let hosts = {
         let (fence, set) = (fence.clone(), replicas.clone());
         nessie_store::classtable::HostGuard(Arc::new(move |n| {
+            use nessie_protocols::replica::{tables_deciding_waits, tables_settling};
             let now = nessie_fabric::monotonic_ns();
-            !fence.never_up(n) && !nessie_protocols::replica::tables_settling(&set, &fence, n, now)
+            !fence.never_up(n)
+                && !tables_settling(&set, &fence, n, now)
+                && !tables_deciding_waits(&set, &fence, n, now)
         }))
     };
     let table = Arc::new(plan.class_table(id).guarded(guard).hosts_guarded(hosts));

@@ -479,13 +479,35 @@ impl Configuration {
     }
 
     /// Whether node `id` has drained its index: no index partition has a copy on it, and no
-    /// migration (whose old chain may hold it) is running. The copies of its tables stay until
-    /// it stops (see [`Configuration::leaving`]).
+    /// migration whose old chain may hold it is running: one of a partition some record of
+    /// which (the old chain, or the target) names `id`, or whose home placement does (the old
+    /// chain of a partition's first migration). Migrations among the other nodes (the
+    /// balancer evening out those that stay) do not hold it up. The copies of its tables stay
+    /// until it stops (see [`Configuration::leaving`]).
     pub fn index_drained(&self, set: &ReplicaSet, id: u16) -> bool {
-        let index = self
-            .index_map(set)
-            .is_none_or(|m| m.chains.iter().all(|ch| !ch.contains(&id)));
-        index && !self.index_chains.iter().any(|c| c.migrating)
+        let Some(map) = self.index_map(set) else {
+            return true;
+        };
+        if map.chains.iter().any(|ch| ch.contains(&id)) {
+            return false;
+        }
+        let copies = self.copy_map(set);
+        let involves = |q: u16| {
+            self.index_chains
+                .iter()
+                .filter(|c| c.partition == q)
+                .any(|c| c.copies.iter().any(|s| s.node == id))
+                || set.index_partitions().is_some_and(|parts| {
+                    let home = parts.home(q);
+                    (0..set.replicas()).any(|j| copies.place(home, j).node == id)
+                })
+        };
+        let any_migrating = mutation::drain_waits_for_every_migration();
+        !self
+            .index_chains
+            .iter()
+            .filter(|c| c.migrating)
+            .any(|c| any_migrating || involves(c.partition))
     }
 }
 
@@ -508,6 +530,9 @@ pub(crate) mod mutation {
         /// taken for gone for good at once, its copies moved and its pages adopted while its
         /// process may still come back with them.
         pub static STOPPED_OUTLIVES_INCARNATION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// A leaving node counts as drained only once no migration runs anywhere: the
+        /// balancer's evening-out among the staying nodes holds up its stop.
+        pub static DRAIN_WAITS_FOR_EVERY_MIGRATION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// A monitor forgets a settled comeback once the node no longer counts as having come
         /// back, though the balancer holds it longer: the node is held again, nothing balances.
         pub static COMEBACK_FORGOTTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -516,6 +541,13 @@ pub(crate) mod mutation {
     pub fn stopped_outlives_incarnation() -> bool {
         #[cfg(test)]
         return STOPPED_OUTLIVES_INCARNATION.with(|m| m.get());
+        #[cfg(not(test))]
+        false
+    }
+
+    pub fn drain_waits_for_every_migration() -> bool {
+        #[cfg(test)]
+        return DRAIN_WAITS_FOR_EVERY_MIGRATION.with(|m| m.get());
         #[cfg(not(test))]
         false
     }
@@ -808,6 +840,69 @@ mod tests {
         mutation::LEAVING_STAYS_MEMBER.with(|m| m.set(false));
         let e = caught.expect_err("the mutation went unnoticed");
         assert!(e.contains("no migrations"), "{e}");
+    }
+
+    /// A leaving node is drained once nothing of the index is on it and no migration whose old
+    /// chain may hold it runs; a migration among the other nodes does not hold it up
+    /// (`DRAIN_WAITS_FOR_EVERY_MIGRATION`, which waits for every one, is caught).
+    #[test]
+    fn only_migrations_off_a_leaving_node_hold_up_its_drain() {
+        let s = set();
+        let c = config(4).set_leaving(3, true, &s).unwrap().unwrap();
+        let moves = match c.plan_balance(&s, 0, AFTER) {
+            Ok(Balance::Migrate(moves)) => moves,
+            other => panic!("{other:?}"),
+        };
+        // All but the last moved; the last one started, not ended: its old chain holds 3.
+        let (last, rest) = moves.split_last().unwrap();
+        let mut c = c.clone();
+        migrate_all(&mut c, rest, 0);
+        let start = |c: &Configuration, q: u16, to: &[u16]| {
+            let copies: Vec<SlotCopy> = to
+                .iter()
+                .map(|&node| SlotCopy {
+                    node,
+                    slot: c.free_index_slot(node, SLOTS, 0, SETTLE).unwrap(),
+                })
+                .collect();
+            c.reserve_migration(q, copies.clone(), (0, 0), SETTLE)
+                .unwrap()
+                .confirm_migration(q, &copies, (0, 0), 0)
+                .unwrap()
+        };
+        let started = start(&c, last.0, &last.1);
+        assert!(started
+            .index_map(&s)
+            .unwrap()
+            .chains
+            .iter()
+            .all(|ch| !ch.contains(&3)));
+        assert!(
+            !started.index_drained(&s, 3),
+            "partition {} migrates off it",
+            last.0
+        );
+        migrate_all(&mut c, std::slice::from_ref(last), 0);
+        assert!(c.index_drained(&s, 3));
+        // A partition that never had a copy on node 3, moved among the others.
+        let parts = s.index_partitions().unwrap();
+        let map = c.index_map(&s).unwrap();
+        let q = (0..parts.count() as u16)
+            .find(|&q| {
+                let home = parts.home(q);
+                (0..s.replicas()).all(|j| c.copy_map(&s).place(home, j).node != 3)
+                    && !c.index_chains.iter().any(|ch| ch.partition == q)
+            })
+            .expect("a partition at home away from node 3");
+        let chain = &map.chains[q as usize];
+        let other = (0..3u16).find(|n| !chain.contains(n)).unwrap();
+        let unrelated = start(&c, q, &[chain[0], other]);
+        for mutated in [false, true] {
+            mutation::DRAIN_WAITS_FOR_EVERY_MIGRATION.with(|m| m.set(mutated));
+            let drained = unrelated.index_drained(&s, 3);
+            mutation::DRAIN_WAITS_FOR_EVERY_MIGRATION.with(|m| m.set(false));
+            assert_eq!(drained, !mutated, "mutated: {mutated}");
+        }
     }
 
     #[test]

@@ -1743,6 +1743,32 @@ pub fn tables_settling(set: &ReplicaSet, fence: &Fence, partition: NodeId, now_n
     })
 }
 
+/// Whether a CAS on node `partition`'s tables waits now, at monotonic `now_ns`, for its
+/// decider's failure to settle: a copy after the last live one failed less than the settle
+/// time ago, so the copy before it does not decide yet (rule 6; `Replicated::deciding`). As
+/// [`tables_settling`], for an allocator that would rather claim a page elsewhere than wait
+/// (after a node leaves or fails, the pages of the tables it decided for).
+pub fn tables_deciding_waits(
+    set: &ReplicaSet,
+    fence: &Fence,
+    partition: NodeId,
+    now_ns: u64,
+) -> bool {
+    let node = |j: u8| {
+        fence
+            .moved_copy(partition, j)
+            .map_or_else(|| set.holder(partition, j), |m| m.node)
+    };
+    let Some(last) = (0..set.replicas).rev().find(|&j| !fence.is_gone(node(j))) else {
+        return false;
+    };
+    (last + 1..set.replicas).any(|j| {
+        fence
+            .gone_for_ns(node(j), now_ns)
+            .is_some_and(|g| g < set.settle_ns)
+    })
+}
+
 /// Which roles a data read takes for a moved copy that became full (rule 10a).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum ReadWindow {
@@ -2028,6 +2054,26 @@ mod tests {
         let regions = vec![set.region_sizes(&SPARE_RIG_TABLES); 3];
         let fabric = InProcFabric::new(&regions, None).unwrap();
         (set, fabric, Arc::new(Fence::unfenced()))
+    }
+
+    /// The allocator's host guard refuses a node's tables while a CAS there would wait for
+    /// the decider's failure to settle: the last copy failed less than the settle time ago.
+    /// A failed primary with a live copy after it decides at once; the settle time ends it.
+    #[test]
+    fn tables_whose_decider_failed_just_now_are_refused_for_the_settle_time() {
+        let (set, _fabric, fence) = spare_rig(Mutations::default());
+        let now = nessie_fabric::monotonic_ns;
+        assert!((0..3).all(|p| !tables_deciding_waits(&set, &fence, p, now())));
+        // Node 1 fails: it is copy 1 (the decider) of partition 0, copy 0 of partition 1.
+        fence.set_gone(1, true);
+        assert_eq!((set.holder(0, 1), set.holder(1, 0)), (1, 1));
+        assert!(tables_deciding_waits(&set, &fence, 0, now()));
+        assert!(
+            !tables_deciding_waits(&set, &fence, 1, now()),
+            "copy 1 on node 2 decides"
+        );
+        std::thread::sleep(std::time::Duration::from_nanos(set.settle_ns() + 1_000_000));
+        assert!(!tables_deciding_waits(&set, &fence, 0, now()), "settled");
     }
 
     /// Moves partition 0's copy 1 to node 2's spare slot just before the first write it
