@@ -31,6 +31,11 @@ pub const CATCH_UP_BYTES_PER_S: u64 = 512 << 20;
 const POLL: Duration = Duration::from_millis(100);
 /// How often the balancer plans (`balance_step`).
 const BALANCE_EVERY: Duration = Duration::from_secs(1);
+/// Between those looks, the balancer plans on its own view (no etcd read) at every step, and
+/// looks at once when that plan moves something, at most this often: a node that has just come
+/// up, or more moves than one plan starts, wait a step instead of up to a second (a look reads
+/// the whole configuration from etcd, half a megabyte with thousands of index chains).
+const BALANCE_AGAIN: Duration = Duration::from_millis(200);
 /// Pause before a failed catch-up is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 /// How often an up node looks for pages of nodes failed for good: a read of every page table
@@ -90,6 +95,8 @@ struct Progress {
     /// When the balancer last planned, and what it last said (said once, not every look).
     balanced_at: Option<Instant>,
     balance_said: String,
+    /// The balancer's last plan on its own view (`work_in_view`).
+    quick: Option<QuickPlan>,
 }
 
 /// A wait until every node knows of a change (that a node joins, that a copy moved, that a
@@ -264,8 +271,19 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     let Some(section) = &ctx.cfg.membership else {
         return;
     };
-    if p.balanced_at.is_some_and(|t| t.elapsed() < BALANCE_EVERY) {
-        return;
+    // Gone for good: failed for replace_after, and a settle time more (the copies of its
+    // tables have moved to spare slots by then, where there are spare slots).
+    let after = (section.replace_after_s * 1_000_000_000)
+        .saturating_add(ctx.replica_set().join_settle_ns());
+    let since = p.balanced_at.map(|t| t.elapsed());
+    if since.is_some_and(|e| e < BALANCE_EVERY) {
+        // Not after a look that failed: its reservations and their cancels are epochs too,
+        // and each retries no sooner than the next full look.
+        let soon = since.is_some_and(|e| e < BALANCE_AGAIN);
+        let failed = p.balance_said.starts_with("could not");
+        if soon || failed || !section.rebalance || !work_in_view(ctx, m, after, &mut p.quick) {
+            return;
+        }
     }
     p.balanced_at = Some(Instant::now());
     // Every node gives up its own leaked reservations (a `nessie migrate` through it may
@@ -278,10 +296,6 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
     if c.balancer() != Some(ctx.id) {
         return;
     }
-    // Gone for good: failed for replace_after, and a settle time more (the copies of its
-    // tables have moved to spare slots by then, where there are spare slots).
-    let after = (section.replace_after_s * 1_000_000_000)
-        .saturating_add(ctx.replica_set().join_settle_ns());
     let said = match ctx.balance_once(after) {
         Ok(Ok((epoch, started))) => {
             eprintln!(
@@ -294,6 +308,13 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         Ok(Err(why)) => why,
         Err(e) => format!("could not start migrations: {e}"),
     };
+    // A look that started nothing answers for the view it was made on: no quick look again
+    // until the view changes (a stale view that shows work would otherwise look every step).
+    if said != "migrating" {
+        if let Some(q) = &mut p.quick {
+            q.work = false;
+        }
+    }
     if said != p.balance_said {
         if said.starts_with("could not") || said.starts_with("no plan") {
             eprintln!("nessie node {}: balancer: {said}", ctx.id);
@@ -302,6 +323,48 @@ fn balance_step(ctx: &NodeContext, m: &Monitor, p: &mut Progress) {
         }
         p.balance_said = said;
     }
+}
+
+/// The balancer's last plan on its own view (`work_in_view`): what it was made on, and whether
+/// it moved something.
+#[derive(Clone, Debug, Default)]
+struct QuickPlan {
+    epoch: u64,
+    settled: Vec<(u16, u64)>,
+    work: bool,
+}
+
+/// Whether this node is the balancer in its own view and a plan on that view moves partitions
+/// (what a look, on the configuration read from etcd, would then most likely start). Planned
+/// once per view (epoch, and the comebacks settled): `last` keeps the answer.
+fn work_in_view(
+    ctx: &NodeContext,
+    m: &Monitor,
+    replace_after_ns: u64,
+    last: &mut Option<QuickPlan>,
+) -> bool {
+    let Some(c) = m.view().config else {
+        return false;
+    };
+    if c.balancer() != Some(ctx.id) {
+        return false;
+    }
+    let settled = m.settled_comebacks();
+    if let Some(q) = last
+        .as_ref()
+        .filter(|q| q.epoch == c.epoch && q.settled == settled)
+    {
+        return q.work;
+    }
+    let now = nessie_fabric::wall_clock_ns();
+    let plan = c.plan_balance_settled(ctx.replica_set(), now, replace_after_ns, &settled);
+    let work = matches!(plan, Ok(nessie_membership::balance::Balance::Migrate(_)));
+    *last = Some(QuickPlan {
+        epoch: c.epoch,
+        settled,
+        work,
+    });
+    work
 }
 
 /// Whether a copy this node held at home moved to another node (re-replication).
