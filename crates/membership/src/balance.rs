@@ -318,15 +318,20 @@ impl Configuration {
         }
         self.may_stop(id, set, None)?;
         assert!(at_ns != 0, "a cut-over at time 0 would read as none");
+        Ok(Some(self.next_with_member(id, |m| m.cut_over_ns = at_ns)))
+    }
+
+    /// The next epoch, with member `id` changed by `change`.
+    fn next_with_member(&self, id: u16, change: impl FnOnce(&mut crate::Member)) -> Configuration {
         let mut next = self.clone();
         next.epoch += 1;
-        let m = next
-            .nodes
-            .iter_mut()
-            .find(|m| m.id == id)
-            .expect("a member");
-        m.cut_over_ns = at_ns;
-        Ok(Some(next))
+        change(
+            next.nodes
+                .iter_mut()
+                .find(|m| m.id == id)
+                .expect("a member"),
+        );
+        next
     }
 
     /// The successor that records leaving node `id`'s process, incarnation `incarnation`,
@@ -367,15 +372,7 @@ impl Configuration {
             return Err(MigrationError::NotFailedYet(id));
         }
         assert!(now_ns != 0, "a stop at time 0 would read as none");
-        let mut next = self.clone();
-        next.epoch += 1;
-        let m = next
-            .nodes
-            .iter_mut()
-            .find(|m| m.id == id)
-            .expect("a member");
-        m.stopped_ns = now_ns;
-        Ok(Some(next))
+        Ok(Some(self.next_with_member(id, |m| m.stopped_ns = now_ns)))
     }
 
     /// Whether node `id` may start leaving now: every partition (a node's tables, and every
