@@ -517,19 +517,23 @@ mod tests {
             };
             let c = InProcCluster::new(super::super::testkit::small_geometry(), cfg);
             let mut w = c.client(0);
-            let soon = nessie_fabric::wall_clock_ns() + 20_000_000;
-            w.put_parts_expiring(b"k", &[b"old"], soon).unwrap();
             let other = Arc::new(Mutex::new(c.client(1)));
             let o = other.clone();
             let mut r = c.client(2);
+            // The read must begin before the expiry: a margin a loaded test machine keeps
+            // (20 ms was once missed in CI, the read then rightly finding it expired).
+            let soon = nessie_fabric::wall_clock_ns() + 300_000_000;
             let mut fired = false;
             r.set_hook(Some(Box::new(move |p| {
                 if p == HookPoint::GetAfterDteRead && !fired {
                     fired = true;
                     o.lock().unwrap().put(b"k", b"new").unwrap();
-                    std::thread::sleep(Duration::from_millis(30)); // past the expiry
+                    // Past the expiry.
+                    let left = soon.saturating_sub(nessie_fabric::wall_clock_ns());
+                    std::thread::sleep(Duration::from_nanos(left) + Duration::from_millis(20));
                 }
             })));
+            w.put_parts_expiring(b"k", &[b"old"], soon).unwrap();
             let got = r.get(b"k").unwrap();
             if mutate {
                 assert_eq!(got, None, "the mutation finds the replaced value expired");
