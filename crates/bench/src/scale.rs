@@ -4,8 +4,8 @@
 //!
 //! - **In** (N below `--nodes`): nodes N and up leave one after the other (`nessie leave`:
 //!   each drains its index partitions to the others by migrations, steps down and stops; its
-//!   table copies then move to spare slots of the others at once, its exit recorded in
-//!   membership, and are filled there, which the next waits for).
+//!   table copies then move to spare slots of the others a join settle time after it failed,
+//!   its exit recorded in membership, and are filled there, which the next waits for).
 //! - **Out** (N above `--nodes`): the cluster starts with N − `--nodes` standby nodes
 //!   (`[cluster] standby`), which join side by side (`nessie join --count`); the scaling is
 //!   over once the balancer has given them their shares of index partitions and nothing
@@ -57,7 +57,8 @@ pub struct ScalingReport {
     pub bytes_held_before: u64,
     /// The bytes of the table copies the leaving nodes held (each a node's table regions):
     /// these move to spare slots a join settle time after each stopped (`replace_after_s`
-    /// if its stop could not be recorded), the last one's after the finish. 0 scaling out (a joining node's own tables start empty).
+    /// if its stop could not be recorded), the last one's after the finish. 0 scaling out (a
+    /// joining node's own tables start empty).
     pub table_bytes_held: u64,
     /// What moved in on the nodes that stay until the finish: bytes read filling moved copies,
     /// and 8 bytes for each index entry installed by a handover puller.

@@ -1045,8 +1045,8 @@ pub struct Left {
     /// Whether it was stopped (it was running and not `keep_running`).
     pub stopped: bool,
     /// Whether membership records that its process exited (`Member::stopped_ns`): its table
-    /// copies then move to the others at once, not `replace_after_s` after it failed. Why
-    /// not, otherwise.
+    /// copies then move to the others a join settle time after it failed, not
+    /// `replace_after_s`. Why not, otherwise.
     pub marked_stopped: Result<(), String>,
 }
 
@@ -1056,8 +1056,9 @@ pub struct Left {
 /// from membership (the others declare it failed at once, not a lease TTL later) and stop
 /// it. Once the others have declared it failed, it records that the process exited
 /// (`Configuration::mark_stopped`): the copies of its tables then move to spare slots of the
-/// others at once, as a failed node's do after `membership.replace_after_s` (which waits for
-/// a process that may come back; this one will not). Where that cannot be recorded (the
+/// others a join settle time after it failed, as a failed node's do after
+/// `membership.replace_after_s` (which waits for a process that may come back; this one will
+/// not). Where that cannot be recorded (the
 /// process outlived its stop, etcd failed), they move after `replace_after_s`, and
 /// [`Left::marked_stopped`] says why.
 pub fn leave(
@@ -1178,7 +1179,7 @@ fn failed_within(cfg: &ClusterConfig) -> Duration {
 
 /// Record in membership that leaving node `id`'s incarnation `incarnation`, which this process
 /// saw exit, has stopped (`Configuration::mark_stopped`), once the others have declared it
-/// failed: it is gone for good at once.
+/// failed: it is gone for good a join settle time after it failed.
 fn mark_stopped(cfg: &ClusterConfig, id: u16, incarnation: u64) -> Result<(), String> {
     use nessie_membership::{MigrationError, StartMigrationError};
     let m = cfg

@@ -524,7 +524,7 @@ pub(crate) mod mutation {
         /// starts while a node that has not learnt of the migration still acts.
         pub static ACKS_FROM_ANY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// A new incarnation keeps its predecessor's `stopped_ns`: should it fail, it is
-        /// taken for gone for good at once, its copies moved and its pages adopted while its
+        /// taken for gone for good a join settle time later, its copies moved and its pages adopted while its
         /// process may still come back with them.
         pub static STOPPED_OUTLIVES_INCARNATION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// A leaving node counts as drained only once no migration runs anywhere: the

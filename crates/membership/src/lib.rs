@@ -159,9 +159,9 @@ pub struct Member {
     /// When `nessie leave` saw this incarnation's process exit after it stepped down (wall
     /// ns, of the tool; 0: not seen). Set only on a member that is `failed` and had its read
     /// cut-over named ([`Configuration::mark_stopped`]); a new incarnation starts without.
-    /// Such a member acts no more, so it is gone for good at once ([`Member::gone_for_good`])
-    /// instead of after `replace_after_s`, which waits for a failed process that may come
-    /// back.
+    /// Such a member acts no more, so it is gone for good a join settle time after it failed
+    /// ([`Member::gone_for_good`]) instead of after `replace_after_s`, which waits for a
+    /// failed process that may come back.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stopped_ns: u64,
 }
