@@ -219,9 +219,11 @@ impl Limits {
 /// is optional (it may take effect or be a no-op) and nominally never returns. Left like
 /// that it would stay pending to the end of the history, so no point after it would be
 /// quiescent and the search could try to place it anywhere. It is bounded instead: if
-/// `w` takes effect and matters, some Get `g` that returns `s` is linearized after `w`
-/// with only Gets between them, so `w` lies before `g`'s response. Hence `w` gets the
-/// return time `R` = the latest response of a Get returning `s` (it is dropped when
+/// `w` takes effect and matters, some op `g` that observes `s` is linearized after `w`
+/// with only Gets and expiries of other values (which leave `s` as it is) between them:
+/// a Get that returns `s`, or the expiry of `s`'s value (it empties the key only if the
+/// key holds that value). So `w` lies before `g`'s response. Hence `w` gets the
+/// return time `R` = the latest response of such an op (it is dropped when
 /// `R < w.invoke` or there is none), and in the search it may be placed either
 /// effectively or as a no-op. Any linearization of the original history can be turned
 /// into one obeying these bounds (drop or keep `w` where it was; everything invoked after

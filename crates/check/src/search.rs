@@ -64,11 +64,11 @@ pub(crate) struct KeyOp<'a> {
 fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
     let mut ops = Vec::with_capacity(events.len());
     let mut failed_writes = Vec::new();
-    // A conditional write (or an expiry) observes the state too: a failed write can matter to
-    // one after the last Get of its value, so with them failed writes stay open to the end.
+    // A conditional write observes the state too: a failed write can matter to one after the
+    // last Get of its value, so with them failed writes stay open to the end.
     let conditional = events
         .iter()
-        .any(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(_) | Op::Expire(_)));
+        .any(|e| matches!(e.op, Op::PutIf(..) | Op::DeleteIf(_)));
     let end = events.iter().map(|e| e.response_ns.max(e.invoke_ns)).max();
     for &ev in events {
         let call = ev.invoke_ns;
@@ -97,13 +97,19 @@ fn prepare<'a>(events: &[&'a Event]) -> Vec<KeyOp<'a>> {
         }
     }
     if !failed_writes.is_empty() {
-        // Latest response of a Get returning each state.
+        // Latest response of an op that observes each state: a Get returning it, or the
+        // expiry of the value (which turns it absent). A failed write of `v` placed later
+        // than both sets a state nothing reads before the next write replaces it (an expiry
+        // of another value leaves `v` as it is), so it is equivalent to never taking effect.
         let mut last_read: HashMap<State, u64> = HashMap::new();
         for op in &ops {
-            if let Kind::Read(v) = op.kind {
-                let e = last_read.entry(v).or_insert(op.ret);
-                *e = (*e).max(op.ret);
-            }
+            let seen = match op.kind {
+                Kind::Read(v) => v,
+                Kind::Expire(v) => Some(v),
+                _ => continue,
+            };
+            let e = last_read.entry(seen).or_insert(op.ret);
+            *e = (*e).max(op.ret);
         }
         for mut op in failed_writes {
             let v = op
@@ -972,6 +978,39 @@ mod tests {
         // Quiescent points: [0,5] | [10..50] with the bounded failed put.
         assert_eq!(count_segments(&ops), 2);
     }
+
+    /// A failed write of an expiring value stays open until its expiry (which may be what
+    /// empties the key), not to the end of the history; one nothing observes is dropped. Open
+    /// to the end, ~25 failed writes of a hot key made a 107-op history exhaust a budget of
+    /// 20 million states (CI, 2026-11-28).
+    #[test]
+    fn failed_writes_of_expiring_values_are_bounded_by_their_expiry() {
+        let events = [
+            ev(Op::Put(1), Outcome::Ok(None), 0, 10),
+            ev(Op::Put(2), Outcome::Failed, 20, 30),
+            ev(Op::Expire(2), Outcome::Ok(None), 40, 45),
+            ev(Op::Put(3), Outcome::Failed, 50, 55), // never observed: dropped
+            ev(Op::Expire(3), Outcome::Ok(None), 20, 25), // before the write: observes nothing
+            ev(Op::Get, Outcome::Ok(None), 60, 70),
+            ev(Op::Put(4), Outcome::Ok(None), 80, 90),
+            ev(Op::Get, Outcome::Ok(Some(4)), 100, 110),
+        ];
+        let refs: Vec<&Event> = events.iter().collect();
+        let ops = prepare(&refs);
+        let failed: Vec<_> = ops.iter().filter(|o| o.optional).collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!((failed[0].call, failed[0].ret), (20, 45));
+        assert_eq!(count_segments(&ops), 5);
+        // The absent Get is explained only by the failed write taking effect and expiring.
+        assert!(verdict(&events));
+        let no_expiry: Vec<Event> = events
+            .iter()
+            .filter(|e| e.op != Op::Expire(2))
+            .cloned()
+            .collect();
+        assert!(!verdict(&no_expiry));
+    }
+
     fn verdict(events: &[Event]) -> bool {
         crate::check(events, |_| None, &Limits::default()).is_ok()
     }

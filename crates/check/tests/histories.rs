@@ -499,3 +499,76 @@ fn a_failed_write_can_explain_an_unmet_condition() {
         get(0, K, None, 40, 50),
     ]);
 }
+
+/// Parses a key's history as the stress harness dumps it (`$NESSIE_HISTORY_DIR`, one
+/// `Event` per line in its `Display` form).
+fn parse_dump(text: &str) -> Vec<Event> {
+    fn fail(line: &str) -> ! {
+        panic!("unparsable history line: {line:?}")
+    }
+    fn num(line: &str, s: &str) -> u64 {
+        s.parse().unwrap_or_else(|_| fail(line))
+    }
+    fn arg(line: &str, s: &str, pre: &str) -> u64 {
+        let v = s.strip_prefix(pre).and_then(|s| s.strip_suffix(')'));
+        num(line, v.unwrap_or_else(|| fail(line)))
+    }
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let (head, rest) = line.split_once(": ").unwrap_or_else(|| fail(line));
+            let w: Vec<&str> = head.split_whitespace().collect();
+            let ["client", c, "key", k] = w[..] else {
+                fail(line)
+            };
+            let (what, times) = rest.rsplit_once(" [").unwrap_or_else(|| fail(line));
+            let (i, r) = times
+                .trim_end_matches(']')
+                .split_once("..")
+                .unwrap_or_else(|| fail(line));
+            let (op, outcome) = if let Some(v) = what.strip_prefix("Get -> ") {
+                let v = (v != "absent").then(|| num(line, v));
+                (Op::Get, Outcome::Ok(v))
+            } else if let Some(p) = what.strip_suffix(" ok") {
+                (Op::Put(arg(line, p, "Put(")), Outcome::Ok(None))
+            } else if let Some(p) = what.strip_suffix(" FAILED") {
+                (Op::Put(arg(line, p, "Put(")), Outcome::Failed)
+            } else {
+                (Op::Expire(arg(line, what, "Expire(")), Outcome::Ok(None))
+            };
+            Event {
+                client: num(line, c) as u32,
+                key: num(line, k),
+                op,
+                outcome,
+                invoke_ns: num(line, i.trim_end_matches("ns")),
+                response_ns: num(line, r.trim_end_matches("ns")),
+            }
+        })
+        .collect()
+}
+
+/// A hot key of a stress run with expiring items and a small index (a quarter of its PUTs
+/// refused, each a failed write that may have taken effect): 112 ops whose 24 failed writes,
+/// held open to the end of the history, exhausted a budget of 20 million states (CI,
+/// 2026-11-28). Bounded by their expiries, the search decides it at once.
+#[test]
+fn an_expiring_hot_key_with_many_failed_writes_is_decided() {
+    let text = include_str!("histories/expiring-hot-key-with-failed-writes.txt");
+    let events = parse_dump(text);
+    assert_eq!(events.len(), 112);
+    for (e, line) in events.iter().zip(text.lines()) {
+        assert_eq!(e.to_string(), line, "parsed as dumped");
+    }
+    let limits = Limits::with_max_states(100_000);
+    let report = check(&events, |_| None, &limits);
+    assert!(report.is_ok(), "{report}");
+    // A Get that returns a value the key never held is still caught in it.
+    let mut bad = events.clone();
+    let g = bad
+        .iter()
+        .rposition(|e| e.op == Op::Get && e.outcome != Outcome::Ok(None))
+        .expect("a Get of a value");
+    bad[g].outcome = Outcome::Ok(Some(u64::MAX - 1));
+    assert!(!check(&bad, |_| None, &limits).is_ok());
+}
