@@ -308,11 +308,23 @@ impl std::fmt::Debug for WriteGuard {
     }
 }
 
-/// Whether pages of a node may be claimed now: not those of a standby node, whose tables have a
-/// copy fewer and which nobody may write until it is up (`nessie_membership::standby`, SB5), nor
-/// those of a node whose tables pause after a copy became full (the claim would wait).
+/// What the host guard says of claiming pages of a node now ([`HostGuard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostUse {
+    /// Claim as usual.
+    Now,
+    /// A claim would wait, under the allocator's lock (the node's tables settle after a copy
+    /// became full, or wait for their next copy to decide): claimed only when no other node
+    /// has room, as better a write that waits than a table full.
+    Avoid,
+    /// Never: a standby node, whose tables have a copy fewer and which nobody may write until
+    /// it is up (`nessie_membership::standby`, SB5).
+    Never,
+}
+
+/// Whether pages of a node may be claimed now ([`HostUse`]), asked right before each pass.
 #[derive(Clone)]
-pub struct HostGuard(pub Arc<dyn Fn(NodeId) -> bool + Send + Sync>);
+pub struct HostGuard(pub Arc<dyn Fn(NodeId) -> HostUse + Send + Sync>);
 
 impl std::fmt::Debug for HostGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -335,7 +347,7 @@ impl HostCache {
         if let Some(&(_, ok)) = self.0.iter().find(|(h, _)| *h == host) {
             return ok;
         }
-        let ok = t.hosts.as_ref().is_none_or(|g| (g.0)(host));
+        let ok = t.host_use(host) == HostUse::Now;
         self.0.push((host, ok));
         ok
     }
@@ -530,6 +542,20 @@ impl ClassTable {
                 }
             }
         }
+        // Nodes passed over because a claim there waits out their settle time: better a write
+        // that waits than a table full (never a standby node's: `HostUse::Never`).
+        for host in self.other_hosts_where(HostUse::Avoid) {
+            let opened = self.open_page(ep, &mut s, host, class, remote_keep, false);
+            if let Some(Some(slot)) = self.tolerate(host, opened, &mut failed)? {
+                return Ok(slot);
+            }
+            if purpose == Purpose::Delete && !failed.contains(&host) {
+                let opened = self.open_page(ep, &mut s, host, class, 0, true);
+                if let Some(Some(slot)) = self.tolerate(host, opened, &mut failed)? {
+                    return Ok(slot);
+                }
+            }
+        }
         Err(ClassAllocError::Full {
             class,
             entry_size: self.classes.entry_size(class),
@@ -538,13 +564,23 @@ impl ClassTable {
         })
     }
 
-    /// Other nodes whose pages this table may claim, nearest first (none when local-only).
+    /// Other nodes whose pages this table may claim now, nearest first (none when local-only).
     fn other_hosts(&self) -> Vec<NodeId> {
+        self.other_hosts_where(HostUse::Now)
+    }
+
+    /// Other nodes, nearest first, of which the host guard says `what` (none when local-only).
+    fn other_hosts_where(&self, what: HostUse) -> Vec<NodeId> {
         let others = if self.remote { self.nodes } else { 1 };
         (1..others)
             .map(|d| ((self.node as usize + d) % self.nodes) as NodeId)
-            .filter(|&n| self.hosts.as_ref().is_none_or(|g| (g.0)(n)))
+            .filter(|&n| self.host_use(n) == what)
             .collect()
+    }
+
+    /// What the host guard says of `host` now (no guard: claim as usual).
+    fn host_use(&self, host: NodeId) -> HostUse {
+        self.hosts.as_ref().map_or(HostUse::Now, |g| (g.0)(host))
     }
 
     /// An entry from a free list or an open page, without any fabric operation: ordinary pages
@@ -1601,7 +1637,7 @@ impl ClassTable {
                 // node would wait with it (a 3–6 s stall of the whole cluster after each node
                 // left, 2026-12-01). Asked right before each page, this node's own included;
                 // the page is taken at a later look.
-                if by_cas && self.adopt_defers && !self.hosts.as_ref().is_none_or(|g| (g.0)(host)) {
+                if by_cas && self.adopt_defers && self.host_use(host) != HostUse::Now {
                     done.deferred += 1;
                     continue;
                 }
@@ -1800,7 +1836,13 @@ mod tests {
         let (f, t) = setup(3);
         let refused = Arc::new(AtomicU64::new(0));
         let r = refused.clone();
-        let guard = HostGuard(Arc::new(move |n| r.load(Ordering::SeqCst) & (1 << n) == 0));
+        let guard = HostGuard(Arc::new(move |n| {
+            if r.load(Ordering::SeqCst) & (1 << n) == 0 {
+                HostUse::Now
+            } else {
+                HostUse::Avoid
+            }
+        }));
         let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
         drop(t);
         let t0 = ClassTable::new(0, 3, classes, PAGES, 0).hosts_guarded(guard);
@@ -1839,6 +1881,40 @@ mod tests {
         }
         assert_eq!(taken.iter().filter(|s| s.host == 1).count() as u64, per);
         assert_eq!(taken.iter().filter(|s| s.host == 2).count() as u64, per);
+        // Nothing at hand: a page of a node to avoid is claimed rather than the table full.
+        let s = t0.alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(s.host, 1, "a fresh page of the nearest node to avoid");
+        assert!(!taken.contains(&s), "{s:?} handed out twice");
+    }
+
+    /// A node to avoid (a claim there waits out its settle time) is claimed when nothing else
+    /// is left; a standby node (`HostUse::Never`) never is.
+    #[test]
+    fn avoided_hosts_are_claimed_last_and_standby_hosts_never() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        let (f, t) = setup(2);
+        drop(t);
+        let what = Arc::new(AtomicU8::new(0));
+        let w = what.clone();
+        let guard = HostGuard(Arc::new(move |n| match (n, w.load(Ordering::SeqCst)) {
+            (0, _) | (_, 0) => HostUse::Now,
+            (_, 1) => HostUse::Avoid,
+            _ => HostUse::Never,
+        }));
+        let classes = Arc::new(SizeClasses::new(32, 600_000).unwrap());
+        let t0 = ClassTable::new(0, 2, classes, PAGES, 0).hosts_guarded(guard);
+        let mut ep = f.endpoint(0);
+        let big = (t0.classes().len() - 1) as u8;
+        let local = (PAGES - RESERVE_PAGES) * t0.classes().per_page(big);
+        for _ in 0..local {
+            assert_eq!(t0.alloc_for(&mut ep, big, Purpose::Value).unwrap().host, 0);
+        }
+        what.store(2, Ordering::SeqCst);
+        let e = t0.alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
+        assert!(matches!(e, ClassAllocError::Full { .. }), "{e}");
+        what.store(1, Ordering::SeqCst);
+        let s = t0.alloc_for(&mut ep, big, Purpose::Value).unwrap();
+        assert_eq!(s.host, 1, "the node to avoid, as nothing else has room");
     }
 
     #[test]
@@ -2661,7 +2737,13 @@ mod tests {
             // Node 0 alone survives; node 1's own tables settle.
             let refused = Arc::new(AtomicU64::new(1 << 1));
             let r = refused.clone();
-            let guard = HostGuard(Arc::new(move |n| r.load(Ordering::SeqCst) & (1 << n) == 0));
+            let guard = HostGuard(Arc::new(move |n| {
+                if r.load(Ordering::SeqCst) & (1 << n) == 0 {
+                    HostUse::Now
+                } else {
+                    HostUse::Avoid
+                }
+            }));
             let heir = ClassTable::new(0, 3, t[0].classes.clone(), PAGES, 0)
                 .hosts_guarded(guard)
                 .adopting_while_settling(mutated);
