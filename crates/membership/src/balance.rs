@@ -533,6 +533,18 @@ pub(crate) mod mutation {
         /// A monitor forgets a settled comeback once the node no longer counts as having come
         /// back, though the balancer holds it longer: the node is held again, nothing balances.
         pub static COMEBACK_FORGOTTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// A moved copy's changes stop waiting once every node said it applied the epoch,
+        /// like its reads, not once every node said it reads the copy in the new roles (rule
+        /// 10c): a node still reading in the old roles returns a word older than one another
+        /// returned from the moved copy.
+        pub static READS_NEW_FROM_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub fn reads_new_from_seen() -> bool {
+        #[cfg(test)]
+        return READS_NEW_FROM_SEEN.with(|m| m.get());
+        #[cfg(not(test))]
+        false
     }
 
     pub fn stopped_outlives_incarnation() -> bool {

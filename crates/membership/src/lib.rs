@@ -71,6 +71,7 @@
 
 pub mod balance;
 pub mod etcd;
+mod moved_settle;
 pub mod partitions;
 pub mod standby;
 pub mod tls;
@@ -206,6 +207,9 @@ pub struct Registrations {
     pub seen: Vec<(u16, u64)>,
     /// The join (`Member::joined_ns`) each ready node caught up for ("ready_for").
     pub ready_for: Vec<(u16, u64)>,
+    /// The epoch in whose configuration each node says it reads no full moved copy in the
+    /// old roles ("reads_new"; absent: 0): rule 10c, [`Registrations::all_read_new`].
+    pub reads_new: Vec<(u16, u64)>,
 }
 
 impl Registrations {
@@ -228,11 +232,30 @@ impl Registrations {
     /// its process may still act for a while unasked (one replaced by a restart keeps its
     /// own lease until that lapses; one that stepped down keeps reading for its read view's
     /// time), which the settle time covers and no word from it can.
-    pub fn all_learnt(
+    pub fn all_learnt(&self, c: &Configuration, epoch: u64, at: (u64, u64)) -> bool {
+        let any = balance::mutation::acks_from_any();
+        self.all_said(&self.seen, c, at, any, |e| e >= epoch)
+    }
+
+    /// Whether every node that may act in configuration `c` has said, as in
+    /// [`Self::all_learnt`], that it reads no full moved copy in the old roles as of an epoch
+    /// from `epoch` to `c`'s (rule 10c, `moved_settle`): a word of a later epoch is of a
+    /// configuration this one does not show (the copy may have changed again there).
+    pub fn all_read_new(&self, c: &Configuration, epoch: u64, at: (u64, u64)) -> bool {
+        self.all_said(&self.reads_new, c, at, false, |e| {
+            e >= epoch && e <= c.epoch
+        })
+    }
+
+    /// Whether every node that may act in `c` said, in `said`, an epoch that passes `ok`
+    /// (`any`: one node's word taken for all, the mutation `ACKS_FROM_ANY`).
+    fn all_said(
         &self,
+        said: &[(u16, u64)],
         c: &Configuration,
-        epoch: u64,
         (now_ns, failed_ns): (u64, u64),
+        any: bool,
+        ok: impl Fn(u64) -> bool,
     ) -> bool {
         let recently_failed = c
             .nodes
@@ -243,12 +266,12 @@ impl Registrations {
                 .iter()
                 .filter(|m| matches!(m.state, NodeState::Up | NodeState::Joining))
                 .all(|m| {
-                    if balance::mutation::acks_from_any() {
-                        return self.seen.iter().any(|&(_, e)| e >= epoch);
+                    if any {
+                        return said.iter().any(|&(_, e)| ok(e));
                     }
                     m.incarnation != 0
                         && self.incarnation(m.id) == Some(m.incarnation)
-                        && self.seen.iter().any(|&(n, e)| n == m.id && e >= epoch)
+                        && said.iter().any(|&(n, e)| n == m.id && ok(e))
                 })
     }
 }
@@ -498,13 +521,22 @@ impl Configuration {
     /// applied ([`Registrations::all_learnt`]), and the waits end as soon as all did.
     /// Also while a node that came back is recent (up less than `recent_ns` ago at wall
     /// time `now_ns`): its partitions' pause ends as soon as every node knows.
-    pub fn wants_acks(&self, now_ns: u64, recent_ns: u64) -> bool {
+    ///
+    /// And while a moved copy became full less than `moved_ns` ago (rule 10c): its pauses
+    /// end as soon as every node knows, and then as soon as every node reads it in the new
+    /// roles.
+    pub fn wants_acks(&self, now_ns: u64, recent_ns: u64, moved_ns: u64) -> bool {
         self.index_chains
             .iter()
             .any(|c| c.migrating && c.prepared && c.handed_ns == 0)
             || self.nodes.iter().any(|m| m.state == NodeState::Joining)
             || self.moves.iter().any(|m| m.receiving)
             || !self.came_back(now_ns, recent_ns).is_empty()
+            || self.moves.iter().any(|m| {
+                !m.at_start
+                    && m.full_since_ns != 0
+                    && now_ns < m.full_since_ns.saturating_add(moved_ns)
+            })
     }
 
     /// The nodes that came back (a later incarnation joined, or a standby node joined) and
@@ -1162,6 +1194,9 @@ fn read_registrations(etcd: &Etcd, keys: &Keys) -> Result<Registrations, Members
         if let Some(j) = record["ready_for"].as_u64().filter(|&j| j != 0) {
             registrations.ready_for.push((id, j));
         }
+        if let Some(e) = record["reads_new"].as_u64().filter(|&e| e != 0) {
+            registrations.reads_new.push((id, e));
+        }
     }
     Ok(registrations)
 }
@@ -1299,12 +1334,17 @@ struct Shared {
     handed: Mutex<Vec<(u16, u64)>>,
     /// The epoch its registration says its fence applied ("seen"; 0: none said).
     seen: AtomicU64,
+    /// The epoch as of which its registration says it reads no full moved copy in the old
+    /// roles ("reads_new"; 0: none said; rule 10c).
+    reads_new: AtomicU64,
     /// Held while a registration record is made from the fields above and put, so that of
     /// two threads putting (the monitor saying "seen", the node saying "handed"), the later
     /// put carries both.
     record_lock: Mutex<()>,
     /// Nodes that came back (`Configuration::came_back`), as this monitor follows them.
     came_back: Mutex<Vec<CameBack>>,
+    /// Moved copies that became full, as this monitor follows them (rule 10c).
+    moves_seen: Mutex<Vec<moved_settle::MoveSeen>>,
     /// The configuration as last read, for reads that find it unchanged.
     config_cache: ConfigCache,
     on_config: Option<ConfigHook>,
@@ -1352,6 +1392,18 @@ impl Shared {
         self.policy
             .join_settle_ns
             .saturating_add(self.policy.clock_margin_ns)
+    }
+
+    /// How long after a moved copy became full (by the configuration's time) its changes may
+    /// still pause (rule 10a: twice the join settle time and an operation, from when a node
+    /// learnt of it) and every node says what it knows (rule 10c): that, and the clock margin
+    /// twice.
+    fn moved_settle_ns(&self) -> u64 {
+        let p = &self.policy;
+        p.join_settle_ns
+            .saturating_mul(2)
+            .saturating_add(p.op_ns)
+            .saturating_add(p.clock_margin_ns.saturating_mul(2))
     }
 
     /// What the fence must say now: writes only while up, and within the lease.
@@ -1441,8 +1493,10 @@ impl Monitor {
             filled: Mutex::new(Vec::new()),
             handed: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
+            reads_new: AtomicU64::new(0),
             record_lock: Mutex::new(()),
             came_back: Mutex::new(Vec::new()),
+            moves_seen: Mutex::new(Vec::new()),
             config_cache: ConfigCache::default(),
             on_config,
         });
@@ -1750,7 +1804,7 @@ impl Monitor {
     }
 
     fn put_own_record(&self, id: u16) -> Result<(), MembershipError> {
-        put_own(&self.etcd, &self.keys, id, &self.shared, None)?;
+        put_own(&self.etcd, &self.keys, id, &self.shared, None, None)?;
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
@@ -1805,7 +1859,7 @@ fn read_configuration(
     // node as it was before its lease lapsed: `Monitor::member_in_view`).
     let registered = shared.registered.load(Ordering::SeqCst);
     let (c, registrations) = step(etcd, keys, &shared.policy, &shared.config_cache)?;
-    let mut say = None;
+    let (mut say, mut say_reads_new) = (None, None);
     if let Some(c) = c {
         if let Some(hook) = &shared.on_config {
             hook(&c);
@@ -1828,10 +1882,24 @@ fn read_configuration(
         // a change (`Registrations::all_learnt`): a put per node per epoch, only then, and
         // again at every read until one succeeds.
         let (now, recent) = (wall_ns(), shared.recently_failed_ns());
-        if c.wants_acks(now, recent) && shared.seen.load(Ordering::SeqCst) < c.epoch {
+        let wants = c.wants_acks(now, recent, shared.moved_settle_ns());
+        if wants && shared.seen.load(Ordering::SeqCst) < c.epoch {
             say = Some(c.epoch);
         }
+        let mono = mono_ns();
+        if wants {
+            // Rule 10c: say as of which epoch this node reads every full moved copy in the
+            // new roles (again at every read until a put succeeds).
+            let e = moved_settle::reads_new_epoch(
+                &c,
+                &shared.fence,
+                mono,
+                shared.policy.join_settle_ns,
+            );
+            say_reads_new = e.filter(|&e| shared.reads_new.load(Ordering::SeqCst) < e);
+        }
         settle_comebacks(&c, &registrations, shared, (now, recent));
+        settle_moves(&c, &registrations, shared, (now, recent, mono));
         let mut v = shared.view.lock().expect("membership view lock");
         v.config = Some(c);
         v.registrations = registrations;
@@ -1846,8 +1914,8 @@ fn read_configuration(
     );
     shared.refresh_fence();
     // After the fence is refreshed: a slow put must not hold it up.
-    if say.is_some() {
-        if let Err(e) = put_own(etcd, keys, id, shared, say) {
+    if say.is_some() || say_reads_new.is_some() {
+        if let Err(e) = put_own(etcd, keys, id, shared, say, say_reads_new) {
             // Tried again at the next read; until then whoever waits on it waits longer.
             tracing::debug!(error = %e, "membership: could not say which epoch was applied");
         }
@@ -1902,6 +1970,39 @@ fn settle_comebacks(
     }
 }
 
+/// End the pauses after moved copies became full as every node says it may (rule 10c,
+/// `moved_settle`), and say so in the log.
+fn settle_moves(
+    c: &Configuration,
+    registrations: &Registrations,
+    shared: &Shared,
+    (now_ns, failed_ns, mono): (u64, u64, u64),
+) {
+    let mut seen = shared.moves_seen.lock().expect("moves-seen lock");
+    let (reads, writes) = moved_settle::settle_moves(
+        c,
+        registrations,
+        &shared.fence,
+        &mut seen,
+        (now_ns, failed_ns, mono),
+        shared.policy.op_ns,
+    );
+    for (partition, copy) in reads {
+        tracing::info!(
+            partition,
+            copy,
+            "every node knows the moved copy is full: reads take the new roles an operation's time from now"
+        );
+    }
+    for (partition, copy) in writes {
+        tracing::info!(
+            partition,
+            copy,
+            "every node reads the moved copy in the new roles: changes stop waiting an operation's time from now"
+        );
+    }
+}
+
 /// How long one watch request lasts before it is made again (from the revision it reached).
 const WATCH_SPAN: Duration = Duration::from_secs(1);
 
@@ -1943,6 +2044,7 @@ fn register(
         filled: &[],
         handed: &[],
         seen: 0,
+        reads_new: 0,
         ready_for: 0,
     };
     put_record(etcd, keys, id, incarnation, lease, &record)?;
@@ -1958,18 +2060,22 @@ struct Record<'a> {
     handed: &'a [(u16, u64)],
     /// The epoch the node's fence applied (0: not said).
     seen: u64,
+    /// The epoch as of which it reads every full moved copy in the new roles (0: not said).
+    reads_new: u64,
     /// The join `ready` is for (0: not said).
     ready_for: u64,
 }
 
 /// Put this node's registration record as `shared` says it now, under its lease.
-/// `say_seen`: say that the fence applied this epoch too (remembered only once put).
+/// `say_seen`: say that the fence applied this epoch too; `say_reads_new`: that it reads
+/// every full moved copy in the new roles as of this epoch (each remembered only once put).
 fn put_own(
     etcd: &Etcd,
     keys: &Keys,
     id: u16,
     shared: &Shared,
     say_seen: Option<u64>,
+    say_reads_new: Option<u64>,
 ) -> Result<(), MembershipError> {
     let _one_at_a_time = shared.record_lock.lock().expect("record lock");
     let lease = LeaseId(shared.lease.load(Ordering::Relaxed));
@@ -1983,11 +2089,18 @@ fn put_own(
             .seen
             .load(Ordering::SeqCst)
             .max(say_seen.unwrap_or(0)),
+        reads_new: shared
+            .reads_new
+            .load(Ordering::SeqCst)
+            .max(say_reads_new.unwrap_or(0)),
         ready_for: shared.ready_for.load(Ordering::SeqCst),
     };
     put_record(etcd, keys, id, shared.incarnation, lease, &record)?;
     // Said: later puts (of any thread) say it too.
     shared.seen.fetch_max(record.seen, Ordering::SeqCst);
+    shared
+        .reads_new
+        .fetch_max(record.reads_new, Ordering::SeqCst);
     Ok(())
 }
 
@@ -2014,6 +2127,9 @@ fn put_record(
     }
     if r.seen != 0 {
         record["seen"] = serde_json::json!(r.seen);
+    }
+    if r.reads_new != 0 {
+        record["reads_new"] = serde_json::json!(r.reads_new);
     }
     if r.ready && r.ready_for != 0 {
         record["ready_for"] = serde_json::json!(r.ready_for);
@@ -2209,6 +2325,7 @@ fn keep_registered(
         let _one_at_a_time = shared.record_lock.lock().expect("record lock");
         let got = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
         shared.seen.store(0, Ordering::SeqCst);
+        shared.reads_new.store(0, Ordering::SeqCst);
         got
     };
     shared.lease.store(lease.0, Ordering::Relaxed);
@@ -2237,6 +2354,7 @@ mod tests {
             incarnations: vec![],
             seen: vec![],
             ready_for: vec![],
+            reads_new: vec![],
         }
     }
 
@@ -2515,6 +2633,7 @@ mod tests {
             incarnations: incarnations.to_vec(),
             seen: vec![],
             ready_for: vec![],
+            reads_new: vec![],
         };
         let first = reg(&[(0, 10), (1, 11), (2, 12)], &[]);
         let c = Configuration::initial([0, 1, 2], &first);

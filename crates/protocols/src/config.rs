@@ -200,6 +200,11 @@ pub struct Mutations {
     /// Replication: a change waits one join settle time after a moved copy became full, not
     /// two (rule 10a): a node that learnt of it later still reads in the old roles meanwhile.
     pub moved_change_waits_once: bool,
+    /// Replication: changes stop waiting for a moved copy as soon as this node's data reads
+    /// take the new roles early (rule 10c: when every node said it applied the epoch), not
+    /// once every node said it reads in the new roles: a node that still reads in the old
+    /// roles then returns a word older than one a new-role reader returned.
+    pub moved_writes_end_with_reads: bool,
     /// Replication: a plain data write behind the primary never waits for a moved copy to
     /// settle, even with a full copy after the moved one (R = 3, rule 10a): should the primary
     /// fail, an old-role reader reads that copy, which the write reached first, while a

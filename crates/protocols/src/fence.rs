@@ -115,6 +115,12 @@ struct Moves {
     /// `BEFORE_ORIGIN_NS`, the clock margin added; 0: not said): data reads keep the old roles
     /// for a join settle time from the earlier of this and `full_at_ns` (rule 10a).
     said_full_at_ns: Box<[AtomicU64]>,
+    /// Monotonic time from which data reads take the new roles, as membership saw every node
+    /// that may act say it applied the epoch the copy became full in (rule 10c; 0: not yet).
+    reads_by_ns: Box<[AtomicU64]>,
+    /// Monotonic time from which changes no longer wait for the copy, as membership saw
+    /// every node that may act say it reads it in the new roles (rule 10c; 0: not yet).
+    writes_by_ns: Box<[AtomicU64]>,
     /// Whether any copy ever moved (one relaxed load keeps the common case cheap).
     any: AtomicBool,
 }
@@ -129,6 +135,12 @@ impl Moves {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             said_full_at_ns: (0..partitions * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            reads_by_ns: (0..partitions * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            writes_by_ns: (0..partitions * COPIES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             any: AtomicBool::new(false),
@@ -153,10 +165,10 @@ impl Moves {
             if full_now {
                 let now = nessie_fabric::monotonic_ns();
                 self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
-                self.said_full_at_ns[i].store(0, Ordering::SeqCst);
+                self.forget_settled(i);
             } else if receiving {
                 self.full_at_ns[i].store(0, Ordering::SeqCst);
-                self.said_full_at_ns[i].store(0, Ordering::SeqCst);
+                self.forget_settled(i);
             }
         }
         self.at[i].store(packed, Ordering::SeqCst);
@@ -170,8 +182,54 @@ impl Moves {
             self.any.store(true, Ordering::SeqCst);
         }
         self.full_at_ns[i].store(0, Ordering::SeqCst);
-        self.said_full_at_ns[i].store(0, Ordering::SeqCst);
+        self.forget_settled(i);
         self.at[i].store(packed, Ordering::SeqCst);
+    }
+
+    /// Forget what the configuration and membership said of the copy's last becoming full.
+    fn forget_settled(&self, i: usize) {
+        self.said_full_at_ns[i].store(0, Ordering::SeqCst);
+        self.reads_by_ns[i].store(0, Ordering::SeqCst);
+        self.writes_by_ns[i].store(0, Ordering::SeqCst);
+    }
+
+    /// When the copy became full here, as an identity of that change (0: not full).
+    fn instance(&self, partition: usize, j: u8) -> u64 {
+        let w = self.get(partition, j);
+        let at = self.full_at_ns[Self::index(partition, j)].load(Ordering::SeqCst);
+        if w == 0 || w & MovedCopy::RECEIVING != 0 {
+            0
+        } else {
+            at
+        }
+    }
+
+    /// Bring `cell` (of the copy's change `instance`) forward to `end_ns` (never back), if the
+    /// copy still shows that change.
+    fn settle_by(&self, cell: &[AtomicU64], partition: usize, j: u8, instance: u64, end_ns: u64) {
+        let i = Self::index(partition, j);
+        if instance == 0 || self.instance(partition, j) != instance {
+            return;
+        }
+        let end = end_ns.max(1);
+        cell[i]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (cur == 0 || end < cur).then_some(end)
+            })
+            .ok();
+        if self.instance(partition, j) != instance {
+            // Became full again meanwhile: what was said was of the change before.
+            cell[i].store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `cell` says the copy's pause ended by `now_ns`.
+    fn settled(&self, cell: &[AtomicU64], partition: usize, j: u8, now_ns: u64) -> bool {
+        if self.instance(partition, j) == 0 {
+            return false;
+        }
+        let by = cell[Self::index(partition, j)].load(Ordering::SeqCst);
+        by != 0 && now_ns >= by
     }
 
     fn get(&self, partition: usize, j: u8) -> u32 {
@@ -551,6 +609,57 @@ impl Fence {
         self.moved.read_full_for_ns(partition as usize, j, now_ns)
     }
 
+    /// When moved copy `j` of `partition` became full here, as an identity of that change for
+    /// [`Self::settle_moved_reads_by`] and [`Self::settle_moved_writes_by`] (0: not a moved
+    /// copy, or receiving).
+    pub fn moved_full_instance(&self, partition: NodeId, j: u8) -> u64 {
+        self.moved.instance(partition as usize, j)
+    }
+
+    /// Data reads take the new roles for moved copy `j` of `partition` from monotonic time
+    /// `end_ns` (rule 10c): membership saw every node that may act say it applied the epoch
+    /// the copy became full in, and `end_ns` is an operation's time after that, when every
+    /// write made in the old roles has reached the copy. Only for the change `instance`
+    /// ([`Self::moved_full_instance`]); only ever sooner.
+    pub fn settle_moved_reads_by(&self, partition: NodeId, j: u8, instance: u64, end_ns: u64) {
+        let m = &self.moved;
+        m.settle_by(&m.reads_by_ns, partition as usize, j, instance, end_ns);
+    }
+
+    /// Changes stop waiting for moved copy `j` of `partition` from monotonic time `end_ns`
+    /// (rule 10c): membership saw every node that may act say it reads the copy in the new
+    /// roles, and `end_ns` is an operation's time after that, when every read in the old
+    /// roles has ended. Only for the change `instance`; only ever sooner.
+    pub fn settle_moved_writes_by(&self, partition: NodeId, j: u8, instance: u64, end_ns: u64) {
+        let m = &self.moved;
+        m.settle_by(&m.writes_by_ns, partition as usize, j, instance, end_ns);
+    }
+
+    /// Whether data reads of moved copy `j` of `partition` take the new roles at `now_ns` by
+    /// [`Self::settle_moved_reads_by`].
+    pub fn moved_reads_settled(&self, partition: NodeId, j: u8, now_ns: u64) -> bool {
+        let m = &self.moved;
+        m.settled(&m.reads_by_ns, partition as usize, j, now_ns)
+    }
+
+    /// Whether data reads of moved copy `j` of `partition` still take the old roles at
+    /// `now_ns` (rule 10a's window `Old`, with join settle time `settle_ns`; rule 10c): not
+    /// yet settled early, and both this fence's learning and the configuration's time for it
+    /// less than the join settle time ago.
+    pub fn moved_reads_old(&self, partition: NodeId, j: u8, now_ns: u64, settle_ns: u64) -> bool {
+        !self.moved_reads_settled(partition, j, now_ns)
+            && self
+                .moved_read_full_for_ns(partition, j, now_ns)
+                .is_some_and(|(learnt, said)| learnt < settle_ns && said < settle_ns)
+    }
+
+    /// Whether changes stop waiting for moved copy `j` of `partition` at `now_ns` by
+    /// [`Self::settle_moved_writes_by`].
+    pub fn moved_writes_settled(&self, partition: NodeId, j: u8, now_ns: u64) -> bool {
+        let m = &self.moved;
+        m.settled(&m.writes_by_ns, partition as usize, j, now_ns)
+    }
+
     /// Record that copy `j` of index partition `q` is at `at` on its own now. There is no
     /// way back to where its home node's tables' copy is: that place stopped being written
     /// when the copy moved, so it would have to be filled again like any new place.
@@ -860,5 +969,51 @@ mod tests {
         assert_eq!(f.moved_full_for_ns(7, 1, now + 1_000).unwrap(), first);
         f.move_copy(7, 1, None);
         assert_eq!(f.moved_copy(7, 1), None);
+    }
+
+    /// Rule 10c's early ends apply to the change they were said of, only ever sooner, and are
+    /// forgotten when the copy becomes full again (another change) or moves on.
+    #[test]
+    fn a_moved_copy_s_pause_ends_early_only_for_the_change_said() {
+        let f = Fence::unfenced();
+        let at = |node, receiving| MovedCopy {
+            node,
+            slot: 2,
+            receiving,
+        };
+        assert_eq!(f.moved_full_instance(3, 0), 0, "not moved");
+        f.move_copy(3, 0, Some(at(5, true)));
+        assert_eq!(f.moved_full_instance(3, 0), 0, "receiving");
+        f.move_copy(3, 0, Some(at(5, false)));
+        let change = f.moved_full_instance(3, 0);
+        assert_ne!(change, 0);
+        let now = nessie_fabric::monotonic_ns();
+        f.settle_moved_reads_by(3, 0, change + 1, now);
+        assert!(!f.moved_reads_settled(3, 0, now), "another change's word");
+        f.settle_moved_reads_by(3, 0, change, now + 2_000);
+        assert!(!f.moved_reads_settled(3, 0, now + 1_999));
+        assert!(f.moved_reads_settled(3, 0, now + 2_000));
+        f.settle_moved_reads_by(3, 0, change, now + 5_000);
+        assert!(f.moved_reads_settled(3, 0, now + 2_000), "only ever sooner");
+        assert!(
+            !f.moved_writes_settled(3, 0, now + 2_000),
+            "writes separately"
+        );
+        f.settle_moved_writes_by(3, 0, change, now + 3_000);
+        assert!(f.moved_writes_settled(3, 0, now + 3_000));
+        // Told again that it is full: the same change, still settled.
+        f.move_copy(3, 0, Some(at(5, false)));
+        assert!(f.moved_writes_settled(3, 0, now + 3_000));
+        // Full on another node: a new change, which pauses anew.
+        f.move_copy(3, 0, Some(at(6, false)));
+        assert!(!f.moved_reads_settled(3, 0, now + 3_000));
+        assert!(!f.moved_writes_settled(3, 0, now + 3_000));
+        f.settle_moved_writes_by(3, 0, change, now);
+        assert!(
+            !f.moved_writes_settled(3, 0, now + 3_000),
+            "said of the last change"
+        );
+        f.move_copy(3, 0, Some(at(6, true)));
+        assert_eq!(f.moved_full_instance(3, 0), 0);
     }
 }

@@ -686,6 +686,22 @@ impl<E: Endpoint> Replicated<E> {
         self.fence.moved_full_for_ns(self.home(part), j, now_ns)
     }
 
+    /// Whether membership ended the pause of changes after moved copy `j` of `part` became
+    /// full early (rule 10c: every node said it reads the copy in the new roles). A copy of
+    /// an index partition that moved on its own has no such end.
+    fn moved_writes_settled(&self, part: Part, j: u8, now_ns: u64) -> bool {
+        if let Part::Index(q) | Part::Target(q) = part {
+            if self.fence.moved_index_copy(q, j).is_some() {
+                return false;
+            }
+        }
+        let home = self.home(part);
+        match mutated!(self.set, moved_writes_end_with_reads) {
+            true => self.fence.moved_reads_settled(home, j, now_ns),
+            false => self.fence.moved_writes_settled(home, j, now_ns),
+        }
+    }
+
     /// Whether nothing has written `part` since the cluster started: the tables of a node
     /// that has never been up (a standby node: `Fence::set_never_up`).
     fn never_written(&self, part: Part) -> bool {
@@ -761,7 +777,9 @@ impl<E: Endpoint> Replicated<E> {
                         Access::DataCas if behind => self.set.join_settle_ns(),
                         _ => ns,
                     };
-                    this_settles = moved && settling(self.moved_full_for_ns(part, j, t), ns);
+                    this_settles = moved
+                        && settling(self.moved_full_for_ns(part, j, t), ns)
+                        && !self.moved_writes_settled(part, j, t);
                     let waits = match access {
                         Access::DataWrite => {
                             !behind && !mutated!(self.set, moved_writes_never_wait)
@@ -790,6 +808,9 @@ impl<E: Endpoint> Replicated<E> {
             return ReadWindow::New;
         }
         let settle = self.set.join_settle_ns();
+        if self.fence.moved_reads_settled(self.home(part), j, now_ns) {
+            return ReadWindow::New; // rule 10c: every write of the old roles is on the copy
+        }
         match self
             .fence
             .moved_read_full_for_ns(self.home(part), j, now_ns)

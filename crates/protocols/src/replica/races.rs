@@ -1228,3 +1228,82 @@ fn r13_a_write_whose_lease_is_renewed_lands() {
     assert!(written.is_ok(), "{written:?}");
     assert!(copies.iter().all(|&w| w != 0), "both copies: {copies:?}");
 }
+
+/// 14 (rule 10c). As rig 9: R = 2, node 0 gone for good, copy 0 of its tables moved to node
+/// 2's spare slot and just made full, its new primary. Membership ends rule 10a's pauses early
+/// in two steps: data reads take the new roles once every node said it applied the epoch
+/// (`Fence::settle_moved_reads_by`), and changes stop waiting once every node said it reads in
+/// the new roles (`Fence::settle_moved_writes_by`). The writer's fence has taken both steps if
+/// `writes_settled`, else only the first; the reader's has taken the first if `reader_new`,
+/// else none (it still reads in the old roles). What the two reads around the held write
+/// return (`reads_around_a_held_write`), and how long a plain write of another word took.
+fn a_data_write_after_every_node_said(
+    mutations: Mutations,
+    writes_settled: bool,
+    reader_new: bool,
+) -> ((u64, u64), Duration) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 56);
+    const OTHER: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 8);
+    let r = rig_expiring(2, 1, layout(), mutations, EXPIRY_9);
+    let fence = |reads: bool, writes: bool| {
+        let f = Arc::new(Fence::unfenced());
+        f.set_gone(0, true);
+        let at = MovedCopy {
+            node: 2,
+            slot: 2,
+            receiving: false,
+        };
+        f.move_copy(0, 0, Some(at));
+        let (change, now) = (f.moved_full_instance(0, 0), nessie_fabric::monotonic_ns());
+        assert_ne!(change, 0, "a moved copy that became full");
+        if reads {
+            f.settle_moved_reads_by(0, 0, change, now);
+        }
+        if writes {
+            f.settle_moved_writes_by(0, 0, change, now);
+        }
+        f
+    };
+    let mut w = Replicated::new(
+        r.fabric.endpoint(1),
+        r.set.clone(),
+        fence(true, writes_settled),
+    );
+    let t = std::time::Instant::now();
+    w.write(OTHER, &5u64.to_le_bytes()).unwrap();
+    let took = t.elapsed();
+    let reader = Replicated::new(
+        r.fabric.endpoint(1),
+        r.set.clone(),
+        fence(reader_new, false),
+    );
+    let writer = fence(true, writes_settled);
+    let reads = reads_around_a_held_write(&r, WORD, &[(1, 1), (2, 2)], (1, writer, 2), reader);
+    (reads, took)
+}
+
+#[test]
+fn r14_changes_wait_until_every_node_reads_a_moved_copy_in_the_new_roles() {
+    let (v1, v2) = (0x1111, 0x2222);
+    let join_settle = Duration::from_nanos(
+        rig_expiring(2, 1, layout(), Mutations::default(), EXPIRY_9)
+            .set
+            .join_settle_ns(),
+    );
+    // Only reads settled on the writer's node, a reader still in the old roles: the write
+    // waits out rule 10a's time.
+    let (reads, took) = a_data_write_after_every_node_said(Mutations::default(), false, false);
+    assert_eq!(reads, (v1, v1), "the writer waits for the old-role reader");
+    assert!(took >= 2 * join_settle, "waited {took:?}");
+    let early = Mutations {
+        moved_writes_end_with_reads: true,
+        ..Mutations::default()
+    };
+    let (reads, _) = a_data_write_after_every_node_said(early, false, false);
+    assert_eq!(reads, (v2, v1), "the control: new, then old");
+    // Both steps taken: the write goes at once, and a reader in the new roles reads the
+    // moved copy, which the write reaches last, so the old value until it does.
+    let (reads, took) = a_data_write_after_every_node_said(Mutations::default(), true, true);
+    assert_eq!(reads, (v1, v1));
+    assert!(took < join_settle, "waited {took:?} once every node said");
+}
