@@ -1049,26 +1049,12 @@ fn join_cluster(
                 && fence.may_act(nessie_fabric::monotonic_ns(), 0)
         }))
     };
-    // No page of a standby node (its tables have a copy fewer). Pages of a node whose tables
-    // pause after a copy became full (a node that just joined: the claim would wait the join
-    // settle time, and every writer out of pages with it), or whose decider failed less than
-    // a settle time ago (a node that left or failed: the claim, under the allocator's lock,
-    // would wait for the next copy to decide), only when no other node has room.
+    // Pages of a node a claim would wait on only when no other node has room, a standby
+    // node's never (`replica::host_use`).
     let hosts = {
         let (fence, set) = (fence.clone(), replicas.clone());
         nessie_store::classtable::HostGuard(Arc::new(move |n| {
-            use nessie_protocols::replica::{tables_deciding_waits, tables_settling};
-            use nessie_store::classtable::HostUse;
-            let now = nessie_fabric::monotonic_ns();
-            if fence.never_up(n) {
-                HostUse::Never
-            } else if tables_settling(&set, &fence, n, now)
-                || tables_deciding_waits(&set, &fence, n, now)
-            {
-                HostUse::Avoid
-            } else {
-                HostUse::Now
-            }
+            nessie_protocols::replica::host_use(&set, &fence, n, nessie_fabric::monotonic_ns())
         }))
     };
     let table = Arc::new(plan.class_table(id).guarded(guard).hosts_guarded(hosts));

@@ -1760,8 +1760,32 @@ pub fn tables_settling(set: &ReplicaSet, fence: &Fence, partition: NodeId, now_n
                 && settling(
                     fence.moved_full_for_ns(partition, j, now_ns),
                     set.moved_change_settle_ns(),
-                ))
+                )
+                && !fence.moved_writes_settled(partition, j, now_ns))
     })
+}
+
+/// What an allocator may do with node `n`'s pages at monotonic `now_ns`
+/// (`ClassTable::hosts_guarded`): never claim those of a standby node (its tables have a copy
+/// fewer: `nessie_membership::standby`, SB5); claim those of a node whose tables settle after
+/// a copy became full ([`tables_settling`]: a node that just joined, or a moved copy) or whose
+/// decider failed less than a settle time ago ([`tables_deciding_waits`]) only when no other
+/// node has room, as the claim, under the allocator's lock, would wait.
+pub fn host_use(
+    set: &ReplicaSet,
+    fence: &Fence,
+    n: NodeId,
+    now_ns: u64,
+) -> nessie_store::classtable::HostUse {
+    use nessie_store::classtable::HostUse;
+    if fence.never_up(n) {
+        HostUse::Never
+    } else if tables_settling(set, fence, n, now_ns) || tables_deciding_waits(set, fence, n, now_ns)
+    {
+        HostUse::Avoid
+    } else {
+        HostUse::Now
+    }
 }
 
 /// Whether a CAS on node `partition`'s tables waits now, at monotonic `now_ns`, for its
@@ -2064,8 +2088,15 @@ mod tests {
 
     /// Three nodes, two copies and one spare slot each.
     fn spare_rig(mutations: Mutations) -> (Arc<ReplicaSet>, Arc<InProcFabric>, Arc<Fence>) {
+        spare_rig_expiring(mutations, 5_000_000)
+    }
+
+    fn spare_rig_expiring(
+        mutations: Mutations,
+        expiry_ns: u64,
+    ) -> (Arc<ReplicaSet>, Arc<InProcFabric>, Arc<Fence>) {
         let cfg = ProtocolConfig {
-            expiry_ns: 5_000_000,
+            expiry_ns,
             clock_margin_ns: 0,
             mutations,
             ..ProtocolConfig::default()
@@ -2095,6 +2126,38 @@ mod tests {
         );
         std::thread::sleep(std::time::Duration::from_nanos(set.settle_ns() + 1_000_000));
         assert!(!tables_deciding_waits(&set, &fence, 0, now()), "settled");
+    }
+
+    /// The allocator's host guard (`host_use`): a standby node never, a node whose tables
+    /// settle after a moved copy became full only as a last resort, until its time passes or
+    /// every node said it reads the copy in the new roles (rule 10c), then as usual.
+    #[test]
+    fn the_host_guard_avoids_settling_tables_and_never_takes_a_standby_node() {
+        use nessie_store::classtable::HostUse;
+        // Rule 10a's pause lasts seconds: the steps below fall well inside it.
+        let (set, _fabric, fence) = spare_rig_expiring(Mutations::default(), 2_000_000_000);
+        let now = nessie_fabric::monotonic_ns;
+        assert!((0..3).all(|n| host_use(&set, &fence, n, now()) == HostUse::Now));
+        fence.set_never_up(2, true);
+        assert_eq!(host_use(&set, &fence, 2, now()), HostUse::Never);
+        fence.set_never_up(2, false);
+        let at = crate::fence::MovedCopy {
+            node: 2,
+            slot: 2,
+            receiving: false,
+        };
+        fence.move_copy(0, 1, Some(at));
+        assert_eq!(host_use(&set, &fence, 0, now()), HostUse::Avoid, "rule 10a");
+        assert_eq!(host_use(&set, &fence, 1, now()), HostUse::Now);
+        let change = fence.moved_full_instance(0, 1);
+        fence.settle_moved_reads_by(0, 1, change, now());
+        assert_eq!(
+            host_use(&set, &fence, 0, now()),
+            HostUse::Avoid,
+            "reads only"
+        );
+        fence.settle_moved_writes_by(0, 1, change, now());
+        assert_eq!(host_use(&set, &fence, 0, now()), HostUse::Now, "rule 10c");
     }
 
     /// Moves partition 0's copy 1 to node 2's spare slot just before the first write it
