@@ -241,10 +241,16 @@ impl Registrations {
     /// [`Self::all_learnt`], that it reads no full moved copy in the old roles as of an epoch
     /// from `epoch` to `c`'s (rule 10c, `moved_settle`): a word of a later epoch is of a
     /// configuration this one does not show (the copy may have changed again there).
+    ///
+    /// Every process with a registration must have said it too, member or not (a standby
+    /// node's, one registered again after its lease lapsed): each reads with its own fence.
     pub fn all_read_new(&self, c: &Configuration, epoch: u64, at: (u64, u64)) -> bool {
-        self.all_said(&self.reads_new, c, at, false, |e| {
-            e >= epoch && e <= c.epoch
-        })
+        let ok = |e: u64| e >= epoch && e <= c.epoch;
+        let registered = self
+            .present
+            .iter()
+            .all(|&id| self.reads_new.iter().any(|&(n, e)| n == id && ok(e)));
+        registered && self.all_said(&self.reads_new, c, at, false, ok)
     }
 
     /// Whether every node that may act in `c` said, in `said`, an epoch that passes `ok`
@@ -2259,7 +2265,7 @@ pub fn apply_clocked(
         if !m.receiving && m.full_since_ns != 0 {
             // From the latest it can have been on this clock, as for a rejoin.
             let ago = now_wall_ns.saturating_sub(m.full_since_ns.saturating_add(clock_margin_ns));
-            fence.set_moved_full_since(m.partition, m.copy, ago);
+            fence.set_moved_full_since(m.partition, m.copy, ago, m.full_since_ns);
         }
     }
     for ch in c.index_chains.iter().filter(|ch| ch.prepared) {
@@ -2326,6 +2332,9 @@ fn keep_registered(
         let got = register(etcd, keys, id, shared.incarnation, ttl_s, false)?;
         shared.seen.store(0, Ordering::SeqCst);
         shared.reads_new.store(0, Ordering::SeqCst);
+        // Others may have stopped waiting for this process's reads in the old roles while it
+        // had no lease (rule 10c): it takes them no more.
+        shared.fence.forget_old_roles();
         got
     };
     shared.lease.store(lease.0, Ordering::Relaxed);

@@ -177,14 +177,17 @@ mod tests {
         }
     }
 
+    /// A fence that saw the copy of `config` filled (receiving, then full).
     fn full_fence() -> Fence {
         let f = Fence::unfenced();
-        let at = MovedCopy {
-            node: 2,
-            slot: 2,
-            receiving: false,
-        };
-        f.move_copy(0, 0, Some(at));
+        for receiving in [true, false] {
+            let at = MovedCopy {
+                node: 2,
+                slot: 2,
+                receiving,
+            };
+            f.move_copy(0, 0, Some(at));
+        }
         f
     }
 
@@ -251,6 +254,29 @@ mod tests {
             );
         }
         balance::mutation::READS_NEW_FROM_SEEN.with(|m| m.set(false));
+    }
+
+    /// Every registered process must say it, member or not: a standby node's process reads
+    /// with its own fence too.
+    #[test]
+    fn every_registered_process_must_say_it_reads_in_the_new_roles() {
+        let c = config(E, 500);
+        let at = (NOW, 100);
+        let r = said(&[(1, E), (2, E)], &[(1, E), (2, E)]);
+        assert!(r.all_read_new(&c, E, at));
+        let standby = Registrations {
+            present: vec![1, 2, 5],
+            ..r.clone()
+        };
+        assert!(
+            !standby.all_read_new(&c, E, at),
+            "process 5 has not said it"
+        );
+        let said_too = Registrations {
+            reads_new: vec![(1, E), (2, E), (5, E)],
+            ..standby
+        };
+        assert!(said_too.all_read_new(&c, E, at));
     }
 
     /// A node says it reads in the new roles once no full moved copy is read in the old roles

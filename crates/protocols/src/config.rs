@@ -205,6 +205,10 @@ pub struct Mutations {
     /// once every node said it reads in the new roles: a node that still reads in the old
     /// roles then returns a word older than one a new-role reader returned.
     pub moved_writes_end_with_reads: bool,
+    /// Replication: a fence that learns of a moved copy already full (a process started since)
+    /// reads it in the old roles like one that saw it receiving (rule 10c): nobody waited for
+    /// its word, so it reads an old word after another reader returned a newer one.
+    pub fresh_fence_reads_old: bool,
     /// Replication: a plain data write behind the primary never waits for a moved copy to
     /// settle, even with a full copy after the moved one (R = 3, rule 10a): should the primary
     /// fail, an old-role reader reads that copy, which the write reached first, while a

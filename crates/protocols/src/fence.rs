@@ -115,6 +115,15 @@ struct Moves {
     /// `BEFORE_ORIGIN_NS`, the clock margin added; 0: not said): data reads keep the old roles
     /// for a join settle time from the earlier of this and `full_at_ns` (rule 10a).
     said_full_at_ns: Box<[AtomicU64]>,
+    /// Whether this fence saw the copy receiving before its last becoming full (that change):
+    /// only then may its data reads take the old roles (rule 10c). A process that learns of a
+    /// copy already full (started since, or paused through its fill) never read it in the old
+    /// roles, and may not begin to once others no longer wait for such reads.
+    saw_receiving: Box<[AtomicBool]>,
+    /// The configuration's name for the copy's last becoming full (`CopyMove::full_since_ns`;
+    /// 0: not said): a new one the fence did not see happen (paused through the copy's
+    /// refill at the same place) is a new change all the same.
+    full_since_id: Box<[AtomicU64]>,
     /// Monotonic time from which data reads take the new roles, as membership saw every node
     /// that may act say it applied the epoch the copy became full in (rule 10c; 0: not yet).
     reads_by_ns: Box<[AtomicU64]>,
@@ -135,6 +144,12 @@ impl Moves {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             said_full_at_ns: (0..partitions * COPIES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            saw_receiving: (0..partitions * COPIES)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            full_since_id: (0..partitions * COPIES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             reads_by_ns: (0..partitions * COPIES)
@@ -163,12 +178,18 @@ impl Moves {
             let was_receiving = was & MovedCopy::RECEIVING != 0;
             let full_now = !receiving && (was == 0 || was_receiving || node(was) != node(packed));
             if full_now {
+                // What was said of the change before goes first: a reader of the new one
+                // never sees the old one's cells.
+                self.forget_settled(i);
+                let saw = was_receiving && node(was) == node(packed);
+                self.saw_receiving[i].store(saw, Ordering::SeqCst);
                 let now = nessie_fabric::monotonic_ns();
                 self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
-                self.forget_settled(i);
             } else if receiving {
                 self.full_at_ns[i].store(0, Ordering::SeqCst);
                 self.forget_settled(i);
+                self.full_since_id[i].store(0, Ordering::SeqCst);
+                self.saw_receiving[i].store(true, Ordering::SeqCst);
             }
         }
         self.at[i].store(packed, Ordering::SeqCst);
@@ -183,6 +204,8 @@ impl Moves {
         }
         self.full_at_ns[i].store(0, Ordering::SeqCst);
         self.forget_settled(i);
+        self.full_since_id[i].store(0, Ordering::SeqCst);
+        self.saw_receiving[i].store(false, Ordering::SeqCst);
         self.at[i].store(packed, Ordering::SeqCst);
     }
 
@@ -247,14 +270,36 @@ impl Moves {
         (w != 0 && w & MovedCopy::RECEIVING == 0 && at != 0).then(|| now_ns.saturating_sub(at))
     }
 
-    /// Record that the configuration says the moved copy became full `ago_ns` ago.
-    fn set_said_full_since(&self, partition: usize, j: u8, ago_ns: u64) {
+    /// Record that the configuration says the moved copy became full `ago_ns` ago, in the
+    /// change it names `id` (`CopyMove::full_since_ns`). Within one change the time only ever
+    /// moves earlier: each epoch repeats it, read against a clock that moves on between two
+    /// readings, and a later one would take a reader that had left the old roles back to them
+    /// (after it said it had: rule 10c). A name the fence has not seen before, while the copy
+    /// looked full all along, is a change it missed (paused through a refill at the same
+    /// place): it starts anew, as if just learnt, and without the old roles.
+    fn set_said_full_since(&self, partition: usize, j: u8, ago_ns: u64, id: u64) {
         let i = Self::index(partition, j);
         if self.full_at_ns[i].load(Ordering::SeqCst) == 0 {
             return; // not full here (yet): nothing pauses after it
         }
+        let was = self.full_since_id[i].swap(id, Ordering::SeqCst);
+        if was != 0 && was != id {
+            self.forget_settled(i);
+            self.saw_receiving[i].store(false, Ordering::SeqCst);
+            let now = nessie_fabric::monotonic_ns();
+            self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
+        }
         let at = (nessie_fabric::monotonic_ns() + BEFORE_ORIGIN_NS).saturating_sub(ago_ns);
-        self.said_full_at_ns[i].store(at.max(1), Ordering::SeqCst);
+        self.said_full_at_ns[i]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (cur == 0 || at.max(1) < cur).then_some(at.max(1))
+            })
+            .ok();
+    }
+
+    /// Whether data reads of the copy may take the old roles on this fence (rule 10c).
+    fn may_read_old(&self, partition: usize, j: u8) -> bool {
+        self.saw_receiving[Self::index(partition, j)].load(Ordering::SeqCst)
     }
 
     /// How long the moved copy has been full at `now_ns`: since this fence learnt of it, and
@@ -593,9 +638,29 @@ impl Fence {
     /// ago (the clock margin taken off: counted from the latest it can have been), as
     /// `membership::apply` does with every epoch. A fence that learns of it late (its node
     /// paused, or its reads late) then stops reading in the old roles as the others do.
-    pub fn set_moved_full_since(&self, partition: NodeId, j: u8, ago_ns: u64) {
+    ///
+    /// `id` names that becoming full (`CopyMove::full_since_ns`): a name the fence has not
+    /// seen before, for a copy that looked full all along, is a change it missed, which starts
+    /// anew here.
+    pub fn set_moved_full_since(&self, partition: NodeId, j: u8, ago_ns: u64, id: u64) {
         self.moved
-            .set_said_full_since(partition as usize, j, ago_ns);
+            .set_said_full_since(partition as usize, j, ago_ns, id);
+    }
+
+    /// Whether this fence saw moved copy `j` of `partition` receiving before it became full
+    /// (that change): only then may its data reads take the old roles (rule 10c). A process
+    /// that learns of a copy already full waits instead (rule 10a's `Between`) until its reads
+    /// may take the new roles.
+    pub fn moved_may_read_old(&self, partition: NodeId, j: u8) -> bool {
+        self.moved.may_read_old(partition as usize, j)
+    }
+
+    /// Take the old roles for no moved copy from now on: this process lost its lease (it
+    /// registers anew), and the others may have stopped waiting for its reads meanwhile.
+    pub fn forget_old_roles(&self) {
+        for saw in self.moved.saw_receiving.iter() {
+            saw.store(false, Ordering::SeqCst);
+        }
     }
 
     /// How long moved copy `j` of `partition` has been full, for data reads (rule 10a): since
@@ -643,11 +708,12 @@ impl Fence {
     }
 
     /// Whether data reads of moved copy `j` of `partition` still take the old roles at
-    /// `now_ns` (rule 10a's window `Old`, with join settle time `settle_ns`; rule 10c): not
-    /// yet settled early, and both this fence's learning and the configuration's time for it
-    /// less than the join settle time ago.
+    /// `now_ns` (rule 10a's window `Old`, with join settle time `settle_ns`; rule 10c): this
+    /// fence saw the copy receiving, its reads are not yet settled early, and both its
+    /// learning and the configuration's time for it are less than the join settle time ago.
     pub fn moved_reads_old(&self, partition: NodeId, j: u8, now_ns: u64, settle_ns: u64) -> bool {
-        !self.moved_reads_settled(partition, j, now_ns)
+        self.moved_may_read_old(partition, j)
+            && !self.moved_reads_settled(partition, j, now_ns)
             && self
                 .moved_read_full_for_ns(partition, j, now_ns)
                 .is_some_and(|(learnt, said)| learnt < settle_ns && said < settle_ns)
@@ -1015,5 +1081,56 @@ mod tests {
         );
         f.move_copy(3, 0, Some(at(6, true)));
         assert_eq!(f.moved_full_instance(3, 0), 0);
+    }
+
+    /// Rule 10c's limits on the old roles: only a fence that saw the copy receiving may read
+    /// in them; the configuration's time for a change only ever moves earlier (a reader that
+    /// left the old roles never goes back); a change the fence missed (same place, a new
+    /// name) starts anew without them; and a process that lost its lease forgets them all.
+    #[test]
+    fn only_a_fence_that_saw_the_copy_filled_reads_it_in_the_old_roles() {
+        const SETTLE: u64 = 10_000_000_000;
+        let f = Fence::unfenced();
+        let at = |receiving| MovedCopy {
+            node: 5,
+            slot: 2,
+            receiving,
+        };
+        f.move_copy(3, 0, Some(at(false)));
+        f.set_moved_full_since(3, 0, 0, 100);
+        let now = nessie_fabric::monotonic_ns();
+        assert!(!f.moved_may_read_old(3, 0), "learnt of it full");
+        assert!(!f.moved_reads_old(3, 0, now, SETTLE));
+        f.move_copy(3, 1, Some(at(true)));
+        f.move_copy(3, 1, Some(at(false)));
+        f.set_moved_full_since(3, 1, 0, 200);
+        let now = nessie_fabric::monotonic_ns();
+        assert!(f.moved_may_read_old(3, 1) && f.moved_reads_old(3, 1, now, SETTLE));
+        // Said a settle time ago, then (a later epoch, a clock read later) less: kept.
+        f.set_moved_full_since(3, 1, SETTLE + 1_000_000, 200);
+        let now = nessie_fabric::monotonic_ns();
+        assert!(!f.moved_reads_old(3, 1, now, SETTLE));
+        f.set_moved_full_since(3, 1, 0, 200);
+        assert!(
+            !f.moved_reads_old(3, 1, now, SETTLE),
+            "never back to the old roles"
+        );
+        // A change missed: the same place, a new name.
+        let before = f.moved_full_instance(3, 1);
+        let change = before;
+        f.settle_moved_writes_by(3, 1, change, now);
+        f.set_moved_full_since(3, 1, 0, 300);
+        assert_ne!(f.moved_full_instance(3, 1), before, "a new change");
+        assert!(!f.moved_writes_settled(3, 1, nessie_fabric::monotonic_ns()));
+        assert!(
+            !f.moved_may_read_old(3, 1),
+            "it did not see this one filled"
+        );
+        // A lost lease.
+        f.move_copy(3, 2, Some(at(true)));
+        f.move_copy(3, 2, Some(at(false)));
+        assert!(f.moved_may_read_old(3, 2));
+        f.forget_old_roles();
+        assert!(!f.moved_may_read_old(3, 2));
     }
 }

@@ -817,7 +817,15 @@ impl<E: Endpoint> Replicated<E> {
         {
             None => ReadWindow::New,
             Some((learnt, _)) if learnt >= settle => ReadWindow::New,
-            Some((_, said)) if said < settle => ReadWindow::Old,
+            // Only a fence that saw the copy receiving (rule 10c): one that learns of it full
+            // may be a process others did not wait for.
+            Some((_, said))
+                if said < settle
+                    && (self.fence.moved_may_read_old(self.home(part), j)
+                        || mutated!(self.set, fresh_fence_reads_old)) =>
+            {
+                ReadWindow::Old
+            }
             Some(_) if mutated!(self.set, new_roles_from_configuration_time) => ReadWindow::New,
             Some(_) => ReadWindow::Between,
         }

@@ -662,7 +662,9 @@ fn a_data_read_as_a_moved_copy_becomes_full(mutations: Mutations) -> (u64, u64) 
     old.move_copy(0, 0, Some(at(true)));
     let new = Arc::new(Fence::unfenced());
     new.set_gone(0, true);
-    // Full from now: it settles for the join settle time (over two seconds here).
+    // Full from now, seen receiving before: it settles for the join settle time (over two
+    // seconds here), with reads in the old roles meanwhile.
+    new.move_copy(0, 0, Some(at(true)));
     new.move_copy(0, 0, Some(at(false)));
     let (v1, v2) = (0x1111_u64, 0x2222_u64);
     for (node, slot) in [(1, 1), (2, 2)] {
@@ -731,15 +733,7 @@ fn a_data_write_as_a_moved_primary_settles(
     let full = || {
         let f = Arc::new(Fence::unfenced());
         f.set_gone(0, true);
-        f.move_copy(
-            0,
-            0,
-            Some(MovedCopy {
-                node: 2,
-                slot: 2,
-                receiving: false,
-            }),
-        );
+        full_after_receiving(&f, 0, 0, (2, 2));
         f
     };
     let writer = full();
@@ -837,12 +831,7 @@ fn a_data_write_behind_the_primary_with_a_full_copy_after(mutations: Mutations) 
         let f = Arc::new(Fence::unfenced());
         f.set_gone(1, true);
         f.set_gone(0, primary_gone);
-        let at = MovedCopy {
-            node: 3,
-            slot: 3,
-            receiving: false,
-        };
-        f.move_copy(0, 1, Some(at));
+        full_after_receiving(&f, 0, 1, (3, 3));
         f
     };
     let reader = Replicated::new(r.fabric.endpoint(2), r.set.clone(), moved(true));
@@ -936,7 +925,7 @@ fn a_late_learner_reads_a_moved_copy(mutations: Mutations) -> (Option<u64>, u64)
     let late = Arc::new(Fence::unfenced());
     late.set_gone(0, true);
     late.move_copy(0, 0, Some(at(false)));
-    late.set_moved_full_since(0, 0, 3_600 * 1_000_000_000);
+    late.set_moved_full_since(0, 0, 3_600 * 1_000_000_000, 1);
     let Hold {
         trigger,
         held: wait_held,
@@ -1248,12 +1237,7 @@ fn a_data_write_after_every_node_said(
     let fence = |reads: bool, writes: bool| {
         let f = Arc::new(Fence::unfenced());
         f.set_gone(0, true);
-        let at = MovedCopy {
-            node: 2,
-            slot: 2,
-            receiving: false,
-        };
-        f.move_copy(0, 0, Some(at));
+        full_after_receiving(&f, 0, 0, (2, 2));
         let (change, now) = (f.moved_full_instance(0, 0), nessie_fabric::monotonic_ns());
         assert_ne!(change, 0, "a moved copy that became full");
         if reads {
@@ -1306,4 +1290,57 @@ fn r14_changes_wait_until_every_node_reads_a_moved_copy_in_the_new_roles() {
     let (reads, took) = a_data_write_after_every_node_said(Mutations::default(), true, true);
     assert_eq!(reads, (v1, v1));
     assert!(took < join_settle, "waited {took:?} once every node said");
+}
+
+/// Record copy `j` of `partition` at `(node, slot)`, receiving, then full: a fence that saw
+/// the copy filled, whose reads may take the old roles while it settles (rule 10c).
+fn full_after_receiving(f: &Fence, partition: NodeId, j: u8, (node, slot): (NodeId, u8)) {
+    for receiving in [true, false] {
+        let at = MovedCopy {
+            node,
+            slot,
+            receiving,
+        };
+        f.move_copy(partition, j, Some(at));
+    }
+}
+
+/// 14, a process that learns of the moved copy already full (started after it was filled,
+/// so nobody waited for its word) while the writer no longer waits: it may not read in the
+/// old roles. It waits instead (rule 10a's `Between`), then reads the moved copy. What its two
+/// reads return around the held write.
+fn a_fresh_process_reads_after_changes_stopped_waiting(mutations: Mutations) -> (u64, u64) {
+    const WORD: RemoteAddr = RemoteAddr::new(0, DATA_REGION, 48);
+    let r = rig_expiring(2, 1, layout(), mutations, EXPIRY_9);
+    let writer = Arc::new(Fence::unfenced());
+    writer.set_gone(0, true);
+    full_after_receiving(&writer, 0, 0, (2, 2));
+    let (change, now) = (
+        writer.moved_full_instance(0, 0),
+        nessie_fabric::monotonic_ns(),
+    );
+    writer.settle_moved_reads_by(0, 0, change, now);
+    writer.settle_moved_writes_by(0, 0, change, now);
+    let fresh = Arc::new(Fence::unfenced());
+    fresh.set_gone(0, true);
+    let at = MovedCopy {
+        node: 2,
+        slot: 2,
+        receiving: false,
+    };
+    fresh.move_copy(0, 0, Some(at));
+    let reader = Replicated::new(r.fabric.endpoint(1), r.set.clone(), fresh);
+    reads_around_a_held_write(&r, WORD, &[(1, 1), (2, 2)], (1, writer, 2), reader)
+}
+
+#[test]
+fn r14_a_process_that_learns_of_a_moved_copy_full_never_reads_it_in_the_old_roles() {
+    let (v1, v2) = (0x1111, 0x2222);
+    let run = a_fresh_process_reads_after_changes_stopped_waiting;
+    assert_eq!(run(Mutations::default()), (v1, v1));
+    let old = Mutations {
+        fresh_fence_reads_old: true,
+        ..Mutations::default()
+    };
+    assert_eq!(run(old), (v2, v1), "the control: new, then old");
 }
