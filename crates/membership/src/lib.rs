@@ -1861,6 +1861,11 @@ fn read_configuration(
     shared: &Shared,
 ) -> Result<(), MembershipError> {
     let sent = mono_ns();
+    if sent >= shared.lease_clock_ns.load(Ordering::SeqCst) {
+        // Its lease may have lapsed: the others may have stopped waiting for this process's
+        // reads in the old roles (rule 10c). Before this read can freshen its view again.
+        shared.fence.forget_old_roles();
+    }
     // The registration this read is made under (a view read before a new one may show this
     // node as it was before its lease lapsed: `Monitor::member_in_view`).
     let registered = shared.registered.load(Ordering::SeqCst);

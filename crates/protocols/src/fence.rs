@@ -178,11 +178,14 @@ impl Moves {
             let was_receiving = was & MovedCopy::RECEIVING != 0;
             let full_now = !receiving && (was == 0 || was_receiving || node(was) != node(packed));
             if full_now {
-                // What was said of the change before goes first: a reader of the new one
-                // never sees the old one's cells.
-                self.forget_settled(i);
-                let saw = was_receiving && node(was) == node(packed);
+                // The old roles first, then what was said of the change before: a reader of
+                // the new one never sees the old one's cells. Seen receiving only if this
+                // fence still holds that (`Fence::forget_old_roles` clears it).
+                let saw = was_receiving
+                    && node(was) == node(packed)
+                    && self.saw_receiving[i].load(Ordering::SeqCst);
                 self.saw_receiving[i].store(saw, Ordering::SeqCst);
+                self.forget_settled(i);
                 let now = nessie_fabric::monotonic_ns();
                 self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
             } else if receiving {
@@ -279,13 +282,17 @@ impl Moves {
     /// place): it starts anew, as if just learnt, and without the old roles.
     fn set_said_full_since(&self, partition: usize, j: u8, ago_ns: u64, id: u64) {
         let i = Self::index(partition, j);
-        if self.full_at_ns[i].load(Ordering::SeqCst) == 0 {
+        let w = self.at[i].load(Ordering::SeqCst);
+        if w == 0 || w & MovedCopy::RECEIVING != 0 {
             return; // not full here (yet): nothing pauses after it
         }
+        // Full here without a time: placed at start, quietly; said full by a change, it is
+        // one this fence missed (a refill at the same place), as is a new name.
+        let quiet = self.full_at_ns[i].load(Ordering::SeqCst) == 0;
         let was = self.full_since_id[i].swap(id, Ordering::SeqCst);
-        if was != 0 && was != id {
-            self.forget_settled(i);
+        if quiet || (was != 0 && was != id) {
             self.saw_receiving[i].store(false, Ordering::SeqCst);
+            self.forget_settled(i);
             let now = nessie_fabric::monotonic_ns();
             self.full_at_ns[i].store(now.max(1), Ordering::SeqCst);
         }
@@ -1126,11 +1133,35 @@ mod tests {
             !f.moved_may_read_old(3, 1),
             "it did not see this one filled"
         );
-        // A lost lease.
+        // A lost lease, after the copy became full, or while it was receiving (the fence's
+        // place still says receiving: becoming full does not bring the old roles back).
         f.move_copy(3, 2, Some(at(true)));
         f.move_copy(3, 2, Some(at(false)));
         assert!(f.moved_may_read_old(3, 2));
         f.forget_old_roles();
         assert!(!f.moved_may_read_old(3, 2));
+        f.move_copy(5, 2, Some(at(true)));
+        f.forget_old_roles();
+        f.move_copy(5, 2, Some(at(false)));
+        assert_ne!(f.moved_full_instance(5, 2), 0);
+        assert!(!f.moved_may_read_old(5, 2), "forgotten while receiving");
+        // Placed at start, then said full by a change this fence missed: it pauses after it.
+        let start = MovedCopy {
+            node: 6,
+            slot: 3,
+            receiving: false,
+        };
+        f.place_copy_at_start(4, 1, start);
+        assert_eq!(
+            f.moved_full_instance(4, 1),
+            0,
+            "no pause after a copy placed at start"
+        );
+        f.move_copy(4, 1, Some(start));
+        f.set_moved_full_since(4, 1, 0, 400);
+        let now = nessie_fabric::monotonic_ns();
+        assert_ne!(f.moved_full_instance(4, 1), 0, "a change");
+        assert!(f.moved_full_for_ns(4, 1, now).is_some_and(|t| t < SETTLE));
+        assert!(!f.moved_may_read_old(4, 1));
     }
 }
