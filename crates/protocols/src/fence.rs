@@ -136,28 +136,19 @@ struct Moves {
 
 impl Moves {
     fn new(partitions: usize) -> Self {
+        let n = partitions * COPIES;
+        // One cell per (partition, chain position), all zero (false).
+        fn cells<T: Default>(n: usize) -> Box<[T]> {
+            (0..n).map(|_| T::default()).collect()
+        }
         Self {
-            at: (0..partitions * COPIES)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
-            full_at_ns: (0..partitions * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            said_full_at_ns: (0..partitions * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            saw_receiving: (0..partitions * COPIES)
-                .map(|_| AtomicBool::new(false))
-                .collect(),
-            full_since_id: (0..partitions * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            reads_by_ns: (0..partitions * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            writes_by_ns: (0..partitions * COPIES)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            at: cells(n),
+            full_at_ns: cells(n),
+            said_full_at_ns: cells(n),
+            saw_receiving: cells(n),
+            full_since_id: cells(n),
+            reads_by_ns: cells(n),
+            writes_by_ns: cells(n),
             any: AtomicBool::new(false),
         }
     }
