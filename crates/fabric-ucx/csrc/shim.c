@@ -772,3 +772,116 @@ int nsh_batch(ucp_worker_h w, nsh_batch_op_t *ops, size_t n, uint64_t timeout_ns
     }
     return UCS_OK;
 }
+
+/* ---------------------------------------------------------------- posted operations */
+
+/* One operation posted without waiting (`Post::post` on the Rust side, which mirrors the
+ * layout): the operation, the request in flight (the operation's own, then for a WRITE the
+ * flush that makes it remotely complete), and which of the two that is. The caller keeps it at
+ * one address and its buffer untouched until nsh_posted_test returns a final status. */
+typedef struct nsh_posted {
+    nsh_batch_op_t op;
+    nsh_pending_t q;
+    int flushing;
+} nsh_posted_t;
+
+/* Post p->op's request: ucp_get_nbx / ucp_put_nbx / ucp_atomic_op_nbx (a CAS with its own
+ * zeroed request memory, as in nsh_batch). */
+static void nsh_post_op(ucp_worker_h w, nsh_posted_t *p)
+{
+    nsh_batch_op_t *op = &p->op;
+    ucp_request_param_t prm;
+    void *req, *mem = NULL;
+    int status = nsh_check_ep(w, op->ep);
+
+    p->q.req      = NULL;
+    p->q.user_mem = NULL;
+    p->q.ep       = op->ep;
+    if (status != UCS_OK) {
+        p->q.status = status;
+        return;
+    }
+    memset(&prm, 0, sizeof(prm));
+    switch (op->kind) {
+    case NSH_OP_READ:
+        req = ucp_get_nbx(op->ep->ep, op->buf, op->len, op->raddr, op->rkey, &prm);
+        break;
+    case NSH_OP_WRITE:
+        req = ucp_put_nbx(op->ep->ep, op->buf, op->len, op->raddr, op->rkey, &prm);
+        break;
+    case NSH_OP_CAS:
+        if (posix_memalign(&mem, 64, op->ep->req_size) != 0) {
+            p->q.status = UCS_ERR_NO_MEMORY;
+            return;
+        }
+        memset(mem, 0, op->ep->req_size);
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER |
+                           UCP_OP_ATTR_FIELD_REQUEST;
+        prm.datatype     = ucp_dt_make_contig(8);
+        prm.reply_buffer = &op->result;
+        prm.request      = (char *)mem + op->ep->req_size;
+        req = ucp_atomic_op_nbx(op->ep->ep, UCP_ATOMIC_OP_CSWAP, &op->expected, 1, op->raddr,
+                                op->rkey, &prm);
+        break;
+    default:
+        req = UCS_STATUS_PTR(UCS_ERR_INVALID_PARAM);
+        break;
+    }
+    nsh_pending_set(&p->q, op->ep, req, mem);
+    if (p->q.req == NULL && mem != NULL) {
+        free(mem);
+        p->q.user_mem = NULL;
+    }
+}
+
+/* Go on from a request that completed with `status`: a WRITE's put is followed by its flush;
+ * otherwise the operation is over. Returns UCS_INPROGRESS while a request is in flight. */
+static int nsh_posted_next(nsh_posted_t *p, int status)
+{
+    for (;;) {
+        if (status == UCS_INPROGRESS) {
+            return UCS_INPROGRESS;
+        }
+        /* A request that completed on an endpoint that failed meanwhile is not trusted. */
+        if (status == UCS_OK) {
+            status = p->op.ep->status;
+        }
+        if (status != UCS_OK || p->op.kind != NSH_OP_WRITE || p->flushing) {
+            p->op.status = status;
+            return status;
+        }
+        {
+            ucp_request_param_t prm;
+            memset(&prm, 0, sizeof(prm));
+            p->flushing = 1;
+            nsh_pending_set(&p->q, p->op.ep, ucp_ep_flush_nbx(p->op.ep->ep, &prm), NULL);
+            status = p->q.status;
+        }
+    }
+}
+
+/* Post p->op. Returns UCS_INPROGRESS if it is in flight (then nsh_posted_test until it returns
+ * something else), or its final status (also in p->op.status). */
+int nsh_post(ucp_worker_h w, nsh_posted_t *p)
+{
+    p->flushing = 0;
+    nsh_post_op(w, p);
+    return nsh_posted_next(p, p->q.status);
+}
+
+/* Whether p's request completed (no progress is made here: call nsh_worker_progress first).
+ * Returns UCS_INPROGRESS, or the operation's final status (its request released). */
+int nsh_posted_test(nsh_posted_t *p)
+{
+    ucs_status_t st;
+    if (p->q.req == NULL) {
+        return nsh_posted_next(p, p->q.status);
+    }
+    st = ucp_request_check_status(p->q.req);
+    if (st == UCS_INPROGRESS) {
+        return UCS_INPROGRESS;
+    }
+    nsh_pending_release(&p->q);
+    p->q.status = st;
+    return nsh_posted_next(p, st);
+}

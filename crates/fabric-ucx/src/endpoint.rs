@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use nessie_fabric::memory::{direct_read, direct_write, AccessError, WordMemory};
 use nessie_fabric::{
-    Batch, BatchOp, Endpoint, FabricError, Locality, NodeId, OpKind, RegionId, RemoteAddr,
-    StatsCell, ALIGN, MAX_BATCH_OPS,
+    Batch, BatchOp, Endpoint, FabricError, Locality, NodeId, OpKind, Post, PostResult, PostToken,
+    RegionId, RemoteAddr, StatsCell, ALIGN, MAX_BATCH_OPS, MAX_POSTED,
 };
 
 use crate::config::Transport;
@@ -42,6 +42,11 @@ pub struct UcxEndpoint {
     /// Operations on peers' memory mapped into this process bypass UCX
     /// (`UcxConfig::direct_peers`).
     direct_peers: bool,
+    /// Operations posted and not yet reported (`Post`), each boxed: the shim holds its address.
+    posted: Vec<Posted>,
+    /// Results of posted operations settled outside a poll (their peer failed or was
+    /// reconnected meanwhile), reported by the next poll.
+    settled: Vec<(PostToken, PostResult)>,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
     // holds the context.
     conn: ConnectedWorker,
@@ -50,6 +55,24 @@ pub struct UcxEndpoint {
 
 // A batch's operations fit in one call of the shim.
 const _: () = assert!(MAX_BATCH_OPS <= ffi::NSH_BATCH_MAX);
+
+/// A posted operation in flight (`Post::post`).
+struct Posted {
+    p: Box<ffi::NshPosted>,
+    token: PostToken,
+    node: NodeId,
+    kind: OpKind,
+    /// When it is forced to end: its endpoint is force-closed then (which completes it with
+    /// an error), and a request that survives that by another timeout aborts the process, as
+    /// a blocking wait does (UCX would write into memory that is no longer the caller's).
+    deadline_ns: u64,
+    forced: bool,
+}
+
+// SAFETY: the pointers name this endpoint's own UCX objects (endpoint, rkey, request) and the
+// poster's buffer; they move with the endpoint, whose worker is used by one thread at a time
+// (thread mode SINGLE), as every other UCX object the endpoint holds.
+unsafe impl Send for Posted {}
 
 fn op_name(kind: OpKind) -> &'static str {
     match kind {
@@ -221,6 +244,8 @@ impl UcxEndpoint {
             timeout_ns,
             direct_loopback,
             direct_peers,
+            posted: Vec::new(),
+            settled: Vec::new(),
             conn,
             shared,
         };
@@ -274,6 +299,7 @@ impl UcxEndpoint {
 
     /// Replace the connection to peer `n` with a new one made from its known info.
     fn connect_again(&mut self, n: usize) {
+        self.settle_posted_to(n as NodeId, "the connection was replaced");
         let Some(info) = self.peers[n].info.take() else {
             self.conn.disconnect(n);
             self.peers[n].dead = Some("its restarted process is not known yet".into());
@@ -402,6 +428,9 @@ impl UcxEndpoint {
     /// unless the error is local).
     fn fail(&mut self, node: NodeId, status: c_int, op: &str) -> FabricError {
         let msg = ffi::status_string(status);
+        if !is_fatal_local(status) {
+            self.settle_posted_to(node, &msg);
+        }
         if is_fatal_local(status) {
             return FabricError::Transport(format!("{op} to node {node}: {msg}"));
         }
@@ -472,6 +501,55 @@ impl UcxEndpoint {
         }
     }
 
+    /// Operation `op` as the shim posts it through UCX, after the checks every operation
+    /// gets; `Err`: it is over already (refused, or empty), with this result.
+    fn ucx_op(
+        &mut self,
+        op: &mut BatchOp<'_>,
+    ) -> Result<ffi::NshBatchOp, Result<u64, FabricError>> {
+        let (kind, addr, len) = (op.kind(), op.addr(), op.len());
+        self.renew_if_asked(addr.node as usize);
+        let raddr = self.target(addr, len).map_err(Err)?;
+        let (ep, rkey) = match self.conn.split(addr.node as usize).1 {
+            None => (Err(ffi::UCS_ERR_NOT_CONNECTED), std::ptr::null_mut()),
+            Some(p) if p.status() != ffi::UCS_OK => (Err(p.status()), std::ptr::null_mut()),
+            Some(p) => (Ok(p.ep()), p.rkey(addr.region as usize)),
+        };
+        let ep = match ep {
+            Err(status) => return Err(Err(self.fail(addr.node, status, op_name(kind)))),
+            Ok(_) if len == 0 => {
+                self.stats.record(kind, self.locality(addr.node), 0);
+                return Err(Ok(0));
+            }
+            Ok(ep) => ep,
+        };
+        let mut p = ffi::NshBatchOp {
+            ep,
+            rkey,
+            raddr,
+            len,
+            ..ffi::NshBatchOp::EMPTY
+        };
+        match op {
+            BatchOp::Read { buf, .. } => {
+                p.kind = ffi::NSH_OP_READ;
+                p.buf = buf.as_mut_ptr().cast();
+            }
+            BatchOp::Write { buf, .. } => {
+                p.kind = ffi::NSH_OP_WRITE;
+                p.buf = buf.as_ptr() as *mut _;
+            }
+            BatchOp::Cas {
+                expected, desired, ..
+            } => {
+                p.kind = ffi::NSH_OP_CAS;
+                p.expected = *expected;
+                p.result = *desired;
+            }
+        }
+        Ok(p)
+    }
+
     /// One wave of a batch (`Batch::wave_end`: no two of its operations conflict): the
     /// operations that bypass UCX are performed here, the others posted together with one
     /// `nsh_batch` call (one progress loop until all complete). Each operation gets its own
@@ -492,57 +570,13 @@ impl UcxEndpoint {
                 batch.complete(i, r);
                 continue;
             }
-            let (kind, addr, len) = (op.kind(), op.addr(), op.len());
-            self.renew_if_asked(addr.node as usize);
-            let raddr = match self.target(addr, len) {
-                Ok(raddr) => raddr,
-                Err(e) => {
-                    batch.complete(i, Err(e));
+            let p = match self.ucx_op(op) {
+                Ok(p) => p,
+                Err(r) => {
+                    batch.complete(i, r);
                     continue;
                 }
             };
-            let (ep, rkey) = match self.conn.split(addr.node as usize).1 {
-                None => (Err(ffi::UCS_ERR_NOT_CONNECTED), std::ptr::null_mut()),
-                Some(p) if p.status() != ffi::UCS_OK => (Err(p.status()), std::ptr::null_mut()),
-                Some(p) => (Ok(p.ep()), p.rkey(addr.region as usize)),
-            };
-            let ep = match ep {
-                Err(status) => {
-                    let e = self.fail(addr.node, status, op_name(kind));
-                    batch.complete(i, Err(e));
-                    continue;
-                }
-                Ok(_) if len == 0 => {
-                    self.stats.record(kind, self.locality(addr.node), 0);
-                    batch.complete(i, Ok(0));
-                    continue;
-                }
-                Ok(ep) => ep,
-            };
-            let mut p = ffi::NshBatchOp {
-                ep,
-                rkey,
-                raddr,
-                len,
-                ..ffi::NshBatchOp::EMPTY
-            };
-            match op {
-                BatchOp::Read { buf, .. } => {
-                    p.kind = ffi::NSH_OP_READ;
-                    p.buf = buf.as_mut_ptr().cast();
-                }
-                BatchOp::Write { buf, .. } => {
-                    p.kind = ffi::NSH_OP_WRITE;
-                    p.buf = buf.as_ptr() as *mut _;
-                }
-                BatchOp::Cas {
-                    expected, desired, ..
-                } => {
-                    p.kind = ffi::NSH_OP_CAS;
-                    p.expected = *expected;
-                    p.result = *desired;
-                }
-            }
             posted[n] = p;
             which[n] = i;
             n += 1;
@@ -569,6 +603,181 @@ impl UcxEndpoint {
             };
             batch.complete(i, r);
         }
+    }
+}
+
+impl UcxEndpoint {
+    /// End every posted operation to `node` before its endpoint goes (failed, replaced): the
+    /// endpoint is force-closed, which completes them with an error, and their results wait in
+    /// `settled` for the next poll. The shim's requests then no longer name the endpoint.
+    fn settle_posted_to(&mut self, node: NodeId, why: &str) {
+        if !self.posted.iter().any(|p| p.node == node) {
+            return;
+        }
+        let worker = self.conn.worker().raw();
+        if let Some(p) = self.posted.iter().find(|p| p.node == node) {
+            // SAFETY: the endpoint is live: it is destroyed only after this settles.
+            unsafe {
+                ffi::nsh_ep_fail(
+                    worker,
+                    p.p.op.ep,
+                    ffi::UCS_ERR_NOT_CONNECTED,
+                    self.timeout_ns,
+                )
+            };
+        }
+        let deadline = nessie_fabric::monotonic_ns() + self.timeout_ns;
+        while self.posted.iter().any(|p| p.node == node) {
+            self.conn.worker().progress();
+            let mut i = 0;
+            while i < self.posted.len() {
+                if self.posted[i].node != node {
+                    i += 1;
+                    continue;
+                }
+                // SAFETY: boxed, live until it reports a final status.
+                let st = unsafe { ffi::nsh_posted_test(&mut *self.posted[i].p) };
+                if st == ffi::UCS_INPROGRESS {
+                    i += 1;
+                    continue;
+                }
+                let p = self.posted.swap_remove(i);
+                let reason = format!("{} failed: {why}", op_name(p.kind));
+                self.settled
+                    .push((p.token, Err(FabricError::Unreachable { node, reason })));
+            }
+            if nessie_fabric::monotonic_ns() > deadline {
+                eprintln!(
+                    "nessie-fabric-ucx: a request survived a forced endpoint close; aborting \
+                     rather than letting UCX write into memory no longer the caller's"
+                );
+                std::process::abort();
+            }
+        }
+    }
+
+    /// The result of posted operation `kind` to `node` that ended with `status`.
+    fn posted_result(
+        &mut self,
+        kind: OpKind,
+        node: NodeId,
+        len: usize,
+        status: c_int,
+        found: u64,
+    ) -> PostResult {
+        if status != ffi::UCS_OK {
+            return Err(self.fail(node, status, op_name(kind)));
+        }
+        self.stats.record(kind, self.locality(node), len as u64);
+        Ok(if kind == OpKind::Cas { found } else { 0 })
+    }
+}
+
+/// Natively: a posted operation is one nbx call (a WRITE's followed by a flush of its
+/// endpoint once it completed locally), tested by later polls. Operations that bypass UCX (own
+/// memory, mapped peers) finish at once, as in a batch.
+impl Post for UcxEndpoint {
+    unsafe fn post(&mut self, op: &mut BatchOp<'_>, token: PostToken) -> Option<PostResult> {
+        assert!(
+            self.posted.len() < MAX_POSTED,
+            "more than {MAX_POSTED} operations posted"
+        );
+        self.refresh_peers();
+        if let Some(r) = self.direct_batch_op(op) {
+            return Some(r);
+        }
+        let (kind, node, len) = (op.kind(), op.addr().node, op.len());
+        let op = match self.ucx_op(op) {
+            Ok(op) => op,
+            Err(r) => return Some(r),
+        };
+        let mut p = Box::new(ffi::NshPosted {
+            op,
+            q: ffi::NshPending {
+                req: std::ptr::null_mut(),
+                user_mem: std::ptr::null_mut(),
+                ep: std::ptr::null_mut(),
+                status: 0,
+            },
+            flushing: 0,
+        });
+        let worker = self.conn.worker().raw();
+        // SAFETY: the endpoint and rkey are live (held by `self.conn`; an operation in flight
+        // is settled before either goes, `settle_posted_to`); the buffer is the caller's until
+        // the operation is reported (the contract of `Post::post`); `p` is boxed and kept.
+        let st = unsafe { ffi::nsh_post(worker, &mut *p) };
+        if st != ffi::UCS_INPROGRESS {
+            return Some(self.posted_result(kind, node, len, st, p.op.result));
+        }
+        self.posted.push(Posted {
+            p,
+            token,
+            node,
+            kind,
+            deadline_ns: nessie_fabric::monotonic_ns() + self.timeout_ns,
+            forced: false,
+        });
+        None
+    }
+
+    fn poll_posted(&mut self, done: &mut dyn FnMut(PostToken, PostResult)) -> usize {
+        let mut n = 0;
+        for (t, r) in self.settled.drain(..) {
+            done(t, r);
+            n += 1;
+        }
+        if self.posted.is_empty() {
+            return n;
+        }
+        self.conn.worker().progress();
+        let mut now = None;
+        let mut i = 0;
+        while i < self.posted.len() {
+            // SAFETY: boxed, live until it reports a final status.
+            let st = unsafe { ffi::nsh_posted_test(&mut *self.posted[i].p) };
+            if st == ffi::UCS_INPROGRESS {
+                let t = *now.get_or_insert_with(nessie_fabric::monotonic_ns);
+                let p = &mut self.posted[i];
+                if t > p.deadline_ns && p.forced {
+                    eprintln!(
+                        "nessie-fabric-ucx: a request survived a forced endpoint close; \
+                         aborting rather than letting UCX write into memory no longer the caller's"
+                    );
+                    std::process::abort();
+                }
+                if t > p.deadline_ns {
+                    // Force-close its endpoint: it (and the endpoint's others) complete with an
+                    // error, reported as a timeout below.
+                    p.forced = true;
+                    p.deadline_ns = t + self.timeout_ns;
+                    let worker = self.conn.worker().raw();
+                    // SAFETY: the endpoint is live (module invariant above).
+                    unsafe {
+                        ffi::nsh_ep_fail(worker, p.p.op.ep, ffi::UCS_ERR_TIMED_OUT, self.timeout_ns)
+                    };
+                }
+                i += 1;
+                continue;
+            }
+            let p = self.posted.swap_remove(i);
+            let st = match p.forced {
+                true => ffi::UCS_ERR_TIMED_OUT,
+                false => st,
+            };
+            let len = p.p.op.len;
+            let r = self.posted_result(p.kind, p.node, len, st, p.p.op.result);
+            done(p.token, r);
+            n += 1;
+        }
+        for (t, r) in self.settled.drain(..) {
+            done(t, r);
+            n += 1;
+        }
+        n
+    }
+
+    fn posted_in_flight(&self) -> usize {
+        self.posted.len() + self.settled.len()
     }
 }
 

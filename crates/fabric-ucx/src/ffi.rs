@@ -46,6 +46,26 @@ pub struct NshBatchOp {
     pub status: c_int,
 }
 
+/// A request in flight (`nsh_pending_t` in the shim; same layout).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct NshPending {
+    pub req: *mut c_void,
+    pub user_mem: *mut c_void,
+    pub ep: *mut NshEp,
+    pub status: c_int,
+}
+
+/// One posted operation (`nsh_posted_t` in the shim; same layout): kept at one address (boxed)
+/// until `nsh_posted_test` returns a final status.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct NshPosted {
+    pub op: NshBatchOp,
+    pub q: NshPending,
+    pub flushing: c_int,
+}
+
 pub const NSH_OP_READ: c_int = 0;
 pub const NSH_OP_WRITE: c_int = 1;
 pub const NSH_OP_CAS: c_int = 2;
@@ -67,6 +87,7 @@ impl NshBatchOp {
 }
 
 pub const UCS_OK: c_int = 0;
+pub const UCS_INPROGRESS: c_int = 1;
 pub const UCS_ERR_TIMED_OUT: c_int = -20;
 pub const UCS_ERR_NOT_CONNECTED: c_int = -24;
 pub const UCS_ERR_BUSY: c_int = -15;
@@ -160,6 +181,8 @@ extern "C" {
     /// Post every operation of `ops[..n]` (which must not conflict), progress `w` until all
     /// complete, flush the endpoints that took a WRITE; each operation's `status` is set.
     pub fn nsh_batch(w: *mut UcpWorker, ops: *mut NshBatchOp, n: usize, timeout_ns: u64) -> c_int;
+    pub fn nsh_post(w: *mut UcpWorker, p: *mut NshPosted) -> c_int;
+    pub fn nsh_posted_test(p: *mut NshPosted) -> c_int;
 }
 
 /// Human-readable name of a `ucs_status_t`.

@@ -674,3 +674,153 @@ fn a_batch_survives_an_unreachable_peer() {
     assert_eq!(batch.result(c), Ok(0));
     assert_eq!(ep.read_u64(RemoteAddr::new(0, 0, 16)).unwrap(), 9);
 }
+
+/// Wait for posted operations of `ep` until `want` tokens are reported; their results by token.
+fn poll_until(
+    ep: &mut impl nessie_fabric::Post,
+    want: usize,
+) -> std::collections::BTreeMap<u64, Result<u64, FabricError>> {
+    let mut got = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < want {
+        ep.poll_posted(&mut |t, r| {
+            assert!(got.insert(t, r).is_none(), "token {t} reported twice");
+        });
+        assert!(
+            Instant::now() < deadline,
+            "posted operations never completed: {got:?}"
+        );
+    }
+    got
+}
+
+/// Posted operations through UCX (`Post`): many in flight at once on one endpoint, each
+/// reported once with its own result — READs filled, WRITEs remotely complete (another
+/// endpoint reads them), a CAS's value found — over shm and tcp, through UCX and direct.
+#[test]
+fn posted_operations_complete_in_flight_together_over_shm_and_tcp() {
+    use nessie_fabric::{BatchOp, Post};
+    for t in [Transport::Shm, Transport::Tcp] {
+        for (cfg, how) in [(config(t), "through UCX"), (direct_config(t), "direct")] {
+            let a = UcxNode::new(0, &[1024], &cfg).unwrap();
+            let b = UcxNode::new(1, &[1024], &cfg).unwrap();
+            let cluster = [a.info().clone(), b.info().clone()];
+            let mut ep = a.endpoint(&cluster).unwrap();
+            let mut other = b.endpoint(&cluster).unwrap();
+            // 32 WRITEs of 8 words to both nodes, all posted before any is waited for.
+            let data: Vec<[u8; 8]> = (0..32u64).map(|i| (i * 3 + 1).to_le_bytes()).collect();
+            let mut in_flight = 0;
+            for (i, d) in data.iter().enumerate() {
+                let addr = RemoteAddr::new((i % 2) as u16, 0, 8 * i as u64);
+                // SAFETY: `data` outlives every poll below.
+                match unsafe { ep.post(&mut BatchOp::Write { addr, buf: d }, i as u64) } {
+                    Some(r) => assert_eq!(r, Ok(0), "{t} {how}"),
+                    None => in_flight += 1,
+                }
+            }
+            assert_eq!(ep.posted_in_flight(), in_flight, "{t} {how}");
+            let got = poll_until(&mut ep, in_flight);
+            assert!(got.values().all(|r| *r == Ok(0)), "{t} {how}: {got:?}");
+            assert_eq!(ep.posted_in_flight(), 0);
+            for (i, d) in data.iter().enumerate() {
+                let addr = RemoteAddr::new((i % 2) as u16, 0, 8 * i as u64);
+                assert_eq!(
+                    other.read_u64(addr).unwrap(),
+                    u64::from_le_bytes(*d),
+                    "{t} {how} word {i}"
+                );
+            }
+            // READs and CASes in flight together.
+            let mut bufs = [[0u8; 8]; 16];
+            let mut done = std::collections::BTreeMap::new();
+            let mut posted = 0;
+            for (i, buf) in bufs.iter_mut().enumerate() {
+                let addr = RemoteAddr::new((i % 2) as u16, 0, 8 * i as u64);
+                // SAFETY: `bufs` is not touched until every READ is reported.
+                match unsafe { ep.post(&mut BatchOp::Read { addr, buf }, i as u64) } {
+                    Some(r) => {
+                        done.insert(i as u64, r);
+                    }
+                    None => posted += 1,
+                }
+            }
+            for i in 16..32u64 {
+                let addr = RemoteAddr::new((i % 2) as u16, 0, 8 * i);
+                let cas = BatchOp::Cas {
+                    addr,
+                    expected: i * 3 + 1,
+                    desired: 1000 + i,
+                };
+                match unsafe { ep.post(&mut { cas }, i) } {
+                    Some(r) => {
+                        done.insert(i, r);
+                    }
+                    None => posted += 1,
+                }
+            }
+            done.extend(poll_until(&mut ep, posted));
+            for i in 0..16 {
+                assert_eq!(done[&i], Ok(0), "{t} {how}");
+                assert_eq!(bufs[i as usize], data[i as usize], "{t} {how} READ {i}");
+            }
+            for i in 16..32u64 {
+                assert_eq!(
+                    done[&i],
+                    Ok(i * 3 + 1),
+                    "{t} {how} CAS {i} finds the old value"
+                );
+                let addr = RemoteAddr::new((i % 2) as u16, 0, 8 * i);
+                assert_eq!(other.read_u64(addr).unwrap(), 1000 + i, "{t} {how}");
+            }
+        }
+    }
+}
+
+/// A posted operation to a peer that is gone is reported failed (unreachable); the others
+/// complete; a bad address is refused at once.
+#[test]
+fn posted_operations_survive_an_unreachable_peer() {
+    use nessie_fabric::{BatchOp, Post};
+    let a = UcxNode::new(0, &[64], &config(Transport::Shm)).unwrap();
+    let b = UcxNode::new(1, &[64], &config(Transport::Tcp)).unwrap();
+    let mut ep = a.endpoint(&[a.info().clone(), b.info().clone()]).unwrap();
+    let mut x = [0u8; 8];
+    let mut results = std::collections::BTreeMap::new();
+    let mut posted = 0;
+    let mut gone = BatchOp::Read {
+        addr: RemoteAddr::new(1, 0, 0),
+        buf: &mut x,
+    };
+    let mut w = BatchOp::Write {
+        addr: RemoteAddr::new(0, 0, 8),
+        buf: &[5; 8],
+    };
+    let mut oob = BatchOp::Cas {
+        addr: RemoteAddr::new(0, 0, 64),
+        expected: 0,
+        desired: 1,
+    };
+    for (t, op) in [(1u64, &mut gone), (2, &mut w), (3, &mut oob)] {
+        // SAFETY: every buffer outlives the polls below.
+        match unsafe { ep.post(op, t) } {
+            Some(r) => {
+                results.insert(t, r);
+            }
+            None => posted += 1,
+        }
+    }
+    results.extend(poll_until(&mut ep, posted));
+    assert!(
+        matches!(results[&1], Err(FabricError::Unreachable { node: 1, .. })),
+        "{results:?}"
+    );
+    assert_eq!(results[&2], Ok(0));
+    assert!(
+        matches!(results[&3], Err(FabricError::OutOfBounds { .. })),
+        "{results:?}"
+    );
+    assert_eq!(
+        ep.read_u64(RemoteAddr::new(0, 0, 8)).unwrap(),
+        u64::from_le_bytes([5; 8])
+    );
+}

@@ -197,6 +197,21 @@ impl<'a> Batch<'a> {
         self.ops[i].as_mut().expect("posted")
     }
 
+    /// Operations `range`, mutably, in batch order (a backend posting a wave of them).
+    pub fn ops_mut(
+        &mut self,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = &mut BatchOp<'a>> {
+        assert!(
+            range.end <= self.len,
+            "operations {range:?} of a batch of {}",
+            self.len
+        );
+        self.ops[range]
+            .iter_mut()
+            .map(|o| o.as_mut().expect("posted"))
+    }
+
     /// Record operation `i`'s outcome (backends only). Each operation completes once.
     pub fn complete(&mut self, i: usize, r: Result<u64, FabricError>) {
         assert!(i < self.len, "operation {i} of a batch of {}", self.len);

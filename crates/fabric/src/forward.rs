@@ -26,7 +26,7 @@
 ///
 /// - `forward_endpoint!(field $f);` — the environment: `node`, `node_count`,
 ///   `local_prefetch`, `now_ns`, `mono_ns`, `mono_coarse_ns`, `coarse_lag_ns`, `sleep_ns`,
-///   `virtual_time`, `reads_are_local_copies`, `idle_poll` and `stats`;
+///   `virtual_time`, `shares_thread`, `reads_are_local_copies`, `idle_poll` and `stats`;
 /// - `forward_endpoint!(field $f: read, write, …);` — the methods named (any `Endpoint`
 ///   method but `read_u64`, which every endpoint derives from `read`);
 /// - `forward_endpoint!(match Enum { A, B }: …);` (or without the list, the environment)
@@ -64,6 +64,7 @@ macro_rules! forward_endpoint {
         $crate::forward_endpoint!(@one $how coarse_lag_ns);
         $crate::forward_endpoint!(@one $how sleep_ns);
         $crate::forward_endpoint!(@one $how virtual_time);
+        $crate::forward_endpoint!(@one $how shares_thread);
         $crate::forward_endpoint!(@one $how reads_are_local_copies);
         $crate::forward_endpoint!(@one $how idle_poll);
         $crate::forward_endpoint!(@one $how stats);
@@ -186,6 +187,11 @@ macro_rules! forward_endpoint {
     (@one $how:tt virtual_time) => {
         fn virtual_time(&self) -> bool {
             $crate::forward_endpoint!(@to $how ref self, e => $crate::Endpoint::virtual_time(e))
+        }
+    };
+    (@one $how:tt shares_thread) => {
+        fn shares_thread(&self) -> bool {
+            $crate::forward_endpoint!(@to $how ref self, e => $crate::Endpoint::shares_thread(e))
         }
     };
     (@one $how:tt reads_are_local_copies) => {

@@ -24,11 +24,13 @@ pub mod forward;
 pub mod inproc;
 pub mod interpose;
 pub mod memory;
+pub mod post;
 pub mod stats;
 
 pub use addr::{NodeId, RegionId, RemoteAddr, ALIGN};
 pub use batch::{Batch, BatchOp, OpId, MAX_BATCH_OPS};
 pub use error::{ConfigError, FabricError};
+pub use post::{Post, PostResult, PostToken, MAX_POSTED};
 pub use stats::{FabricStats, Locality, OpKind, StatsCell, StatsSnapshot};
 
 /// One worker thread's handle onto the fabric.
@@ -141,6 +143,14 @@ pub trait Endpoint: Send {
     /// [`Endpoint::sleep_ns`] instead, so the scheduler sees it.
     fn virtual_time(&self) -> bool {
         false
+    }
+
+    /// Whether other clients run on this thread while one of its operations waits (virtual
+    /// time; a pipeline's coroutine, `nessie-inflight`). A lock held across a fabric operation
+    /// must then be waited for with [`Endpoint::sleep_ns`], never in the kernel: its holder
+    /// runs on this very thread.
+    fn shares_thread(&self) -> bool {
+        self.virtual_time()
     }
 
     /// Whether a READ of another node's memory is a copy this process's CPU makes from memory

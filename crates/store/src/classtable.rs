@@ -739,11 +739,13 @@ impl ClassTable {
     }
 
     /// The allocator's state, for a thread of `ep`. It is held across fabric operations
-    /// (claiming and zeroing pages), so in virtual time a thread that finds it taken waits with
-    /// back-off sleeps, as a spinning waiter would: a thread asleep in the kernel is invisible
-    /// to the simulator's scheduler, which can only find it by polling.
+    /// (claiming and zeroing pages), so where the thread runs other clients meanwhile
+    /// (`Endpoint::shares_thread`: virtual time, a pipeline's coroutines) a client that finds
+    /// it taken waits with back-off sleeps, as a spinning waiter would: its holder may be a
+    /// client of this very thread, and a thread asleep in the kernel is invisible to the
+    /// simulator's scheduler, which can only find it by polling.
     fn lock_state<E: Endpoint>(&self, ep: &mut E) -> MutexGuard<'_, State> {
-        if !ep.virtual_time() {
+        if !ep.shares_thread() {
             return self.state.lock().unwrap();
         }
         let mut backoff = LOCK_BACKOFF_MIN_NS;

@@ -1,0 +1,112 @@
+//! The operations a [`Pipeline`](crate::Pipeline) runs, and what each returns: the blocking
+//! [`KvClient`] calls, as values.
+
+use nessie_protocols::{Cond, CondOutcome, Error, KvClient, Version};
+
+/// One operation, owning its key and value (it outlives the call that submitted it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Get {
+        key: Vec<u8>,
+    },
+    /// [`KvClient::get_versioned`].
+    GetVersioned {
+        key: Vec<u8>,
+    },
+    /// `expires_ns` 0: never ([`KvClient::put_parts_expiring`]).
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expires_ns: u64,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    PutIf {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        cond: Cond,
+        expires_ns: u64,
+    },
+    DeleteIf {
+        key: Vec<u8>,
+        cond: Cond,
+    },
+}
+
+impl Op {
+    pub fn get(key: impl Into<Vec<u8>>) -> Self {
+        Op::Get { key: key.into() }
+    }
+
+    pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        Op::Put {
+            key: key.into(),
+            value: value.into(),
+            expires_ns: 0,
+        }
+    }
+
+    pub fn delete(key: impl Into<Vec<u8>>) -> Self {
+        Op::Delete { key: key.into() }
+    }
+
+    /// The key: operations on one key run one at a time, in submission order.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Get { key }
+            | Op::GetVersioned { key }
+            | Op::Put { key, .. }
+            | Op::Delete { key }
+            | Op::PutIf { key, .. }
+            | Op::DeleteIf { key, .. } => key,
+        }
+    }
+
+    /// Run it on `client`, blocking (inside a slot's coroutine, suspending at each fabric step).
+    pub(crate) fn run<C: KvClient>(&self, client: &mut C) -> Result<Outcome, Error> {
+        Ok(match self {
+            Op::Get { key } => {
+                let mut v = Vec::new();
+                Outcome::Got(client.get_into(key, &mut v)?.then_some(v))
+            }
+            Op::GetVersioned { key } => {
+                let mut v = Vec::new();
+                Outcome::GotVersioned(client.get_versioned(key, &mut v)?.map(|ver| (v, ver)))
+            }
+            Op::Put {
+                key,
+                value,
+                expires_ns: 0,
+            } => client.put(key, value).map(|()| Outcome::Put)?,
+            Op::Put {
+                key,
+                value,
+                expires_ns,
+            } => client
+                .put_parts_expiring(key, &[value], *expires_ns)
+                .map(|()| Outcome::Put)?,
+            Op::Delete { key } => client.delete(key).map(|()| Outcome::Deleted)?,
+            Op::PutIf {
+                key,
+                value,
+                cond,
+                expires_ns,
+            } => Outcome::Cond(client.put_if_expiring(key, value, *cond, *expires_ns)?),
+            Op::DeleteIf { key, cond } => Outcome::Cond(client.delete_if(key, *cond)?),
+        })
+    }
+}
+
+/// What an operation returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A GET's value (`None`: absent).
+    Got(Option<Vec<u8>>),
+    /// A versioned GET's value and version.
+    GotVersioned(Option<(Vec<u8>, Version)>),
+    Put,
+    Deleted,
+    /// A conditional write's outcome.
+    Cond(CondOutcome),
+}
