@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use nessie_cluster::admin::Response;
-use nessie_cluster::node::{NodeClient, NodeContext, NodeError, NodeExtension};
+use nessie_cluster::node::{NodeClient, NodeContext, NodeError, NodeExtension, NodePipeline};
 use nessie_fabric::{FabricError, StatsSnapshot};
 use nessie_protocols::{Error, KvClient, Optimizations, ProtocolConfig};
 use rand::rngs::SmallRng;
@@ -17,7 +17,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
 use std::borrow::Cow;
 
-use crate::driver::{drive, Done, Observer};
+use crate::driver::{drive, drive_pipelined, Done, Observer};
 pub use crate::workload::key_bytes;
 use crate::workload::{
     spread_value_size, KeyDist, KeyGen, OpKind, Planned, Workload, WorkloadError, Ycsb,
@@ -46,6 +46,53 @@ pub struct AgentSpec {
     pub optimizations: Optimizations,
     /// Pin client threads to cores round robin.
     pub pin: bool,
+    /// Operations each client thread keeps in flight (1: the blocking client).
+    #[serde(default = "one_in_flight")]
+    pub inflight: u16,
+}
+
+fn one_in_flight() -> u16 {
+    1
+}
+
+/// Most operations one client thread keeps in flight.
+pub const MAX_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
+
+/// What a client thread's counters come from: its client, or its pipeline of clients.
+pub trait Counted {
+    /// The fabric counters of the client's endpoint.
+    fn fabric_stats(&self) -> StatsSnapshot;
+    /// Aborted attempts and retries so far (0, 0 where not counted).
+    fn aborts_retries(&self) -> (u64, u64);
+    /// Whether the fabric work between an operation's start and end is that operation's
+    /// alone (false with several in flight: the counters mix them).
+    fn one_at_a_time(&self) -> bool;
+}
+
+impl Counted for NodeClient {
+    fn fabric_stats(&self) -> StatsSnapshot {
+        NodeClient::fabric_stats(self)
+    }
+    fn aborts_retries(&self) -> (u64, u64) {
+        NodeClient::aborts_retries(self)
+    }
+    fn one_at_a_time(&self) -> bool {
+        true
+    }
+}
+
+/// A pipeline's counters are its shared endpoint's; its clients' aborts and retries are not
+/// counted (they live inside its coroutines).
+impl Counted for NodePipeline {
+    fn fabric_stats(&self) -> StatsSnapshot {
+        self.with_endpoint(|e| nessie_fabric::Endpoint::stats(e).snapshot())
+    }
+    fn aborts_retries(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn one_at_a_time(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -289,6 +336,12 @@ pub enum AgentError {
     Client(#[from] NodeError),
     #[error("starting a client thread: {0}")]
     Spawn(#[source] std::io::Error),
+    #[error("inflight = {0} is not in 1..={MAX_INFLIGHT}")]
+    Inflight(u16),
+    #[error("operations in flight (inflight = {0}) run closed loop only: drop the target load")]
+    InflightOpenLoop(u16),
+    #[error("creating a pipeline of clients: {0}")]
+    Pipeline(String),
     #[error("preloading key {key}: {source}")]
     Preload {
         key: u64,
@@ -332,6 +385,9 @@ pub const MIN_KEY_SIZE: usize = 20;
 fn check(spec: &AgentSpec, node: &NodeContext) -> Result<(), AgentError> {
     if spec.threads == 0 || spec.threads > MAX_AGENT_THREADS {
         return Err(AgentError::Threads(spec.threads));
+    }
+    if spec.inflight == 0 || spec.inflight > MAX_INFLIGHT {
+        return Err(AgentError::Inflight(spec.inflight));
     }
     let g = node.geometry();
     SizeExcess::check(spec.key_size, spec.value_size, g)?;
@@ -500,7 +556,7 @@ impl AgentThread {
     }
 
     /// The thread's totals, with aborts, retries and CPU taken over the window.
-    fn finish(mut self, client: &NodeClient) -> ThreadOut {
+    fn finish(mut self, client: &impl Counted) -> ThreadOut {
         if self.in_window {
             let (a1, r1) = client.aborts_retries();
             let (a0, r0, cpu0) = self.at_window;
@@ -512,10 +568,11 @@ impl AgentThread {
     }
 }
 
-impl Observer<NodeClient> for AgentThread {
-    type Token = StatsSnapshot;
+impl<C: Counted> Observer<C> for AgentThread {
+    /// The counters at the start, and the start (arrival or issue time).
+    type Token = (StatsSnapshot, u64);
 
-    fn proceed(&mut self, client: &NodeClient, _seq: u64) -> bool {
+    fn proceed(&mut self, client: &C, _seq: u64) -> bool {
         self.t0 = match &mut self.arrivals {
             Some((exp, rng)) => {
                 self.next_arrival += exp.sample(rng) * 1e9;
@@ -559,7 +616,7 @@ impl Observer<NodeClient> for AgentThread {
         Cow::Borrowed(&self.value[..op.value_len])
     }
 
-    fn invoke(&mut self, client: &NodeClient, _: &Planned) -> StatsSnapshot {
+    fn invoke(&mut self, client: &C, _: &Planned) -> (StatsSnapshot, u64) {
         let before = client.fabric_stats();
         if self.arrivals.is_none() {
             // Closed loop: the operation starts now, after the benchmark's own bookkeeping (the
@@ -567,21 +624,22 @@ impl Observer<NodeClient> for AgentThread {
             // delayed it.
             self.t0 = unix_ns();
         }
-        before
+        (before, self.t0)
     }
 
     fn complete(
         &mut self,
-        c: &NodeClient,
+        c: &C,
         op: &Planned,
-        before: StatsSnapshot,
+        (before, t0): (StatsSnapshot, u64),
         r: Result<Done<'_>, Error>,
     ) {
         let now = unix_ns();
-        let latency = now.saturating_sub(self.t0).max(1);
-        if self.t0 < self.window_start {
+        let latency = now.saturating_sub(t0).max(1);
+        if t0 < self.window_start {
             return; // warm-up
         }
+        let one = c.one_at_a_time();
         let o = &mut self.out;
         o.offered += 1;
         let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
@@ -594,13 +652,17 @@ impl Observer<NodeClient> for AgentThread {
             (Ok(_), OpKind::Get) => {
                 o.gets += 1;
                 o.gh.saturating_record(latency);
-                o.fg.record(fops, fbytes);
+                if one {
+                    o.fg.record(fops, fbytes);
+                }
                 o.cells.completed(now, Some(latency));
             }
             (Ok(_), _) => {
                 o.puts += 1;
                 o.ph.saturating_record(latency);
-                o.fp.record(fops, fbytes);
+                if one {
+                    o.fp.record(fops, fbytes);
+                }
                 o.cells.completed(now, None);
             }
         }
@@ -673,19 +735,55 @@ fn spawn_clients(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (0..spec.threads)
         .map(|t| {
-            let mut c = node.client(&client_cfg(node, spec.optimizations))?;
             let seed =
                 spec.seed ^ ((node.id as u64) << 32 | t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut obs = AgentThread::new(spec, start, window, rate, seed);
             let slot = u64::from(node.id) * u64::from(spec.threads) + u64::from(t);
             let (mut workload, pin) = (workload.for_thread(slot, stride), spec.pin);
+            let cfg = client_cfg(node, spec.optimizations);
+            let name = format!("nessie-bench-{t}");
+            let prepare = move || {
+                if pin {
+                    pin_to(t as usize % cores);
+                }
+                tighten_timer_slack();
+            };
+            if spec.inflight > 1 {
+                // A pipeline is built on its own thread (not `Send`); an error making it ends
+                // the thread with a result that says so.
+                let (node, slots) = (node.clone(), spec.inflight as usize);
+                let (made_tx, made_rx) = std::sync::mpsc::channel();
+                let h = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        prepare();
+                        let mut p = match node.pipeline(&cfg, slots) {
+                            Ok(p) => {
+                                let _ = made_tx.send(Ok(()));
+                                p
+                            }
+                            Err(e) => {
+                                let _ = made_tx.send(Err(e));
+                                return obs.out;
+                            }
+                        };
+                        sleep_until_unix(start);
+                        let mut rng = SmallRng::seed_from_u64(seed);
+                        drive_pipelined(&mut p, &mut workload, &mut rng, &mut obs);
+                        obs.finish(&p)
+                    })
+                    .map_err(AgentError::Spawn)?;
+                made_rx
+                    .recv()
+                    .map_err(|_| AgentError::Pipeline("its thread ended early".into()))?
+                    .map_err(|e| AgentError::Pipeline(e.to_string()))?;
+                return Ok(h);
+            }
+            let mut c = node.client(&cfg)?;
             std::thread::Builder::new()
-                .name(format!("nessie-bench-{t}"))
+                .name(name)
                 .spawn(move || {
-                    if pin {
-                        pin_to(t as usize % cores);
-                    }
-                    tighten_timer_slack();
+                    prepare();
                     sleep_until_unix(start);
                     let mut rng = SmallRng::seed_from_u64(seed);
                     drive(&mut c, &mut workload, &mut rng, &mut obs);
@@ -738,6 +836,9 @@ fn run(
     rate: Option<f64>,
 ) -> Result<AgentReport, AgentError> {
     check(spec, node)?;
+    if rate.is_some() && spec.inflight > 1 {
+        return Err(AgentError::InflightOpenLoop(spec.inflight));
+    }
     let (window_start, window_end) = window(start, warmup_s, duration_s, rate)?;
     let handles = spawn_clients(node, spec, start, (window_start, window_end), rate)?;
 

@@ -4,8 +4,12 @@
 //! those, so the loop itself (draw, invoke, perform, complete) is written once.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
-use nessie_protocols::{Cond, CondOutcome, Error, KvClient};
+use nessie_fabric::Post;
+use nessie_inflight::{Op, Outcome, Pipeline, Ticket};
+
+use nessie_protocols::{Error, KvClient};
 use rand::rngs::SmallRng;
 
 use crate::workload::{OpKind, Planned, Workload};
@@ -52,31 +56,7 @@ pub trait Observer<C> {
     );
 }
 
-/// Attempts of a read-modify-write before it counts as failed: each lost its conditional write
-/// to another write of the key.
-pub const MAX_RMW_ATTEMPTS: u32 = 16;
-
-/// Read `key` with its version, then write `value` back under that version (YCSB's
-/// read-modify-write, atomic here), reading again if another write came between.
-fn read_modify_write<C: KvClient>(
-    client: &mut C,
-    key: &[u8],
-    value: &[u8],
-    got: &mut Vec<u8>,
-) -> Result<(), Error> {
-    for _ in 0..MAX_RMW_ATTEMPTS {
-        let cond = match client.get_versioned(key, got)? {
-            Some(v) => Cond::Version(v),
-            None => Cond::Absent,
-        };
-        if client.put_if(key, value, cond)? == CondOutcome::Stored {
-            return Ok(());
-        }
-    }
-    Err(Error::Contended {
-        attempts: MAX_RMW_ATTEMPTS,
-    })
-}
+pub use nessie_protocols::{read_modify_write, MAX_RMW_ATTEMPTS};
 
 /// Run `workload` on `client` until the observer says stop; returns the operations performed.
 /// `workload` is this thread's own ([`Workload::for_thread`]).
@@ -113,6 +93,70 @@ pub fn drive<C: KvClient, O: Observer<C>>(
         observer.complete(client, &op, token, r);
         seq += 1;
     }
+    seq
+}
+
+/// [`drive`] with many operations in flight: `pipeline` keeps up to its slot count running
+/// (`nessie_inflight`), the observer sees each operation invoked when it is submitted and
+/// completed when it finishes (in any order across keys), with the pipeline as the client.
+/// Returns the operations performed.
+pub fn drive_pipelined<E, O>(
+    pipeline: &mut Pipeline<E>,
+    workload: &mut Workload,
+    rng: &mut SmallRng,
+    observer: &mut O,
+) -> u64
+where
+    E: Post + 'static,
+    O: Observer<Pipeline<E>>,
+{
+    let mut seq = 0;
+    let mut running: HashMap<Ticket, (Planned, O::Token)> = HashMap::new();
+    let mut more = true;
+    loop {
+        while more && running.len() < pipeline.slots() {
+            if !observer.proceed(pipeline, seq) {
+                more = false;
+                break;
+            }
+            let planned = workload.draw(seq, rng);
+            let key = observer.key(planned.key);
+            let token = observer.invoke(pipeline, &planned);
+            let op = match planned.kind {
+                OpKind::Get => Op::Get { key },
+                OpKind::Delete => Op::Delete { key },
+                OpKind::Put | OpKind::Insert => {
+                    let expires_ns = observer.expires(&planned);
+                    let value = observer.value(&planned).into_owned();
+                    Op::Put {
+                        key,
+                        value,
+                        expires_ns,
+                    }
+                }
+                OpKind::ReadModifyWrite => Op::ReadModifyWrite {
+                    key,
+                    value: observer.value(&planned).into_owned(),
+                },
+            };
+            running.insert(pipeline.submit(op), (planned, token));
+            seq += 1;
+        }
+        let Some(done) = pipeline.next_done() else {
+            break;
+        };
+        let (planned, token) = running
+            .remove(&done.ticket)
+            .expect("every completion is of an operation submitted here");
+        let r = match &done.result {
+            Ok(Outcome::Got(v)) => Ok(Done::Got(v.as_deref())),
+            Ok(Outcome::Deleted) => Ok(Done::Deleted),
+            Ok(_) => Ok(Done::Put),
+            Err(e) => Err(e.clone()),
+        };
+        observer.complete(pipeline, &planned, token, r);
+    }
+    debug_assert!(running.is_empty());
     seq
 }
 

@@ -59,6 +59,14 @@ pub struct BenchParams {
     /// entries' access words, which is what a run with it measures.
     #[serde(default = "no_eviction")]
     pub eviction: String,
+    /// Operations each client thread keeps in flight (`nessie_inflight::Pipeline`; 1: the
+    /// blocking client, one at a time).
+    #[serde(default = "one_in_flight")]
+    pub inflight: u16,
+}
+
+fn one_in_flight() -> u16 {
+    1
 }
 
 fn one_copy() -> u8 {
@@ -97,6 +105,7 @@ impl Default for BenchParams {
             replicas: 1,
             workload: None,
             eviction: no_eviction(),
+            inflight: 1,
         }
     }
 }

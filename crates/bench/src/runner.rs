@@ -709,6 +709,7 @@ fn agent_spec(p: &BenchParams, keys: u64) -> AgentSpec {
         seed: p.seed,
         optimizations: optimizations(p),
         pin: p.pin,
+        inflight: p.inflight,
     }
 }
 

@@ -182,6 +182,10 @@ pub struct ParamArgs {
     /// Pin client threads to cores.
     #[arg(long)]
     pub pin: bool,
+    /// Operations each client thread keeps in flight (closed loop only; 1 to 64): the
+    /// non-blocking client, one coroutine per operation over the thread's endpoint.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub inflight: u16,
     #[command(flatten)]
     pub optimizations: crate::optim_args::OptimizationArgs,
     /// Seed of the workload.
@@ -243,6 +247,7 @@ impl ParamArgs {
             replicas: self.replicas,
             workload: self.workload.clone(),
             eviction: self.eviction.name().to_string(),
+            inflight: self.inflight,
         }
     }
 }
@@ -307,10 +312,14 @@ pub fn print_result(r: &BenchResult) {
         None => format!("{:.0}% GET, {}", p.get_ratio * 100.0, p.dist),
     };
     println!(
-        "{} | {} nodes x {} client threads{} | {} | {} B values, {} | {} keys | {} background",
+        "{} | {} nodes x {} client threads{}{} | {} | {} B values, {} | {} keys | {} background",
         r.mode,
         p.nodes,
         p.client_threads,
+        match p.inflight {
+            0 | 1 => String::new(),
+            n => format!(" x {n} in flight"),
+        },
         if r.mode == "cd" {
             String::new()
         } else {

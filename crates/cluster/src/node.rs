@@ -169,6 +169,10 @@ pub type NodeClient = ModeClient<NodeEndpoint>;
 /// replicated as the cluster is.
 pub type NodeEndpoint = Replicated<MaybeDelayed<UcxEndpoint>>;
 
+/// A pipeline of client workers of a node process (`NodeContext::pipeline`): its slots share
+/// this endpoint, each replicated above it.
+pub type NodePipeline = nessie_inflight::Pipeline<MaybeDelayed<UcxEndpoint>>;
+
 impl NodeContext {
     pub(crate) fn endpoint(&self) -> Result<NodeEndpoint, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
@@ -210,6 +214,43 @@ impl NodeContext {
             c.set_fence(self.fence.clone());
         }
         Ok(client)
+    }
+
+    /// A pipeline of `slots` client workers of the cluster's protocol on this thread
+    /// (`nessie_inflight`): each slot a client over its own replicated endpoint, all sharing
+    /// one UCX worker, with `slots` operations in flight at once. Build it on the thread that
+    /// uses it (it is not `Send`).
+    pub fn pipeline(&self, pcfg: &ProtocolConfig, slots: usize) -> Result<NodePipeline, NodeError> {
+        let base = MaybeDelayed::new(
+            self.ucx.endpoint(&self.fabric_infos)?,
+            self.delay.clone(),
+            self.next_stream.fetch_add(1, Ordering::Relaxed),
+        );
+        let opts = nessie_inflight::PipelineOptions::new(slots);
+        let p = nessie_inflight::Pipeline::new(base, opts, |_, ep| {
+            let ep = Replicated::new(ep, self.replicas.clone(), self.fence.clone());
+            let slot = match &self.slots {
+                None => None,
+                Some(pool) => Some(pool.take().ok_or_else(|| {
+                    nessie_protocols::Error::Config(
+                        NodeError::SlotsInUse {
+                            node: self.id,
+                            max: self.cfg.cluster.max_clients_per_node,
+                        }
+                        .to_string(),
+                    )
+                })?),
+            };
+            let (table, cfg) = (self.table.clone(), pcfg.clone());
+            let mut client = self
+                .plan
+                .client(ep, table, cfg, || self.worker_id(), slot)?;
+            if let ModeClient::Cd(c) = &mut client {
+                c.set_fence(self.fence.clone());
+            }
+            Ok(client)
+        })?;
+        Ok(p)
     }
 
     /// This node's allocator.

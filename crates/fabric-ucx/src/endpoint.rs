@@ -47,6 +47,8 @@ pub struct UcxEndpoint {
     /// Results of posted operations settled outside a poll (their peer failed or was
     /// reconnected meanwhile), reported by the next poll.
     settled: Vec<(PostToken, PostResult)>,
+    /// Since when polls of posted operations found nothing (`Post::posted_idle`).
+    idle_since: Option<u64>,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
     // holds the context.
     conn: ConnectedWorker,
@@ -246,6 +248,7 @@ impl UcxEndpoint {
             direct_peers,
             posted: Vec::new(),
             settled: Vec::new(),
+            idle_since: None,
             conn,
             shared,
         };
@@ -773,11 +776,40 @@ impl Post for UcxEndpoint {
             done(t, r);
             n += 1;
         }
+        if n > 0 {
+            self.idle_since = None;
+        }
         n
     }
 
     fn posted_in_flight(&self) -> usize {
         self.posted.len() + self.settled.len()
+    }
+
+    /// As a blocking wait does (`UcxConfig::wait_spin`): spin while the idle time is short,
+    /// then sleep on the worker's event fd until an event (or a millisecond) — over tcp the
+    /// answers need the peers' progress threads, which a spinning client would starve of CPU.
+    fn posted_idle(&mut self) {
+        let block_after = block_after_ns(&self.shared.config);
+        if block_after == 0 || self.posted.is_empty() {
+            return std::hint::spin_loop();
+        }
+        let now = nessie_fabric::monotonic_ns();
+        let since = *self.idle_since.get_or_insert(now);
+        if now - since < block_after {
+            return std::hint::spin_loop();
+        }
+        let worker = self.conn.worker();
+        let (Ok(fd), Ok(true)) = (worker.event_fd(), worker.arm()) else {
+            return;
+        };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the result only says whether it woke early.
+        unsafe { libc::poll(&mut pfd, 1, 1) };
     }
 }
 

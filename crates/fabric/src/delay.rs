@@ -159,6 +159,47 @@ impl<E: Endpoint> Endpoint for MaybeDelayed<E> {
     crate::forward_endpoint!(match MaybeDelayed { Direct, Delayed });
 }
 
+/// Posted operations run at once, with their delays: a delayed run is a race test, where the
+/// delays matter and overlap does not.
+impl<E: Endpoint> crate::Post for Delayed<E> {}
+
+/// Without delays, operations are posted on the wrapped endpoint (overlapping where it can);
+/// with them, they run at once ([`Delayed`]'s `Post`).
+impl<E: crate::Post> crate::Post for MaybeDelayed<E> {
+    unsafe fn post(
+        &mut self,
+        op: &mut crate::BatchOp<'_>,
+        token: crate::PostToken,
+    ) -> Option<crate::PostResult> {
+        match self {
+            // SAFETY: the caller's contract, passed on.
+            MaybeDelayed::Direct(e) => unsafe { e.post(op, token) },
+            MaybeDelayed::Delayed(d) => unsafe { d.post(op, token) },
+        }
+    }
+
+    fn poll_posted(&mut self, done: &mut dyn FnMut(crate::PostToken, crate::PostResult)) -> usize {
+        match self {
+            MaybeDelayed::Direct(e) => e.poll_posted(done),
+            MaybeDelayed::Delayed(d) => d.poll_posted(done),
+        }
+    }
+
+    fn posted_in_flight(&self) -> usize {
+        match self {
+            MaybeDelayed::Direct(e) => e.posted_in_flight(),
+            MaybeDelayed::Delayed(d) => d.posted_in_flight(),
+        }
+    }
+
+    fn posted_idle(&mut self) {
+        match self {
+            MaybeDelayed::Direct(e) => e.posted_idle(),
+            MaybeDelayed::Delayed(d) => d.posted_idle(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,11 @@ pub enum Op {
         key: Vec<u8>,
         cond: Cond,
     },
+    /// [`nessie_protocols::read_modify_write`]: read with the version, write back under it.
+    ReadModifyWrite {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -59,7 +64,8 @@ impl Op {
             | Op::Put { key, .. }
             | Op::Delete { key }
             | Op::PutIf { key, .. }
-            | Op::DeleteIf { key, .. } => key,
+            | Op::DeleteIf { key, .. }
+            | Op::ReadModifyWrite { key, .. } => key,
         }
     }
 
@@ -94,6 +100,10 @@ impl Op {
                 expires_ns,
             } => Outcome::Cond(client.put_if_expiring(key, value, *cond, *expires_ns)?),
             Op::DeleteIf { key, cond } => Outcome::Cond(client.delete_if(key, *cond)?),
+            Op::ReadModifyWrite { key, value } => {
+                nessie_protocols::read_modify_write(client, key, value, &mut Vec::new())?;
+                Outcome::Put
+            }
         })
     }
 }

@@ -149,7 +149,9 @@ impl<E: Post + 'static> Pipeline<E> {
         let core = Rc::new(Core::new(ep, opts.slots, opts.interleave));
         let mut slots = Vec::with_capacity(opts.slots);
         for s in 0..opts.slots {
-            let mut client = make_client(s, SlotEndpoint::new(core.clone(), s))?;
+            // Boxed: the coroutine's closure is placed on its stack's first page, which a
+            // client (kilobytes of buffers and caches inline) may not fit.
+            let mut client = Box::new(make_client(s, SlotEndpoint::new(core.clone(), s))?);
             let c = core.clone();
             let stack = DefaultStack::new(SLOT_STACK_BYTES)
                 .map_err(|e| Error::Config(format!("a slot's stack: {e}")))?;
@@ -160,7 +162,7 @@ impl<E: Post + 'static> Pipeline<E> {
                     let Resume::Start(op) = next else {
                         panic!("slot {s}: resumed while idle");
                     };
-                    let r = op.run(&mut client);
+                    let r = op.run(&mut *client);
                     let evicted = client.evicted().to_vec();
                     let unsure = client.evicted_unsure().to_vec();
                     next = y.suspend(Suspend::Done((r, evicted, unsure)));

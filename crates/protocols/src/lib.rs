@@ -278,6 +278,33 @@ pub trait KvClient: Send {
     }
 }
 
+/// Attempts of a read-modify-write before it counts as failed: each lost its conditional write
+/// to another write of the key.
+pub const MAX_RMW_ATTEMPTS: u32 = 16;
+
+/// Read `key` with its version, then write `value` back under that version (YCSB's
+/// read-modify-write, atomic here), reading again if another write came between. `got` holds
+/// the value read.
+pub fn read_modify_write<C: KvClient + ?Sized>(
+    client: &mut C,
+    key: &[u8],
+    value: &[u8],
+    got: &mut Vec<u8>,
+) -> Result<(), Error> {
+    for _ in 0..MAX_RMW_ATTEMPTS {
+        let cond = match client.get_versioned(key, got)? {
+            Some(v) => Cond::Version(v),
+            None => Cond::Absent,
+        };
+        if client.put_if(key, value, cond)? == CondOutcome::Stored {
+            return Ok(());
+        }
+    }
+    Err(Error::Contended {
+        attempts: MAX_RMW_ATTEMPTS,
+    })
+}
+
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         (**self).prefetch(keys)
