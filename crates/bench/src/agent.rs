@@ -64,9 +64,6 @@ pub trait Counted {
     fn fabric_stats(&self) -> StatsSnapshot;
     /// Aborted attempts and retries so far (0, 0 where not counted).
     fn aborts_retries(&self) -> (u64, u64);
-    /// Whether the fabric work between an operation's start and end is that operation's
-    /// alone (false with several in flight: the counters mix them).
-    fn one_at_a_time(&self) -> bool;
 }
 
 impl Counted for NodeClient {
@@ -76,22 +73,17 @@ impl Counted for NodeClient {
     fn aborts_retries(&self) -> (u64, u64) {
         NodeClient::aborts_retries(self)
     }
-    fn one_at_a_time(&self) -> bool {
-        true
-    }
 }
 
-/// A pipeline's counters are its shared endpoint's; its clients' aborts and retries are not
-/// counted (they live inside its coroutines).
+/// A pipeline's counters are its shared endpoint's (each operation's own come with its
+/// completion, `Observer::fabric_done`); its clients' aborts and retries are not counted (they
+/// live inside its coroutines).
 impl Counted for NodePipeline {
     fn fabric_stats(&self) -> StatsSnapshot {
         self.with_endpoint(|e| nessie_fabric::Endpoint::stats(e).snapshot())
     }
     fn aborts_retries(&self) -> (u64, u64) {
         (0, 0)
-    }
-    fn one_at_a_time(&self) -> bool {
-        false
     }
 }
 
@@ -496,6 +488,8 @@ struct AgentThread {
     /// CPU seconds a measured wait counts that are the measurement's own ([`clock_read_cost`]),
     /// taken on the thread's first measured wait.
     clock_cost: Option<f64>,
+    /// The fabric work of the operation completing, when it came with it (`fabric_done`).
+    op_fabric: Option<(u64, u64)>,
     out: ThreadOut,
 }
 
@@ -536,6 +530,7 @@ impl AgentThread {
             at_window: (0, 0, 0.0),
             waits: 0,
             clock_cost: None,
+            op_fabric: None,
             out: ThreadOut {
                 cpu: 0.0,
                 pacing: 0.0,
@@ -627,6 +622,10 @@ impl<C: Counted> Observer<C> for AgentThread {
         (before, self.t0)
     }
 
+    fn fabric_done(&mut self, fabric: &StatsSnapshot) {
+        self.op_fabric = Some((fabric.fabric_ops(), fabric.remote_bytes()));
+    }
+
     fn complete(
         &mut self,
         c: &C,
@@ -634,15 +633,15 @@ impl<C: Counted> Observer<C> for AgentThread {
         (before, t0): (StatsSnapshot, u64),
         r: Result<Done<'_>, Error>,
     ) {
+        let op_fabric = self.op_fabric.take();
         let now = unix_ns();
         let latency = now.saturating_sub(t0).max(1);
         if t0 < self.window_start {
             return; // warm-up
         }
-        let one = c.one_at_a_time();
         let o = &mut self.out;
         o.offered += 1;
-        let (fops, fbytes) = fabric_cost(&before, &c.fabric_stats());
+        let (fops, fbytes) = op_fabric.unwrap_or_else(|| fabric_cost(&before, &c.fabric_stats()));
         match (r, op.kind) {
             (Err(e), _) => {
                 o.errors += 1;
@@ -652,17 +651,13 @@ impl<C: Counted> Observer<C> for AgentThread {
             (Ok(_), OpKind::Get) => {
                 o.gets += 1;
                 o.gh.saturating_record(latency);
-                if one {
-                    o.fg.record(fops, fbytes);
-                }
+                o.fg.record(fops, fbytes);
                 o.cells.completed(now, Some(latency));
             }
             (Ok(_), _) => {
                 o.puts += 1;
                 o.ph.saturating_record(latency);
-                if one {
-                    o.fp.record(fops, fbytes);
-                }
+                o.fp.record(fops, fbytes);
                 o.cells.completed(now, None);
             }
         }

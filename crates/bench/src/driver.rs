@@ -46,6 +46,11 @@ pub trait Observer<C> {
     }
     /// Just before the operation is issued.
     fn invoke(&mut self, client: &C, op: &Planned) -> Self::Token;
+    /// With several operations in flight, just before [`Observer::complete`]: the fabric
+    /// operations this one issued (the counters around it would mix in the others').
+    fn fabric_done(&mut self, fabric: &nessie_fabric::StatsSnapshot) {
+        let _ = fabric;
+    }
     /// Just after it returned.
     fn complete(
         &mut self,
@@ -154,6 +159,7 @@ where
             Ok(_) => Ok(Done::Put),
             Err(e) => Err(e.clone()),
         };
+        observer.fabric_done(&done.fabric);
         observer.complete(pipeline, &planned, token, r);
     }
     debug_assert!(running.is_empty());

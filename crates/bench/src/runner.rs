@@ -86,6 +86,8 @@ pub enum BenchError {
     Background(u16),
     #[error("--keys must be positive")]
     NoKeys,
+    #[error("--inflight {0} runs closed loop only: it cannot be used with --target-load")]
+    InflightOpenLoop(u16),
     #[error("--eviction: {0}")]
     Eviction(String),
     #[error("--transport: {0}")]
@@ -229,6 +231,10 @@ fn validate(p: &BenchParams) -> Result<Mode3, BenchError> {
     }
     if p.keys == Some(0) {
         return Err(BenchError::NoKeys);
+    }
+    in_range("inflight", p.inflight, 1, crate::agent::MAX_INFLIGHT)?;
+    if p.inflight > 1 && p.target_load.is_some() {
+        return Err(BenchError::InflightOpenLoop(p.inflight));
     }
     Ok(mode)
 }

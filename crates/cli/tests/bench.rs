@@ -452,6 +452,12 @@ fn bad_parameters_are_refused_before_starting_anything() {
             &["--scale-to", "2", "--kill-node", "1"][..],
             "cannot be used with",
         ),
+        (
+            &["--inflight", "4", "--target-load", "0.5"][..],
+            "closed loop only",
+        ),
+        (&["--inflight", "65"][..], "--inflight"),
+        (&["--inflight", "0"][..], "--inflight"),
     ] {
         let o = Command::new(BIN)
             .args(["bench", "--nodes", "3", "--duration", "2"])
@@ -537,4 +543,50 @@ fn ycsb_workloads_run_and_record_their_mix() {
             "{w}: {share} of operations read"
         );
     }
+}
+
+/// `--inflight`: each client thread keeps that many operations in flight (a pipeline of
+/// clients); the result records it, every operation succeeds, and over tcp, where a GET waits
+/// on the peer, the same thread completes more of them than one at a time does.
+#[test]
+fn operations_in_flight_run_and_are_recorded() {
+    let one = bench(
+        "cd",
+        &[
+            "--nodes",
+            "2",
+            "--client-threads",
+            "1",
+            "--get-ratio",
+            "0.8",
+        ],
+    );
+    let many = bench(
+        "cd",
+        &[
+            "--nodes",
+            "2",
+            "--client-threads",
+            "1",
+            "--get-ratio",
+            "0.8",
+            "--inflight",
+            "8",
+        ],
+    );
+    check(&many, "cd");
+    assert_eq!(many["params"]["inflight"].as_u64(), Some(8));
+    assert_eq!(one["params"]["inflight"].as_u64(), Some(1));
+    for v in [&one, &many] {
+        assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
+        assert!(v["ops"]["get"].as_u64().unwrap() > 100, "{v}");
+        assert!(v["ops"]["put"].as_u64().unwrap() > 10, "{v}");
+    }
+    // The YCSB mixes with read-modify-writes run through the pipeline too.
+    let f = bench(
+        "cd",
+        &["--nodes", "2", "--workload", "ycsb-f", "--inflight", "4"],
+    );
+    assert_eq!(f["errors"].as_u64(), Some(0), "{f}");
+    assert!(f["ops"]["put"].as_u64().unwrap() > 10, "{f}");
 }

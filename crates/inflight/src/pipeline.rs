@@ -19,7 +19,7 @@ use std::rc::Rc;
 
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult};
-use nessie_fabric::Post;
+use nessie_fabric::{Post, StatsSnapshot};
 use nessie_protocols::{Error, KvClient};
 
 use crate::op::{Op, Outcome};
@@ -50,10 +50,17 @@ pub struct Completion {
     /// have taken effect (`KvClient::evicted_unsure`): empty without an eviction policy.
     pub evicted: Vec<Vec<u8>>,
     pub evicted_unsure: Vec<Vec<u8>>,
+    /// The fabric operations it issued (its slot's counters over its run).
+    pub fabric: StatsSnapshot,
 }
 
 /// What a slot's coroutine yields when its operation is done.
-type Finished = (Result<Outcome, Error>, Vec<Vec<u8>>, Vec<Vec<u8>>);
+type Finished = (
+    Result<Outcome, Error>,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+    StatsSnapshot,
+);
 
 type SlotCoroutine = Coroutine<Resume<Op>, Suspend<Finished>, (), DefaultStack>;
 
@@ -162,10 +169,12 @@ impl<E: Post + 'static> Pipeline<E> {
                     let Resume::Start(op) = next else {
                         panic!("slot {s}: resumed while idle");
                     };
+                    let before = c.stats[s].snapshot();
                     let r = op.run(&mut *client);
+                    let fabric = c.stats[s].snapshot().saturating_sub(&before);
                     let evicted = client.evicted().to_vec();
                     let unsure = client.evicted_unsure().to_vec();
-                    next = y.suspend(Suspend::Done((r, evicted, unsure)));
+                    next = y.suspend(Suspend::Done((r, evicted, unsure, fabric)));
                 }
             });
             slots.push(Slot {
@@ -352,12 +361,13 @@ impl<E: Post + 'static> Pipeline<E> {
             CoroutineResult::Yield(Suspend::Sleeping(until)) => {
                 slot.busy = Busy::Sleeping(ticket, key, until)
             }
-            CoroutineResult::Yield(Suspend::Done((result, evicted, evicted_unsure))) => {
+            CoroutineResult::Yield(Suspend::Done((result, evicted, evicted_unsure, fabric))) => {
                 self.done.push_back(Completion {
                     ticket,
                     result,
                     evicted,
                     evicted_unsure,
+                    fabric,
                 })
             }
             CoroutineResult::Return(()) => unreachable!("a slot's coroutine never returns"),

@@ -58,6 +58,8 @@ pub(crate) struct Waits {
 pub(crate) struct Core<E> {
     pub(crate) ep: RefCell<E>,
     pub(crate) waits: Vec<RefCell<Waits>>,
+    /// Per slot, its own counters (the shared endpoint counts for all slots together).
+    pub(crate) stats: Vec<StatsCell>,
     /// Per slot, the yielder of its coroutine (null until the coroutine first runs).
     yielders: Vec<Cell<*const ()>>,
     /// Give way after every fabric step, even one that finished at once (tests: operations
@@ -70,6 +72,7 @@ impl<E: Post> Core<E> {
         Self {
             ep: RefCell::new(ep),
             waits: (0..slots).map(|_| RefCell::default()).collect(),
+            stats: (0..slots).map(|_| StatsCell::default()).collect(),
             yielders: (0..slots).map(|_| Cell::new(std::ptr::null())).collect(),
             interleave,
         }
@@ -111,8 +114,6 @@ pub struct SlotEndpoint<E, Op, Out> {
     slot: usize,
     node: NodeId,
     node_count: usize,
-    /// This slot's own counters (the shared endpoint counts for all slots together).
-    stats: StatsCell,
     _marker: std::marker::PhantomData<fn(Op) -> Out>,
 }
 
@@ -135,7 +136,6 @@ impl<E: Post, Op, Out> SlotEndpoint<E, Op, Out> {
             slot,
             node,
             node_count,
-            stats: StatsCell::default(),
             _marker: std::marker::PhantomData,
         }
     }
@@ -197,10 +197,11 @@ impl<E: Post, Op, Out> SlotEndpoint<E, Op, Out> {
         }
         for (op, r) in ops.iter().zip(out.iter()) {
             match r {
-                Some(Ok(_)) => {
-                    self.stats
-                        .record(op.kind(), self.locality(op.addr()), op.len() as u64)
-                }
+                Some(Ok(_)) => self.core.stats[self.slot].record(
+                    op.kind(),
+                    self.locality(op.addr()),
+                    op.len() as u64,
+                ),
                 Some(Err(_)) => {}
                 None => unreachable!(
                     "slot {}: an operation neither finished nor reported",
@@ -366,6 +367,6 @@ impl<E: Post, Op, Out> Endpoint for SlotEndpoint<E, Op, Out> {
     }
 
     fn stats(&self) -> &StatsCell {
-        &self.stats
+        &self.core.stats[self.slot]
     }
 }
