@@ -676,6 +676,17 @@ impl UcxEndpoint {
     }
 }
 
+/// Posted operations still in flight are settled before the endpoint's UCX objects go: their
+/// buffers are their posters', which may outlive the endpoint only by a moment (a pipeline
+/// unwinding), and a request must not complete into them after.
+impl Drop for UcxEndpoint {
+    fn drop(&mut self) {
+        while let Some(node) = self.posted.first().map(|p| p.node) {
+            self.settle_posted_to(node, "the endpoint was dropped");
+        }
+    }
+}
+
 /// Natively: a posted operation is one nbx call (a WRITE's followed by a flush of its
 /// endpoint once it completed locally), tested by later polls. Operations that bypass UCX (own
 /// memory, mapped peers) finish at once, as in a batch.
@@ -752,12 +763,13 @@ impl Post for UcxEndpoint {
                     // Force-close its endpoint: it (and the endpoint's others) complete with an
                     // error, reported as a timeout below.
                     p.forced = true;
-                    p.deadline_ns = t + self.timeout_ns;
                     let worker = self.conn.worker().raw();
                     // SAFETY: the endpoint is live (module invariant above).
                     unsafe {
                         ffi::nsh_ep_fail(worker, p.p.op.ep, ffi::UCS_ERR_TIMED_OUT, self.timeout_ns)
                     };
+                    // The close itself may take up to a timeout: the grace counts from its end.
+                    p.deadline_ns = nessie_fabric::monotonic_ns() + self.timeout_ns;
                 }
                 i += 1;
                 continue;

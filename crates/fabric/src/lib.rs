@@ -30,7 +30,7 @@ pub mod stats;
 pub use addr::{NodeId, RegionId, RemoteAddr, ALIGN};
 pub use batch::{Batch, BatchOp, OpId, MAX_BATCH_OPS};
 pub use error::{ConfigError, FabricError};
-pub use post::{Post, PostResult, PostToken, MAX_POSTED};
+pub use post::{NoYield, Post, PostResult, PostToken, MAX_POSTED};
 pub use stats::{FabricStats, Locality, OpKind, StatsCell, StatsSnapshot};
 
 /// One worker thread's handle onto the fabric.

@@ -68,6 +68,36 @@ pub trait Post: Endpoint {
     }
 }
 
+thread_local! {
+    /// Open [`NoYield`] sections on this thread.
+    static NO_YIELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A section in which the thread's client must not give way to other clients of the thread
+/// (`nessie-inflight`'s coroutines): its fabric operations wait where they are. Taken while a
+/// lock is held across fabric operations (the class allocator's): a client suspended while
+/// holding it would leave its thread's other clients to block on it, and the thread with them.
+#[must_use = "the section ends when the guard is dropped"]
+pub struct NoYield(());
+
+impl NoYield {
+    pub fn enter() -> Self {
+        NO_YIELD.with(|n| n.set(n.get() + 1));
+        NoYield(())
+    }
+
+    /// Whether a client running on this thread may give way now (no section is open).
+    pub fn may_yield() -> bool {
+        NO_YIELD.with(|n| n.get() == 0)
+    }
+}
+
+impl Drop for NoYield {
+    fn drop(&mut self) {
+        NO_YIELD.with(|n| n.set(n.get() - 1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +130,16 @@ mod tests {
             0
         );
         assert_eq!(ep.posted_in_flight(), 0);
+    }
+
+    #[test]
+    fn no_yield_sections_nest() {
+        assert!(NoYield::may_yield());
+        let a = NoYield::enter();
+        let b = NoYield::enter();
+        drop(a);
+        assert!(!NoYield::may_yield());
+        drop(b);
+        assert!(NoYield::may_yield());
     }
 }

@@ -356,7 +356,10 @@ impl<E: Post + 'static> Pipeline<E> {
             Busy::Waiting(t, k) | Busy::Sleeping(t, k, _) => (t, k),
             Busy::Idle => unreachable!("slot {s} resumed while idle"),
         };
-        match slot.co.resume(input) {
+        let prev = self.core.running.replace(Some(s));
+        let r = slot.co.resume(input);
+        self.core.running.set(prev);
+        match r {
             CoroutineResult::Yield(Suspend::Waiting) => slot.busy = Busy::Waiting(ticket, key),
             CoroutineResult::Yield(Suspend::Sleeping(until)) => {
                 slot.busy = Busy::Sleeping(ticket, key, until)

@@ -22,8 +22,8 @@ use std::rc::Rc;
 
 use corosensei::Yielder;
 use nessie_fabric::{
-    Batch, BatchOp, Endpoint, FabricError, Locality, NodeId, Post, PostResult, PostToken, RegionId,
-    RemoteAddr, StatsCell, MAX_BATCH_OPS,
+    Batch, BatchOp, Endpoint, FabricError, Locality, NoYield, NodeId, Post, PostResult, PostToken,
+    RegionId, RemoteAddr, StatsCell, MAX_BATCH_OPS,
 };
 
 /// What the scheduler hands a slot's coroutine when it resumes it.
@@ -65,6 +65,21 @@ pub(crate) struct Core<E> {
     /// Give way after every fabric step, even one that finished at once (tests: operations
     /// on one in-process fabric then interleave step by step).
     pub(crate) interleave: bool,
+    /// The slot whose coroutine runs now (set by the pipeline around each resume): only its
+    /// endpoint may suspend, and only inside it.
+    pub(crate) running: Cell<Option<usize>>,
+    /// The thread the pipeline was made on, by the address of a thread-local of it: a slot's
+    /// endpoint is never used from another (see `SlotEndpoint`'s `Send`).
+    thread: usize,
+}
+
+thread_local! {
+    static THREAD_MARK: u8 = const { 0 };
+}
+
+/// This thread, as an address unique among live threads.
+fn this_thread() -> usize {
+    THREAD_MARK.with(|m| m as *const u8 as usize)
 }
 
 impl<E: Post> Core<E> {
@@ -75,6 +90,8 @@ impl<E: Post> Core<E> {
             stats: (0..slots).map(|_| StatsCell::default()).collect(),
             yielders: (0..slots).map(|_| Cell::new(std::ptr::null())).collect(),
             interleave,
+            running: Cell::new(None),
+            thread: this_thread(),
         }
     }
 
@@ -105,6 +122,31 @@ impl<E: Post> Core<E> {
     /// Whether slot `slot` waits for no operation.
     pub(crate) fn is_ready(&self, slot: usize) -> bool {
         self.waits[slot].borrow().in_flight == 0
+    }
+}
+
+/// Waits, when dropped during an unwind, for the slot's operations still in flight.
+struct DrainOnUnwind<'a, E: Post> {
+    core: &'a Core<E>,
+    slot: usize,
+}
+
+impl<E: Post> Drop for DrainOnUnwind<'_, E> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        // Every posted operation is reported within its deadline (and the backend aborts
+        // rather than let one outlive a forced close), so this ends.
+        while !self.core.is_ready(self.slot) {
+            let Ok(mut ep) = self.core.ep.try_borrow_mut() else {
+                // The endpoint itself panicked mid-call: nothing can be polled. Leaving would
+                // free memory UCX may still write into.
+                std::process::abort();
+            };
+            let core = self.core;
+            ep.poll_posted(&mut |t, r| core.deliver(t, r));
+        }
     }
 }
 
@@ -140,12 +182,21 @@ impl<E: Post, Op, Out> SlotEndpoint<E, Op, Out> {
         }
     }
 
-    /// The yielder of this slot's coroutine, if the call runs inside it.
+    /// The yielder of this slot's coroutine, if the call runs inside it and may give way now
+    /// (no [`NoYield`] section is open); `None`: wait where it is.
     fn yielder(&self) -> Option<&SlotYielder<Op, Out>> {
+        assert_eq!(
+            this_thread(),
+            self.core.thread,
+            "a pipeline's slot used from another thread than its pipeline's"
+        );
+        if self.core.running.get() != Some(self.slot) || !NoYield::may_yield() {
+            return None;
+        }
         let p = self.core.yielders[self.slot].get() as *const SlotYielder<Op, Out>;
-        // SAFETY: set by the coroutine itself from the yielder it was given, which lives as
-        // long as the coroutine; this endpoint lives inside the coroutine's client, so any call
-        // on it runs inside that coroutine (or, before it first ran, sees null).
+        // SAFETY: set by this slot's coroutine from the yielder it was given, which lives as
+        // long as the coroutine; `running` says that coroutine is the one running now, so this
+        // call is inside it.
         unsafe { p.as_ref() }
     }
 
@@ -158,6 +209,12 @@ impl<E: Post, Op, Out> SlotEndpoint<E, Op, Out> {
             let w = self.core.waits[self.slot].borrow();
             assert_eq!(w.in_flight, 0, "slot {}: a second wait (I1)", self.slot);
         }
+        // Unwinding out of here (a panic, or the coroutine dropped while it waits) must not
+        // leave operations in flight on memory about to go (I2): the guard waits for them.
+        let _drain = DrainOnUnwind {
+            core: &self.core,
+            slot: self.slot,
+        };
         let mut posted = 0;
         for (i, op) in ops.iter_mut().enumerate() {
             let token = (self.slot * MAX_BATCH_OPS + i) as PostToken;

@@ -24,10 +24,14 @@ struct Cluster {
 
 impl Cluster {
     fn new(ites_per_node: u64, cfg: ProtocolConfig) -> Self {
+        Self::with_dtes(ites_per_node, 512, cfg)
+    }
+
+    fn with_dtes(ites_per_node: u64, dtes_per_node: u64, cfg: ProtocolConfig) -> Self {
         let g = Geometry {
             nodes: 3,
             ites_per_node,
-            dtes_per_node: 512,
+            dtes_per_node,
             key_max: 16,
             value_max: 64,
             hash_functions: 3,
@@ -375,4 +379,36 @@ fn mutation_skipping_the_reverse_pass_is_caught_through_pipelines() {
     let caught = caught.count();
     eprintln!("{caught} of 16 runs rejected");
     assert!(caught > 0, "no run of the mutated protocol was rejected");
+}
+
+/// Under an eviction policy, writers take the allocator's lock across fabric operations and
+/// other writers of the thread check it after every PUT: a slot holding it never gives way
+/// (`NoYield`), so the thread's other slots never block on it. Before, this run hung.
+#[test]
+fn pipelines_evicting_from_full_tables_do_not_block_their_thread() {
+    let cfg = ProtocolConfig {
+        eviction: nessie_protocols::Eviction::AllkeysLru,
+        ..fast_cfg()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let c = Cluster::with_dtes(256, 96, cfg);
+        let mut p = c.pipeline(0, 0, interleaved(8, 5));
+        for k in 0..2_000u64 {
+            p.submit(Op::put(key(k), value(k)));
+        }
+        let done = p.drain();
+        let ok = done.iter().filter(|d| d.result.is_ok()).count();
+        let evicted: usize = done.iter().map(|d| d.evicted.len()).sum();
+        tx.send((done.len(), ok, evicted)).unwrap();
+    });
+    let (n, ok, evicted) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the pipeline's thread hung");
+    assert_eq!(n, 2_000);
+    assert!(ok > 1_900, "{ok} of 2000 PUTs stored");
+    assert!(
+        evicted > 500,
+        "the tables ran full and PUTs evicted ({evicted})"
+    );
 }

@@ -41,7 +41,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use nessie_fabric::{Endpoint, FabricError, NodeId, RemoteAddr};
+use nessie_fabric::{Endpoint, FabricError, NoYield, NodeId, RemoteAddr};
 
 use crate::classes::SizeClasses;
 use crate::dte::{DteLayout, HEADER_OFF, RECYCLE_OFF};
@@ -49,6 +49,26 @@ use crate::pages::{self, Claim, PageWord, PAGE_REGION};
 use crate::DATA_REGION;
 
 /// First and longest back-off of a thread waiting for the allocator in virtual time (ns).
+/// The allocator's state as a client holds it across fabric operations
+/// ([`ClassTable::lock_state`]): the lock, and no giving way meanwhile.
+struct Held<'a> {
+    guard: MutexGuard<'a, State>,
+    _no_yield: NoYield,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
 const LOCK_BACKOFF_MIN_NS: u64 = 100;
 const LOCK_BACKOFF_MAX_NS: u64 = 1_600;
 
@@ -744,14 +764,22 @@ impl ClassTable {
     /// it taken waits with back-off sleeps, as a spinning waiter would: its holder may be a
     /// client of this very thread, and a thread asleep in the kernel is invisible to the
     /// simulator's scheduler, which can only find it by polling.
-    fn lock_state<E: Endpoint>(&self, ep: &mut E) -> MutexGuard<'_, State> {
+    ///
+    /// While it is held, the client does not give way to its thread's other clients
+    /// ([`NoYield`]): one of them would find the lock taken by a client that cannot run until it
+    /// gives way in turn (the plain `lock()`s below would block the whole thread on it).
+    fn lock_state<E: Endpoint>(&self, ep: &mut E) -> Held<'_> {
+        let held = |guard| Held {
+            guard,
+            _no_yield: NoYield::enter(),
+        };
         if !ep.shares_thread() {
-            return self.state.lock().unwrap();
+            return held(self.state.lock().unwrap());
         }
         let mut backoff = LOCK_BACKOFF_MIN_NS;
         loop {
             match self.state.try_lock() {
-                Ok(s) => return s,
+                Ok(s) => return held(s),
                 Err(TryLockError::WouldBlock) => {
                     ep.sleep_ns(backoff);
                     backoff = (backoff * 2).min(LOCK_BACKOFF_MAX_NS);
