@@ -249,23 +249,33 @@ fn few_fault_errors(v: &serde_json::Value) -> (u64, serde_json::Map<String, serd
 /// run ends; the only failed operations are a few caught by the failure.
 #[test]
 fn a_node_killed_mid_run_shows_as_a_stall_and_recovery() {
-    let v = bench(
-        "cd",
-        &[
-            "--replicas",
-            "2",
-            "--get-ratio",
-            "0.9",
-            "--duration",
-            "24",
-            "--kill-node",
-            "2",
-            "--kill-at",
-            "1",
-            "--restart-at",
-            "4",
-        ],
-    );
+    killed_mid_run(&[]);
+}
+
+/// The same with every client thread a pipeline of 8 operations in flight: the survivors'
+/// pipelines go on through the failure and the rejoin (operations in flight to the dead node
+/// fail or wait, the others complete), within the same bounds.
+#[test]
+fn a_node_killed_mid_run_with_operations_in_flight() {
+    killed_mid_run(&["--inflight", "8"]);
+}
+
+fn killed_mid_run(extra: &[&str]) {
+    let args = [
+        "--replicas",
+        "2",
+        "--get-ratio",
+        "0.9",
+        "--duration",
+        "24",
+        "--kill-node",
+        "2",
+        "--kill-at",
+        "1",
+        "--restart-at",
+        "4",
+    ];
+    let v = bench("cd", &[&args[..], extra].concat());
     let f = &v["fault"];
     assert_eq!(f["node"], 2, "{f}");
     assert_eq!(

@@ -49,6 +49,9 @@ pub struct UcxEndpoint {
     settled: Vec<(PostToken, PostResult)>,
     /// Since when polls of posted operations found nothing (`Post::posted_idle`).
     idle_since: Option<u64>,
+    /// Peer connections failed or replaced so far: a batch wave that saw this change while it
+    /// gathered operations derives their endpoints and rkeys again (the old ones are freed).
+    conn_changes: u64,
     // Drop order: UCX objects (rkeys, endpoints, worker) before the shared node state that
     // holds the context.
     conn: ConnectedWorker,
@@ -249,6 +252,7 @@ impl UcxEndpoint {
             posted: Vec::new(),
             settled: Vec::new(),
             idle_since: None,
+            conn_changes: 0,
             conn,
             shared,
         };
@@ -303,6 +307,7 @@ impl UcxEndpoint {
     /// Replace the connection to peer `n` with a new one made from its known info.
     fn connect_again(&mut self, n: usize) {
         self.settle_posted_to(n as NodeId, "the connection was replaced");
+        self.conn_changes += 1;
         let Some(info) = self.peers[n].info.take() else {
             self.conn.disconnect(n);
             self.peers[n].dead = Some("its restarted process is not known yet".into());
@@ -433,6 +438,7 @@ impl UcxEndpoint {
         let msg = ffi::status_string(status);
         if !is_fatal_local(status) {
             self.settle_posted_to(node, &msg);
+            self.conn_changes += 1;
         }
         if is_fatal_local(status) {
             return FabricError::Transport(format!("{op} to node {node}: {msg}"));
@@ -564,6 +570,7 @@ impl UcxEndpoint {
             wave.len()
         );
         self.refresh_peers();
+        let mut changes = self.conn_changes;
         let mut posted = [ffi::NshBatchOp::EMPTY; MAX_BATCH_OPS];
         let mut which = [0usize; MAX_BATCH_OPS];
         let mut n = 0;
@@ -583,6 +590,26 @@ impl UcxEndpoint {
             posted[n] = p;
             which[n] = i;
             n += 1;
+        }
+        // A later operation of the wave may have failed or replaced a peer's connection
+        // (`fail`, `connect_again` from a direct operation's refresh): the endpoints and rkeys
+        // gathered before it may be freed. Derive them again until nothing changes (a failed
+        // peer is dead, so this ends).
+        while self.conn_changes != changes {
+            changes = self.conn_changes;
+            let mut m = 0;
+            for k in 0..n {
+                let i = which[k];
+                match self.ucx_op(batch.op_mut(i)) {
+                    Ok(p) => {
+                        posted[m] = p;
+                        which[m] = i;
+                        m += 1;
+                    }
+                    Err(r) => batch.complete(i, r),
+                }
+            }
+            n = m;
         }
         if n == 0 {
             return;
