@@ -198,7 +198,16 @@ impl NodeContext {
     /// A new client worker of the cluster's protocol with protocol configuration `pcfg`
     /// (e.g. with some optimisations switched off).
     pub fn client(&self, pcfg: &ProtocolConfig) -> Result<NodeClient, NodeError> {
-        let ep = self.endpoint()?;
+        self.client_over(self.endpoint()?, pcfg)
+    }
+
+    /// A client worker of the cluster's protocol over `ep` (this node's endpoint, replicated
+    /// as the cluster is): its request slot leased, its worker id taken, the fence set.
+    fn client_over<E: nessie_fabric::Endpoint>(
+        &self,
+        ep: E,
+        pcfg: &ProtocolConfig,
+    ) -> Result<ModeClient<E>, NodeError> {
         let slot = match &self.slots {
             None => None,
             Some(pool) => Some(pool.take().ok_or(NodeError::SlotsInUse {
@@ -229,26 +238,10 @@ impl NodeContext {
         let opts = nessie_inflight::PipelineOptions::new(slots);
         let p = nessie_inflight::Pipeline::new(base, opts, |_, ep| {
             let ep = Replicated::new(ep, self.replicas.clone(), self.fence.clone());
-            let slot = match &self.slots {
-                None => None,
-                Some(pool) => Some(pool.take().ok_or_else(|| {
-                    nessie_protocols::Error::Config(
-                        NodeError::SlotsInUse {
-                            node: self.id,
-                            max: self.cfg.cluster.max_clients_per_node,
-                        }
-                        .to_string(),
-                    )
-                })?),
-            };
-            let (table, cfg) = (self.table.clone(), pcfg.clone());
-            let mut client = self
-                .plan
-                .client(ep, table, cfg, || self.worker_id(), slot)?;
-            if let ModeClient::Cd(c) = &mut client {
-                c.set_fence(self.fence.clone());
-            }
-            Ok(client)
+            self.client_over(ep, pcfg).map_err(|e| match e {
+                NodeError::Protocol(e) => e,
+                e => nessie_protocols::Error::Config(e.to_string()),
+            })
         })?;
         Ok(p)
     }
