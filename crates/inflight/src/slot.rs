@@ -164,7 +164,8 @@ pub struct SlotEndpoint<E, Op, Out> {
 // endpoint inside its client, inside its coroutine), which is created on one thread and is not
 // `Send`; a slot endpoint is never handed out of it. So no two clones of the `Rc` are ever used
 // from two threads. `Endpoint: Send` is required of every endpoint because most are moved to
-// their worker thread; this one is built on its thread by `Pipeline::new`.
+// their worker thread; this one is built on its thread by `Pipeline::new`. A factory that
+// moved one out anyway would be stopped at its first operation: `yielder` asserts the thread.
 unsafe impl<E, Op, Out> Send for SlotEndpoint<E, Op, Out> {}
 
 impl<E: Post, Op, Out> SlotEndpoint<E, Op, Out> {
