@@ -115,8 +115,8 @@ impl PipelineOptions {
     }
 }
 
-/// Many operations in flight on one thread (module comment). Not `Send`: it is built and used
-/// on one thread.
+/// Many operations in flight on one thread (module comment). Not `Send` (it holds an `Rc`):
+/// it is built and used on one thread.
 pub struct Pipeline<E: Post + 'static> {
     core: Rc<Core<E>>,
     slots: Vec<Slot>,
@@ -125,8 +125,6 @@ pub struct Pipeline<E: Post + 'static> {
     next_ticket: u64,
     rng: Option<u64>,
     opts: PipelineOptions,
-    /// Not `Send` (see `SlotEndpoint`'s `Send`).
-    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 /// A slot's endpoint in a pipeline over `E`.
@@ -190,7 +188,6 @@ impl<E: Post + 'static> Pipeline<E> {
             next_ticket: 0,
             rng: opts.shuffle_seed.map(|s| s | 1),
             opts,
-            _not_send: std::marker::PhantomData,
         })
     }
 
