@@ -282,6 +282,11 @@ struct UpArgs {
     /// Redis has, suits a machine with few cores).
     #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_THREADS)]
     frontend_threads: u16,
+    /// Operations each front-end event loop runs at once for a pipelined batch's plain GETs
+    /// and SETs (client-driven mode); 1 runs every command on its own.
+    #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_INFLIGHT,
+          value_parser = clap::value_parser!(u16).range(1..=nessie_cluster::config::MAX_FRONTEND_INFLIGHT as i64))]
+    frontend_inflight: u16,
     /// Extra argument for every node process (repeatable; for tests, e.g. --node-arg=--inject-delay=1,0.02,20000).
     #[arg(long = "node-arg", hide = true)]
     node_args: Vec<String>,
@@ -402,6 +407,9 @@ struct NodeArgs {
     /// Inject random delays around fabric operations: SEED,PROBABILITY,MAX_NS (tests only).
     #[arg(long, hide = true)]
     inject_delay: Option<String>,
+    /// Mutation (tests only): the front ends' batches break same-key order.
+    #[arg(long, hide = true)]
+    mutation_unordered_batches: bool,
 }
 
 #[derive(clap::Args)]
@@ -834,6 +842,7 @@ fn up_frontends(a: &UpArgs) -> Result<Option<nessie_cluster::config::FrontendsSe
     let mut frontends = frontends_of([a.memcached_port, a.resp_port, a.metrics_port], &a.bind);
     if let Some(f) = frontends.as_mut() {
         f.threads = a.frontend_threads;
+        f.inflight = a.frontend_inflight;
         if let Some(path) = &a.resp_password_file {
             f.resp_password = Some(read_password(path)?);
         }
@@ -879,6 +888,7 @@ fn frontends_of(
             metrics_port,
             resp_password: None,
             threads: nessie_cluster::config::DEFAULT_FRONTEND_THREADS,
+            inflight: nessie_cluster::config::DEFAULT_FRONTEND_INFLIGHT,
             bind: bind.to_string(),
             max_connections: nessie_cluster::config::DEFAULT_FRONTEND_CONNECTIONS,
         }
@@ -1711,6 +1721,7 @@ fn run_node(a: NodeArgs) -> Result<ExitCode, CliError> {
         nessie_cluster::node::NodeOptions {
             delay,
             extension: Some(std::sync::Arc::new(nessie_bench::agent::BenchAgent)),
+            mutation_unordered_batches: a.mutation_unordered_batches,
         },
     )?;
     Ok(ExitCode::SUCCESS)

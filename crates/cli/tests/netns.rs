@@ -335,6 +335,7 @@ impl ExposureBed {
             bind: bind.into(),
             max_connections: 16,
             threads: 1,
+            inflight: 1,
         });
         cfg.validate().unwrap();
         let p = self.dir.join("cluster.toml");

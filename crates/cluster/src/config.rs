@@ -346,6 +346,10 @@ pub struct FrontendsSection {
     /// their operations: one, as Redis has, unless the machine has cores to spare.
     #[serde(default = "default_frontend_threads")]
     pub threads: u16,
+    /// Operations each event loop runs at once for a pipelined batch's plain GETs and SETs
+    /// (client-driven mode; `nessie_inflight`): 1 runs every command on its own.
+    #[serde(default = "default_frontend_inflight")]
+    pub inflight: u16,
 }
 
 /// Default `[frontends] threads`.
@@ -355,6 +359,15 @@ pub const MAX_FRONTEND_THREADS: u16 = nessie_serve::frontends::MAX_LOOPS;
 
 fn default_frontend_threads() -> u16 {
     DEFAULT_FRONTEND_THREADS
+}
+
+/// Default `[frontends] inflight`.
+pub const DEFAULT_FRONTEND_INFLIGHT: u16 = 16;
+/// Most `[frontends] inflight`: a pipeline's most slots.
+pub const MAX_FRONTEND_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
+
+fn default_frontend_inflight() -> u16 {
+    DEFAULT_FRONTEND_INFLIGHT
 }
 
 /// A password: written to `cluster.toml` as it is, never printed (`Debug` hides it).
@@ -743,6 +756,12 @@ impl ClusterConfig {
             return Err(InvalidConfig::Frontends(format!(
                 "threads = {} is not in 1..={MAX_FRONTEND_THREADS}",
                 f.threads
+            )));
+        }
+        if !(1..=MAX_FRONTEND_INFLIGHT).contains(&f.inflight) {
+            return Err(InvalidConfig::Frontends(format!(
+                "inflight = {} is not in 1..={MAX_FRONTEND_INFLIGHT}",
+                f.inflight
             )));
         }
         if !(1..=MAX_FRONTEND_CONNECTIONS).contains(&f.max_connections) {

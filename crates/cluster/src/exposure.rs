@@ -420,6 +420,7 @@ mod tests {
             bind: "0.0.0.0".into(),
             max_connections: 16,
             threads: 1,
+            inflight: 1,
         });
         let err = check(&c, 0).unwrap_err().to_string();
         assert!(

@@ -17,6 +17,8 @@
 //! - `node`, `process`: a node process, and starting and stopping them.
 //! - `route`: which node a CLI operation on a key goes to, with fallback to the others.
 //! - `metrics`: a node's Prometheus metrics (its clients' operations, a snapshot of the node).
+//! - `frontstore`: the store behind a node's front ends: its client pool, and a pipeline per
+//!   event loop that runs a pipelined batch's GETs and SETs concurrently.
 //!
 //! Membership (epochs in etcd, the monitor, the etcd client) is `nessie_membership`; the
 //! local etcd that `nessie up` starts is `process::etcd_server`. What a node serves its
@@ -35,6 +37,8 @@ pub mod bootstrap;
 pub mod config;
 #[cfg(feature = "ucx")]
 pub mod exposure;
+#[cfg(feature = "ucx")]
+pub mod frontstore;
 pub mod local;
 #[cfg(feature = "ucx")]
 pub mod metrics;

@@ -77,6 +77,9 @@ pub struct NodeOptions {
     pub delay: Option<DelayInjection>,
     /// Serves EXTENSION admin requests (the benchmark agent).
     pub extension: Option<Arc<dyn NodeExtension>>,
+    /// Mutation for tests: the front ends' pipelines let an operation start while another on
+    /// its key runs (breaks same-key order, P1).
+    pub mutation_unordered_batches: bool,
 }
 
 pub fn ucx_config(cfg: &ClusterConfig) -> UcxConfig {
@@ -173,6 +176,10 @@ pub type NodeEndpoint = Replicated<MaybeDelayed<UcxEndpoint>>;
 /// this endpoint, each replicated above it.
 pub type NodePipeline = nessie_inflight::Pipeline<MaybeDelayed<UcxEndpoint>>;
 
+/// The client of one slot of a [`NodePipeline`].
+pub type SlotClient =
+    ModeClient<Replicated<nessie_inflight::PipelineEndpoint<MaybeDelayed<UcxEndpoint>>>>;
+
 impl NodeContext {
     pub(crate) fn endpoint(&self) -> Result<NodeEndpoint, NodeError> {
         let ep = self.ucx.endpoint(&self.fabric_infos)?;
@@ -230,15 +237,25 @@ impl NodeContext {
     /// one UCX worker, with `slots` operations in flight at once. Build it on the thread that
     /// uses it (it is not `Send`).
     pub fn pipeline(&self, pcfg: &ProtocolConfig, slots: usize) -> Result<NodePipeline, NodeError> {
+        self.pipeline_of(pcfg, nessie_inflight::PipelineOptions::new(slots), |c| c)
+    }
+
+    /// [`Self::pipeline`], each slot's client wrapped by `wrap` (the front ends' large-value
+    /// layer and metrics, as their pool's clients have).
+    pub fn pipeline_of<C: KvClient + 'static>(
+        &self,
+        pcfg: &ProtocolConfig,
+        opts: nessie_inflight::PipelineOptions,
+        wrap: impl Fn(SlotClient) -> C,
+    ) -> Result<NodePipeline, NodeError> {
         let base = MaybeDelayed::new(
             self.ucx.endpoint(&self.fabric_infos)?,
             self.delay.clone(),
             self.next_stream.fetch_add(1, Ordering::Relaxed),
         );
-        let opts = nessie_inflight::PipelineOptions::new(slots);
         let p = nessie_inflight::Pipeline::new(base, opts, |_, ep| {
             let ep = Replicated::new(ep, self.replicas.clone(), self.fence.clone());
-            self.client_over(ep, pcfg).map_err(|e| match e {
+            self.client_over(ep, pcfg).map(&wrap).map_err(|e| match e {
                 NodeError::Protocol(e) => e,
                 e => nessie_protocols::Error::Config(e.to_string()),
             })
@@ -1018,7 +1035,7 @@ pub fn run_node(config_path: &Path, id: u16, opts: NodeOptions) -> Result<(), No
     // The front ends and the metrics listen before the admin socket answers, which is what
     // `up` waits for.
     let ops = Arc::new(nessie_serve::metered::OpMetrics::default());
-    let (frontends, expire) = serve_frontends(&ctx, id, entry.workers, &ops)?;
+    let (frontends, expire) = serve_frontends(&ctx, id, entry.workers, &ops, &opts)?;
     let metrics = serve_metrics(&ctx, id, &ops, &frontends)?;
     let admin = serve_admin(
         &ctx,
@@ -1264,6 +1281,7 @@ fn serve_frontends(
     id: u16,
     workers: u16,
     ops: &Arc<nessie_serve::metered::OpMetrics>,
+    opts: &NodeOptions,
 ) -> Result<Frontends, NodeError> {
     use nessie_serve::expire::{ExpiryReclaimer, CYCLE, WINDOW_SLOTS};
     use nessie_serve::frontends::FrontEnd;
@@ -1282,7 +1300,14 @@ fn serve_frontends(
     let mut started = Vec::new();
     if let Some(f) = f.filter(|_| serving) {
         check_fd_limit(f, [mc, resp].iter().flatten().count() as u64);
-        started = start_frontends(ctx, f, (mc, resp), &pool)?;
+        let store = Arc::new(front_store(
+            ctx,
+            f,
+            &pool,
+            ops,
+            opts.mutation_unordered_batches,
+        ));
+        started = start_frontends(ctx, f, (mc, resp), store)?;
     }
     let expire = if reclaim {
         let counters = started.iter().map(FrontEnd::counters).collect();
@@ -1299,6 +1324,37 @@ fn serve_frontends(
         None
     };
     Ok((started, expire))
+}
+
+/// The store of node `ctx`'s front ends: `pool` for commands run one at a time and, in
+/// client-driven mode with `[frontends] inflight` above 1, a pipeline of that many slots per
+/// event loop for pipelined batches, its clients wrapped as the pool's are.
+fn front_store(
+    ctx: &Arc<NodeContext>,
+    f: &crate::config::FrontendsSection,
+    pool: &Arc<ClientPool>,
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
+    mutation_unordered: bool,
+) -> crate::frontstore::FrontStore {
+    let inflight = f.inflight as usize;
+    let opts = nessie_inflight::PipelineOptions {
+        mutation_unordered_keys: mutation_unordered,
+        ..nessie_inflight::PipelineOptions::new(inflight)
+    };
+    let make: Option<Box<crate::frontstore::MakePipeline>> =
+        (matches!(ctx.mode, Mode::Cd) && inflight > 1).then(|| {
+            let (ctx, ops) = (ctx.clone(), ops.clone());
+            let large = ctx.cfg.large_limits().ok().flatten();
+            let served = f.metrics_addr(ctx.id).is_some();
+            Box::new(move || {
+                let pcfg = ctx.protocol_config();
+                ctx.pipeline_of(&pcfg, opts.clone(), |c| {
+                    served_client(c, large, served, &ops)
+                })
+                .map_err(|e| e.to_string())
+            }) as Box<crate::frontstore::MakePipeline>
+        });
+    crate::frontstore::FrontStore::new(pool.clone(), make, inflight)
 }
 
 /// Client workers of the expiry reclaimer of a node that serves no front end.
@@ -1331,7 +1387,7 @@ fn start_frontends(
     ctx: &Arc<NodeContext>,
     f: &crate::config::FrontendsSection,
     (mc, resp): (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>),
-    pool: &Arc<ClientPool>,
+    store: Arc<crate::frontstore::FrontStore>,
 ) -> Result<Vec<nessie_serve::frontends::FrontEnd>, NodeError> {
     use nessie_serve::frontends::FrontEnd;
     let g = ctx.geometry();
@@ -1340,7 +1396,7 @@ fn start_frontends(
     if let Some(addr) = mc {
         let fe = FrontEnd::memcached(
             addr,
-            pool.clone(),
+            store.clone(),
             g,
             item_max,
             f.max_connections,
@@ -1352,7 +1408,7 @@ fn start_frontends(
         let password = f.resp_password.as_ref().map(|p| p.0.clone());
         let fe = FrontEnd::resp(
             addr,
-            pool.clone(),
+            store.clone(),
             g,
             item_max,
             f.max_connections,
@@ -1453,21 +1509,31 @@ fn metered_clients(
     let large = ctx.cfg.large_limits().ok().flatten();
     let mut clients: Vec<Box<dyn KvClient>> = Vec::new();
     for _ in 0..workers {
-        let node = ctx.client(&pcfg)?;
-        // Metered outside the layer: a large item's GET is one operation, chunks and all.
-        let inner: Box<dyn KvClient> = match large {
-            Some(l) => Box::new(nessie_protocols::large::Chunked::new(node, l)),
-            None => Box::new(node),
-        };
-        clients.push(match served {
-            true => Box::new(nessie_serve::metered::Metered {
-                inner,
-                metrics: ops.clone(),
-            }),
-            false => inner,
-        });
+        clients.push(served_client(ctx.client(&pcfg)?, large, served, ops));
     }
     Ok(clients)
+}
+
+/// A client of a node's front ends and admin socket: items longer than one entry through the
+/// large-value layer (client-driven mode), every call metered if the node serves metrics.
+fn served_client<C: KvClient + 'static>(
+    node: C,
+    large: Option<nessie_protocols::large::LargeLimits>,
+    served: bool,
+    ops: &Arc<nessie_serve::metered::OpMetrics>,
+) -> Box<dyn KvClient> {
+    // Metered outside the layer: a large item's GET is one operation, chunks and all.
+    let inner: Box<dyn KvClient> = match large {
+        Some(l) => Box::new(nessie_protocols::large::Chunked::new(node, l)),
+        None => Box::new(node),
+    };
+    match served {
+        true => Box::new(nessie_serve::metered::Metered {
+            inner,
+            metrics: ops.clone(),
+        }),
+        false => inner,
+    }
 }
 
 /// Node `id`'s metrics listener, if `[frontends] metrics_port` asks for one.

@@ -1439,6 +1439,7 @@ mod tests {
             bind: "127.0.0.1".into(),
             max_connections: 1,
             threads: 1,
+            inflight: 1,
         });
         // Node K listens on base + K; a base near the top keeps only the ports that exist.
         assert_eq!(

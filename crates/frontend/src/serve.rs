@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use nessie_inflight::{Op, Outcome};
 use nessie_protocols::KvClient;
 
 /// Replies a session holds before it stops serving, until they are written (a multi-key get
@@ -32,6 +33,24 @@ impl<C: KvClient> Lease for std::sync::MutexGuard<'_, C> {
 pub trait Backend: Send + Sync {
     /// A client of the store, waiting for one to be free.
     fn lease(&self) -> Box<dyn Lease + '_>;
+
+    /// Operations [`Backend::run_concurrently`] runs at once on this thread: 0 if it runs
+    /// none (the default), and pipelined batches are served one command at a time.
+    fn concurrency(&self) -> usize {
+        0
+    }
+
+    /// Run `ops` (taken out of it) with up to [`Backend::concurrency`] in flight, operations on
+    /// one key in the order given, pushing each result to `done` in `ops`' order. `false`, and
+    /// `ops` untouched, if it cannot now (the caller runs them on its leased client).
+    fn run_concurrently(
+        &self,
+        ops: &mut Vec<Op>,
+        done: &mut Vec<Result<Outcome, nessie_protocols::Error>>,
+    ) -> bool {
+        let _ = (ops, done);
+        false
+    }
 }
 
 /// A connection's client for one batch of requests (everything served from one read): leased
@@ -60,6 +79,34 @@ impl<'a> BatchClient<'a> {
     /// The batch is served: give the client back.
     pub fn end(&mut self) {
         self.lease = None;
+    }
+
+    /// Operations the backend runs at once for [`BatchClient::run_all`] (0: one at a time).
+    pub fn concurrency(&self) -> usize {
+        self.backend.concurrency()
+    }
+
+    /// Run `ops` (emptied) and push their results to `done` in order: concurrently if the
+    /// backend can, else one after the other on this batch's client.
+    pub fn run_all(
+        &mut self,
+        ops: &mut Vec<Op>,
+        done: &mut Vec<Result<Outcome, nessie_protocols::Error>>,
+    ) {
+        let before = done.len();
+        // The client goes back while the batch runs on others: other connections may use it.
+        self.lease = None;
+        if self.backend.run_concurrently(ops, done) {
+            assert!(ops.is_empty(), "a concurrent run takes every operation");
+            return;
+        }
+        assert_eq!(
+            done.len(),
+            before,
+            "a refused concurrent run answers nothing"
+        );
+        self.with(|c| done.extend(ops.iter().map(|op| op.run(c))));
+        ops.clear();
     }
 }
 

@@ -287,3 +287,59 @@ pub fn counters_with_gauges(evictions: u64, policy: &'static str) -> crate::serv
         .expect("fresh counters");
     c
 }
+
+/// A [`MapBackend`] that runs batches "concurrently": in an order other than the one given,
+/// as operations in flight may finish, while keeping each key's operations in order (the
+/// pipeline's P1): keys are taken last-seen first, each key's operations in order. It records
+/// the size of every batch it ran. `mutation_reverse` runs each batch backwards, one key's
+/// operations too (breaks P1): a test of ordering must notice.
+#[derive(Default)]
+pub struct ScramblingBackend {
+    pub map: MapBackend,
+    pub concurrency: usize,
+    pub batches: Mutex<Vec<usize>>,
+    pub mutation_reverse: bool,
+}
+
+impl Backend for ScramblingBackend {
+    fn lease(&self) -> Box<dyn Lease + '_> {
+        self.map.lease()
+    }
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    fn run_concurrently(
+        &self,
+        ops: &mut Vec<crate::serve::Op>,
+        done: &mut Vec<Result<crate::serve::Outcome, Error>>,
+    ) -> bool {
+        self.batches.lock().unwrap().push(ops.len());
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        if self.mutation_reverse {
+            order.reverse();
+        } else {
+            // Keys in order of their last appearance, backwards; each key's operations in order.
+            let mut keys: Vec<&[u8]> = Vec::new();
+            for op in ops.iter().rev() {
+                if !keys.contains(&op.key()) {
+                    keys.push(op.key());
+                }
+            }
+            order.sort_by_key(|&i| {
+                let k = keys.iter().position(|k| *k == ops[i].key()).unwrap();
+                (k, i)
+            });
+        }
+        let mut results: Vec<Option<Result<crate::serve::Outcome, Error>>> =
+            (0..ops.len()).map(|_| None).collect();
+        let mut client = self.map.0.lock().unwrap();
+        for i in order {
+            results[i] = Some(ops[i].run(&mut *client));
+        }
+        done.extend(results.into_iter().map(|r| r.expect("every operation ran")));
+        ops.clear();
+        true
+    }
+}

@@ -69,8 +69,9 @@ impl Op {
         }
     }
 
-    /// Run it on `client`, blocking (inside a slot's coroutine, suspending at each fabric step).
-    pub(crate) fn run<C: KvClient>(&self, client: &mut C) -> Result<Outcome, Error> {
+    /// Run it on `client`, blocking (inside a slot's coroutine, suspending at each fabric step;
+    /// outside a pipeline, as the blocking call would).
+    pub fn run<C: KvClient + ?Sized>(&self, client: &mut C) -> Result<Outcome, Error> {
         Ok(match self {
             Op::Get { key } => {
                 let mut v = Vec::new();

@@ -34,6 +34,7 @@ use crate::serve::{unix_now, unix_now_ms, Backend, BatchClient, Counters, FLUSH_
 use crate::session::Served;
 use crate::{inplace, item};
 
+mod batch;
 mod meta;
 use meta::MetaReq;
 
@@ -100,6 +101,12 @@ struct Conn<'a> {
     /// Keys of the multi-key get at the head of the input already answered: it paused there,
     /// its replies at [`FLUSH_AT`], and goes on from the next.
     resume: usize,
+    /// Gets and sets of this read waiting to run together ([`batch`]): what each answers,
+    /// its operation, and (while they run) their results; keys of gets among them.
+    queued: Vec<batch::Queued>,
+    queued_ops: Vec<crate::serve::Op>,
+    queued_done: Vec<Result<crate::serve::Outcome, Error>>,
+    queued_gets: usize,
 }
 
 /// One connection's memcached session, for an event loop to drive.
@@ -118,6 +125,10 @@ pub fn session<'a>(
         scratch: Vec::new(),
         value_line_tail: 0,
         resume: 0,
+        queued: Vec::new(),
+        queued_ops: Vec::new(),
+        queued_done: Vec::new(),
+        queued_gets: 0,
     }
 }
 
@@ -158,6 +169,7 @@ impl Conn<'_> {
                 Step::Close => break Served::Close,
             }
         };
+        self.run_queued();
         self.inbuf.drain(..at);
         next
     }
@@ -169,6 +181,8 @@ impl Conn<'_> {
             if buf.len() < BINARY_HEADER_LEN {
                 return Step::More;
             }
+            self.run_queued();
+            let buf = &self.inbuf[at..];
             let refusal = binary_refusal(&buf[..BINARY_HEADER_LEN]);
             self.out.extend_from_slice(&refusal);
             return Step::Close;
@@ -176,23 +190,39 @@ impl Conn<'_> {
         let (req, line) = match parse_request(buf) {
             Ok(Some(r)) => r,
             Ok(None) => return Step::More,
-            Err(e) => return self.refused(at, e),
+            Err(e) => {
+                self.run_queued();
+                return self.refused(at, e);
+            }
         };
         let len = match &req {
             Request::Store { len, .. } => *len,
             Request::Meta(m) if m.cmd == MetaCmd::Set => m.datalen,
             Request::Meta(m) => {
                 let m = MetaReq::new(m, &[]);
+                self.run_queued();
                 self.meta(m);
                 return Step::Took(line);
             }
             Request::Quit => return Step::Close,
             Request::MetaNoop => {
+                self.run_queued();
                 self.out.extend_from_slice(b"MN\r\n");
                 return Step::Took(line);
             }
             req => {
                 let owned = OwnedRequest::from(req);
+                if let OwnedRequest::Get {
+                    keys,
+                    with_cas: false,
+                    touch: None,
+                } = &owned
+                {
+                    if self.resume == 0 && self.queue_get(keys) {
+                        return Step::Took(line);
+                    }
+                }
+                self.run_queued();
                 return match self.execute(owned) {
                     Done::Yes => Step::Took(line),
                     Done::Paused => Step::Paused,
@@ -204,6 +234,7 @@ impl Conn<'_> {
         // a meta command's errors are answered whatever its flags.
         let silent = matches!(req, Request::Store { noreply: true, .. });
         if len > self.limits.max_data {
+            self.run_queued();
             self.reply(b"SERVER_ERROR object too large for cache\r\n", silent);
             self.skip = len.saturating_add(2);
             return Step::Took(line);
@@ -212,6 +243,7 @@ impl Conn<'_> {
             Ok(Some(d)) => d,
             Ok(None) => return Step::More,
             Err(e) => {
+                self.run_queued();
                 self.reply(e.reply(), silent);
                 return Step::Took(line + len + 2);
             }
@@ -235,9 +267,16 @@ impl Conn<'_> {
                     cas,
                     noreply,
                 };
-                self.store(&s);
+                if !(s.op == StoreOp::Set && self.queue_set(&s)) {
+                    self.run_queued();
+                    self.store(&s);
+                }
             }
-            Request::Meta(m) => self.meta(MetaReq::new(&m, data)),
+            Request::Meta(m) => {
+                let m = MetaReq::new(&m, data);
+                self.run_queued();
+                self.meta(m);
+            }
             _ => unreachable!("only storage commands have data"),
         }
         Step::Took(line + n)

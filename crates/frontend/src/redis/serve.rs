@@ -30,6 +30,7 @@ use crate::serve::{unix_now_ms, Backend, BatchClient, Counters, FLUSH_AT};
 use crate::session::Served;
 use crate::{inplace, item};
 
+mod batch;
 mod cond;
 
 /// The Redis version we answer as (clients adapt to it); ours follows in INFO and HELLO.
@@ -92,6 +93,10 @@ pub fn session<'a>(
         args: Args::default(),
         bulk_guess: 0,
         resume: 0,
+        queued: Vec::new(),
+        queued_ops: Vec::new(),
+        queued_done: Vec::new(),
+        queued_gets: 0,
     }
 }
 
@@ -156,6 +161,12 @@ struct Conn<'a> {
     /// Keys of the MGET at the head of the input already answered: it paused there, its
     /// replies at [`FLUSH_AT`], and goes on from the next.
     resume: usize,
+    /// Plain GETs and SETs of this read waiting to run together ([`batch`]): what each answers,
+    /// its operation, and (while they run) their results; GETs among them.
+    queued: Vec<batch::Queued>,
+    queued_ops: Vec<crate::serve::Op>,
+    queued_done: Vec<Result<crate::serve::Outcome, Error>>,
+    queued_gets: usize,
 }
 
 /// Where skipping an oversize command got to.
@@ -208,19 +219,29 @@ impl Conn<'_> {
                 break Served::Held;
             }
             if self.skip.is_some() {
+                self.run_queued();
                 match self.skip_oversize(inbuf, &mut at) {
                     Skipping::Done => continue,
                     Skipping::NeedMore => break Served::Read,
                     Skipping::Close => break Served::Close,
                 }
             }
-            match parse(&inbuf[at..], self.limits.max_value, &mut self.args) {
+            let parsed = parse(&inbuf[at..], self.limits.max_value, &mut self.args);
+            // Every reply but a queued command's waits for the queue's (B1).
+            if !matches!(parsed, Ok(Parsed::Command(_))) {
+                self.run_queued();
+            }
+            match parsed {
                 Ok(Parsed::Command(n)) => {
                     // Lent out while the command runs (which needs `self`), then kept.
                     let args = std::mem::take(&mut self.args);
                     let then = args.with(&inbuf[at..], |a| match a {
                         [] => Then::Go,
-                        a => self.execute(a),
+                        a if self.queue(a) => Then::Go,
+                        a => {
+                            self.run_queued();
+                            self.execute(a)
+                        }
                     });
                     self.args = args;
                     match then {
@@ -261,6 +282,7 @@ impl Conn<'_> {
                 }
             }
         };
+        self.run_queued();
         (at, served)
     }
 
