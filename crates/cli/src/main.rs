@@ -283,7 +283,8 @@ struct UpArgs {
     #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_THREADS)]
     frontend_threads: u16,
     /// Operations each front-end event loop runs at once for a pipelined batch's plain GETs
-    /// and SETs (client-driven mode); 1 runs every command on its own.
+    /// and SETs (client-driven mode); 1 runs every command on its own. More helps where
+    /// fabric operations wait long (a real network) and CPU is spare, not over shm.
     #[arg(long, value_name = "N", default_value_t = nessie_cluster::config::DEFAULT_FRONTEND_INFLIGHT,
           value_parser = clap::value_parser!(u16).range(1..=nessie_cluster::config::MAX_FRONTEND_INFLIGHT as i64))]
     frontend_inflight: u16,

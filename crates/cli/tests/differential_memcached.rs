@@ -865,7 +865,14 @@ impl Servers {
             "mc-differential",
             NODES,
             "shm",
-            &["--no-etcd", "--memcached-port", &nessie.to_string()],
+            // Pipelined sequences run their gets and sets with operations in flight.
+            &[
+                "--no-etcd",
+                "--memcached-port",
+                &nessie.to_string(),
+                "--frontend-inflight",
+                "8",
+            ],
         );
         let (peer, port) = Peer::memcached();
         // Move memcached's cas counter past the bogus uniques (its first write gets 1).

@@ -515,6 +515,9 @@ fn generated_command_sequences_are_answered_as_redis_server_answers_them() {
             &VALUE_MAX.to_string(),
             "--memory-per-node",
             "256MiB",
+            // Pipelined sequences run their GETs and SETs with operations in flight.
+            "--frontend-inflight",
+            "8",
         ],
     );
     let (_rs, port) = Peer::redis_server();

@@ -361,8 +361,11 @@ fn default_frontend_threads() -> u16 {
     DEFAULT_FRONTEND_THREADS
 }
 
-/// Default `[frontends] inflight`.
-pub const DEFAULT_FRONTEND_INFLIGHT: u16 = 16;
+/// Default `[frontends] inflight`: one command at a time. On a 2-core machine, whose loopback
+/// fabric leaves no latency to hide, 16 in flight ran pipelined 100-byte SETs at 0.77x and
+/// GETs at 0.65x over shm, 0.95x and 0.91x over tcp (`scripts/frontend-inflight.sh`,
+/// `docs/bench.md`): worth it only where a fabric operation waits far longer than it works.
+pub const DEFAULT_FRONTEND_INFLIGHT: u16 = 1;
 /// Most `[frontends] inflight`: a pipeline's most slots.
 pub const MAX_FRONTEND_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
 
@@ -1289,12 +1292,33 @@ mod tests {
                 }),
                 "max_clients_per_node",
             ),
+            (
+                Box::new(|c| c.frontends = Some(frontends_with_inflight(0))),
+                "inflight = 0 is not in 1..=64",
+            ),
+            (
+                Box::new(|c| c.frontends = Some(frontends_with_inflight(65))),
+                "inflight = 65 is not in 1..=64",
+            ),
         ];
         for (f, needle) in cases {
             let mut c = cfg();
             f(&mut c);
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+        }
+    }
+
+    fn frontends_with_inflight(inflight: u16) -> FrontendsSection {
+        FrontendsSection {
+            memcached_port: Some(11_311),
+            resp_port: None,
+            resp_password: None,
+            metrics_port: None,
+            bind: "127.0.0.1".into(),
+            max_connections: 16,
+            threads: 1,
+            inflight,
         }
     }
 
