@@ -1,7 +1,7 @@
 //! Pipelined batches of plain GETs and SETs through the Redis front ends of every node, run
 //! with operations in flight (`[frontends] inflight`, `docs/frontends.md`), with delays
 //! injected into fabric operations and a small index to widen the races, and node 2 paused
-//! (SIGSTOP) part way. Each client pipelines batches of 1 to 12 commands, DELs among them (not
+//! (SIGSTOP) part way, or, with two copies of every node's tables, killed and restarted. Each client pipelines batches of 1 to 12 commands, DELs among them (not
 //! queued: they cut a batch in two). Checked:
 //! - each client's own keys, written by it alone: every GET answers the client's last SET or
 //!   DEL before it in command order (B1 and B2: replies in order, one key's commands in
@@ -187,14 +187,29 @@ fn client(id: u64, port: u16, history: &History, until: Instant) -> (Mismatches,
     (bad, longest)
 }
 
-/// Run the clients against a fresh cluster started with `extra` node flags, pausing node 2
-/// once; the mismatches of every client's own keys, and the history's report.
-fn run(name: &str, extra: &[&str]) -> (Mismatches, nessie_check::Report) {
+/// What happens to node 2 while the clients run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Disrupt {
+    /// SIGSTOP for [`PAUSE`], then SIGCONT: its operations wait, none is lost. Clients on
+    /// every node.
+    Pause,
+    /// SIGKILL, then a restart [`PAUSE`] later (replicated: `--replicas 2`, etcd). Clients on
+    /// nodes 0 and 1 only.
+    KillRestart,
+}
+
+/// Run the clients against a fresh cluster started with `extra` node flags, disrupting node 2
+/// once at [`PAUSE_AT`]; the mismatches of every client's own keys, and the history's report.
+fn run(name: &str, extra: &[&str], disrupt: Disrupt) -> (Mismatches, nessie_check::Report) {
     let port = free_port_range(NODES);
     let port_s = port.to_string();
+    let membership: &[&str] = match disrupt {
+        Disrupt::Pause => &["--no-etcd"],
+        Disrupt::KillRestart => &["--replicas", "2", "--lease-ttl", "2"],
+    };
     let args = [
+        membership,
         &[
-            "--no-etcd",
             "--resp-port",
             &port_s,
             "--ites-per-node",
@@ -213,20 +228,35 @@ fn run(name: &str, extra: &[&str]) -> (Mismatches, nessie_check::Report) {
         .trim()
         .parse()
         .unwrap();
+    let serving = match disrupt {
+        Disrupt::Pause => NODES,
+        Disrupt::KillRestart => NODES - 1,
+    };
     let (bad, longest) = std::thread::scope(|s| {
         let clients: Vec<_> = (0..NODES * CLIENTS_PER_NODE)
             .map(|i| {
                 let history = &history;
                 let until = Instant::now() + RUN;
-                s.spawn(move || client(i as u64, port + i % NODES, history, until))
+                s.spawn(move || client(i as u64, port + i % serving, history, until))
             })
             .collect();
-        // Node 2 paused while the clients run: its operations wait, none is lost.
         std::thread::sleep(PAUSE_AT);
-        // SAFETY: signals to a node process this test started.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        std::thread::sleep(PAUSE);
-        unsafe { libc::kill(pid, libc::SIGCONT) };
+        // Kept until the clients are done (the restarted node is stopped on drop).
+        let mut restarted = None;
+        match disrupt {
+            Disrupt::Pause => {
+                // SAFETY: signals to a node process this test started.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                std::thread::sleep(PAUSE);
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+            Disrupt::KillRestart => {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                std::thread::sleep(PAUSE);
+                restarted = Some(common::restart(&c, 2));
+            }
+        }
         let mut bad = Vec::new();
         let mut longest = Duration::ZERO;
         for h in clients {
@@ -234,10 +264,11 @@ fn run(name: &str, extra: &[&str]) -> (Mismatches, nessie_check::Report) {
             bad.extend(b);
             longest = longest.max(l);
         }
+        drop(restarted);
         (bad, longest)
     });
-    // The stall the pause caused, as the clients saw it: their longest batch.
-    eprintln!("{name}: longest batch {longest:?} (node 2 paused for {PAUSE:?})");
+    // The stall it caused, as the clients saw it: their longest batch.
+    eprintln!("{name}: longest batch {longest:?} (node 2: {disrupt:?}, {PAUSE:?})");
     let events = history.into_events();
     let report = nessie_check::check(&events, |_| None, &Limits::default());
     eprintln!(
@@ -252,7 +283,16 @@ fn run(name: &str, extra: &[&str]) -> (Mismatches, nessie_check::Report) {
 
 #[test]
 fn pipelined_gets_and_sets_keep_their_order_and_are_linearizable() {
-    let (bad, report) = run("batches", &[]);
+    let (bad, report) = run("batches", &[], Disrupt::Pause);
+    assert!(bad.is_empty(), "{} mismatches: {bad:#?}", bad.len());
+    assert!(report.is_ok(), "not linearizable:\n{report}");
+}
+
+/// The same with two copies of every node's tables, node 2 killed and restarted while the
+/// clients' batches run on nodes 0 and 1: no acknowledged write is lost, none reordered.
+#[test]
+fn the_same_across_a_node_killed_and_restarted() {
+    let (bad, report) = run("batches-kill", &[], Disrupt::KillRestart);
     assert!(bad.is_empty(), "{} mismatches: {bad:#?}", bad.len());
     assert!(report.is_ok(), "not linearizable:\n{report}");
 }
@@ -262,6 +302,7 @@ fn mutation_unordered_batches_is_caught() {
     let (bad, _) = run(
         "batches-mutation",
         &["--node-arg=--mutation-unordered-batches"],
+        Disrupt::Pause,
     );
     assert!(
         !bad.is_empty(),
