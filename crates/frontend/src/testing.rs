@@ -343,3 +343,49 @@ impl Backend for ScramblingBackend {
         true
     }
 }
+
+/// A session's replies to `input`, delivered `chunk` bytes per read, served from a backend.
+pub type RunSession<'a> = &'a dyn Fn(&dyn Backend, &[u8], usize) -> String;
+
+/// For each of 200 seeds, the input `script` draws, read in chunks of `chunks` in turn: its
+/// replies served with batches run out of order ([`ScramblingBackend`]) are those served one
+/// command at a time, and no batch ran more than `max_queued` operations. Returns the largest
+/// batch run.
+pub fn assert_batched_as_alone(
+    script: &dyn Fn(u64) -> Vec<u8>,
+    run: RunSession<'_>,
+    chunks: [usize; 4],
+    max_queued: usize,
+) -> usize {
+    let mut largest = 0;
+    for seed in 0..200 {
+        let input = script(seed);
+        let chunk = chunks[seed as usize % chunks.len()];
+        let alone = run(&MapBackend::default(), &input, chunk);
+        let b = ScramblingBackend {
+            concurrency: 8,
+            ..Default::default()
+        };
+        let batched = run(&b, &input, chunk);
+        assert_eq!(batched, alone, "seed {seed}, reads of {chunk} bytes");
+        let sizes = b.batches.lock().unwrap();
+        assert!(sizes.iter().all(|&n| (1..=max_queued).contains(&n)));
+        largest = largest.max(sizes.iter().copied().max().unwrap_or(0));
+    }
+    largest
+}
+
+/// Whether some of 50 inputs `script` draws gets other replies when each batch runs backwards
+/// (the mutation of [`ScramblingBackend`]) than when each command runs on its own.
+pub fn reversed_batches_differ(script: &dyn Fn(u64) -> Vec<u8>, run: RunSession<'_>) -> bool {
+    (0..50).any(|seed| {
+        let input = script(seed);
+        let alone = run(&MapBackend::default(), &input, 1 << 16);
+        let b = ScramblingBackend {
+            concurrency: 8,
+            mutation_reverse: true,
+            ..Default::default()
+        };
+        run(&b, &input, 1 << 16) != alone
+    })
+}

@@ -130,7 +130,9 @@ mod tests {
     use super::MAX_QUEUED;
     use crate::redis::serve::{serve, RespLimits};
     use crate::serve::{Backend, Counters};
-    use crate::testing::{MapBackend, Pipe, ScramblingBackend};
+    use crate::testing::{
+        assert_batched_as_alone, reversed_batches_differ, Pipe, ScramblingBackend,
+    };
 
     const LIMITS: RespLimits = RespLimits {
         max_key: 32,
@@ -189,39 +191,19 @@ mod tests {
     /// sizes; and batches really ran several commands, never more than a queue holds.
     #[test]
     fn batched_replies_are_those_of_commands_run_one_at_a_time() {
-        let mut largest = 0;
-        for seed in 0..200 {
-            let input = script(seed, 150);
-            let chunk = [7, 64, 1000, 1 << 16][seed as usize % 4];
-            let alone = run(&MapBackend::default(), &input, chunk);
-            let b = ScramblingBackend {
-                concurrency: 8,
-                ..Default::default()
-            };
-            let batched = run(&b, &input, chunk);
-            assert_eq!(batched, alone, "seed {seed}, reads of {chunk} bytes");
-            let sizes = b.batches.lock().unwrap();
-            assert!(sizes.iter().all(|&n| (1..=MAX_QUEUED).contains(&n)));
-            largest = largest.max(sizes.iter().copied().max().unwrap_or(0));
-        }
-        assert!(largest > 4, "batches of at most {largest} commands");
+        let script = |seed| script(seed, 150);
+        let largest = assert_batched_as_alone(&script, &run, [7, 64, 1000, 1 << 16], MAX_QUEUED);
+        assert!(largest > 4, "batches of at most {largest} operations");
     }
 
-    /// The test above notices a backend that breaks one key's order (the mutation runs each
-    /// batch backwards).
+    /// A backend that breaks one key's order is noticed by the test above.
     #[test]
     fn a_backend_reordering_one_keys_operations_is_caught() {
-        let differs = (0..50).any(|seed| {
-            let input = script(seed, 150);
-            let alone = run(&MapBackend::default(), &input, 1 << 16);
-            let b = ScramblingBackend {
-                concurrency: 8,
-                mutation_reverse: true,
-                ..Default::default()
-            };
-            run(&b, &input, 1 << 16) != alone
-        });
-        assert!(differs, "reversed batches gave the same replies");
+        let script = |seed| script(seed, 150);
+        assert!(
+            reversed_batches_differ(&script, &run),
+            "reversed batches gave the same replies"
+        );
     }
 
     /// A long run of GETs of large values is cut into queues whose replies stay near the
