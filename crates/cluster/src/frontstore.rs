@@ -4,9 +4,10 @@
 //! (issue 44; `nessie_frontend::redis::serve`'s `batch`).
 //!
 //! A pipeline is built on the thread that uses it, at its first batch (it is not `Send`), and
-//! kept in a thread-local until the thread ends. One that cannot be built (worker ids run out)
-//! is not tried again on that thread: its batches run one command at a time, as they would
-//! with `inflight = 1`, after one warning.
+//! kept in a thread-local until the thread ends; a batch takes it out while it runs, so that a
+//! panic drops it while unwinding. One that cannot be built (worker ids run out) is not tried
+//! again on that thread: its batches run one command at a time, as they would with
+//! `inflight = 1`, after one warning.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,10 +34,20 @@ pub struct FrontStore {
 /// Distinct ids for [`FrontStore`]s (a process may run several, in tests).
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// A store's pipeline on one thread.
+enum Held {
+    Ready(NodePipeline),
+    /// Taken out by the batch running on it (a batch that unwound leaves this: the next
+    /// batch builds a new pipeline; the old one was dropped while unwinding, waiting for its
+    /// posted operations as a panicking drop does).
+    InUse,
+    /// It could not be built: this thread runs its batches one command at a time.
+    Unbuildable,
+}
+
 thread_local! {
-    /// This thread's pipeline of each store that ran a batch on it (`None`: it could not be
-    /// built).
-    static PIPELINES: RefCell<Vec<(u64, Option<NodePipeline>)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's pipeline of each store that ran a batch on it.
+    static PIPELINES: RefCell<Vec<(u64, Held)>> = const { RefCell::new(Vec::new()) };
 }
 
 impl FrontStore {
@@ -53,6 +64,38 @@ impl FrontStore {
             make,
             inflight,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+impl FrontStore {
+    /// This store's pipeline on this thread, taken out (built if it has none, or its last
+    /// batch unwound); `None` if it cannot be built.
+    fn take(&self, all: &mut Vec<(u64, Held)>, make: &MakePipeline) -> Option<NodePipeline> {
+        let i = match all.iter().position(|(id, _)| *id == self.id) {
+            Some(i) => i,
+            None => {
+                all.push((self.id, Held::InUse));
+                all.len() - 1
+            }
+        };
+        match std::mem::replace(&mut all[i].1, Held::InUse) {
+            Held::Ready(p) => Some(p),
+            Held::Unbuildable => {
+                all[i].1 = Held::Unbuildable;
+                None
+            }
+            Held::InUse => match make() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(
+                        "a front-end thread runs its batches one command at a time: its \
+                         pipeline could not be built: {e}"
+                    );
+                    all[i].1 = Held::Unbuildable;
+                    None
+                }
+            },
         }
     }
 }
@@ -77,41 +120,27 @@ impl Backend for FrontStore {
         let Some(make) = &self.make else {
             return false;
         };
+        // Out of the thread-local while it runs: a panic drops it while unwinding.
+        let Some(mut p) = PIPELINES.with(|cell| self.take(&mut cell.borrow_mut(), make)) else {
+            return false;
+        };
+        let tickets: Vec<_> = ops.drain(..).map(|op| p.submit(op)).collect();
+        for t in tickets {
+            done.push(p.wait(t).result);
+        }
+        assert_eq!(
+            p.outstanding(),
+            0,
+            "every operation of the batch was answered"
+        );
         PIPELINES.with(|cell| {
             let mut all = cell.borrow_mut();
-            let i = match all.iter().position(|(id, _)| *id == self.id) {
-                Some(i) => i,
-                None => {
-                    let p = make()
-                        .inspect_err(|e| {
-                            tracing::warn!(
-                                "a front-end thread runs its batches one command at a time: \
-                                 its pipeline could not be built: {e}"
-                            )
-                        })
-                        .ok();
-                    all.push((self.id, p));
-                    all.len() - 1
-                }
-            };
-            let Some(p) = all[i].1.as_mut() else {
-                return false;
-            };
-            // A batch that unwound part way left its operations: they ran (or run now) to
-            // their end; nobody waits for their replies.
-            if p.outstanding() > 0 {
-                drop(p.drain());
-            }
-            let tickets: Vec<_> = ops.drain(..).map(|op| p.submit(op)).collect();
-            for t in tickets {
-                done.push(p.wait(t).result);
-            }
-            assert_eq!(
-                p.outstanding(),
-                0,
-                "every operation of the batch was answered"
-            );
-            true
-        })
+            let (_, held) = all
+                .iter_mut()
+                .find(|(id, _)| *id == self.id)
+                .expect("taken from here");
+            *held = Held::Ready(p);
+        });
+        true
     }
 }

@@ -15,6 +15,20 @@ use nessie_protocols::KvClient;
 /// hold all of theirs): a multi-key read stops between two keys and goes on from the next.
 pub const FLUSH_AT: usize = 1 << 20;
 
+/// Most operations of a pipelined batch queued to run together (`redis::serve`'s and
+/// `memcached::serve`'s `batch`).
+pub const MAX_QUEUED: usize = 64;
+
+/// Most bytes of values a queue's GETs may answer with, at the largest value each: a session
+/// holds at most this beyond [`FLUSH_AT`] (8 GETs with the default 1 MiB item limit, 64 with
+/// values up to 128 KiB).
+pub const QUEUED_REPLY_MAX: usize = 8 << 20;
+
+/// Most GETs (keys) one queue holds with values up to `max_value` bytes: at least one.
+pub fn queued_gets_max(max_value: usize) -> usize {
+    (QUEUED_REPLY_MAX / max_value.max(1)).clamp(1, MAX_QUEUED)
+}
+
 /// A store client lent by a [`Backend`]: it goes back when the lease is dropped (unwinding
 /// included).
 pub trait Lease {

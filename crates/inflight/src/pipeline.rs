@@ -209,7 +209,9 @@ impl<E: Post + 'static> Pipeline<E> {
     /// until there is room (their completions are kept for [`Self::poll`]).
     pub fn submit(&mut self, op: Op) -> Ticket {
         while self.queue.len() >= QUEUED_PER_SLOT * self.slots.len() {
-            self.step();
+            if !self.step() {
+                self.core.ep.borrow_mut().posted_idle();
+            }
         }
         let t = Ticket(self.next_ticket);
         self.next_ticket += 1;

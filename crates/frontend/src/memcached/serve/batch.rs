@@ -7,7 +7,8 @@
 //!
 //! A queued get answers as one run on its own: its hits' `VALUE` lines in key order, then
 //! `END`; if the store fails on one of its keys, that key's `SERVER_ERROR` ends its reply
-//! (the keys after it are not answered). A queued `set … noreply` answers nothing, an error
+//! (the keys after it are not answered, nor counted, though they were read). As there, the
+//! order in which requests on different keys take effect is not kept. A queued `set … noreply` answers nothing, an error
 //! included, as memcached does.
 
 use std::sync::atomic::Ordering;
@@ -17,10 +18,7 @@ use nessie_protocols::Error;
 use super::{Conn, StoreReq};
 use crate::item;
 use crate::memcached::proto::encode_value;
-use crate::serve::{unix_now_ms, Op, Outcome, FLUSH_AT};
-
-/// Most operations one queue holds.
-pub(super) const MAX_QUEUED: usize = 64;
+use crate::serve::{queued_gets_max, unix_now_ms, Op, Outcome, MAX_QUEUED};
 
 /// What a queued operation answers with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,10 +34,9 @@ pub(super) enum Queued {
 }
 
 impl Conn<'_> {
-    /// Most keys of gets one queue holds: their values, each up to the data limit, stay
-    /// within about [`FLUSH_AT`] (at least one).
+    /// Most keys of gets one queue holds (B3).
     fn queued_gets_max(&self) -> usize {
-        (FLUSH_AT / self.limits.max_data.max(1)).clamp(1, MAX_QUEUED)
+        queued_gets_max(self.limits.max_data)
     }
 
     fn queueing(&self) -> bool {
@@ -122,6 +119,9 @@ impl Conn<'_> {
                         if *last && !get_failed {
                             self.out.extend_from_slice(b"END\r\n");
                         }
+                    } else {
+                        // Run alone, the get would not have asked for this key.
+                        self.counters.cmd_get.fetch_sub(1, Ordering::Relaxed);
                     }
                     if *last {
                         get_failed = false;
@@ -179,7 +179,8 @@ mod tests {
 
     /// A pipeline of `n` requests drawn from `seed` on four keys: gets of one to three keys and
     /// sets (queued, `noreply` ones among them) among requests that are not (`add`, `delete`,
-    /// `incr`, `append`, `mn`, a set already expired, an oversize key, an unknown command).
+    /// `incr`, `append`, `mn`, `mg`, a set already expired, an oversize key, an oversize or
+    /// malformed data block, an unknown command).
     fn script(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = |m: u64| {
@@ -204,9 +205,14 @@ mod tests {
                 // of writes to different keys gives other (equally valid) cas uniques.
                 16 => format!("append {k} 0 0 1\r\n+\r\n"),
                 17 => format!("set {k} 0 -1 {}\r\n{v}\r\n", v.len()),
-                18 => match next(3) {
+                18 => match next(6) {
                     0 => format!("get {}\r\n", "x".repeat(40)),
                     1 => "mn\r\n".to_string(),
+                    // Over the data limit: thrown away as it arrives, then refused.
+                    2 => format!("set {k} 0 0 2500\r\n{}\r\n", "z".repeat(2500)),
+                    // A data block longer than its line said.
+                    3 => format!("set {k} 0 0 1\r\n{v}\r\n"),
+                    4 => format!("mg {k} v f\r\n"),
                     _ => "bogus\r\n".to_string(),
                 },
                 _ => format!("get {k} {k}\r\n"),

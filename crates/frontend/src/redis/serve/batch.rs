@@ -9,9 +9,14 @@
 //!   before any reply of a later command (every other path flushes the queue first).
 //! - B2: commands on one key keep their order: the backend runs one key's operations in the
 //!   order given (the pipeline's P1), and a command that is not queued runs after the queue.
-//! - B3: a queue holds at most [`MAX_QUEUED`] commands and at most [`Conn::queued_gets_max`]
-//!   GETs, so that its replies stay near [`crate::serve::FLUSH_AT`] even with the largest
-//!   values.
+//! - B3: a queue holds at most [`MAX_QUEUED`] commands and at most
+//!   [`crate::serve::queued_gets_max`] GETs, so that its replies hold at most
+//!   [`crate::serve::QUEUED_REPLY_MAX`] bytes of values even with the largest values.
+//!
+//! What B1 and B2 do not keep: the order in which commands on *different* keys take effect.
+//! Another client may see a connection's later SET before its earlier one (`SET data …`,
+//! `SET flag 1`), which Redis, running a connection's commands one after the other, never
+//! shows. That is why `[frontends] inflight` is off by default (`docs/frontends.md`).
 //! - Without a concurrent backend (`concurrency() == 0`) nothing is queued: each command runs
 //!   as before, GETs read in place.
 
@@ -21,10 +26,7 @@ use nessie_protocols::Error;
 
 use super::Conn;
 use crate::item;
-use crate::serve::{unix_now_ms, Op, Outcome, FLUSH_AT};
-
-/// Most commands one queue holds.
-pub(super) const MAX_QUEUED: usize = 64;
+use crate::serve::{queued_gets_max, unix_now_ms, Op, Outcome, MAX_QUEUED};
 
 /// What a queued command answers with.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -34,10 +36,9 @@ pub(super) enum Queued {
 }
 
 impl Conn<'_> {
-    /// Most GETs one queue holds: their values, each up to the value limit, stay within about
-    /// [`FLUSH_AT`] (at least one).
+    /// Most GETs one queue holds (B3).
     fn queued_gets_max(&self) -> usize {
-        (FLUSH_AT / self.limits.max_value.max(1)).clamp(1, MAX_QUEUED)
+        queued_gets_max(self.limits.max_value)
     }
 
     /// Queue `args` if it is a plain GET or SET that may run with others; `false` (nothing
@@ -148,8 +149,8 @@ mod tests {
     }
 
     /// A pipeline of `n` commands drawn from `seed` on four keys: plain GETs and SETs (queued)
-    /// among commands that are not (SET NX, DEL, INCR, APPEND, MGET, PING, an oversize key, an
-    /// empty key, an unknown command).
+    /// among commands that are not (SET NX, DEL, APPEND, MGET, PING, an oversize key, an empty
+    /// key, an oversize value, HELLO 3, a refused AUTH, an unknown command).
     fn script(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = |m: u64| {
@@ -168,9 +169,14 @@ mod tests {
                 15 => vec!["DEL".into(), k],
                 16 => vec!["APPEND".into(), k, format!("+{i}")],
                 17 => vec!["MGET".into(), k, "k1".into()],
-                18 => match next(3) {
+                18 => match next(6) {
                     0 => vec!["GET".into(), "x".repeat(40)],
                     1 => vec!["GET".into(), String::new()],
+                    // Over the value limit: thrown away as it arrives, then refused.
+                    2 => vec!["SET".into(), k, "z".repeat(2500)],
+                    // RESP3 from here on: every later reply is encoded so.
+                    3 => vec!["HELLO".into(), "3".into()],
+                    4 => vec!["AUTH".into(), "nobody".into(), "x".into()],
                     _ => vec!["NOSUCH".into(), k],
                 },
                 _ => vec!["PING".into()],
@@ -206,13 +212,13 @@ mod tests {
         );
     }
 
-    /// A long run of GETs of large values is cut into queues whose replies stay near the
-    /// session's limit (B3): no queue holds more GETs than fit in it.
+    /// A long run of GETs of large values is cut into queues whose largest replies stay within
+    /// the queue's budget (B3): no queue holds more GETs than fit in it.
     #[test]
     fn a_queue_holds_no_more_gets_than_the_reply_limit_allows() {
         let limits = RespLimits {
             max_key: 32,
-            max_value: crate::serve::FLUSH_AT / 3,
+            max_value: crate::serve::QUEUED_REPLY_MAX / 3,
         };
         let b = ScramblingBackend {
             concurrency: 8,
