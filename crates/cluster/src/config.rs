@@ -362,9 +362,10 @@ fn default_frontend_threads() -> u16 {
 }
 
 /// Default `[frontends] inflight`: one command at a time. On a 2-core machine, whose loopback
-/// fabric leaves no latency to hide, 16 in flight ran pipelined 100-byte SETs at 0.77x and
-/// GETs at 0.65x over shm, 0.95x and 0.91x over tcp (`scripts/frontend-inflight.sh`,
-/// `docs/bench.md`): worth it only where a fabric operation waits far longer than it works.
+/// fabric leaves no latency to hide, 16 in flight ran pipelined 100-byte SETs at 0.78x and
+/// GETs at 0.82x over shm, 0.97x and 0.95x over tcp (`scripts/frontend-inflight.sh`,
+/// `docs/bench.md`): worth it only where a fabric operation waits far longer than it works,
+/// and where clients do not rely on the order of a connection's commands on different keys.
 pub const DEFAULT_FRONTEND_INFLIGHT: u16 = 1;
 /// Most `[frontends] inflight`: a pipeline's most slots.
 pub const MAX_FRONTEND_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
