@@ -857,10 +857,21 @@ mod tests {
             let large_per_page = c.view.classes.per_page(large);
             let mut refused = 0;
             // Three times the memory in large values, and on for half a second: a move takes a
-            // few checks in a row (`MOVE_VOTES`), at most one per check interval.
+            // few checks in a row (`MOVE_VOTES`), at most one per check interval. With the page
+            // mover, on until the large size holds twice the small one's pages, for at most
+            // `MOVED_WITHIN` (a loaded machine runs fewer checks in half a second: one CI run
+            // had moved 9 pages of the 10 needed).
+            const MOVED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
             let started = std::time::Instant::now();
+            let moved_enough = || {
+                let u = c.table(0).usage();
+                u[large as usize].pages >= 2 * u[small as usize].pages
+            };
             let mut i = 0;
-            while i < 3 * pages * large_per_page || started.elapsed().as_millis() < 500 {
+            while i < 3 * pages * large_per_page
+                || started.elapsed().as_millis() < 500
+                || (!mutate && !moved_enough() && started.elapsed() < MOVED_WITHIN)
+            {
                 if let Err(e) = a.put(format!("l{i:07}").as_bytes(), &[2u8; 1000]) {
                     assert!(matches!(e, Error::DataTableFull { .. }), "{e}");
                     refused += 1;
@@ -870,7 +881,8 @@ mod tests {
             let usage = c.table(0).usage();
             let (s, l) = (usage[small as usize], usage[large as usize]);
             eprintln!(
-                "no page mover: {mutate}; small {s:?}; large {l:?}; {:?}",
+                "no page mover: {mutate}; {i} large PUTs in {:?}; small {s:?}; large {l:?}; {:?}",
+                started.elapsed(),
                 a.stats()
             );
             assert_eq!(refused, 0, "no large PUT is refused");
