@@ -37,7 +37,8 @@
 //! emptied). Other nodes' writers also leave a node its last [`owner_share`] pages. Both
 //! reserves are soft: two claimers racing for the last pages can both win.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -159,6 +160,103 @@ struct PageState {
     /// Being emptied for another class ([`ClassTable::start_draining`]): none of its entries
     /// is handed out again, and it goes back to the pool once none is in use.
     drain: Option<Drain>,
+    /// One bit per entry of the page: set while the entry is on its class's pending list
+    /// (PD1). Empty until the first entry is listed.
+    listed: Vec<u64>,
+}
+
+impl PageState {
+    fn new(claim: Claim, class: u8, handed: u64, in_use: u64, reserve: bool) -> Self {
+        Self {
+            claim,
+            class,
+            handed,
+            in_use,
+            reserve,
+            drain: None,
+            listed: Vec::new(),
+        }
+    }
+
+    /// Set entry `i`'s listed bit; false if it was set already.
+    fn list(&mut self, i: u64, per_page: u64) -> bool {
+        if self.listed.is_empty() {
+            self.listed = vec![0; per_page.div_ceil(64) as usize];
+        }
+        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
+        let was = self.listed[w] & b != 0;
+        self.listed[w] |= b;
+        !was
+    }
+
+    fn unlist(&mut self, i: u64) {
+        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
+        assert!(
+            self.listed.get(w).is_some_and(|x| x & b != 0),
+            "PD1: entry {i} taken from the pending list was not listed"
+        );
+        self.listed[w] &= !b;
+    }
+}
+
+/// Released entries of one class waiting for their time to come, with the time (clock margin
+/// included), soonest first.
+///
+/// Invariant PD1: an entry is here at most once, and exactly while its page's `listed` bit
+/// is set. An entry listed twice would be handed out twice; the bit makes the check O(1), so
+/// a scan meeting an entry already listed skips it instead of listing it anew.
+///
+/// Most entries come from this node's writers ([`ClassTable::note_recycled`]) in the order
+/// of their ready times: those go on a FIFO, O(1) each way. The rest (scans, notes out of
+/// order between threads) go on a heap. A `BTreeSet` of both, re-filled by every scan, cost
+/// a tenth of a node's CPU under steady overwrites.
+#[derive(Debug, Default)]
+struct Pending {
+    in_order: VecDeque<(u64, Slot)>,
+    others: BinaryHeap<Reverse<(u64, Slot)>>,
+}
+
+impl Pending {
+    fn push(&mut self, ready: u64, slot: Slot) {
+        if self.in_order.back().is_none_or(|&(last, _)| last <= ready) {
+            self.in_order.push_back((ready, slot));
+        } else {
+            self.others.push(Reverse((ready, slot)));
+        }
+    }
+
+    fn first(&self) -> Option<(u64, Slot)> {
+        match (self.in_order.front(), self.others.peek()) {
+            (Some(&a), Some(&Reverse(b))) => Some(a.min(b)),
+            (Some(&a), None) => Some(a),
+            (None, Some(&Reverse(b))) => Some(b),
+            (None, None) => None,
+        }
+    }
+
+    fn pop_first(&mut self) -> Option<(u64, Slot)> {
+        let from_fifo = match (self.in_order.front(), self.others.peek()) {
+            (Some(&a), Some(&Reverse(b))) => a <= b,
+            (a, _) => a.is_some(),
+        };
+        match from_fifo {
+            true => self.in_order.pop_front(),
+            false => self.others.pop().map(|Reverse(e)| e),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.in_order.len() + self.others.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
+        self.in_order.retain(|(_, s)| keep(s));
+        self.others.retain(|Reverse((_, s))| keep(s));
+    }
 }
 
 /// Where the eviction of a draining page's entries has got to.
@@ -200,14 +298,14 @@ struct ClassState {
     window_start_ns: u64,
     window_taken: u64,
     last_window_taken: u64,
-    /// Released entries scans found not yet expired (or a bounded scan found expired), with
-    /// when (clock margin included) they may be reused; the soonest first. Still in use on
-    /// their pages until taken. A set: a bounded scan meets again entries an earlier one
-    /// listed, and an entry listed twice would be handed out twice (its ready time cannot
-    /// differ between the two, since a recycle word changes only when its claimer reclaims
-    /// the entry). A sorted Vec re-sorted after each scan cost a third of an evicting node's
-    /// CPU (lists of thousands).
-    pending: BTreeSet<(u64, Slot)>,
+    /// Released entries this node's writers recycled or scans found not yet expired (or a
+    /// bounded scan found expired), with when (clock margin included) they may be reused; the
+    /// soonest first. Still in use on their pages until taken. Each at most once (PD1): scans
+    /// meet again entries listed before, and an entry listed twice would be handed out twice
+    /// (its ready time cannot differ between the two, since a recycle word changes only when
+    /// its claimer reclaims the entry). A sorted Vec re-sorted after each scan cost a third of
+    /// an evicting node's CPU (lists of thousands).
+    pending: Pending,
 }
 
 impl ClassState {
@@ -709,14 +807,7 @@ impl ClassTable {
             return Ok(None);
         };
         self.zero_page(ep, host, claim.page)?;
-        let state = PageState {
-            claim,
-            class,
-            handed: 0,
-            in_use: 0,
-            reserve,
-            drain: None,
-        };
+        let state = PageState::new(claim, class, 0, 0, reserve);
         let old = s.pages.insert((host, claim.page), state);
         s.held.insert((host, claim.page));
         assert!(
@@ -859,13 +950,23 @@ impl ClassTable {
         }
         let now = ep.now_ns();
         let (mut reclaimed, mut failed) = (0, Vec::new());
-        while let Some(&(ready, slot)) = s.classes[class as usize].pending.first() {
+        while let Some((ready, slot)) = s.classes[class as usize].pending.first() {
             if now <= ready {
                 break;
             }
             s.classes[class as usize].pending.pop_first();
-            if !failed.contains(&slot.host) && self.clear_released(ep, s, slot, &mut failed)? {
-                reclaimed += 1;
+            let cleared = match failed.contains(&slot.host) {
+                true => Ok(false),
+                false => self.clear_released(ep, s, slot, true, &mut failed),
+            };
+            match cleared {
+                Ok(true) => reclaimed += 1,
+                // Dropped, its bit cleared (PD1): a later scan lists it again.
+                Ok(false) => self.unlist(s, slot),
+                Err(e) => {
+                    self.unlist(s, slot);
+                    return Err(e);
+                }
             }
         }
         s.reclaimed_total += reclaimed;
@@ -874,11 +975,14 @@ impl ClassTable {
 
     /// Clear the header and recycle word of an expired released entry and put it back on its
     /// free list. False (nothing changed) if its node could not be reached.
+    /// `listed`: it was just taken off its pending list, and its listed bit is cleared with
+    /// it (PD1) if it goes back; left set if not.
     fn clear_released<E: Endpoint>(
         &self,
         ep: &mut E,
         s: &mut State,
         slot: Slot,
+        listed: bool,
         failed: &mut Vec<NodeId>,
     ) -> Result<bool, FabricError> {
         // Clear the flag so later scans do not hand the entry out twice, and the header with
@@ -899,7 +1003,7 @@ impl ClassTable {
         {
             return Ok(false);
         }
-        self.put_back(s, slot);
+        self.put_back_as(s, slot, listed);
         Ok(true)
     }
 
@@ -907,7 +1011,7 @@ impl ClassTable {
     fn awaiting(s: &State) -> Awaiting {
         let mut a = Awaiting::default();
         for c in &s.classes {
-            if let Some(&(ready, _)) = c.pending.first() {
+            if let Some((ready, _)) = c.pending.first() {
                 a.add(ready + 1);
                 a.count += c.pending.len() as u64 - 1;
             }
@@ -916,12 +1020,21 @@ impl ClassTable {
     }
 
     fn put_back(&self, s: &mut State, slot: Slot) {
-        let page = self.page_of(slot);
-        let Some(ps) = s.pages.get_mut(&(slot.host, page)) else {
+        self.put_back_as(s, slot, false)
+    }
+
+    /// [`Self::put_back`], clearing the entry's listed bit if `listed` (one page lookup for
+    /// both).
+    fn put_back_as(&self, s: &mut State, slot: Slot, listed: bool) {
+        let per_page = self.classes.per_page(slot.class);
+        let Some(ps) = s.pages.get_mut(&(slot.host, slot.slot / per_page)) else {
             // Its page was adopted by another node while this one was failed, and forgotten
             // here ([`ClassTable::take_over`]): the entry is the heir's now.
             return;
         };
+        if listed {
+            ps.unlist(slot.slot % per_page);
+        }
         assert!(ps.in_use > 0, "entry {slot:?} returned twice");
         ps.in_use -= 1;
         if let Some(d) = ps.drain.as_mut() {
@@ -1266,13 +1379,14 @@ impl ClassTable {
         let Some(expiry) = DteLayout::recycle_expiry(word) else {
             return;
         };
-        let mut s = self.lock_state(ep);
-        let page = self.page_of(slot);
+        let mut held = self.lock_state(ep);
+        let s = &mut *held;
+        let per_page = self.classes.per_page(slot.class);
         // Its page, held for its class: an entry still in use keeps its page from going back.
-        if s.pages
-            .get(&(slot.host, page))
-            .is_none_or(|p| p.class != slot.class)
-        {
+        let Some(ps) = s.pages.get_mut(&(slot.host, slot.slot / per_page)) else {
+            return;
+        };
+        if ps.class != slot.class {
             return;
         }
         let ready = expiry.saturating_add(self.clock_margin_ns);
@@ -1285,7 +1399,45 @@ impl ClassTable {
         if ep.now_ns() > ready {
             return;
         }
-        s.classes[slot.class as usize].pending.insert((ready, slot));
+        // `list`, with the page already at hand.
+        if ps.list(slot.slot % per_page, per_page) {
+            s.classes[slot.class as usize].pending.push(ready, slot);
+        }
+    }
+
+    /// Put `slot` on its class's pending list with its ready time, unless it is listed
+    /// already (PD1). Its page must be held.
+    fn list(&self, s: &mut State, ready: u64, slot: Slot) {
+        let per_page = self.classes.per_page(slot.class);
+        let page = slot.slot / per_page;
+        let ps = s
+            .pages
+            .get_mut(&(slot.host, page))
+            .expect("a listed entry's page is held");
+        if ps.list(slot.slot % per_page, per_page) {
+            s.classes[slot.class as usize].pending.push(ready, slot);
+        }
+    }
+
+    fn is_listed(&self, s: &State, slot: Slot) -> bool {
+        let per_page = self.classes.per_page(slot.class);
+        let i = slot.slot % per_page;
+        s.pages
+            .get(&(slot.host, slot.slot / per_page))
+            .is_some_and(|p| {
+                p.listed
+                    .get((i / 64) as usize)
+                    .is_some_and(|w| w & (1 << (i % 64)) != 0)
+            })
+    }
+
+    /// Clear the listed bit of `slot`, just taken off its pending list (PD1).
+    fn unlist(&self, s: &mut State, slot: Slot) {
+        let per_page = self.classes.per_page(slot.class);
+        let page = slot.slot / per_page;
+        if let Some(ps) = s.pages.get_mut(&(slot.host, page)) {
+            ps.unlist(slot.slot % per_page);
+        }
     }
 
     /// Count an item one of this node's writers evicted.
@@ -1318,10 +1470,8 @@ impl ClassTable {
         let held: Vec<(NodeId, u64)> = s.held.iter().copied().collect();
         s.scans += 1;
         s.last_scan_ns = now;
-        // What is still pending is seen again below, with what was released since.
-        for c in &mut s.classes {
-            c.pending.clear();
-        }
+        // What is still pending stays listed: the scan skips it (PD1) and adds what was
+        // released since.
         // Other nodes that failed during this scan: their pages wait for a later one.
         let mut failed: Vec<NodeId> = Vec::new();
         let mut reclaimed = 0;
@@ -1331,6 +1481,10 @@ impl ClassTable {
             }
         }
         s.reclaimed_total += reclaimed;
+        // Listed entries whose time has come (the scan left them to their lists).
+        for c in 0..self.classes.len() as u8 {
+            reclaimed += self.reclaim_pending(ep, s, c)?;
+        }
         self.release_empty_pages(ep, s, None, &mut failed)?;
         Ok(reclaimed)
     }
@@ -1412,15 +1566,23 @@ impl ClassTable {
             class,
             slot: self.classes.slot(class, page, i),
         };
-        let pending = &mut s.classes[class as usize].pending;
-        pending.extend(waiting.iter().map(|&(i, ready)| (ready, slot(i))));
+        for &(i, ready) in &waiting {
+            self.list(s, ready, slot(i));
+        }
         if list_expired {
-            pending.extend(expired.iter().map(|&(i, ready)| (ready, slot(i))));
+            for &(i, ready) in &expired {
+                self.list(s, ready, slot(i));
+            }
             return Ok(expired.len() as u64);
         }
         let mut reclaimed = 0;
         for (i, _) in expired {
-            if !self.clear_released(ep, s, slot(i), failed)? {
+            if self.is_listed(s, slot(i)) {
+                // PD1: the pending list hands it out (`scan_all` takes what is due there);
+                // reclaimed here too, it would be on the free list twice.
+                continue;
+            }
+            if !self.clear_released(ep, s, slot(i), false, failed)? {
                 break;
             }
             reclaimed += 1;
@@ -1727,14 +1889,7 @@ impl ClassTable {
                 s.held.insert((host, page));
                 s.pages.insert(
                     (host, page),
-                    PageState {
-                        claim,
-                        class,
-                        handed: per_page,
-                        in_use,
-                        reserve: false,
-                        drain: None,
-                    },
+                    PageState::new(claim, class, per_page, in_use, false),
                 );
                 done.pages += 1;
                 done.in_use += in_use;
@@ -1756,8 +1911,7 @@ impl ClassTable {
         }
         let per_page = self.classes.per_page(ps.class);
         let cs = &mut s.classes[ps.class as usize];
-        cs.pending
-            .retain(|(_, f)| (f.host, f.slot / per_page) != key);
+        cs.pending.retain(|f| (f.host, f.slot / per_page) != key);
         let pool = cs.pool(ps.reserve);
         if pool.open == Some(key) {
             pool.open = None;
@@ -2380,6 +2534,52 @@ mod tests {
                 t.alloc_for(&mut ep, big, Purpose::Value).is_err(),
                 "an entry in use was listed by a late note"
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// The pending list hands entries out soonest first, whatever order they came in
+        /// (mostly in order, as writers' notes come, with some out of order, as scans and
+        /// racing threads add them), pops interleaved with pushes, and `retain` keeps that.
+        #[test]
+        fn pending_entries_come_out_soonest_first(
+            steps in proptest::collection::vec((0u64..1_000, 0u64..100, proptest::bool::ANY), 1..400),
+        ) {
+            let mut p = Pending::default();
+            let mut model: Vec<(u64, Slot)> = Vec::new();
+            let mut clock = 0;
+            for (n, &(jump, back, pop)) in steps.iter().enumerate() {
+                clock += jump;
+                let slot = Slot { host: (n % 3) as NodeId, class: 0, slot: n as u64 };
+                let ready = clock.saturating_sub(back * (n as u64 % 4));
+                p.push(ready, slot);
+                model.push((ready, slot));
+                if pop {
+                    // Soonest first; among equal times any order.
+                    let soonest = model.iter().map(|e| e.0).min();
+                    let first = p.first();
+                    let got = p.pop_first();
+                    proptest::prop_assert_eq!(first, got);
+                    proptest::prop_assert_eq!(got.map(|e| e.0), soonest);
+                    let at = model.iter().position(|e| Some(*e) == got);
+                    proptest::prop_assert!(at.is_some(), "{:?} was not pushed", got);
+                    model.remove(at.unwrap());
+                }
+                if n % 97 == 96 {
+                    p.retain(|s| s.host != 1);
+                    model.retain(|(_, s)| s.host != 1);
+                }
+                proptest::prop_assert_eq!(p.len(), model.len());
+            }
+            let mut last = 0;
+            while let Some(got) = p.pop_first() {
+                proptest::prop_assert!(got.0 >= last, "{:?} after {}", got, last);
+                last = got.0;
+                let at = model.iter().position(|e| *e == got);
+                proptest::prop_assert!(at.is_some(), "{:?} was not pushed", got);
+                model.remove(at.unwrap());
+            }
+            proptest::prop_assert!(model.is_empty() && p.is_empty() && p.first().is_none());
         }
     }
 
