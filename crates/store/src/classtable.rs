@@ -178,23 +178,33 @@ impl PageState {
         }
     }
 
+    /// The word and bit of entry `i` in `listed`.
+    fn bit(i: u64) -> (usize, u64) {
+        ((i / 64) as usize, 1u64 << (i % 64))
+    }
+
+    fn is_listed(&self, i: u64) -> bool {
+        let (w, b) = Self::bit(i);
+        self.listed.get(w).is_some_and(|x| x & b != 0)
+    }
+
     /// Set entry `i`'s listed bit; false if it was set already.
     fn list(&mut self, i: u64, per_page: u64) -> bool {
         if self.listed.is_empty() {
             self.listed = vec![0; per_page.div_ceil(64) as usize];
         }
-        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
-        let was = self.listed[w] & b != 0;
+        let was = self.is_listed(i);
+        let (w, b) = Self::bit(i);
         self.listed[w] |= b;
         !was
     }
 
     fn unlist(&mut self, i: u64) {
-        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
         assert!(
-            self.listed.get(w).is_some_and(|x| x & b != 0),
+            self.is_listed(i),
             "PD1: entry {i} taken from the pending list was not listed"
         );
+        let (w, b) = Self::bit(i);
         self.listed[w] &= !b;
     }
 }
@@ -1552,14 +1562,9 @@ impl ClassTable {
 
     fn is_listed(&self, s: &State, slot: Slot) -> bool {
         let per_page = self.classes.per_page(slot.class);
-        let i = slot.slot % per_page;
         s.pages
             .get(&(slot.host, slot.slot / per_page))
-            .is_some_and(|p| {
-                p.listed
-                    .get((i / 64) as usize)
-                    .is_some_and(|w| w & (1 << (i % 64)) != 0)
-            })
+            .is_some_and(|p| p.is_listed(slot.slot % per_page))
     }
 
     /// Clear the listed bit of `slot`, just taken off its pending list (PD1).
