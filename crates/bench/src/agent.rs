@@ -55,8 +55,7 @@ fn one_in_flight() -> u16 {
     1
 }
 
-/// Most operations one client thread keeps in flight.
-pub const MAX_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
+pub use crate::result::MAX_INFLIGHT;
 
 /// What a client thread's counters come from: its client, or its pipeline of clients.
 pub trait Counted {

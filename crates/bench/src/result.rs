@@ -65,6 +65,9 @@ pub struct BenchParams {
     pub inflight: u16,
 }
 
+/// Most operations one client thread keeps in flight (`inflight`), in a run or a simulation.
+pub const MAX_INFLIGHT: u16 = nessie_inflight::MAX_SLOTS as u16;
+
 fn one_in_flight() -> u16 {
     1
 }

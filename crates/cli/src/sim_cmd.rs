@@ -59,10 +59,16 @@ pub struct RunArgs {
     /// Index load factor.
     #[arg(long, default_value_t = 0.4)]
     pub load_factor: f64,
-    /// Operations per client thread, after the preload; the measured window ends when the
-    /// first thread has done them, and counts what every thread completed by then.
+    /// Operations per client thread (per slot with --inflight), after the preload; the
+    /// measured window ends when the first has done them, and counts what every thread
+    /// completed by then.
     #[arg(long, default_value_t = 10_000)]
     pub ops: u64,
+    /// Operations each client thread keeps in flight: its slots overlap their fabric
+    /// operations and share its CPU, one piece of work at a time (docs/sim.md, "Operations in
+    /// flight"). 1: one at a time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub inflight: u16,
     /// CPU-bound background processes per node, sharing its cores in time slices.
     #[arg(long, default_value_t = 0)]
     pub background: u16,
@@ -145,6 +151,7 @@ fn simulate(a: RunArgs) -> Result<(), SimCmdError> {
         load_factor: a.load_factor,
         seed: a.seed,
         background: a.background,
+        inflight: a.inflight,
         ..BenchParams::default()
     };
     let hw = hardware(a.cores_per_node, a.link_mbps)?;

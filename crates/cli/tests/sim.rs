@@ -127,3 +127,45 @@ fn sim_sweep_refuses_bad_input_and_runs_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nessie sim sweep"));
 }
+
+#[test]
+fn nessie_sim_inflight_runs_pipelined_slots_and_records_it() {
+    let dir = out_dir("inflight");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args([
+                "sim",
+                "--nodes",
+                "2",
+                "--client-threads",
+                "1",
+                "--keys",
+                "200",
+            ])
+            .args(["--value-size", "1024", "--get-ratio", "1", "--ops", "200"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--inflight", "4", "--json", json.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("x 4 in flight"), "{stdout}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["params"]["inflight"], 4);
+    assert_eq!(r["errors"], 0);
+    for bad in ["0", "65"] {
+        let out = run(&["--inflight", bad]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--inflight"), "{bad}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

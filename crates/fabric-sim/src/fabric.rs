@@ -217,8 +217,37 @@ impl Sim {
             slot,
             stats: self.shared.stats.register(node),
             own_core: false,
+            lane: None,
             faults: self.shared.fault_stream(true),
         }
+    }
+
+    /// The slots of one client thread on `node` that keeps `slots` operations in flight (a
+    /// pipeline, `nessie_inflight`): a simulated thread and endpoint per slot, so that their
+    /// fabric operations overlap in virtual time, all on one [`Lane`] of CPU, so that their CPU
+    /// work runs one piece at a time, as coroutines' does on their one OS thread.
+    pub fn pipeline(&self, node: NodeId, slots: usize) -> Vec<SimEndpoint> {
+        assert!(
+            (1..=MAX_LANE_SLOTS).contains(&slots),
+            "a pipeline has 1..={MAX_LANE_SLOTS} slots, not {slots}"
+        );
+        let first = self.endpoint(node);
+        let lane = Arc::new(Lane {
+            free_at: AtomicU64::new(0),
+            thread: first.thread,
+        });
+        let mut eps = Vec::with_capacity(slots);
+        eps.push(SimEndpoint {
+            lane: Some(lane.clone()),
+            ..first
+        });
+        for _ in 1..slots {
+            eps.push(SimEndpoint {
+                lane: Some(lane.clone()),
+                ..self.endpoint(node)
+            });
+        }
+        eps
     }
 
     /// Take one core of `node` for a thread that polls without pause (an SD/HY server).
@@ -347,6 +376,25 @@ impl SimClock {
     }
 }
 
+/// Most slots one [`Lane`] serves (`Sim::pipeline`): as many as a real pipeline has.
+pub const MAX_LANE_SLOTS: usize = 256;
+
+/// The CPU of one client thread whose slots are simulated threads ([`Sim::pipeline`]).
+///
+/// **LN1.** A lane runs one piece of CPU work at a time: a slot's work starts no earlier than
+/// the end of the lane's previous piece (booked in virtual-time order, as every resource of
+/// the model is), and then waits for a core of the node as any thread's does. The slots'
+/// fabric operations, between those pieces, overlap freely. This is a pipeline's thread: its
+/// coroutines give way to each other only at fabric operations, one at a time on its core.
+/// Background processes' time slices are the lane's first thread's, shared by every slot.
+/// Switches between coroutines cost nothing here (tens of ns on real hardware).
+struct Lane {
+    /// When the lane's last piece of CPU work ends.
+    free_at: AtomicU64,
+    /// The thread whose time slices the lane's slots share.
+    thread: ThreadNo,
+}
+
 /// One simulated thread's endpoint.
 pub struct SimEndpoint {
     shared: Arc<Shared>,
@@ -356,6 +404,8 @@ pub struct SimEndpoint {
     stats: Arc<StatsCell>,
     /// A polling thread's: CPU work runs on its own core.
     own_core: bool,
+    /// A pipeline slot's: the CPU it shares with the pipeline's other slots (LN1).
+    lane: Option<Arc<Lane>>,
     /// Faults to inject, if any (a polling thread's never pause).
     faults: Option<Box<FaultStream>>,
 }
@@ -419,6 +469,7 @@ impl SimEndpoint {
             slot: self.slot.clone(),
             stats: self.shared.stats.register(self.node),
             own_core: self.own_core,
+            lane: self.lane.clone(),
             faults: self.shared.fault_stream(!self.own_core),
         }
     }
@@ -428,7 +479,20 @@ impl SimEndpoint {
         if self.own_core {
             return self.time() + cost;
         }
-        self.shared.net().cpu(self.node, self.time(), cost)
+        let Some(lane) = &self.lane else {
+            return self.shared.net().cpu(self.node, self.time(), cost);
+        };
+        // LN1: after the lane's previous piece, then on a core of the node. One simulated
+        // thread runs at a time, so the load and store do not race.
+        let start = self.time().max(lane.free_at.load(Ordering::SeqCst));
+        let done = self.shared.net().cpu(self.node, start, cost);
+        lane.free_at.store(done, Ordering::SeqCst);
+        done
+    }
+
+    /// The thread whose time slices this endpoint's CPU work waits for.
+    fn cpu_thread(&self) -> ThreadNo {
+        self.lane.as_ref().map_or(self.thread, |l| l.thread)
     }
 
     /// The thread's virtual time: its last dispatch, or now if it has since been blocked on
@@ -445,7 +509,7 @@ impl SimEndpoint {
     /// Wait until virtual time `t`, and then until the thread has its core (background
     /// processes may hold it: [`crate::slices`]).
     fn at(&self, t: u64) -> u64 {
-        let t = self.shared.on_cpu(self.thread, t);
+        let t = self.shared.on_cpu(self.cpu_thread(), t);
         self.shared.sched.wait_until(self.thread, &self.slot, t)
     }
 

@@ -38,7 +38,9 @@ pub mod sched;
 pub mod slices;
 pub mod watch;
 
-pub use fabric::{NodeCrashed, Sim, SimClock, SimEndpoint, SimError, SimThread, SIM_EPOCH_NS};
+pub use fabric::{
+    NodeCrashed, Sim, SimClock, SimEndpoint, SimError, SimThread, MAX_LANE_SLOTS, SIM_EPOCH_NS,
+};
 pub use faults::SimFaults;
 pub use net::WireBytes;
 pub use params::SimParams;

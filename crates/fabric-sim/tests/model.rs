@@ -415,3 +415,55 @@ fn idle_pollers_resume_when_their_bytes_are_written() {
     assert_eq!(resumed[1], resumed[0] + IDLE_POLL_MAX_NS, "{resumed:?}");
     assert_eq!(resumed[2], direct, "{resumed:?}");
 }
+
+/// Virtual time the `slots` slots of one pipeline on node 0 (a 4-core node) take, each doing
+/// 100 direct 4 KiB writes (CPU work only), and then each doing 100 remote 64 KiB READs
+/// (mostly wire time).
+fn pipeline_slots(slots: usize) -> (u64, u64) {
+    let p = SimParams {
+        cores_per_node: 4,
+        ..params()
+    };
+    let run = |remote: bool| {
+        let sim = two_nodes(p.clone(), 1);
+        let handles: Vec<_> = sim
+            .pipeline(0, slots)
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut ep)| {
+                sim.spawn(ep.thread(), move || {
+                    let mut buf = [0u8; 64];
+                    for _ in 0..100 {
+                        match remote {
+                            false => ep.local_write(0, t as u64 * 4096, &[7u8; 4096]).unwrap(),
+                            true => ep.read(RemoteAddr::new(1, 0, 0), &mut buf).unwrap(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let r = sim.run();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        r.end_ns
+    };
+    (run(false), run(true))
+}
+
+#[test]
+fn a_pipelines_slots_share_one_cpu_and_overlap_their_fabric_operations() {
+    let p = params();
+    let one_write = p.local_op_ns + p.copy_ns(4096);
+    let (cpu1, wire1) = pipeline_slots(1);
+    let (cpu4, wire4) = pipeline_slots(4);
+    assert_eq!(cpu1, 100 * one_write);
+    // LN1: four slots' CPU work runs one piece at a time though the node has four cores (four
+    // plain threads take 100 writes' time: `threads_share_their_nodes_cores`).
+    assert_eq!(cpu4, 400 * one_write, "the slots' CPU work is serialised");
+    // Their READs overlap: four slots do four times the READs in about the time one slot does
+    // its (each READ is mostly latency; only the post's CPU work is serialised).
+    assert!(
+        wire4 < wire1 * 11 / 10,
+        "four slots' READs overlap: {wire4} ns against {wire1} ns for one slot"
+    );
+    assert!(wire4 >= wire1, "{wire4} < {wire1}");
+}

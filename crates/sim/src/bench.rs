@@ -66,8 +66,12 @@ pub fn sizing(p: &BenchParams, ops_per_thread: u64) -> (u64, Geometry) {
     } else {
         1.0 - p.get_ratio
     };
-    let puts_per_node =
-        (ops_per_thread as f64 * f64::from(p.client_threads) * put_share).ceil() as u64;
+    // Every slot of a pipeline (`--inflight`) does `ops_per_thread` operations.
+    let puts_per_node = (ops_per_thread as f64
+        * f64::from(p.client_threads)
+        * f64::from(p.inflight.max(1))
+        * put_share)
+        .ceil() as u64;
     g.dtes_per_node += puts_per_node * PUT_ROOM_FACTOR + PUT_ROOM_EXTRA;
     (keys, g)
 }
@@ -244,11 +248,18 @@ fn mode(p: &BenchParams) -> Result<Mode, SimBenchError> {
 
 fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
     mode(p)?;
-    let threads = p.nodes as usize * p.client_threads as usize;
     let bad = |m: String| Err(SimBenchError::Param(m));
+    let max_inflight = nessie_bench::result::MAX_INFLIGHT;
+    if !(1..=max_inflight).contains(&p.inflight) {
+        return bad(format!(
+            "--inflight must be in 1..={max_inflight}, not {}",
+            p.inflight
+        ));
+    }
+    let threads = p.nodes as usize * p.client_threads as usize * p.inflight as usize;
     if p.nodes == 0 || p.client_threads == 0 || threads > MAX_THREADS {
         return bad(format!(
-            "--nodes x --client-threads must be in 1..={MAX_THREADS}, not {threads}"
+            "--nodes x --client-threads x --inflight must be in 1..={MAX_THREADS}, not {threads}"
         ));
     }
     if !(1..=MAX_OPS_PER_THREAD).contains(&ops_per_thread) {
@@ -382,19 +393,27 @@ fn build(
     };
     hw.validate()
         .map_err(|e| SimBenchError::Param(e.to_string()))?;
+    // Each slot of a pipeline is a client of its own (as `nessie bench --inflight`'s are).
+    let slots = p.inflight.max(1);
     let rpc = RpcConfig {
-        max_clients_per_node: p.client_threads,
+        max_clients_per_node: p.client_threads * slots,
         ..RpcConfig::default()
     };
     let cfg = protocol_config(p, keys);
     let mut cluster = SimCluster::with_mode(hw.clone(), p.seed, geometry, cfg, mode(p)?, rpc)?;
     let threads = p.nodes as usize * p.client_threads as usize;
-    let clients = (0..threads)
-        .map(|i| {
-            let (c, thread, timer) = cluster.mode_client((i % p.nodes as usize) as u16)?;
-            Ok(((c, timer), thread))
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let mut clients = Vec::with_capacity(threads * slots as usize);
+    for i in 0..threads {
+        let node = (i % p.nodes as usize) as u16;
+        match slots {
+            1 => clients.push(cluster.mode_client(node)?),
+            n => clients.extend(cluster.mode_pipeline(node, n as usize)?),
+        }
+    }
+    let clients = clients
+        .into_iter()
+        .map(|(c, thread, timer)| ((c, timer), thread))
+        .collect();
     Ok((cluster, clients, hw))
 }
 

@@ -182,6 +182,30 @@ impl SimCluster {
         &mut self,
         node: NodeId,
     ) -> Result<(ModeClient<SimEndpoint>, SimThread, SimEndpoint), Error> {
+        let ep = self.sim.endpoint(node);
+        self.mode_client_on(node, ep)
+    }
+
+    /// The slots of one client thread on `node` keeping `slots` operations in flight: a worker
+    /// of the cluster's mode per slot, each on a simulated thread of its own, all sharing the
+    /// thread's CPU ([`Sim::pipeline`]), with their threads and clocks as [`Self::mode_client`].
+    #[allow(clippy::type_complexity)]
+    pub fn mode_pipeline(
+        &mut self,
+        node: NodeId,
+        slots: usize,
+    ) -> Result<Vec<(ModeClient<SimEndpoint>, SimThread, SimEndpoint)>, Error> {
+        let eps = self.sim.pipeline(node, slots);
+        eps.into_iter()
+            .map(|ep| self.mode_client_on(node, ep))
+            .collect()
+    }
+
+    fn mode_client_on(
+        &mut self,
+        node: NodeId,
+        ep: SimEndpoint,
+    ) -> Result<(ModeClient<SimEndpoint>, SimThread, SimEndpoint), Error> {
         let table = self.table(node)?;
         let slot =
             match &self.rpc {
@@ -190,7 +214,6 @@ impl SimCluster {
                     Error::Config(format!("node {node} has no free client slot"))
                 })?),
             };
-        let ep = self.sim.endpoint(node);
         let (thread, timer) = (ep.thread(), ep.sibling());
         let (workers, cfg) = (&mut self.workers, self.plan.cfg.clone());
         let client = self

@@ -211,3 +211,66 @@ fn under_cpu_contention_the_window_ends_with_the_first_finisher() {
     // Sliced threads leave operations undone when the window closes.
     assert!(busier.bench.ops.all + busier.bench.errors < 6 * OPS);
 }
+
+/// A GET-only run of 1 KiB values, one client thread per node keeping `inflight` operations
+/// in flight, on hardware `hw`.
+fn pipelined(mode: &str, inflight: u16, hw: SimParams) -> SimBenchResult {
+    let p = BenchParams {
+        mode: mode.into(),
+        server_threads: 1,
+        client_threads: 1,
+        inflight,
+        ..params(1024, 1.0)
+    };
+    run(&p, KEYS, geometry(1024), OPS, hw).unwrap()
+}
+
+#[test]
+fn operations_in_flight_overlap_their_round_trips_and_share_their_threads_cpu() {
+    let hw = SimParams::default();
+    let one = pipelined("cd", 1, hw.clone());
+    let eight = pipelined("cd", 8, hw.clone());
+    assert_eq!(eight.bench.params.inflight, 8, "the result records it");
+    assert_eq!(one.bench.errors + eight.bench.errors, 0);
+    // Each slot does OPS operations: eight slots on each of three threads.
+    assert_in_window(&eight.bench, 3 * 8, OPS);
+    // A GET of 1 KiB is mostly round trips: eight in flight overlap them.
+    let gain = eight.bench.ops_per_sec / one.bench.ops_per_sec;
+    assert!(gain >= 3.0, "8 in flight: {gain:.2}x the throughput of 1");
+    // When the CPU is the bottleneck (each fabric operation's post costs 20 µs of it), the
+    // slots wait for their thread's CPU one after the other (LN1): little gain.
+    let cpu_bound = SimParams {
+        cpu_op_ns: 20_000,
+        ..hw
+    };
+    let one = pipelined("cd", 1, cpu_bound.clone());
+    let eight = pipelined("cd", 8, cpu_bound);
+    let gain = eight.bench.ops_per_sec / one.bench.ops_per_sec;
+    assert!(
+        gain < 1.3,
+        "CPU-bound, 8 in flight: {gain:.2}x the throughput of 1"
+    );
+}
+
+#[test]
+fn sd_runs_with_operations_in_flight_each_slot_a_client_of_its_own() {
+    // Each slot leases a request slot of its node's server: four per thread.
+    let r = pipelined("sd", 4, SimParams::default());
+    assert_eq!(r.bench.errors, 0);
+    assert_in_window(&r.bench, 3 * 4, OPS);
+}
+
+#[test]
+fn inflight_out_of_range_is_refused_by_name() {
+    for inflight in [0, nessie_bench::result::MAX_INFLIGHT + 1] {
+        let p = BenchParams {
+            inflight,
+            ..params(64, 0.5)
+        };
+        let e = run(&p, KEYS, geometry(64), OPS, SimParams::default()).unwrap_err();
+        assert!(
+            matches!(&e, SimBenchError::Param(m) if m.contains("--inflight")),
+            "{e}"
+        );
+    }
+}
