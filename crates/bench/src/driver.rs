@@ -51,6 +51,12 @@ pub trait Observer<C> {
     fn fabric_done(&mut self, fabric: &nessie_fabric::StatsSnapshot) {
         let _ = fabric;
     }
+    /// With several operations in flight, just before [`Observer::complete`]: the keys this
+    /// one evicted, sure and unsure (`KvClient::evicted`, `evicted_unsure`; a pipeline is no
+    /// client to ask).
+    fn evictions_done(&mut self, evicted: &[Vec<u8>], unsure: &[Vec<u8>]) {
+        let _ = (evicted, unsure);
+    }
     /// Just after it returned.
     fn complete(
         &mut self,
@@ -160,6 +166,7 @@ where
             Err(e) => Err(e.clone()),
         };
         observer.fabric_done(&done.fabric);
+        observer.evictions_done(&done.evicted, &done.evicted_unsure);
         observer.complete(pipeline, &planned, token, r);
     }
     debug_assert!(running.is_empty());

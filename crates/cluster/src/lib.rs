@@ -53,4 +53,4 @@ pub mod rejoin;
 pub mod route;
 pub mod rundir;
 
-pub use local::{LocalCluster, LocalEndpoint};
+pub use local::{LocalCluster, LocalEndpoint, LocalSlotClient};

@@ -78,6 +78,10 @@ type Reclaimer = (Arc<AtomicBool>, JoinHandle<()>);
 /// the cluster is.
 pub type LocalEndpoint = Replicated<InProcEndpoint>;
 
+/// The client of one slot of a [`LocalCluster::pipeline_with`]: a client-driven worker over its
+/// slot's endpoint, replicated as the cluster is.
+pub type LocalSlotClient = CdClient<Replicated<nessie_inflight::PipelineEndpoint<InProcEndpoint>>>;
+
 impl LocalCluster {
     /// A client-driven (Nessie) cluster: allocate every node's tables. `delay` injects random
     /// delays around fabric operations.
@@ -376,6 +380,42 @@ impl LocalCluster {
             }
             _ => unreachable!("Mode::Cd makes a CD client"),
         }
+    }
+
+    /// A pipeline of client-driven workers on `node` (`nessie_inflight`), one per slot of
+    /// `opts`, each with protocol configuration `cfg`, its own worker id and the node's fence,
+    /// as [`Self::client_with`]'s; `setup` sees each slot's client before it starts (a test's
+    /// hook). Not `Send`: build it on the thread that drives it.
+    pub fn pipeline_with(
+        &self,
+        node: NodeId,
+        cfg: ProtocolConfig,
+        opts: nessie_inflight::PipelineOptions,
+        mut setup: impl FnMut(usize, &mut LocalSlotClient),
+    ) -> Result<nessie_inflight::Pipeline<InProcEndpoint>, Error> {
+        if self.plan.mode != Mode::Cd {
+            return Err(Error::Config(format!(
+                "pipelines of client-driven workers need a cd cluster; this one runs {}",
+                self.plan.mode.name()
+            )));
+        }
+        let table = self.checked_table(node)?;
+        let fence = self.fences[node as usize].clone();
+        nessie_inflight::Pipeline::new(self.fabric.endpoint(node), opts, |s, ep| {
+            let ep = Replicated::new(ep, self.set.clone(), fence.clone());
+            let worker = || self.worker_id(node);
+            match self
+                .plan
+                .client_of(Mode::Cd, ep, table.clone(), cfg.clone(), worker, None)?
+            {
+                ModeClient::Cd(mut c) => {
+                    c.set_fence(fence.clone());
+                    setup(s, &mut c);
+                    Ok(c)
+                }
+                _ => unreachable!("Mode::Cd makes a CD client"),
+            }
+        })
     }
 
     /// Declare `node` failed, as membership does when its lease lapses: its own workers are

@@ -7,16 +7,18 @@
 //! and reported as a read of a value nobody wrote.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nessie_bench::driver::{drive, Done, Observer};
+use nessie_bench::driver::{drive, drive_pipelined, Done, Observer};
 use nessie_bench::workload::{KeyGen, OpKind, Planned, Workload};
 use nessie_check::{
     Event, History, Invocation, KeyId, Limits, Op, Outcome, Recorder, Report, ValueId,
 };
+use nessie_fabric::Post;
+use nessie_inflight::Pipeline;
 use nessie_protocols::{Error, KvClient};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -282,8 +284,8 @@ struct StressThread {
     evictions: u64,
     evictions_unsure: u64,
     ttl: Option<(u64, Duration)>,
-    /// The expiry of the PUT in progress, by the history's clock.
-    expiring: Option<u64>,
+    /// The expiry of each PUT in progress (by its sequence number), by the history's clock.
+    expiring: HashMap<u64, u64>,
     /// Expiries recorded.
     expiries: u64,
     size_shift: Option<(u64, (usize, usize))>,
@@ -304,17 +306,15 @@ impl StressThread {
             evictions: 0,
             evictions_unsure: 0,
             ttl: spec.ttl,
-            expiring: None,
+            expiring: HashMap::new(),
             expiries: 0,
             size_shift: spec.size_shift,
         }
     }
 }
 
-impl<C: KvClient> Observer<C> for StressThread {
-    type Token = Invocation;
-
-    fn proceed(&mut self, _: &C, seq: u64) -> bool {
+impl StressThread {
+    fn go_on(&mut self, seq: u64) -> bool {
         if seq >= self.ops_per_thread {
             let waiting = self
                 .until
@@ -333,11 +333,7 @@ impl<C: KvClient> Observer<C> for StressThread {
         true
     }
 
-    fn key(&self, k: u64) -> Vec<u8> {
-        key_bytes(k)
-    }
-
-    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+    fn value_of(&self, op: &Planned) -> Cow<'_, [u8]> {
         let len = match self.size_shift {
             // The planned size, spread over the new range (any length identifies a value).
             Some((n, (lo, hi))) if (op.seq / n) % 2 == 1 => lo + op.value_len % (hi - lo + 1),
@@ -346,11 +342,7 @@ impl<C: KvClient> Observer<C> for StressThread {
         Cow::Owned(value_bytes(put_id(self.thread, op.seq), len))
     }
 
-    fn invoke(&mut self, _: &C, _: &Planned) -> Invocation {
-        self.rec.invoke()
-    }
-
-    fn expires(&mut self, op: &Planned) -> u64 {
+    fn expires_of(&mut self, op: &Planned) -> u64 {
         let Some((every, ttl)) = self.ttl else {
             return 0;
         };
@@ -359,16 +351,25 @@ impl<C: KvClient> Observer<C> for StressThread {
         }
         let ttl = ttl.as_nanos() as u64;
         let wall = nessie_fabric::wall_clock_ns();
-        self.expiring = Some(self.rec.now_ns() + ttl);
+        self.expiring.insert(op.seq, self.rec.now_ns() + ttl);
         wall + ttl
     }
 
-    fn complete(&mut self, c: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
+    /// Record operation `op`, invoked at `inv`, which returned `r` and evicted `evicted`
+    /// (sure) and `unsure` keys.
+    fn record(
+        &mut self,
+        op: &Planned,
+        inv: Invocation,
+        r: Result<Done<'_>, Error>,
+        evicted: &[Vec<u8>],
+        unsure: &[Vec<u8>],
+    ) {
         let (kind, outcome) = history_entry(op, self.thread, &r);
         if outcome == Outcome::Ok(Some(CORRUPT_VALUE)) {
             self.corrupt += 1;
         }
-        if let (Some(at), Op::Put(v)) = (self.expiring.take(), &kind) {
+        if let (Some(at), Op::Put(v)) = (self.expiring.remove(&op.seq), &kind) {
             // Failed or not: an expiry of a value the key never held changes nothing. A PUT
             // that took effect after its item's expiry time wrote an item absent from then
             // on: the expiry may come as late as the PUT's response.
@@ -382,13 +383,13 @@ impl<C: KvClient> Observer<C> for StressThread {
         self.rec.complete(inv, op.key, kind, outcome);
         // Keys the operation evicted (a GET's too: completing an abandoned write takes an
         // entry): DELETEs that took effect within its interval.
-        for key in c.evicted() {
+        for key in evicted {
             let k = key_id(key).expect("an evicted key is one of the run's");
             self.rec.complete(inv, k, Op::Delete, Outcome::Ok(None));
             self.evictions += 1;
         }
         // Evictions that may or may not have taken effect: failed DELETEs.
-        for key in c.evicted_unsure() {
+        for key in unsure {
             let k = key_id(key).expect("an evicted key is one of the run's");
             self.rec.complete(inv, k, Op::Delete, Outcome::Failed);
             self.evictions_unsure += 1;
@@ -397,6 +398,85 @@ impl<C: KvClient> Observer<C> for StressThread {
             Ok(_) => self.ok += 1,
             Err(e) => *self.errors.entry(error_kind(&e)).or_default() += 1,
         }
+    }
+}
+
+impl<C: KvClient> Observer<C> for StressThread {
+    type Token = Invocation;
+
+    fn proceed(&mut self, _: &C, seq: u64) -> bool {
+        self.go_on(seq)
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k)
+    }
+
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        self.value_of(op)
+    }
+
+    fn invoke(&mut self, _: &C, _: &Planned) -> Invocation {
+        self.rec.invoke()
+    }
+
+    fn expires(&mut self, op: &Planned) -> u64 {
+        self.expires_of(op)
+    }
+
+    fn complete(&mut self, c: &C, op: &Planned, inv: Invocation, r: Result<Done<'_>, Error>) {
+        self.record(op, inv, r, c.evicted(), c.evicted_unsure());
+    }
+}
+
+/// The stress observer of a thread driving a pipeline ([`run_pipelined`]): a
+/// [`StressThread`], told each operation's evictions by the driver.
+struct PipelinedThread {
+    inner: StressThread,
+    evicted: Vec<Vec<u8>>,
+    unsure: Vec<Vec<u8>>,
+}
+
+impl<E: Post + 'static> Observer<Pipeline<E>> for PipelinedThread {
+    type Token = Invocation;
+
+    fn proceed(&mut self, _: &Pipeline<E>, seq: u64) -> bool {
+        self.inner.go_on(seq)
+    }
+
+    fn key(&self, k: u64) -> Vec<u8> {
+        key_bytes(k)
+    }
+
+    fn value(&self, op: &Planned) -> Cow<'_, [u8]> {
+        self.inner.value_of(op)
+    }
+
+    fn invoke(&mut self, _: &Pipeline<E>, _: &Planned) -> Invocation {
+        self.inner.rec.invoke()
+    }
+
+    fn expires(&mut self, op: &Planned) -> u64 {
+        self.inner.expires_of(op)
+    }
+
+    fn evictions_done(&mut self, evicted: &[Vec<u8>], unsure: &[Vec<u8>]) {
+        self.evicted = evicted.to_vec();
+        self.unsure = unsure.to_vec();
+    }
+
+    fn complete(
+        &mut self,
+        _: &Pipeline<E>,
+        op: &Planned,
+        inv: Invocation,
+        r: Result<Done<'_>, Error>,
+    ) {
+        let (evicted, unsure) = (
+            std::mem::take(&mut self.evicted),
+            std::mem::take(&mut self.unsure),
+        );
+        self.inner.record(op, inv, r, &evicted, &unsure);
     }
 }
 
@@ -435,6 +515,28 @@ fn preload<C: KvClient>(client: &mut C, rec: &mut Recorder, keys: u64, value_len
     }
 }
 
+/// [`preload`] through a pipeline, one write at a time.
+fn preload_pipelined<E: Post + 'static>(
+    p: &mut Pipeline<E>,
+    rec: &mut Recorder,
+    keys: u64,
+    value_len: usize,
+) {
+    for k in 0..keys {
+        let id = (1u64 << 62) | k;
+        let inv = rec.invoke();
+        let done = p.run(nessie_inflight::Op::put(
+            key_bytes(k),
+            value_bytes(id, value_len),
+        ));
+        let outcome = match done.result {
+            Ok(_) => Outcome::Ok(None),
+            Err(_) => Outcome::Failed,
+        };
+        rec.complete(inv, k, Op::Put(id), outcome);
+    }
+}
+
 /// Run `clients` (one thread each) against the spec, check the history, and hand the clients
 /// back (their statistics are the caller's to inspect).
 pub fn run<C: KvClient + 'static>(clients: Vec<C>, spec: &StressSpec) -> (StressOutcome, Vec<C>) {
@@ -448,28 +550,8 @@ pub fn run_checked<C: KvClient + 'static>(
     spec: &StressSpec,
     limits: &Limits,
 ) -> (StressOutcome, Vec<C>) {
-    assert!(!clients.is_empty() && spec.keys > 0 && spec.hot_keys <= spec.keys);
-    assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
-    if let Some((n, (lo, hi))) = spec.size_shift {
-        assert!(
-            n > 0 && lo >= 8 && lo <= hi,
-            "a size shift every {n} to {lo}..={hi}"
-        );
-    }
-    let keys = KeyGen::hot(spec.keys, spec.hot_keys, spec.hot_fraction).expect("valid hot set");
-    let workload = Arc::new(
-        Workload::new(
-            keys,
-            spec.get_fraction,
-            spec.delete_fraction,
-            spec.value_size,
-        )
-        .map(|w| match spec.sizes_by_key {
-            true => w.with_sizes_by_key(),
-            false => w,
-        })
-        .expect("valid stress mix"),
-    );
+    assert!(!clients.is_empty());
+    let workload = workload_of(spec);
     let history = History::new();
     let preload_keys = spec.preload_keys.min(spec.keys);
     preload(
@@ -488,7 +570,7 @@ pub fn run_checked<C: KvClient + 'static>(
         .map(|(t, mut client)| {
             let mut obs = StressThread::new(t as u32, history.recorder(t as u32), spec, deadline);
             let mut workload = workload.for_thread(t as u64, threads_n);
-            let seed = spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let seed = thread_seed(spec, t);
             std::thread::spawn(move || {
                 let mut rng = SmallRng::seed_from_u64(seed);
                 let ops = drive(&mut client, &mut workload, &mut rng, &mut obs);
@@ -506,13 +588,101 @@ pub fn run_checked<C: KvClient + 'static>(
             client
         })
         .collect();
+    (finish(history, tally, start, limits), clients)
+}
+
+/// [`run_checked`] with many operations in flight per thread: each of `makers` builds, on a
+/// thread of its own, the pipeline (`nessie_inflight`) that the thread drives
+/// ([`drive_pipelined`]), keeping up to its slot count of the spec's operations in flight.
+/// Operations on one key from one thread complete in submission order (the pipeline's P1);
+/// on different keys they overlap, and each is recorded from its submission to its
+/// completion. The first thread preloads, before any thread starts its operations.
+pub fn run_pipelined<E, F>(makers: Vec<F>, spec: &StressSpec, limits: &Limits) -> StressOutcome
+where
+    E: Post + 'static,
+    F: FnOnce() -> Pipeline<E> + Send + 'static,
+{
+    assert!(!makers.is_empty());
+    let workload = workload_of(spec);
+    let history = History::new();
+    let preload_keys = spec.preload_keys.min(spec.keys);
+    let threads_n = makers.len() as u64;
+    // Every thread builds its pipeline, thread 0 preloads, then all start.
+    let ready = Arc::new(std::sync::Barrier::new(makers.len()));
+    let (value_len, time_limit) = (spec.value_size.0, spec.time_limit);
+    let start = Instant::now();
+    let threads: Vec<_> = makers
+        .into_iter()
+        .enumerate()
+        .map(|(t, make)| {
+            let mut obs = PipelinedThread {
+                // The deadline is set once the preload is done.
+                inner: StressThread::new(t as u32, history.recorder(t as u32), spec, start),
+                evicted: Vec::new(),
+                unsure: Vec::new(),
+            };
+            let mut workload = workload.for_thread(t as u64, threads_n);
+            let (seed, ready) = (thread_seed(spec, t), ready.clone());
+            std::thread::spawn(move || {
+                let mut pipeline = make();
+                if t == 0 {
+                    preload_pipelined(&mut pipeline, &mut obs.inner.rec, preload_keys, value_len);
+                }
+                ready.wait();
+                obs.inner.deadline = Instant::now() + time_limit;
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let ops = drive_pipelined(&mut pipeline, &mut workload, &mut rng, &mut obs);
+                (ops, obs.inner)
+            })
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for t in threads {
+        let (ops, obs) = t.join().expect("stress thread panicked");
+        tally.add(ops, obs);
+    }
+    finish(history, tally, start, limits)
+}
+
+/// The spec's workload, checked.
+fn workload_of(spec: &StressSpec) -> Arc<Workload> {
+    assert!(spec.keys > 0 && spec.hot_keys <= spec.keys);
+    assert!(spec.value_size.0 >= 8 && spec.value_size.0 <= spec.value_size.1);
+    if let Some((n, (lo, hi))) = spec.size_shift {
+        assert!(
+            n > 0 && lo >= 8 && lo <= hi,
+            "a size shift every {n} to {lo}..={hi}"
+        );
+    }
+    let keys = KeyGen::hot(spec.keys, spec.hot_keys, spec.hot_fraction).expect("valid hot set");
+    Arc::new(
+        Workload::new(
+            keys,
+            spec.get_fraction,
+            spec.delete_fraction,
+            spec.value_size,
+        )
+        .map(|w| match spec.sizes_by_key {
+            true => w.with_sizes_by_key(),
+            false => w,
+        })
+        .expect("valid stress mix"),
+    )
+}
+
+fn thread_seed(spec: &StressSpec, t: usize) -> u64 {
+    spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Check the history of a run that started at `start`, and sum it up with `tally`.
+fn finish(history: History, tally: Tally, start: Instant, limits: &Limits) -> StressOutcome {
     let elapsed = start.elapsed();
     let events = history.into_events();
     let report = nessie_check::check(&events, |_| None, limits);
     if !report.is_ok() {
         dump_violations(&events, &report);
     }
-    let outcome = StressOutcome {
+    StressOutcome {
         report,
         ops: tally.ops,
         ok_ops: tally.ok,
@@ -525,6 +695,5 @@ pub fn run_checked<C: KvClient + 'static>(
         evictions_unsure: tally.evictions_unsure,
         longest_stall: longest_stall(&events),
         expiries: tally.expiries,
-    };
-    (outcome, clients)
+    }
 }
