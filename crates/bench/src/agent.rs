@@ -74,9 +74,9 @@ impl Counted for NodeClient {
     }
 }
 
-/// A pipeline's counters are its shared endpoint's (each operation's own come with its
-/// completion, `Observer::fabric_done`); its clients' aborts and retries are not counted (they
-/// live inside its coroutines).
+/// A pipeline's counters are its shared endpoint's. Each operation's own fabric work, aborts
+/// and retries come with its completion (`Observer::completed_in_flight`): its clients live
+/// inside its coroutines, out of reach.
 impl Counted for NodePipeline {
     fn fabric_stats(&self) -> StatsSnapshot {
         self.with_endpoint(|e| nessie_fabric::Endpoint::stats(e).snapshot())
@@ -487,8 +487,12 @@ struct AgentThread {
     /// CPU seconds a measured wait counts that are the measurement's own ([`clock_read_cost`]),
     /// taken on the thread's first measured wait.
     clock_cost: Option<f64>,
-    /// The fabric work of the operation completing, when it came with it (`fabric_done`).
+    /// The fabric work of the operation completing, when it came with it
+    /// (`completed_in_flight`).
     op_fabric: Option<(u64, u64)>,
+    /// The aborts and retries of the operation completing, when it came with them (a
+    /// pipeline's; a client's are read over the window in [`Self::finish`]).
+    op_attempts: (u64, u64),
     out: ThreadOut,
 }
 
@@ -530,6 +534,7 @@ impl AgentThread {
             waits: 0,
             clock_cost: None,
             op_fabric: None,
+            op_attempts: (0, 0),
             out: ThreadOut {
                 cpu: 0.0,
                 pacing: 0.0,
@@ -554,8 +559,9 @@ impl AgentThread {
         if self.in_window {
             let (a1, r1) = client.aborts_retries();
             let (a0, r0, cpu0) = self.at_window;
-            self.out.aborts = a1 - a0;
-            self.out.retries = r1 - r0;
+            // Added to what the operations completed in flight in the window brought.
+            self.out.aborts += a1 - a0;
+            self.out.retries += r1 - r0;
             self.out.cpu = own_cpu_seconds() - cpu0;
         }
         self.out
@@ -621,8 +627,9 @@ impl<C: Counted> Observer<C> for AgentThread {
         (before, self.t0)
     }
 
-    fn fabric_done(&mut self, fabric: &StatsSnapshot) {
-        self.op_fabric = Some((fabric.fabric_ops(), fabric.remote_bytes()));
+    fn completed_in_flight(&mut self, done: &nessie_inflight::Completion) {
+        self.op_fabric = Some((done.fabric.fabric_ops(), done.fabric.remote_bytes()));
+        self.op_attempts = (done.aborts, done.retries);
     }
 
     fn complete(
@@ -633,12 +640,14 @@ impl<C: Counted> Observer<C> for AgentThread {
         r: Result<Done<'_>, Error>,
     ) {
         let op_fabric = self.op_fabric.take();
+        let (aborts, retries) = std::mem::take(&mut self.op_attempts);
         let now = unix_ns();
         let latency = now.saturating_sub(t0).max(1);
         if t0 < self.window_start {
             return; // warm-up
         }
         let o = &mut self.out;
+        (o.aborts, o.retries) = (o.aborts + aborts, o.retries + retries);
         o.offered += 1;
         let (fops, fbytes) = op_fabric.unwrap_or_else(|| fabric_cost(&before, &c.fabric_stats()));
         match (r, op.kind) {

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use nessie_fabric::Post;
-use nessie_inflight::{Op, Outcome, Pipeline, Ticket};
+use nessie_inflight::{Completion, Op, Outcome, Pipeline, Ticket};
 
 use nessie_protocols::{Error, KvClient};
 use rand::rngs::SmallRng;
@@ -46,16 +46,12 @@ pub trait Observer<C> {
     }
     /// Just before the operation is issued.
     fn invoke(&mut self, client: &C, op: &Planned) -> Self::Token;
-    /// With several operations in flight, just before [`Observer::complete`]: the fabric
-    /// operations this one issued (the counters around it would mix in the others').
-    fn fabric_done(&mut self, fabric: &nessie_fabric::StatsSnapshot) {
-        let _ = fabric;
-    }
-    /// With several operations in flight, just before [`Observer::complete`]: the keys this
-    /// one evicted, sure and unsure (`KvClient::evicted`, `evicted_unsure`; a pipeline is no
-    /// client to ask).
-    fn evictions_done(&mut self, evicted: &[Vec<u8>], unsure: &[Vec<u8>]) {
-        let _ = (evicted, unsure);
+    /// With several operations in flight, just before [`Observer::complete`]: what this one
+    /// did beside its result, which the counters around it would mix with the others' or
+    /// which a pipeline is no client to ask: its fabric operations, the keys it evicted
+    /// (`KvClient::evicted`), its aborted attempts and retries.
+    fn completed_in_flight(&mut self, done: &Completion) {
+        let _ = done;
     }
     /// Just after it returned.
     fn complete(
@@ -165,8 +161,7 @@ where
             Ok(_) => Ok(Done::Put),
             Err(e) => Err(e.clone()),
         };
-        observer.fabric_done(&done.fabric);
-        observer.evictions_done(&done.evicted, &done.evicted_unsure);
+        observer.completed_in_flight(&done);
         observer.complete(pipeline, &planned, token, r);
     }
     debug_assert!(running.is_empty());

@@ -87,7 +87,7 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
     pub fn aborts_retries(&self) -> (u64, u64) {
         let f = |s: ClientStats| (s.concurrent_aborts + s.timeouts, s.retries);
         match self {
-            ModeClient::Cd(c) => f(c.stats()),
+            ModeClient::Cd(c) => KvClient::aborts_retries(c),
             ModeClient::Sd(_) => (0, 0),
             ModeClient::Hy(c) => f(c.stats().get),
             // Aborted: GET passes that failed a checksum; retried: those and the confirming
@@ -101,6 +101,9 @@ impl<E: nessie_fabric::Endpoint> ModeClient<E> {
 }
 
 impl<E: nessie_fabric::Endpoint> KvClient for ModeClient<E> {
+    fn aborts_retries(&self) -> (u64, u64) {
+        ModeClient::aborts_retries(self)
+    }
     fn prefetch(&mut self, keys: &[&[u8]]) {
         if let ModeClient::Cd(c) = self {
             c.prefetch(keys)

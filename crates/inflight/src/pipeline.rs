@@ -52,15 +52,21 @@ pub struct Completion {
     pub evicted_unsure: Vec<Vec<u8>>,
     /// The fabric operations it issued (its slot's counters over its run).
     pub fabric: StatsSnapshot,
+    /// Attempts it aborted and retries it made (`KvClient::aborts_retries` over its run).
+    pub aborts: u64,
+    pub retries: u64,
 }
 
-/// What a slot's coroutine yields when its operation is done.
-type Finished = (
-    Result<Outcome, Error>,
-    Vec<Vec<u8>>,
-    Vec<Vec<u8>>,
-    StatsSnapshot,
-);
+/// What a slot's coroutine yields when its operation is done: its [`Completion`] but for the
+/// ticket, which the pipeline adds.
+pub struct Finished {
+    result: Result<Outcome, Error>,
+    evicted: Vec<Vec<u8>>,
+    evicted_unsure: Vec<Vec<u8>>,
+    fabric: StatsSnapshot,
+    aborts: u64,
+    retries: u64,
+}
 
 type SlotCoroutine = Coroutine<Resume<Op>, Suspend<Finished>, (), DefaultStack>;
 
@@ -168,11 +174,17 @@ impl<E: Post + 'static> Pipeline<E> {
                         panic!("slot {s}: resumed while idle");
                     };
                     let before = c.stats[s].snapshot();
-                    let r = op.run(&mut *client);
-                    let fabric = c.stats[s].snapshot().saturating_sub(&before);
-                    let evicted = client.evicted().to_vec();
-                    let unsure = client.evicted_unsure().to_vec();
-                    next = y.suspend(Suspend::Done((r, evicted, unsure, fabric)));
+                    let (a0, r0) = client.aborts_retries();
+                    let result = op.run(&mut *client);
+                    let (a1, r1) = client.aborts_retries();
+                    next = y.suspend(Suspend::Done(Finished {
+                        result,
+                        evicted: client.evicted().to_vec(),
+                        evicted_unsure: client.evicted_unsure().to_vec(),
+                        fabric: c.stats[s].snapshot().saturating_sub(&before),
+                        aborts: a1.saturating_sub(a0),
+                        retries: r1.saturating_sub(r0),
+                    }));
                 }
             });
             slots.push(Slot {
@@ -363,15 +375,15 @@ impl<E: Post + 'static> Pipeline<E> {
             CoroutineResult::Yield(Suspend::Sleeping(until)) => {
                 slot.busy = Busy::Sleeping(ticket, key, until)
             }
-            CoroutineResult::Yield(Suspend::Done((result, evicted, evicted_unsure, fabric))) => {
-                self.done.push_back(Completion {
-                    ticket,
-                    result,
-                    evicted,
-                    evicted_unsure,
-                    fabric,
-                })
-            }
+            CoroutineResult::Yield(Suspend::Done(f)) => self.done.push_back(Completion {
+                ticket,
+                result: f.result,
+                evicted: f.evicted,
+                evicted_unsure: f.evicted_unsure,
+                fabric: f.fabric,
+                aborts: f.aborts,
+                retries: f.retries,
+            }),
             CoroutineResult::Return(()) => unreachable!("a slot's coroutine never returns"),
         }
     }

@@ -196,6 +196,41 @@ fn mutation_letting_operations_on_one_key_overlap_is_caught() {
     assert!(!key_order_holds(true, 0..20));
 }
 
+/// Two pipelines on one thread, their slots' steps interleaved, write one hot key over and
+/// over: their CASes conflict, and each completion reports the attempts its operation aborted
+/// and the retries it made (`KvClient::aborts_retries` over the operation), which the
+/// benchmark sums. A completion that reported none would leave the sum at 0.
+#[test]
+fn completions_report_their_operations_aborts_and_retries() {
+    let c = Cluster::new(256, fast_cfg());
+    let mut pipes = [
+        c.pipeline(0, 0, interleaved(4, 21)),
+        c.pipeline(1, 100, interleaved(4, 22)),
+    ];
+    let (mut aborts, mut retries, mut done) = (0, 0, 0);
+    for round in 0..50u64 {
+        for (i, p) in pipes.iter_mut().enumerate() {
+            // Different keys in one pipeline (one key's operations there run one at a time),
+            // the same keys across the two.
+            for k in 0..4 {
+                p.submit(Op::put(key(k), value(round * 10 + i as u64)));
+            }
+        }
+        // Poll both in turn, so that their steps interleave.
+        while pipes.iter().any(|p| p.outstanding() > 0) {
+            for p in pipes.iter_mut() {
+                if let Some(d) = p.poll() {
+                    assert!(d.result.is_ok(), "{:?}", d.result);
+                    (aborts, retries, done) = (aborts + d.aborts, retries + d.retries, done + 1);
+                }
+            }
+        }
+    }
+    assert_eq!(done, 400);
+    assert!(aborts > 0, "no completion reported an aborted attempt");
+    assert!(retries > 0, "no completion reported a retry");
+}
+
 /// A run to check: `threads` threads, each with `pipes` pipelines of `slots` interleaved slots
 /// (polled in a seeded random order, so that their clients' steps on one key interleave too),
 /// write and read `keys` keys, a quarter of the operations on 4 hot ones.

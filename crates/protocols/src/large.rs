@@ -1165,6 +1165,9 @@ impl<C: KvClient> KvClient for Chunked<C> {
     fn evicted_unsure(&self) -> &[Vec<u8>] {
         &self.evicted_unsure
     }
+    fn aborts_retries(&self) -> (u64, u64) {
+        self.inner.aborts_retries()
+    }
 }
 
 #[cfg(test)]

@@ -257,6 +257,12 @@ pub trait KvClient: Send {
     fn evicted(&self) -> &[Vec<u8>] {
         &[]
     }
+    /// Attempts this client aborted (a concurrent operation, a timeout) and retries it made,
+    /// so far; `(0, 0)` where not counted. A pipeline reports each operation's share
+    /// (`nessie_inflight::Completion`), its clients being out of reach inside its coroutines.
+    fn aborts_retries(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// The keys whose eviction during this client's last operation may or may not have taken
     /// effect (`Error::Indeterminate`): a history records them as failed DELETEs within the
     /// write's interval.
@@ -308,6 +314,9 @@ pub fn read_modify_write<C: KvClient + ?Sized>(
 impl<T: KvClient + ?Sized> KvClient for Box<T> {
     fn prefetch(&mut self, keys: &[&[u8]]) {
         (**self).prefetch(keys)
+    }
+    fn aborts_retries(&self) -> (u64, u64) {
+        (**self).aborts_retries()
     }
     fn replaced_len(&self) -> Option<u32> {
         (**self).replaced_len()
@@ -462,5 +471,9 @@ impl<E: nessie_fabric::Endpoint> KvClient for cd::CdClient<E> {
     }
     fn evicted_unsure(&self) -> &[Vec<u8>] {
         cd::CdClient::evicted_unsure(self)
+    }
+    fn aborts_retries(&self) -> (u64, u64) {
+        let s = self.stats();
+        (s.concurrent_aborts + s.timeouts, s.retries)
     }
 }

@@ -267,4 +267,7 @@ impl<C: KvClient> KvClient for Metered<C> {
     fn evicted_unsure(&self) -> &[Vec<u8>] {
         self.inner.evicted_unsure()
     }
+    fn aborts_retries(&self) -> (u64, u64) {
+        self.inner.aborts_retries()
+    }
 }

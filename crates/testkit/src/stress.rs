@@ -460,9 +460,9 @@ impl<E: Post + 'static> Observer<Pipeline<E>> for PipelinedThread {
         self.inner.expires_of(op)
     }
 
-    fn evictions_done(&mut self, evicted: &[Vec<u8>], unsure: &[Vec<u8>]) {
-        self.evicted = evicted.to_vec();
-        self.unsure = unsure.to_vec();
+    fn completed_in_flight(&mut self, done: &nessie_inflight::Completion) {
+        self.evicted.clone_from(&done.evicted);
+        self.unsure.clone_from(&done.evicted_unsure);
     }
 
     fn complete(
