@@ -13,6 +13,10 @@
 //! operation on its key is queued or running. An operation that evicts other keys
 //! (`KvClient::evicted`) is not ordered against operations on those keys, as between two
 //! clients.
+//!
+//! Waiting (PL2): a pipeline with nothing to do this round waits on the fabric while an
+//! operation is in flight, and sleeps until the first sleeping slot wakes when none is: it
+//! never spins through a slot's back-off.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -222,7 +226,7 @@ impl<E: Post + 'static> Pipeline<E> {
     pub fn submit(&mut self, op: Op) -> Ticket {
         while self.queue.len() >= QUEUED_PER_SLOT * self.slots.len() {
             if !self.step() {
-                self.core.ep.borrow_mut().posted_idle();
+                self.idle();
             }
         }
         let t = Ticket(self.next_ticket);
@@ -251,7 +255,7 @@ impl<E: Post + 'static> Pipeline<E> {
                 return None;
             }
             if !self.step() {
-                self.core.ep.borrow_mut().posted_idle();
+                self.idle();
             }
         }
     }
@@ -270,7 +274,7 @@ impl<E: Post + 'static> Pipeline<E> {
                 });
             assert!(known, "{ticket:?} is not outstanding");
             if !self.step() {
-                self.core.ep.borrow_mut().posted_idle();
+                self.idle();
             }
         }
     }
@@ -293,6 +297,32 @@ impl<E: Post + 'static> Pipeline<E> {
     /// The shared endpoint (its counters, its node).
     pub fn with_endpoint<T>(&self, f: impl FnOnce(&E) -> T) -> T {
         f(&self.core.ep.borrow())
+    }
+
+    /// Nothing could be done this round: wait for something to happen. While a slot waits on
+    /// the fabric, the endpoint waits for it (`Post::posted_idle`). While every busy slot
+    /// sleeps (a back-off, a retry's pause), nothing can happen before the first one wakes
+    /// (no operation is in flight, and a round that could start a queued one would have), so
+    /// the thread sleeps until then instead of spinning (PL2).
+    fn idle(&mut self) {
+        let mut wake: Option<u64> = None;
+        for s in &self.slots {
+            match s.busy {
+                Busy::Waiting(..) => return self.core.ep.borrow_mut().posted_idle(),
+                Busy::Sleeping(_, _, until) => wake = Some(wake.map_or(until, |w| w.min(until))),
+                Busy::Idle => {}
+            }
+        }
+        let mut ep = self.core.ep.borrow_mut();
+        match wake {
+            Some(until) => {
+                let now = ep.mono_ns();
+                if until > now {
+                    ep.sleep_ns(until - now);
+                }
+            }
+            None => ep.posted_idle(),
+        }
     }
 
     /// One round: report what the fabric completed, resume every slot that can go on, start
@@ -407,7 +437,7 @@ impl<E: Post + 'static> Drop for Pipeline<E> {
         self.queue.clear();
         while self.running() > 0 {
             if !self.step() {
-                self.core.ep.borrow_mut().posted_idle();
+                self.idle();
             }
         }
     }

@@ -447,3 +447,63 @@ fn pipelines_evicting_from_full_tables_do_not_block_their_thread() {
         "the tables ran full and PUTs evicted ({evicted})"
     );
 }
+
+/// An in-process endpoint that counts the pipeline's idle waits on the fabric.
+struct CountingIdles {
+    inner: InProcEndpoint,
+    idles: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl nessie_fabric::Endpoint for CountingIdles {
+    nessie_fabric::forward_endpoint!(field inner);
+    nessie_fabric::forward_endpoint!(field inner: read, write, compare_and_swap, local_read, local_write);
+}
+
+impl nessie_fabric::Post for CountingIdles {
+    fn posted_idle(&mut self) {
+        self.idles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::hint::spin_loop()
+    }
+}
+
+/// A client whose every operation is a 20 ms pause (a retry's back-off) on its endpoint.
+struct Pausing(nessie_inflight::PipelineEndpoint<CountingIdles>);
+
+impl nessie_protocols::KvClient for Pausing {
+    fn get(&mut self, _: &[u8]) -> Result<Option<Vec<u8>>, nessie_protocols::Error> {
+        nessie_fabric::Endpoint::sleep_ns(&mut self.0, 20_000_000);
+        Ok(None)
+    }
+    fn put(&mut self, _: &[u8], _: &[u8]) -> Result<(), nessie_protocols::Error> {
+        Ok(())
+    }
+    fn delete(&mut self, _: &[u8]) -> Result<(), nessie_protocols::Error> {
+        Ok(())
+    }
+}
+
+/// PL2: while every busy slot sleeps and nothing is in flight, the pipeline sleeps until the
+/// first wakes instead of spinning on the fabric's idle wait (which, with nothing posted, a
+/// UCX endpoint answers at once: millions of calls in 20 ms).
+#[test]
+fn a_pipeline_whose_slots_all_sleep_sleeps_too() {
+    let c = Cluster::new(64, fast_cfg());
+    let idles = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ep = CountingIdles {
+        inner: c.fabric.endpoint(0),
+        idles: idles.clone(),
+    };
+    let mut p = Pipeline::new(ep, PipelineOptions::new(4), |_, ep| Ok(Pausing(ep))).unwrap();
+    for k in 0..8 {
+        p.submit(Op::get(key(k)));
+    }
+    let done = p.drain();
+    assert_eq!(done.len(), 8);
+    assert!(done.iter().all(|d| d.result == Ok(Outcome::Got(None))));
+    let idles = idles.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        idles < 10,
+        "{idles} idle waits on the fabric with nothing in flight"
+    );
+}
