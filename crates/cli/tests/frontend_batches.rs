@@ -184,6 +184,7 @@ fn client(id: u64, port: u16, history: &History, until: Instant) -> (Mismatches,
         longest = longest.max(t0.elapsed());
     }
     rec.flush();
+    eprintln!("client {id} (port {port}): longest batch {longest:?}");
     (bad, longest)
 }
 
