@@ -163,6 +163,10 @@ where
         };
         observer.completed_in_flight(&done);
         observer.complete(pipeline, &planned, token, r);
+        // The value's buffer, for a later GET to read into.
+        if let Ok(Outcome::Got(Some(v))) = done.result {
+            pipeline.recycle(v);
+        }
     }
     debug_assert!(running.is_empty());
     seq

@@ -72,13 +72,24 @@ impl Op {
     /// Run it on `client`, blocking (inside a slot's coroutine, suspending at each fabric step;
     /// outside a pipeline, as the blocking call would).
     pub fn run<C: KvClient + ?Sized>(&self, client: &mut C) -> Result<Outcome, Error> {
+        self.run_into(client, &mut Vec::new())
+    }
+
+    /// [`Self::run`], a GET reading its value into `buf` (taken: the outcome carries it), whose
+    /// allocation and old contents a value of the same length reuses without zero-filling.
+    /// Other operations leave `buf` alone.
+    pub fn run_into<C: KvClient + ?Sized>(
+        &self,
+        client: &mut C,
+        buf: &mut Vec<u8>,
+    ) -> Result<Outcome, Error> {
         Ok(match self {
             Op::Get { key } => {
-                let mut v = Vec::new();
+                let mut v = std::mem::take(buf);
                 Outcome::Got(client.get_into(key, &mut v)?.then_some(v))
             }
             Op::GetVersioned { key } => {
-                let mut v = Vec::new();
+                let mut v = std::mem::take(buf);
                 Outcome::GotVersioned(client.get_versioned(key, &mut v)?.map(|ver| (v, ver)))
             }
             Op::Put {

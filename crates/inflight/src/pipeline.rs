@@ -179,7 +179,10 @@ impl<E: Post + 'static> Pipeline<E> {
                     };
                     let before = c.stats[s].snapshot();
                     let (a0, r0) = client.aborts_retries();
-                    let result = op.run(&mut *client);
+                    let mut buf = c.take_spare();
+                    let result = op.run_into(&mut *client, &mut buf);
+                    // Not a GET's (it took it): back for the next one.
+                    c.give_spare(buf);
                     let (a1, r1) = client.aborts_retries();
                     next = y.suspend(Suspend::Done(Finished {
                         result,
@@ -292,6 +295,13 @@ impl<E: Post + 'static> Pipeline<E> {
     pub fn run(&mut self, op: Op) -> Completion {
         let t = self.submit(op);
         self.wait(t)
+    }
+
+    /// Give back a value buffer a completion brought (a GET's), for a later GET to read into:
+    /// that GET then needs no allocation, and a value as long as the buffer's no zero-filling.
+    /// At most a few per slot are kept; the rest are dropped.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.core.give_spare(buf);
     }
 
     /// The shared endpoint (its counters, its node).

@@ -71,7 +71,13 @@ pub(crate) struct Core<E> {
     /// The thread the pipeline was made on, by the address of a thread-local of it: a slot's
     /// endpoint is never used from another (see `SlotEndpoint`'s `Send`).
     thread: usize,
+    /// Value buffers for the slots' next GETs: handed back by the pipeline's user
+    /// (`Pipeline::recycle`), at most [`SPARES_PER_SLOT`] per slot.
+    spares: RefCell<Vec<Vec<u8>>>,
 }
+
+/// Most value buffers a pipeline keeps for reuse, per slot.
+pub const SPARES_PER_SLOT: usize = 2;
 
 thread_local! {
     static THREAD_MARK: u8 = const { 0 };
@@ -92,6 +98,20 @@ impl<E: Post> Core<E> {
             interleave,
             running: Cell::new(None),
             thread: this_thread(),
+            spares: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A value buffer for a GET: a spare one if any, else a new (empty) one.
+    pub(crate) fn take_spare(&self) -> Vec<u8> {
+        self.spares.borrow_mut().pop().unwrap_or_default()
+    }
+
+    /// Keep `buf` for a later GET, unless enough are kept (or it holds no allocation).
+    pub(crate) fn give_spare(&self, buf: Vec<u8>) {
+        let mut spares = self.spares.borrow_mut();
+        if buf.capacity() > 0 && spares.len() < SPARES_PER_SLOT * self.waits.len() {
+            spares.push(buf);
         }
     }
 
