@@ -507,3 +507,28 @@ fn a_pipeline_whose_slots_all_sleep_sleeps_too() {
         "{idles} idle waits on the fabric with nothing in flight"
     );
 }
+
+/// A GET reads into a buffer handed back with `recycle`: it answers exactly its value (no
+/// tail of the longer one the buffer held before), and the buffer is the one handed back
+/// (its allocation reused).
+#[test]
+fn gets_read_into_recycled_buffers_and_answer_exactly_their_values() {
+    let c = Cluster::new(256, fast_cfg());
+    let mut p = c.pipeline(0, 0, PipelineOptions::new(1));
+    p.run(Op::put(key(1), value(1)));
+    p.run(Op::put(key(2), value(23)));
+    let old = vec![0xee; 4096];
+    let old_ptr = old.as_ptr();
+    p.recycle(old);
+    let d = p.run(Op::get(key(1)));
+    let Ok(Outcome::Got(Some(v))) = d.result else {
+        panic!("{:?}", d.result)
+    };
+    assert_eq!(v, value(1));
+    assert_eq!(v.as_ptr(), old_ptr, "the GET read into the recycled buffer");
+    assert!(v.capacity() >= 4096);
+    // Back again, now holding a shorter value than the next one.
+    p.recycle(v);
+    assert_eq!(p.run(Op::get(key(2))).result, Ok(Outcome::Got(Some(value(23)))));
+    assert_eq!(p.run(Op::get(key(3))).result, Ok(Outcome::Got(None)));
+}
