@@ -529,6 +529,9 @@ fn gets_read_into_recycled_buffers_and_answer_exactly_their_values() {
     assert!(v.capacity() >= 4096);
     // Back again, now holding a shorter value than the next one.
     p.recycle(v);
-    assert_eq!(p.run(Op::get(key(2))).result, Ok(Outcome::Got(Some(value(23)))));
+    assert_eq!(
+        p.run(Op::get(key(2))).result,
+        Ok(Outcome::Got(Some(value(23))))
+    );
     assert_eq!(p.run(Op::get(key(3))).result, Ok(Outcome::Got(None)));
 }
