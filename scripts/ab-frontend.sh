@@ -5,7 +5,8 @@
 # the ratio new/old. For a change on the front end's path (issue 41: the large-value layer).
 # TRANSPORT=tcp runs the cluster over loopback TCP instead (where READs can overlap); KEYS
 # sets redis-benchmark's -r (10000; with few REQUESTS make it smaller, so that GETs hit).
-# Usage: [TRANSPORT=shm|tcp] [KEYS=N] bash scripts/ab-frontend.sh OLD_BINARY NEW_BINARY [REPS] [REQUESTS] [VALUE_BYTES]
+# UP_ARGS adds flags to both clusters' `nessie up` (e.g. "--frontend-inflight 16").
+# Usage: [TRANSPORT=shm|tcp] [KEYS=N] [UP_ARGS=...] bash scripts/ab-frontend.sh OLD_BINARY NEW_BINARY [REPS] [REQUESTS] [VALUE_BYTES]
 set -euo pipefail
 OLD=$1
 NEW=$2
@@ -14,6 +15,7 @@ N=${4:-100000}
 SIZE=${5:-100}
 TRANSPORT=${TRANSPORT:-shm}
 KEYS=${KEYS:-10000}
+read -r -a UP_EXTRA <<<"${UP_ARGS:-}"
 command -v redis-benchmark >/dev/null || { echo "needs redis-benchmark (apt-get install redis-tools)" >&2; exit 1; }
 DIR=$(mktemp -d /tmp/nessie-ab-XXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -27,7 +29,7 @@ one() { # binary label
     local port
     port=$(free_port)
     "$1" up --dir "$DIR/c" --nodes 2 --no-etcd --resp-port "$port" --workers 4 --transport "$TRANSPORT" \
-        --memory-per-node 256MiB --expiry-ms 200 --item-max 16M >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
+        --memory-per-node 256MiB --expiry-ms 200 --item-max 16M "${UP_EXTRA[@]}" >"$DIR/up.log" 2>&1 || { cat "$DIR/up.log" >&2; exit 1; }
     for p in 1 16; do
         redis-benchmark -p "$port" -t set,get -n "$N" -c 4 -d "$SIZE" -P "$p" -r "$KEYS" --csv 2>/dev/null |
             awk -F, -v b="$2" -v p="$p" 'NR > 1 { gsub(/"/, ""); print b, $1 "-P" p, $2 }' >>"$DIR/rates"
