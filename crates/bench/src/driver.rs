@@ -149,23 +149,30 @@ where
             running.insert(pipeline.submit(op), (planned, token));
             seq += 1;
         }
-        let Some(done) = pipeline.next_done() else {
+        let Some(first) = pipeline.next_done() else {
             break;
         };
-        let (planned, token) = running
-            .remove(&done.ticket)
-            .expect("every completion is of an operation submitted here");
-        let r = match &done.result {
-            Ok(Outcome::Got(v)) => Ok(Done::Got(v.as_deref())),
-            Ok(Outcome::Deleted) => Ok(Done::Deleted),
-            Ok(_) => Ok(Done::Put),
-            Err(e) => Err(e.clone()),
-        };
-        observer.completed_in_flight(&done);
-        observer.complete(pipeline, &planned, token, r);
-        // The value's buffer, for a later GET to read into.
-        if let Ok(Outcome::Got(Some(v))) = done.result {
-            pipeline.recycle(v);
+        // Every operation already finished is completed before any more is submitted: one
+        // completed after a later submission would look, to the observer (a history), as if
+        // it ran longer than it did.
+        let mut next = Some(first);
+        while let Some(done) = next {
+            let (planned, token) = running
+                .remove(&done.ticket)
+                .expect("every completion is of an operation submitted here");
+            let r = match &done.result {
+                Ok(Outcome::Got(v)) => Ok(Done::Got(v.as_deref())),
+                Ok(Outcome::Deleted) => Ok(Done::Deleted),
+                Ok(_) => Ok(Done::Put),
+                Err(e) => Err(e.clone()),
+            };
+            observer.completed_in_flight(&done);
+            observer.complete(pipeline, &planned, token, r);
+            // The value's buffer, for a later GET to read into.
+            if let Ok(Outcome::Got(Some(v))) = done.result {
+                pipeline.recycle(v);
+            }
+            next = pipeline.take_done();
         }
     }
     debug_assert!(running.is_empty());

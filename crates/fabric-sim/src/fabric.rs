@@ -231,17 +231,11 @@ impl Sim {
             (1..=MAX_LANE_SLOTS).contains(&slots),
             "a pipeline has 1..={MAX_LANE_SLOTS} slots, not {slots}"
         );
-        let first = self.endpoint(node);
         let lane = Arc::new(Lane {
             free_at: AtomicU64::new(0),
-            thread: first.thread,
         });
         let mut eps = Vec::with_capacity(slots);
-        eps.push(SimEndpoint {
-            lane: Some(lane.clone()),
-            ..first
-        });
-        for _ in 1..slots {
+        for _ in 0..slots {
             eps.push(SimEndpoint {
                 lane: Some(lane.clone()),
                 ..self.endpoint(node)
@@ -376,23 +370,24 @@ impl SimClock {
     }
 }
 
-/// Most slots one [`Lane`] serves (`Sim::pipeline`): as many as a real pipeline has.
+/// Most slots one [`Lane`] serves (`Sim::pipeline`): a bound on the simulated threads one
+/// lane makes (a real pipeline has at most 64, `nessie_inflight::MAX_SLOTS`).
 pub const MAX_LANE_SLOTS: usize = 256;
 
 /// The CPU of one client thread whose slots are simulated threads ([`Sim::pipeline`]).
 ///
-/// **LN1.** A lane runs one piece of CPU work at a time: a slot's work starts no earlier than
-/// the end of the lane's previous piece (booked in virtual-time order, as every resource of
-/// the model is), and then waits for a core of the node as any thread's does. The slots'
-/// fabric operations, between those pieces, overlap freely. This is a pipeline's thread: its
-/// coroutines give way to each other only at fabric operations, one at a time on its core.
-/// Background processes' time slices are the lane's first thread's, shared by every slot.
-/// Switches between coroutines cost nothing here (tens of ns on real hardware).
+/// **LN1.** A lane runs one piece of CPU work at a time: a slot whose piece would start before
+/// the end of the lane's previous one waits, in virtual time, until then; then it books a core
+/// of the node at that instant, as any thread does (so every booking of a core is still made
+/// at the virtual time it is asked for). The slots' fabric operations, between those pieces,
+/// overlap freely. This is a pipeline's thread: its coroutines give way to each other only at
+/// fabric operations, one at a time on its core. Switches between coroutines cost nothing here
+/// (tens of ns on real hardware), and a slot's operation completes when its response arrives,
+/// though a real coroutine notices only at its thread's next poll. Background processes' time
+/// slices are not modelled for lanes: the benchmark refuses `--background` with `--inflight`.
 struct Lane {
     /// When the lane's last piece of CPU work ends.
     free_at: AtomicU64,
-    /// The thread whose time slices the lane's slots share.
-    thread: ThreadNo,
 }
 
 /// One simulated thread's endpoint.
@@ -482,17 +477,19 @@ impl SimEndpoint {
         let Some(lane) = &self.lane else {
             return self.shared.net().cpu(self.node, self.time(), cost);
         };
-        // LN1: after the lane's previous piece, then on a core of the node. One simulated
-        // thread runs at a time, so the load and store do not race.
-        let start = self.time().max(lane.free_at.load(Ordering::SeqCst));
-        let done = self.shared.net().cpu(self.node, start, cost);
+        // LN1: wait for the lane's previous piece (another slot may take the lane meanwhile:
+        // look again), then book a core now. One simulated thread runs at a time, so the load
+        // and the store do not race.
+        loop {
+            let free = lane.free_at.load(Ordering::SeqCst);
+            if free <= self.time() {
+                break;
+            }
+            self.shared.sched.wait_until(self.thread, &self.slot, free);
+        }
+        let done = self.shared.net().cpu(self.node, self.time(), cost);
         lane.free_at.store(done, Ordering::SeqCst);
         done
-    }
-
-    /// The thread whose time slices this endpoint's CPU work waits for.
-    fn cpu_thread(&self) -> ThreadNo {
-        self.lane.as_ref().map_or(self.thread, |l| l.thread)
     }
 
     /// The thread's virtual time: its last dispatch, or now if it has since been blocked on
@@ -509,7 +506,7 @@ impl SimEndpoint {
     /// Wait until virtual time `t`, and then until the thread has its core (background
     /// processes may hold it: [`crate::slices`]).
     fn at(&self, t: u64) -> u64 {
-        let t = self.shared.on_cpu(self.cpu_thread(), t);
+        let t = self.shared.on_cpu(self.thread, t);
         self.shared.sched.wait_until(self.thread, &self.slot, t)
     }
 

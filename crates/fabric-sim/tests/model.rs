@@ -417,8 +417,8 @@ fn idle_pollers_resume_when_their_bytes_are_written() {
 }
 
 /// Virtual time the `slots` slots of one pipeline on node 0 (a 4-core node) take, each doing
-/// 100 direct 4 KiB writes (CPU work only), and then each doing 100 remote 64 KiB READs
-/// (mostly wire time).
+/// 100 direct 4 KiB writes (CPU work only), and, in a second run, each doing 100 remote
+/// 64-byte READs (mostly latency).
 fn pipeline_slots(slots: usize) -> (u64, u64) {
     let p = SimParams {
         cores_per_node: 4,

@@ -86,11 +86,24 @@ impl Op {
         Ok(match self {
             Op::Get { key } => {
                 let mut v = std::mem::take(buf);
-                Outcome::Got(client.get_into(key, &mut v)?.then_some(v))
+                match client.get_into(key, &mut v) {
+                    Ok(true) => Outcome::Got(Some(v)),
+                    // No value to carry: the buffer stays the caller's.
+                    r => {
+                        *buf = v;
+                        Outcome::Got(r?.then(Vec::new))
+                    }
+                }
             }
             Op::GetVersioned { key } => {
                 let mut v = std::mem::take(buf);
-                Outcome::GotVersioned(client.get_versioned(key, &mut v)?.map(|ver| (v, ver)))
+                match client.get_versioned(key, &mut v) {
+                    Ok(Some(ver)) => Outcome::GotVersioned(Some((v, ver))),
+                    r => {
+                        *buf = v;
+                        Outcome::GotVersioned(r?.map(|ver| (Vec::new(), ver)))
+                    }
+                }
             }
             Op::Put {
                 key,

@@ -157,7 +157,8 @@ impl<E: Post + 'static> Pipeline<E> {
         }
         if ep.virtual_time() {
             return Err(Error::Config(
-                "operations in flight are not simulated yet: a pipeline runs on a real fabric"
+                "a pipeline runs on a real fabric: the simulator models one with lanes \
+                 (`nessie sim --inflight`)"
                     .into(),
             ));
         }
@@ -179,9 +180,10 @@ impl<E: Post + 'static> Pipeline<E> {
                     };
                     let before = c.stats[s].snapshot();
                     let (a0, r0) = client.aborts_retries();
-                    let mut buf = c.take_spare();
+                    // A spare value buffer for a GET; one that found no value gives it back.
+                    let reads = matches!(op, Op::Get { .. } | Op::GetVersioned { .. });
+                    let mut buf = if reads { c.take_spare() } else { Vec::new() };
                     let result = op.run_into(&mut *client, &mut buf);
-                    // Not a GET's (it took it): back for the next one.
                     c.give_spare(buf);
                     let (a1, r1) = client.aborts_retries();
                     next = y.suspend(Suspend::Done(Finished {
@@ -245,6 +247,11 @@ impl<E: Post + 'static> Pipeline<E> {
         if self.done.is_empty() {
             self.step();
         }
+        self.done.pop_front()
+    }
+
+    /// An operation that has finished already, without running anything; `None` if none has.
+    pub fn take_done(&mut self) -> Option<Completion> {
         self.done.pop_front()
     }
 

@@ -78,6 +78,9 @@ pub(crate) struct Core<E> {
 
 /// Most value buffers a pipeline keeps for reuse, per slot.
 pub const SPARES_PER_SLOT: usize = 2;
+/// Largest buffer (capacity, bytes) a pipeline keeps for reuse: larger ones are dropped, so
+/// that a few large values do not stay pinned.
+pub const SPARE_MAX_BYTES: usize = 256 << 10;
 
 thread_local! {
     static THREAD_MARK: u8 = const { 0 };
@@ -110,7 +113,9 @@ impl<E: Post> Core<E> {
     /// Keep `buf` for a later GET, unless enough are kept (or it holds no allocation).
     pub(crate) fn give_spare(&self, buf: Vec<u8>) {
         let mut spares = self.spares.borrow_mut();
-        if buf.capacity() > 0 && spares.len() < SPARES_PER_SLOT * self.waits.len() {
+        let size = buf.capacity();
+        if size > 0 && size <= SPARE_MAX_BYTES && spares.len() < SPARES_PER_SLOT * self.waits.len()
+        {
             spares.push(buf);
         }
     }

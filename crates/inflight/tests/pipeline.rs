@@ -510,13 +510,19 @@ fn a_pipeline_whose_slots_all_sleep_sleeps_too() {
 
 /// A GET reads into a buffer handed back with `recycle`: it answers exactly its value (no
 /// tail of the longer one the buffer held before), and the buffer is the one handed back
-/// (its allocation reused).
+/// (its allocation reused). The values are on another node and read on their own, straight
+/// into the buffer (`whole_read_max` 0), where a stale tail would show.
 #[test]
 fn gets_read_into_recycled_buffers_and_answer_exactly_their_values() {
-    let c = Cluster::new(256, fast_cfg());
-    let mut p = c.pipeline(0, 0, PipelineOptions::new(1));
-    p.run(Op::put(key(1), value(1)));
-    p.run(Op::put(key(2), value(23)));
+    let cfg = ProtocolConfig {
+        whole_read_max: 0,
+        ..fast_cfg()
+    };
+    let c = Cluster::new(256, cfg);
+    let mut w = c.pipeline(0, 0, PipelineOptions::new(1));
+    w.run(Op::put(key(1), value(1)));
+    w.run(Op::put(key(2), value(23)));
+    let mut p = c.pipeline(1, 10, PipelineOptions::new(1));
     let old = vec![0xee; 4096];
     let old_ptr = old.as_ptr();
     p.recycle(old);
@@ -527,6 +533,8 @@ fn gets_read_into_recycled_buffers_and_answer_exactly_their_values() {
     assert_eq!(v, value(1));
     assert_eq!(v.as_ptr(), old_ptr, "the GET read into the recycled buffer");
     assert!(v.capacity() >= 4096);
+    // A GET that finds nothing keeps the buffer for the next.
+    assert_eq!(p.run(Op::get(key(9))).result, Ok(Outcome::Got(None)));
     // Back again, now holding a shorter value than the next one.
     p.recycle(v);
     assert_eq!(

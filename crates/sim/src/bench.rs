@@ -256,6 +256,13 @@ fn check(p: &BenchParams, ops_per_thread: u64) -> Result<(), SimBenchError> {
             p.inflight
         ));
     }
+    if p.inflight > 1 && p.background > 0 {
+        return bad(
+            "--background with --inflight is not modelled: a pipeline's slots would each take \
+             time slices of their own (docs/sim.md)"
+                .into(),
+        );
+    }
     let threads = p.nodes as usize * p.client_threads as usize * p.inflight as usize;
     if p.nodes == 0 || p.client_threads == 0 || threads > MAX_THREADS {
         return bad(format!(

@@ -231,6 +231,7 @@ fn operations_in_flight_overlap_their_round_trips_and_share_their_threads_cpu() 
     let one = pipelined("cd", 1, hw.clone());
     let eight = pipelined("cd", 8, hw.clone());
     assert_eq!(eight.bench.params.inflight, 8, "the result records it");
+
     assert_eq!(one.bench.errors + eight.bench.errors, 0);
     // Each slot does OPS operations: eight slots on each of three threads.
     assert_in_window(&eight.bench, 3 * 8, OPS);
@@ -258,6 +259,20 @@ fn sd_runs_with_operations_in_flight_each_slot_a_client_of_its_own() {
     let r = pipelined("sd", 4, SimParams::default());
     assert_eq!(r.bench.errors, 0);
     assert_in_window(&r.bench, 3 * 4, OPS);
+}
+
+#[test]
+fn background_processes_with_operations_in_flight_are_refused() {
+    let p = BenchParams {
+        inflight: 4,
+        background: 1,
+        ..params(64, 0.5)
+    };
+    let e = run(&p, KEYS, geometry(64), OPS, SimParams::default()).unwrap_err();
+    assert!(
+        matches!(&e, SimBenchError::Param(m) if m.contains("--background with --inflight")),
+        "{e}"
+    );
 }
 
 #[test]

@@ -610,26 +610,43 @@ where
     // Every thread builds its pipeline, thread 0 preloads, then all start.
     let ready = Arc::new(std::sync::Barrier::new(makers.len()));
     let (value_len, time_limit) = (spec.value_size.0, spec.time_limit);
-    let start = Instant::now();
+    // Until every pipeline is built and the preload done, then the run's start.
+    let start = Arc::new(std::sync::Mutex::new(Instant::now()));
     let threads: Vec<_> = makers
         .into_iter()
         .enumerate()
         .map(|(t, make)| {
             let mut obs = PipelinedThread {
                 // The deadline is set once the preload is done.
-                inner: StressThread::new(t as u32, history.recorder(t as u32), spec, start),
+                inner: StressThread::new(
+                    t as u32,
+                    history.recorder(t as u32),
+                    spec,
+                    Instant::now(),
+                ),
                 evicted: Vec::new(),
                 unsure: Vec::new(),
             };
             let mut workload = workload.for_thread(t as u64, threads_n);
-            let (seed, ready) = (thread_seed(spec, t), ready.clone());
+            let (seed, ready, start) = (thread_seed(spec, t), ready.clone(), start.clone());
             std::thread::spawn(move || {
-                let mut pipeline = make();
-                if t == 0 {
-                    preload_pipelined(&mut pipeline, &mut obs.inner.rec, preload_keys, value_len);
-                }
+                // Arrive at the barrier even if building or preloading panics, or the other
+                // threads would wait there for ever; the panic goes on after it.
+                let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut pipeline = make();
+                    if t == 0 {
+                        let rec = &mut obs.inner.rec;
+                        preload_pipelined(&mut pipeline, rec, preload_keys, value_len);
+                    }
+                    pipeline
+                }));
                 ready.wait();
-                obs.inner.deadline = Instant::now() + time_limit;
+                let mut pipeline = built.unwrap_or_else(|p| std::panic::resume_unwind(p));
+                let now = Instant::now();
+                if t == 0 {
+                    *start.lock().unwrap() = now;
+                }
+                obs.inner.deadline = now + time_limit;
                 let mut rng = SmallRng::seed_from_u64(seed);
                 let ops = drive_pipelined(&mut pipeline, &mut workload, &mut rng, &mut obs);
                 (ops, obs.inner)
@@ -641,6 +658,7 @@ where
         let (ops, obs) = t.join().expect("stress thread panicked");
         tally.add(ops, obs);
     }
+    let start = *start.lock().unwrap();
     finish(history, tally, start, limits)
 }
 
