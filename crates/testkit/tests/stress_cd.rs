@@ -162,16 +162,7 @@ fn recycling_setup_in(
     g: Geometry,
     cfg_base: ProtocolConfig,
 ) -> (LocalCluster, ProtocolConfig) {
-    let g = Geometry {
-        dtes_per_node: 96,
-        ..g
-    };
-    let cfg = ProtocolConfig {
-        expiry_ns: 5_000_000,
-        clock_margin_ns: 0,
-        ..cfg_base
-    };
-    (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
+    common::recycling(seed, g, cfg_base)
 }
 
 /// Operations per thread in each variant of a scenario (4 threads; 7 variants).

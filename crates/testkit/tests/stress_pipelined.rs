@@ -75,16 +75,7 @@ fn no_hooks() -> HookFor {
 /// A recycling cluster: a data table of 96 entries per node and a 5 ms expiry period, so
 /// that entries are reused all through the run.
 fn recycling(seed: u64, g: Geometry, base: ProtocolConfig) -> (Arc<LocalCluster>, ProtocolConfig) {
-    let g = Geometry {
-        dtes_per_node: 96,
-        ..g
-    };
-    let cfg = ProtocolConfig {
-        expiry_ns: 5_000_000,
-        clock_margin_ns: 0,
-        ..base
-    };
-    let c = LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap();
+    let (c, cfg) = common::recycling(seed, g, base);
     (Arc::new(c), cfg)
 }
 

@@ -7,12 +7,12 @@
 //! the race variants (small index, each optimisation off).
 
 mod common;
-use common::{cfg, delay, spec, variants};
+use common::{cfg, spec, variants};
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use nessie_cluster::{LocalCluster, LocalEndpoint};
+use nessie_cluster::LocalEndpoint;
 use nessie_protocols::cd::CdClient;
 use nessie_protocols::{Error, HookPoint, KvClient, Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
@@ -51,17 +51,11 @@ impl KvClient for Prefetching {
 }
 
 fn run(name: &str, seed: u64, g: Geometry, o: Optimizations) {
-    let g = Geometry {
-        dtes_per_node: 96,
-        ..g
-    };
-    let cfg = ProtocolConfig {
-        expiry_ns: 5_000_000,
-        clock_margin_ns: 0,
+    let base = ProtocolConfig {
         optimizations: o,
         ..cfg()
     };
-    let c = LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap();
+    let (c, cfg) = common::recycling(seed, g, base);
     c.fabric().set_batches_overlap(true);
     let mut cs: Vec<Prefetching> = THREADS_NODES
         .iter()

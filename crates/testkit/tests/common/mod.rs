@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use nessie_cluster::LocalCluster;
 use nessie_fabric::inproc::DelayInjection;
 use nessie_protocols::{Optimizations, ProtocolConfig};
 use nessie_store::Geometry;
@@ -104,4 +105,21 @@ pub fn variants() -> Vec<(&'static str, Geometry, Optimizations)> {
         v.push((name, small_index(), o));
     }
     v
+}
+
+/// A recycling cluster of geometry `g`, with delays injected from `seed`: a data table of 96
+/// entries per node and a 5 ms expiry period (no clock margin) over `base`, so that entries
+/// are reused all through a run.
+#[allow(dead_code)] // not every stress binary recycles
+pub fn recycling(seed: u64, g: Geometry, base: ProtocolConfig) -> (LocalCluster, ProtocolConfig) {
+    let g = Geometry {
+        dtes_per_node: 96,
+        ..g
+    };
+    let cfg = ProtocolConfig {
+        expiry_ns: 5_000_000,
+        clock_margin_ns: 0,
+        ..base
+    };
+    (LocalCluster::new(g, cfg.clone(), delay(seed)).unwrap(), cfg)
 }
