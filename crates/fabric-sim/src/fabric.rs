@@ -232,7 +232,8 @@ impl Sim {
             "a pipeline has 1..={MAX_LANE_SLOTS} slots, not {slots}"
         );
         let lane = Arc::new(Lane {
-            free_at: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
         });
         let mut eps = Vec::with_capacity(slots);
         for _ in 0..slots {
@@ -376,18 +377,20 @@ pub const MAX_LANE_SLOTS: usize = 256;
 
 /// The CPU of one client thread whose slots are simulated threads ([`Sim::pipeline`]).
 ///
-/// **LN1.** A lane runs one piece of CPU work at a time: a slot whose piece would start before
-/// the end of the lane's previous one waits, in virtual time, until then; then it books a core
-/// of the node at that instant, as any thread does (so every booking of a core is still made
-/// at the virtual time it is asked for). The slots' fabric operations, between those pieces,
+/// **LN1.** A lane runs one piece of CPU work at a time: a slot takes the lane's next turn when
+/// it asks (after the turns already taken), waits in virtual time for it and for the previous
+/// piece to end, then books a core of the node at that instant, as any thread does (so every
+/// booking of a core is still made at the virtual time it is asked for). The slots' fabric operations, between those pieces,
 /// overlap freely. This is a pipeline's thread: its coroutines give way to each other only at
 /// fabric operations, one at a time on its core. Switches between coroutines cost nothing here
 /// (tens of ns on real hardware), and a slot's operation completes when its response arrives,
 /// though a real coroutine notices only at its thread's next poll. Background processes' time
 /// slices are not modelled for lanes: the benchmark refuses `--background` with `--inflight`.
 struct Lane {
-    /// When the lane's last piece of CPU work ends.
-    free_at: AtomicU64,
+    /// The end of the last turn a slot has taken (its piece may not have started yet).
+    reserved: AtomicU64,
+    /// When the last piece that started on the lane ends.
+    busy: AtomicU64,
 }
 
 /// One simulated thread's endpoint.
@@ -477,18 +480,25 @@ impl SimEndpoint {
         let Some(lane) = &self.lane else {
             return self.shared.net().cpu(self.node, self.time(), cost);
         };
-        // LN1: wait for the lane's previous piece (another slot may take the lane meanwhile:
-        // look again), then book a core now. One simulated thread runs at a time, so the load
-        // and the store do not race.
+        // LN1: take the lane's next turn now (slots are served in the order they ask, each
+        // waking once), wait for it, and for an earlier piece that waited for a core longer
+        // than reserved; then book a core at that instant. One simulated thread runs at a
+        // time, so the loads and stores do not race.
+        let turn = self.time().max(lane.reserved.load(Ordering::SeqCst));
+        lane.reserved.store(turn + cost, Ordering::SeqCst);
+        let mut at = turn;
         loop {
-            let free = lane.free_at.load(Ordering::SeqCst);
-            if free <= self.time() {
+            if at > self.time() {
+                self.shared.sched.wait_until(self.thread, &self.slot, at);
+            }
+            at = lane.busy.load(Ordering::SeqCst);
+            if at <= self.time() {
                 break;
             }
-            self.shared.sched.wait_until(self.thread, &self.slot, free);
         }
         let done = self.shared.net().cpu(self.node, self.time(), cost);
-        lane.free_at.store(done, Ordering::SeqCst);
+        lane.busy.store(done, Ordering::SeqCst);
+        lane.reserved.fetch_max(done, Ordering::SeqCst);
         done
     }
 
