@@ -380,8 +380,8 @@ pub const MAX_LANE_SLOTS: usize = 256;
 /// **LN1.** A lane runs one piece of CPU work at a time: a slot takes the lane's next turn when
 /// it asks (after the turns already taken), waits in virtual time for it and for the previous
 /// piece to end, then books a core of the node at that instant, as any thread does (so every
-/// booking of a core is still made at the virtual time it is asked for). The slots' fabric operations, between those pieces,
-/// overlap freely. This is a pipeline's thread: its coroutines give way to each other only at
+/// booking of a core is still made at the virtual time it is asked for). The slots' fabric
+/// operations, between those pieces, overlap freely. This is a pipeline's thread: its coroutines give way to each other only at
 /// fabric operations, one at a time on its core. Switches between coroutines cost nothing here
 /// (tens of ns on real hardware), and a slot's operation completes when its response arrives,
 /// though a real coroutine notices only at its thread's next poll. Background processes' time
