@@ -162,7 +162,10 @@ type Revived = Vec<(u16, Restarted)>;
 /// SIGSTOPped long enough that its peers' endpoints to it timed out aborts once resumed, on
 /// the reply to an atomic that arrived meanwhile (`ucp_request.inl`, "Fatal: unexpected error:
 /// Endpoint timeout", in `ucp_atomic_req_handler`; seen once in CI, 2026-12-01, the paused
-/// node of the leave test over TCP, while UCX's wireup assertion aborted node 0 too).
+/// node of the leave test over TCP, while UCX's wireup assertion aborted node 0 too). The same
+/// fatal error ends `ucp_request_send` for any software RMA reply, so it is matched whatever
+/// handler sent it: CI on 2026-12-02 saw the node paused 10 s in the join test over TCP gone
+/// once resumed, its log cut off (the failure now prints the log of a node that is gone first).
 fn aborted_by_ucx(c: &Cluster, id: u16) -> bool {
     process::live_pid(&c.dir, id).is_none() && aborted_by_ucx_log(c, id)
 }
@@ -202,9 +205,11 @@ fn aborted_by_ucx_log(c: &Cluster, id: u16) -> bool {
     let assertion = log.contains("Assertion")
         && ((log.contains("ucp_request.c") && log.contains("UCP_WIREUP_MSG"))
             || (log.contains("tcp_ep.c") && log.contains("UCT_TCP_EP_FLAG_CTX_TYPE_TX")));
-    let atomic_on_timed_out_ep = log.contains("Fatal: unexpected error: Endpoint timeout")
-        && log.contains("ucp_atomic_req_handler");
-    assertion || atomic_on_timed_out_ep
+    // `ucp_request_send` fails fatally on any reply a software RMA handler (atomic, READ,
+    // WRITE acknowledgement) sends on an endpoint that failed meanwhile, not only an atomic's.
+    let reply_on_failed_ep =
+        log.contains("Fatal: unexpected error:") && log.contains("ucp_request.inl");
+    assertion || reply_on_failed_ep
 }
 
 /// Restart every node (once) whose process UCX aborted (`aborted_by_ucx`): a crash like a
@@ -214,7 +219,7 @@ fn revive_ucx_aborts(c: &Cluster, log: &Mutex<Vec<String>>, revived: &mut Revive
         if revived.iter().all(|(r, _)| *r != id) && aborted_by_ucx(c, id) {
             revived.push((id, restart(c, id)));
             log.lock().unwrap().push(format!(
-                "node {id} was aborted by UCX 1.13 (a wireup or TCP endpoint assertion, or an atomic on a timed-out endpoint): restarted"
+                "node {id} was aborted by UCX 1.13 (a wireup or TCP endpoint assertion, or an RMA reply on a failed endpoint): restarted"
             ));
         }
     }
@@ -251,7 +256,11 @@ fn wait_state(
             "node {id} not {state} within {limit:?}: {s:?} (its process {})",
             match process::live_pid(&c.dir, id) {
                 Some(pid) => format!("{pid} is alive"),
-                None => "is gone".to_string(),
+                // Why it ended, first: CI keeps only the start of a failure's output.
+                None => format!(
+                    "is gone; its log ends:\n{}",
+                    common::log_tail(&c.dir, id, 25)
+                ),
             }
         );
         std::thread::sleep(Duration::from_millis(100));

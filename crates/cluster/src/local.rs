@@ -69,6 +69,17 @@ pub struct LocalCluster {
     fences: Vec<Arc<Fence>>,
     /// Where the copies of each node's tables are (one copy unless [`Self::replicated`]).
     set: Arc<ReplicaSet>,
+    /// Client members by id ([`Self::member_client`]): processes that are not nodes.
+    members: Mutex<std::collections::BTreeMap<NodeId, Arc<ClientMember>>>,
+}
+
+/// A client member of a [`LocalCluster`] (`docs/design/client-members.md`): an id past the
+/// nodes', no memory of its own, an allocator that claims only the nodes' pages, and a
+/// membership view of its own, as a `nessie` client library in an application process has.
+struct ClientMember {
+    table: Arc<ClassTable>,
+    fence: Arc<Fence>,
+    next_worker: AtomicU32,
 }
 
 /// A node's reclaimer thread and its stop flag.
@@ -204,6 +215,7 @@ impl LocalCluster {
             rpc: None,
             reclaimers: Mutex::new(Vec::new()),
             fences,
+            members: Mutex::new(Default::default()),
         };
         // Pilaf's servers manage their own extents: no data tables to reclaim.
         for n in 0..c.plan.geometry().nodes {
@@ -423,9 +435,117 @@ impl LocalCluster {
     /// its workers left in flight, once those are past their deadline.
     pub fn fail_node(&self, node: NodeId) {
         self.fences[node as usize].set_lease_until(0);
-        for f in &self.fences {
+        for f in self.all_fences() {
             f.set_gone(node, true);
         }
+    }
+
+    /// Every membership view: the nodes', then the client members'.
+    fn all_fences(&self) -> Vec<Arc<Fence>> {
+        let members = self.members.lock().unwrap();
+        self.fences
+            .iter()
+            .cloned()
+            .chain(members.values().map(|m| m.fence.clone()))
+            .collect()
+    }
+
+    /// A new client-driven worker of client member `id` (made on first use): a process that
+    /// is not a node (`docs/design/client-members.md`). Its id lies in `[nodes, 4096)`; it
+    /// reaches every node's memory, claims only the nodes' pages (`ClassTable::remote_only`)
+    /// and has a membership view of its own, which knows of failed nodes as the nodes' do.
+    /// Its workers are tagged with its id, so an entry it leaves is completed by others only
+    /// once it is declared failed ([`Self::fail_client`]). CD clusters only.
+    pub fn member_client(&self, id: NodeId) -> Result<CdClient<LocalEndpoint>, Error> {
+        self.member_client_with(id, self.plan.cfg.clone())
+    }
+
+    /// [`Self::member_client`] with its own protocol configuration.
+    pub fn member_client_with(
+        &self,
+        id: NodeId,
+        cfg: ProtocolConfig,
+    ) -> Result<CdClient<LocalEndpoint>, Error> {
+        if self.plan.mode != Mode::Cd {
+            return Err(Error::Config(format!(
+                "client members run the client-driven protocol; this cluster runs {}",
+                self.plan.mode.name()
+            )));
+        }
+        let nodes = self.plan.geometry().nodes;
+        if (id as u32) < nodes || id as u32 >= nessie_store::limits::MAX_NODES {
+            return Err(Error::Config(format!(
+                "client id {id} is not in [{nodes}, {})",
+                nessie_store::limits::MAX_NODES
+            )));
+        }
+        let member = self
+            .members
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_insert_with(|| {
+                let fence = Arc::new(Fence::unfenced());
+                // The client learns of the nodes failed so far as it joins.
+                for n in 0..nodes as NodeId {
+                    fence.set_gone(n, self.fences[0].is_gone(n));
+                }
+                Arc::new(ClientMember {
+                    table: Arc::new(self.plan.class_table(id).remote_only()),
+                    fence,
+                    next_worker: AtomicU32::new(0),
+                })
+            })
+            .clone();
+        let ep = Replicated::new(
+            self.fabric.client_endpoint(id),
+            self.set.clone(),
+            member.fence.clone(),
+        );
+        let worker = || {
+            let w = member.next_worker.fetch_add(1, Ordering::Relaxed);
+            u16::try_from(w)
+                .map_err(|_| Error::Config(format!("client {id} has run out of worker ids")))
+        };
+        match self
+            .plan
+            .client_of(Mode::Cd, ep, member.table.clone(), cfg, worker, None)?
+        {
+            ModeClient::Cd(mut c) => {
+                c.set_fence(member.fence.clone());
+                Ok(c)
+            }
+            _ => unreachable!("Mode::Cd makes a CD client"),
+        }
+    }
+
+    /// Crash client member `id` and declare it failed, as membership does when its lease
+    /// lapses: its endpoints reach nothing more, its workers are fenced, and every other
+    /// member may complete the writes it left in flight once past their deadline. A client
+    /// never comes back under the same id.
+    pub fn fail_client(&self, id: NodeId) {
+        self.fabric.kill_client(id);
+        self.fence_client(id);
+    }
+
+    /// Fence client member `id` without crashing it (its lease lapsed while it was paused) and
+    /// declare it failed: the process lives on, but may change nothing.
+    pub fn fence_client(&self, id: NodeId) {
+        if let Some(m) = self.members.lock().unwrap().get(&id) {
+            m.fence.set_lease_until(0);
+        }
+        for f in self.all_fences() {
+            f.set_gone(id, true);
+        }
+    }
+
+    /// Client member `id`'s allocator (made by [`Self::member_client`]).
+    pub fn member_table(&self, id: NodeId) -> Option<Arc<ClassTable>> {
+        self.members
+            .lock()
+            .unwrap()
+            .get(&id)
+            .map(|m| m.table.clone())
     }
 
     /// Declare `node` failed as membership does across processes, where each node learns of

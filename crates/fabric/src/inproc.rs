@@ -14,6 +14,10 @@ use crate::memory::{direct_read, direct_write, AccessError, WordMemory};
 use crate::stats::{FabricStats, Locality, OpKind, StatsCell};
 use crate::{Batch, ConfigError, Endpoint, FabricError, NodeId, RegionId, RemoteAddr};
 
+/// Member ids (nodes and clients) lie below this: the store's `limits::MAX_NODES`, because a
+/// page word names its claimer in 12 bits and the fence keeps a slot per id.
+const ID_LIMIT: usize = 1 << 12;
+
 struct InProcNode {
     regions: Vec<WordMemory>,
     alive: AtomicBool,
@@ -35,6 +39,9 @@ pub struct InProcFabric {
     stats: FabricStats,
     delay: Option<DelayInjection>,
     endpoints_made: AtomicU64,
+    /// Whether each client member (an id past the nodes, with no memory of its own) lives:
+    /// [`InProcFabric::client_endpoint`] adds one, [`InProcFabric::kill_client`] ends it.
+    clients: std::sync::Mutex<std::collections::HashMap<NodeId, Arc<AtomicBool>>>,
     /// Added to the wall clock of every endpoint (tests step it to mimic NTP or a VM resume).
     wall_clock_step_ns: std::sync::atomic::AtomicI64,
     /// While not 0, what every coarse monotonic clock reads: tests hold the clock ticks up
@@ -76,6 +83,7 @@ impl InProcFabric {
             stats: FabricStats::default(),
             delay,
             endpoints_made: AtomicU64::new(0),
+            clients: Default::default(),
             wall_clock_step_ns: std::sync::atomic::AtomicI64::new(0),
             coarse_frozen_at: AtomicU64::new(0),
             batches_overlap: AtomicBool::new(false),
@@ -115,9 +123,48 @@ impl InProcFabric {
             fabric: self.clone(),
             node,
             incarnation: self.nodes[node as usize].incarnation.load(Ordering::SeqCst),
+            client: None,
             stats: self.stats.register(node),
             injector: self.delay.clone().map(|d| Injector::new(d, n)),
             number: n,
+        }
+    }
+
+    /// An endpoint of client member `id`: a process that is not a node (no memory, never a
+    /// host of anything) and reaches every node's memory, as a `nessie` client library
+    /// would (`docs/design/client-members.md`). Its id lies past the nodes' and below
+    /// `MAX_NODES`, as the page word and the fence require. Endpoints of one id share its
+    /// life: [`Self::kill_client`] ends them all, for good (a client comes back under a new id).
+    pub fn client_endpoint(self: &Arc<Self>, id: NodeId) -> InProcEndpoint {
+        assert!(
+            (id as usize) >= self.nodes.len() && (id as usize) < ID_LIMIT,
+            "client id {id} must lie in [{}, {ID_LIMIT})",
+            self.nodes.len(),
+        );
+        let life = self
+            .clients
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_insert_with(|| Arc::new(AtomicBool::new(true)))
+            .clone();
+        let n = self.endpoints_made.fetch_add(1, Ordering::Relaxed);
+        InProcEndpoint {
+            fabric: self.clone(),
+            node: id,
+            incarnation: 0,
+            client: Some(life),
+            stats: self.stats.register(id),
+            injector: self.delay.clone().map(|d| Injector::new(d, n)),
+            number: n,
+        }
+    }
+
+    /// Crash client member `id`: its endpoints issue nothing more (an operation under way
+    /// may have taken effect without its caller learning so, as for a node).
+    pub fn kill_client(&self, id: NodeId) {
+        if let Some(life) = self.clients.lock().unwrap().get(&id) {
+            life.store(false, Ordering::SeqCst);
         }
     }
 
@@ -201,6 +248,8 @@ pub struct InProcEndpoint {
     node: NodeId,
     /// Its node's incarnation when it was made.
     incarnation: u64,
+    /// A client member's life ([`InProcFabric::client_endpoint`]); `None` for a node's.
+    client: Option<Arc<AtomicBool>>,
     stats: Arc<StatsCell>,
     injector: Option<Injector>,
     /// Which endpoint of the fabric this is (it draws when it notices a death).
@@ -210,6 +259,16 @@ pub struct InProcEndpoint {
 impl InProcEndpoint {
     /// Start an operation: a crashed node's workers issue nothing.
     fn begin(&mut self) -> Result<(), FabricError> {
+        if let Some(life) = &self.client {
+            if !life.load(Ordering::SeqCst) {
+                return Err(FabricError::Unreachable {
+                    node: self.node,
+                    reason: "this client was killed".into(),
+                });
+            }
+            self.maybe_delay();
+            return Ok(());
+        }
         let n = &self.fabric.nodes[self.node as usize];
         if !n.alive.load(Ordering::SeqCst)
             || n.incarnation.load(Ordering::SeqCst) != self.incarnation

@@ -609,6 +609,9 @@ pub struct ClassTable {
     clock_margin_ns: u64,
     /// Whether pages of other nodes may be claimed.
     remote: bool,
+    /// Whether pages of this table's own node may be claimed: false for a client member,
+    /// whose id names no host ([`ClassTable::remote_only`]).
+    own_host: bool,
     /// Pages of nodes failed for good are adopted by CAS (false only as the mutation
     /// `adopt_without_cas`).
     adopt_by_cas: bool,
@@ -641,6 +644,7 @@ impl ClassTable {
             pages_per_node,
             clock_margin_ns,
             remote: true,
+            own_host: true,
             adopt_by_cas: true,
             adopt_defers: true,
             guard: None,
@@ -668,6 +672,23 @@ impl ClassTable {
     /// Never place entries on other nodes (the baselines' servers keep data where it is served).
     pub fn local_only(mut self) -> Self {
         self.remote = false;
+        self
+    }
+
+    /// Claim pages of the nodes only, never of this table's own id: the allocator of a client
+    /// member, a process that is not a node (`docs/design/client-members.md`). Its id lies
+    /// past the nodes'; its claims leave every node its reserve and its owner's share, as any
+    /// remote claim does, so clients can never take a node's last pages from its own writers,
+    /// and deletes may still take reserve pages (dev. 8: a full store can be emptied).
+    pub fn remote_only(mut self) -> Self {
+        assert!(
+            self.node as usize >= self.nodes,
+            "a remote-only table belongs to a client, whose id {} is past the {} nodes",
+            self.node,
+            self.nodes
+        );
+        self.remote = true;
+        self.own_host = false;
         self
     }
 
@@ -743,16 +764,21 @@ impl ClassTable {
                 return Ok(slot);
             }
         }
-        let here = self.node;
-        if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
-            return Ok(slot);
+        // A client member has no pages of its own (`remote_only`): it starts at step 4.
+        let here = self.own_host.then_some(self.node);
+        if let Some(here) = here {
+            if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+                return Ok(slot);
+            }
         }
         let awaiting = self.make_room(ep, &mut s, class)?;
         if let Some(slot) = self.take_handy(&mut s, class, purpose) {
             return Ok(slot);
         }
-        if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
-            return Ok(slot);
+        if let Some(here) = here {
+            if let Some(slot) = self.open_page(ep, &mut s, here, class, RESERVE_PAGES, false)? {
+                return Ok(slot);
+            }
         }
         let hosts = self.other_hosts();
         let remote_keep = RESERVE_PAGES + owner_share(self.pages_per_node);
@@ -778,7 +804,7 @@ impl ClassTable {
         }
         if purpose == Purpose::Delete {
             // The reserve: a page no value may claim, here first.
-            for host in std::iter::once(here).chain(hosts) {
+            for host in here.into_iter().chain(hosts) {
                 if failed.contains(&host) {
                     continue;
                 }
@@ -815,10 +841,12 @@ impl ClassTable {
         self.other_hosts_where(HostUse::Now)
     }
 
-    /// Other nodes, nearest first, of which the host guard says `what` (none when local-only).
+    /// Other nodes, nearest first, of which the host guard says `what` (none when local-only;
+    /// every node, from the one its id falls on, for a client member's table).
     fn other_hosts_where(&self, what: HostUse) -> Vec<NodeId> {
         let others = if self.remote { self.nodes } else { 1 };
-        (1..others)
+        let first = usize::from(self.own_host);
+        (first..others)
             .map(|d| ((self.node as usize + d) % self.nodes) as NodeId)
             .filter(|&n| self.host_use(n) == what)
             .collect()
@@ -1739,13 +1767,21 @@ impl ClassTable {
     ) -> Result<Option<T>, FabricError> {
         match r {
             Ok(v) => Ok(Some(v)),
-            Err(e) if host != self.node => {
+            // Not an error naming this table's own member: that is the writer's own death
+            // (or fence), not the host's, and no other host would do better.
+            Err(e) if host != self.node && !self.names_me(&e) => {
                 tracing::warn!(%e, node = self.node, host, "skipping the pages of an unreachable node");
                 failed.push(host);
                 Ok(None)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether `e` is about this table's own member rather than a host it tried.
+    fn names_me(&self, e: &FabricError) -> bool {
+        matches!(e, FabricError::Unreachable { node, .. } | FabricError::Fenced { node }
+            if *node == self.node)
     }
 
     /// Entries among the first `handed` of a page whose recycle expiry (plus the clock margin)
@@ -2275,6 +2311,110 @@ mod tests {
         let mut ep1 = f.endpoint(1);
         let s = t[1].alloc_for(&mut ep1, big, Purpose::Value).unwrap();
         assert_eq!(s.host, 1);
+    }
+
+    /// Client member 7 of a 3-node cluster (`remote_only`): never a page of its own id, every
+    /// node's pages from the one its id falls on, each node's reserve and its owner's share
+    /// left, deletes still served from the reserve; its page words name it.
+    #[test]
+    fn a_client_table_claims_only_nodes_pages_and_leaves_their_share() {
+        const CLIENT: NodeId = 7;
+        let (f, t) = setup(3);
+        let client = ClassTable::new(CLIENT, 3, t[0].classes.clone(), PAGES, 0).remote_only();
+        let mut ep = f.client_endpoint(CLIENT);
+        let big = (client.classes().len() - 1) as u8;
+        let per = client.classes().per_page(big);
+        let per_host = PAGES - RESERVE_PAGES - owner_share(PAGES);
+        assert!(per_host > 0, "the test needs pages a client may claim");
+        let hosts: Vec<NodeId> = (0..3 * per_host * per)
+            .map(|_| client.alloc_for(&mut ep, big, Purpose::Value).unwrap().host)
+            .collect();
+        // Nearest first from the node its id falls on: 7 % 3 = 1, then 2, then 0.
+        let expect: Vec<NodeId> = [1, 2, 0]
+            .iter()
+            .flat_map(|&h| std::iter::repeat_n(h, (per_host * per) as usize))
+            .collect();
+        assert_eq!(hosts, expect);
+        let e = client.alloc_for(&mut ep, big, Purpose::Value).unwrap_err();
+        assert!(
+            matches!(e, ClassAllocError::Full { class, .. } if class == big),
+            "{e}"
+        );
+        // The nodes' own writers still have their share; deletes take a reserve page.
+        for (n, table) in t.iter().enumerate() {
+            let mut own = f.endpoint(n as NodeId);
+            let s = table.alloc_for(&mut own, big, Purpose::Value).unwrap();
+            assert_eq!(s.host, n as NodeId, "node {n}'s own writer");
+        }
+        let d = client.alloc_for(&mut ep, big, Purpose::Delete).unwrap();
+        assert!((d.host as usize) < 3, "{d:?}");
+        let claimed_by_client: u64 = (0..3)
+            .flat_map(|h| pages::read_table(&mut ep, h, PAGES).unwrap())
+            .filter(|w| w.is_claimed() && w.claimer() == CLIENT)
+            .count() as u64;
+        assert_eq!(claimed_by_client, 3 * per_host + 1);
+        assert_eq!(
+            client.usage()[big as usize].remote_pages,
+            3 * per_host + 1,
+            "every page a client holds is another node's"
+        );
+    }
+
+    /// A client member that dies leaves its pages to the nodes, which adopt each once by CAS
+    /// and reuse its free entries; its endpoints issue nothing more.
+    #[test]
+    fn nodes_adopt_a_dead_clients_pages_once() {
+        const CLIENT: NodeId = 9;
+        let (f, t) = setup(3);
+        let client = ClassTable::new(CLIENT, 3, t[0].classes.clone(), PAGES, 0).remote_only();
+        let mut ep = f.client_endpoint(CLIENT);
+        let big = (client.classes().len() - 1) as u8;
+        let per = client.classes().per_page(big);
+        let slots: Vec<Slot> = (0..2 * per + 1)
+            .map(|_| client.alloc_for(&mut ep, big, Purpose::Value).unwrap())
+            .collect();
+        let live = slots.iter().step_by(2).count() as u64;
+        for s in slots.iter().step_by(2) {
+            ep.write(client.addr(*s).add(HEADER_OFF), &7u64.to_le_bytes())
+                .unwrap();
+        }
+        let held = client.usage()[big as usize].pages;
+        assert_eq!(held, 3, "{:?}", client.usage()[big as usize]);
+        f.kill_client(CLIENT);
+        // A class with nothing at hand: the allocator must reach a node, and fails as dead.
+        let r = client.alloc_for(&mut ep, 0, Purpose::Value);
+        assert!(
+            matches!(r, Err(ClassAllocError::Fabric(FabricError::Unreachable { node, .. })) if node == CLIENT),
+            "a dead client's endpoint reaches nothing: {r:?}"
+        );
+        let claimed_by = |ep: &mut nessie_fabric::inproc::InProcEndpoint, who: NodeId| {
+            (0..3)
+                .flat_map(|h| pages::read_table(ep, h, PAGES).unwrap())
+                .filter(|w| w.is_claimed() && w.claimer() == who)
+                .count() as u64
+        };
+        let mut eps: Vec<_> = (0..3).map(|n| f.endpoint(n)).collect();
+        assert_eq!(claimed_by(&mut eps[0], CLIENT), held);
+        let adopted: Vec<Adopted> = (0..3)
+            .map(|n| {
+                t[n].adopt_gone(&mut eps[n], &[CLIENT], n as u64, 3, |_| true)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(adopted.iter().map(|a| a.pages).sum::<u64>(), held);
+        assert_eq!(adopted.iter().map(|a| a.in_use).sum::<u64>(), live);
+        assert_eq!(claimed_by(&mut eps[0], CLIENT), 0);
+        let again = t[0]
+            .adopt_gone(&mut eps[0], &[CLIENT], 0, 1, |_| true)
+            .unwrap();
+        assert_eq!(again.pages, 0, "each page adopted once: {again:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "belongs to a client")]
+    fn a_node_id_cannot_make_a_remote_only_table() {
+        let (_f, t) = setup(3);
+        let _ = ClassTable::new(2, 3, t[0].classes.clone(), PAGES, 0).remote_only();
     }
 
     #[test]

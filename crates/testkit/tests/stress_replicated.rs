@@ -234,6 +234,70 @@ fn survivors_agree_on(name: &str, c: &LocalCluster, keys: u64, survivors: [NodeI
     }
 }
 
+/// Client members (`LocalCluster::member_client`): processes that are not nodes, with ids
+/// past the nodes'. Member 9 crashes mid-run, after node 1.
+const MEMBERS: [NodeId; 3] = [7, 9, 9];
+const CRASHED_MEMBER: NodeId = 9;
+
+/// Client members write beside the nodes' workers (R = 2) into the nodes' pages only; node 1
+/// crashes, then member 9 crashes and is declared failed, its writes in flight left to the
+/// others to complete. The whole history must be linearizable, and afterwards every key
+/// reads alike through the surviving nodes and member 7, and can still be written.
+fn client_members_mid_run(name: &str, g: Geometry, o: Optimizations, seed: u64) {
+    let s = spec(seed);
+    let c = LocalCluster::replicated(g, cfg(o), delay(seed), 2).unwrap();
+    let clients: Vec<_> = [0, 1, 2]
+        .iter()
+        .map(|&n| c.client(n).unwrap())
+        .chain(MEMBERS.iter().map(|&m| c.member_client(m).unwrap()))
+        .collect();
+    let fabric_ops = || c.fabric().stats().total(None).total_ops();
+    let crash_at = fabric_ops() + CRASH_AFTER_FABRIC_OPS;
+    let finished = AtomicBool::new(false);
+    let (out, crashed) = std::thread::scope(|scope| {
+        let crasher = scope.spawn(|| {
+            for (at, what) in [(crash_at, "node"), (crash_at * 2, "member")] {
+                while fabric_ops() < at {
+                    if finished.load(Ordering::SeqCst) {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                match what {
+                    "node" => crash_node(&c, Crash::Plain, seed),
+                    _ => c.fail_client(CRASHED_MEMBER),
+                }
+            }
+            true
+        });
+        let (out, _) = stress::run(clients, &s);
+        finished.store(true, Ordering::SeqCst);
+        (out, crasher.join().unwrap())
+    });
+    assert!(crashed, "{name}: the run ended before both crashes");
+    eprintln!("{name}, client members: {out}");
+    assert_clean_run(name, &out, 6 * s.ops_per_thread / 3);
+    survivors_agree(name, &c, s.keys);
+    let mut member = c.member_client(MEMBERS[0]).unwrap();
+    let mut node = c.client(0).unwrap();
+    for k in 0..s.keys {
+        let key = key_bytes(k);
+        assert_eq!(
+            member.get(&key).unwrap(),
+            node.get(&key).unwrap(),
+            "{name}: key {k} through member {} and node 0",
+            MEMBERS[0]
+        );
+    }
+}
+
+#[test]
+fn client_members_and_a_node_crashing_mid_run() {
+    for (i, (name, g, o)) in variants().into_iter().enumerate() {
+        client_members_mid_run(name, g, o, 700 + i as u64);
+    }
+}
+
 #[test]
 fn a_node_crashing_mid_run_two_copies() {
     for (i, (name, g, o)) in variants().into_iter().enumerate() {

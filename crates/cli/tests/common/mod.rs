@@ -67,12 +67,14 @@ impl Cluster {
     }
 }
 
-/// Lines of each log kept when a test fails.
+/// Lines of each log kept when a test fails (after repeats are folded).
 const LOG_TAIL_LINES: usize = 40;
 
 impl Cluster {
     /// Print which node processes are alive and the last lines of every log in the cluster
-    /// directory (node, restarted node, etcd): all a failed run on CI leaves to read.
+    /// directory: all a failed run on CI leaves to read. CI keeps only part of a failure's
+    /// output, so the logs of node processes that are gone come first, etcd's last, and a
+    /// line that repeats the one before it but for its timestamp is folded into a count.
     pub fn dump_logs(&self) {
         let alive: Vec<String> = (0..process::MAX_LOCAL_NODES)
             .filter_map(|id| process::live_pid(&self.dir, id).map(|pid| format!("{id}:{pid}")))
@@ -85,17 +87,67 @@ impl Cluster {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "log"))
             .collect();
-        logs.sort();
+        // Sort key: dead nodes' logs, then the other nodes', then the rest (etcd).
+        let rank = |p: &PathBuf| {
+            let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            let id = name
+                .rsplit('-')
+                .next()
+                .and_then(|n| n.parse::<u16>().ok())
+                .filter(|_| name.starts_with("node-") || name.starts_with("restarted-"));
+            match id {
+                Some(id) if process::live_pid(&self.dir, id).is_none() => 0,
+                Some(_) => 1,
+                None => 2,
+            }
+        };
+        logs.sort_by_key(|p| (rank(p), p.clone()));
         for p in logs {
             let text = std::fs::read_to_string(&p).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-            eprintln!("---- {} (last {} lines) ----", p.display(), tail.len());
+            let folded = fold_repeats(&text);
+            let tail = &folded[folded.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!(
+                "---- {} (last {} lines, repeats folded) ----",
+                p.display(),
+                tail.len()
+            );
             for l in tail {
                 eprintln!("{l}");
             }
         }
     }
+}
+
+/// The last `n` lines of node `id`'s log in `dir`, repeats folded ([`fold_repeats`]).
+pub fn log_tail(dir: &std::path::Path, id: u16, n: usize) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("node-{id}.log"))).unwrap_or_default();
+    let folded = fold_repeats(&text);
+    folded[folded.len().saturating_sub(n)..].join("\n")
+}
+
+/// `text`'s lines, each run of lines that differ only in a leading timestamp (the first
+/// whitespace-separated word) kept once, followed by how many more there were.
+pub fn fold_repeats(text: &str) -> Vec<String> {
+    let body = |l: &str| l.split_once(' ').map_or(l, |(_, rest)| rest).to_string();
+    let mut out: Vec<String> = Vec::new();
+    let (mut last, mut repeats) = (None::<String>, 0usize);
+    for l in text.lines() {
+        let b = body(l);
+        if last.as_deref() == Some(b.as_str()) {
+            repeats += 1;
+            continue;
+        }
+        if repeats > 0 {
+            out.push(format!("  [... the line above {repeats} more times]"));
+        }
+        repeats = 0;
+        out.push(l.to_string());
+        last = Some(b);
+    }
+    if repeats > 0 {
+        out.push(format!("  [... the line above {repeats} more times]"));
+    }
+    out
 }
 
 impl Drop for Cluster {
